@@ -1,0 +1,7 @@
+"""relpos-ablate: ablate relative position encodings in attention (Transformer-XL terms a/b/c/d,
+bias-type encodings, absolute and rotary baselines), trained and evaluated with PyTorch Lightning."""
+
+from relpos_ablate.config import AttentionConfig, ConfigError, ModelConfig, RunConfig
+
+__all__ = ["AttentionConfig", "ConfigError", "ModelConfig", "RunConfig"]
+__version__ = "0.1.0"

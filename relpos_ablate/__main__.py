@@ -1,0 +1,5 @@
+import sys
+
+from relpos_ablate.cli import main
+
+sys.exit(main())

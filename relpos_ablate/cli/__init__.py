@@ -1,0 +1,53 @@
+"""`relpos-ablate` command line: argument parsing only; each command lives in its own module.
+
+Commands register themselves through `register(subparsers)` in the modules listed in COMMAND_MODULES.
+A bad config or argument prints one line (`error: <key>: <what is allowed>`) and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from relpos_ablate.config import ConfigError
+
+COMMAND_MODULES = (
+    "relpos_ablate.cli.train",
+    "relpos_ablate.cli.grid",
+    "relpos_ablate.cli.report",
+)
+
+
+class UsageError(Exception):
+    """A user mistake the CLI reports in one line (exit status 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="relpos-ablate",
+        description="Ablate relative position encodings: train runs, sweep grids, tabulate and plot results.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, UsageError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

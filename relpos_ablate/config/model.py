@@ -1,0 +1,144 @@
+"""Model and attention configs. Field docstrings are the documentation (shown by `--help`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from relpos_ablate.config.base import ConfigError, check_choice, check_range
+
+#: Bias-type relative encodings (one module each under relpos_ablate/model/position/).
+BIAS_TYPES = (
+    "none", "xl_table", "t5", "alibi", "alibi_learned", "kerple_log", "kerple_power", "fire", "dynamic",
+)
+ABSOLUTE_TYPES = ("none", "sinusoid", "learned", "learned_per_layer", "rope")
+REL_SOURCES = ("sinusoid", "learned")
+SCORE_SCALES = ("sqrt_d", "none")
+BACKENDS = ("auto", "sdpa", "flex", "explicit")
+NORMS = ("pre", "post")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """One attention layer: which Transformer-XL score terms, which bias, which baseline."""
+
+    terms: str = "abcd"
+    """Transformer-XL score terms, a subset of 'abcd' in that order: (a) q·k content, (b) q·W_R R_{i-j}
+    content-position, (c) u·k global content bias, (d) v·W_R R_{i-j} global position bias."""
+    rel: str = "sinusoid"
+    """Source of R_{i-j} for terms b/d: 'sinusoid' (fixed, Transformer-XL) or 'learned' (a table of
+    2·clamp_len+1 rows, Shaw et al.)."""
+    clamp_len: int | None = None
+    """Distances beyond clamp_len share R_{clamp_len} (null: no clamp). Required for rel='learned'."""
+    share_uv: bool = True
+    """u and v shared by all layers (XL PyTorch) or one pair per layer (false; XL TF `untie_r`)."""
+    bias: str = "none"
+    """Additive per-head bias B_h(i, j): none | xl_table | t5 | alibi | alibi_learned | kerple_log |
+    kerple_power | fire | dynamic."""
+    num_buckets: int = 32
+    """t5: number of buckets (split in two halves when bidirectional)."""
+    max_distance: int = 128
+    """t5: distance where the log buckets end; xl_table: largest distance with its own row."""
+    share_bias: bool = True
+    """One bias module for all layers (HF T5 computes it once in layer 0) or one per layer (false)."""
+    absolute: str = "none"
+    """Absolute positions: none (NoPE) | sinusoid (added to the input, Vaswani) | learned (added to the
+    input) | learned_per_layer (added at every layer, Al-Rfou) | rope (rotate q and k of term a)."""
+    max_position: int = 2048
+    """learned / learned_per_layer: size of the position table; longer segments are an error."""
+    rope_base: float = 10000.0
+    """rope: base of the inverse frequencies."""
+    shaw_values: bool = False
+    """Shaw et al. value embeddings: add Σ_j p_ij a^V_{clip(i-j)} to the output (needs rel='learned')."""
+    score_scale: str = "sqrt_d"
+    """Scale of terms a-d: 'sqrt_d' multiplies their sum by 1/sqrt(d_head) (XL); 'none' leaves them
+    unscaled (T5)."""
+    bias_scaled: bool = False
+    """Whether the additive bias is scaled with the terms (false: added unscaled, as T5 and ALiBi do)."""
+    causal: bool = True
+    """Causal (query i sees key j iff j <= i + mem_len) or bidirectional."""
+    backend: str = "auto"
+    """Kernel: auto (FlexAttention on CUDA, else SDPA) | sdpa | flex | explicit (materialised scores)."""
+    query_chunk: int = 256
+    """Queries per block in the SDPA path; causal blocks skip keys no query of theirs can see (0: one
+    block)."""
+
+    def __post_init__(self):
+        if not isinstance(self.terms, str) or not self.terms:
+            raise ConfigError("terms", f"{self.terms!r}: must be a non-empty subset of 'abcd', e.g. 'abcd' or 'ac'")
+        bad = sorted(set(self.terms) - set("abcd"))
+        if bad:
+            raise ConfigError("terms", f"{self.terms!r} has {bad[0]!r}; only the letters a, b, c, d are allowed")
+        if self.terms != "".join(sorted(set(self.terms))):
+            raise ConfigError("terms", f"{self.terms!r}: list each letter once, in the order abcd (e.g. 'ac')")
+        check_choice("rel", self.rel, REL_SOURCES)
+        if self.clamp_len is not None:
+            check_range("clamp_len", self.clamp_len, low=1)
+        if self.rel == "learned" and self.clamp_len is None:
+            raise ConfigError("clamp_len", "rel='learned' needs a table size; set clamp_len (Shaw et al. use 20)")
+        check_choice("bias", self.bias, BIAS_TYPES)
+        check_range("num_buckets", self.num_buckets, low=2 if self.causal else 4)
+        check_range("max_distance", self.max_distance, low=1)
+        if self.bias == "t5":
+            exact = self.num_buckets // 2 if self.causal else self.num_buckets // 4
+            if self.max_distance <= exact:
+                raise ConfigError("max_distance", f"t5 needs max_distance > {exact} (the exact buckets)")
+        check_choice("absolute", self.absolute, ABSOLUTE_TYPES)
+        check_range("max_position", self.max_position, low=1)
+        check_range("rope_base", self.rope_base, low=1.0)
+        if self.absolute == "rope" and self.terms != "a":
+            raise ConfigError("absolute", f"'rope' rotates q and k of term a; use terms='a' (got {self.terms!r})")
+        if self.shaw_values and self.rel != "learned":
+            raise ConfigError("shaw_values", "value embeddings index the learned table; set rel='learned'")
+        check_choice("score_scale", self.score_scale, SCORE_SCALES)
+        check_choice("backend", self.backend, BACKENDS)
+        check_range("query_chunk", self.query_chunk, low=0)
+
+    @property
+    def uses_r(self) -> bool:
+        """Terms b or d need the relative position vectors R."""
+        return "b" in self.terms or "d" in self.terms
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The language model around the attention: Transformer-XL style, with segment memory."""
+
+    vocab_size: int = 0
+    """Token vocabulary; 0 means 'take it from the data' (run configs fill it in)."""
+    d_model: int = 128
+    """Width of the residual stream."""
+    n_layers: int = 2
+    """Number of layers."""
+    n_heads: int = 4
+    """Attention heads per layer."""
+    d_head: int = 32
+    """Width of one head."""
+    d_inner: int = 512
+    """Hidden width of the feed-forward block."""
+    dropout: float = 0.1
+    """Dropout on embeddings, attention output and feed-forward."""
+    attn_dropout: float = 0.0
+    """Dropout on attention probabilities."""
+    norm: str = "pre"
+    """LayerNorm placement: 'pre' (GPT-2 style) or 'post' (Transformer-XL)."""
+    tie_weights: bool = True
+    """Output projection shares the token embedding."""
+    mem_len: int = 0
+    """Tokens of memory per layer carried from segment to segment (0: no recurrence)."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """Attention settings (see AttentionConfig)."""
+
+    def __post_init__(self):
+        check_range("vocab_size", self.vocab_size, low=0)
+        for name in ("d_model", "n_layers", "n_heads", "d_head", "d_inner"):
+            check_range(name, getattr(self, name), low=1)
+        check_range("dropout", self.dropout, 0.0, 1.0)
+        check_range("attn_dropout", self.attn_dropout, 0.0, 1.0)
+        check_choice("norm", self.norm, NORMS)
+        check_range("mem_len", self.mem_len, low=0)
+        if self.attention.absolute == "rope" and self.d_head % 2:
+            raise ConfigError("d_head", f"rope needs an even d_head (got {self.d_head})")
+        if self.attention.absolute == "sinusoid" and self.d_model % 2:
+            raise ConfigError("d_model", f"sinusoid positions need an even d_model (got {self.d_model})")
+        if self.attention.uses_r and self.attention.rel == "sinusoid" and self.d_model % 2:
+            raise ConfigError("d_model", f"sinusoid R needs an even d_model (got {self.d_model})")

@@ -1,0 +1,149 @@
+"""A run: model + data + train + eval + seed. One YAML file describes it completely."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from relpos_ablate.config.base import (
+    ConfigError, apply_overrides, check_choice, check_range, from_dict, read_yaml, to_plain,
+)
+from relpos_ablate.config.data import DataConfig
+from relpos_ablate.config.model import ModelConfig
+
+OPTIMIZERS = ("adamw", "adam")
+SCHEDULES = ("cosine", "constant")
+LOSS_ON = ("full", "half")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and the training loop."""
+
+    segment_len: int = 64
+    """Tokens per segment (the backprop length, XL's tgt_len)."""
+    batch_size: int = 16
+    """Contiguous streams per batch (each row carries its own memory)."""
+    max_steps: int = 300
+    """Optimizer steps."""
+    optimizer: str = "adamw"
+    """adamw | adam (XL uses Adam)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (ignored by adam)."""
+    warmup_steps: int = 20
+    """Linear warm-up steps."""
+    schedule: str = "cosine"
+    """cosine (to 0 at max_steps) | constant, after warm-up."""
+    grad_clip: float = 1.0
+    """Clip gradient norm (0: off; XL uses 0.25)."""
+    loss_on: str = "full"
+    """Loss on the 'full' segment or only its most recent 'half' (XL Table 6)."""
+    precision: str = "32-true"
+    """Lightning precision: 32-true | bf16-mixed | 16-mixed."""
+    accelerator: str = "auto"
+    """Lightning accelerator: auto | cpu | gpu."""
+    deterministic: bool = False
+    """torch deterministic algorithms (slower)."""
+    log_every: int = 10
+    """Log training metrics every N steps."""
+    checkpoint_every: int = 100
+    """Save checkpoints/last.ckpt every N steps (and at the end)."""
+
+    def __post_init__(self):
+        for name in ("segment_len", "batch_size", "max_steps", "log_every", "checkpoint_every"):
+            check_range(name, getattr(self, name), low=1)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_range("lr", self.lr, low=0.0)
+        check_range("weight_decay", self.weight_decay, low=0.0)
+        check_range("warmup_steps", self.warmup_steps, low=0)
+        check_choice("schedule", self.schedule, SCHEDULES)
+        check_range("grad_clip", self.grad_clip, low=0.0)
+        check_choice("loss_on", self.loss_on, LOSS_ON)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("accelerator", self.accelerator, ("auto", "cpu", "gpu"))
+
+
+@dataclass(frozen=True)
+class EvalSetting:
+    """One evaluation: segment length, memory, clamp, same_length."""
+
+    segment_len: int
+    """Tokens per evaluated segment."""
+    mem_len: int | None = None
+    """Memory at evaluation (null: the model's training mem_len)."""
+    clamp_len: int | None = None
+    """Clamp of R at evaluation (null: the model's)."""
+    same_length: bool = False
+    """Every query attends to the same number of keys (XL evaluation)."""
+
+    def __post_init__(self):
+        check_range("segment_len", self.segment_len, low=1)
+        if self.mem_len is not None:
+            check_range("mem_len", self.mem_len, low=0)
+        if self.clamp_len is not None:
+            check_range("clamp_len", self.clamp_len, low=1)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Evaluation at many lengths (extrapolation)."""
+
+    settings: tuple[EvalSetting, ...] = ()
+    """Evaluation settings; empty means 1x, 2x and 4x the training segment length with the training
+    mem_len."""
+    split: str = "valid"
+    """Which split to evaluate: valid | test."""
+    batch_size: int = 8
+    """Streams per evaluation batch."""
+
+    def __post_init__(self):
+        check_choice("split", self.split, ("valid", "test"))
+        check_range("batch_size", self.batch_size, low=1)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one run needs; its hash is the run id."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model (see ModelConfig)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The data (see DataConfig)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Training (see TrainConfig)."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation (see EvalConfig)."""
+    seed: int = 0
+    """Seed for parameters, data order and synthetic data."""
+
+    def __post_init__(self):
+        check_range("seed", self.seed, low=0)
+
+    def eval_settings(self) -> tuple[EvalSetting, ...]:
+        """The configured settings, or the documented default (1x, 2x, 4x the training length)."""
+        if self.eval.settings:
+            return self.eval.settings
+        return tuple(EvalSetting(segment_len=self.train.segment_len * k) for k in (1, 2, 4))
+
+
+def run_id(config: RunConfig) -> str:
+    """Short hash of the canonical config: the same run always gets the same id."""
+    canonical = json.dumps(to_plain(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
+def load_run_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> RunConfig:
+    """A RunConfig from a YAML file (or defaults) plus `key.path=value` overrides."""
+    data = read_yaml(path) if path is not None else {}
+    return from_dict(RunConfig, apply_overrides(data, overrides))
+
+
+__all__ = [
+    "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig", "load_run_config", "run_id",
+]
