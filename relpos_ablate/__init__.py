@@ -2,6 +2,7 @@
 bias-type encodings, absolute and rotary baselines), trained and evaluated with PyTorch Lightning."""
 
 from relpos_ablate.config import AttentionConfig, ConfigError, ModelConfig, RunConfig
+from relpos_ablate.model import RelPosAttention, TransformerLM
 
-__all__ = ["AttentionConfig", "ConfigError", "ModelConfig", "RunConfig"]
+__all__ = ["AttentionConfig", "ConfigError", "ModelConfig", "RelPosAttention", "RunConfig", "TransformerLM"]
 __version__ = "0.1.0"

@@ -1,0 +1,319 @@
+"""RelPosAttention: Transformer-XL's four score terms, any bias-type encoding, RoPE — one module.
+
+For query i (absolute position M + i in the key sequence, M = memory length) and key j, with
+distance d = M + i - j (query minus key) and s = 1/sqrt(d_head) (score_scale='sqrt_d'):
+
+    score_ij = s·[ (a) q_i·k_j + (b) q_i·W_R R_d + (c) u·k_j + (d) v·W_R R_d ] + s_B·B_h(i, j)
+
+s_B = s when bias_scaled else 1. Only enabled terms are computed. The fast path folds what the term
+set allows: (q + u)·k is one product for a+c, (q + v)·W_R R one for b+d; term d alone and every
+distance-only bias are one per-head curve over distances, laid out as a Toeplitz map. Queries are
+processed in blocks; a causal block only sees keys up to its last query, and the block's additive
+map (terms b, d, bias, mask) goes to `F.scaled_dot_product_attention` together with (q + u) and k.
+The mask is applied after every term and the bias are summed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from relpos_ablate.config.base import ConfigError
+from relpos_ablate.config.model import AttentionConfig
+from relpos_ablate.model.position import BiasScheme, build_bias, rope_rotate, sinusoid
+from relpos_ablate.model.shift import rel_shift, toeplitz
+
+
+def init_vector(n_heads: int, d_head: int) -> nn.Parameter:
+    """A per-head vector such as u or v, N(0, 0.02) as in Transformer-XL."""
+    return nn.Parameter(torch.randn(n_heads, d_head) * 0.02)
+
+
+@dataclass
+class _Layout:
+    """Per-call geometry and the per-distance tensors shared by all query blocks."""
+
+    n_queries: int  # L
+    n_mem: int  # M
+    r: Tensor | None  # (H, n, dh): W_R R for descending distances K-1 .. -(L-1), scaled by s; term b
+    curve: Tensor | None  # (H, n): term d plus distance-only bias, scaled, per descending distance
+
+    @property
+    def n_keys(self) -> int:
+        return self.n_mem + self.n_queries
+
+
+class RelPosAttention(nn.Module):
+    """Multi-head attention over [memory; input] with relative positions chosen by `config`.
+
+    Parameters shared across layers (u, v, a bias module) may be passed in; otherwise the layer owns them.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_head: int,
+        config: AttentionConfig | None = None,
+        *,
+        dropout: float = 0.0,
+        content_bias_u: nn.Parameter | None = None,
+        position_bias_v: nn.Parameter | None = None,
+        bias_module: BiasScheme | None = None,
+    ):
+        super().__init__()
+        self.config = config = config or AttentionConfig()
+        if config.absolute == "rope" and d_head % 2:
+            raise ConfigError("d_head", f"rope needs an even d_head (got {d_head})")
+        if config.uses_r and config.rel == "sinusoid" and d_model % 2:
+            raise ConfigError("d_model", f"sinusoid R needs an even d_model (got {d_model})")
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
+        self.dropout = dropout
+        self.scale = d_head**-0.5 if config.score_scale == "sqrt_d" else 1.0
+        self.bias_scale = self.scale if config.bias_scaled else 1.0
+        inner = n_heads * d_head
+        self.q_net = nn.Linear(d_model, inner, bias=False)
+        self.kv_net = nn.Linear(d_model, 2 * inner, bias=False)
+        self.out_net = nn.Linear(inner, d_model, bias=False)
+        self.r_net = nn.Linear(d_model, inner, bias=False) if config.uses_r else None  # W_R (paper's W_{k,R})
+        learned_rows = None
+        if config.rel == "learned" and (config.uses_r or config.shaw_values):
+            learned_rows = config.clamp_len + 1 if config.causal else 2 * config.clamp_len + 1
+        self.r_table = nn.Parameter(torch.randn(learned_rows, d_model) * 0.02) if learned_rows and config.uses_r else None
+        self.value_table = nn.Parameter(torch.randn(learned_rows, d_head) * 0.02) if config.shaw_values else None
+        self.content_bias_u = (content_bias_u if content_bias_u is not None else init_vector(n_heads, d_head)) \
+            if "c" in config.terms else None
+        self.position_bias_v = (position_bias_v if position_bias_v is not None else init_vector(n_heads, d_head)) \
+            if "d" in config.terms else None
+        self.bias = bias_module if bias_module is not None else build_bias(config, n_heads)
+
+    # ------------------------------------------------------------------ positions
+    def _learned_index(self, distances: Tensor, clamp: int) -> Tensor:
+        if clamp > self.config.clamp_len:
+            raise ValueError(
+                f"clamp_len: {clamp} exceeds the learned table (rel='learned', clamp_len={self.config.clamp_len})"
+            )
+        if self.config.causal:
+            return distances.clamp(0, clamp)
+        return distances.clamp(-clamp, clamp) + self.config.clamp_len
+
+    def relative_vectors(self, distances: Tensor, clamp_len: int | None = None) -> Tensor:
+        """R_d for distances [n] -> [n, d_model]; distances beyond clamp_len share R_clamp."""
+        clamp = clamp_len if clamp_len is not None else self.config.clamp_len
+        if self.config.rel == "learned":
+            return self.r_table[self._learned_index(distances, clamp)]
+        d = distances if clamp is None else distances.clamp(-clamp, clamp)
+        return sinusoid(d, self.d_model).to(self.q_net.weight.dtype)
+
+    def projected_relative(self, distances: Tensor, clamp_len: int | None = None) -> Tensor:
+        """W_R R_d per head: [n] -> [H, n, dh]."""
+        r = self.r_net(self.relative_vectors(distances, clamp_len))
+        return r.view(-1, self.n_heads, self.d_head).transpose(0, 1)
+
+    def bias_curve(self, distances: Tensor, source: str = "bias", clamp_len: int | None = None) -> Tensor:
+        """Additive score per head at distances i - j: [n] -> [H, n].
+
+        source='bias': the bias-type encoding (as added to the scores); source='d': term d, s·v·W_R R_d.
+        """
+        distances = torch.as_tensor(distances, device=self.q_net.weight.device)
+        if source == "bias":
+            if self.bias is None:
+                raise ValueError("this attention has no bias (bias='none'); try source='d' for term d")
+            return self.bias.curve(distances) * self.bias_scale
+        if source == "d":
+            if self.position_bias_v is None:
+                raise ValueError(f"term d is off (terms={self.config.terms!r}); no v·W_R R curve to show")
+            r = self.projected_relative(distances, clamp_len)
+            return torch.einsum("hd,hnd->hn", self.position_bias_v, r) * self.scale
+        raise ValueError(f"source: {source!r} is not allowed; choose 'bias' or 'd'")
+
+    def _layout(self, n_queries: int, n_mem: int, clamp_len: int | None, device) -> _Layout:
+        terms = self.config.terms
+        n_keys = n_mem + n_queries
+        distances = torch.arange(n_keys - 1, -n_queries, -1, device=device)  # descending: K-1 .. -(L-1)
+        r = curve = None
+        if self.config.uses_r:
+            r = self.projected_relative(distances, clamp_len) * self.scale  # (H, n, dh)
+            if "d" in terms and "b" not in terms:
+                curve = torch.einsum("hd,hnd->hn", self.position_bias_v, r)
+        if self.bias is not None and self.bias.distance_only:
+            scheme = self.bias.curve(distances) * self.bias_scale
+            curve = scheme if curve is None else curve + scheme
+        return _Layout(n_queries, n_mem, r if "b" in terms else None, curve)
+
+    # ------------------------------------------------------------------ blocks
+    def _visible(self, lay: _Layout, i0: int, i1: int, n_keys: int, same_length: bool, padding: Tensor | None):
+        """Bool [L_b, K_b] (or [B, 1, L_b, K_b] with padding): may query i see key j."""
+        device = self.q_net.weight.device
+        q_pos = torch.arange(lay.n_mem + i0, lay.n_mem + i1, device=device)
+        dist = q_pos[:, None] - torch.arange(n_keys, device=device)[None, :]
+        visible = torch.ones_like(dist, dtype=torch.bool)
+        if self.config.causal:
+            visible = dist >= 0
+            if same_length:
+                visible = visible & (dist <= lay.n_mem)
+        if padding is not None:
+            visible = visible[None, None] & ~padding[:, None, None, :n_keys]
+        return visible
+
+    def _block_bias(self, lay: _Layout, qb: Tensor | None, i0: int, i1: int, n_keys: int) -> Tensor | None:
+        """Additive scores of terms b, d and the bias for queries i0..i1-1 and keys 0..n_keys-1:
+        [B or 1, H, L_b, K_b], or None when there is none."""
+        lq = i1 - i0
+        t0 = lay.n_queries - i1  # column of this block's largest distance in the descending layout
+        total = None
+        if lay.r is not None:
+            n = lq + n_keys - 1 if not self.config.causal else min(n_keys + 1, lq + n_keys - 1)
+            scores = qb[:, :, i0:i1] @ lay.r[:, t0 : t0 + n].transpose(1, 2)  # (B, H, L_b, n)
+            total = rel_shift(scores, n_keys)
+        if lay.curve is not None:
+            bias = toeplitz(lay.curve[:, t0 : t0 + lq + n_keys - 1], lq, n_keys)[None]  # (1, H, L_b, K_b)
+            total = bias if total is None else total + bias
+        if self.bias is not None and not self.bias.distance_only:
+            dev = self.q_net.weight.device
+            q_pos = torch.arange(lay.n_mem + i0, lay.n_mem + i1, device=dev)
+            bias = self.bias.bias(q_pos, torch.arange(n_keys, device=dev))[None] * self.bias_scale
+            total = bias if total is None else total + bias
+        return total
+
+    def _queries(self, q: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Content query (terms a, c folded: q + u) and position query (terms b, d folded: q + v)."""
+        terms = self.config.terms
+        u, v = self.content_bias_u, self.position_bias_v
+        if "a" in terms:
+            qc = q + u[:, None] if u is not None else q
+        elif u is not None:
+            qc = u[None, :, None].expand_as(q)
+        else:
+            qc = torch.zeros_like(q)
+        qb = None
+        if "b" in terms:
+            qb = q + v[:, None] if v is not None else q
+        return qc, qb
+
+    # ------------------------------------------------------------------ forward
+    def _project(self, x: Tensor, mems: Tensor | None):
+        n_mem = 0 if mems is None else mems.shape[1]
+        cat = x if mems is None or n_mem == 0 else torch.cat([mems.to(x.dtype), x], dim=1)  # (B, K, D)
+        b, lq, _ = x.shape
+        q = self.q_net(x).view(b, lq, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, dh)
+        kv = self.kv_net(cat).view(b, cat.shape[1], 2, self.n_heads, self.d_head)
+        k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, H, K, dh)
+        if self.config.absolute == "rope":
+            positions = torch.arange(cat.shape[1], device=x.device)
+            q = rope_rotate(q, positions[n_mem:], self.config.rope_base)
+            k = rope_rotate(k, positions, self.config.rope_base)
+        return q, k, v, n_mem
+
+    def forward(
+        self,
+        x: Tensor,
+        mems: Tensor | None = None,
+        *,
+        need_weights: bool = False,
+        key_padding_mask: Tensor | None = None,
+        clamp_len: int | None = None,
+        same_length: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x [B, L, d_model], mems [B, M, d_model] (no gradient flows into them) ->
+        (out [B, L, d_model], probs [B, H, L, M + L] or None).
+
+        key_padding_mask [B, M + L] is True at keys to ignore. clamp_len overrides the config's for
+        this call (evaluation). same_length (causal only): every query sees the same number of keys,
+        M + 1 (the number the first query sees).
+        """
+        if same_length and not self.config.causal:
+            raise ValueError("same_length applies to causal attention only")
+        if mems is not None:
+            mems = mems.detach()
+        q, k, v, n_mem = self._project(x, mems)
+        lay = self._layout(x.shape[1], n_mem, clamp_len, x.device)
+        qc, qb = self._queries(q)
+        explicit = need_weights or self.value_table is not None or self.config.backend == "explicit"
+        if explicit:
+            out, probs = self._attend_explicit(lay, qc, qb, k, v, same_length, key_padding_mask)
+            probs = probs if need_weights else None
+        else:
+            out, probs = self._attend_blocks(lay, qc, qb, k, v, same_length, key_padding_mask), None
+        b, _, lq, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head)
+        return self.out_net(out), probs
+
+    def _attend_blocks(self, lay, qc, qb, k, v, same_length, padding) -> Tensor:
+        """SDPA per query block; causal blocks stop at their last query's keys."""
+        lq = lay.n_queries
+        chunk = self.config.query_chunk or lq
+        p = self.dropout if self.training else 0.0
+        outs = []
+        for i0 in range(0, lq, chunk):
+            i1 = min(i0 + chunk, lq)
+            n_keys = lay.n_mem + i1 if self.config.causal else lay.n_keys
+            visible = self._visible(lay, i0, i1, n_keys, same_length, padding)
+            add = self._block_bias(lay, qb, i0, i1, n_keys)
+            if add is not None:
+                add = add.masked_fill(~visible, float("-inf"))
+            outs.append(F.scaled_dot_product_attention(
+                qc[:, :, i0:i1], k[:, :, :n_keys], v[:, :, :n_keys],
+                attn_mask=add if add is not None else visible, dropout_p=p, scale=self.scale,
+            ))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+    def _attend_explicit(self, lay, qc, qb, k, v, same_length, padding):
+        """Materialised scores and probabilities (for need_weights, Shaw values, or backend='explicit')."""
+        scores = (qc * self.scale) @ k.transpose(-1, -2)  # (B, H, L, K)
+        add = self._block_bias(lay, qb, 0, lay.n_queries, lay.n_keys)
+        if add is not None:
+            scores = scores + add
+        visible = self._visible(lay, 0, lay.n_queries, lay.n_keys, same_length, padding)
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        dropped = F.dropout(probs, self.dropout, self.training)
+        out = dropped @ v
+        if self.value_table is not None:
+            out = out + self._shaw_values(dropped, lay)
+        return out, probs
+
+    def _shaw_values(self, probs: Tensor, lay: _Layout) -> Tensor:
+        """Shaw et al. value term Σ_j p_ij a^V_{clip(i-j)}: probabilities regrouped by distance
+        (the inverse of rel_shift), then one product with the table. [B, H, L, K] -> [B, H, L, dh]."""
+        b, h, lq, n_keys = probs.shape
+        n = lq + n_keys - 1
+        per_distance = probs.new_zeros(b, h, lq, n)
+        rel_shift(per_distance, n_keys).copy_(probs)  # column t of row r <- key j = t - (L - 1 - r)
+        distances = torch.arange(n_keys - 1, -lq, -1, device=probs.device)
+        table = self.value_table[self._learned_index(distances, self.config.clamp_len)]  # (n, dh)
+        return per_distance @ table
+
+    # ------------------------------------------------------------------ inspection
+    @torch.no_grad()
+    def score_terms(
+        self, x: Tensor, mems: Tensor | None = None, *, clamp_len: int | None = None, same_length: bool = False,
+    ) -> dict[str, Tensor]:
+        """Each enabled term (a, b, c, d) and the bias as its own [B, H, L, M + L] map, scaled as it
+        enters the scores, plus 'visible' (bool mask). Inspection only: computes every map explicitly."""
+        q, k, _, n_mem = self._project(x, mems)
+        b, h, lq, _ = q.shape
+        n_keys = n_mem + lq
+        lay = _Layout(lq, n_mem, None, None)
+        distances = torch.arange(n_keys - 1, -lq, -1, device=x.device)
+        terms = self.config.terms
+        out: dict[str, Tensor] = {}
+        if "a" in terms:
+            out["a"] = (q * self.scale) @ k.transpose(-1, -2)
+        if "c" in terms:
+            out["c"] = ((self.content_bias_u[None, :, None] * self.scale) @ k.transpose(-1, -2)).expand(b, h, lq, n_keys)
+        if self.config.uses_r:
+            r = self.projected_relative(distances, clamp_len) * self.scale
+            if "b" in terms:
+                out["b"] = rel_shift(q @ r.transpose(1, 2), n_keys)
+            if "d" in terms:
+                curve = torch.einsum("hd,hnd->hn", self.position_bias_v, r)
+                out["d"] = toeplitz(curve, lq, n_keys)[None].expand(b, h, lq, n_keys)
+        if self.bias is not None:
+            positions = torch.arange(n_keys, device=x.device)
+            out["bias"] = (self.bias.bias(positions[n_mem:], positions) * self.bias_scale)[None].expand(b, h, lq, n_keys)
+        visible = self._visible(lay, 0, lq, n_keys, same_length, None)
+        out["visible"] = visible
+        return {name: t.contiguous() for name, t in out.items()}

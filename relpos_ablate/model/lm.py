@@ -1,0 +1,182 @@
+"""TransformerLM: a Transformer-XL style language model built around RelPosAttention.
+
+Features: token embedding (tied output by default); n layers of attention + ReLU feed-forward with
+pre-LN (default) or post-LN (Transformer-XL); absolute baselines (sinusoid / learned at the input,
+learned at every layer as Al-Rfou et al.); segment recurrence: layer l's input from earlier segments
+is kept as memory (FIFO, `mem_len` tokens, detached: no gradient ever flows into it) and prepended
+to its keys and values. Evaluation may use another mem_len and clamp_len than training, and
+`same_length`. `inspect` returns every layer's attention probabilities and separate score-term maps.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from relpos_ablate.config.base import ConfigError
+from relpos_ablate.config.model import ModelConfig
+from relpos_ablate.model.attention import RelPosAttention, init_vector
+from relpos_ablate.model.position import build_bias, sinusoid
+
+
+class LearnedPositions(nn.Module):
+    """A learned absolute position table; a segment longer than the table is a clear error."""
+
+    def __init__(self, max_position: int, d_model: int):
+        super().__init__()
+        self.table = nn.Embedding(max_position, d_model)
+
+    def forward(self, length: int) -> Tensor:
+        if length > self.table.num_embeddings:
+            raise ValueError(
+                f"model.attention.max_position: learned absolute positions cover 0..{self.table.num_embeddings - 1};"
+                f" a segment of {length} tokens does not fit (relative schemes have no such limit)"
+            )
+        return self.table.weight[:length]
+
+
+class Block(nn.Module):
+    """One layer: attention over [memory; input] then feed-forward, each with a residual."""
+
+    def __init__(self, cfg: ModelConfig, **shared):
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.attn = RelPosAttention(
+            cfg.d_model, cfg.n_heads, cfg.d_head, cfg.attention, dropout=cfg.attn_dropout, **shared
+        )
+        self.norm_attn = nn.LayerNorm(cfg.d_model)
+        self.norm_ff = nn.LayerNorm(cfg.d_model)
+        self.ff = nn.Sequential(
+            nn.Linear(cfg.d_model, cfg.d_inner), nn.ReLU(), nn.Dropout(cfg.dropout), nn.Linear(cfg.d_inner, cfg.d_model)
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+        a = cfg.attention
+        self.positions = LearnedPositions(a.max_position, cfg.d_model) if a.absolute == "learned_per_layer" else None
+
+    def layer_input(self, h: Tensor) -> Tensor:
+        """What this layer reads (and keeps as memory): h, plus its own positions for Al-Rfou."""
+        return h if self.positions is None else h + self.positions(h.shape[1])
+
+    def forward(self, h: Tensor, mem: Tensor | None, need_weights: bool, **attn_kw) -> tuple[Tensor, Tensor | None]:
+        if self.pre_norm:
+            attn_out, probs = self.attn(
+                self.norm_attn(h), None if mem is None else self.norm_attn(mem), need_weights=need_weights, **attn_kw
+            )
+            h = h + self.drop(attn_out)
+            return h + self.drop(self.ff(self.norm_ff(h))), probs
+        attn_out, probs = self.attn(h, mem, need_weights=need_weights, **attn_kw)
+        h = self.norm_attn(h + self.drop(attn_out))
+        return self.norm_ff(h + self.drop(self.ff(h))), probs
+
+    def attention_inputs(self, h: Tensor, mem: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """The (x, mems) this layer's attention sees, for score_terms."""
+        if self.pre_norm:
+            return self.norm_attn(h), None if mem is None else self.norm_attn(mem)
+        return h, mem
+
+
+class TransformerLM(nn.Module):
+    """Language model with segment memory: `logits, new_mems = model(tokens, mems)`."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.vocab_size < 1:
+            raise ConfigError("vocab_size", "must be >= 1 (run configs take it from the data)")
+        self.config = config
+        a = config.attention
+        shared = {}
+        if a.share_uv and "c" in a.terms:
+            self.content_bias_u = shared["content_bias_u"] = init_vector(config.n_heads, config.d_head)
+        if a.share_uv and "d" in a.terms:
+            self.position_bias_v = shared["position_bias_v"] = init_vector(config.n_heads, config.d_head)
+        if a.share_bias and a.bias != "none":
+            self.shared_bias = shared["bias_module"] = build_bias(a, config.n_heads)
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.input_positions = LearnedPositions(a.max_position, config.d_model) if a.absolute == "learned" else None
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(Block(config, **shared) for _ in range(config.n_layers))
+        self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if config.tie_weights:
+            self.head.weight = self.embed.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def attention_layers(self) -> list[RelPosAttention]:
+        return [layer.attn for layer in self.layers]
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        h = self.embed(tokens)  # (B, L, D)
+        length = tokens.shape[1]
+        if self.config.attention.absolute == "sinusoid":
+            # Vaswani et al.: positions 0..L-1 of the segment (memory keeps its own; XL's point)
+            h = h + sinusoid(torch.arange(length, device=tokens.device), self.config.d_model).to(h.dtype)
+        elif self.input_positions is not None:
+            h = h + self.input_positions(length)
+        return self.drop(h)
+
+    def _run(self, tokens, mems, mem_len, clamp_len, same_length, need_weights, with_terms):
+        if mems is not None and len(mems) != len(self.layers):
+            raise ValueError(f"mems: expected {len(self.layers)} tensors (one per layer), got {len(mems)}")
+        mem_len = self.config.mem_len if mem_len is None else mem_len
+        h = self._embed(tokens)
+        new_mems, probs, terms = [], [], []
+        for i, layer in enumerate(self.layers):
+            mem = None if mems is None else mems[i].detach()
+            h = layer.layer_input(h)
+            if mem_len > 0:
+                kept = h if mem is None else torch.cat([mem, h], dim=1)
+                new_mems.append(kept[:, -mem_len:].detach())
+            if with_terms:
+                x, m = layer.attention_inputs(h, mem)
+                terms.append(layer.attn.score_terms(x, m, clamp_len=clamp_len, same_length=same_length))
+            h, p = layer(h, mem, need_weights, clamp_len=clamp_len, same_length=same_length)
+            probs.append(p)
+        logits = self.head(self.final_norm(h))
+        return logits, (new_mems if mem_len > 0 else None), probs, terms
+
+    def forward(
+        self,
+        tokens: Tensor,
+        mems: list[Tensor] | None = None,
+        *,
+        mem_len: int | None = None,
+        clamp_len: int | None = None,
+        same_length: bool = False,
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """tokens [B, L] -> (logits [B, L, V], new_mems: per layer [B, <= mem_len, D] detached, or None).
+
+        mem_len / clamp_len override the config for this call (e.g. evaluation with longer memory).
+        """
+        logits, new_mems, _, _ = self._run(tokens, mems, mem_len, clamp_len, same_length, False, False)
+        return logits, new_mems
+
+    @torch.no_grad()
+    def inspect(
+        self,
+        tokens: Tensor,
+        mems: list[Tensor] | None = None,
+        *,
+        mem_len: int | None = None,
+        clamp_len: int | None = None,
+        same_length: bool = False,
+    ) -> dict:
+        """Everything the plots need: logits, new mems, per-layer probabilities [B, H, L, M+L] and
+        per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', 'visible'} (enabled ones only)."""
+        logits, new_mems, probs, terms = self._run(tokens, mems, mem_len, clamp_len, same_length, True, True)
+        return {"logits": logits, "mems": new_mems, "probs": probs, "terms": terms}
+
+    def loss(self, logits: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Mean cross-entropy over positions where mask is True (all when None)."""
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        if mask is None:
+            return losses.mean()
+        mask = mask.flatten().to(losses.dtype)
+        return (losses * mask).sum() / mask.sum().clamp(min=1)

@@ -1,0 +1,59 @@
+"""Bias computed by a small MLP: FIRE (Li et al. 2023) and x-transformers' dynamic position bias."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from relpos_ablate.model.position.base import BiasScheme, register
+
+
+@register("fire")
+class FIREBias(BiasScheme):
+    """B_h(i, j) = MLP(ψ(i - j) / ψ(max(i, L)))_h with ψ(x) = log(c·|x| + 1), MLP 1 -> 32 -> H.
+
+    c (init 0.1) and the threshold L (init 512) are learned. The normaliser depends on the query
+    position i, so FIRE is not a function of i - j alone once i > L. Bidirectionally the distance
+    keeps its sign (ψ is made odd), so keys before and after the query get different biases.
+    """
+
+    distance_only = False
+
+    def __init__(self, n_heads, config, hidden: int = 32):
+        super().__init__(n_heads, config)
+        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, n_heads))
+        self.c = nn.Parameter(torch.tensor(0.1))
+        self.threshold = nn.Parameter(torch.tensor(512.0))
+
+    def psi(self, x: Tensor) -> Tensor:
+        return x.sign() * torch.log1p(self.c.abs() * x.abs())
+
+    def normalised(self, distances: Tensor, q_pos: Tensor) -> Tensor:
+        return self.psi(distances) / self.psi(torch.maximum(q_pos, self.threshold.abs()))
+
+    def bias(self, q_pos, k_pos):
+        q = q_pos.to(self.c.dtype)
+        dist = q[:, None] - k_pos.to(self.c.dtype)[None, :]  # (Lq, K)
+        x = self.normalised(dist, q[:, None])
+        return self.mlp(x[..., None]).permute(2, 0, 1)  # (H, Lq, K)
+
+    def curve(self, distances, query_position: float | None = None):
+        """Bias at distances for a query at `query_position` (default: the threshold L, where the
+        normaliser stops changing for shorter contexts)."""
+        d = distances.to(self.c.dtype)
+        q = self.threshold.abs() if query_position is None else torch.tensor(query_position, dtype=d.dtype)
+        return self.mlp(self.normalised(d, q)[:, None]).T  # (H, n)
+
+
+@register("dynamic")
+class DynamicBias(BiasScheme):
+    """An MLP from the signed log-distance sign(d)·log(1 + |d|) to one bias per head."""
+
+    def __init__(self, n_heads, config, hidden: int = 32):
+        super().__init__(n_heads, config)
+        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.SiLU(), nn.Linear(hidden, n_heads))
+
+    def curve(self, distances):
+        d = distances.to(self.mlp[0].weight.dtype)
+        x = d.sign() * torch.log1p(d.abs())
+        return self.mlp(x[:, None]).T  # (H, n)

@@ -1,0 +1,76 @@
+"""Learned bias tables indexed by distance: Transformer-XL-style clamped table and T5 buckets."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from relpos_ablate.model.position.base import BiasScheme, register
+
+
+@register("xl_table")
+class XLTableBias(BiasScheme):
+    """A learned scalar per head and clamped distance: B_h(i, j) = T[clamp(i - j, -K, K), h].
+
+    Causal attention never sees negative distances, so its table has K + 1 rows (0..K); distances
+    beyond K share row K (evaluation beyond the training length never indexes out of range).
+    """
+
+    def __init__(self, n_heads, config):
+        super().__init__(n_heads, config)
+        self.max_distance = config.max_distance
+        rows = self.max_distance + 1 if self.causal else 2 * self.max_distance + 1
+        self.table = nn.Parameter(nn.init.trunc_normal_(torch.empty(rows, n_heads), std=0.02))  # (rows, H)
+
+    def row_index(self, distances: Tensor) -> Tensor:
+        k = self.max_distance
+        return distances.clamp(0, k) if self.causal else distances.clamp(-k, k) + k
+
+    def curve(self, distances):
+        return self.table[self.row_index(distances)].T  # (H, n)
+
+    def boundaries(self):
+        return [float(self.max_distance)] + ([] if self.causal else [-float(self.max_distance)])
+
+
+def t5_bucket(distances: Tensor, causal: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """T5's relative-position bucket for distances i - j (T5 itself is written for j - i).
+
+    Bidirectional: half the buckets for keys after the query. Within a half, the first half of the
+    buckets are exact distances, the rest grow logarithmically up to max_distance and then saturate.
+    """
+    rp = -distances  # T5's relative_position = key - query
+    if causal:
+        n = (-rp).clamp(min=0)
+        offset = torch.zeros_like(n)
+    else:
+        num_buckets //= 2
+        offset = (rp > 0).long() * num_buckets
+        n = rp.abs()
+    max_exact = num_buckets // 2
+    log_ratio = torch.log(n.clamp(min=1).double() / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return offset + torch.where(n < max_exact, n, large)
+
+
+@register("t5")
+class T5Bias(BiasScheme):
+    """T5 bucketed bias: B_h(i, j) = E[bucket(i - j), h] (Raffel et al. 2020)."""
+
+    def __init__(self, n_heads, config):
+        super().__init__(n_heads, config)
+        self.num_buckets = config.num_buckets
+        self.max_distance = config.max_distance
+        self.table = nn.Parameter(torch.randn(self.num_buckets, n_heads) * 0.02)  # (buckets, H)
+
+    def curve(self, distances):
+        return self.table[t5_bucket(distances, self.causal, self.num_buckets, self.max_distance)].T
+
+    def boundaries(self):
+        """Distances where a new bucket starts (one side; mirrored when bidirectional)."""
+        d = torch.arange(0, 2 * self.max_distance + 1)
+        b = t5_bucket(d, True, self.num_buckets if self.causal else self.num_buckets // 2, self.max_distance)
+        edges = [float(x) for x in d[1:][b[1:] != b[:-1]]]
+        return edges + ([] if self.causal else [-e for e in edges])

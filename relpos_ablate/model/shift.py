@@ -1,0 +1,38 @@
+"""Turn per-distance scores into per-key scores without materialising [L, K, d] position tensors.
+
+Both functions take scores against *descending* distances: column t belongs to distance
+dmax - t, where dmax = q_offset + Lq - 1 is the largest distance a query of the block has (its last
+query looking at key 0). Query r of the block sits at absolute position q_offset + r in the key
+sequence, so its score for key j is column t = dmax - (q_offset + r - j) = (Lq - 1 - r) + j.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def rel_shift(scores: Tensor, n_keys: int) -> Tensor:
+    """[..., Lq, n] scores per distance -> [..., Lq, K] per key: out[r, j] = scores[r, Lq - 1 - r + j].
+
+    A strided view, no copy: row r starts (n - 1)·r + (Lq - 1) elements into the row-major buffer.
+    With n >= Lq + K - 1 every entry is exact (bidirectional). With n = K + 1 (causal) the entries
+    for keys after a query (j > r + q_offset) read the next row: garbage that the causal mask must
+    hide, exactly like Transformer-XL's `_rel_shift`, but the rows never overlap, so the backward
+    pass stays a plain strided copy.
+    """
+    *lead, lq, n = scores.shape
+    if n < n_keys + 1 and lq > 1:
+        raise ValueError(f"rel_shift needs at least K + 1 = {n_keys + 1} distances, got {n}")
+    scores = scores.contiguous()
+    size = list(lead) + [lq, n_keys]
+    stride = list(scores.stride()[:-2]) + [n - 1, 1]
+    return scores.as_strided(size, stride, scores.storage_offset() + lq - 1)
+
+
+def toeplitz(curve: Tensor, n_queries: int, n_keys: int) -> Tensor:
+    """[..., n] values per descending distance, n = Lq + K - 1 -> [..., Lq, K] with
+    out[r, j] = curve[Lq - 1 - r + j] (constant along diagonals: the bias of distance i - j)."""
+    if curve.shape[-1] != n_queries + n_keys - 1:
+        raise ValueError(f"toeplitz needs Lq + K - 1 = {n_queries + n_keys - 1} values, got {curve.shape[-1]}")
+    windows = curve.unfold(-1, n_keys, 1)  # (..., Lq, K): window s holds curve[s : s + K]
+    return windows.flip(-2)  # row r is window Lq - 1 - r

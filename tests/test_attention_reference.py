@@ -1,0 +1,163 @@
+"""RelPosAttention equals the float64 reference (tests/reference.py) for every term subset × memory
+× causal/bidirectional × bias type, on both kernels (SDPA query blocks and explicit scores), with
+random weights. Run: pytest tests/test_attention_reference.py -q"""
+
+import itertools
+
+import pytest
+import torch
+
+from conftest import randomize
+from reference import reference_attention
+from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.config.model import BIAS_TYPES
+
+TERM_SUBSETS = ["".join(c) for n in range(1, 5) for c in itertools.combinations("abcd", n)]
+D_MODEL, HEADS, D_HEAD, LQ, MEM = 16, 2, 8, 5, 3
+
+
+def make(seed=0, **fields):
+    fields.setdefault("query_chunk", 2)  # several blocks even at L=5, so block boundaries are tested
+    if fields.get("bias") == "t5":
+        fields.setdefault("num_buckets", 8)
+        fields.setdefault("max_distance", 6)
+    elif fields.get("bias") == "xl_table":
+        fields.setdefault("max_distance", 3)  # smaller than the distances used: the clamp is exercised
+    attn = RelPosAttention(D_MODEL, HEADS, D_HEAD, AttentionConfig(**fields)).double()
+    randomize(attn, seed)
+    return attn
+
+
+def inputs(seed, n_mem, batch=2):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, LQ, D_MODEL, generator=gen, dtype=torch.float64)
+    mems = torch.randn(batch, n_mem, D_MODEL, generator=gen, dtype=torch.float64) if n_mem else None
+    return x, mems
+
+
+def assert_matches_reference(attn, x, mems, **kw):
+    ref_out, ref_probs = reference_attention(attn, x, mems, **kw)
+    fwd_kw = {k: v for k, v in kw.items() if k != "padding"}
+    if "padding" in kw:
+        fwd_kw["key_padding_mask"] = kw["padding"]
+    fast, none = attn(x, mems, **fwd_kw)
+    slow, probs = attn(x, mems, need_weights=True, **fwd_kw)
+    assert none is None
+    torch.testing.assert_close(fast, ref_out, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(slow, ref_out, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(probs, ref_probs, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("bias", BIAS_TYPES)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("n_mem", [0, MEM], ids=["nomem", "mem"])
+def test_every_term_subset_matches_reference(bias, causal, n_mem):
+    for i, terms in enumerate(TERM_SUBSETS):
+        attn = make(seed=i, terms=terms, bias=bias, causal=causal)
+        x, mems = inputs(i, n_mem)
+        assert_matches_reference(attn, x, mems)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shaw_values", [False, True])
+def test_shaw_learned_clipped_r_matches_reference(causal, shaw_values):
+    attn = make(terms="ab", rel="learned", clamp_len=2, causal=causal, shaw_values=shaw_values)
+    x, mems = inputs(1, MEM)
+    assert_matches_reference(attn, x, mems)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_clamp_len_and_its_evaluation_override(causal):
+    attn = make(terms="abcd", clamp_len=3, causal=causal)
+    x, mems = inputs(2, MEM)
+    assert_matches_reference(attn, x, mems)
+    assert_matches_reference(attn, x, mems, clamp_len=1)
+
+
+def test_learned_r_cannot_be_unclamped_beyond_its_table():
+    attn = make(terms="ab", rel="learned", clamp_len=2)
+    with pytest.raises(ValueError, match="clamp_len: 5 exceeds the learned table"):
+        attn(*inputs(0, 0), clamp_len=5)
+
+
+@pytest.mark.parametrize("n_mem", [0, MEM])
+def test_rope_matches_reference(n_mem):
+    attn = make(terms="a", absolute="rope", bias="alibi")
+    assert_matches_reference(attn, *inputs(3, n_mem))
+
+
+@pytest.mark.parametrize("score_scale, bias_scaled", [("none", False), ("sqrt_d", True), ("none", True)])
+def test_scaling_conventions(score_scale, bias_scaled):
+    attn = make(terms="abcd", bias="t5", score_scale=score_scale, bias_scaled=bias_scaled)
+    assert_matches_reference(attn, *inputs(4, MEM))
+
+
+@pytest.mark.parametrize("bias", ["none", "alibi", "fire"])
+def test_same_length(bias):
+    attn = make(terms="abcd", bias=bias)
+    assert_matches_reference(attn, *inputs(5, MEM), same_length=True)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_key_padding_mask(causal):
+    attn = make(terms="abcd", bias="xl_table", causal=causal)
+    x, mems = inputs(6, MEM)
+    padding = torch.zeros(2, MEM + LQ, dtype=torch.bool)
+    padding[0, :2] = True
+    padding[1, -1] = True
+    assert_matches_reference(attn, x, mems, padding=padding)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 3, 64])
+def test_query_block_size_does_not_change_the_result(chunk):
+    attn = make(terms="abcd", bias="t5", query_chunk=chunk)
+    assert_matches_reference(attn, *inputs(7, MEM))
+
+
+def test_float32_module_is_close_to_float64_reference():
+    attn = make(terms="abcd", bias="kerple_log")
+    x, mems = inputs(8, MEM)
+    ref, _ = reference_attention(attn, x, mems)
+    out, _ = attn.float()(x.float(), mems.float())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("terms, bias, causal", [("abcd", "t5", True), ("bd", "fire", False), ("ab", "kerple_power", True)])
+def test_gradients_match_finite_differences(terms, bias, causal):
+    attn = make(terms=terms, bias=bias, causal=causal, max_distance=6 if bias == "t5" else 128)
+    x, mems = inputs(9, 2, batch=1)
+    x.requires_grad_(True)
+    params = list(attn.parameters())
+    assert torch.autograd.gradcheck(lambda x: attn(x, mems)[0], (x,), eps=1e-6, atol=1e-6)
+    out = attn(x, mems)[0].square().sum()
+    grads = torch.autograd.grad(out, params, allow_unused=True)
+    for p, g in zip(params, grads):
+        if g is None:
+            continue
+        idx = tuple(0 for _ in p.shape)
+        with torch.no_grad():
+            orig = p[idx].item()
+            p[idx] = orig + 1e-6
+            up = attn(x, mems)[0].square().sum().item()
+            p[idx] = orig - 1e-6
+            down = attn(x, mems)[0].square().sum().item()
+            p[idx] = orig
+        assert abs((up - down) / 2e-6 - g[idx].item()) < 1e-5 * max(1.0, abs(g[idx].item()))
+
+
+def test_terms_are_really_off():
+    """A disabled term has no parameters and no effect: u/v/W_R do not exist when unused."""
+    attn = make(terms="a")
+    assert attn.content_bias_u is None and attn.position_bias_v is None and attn.r_net is None
+    attn = make(terms="ac")
+    assert attn.position_bias_v is None and attn.r_net is None and attn.content_bias_u is not None
+
+
+def test_score_terms_sum_to_the_scores():
+    attn = make(terms="abcd", bias="alibi")
+    x, mems = inputs(10, MEM)
+    maps = attn.score_terms(x, mems)
+    total = maps["a"] + maps["b"] + maps["c"] + maps["d"] + maps["bias"]
+    _, ref_probs = reference_attention(attn, x, mems)
+    probs = total.masked_fill(~maps["visible"], float("-inf")).softmax(-1)
+    torch.testing.assert_close(probs, ref_probs, rtol=1e-6, atol=1e-9)
