@@ -23,7 +23,7 @@ INVALID_ATTENTION = [
     (dict(absolute="rope"), "absolute", "use terms='a'"),
     (dict(shaw_values=True), "shaw_values", "rel='learned'"),
     (dict(score_scale="sqrt"), "score_scale", "sqrt_d, none"),
-    (dict(backend="cuda"), "backend", "auto, sdpa, flex, explicit"),
+    (dict(backend="cuda"), "backend", "auto, blocks, sdpa, flex, explicit"),
     (dict(query_chunk=-4), "query_chunk", "out of range"),
     (dict(max_position=0), "max_position", "out of range"),
     (dict(rope_base=0.5), "rope_base", "out of range"),

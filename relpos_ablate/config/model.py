@@ -13,7 +13,7 @@ BIAS_TYPES = (
 ABSOLUTE_TYPES = ("none", "sinusoid", "learned", "learned_per_layer", "rope")
 REL_SOURCES = ("sinusoid", "learned")
 SCORE_SCALES = ("sqrt_d", "none")
-BACKENDS = ("auto", "sdpa", "flex", "explicit")
+BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit")
 NORMS = ("pre", "post")
 
 
@@ -57,10 +57,13 @@ class AttentionConfig:
     causal: bool = True
     """Causal (query i sees key j iff j <= i + mem_len) or bidirectional."""
     backend: str = "auto"
-    """Kernel: auto (FlexAttention on CUDA, else SDPA) | sdpa | flex | explicit (materialised scores)."""
+    """Kernel: auto (FlexAttention on CUDA, else blocks) | blocks (query blocks, bias rebuilt in backward:
+    O(L·d) memory) | sdpa (SDPA per block with the additive map stored) | flex | explicit (materialised)."""
     query_chunk: int = 256
-    """Queries per block in the SDPA path; causal blocks skip keys no query of theirs can see (0: one
-    block)."""
+    """Queries per block; causal blocks skip keys no query of theirs can see (0: one block)."""
+    max_stored_scores_mb: int = 256
+    """backend 'auto' without a GPU: while the score maps of one layer fit in this many MB they are
+    stored for backward (SDPA, fastest); above it the bias is rebuilt in backward ('blocks')."""
 
     def __post_init__(self):
         if not isinstance(self.terms, str) or not self.terms:
@@ -92,6 +95,7 @@ class AttentionConfig:
         check_choice("score_scale", self.score_scale, SCORE_SCALES)
         check_choice("backend", self.backend, BACKENDS)
         check_range("query_chunk", self.query_chunk, low=0)
+        check_range("max_stored_scores_mb", self.max_stored_scores_mb, low=0)
 
     @property
     def uses_r(self) -> bool:

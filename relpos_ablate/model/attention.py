@@ -20,9 +20,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.base import ConfigError
 from relpos_ablate.config.model import AttentionConfig
+from relpos_ablate.model.kernels import Block, blockwise_biased_attention
 from relpos_ablate.model.position import BiasScheme, build_bias, rope_rotate, sinusoid
 from relpos_ablate.model.shift import rel_shift, toeplitz
 
@@ -30,6 +32,10 @@ from relpos_ablate.model.shift import rel_shift, toeplitz
 def init_vector(n_heads: int, d_head: int) -> nn.Parameter:
     """A per-head vector such as u or v, N(0, 0.02) as in Transformer-XL."""
     return nn.Parameter(torch.randn(n_heads, d_head) * 0.02)
+
+
+BLOCK_SCORES = 256 * 1024  # score entries per head in one query block (~1 MB fp32), see _block_size
+MIN_BLOCK = 16
 
 
 @dataclass
@@ -44,6 +50,27 @@ class _Layout:
     @property
     def n_keys(self) -> int:
         return self.n_mem + self.n_queries
+
+
+@dataclass
+class _Plan:
+    """The attention's geometry as BlockwiseBiasedAttention sees it (see kernels.BlockPlan)."""
+
+    attn: "RelPosAttention"
+    lay: _Layout
+    blocks: list[Block]
+    same_length: bool
+    padding: Tensor | None
+
+    @property
+    def scale(self) -> float:
+        return self.attn.scale
+
+    def visible(self, blk: Block) -> Tensor:
+        return self.attn._visible(self.lay, blk.i0, blk.i1, blk.n_keys, self.same_length, self.padding)
+
+    def bias(self, blk: Block, qb: Tensor | None, r: Tensor | None, curve: Tensor | None) -> Tensor:
+        return self.attn._block_bias(self.lay, blk.i0, blk.i1, blk.n_keys, qb, r, curve)
 
 
 class RelPosAttention(nn.Module):
@@ -159,23 +186,46 @@ class RelPosAttention(nn.Module):
             visible = visible[None, None] & ~padding[:, None, None, :n_keys]
         return visible
 
-    def _block_bias(self, lay: _Layout, qb: Tensor | None, i0: int, i1: int, n_keys: int) -> Tensor | None:
-        """Additive scores of terms b, d and the bias for queries i0..i1-1 and keys 0..n_keys-1:
-        [B or 1, H, L_b, K_b], or None when there is none."""
+    def _block(self, lay: _Layout, i0: int, i1: int) -> Block:
+        """Geometry of the query block i0..i1: its keys and the per-distance columns it reads."""
         lq = i1 - i0
+        n_keys = lay.n_mem + i1 if self.config.causal else lay.n_keys
         t0 = lay.n_queries - i1  # column of this block's largest distance in the descending layout
+        n_r = lq + n_keys - 1 if not self.config.causal else min(n_keys + 1, lq + n_keys - 1)
+        return Block(i0, i1, n_keys, slice(t0, t0 + n_r), slice(t0, t0 + lq + n_keys - 1))
+
+    def _blocks(self, lay: _Layout) -> list[Block]:
+        """Query blocks of query_chunk queries, shrunk for long key ranges so that one block's score
+        map stays near BLOCK_SCORES entries per head (bounded transient memory)."""
+        chunk = self.config.query_chunk or lay.n_queries
+        blocks, i0 = [], 0
+        while i0 < lay.n_queries:
+            if self.config.query_chunk:
+                keys = lay.n_mem + i0 + chunk if self.config.causal else lay.n_keys
+                size = max(MIN_BLOCK, min(chunk, BLOCK_SCORES // keys))
+            else:
+                size = chunk
+            i1 = min(i0 + size, lay.n_queries)
+            blocks.append(self._block(lay, i0, i1))
+            i0 = i1
+        return blocks
+
+    def _block_bias(self, lay: _Layout, i0: int, i1: int, n_keys: int, qb: Tensor | None, r: Tensor | None,
+                    curve: Tensor | None) -> Tensor | None:
+        """Additive scores of terms b, d and the bias for queries i0..i1-1 and keys 0..n_keys-1:
+        [B or 1, H, L_b, K_b], or None when there is none. qb is the block's position query, r and
+        curve the block's slices (see _block): passed in so that backward can rebuild this."""
+        lq = i1 - i0
         total = None
-        if lay.r is not None:
-            n = lq + n_keys - 1 if not self.config.causal else min(n_keys + 1, lq + n_keys - 1)
-            scores = qb[:, :, i0:i1] @ lay.r[:, t0 : t0 + n].transpose(1, 2)  # (B, H, L_b, n)
-            total = rel_shift(scores, n_keys)
-        if lay.curve is not None:
-            bias = toeplitz(lay.curve[:, t0 : t0 + lq + n_keys - 1], lq, n_keys)[None]  # (1, H, L_b, K_b)
+        if r is not None:
+            total = rel_shift(qb @ r.transpose(1, 2), n_keys)  # (B, H, L_b, n) -> (B, H, L_b, K_b)
+        if curve is not None:
+            bias = toeplitz(curve, lq, n_keys)[None]  # (1, H, L_b, K_b)
             total = bias if total is None else total + bias
         if self.bias is not None and not self.bias.distance_only:
-            dev = self.q_net.weight.device
-            q_pos = torch.arange(lay.n_mem + i0, lay.n_mem + i1, device=dev)
-            bias = self.bias.bias(q_pos, torch.arange(n_keys, device=dev))[None] * self.bias_scale
+            device = self.q_net.weight.device
+            q_pos = torch.arange(lay.n_mem + i0, lay.n_mem + i1, device=device)
+            bias = self.bias.bias(q_pos, torch.arange(n_keys, device=device))[None] * self.bias_scale
             total = bias if total is None else total + bias
         return total
 
@@ -243,28 +293,59 @@ class RelPosAttention(nn.Module):
         return self.out_net(out), probs
 
     def _attend_blocks(self, lay, qc, qb, k, v, same_length, padding) -> Tensor:
-        """SDPA per query block; causal blocks stop at their last query's keys."""
-        lq = lay.n_queries
-        chunk = self.config.query_chunk or lq
+        """Attention in query blocks. No additive map: one SDPA call. Otherwise SDPA per block with
+        the block's map (stored for backward), or BlockwiseBiasedAttention, which rebuilds the maps in
+        backward and keeps O(L·d) (see _rebuild_in_backward; never with attention dropout)."""
         p = self.dropout if self.training else 0.0
+        position_dependent = self.bias is not None and not self.bias.distance_only
+        has_bias = qb is not None or lay.curve is not None or position_dependent
+        if not has_bias and padding is None and not same_length:
+            return self._attend_plain(lay, qc, k, v, p)
+        plan = _Plan(self, lay, self._blocks(lay), same_length, padding)
+        if has_bias and p == 0.0 and self._rebuild_in_backward(plan, qc):
+            params = list(self.bias.parameters()) if position_dependent else []
+            return blockwise_biased_attention(plan, qc, k, v, qb, lay.r, lay.curve, params)
         outs = []
-        for i0 in range(0, lq, chunk):
-            i1 = min(i0 + chunk, lq)
-            n_keys = lay.n_mem + i1 if self.config.causal else lay.n_keys
-            visible = self._visible(lay, i0, i1, n_keys, same_length, padding)
-            add = self._block_bias(lay, qb, i0, i1, n_keys)
-            if add is not None:
-                add = add.masked_fill(~visible, float("-inf"))
+        for blk in plan.blocks:
+            rows = slice(blk.i0, blk.i1)
+            mask = plan.visible(blk)
+            if has_bias:
+                qb_b = None if qb is None else qb[:, :, rows]
+                r_b = None if lay.r is None else lay.r[:, blk.r_cols]
+                curve_b = None if lay.curve is None else lay.curve[:, blk.curve_cols]
+                mask = plan.bias(blk, qb_b, r_b, curve_b).masked_fill(~mask, float("-inf"))
             outs.append(F.scaled_dot_product_attention(
-                qc[:, :, i0:i1], k[:, :, :n_keys], v[:, :, :n_keys],
-                attn_mask=add if add is not None else visible, dropout_p=p, scale=self.scale,
+                qc[:, :, rows], k[:, :, : blk.n_keys], v[:, :, : blk.n_keys], attn_mask=mask, dropout_p=p,
+                scale=self.scale,
             ))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        return torch.cat(outs, dim=2)
+
+    def _rebuild_in_backward(self, plan: _Plan, qc: Tensor) -> bool:
+        """Use BlockwiseBiasedAttention? Always for backend='blocks'; for 'auto' only when training
+        would otherwise store score maps larger than max_stored_scores_mb."""
+        if self.config.backend != "auto":
+            return self.config.backend == "blocks"
+        if not torch.is_grad_enabled():
+            return False
+        entries = qc.shape[0] * qc.shape[1] * sum((b.i1 - b.i0) * b.n_keys for b in plan.blocks)
+        return entries * qc.element_size() > self.config.max_stored_scores_mb * 2**20
+
+    def _attend_plain(self, lay, qc, k, v, p) -> Tensor:
+        """No additive map: one SDPA call (flash kernels); causal with memory is lower-right aligned."""
+        if not self.config.causal:
+            return F.scaled_dot_product_attention(qc, k, v, dropout_p=p, scale=self.scale)
+        if lay.n_mem == 0:
+            return F.scaled_dot_product_attention(qc, k, v, is_causal=True, dropout_p=p, scale=self.scale)
+        mask = causal_lower_right(lay.n_queries, lay.n_keys)
+        return F.scaled_dot_product_attention(qc, k, v, attn_mask=mask, dropout_p=p, scale=self.scale)
 
     def _attend_explicit(self, lay, qc, qb, k, v, same_length, padding):
         """Materialised scores and probabilities (for need_weights, Shaw values, or backend='explicit')."""
         scores = (qc * self.scale) @ k.transpose(-1, -2)  # (B, H, L, K)
-        add = self._block_bias(lay, qb, 0, lay.n_queries, lay.n_keys)
+        blk = self._block(lay, 0, lay.n_queries)
+        r = None if lay.r is None else lay.r[:, blk.r_cols]
+        curve = None if lay.curve is None else lay.curve[:, blk.curve_cols]
+        add = self._block_bias(lay, 0, lay.n_queries, lay.n_keys, qb, r, curve)
         if add is not None:
             scores = scores + add
         visible = self._visible(lay, 0, lay.n_queries, lay.n_keys, same_length, padding)
