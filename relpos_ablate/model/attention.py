@@ -283,7 +283,9 @@ class RelPosAttention(nn.Module):
         lay = self._layout(x.shape[1], n_mem, clamp_len, x.device)
         qc, qb = self._queries(q)
         explicit = need_weights or self.value_table is not None or self.config.backend == "explicit"
-        if explicit:
+        if not explicit and self._use_flex(x):
+            out, probs = self._attend_flex(lay, qc, qb, k, v, same_length, key_padding_mask), None
+        elif explicit:
             out, probs = self._attend_explicit(lay, qc, qb, k, v, same_length, key_padding_mask)
             probs = probs if need_weights else None
         else:
@@ -338,6 +340,26 @@ class RelPosAttention(nn.Module):
             return F.scaled_dot_product_attention(qc, k, v, is_causal=True, dropout_p=p, scale=self.scale)
         mask = causal_lower_right(lay.n_queries, lay.n_keys)
         return F.scaled_dot_product_attention(qc, k, v, attn_mask=mask, dropout_p=p, scale=self.scale)
+
+    def _use_flex(self, x: Tensor) -> bool:
+        """FlexAttention for backend='flex', and for 'auto' on CUDA without attention dropout."""
+        if self.config.backend == "flex":
+            return True
+        return self.config.backend == "auto" and x.is_cuda and not (self.training and self.dropout > 0)
+
+    def _attend_flex(self, lay, qc, qb, k, v, same_length, padding) -> Tensor:
+        """FlexAttention (compiled on CUDA); see flex.py. Term b is precomputed per distance."""
+        from relpos_ablate.model.flex import flex_attend
+
+        term_b = None if qb is None else qb @ lay.r.transpose(1, 2)  # (B, H, L, K + L - 1)
+        query_bias = None
+        if self.bias is not None and not self.bias.distance_only:
+            positions = torch.arange(lay.n_keys, device=qc.device)
+            query_bias = self.bias.bias(positions[lay.n_mem :], positions) * self.bias_scale  # (H, L, K)
+        return flex_attend(
+            qc, k, v, scale=self.scale, n_mem=lay.n_mem, causal=self.config.causal, same_length=same_length,
+            term_b=term_b, curve=lay.curve, query_bias=query_bias, padding=padding, compiled=qc.is_cuda,
+        )
 
     def _attend_explicit(self, lay, qc, qb, k, v, same_length, padding):
         """Materialised scores and probabilities (for need_weights, Shaw values, or backend='explicit')."""
