@@ -23,7 +23,7 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: install
-	$(BIN)/python -m pytest -q tests/test_attention_reference.py  # interim: the training issue replaces this
+	$(BIN)/relpos-ablate train --config experiments/tiny_run.yaml --run-dir results/tiny_run
 
 bench: install
 	$(BIN)/python benchmarks/attention.py

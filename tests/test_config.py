@@ -60,3 +60,9 @@ def test_model_config_nested_errors_name_the_path():
         from_dict(RunConfig, {"model": {"attention": {"terms": "abx"}}})
     with pytest.raises(ConfigError, match=r"^d_head: rope needs an even d_head"):
         ModelConfig(d_head=7, attention=AttentionConfig(terms="a", absolute="rope"))
+
+
+def test_exponent_floats_are_numbers():
+    """PyYAML alone reads 3e-3 as a string; overrides and files must not."""
+    assert load_run_config(None, ["train.lr=3e-3"]).train.lr == 0.003
+    assert load_run_config(None, ["train.lr=1E-4"]).train.lr == 0.0001

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import re
 import textwrap
 import types
 import typing
@@ -20,6 +21,22 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 without its surprise: `3e-3` and `1e5` are numbers (PyYAML reads them as strings)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text with the project's loader (exponent floats are floats)."""
+    return yaml.load(text, Loader=_Loader)
 
 
 class ConfigError(ValueError):
@@ -186,7 +203,7 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
         if "=" not in item:
             raise ConfigError("--set", f"expected KEY=VALUE, got {item!r}")
         key, raw = item.split("=", 1)
-        set_path(data, key.strip(), yaml.safe_load(raw))
+        set_path(data, key.strip(), load_yaml(raw))
     return data
 
 
@@ -194,7 +211,7 @@ def read_yaml(path: str | Path) -> dict:
     """A YAML mapping from `path`, with a one-line error when it is missing or not a mapping."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except FileNotFoundError:
         raise ConfigError(str(path), "file not found") from None
     except yaml.YAMLError as err:

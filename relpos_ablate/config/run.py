@@ -54,10 +54,14 @@ class TrainConfig:
     """Log training metrics every N steps."""
     checkpoint_every: int = 100
     """Save checkpoints/last.ckpt every N steps (and at the end)."""
+    val_every: int = 0
+    """Evaluate the first eval setting every N steps during training, logged as val_* (0: only at
+    the end, where every setting is evaluated)."""
 
     def __post_init__(self):
         for name in ("segment_len", "batch_size", "max_steps", "log_every", "checkpoint_every"):
             check_range(name, getattr(self, name), low=1)
+        check_range("val_every", self.val_every, low=0)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_range("lr", self.lr, low=0.0)
         check_range("weight_decay", self.weight_decay, low=0.0)
@@ -124,6 +128,21 @@ class RunConfig:
 
     def __post_init__(self):
         check_range("seed", self.seed, low=0)
+        data = self.data
+        if data.source == "synthetic" and data.task == "offset_copy" and data.offset >= self.train.segment_len:
+            raise ConfigError(
+                "data.offset", f"{data.offset} leaves no target inside a segment; use < train.segment_len "
+                f"({self.train.segment_len})")
+        if data.source == "synthetic" and data.train_tokens < self.train.segment_len:
+            raise ConfigError("data.train_tokens", f"{data.train_tokens} is shorter than one segment "
+                              f"(train.segment_len={self.train.segment_len})")
+        if data.source == "synthetic":
+            for i, setting in enumerate(self.eval_settings()):
+                if setting.segment_len > data.eval_tokens:
+                    raise ConfigError(f"eval.settings[{i}].segment_len", f"{setting.segment_len} is longer than "
+                                      f"the evaluation streams (data.eval_tokens={data.eval_tokens})")
+        if data.source == "text" and data.train_file and self.eval.split == "test" and not data.test_file:
+            raise ConfigError("eval.split", "'test' with local files needs data.test_file")
 
     def eval_settings(self) -> tuple[EvalSetting, ...]:
         """The configured settings, or the documented default (1x, 2x, 4x the training length)."""

@@ -1,0 +1,100 @@
+"""Training throughput of the LightningModule (the real `train_run`, with its logger, status and
+checkpoint callbacks) against the plain PyTorch loop in relpos_ablate/train/plain.py, same model and data.
+
+Both loops do identical work (tests/test_train_plain.py checks their losses agree step by step), so
+the ratio is Lightning's overhead. Timing covers steps warmup..warmup+steps of each loop, CUDA
+synchronised at both ends; the runs alternate and the median of `--repeats` is reported.
+
+    python benchmarks/train_step.py                     # CPU, a small model
+    python benchmarks/train_step.py --device cuda --set model.d_model=512 --set model.n_layers=8
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import lightning as L
+import torch
+
+from relpos_ablate.config import RunConfig, load_run_config
+from relpos_ablate.train.data import build_datamodule
+from relpos_ablate.train.plain import train_plain
+from relpos_ablate.train.run import resolve_vocab, train_run
+
+DEFAULTS = ["model.dropout=0.0", "model.mem_len=64", "data.train_tokens=65536", "data.eval_tokens=256",
+            "train.log_every=10", "eval.settings=[{segment_len: 64}]", "eval.batch_size=1"]
+
+
+class StepClock:
+    """Wall time from the end of step `start` to the end of step `stop` (optimizer steps, 1-based)."""
+
+    def __init__(self, start: int, stop: int):
+        self.start, self.stop, self.t0, self.seconds = start, stop, 0.0, 0.0
+
+    def tick(self, done_steps: int) -> None:
+        if done_steps in (self.start, self.stop):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            if done_steps == self.start:
+                self.t0 = time.perf_counter()
+            else:
+                self.seconds = time.perf_counter() - self.t0
+
+
+class LightningClock(L.Callback):
+    def __init__(self, clock: StepClock):
+        self.clock = clock
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        self.clock.tick(trainer.global_step)
+
+
+def time_lightning(config: RunConfig, warmup: int, steps: int) -> float:
+    clock = StepClock(warmup, warmup + steps)
+    with tempfile.TemporaryDirectory() as run_dir:
+        state = train_run(config, run_dir, callbacks=(LightningClock(clock),))
+    if state != "done":
+        raise RuntimeError(f"the Lightning run ended {state}")
+    return clock.seconds
+
+
+def time_plain(config: RunConfig, device: str, warmup: int, steps: int) -> float:
+    clock = StepClock(warmup, warmup + steps)
+    train_plain(config, device=device, steps=warmup + steps, on_step=lambda step: clock.tick(step + 1))
+    return clock.seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per run")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    accelerator = "gpu" if args.device == "cuda" else "cpu"
+    config = load_run_config(None, [*DEFAULTS, f"train.accelerator={accelerator}",
+                                    f"train.max_steps={args.warmup + args.steps}",
+                                    f"train.checkpoint_every={args.warmup + args.steps + 1}", *args.overrides])
+    config = resolve_vocab(config, build_datamodule(config).vocab_size)
+    tokens = args.steps * config.train.batch_size * config.train.segment_len
+    lightning_s, plain_s = [], []
+    for _ in range(args.repeats):
+        plain_s.append(time_plain(config, args.device, args.warmup, args.steps))
+        lightning_s.append(time_lightning(config, args.warmup, args.steps))
+    plain, lightning = statistics.median(plain_s), statistics.median(lightning_s)
+    print(f"device {args.device}, d_model {config.model.d_model}, layers {config.model.n_layers}, "
+          f"segment {config.train.segment_len} x batch {config.train.batch_size}, mem {config.model.mem_len}, "
+          f"{args.steps} timed steps, median of {args.repeats}")
+    print(f"plain PyTorch : {tokens / plain:10.0f} tokens/s  ({1000 * plain / args.steps:.2f} ms/step)")
+    print(f"Lightning     : {tokens / lightning:10.0f} tokens/s  ({1000 * lightning / args.steps:.2f} ms/step)")
+    print(f"Lightning / plain throughput: {plain / lightning:.3f}")
+
+
+if __name__ == "__main__":
+    main()

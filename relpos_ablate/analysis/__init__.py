@@ -1,0 +1,6 @@
+"""Results dir -> pandas (collect) -> paper-style tables (tables, render) and figures (plots, figures)."""
+
+from relpos_ablate.analysis.collect import collect
+from relpos_ablate.analysis.tables import TableOptions, make_table
+
+__all__ = ["TableOptions", "collect", "make_table"]

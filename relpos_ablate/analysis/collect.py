@@ -1,0 +1,217 @@
+"""Results directory -> one pandas DataFrame: a row per (run, evaluation setting).
+
+A results dir holds run dirs (`<experiment>/<run_id>/`, see docs/architecture.md), possibly nested
+one level deeper (`results/` holding several experiments). The collector never crashes on what it
+finds there: a run whose files are missing or truncated still gets a row (its status, NaN metrics),
+and every problem is listed in `df.attrs["problems"]` as one line `path: what is wrong`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from relpos_ablate.config.base import load_yaml
+from relpos_ablate.io import read_json
+
+RUN_FILES = ("config.yaml", "run.json", "status.json", "eval.json")
+"""A folder holding any of these is a run dir."""
+SETTING_FIELDS = ("segment_len", "mem_len", "clamp_len", "same_length", "attn_len")
+"""Evaluation-setting columns, in this order (attn_len = segment_len + mem_len)."""
+RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps")
+"""Per-run columns first in every collected frame."""
+REPORT_OUTPUTS = ("figures",)
+"""Folders the report commands write into a results dir: not runs, not problems."""
+KNOWN_SUFFIXES = (".csv", ".parquet", ".md", ".tex", ".yaml", ".yml", ".json", ".png", ".pdf", ".log", ".txt", ".lock")
+"""Files next to run dirs with these suffixes (summaries, tables, specs, locks) are expected there."""
+MAX_DEPTH = 3
+"""How deep below the given dir run dirs are searched (results/<experiment>/<run_id> is 2)."""
+
+
+@dataclass
+class _Found:
+    """Run dirs found under a results dir, and what was skipped there."""
+
+    runs: list[Path] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / name).exists() for name in RUN_FILES)
+
+
+def find_run_dirs(root: Path) -> _Found:
+    """Every run dir at or below `root` (sorted), plus one problem line per foreign entry."""
+    found = _Found()
+    if is_run_dir(root):
+        found.runs.append(root)
+        return found
+    _walk(root, MAX_DEPTH, found)
+    return found
+
+
+def _walk(folder: Path, depth: int, found: _Found) -> bool:
+    """Add run dirs below `folder` to `found`; True when any was found."""
+    any_run = False
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith((".", "_")) or entry.name in REPORT_OUTPUTS:
+            continue  # temp files of atomic writes, locks, caches, figures written by `plot`
+        if entry.is_dir():
+            if is_run_dir(entry):
+                found.runs.append(entry)
+                any_run = True
+            elif depth > 1 and _walk(entry, depth - 1, found):
+                any_run = True
+            else:
+                found.problems.append(f"{entry}: not a run directory (no {', '.join(RUN_FILES)}); skipped")
+        elif entry.suffix not in KNOWN_SUFFIXES:
+            found.problems.append(f"{entry}: foreign file; skipped")
+    return any_run
+
+
+def flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {"a.b.c": leaf}; lists become compact JSON strings so columns stay hashable."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, path + "."))
+        elif isinstance(value, (list, tuple)):
+            flat[path] = json.dumps(value, separators=(",", ":"), default=str)
+        else:
+            flat[path] = value
+    return flat
+
+
+def _read_mapping(path: Path, problems: list[str], required: bool) -> dict | None:
+    """A JSON or YAML mapping, or None with a problem line when it is missing, truncated or not a mapping."""
+    if not path.exists():
+        if required:
+            problems.append(f"{path}: missing")
+        return None
+    if path.suffix == ".json":
+        data = read_json(path)
+    else:
+        try:
+            data = load_yaml(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError):
+            data = None
+    if not isinstance(data, dict):
+        problems.append(f"{path}: unreadable (truncated or not a mapping); ignored")
+        return None
+    return data
+
+
+def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
+    """The per-run columns: ids, status, variant axes, flattened config (no evaluation yet)."""
+    meta = _read_mapping(run_dir / "run.json", problems, required=False) or {}
+    status = _read_mapping(run_dir / "status.json", problems, required=True) or {}
+    config = _read_mapping(run_dir / "config.yaml", problems, required=True) or {}
+    row: dict[str, Any] = {
+        "run_id": meta.get("run_id", run_dir.name),
+        "experiment": meta.get("experiment", run_dir.parent.name),
+        "status": status.get("state", "unknown"),
+        "reason": status.get("reason"),
+        "seed": config.get("seed", np.nan),
+        "wall_time_s": status.get("wall_time_s", np.nan),
+        "step": status.get("step", np.nan),
+        "max_steps": status.get("max_steps", np.nan),
+        "run_dir": str(run_dir),
+        "spec": meta.get("spec"),
+    }
+    config_columns = flatten(config)
+    variant = meta.get("variant") or {}
+    if not isinstance(variant, dict):
+        problems.append(f"{run_dir / 'run.json'}: 'variant' is not a mapping; ignored")
+        variant = {}
+    for axis, value in variant.items():
+        if axis not in config_columns and axis not in row:  # a config path as axis: the resolved value wins
+            row[axis] = json.dumps(value) if isinstance(value, (list, dict)) else value
+    row.update(config_columns)
+    row["_variant_axes"] = [a for a in variant if a != "seed"]
+    return row
+
+
+def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list[dict], str | None]:
+    """One dict per evaluation setting in eval.json (setting fields + metrics), and the main metric."""
+    path = run_dir / "eval.json"
+    if not path.exists():
+        if status == "done":
+            problems.append(f"{path}: missing although the run is done")
+        return [], None
+    data = _read_mapping(path, problems, required=True)
+    settings = (data or {}).get("settings")
+    if data is not None and not isinstance(settings, list):
+        problems.append(f"{path}: no 'settings' list; ignored")
+    if not isinstance(settings, list):
+        return [], None
+    rows = []
+    for k, setting in enumerate(settings):
+        metrics = setting.get("metrics") if isinstance(setting, dict) else None
+        if not isinstance(metrics, dict):
+            problems.append(f"{path}: settings[{k}] has no 'metrics' mapping; ignored")
+            continue
+        row = {name: setting.get(name) for name in SETTING_FIELDS}
+        row["eval_error"] = setting.get("error")  # a setting the run could not evaluate, and why
+        if row["attn_len"] is None and isinstance(row["segment_len"], int) and isinstance(row["mem_len"], int):
+            row["attn_len"] = row["segment_len"] + row["mem_len"]
+        row.update({name: _number(value) for name, value in metrics.items()})
+        row["_metrics"] = list(metrics)
+        rows.append(row)
+    return rows, data.get("main_metric")
+
+
+def _number(value: Any) -> float:
+    """Metric values as floats; anything non-numeric (null, a string) becomes NaN, never a crash."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return np.nan
+
+
+def collect_run(run_dir: Path, problems: list[str]) -> list[dict]:
+    """All rows of one run dir: one per evaluation setting, or one row with NaN metrics."""
+    base = _run_fields(run_dir, problems)
+    settings, main_metric = _setting_rows(run_dir, base["status"], problems)
+    base["main_metric"] = main_metric
+    return [{**base, **setting} for setting in settings] or [base]
+
+
+def collect(results_dir: str | Path) -> pd.DataFrame:
+    """One row per (run, evaluation setting) for every run dir at or below `results_dir`.
+
+    Columns: run_id, experiment, status, reason, seed, wall_time_s, step, max_steps, the variant axes
+    from run.json, the evaluation setting (segment_len, mem_len, clamp_len, same_length, attn_len),
+    the metrics (ppl, acc, loss, bpc, ... as eval.json has them), main_metric, eval_error (why a
+    setting was not evaluated, if so), run_dir, spec (the grid spec path from run.json), then
+    every flattened config field (`model.attention.terms`, ...). Runs without eval.json (queued,
+    running, failed, broken) get one row with NaN metrics.
+
+    attrs: "problems" (one line each), "variant_axes", "metrics", "results_dir".
+    """
+    root = Path(results_dir)
+    if not root.is_dir():
+        frame = pd.DataFrame(columns=list(RUN_COLUMNS))
+        frame.attrs.update(problems=[f"{root}: not a directory"], variant_axes=[], metrics=[], results_dir=str(root))
+        return frame
+    found = find_run_dirs(root)
+    problems = list(found.problems)
+    rows = [row for run_dir in found.runs for row in collect_run(run_dir, problems)]
+    axes = list(dict.fromkeys(a for row in rows for a in row.pop("_variant_axes")))
+    metric_names = list(dict.fromkeys(m for row in rows for m in row.pop("_metrics", ())))
+    frame = pd.DataFrame(rows, columns=_column_order(rows, axes, metric_names))
+    frame.attrs.update(problems=problems, variant_axes=axes, metrics=metric_names, results_dir=str(root))
+    return frame
+
+
+def _column_order(rows: list[dict], axes: list[str], metrics: list[str]) -> list[str]:
+    """Run columns, variant axes, setting, metrics, main_metric, then config fields in file order."""
+    head = [*RUN_COLUMNS, *axes, *SETTING_FIELDS, *metrics, "main_metric", "eval_error", "run_dir", "spec"]
+    rest = list(dict.fromkeys(k for row in rows for k in row if k not in head))
+    return head + rest

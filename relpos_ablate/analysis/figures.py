@@ -1,0 +1,218 @@
+"""Figures of one trained model: per-head bias curves, attention heatmaps, the four score terms.
+
+Every function takes a model (and, for heatmaps, `model.inspect` output) and returns a matplotlib
+Figure built without pyplot, so it works headless and in notebooks alike. Distances are i - j
+(query minus key): positive = the key is in the past; negative keys exist only bidirectionally.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from matplotlib import colormaps
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
+
+from relpos_ablate.config import ConfigError
+
+TERM_NAMES = {
+    "a": "(a) content: q·k",
+    "b": "(b) content-position: q·W_R R",
+    "c": "(c) global content: u·k",
+    "d": "(d) global position: v·W_R R",
+    "bias": "bias B_h(i, j)",
+}
+MAX_HEATMAP_HEADS = 8
+"""Attention grids show at most this many heads per layer (readable panels)."""
+
+
+def bias_sources(model) -> list[str]:
+    """'bias' when the attention adds a bias-type encoding, 'd' when term d is on."""
+    cfg = model.attention_layers()[0].config
+    return [s for s, on in (("bias", cfg.bias != "none"), ("d", "d" in cfg.terms)) if on]
+
+
+def check_has_bias(model, name: str) -> list[str]:
+    sources = bias_sources(model)
+    if not sources:
+        cfg = model.attention_layers()[0].config
+        raise ConfigError("kind", f"{name} has no bias curve: bias='none' and term d is off "
+                                  f"(terms={cfg.terms!r}); try --kind attention or terms")
+    return sources
+
+
+def bias_panels(model, source: str) -> list[tuple[str, object]]:
+    """(title, attention layer) per panel: the shared bias module once, else one per layer."""
+    layers = model.attention_layers()
+    if source == "bias" and all(attn.bias is layers[0].bias for attn in layers):
+        return [("bias, all layers (shared)", layers[0])]
+    what = "bias" if source == "bias" else "term d"
+    return [(f"{what}, layer {k}", attn) for k, attn in enumerate(layers)]
+
+
+def distance_range(causal: bool, max_distance: int) -> np.ndarray:
+    return np.arange(0 if causal else -max_distance, max_distance + 1)
+
+
+def marks(attn, source: str) -> list[float]:
+    """Distances where the scheme changes regime: bucket edges and table clamps, or R's clamp_len."""
+    if source == "bias":
+        return list(attn.bias.boundaries())
+    clamp = attn.config.clamp_len
+    if clamp is None:
+        return []
+    return [float(clamp)] + ([] if attn.config.causal else [-float(clamp)])
+
+
+def draw_bias_curves(ax, attn, source: str, distances: np.ndarray, train_len: int | None, legend: bool) -> None:
+    """One curve per head of `attn`'s bias (or term d) against distance, boundaries marked."""
+    with torch.no_grad():
+        curves = attn.bias_curve(torch.as_tensor(distances), source=source).float().cpu().numpy()  # (H, n)
+    colors = _head_colors(len(curves))
+    for h, curve in enumerate(curves):
+        ax.plot(distances, curve, color=colors[h], lw=1.2, label=f"head {h}")
+    for k, x in enumerate(m for m in marks(attn, source) if distances[0] <= m <= distances[-1]):
+        ax.axvline(x, color="0.6", ls="--", lw=0.7, label="bucket / clamp edge" if k == 0 else None)
+    if train_len:
+        for k, x in enumerate([train_len] if attn.config.causal else [train_len, -train_len]):
+            ax.axvline(x, color="k", ls=":", lw=1.0, label="training attention length" if k == 0 else None)
+    ax.set_xlabel("distance i − j")
+    ax.set_ylabel("added score")
+    if legend:
+        ax.legend(fontsize=7, ncol=2 if len(curves) > 4 else 1)
+
+
+def _head_colors(n: int) -> list:
+    """Distinct colours for up to 10 heads (tab10), a dark-to-light ramp beyond."""
+    if n <= 10:
+        return [colormaps["tab10"](k) for k in range(n)]
+    return [colormaps["viridis"](0.9 * k / (n - 1)) for k in range(n)]
+
+
+def bias_figure(model, max_distance: int, train_len: int | None = None, title: str = "") -> Figure:
+    """Every layer's (or the shared module's) per-head bias and term-d curves, one row per source."""
+    rows = [(source, bias_panels(model, source)) for source in check_has_bias(model, title or "this model")]
+    ncols = max(len(panels) for _, panels in rows)
+    fig = Figure(figsize=(4.2 * ncols, 3.2 * len(rows)), layout="constrained")
+    axes = fig.subplots(len(rows), ncols, squeeze=False)
+    causal = model.attention_layers()[0].config.causal
+    distances = distance_range(causal, max_distance)
+    for r, (source, panels) in enumerate(rows):
+        for c in range(ncols):
+            if c >= len(panels):
+                axes[r][c].set_visible(False)
+                continue
+            name, attn = panels[c]
+            draw_bias_curves(axes[r][c], attn, source, distances, train_len, legend=(r, c) == (0, 0))
+            axes[r][c].set_title(name, fontsize=10)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def masked(tensor: torch.Tensor, visible: torch.Tensor | None) -> np.ndarray:
+    """A [L, K] map as float numpy with invisible (masked) entries NaN, drawn blank."""
+    values = tensor.float().cpu().numpy().copy()
+    if visible is not None:
+        values[~visible.cpu().numpy().astype(bool)] = np.nan
+    return values
+
+
+def diverging(values: np.ndarray) -> TwoSlopeNorm:
+    """A colour scale symmetric around 0 (blue negative, red positive) for score maps."""
+    limit = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 0.0
+    return TwoSlopeNorm(0.0, -(limit or 1.0), limit or 1.0)
+
+
+def draw_map(ax, values: np.ndarray, n_mem: int, cmap: str, norm=None, labels: bool = True):
+    """A query x key map; masked (NaN) entries blank; a red line between memory and segment keys."""
+    image = ax.imshow(values, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
+    if n_mem:
+        ax.axvline(n_mem - 0.5, color="r", lw=0.8)
+    if labels:
+        ax.set_xlabel("key j" + (f" (first {n_mem}: memory)" if n_mem else ""), fontsize=8)
+        ax.set_ylabel("query i", fontsize=8)
+    return image
+
+
+def attention_figure(details: dict, n_mem: int, title: str = "") -> Figure:
+    """Attention probabilities for sample 0: a layer x head grid, memory columns left of the red line."""
+    probs = details["probs"]  # per layer [B, H, L, M + L]
+    n_layers, n_heads = len(probs), min(probs[0].shape[1], MAX_HEATMAP_HEADS)
+    fig = Figure(figsize=(2.3 * n_heads + 1, 2.1 * n_layers + 0.6), layout="constrained")
+    axes = fig.subplots(n_layers, n_heads, squeeze=False)
+    vmax = max(float(p[0, :n_heads].max()) for p in probs)
+    for layer, p in enumerate(probs):
+        for h in range(n_heads):
+            ax = axes[layer][h]
+            visible = details["terms"][layer].get("visible") if details.get("terms") else None
+            image = draw_map(ax, masked(p[0, h], visible), n_mem, "viridis", labels=False)
+            image.set_clim(0.0, vmax)
+            ax.set_title(f"layer {layer}, head {h}", fontsize=8)
+            ax.tick_params(labelsize=6)
+            if h == 0:
+                ax.set_ylabel("query i")
+            if layer == n_layers - 1:
+                ax.set_xlabel("key j" + (f" (first {n_mem}: memory)" if n_mem else ""), fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention probability")
+    shown = f" (heads 0..{n_heads - 1} of {probs[0].shape[1]})" if probs[0].shape[1] > n_heads else ""
+    if title or shown:
+        fig.suptitle(title + shown)
+    return fig
+
+
+def terms_figure(details: dict, layer: int, head: int, n_mem: int, title: str = "") -> Figure:
+    """The four score terms a, b, c, d (and the bias) of one head as separate maps, as they enter
+    the scores (scaled), with masked entries blank; disabled terms are shown as such."""
+    layer = resolve_index(layer, len(details["terms"]), "layer")
+    head = resolve_index(head, details["probs"][0].shape[1], "head")
+    terms = details["terms"][layer]
+    visible = terms.get("visible")  # [L, M + L] bool
+    names = ["a", "b", "c", "d"] + (["bias"] if "bias" in terms else [])
+    fig = Figure(figsize=(3.3 * len(names), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    for ax, name in zip(axes, names):
+        ax.set_title(TERM_NAMES[name], fontsize=9)
+        if name not in terms:
+            mark_off(ax, f"term {name} is off")
+            continue
+        values = masked(terms[name][0, head], visible)
+        image = draw_map(ax, values, n_mem, "RdBu_r", diverging(values))
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(title or f"score terms, layer {layer}, head {head}")
+    return fig
+
+
+def mark_off(ax, text: str) -> None:
+    """An empty panel saying why it is empty (a disabled term)."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def resolve_index(index: int, count: int, field: str) -> int:
+    """A Python-style index (-1 = last) as 0..count-1, or a one-line error naming the range."""
+    if not -count <= index < count:
+        raise ConfigError(field, f"{index} is out of range; this model has {field}s 0..{count - 1}")
+    return index % count
+
+
+def inspect_sample(model, tokens: torch.Tensor, segment_len: int, mem_len: int) -> tuple[dict, int]:
+    """`model.inspect` on the last segment of `tokens` [1, T], with memory filled from the segments
+    before it (so memory columns show what the model really attends to). Returns (details, M)."""
+    model.eval()
+    mems = None
+    prefix = tokens.shape[1] - segment_len
+    with torch.no_grad():
+        for start in range(0, prefix, segment_len):
+            _, mems = model(tokens[:, start : min(start + segment_len, prefix)], mems, mem_len=mem_len)
+    details = model.inspect(tokens[:, prefix:], mems, mem_len=mem_len)
+    n_mem = 0 if mems is None else mems[0].shape[1]
+    return details, n_mem
+
+
+def sample_length(segment_len: int, mem_len: int) -> int:
+    """Tokens to draw so that memory is full when the last segment is inspected."""
+    return segment_len * (1 + math.ceil(mem_len / segment_len)) if mem_len else segment_len

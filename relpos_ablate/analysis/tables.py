@@ -1,0 +1,420 @@
+"""Paper-style tables from `collect`: mean ± std over seeds, best per column in bold, Welch's t-test.
+
+Two layouts:
+- `grid`: rows and columns by any config field, variant axis or evaluation setting.
+- `xl_table6`: Transformer-XL Table 6 — Recurrence, Encoding, Loss, PPL init (at the training
+  attention length), PPL best (best over evaluation settings), Attn Len (the shortest attention
+  length reaching PPL best).
+
+Options come from the command line, else from the `table:` block of the grid spec the runs came
+from (run.json `spec`), else from the data: rows = what varies between runs (seed excluded),
+columns = the evaluation settings that vary within a run, metric = the task's main metric.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import warnings
+from collections import Counter, defaultdict
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+import yaml
+from scipy import stats
+
+from relpos_ablate.analysis.collect import SETTING_FIELDS
+from relpos_ablate.analysis.render import FORMATS, STAR_LEGEND, Cell, Table
+from relpos_ablate.config import ConfigError, from_dict
+from relpos_ablate.config.base import check_choice, load_yaml
+
+LAYOUTS = ("grid", "xl_table6")
+HIGHER_IS_BETTER = ("acc", "accuracy")
+"""Metrics where larger is better; every other metric (ppl, loss, bpc, nll) is lower-is-better."""
+DECIMALS = {"ppl": 2, "acc": 3, "loss": 3, "bpc": 3}
+ALIASES = {"eval_len": "segment_len", "eval_length": "segment_len"}
+"""Short names accepted for --rows/--cols (besides any unique last component of a dotted field)."""
+SETTING_LABELS = {"segment_len": "eval len", "mem_len": "mem", "clamp_len": "clamp", "same_length": "same len",
+                  "attn_len": "attn len"}
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """What a table shows; every field unset (None) falls back to the spec block, then to the data."""
+
+    rows: tuple[str, ...] | None = None
+    """Row keys: config fields (`model.attention.terms` or `terms`), variant axes, evaluation settings."""
+    cols: tuple[str, ...] | None = None
+    """Column keys, same names as rows (e.g. segment_len / eval_len, attn_len)."""
+    metric: str | None = None
+    """Metric in the cells (ppl, acc, loss, bpc, ...); default: the task's main metric."""
+    baseline: str | None = None
+    """Row label the other rows are tested against (Welch's t-test); several row keys: 'a,b'."""
+    layout: str | None = None
+    """grid (rows x columns) or xl_table6 (the Transformer-XL ablation table)."""
+    format: str | None = None
+    """markdown | latex | csv."""
+
+    def __post_init__(self):
+        if self.layout is not None:
+            check_choice("layout", self.layout, LAYOUTS)
+        if self.format is not None:
+            check_choice("format", self.format, FORMATS)
+
+    def merged(self, fallback: "TableOptions") -> "TableOptions":
+        """These options, with unset fields taken from `fallback`."""
+        return replace(self, **{f.name: getattr(fallback, f.name) for f in fields(self) if getattr(self, f.name) is None})
+
+
+def metric_direction(metric: str) -> str:
+    """'max' when larger is better (accuracy), else 'min' (perplexity, loss, bits per character)."""
+    return "max" if metric.lower().startswith(HIGHER_IS_BETTER) else "min"
+
+
+def _norm(value: Any) -> Any:
+    """A hashable group key: NaN and None are the same missing value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def row_key(record: pd.Series, keys: list[str]) -> tuple:
+    """The group key of one collected row for `keys` (missing values as None)."""
+    return tuple(_norm(record.get(k)) for k in keys)
+
+
+def label(value: Any) -> str:
+    """A key value as shown in a table: YAML spelling for booleans and missing values."""
+    value = _norm(value)
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+# ---------------------------------------------------------------- options from the spec and the data
+
+
+def read_spec(df: pd.DataFrame) -> dict:
+    """The grid spec the runs came from (run.json `spec`), or {} when none is recorded or readable."""
+    root = Path(df.attrs.get("results_dir", "."))
+    for raw in df["spec"].dropna().unique() if "spec" in df else ():
+        for path in (Path(raw), root / raw, root / Path(raw).name):
+            if path.is_file():
+                try:
+                    spec = load_yaml(path.read_text())
+                except yaml.YAMLError:
+                    continue
+                if isinstance(spec, dict):
+                    return spec
+    return {}
+
+
+def spec_options(spec: dict) -> TableOptions:
+    """The spec's `table:` block as options (unknown keys and wrong types are one-line errors)."""
+    block = spec.get("table") or {}
+    if isinstance(block, dict):
+        block = {k: [v] if k in ("rows", "cols") and isinstance(v, str) else v for k, v in block.items()}
+    return from_dict(TableOptions, block, "table")
+
+
+def axis_orders(spec: dict) -> dict[str, list]:
+    """Value order of every grid axis as written in the spec: rows follow it instead of sorting."""
+    grid = spec.get("grid") or {}
+    return {axis: list(values) for axis, values in grid.items() if isinstance(values, list)} if isinstance(grid, dict) else {}
+
+
+def metric_columns(df: pd.DataFrame) -> list[str]:
+    """Metrics with at least one value (from collect's attrs, else the known names present)."""
+    names = df.attrs.get("metrics") or [c for c in ("ppl", "acc", "loss", "bpc") if c in df]
+    return [m for m in names if m in df and df[m].notna().any()]
+
+
+def main_metric(df: pd.DataFrame) -> str:
+    """The main metric the runs declare (eval.json `main_metric`), else the first available one."""
+    declared = df["main_metric"].dropna() if "main_metric" in df else pd.Series(dtype=object)
+    available = metric_columns(df)
+    if not declared.empty and declared.mode().iloc[0] in available:
+        return str(declared.mode().iloc[0])
+    if not available:
+        raise no_finished_runs(df)
+    return available[0]
+
+
+def no_finished_runs(df: pd.DataFrame) -> ConfigError:
+    states = Counter(df["status"]) if "status" in df else Counter()
+    seen = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no runs at all"
+    return ConfigError(df.attrs.get("results_dir", "results"), f"no finished runs with metrics ({seen})")
+
+
+def check_metric(df: pd.DataFrame, metric: str) -> str:
+    available = metric_columns(df)
+    if not available:
+        raise no_finished_runs(df)
+    if metric not in available:
+        raise ConfigError("metric", f"{metric!r} is not a metric of these runs; available: {', '.join(available)}")
+    return metric
+
+
+def resolve_column(df: pd.DataFrame, name: str, what: str) -> str:
+    """A column by full name, alias or unique last dotted component (`terms` -> `model.attention.terms`)."""
+    name = ALIASES.get(name, name) if name not in df else name
+    if name in df:
+        return name
+    matches = [c for c in df.columns if isinstance(c, str) and c.rsplit(".", 1)[-1] == name]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ConfigError(what, f"{name!r} is ambiguous: {', '.join(matches)}")
+    close = difflib.get_close_matches(name, [str(c) for c in df.columns], n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(what, f"{name!r} is not a config field, variant axis or evaluation setting{hint}")
+
+
+def run_level(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run (the first evaluation setting's row)."""
+    return df.drop_duplicates("run_dir") if "run_dir" in df else df
+
+
+def varies(frame: pd.DataFrame, column: str) -> bool:
+    return frame[column].map(_norm).nunique(dropna=False) > 1
+
+
+def default_rows(df: pd.DataFrame) -> list[str]:
+    """What varies between runs, seed excluded: the variant axes, else the flattened config fields."""
+    runs = run_level(df)
+    axes = [a for a in df.attrs.get("variant_axes", []) if a in df and a != "seed"]
+    config = [c for c in df.columns if isinstance(c, str) and "." in c and not c.startswith("eval.")]
+    keys = [c for c in axes if varies(runs, c)] or [c for c in config if varies(runs, c)]
+    if "experiment" in runs and varies(runs, "experiment"):
+        keys.insert(0, "experiment")
+    return keys or ["experiment"]
+
+
+def default_cols(df: pd.DataFrame, rows: list[str]) -> list[str]:
+    """Evaluation-setting fields that vary within some row: the natural columns of the table."""
+    candidates = [f for f in SETTING_FIELDS if f != "attn_len" and f not in rows and f in df]
+    keyed = df.assign(_row=[tuple(_norm(v) for v in t) for t in df[rows].itertuples(index=False)])
+    chosen = [f for f in candidates if keyed.groupby("_row")[f].agg(lambda s: s.map(_norm).nunique(dropna=False)).max() > 1]
+    return chosen
+
+
+def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> TableOptions:
+    """Command line > the spec's `table:` block > what the finished runs suggest; names checked."""
+    opts = options.merged(spec_options(spec))
+    metric = check_metric(df, opts.metric or main_metric(df))
+    data = finished(df, metric)
+    rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(data)
+    cols = [resolve_column(df, c, "cols") for c in opts.cols] if opts.cols is not None else default_cols(data, rows)
+    overlap = set(rows) & set(cols)
+    if overlap:
+        raise ConfigError("cols", f"{', '.join(sorted(overlap))} cannot be both a row and a column key")
+    return TableOptions(tuple(rows), tuple(cols), metric, opts.baseline, opts.layout or "grid", opts.format or "markdown")
+
+
+# ---------------------------------------------------------------- grid layout
+
+
+def finished(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    data = df[np.isfinite(pd.to_numeric(df[metric], errors="coerce"))]
+    if data.empty:
+        raise no_finished_runs(df)
+    return data
+
+
+def sort_key(key: tuple, names: list[str], orders: dict[str, list]) -> tuple:
+    """Spec order for grid axes, numbers numerically, then strings; missing values first."""
+    parts = []
+    for name, value in zip(names, key):
+        order = orders.get(name, [])
+        if value in order:
+            parts.append((0, order.index(value), 0, ""))
+        elif value is None:
+            parts.append((1, 0, 0, ""))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            parts.append((2, 0, value, ""))
+        else:
+            parts.append((3, 0, 0, str(value)))
+    return tuple(parts)
+
+
+def values_by_key(data: pd.DataFrame, keys: list[str], metric: str) -> dict[tuple, list[float]]:
+    """{key tuple: metric values, one per run}; a run contributing twice to one key is an error."""
+    values: dict[tuple, list[float]] = defaultdict(list)
+    seen = Counter()
+    for record in data[[*keys, metric, "run_dir"]].itertuples(index=False):
+        key = tuple(_norm(v) for v in record[: len(keys)])
+        values[key].append(float(record[len(keys)]))
+        seen[(record[-1], key)] += 1
+    if seen and max(seen.values()) > 1:
+        mixed = [f for f in SETTING_FIELDS if f not in keys and f != "attn_len" and f in data
+                 and data.groupby("run_dir")[f].agg(lambda s: s.map(_norm).nunique(dropna=False)).max() > 1]
+        what = f" ({', '.join(mixed)} varies within a run)" if mixed else ""
+        raise ConfigError("cols", f"a cell would average several evaluation settings of one run{what}; "
+                                  "add that field to --rows or --cols")
+    return values
+
+
+def _cell(values: list[float]) -> Cell:
+    arr = np.asarray(values, dtype=float)
+    return Cell(mean=float(arr.mean()), std=float(arr.std(ddof=1)) if arr.size > 1 else math.nan, n=int(arr.size))
+
+
+def welch_p(a: Iterable[float], b: Iterable[float]) -> float:
+    """Two-sided Welch's t-test p-value; NaN with fewer than two values a side or zero variance."""
+    a, b = np.asarray(list(a), float), np.asarray(list(b), float)
+    if a.size < 2 or b.size < 2:
+        return math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def mark_best(cells: list[Cell | None], metric: str) -> None:
+    """Bold the best mean of a column (ties all bold)."""
+    present = [c for c in cells if c is not None]
+    if not present:
+        return
+    pick = max if metric_direction(metric) == "max" else min
+    best = pick(c.mean for c in present)
+    for c in present:
+        c.best = c.mean == best
+
+
+def _find_baseline(baseline: str, row_keys: list[tuple]) -> tuple:
+    wanted = tuple(part.strip() for part in baseline.split(","))
+    for key in row_keys:
+        if tuple(label(v) for v in key) == wanted:
+            return key
+    choices = "; ".join(",".join(label(v) for v in key) for key in row_keys)
+    raise ConfigError("baseline", f"{baseline!r} is not a row label; rows are: {choices}")
+
+
+def grid_table(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] | None = None) -> Table:
+    """Rows x columns of mean ± std over seeds (options must be resolved: see resolve_options)."""
+    rows, cols, metric = list(options.rows), list(options.cols), options.metric
+    values = values_by_key(finished(df, metric), rows + cols, metric)
+    orders = orders or {}
+    row_keys = sorted({k[: len(rows)] for k in values}, key=lambda k: sort_key(k, rows, orders))
+    col_keys = sorted({k[len(rows):] for k in values}, key=lambda k: sort_key(k, cols, orders))
+    grid = [[_cell(values[r + c]) if r + c in values else None for c in col_keys] for r in row_keys]
+    for j in range(len(col_keys)):
+        mark_best([line[j] for line in grid], metric)
+    base = _find_baseline(options.baseline, row_keys) if options.baseline else None
+    if base is not None:
+        for r, line in zip(row_keys, grid):
+            for c, cell in zip(col_keys, line):
+                if cell is not None and r != base and base + c in values:
+                    cell.p = welch_p(values[r + c], values[base + c])
+    cells = [c for line in grid for c in line if c is not None]
+    return Table(
+        index=[_short(r) for r in rows],
+        columns=[_column_label(cols, c, metric) for c in col_keys],
+        rows=[([label(v) for v in r], line) for r, line in zip(row_keys, grid)],
+        caption=_caption(metric, cells, options.baseline),
+        decimals=DECIMALS.get(metric, 3),
+        show_n=len({c.n for c in cells}) > 1,
+    )
+
+
+def _short(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _column_label(cols: list[str], key: tuple, metric: str) -> str:
+    if not cols:
+        return metric
+    return ", ".join(f"{SETTING_LABELS.get(name, _short(name))} {label(v)}" for name, v in zip(cols, key))
+
+
+def _caption(metric: str, cells: list[Cell], baseline: str | None) -> str:
+    counts = sorted({c.n for c in cells})
+    seeds = f"n={counts[0]} seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1 else "n seeds (per cell)"
+    better = "higher" if metric_direction(metric) == "max" else "lower"
+    text = f"{metric}: mean ± std over {seeds}; best per column in bold ({better} is better)."
+    if baseline:
+        text += f" Welch's t-test vs {baseline}: {STAR_LEGEND}."
+    return text
+
+
+# ---------------------------------------------------------------- Transformer-XL Table 6 layout
+
+
+def _setting_cells(runs: pd.DataFrame, metric: str) -> list[tuple[dict, Cell]]:
+    """(setting fields, mean ± std over seeds) for every evaluation setting of one configuration."""
+    fields_ = [f for f in SETTING_FIELDS if f in runs]
+    grouped = values_by_key(runs, fields_, metric)
+    return [(dict(zip(fields_, key)), _cell(vals)) for key, vals in grouped.items()]
+
+
+def _init_and_best(runs: pd.DataFrame, metric: str) -> tuple[Cell | None, Cell, str]:
+    """PPL init (at the training attention length), PPL best, and the shortest attn_len reaching it."""
+    first = runs.iloc[0]
+    train_seg, train_mem = _norm(first.get("train.segment_len")), _norm(first.get("model.mem_len")) or 0
+    settings = _setting_cells(runs, metric)
+    at_train = [(s, c) for s, c in settings if train_seg is not None and s.get("attn_len") == train_seg + train_mem]
+    at_train.sort(key=lambda sc: sc[0].get("segment_len") != train_seg)  # prefer the training segment length
+    sign = -1 if metric_direction(metric) == "max" else 1
+    best_setting, best = min(settings, key=lambda sc: (sign * sc[1].mean, sc[0].get("attn_len") or 0))
+    return (at_train[0][1] if at_train else None), best, label(best_setting.get("attn_len"))
+
+
+def _encoding_label(run: pd.Series, attention_fields: list[str]) -> str:
+    if "encoding" in run.index and _norm(run["encoding"]) is not None:
+        return label(run["encoding"])
+    return " ".join(f"{_short(f)}={label(run[f])}" for f in attention_fields)
+
+
+def xl_table6(df: pd.DataFrame, metric: str, orders: dict[str, list] | None = None) -> Table:
+    """Transformer-XL Table 6: one row per configuration (seeds pooled), best init/best in bold."""
+    data = finished(df, metric)
+    keys = default_rows(data)
+    runs = run_level(data)
+    attention = [c for c in data.columns if str(c).startswith("model.attention.") and varies(runs, c)] or [
+        c for c in ("model.attention.terms", "model.attention.bias", "model.attention.absolute") if c in data]
+    groups = defaultdict(list)
+    for idx, key in zip(data.index, data[keys].itertuples(index=False)):
+        groups[tuple(_norm(v) for v in key)].append(idx)
+    lines = []
+    for key in sorted(groups, key=lambda k: sort_key(k, keys, orders or {})):
+        part = data.loc[groups[key]]
+        first = part.iloc[0]
+        recurrence = "✓" if (_norm(first.get("model.mem_len")) or 0) > 0 else "✗"
+        loss = label(first.get("train.loss_on")).capitalize()
+        init, best, attn = _init_and_best(part, metric)
+        lines.append(([recurrence, _encoding_label(first, attention), loss], [init, best, attn], key))
+    lines.sort(key=lambda line: line[0][0] != "✓")  # stable: recurrence first, as in the paper
+    for j in (0, 1):
+        mark_best([line[1][j] for line in lines], metric)
+    index = ["Recurrence", "Encoding", "Loss"]
+    if len({tuple(line[0]) for line in lines}) < len(lines):  # other fields vary too: show them
+        index.append("Other")
+        for line in lines:
+            line[0].append(" ".join(f"{_short(k)}={label(v)}" for k, v in zip(keys, line[2]) if k != "encoding"))
+    name = metric.upper() if metric == "ppl" else metric
+    cells = [c for line in lines for c in line[1][:2] if c is not None]
+    return Table(
+        index=index,
+        columns=[f"{name} init", f"{name} best", "Attn Len"],
+        rows=[(labels, values) for labels, values, _ in lines],
+        caption=_caption(metric, cells, None) + " init: at the training attention length; "
+                "Attn Len: shortest attention length reaching the best.",
+        decimals=DECIMALS.get(metric, 3),
+        show_n=len({c.n for c in cells}) > 1,
+    )
+
+
+def make_table(df: pd.DataFrame, options: TableOptions = TableOptions()) -> tuple[Table, TableOptions]:
+    """The table the options ask for, and the resolved options (format, layout, ...) it used."""
+    spec = read_spec(df)
+    resolved = resolve_options(df, options, spec)
+    orders = axis_orders(spec)
+    if resolved.layout == "xl_table6":
+        return xl_table6(df, resolved.metric, orders), resolved
+    return grid_table(df, resolved, orders), resolved

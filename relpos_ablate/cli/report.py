@@ -1,0 +1,132 @@
+"""`relpos-ablate collect | table | plot`: results dir -> summary frame, paper-style tables, figures."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from pathlib import Path
+
+from relpos_ablate.cli import UsageError
+
+SUFFIX_FORMATS = {".md": "markdown", ".tex": "latex", ".csv": "csv"}
+SUMMARY_COLUMNS = ("run_id", "status", "seed", "segment_len", "mem_len", "attn_len")
+MAX_PROBLEMS = 20
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("collect", help="gather every run of a results dir into one table (CSV/Parquet)",
+                              description="One row per (run, evaluation setting); broken runs are kept and reported.")
+    p.add_argument("dir", type=Path, help="results dir (results/<experiment> or results/)")
+    p.add_argument("--out", type=Path, help="write the frame to FILE (.csv or .parquet); default: print a summary")
+    p.set_defaults(func=cmd_collect)
+
+    p = subparsers.add_parser("table", help="paper-style table: mean ± std over seeds, best in bold",
+                              description="Defaults come from the grid spec's `table:` block, else from the data.")
+    p.add_argument("dir", type=Path, help="results dir")
+    p.add_argument("--rows", nargs="+", help="row keys: config fields (terms or model.attention.terms), variant axes")
+    p.add_argument("--cols", nargs="+", help="column keys, e.g. segment_len (alias eval_len), attn_len, mem_len")
+    p.add_argument("--metric", help="metric in the cells (default: the task's main metric)")
+    p.add_argument("--format", choices=("markdown", "latex", "csv"), help="default: from --out's suffix, else markdown")
+    p.add_argument("--baseline", help="row label to test the others against (Welch's t-test); several keys: 'a,b'")
+    p.add_argument("--layout", choices=("grid", "xl_table6"), help="grid (default) or the Transformer-XL Table 6")
+    p.add_argument("--out", type=Path, help="write the table to FILE instead of printing it")
+    p.set_defaults(func=cmd_table)
+
+    p = subparsers.add_parser("plot", help="bias curves, attention / term heatmaps, extrapolation curves",
+                              description="On a run dir: that run's figure. On a grid dir: one per run plus an overview.")
+    p.add_argument("target", type=Path, help="a run dir or a results dir")
+    p.add_argument("--kind", required=True, choices=("bias", "attention", "terms", "extrapolation"))
+    p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
+    p.add_argument("--metric", help="extrapolation: metric on the y axis (default: the main metric)")
+    p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
+    p.add_argument("--layer", type=int, default=-1, help="terms: layer index (default: the last)")
+    p.add_argument("--head", type=int, default=0, help="terms: head index")
+    p.add_argument("--formats", default="png,pdf", help="comma-separated figure formats (png, pdf, svg)")
+    p.set_defaults(func=cmd_plot)
+
+
+def _collect(directory: Path):
+    """collect() with its problems printed as warnings; a missing dir is a one-line error."""
+    from relpos_ablate.analysis.collect import collect
+
+    if not directory.is_dir():
+        raise UsageError(f"{directory}: not a directory")
+    frame = collect(directory)
+    problems = frame.attrs["problems"]
+    for line in problems[:MAX_PROBLEMS]:
+        print(f"warning: {line}", file=sys.stderr)
+    if len(problems) > MAX_PROBLEMS:
+        print(f"warning: ... and {len(problems) - MAX_PROBLEMS} more problems", file=sys.stderr)
+    return frame
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from relpos_ablate.io import atomic_write_bytes, atomic_write_text
+
+    frame = _collect(args.dir)
+    runs = frame.drop_duplicates("run_dir") if "run_dir" in frame else frame
+    states = ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().items()) if len(runs) else "none"
+    if args.out is None:
+        shown = [c for c in (*SUMMARY_COLUMNS[:2], *frame.attrs["variant_axes"], *SUMMARY_COLUMNS[2:],
+                             *frame.attrs["metrics"]) if c in frame]
+        print(frame[shown].to_string(index=False) if len(frame) else "(no runs)", flush=True)
+    elif args.out.suffix == ".csv":
+        atomic_write_text(args.out, frame.to_csv(index=False))
+    elif args.out.suffix == ".parquet":
+        buffer = io.BytesIO()
+        frame.to_parquet(buffer, index=False)
+        atomic_write_bytes(args.out, buffer.getvalue())
+    else:
+        raise UsageError(f"--out: {args.out.suffix or args.out.name!r} is not supported; use .csv or .parquet")
+    where = f" -> {args.out}" if args.out else ""
+    print(f"{len(runs)} runs ({states}), {len(frame)} rows{where}", file=sys.stderr)
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from relpos_ablate.analysis.render import render
+    from relpos_ablate.analysis.tables import TableOptions, make_table
+    from relpos_ablate.io import atomic_write_text
+
+    fmt = args.format or (SUFFIX_FORMATS.get(args.out.suffix) if args.out else None)
+    options = TableOptions(rows=_keys(args.rows), cols=_keys(args.cols), metric=args.metric,
+                           baseline=args.baseline, layout=args.layout, format=fmt)
+    table, resolved = make_table(_collect(args.dir), options)
+    text = render(table, resolved.format)
+    if args.out:
+        atomic_write_text(args.out, text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
+
+
+def _keys(values: list[str] | None) -> tuple[str, ...] | None:
+    """`--rows a b` and `--rows a,b` alike."""
+    if values is None:
+        return None
+    return tuple(part for value in values for part in value.split(",") if part)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from relpos_ablate.analysis import plots
+
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    bad = [f for f in formats if f not in plots.FIGURE_FORMATS]
+    if bad or not formats:
+        raise UsageError(f"--formats: {','.join(bad) or 'nothing'} not allowed; choose from {', '.join(plots.FIGURE_FORMATS)}")
+    if not args.target.is_dir():
+        raise UsageError(f"{args.target}: not a directory")
+    out = args.out or args.target / "figures"
+    if args.kind == "extrapolation":
+        written, notes = plots.save_extrapolation(_collect(args.target), out, metric=args.metric, x=args.x,
+                                                  formats=formats)
+    else:
+        written, notes = plots.save_model_figures(_collect(args.target), args.kind, out, layer=args.layer,
+                                                  head=args.head, formats=formats)
+    for line in notes:
+        print(f"warning: {line}", file=sys.stderr)
+    for path in written:
+        print(path)
+    return 0

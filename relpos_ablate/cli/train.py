@@ -1,0 +1,118 @@
+"""`relpos-ablate train`: train and evaluate one run in a run directory (argument parsing only)."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from pathlib import Path
+
+from relpos_ablate.config import RunConfig, apply_overrides, describe, from_dict, load_run_config, read_yaml, to_plain
+
+EXIT_CODES = {"done": 0, "failed": 1, "interrupted": 1}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train", help="train and evaluate one run in a run directory",
+        description=textwrap.fill(
+            "Train one run (resuming from RUN_DIR/checkpoints/last.ckpt when there is one), evaluate it at every "
+            "eval setting and record config.yaml, status.json, metrics.csv, eval.json and log.txt in RUN_DIR. "
+            "A run marked done is not trained again. Exit status: 0 done, 1 failed or interrupted, 2 bad "
+            "arguments or config.", width=96),
+        epilog=config_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="run config (YAML); default: RUN_DIR/config.yaml when it exists")
+    parser.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="the run directory")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="override a config field, e.g. --set model.attention.terms=ac (repeatable)")
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
+    parser.set_defaults(func=run_train)
+
+
+def config_help() -> str:
+    """Every config field with its default and docstring (the field docstrings are the documentation)."""
+    lines = ["config fields (YAML keys; --set KEY=VALUE):"]
+    for path, default, doc in describe(RunConfig):
+        lines.append(f"  {path} = {default}")
+        lines.extend(textwrap.wrap(doc, width=96, initial_indent="      ", subsequent_indent="      "))
+    return "\n".join(lines)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from relpos_ablate.cli import UsageError
+
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads: {args.threads} is not allowed; use 1 or more")
+    config = resolve_config(args.config, args.run_dir, args.overrides)
+
+    import torch
+
+    from relpos_ablate.train.run import is_done, train_run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if is_done(args.run_dir):
+        print(f"{args.run_dir}: already done; not retraining (delete the directory to train again)")
+        print_outcome(args.run_dir, "done")
+        return 0
+    state = train_run(config, args.run_dir)
+    print_outcome(args.run_dir, state)
+    return EXIT_CODES[state]
+
+
+def resolve_config(config_file: Path | None, run_dir: Path, overrides: list[str]) -> RunConfig:
+    """The config to run: --config (+ --set), else RUN_DIR/config.yaml (+ --set). It must agree with an
+    existing RUN_DIR/config.yaml: a run directory belongs to one config."""
+    from relpos_ablate.cli import UsageError
+    from relpos_ablate.train.run import CONFIG, same_run, stored_config
+
+    stored_path = run_dir / CONFIG
+    stored = stored_config(run_dir)
+    if config_file is not None:
+        config = load_run_config(config_file, overrides)
+    elif stored is not None:
+        config = from_dict(RunConfig, apply_overrides(read_yaml(stored_path), overrides))
+    else:
+        raise UsageError(f"--config: not given and {stored_path} does not exist")
+    if stored is not None and not same_run(config, stored):
+        key, old, new = first_difference(to_plain(stored), to_plain(config))
+        raise UsageError(f"{stored_path} holds another run ({key}: {old!r} there, {new!r} here); "
+                         "use a new --run-dir")
+    return config
+
+
+def first_difference(a: dict, b: dict, prefix: str = "") -> tuple[str, object, object]:
+    """(dotted key, value in a, value in b) of the first field where two plain configs differ."""
+    for key in a:
+        path = f"{prefix}{key}"
+        if isinstance(a[key], dict) and isinstance(b.get(key), dict):
+            found = first_difference(a[key], b[key], path + ".")
+            if found[0]:
+                return found
+        elif a[key] != b.get(key) and not (key == "vocab_size" and 0 in (a[key], b.get(key))):
+            return path, a[key], b.get(key)
+    return "", None, None
+
+
+def print_outcome(run_dir: Path, state: str) -> None:
+    """The evaluation table of a finished run, or why it did not finish."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from relpos_ablate.io import read_json
+
+    status = read_json(run_dir / "status.json") or {}
+    if state != "done":
+        print(f"{run_dir}: {state}: {status.get('reason', '')}")
+        return
+    results = read_json(run_dir / "eval.json")
+    names = sorted({name for s in results["settings"] for name in s["metrics"]} - {"tokens"})
+    table = Table(title=f"{run_dir}  (step {results['step']}, main metric {results['main_metric']}, "
+                        f"{status.get('wall_time_s', 0):.1f} s)")
+    for column in ("segment_len", "mem_len", "attn_len", *names):
+        table.add_column(column, justify="right")
+    for s in results["settings"]:
+        values = [f"{s['metrics'][n]:.4g}" if n in s["metrics"] else s.get("error", "-")[:40] for n in names]
+        table.add_row(str(s["segment_len"]), str(s["mem_len"]), str(s["attn_len"]), *values)
+    Console().print(table)

@@ -1,0 +1,206 @@
+"""One run in one run directory: train (resuming from checkpoints/last.ckpt), evaluate every setting,
+record everything (docs/architecture.md has the directory contract).
+
+`train_run(config, run_dir)` is what `relpos-ablate train` calls; `load_run(run_dir)` gives the
+analysis layer the trained model back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
+from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, from_dict, read_yaml, to_plain
+from relpos_ablate.io import atomic_write_json, atomic_write_yaml, read_json
+from relpos_ablate.model import TransformerLM
+from relpos_ablate.train.data import SegmentDataModule, build_datamodule
+from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
+from relpos_ablate.train.records import MetricsCSV, RunRecorder, RunStatus, close_log, open_log
+
+log = logging.getLogger("relpos_ablate.train")
+# Lightning advertises a hosted logger on every run; keep run logs to what concerns the run.
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: "litlogger" not in record.getMessage())
+CONFIG, EVAL, CHECKPOINTS = "config.yaml", "eval.json", "checkpoints"
+LAST_CKPT = Path(CHECKPOINTS) / "last.ckpt"
+
+
+def is_done(run_dir: Path) -> bool:
+    """Marked done with a readable eval.json (done without it is resumed: fit ends at once, eval reruns)."""
+    status = read_json(Path(run_dir) / "status.json")
+    return isinstance(status, dict) and status.get("state") == "done" and isinstance(read_json(Path(run_dir) / EVAL), dict)
+
+
+def stored_config(run_dir: Path) -> RunConfig | None:
+    path = Path(run_dir) / CONFIG
+    return from_dict(RunConfig, read_yaml(path)) if path.exists() else None
+
+
+def same_run(a: RunConfig, b: RunConfig) -> bool:
+    """Equal up to the vocabulary size that training fills in (0 in a config means 'from the data')."""
+    if a.model.vocab_size == 0 or b.model.vocab_size == 0:
+        a, b = with_vocab(a, 0), with_vocab(b, 0)
+    return a == b
+
+
+def with_vocab(config: RunConfig, vocab_size: int) -> RunConfig:
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=vocab_size))
+
+
+def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
+    """Fill model.vocab_size from the data; a different explicit value is an error."""
+    if config.model.vocab_size == 0:
+        return with_vocab(config, data_vocab)
+    if config.model.vocab_size != data_vocab:
+        raise ConfigError("model.vocab_size", f"{config.model.vocab_size} but the data has {data_vocab} tokens; "
+                          "use 0 to take it from the data")
+    return config
+
+
+def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:
+    """Why the model cannot be evaluated at `setting` (None when it can): learned absolute tables end."""
+    a = config.model.attention
+    if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
+        return (f"learned absolute positions cover {a.max_position} tokens (model.attention.max_position); "
+                f"segment_len {setting.segment_len} does not fit")
+    return None
+
+
+def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callback, ...] = ()) -> str:
+    """Train, evaluate and record one run; returns its final state: done | failed | interrupted.
+
+    A done run is left alone. Anything else resumes from checkpoints/last.ckpt when it exists.
+    `callbacks` are extra Lightning callbacks (tests use one to interrupt a run).
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if is_done(run_dir):
+        return "done"
+    handler = open_log(run_dir)
+    status = RunStatus(run_dir)
+    status.start(device=describe_device(config.train.accelerator), max_steps=config.train.max_steps)
+    try:
+        _train_and_evaluate(config, run_dir, status, callbacks)
+        status.finish("done")
+        return "done"
+    except (KeyboardInterrupt, SystemExit) as err:  # Lightning turns Ctrl-C into SystemExit(1)
+        reason = "stopped by SIGTERM" if isinstance(err, SIGTERMException) else "interrupted by the user"
+        log.warning("%s at step %s; rerun to resume", reason, status.fields.get("step"))
+        status.finish("interrupted", reason=reason)
+        return "interrupted"
+    except Exception as err:  # the run failed: record why, for the runner and the collector
+        reason = str(err) if isinstance(err, (NonFiniteLoss, ConfigError)) else f"{type(err).__name__}: {err}"
+        reason = " ".join(reason.split())
+        log.error("failed: %s\n%s", reason, traceback.format_exc())
+        status.finish("failed", reason=reason, traceback=traceback.format_exc())
+        return "failed"
+    finally:
+        close_log(handler)
+
+
+def describe_device(accelerator: str) -> str:
+    if accelerator != "cpu" and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+    return "cpu"
+
+
+def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus, callbacks) -> None:
+    datamodule = build_datamodule(config)
+    datamodule.prepare_data()
+    config = resolve_vocab(config, datamodule.vocab_size)
+    atomic_write_yaml(run_dir / CONFIG, to_plain(config))
+    L.seed_everything(config.seed, workers=True, verbose=False)
+    module = LitLM(config)
+    log.info("run %s: %d parameters, %s", run_dir, sum(p.numel() for p in module.model.parameters()),
+             describe_device(config.train.accelerator))
+    metrics = MetricsCSV(run_dir)
+    trainer = make_trainer(config, run_dir, metrics, [RunRecorder(status, metrics, config.train.log_every), *callbacks])
+    with warnings.catch_warnings():
+        _quiet_known_warnings()
+        trainer.fit(module, datamodule=datamodule, ckpt_path="last" if (run_dir / LAST_CKPT).exists() else None)
+        log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
+        atomic_write_json(run_dir / EVAL, evaluate(trainer, module, datamodule, config))
+
+
+def make_trainer(config: RunConfig, run_dir: Path, logger: MetricsCSV, callbacks: list[L.Callback]) -> L.Trainer:
+    t = config.train
+    checkpoint = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, save_last=True, save_top_k=0,
+                                 every_n_train_steps=t.checkpoint_every, enable_version_counter=False)
+    interactive = sys.stdout.isatty()
+    callbacks = [checkpoint, SaveOnSigterm(run_dir / LAST_CKPT), *callbacks]
+    if interactive:
+        callbacks.append(RichProgressBar())
+    return L.Trainer(
+        default_root_dir=run_dir, max_steps=t.max_steps, accelerator=t.accelerator, devices=1,
+        precision=t.precision, gradient_clip_val=t.grad_clip or None, deterministic=t.deterministic,
+        logger=logger, log_every_n_steps=t.log_every, callbacks=callbacks, enable_progress_bar=interactive,
+        enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False,
+        val_check_interval=t.val_every or None, check_val_every_n_epoch=None if t.val_every else 1,
+        # the grid runner's submitit owns requeueing: no SLURM auto-requeue inside Lightning
+        plugins=[LightningEnvironment()],
+    )
+
+
+class SaveOnSigterm(L.Callback):
+    """On SIGTERM (preemption, the runner stopping) Lightning stops after the batch; keep that batch's
+    progress by writing last.ckpt before the process exits."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException):
+            trainer.save_checkpoint(self.path, weights_only=False)
+
+
+def _quiet_known_warnings() -> None:
+    """Warnings that do not apply to this layout: batches are slices of in-memory tensors (no workers
+    needed) and the training loader resumes from the global step itself."""
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
+    warnings.filterwarnings("ignore", message=".*Total length of `list` across ranks is zero.*")
+    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
+
+
+def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, config: RunConfig) -> dict:
+    """eval.json: one record per setting with its metrics and attention length (segment_len + mem_len)."""
+    settings = config.eval_settings()
+    usable = [i for i, s in enumerate(settings) if unsupported_reason(config, s) is None]
+    module.eval_indices = usable
+    if usable:
+        trainer.validate(module, dataloaders=[datamodule.eval_dataloader(settings[i]) for i in usable], verbose=False)
+    records = []
+    for i, setting in enumerate(settings):
+        mem_len = config.model.mem_len if setting.mem_len is None else setting.mem_len
+        clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
+        record = {"segment_len": setting.segment_len, "mem_len": mem_len, "clamp_len": clamp_len,
+                  "same_length": setting.same_length, "attn_len": setting.segment_len + mem_len,
+                  "metrics": module.eval_results.get(i, {})}
+        reason = unsupported_reason(config, setting)
+        if reason:
+            record["error"] = reason
+            log.warning("eval setting %d skipped: %s", i, reason)
+        records.append(record)
+    return {"main_metric": main_metric(config), "step": trainer.global_step, "settings": records}
+
+
+def load_run(run_dir: str | Path) -> tuple[RunConfig, TransformerLM]:
+    """The run's resolved config and its model with the weights of checkpoints/last.ckpt, in eval mode."""
+    run_dir = Path(run_dir)
+    config = stored_config(run_dir)
+    if config is None:
+        raise FileNotFoundError(f"{run_dir / CONFIG} not found: not a run directory")
+    checkpoint = torch.load(run_dir / LAST_CKPT, map_location="cpu", weights_only=True)
+    model = TransformerLM(config.model)
+    prefix = "model."
+    model.load_state_dict({k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)})
+    return config, model.eval()

@@ -1,0 +1,248 @@
+"""Tables from collect(): mean ± std over seeds, best in bold, Welch's t-test, defaults (data and the
+spec's `table:` block), the XL-Table-6 layout, Markdown / LaTeX / CSV output and the `table` command.
+Every number is checked against statistics / the Welch formula computed here.
+
+Run: .venv/bin/python -m pytest tests/test_tables.py -q
+"""
+
+import io
+import math
+import re
+import shutil
+import statistics
+import subprocess
+
+import pandas as pd
+import pytest
+from scipy import stats
+
+from fixtures.report_runs import make_grid, make_run
+from relpos_ablate.analysis import collect
+from relpos_ablate.analysis.render import latex_escape, render
+from relpos_ablate.analysis.tables import TableOptions, make_table
+from relpos_ablate.cli import main
+from relpos_ablate.config import ConfigError
+
+# xl is clearly better at length 32 (p < 0.01), alibi better at 64; 3 seeds each
+PPL = {
+    ("xl", 0): [10.0, 14.0], ("xl", 1): [10.2, 14.5], ("xl", 2): [10.1, 13.8],
+    ("alibi", 0): [12.0, 12.4], ("alibi", 1): [12.3, 12.2], ("alibi", 2): [12.1, 12.9],
+}
+
+
+def welch(a, b):
+    """Welch's two-sided p-value from its textbook formula (Welch–Satterthwaite degrees of freedom)."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    t = (statistics.mean(a) - statistics.mean(b)) / math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return 2 * stats.t.sf(abs(t), dof)
+
+
+def cells_by_label(table):
+    return {labels[0]: values for labels, values in table.rows}
+
+
+@pytest.fixture
+def grid(tmp_path):
+    make_grid(tmp_path, PPL, lengths=(32, 64))
+    make_run(tmp_path, ["seed=9"], state="failed", variant={"encoding": "xl", "seed": 9})
+    return collect(tmp_path)
+
+
+def test_defaults_mean_std_count_best_and_welch(grid):
+    table, opts = make_table(grid, TableOptions(baseline="xl"))
+    assert (opts.rows, opts.cols, opts.metric, opts.layout) == (("encoding",), ("segment_len",), "ppl", "grid")
+    assert table.columns == ["eval len 32", "eval len 64"]
+    cells = cells_by_label(table)
+    for enc in ("xl", "alibi"):
+        for k in range(2):
+            values = [PPL[(enc, s)][k] for s in range(3)]
+            cell = cells[enc][k]
+            assert cell.mean == pytest.approx(statistics.mean(values))
+            assert cell.std == pytest.approx(statistics.stdev(values))
+            assert cell.n == 3  # the failed seed 9 has no metrics and is not counted
+    assert [cells["xl"][0].best, cells["alibi"][0].best] == [True, False]  # lower ppl is better
+    assert [cells["xl"][1].best, cells["alibi"][1].best] == [False, True]
+    for k in range(2):
+        a = [PPL[("alibi", s)][k] for s in range(3)]
+        b = [PPL[("xl", s)][k] for s in range(3)]
+        assert cells["alibi"][k].p == pytest.approx(welch(a, b))
+        assert math.isnan(cells["xl"][k].p)  # the baseline is not tested against itself
+    for k in range(2):
+        p = welch([PPL[("alibi", s)][k] for s in range(3)], [PPL[("xl", s)][k] for s in range(3)])
+        expected = "***" if p < 0.001 else "**" if p < 0.01 else "*" if p < 0.05 else ""
+        assert cells["alibi"][k].stars == expected
+    assert cells["alibi"][0].stars  # the fixture is built so that length 32 is significant
+
+
+def test_markdown_renders_bold_stars_and_seed_count(grid):
+    table, _ = make_table(grid, TableOptions(baseline="xl"))
+    text = render(table, "markdown")
+    lines = text.splitlines()
+    assert lines[0] == "| encoding | eval len 32 | eval len 64 |" and lines[1] == "|:---|---:|---:|"
+    assert len({line.count("|") for line in lines[:4]}) == 1
+    xl_row = next(line for line in lines if line.startswith("| xl "))
+    assert "**10.10 ± 0.10**" in xl_row
+    alibi_row = next(line for line in lines if line.startswith("| alibi "))
+    assert re.search(r"12\.13 ± 0\.15(\\\*)+ \|", alibi_row)
+    assert "n=3 seeds" in text and "Welch" in text
+
+
+def test_higher_is_better_for_accuracy_and_unequal_seed_counts(tmp_path):
+    for seed, (a, b) in enumerate([(0.9, 0.5), (0.8, 0.6)]):
+        make_run(tmp_path, ["model.attention.terms=ac", f"seed={seed}"], main_metric="acc",
+                 results=[({"segment_len": 32}, {"acc": a})])
+        make_run(tmp_path, ["model.attention.terms=a", f"seed={seed}"], main_metric="acc",
+                 results=[({"segment_len": 32}, {"acc": b})])
+    make_run(tmp_path, ["model.attention.terms=a", "seed=2"], main_metric="acc",
+             results=[({"segment_len": 32}, {"acc": 0.55})])
+    df = collect(tmp_path)
+    table, opts = make_table(df)
+    assert opts.rows == ("model.attention.terms",) and opts.cols == () and opts.metric == "acc"
+    cells = cells_by_label(table)
+    assert cells["ac"][0].best and not cells["a"][0].best
+    assert cells["a"][0].mean == pytest.approx(statistics.mean([0.5, 0.6, 0.55]))
+    assert table.show_n and "(n=3)" in render(table, "markdown") and "(n=2)" in render(table, "markdown")
+    assert table.columns == ["acc"] and table.index == ["terms"]
+
+
+def test_spec_table_block_and_axis_order(tmp_path):
+    spec = tmp_path / "grid.yaml"
+    spec.write_text("name: demo\ngrid:\n  encoding: [xl, alibi]\ntable:\n  rows: encoding\n  metric: loss\n"
+                    "  format: latex\n")
+    make_grid(tmp_path / "res", {("alibi", 0): [12.0], ("xl", 0): [10.0]}, lengths=(32,), spec=str(spec))
+    table, opts = make_table(collect(tmp_path / "res"))
+    assert opts.metric == "loss" and opts.format == "latex"
+    assert [labels[0] for labels, _ in table.rows] == ["xl", "alibi"]  # spec order, not alphabetical
+    assert table.rows[0][1][0].mean == pytest.approx(math.log(10.0))
+    table, opts = make_table(collect(tmp_path / "res"), TableOptions(metric="ppl", format="csv"))
+    assert opts.metric == "ppl" and opts.format == "csv"  # the command line wins over the spec
+    spec.write_text("table:\n  rowz: [encoding]\n")
+    with pytest.raises(ConfigError, match=r"table.rowz: unknown key; did you mean 'rows'"):
+        make_table(collect(tmp_path / "res"))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"metric": "bleu"}, r"metric: 'bleu' is not a metric of these runs; available: ppl, loss"),
+    ({"rows": ("encodng",)}, r"rows: 'encodng' is not a config field.*did you mean encoding"),
+    ({"rows": ("batch_size",)}, r"rows: 'batch_size' is ambiguous: train.batch_size, eval.batch_size"),
+    ({"baseline": "nope"}, r"baseline: 'nope' is not a row label; rows are: alibi; xl"),
+    ({"rows": ("encoding",), "cols": ("encoding",)}, r"cannot be both a row and a column"),
+    ({"layout": "wide"}, r"layout: 'wide' is not allowed; choose one of grid, xl_table6"),
+    ({"format": "html"}, r"format: 'html' is not allowed"),
+])
+def test_bad_options_are_one_line_errors(grid, options, message):
+    with pytest.raises(ConfigError, match=message):
+        make_table(grid, TableOptions(**options))
+
+
+def test_a_cell_never_averages_two_settings_of_one_run(tmp_path):
+    make_run(tmp_path, ["seed=0"], results=[({"segment_len": 32, "mem_len": 0}, {"ppl": 9.0}),
+                                            ({"segment_len": 32, "mem_len": 32}, {"ppl": 8.0})])
+    df = collect(tmp_path)
+    assert make_table(df)[1].cols == ("mem_len",)
+    with pytest.raises(ConfigError, match=r"mem_len varies within a run"):
+        make_table(df, TableOptions(cols=("segment_len",)))
+
+
+def test_no_finished_runs(tmp_path):
+    make_run(tmp_path, ["seed=0"], state="failed")
+    make_run(tmp_path, ["seed=1"], state="running")
+    with pytest.raises(ConfigError, match=r"no finished runs with metrics \(1 failed, 1 running\)"):
+        make_table(collect(tmp_path))
+
+
+def test_latex_is_booktabs_with_escapes(tmp_path):
+    make_grid(tmp_path, {("xl", 0): [10.0], ("xl", 1): [11.0]}, lengths=(32,))
+    df = collect(tmp_path)
+    df["encoding"] = "al_rfou & 50%"
+    text = render(make_table(df, TableOptions(rows=("encoding",)))[0], "latex")
+    assert r"\toprule" in text and r"\midrule" in text and r"\bottomrule" in text
+    assert r"al\_rfou \& 50\%" in text and r"\textbf{10.50 $\pm$ 0.71}" in text
+    assert latex_escape("p<0.05 | a>b ~x^2") == r"p$<$0.05 \textbar{} a$>$b \textasciitilde{}x\textasciicircum{}2"
+    body = text[text.index(r"\toprule"): text.index(r"\bottomrule")]
+    rows = [line for line in body.splitlines() if line.endswith(r"\\")]
+    assert {line.count("&") - line.count(r"\&") for line in rows} == {1}
+    assert text.count("{") - text.count(r"\{") == text.count("}") - text.count(r"\}")
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex not installed")
+def test_latex_compiles(tmp_path, grid):
+    xl_runs(tmp_path / "xl")
+    tables = [make_table(grid, TableOptions(baseline="xl"))[0],
+              make_table(collect(tmp_path / "xl"), TableOptions(layout="xl_table6"))[0]]
+    body = "".join(render(table, "latex") for table in tables)
+    doc = f"\\documentclass{{article}}\\usepackage{{booktabs,amssymb}}\\begin{{document}}\n{body}\\end{{document}}\n"
+    (tmp_path / "t.tex").write_text(doc)
+    result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "Warning" not in result.stdout.replace("LaTeX Font Warning", "")
+
+
+def test_csv_has_numbers(grid):
+    table, _ = make_table(grid, TableOptions(baseline="xl"))
+    frame = pd.read_csv(io.StringIO(render(table, "csv"))).set_index("encoding")
+    assert frame.loc["xl", "eval len 32"] == pytest.approx(statistics.mean([10.0, 10.2, 10.1]))
+    assert frame.loc["alibi", "eval len 64 std"] == pytest.approx(statistics.stdev([12.4, 12.2, 12.9]))
+    assert frame.loc["alibi", "eval len 32 n"] == 3 and bool(frame.loc["xl", "eval len 32 best"])
+    assert pd.isna(frame.loc["xl", "eval len 32 p"]) and frame.loc["alibi", "eval len 32 p"] < 0.01
+
+
+def xl_runs(root):
+    """XL-Table-6 style runs: recurrence x encoding x loss, attention lengths via evaluation mem_len."""
+    spec = {  # (mem_len, encoding, loss_on): [ppl per evaluation mem_len 0, 16, 32] per seed
+        (16, "ours", "full"): [[30.0, 27.0, 26.5], [30.4, 27.2, 26.7]],
+        (16, "shaw", "full"): [[31.0, 28.0, 28.0], [31.2, 28.2, 28.2]],  # tie at 32/48: shortest wins
+        (0, "ours", "half"): [[29.0, 29.5, 30.0], [29.2, 29.9, 30.4]],
+    }
+    encodings = {"ours": ["model.attention.terms=abcd"],
+                 "shaw": ["model.attention.terms=ab", "model.attention.rel=learned", "model.attention.clamp_len=20"]}
+    for (mem, enc, loss), seeds in spec.items():
+        for seed, values in enumerate(seeds):
+            make_run(root, [*encodings[enc], f"model.mem_len={mem}", f"train.loss_on={loss}", "train.segment_len=16",
+                            f"seed={seed}"], variant={"encoding": enc, "recurrence": mem > 0, "loss": loss, "seed": seed},
+                     results=[({"segment_len": 16, "mem_len": m}, {"ppl": v}) for m, v in zip((0, 16, 32), values)])
+    return spec
+
+
+def test_xl_table6_layout(tmp_path):
+    spec = xl_runs(tmp_path)
+    table, _ = make_table(collect(tmp_path), TableOptions(layout="xl_table6"))
+    assert table.index == ["Recurrence", "Encoding", "Loss"]
+    assert table.columns == ["PPL init", "PPL best", "Attn Len"]
+    rows = {tuple(labels): values for labels, values in table.rows}
+    assert list(rows)[-1] == ("✗", "ours", "Half")  # recurrence rows first
+    for (mem, enc, loss), seeds in spec.items():
+        init, best, attn = rows[("✓" if mem else "✗", enc, loss.capitalize())]
+        train_attn = 16 + mem  # evaluation mem_len equal to the training one
+        k_init = (0, 16, 32).index(mem)
+        assert init.mean == pytest.approx(statistics.mean(s[k_init] for s in seeds))
+        means = [statistics.mean(s[k] for s in seeds) for k in range(3)]
+        k_best = min(range(3), key=lambda k: (means[k], k))
+        assert best.mean == pytest.approx(means[k_best]) and best.std == pytest.approx(
+            statistics.stdev(s[k_best] for s in seeds))
+        assert attn == str(16 + (0, 16, 32)[k_best])
+        assert train_attn in (16, 32)
+    assert rows[("✓", "shaw", "Full")][2] == "32"
+    assert rows[("✓", "ours", "Full")][1].best and rows[("✓", "ours", "Full")][1].mean == pytest.approx(26.6)
+    assert rows[("✓", "ours", "Full")][0].best and not rows[("✗", "ours", "Half")][0].best  # 27.1 < 28.1 < 29.1
+    latex = render(table, "latex")
+    assert r"\checkmark" in latex and r"$\times$" in latex
+
+
+def test_cli_table(tmp_path, capsys):
+    make_grid(tmp_path, PPL, lengths=(32, 64))
+    assert main(["table", str(tmp_path), "--rows", "encoding", "--cols", "eval_len", "--baseline", "xl"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| encoding | eval len 32 | eval len 64 |") and "**10.10 ± 0.10**" in out
+    tex = tmp_path / "table.tex"
+    assert main(["table", str(tmp_path), "--out", str(tex)]) == 0
+    assert tex.read_text().startswith("% requires \\usepackage{booktabs}")
+    assert main(["table", str(tmp_path), "--metric", "bleu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "error: metric: 'bleu' is not a metric of these runs; available: ppl, loss"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["table", str(empty)]) == 2
+    assert "no finished runs" in capsys.readouterr().err

@@ -1,0 +1,191 @@
+"""One run in a run directory: the files it writes, resuming, failure records and the `train` command.
+
+Covers: the run-dir contract (config.yaml with vocab filled in, status.json, metrics.csv, eval.json,
+checkpoints/last.ckpt, log.txt); resume after a crash and after SIGTERM (step count continues, every
+step trains the segment it should, earlier metrics kept, no duplicated steps); a done run is not
+retrained; a non-finite loss fails the run; learned absolute positions beyond their table; the CLI
+(config from the run dir, mismatch error, exit codes, --help listing every field).
+Run: pytest tests/test_train_run.py
+"""
+
+import csv
+import json
+import os
+import signal
+
+import lightning as L
+import pytest
+import torch
+import yaml
+
+from relpos_ablate.cli import main
+from relpos_ablate.config import RunConfig, describe, from_dict, to_plain
+from relpos_ablate.train.data import build_datamodule
+from relpos_ablate.train.run import train_run
+from test_train_module import tiny
+
+
+def short(*overrides):
+    """30 steps over streams of 12 segments (they restart at steps 12 and 24)."""
+    return tiny("data.train_tokens=192", "train.max_steps=30", "train.log_every=1", "train.checkpoint_every=10",
+                "eval.settings=[{segment_len: 16}]", *overrides)
+
+
+def read_metrics(run_dir):
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def read(run_dir, name):
+    return json.loads((run_dir / name).read_text())
+
+
+def checkpoint_step(run_dir):
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+
+
+class At(L.Callback):
+    """Does `action(trainer, module)` once, after the optimizer step that reaches global step `step`."""
+
+    def __init__(self, step, action):
+        self.step, self.action = step, action
+
+    def on_train_batch_end(self, trainer, pl_module, *args):
+        if trainer.global_step == self.step:
+            self.action(trainer, pl_module)
+
+
+class SeenBatches(L.Callback):
+    """Records the first input row of the batch trained at each global step."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen[trainer.global_step] = batch[0][0].clone()
+
+
+def crash(trainer, module):
+    raise RuntimeError("boom")
+
+
+def sigterm(trainer, module):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_run_directory_contract(tmp_path):
+    cfg = short("train.log_every=10")
+    assert train_run(cfg, tmp_path) == "done"
+    stored = from_dict(RunConfig, yaml.safe_load((tmp_path / "config.yaml").read_text()))
+    assert stored.model.vocab_size == 8 and to_plain(stored)["train"] == to_plain(cfg)["train"]
+    status = read(tmp_path, "status.json")
+    assert status["state"] == "done" and status["step"] == status["max_steps"] == 30
+    assert status["pid"] == os.getpid() and status["device"] == "cpu" and status["wall_time_s"] > 0
+    assert {"started_at", "finished_at", "host"} <= set(status) and set(status["last_metric"]) == {"loss", "acc"}
+    assert [int(r["step"]) for r in read_metrics(tmp_path)] == [9, 19, 29]
+    results = read(tmp_path, "eval.json")
+    assert results["main_metric"] == "acc" and results["step"] == 30
+    assert checkpoint_step(tmp_path) == 30
+    assert "trained to step 30" in (tmp_path / "log.txt").read_text()
+
+
+@pytest.mark.parametrize("stop, state", [(crash, "failed"), (sigterm, "interrupted")])
+def test_resume_continues_the_steps_and_keeps_earlier_metrics(tmp_path, stop, state):
+    cfg = short()
+    seen = SeenBatches()
+    assert train_run(cfg, tmp_path, callbacks=(At(17, stop), seen)) == state
+    status = read(tmp_path, "status.json")
+    assert status["state"] == state and status["step"] == 17
+    resume_step = checkpoint_step(tmp_path)
+    assert resume_step == (10 if stop is crash else 17)  # SIGTERM saves the batch it finished
+    before = {int(r["step"]): r for r in read_metrics(tmp_path)}
+
+    assert train_run(cfg, tmp_path, callbacks=(seen,)) == "done"
+    rows = read_metrics(tmp_path)
+    steps = [int(r["step"]) for r in rows]
+    assert steps == list(range(30))  # nothing lost, nothing twice
+    for row in rows[:resume_step]:
+        assert row == before[int(row["step"])]
+    assert checkpoint_step(tmp_path) == 30 and read(tmp_path, "eval.json")["step"] == 30
+    streams = build_datamodule(cfg).streams("train", 16)
+    assert sorted(seen.seen) == list(range(30))
+    for step, first_row in seen.seen.items():  # resumed steps train the segment they would have
+        assert torch.equal(first_row, streams[step % 12][0][0])
+
+
+def test_a_done_run_is_not_retrained_and_a_lost_eval_is_redone(tmp_path):
+    cfg = short()
+    assert train_run(cfg, tmp_path) == "done"
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    stamp, status = ckpt.stat().st_mtime_ns, (tmp_path / "status.json").read_text()
+    assert train_run(cfg, tmp_path) == "done"
+    assert ckpt.stat().st_mtime_ns == stamp and (tmp_path / "status.json").read_text() == status
+    first = read(tmp_path, "eval.json")
+    (tmp_path / "eval.json").unlink()
+    assert train_run(cfg, tmp_path) == "done"
+    assert read(tmp_path, "eval.json") == first and checkpoint_step(tmp_path) == 30
+
+
+def test_non_finite_loss_fails_the_run_naming_the_step(tmp_path):
+    def poison(trainer, module):
+        with torch.no_grad():
+            next(module.model.parameters()).fill_(float("nan"))
+
+    assert train_run(short(), tmp_path, callbacks=(At(3, poison),)) == "failed"
+    status = read(tmp_path, "status.json")
+    assert status["reason"] == "non-finite loss at step 3"  # the first step that ran on the NaN weights
+    assert "NonFiniteLoss" in status["traceback"]
+
+
+def test_learned_positions_beyond_their_table_are_recorded_not_fatal(tmp_path):
+    cfg = short("model.attention.terms=a", "model.attention.absolute=learned", "model.attention.max_position=16",
+                "eval.settings=[{segment_len: 16}, {segment_len: 64}]")
+    assert train_run(cfg, tmp_path) == "done"
+    fits, too_long = read(tmp_path, "eval.json")["settings"]
+    assert "acc" in fits["metrics"] and "error" not in fits
+    assert too_long["metrics"] == {} and "max_position" in too_long["error"]
+
+
+def test_validation_during_training_is_logged(tmp_path):
+    assert train_run(short("train.val_every=10", "train.log_every=10"), tmp_path) == "done"
+    rows = {int(r["step"]): r for r in read_metrics(tmp_path)}
+    assert [s for s, r in rows.items() if r.get("val_acc")] == [9, 19, 29]
+
+
+def test_cli_runs_from_the_run_dir_config_and_exits_by_state(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(short())))  # as the grid runner writes it
+    assert main(["train", "--run-dir", str(run_dir), "--threads", "1"]) == 0
+    assert "acc" in capsys.readouterr().out and read(run_dir, "status.json")["state"] == "done"
+    assert main(["train", "--run-dir", str(run_dir)]) == 0
+    assert "already done" in capsys.readouterr().out
+
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(to_plain(short("seed=5"))))
+    assert main(["train", "--config", str(other), "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "seed: 0 there, 5 here" in err and "\n" not in err
+
+
+def test_cli_failed_run_exits_1_with_the_reason(tmp_path, capsys):
+    (tmp_path / "train.txt").write_text("tiny\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(to_plain(short("data.source=text", f"data.train_file={tmp_path / 'train.txt'}",
+                                                 f"data.cache_dir={tmp_path / 'cache'}"))))
+    assert main(["train", "--config", str(cfg), "--run-dir", str(tmp_path / "run")]) == 1
+    assert "train.batch_size: the train split has" in capsys.readouterr().out
+    assert read(tmp_path / "run", "status.json")["state"] == "failed"
+
+
+def test_cli_without_any_config_is_a_usage_error(tmp_path, capsys):
+    assert main(["train", "--run-dir", str(tmp_path)]) == 2
+    assert "--config: not given" in capsys.readouterr().err
+
+
+def test_help_lists_every_config_field_with_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    for path, default, _doc in describe(RunConfig):
+        assert f"{path} = {default}" in text
