@@ -1,17 +1,25 @@
 """relpos-ablate: ablate relative position encodings in attention (Transformer-XL terms a/b/c/d,
-bias-type encodings, absolute and rotary baselines), trained and evaluated with PyTorch Lightning."""
+bias-type encodings, absolute and rotary baselines), trained and evaluated with PyTorch Lightning.
+
+The configs import at once; the model (torch) and `collect` (pandas, scipy) load on first use, so
+commands that only read run directories (`grid` reruns, `status`) start fast.
+"""
 
 from relpos_ablate.config import AttentionConfig, ConfigError, ModelConfig, RunConfig
-from relpos_ablate.model import RelPosAttention, TransformerLM
 
 __all__ = ["AttentionConfig", "ConfigError", "ModelConfig", "RelPosAttention", "RunConfig", "TransformerLM", "collect"]
+__version__ = "0.1.0"
+
+_LAZY = {
+    "RelPosAttention": "relpos_ablate.model.attention",
+    "TransformerLM": "relpos_ablate.model.lm",
+    "collect": "relpos_ablate.analysis.collect",
+}
 
 
 def __getattr__(name):
-    # collect pulls in pandas and scipy: import it only when asked for
-    if name == "collect":
-        from relpos_ablate.analysis.collect import collect
+    if name in _LAZY:
+        import importlib
 
-        return collect
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'relpos_ablate' has no attribute {name!r}")
-__version__ = "0.1.0"

@@ -66,3 +66,24 @@ def test_exponent_floats_are_numbers():
     """PyYAML alone reads 3e-3 as a string; overrides and files must not."""
     assert load_run_config(None, ["train.lr=3e-3"]).train.lr == 0.003
     assert load_run_config(None, ["train.lr=1E-4"]).train.lr == 0.0001
+
+
+def test_run_id_ignores_fields_left_at_their_defaults():
+    """Spelling out a default, or a field added later with a default, keeps the id."""
+    assert run_id(load_run_config(None, ["seed=0"])) == run_id(RunConfig())
+    assert run_id(load_run_config(None, ["model.attention.terms=abcd"])) == run_id(RunConfig())
+    assert run_id(load_run_config(None, ["model.attention.terms=ac"])) != run_id(RunConfig())
+
+
+def test_atomic_writes_are_readable_by_the_group(tmp_path):
+    import os
+
+    from relpos_ablate.io import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "status.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "status.json").stat().st_mode & 0o777 == 0o644
+    assert list(tmp_path.iterdir()) == [tmp_path / "status.json"]

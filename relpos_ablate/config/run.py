@@ -151,9 +151,24 @@ class RunConfig:
         return tuple(EvalSetting(segment_len=self.train.segment_len * k) for k in (1, 2, 4))
 
 
+def _non_default(value: dict, default: dict) -> dict:
+    """The parts of a plain config that differ from the defaults (recursively)."""
+    out = {}
+    for key, item in value.items():
+        base = default.get(key)
+        if isinstance(item, dict) and isinstance(base, dict):
+            sub = _non_default(item, base)
+            if sub:
+                out[key] = sub
+        elif item != base:
+            out[key] = item
+    return out
+
+
 def run_id(config: RunConfig) -> str:
-    """Short hash of the canonical config: the same run always gets the same id."""
-    canonical = json.dumps(to_plain(config), sort_keys=True, separators=(",", ":"))
+    """Short hash of the fields that differ from the defaults: the same run always gets the same id,
+    and adding a config field (with a default) later does not rename finished runs."""
+    canonical = json.dumps(_non_default(to_plain(config), to_plain(RunConfig())), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 

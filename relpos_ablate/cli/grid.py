@@ -1,0 +1,203 @@
+"""`relpos-ablate grid SPEC` (run a sweep locally or on SLURM) and `relpos-ablate status DIR`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from relpos_ablate.cli import UsageError
+
+SLURM_FLAGS = ("partition", "time", "gpus", "account", "array_parallelism")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "grid", help="run every run of a grid spec that is not done yet (local slots or SLURM)",
+        description="Idempotent: done runs are skipped, interrupted ones resume from their last checkpoint, "
+        "failed ones are skipped unless --retry-failed. Exit status: 0 all done, 1 some failed or "
+        "incomplete, 2 a bad spec or flag, 130 stopped.")
+    p.add_argument("spec", type=Path, metavar="SPEC", help="grid spec YAML (format: relpos_ablate/runner/grid.py, "
+                   "examples: experiments/)")
+    p.add_argument("--results", type=Path, default=Path("results"), metavar="DIR",
+                   help="results root; runs go to DIR/<name>/<run_id>/ (default: results)")
+    p.add_argument("--devices", metavar="LIST", help="GPUs to use, e.g. 0,1,2,3 (default: every visible GPU, else CPU slots)")
+    p.add_argument("--slots", type=int, metavar="N", help="run on N CPU slots, torch threads split between them "
+                   "(default without GPUs: one slot per 2 cores)")
+    p.add_argument("--runs-per-device", type=int, metavar="K", help="concurrent runs per GPU (default 1)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run failed runs again (from their last checkpoint; delete a run's dir to start it over)")
+    p.add_argument("--dry-run", action="store_true", help="print what would run and exit")
+    p.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                   help="local: processes on this machine; slurm: a submitit job array")
+    p.add_argument("--partition", metavar="NAME", help="slurm: partition (overrides the spec's launcher: block)")
+    p.add_argument("--time", type=int, metavar="MIN", help="slurm: minutes per job; longer runs are requeued and resume")
+    p.add_argument("--gpus", type=int, metavar="N", help="slurm: GPUs per job")
+    p.add_argument("--account", metavar="NAME", help="slurm: account to charge")
+    p.add_argument("--array-parallelism", type=int, metavar="N", help="slurm: jobs of the array running at once")
+    p.set_defaults(func=cmd_grid)
+
+    p = subparsers.add_parser("status", help="the runs of a results dir: state, progress, last metric",
+                              description="Reads only; a run marked running whose process is gone shows as stale.")
+    p.add_argument("dir", type=Path, metavar="DIR", help="results/<experiment> (or results/ for every experiment)")
+    p.set_defaults(func=cmd_status)
+
+
+def cmd_grid(args: argparse.Namespace) -> int:
+    from relpos_ablate.runner.grid import GridSpecError, load_grid
+
+    _check_flags(args)
+    try:
+        spec = load_grid(args.spec)
+    except GridSpecError as err:
+        print(f"error: {args.spec}: {len(err.errors)} problem(s) in the grid spec, nothing launched", file=sys.stderr)
+        for problem in err.errors:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        return _dry_run(spec, args)
+    if args.launcher == "slurm":
+        return _submit(spec, args)
+    return _run_local(spec, args)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Contradictory or out-of-range flags are one-line usage errors, never silently ignored."""
+    if args.devices is not None and args.slots is not None:
+        raise UsageError("--devices (GPUs) and --slots (CPU) exclude each other; give one")
+    if args.slots is not None and args.slots < 1:
+        raise UsageError(f"--slots: {args.slots} is out of range; allowed >= 1")
+    if args.runs_per_device is not None and args.runs_per_device < 1:
+        raise UsageError(f"--runs-per-device: {args.runs_per_device} is out of range; allowed >= 1")
+    if args.runs_per_device is not None and args.slots is not None:
+        raise UsageError("--runs-per-device applies to GPUs; with --slots give the number of CPU slots only")
+    given = [f"--{name.replace('_', '-')}" for name in SLURM_FLAGS if getattr(args, name) is not None]
+    if args.launcher == "local" and given:
+        raise UsageError(f"{', '.join(given)}: only with --launcher slurm")
+    if args.launcher == "slurm" and (args.devices or args.slots or args.runs_per_device):
+        raise UsageError("--devices/--slots/--runs-per-device are for --launcher local; SLURM jobs use --gpus")
+
+
+def _parse_devices(text: str, visible: int) -> list[int]:
+    try:
+        devices = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--devices: {text!r}: give GPU numbers like 0,1,2,3") from None
+    if len(set(devices)) != len(devices):
+        raise UsageError(f"--devices: {text!r} lists a GPU twice; use --runs-per-device for several runs per GPU")
+    bad = [d for d in devices if not 0 <= d < visible]
+    if bad:
+        raise UsageError(f"--devices: GPU {bad[0]} is not visible; allowed 0..{visible - 1}" if visible
+                         else "--devices: no CUDA GPU is visible; use --slots N for CPU slots")
+    return devices
+
+
+def _slots(args: argparse.Namespace) -> list:
+    from relpos_ablate.runner.local import cpu_slots, gpu_slots
+    from relpos_ablate.runner.worker import available_cores
+
+    if args.slots is not None:
+        return cpu_slots(args.slots)
+    import torch
+
+    visible = torch.cuda.device_count()
+    if args.devices is not None:
+        return gpu_slots(_parse_devices(args.devices, visible), args.runs_per_device or 1)
+    if visible:
+        return gpu_slots(list(range(visible)), args.runs_per_device or 1)
+    if args.runs_per_device is not None:
+        raise UsageError("--runs-per-device: no CUDA GPU is visible; use --slots N for CPU slots")
+    return cpu_slots(max(1, available_cores() // 2))
+
+
+def _dry_run(spec, args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from relpos_ablate.runner.display import make_console, short_variant
+    from relpos_ablate.runner.store import ACTIONS, plan_grid
+
+    plans = plan_grid(spec, args.results, args.retry_failed)
+    table = Table(title=f"grid {spec.name}: dry run ({args.results / spec.name})")
+    for column in ("run", "variant", "action", "note"):
+        table.add_column(column)
+    for plan in plans:
+        table.add_row(plan.run.run_id, short_variant(plan.run.variant), plan.action, plan.note)
+    console = make_console()
+    console.print(table)
+    counts = {action: sum(p.action == action for p in plans) for action in ACTIONS}
+    console.print(", ".join(f"{n} {action}" for action, n in counts.items() if n) + f" ({len(plans)} runs)")
+    return 0
+
+
+def _run_local(spec, args: argparse.Namespace) -> int:
+    from relpos_ablate.runner.display import make_console, make_display, run_table
+    from relpos_ablate.runner.local import LocalRunner
+
+    slots = _slots(args)
+    console = make_console()
+    display = make_display(console)
+    runner = LocalRunner(spec, args.results, slots, display, retry_failed=args.retry_failed)
+    outcome = runner.run()
+    if not display.live:
+        console.print(run_table(runner.rows(), title=f"grid {spec.name}"))
+    _print_summary(console, spec, outcome, runner.plans, args.retry_failed)
+    return outcome.exit_code()
+
+
+def _print_summary(console, spec, outcome, plans, retry_failed: bool) -> None:
+    from relpos_ablate.runner.display import short_variant
+
+    counts: dict[str, int] = {}
+    for state in outcome.states.values():
+        counts[state] = counts.get(state, 0) + 1
+    states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    busy = f", slots busy {outcome.utilisation:.0%}" if outcome.launched else ""
+    console.print(f"grid {spec.name}: {states}; ran {outcome.launched} in {outcome.wall_s:.1f}s on "
+                  f"{outcome.n_slots} slot(s){busy}", highlight=False)
+    variants = {plan.run.run_id: short_variant(plan.run.variant) for plan in plans}
+    for rid in outcome.failed + outcome.incomplete:
+        console.print(f"  {outcome.states[rid]}: {rid} [{variants[rid]}] {outcome.reasons[rid]}",
+                      markup=False, highlight=False)
+    if outcome.failed and not retry_failed:
+        console.print("  failed runs are skipped on a rerun unless --retry-failed", highlight=False)
+    if outcome.stopped:
+        console.print(f"stopped by {outcome.stopped}; rerun the same command to resume", highlight=False)
+
+
+def _submit(spec, args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from relpos_ablate.runner.slurm import submit_grid
+    from relpos_ablate.runner.store import plan_grid, read_status
+
+    overrides = {name: getattr(args, name) for name in SLURM_FLAGS if getattr(args, name) is not None}
+    launcher = dataclasses.replace(spec.launcher, **overrides)
+    submitted = submit_grid(spec, args.results, launcher, retry_failed=args.retry_failed)
+    if not submitted:
+        plans = plan_grid(spec, args.results, args.retry_failed)
+        open_runs = [p for p in plans if (read_status(p.run_dir) or {}).get("state") != "done"]
+        print(f"grid {spec.name}: nothing to submit; " + (
+            f"{len(open_runs)} run(s) failed or running elsewhere, see relpos-ablate status "
+            f"{args.results / spec.name}" if open_runs else "every run is done"))
+        return 1 if open_runs else 0
+    job_ids = sorted({str(job.job_id).split("_")[0] for _plan, job in submitted})
+    print(f"grid {spec.name}: submitted {len(submitted)} run(s) as SLURM job {', '.join(job_ids)}; "
+          f"follow with: relpos-ablate status {args.results / spec.name}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from relpos_ablate.runner.display import find_run_dirs, make_console, row_for, run_table, state_counts
+
+    run_dirs = find_run_dirs(args.dir)
+    if not run_dirs:
+        raise UsageError(f"{args.dir}: no run directories found (expected results/<experiment>/<run_id>/)")
+    console = make_console()
+    experiments: dict[Path, list] = {}
+    for run_dir in run_dirs:
+        experiments.setdefault(run_dir.parent, []).append(row_for(run_dir, probe_lock=True))
+    for experiment, rows in experiments.items():
+        rows.sort(key=lambda row: (row.variant, row.run_id))
+        console.print(run_table(rows, title=str(experiment), live=console.is_terminal))
+        console.print(f"{experiment.name}: {state_counts(rows)}", highlight=False)
+    return 0

@@ -1,0 +1,220 @@
+"""What the runner shows: one row per run (variant, state, device, progress, last metric, elapsed).
+
+`rows_for` reads run directories and never fails on a broken one (a truncated status.json shows as
+`unreadable`); `run_table` renders rows with rich. `LiveDisplay` redraws the table in place on a
+terminal; `PlainDisplay` prints one line per event, for logs and pipes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from relpos_ablate.io import read_json
+from relpos_ablate.runner.store import LOCK_NAME, lock_holder, read_status
+
+STATE_STYLES = {
+    "queued": "dim", "running": "cyan", "done": "green", "failed": "bold red", "interrupted": "yellow",
+    "stale": "yellow", "unreadable": "red", "new": "dim",
+}
+
+
+@dataclass
+class RunRow:
+    """One run as displayed."""
+
+    run_id: str
+    variant: str
+    state: str
+    device: str = ""
+    step: int | None = None
+    max_steps: int | None = None
+    metric: str = ""
+    elapsed_s: float | None = None
+    note: str = ""
+
+
+def parse_time(value: Any) -> float | None:
+    """Seconds since the epoch from an epoch number or an ISO-8601 string; None when neither."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            stamp = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        if stamp.tzinfo is None:
+            stamp = stamp.astimezone()
+        return stamp.timestamp()
+    return None
+
+
+def short_variant(variant: Any) -> str:
+    """`model.attention.terms=ac seed=0` -> `terms=ac seed=0` (full key paths only where ambiguous)."""
+    if not isinstance(variant, dict):
+        return "?"
+    leaves = [str(key).rsplit(".", 1)[-1] for key in variant]
+    names = [leaf if leaves.count(leaf) == 1 else str(key) for leaf, key in zip(leaves, variant)]
+    return " ".join(f"{name}={value}" for name, value in zip(names, variant.values())) or "(base)"
+
+
+def format_metric(last_metric: Any, limit: int = 2) -> str:
+    if not isinstance(last_metric, dict):
+        return ""
+    items = [(k, v) for k, v in last_metric.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return " ".join(f"{k} {v:.4g}" for k, v in items[:limit])
+
+
+def format_elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _elapsed(status: dict, now: float) -> float | None:
+    """Wall time of a finished run, or time since start of a running one."""
+    if isinstance(status.get("wall_time_s"), (int, float)) and status["state"] != "running":
+        return float(status["wall_time_s"])
+    started = parse_time(status.get("started_at"))
+    if started is None:
+        return None
+    if status["state"] == "running":
+        return now - started
+    finished = parse_time(status.get("finished_at"))
+    return None if finished is None else finished - started
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def row_for(run_dir: Path, variant: Any = None, probe_lock: bool = False) -> RunRow:
+    """A run's row from its files; `probe_lock` tells a `running` run whose process is gone (stale)."""
+    if variant is None:
+        info = read_json(run_dir / "run.json")
+        variant = info.get("variant") if isinstance(info, dict) else None
+    status = read_status(run_dir)
+    row = RunRow(run_id=run_dir.name, variant=short_variant(variant), state="new")
+    if status is None:
+        if (run_dir / "status.json").exists():
+            row.state, row.note = "unreadable", "status.json is truncated or not a status"
+        return row
+    row.state = status["state"]
+    row.device = str(status.get("device") or "")
+    row.step, row.max_steps = _int(status.get("step")), _int(status.get("max_steps"))
+    row.metric = format_metric(status.get("last_metric"))
+    row.elapsed_s = _elapsed(status, time.time())
+    row.note = str(status.get("reason") or "")
+    if probe_lock and row.state == "running" and lock_holder(run_dir) is None:
+        row.state, row.note = "stale", "marked running but no process holds it; rerun the grid to resume"
+    return row
+
+
+def find_run_dirs(path: Path) -> list[Path]:
+    """Run directories in `path` (an experiment dir) or one level below (a results dir)."""
+    markers = ("status.json", "run.json", "config.yaml", LOCK_NAME)
+
+    def is_run(p: Path) -> bool:
+        return p.is_dir() and any((p / m).exists() for m in markers)
+
+    children = sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
+    runs = [p for p in children if is_run(p)]
+    if runs:
+        return runs
+    return [p for child in children for p in sorted(child.iterdir()) if is_run(p)]
+
+
+def _progress(row: RunRow, live: bool) -> Any:
+    if row.step is None:
+        return ""
+    if row.max_steps is None:
+        return str(row.step)
+    label = f"{row.step}/{row.max_steps}"
+    if not live:
+        return label
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(ProgressBar(total=row.max_steps, completed=row.step, width=12), label)
+    return bar
+
+
+def run_table(rows: list[RunRow], title: str = "", live: bool = False) -> Table:
+    table = Table(title=title or None, show_lines=False, expand=False)
+    for name in ("run", "variant", "state", "device", "progress", "last metric", "elapsed", "note"):
+        table.add_column(name, no_wrap=name != "note", overflow="fold")
+    for row in rows:
+        table.add_row(
+            row.run_id, row.variant, Text(row.state, style=STATE_STYLES.get(row.state, "")), row.device,
+            _progress(row, live), row.metric, format_elapsed(row.elapsed_s), row.note,
+        )
+    return table
+
+
+def state_counts(rows: list[RunRow]) -> str:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.state] = counts.get(row.state, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+
+
+class PlainDisplay:
+    """One timestamped line per event; the table only at the end (logs, pipes, CI)."""
+
+    live = False
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def __enter__(self) -> "PlainDisplay":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def event(self, row: RunRow, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        self.console.print(f"{stamp} {row.run_id} [{row.variant}] {text}", markup=False, highlight=False)
+
+    def refresh(self, table: Table) -> None:
+        return None
+
+
+class LiveDisplay(PlainDisplay):
+    """The table redrawn in place (refreshed by the runner's loop: no thread, so workers can be
+    spawned safely); events are printed above it."""
+
+    live = True
+
+    def __init__(self, console: Console):
+        super().__init__(console)
+        self._live = Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False)
+
+    def __enter__(self) -> "LiveDisplay":
+        self._live.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._live.stop()
+
+    def refresh(self, table: Table) -> None:
+        self._live.update(table, refresh=True)
+
+
+def make_console() -> Console:
+    """A terminal console, or a wide one for logs and pipes (rich would wrap tables at 80 columns)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 200))
+
+
+def make_display(console: Console) -> PlainDisplay:
+    return LiveDisplay(console) if console.is_terminal else PlainDisplay(console)

@@ -1,0 +1,201 @@
+"""Run directories on disk: what each run needs next, its status, and the lock that runs it once.
+
+Layout (docs/architecture.md): `<results>/<experiment>/<run_id>/` holds config.yaml, run.json and
+status.json (plus what `train` writes). The runner adds `.lock`, the claim on the run, and
+`worker.log`, the worker's stdout/stderr (the only record of a crash before `train` could log).
+
+Exactly-once rule: only the holder of a run's `.lock` (an fcntl.flock) writes to its directory or
+runs it, and it decides to run only after re-reading status.json under the lock. The runner hands
+the locked descriptor to the worker process, so the lock lives as long as either of them; the
+kernel drops it when both are gone, so a lock of a dead process never blocks anyone. Runners on
+several machines can share one results dir when its filesystem supports flock across nodes (NFSv4,
+Lustre or GPFS mounted with flock).
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relpos_ablate.config import ConfigError, RunConfig, from_dict, to_plain
+from relpos_ablate.config.base import read_yaml
+from relpos_ablate.io import atomic_write_json, atomic_write_yaml, read_json
+from relpos_ablate.runner.grid import GridSpec, PlannedRun
+
+STATES = ("queued", "running", "done", "failed", "interrupted")
+LOCK_NAME = ".lock"
+LOG_NAME = "worker.log"
+CHECKPOINT = Path("checkpoints") / "last.ckpt"
+#: What the runner does with a run: start/resume/retry run it, skip leaves it, busy waits for its owner.
+ACTIONS = ("start", "resume", "retry", "skip", "busy")
+RUNNABLE = ("start", "resume", "retry")
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def read_status(run_dir: Path) -> dict | None:
+    """status.json as a dict, or None when it is missing, truncated or not a status."""
+    status = read_json(run_dir / "status.json")
+    return status if isinstance(status, dict) and status.get("state") in STATES else None
+
+
+def update_status(run_dir: Path, **fields: Any) -> dict:
+    """Merge `fields` into status.json (atomically) and return the new status."""
+    status = {**(read_status(run_dir) or {}), **fields}
+    atomic_write_json(run_dir / "status.json", status)
+    return status
+
+
+def mark_queued(run_dir: Path, **fields: Any) -> dict:
+    """A fresh `queued` status; the previous step count is kept so progress shows through a resume."""
+    previous = read_status(run_dir) or {}
+    kept = {key: previous[key] for key in ("step", "max_steps") if key in previous}
+    status = {"state": "queued", "queued_at": now_iso(), **kept, **fields}
+    atomic_write_json(run_dir / "status.json", status)
+    return status
+
+
+class RunLock:
+    """The claim on one run: an exclusive flock on `<run_dir>/.lock`, never blocking."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if nobody holds it; note the holder in the file for `status`."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """Who holds the run's lock ('pid N on host'), or None when it is free. Creates nothing."""
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return path.read_text().strip() or "another process"
+    finally:
+        os.close(fd)
+    return None
+
+
+def decide(run_dir: Path, retry_failed: bool) -> tuple[str, str]:
+    """(action, note) for a run from its files alone: skip done ones, resume what was cut short."""
+    status = read_status(run_dir)
+    state = status.get("state") if status else None
+    resumable = (run_dir / CHECKPOINT).exists()
+    if state == "done":
+        if isinstance(read_json(run_dir / "eval.json"), dict):
+            return "skip", "done"
+        return "resume", "marked done but eval.json is missing or unreadable"
+    if state == "failed":
+        reason = status.get("reason") or "no reason recorded"
+        return ("retry", f"failed before: {reason}") if retry_failed else ("skip", f"failed: {reason}")
+    if state is None and (run_dir / "status.json").exists():
+        return ("resume" if resumable else "start"), "status.json was unreadable"
+    if resumable:
+        step = status.get("step") if status else None
+        return "resume", f"from step {step}" if step is not None else "from last.ckpt"
+    return "start", ""
+
+
+def claim(run_dir: Path, retry_failed: bool) -> tuple[RunLock | None, str, str]:
+    """Lock the run and re-check it under the lock: (lock, action, note); lock is None unless it must run."""
+    lock = RunLock(run_dir)
+    if not lock.try_acquire():
+        return None, "busy", f"held by {lock_holder(run_dir) or 'another process'}"
+    action, note = decide(run_dir, retry_failed)
+    if action == "skip":
+        lock.release()
+        return None, action, note
+    return lock, action, note
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A grid run, its directory, and what the runner will do with it."""
+
+    run: PlannedRun
+    run_dir: Path
+    action: str
+    note: str = ""
+
+
+def plan_grid(spec: GridSpec, results: Path, retry_failed: bool = False) -> list[RunPlan]:
+    """What each run of `spec` needs, from the files under results/<name>/ (reads only)."""
+    plans = []
+    for run in spec.runs:
+        run_dir = Path(results) / spec.name / run.run_id
+        holder = lock_holder(run_dir)
+        if holder is not None:
+            plans.append(RunPlan(run, run_dir, "busy", f"held by {holder}"))
+            continue
+        action, note = decide(run_dir, retry_failed)
+        plans.append(RunPlan(run, run_dir, action, note))
+    return plans
+
+
+def _config_matches(path: Path, config: RunConfig) -> bool:
+    """config.yaml describes `config` (train may have filled in vocab_size; nothing else may differ)."""
+    try:
+        data = read_yaml(path)
+        on_disk = from_dict(RunConfig, data)
+    except (ConfigError, OSError, TypeError):
+        return False
+    plain, ours = to_plain(on_disk), to_plain(config)
+    plain["model"]["vocab_size"] = ours["model"]["vocab_size"]
+    return plain == ours
+
+
+def write_run_files(plan: RunPlan, experiment: str, spec_path: Path | None) -> None:
+    """run.json, and config.yaml unless an equivalent one is there (call with the run's lock held)."""
+    run_dir = plan.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    info = {
+        "run_id": plan.run.run_id, "experiment": experiment, "variant": plan.run.variant,
+        "spec": str(Path(spec_path).resolve()) if spec_path is not None else None,
+    }
+    if read_json(run_dir / "run.json") != info:
+        atomic_write_json(run_dir / "run.json", info)
+    if not _config_matches(run_dir / "config.yaml", plan.run.config):
+        atomic_write_yaml(run_dir / "config.yaml", to_plain(plan.run.config))
+
+
+def prepare_run(plan: RunPlan, experiment: str, spec_path: Path | None, retry_failed: bool) -> str:
+    """Claim a run briefly to write its files and mark it `queued`; returns the action taken
+    (start/resume/retry when it is ready to launch, busy or skip when it is not ours to run)."""
+    lock, action, _note = claim(plan.run_dir, retry_failed)
+    if lock is None:
+        return action
+    try:
+        write_run_files(plan, experiment, spec_path)
+        mark_queued(plan.run_dir)
+    finally:
+        lock.release()
+    return action

@@ -1,0 +1,146 @@
+"""One run in one process: the worker command, its environment, launching, stopping, and its exit.
+
+Local slots and SLURM jobs both go through `launch` / `stop` / `record_exit`, so a run behaves the
+same wherever it executes. The worker is `python -m relpos_ablate train --run-dir DIR --threads T`;
+it writes status.json running/done/failed itself and resumes from checkpoints/last.ckpt. When it
+dies without a final state (SIGKILL, OOM killer, a crash before logging), `record_exit` writes one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+from relpos_ablate.runner.store import LOG_NAME, RunLock, mark_queued, now_iso, read_status, update_status
+
+#: Testing hook: a command line that replaces `python -m relpos_ablate train` (it gets the same arguments).
+WORKER_ENV = "RELPOS_ABLATE_WORKER"
+LOG_TAIL_LINES = 30
+_PR_SET_DEATHSIG = 1
+
+
+def available_cores() -> int:
+    """Cores this process may use (its CPU affinity, e.g. a SLURM or taskset allocation)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def worker_command(run_dir: Path, threads: int) -> list[str]:
+    override = os.environ.get(WORKER_ENV)
+    prefix = shlex.split(override) if override else [sys.executable, "-m", "relpos_ablate", "train"]
+    return [*prefix, "--run-dir", str(run_dir), "--threads", str(threads)]
+
+
+def worker_env(gpu: str | None, threads: int) -> dict[str, str]:
+    """The parent's environment with the slot's GPU (None: leave as is; "": hide all) and thread count."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
+def _die_with_parent(parent_pid: int):
+    """preexec_fn: the worker gets SIGTERM when the runner dies (Linux), so a killed runner leaves no
+    orphan training on its GPU; the rerun resumes those runs from their checkpoints."""
+    libc_name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(libc_name, use_errno=True) if libc_name and sys.platform.startswith("linux") else None
+
+    def preexec() -> None:
+        if libc is not None:
+            libc.prctl(_PR_SET_DEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the runner died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def launch(run_dir: Path, lock: RunLock, *, gpu: str | None, threads: int, device: str) -> subprocess.Popen:
+    """Mark the run queued and start its worker in its own session, holding the run's lock with it.
+
+    Call from a thread that outlives the worker (PR_SET_DEATHSIG fires when the spawning thread exits)."""
+    mark_queued(run_dir, device=device, host=socket.gethostname())
+    with open(run_dir / LOG_NAME, "ab") as log:
+        log.write(f"=== {now_iso()} launch on {device} ({socket.gethostname()})\n".encode())
+        log.flush()
+        return subprocess.Popen(
+            worker_command(run_dir, threads), env=worker_env(gpu, threads), stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, pass_fds=(lock.fd,), start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
+
+
+def stop(proc: subprocess.Popen, grace_s: float) -> int | None:
+    """SIGTERM the worker's process group (Lightning stops after the batch), SIGKILL after `grace_s`;
+    returns its exit code. Safe inside a signal handler that interrupted `proc.wait()` (see _reap)."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        if proc.returncode is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        _reap(proc, wait_s)
+    return proc.returncode
+
+
+def _reap(proc: subprocess.Popen, timeout_s: float) -> None:
+    """Wait for the worker with os.waitpid and store its exit code in `proc.returncode`.
+
+    Not Popen.wait: its lock is not reentrant, and submitit calls RunJob.checkpoint from a signal
+    handler while the same thread is inside Popen.wait, which would deadlock."""
+    deadline = time.monotonic() + timeout_s
+    while proc.returncode is None:
+        try:
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere meanwhile
+            proc.poll()
+            return
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        elif time.monotonic() >= deadline:
+            return
+        else:
+            time.sleep(0.02)
+
+
+def log_tail(run_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(run_dir / LOG_NAME, "rb") as f:
+            return b"".join(deque(f, maxlen=lines)).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def exit_reason(returncode: int, stopped: str | None = None) -> tuple[str, str]:
+    """(state, reason) for a worker that ended without writing a final state."""
+    if stopped:
+        return "interrupted", stopped
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+        return "interrupted", f"worker killed by {name} (out of memory or killed by hand?); rerun to resume"
+    return "failed", f"worker exited with status {returncode} without recording a result"
+
+
+def record_exit(run_dir: Path, returncode: int, stopped: str | None = None) -> dict:
+    """The run's final status: the worker's own when it wrote one, else one made from its exit.
+
+    `stopped` says why the runner stopped the worker (shutdown, preemption): the run is interrupted."""
+    status = read_status(run_dir)
+    if status is not None and status["state"] in ("done", "failed", "interrupted"):
+        return status
+    state, reason = exit_reason(returncode, stopped)
+    tail = log_tail(run_dir)
+    last_line = next((line for line in reversed(tail.splitlines()) if line.strip()), "")
+    if state == "failed" and last_line:
+        reason = f"{reason}: {last_line.strip()}"
+    return update_status(
+        run_dir, state=state, reason=reason, traceback=tail, exit_code=returncode, finished_at=now_iso())

@@ -1,0 +1,101 @@
+"""The runner with the real `relpos-ablate train` worker: experiments/smoke.yaml end to end on 2 CPU
+slots (and a rerun that launches nothing), and a worker SIGKILLed mid-training that the runner
+records as interrupted and the rerun resumes from last.ckpt with a complete, duplicate-free step
+series. Run: pytest tests/test_runner_e2e.py -q   (about a minute; the smoke grid is marked slow)
+"""
+
+import csv
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from relpos_ablate.cli import main
+from relpos_ablate.config import RunConfig, from_dict, run_id
+from relpos_ablate.io import read_json
+from relpos_ablate.runner.grid import load_grid
+from relpos_ablate.runner.store import read_status
+from test_runner_support import REPO, tiny_base
+
+FORK = multiprocessing.get_context("fork")
+
+
+def metric_steps(run_dir):
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [int(row["step"]) for row in csv.DictReader(f)]
+
+
+def check_finished_run(run_dir, config):
+    """A done run dir as docs/architecture.md describes it, for `config`."""
+    assert read_status(run_dir)["state"] == "done"
+    plain = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert plain["model"]["vocab_size"] > 0  # train filled it in
+    plain["model"]["vocab_size"] = 0
+    assert from_dict(RunConfig, plain) == config and run_dir.name == run_id(config)
+    settings = read_json(run_dir / "eval.json")["settings"]
+    assert [s["segment_len"] for s in settings] == [s.segment_len for s in config.eval_settings()]
+    steps = metric_steps(run_dir)
+    assert steps and steps == sorted(set(steps))  # one row per logged step, none repeated
+    assert (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+@pytest.mark.slow
+def test_smoke_grid_on_two_cpu_slots_then_rerun_launches_nothing(tmp_path):
+    results = tmp_path / "results"
+    argv = [sys.executable, "-m", "relpos_ablate", "grid", "experiments/smoke.yaml", "--results", str(results),
+            "--slots", "2"]
+    started = time.monotonic()
+    first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - started
+    assert first.returncode == 0, first.stdout + first.stderr
+    spec = load_grid(REPO / "experiments" / "smoke.yaml")
+    for run in spec.runs:
+        check_finished_run(results / "smoke" / run.run_id, run.config)
+    statuses = {run.run_id: (results / "smoke" / run.run_id / "status.json").read_bytes() for run in spec.runs}
+
+    started = time.monotonic()
+    rerun = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    rerun_wall = time.monotonic() - started
+    assert rerun.returncode == 0 and "ran 0 " in rerun.stdout
+    assert statuses == {rid: (results / "smoke" / rid / "status.json").read_bytes() for rid in statuses}
+    print(f"\nsmoke grid: {wall:.1f}s on 2 slots; rerun of the finished grid: {rerun_wall:.1f}s")
+
+
+def _run_cli(argv, out_path):
+    sys.stdout = sys.stderr = open(out_path, "w")
+    sys.exit(main(argv))
+
+
+def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, capsys):
+    base = tiny_base(max_steps=300)
+    base["train"].update(log_every=5, checkpoint_every=20)
+    spec_path = tmp_path / "kill.yaml"
+    spec_path.write_text(yaml.safe_dump({"name": "kill", "base": base, "seeds": [0]}))
+    (run,) = load_grid(spec_path).runs
+    run_dir = tmp_path / "results" / "kill" / run.run_id
+    argv = ["grid", str(spec_path), "--results", str(tmp_path / "results"), "--slots", "1"]
+
+    runner = FORK.Process(target=_run_cli, args=(argv, tmp_path / "first.out"))
+    runner.start()
+    deadline = time.monotonic() + 120
+    while (read_status(run_dir) or {}).get("step", 0) < 40 or not (run_dir / "checkpoints" / "last.ckpt").exists():
+        assert time.monotonic() < deadline and runner.is_alive(), (tmp_path / "first.out").read_text()
+        time.sleep(0.1)
+    os.kill(read_status(run_dir)["pid"], signal.SIGKILL)  # e.g. the OOM killer
+    runner.join(60)
+    assert runner.exitcode == 1
+    status = read_status(run_dir)
+    assert status["state"] == "interrupted" and "SIGKILL" in status["reason"]
+    kept = metric_steps(run_dir)  # rows flushed with the checkpoints before the kill
+
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "resume" in capsys.readouterr().out
+    check_finished_run(run_dir, run.config)
+    assert "Restored all states from the checkpoint" in (run_dir / "log.txt").read_text()
+    assert metric_steps(run_dir)[: len(kept)] == kept
