@@ -186,3 +186,23 @@ def test_fast_backward_equals_autograd_of_explicit_scores(terms, bias, causal, b
             assert fast is None or fast.abs().max() == 0
             continue
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["blocks", "sdpa", "explicit"])
+def test_fire_curve_shortcut_and_pairwise_blocks_both_match(backend):
+    """Blocks whose queries all sit below FIRE's threshold use a per-distance curve, later blocks the
+    full (i, j) evaluation: with the threshold at 2.5 and blocks of 2 queries, both kinds occur."""
+    attn = make(terms="a", bias="fire", backend=backend)
+    with torch.no_grad():
+        attn.bias.threshold.fill_(2.5)
+    x, _ = inputs(13, 0)
+    x.requires_grad_(True)
+    assert_matches_reference(attn, x, None)
+    out, _ = attn(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *attn.bias.parameters()])
+    ref_attn = make(terms="a", bias="fire", backend="explicit")
+    ref_attn.load_state_dict(attn.state_dict())
+    ref_out, _ = ref_attn(x, need_weights=True)
+    ref_grads = torch.autograd.grad(ref_out.square().sum(), [x, *ref_attn.bias.parameters()])
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-7, atol=1e-10)

@@ -34,7 +34,10 @@ def init_vector(n_heads: int, d_head: int) -> nn.Parameter:
     return nn.Parameter(torch.randn(n_heads, d_head) * 0.02)
 
 
-BLOCK_SCORES = 256 * 1024  # score entries per head in one query block (~1 MB fp32), see _block_size
+# Score entries per head in one query block (see _blocks): blocks whose maps are stored for backward
+# can be large; blocks rebuilt in backward are kept small, as their transients are the peak memory.
+STORED_BLOCK_SCORES = 256 * 1024
+REBUILT_BLOCK_SCORES = 64 * 1024
 MIN_BLOCK = 16
 
 
@@ -46,6 +49,7 @@ class _Layout:
     n_mem: int  # M
     r: Tensor | None  # (H, n, dh): W_R R for descending distances K-1 .. -(L-1), scaled by s; term b
     curve: Tensor | None  # (H, n): term d plus distance-only bias, scaled, per descending distance
+    distance_only_until: float = float("inf")  # a query-dependent bias is a curve up to this position
 
     @property
     def n_keys(self) -> int:
@@ -169,7 +173,8 @@ class RelPosAttention(nn.Module):
         if self.bias is not None and self.bias.distance_only:
             scheme = self.bias.curve(distances) * self.bias_scale
             curve = scheme if curve is None else curve + scheme
-        return _Layout(n_queries, n_mem, r if "b" in terms else None, curve)
+        until = self.bias.distance_only_until() if self.bias is not None else float("inf")
+        return _Layout(n_queries, n_mem, r if "b" in terms else None, curve, until)
 
     # ------------------------------------------------------------------ blocks
     def _visible(self, lay: _Layout, i0: int, i1: int, n_keys: int, same_length: bool, padding: Tensor | None):
@@ -194,15 +199,15 @@ class RelPosAttention(nn.Module):
         n_r = lq + n_keys - 1 if not self.config.causal else min(n_keys + 1, lq + n_keys - 1)
         return Block(i0, i1, n_keys, slice(t0, t0 + n_r), slice(t0, t0 + lq + n_keys - 1))
 
-    def _blocks(self, lay: _Layout) -> list[Block]:
+    def _blocks(self, lay: _Layout, block_scores: int) -> list[Block]:
         """Query blocks of query_chunk queries, shrunk for long key ranges so that one block's score
-        map stays near BLOCK_SCORES entries per head (bounded transient memory)."""
+        map stays near `block_scores` entries per head (bounded transient memory)."""
         chunk = self.config.query_chunk or lay.n_queries
         blocks, i0 = [], 0
         while i0 < lay.n_queries:
             if self.config.query_chunk:
                 keys = lay.n_mem + i0 + chunk if self.config.causal else lay.n_keys
-                size = max(MIN_BLOCK, min(chunk, BLOCK_SCORES // keys))
+                size = max(MIN_BLOCK, min(chunk, block_scores // keys))
             else:
                 size = chunk
             i1 = min(i0 + size, lay.n_queries)
@@ -223,11 +228,21 @@ class RelPosAttention(nn.Module):
             bias = toeplitz(curve, lq, n_keys)[None]  # (1, H, L_b, K_b)
             total = bias if total is None else total + bias
         if self.bias is not None and not self.bias.distance_only:
-            device = self.q_net.weight.device
-            q_pos = torch.arange(lay.n_mem + i0, lay.n_mem + i1, device=device)
-            bias = self.bias.bias(q_pos, torch.arange(n_keys, device=device))[None] * self.bias_scale
-            total = bias if total is None else total + bias
+            total = self._query_dependent_bias(lay, i0, i1, n_keys) if total is None else \
+                total + self._query_dependent_bias(lay, i0, i1, n_keys)
         return total
+
+    def _query_dependent_bias(self, lay: _Layout, i0: int, i1: int, n_keys: int) -> Tensor:
+        """[1, H, L_b, K_b] of a bias that depends on the query position (FIRE). Where every query of
+        the block is within the scheme's distance-only range, one curve over the block's distances
+        (L_b + K_b - 1 values) replaces the evaluation at every (i, j) pair."""
+        device = self.q_net.weight.device
+        last_query = lay.n_mem + i1 - 1
+        if last_query <= lay.distance_only_until:
+            distances = torch.arange(last_query, last_query - (i1 - i0 + n_keys - 1), -1, device=device)
+            return toeplitz(self.bias.curve(distances), i1 - i0, n_keys)[None] * self.bias_scale
+        q_pos = torch.arange(lay.n_mem + i0, lay.n_mem + i1, device=device)
+        return self.bias.bias(q_pos, torch.arange(n_keys, device=device))[None] * self.bias_scale
 
     def _queries(self, q: Tensor) -> tuple[Tensor, Tensor | None]:
         """Content query (terms a, c folded: q + u) and position query (terms b, d folded: q + v)."""
@@ -303,8 +318,10 @@ class RelPosAttention(nn.Module):
         has_bias = qb is not None or lay.curve is not None or position_dependent
         if not has_bias and padding is None and not same_length:
             return self._attend_plain(lay, qc, k, v, p)
-        plan = _Plan(self, lay, self._blocks(lay), same_length, padding)
-        if has_bias and p == 0.0 and self._rebuild_in_backward(plan, qc):
+        rebuild = has_bias and p == 0.0 and self._rebuild_in_backward(lay, qc)
+        blocks = self._blocks(lay, REBUILT_BLOCK_SCORES if rebuild else STORED_BLOCK_SCORES)
+        plan = _Plan(self, lay, blocks, same_length, padding)
+        if rebuild:
             params = list(self.bias.parameters()) if position_dependent else []
             return blockwise_biased_attention(plan, qc, k, v, qb, lay.r, lay.curve, params)
         outs = []
@@ -322,15 +339,16 @@ class RelPosAttention(nn.Module):
             ))
         return torch.cat(outs, dim=2)
 
-    def _rebuild_in_backward(self, plan: _Plan, qc: Tensor) -> bool:
+    def _rebuild_in_backward(self, lay: _Layout, qc: Tensor) -> bool:
         """Use BlockwiseBiasedAttention? Always for backend='blocks'; for 'auto' only when training
         would otherwise store score maps larger than max_stored_scores_mb."""
         if self.config.backend != "auto":
             return self.config.backend == "blocks"
         if not torch.is_grad_enabled():
             return False
-        entries = qc.shape[0] * qc.shape[1] * sum((b.i1 - b.i0) * b.n_keys for b in plan.blocks)
-        return entries * qc.element_size() > self.config.max_stored_scores_mb * 2**20
+        lq = lay.n_queries
+        per_head = lq * lay.n_mem + lq * (lq + 1) // 2 if self.config.causal else lq * lay.n_keys
+        return qc.shape[0] * qc.shape[1] * per_head * qc.element_size() > self.config.max_stored_scores_mb * 2**20
 
     def _attend_plain(self, lay, qc, k, v, p) -> Tensor:
         """No additive map: one SDPA call (flash kernels); causal with memory is lower-right aligned."""

@@ -59,6 +59,10 @@ class BiasScheme(nn.Module):
         dist = q_pos[:, None] - k_pos[None, :]  # (Lq, K)
         return self.curve(dist.flatten()).view(self.n_heads, *dist.shape)
 
+    def distance_only_until(self) -> float:
+        """Largest query position up to which B depends on i - j alone (there `curve` gives it)."""
+        return float("inf")
+
     def boundaries(self) -> list[float]:
         """Distances where the scheme changes regime (clamps, bucket edges): marked in bias plots."""
         return []

@@ -25,6 +25,10 @@ class FIREBias(BiasScheme):
         self.c = nn.Parameter(torch.tensor(0.1))
         self.threshold = nn.Parameter(torch.tensor(512.0))
 
+    def distance_only_until(self) -> float:
+        """Queries at positions <= L share the normaliser ψ(L): for them B is a curve over i - j."""
+        return float(self.threshold.detach().abs())
+
     def psi(self, x: Tensor) -> Tensor:
         return x.sign() * torch.log1p(self.c.abs() * x.abs())
 
