@@ -1,0 +1,209 @@
+"""The shipped experiments/: every grid spec parses and expands (dry, no training), says what it
+reproduces and what it costs, carries a usable `table:` block; the paper specs hold the paper's
+settings; the demo grid stays small enough for `make demo`; only the demo report is committed.
+
+Run: .venv/bin/python -m pytest tests/test_experiments.py -q   (about a second, no training)
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from relpos_ablate.analysis.collect import SETTING_FIELDS
+from relpos_ablate.analysis.tables import spec_options
+from relpos_ablate.config import RunConfig, load_run_config
+from relpos_ablate.config.base import load_yaml
+from relpos_ablate.runner.grid import check_key_path, load_grid
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENTS = ROOT / "experiments"
+REQUIRED = {"demo", "xl_terms", "bias_types", "xl_table6", "xl_table6_cpu", "alibi_table2", "length_generalization"}
+DEMO_BUDGET_STEPS = 12_000
+"""Upper bound on training steps summed over the demo's runs (18 x 500 today: ~2.5 min on 2 cores)."""
+
+
+def _raw(path: Path) -> dict:
+    return load_yaml(path.read_text())
+
+
+def _is_grid_spec(path: Path) -> bool:
+    """Grid specs have a `grid`/`base` block; the other YAML files here are single run configs."""
+    return bool({"grid", "base"} & set(_raw(path)))
+
+
+SPECS = sorted(p for p in EXPERIMENTS.glob("*.yaml") if _is_grid_spec(p))
+RUN_CONFIGS = sorted(p for p in EXPERIMENTS.glob("*.yaml") if not _is_grid_spec(p))
+
+
+def _header(path: Path) -> str:
+    """The leading comment block of a file, without the '#' marks."""
+    lines = itertools.takewhile(lambda line: line.startswith("#"), path.read_text().splitlines())
+    return "\n".join(line.lstrip("#").strip() for line in lines)
+
+
+def _attention(config: RunConfig):
+    return config.model.attention
+
+
+def test_every_required_spec_is_shipped():
+    assert REQUIRED <= {p.stem for p in SPECS}
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_spec_expands_and_names_its_results_dir_after_the_file(path):
+    spec = load_grid(path)
+    assert spec.name == path.stem
+    assert len(spec.runs) == len({run.run_id for run in spec.runs}) > 0
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_header_says_what_it_reproduces_its_cost_and_the_command(path):
+    header = _header(path)
+    assert len(header.splitlines()) >= 3, "a header comment saying what the spec reproduces"
+    assert "Cost:" in header
+    assert f"relpos-ablate grid experiments/{path.name}" in header
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
+def test_table_block_names_real_rows_cols_and_the_task_metric(path):
+    raw, spec = _raw(path), load_grid(path)
+    assert "table" in raw or path.stem not in REQUIRED, "the issue's specs each carry a table: block"
+    options = spec_options(raw)
+    axes = set(spec.axes)
+    for key in options.rows or ():
+        if key not in axes:
+            check_key_path(key)  # raises ConfigError for a name that is neither an axis nor a field
+    assert set(options.cols or ()) <= set(SETTING_FIELDS)
+    synthetic = {run.config.data.source == "synthetic" for run in spec.runs}
+    assert options.metric in (None, "acc" if synthetic == {True} else "ppl")
+    if options.layout == "xl_table6":
+        assert options.rows is None and options.cols is None, "the xl_table6 layout fixes its own columns"
+
+
+@pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.stem)
+def test_single_run_configs_load(path):
+    assert isinstance(load_run_config(path), RunConfig)
+
+
+def test_demo_is_small_and_covers_the_main_encodings_at_1x_2x_4x():
+    spec = load_grid(EXPERIMENTS / "demo.yaml")
+    configs = [run.config for run in spec.runs]
+    assert sum(c.train.max_steps for c in configs) <= DEMO_BUDGET_STEPS
+    assert all(c.data.source == "synthetic" and c.model.d_model <= 64 and c.model.n_layers <= 2 for c in configs)
+    for c in configs:
+        lengths = sorted(s.segment_len for s in c.eval_settings())
+        assert lengths == [c.train.segment_len * k for k in (1, 2, 4)]
+    seeds = {c.seed for c in configs}
+    assert len(seeds) >= 2, "two seeds so the table shows mean ± std"
+    schemes = {(a.terms, a.bias, a.absolute) for a in map(_attention, configs)}
+    required = {("abcd", "none", "none"), ("a", "t5", "none"), ("a", "alibi", "none"), ("a", "xl_table", "none"),
+                ("a", "none", "none"), ("a", "none", "learned")}
+    assert required <= schemes
+    assert len({terms for terms, bias, absolute in schemes if bias == absolute == "none"}) >= 4, "term subsets"
+    assert len(configs) == len(schemes) * len(seeds)
+
+
+def test_xl_terms_covers_all_15_subsets_with_and_without_memory():
+    configs = [run.config for run in load_grid(EXPERIMENTS / "xl_terms.yaml").runs]
+    subsets = {"".join(c) for n in range(1, 5) for c in itertools.combinations("abcd", n)}
+    assert len(subsets) == 15
+    cells = {(c.model.attention.terms, c.model.mem_len > 0) for c in configs}
+    assert cells == {(terms, memory) for terms in subsets for memory in (False, True)}
+
+
+def test_bias_types_covers_every_bias_type_and_the_baselines_on_one_footing():
+    from relpos_ablate.config.model import BIAS_TYPES
+
+    configs = [run.config for run in load_grid(EXPERIMENTS / "bias_types.yaml").runs]
+    attention = [_attention(c) for c in configs]
+    assert {a.bias for a in attention} == set(BIAS_TYPES)
+    assert {"none", "sinusoid", "learned", "rope"} <= {a.absolute for a in attention}
+    shared = {(c.model.d_model, c.model.n_layers, c.train.max_steps, c.train.lr, c.data.task, c.eval) for c in configs}
+    assert len(shared) == 1, "every encoding gets the same model, budget, task and evaluation"
+
+
+# Transformer-XL Table 6 (Dai et al. 2019), as printed: (recurrence, encoding, loss) of its 9 rows.
+TABLE6_ROWS = {
+    (True, "ours", "full"), (True, "shaw", "full"), (True, "ours", "half"), (False, "ours", "full"),
+    (False, "ours", "half"), (False, "shaw", "full"), (False, "shaw", "half"), (False, "vaswani", "half"),
+    (False, "al_rfou", "half"),
+}
+
+
+def _table6_encoding(config: RunConfig) -> str:
+    a = config.model.attention
+    if a.terms == "abcd" and a.rel == "sinusoid" and a.absolute == "none":
+        return "ours"
+    if a.terms == "ab" and a.rel == "learned" and a.absolute == "none":
+        return "shaw"
+    return {"sinusoid": "vaswani", "learned_per_layer": "al_rfou"}[a.absolute]
+
+
+@pytest.mark.parametrize("name", ["xl_table6", "xl_table6_cpu"])
+def test_xl_table6_specs_have_exactly_the_papers_nine_rows(name):
+    configs = [run.config for run in load_grid(EXPERIMENTS / f"{name}.yaml").runs]
+    rows = [(c.model.mem_len > 0, _table6_encoding(c), c.train.loss_on) for c in configs]
+    assert sorted(rows) == sorted(TABLE6_ROWS)
+    attn_lens = {s.segment_len + (s.mem_len or 0) for c in configs for s in c.eval_settings()}
+    assert len(attn_lens) >= 4, "PPL best needs several evaluation attention lengths"
+
+
+def test_xl_table6_uses_the_papers_wt103_base_configuration():
+    for run in load_grid(EXPERIMENTS / "xl_table6.yaml").runs:
+        m, t = run.config.model, run.config.train
+        assert (m.n_layers, m.d_model, m.n_heads, m.d_head, m.d_inner, m.dropout) == (16, 410, 10, 41, 2100, 0.1)
+        assert (t.optimizer, t.lr, t.schedule, t.grad_clip, t.max_steps, t.batch_size) == ("adam", 2.5e-4, "cosine",
+                                                                                           0.25, 200_000, 60)
+        assert t.segment_len == 128 and m.mem_len in (0, 128)
+        assert run.config.data.corpus == "wikitext-103"
+
+
+def test_xl_table6_cpu_reads_a_local_file_and_fits_a_cpu():
+    for run in load_grid(EXPERIMENTS / "xl_table6_cpu.yaml").runs:
+        assert run.config.data.train_file and not run.config.data.corpus
+        assert run.config.model.d_model <= 128 and run.config.train.max_steps <= 5000
+
+
+def test_alibi_table2_trains_at_l_and_evaluates_up_to_about_30x():
+    configs = [run.config for run in load_grid(EXPERIMENTS / "alibi_table2.yaml").runs]
+    schemes = {(a.absolute, a.bias) for a in map(_attention, configs)}
+    assert schemes == {("sinusoid", "none"), ("rope", "none"), ("none", "t5"), ("none", "alibi")}
+    for c in configs:
+        longest = max(s.segment_len for s in c.eval_settings())
+        assert c.train.segment_len == 512 and longest >= 30 * c.train.segment_len
+        assert c.model.attention.max_position >= longest
+
+
+def test_length_generalization_trains_short_tests_long_with_three_seeds():
+    configs = [run.config for run in load_grid(EXPERIMENTS / "length_generalization.yaml").runs]
+    assert len({c.seed for c in configs}) == 3
+    assert len({c.data.task for c in configs}) >= 2
+    schemes = {(a.terms, a.absolute, a.bias) for a in map(_attention, configs)}
+    assert {("a", "none", "none"), ("a", "none", "t5"), ("a", "none", "alibi"), ("a", "none", "alibi_learned"),
+            ("a", "rope", "none"), ("a", "learned", "none"), ("a", "sinusoid", "none"),
+            ("abcd", "none", "none")} <= schemes
+    for c in configs:
+        assert max(s.segment_len for s in c.eval_settings()) >= 4 * c.train.segment_len
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+@pytest.mark.parametrize("path, ignored", [
+    ("results/demo/0123456789/checkpoints/last.ckpt", True),
+    ("results/demo/0123456789/worker.log", True),
+    ("results/demo/figures/bias_0123456789.png", True),
+    ("results/other/0123456789/eval.json", True),
+    ("results/demo/summary.csv", False),
+    ("results/demo/table.md", False),
+    ("results/demo/table.tex", False),
+    ("results/demo/figures/extrapolation.png", False),
+    ("results/demo/figures/bias_overview.png", False),
+    ("results/README.md", False),
+])
+def test_only_the_demo_report_is_committed(path, ignored):
+    result = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)
+    assert result.returncode == (0 if ignored else 1)
