@@ -23,8 +23,16 @@ class UsageError(Exception):
     """A user mistake the CLI reports in one line (exit status 2)."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's errors in the CLI's one-line form (argparse prints the whole usage block first);
+    subcommand parsers inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="relpos-ablate",
         description="Ablate relative position encodings: train runs, sweep grids, tabulate and plot results.",
     )

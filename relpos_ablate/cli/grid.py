@@ -76,6 +76,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"{', '.join(given)}: only with --launcher slurm")
     if args.launcher == "slurm" and (args.devices or args.slots or args.runs_per_device):
         raise UsageError("--devices/--slots/--runs-per-device are for --launcher local; SLURM jobs use --gpus")
+    if args.results.exists() and not args.results.is_dir():
+        raise UsageError(f"--results: {args.results} is a file; give a directory (created when missing)")
 
 
 def _parse_devices(text: str, visible: int) -> list[int]:

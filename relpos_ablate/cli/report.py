@@ -89,6 +89,9 @@ def cmd_table(args: argparse.Namespace) -> int:
     from relpos_ablate.analysis.tables import TableOptions, make_table
     from relpos_ablate.io import atomic_write_text
 
+    if args.format is None and args.out is not None and args.out.suffix not in SUFFIX_FORMATS:
+        raise UsageError(f"--out: {args.out.suffix or 'no suffix'!r} does not say the format; "
+                         f"use {', '.join(SUFFIX_FORMATS)} or give --format")
     fmt = args.format or (SUFFIX_FORMATS.get(args.out.suffix) if args.out else None)
     options = TableOptions(rows=_keys(args.rows), cols=_keys(args.cols), metric=args.metric,
                            baseline=args.baseline, layout=args.layout, format=fmt)

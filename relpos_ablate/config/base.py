@@ -214,6 +214,12 @@ def read_yaml(path: str | Path) -> dict:
         data = load_yaml(path.read_text())
     except FileNotFoundError:
         raise ConfigError(str(path), "file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), "is a directory; expected a YAML file") from None
+    except PermissionError:
+        raise ConfigError(str(path), "not readable (permission denied)") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), f"not a text file (byte {err.start} is not UTF-8); expected YAML") from None
     except yaml.YAMLError as err:
         raise ConfigError(str(path), f"not valid YAML ({' '.join(str(err).split())})") from None
     if data is None:

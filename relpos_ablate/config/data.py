@@ -65,6 +65,9 @@ class DataConfig:
         if self.corpus:
             check_choice("corpus", self.corpus, CORPORA)
         if self.source != "text":
+            for name in ("corpus", "train_file", "valid_file", "test_file"):
+                if getattr(self, name):
+                    raise ConfigError(name, f"is read only with source='text' (source is {self.source!r})")
             return
         if self.corpus and self.train_file:
             raise ConfigError("corpus", "set either a corpus name or a train_file, not both")

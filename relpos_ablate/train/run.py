@@ -8,20 +8,23 @@ analysis layer the trained model back.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import sys
 import traceback
 import warnings
+import zipfile
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, from_dict, read_yaml, to_plain
-from relpos_ablate.io import atomic_write_json, atomic_write_yaml, read_json
+from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml, read_json
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
 from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
@@ -126,9 +129,26 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus, cal
     trainer = make_trainer(config, run_dir, metrics, [RunRecorder(status, metrics, config.train.log_every), *callbacks])
     with warnings.catch_warnings():
         _quiet_known_warnings()
-        trainer.fit(module, datamodule=datamodule, ckpt_path="last" if (run_dir / LAST_CKPT).exists() else None)
+        trainer.fit(module, datamodule=datamodule, ckpt_path="last" if usable_checkpoint(run_dir) else None)
         log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
         atomic_write_json(run_dir / EVAL, evaluate(trainer, module, datamodule, config))
+
+
+def usable_checkpoint(run_dir: Path) -> bool:
+    """Whether there is a last.ckpt to resume from. Temp files of writes cut short by a kill are
+    removed; a last.ckpt that is not a complete torch archive (damaged outside this code: every write
+    here is atomic) is set aside as last.ckpt.corrupt and the run starts over, rather than failing
+    again on every rerun."""
+    last = run_dir / LAST_CKPT
+    for stale in last.parent.glob(f".{last.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+    if not last.exists():
+        return False
+    if zipfile.is_zipfile(last):
+        return True
+    last.replace(last.with_name(last.name + ".corrupt"))
+    log.warning("%s is not a complete checkpoint; set aside as %s.corrupt, training from step 0", last, last.name)
+    return False
 
 
 def make_trainer(config: RunConfig, run_dir: Path, logger: MetricsCSV, callbacks: list[L.Callback]) -> L.Trainer:
@@ -146,8 +166,22 @@ def make_trainer(config: RunConfig, run_dir: Path, logger: MetricsCSV, callbacks
         enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False,
         val_check_interval=t.val_every or None, check_val_every_n_epoch=None if t.val_every else 1,
         # the grid runner's submitit owns requeueing: no SLURM auto-requeue inside Lightning
-        plugins=[LightningEnvironment()],
+        plugins=[LightningEnvironment(), AtomicCheckpointIO()],
     )
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written like every other run file (relpos_ablate.io): a temp file next to the
+    target, fsync, rename. Lightning's own writer stages the file in $TMPDIR and moves it over, which
+    is a copy, not a rename, when $TMPDIR is another filesystem (node-local /tmp, results on a shared
+    disk): a kill during that copy left a truncated last.ckpt, and every kill a stray temp file."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        atomic_write_bytes(path, buffer.getvalue())
 
 
 class SaveOnSigterm(L.Callback):

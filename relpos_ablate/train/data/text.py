@@ -105,13 +105,32 @@ def _read_local(data: DataConfig) -> dict[str, str]:
 
     files = {"train": data.train_file, "valid": data.valid_file, "test": data.test_file}
     files = {split: name for split, name in files.items() if name}
-    loaded = load_dataset("text", data_files={split: str(Path(name).expanduser()) for split, name in files.items()},
-                          keep_linebreaks=True, cache_dir=str(cache_root(data) / "hf"))
+    try:
+        loaded = load_dataset("text", data_files={split: str(Path(name).expanduser()) for split, name in files.items()},
+                              keep_linebreaks=True, cache_dir=str(cache_root(data) / "hf"))
+    except Exception as err:  # datasets wraps a decoding error into DatasetGenerationError; name the file
+        _raise_if_not_text(files, err)
+        raise
     texts = {split: "".join(loaded[split]["text"]) for split in files}
     if "valid" not in texts:
         cut = int(len(texts["train"]) * (1 - HOLDOUT_FRACTION))
         texts["train"], texts["valid"] = texts["train"][:cut], texts["train"][cut:]
     return texts
+
+
+def _raise_if_not_text(files: dict[str, str], err: Exception) -> None:
+    """A ConfigError naming the first file that is not UTF-8 text, when that is what `err` came from."""
+    cause = err
+    while cause is not None and not isinstance(cause, UnicodeDecodeError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return
+    for split, name in files.items():
+        try:
+            Path(name).expanduser().read_bytes().decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise ConfigError(f"data.{split}_file", f"{name} is not UTF-8 text (byte {bad.start}); "
+                              "give a text file") from None
 
 
 def _read_hub(data: DataConfig) -> dict[str, str]:
