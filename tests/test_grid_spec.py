@@ -94,6 +94,13 @@ def test_zip_varies_axes_together_and_exclude_drops_combinations():
     assert spec.runs[1].config == expected_config(base, "xl", train__segment_len=32, data__offset=12, seed=0)
 
 
+def test_zip_columns_may_repeat_values_when_rows_differ():
+    spec = parse_grid({"name": "z", "base": tiny_base(),
+                       "zip": {"encoding": ["xl", "xl", "alibi"], "model.attention.terms": ["abcd", "ab", "a"]}})
+    got = [(r.config.model.attention.terms, r.config.model.attention.bias) for r in spec.runs]
+    assert got == [("abcd", "none"), ("ab", "none"), ("a", "alibi")]
+
+
 def test_zip_accepts_a_single_mapping():
     spec = parse_grid({"name": "z", "base": tiny_base(), "zip": {"model.mem_len": [0, 4], "train.lr": [0.1, 0.2]}})
     assert [(r.config.model.mem_len, r.config.train.lr) for r in spec.runs] == [(0, 0.1), (4, 0.2)]
@@ -142,6 +149,7 @@ BAD_SPECS = [
       "seeds": [0]}, "", None),  # valid: one run
     ({"grid": {"encoding": ["nope", "vaswani"], "model.attention.absolute": ["none"]}}, "grid", "same config"),
     ({"zip": [{"model.mem_len": [0, 4], "train.lr": [0.1]}]}, "zip[0]", "equal lengths"),
+    ({"zip": [{"model.mem_len": [0, 0], "train.lr": [0.1, 0.1]}]}, "zip[0]", "row 1"),
     ({"zip": "x"}, "zip", "expected a mapping"),
     ({"seeds": []}, "seeds", "empty axis"),
     ({"seeds": [0], "grid": {"seed": [1]}}, "seeds", "already a grid/zip axis"),

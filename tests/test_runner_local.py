@@ -6,6 +6,7 @@ Run: pytest tests/test_runner_local.py -q   (about 20 s)
 
 import io
 import json
+import os
 import threading
 import time
 from itertools import combinations
@@ -81,7 +82,9 @@ def test_every_run_once_on_cpu_slots_with_threads_split(tmp_path, fake):
     for run in spec.runs:
         run_dir = tmp_path / "results" / spec.name / run.run_id
         assert json.loads((run_dir / "run.json").read_text()) == {
-            "run_id": run.run_id, "experiment": spec.name, "variant": run.variant, "spec": str(spec.path.resolve())}
+            "run_id": run.run_id, "experiment": spec.name, "variant": run.variant,
+            "spec": os.path.relpath(spec.path.resolve(), run_dir.resolve())}
+        assert (run_dir / json.loads((run_dir / "run.json").read_text())["spec"]).resolve() == spec.path.resolve()
 
 
 def test_gpu_slots_map_devices_and_share_each_gpu(tmp_path, fake, monkeypatch):

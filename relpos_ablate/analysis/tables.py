@@ -104,8 +104,10 @@ def label(value: Any) -> str:
 def read_spec(df: pd.DataFrame) -> dict:
     """The grid spec the runs came from (run.json `spec`), or {} when none is recorded or readable."""
     root = Path(df.attrs.get("results_dir", "."))
-    for raw in df["spec"].dropna().unique() if "spec" in df else ():
-        for path in (Path(raw), root / raw, root / Path(raw).name):
+    pairs = df[["run_dir", "spec"]].dropna().drop_duplicates().itertuples(index=False) if "spec" in df else ()
+    for run_dir, raw in pairs:
+        # run.json stores the spec relative to the run dir (older runs: absolute or relative to the cwd)
+        for path in (Path(run_dir) / raw, Path(raw), root / raw, root / Path(raw).name):
             if path.is_file():
                 try:
                     spec = load_yaml(path.read_text())

@@ -167,7 +167,8 @@ class RelPosAttention(nn.Module):
         distances = torch.arange(n_keys - 1, -n_queries, -1, device=device)  # descending: K-1 .. -(L-1)
         r = curve = None
         if self.config.uses_r:
-            r = self.projected_relative(distances, clamp_len) * self.scale  # (H, n, dh)
+            # contiguous once: every query block multiplies by a slice of it
+            r = (self.projected_relative(distances, clamp_len) * self.scale).contiguous()  # (H, n, dh)
             if "d" in terms and "b" not in terms:
                 curve = torch.einsum("hd,hnd->hn", self.position_bias_v, r)
         if self.bias is not None and self.bias.distance_only:
@@ -266,7 +267,8 @@ class RelPosAttention(nn.Module):
         b, lq, _ = x.shape
         q = self.q_net(x).view(b, lq, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, dh)
         kv = self.kv_net(cat).view(b, cat.shape[1], 2, self.n_heads, self.d_head)
-        k, v = kv.permute(2, 0, 3, 1, 4)  # 2 x (B, H, K, dh)
+        # contiguous once, so that the key prefix each query block reads is a view, not a copy
+        k, v = kv.permute(2, 0, 3, 1, 4).contiguous()  # 2 x (B, H, K, dh)
         if self.config.absolute == "rope":
             positions = torch.arange(cat.shape[1], device=x.device)
             q = rope_rotate(q, positions[n_mem:], self.config.rope_base)

@@ -193,8 +193,9 @@ def check_key_path(path: str) -> None:
         cls = typing.get_type_hints(cls)[part]
 
 
-def _axis_values(where: str, values: Any, errors: list[ConfigError]) -> list | None:
-    """The axis's list of values; None (with an error) when it is not a non-empty list of distinct values."""
+def _axis_values(where: str, values: Any, errors: list[ConfigError], distinct: bool = True) -> list | None:
+    """The axis's list of values; None (with an error) when it is not a non-empty list (of distinct
+    values, unless `distinct` is False: a zip column may repeat values as long as its rows differ)."""
     if not isinstance(values, list):
         errors.append(ConfigError(where, f"expected a list of values, got {values!r}"))
         return None
@@ -202,13 +203,13 @@ def _axis_values(where: str, values: Any, errors: list[ConfigError]) -> list | N
         errors.append(ConfigError(where, "empty axis; give at least one value"))
         return None
     repeated = [v for i, v in enumerate(values) if v in values[:i]]
-    if repeated:
+    if repeated and distinct:
         errors.append(ConfigError(where, f"value {repeated[0]!r} is listed twice"))
         return None
     return values
 
 
-def _checked_axis(prefix: str, key: Any, values: Any, errors: list[ConfigError]) -> list | None:
+def _checked_axis(prefix: str, key: Any, values: Any, errors: list[ConfigError], distinct: bool = True) -> list | None:
     """Validate one axis of `prefix` (grid, zip[i]): its key path, its values, every preset name."""
     where = f"{prefix}.{key}"
     key_errors: list[ConfigError] = []
@@ -217,7 +218,7 @@ def _checked_axis(prefix: str, key: Any, values: Any, errors: list[ConfigError])
     else:
         _collect(key_errors, check_key_path, key)
     errors.extend(err.under(prefix) for err in key_errors)
-    values = _axis_values(where, values, errors)
+    values = _axis_values(where, values, errors, distinct)
     if key_errors or values is None:
         return None
     if key == ENCODING:
@@ -253,7 +254,7 @@ def _zip_axes(groups: Any, errors: list[ConfigError]) -> list[_Axis]:
         if not isinstance(group, dict) or not group:
             errors.append(ConfigError(where, f"expected a non-empty mapping of key path -> values, got {group!r}"))
             continue
-        columns = {key: _checked_axis(where, key, values, errors) for key, values in group.items()}
+        columns = {key: _checked_axis(where, key, values, errors, distinct=False) for key, values in group.items()}
         if any(values is None for values in columns.values()):
             continue
         lengths = {key: len(values) for key, values in columns.items()}
@@ -261,7 +262,12 @@ def _zip_axes(groups: Any, errors: list[ConfigError]) -> list[_Axis]:
             detail = ", ".join(f"{key}: {n}" for key, n in lengths.items())
             errors.append(ConfigError(where, f"zipped axes need equal lengths ({detail})"))
             continue
-        axes.append(_Axis(tuple(columns), list(zip(*columns.values())), where))
+        rows = list(zip(*columns.values()))
+        repeated = [i for i, row in enumerate(rows) if row in rows[:i]]
+        if repeated:
+            errors.append(ConfigError(where, f"row {repeated[0]} {dict(zip(columns, rows[repeated[0]]))} is listed twice"))
+            continue
+        axes.append(_Axis(tuple(columns), rows, where))
     return axes
 
 

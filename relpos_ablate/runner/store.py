@@ -179,7 +179,8 @@ def write_run_files(plan: RunPlan, experiment: str, spec_path: Path | None) -> N
     run_dir.mkdir(parents=True, exist_ok=True)
     info = {
         "run_id": plan.run.run_id, "experiment": experiment, "variant": plan.run.variant,
-        "spec": str(Path(spec_path).resolve()) if spec_path is not None else None,
+        # relative to the run dir, so results and experiments can move together (and be committed)
+        "spec": os.path.relpath(Path(spec_path).resolve(), run_dir.resolve()) if spec_path is not None else None,
     }
     if read_json(run_dir / "run.json") != info:
         atomic_write_json(run_dir / "run.json", info)
