@@ -8,7 +8,7 @@ Time: forward + backward of one attention layer (B=2, H=8, d_head=64, causal), t
 baseline run alternately, ratio = median over pairs of (scheme time / baseline time), so machine load
 hits both sides. Memory: peak bytes above the inputs during forward + backward, measured in a fresh
 child process per (scheme, L) on CPU (RSS with a fixed malloc mmap threshold, so freed blocks are
-returned), with torch.cuda.max_memory_allocated on CUDA. Writes a JSON file and prints a table.
+returned, and the peak counter reset first), with torch.cuda.max_memory_allocated on CUDA. Writes a JSON file and prints a table.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -141,9 +140,13 @@ def peak_memory_child(name: str, length: int, device, dtype) -> float:
         step(module, x)
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20
+    # reset the kernel's peak-RSS counter (VmHWM), else the peak of importing torch hides small steps
+    Path("/proc/self/clear_refs").write_text("5")
     before = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     step(module, x)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before) / 2**20
+    status = Path("/proc/self/status").read_text()
+    peak_kb = int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+    return (peak_kb * 1024 - before) / 2**20
 
 
 def peak_memory(name: str, length: int, args) -> float | None:

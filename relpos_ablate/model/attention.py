@@ -252,7 +252,7 @@ class RelPosAttention(nn.Module):
         if "a" in terms:
             qc = q + u[:, None] if u is not None else q
         elif u is not None:
-            qc = u[None, :, None].expand_as(q)
+            qc = u[None, :, None].expand_as(q).contiguous()  # a stride-0 query keeps SDPA off its flash kernel
         else:
             qc = torch.zeros_like(q)
         qb = None
