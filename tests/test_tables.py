@@ -246,3 +246,12 @@ def test_cli_table(tmp_path, capsys):
     empty.mkdir()
     assert main(["table", str(empty)]) == 2
     assert "no finished runs" in capsys.readouterr().err
+
+
+def test_axis_orders_follow_grid_and_zip_columns():
+    from relpos_ablate.analysis.tables import axis_orders
+
+    spec = {"grid": {"model.mem_len": [64, 0]},
+            "zip": {"encoding": ["xl", "xl", "t5", "alibi"], "model.attention.terms": ["abcd", "ab", "a", "a"]}}
+    assert axis_orders(spec) == {"model.mem_len": [64, 0], "encoding": ["xl", "t5", "alibi"],
+                                 "model.attention.terms": ["abcd", "ab", "a"]}

@@ -127,9 +127,16 @@ def spec_options(spec: dict) -> TableOptions:
 
 
 def axis_orders(spec: dict) -> dict[str, list]:
-    """Value order of every grid axis as written in the spec: rows follow it instead of sorting."""
-    grid = spec.get("grid") or {}
-    return {axis: list(values) for axis, values in grid.items() if isinstance(values, list)} if isinstance(grid, dict) else {}
+    """Value order of every grid and zip axis as written in the spec (a zip column's repeated values
+    count once, at their first place): rows follow it instead of sorting."""
+    zipped = spec.get("zip") or []
+    groups = [spec.get("grid") or {}] + ([zipped] if isinstance(zipped, dict) else list(zipped))
+    orders: dict[str, list] = {}
+    for group in groups:
+        for axis, values in group.items() if isinstance(group, dict) else ():
+            if isinstance(values, list):
+                orders[axis] = list(dict.fromkeys(v for v in values if isinstance(v, (str, int, float, bool))))
+    return orders
 
 
 def metric_columns(df: pd.DataFrame) -> list[str]:
