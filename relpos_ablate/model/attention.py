@@ -24,7 +24,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.base import ConfigError
 from relpos_ablate.config.model import AttentionConfig
-from relpos_ablate.model.kernels import Block, blockwise_biased_attention
+from relpos_ablate.model.kernels import Block, block_inputs, blockwise_biased_attention
 from relpos_ablate.model.position import BiasScheme, build_bias, rope_rotate, sinusoid
 from relpos_ablate.model.shift import rel_shift, toeplitz
 
@@ -331,10 +331,7 @@ class RelPosAttention(nn.Module):
             rows = slice(blk.i0, blk.i1)
             mask = plan.visible(blk)
             if has_bias:
-                qb_b = None if qb is None else qb[:, :, rows]
-                r_b = None if lay.r is None else lay.r[:, blk.r_cols]
-                curve_b = None if lay.curve is None else lay.curve[:, blk.curve_cols]
-                mask = plan.bias(blk, qb_b, r_b, curve_b).masked_fill(~mask, float("-inf"))
+                mask = plan.bias(blk, *block_inputs(blk, qb, lay.r, lay.curve)).masked_fill(~mask, float("-inf"))
             outs.append(F.scaled_dot_product_attention(
                 qc[:, :, rows], k[:, :, : blk.n_keys], v[:, :, : blk.n_keys], attn_mask=mask, dropout_p=p,
                 scale=self.scale,
@@ -385,9 +382,7 @@ class RelPosAttention(nn.Module):
         """Materialised scores and probabilities (for need_weights, Shaw values, or backend='explicit')."""
         scores = (qc * self.scale) @ k.transpose(-1, -2)  # (B, H, L, K)
         blk = self._block(lay, 0, lay.n_queries)
-        r = None if lay.r is None else lay.r[:, blk.r_cols]
-        curve = None if lay.curve is None else lay.curve[:, blk.curve_cols]
-        add = self._block_bias(lay, 0, lay.n_queries, lay.n_keys, qb, r, curve)
+        add = self._block_bias(lay, 0, lay.n_queries, lay.n_keys, *block_inputs(blk, qb, lay.r, lay.curve))
         if add is not None:
             scores = scores + add
         visible = self._visible(lay, 0, lay.n_queries, lay.n_keys, same_length, padding)

@@ -45,6 +45,12 @@ def _slice(t: Tensor | None, dim: int, cols: slice) -> Tensor | None:
     return None if t is None else t.narrow(dim, cols.start, cols.stop - cols.start)
 
 
+def block_inputs(block: Block, qb: Tensor | None, r: Tensor | None, curve: Tensor | None):
+    """The parts of the position query [B, H, L, dh] and the per-distance tensors r [H, n, dh] and
+    curve [H, n] that `block` reads (None stays None)."""
+    return _slice(qb, 2, slice(block.i0, block.i1)), _slice(r, 1, block.r_cols), _slice(curve, 1, block.curve_cols)
+
+
 def _probabilities(plan: BlockPlan, block: Block, qc: Tensor, k: Tensor, bias: Tensor, lse: Tensor | None = None):
     """Softmax of scale·qc·kᵀ + bias over visible keys, computed in place in one [B, H, L_b, K_b] buffer.
     Returns (probs, lse) with lse the row log-sum-exp [B, H, L_b, 1]."""
@@ -70,7 +76,7 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
         lse = qc.new_empty(b, h, lq, 1)
         for blk in plan.blocks:
             rows = slice(blk.i0, blk.i1)
-            bias = plan.bias(blk, _slice(qb, 2, rows), _slice(r, 1, blk.r_cols), _slice(curve, 1, blk.curve_cols))
+            bias = plan.bias(blk, *block_inputs(blk, qb, r, curve))
             probs, lse[:, :, rows] = _probabilities(plan, blk, qc[:, :, rows], k[:, :, : blk.n_keys], bias)
             out[:, :, rows] = probs @ v[:, :, : blk.n_keys]
         ctx.plan, ctx.params = plan, params
