@@ -371,8 +371,7 @@ class RelPosAttention(nn.Module):
         term_b = None if qb is None else qb @ lay.r.transpose(1, 2)  # (B, H, L, K + L - 1)
         query_bias = None
         if self.bias is not None and not self.bias.distance_only:
-            positions = torch.arange(lay.n_keys, device=qc.device)
-            query_bias = self.bias.bias(positions[lay.n_mem :], positions) * self.bias_scale  # (H, L, K)
+            query_bias = self._query_dependent_bias(lay, 0, lay.n_queries, lay.n_keys)[0]  # (H, L, K)
         return flex_attend(
             qc, k, v, scale=self.scale, n_mem=lay.n_mem, causal=self.config.causal, same_length=same_length,
             term_b=term_b, curve=lay.curve, query_bias=query_bias, padding=padding, compiled=qc.is_cuda,
