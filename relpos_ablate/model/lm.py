@@ -20,6 +20,12 @@ from relpos_ablate.model.attention import RelPosAttention, init_vector
 from relpos_ablate.model.position import build_bias, sinusoid
 
 
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean over marked positions, without a host sync (an all-False mask gives 0)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
 class LearnedPositions(nn.Module):
     """A learned absolute position table; a segment longer than the table is a clear error."""
 
@@ -176,7 +182,4 @@ class TransformerLM(nn.Module):
     def loss(self, logits: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
         """Mean cross-entropy over positions where mask is True (all when None)."""
         losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
-        if mask is None:
-            return losses.mean()
-        mask = mask.flatten().to(losses.dtype)
-        return (losses * mask).sum() / mask.sum().clamp(min=1)
+        return losses.mean() if mask is None else masked_mean(losses, mask.flatten())

@@ -23,6 +23,7 @@ from torchmetrics import Metric
 
 from relpos_ablate.config import RunConfig, TrainConfig, to_plain
 from relpos_ablate.model import TransformerLM
+from relpos_ablate.model.lm import masked_mean
 
 
 class NonFiniteLoss(RuntimeError):
@@ -37,12 +38,6 @@ def token_stats(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """Per-token negative log-likelihood (nats, float32) and correctness, each [B, L]."""
     nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view_as(targets)
     return nll, (logits.argmax(-1) == targets).float()
-
-
-def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Mean over marked positions, without a host sync (an all-False mask gives 0)."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
 def loss_mask(mask: Tensor, loss_on: str) -> Tensor:

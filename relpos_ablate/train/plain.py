@@ -16,7 +16,8 @@ from torch import Tensor
 from relpos_ablate.config import RunConfig
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import build_datamodule
-from relpos_ablate.train.module import build_optimizer, loss_mask, masked_mean, token_stats
+from relpos_ablate.model.lm import masked_mean
+from relpos_ablate.train.module import build_optimizer, loss_mask, token_stats
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
