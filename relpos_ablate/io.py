@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import tempfile
@@ -9,6 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+
+def now_iso() -> str:
+    """The current UTC time as ISO 8601 to the second: the timestamps in status.json."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _umask() -> int:

@@ -14,7 +14,6 @@ Lustre or GPFS mounted with flock).
 
 from __future__ import annotations
 
-import datetime
 import fcntl
 import os
 import socket
@@ -24,7 +23,7 @@ from typing import Any
 
 from relpos_ablate.config import ConfigError, RunConfig, from_dict, to_plain
 from relpos_ablate.config.base import read_yaml
-from relpos_ablate.io import atomic_write_json, atomic_write_yaml, read_json
+from relpos_ablate.io import atomic_write_json, atomic_write_yaml, now_iso, read_json
 from relpos_ablate.runner.grid import GridSpec, PlannedRun
 
 STATES = ("queued", "running", "done", "failed", "interrupted")
@@ -34,10 +33,6 @@ CHECKPOINT = Path("checkpoints") / "last.ckpt"
 #: What the runner does with a run: start/resume/retry run it, skip leaves it, busy waits for its owner.
 ACTIONS = ("start", "resume", "retry", "skip", "busy")
 RUNNABLE = ("start", "resume", "retry")
-
-
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def read_status(run_dir: Path) -> dict | None:

@@ -20,7 +20,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from relpos_ablate.runner.store import LOG_NAME, RunLock, mark_queued, now_iso, read_status, update_status
+from relpos_ablate.io import now_iso
+from relpos_ablate.runner.store import LOG_NAME, RunLock, mark_queued, read_status, update_status
 
 #: Testing hook: a command line that replaces `python -m relpos_ablate train` (it gets the same arguments).
 WORKER_ENV = "RELPOS_ABLATE_WORKER"

@@ -9,7 +9,6 @@ delete the file instead).
 from __future__ import annotations
 
 import csv
-import datetime
 import io
 import logging
 import math
@@ -23,17 +22,13 @@ import lightning as L
 from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from relpos_ablate.io import atomic_write_json, atomic_write_text, read_json
+from relpos_ablate.io import atomic_write_json, atomic_write_text, now_iso, read_json
 
 STATUS = "status.json"
 METRICS = "metrics.csv"
 LOG = "log.txt"
 #: Fields of a previous attempt that no longer describe the run once it starts again.
 STALE_FIELDS = ("reason", "traceback", "finished_at", "wall_time_s", "exit_code")
-
-
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 class RunStatus:
