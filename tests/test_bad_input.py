@@ -57,7 +57,7 @@ BAD_INPUTS = [
     (sets("data.source=foo"), "data.source: 'foo' is not allowed; choose one of synthetic, text"),
     (sets("data.task=foo"), "data.task: 'foo' is not allowed; choose one of offset_copy, recall, repeat"),
     (sets("data.tokenizer=bpe"), "data.tokenizer: 'bpe' is not allowed; choose one of char, byte, word"),
-    (sets("data.source=text", "data.corpus=wiki"), "data.corpus: 'wiki' is not allowed; choose one of wikitext-2"),
+    (sets("data.source=text", "data.corpus=wiki"), "data.corpus: 'wiki' is not allowed; choose one of tinyshakespeare, wikitext-2"),
     (sets("data.num_symbols=1"), "data.num_symbols: 1 is out of range; allowed [2, inf]"),
     (sets("eval.split=foo"), "eval.split: 'foo' is not allowed; choose one of valid, test"),
     (sets("eval.settings=[{segment_len: 0}]"), "eval.settings[0].segment_len: 0 is out of range"),

@@ -162,3 +162,21 @@ def test_too_short_split_names_the_batch_size(files):
                                  "eval.batch_size=8", "train.segment_len=4"])
     with pytest.raises(ConfigError, match=r"^eval\.batch_size: the valid split has 12 tokens"):
         build_datamodule(cfg).streams("eval", 4)
+
+
+def test_shipped_tinyshakespeare_loads_offline_with_its_fixed_split(tmp_path):
+    """The corpus inside the package: three xz files that concatenate back to char-rnn's input.txt
+    (its published sha256), read through the `datasets` text builder with no network."""
+    import hashlib
+
+    data = load_run_config(None, ["data.source=text", "data.corpus=tinyshakespeare",
+                                  f"data.cache_dir={tmp_path / 'cache'}"]).data
+    splits = text.read_splits(data)
+    assert {k: len(v) for k, v in splits.items()} == {"train": 1_003_857, "valid": 55_825, "test": 55_712}
+    whole = "".join(splits[k] for k in ("train", "valid", "test"))
+    assert hashlib.sha256(whole.encode()).hexdigest() == \
+        "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    assert splits["valid"].startswith("GREMIO:\n") and splits["test"].startswith("BAPTISTA:\n")
+    corpus = text.load_corpus(data)
+    assert len(corpus.vocab) == 66  # <unk> + the 65 characters of the train split
+    assert decode(corpus, "test") == splits["test"]

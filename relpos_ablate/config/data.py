@@ -9,8 +9,9 @@ from relpos_ablate.config.base import ConfigError, check_choice, check_range
 SOURCES = ("synthetic", "text")
 TASKS = ("offset_copy", "recall", "repeat")
 TOKENIZERS = ("char", "byte", "word")
-#: Named corpora downloaded by `datasets` (hub ids in relpos_ablate/train/data/text.py).
-CORPORA = ("wikitext-2", "wikitext-103", "enwik8", "text8")
+#: Named corpora: one shipped inside the package (offline), the others downloaded by `datasets` (hub ids and the
+#: shipped files in relpos_ablate/train/data/text.py).
+CORPORA = ("tinyshakespeare", "wikitext-2", "wikitext-103", "enwik8", "text8")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class DataConfig:
     eval_tokens: int = 4096
     """synthetic: tokens per evaluation stream (text evaluates the whole split)."""
     corpus: str = ""
-    """text: a named corpus downloaded by `datasets`: wikitext-2, wikitext-103 (raw), enwik8, text8."""
+    """text: a named corpus: tinyshakespeare (ships with the package, ~1 MB of characters, fixed train/valid/test
+    split, works offline) or one downloaded by `datasets`: wikitext-2, wikitext-103 (raw), enwik8, text8."""
     train_file: str = ""
     """text: a local training file (instead of `corpus`)."""
     valid_file: str = ""

@@ -1,6 +1,8 @@
 """Real text through `datasets`: named corpora and local files take the same path, then a tokenizer.
 
-Named corpora are mapped to their Hugging Face hub ids; local files go through the `text` builder.
+Named corpora are mapped to their Hugging Face hub ids, except the one shipped inside the package
+(relpos_ablate/corpora/, xz-compressed train/valid/test files), which goes through the `text` builder
+like local files do.
 Tokenized splits are cached under `<cache_dir>/tokens/<hash>.pt`, keyed by the source (corpus name, or
 each file's path, size and modification time), the tokenizer and min_freq.
 """
@@ -49,6 +51,12 @@ CORPORA = {
 }
 
 
+#: Corpora shipped with the package: name -> directory holding {train,valid,test}.txt.xz (source, license and
+#: split in its README.md). Read offline through the same `text` builder as local files.
+PACKAGED = {"tinyshakespeare": Path(__file__).resolve().parents[2] / "corpora" / "tinyshakespeare"}
+PACKAGED_SPLITS = ("train", "valid", "test")
+
+
 @dataclass(frozen=True)
 class Corpus:
     """Token ids of each split (1-D int32) and the vocabulary they index."""
@@ -95,16 +103,18 @@ def _file_identity(field: str, name: str) -> list:
 
 def read_splits(data: DataConfig) -> dict[str, str]:
     """The raw text of each split: {"train", "valid"[, "test"]}."""
+    if data.corpus in PACKAGED:
+        return _read_files({split: str(PACKAGED[data.corpus] / f"{split}.txt.xz") for split in PACKAGED_SPLITS}, data)
     if data.corpus:
         return _read_hub(data)
-    return _read_local(data)
+    files = {"train": data.train_file, "valid": data.valid_file, "test": data.test_file}
+    return _read_files({split: name for split, name in files.items() if name}, data)
 
 
-def _read_local(data: DataConfig) -> dict[str, str]:
+def _read_files(files: dict[str, str], data: DataConfig) -> dict[str, str]:
+    """Text files (plain or compressed: `datasets` extracts .xz/.gz/.bz2) through the `text` builder."""
     from datasets import load_dataset
 
-    files = {"train": data.train_file, "valid": data.valid_file, "test": data.test_file}
-    files = {split: name for split, name in files.items() if name}
     try:
         loaded = load_dataset("text", data_files={split: str(Path(name).expanduser()) for split, name in files.items()},
                               keep_linebreaks=True, cache_dir=str(cache_root(data) / "hf"))
