@@ -6,8 +6,12 @@ commands that only read run directories (`grid` reruns, `status`) start fast.
 """
 
 from relpos_ablate.config import AttentionConfig, ConfigError, ModelConfig, RunConfig
+from relpos_ablate.config.registry import register_bias
 
-__all__ = ["AttentionConfig", "ConfigError", "ModelConfig", "RelPosAttention", "RunConfig", "TransformerLM", "collect"]
+__all__ = [
+    "AttentionConfig", "ConfigError", "ModelConfig", "RelPosAttention", "RunConfig", "TransformerLM", "collect",
+    "register_bias",
+]
 __version__ = "0.1.0"
 
 _LAZY = {

@@ -1,7 +1,7 @@
 """An obviously-right reference for RelPosAttention: every term materialised in float64.
 
 Slow on purpose (seed-000 style: R is built for every (i, j) pair, [L, K, d_model]); it shares no
-code with the module, only its parameters, and follows REFERENCE.md's formulas literally.
+code with the module, only its parameters, and follows docs/formulas.md literally.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def sinusoid_row(pos: float, dim: int) -> list[float]:
 
 
 def t5_bucket_hf(relative_position: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
-    """T5's bucket, written for relative_position = key - query, as in REFERENCE.md."""
+    """T5's bucket, written for relative_position = key - query, as HF T5 does (docs/formulas.md#t5)."""
     bucket = 0
     if bidirectional:
         num_buckets //= 2
@@ -44,40 +44,64 @@ def alibi_slopes_reference(n: int) -> list[float]:
     return [2 ** (-8 * h / p) for h in range(1, p + 1)] + big[0::2][: n - p]
 
 
+def _xl_table(cfg, p, h, i, j):
+    k, d = cfg.max_distance, i - j
+    row = min(max(d, 0), k) if cfg.causal else min(max(d, -k), k) + k
+    return p["table"][row]
+
+
+def _t5(cfg, p, h, i, j):
+    return p["table"][t5_bucket_hf(j - i, not cfg.causal, cfg.num_buckets, cfg.max_distance)]
+
+
+def _alibi(cfg, p, h, i, j):
+    return -torch.tensor(alibi_slopes_reference(h), dtype=torch.float64) * abs(i - j)
+
+
+def _alibi_learned(cfg, p, h, i, j):
+    return -p["log_slopes"].exp() * abs(i - j)
+
+
+def _kerple_log(cfg, p, h, i, j):
+    a, pw = p["a"].clamp(min=0.01), p["p"].clamp(min=0.01)
+    return -pw * torch.log(1 + a * abs(i - j))
+
+
+def _kerple_power(cfg, p, h, i, j):
+    a, pw = p["a"].clamp(min=0.01), p["p"].clamp(min=0.01, max=2.0)
+    return -a * abs(i - j) ** pw
+
+
+def _fire(cfg, p, h, i, j):
+    c, threshold = p["c"].abs(), p["threshold"].abs()
+
+    def psi(x):
+        return math.copysign(1.0, x) * torch.log(c * abs(x) + 1) if x != 0 else torch.zeros((), dtype=torch.float64)
+
+    x = psi(i - j) / torch.log(c * torch.maximum(torch.tensor(float(i), dtype=torch.float64), threshold) + 1)
+    hidden = torch.relu(p["mlp.0.weight"][:, 0] * x + p["mlp.0.bias"])
+    return p["mlp.2.weight"] @ hidden + p["mlp.2.bias"]
+
+
+def _dynamic(cfg, p, h, i, j):
+    d = i - j
+    x = math.copysign(math.log(1 + abs(d)), d) if d else 0.0
+    hidden = torch.nn.functional.silu(p["mlp.0.weight"][:, 0] * x + p["mlp.0.bias"])
+    return p["mlp.2.weight"] @ hidden + p["mlp.2.bias"]
+
+
+#: B_h(i, j) of every built-in bias type, written from docs/formulas.md#bias-types (a test demands
+#: one per built-in; a scheme of your own is checked against its formula in its own test file).
+BIAS_FORMULAS = {
+    "xl_table": _xl_table, "t5": _t5, "alibi": _alibi, "alibi_learned": _alibi_learned,
+    "kerple_log": _kerple_log, "kerple_power": _kerple_power, "fire": _fire, "dynamic": _dynamic,
+}
+
+
 def bias_value(attn, i: int, j: int) -> Tensor:
     """B_h(i, j) for every head h [H] in float64, from the scheme's formula and the module's parameters."""
-    cfg, scheme, h = attn.config, attn.bias, attn.n_heads
-    d = i - j
-    p = {name: t.detach().double() for name, t in scheme.named_parameters()}
-    if cfg.bias == "xl_table":
-        k = cfg.max_distance
-        row = min(max(d, 0), k) if cfg.causal else min(max(d, -k), k) + k
-        return p["table"][row]
-    if cfg.bias == "t5":
-        return p["table"][t5_bucket_hf(j - i, not cfg.causal, cfg.num_buckets, cfg.max_distance)]
-    if cfg.bias == "alibi":
-        return -torch.tensor(alibi_slopes_reference(h), dtype=torch.float64) * abs(d)
-    if cfg.bias == "alibi_learned":
-        return -p["log_slopes"].exp() * abs(d)
-    if cfg.bias in ("kerple_log", "kerple_power"):
-        a, pw = p["a"].clamp(min=0.01), p["p"].clamp(min=0.01)
-        if cfg.bias == "kerple_log":
-            return -pw * torch.log(1 + a * abs(d))
-        return -a * abs(d) ** pw.clamp(max=2.0)
-    if cfg.bias == "fire":
-        c, threshold = p["c"].abs(), p["threshold"].abs()
-
-        def psi(x):
-            return math.copysign(1.0, x) * torch.log(c * abs(x) + 1) if x != 0 else torch.zeros((), dtype=torch.float64)
-
-        x = psi(d) / torch.log(c * torch.maximum(torch.tensor(float(i), dtype=torch.float64), threshold) + 1)
-        hidden = torch.relu(p["mlp.0.weight"][:, 0] * x + p["mlp.0.bias"])
-        return p["mlp.2.weight"] @ hidden + p["mlp.2.bias"]
-    if cfg.bias == "dynamic":
-        x = math.copysign(math.log(1 + abs(d)), d) if d else 0.0
-        hidden = torch.nn.functional.silu(p["mlp.0.weight"][:, 0] * x + p["mlp.0.bias"])
-        return p["mlp.2.weight"] @ hidden + p["mlp.2.bias"]
-    raise AssertionError(f"no reference for bias {cfg.bias!r}")
+    p = {name: t.detach().double() for name, t in attn.bias.named_parameters()}
+    return BIAS_FORMULAS[attn.config.bias](attn.config, p, attn.n_heads, i, j)
 
 
 def relative_vector(attn, d: int, clamp_len: int | None) -> Tensor:
@@ -105,7 +129,7 @@ def rope_reference(x: Tensor, pos: int, base: float) -> Tensor:
 
 
 def reference_attention(attn, x, mems=None, *, padding=None, same_length=False, clamp_len=None):
-    """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of REFERENCE.md."""
+    """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of docs/formulas.md."""
     cfg = attn.config
     terms = cfg.terms
     h, dh = attn.n_heads, attn.d_head

@@ -11,14 +11,15 @@ import yaml
 
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, from_dict, run_id, to_plain
+from relpos_ablate.config.registry import BUILTIN_BIASES
 from relpos_ablate.runner.grid import GridSpecError, LauncherConfig, load_grid, parse_grid
-from relpos_ablate.runner.presets import PRESETS
+from relpos_ablate.runner.presets import presets
 from test_runner_support import tiny_base
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The presets as the project's contract states them (independent of presets.py).
-BIAS_SCHEMES = ("t5", "alibi", "alibi_learned", "kerple_log", "kerple_power", "fire", "dynamic", "xl_table")
+# The presets as the project's contract states them (independent of presets.py): the baselines, and
+# one preset per registered bias type (term a plus that bias), whose names come from the registry.
 CONTRACT = {
     "xl": {"terms": "abcd", "rel": "sinusoid", "bias": "none", "absolute": "none"},
     "shaw": {"terms": "ab", "rel": "learned", "clamp_len": 20, "bias": "none", "absolute": "none"},
@@ -27,7 +28,7 @@ CONTRACT = {
     "al_rfou": {"terms": "a", "absolute": "learned_per_layer", "bias": "none"},
     "nope": {"terms": "a", "absolute": "none", "bias": "none"},
     "rope": {"terms": "a", "absolute": "rope", "bias": "none"},
-    **{name: {"terms": "a", "absolute": "none", "bias": name} for name in BIAS_SCHEMES},
+    **{name: {"terms": "a", "absolute": "none", "bias": name} for name in BUILTIN_BIASES},
 }
 
 
@@ -72,7 +73,7 @@ def test_each_preset_sets_only_its_attention_fields(name):
 
 
 def test_preset_table_is_the_contract():
-    assert PRESETS == CONTRACT
+    assert presets() == CONTRACT
 
 
 def test_key_path_axis_applies_after_the_preset():

@@ -1,18 +1,19 @@
-"""Each bias scheme against known values from the papers (REFERENCE.md) and its closed form, plus
-the registry and the rel-shift / Toeplitz layouts. Run: pytest tests/test_position_schemes.py -q"""
+"""Each bias scheme against known values from the papers and its closed form (docs/formulas.md), plus
+the rel-shift / Toeplitz layouts. Run: pytest tests/test_position_schemes.py -q"""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from reference import alibi_slopes_reference, sinusoid_row
 from relpos_ablate import AttentionConfig, RelPosAttention
-from relpos_ablate.config.model import BIAS_TYPES
-from relpos_ablate.model.position import BIAS_REGISTRY, alibi_slopes, build_bias, sinusoid, t5_bucket
+from relpos_ablate.model.position import alibi_slopes, build_bias, sinusoid, t5_bucket
 from relpos_ablate.model.shift import rel_shift, toeplitz
 
-# REFERENCE.md: T5 check vector, rp = j - i
+# docs/formulas.md#t5: the check vector, rp = j - i (HF T5's relative_position)
 RP = [-200, -128, -127, -100, -64, -63, -32, -31, -16, -15, -12, -11, -9, -8, -7, -1, 0, 1, 2, 7, 8, 9, 11, 12, 15,
       16, 31, 32, 63, 64, 100, 127, 128, 200]
 BIDIRECTIONAL = [15, 15, 15, 15, 14, 13, 12, 11, 10, 9, 9, 8, 8, 8, 7, 1, 0, 17, 18, 23, 24, 24, 24, 25, 25, 26, 27, 28,
@@ -20,13 +21,9 @@ BIDIRECTIONAL = [15, 15, 15, 15, 14, 13, 12, 11, 10, 9, 9, 8, 8, 8, 7, 1, 0, 17,
 UNIDIRECTIONAL = [31, 31, 31, 30, 26, 26, 21, 21, 16, 15, 12, 11, 9, 8, 7, 1, 0] + [0] * 17
 
 
-def test_registry_covers_every_configurable_bias():
-    assert set(BIAS_REGISTRY) == set(BIAS_TYPES) - {"none"}
-    assert build_bias(AttentionConfig(bias="none"), 4) is None
-
-
 @pytest.mark.parametrize("causal, expected", [(False, BIDIRECTIONAL), (True, UNIDIRECTIONAL)])
 def test_t5_buckets_match_the_reference_vector(causal, expected):
+    """docs/formulas.md#t5: HF T5's buckets for the check vector, both directions."""
     distances = -torch.tensor(RP)  # our distance i - j = -(j - i)
     assert t5_bucket(distances, causal, 32, 128).tolist() == expected
 
@@ -35,6 +32,12 @@ def test_t5_bias_reads_its_table_at_the_bucket():
     scheme = build_bias(AttentionConfig(bias="t5", causal=False), 3)
     curve = scheme.curve(-torch.tensor(RP))
     torch.testing.assert_close(curve, scheme.table[torch.tensor(BIDIRECTIONAL)].T)
+
+
+def test_the_documented_check_vector_is_the_tested_one():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "formulas.md").read_text()
+    rows = re.search(r"^ +rp( .*)\n +bidirectional( .*)\n +causal( .*)$", text, flags=re.M)
+    assert [[int(v) for v in row.split()] for row in rows.groups()] == [RP, BIDIRECTIONAL, UNIDIRECTIONAL]
 
 
 @pytest.mark.parametrize(
@@ -46,6 +49,7 @@ def test_t5_bias_reads_its_table_at_the_bucket():
     ],
 )
 def test_alibi_slopes_match_the_paper(heads, exponents):
+    """docs/formulas.md#alibi: the paper's slopes for 8 and 12 heads, and 6 (not a power of two)."""
     expected = [2.0**-e for e in exponents]
     assert alibi_slopes(heads) == pytest.approx(expected, rel=1e-12)
     assert alibi_slopes_reference(heads) == pytest.approx(expected, rel=1e-12)
@@ -68,6 +72,7 @@ def test_alibi_learned_starts_at_the_fixed_slopes():
 
 
 def test_kerple_closed_forms():
+    """docs/formulas.md#kerple_log and #kerple_power, with the 0.01 floor and the cap p <= 2."""
     log_k = build_bias(AttentionConfig(bias="kerple_log"), 2)
     power = build_bias(AttentionConfig(bias="kerple_power"), 2)
     with torch.no_grad():
@@ -88,6 +93,7 @@ def test_kerple_power_gradient_is_finite_at_distance_zero():
 
 
 def test_fire_closed_form_and_query_dependence():
+    """docs/formulas.md#fire: MLP(psi(i - j) / psi(max(i, L))), a function of i - j only below L."""
     fire = build_bias(AttentionConfig(bias="fire"), 2)
     with torch.no_grad():
         fire.c.fill_(0.1)
@@ -111,6 +117,7 @@ def test_fire_closed_form_and_query_dependence():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_xl_table_clamps_beyond_its_range(causal):
+    """docs/formulas.md#xl_table: distances beyond max_distance share the last row."""
     scheme = build_bias(AttentionConfig(bias="xl_table", max_distance=4, causal=causal), 3)
     d = torch.tensor([0, 3, 4, 5, 1000])
     curve = scheme.curve(d)

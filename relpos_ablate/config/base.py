@@ -91,13 +91,15 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
     rows = []
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
+    choices = getattr(cls, "field_choices", lambda name: None)  # lists that live in a registry, not the source
     for f in dataclasses.fields(cls):
         path = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(hints[f.name]):
             rows.extend(describe(hints[f.name], path + "."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        rows.append((path, repr(to_plain(default)), docs.get(f.name, "")))
+        doc, allowed = docs.get(f.name, ""), choices(f.name)
+        rows.append((path, repr(to_plain(default)), f"{doc} Allowed: {' | '.join(allowed)}." if allowed else doc))
     return rows
 
 
@@ -174,6 +176,9 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
             hint = f"did you mean '{close[0]}'? " if close else ""
             path = f"{prefix}.{key}" if prefix else str(key)
             raise ConfigError(path, f"unknown key; {hint}allowed: {', '.join(names)}")
+    before_fields = getattr(cls, "before_fields", None)
+    if before_fields is not None:  # RunConfig imports the modules under `imports:` before validating the rest
+        before_fields(data, prefix)
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in data.items():

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from relpos_ablate.config.base import ConfigError, check_choice, check_range
+from relpos_ablate.config.registry import BUILTIN_BIASES, bias_types, check_bias
 
-#: Bias-type relative encodings (one module each under relpos_ablate/model/position/).
-BIAS_TYPES = (
-    "none", "xl_table", "t5", "alibi", "alibi_learned", "kerple_log", "kerple_power", "fire", "dynamic",
-)
+#: The built-in values of `bias`, from the registry (config/registry.py); `bias_types()` adds the
+#: schemes registered at run time with register_bias.
+BIAS_TYPES = ("none", *BUILTIN_BIASES)
 ABSOLUTE_TYPES = ("none", "sinusoid", "learned", "learned_per_layer", "rope")
 REL_SOURCES = ("sinusoid", "learned")
 SCORE_SCALES = ("sqrt_d", "none")
@@ -32,8 +32,8 @@ class AttentionConfig:
     share_uv: bool = True
     """u and v shared by all layers (XL PyTorch) or one pair per layer (false; XL TF `untie_r`)."""
     bias: str = "none"
-    """Additive per-head bias B_h(i, j): none | xl_table | t5 | alibi | alibi_learned | kerple_log |
-    kerple_power | fire | dynamic."""
+    """Additive per-head bias B_h(i, j) (formulas: docs/formulas.md#bias-types); your own scheme:
+    @register_bias in a module listed under `imports:`."""
     num_buckets: int = 32
     """t5: number of buckets (split in two halves when bidirectional)."""
     max_distance: int = 128
@@ -78,7 +78,7 @@ class AttentionConfig:
             check_range("clamp_len", self.clamp_len, low=1)
         if self.rel == "learned" and self.clamp_len is None:
             raise ConfigError("clamp_len", "rel='learned' needs a table size; set clamp_len (Shaw et al. use 20)")
-        check_choice("bias", self.bias, BIAS_TYPES)
+        check_bias("bias", self.bias)
         check_range("num_buckets", self.num_buckets, low=2 if self.causal else 4)
         check_range("max_distance", self.max_distance, low=1)
         if self.bias == "t5":
@@ -96,6 +96,11 @@ class AttentionConfig:
         check_choice("backend", self.backend, BACKENDS)
         check_range("query_chunk", self.query_chunk, low=0)
         check_range("max_stored_scores_mb", self.max_stored_scores_mb, low=0)
+
+    @staticmethod
+    def field_choices(name: str) -> tuple[str, ...] | None:
+        """Allowed values of a field whose list lives in a registry (`--help` appends them)."""
+        return bias_types() if name == "bias" else None
 
     @property
     def uses_r(self) -> bool:

@@ -13,6 +13,7 @@ from relpos_ablate.config.base import (
 )
 from relpos_ablate.config.data import DataConfig
 from relpos_ablate.config.model import ModelConfig
+from relpos_ablate.config.registry import import_modules
 
 OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "constant")
@@ -125,9 +126,19 @@ class RunConfig:
     """Evaluation (see EvalConfig)."""
     seed: int = 0
     """Seed for parameters, data order and synthetic data."""
+    imports: tuple[str, ...] = ()
+    """Python modules imported before the rest of the config is read: your own bias schemes, registered
+    with @register_bias (e.g. [my_schemes]; found on PYTHONPATH or in the working directory)."""
+
+    @staticmethod
+    def before_fields(data: dict, prefix: str) -> None:
+        """`from_dict` hook: import `imports:` first, so the schemes they register are known when
+        `model.attention.bias` is validated."""
+        import_modules(data.get("imports", ()), f"{prefix}.imports" if prefix else "imports")
 
     def __post_init__(self):
         check_range("seed", self.seed, low=0)
+        import_modules(self.imports)
         data = self.data
         if data.source == "synthetic" and data.task == "offset_copy" and data.offset >= self.train.segment_len:
             raise ConfigError(

@@ -2,6 +2,6 @@
 
 from relpos_ablate.model.attention import RelPosAttention
 from relpos_ablate.model.lm import TransformerLM
-from relpos_ablate.model.position import BIAS_REGISTRY, alibi_slopes, build_bias, t5_bucket
+from relpos_ablate.model.position import BiasScheme, alibi_slopes, build_bias, register_bias, t5_bucket
 
-__all__ = ["BIAS_REGISTRY", "RelPosAttention", "TransformerLM", "alibi_slopes", "build_bias", "t5_bucket"]
+__all__ = ["BiasScheme", "RelPosAttention", "TransformerLM", "alibi_slopes", "build_bias", "register_bias", "t5_bucket"]

@@ -34,6 +34,7 @@ from typing import Any, Iterator
 
 from relpos_ablate.config import ConfigError, RunConfig, from_dict, read_yaml, run_id
 from relpos_ablate.config.base import check_range, set_path
+from relpos_ablate.config.registry import import_modules
 from relpos_ablate.runner.presets import preset_fields
 
 ENCODING = "encoding"
@@ -123,6 +124,8 @@ def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
     _check_top_keys(data, errors)
     name = _spec_name(data, path, errors)
     base = _base_config(data.get("base", {}), path, errors)
+    if _collect(errors, import_modules, base.get("imports", ()), "base.imports") is None:  # schemes are encodings too
+        base = {key: value for key, value in base.items() if key != "imports"}  # reported once, not once per run
     axes = _grid_axes(data.get("grid", {}), errors) + _zip_axes(data.get("zip", []), errors)
     axes += _seed_axes(data, axes, errors)
     _check_axis_keys_unique(axes, errors)

@@ -3,7 +3,9 @@
 A preset overrides only the `model.attention` fields it lists; every other field stays as in the
 grid's base config (so `max_position`, `num_buckets`, ... keep the base's values). Explicit key-path
 axes are applied after the preset, so `model.attention.clamp_len: [8, 32]` next to `encoding: [shaw]`
-varies Shaw's clamp. Adding a scheme is one line in PRESETS.
+varies Shaw's clamp. The baselines are written out below; every registered bias type (the registry in
+relpos_ablate/config/registry.py, your own schemes included) is a preset of its own name: term a
+plus that bias, nothing else.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from relpos_ablate.config import ConfigError
+from relpos_ablate.config.registry import bias_types
 
-PRESETS: dict[str, dict[str, Any]] = {
+#: Encodings that are more than one bias type: Transformer-XL, Shaw, absolute and rotary baselines.
+BASELINES: dict[str, dict[str, Any]] = {
     # Transformer-XL (Dai et al. 2019): all four terms, sinusoidal R, no absolute positions.
     "xl": {"terms": "abcd", "rel": "sinusoid", "bias": "none", "absolute": "none"},
     # Shaw et al. 2018: content + a learned table of relative keys clipped at 20.
@@ -23,19 +27,27 @@ PRESETS: dict[str, dict[str, Any]] = {
     "al_rfou": {"terms": "a", "absolute": "learned_per_layer", "bias": "none"},
     "nope": {"terms": "a", "absolute": "none", "bias": "none"},
     "rope": {"terms": "a", "absolute": "rope", "bias": "none"},
-    "t5": {"terms": "a", "absolute": "none", "bias": "t5"},
-    "alibi": {"terms": "a", "absolute": "none", "bias": "alibi"},
-    "alibi_learned": {"terms": "a", "absolute": "none", "bias": "alibi_learned"},
-    "kerple_log": {"terms": "a", "absolute": "none", "bias": "kerple_log"},
-    "kerple_power": {"terms": "a", "absolute": "none", "bias": "kerple_power"},
-    "fire": {"terms": "a", "absolute": "none", "bias": "fire"},
-    "dynamic": {"terms": "a", "absolute": "none", "bias": "dynamic"},
-    "xl_table": {"terms": "a", "absolute": "none", "bias": "xl_table"},
 }
+
+
+def bias_preset(name: str) -> dict[str, Any]:
+    """The preset of a bias type: content attention (term a) plus that bias, no absolute positions."""
+    return {"terms": "a", "absolute": "none", "bias": name}
+
+
+def presets() -> dict[str, dict[str, Any]]:
+    """Every encoding word: the baselines, then one per registered bias type."""
+    biases = bias_types()[1:]  # without 'none'
+    clash = sorted(set(BASELINES) & set(biases))
+    if clash:
+        raise ConfigError("encoding", f"bias type {clash[0]!r} has the name of a baseline preset; register it "
+                          "under another name")
+    return {**BASELINES, **{name: bias_preset(name) for name in biases}}
 
 
 def preset_fields(name: Any, field: str = "encoding") -> dict[str, Any]:
     """The `model.attention` fields preset `name` sets; a one-line error naming the allowed words."""
-    if not isinstance(name, str) or name not in PRESETS:
-        raise ConfigError(field, f"unknown encoding {name!r}; allowed: {', '.join(PRESETS)}")
-    return dict(PRESETS[name])
+    table = presets()
+    if not isinstance(name, str) or name not in table:
+        raise ConfigError(field, f"unknown encoding {name!r}; allowed: {', '.join(table)}")
+    return dict(table[name])

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from relpos_ablate.model.position.base import BiasScheme, register
+from relpos_ablate.model.position.base import BiasScheme
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -23,7 +23,6 @@ def alibi_slopes(n_heads: int) -> list[float]:
     return geometric(p) + geometric(2 * p)[0::2][: n_heads - p]
 
 
-@register("alibi")
 class ALiBiBias(BiasScheme):
     """Fixed slopes; no parameters. Symmetric -m·|i - j| when bidirectional."""
 
@@ -38,7 +37,6 @@ class ALiBiBias(BiasScheme):
         return -self.slope()[:, None] * distances.abs().to(self.slopes.dtype)[None]
 
 
-@register("alibi_learned")
 class LearnedALiBiBias(ALiBiBias):
     """Slopes learned through log m_h, initialised at the fixed slopes (stays positive)."""
 

@@ -1,4 +1,8 @@
-"""The one interface every bias-type encoding implements, and the registry that names them.
+"""The one interface every bias-type encoding implements, and building one from its registered name.
+
+The names live in relpos_ablate/config/registry.py (torch-free, so configs validate without torch):
+a built-in is one "module:Class" line there, a scheme of your own one `@register_bias("name")` line.
+Formulas, sign conventions and defaults of every scheme: docs/formulas.md#bias-types.
 
 Distances are i - j everywhere (query minus key: "how far back the key is"; negative = a future key,
 seen only when attention is bidirectional). Schemes defined the other way (T5) convert at their edge.
@@ -8,30 +12,21 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from relpos_ablate.config.model import AttentionConfig
-
-BIAS_REGISTRY: dict[str, type["BiasScheme"]] = {}
-
-
-def register(name: str):
-    """Class decorator: `@register("t5")` makes the scheme available as `bias: t5`."""
-
-    def add(cls: type[BiasScheme]) -> type[BiasScheme]:
-        cls.name = name
-        BIAS_REGISTRY[name] = cls
-        return cls
-
-    return add
+from relpos_ablate.config.registry import bias_class
 
 
 def build_bias(config: AttentionConfig, n_heads: int) -> "BiasScheme | None":
-    """The bias module named by `config.bias` (None for 'none')."""
+    """The bias module registered under `config.bias` (None for 'none')."""
     if config.bias == "none":
         return None
-    return BIAS_REGISTRY[config.bias](n_heads, config)
+    cls = bias_class(config.bias)
+    if not issubclass(cls, BiasScheme):
+        raise TypeError(f"bias {config.bias!r}: {cls.__module__}.{cls.__qualname__} must subclass "
+                        "relpos_ablate.model.position.BiasScheme")
+    return cls(n_heads, config)
 
 
 class BiasScheme(nn.Module):
@@ -41,7 +36,6 @@ class BiasScheme(nn.Module):
     or override `bias(q_pos, k_pos)` when it also depends on the query position (FIRE).
     """
 
-    name: ClassVar[str] = ""
     #: True when B depends on i - j alone; the attention then builds the [H, Lq, K] map from a curve.
     distance_only: ClassVar[bool] = True
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from relpos_ablate.model.position.base import BiasScheme, register
+from relpos_ablate.model.position.base import BiasScheme
 
 MIN_PARAM = 0.01  # a, p are kept >= 0.01 (the paper's clamp) so the kernels stay well defined
 
@@ -20,7 +20,6 @@ class _Kerple(BiasScheme):
         return self.a.clamp(min=MIN_PARAM)[:, None], self.p.clamp(min=MIN_PARAM)[:, None]
 
 
-@register("kerple_log")
 class KerpleLogBias(_Kerple):
     """B_h = -p_h · log(1 + a_h · r)."""
 
@@ -30,7 +29,6 @@ class KerpleLogBias(_Kerple):
         return -p * torch.log1p(a * r)
 
 
-@register("kerple_power")
 class KerplePowerBias(_Kerple):
     """B_h = -a_h · r^p_h with 0 < p_h <= 2."""
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from relpos_ablate.model.position.base import BiasScheme, register
+from relpos_ablate.model.position.base import BiasScheme
 
 
-@register("fire")
 class FIREBias(BiasScheme):
     """B_h(i, j) = MLP(ψ(i - j) / ψ(max(i, L)))_h with ψ(x) = log(c·|x| + 1), MLP 1 -> 32 -> H.
 
@@ -49,7 +48,6 @@ class FIREBias(BiasScheme):
         return self.mlp(self.normalised(d, q)[:, None]).T  # (H, n)
 
 
-@register("dynamic")
 class DynamicBias(BiasScheme):
     """An MLP from the signed log-distance sign(d)·log(1 + |d|) to one bias per head."""
 

@@ -7,10 +7,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from relpos_ablate.model.position.base import BiasScheme, register
+from relpos_ablate.model.position.base import BiasScheme
 
 
-@register("xl_table")
 class XLTableBias(BiasScheme):
     """A learned scalar per head and clamped distance: B_h(i, j) = T[clamp(i - j, -K, K), h].
 
@@ -55,7 +54,6 @@ def t5_bucket(distances: Tensor, causal: bool, num_buckets: int, max_distance: i
     return offset + torch.where(n < max_exact, n, large)
 
 
-@register("t5")
 class T5Bias(BiasScheme):
     """T5 bucketed bias: B_h(i, j) = E[bucket(i - j), h] (Raffel et al. 2020)."""
 

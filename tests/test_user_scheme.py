@@ -1,0 +1,113 @@
+"""The README's "Your own bias scheme" example, run exactly as printed, from a directory outside the
+package: its own formula test passes; `grid`, run as the `relpos-ablate` console script from that
+directory, validates it and its worker process (`relpos-ablate train`) trains it by name, both
+importing `my_schemes` because the run config lists it under `imports:`; `train` through the CLI
+entry point does too; without the module, each says so in one line. (Causality, memory and kernel
+agreement on it: test_bias_registry.py.) Run: pytest tests/test_user_scheme.py -q   (about 20 s)
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from readme_scheme import registered_example, write_example
+from relpos_ablate.cli import main
+from relpos_ablate.config import registry
+from relpos_ablate.io import read_json
+from relpos_ablate.runner.store import read_status
+from test_runner_support import tiny_base
+
+REPO = Path(__file__).resolve().parent.parent
+# What the `relpos-ablate` console script runs: unlike `python -m`, it does not put the working
+# directory on sys.path, so finding my_schemes.py there is the registry's doing.
+CONSOLE_SCRIPT = "import sys\nfrom relpos_ablate.cli import main\nsys.exit(main())\n"
+
+
+def test_the_readme_formula_test_passes(tmp_path):
+    with registered_example(tmp_path):
+        import test_my_schemes
+
+        test_my_schemes.test_gaussian_is_minus_a_times_squared_distance()
+
+
+def run_config(directory: Path) -> dict:
+    """The README's gaussian.yaml on the tiny test model and task (2 steps)."""
+    config = tiny_base(max_steps=2)
+    readme = yaml.safe_load((directory / "gaussian.yaml").read_text())
+    config["imports"] = readme["imports"]
+    config["model"]["attention"] = readme["model"]["attention"]
+    return config
+
+
+def console_script(directory: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`relpos-ablate ARGV` run from `directory` as the console script runs, with only the package on PYTHONPATH."""
+    script = directory.parent / "bin" / "relpos-ablate"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(CONSOLE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(script), *argv], cwd=directory, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def assert_trained_the_gaussian(run_dir: Path) -> None:
+    """Done, config.yaml names the import, and the scheme's own parameter was trained."""
+    assert read_status(run_dir)["state"] == "done", read_status(run_dir)
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert stored["imports"] == ["my_schemes"] and stored["model"]["attention"]["bias"] == "gaussian"
+    assert read_json(run_dir / "eval.json")["settings"]
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    log_a = [value for key, value in state.items() if key.endswith("bias.log_a")]
+    assert log_a and not torch.equal(log_a[0], torch.full_like(log_a[0], -4.0)), "log_a was not trained"
+
+
+def test_a_grid_runs_the_readme_scheme_by_name_in_its_workers(tmp_path):
+    work = write_example(tmp_path / "work")
+    base = run_config(work)
+    spec = {"name": "mine", "base": base, "grid": {"encoding": ["gaussian"]}}
+    (work / "grid.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = console_script(work, "grid", "grid.yaml", "--results", "results", "--slots", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (run_dir,) = [path for path in (work / "results" / "mine").iterdir() if not path.name.startswith(".")]
+    assert_trained_the_gaussian(run_dir)
+    rerun = console_script(work, "grid", "grid.yaml", "--results", "results", "--slots", "1", "--dry-run")
+    assert rerun.returncode == 0 and "1 skip" in rerun.stdout, rerun.stdout + rerun.stderr
+
+
+@pytest.fixture
+def in_work_dir(tmp_path, monkeypatch):
+    """The README's files in a fresh working directory, entered as `relpos-ablate` would be run from it;
+    the registry, sys.path and sys.modules are restored afterwards."""
+    work = write_example(tmp_path / "work")
+    (work / "run.yaml").write_text(yaml.safe_dump(run_config(work)))
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "path", [entry for entry in sys.path if entry not in ("", str(work))])
+    monkeypatch.setattr(registry, "_registered", dict(registry._registered))
+    monkeypatch.delitem(sys.modules, "my_schemes", raising=False)
+    yield work
+    sys.modules.pop("my_schemes", None)
+
+
+def test_train_runs_the_readme_config(in_work_dir):
+    assert main(["train", "--config", "run.yaml", "--run-dir", "runs/gaussian", "--threads", "1"]) == 0
+    assert_trained_the_gaussian(in_work_dir / "runs" / "gaussian")
+
+
+def test_without_the_module_on_the_path_the_error_names_it_once(in_work_dir, capsys):
+    (in_work_dir / "my_schemes.py").rename(in_work_dir / "elsewhere.py")
+    assert main(["train", "--config", "run.yaml", "--run-dir", "runs/gaussian"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: imports[0]: cannot import 'my_schemes' (ModuleNotFoundError: No module named 'my_schemes'); "
+        "the module must be on PYTHONPATH or in the working directory"]
+    assert not (in_work_dir / "runs").exists()
+    spec = {"base": yaml.safe_load((in_work_dir / "run.yaml").read_text()), "grid": {"encoding": ["alibi", "gaussian"]}}
+    (in_work_dir / "grid.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["grid", "grid.yaml", "--dry-run"]) == 2
+    problems = capsys.readouterr().err.splitlines()[1:]  # after the headline: the import, then what it left unknown
+    assert problems[0].startswith("error: base.imports[0]: cannot import 'my_schemes' (ModuleNotFoundError")
+    assert sum("cannot import" in line for line in problems) == 1
+    assert all("'gaussian' is not registered" in line or "unknown encoding 'gaussian'" in line for line in problems[1:])
