@@ -1,7 +1,8 @@
 """`relpos-ablate` command line: argument parsing only; each command lives in its own module.
 
 Commands register themselves through `register(subparsers)` in the modules listed in COMMAND_MODULES.
-A bad config or argument prints one line (`error: <key>: <what is allowed>`) and exits with status 2.
+A bad config or argument prints one line per problem (`error: <key>: <what is allowed>`) and exits
+with status 2.
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, UsageError) as err:
+    except ConfigError as err:
+        for problem in err.errors:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from relpos_ablate.config import ConfigError, RunConfig, from_dict, read_yaml, run_id
-from relpos_ablate.config.base import check_range, set_path
+from relpos_ablate.config.base import ConfigErrors, check_range, set_path
 from relpos_ablate.runner.presets import preset_fields
 
 ENCODING = "encoding"
@@ -92,12 +92,8 @@ class GridSpec:
     path: Path | None = None
 
 
-class GridSpecError(ConfigError):
+class GridSpecError(ConfigErrors):
     """Every problem found in a spec; `errors` holds them, one ConfigError (one line) each."""
-
-    def __init__(self, where: str, errors: list[ConfigError]):
-        self.errors = errors
-        super().__init__(where, f"{len(errors)} error(s): " + "; ".join(map(str, errors)))
 
 
 @dataclass
@@ -133,7 +129,7 @@ def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
     if not runs and not errors:
         errors.append(ConfigError("exclude", "every combination is excluded; nothing to run"))
     if errors:
-        raise GridSpecError(where, errors)
+        raise GridSpecError(errors, where)
     keys = tuple(key for axis in axes for key in axis.keys)
     return GridSpec(name=name, runs=tuple(runs), axes=keys, launcher=launcher, path=path)
 
@@ -368,7 +364,8 @@ def _expand(
         try:
             config = resolve_variant(base, variant)
         except ConfigError as err:
-            failures.setdefault(str(err), (err, []))[1].append(variant)
+            for problem in err.errors:
+                failures.setdefault(str(problem), (problem, []))[1].append(variant)
             continue
         rid = run_id(config)
         if rid in first_by_id:
