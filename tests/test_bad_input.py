@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from fixtures.report_runs import make_grid, make_run
+from fixtures.runner import tiny_base
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, from_dict
 from relpos_ablate.train.run import train_run
-from test_runner_support import tiny_base
 
 TRAIN = ["train", "--config", "{cfg}", "--run-dir", "{tmp}/run"]
 GRID = ["grid", "{spec}", "--results", "{tmp}/results"]

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fixtures.runner import tiny_base
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, from_dict, run_id, to_plain
 from relpos_ablate.runner.grid import GridSpecError, LauncherConfig, load_grid, parse_grid
 from relpos_ablate.runner.presets import PRESETS
-from test_runner_support import tiny_base
 
 REPO = Path(__file__).resolve().parent.parent
 

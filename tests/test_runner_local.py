@@ -1,4 +1,4 @@
-"""Local grid runner with a fake worker (tests/test_runner_support.py): slots and their environment,
+"""Local grid runner with a fake worker (tests/fixtures/runner.py): slots and their environment,
 failures isolated and recorded, idempotent reruns, locks held by others, dry run, `status`, the
 live table. Executions are counted from the fake worker's own log, not from the runner.
 Run: pytest tests/test_runner_local.py -q   (about 20 s)
@@ -14,13 +14,13 @@ from itertools import combinations
 import pytest
 from rich.console import Console
 
+from fixtures.runner import fake_env, read_log, write_spec
 from relpos_ablate.cli import main
 from relpos_ablate.io import atomic_write_json
 from relpos_ablate.runner.display import LiveDisplay, PlainDisplay, RunRow, run_table
 from relpos_ablate.runner.grid import load_grid
 from relpos_ablate.runner.local import cpu_slots, gpu_slots, run_local
 from relpos_ablate.runner.store import RunLock, read_status
-from test_runner_support import fake_env, read_log, write_spec
 
 MAX_STEPS = 6
 
