@@ -19,8 +19,8 @@ from fixtures.runner import REPO, tiny_base
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, from_dict, run_id
 from relpos_ablate.io import read_json
+from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
-from relpos_ablate.runner.store import read_status
 
 FORK = multiprocessing.get_context("fork")
 

@@ -14,8 +14,8 @@ import pytest
 
 from fixtures.runner import fake_env, read_log, write_spec
 from relpos_ablate.cli import main
+from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
-from relpos_ablate.runner.store import read_status
 
 MAX_STEPS = 8
 FORK = multiprocessing.get_context("fork")

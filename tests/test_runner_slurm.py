@@ -14,9 +14,9 @@ import pytest
 
 from fixtures.runner import REPO, fake_env, read_log, write_spec
 from relpos_ablate.cli import main
+from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import LauncherConfig, load_grid
 from relpos_ablate.runner.slurm import RunJob, submit_grid
-from relpos_ablate.runner.store import read_status
 
 FAKE_SBATCH = """#!/bin/sh
 cp "$1" "{record}/script_$(ls {record} | wc -l).sh"

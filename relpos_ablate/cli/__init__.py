@@ -3,6 +3,10 @@
 Commands register themselves through `register(subparsers)` in the modules listed in COMMAND_MODULES.
 A bad config or argument prints one line per problem (`error: <key>: <what is allowed>`) and exits
 with status 2.
+
+The command modules import what a command needs (torch, pandas, the runner) inside the function
+that runs it, not at the top: `--help`, `status` and the rerun of a finished grid start in a
+fraction of a second and never load torch (tests/test_runner_local.py checks the rerun).
 """
 
 from __future__ import annotations
