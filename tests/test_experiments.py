@@ -19,7 +19,7 @@ from relpos_ablate.analysis.collect import SETTING_FIELDS
 from relpos_ablate.analysis.tables import spec_options
 from relpos_ablate.config import RunConfig, load_run_config
 from relpos_ablate.config.base import load_yaml
-from relpos_ablate.runner.grid import check_key_path, load_grid
+from relpos_ablate.runner.grid import check_key_path, is_grid_spec, load_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
@@ -54,6 +54,7 @@ def _attention(config: RunConfig):
 def test_every_required_spec_is_shipped():
     assert REQUIRED <= set(SHIPPED_SPECS)
     assert all(path.is_file() for path in SPECS + RUN_CONFIGS)
+    assert all(is_grid_spec(_raw(path)) for path in SPECS) and not any(is_grid_spec(_raw(p)) for p in RUN_CONFIGS)
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)

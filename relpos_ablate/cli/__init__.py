@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from relpos_ablate.config import ConfigError
 
@@ -26,6 +27,15 @@ COMMAND_MODULES = (
 
 class UsageError(Exception):
     """A user mistake the CLI reports in one line (exit status 2)."""
+
+
+def check_dir_arg(flag: str, path: Path) -> None:
+    """A directory argument (created when missing) must not be a file nor lie under one: caught
+    here, it is one line; later, a NotADirectoryError traceback."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"lies under the file {existing}"
+        raise UsageError(f"{flag}: {path} {where}; give a directory (created when missing)")
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from relpos_ablate.cli import UsageError
+from relpos_ablate.cli import UsageError, check_dir_arg
 
 SLURM_FLAGS = ("partition", "time", "gpus", "account", "array_parallelism")
 
@@ -78,8 +78,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError("--devices/--slots/--runs-per-device are for --launcher local; SLURM jobs use --gpus")
     if args.devices is not None:
         _parse_devices(args.devices)
-    if args.results.exists() and not args.results.is_dir():
-        raise UsageError(f"--results: {args.results} is a file; give a directory (created when missing)")
+    check_dir_arg("--results", args.results)
 
 
 def _parse_devices(text: str) -> list[int]:

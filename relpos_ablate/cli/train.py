@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 from relpos_ablate import rundir
-from relpos_ablate.config import RunConfig, apply_overrides, describe, from_dict, read_yaml, to_plain
+from relpos_ablate.config import ConfigError, RunConfig, apply_overrides, describe, from_dict, read_yaml, to_plain
 
 EXIT_CODES = {"done": 0, "failed": 1, "interrupted": 1}
 
@@ -41,10 +41,11 @@ def config_help() -> str:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from relpos_ablate.cli import UsageError
+    from relpos_ablate.cli import UsageError, check_dir_arg
 
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads: {args.threads} is not allowed; use 1 or more")
+    check_dir_arg("--run-dir", args.run_dir)
     config = resolve_config(args.config, args.run_dir, args.overrides)
     if rundir.is_done(args.run_dir):
         print(f"{args.run_dir}: already done; not retraining (delete the directory to train again)")
@@ -72,12 +73,22 @@ def resolve_config(config_file: Path | None, run_dir: Path, overrides: list[str]
     if config_file is None and stored is None:
         raise UsageError(f"--config: not given and {stored_path} does not exist")
     source = stored_path if config_file is None else config_file
-    config = from_dict(RunConfig, apply_overrides(read_yaml(source), overrides))
+    data = read_yaml(source)
+    check_not_a_grid_spec(source, data)
+    config = from_dict(RunConfig, apply_overrides(data, overrides))
     if stored is not None and not rundir.same_run(config, stored):
         key, old, new = first_difference(to_plain(stored), to_plain(config))
         raise UsageError(f"{stored_path} holds another run ({key}: {old!r} there, {new!r} here); "
                          "use a new --run-dir")
     return config
+
+
+def check_not_a_grid_spec(path: Path, data: dict) -> None:
+    """A grid spec passed as --config gets one line naming the command that takes it."""
+    from relpos_ablate.runner.grid import is_grid_spec
+
+    if is_grid_spec(data):
+        raise ConfigError(str(path), f"a grid spec, not a run config; run it with: relpos-ablate grid {path}")
 
 
 def first_difference(a: dict, b: dict, prefix: str = "") -> tuple[str, object, object]:
