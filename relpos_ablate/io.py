@@ -53,8 +53,9 @@ def atomic_write_yaml(path: str | Path, obj: Any) -> None:
 
 
 def read_json(path: str | Path) -> Any:
-    """Parsed JSON, or None when the file is missing or not valid JSON (e.g. truncated)."""
+    """Parsed JSON, or None when the file is missing (also: a folder, or under a file) or not valid
+    JSON (e.g. truncated)."""
     try:
         return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
         return None

@@ -1,20 +1,25 @@
 """Every kind of bad input through the real CLI entry point (`relpos_ablate.cli.main`), as one table:
 `train --set` / `train --config` (bad values, unknown keys with "did you mean", wrong types,
-out-of-range, contradictions, unreadable files), `grid` (bad specs and flags), `status`, `collect`,
-`table`, `plot` (bad options, no finished runs, unknown metric, a bias curve of a run without a bias)
-and argparse's own errors. Each must exit with status 2, print one line per problem starting with
-"error:" and naming the field (no traceback), and launch nothing.
+out-of-range, contradictions, several problems at once, unreadable files, a grid spec, a run dir that
+is a file), `grid` (bad specs and flags, a run config), `status`, `collect`, `table`, `plot` (bad
+options, no finished runs, unknown metric, a bias curve of a run without a bias) and argparse's own
+errors. Each must exit with status 2, print one line per problem starting with "error:" and naming
+the field (no traceback), and launch nothing. Also: `status` and `grid` say that their metric column
+is the last training batch's.
 Run: pytest tests/test_bad_input.py -q   (about 10 s)
 """
+
+import json
 
 import pytest
 import yaml
 
 from fixtures.report_runs import make_grid, make_run
+from fixtures.runner import tiny_base
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, from_dict
+from relpos_ablate.io import atomic_write_json
 from relpos_ablate.train.run import train_run
-from test_runner_support import tiny_base
 
 TRAIN = ["train", "--config", "{cfg}", "--run-dir", "{tmp}/run"]
 GRID = ["grid", "{spec}", "--results", "{tmp}/results"]
@@ -29,9 +34,22 @@ def spec(**changes):
     return ["grid", ("spec", changes), "--results", "{tmp}/results"]
 
 
-# (argv, a phrase of the error). Placeholders: {tmp} a scratch dir, {cfg} a valid run config, {spec} a
-# valid grid spec, {runs} a dir of finished runs, {none} a dir with no finished run, {nobias} a
-# trained run without any bias, {bin} a binary file, {dir} a directory.
+def base_with(**sections):
+    """The tiny base run config with some fields of its sections replaced."""
+    base = tiny_base()
+    for section, fields in sections.items():
+        base[section].update(fields)
+    return base
+
+
+SEVERAL_BAD = "model: {dropout: '0', n_layers: 0, attention: {bias: foo}}\ntrain: {max_steps: 150.5, lr: -1}\n"
+SEVERAL_BAD_LINES = ("model.n_layers: 0 is out of range", "model.dropout: expected a number, got '0'",
+                     "model.attention.bias: 'foo' is not registered", "train.max_steps: expected an integer, got 150.5",
+                     "train.lr: -1.0 is out of range")
+
+# (argv, a phrase of the error, or a tuple: one phrase per expected line). Placeholders: {tmp} a scratch
+# dir, {cfg} a valid run config, {spec} a valid grid spec, {runs} a dir of finished runs, {none} a dir
+# with no finished run, {nobias} a trained run without any bias, {bin} a binary file, {dir} a directory.
 BAD_INPUTS = [
     # train --set: values
     (sets("model.d_model=-1"), "model.d_model: -1 is out of range; allowed [1, inf]"),
@@ -74,6 +92,14 @@ BAD_INPUTS = [
     (sets("data.source=text", "data.corpus=text8", "data.train_file=x.txt"), "corpus: set either a corpus name or a train_file"),
     (sets("data.source=text", "data.corpus=text8", "data.valid_file=v.txt"), "data.valid_file: local valid/test files go"),
     (sets("data.train_file=x.txt"), "data.train_file: is read only with source='text' (source is 'synthetic')"),
+    (sets("eval.settings=[{mem_len: 4}]"), "eval.settings[0].segment_len: missing; this field has no default"),
+    # several problems in one config: every one reported, one line each
+    (sets('model.dropout="0"', "train.max_steps=150.5"),
+     ("model.dropout: expected a number, got '0'", "train.max_steps: expected an integer, got 150.5")),
+    (sets("model.dropout=1.5", "model.n_layers=0", "model.attention.bias=x", "model.attention.backend=y"),
+     ("model.n_layers: 0 is out of range", "model.dropout: 1.5 is out of range",
+      "model.attention.bias: 'x' is not registered", "model.attention.backend: 'y' is not allowed")),
+    (["train", "--config", ("file", SEVERAL_BAD), "--run-dir", "{tmp}/run"], SEVERAL_BAD_LINES),
     # train: files and flags
     (["train", "--config", "{tmp}/missing.yaml", "--run-dir", "{tmp}/run"], "missing.yaml: file not found"),
     (["train", "--config", "{bin}", "--run-dir", "{tmp}/run"], "garbage.bin: not a text file"),
@@ -81,6 +107,10 @@ BAD_INPUTS = [
     (["train", "--config", ("file", "model: {d_model: 3\n"), "--run-dir", "{tmp}/run"], "not valid YAML"),
     (["train", "--config", ("file", "- 1\n- 2\n"), "--run-dir", "{tmp}/run"], "expected a mapping at the top level"),
     (["train", "--run-dir", "{tmp}/run"], "--config: not given and"),
+    (["train", "--config", "{spec}", "--run-dir", "{tmp}/run"],
+     "{spec}: a grid spec, not a run config; run it with: relpos-ablate grid {spec}"),
+    ([*TRAIN[:3], "--run-dir", "{bin}"], "--run-dir: {bin} is a file; give a directory"),
+    ([*TRAIN[:3], "--run-dir", "{bin}/run"], "--run-dir: {bin}/run lies under the file {bin}"),
     ([*TRAIN, "--threads", "0"], "--threads: 0 is not allowed; use 1 or more"),
     ([*TRAIN, "--threads", "x"], "argument --threads: invalid int value: 'x'"),
     ([*TRAIN, "--bogus"], "unrecognized arguments: --bogus"),
@@ -95,6 +125,11 @@ BAD_INPUTS = [
     (spec(name="a b"), "name"),
     (spec(base="nothere.yaml"), "nothere.yaml: file not found"),
     (spec(base={"model": {"d_modle": 32}}), "model.d_modle: unknown key; did you mean 'd_model'?"),
+    (spec(base=base_with(model={"dropout": "0"}, train={"max_steps": 150.5})),
+     ("model.dropout: expected a number, got '0'", "train.max_steps: expected an integer, got 150.5")),
+    (spec(model={"d_model": 32}), "model: unknown spec key; a run config section goes under base:"),
+    (["grid", "{cfg}", "--results", "{tmp}/results"],
+     "{cfg}: a run config, not a grid spec; train it with: relpos-ablate train --config {cfg} --run-dir DIR"),
     (spec(launcher={"partiton": "gpu"}), "launcher.partiton: unknown key; did you mean 'partition'?"),
     (spec(exclude=[{"encoding": "xl"}]), "exclude[0].encoding"),
     (["grid", "{tmp}/missing.yaml"], "missing.yaml: file not found"),
@@ -105,7 +140,8 @@ BAD_INPUTS = [
     ([*GRID, "--devices", "a,b"], "--devices: 'a,b': give GPU numbers"),
     ([*GRID, "--account", "lab"], "--account: only with --launcher slurm"),
     ([*GRID, "--launcher", "k8s"], "argument --launcher: invalid choice: 'k8s'"),
-    (["grid", "{spec}", "--results", "{bin}"], "--results: "),
+    (["grid", "{spec}", "--results", "{bin}"], "--results: {bin} is a file"),
+    (["grid", "{spec}", "--results", "{bin}/results"], "--results: {bin}/results lies under the file {bin}"),
     # status / collect / table / plot
     (["status", "{tmp}/missing"], "missing: no run directories found"),
     (["collect", "{tmp}/missing"], "missing: not a directory"),
@@ -156,10 +192,14 @@ def resolve(argv, places, tmp_path) -> list[str]:
             path = tmp_path / f"file{i}.yaml"
             path.write_text(item[1])
             item = str(path)
-        for name, value in {"tmp": tmp_path, **places}.items():
-            item = item.replace("{" + name + "}", str(value))
-        out.append(item)
+        out.append(fill(item, places, tmp_path))
     return out
+
+
+def fill(text: str, places, tmp_path) -> str:
+    for name, value in {"tmp": tmp_path, **places}.items():
+        text = text.replace("{" + name + "}", str(value))
+    return text
 
 
 def argv_is_spec(argv) -> bool:
@@ -175,14 +215,17 @@ def run_cli(argv, capsys) -> tuple[int, list[str]]:
     return code, capsys.readouterr().err.strip().splitlines()
 
 
-@pytest.mark.parametrize("argv, phrase", BAD_INPUTS, ids=[f"{i:02d}" for i in range(len(BAD_INPUTS))])
-def test_bad_input_is_one_line_per_problem_exit_2_and_nothing_launched(argv, phrase, places, tmp_path, capsys):
+@pytest.mark.parametrize("argv, phrases", BAD_INPUTS, ids=[f"{i:02d}" for i in range(len(BAD_INPUTS))])
+def test_bad_input_is_one_line_per_problem_exit_2_and_nothing_launched(argv, phrases, places, tmp_path, capsys):
+    phrases = [fill(phrase, places, tmp_path) for phrase in ((phrases,) if isinstance(phrases, str) else phrases)]
     code, lines = run_cli(resolve(argv, places, tmp_path), capsys)
     assert code == 2, lines
     assert lines and all(line.startswith("error: ") for line in lines), lines
     assert not any("Traceback" in line for line in lines)
-    assert len(lines) == 1 or argv[0] == "grid"  # a bad grid spec: a count, then one line per problem
-    assert any(phrase in line for line in lines), lines
+    problems = [line for line in lines if "problem(s) in the grid spec" not in line]  # a bad spec: a count first
+    assert len(problems) == len(phrases), lines
+    for phrase, line in zip(phrases, problems):
+        assert phrase in line, (phrase, lines)
     assert not (tmp_path / "results").exists() and not (tmp_path / "run" / "status.json").exists()
 
 
@@ -200,3 +243,15 @@ def test_the_entry_point_in_a_fresh_process_prints_no_traceback(places, tmp_path
         result = subprocess.run([sys.executable, "-m", "relpos_ablate", *resolve(argv, places, tmp_path)],
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and phrase in result.stderr and "Traceback" not in result.stderr
+
+
+def test_status_and_grid_say_the_metric_is_the_last_training_batchs(tmp_path, capsys):
+    """status.json's last_metric is what the last training batch logged, not an evaluation result."""
+    run_dir = make_run(tmp_path, ["seed=0"], state="running")
+    status = json.loads((run_dir / "status.json").read_text())
+    atomic_write_json(run_dir / "status.json", {**status, "last_metric": {"loss": 2.5, "acc": 0.25}})
+    assert main(["status", str(tmp_path / "demo")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header, row = (next(line for line in lines if key in line) for key in ("last train batch", run_dir.name))
+    column = header.index("last train batch")
+    assert row[column:].startswith("loss 2.5 acc 0.25")

@@ -5,8 +5,10 @@ import dataclasses
 import pytest
 
 from relpos_ablate.config import (
-    AttentionConfig, ConfigError, ModelConfig, RunConfig, describe, from_dict, load_run_config, run_id, to_plain,
+    AttentionConfig, ConfigError, EvalSetting, ModelConfig, RunConfig, describe, from_dict, load_run_config, run_id,
+    to_plain,
 )
+from relpos_ablate.config.base import check_choice, check_range
 
 
 def test_round_trip_and_overrides():
@@ -87,3 +89,81 @@ def test_atomic_writes_are_readable_by_the_group(tmp_path):
         os.umask(old)
     assert (tmp_path / "status.json").stat().st_mode & 0o777 == 0o644
     assert list(tmp_path.iterdir()) == [tmp_path / "status.json"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LaterSection:
+    """A config section as someone may add one later: field checks with the package's helpers and a
+    contradiction between two fields."""
+
+    width: int = 4
+    """A size."""
+    kind: str = "a"
+    """a | b."""
+    low: float = 0.0
+    """Lower end."""
+    high: float = 1.0
+    """Upper end."""
+
+    def __post_init__(self):
+        check_range("width", self.width, low=1)
+        check_choice("kind", self.kind, ("a", "b"))
+        if self.low > self.high:
+            raise ConfigError("low", f"{self.low} is above high ({self.high})")
+        8 // self.width  # a later computation that a bad width breaks (its check must be the report)
+
+
+def problems(cls, data) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        from_dict(cls, data)
+    assert "\n" not in str(err.value)
+    return [str(problem) for problem in err.value.errors]
+
+
+def test_every_failed_check_of_a_section_is_reported_at_once_in_field_order():
+    assert problems(LaterSection, {"high": -1.0, "kind": "c", "width": 0}) == [
+        "width: 0 is out of range; allowed [1, inf]", "kind: 'c' is not allowed; choose one of a, b",
+        "low: 0.0 is above high (-1.0)"]
+
+
+def test_a_wrong_type_is_reported_with_the_other_fields_checks_but_no_contradiction_with_a_stand_in():
+    """low='x' is dropped (its default stands in), so only the checks of the fields given are judged."""
+    assert problems(LaterSection, {"low": "x", "high": -1.0, "kind": "c"}) == [
+        "kind: 'c' is not allowed; choose one of a, b", "low: expected a number, got 'x'"]
+
+
+def test_a_crash_caused_by_a_value_a_check_let_through_reports_the_check():
+    assert problems(LaterSection, {"width": 0}) == ["width: 0 is out of range; allowed [1, inf]"]
+
+
+def test_direct_construction_still_raises_at_the_first_failed_check():
+    with pytest.raises(ConfigError, match=r"^width: 0 is out of range"):
+        LaterSection(width=0, kind="c")
+    problems(LaterSection, {"width": 0})
+    with pytest.raises(ConfigError, match=r"^kind: 'c'"):  # nothing is left recording after from_dict
+        LaterSection(kind="c")
+
+
+def test_every_section_of_a_run_config_reports_all_its_problems():
+    data = {"model": {"dropout": "0", "n_layers": 0, "d_modle": 3, "attention": {"bias": "foo", "backend": "x"}},
+            "train": {"max_steps": 150.5, "lr": -1}, "eval": {"settings": [{"mem_len": 2}, {"segment_len": 0}]},
+            "seed": -1}
+    expected = [  # the start of each line (the lists of allowed names grow with the package)
+        "model.n_layers: 0 is out of range; allowed [1, inf]",
+        "model.dropout: expected a number, got '0'",
+        "model.attention.bias: 'foo' is not registered; registered: ",
+        "model.attention.backend: 'x' is not allowed; choose one of ",
+        "model.d_modle: unknown key; did you mean 'd_model'? allowed: ",
+        "train.max_steps: expected an integer, got 150.5",
+        "train.lr: -1.0 is out of range; allowed [0.0, inf]",
+        "eval.settings[0].segment_len: missing; this field has no default",
+        "eval.settings[1].segment_len: 0 is out of range; allowed [1, inf]",
+        "seed: -1 is out of range; allowed [0, inf]",
+    ]
+    lines = problems(RunConfig, data)
+    assert len(lines) == len(expected) and all(line.startswith(start) for line, start in zip(lines, expected)), lines
+
+
+def test_a_misspelt_required_key_is_one_problem():
+    (line,) = problems(EvalSetting, {"segmnt_len": 8})
+    assert line.startswith("segmnt_len: unknown key; did you mean 'segment_len'?")

@@ -34,18 +34,18 @@ import torch
 from rich.console import Console
 
 from fixtures.report_runs import make_run
+from fixtures.runner import tiny_base
 from relpos_ablate.analysis.collect import collect
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, apply_overrides, from_dict
 from relpos_ablate.io import atomic_write_json, read_json
+from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.display import PlainDisplay
 from relpos_ablate.runner.grid import load_grid
 from relpos_ablate.runner.local import cpu_slots, run_local
-from relpos_ablate.runner.store import read_status
 from relpos_ablate.train import run as train_module
 from relpos_ablate.train.run import AtomicCheckpointIO, train_run, usable_checkpoint
 from test_runner_faults import alive, wait_for
-from test_runner_support import tiny_base
 from test_train_run import At, sigterm
 
 FORK = multiprocessing.get_context("fork")

@@ -15,12 +15,12 @@ import time
 import pytest
 import yaml
 
+from fixtures.runner import REPO, tiny_base
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, from_dict, run_id
 from relpos_ablate.io import read_json
+from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
-from relpos_ablate.runner.store import read_status
-from test_runner_support import REPO, tiny_base
 
 FORK = multiprocessing.get_context("fork")
 

@@ -1,4 +1,4 @@
-"""Runner faults with real processes and signals (fake worker, tests/test_runner_support.py):
+"""Runner faults with real processes and signals (fake worker, tests/fixtures/runner.py):
 SIGKILL of the runner while launching and mid-training (its workers die with it; the rerun resumes
 every run, each ends done exactly once), SIGTERM (workers stopped, recorded interrupted, exit 130),
 two runners on one results dir (no run executed twice), a results dir that cannot be written.
@@ -12,10 +12,10 @@ import time
 
 import pytest
 
+from fixtures.runner import fake_env, read_log, write_spec
 from relpos_ablate.cli import main
+from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
-from relpos_ablate.runner.store import read_status
-from test_runner_support import fake_env, read_log, write_spec
 
 MAX_STEPS = 8
 FORK = multiprocessing.get_context("fork")

@@ -1,4 +1,4 @@
-"""Local grid runner with a fake worker (tests/test_runner_support.py): slots and their environment,
+"""Local grid runner with a fake worker (tests/fixtures/runner.py): slots and their environment,
 failures isolated and recorded, idempotent reruns, locks held by others, dry run, `status`, the
 live table. Executions are counted from the fake worker's own log, not from the runner.
 Run: pytest tests/test_runner_local.py -q   (about 20 s)
@@ -7,6 +7,8 @@ Run: pytest tests/test_runner_local.py -q   (about 20 s)
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from itertools import combinations
@@ -14,13 +16,14 @@ from itertools import combinations
 import pytest
 from rich.console import Console
 
+from fixtures.runner import fake_env, read_log, write_spec
 from relpos_ablate.cli import main
 from relpos_ablate.io import atomic_write_json
+from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.display import LiveDisplay, PlainDisplay, RunRow, run_table
 from relpos_ablate.runner.grid import load_grid
 from relpos_ablate.runner.local import cpu_slots, gpu_slots, run_local
-from relpos_ablate.runner.store import RunLock, read_status
-from test_runner_support import fake_env, read_log, write_spec
+from relpos_ablate.runner.store import RunLock
 
 MAX_STEPS = 6
 
@@ -130,6 +133,21 @@ def test_failures_are_isolated_recorded_and_rerun_is_idempotent(tmp_path, fake, 
     assert [len(starts(log, ids[s])) for s in range(4)] == [1, 2, 2, 2]
     assert main(argv) == 0
     assert len(starts(log)) == 7  # a finished grid launches nothing
+
+
+def test_rerunning_a_finished_grid_and_status_never_import_torch(tmp_path, fake):
+    """They only read run dirs; counting GPUs for the default slots or touching the model would import
+    torch (seconds at every call). Checked in a fresh process, at exit."""
+    spec_path = write_spec(tmp_path, encodings=("xl",), seeds=(0,))
+    results = tmp_path / "results"
+    assert main(["grid", str(spec_path), "--results", str(results), "--slots", "1"]) == 0
+    probe = ("import sys; from relpos_ablate.cli import main; code = main(sys.argv[1:]); "
+             "print('torch imported:', 'torch' in sys.modules); sys.exit(code)")
+    commands = [(["grid", str(spec_path), "--results", str(results)], "ran 0 "), (["status", str(results)], "1 done")]
+    for argv, says in commands:
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and says in done.stdout, done.stdout + done.stderr
+        assert "torch imported: False" in done.stdout
 
 
 def test_dry_run_writes_nothing_and_shows_actions(tmp_path, fake, capsys):

@@ -1,7 +1,7 @@
 """SLURM through submitit, without a cluster: the sbatch script `grid --launcher slurm` generates
 (checked against a mocked `sbatch` on PATH), and a grid run end to end by submitit's local executor
 (real job processes) including a preempted job that submitit requeues and that resumes from its
-checkpoint. Jobs run the fake worker (tests/test_runner_support.py).
+checkpoint. Jobs run the fake worker (tests/fixtures/runner.py).
 Run: pytest tests/test_runner_slurm.py -q   (about 15 s)
 """
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.runner import REPO, fake_env, read_log, write_spec
 from relpos_ablate.cli import main
+from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import LauncherConfig, load_grid
 from relpos_ablate.runner.slurm import RunJob, submit_grid
-from relpos_ablate.runner.store import read_status
-from test_runner_support import REPO, fake_env, read_log, write_spec
 
 FAKE_SBATCH = """#!/bin/sh
 cp "$1" "{record}/script_$(ls {record} | wc -l).sh"

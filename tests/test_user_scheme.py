@@ -18,9 +18,8 @@ import yaml
 from readme_scheme import registered_example, write_example
 from relpos_ablate.cli import main
 from relpos_ablate.config import registry
-from relpos_ablate.io import read_json
-from relpos_ablate.runner.store import read_status
-from test_runner_support import tiny_base
+from fixtures.runner import tiny_base
+from relpos_ablate.rundir import last_checkpoint, read_eval, read_status
 
 REPO = Path(__file__).resolve().parent.parent
 # What the `relpos-ablate` console script runs: unlike `python -m`, it does not put the working
@@ -59,8 +58,8 @@ def assert_trained_the_gaussian(run_dir: Path) -> None:
     assert read_status(run_dir)["state"] == "done", read_status(run_dir)
     stored = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert stored["imports"] == ["my_schemes"] and stored["model"]["attention"]["bias"] == "gaussian"
-    assert read_json(run_dir / "eval.json")["settings"]
-    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    assert read_eval(run_dir)["settings"]
+    state = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=False)["state_dict"]
     log_a = [value for key, value in state.items() if key.endswith("bias.log_a")]
     assert log_a and not torch.equal(log_a[0], torch.full_like(log_a[0], -4.0)), "log_a was not trained"
 

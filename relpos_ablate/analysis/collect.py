@@ -1,6 +1,6 @@
 """Results directory -> one pandas DataFrame: a row per (run, evaluation setting).
 
-A results dir holds run dirs (`<experiment>/<run_id>/`, see docs/architecture.md), possibly nested
+A results dir holds run dirs (`<experiment>/<run_id>/`, relpos_ablate/rundir.py), possibly nested
 one level deeper (`results/` holding several experiments). The collector never crashes on what it
 finds there: a run whose files are missing or truncated still gets a row (its status, NaN metrics),
 and every problem is listed in `df.attrs["problems"]` as one line `path: what is wrong`.
@@ -9,7 +9,6 @@ and every problem is listed in `df.attrs["problems"]` as one line `path: what is
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,62 +16,14 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from relpos_ablate import rundir
 from relpos_ablate.config.base import load_yaml
 from relpos_ablate.io import read_json
 
-RUN_FILES = ("config.yaml", "run.json", "status.json", "eval.json")
-"""A folder holding any of these is a run dir."""
 SETTING_FIELDS = ("segment_len", "mem_len", "clamp_len", "same_length", "attn_len")
 """Evaluation-setting columns, in this order (attn_len = segment_len + mem_len)."""
 RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps")
 """Per-run columns first in every collected frame."""
-REPORT_OUTPUTS = ("figures",)
-"""Folders the report commands write into a results dir: not runs, not problems."""
-KNOWN_SUFFIXES = (".csv", ".parquet", ".md", ".tex", ".yaml", ".yml", ".json", ".png", ".pdf", ".log", ".txt", ".lock")
-"""Files next to run dirs with these suffixes (summaries, tables, specs, locks) are expected there."""
-MAX_DEPTH = 3
-"""How deep below the given dir run dirs are searched (results/<experiment>/<run_id> is 2)."""
-
-
-@dataclass
-class _Found:
-    """Run dirs found under a results dir, and what was skipped there."""
-
-    runs: list[Path] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-
-def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / name).exists() for name in RUN_FILES)
-
-
-def find_run_dirs(root: Path) -> _Found:
-    """Every run dir at or below `root` (sorted), plus one problem line per foreign entry."""
-    found = _Found()
-    if is_run_dir(root):
-        found.runs.append(root)
-        return found
-    _walk(root, MAX_DEPTH, found)
-    return found
-
-
-def _walk(folder: Path, depth: int, found: _Found) -> bool:
-    """Add run dirs below `folder` to `found`; True when any was found."""
-    any_run = False
-    for entry in sorted(folder.iterdir()):
-        if entry.name.startswith((".", "_")) or entry.name in REPORT_OUTPUTS:
-            continue  # temp files of atomic writes, locks, caches, figures written by `plot`
-        if entry.is_dir():
-            if is_run_dir(entry):
-                found.runs.append(entry)
-                any_run = True
-            elif depth > 1 and _walk(entry, depth - 1, found):
-                any_run = True
-            else:
-                found.problems.append(f"{entry}: not a run directory (no {', '.join(RUN_FILES)}); skipped")
-        elif entry.suffix not in KNOWN_SUFFIXES:
-            found.problems.append(f"{entry}: foreign file; skipped")
-    return any_run
 
 
 def flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
@@ -110,9 +61,9 @@ def _read_mapping(path: Path, problems: list[str], required: bool) -> dict | Non
 
 def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
     """The per-run columns: ids, status, variant axes, flattened config (no evaluation yet)."""
-    meta = _read_mapping(run_dir / "run.json", problems, required=False) or {}
-    status = _read_mapping(run_dir / "status.json", problems, required=True) or {}
-    config = _read_mapping(run_dir / "config.yaml", problems, required=True) or {}
+    meta = _read_mapping(run_dir / rundir.RUN_INFO, problems, required=False) or {}
+    status = _read_mapping(run_dir / rundir.STATUS, problems, required=True) or {}
+    config = _read_mapping(run_dir / rundir.CONFIG, problems, required=True) or {}
     row: dict[str, Any] = {
         "run_id": meta.get("run_id", run_dir.name),
         "experiment": meta.get("experiment", run_dir.parent.name),
@@ -128,7 +79,7 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
     config_columns = flatten(config)
     variant = meta.get("variant") or {}
     if not isinstance(variant, dict):
-        problems.append(f"{run_dir / 'run.json'}: 'variant' is not a mapping; ignored")
+        problems.append(f"{run_dir / rundir.RUN_INFO}: 'variant' is not a mapping; ignored")
         variant = {}
     for axis, value in variant.items():
         if axis not in config_columns and axis not in row:  # a config path as axis: the resolved value wins
@@ -140,7 +91,7 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
 
 def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list[dict], str | None]:
     """One dict per evaluation setting in eval.json (setting fields + metrics), and the main metric."""
-    path = run_dir / "eval.json"
+    path = run_dir / rundir.EVAL
     if not path.exists():
         if status == "done":
             problems.append(f"{path}: missing although the run is done")
@@ -200,7 +151,7 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
         frame = pd.DataFrame(columns=list(RUN_COLUMNS))
         frame.attrs.update(problems=[f"{root}: not a directory"], variant_axes=[], metrics=[], results_dir=str(root))
         return frame
-    found = find_run_dirs(root)
+    found = rundir.find_run_dirs(root)
     problems = list(found.problems)
     rows = [row for run_dir in found.runs for row in collect_run(run_dir, problems)]
     axes = list(dict.fromkeys(a for row in rows for a in row.pop("_variant_axes")))

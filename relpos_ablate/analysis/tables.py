@@ -145,8 +145,9 @@ def metric_columns(df: pd.DataFrame) -> list[str]:
     return [m for m in names if m in df and df[m].notna().any()]
 
 
-def main_metric(df: pd.DataFrame) -> str:
-    """The main metric the runs declare (eval.json `main_metric`), else the first available one."""
+def default_metric(df: pd.DataFrame) -> str:
+    """The metric a table or plot shows unless asked: the one the runs declare as their main metric
+    (eval.json `main_metric`), else the first available one."""
     declared = df["main_metric"].dropna() if "main_metric" in df else pd.Series(dtype=object)
     available = metric_columns(df)
     if not declared.empty and declared.mode().iloc[0] in available:
@@ -217,7 +218,7 @@ def default_cols(df: pd.DataFrame, rows: list[str]) -> list[str]:
 def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> TableOptions:
     """Command line > the spec's `table:` block > what the finished runs suggest; names checked."""
     opts = options.merged(spec_options(spec))
-    metric = check_metric(df, opts.metric or main_metric(df))
+    metric = check_metric(df, opts.metric or default_metric(df))
     data = finished(df, metric)
     rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(data)
     cols = [resolve_column(df, c, "cols") for c in opts.cols] if opts.cols is not None else default_cols(data, rows)

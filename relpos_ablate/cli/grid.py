@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from relpos_ablate.cli import UsageError
+from relpos_ablate.cli import UsageError, check_dir_arg
 
 SLURM_FLAGS = ("partition", "time", "gpus", "account", "array_parallelism")
 
@@ -37,7 +37,7 @@ def register(subparsers) -> None:
     p.add_argument("--array-parallelism", type=int, metavar="N", help="slurm: jobs of the array running at once")
     p.set_defaults(func=cmd_grid)
 
-    p = subparsers.add_parser("status", help="the runs of a results dir: state, progress, last metric",
+    p = subparsers.add_parser("status", help="the runs of a results dir: state, progress, last training-batch metrics",
                               description="Reads only; a run marked running whose process is gone shows as stale.")
     p.add_argument("dir", type=Path, metavar="DIR", help="results/<experiment> (or results/ for every experiment)")
     p.set_defaults(func=cmd_status)
@@ -76,17 +76,22 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"{', '.join(given)}: only with --launcher slurm")
     if args.launcher == "slurm" and (args.devices or args.slots or args.runs_per_device):
         raise UsageError("--devices/--slots/--runs-per-device are for --launcher local; SLURM jobs use --gpus")
-    if args.results.exists() and not args.results.is_dir():
-        raise UsageError(f"--results: {args.results} is a file; give a directory (created when missing)")
+    if args.devices is not None:
+        _parse_devices(args.devices)
+    check_dir_arg("--results", args.results)
 
 
-def _parse_devices(text: str, visible: int) -> list[int]:
+def _parse_devices(text: str) -> list[int]:
     try:
         devices = [int(item) for item in text.split(",")]
     except ValueError:
         raise UsageError(f"--devices: {text!r}: give GPU numbers like 0,1,2,3") from None
     if len(set(devices)) != len(devices):
         raise UsageError(f"--devices: {text!r} lists a GPU twice; use --runs-per-device for several runs per GPU")
+    return devices
+
+
+def _visible(devices: list[int], visible: int) -> list[int]:
     bad = [d for d in devices if not 0 <= d < visible]
     if bad:
         raise UsageError(f"--devices: GPU {bad[0]} is not visible; allowed 0..{visible - 1}" if visible
@@ -95,6 +100,8 @@ def _parse_devices(text: str, visible: int) -> list[int]:
 
 
 def _slots(args: argparse.Namespace) -> list:
+    """The slots the flags ask for. Counting GPUs imports torch (seconds), so call it only when a run
+    is to be launched: the rerun of a finished grid stays torch-free."""
     from relpos_ablate.runner.local import cpu_slots, gpu_slots
     from relpos_ablate.runner.worker import available_cores
 
@@ -104,7 +111,7 @@ def _slots(args: argparse.Namespace) -> list:
 
     visible = torch.cuda.device_count()
     if args.devices is not None:
-        return gpu_slots(_parse_devices(args.devices, visible), args.runs_per_device or 1)
+        return gpu_slots(_visible(_parse_devices(args.devices), visible), args.runs_per_device or 1)
     if visible:
         return gpu_slots(list(range(visible)), args.runs_per_device or 1)
     if args.runs_per_device is not None:
@@ -134,8 +141,10 @@ def _dry_run(spec, args: argparse.Namespace) -> int:
 def _run_local(spec, args: argparse.Namespace) -> int:
     from relpos_ablate.runner.display import make_console, make_display, run_table
     from relpos_ablate.runner.local import LocalRunner
+    from relpos_ablate.runner.store import plan_grid
 
-    slots = _slots(args)
+    pending = any(plan.action != "skip" for plan in plan_grid(spec, args.results, args.retry_failed))
+    slots = _slots(args) if pending else []
     console = make_console()
     display = make_display(console)
     runner = LocalRunner(spec, args.results, slots, display, retry_failed=args.retry_failed)
@@ -153,9 +162,9 @@ def _print_summary(console, spec, outcome, plans, retry_failed: bool) -> None:
     for state in outcome.states.values():
         counts[state] = counts.get(state, 0) + 1
     states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-    busy = f", slots busy {outcome.utilisation:.0%}" if outcome.launched else ""
-    console.print(f"grid {spec.name}: {states}; ran {outcome.launched} in {outcome.wall_s:.1f}s on "
-                  f"{outcome.n_slots} slot(s){busy}", highlight=False)
+    slots = f" on {outcome.n_slots} slot(s), slots busy {outcome.utilisation:.0%}" if outcome.launched else ""
+    console.print(f"grid {spec.name}: {states}; ran {outcome.launched} in {outcome.wall_s:.1f}s{slots}",
+                  highlight=False)
     variants = {plan.run.run_id: short_variant(plan.run.variant) for plan in plans}
     for rid in outcome.failed + outcome.incomplete:
         console.print(f"  {outcome.states[rid]}: {rid} [{variants[rid]}] {outcome.reasons[rid]}",
@@ -169,8 +178,9 @@ def _print_summary(console, spec, outcome, plans, retry_failed: bool) -> None:
 def _submit(spec, args: argparse.Namespace) -> int:
     import dataclasses
 
+    from relpos_ablate.rundir import read_status
     from relpos_ablate.runner.slurm import submit_grid
-    from relpos_ablate.runner.store import plan_grid, read_status
+    from relpos_ablate.runner.store import plan_grid
 
     overrides = {name: getattr(args, name) for name in SLURM_FLAGS if getattr(args, name) is not None}
     launcher = dataclasses.replace(spec.launcher, **overrides)
@@ -189,9 +199,10 @@ def _submit(spec, args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from relpos_ablate.runner.display import find_run_dirs, make_console, row_for, run_table, state_counts
+    from relpos_ablate.rundir import find_run_dirs
+    from relpos_ablate.runner.display import make_console, row_for, run_table, state_counts
 
-    run_dirs = find_run_dirs(args.dir)
+    run_dirs = find_run_dirs(args.dir).runs
     if not run_dirs:
         raise UsageError(f"{args.dir}: no run directories found (expected results/<experiment>/<run_id>/)")
     console = make_console()

@@ -6,7 +6,8 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from relpos_ablate.config import RunConfig, apply_overrides, describe, from_dict, load_run_config, read_yaml, to_plain
+from relpos_ablate import rundir
+from relpos_ablate.config import ConfigError, RunConfig, apply_overrides, describe, from_dict, read_yaml, to_plain
 
 EXIT_CODES = {"done": 0, "failed": 1, "interrupted": 1}
 
@@ -15,14 +16,14 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "train", help="train and evaluate one run in a run directory",
         description=textwrap.fill(
-            "Train one run (resuming from RUN_DIR/checkpoints/last.ckpt when there is one), evaluate it at every "
-            "eval setting and record config.yaml, status.json, metrics.csv, eval.json and log.txt in RUN_DIR. "
-            "A run marked done is not trained again. Exit status: 0 done, 1 failed or interrupted, 2 bad "
-            "arguments or config.", width=96),
+            f"Train one run (resuming from RUN_DIR/{rundir.CHECKPOINTS}/{rundir.LAST_CHECKPOINT} when there is "
+            f"one), evaluate it at every eval setting and record {rundir.CONFIG}, {rundir.STATUS}, {rundir.METRICS}, "
+            f"{rundir.EVAL} and {rundir.LOG} in RUN_DIR. A run marked done is not trained again. Exit status: 0 "
+            "done, 1 failed or interrupted, 2 bad arguments or config.", width=96),
         epilog=config_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="run config (YAML); default: RUN_DIR/config.yaml when it exists")
+                        help=f"run config (YAML); default: RUN_DIR/{rundir.CONFIG} when it exists")
     parser.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="the run directory")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="override a config field, e.g. --set model.attention.terms=ac (repeatable)")
@@ -40,22 +41,23 @@ def config_help() -> str:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from relpos_ablate.cli import UsageError
+    from relpos_ablate.cli import UsageError, check_dir_arg
 
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads: {args.threads} is not allowed; use 1 or more")
+    check_dir_arg("--run-dir", args.run_dir)
     config = resolve_config(args.config, args.run_dir, args.overrides)
-
-    import torch
-
-    from relpos_ablate.train.run import is_done, train_run
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if is_done(args.run_dir):
+    if rundir.is_done(args.run_dir):
         print(f"{args.run_dir}: already done; not retraining (delete the directory to train again)")
         print_outcome(args.run_dir, "done")
         return 0
+
+    import torch
+
+    from relpos_ablate.train.run import train_run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     state = train_run(config, args.run_dir)
     print_outcome(args.run_dir, state)
     return EXIT_CODES[state]
@@ -65,21 +67,28 @@ def resolve_config(config_file: Path | None, run_dir: Path, overrides: list[str]
     """The config to run: --config (+ --set), else RUN_DIR/config.yaml (+ --set). It must agree with an
     existing RUN_DIR/config.yaml: a run directory belongs to one config."""
     from relpos_ablate.cli import UsageError
-    from relpos_ablate.train.run import CONFIG, same_run, stored_config
 
-    stored_path = run_dir / CONFIG
-    stored = stored_config(run_dir)
-    if config_file is not None:
-        config = load_run_config(config_file, overrides)
-    elif stored is not None:
-        config = from_dict(RunConfig, apply_overrides(read_yaml(stored_path), overrides))
-    else:
+    stored_path = run_dir / rundir.CONFIG
+    stored = rundir.stored_config(run_dir)
+    if config_file is None and stored is None:
         raise UsageError(f"--config: not given and {stored_path} does not exist")
-    if stored is not None and not same_run(config, stored):
+    source = stored_path if config_file is None else config_file
+    data = read_yaml(source)
+    check_not_a_grid_spec(source, data)
+    config = from_dict(RunConfig, apply_overrides(data, overrides))
+    if stored is not None and not rundir.same_run(config, stored):
         key, old, new = first_difference(to_plain(stored), to_plain(config))
         raise UsageError(f"{stored_path} holds another run ({key}: {old!r} there, {new!r} here); "
                          "use a new --run-dir")
     return config
+
+
+def check_not_a_grid_spec(path: Path, data: dict) -> None:
+    """A grid spec passed as --config gets one line naming the command that takes it."""
+    from relpos_ablate.runner.grid import is_grid_spec
+
+    if is_grid_spec(data):
+        raise ConfigError(str(path), f"a grid spec, not a run config; run it with: relpos-ablate grid {path}")
 
 
 def first_difference(a: dict, b: dict, prefix: str = "") -> tuple[str, object, object]:
@@ -100,13 +109,11 @@ def print_outcome(run_dir: Path, state: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from relpos_ablate.io import read_json
-
-    status = read_json(run_dir / "status.json") or {}
+    status = rundir.read_status(run_dir) or {}
     if state != "done":
         print(f"{run_dir}: {state}: {status.get('reason', '')}")
         return
-    results = read_json(run_dir / "eval.json")
+    results = rundir.read_eval(run_dir)
     names = sorted({name for s in results["settings"] for name in s["metrics"]} - {"tokens"})
     table = Table(title=f"{run_dir}  (step {results['step']}, main metric {results['main_metric']}, "
                         f"{status.get('wall_time_s', 0):.1f} s)")

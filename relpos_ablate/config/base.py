@@ -4,11 +4,18 @@ Each config is a frozen dataclass whose fields carry *attribute docstrings* (a s
 the line after the field). Those docstrings are the documentation: `field_docs` reads them for
 `--help` and the README. `from_dict` maps a plain dict (from YAML) onto a dataclass and rejects
 unknown keys ("did you mean"), wrong types and bad values with one line naming the key path.
+
+`from_dict` reports every problem of a config at once (ConfigErrors, one line each): every unknown
+key and wrong type, in every section, and every failed `check_choice` / `check_range` of a
+`__post_init__` (while from_dict builds a config they record their error and let the checks go
+on). A check that raises ConfigError itself ends that dataclass's checks, so write a field's own
+check with check_choice / check_range and keep plain raises for contradictions between fields.
 """
 
 from __future__ import annotations
 
 import ast
+import contextvars
 import dataclasses
 import difflib
 import functools
@@ -47,22 +54,62 @@ class ConfigError(ValueError):
         self.message = message
         super().__init__(f"{field}: {message}" if field else message)
 
-    def under(self, prefix: str) -> "ConfigError":
+    @property
+    def errors(self) -> list[ConfigError]:
+        """Every problem, one single-line ConfigError each."""
+        return [self]
+
+    def under(self, prefix: str) -> ConfigError:
         """The same error with its key path prefixed (`model` + `terms` -> `model.terms`)."""
         return ConfigError(f"{prefix}.{self.field}" if self.field else prefix, self.message)
+
+
+class ConfigErrors(ConfigError):
+    """Several problems found at once; `errors` holds them (one line each), `str` joins them."""
+
+    def __init__(self, errors: list[ConfigError], where: str = ""):
+        self._errors = [problem for err in errors for problem in err.errors]
+        super().__init__(where, "; ".join(map(str, self._errors)))
+
+    @property
+    def errors(self) -> list[ConfigError]:
+        return list(self._errors)
+
+    def under(self, prefix: str) -> ConfigErrors:
+        return ConfigErrors([err.under(prefix) for err in self._errors])
+
+
+def raise_all(errors: list[ConfigError]) -> None:
+    """Raise nothing, the one error, or every error together."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors(errors)
+
+
+_recorded: contextvars.ContextVar[list[ConfigError] | None] = contextvars.ContextVar("recorded", default=None)
+"""While from_dict builds a config: where the failed checks of its __post_init__ go."""
+
+
+def reject(field: str, message: str) -> None:
+    """A failed check: raised, or recorded while from_dict builds the config (see the module docstring)."""
+    recorded = _recorded.get()
+    if recorded is None:
+        raise ConfigError(field, message)
+    recorded.append(ConfigError(field, message))
 
 
 def check_choice(field: str, value: Any, allowed: typing.Iterable[Any]) -> None:
     allowed = tuple(allowed)
     if value not in allowed:
-        raise ConfigError(field, f"{value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+        reject(field, f"{value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
 
 
 def check_range(field: str, value: float, low: float | None = None, high: float | None = None) -> None:
     if (low is not None and value < low) or (high is not None and value > high):
         lo = "-inf" if low is None else low
         hi = "inf" if high is None else high
-        raise ConfigError(field, f"{value!r} is out of range; allowed [{lo}, {hi}]")
+        reject(field, f"{value!r} is out of range; allowed [{lo}, {hi}]")
 
 
 @functools.cache
@@ -140,7 +187,9 @@ def _convert(tp: Any, value: Any, field: str) -> Any:
         (item_tp, _ellipsis) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
             raise ConfigError(field, f"expected a list, got {value!r}")
-        return tuple(_convert(item_tp, v, f"{field}[{i}]") for i, v in enumerate(value))
+        items, errors = _convert_each({i: (item_tp, v, f"{field}[{i}]") for i, v in enumerate(value)})
+        raise_all(errors)
+        return tuple(items.values())
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -164,30 +213,90 @@ def _convert(tp: Any, value: Any, field: str) -> Any:
     raise TypeError(f"unsupported config annotation {tp!r} for {field}")
 
 
+def _convert_each(fields: dict[Any, tuple[Any, Any, str]]) -> tuple[dict, list[ConfigError]]:
+    """_convert every {key: (annotation, value, key path)}: (converted values, every error)."""
+    values, errors = {}, []
+    for key, (tp, value, path) in fields.items():
+        try:
+            values[key] = _convert(tp, value, path)
+        except ConfigError as err:
+            errors.append(err)
+    return values, errors
+
+
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
-    """Build config `cls` from a plain dict; every error names the full key path."""
+    """Build config `cls` from a plain dict; every error names the full key path, and all of them
+    are raised together (ConfigErrors) when there are several."""
     where = prefix or cls.__name__
     if not isinstance(data, dict):
         raise ConfigError(where, f"expected a mapping of fields, got {data!r}")
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields]
+    hints = typing.get_type_hints(cls)
+    errors, meant = [], set()
     for key in data:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
+            meant.update(close)
             hint = f"did you mean '{close[0]}'? " if close else ""
-            path = f"{prefix}.{key}" if prefix else str(key)
-            raise ConfigError(path, f"unknown key; {hint}allowed: {', '.join(names)}")
+            errors.append(ConfigError(_join(prefix, key), f"unknown key; {hint}allowed: {', '.join(names)}"))
     before_fields = getattr(cls, "before_fields", None)
     if before_fields is not None:  # RunConfig imports the modules under `imports:` before validating the rest
-        before_fields(data, prefix)
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{prefix}.{key}" if prefix else key
-        kwargs[key] = _convert(hints[key], value, path)
+        try:
+            before_fields(data, prefix)
+        except ConfigError as err:  # the rest cannot be checked without those modules: stop here
+            raise_all(errors + [err])
+    missing = dataclasses.MISSING
+    required = [f.name for f in fields if f.default is missing and f.default_factory is missing]
+    errors += [ConfigError(_join(prefix, name), "missing; this field has no default") for name in required
+               if name not in data and name not in meant]  # a misspelt required key is one error
+    kwargs, conversion_errors = _convert_each(
+        {key: (hints[key], value, _join(prefix, key)) for key, value in data.items() if key in names})
+    errors += conversion_errors
+    if set(required) - set(kwargs):
+        raise_all(errors)
+    config, check_errors = _build(cls, kwargs, checks_only=bool(errors))
+    errors += [err.under(prefix) if prefix else err for err in check_errors]
+    raise_all(_in_field_order(errors, names, prefix))
+    return config
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _build(cls: type, kwargs: dict, checks_only: bool) -> tuple[Any, list[ConfigError]]:
+    """cls(**kwargs) with the failed checks of its __post_init__ recorded: (config or None, errors).
+
+    `checks_only`: some given fields were dropped (wrong type), so their defaults stand in; only the
+    recorded field checks count then, not a contradiction the stand-ins may cause."""
+    recorded: list[ConfigError] = []
+    token = _recorded.set(recorded)
     try:
-        return cls(**kwargs)
+        config = cls(**kwargs)
     except ConfigError as err:
-        raise err.under(prefix) if prefix else err
+        return None, recorded + ([] if checks_only else err.errors)
+    except Exception:
+        if not recorded:  # not caused by a value a check let through
+            raise
+        return None, recorded
+    finally:
+        _recorded.reset(token)
+    return (None if recorded else config), recorded
+
+
+def _in_field_order(errors: list[ConfigError], names: list[str], prefix: str) -> list[ConfigError]:
+    """Every problem once per key path (a bad value often fails a later check of the same field too),
+    in the order the dataclass declares its fields."""
+    kept: dict[str, ConfigError] = {}
+    for err in (problem for error in errors for problem in error.errors):
+        kept.setdefault(err.field, err)
+
+    def position(err: ConfigError) -> int:
+        key = re.split(r"[.\[]", err.field.removeprefix(f"{prefix}."))[0]
+        return names.index(key) if key in names else len(names)
+
+    return sorted(kept.values(), key=position)
 
 
 def set_path(data: dict, dotted: str, value: Any) -> None:

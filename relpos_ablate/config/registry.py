@@ -21,7 +21,7 @@ import re
 import sys
 from typing import Any
 
-from relpos_ablate.config.base import ConfigError
+from relpos_ablate.config.base import ConfigError, reject
 
 #: Built-in bias types: name -> "module:Class" of the implementation (imported when a model is built).
 BUILTIN_BIASES: dict[str, str] = {
@@ -70,13 +70,14 @@ def _qualified(cls: type) -> str:
 
 
 def check_bias(field: str, name: Any) -> None:
-    """A one-line ConfigError unless `name` is registered (with a did-you-mean and how to register)."""
+    """A one-line ConfigError unless `name` is registered (with a did-you-mean and how to register);
+    recorded with the config's other problems while from_dict builds it (config.base.reject)."""
     allowed = bias_types()
     if name in allowed:
         return
     close = difflib.get_close_matches(str(name), allowed, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ConfigError(field, f"{name!r} is not registered; {hint}registered: {', '.join(allowed)} ({HOW_TO_REGISTER})")
+    reject(field, f"{name!r} is not registered; {hint}registered: {', '.join(allowed)} ({HOW_TO_REGISTER})")
 
 
 def bias_class(name: str) -> type:

@@ -1,6 +1,7 @@
-"""What the runner shows: one row per run (variant, state, device, progress, last metric, elapsed).
+"""What the runner shows: one row per run (variant, state, device, progress, the metrics of the last
+training batch, elapsed).
 
-`rows_for` reads run directories and never fails on a broken one (a truncated status.json shows as
+`row_for` reads a run directory and never fails on a broken one (a truncated status.json shows as
 `unreadable`); `run_table` renders rows with rich. `LiveDisplay` redraws the table in place on a
 terminal; `PlainDisplay` prints one line per event, for logs and pipes.
 """
@@ -19,8 +20,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from relpos_ablate.io import read_json
-from relpos_ablate.runner.store import LOCK_NAME, lock_holder, read_status
+from relpos_ablate import rundir
+from relpos_ablate.runner.store import lock_holder
 
 STATE_STYLES = {
     "queued": "dim", "running": "cyan", "done": "green", "failed": "bold red", "interrupted": "yellow",
@@ -30,7 +31,7 @@ STATE_STYLES = {
 
 @dataclass
 class RunRow:
-    """One run as displayed."""
+    """One run as displayed; `metric` is what the last training batch logged (status.json `last_metric`)."""
 
     run_id: str
     variant: str
@@ -102,13 +103,12 @@ def _int(value: Any) -> int | None:
 def row_for(run_dir: Path, variant: Any = None, probe_lock: bool = False) -> RunRow:
     """A run's row from its files; `probe_lock` tells a `running` run whose process is gone (stale)."""
     if variant is None:
-        info = read_json(run_dir / "run.json")
-        variant = info.get("variant") if isinstance(info, dict) else None
-    status = read_status(run_dir)
+        variant = (rundir.read_run_info(run_dir) or {}).get("variant")
+    status = rundir.read_status(run_dir)
     row = RunRow(run_id=run_dir.name, variant=short_variant(variant), state="new")
     if status is None:
-        if (run_dir / "status.json").exists():
-            row.state, row.note = "unreadable", "status.json is truncated or not a status"
+        if (run_dir / rundir.STATUS).exists():
+            row.state, row.note = "unreadable", f"{rundir.STATUS} is truncated or not a status"
         return row
     row.state = status["state"]
     row.device = str(status.get("device") or "")
@@ -119,20 +119,6 @@ def row_for(run_dir: Path, variant: Any = None, probe_lock: bool = False) -> Run
     if probe_lock and row.state == "running" and lock_holder(run_dir) is None:
         row.state, row.note = "stale", "marked running but no process holds it; rerun the grid to resume"
     return row
-
-
-def find_run_dirs(path: Path) -> list[Path]:
-    """Run directories in `path` (an experiment dir) or one level below (a results dir)."""
-    markers = ("status.json", "run.json", "config.yaml", LOCK_NAME)
-
-    def is_run(p: Path) -> bool:
-        return p.is_dir() and any((p / m).exists() for m in markers)
-
-    children = sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
-    runs = [p for p in children if is_run(p)]
-    if runs:
-        return runs
-    return [p for child in children for p in sorted(child.iterdir()) if is_run(p)]
 
 
 def _progress(row: RunRow, live: bool) -> Any:
@@ -150,7 +136,7 @@ def _progress(row: RunRow, live: bool) -> Any:
 
 def run_table(rows: list[RunRow], title: str = "", live: bool = False) -> Table:
     table = Table(title=title or None, show_lines=False, expand=False)
-    for name in ("run", "variant", "state", "device", "progress", "last metric", "elapsed", "note"):
+    for name in ("run", "variant", "state", "device", "progress", "last train batch", "elapsed", "note"):
         table.add_column(name, no_wrap=name != "note", overflow="fold")
     for row in rows:
         table.add_row(

@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from relpos_ablate.config import ConfigError, RunConfig, from_dict, read_yaml, run_id
-from relpos_ablate.config.base import check_range, set_path
+from relpos_ablate.config.base import ConfigErrors, check_range, set_path
 from relpos_ablate.config.registry import import_modules
 from relpos_ablate.runner.presets import preset_fields
 
 ENCODING = "encoding"
 SEED = "seed"
 SPEC_KEYS = ("name", "description", "base", "grid", "zip", "exclude", "seeds", "launcher", "table", "plots")
+RUN_CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -93,12 +94,8 @@ class GridSpec:
     path: Path | None = None
 
 
-class GridSpecError(ConfigError):
+class GridSpecError(ConfigErrors):
     """Every problem found in a spec; `errors` holds them, one ConfigError (one line) each."""
-
-    def __init__(self, where: str, errors: list[ConfigError]):
-        self.errors = errors
-        super().__init__(where, f"{len(errors)} error(s): " + "; ".join(map(str, errors)))
 
 
 @dataclass
@@ -111,6 +108,16 @@ class _Axis:
     outermost: bool = False
 
 
+def is_grid_spec(data: dict) -> bool:
+    """Only grid spec keys, and a base or an axis: a file for `grid` (`train` would reject every key)."""
+    return set(data) <= set(SPEC_KEYS) and bool(set(data) & {"base", "grid", "zip", "seeds"})
+
+
+def is_run_config(data: dict) -> bool:
+    """Only run config keys (model, data, ...): a file for `train` (or a spec's `base:`), not `grid`."""
+    return bool(data) and set(data) <= set(RUN_CONFIG_KEYS)
+
+
 def load_grid(path: str | Path) -> GridSpec:
     """Read and validate a grid spec file (see the module docstring for the format)."""
     path = Path(path)
@@ -121,6 +128,9 @@ def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
     """Validate a spec mapping and expand it into runs; raise GridSpecError listing every problem."""
     errors: list[ConfigError] = []
     where = str(path) if path is not None else "grid spec"
+    if is_run_config(data):
+        raise ConfigError(where, f"a run config, not a grid spec; train it with: relpos-ablate train --config "
+                          f"{where} --run-dir DIR (or make it the base: of a grid spec)")
     _check_top_keys(data, errors)
     name = _spec_name(data, path, errors)
     base = _base_config(data.get("base", {}), path, errors)
@@ -136,7 +146,7 @@ def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
     if not runs and not errors:
         errors.append(ConfigError("exclude", "every combination is excluded; nothing to run"))
     if errors:
-        raise GridSpecError(where, errors)
+        raise GridSpecError(errors, where)
     keys = tuple(key for axis in axes for key in axis.keys)
     return GridSpec(name=name, runs=tuple(runs), axes=keys, launcher=launcher, path=path)
 
@@ -151,11 +161,11 @@ def _collect(errors: list[ConfigError], fn, *args) -> Any:
 
 
 def _check_top_keys(data: dict, errors: list[ConfigError]) -> None:
-    for key in data:
-        if key not in SPEC_KEYS:
-            close = difflib.get_close_matches(str(key), SPEC_KEYS, n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            errors.append(ConfigError(str(key), f"unknown spec key; {hint}allowed: {', '.join(SPEC_KEYS)}"))
+    for key in (key for key in data if key not in SPEC_KEYS):
+        close = difflib.get_close_matches(str(key), SPEC_KEYS, n=1)
+        hint = (f"did you mean '{close[0]}'? " if close
+                else "a run config section goes under base:; " if key in RUN_CONFIG_KEYS else "")
+        errors.append(ConfigError(str(key), f"unknown spec key; {hint}allowed: {', '.join(SPEC_KEYS)}"))
 
 
 def _spec_name(data: dict, path: Path | None, errors: list[ConfigError]) -> str:
@@ -371,7 +381,8 @@ def _expand(
         try:
             config = resolve_variant(base, variant)
         except ConfigError as err:
-            failures.setdefault(str(err), (err, []))[1].append(variant)
+            for problem in err.errors:
+                failures.setdefault(str(problem), (problem, []))[1].append(variant)
             continue
         rid = run_id(config)
         if rid in first_by_id:

@@ -20,11 +20,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relpos_ablate import rundir
 from relpos_ablate.runner.display import PlainDisplay, RunRow, row_for, run_table
 from relpos_ablate.runner.grid import GridSpec
-from relpos_ablate.runner.store import (
-    RUNNABLE, RunLock, RunPlan, claim, plan_grid, prepare_run, read_status, write_run_files,
-)
+from relpos_ablate.runner.store import RUNNABLE, RunLock, RunPlan, claim, plan_grid, prepare_run, write_run_files
 from relpos_ablate.runner.worker import available_cores, launch, record_exit, stop
 
 
@@ -265,7 +264,7 @@ class LocalRunner:
         states, reasons = {}, {}
         for plan in self.plans:
             rid = plan.run.run_id
-            status = read_status(plan.run_dir) or {}
+            status = rundir.read_status(plan.run_dir) or {}
             states[rid] = "failed" if rid in self.errors else status.get("state", "new")
             reasons[rid] = self.errors.get(rid) or str(status.get("reason") or "")
         return GridOutcome(

@@ -1,8 +1,9 @@
-"""Run directories on disk: what each run needs next, its status, and the lock that runs it once.
+"""Run directories on disk, as the runner sees them: what each run needs next, its status, and the
+lock that runs it once (the file names: relpos_ablate/rundir.py).
 
-Layout (docs/architecture.md): `<results>/<experiment>/<run_id>/` holds config.yaml, run.json and
-status.json (plus what `train` writes). The runner adds `.lock`, the claim on the run, and
-`worker.log`, the worker's stdout/stderr (the only record of a crash before `train` could log).
+The runner writes config.yaml, run.json and status.json (queued), holds `.lock`, the claim on the
+run, and collects the worker's stdout/stderr in `worker.log` (the only record of a crash before
+`train` could log); `train` writes the rest.
 
 Exactly-once rule: only the holder of a run's `.lock` (an fcntl.flock) writes to its directory or
 runs it, and it decides to run only after re-reading status.json under the lock. The runner hands
@@ -21,39 +22,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relpos_ablate.config import ConfigError, RunConfig, from_dict, to_plain
-from relpos_ablate.config.base import read_yaml
-from relpos_ablate.io import atomic_write_json, atomic_write_yaml, now_iso, read_json
+from relpos_ablate import rundir
+from relpos_ablate.config import ConfigError, RunConfig, to_plain
+from relpos_ablate.io import atomic_write_json, atomic_write_yaml, now_iso
 from relpos_ablate.runner.grid import GridSpec, PlannedRun
 
-STATES = ("queued", "running", "done", "failed", "interrupted")
-LOCK_NAME = ".lock"
-LOG_NAME = "worker.log"
-CHECKPOINT = Path("checkpoints") / "last.ckpt"
 #: What the runner does with a run: start/resume/retry run it, skip leaves it, busy waits for its owner.
 ACTIONS = ("start", "resume", "retry", "skip", "busy")
 RUNNABLE = ("start", "resume", "retry")
 
 
-def read_status(run_dir: Path) -> dict | None:
-    """status.json as a dict, or None when it is missing, truncated or not a status."""
-    status = read_json(run_dir / "status.json")
-    return status if isinstance(status, dict) and status.get("state") in STATES else None
-
-
 def update_status(run_dir: Path, **fields: Any) -> dict:
     """Merge `fields` into status.json (atomically) and return the new status."""
-    status = {**(read_status(run_dir) or {}), **fields}
-    atomic_write_json(run_dir / "status.json", status)
+    status = {**(rundir.read_status(run_dir) or {}), **fields}
+    atomic_write_json(run_dir / rundir.STATUS, status)
     return status
 
 
 def mark_queued(run_dir: Path, **fields: Any) -> dict:
     """A fresh `queued` status; the previous step count is kept so progress shows through a resume."""
-    previous = read_status(run_dir) or {}
+    previous = rundir.read_status(run_dir) or {}
     kept = {key: previous[key] for key in ("step", "max_steps") if key in previous}
     status = {"state": "queued", "queued_at": now_iso(), **kept, **fields}
-    atomic_write_json(run_dir / "status.json", status)
+    atomic_write_json(run_dir / rundir.STATUS, status)
     return status
 
 
@@ -61,7 +52,7 @@ class RunLock:
     """The claim on one run: an exclusive flock on `<run_dir>/.lock`, never blocking."""
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK_NAME
+        self.path = Path(run_dir) / rundir.LOCK
         self.fd: int | None = None
 
     def try_acquire(self) -> bool:
@@ -86,7 +77,7 @@ class RunLock:
 
 def lock_holder(run_dir: Path) -> str | None:
     """Who holds the run's lock ('pid N on host'), or None when it is free. Creates nothing."""
-    path = Path(run_dir) / LOCK_NAME
+    path = Path(run_dir) / rundir.LOCK
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -102,21 +93,21 @@ def lock_holder(run_dir: Path) -> str | None:
 
 def decide(run_dir: Path, retry_failed: bool) -> tuple[str, str]:
     """(action, note) for a run from its files alone: skip done ones, resume what was cut short."""
-    status = read_status(run_dir)
+    status = rundir.read_status(run_dir)
     state = status.get("state") if status else None
-    resumable = (run_dir / CHECKPOINT).exists()
+    resumable = rundir.last_checkpoint(run_dir).exists()
     if state == "done":
-        if isinstance(read_json(run_dir / "eval.json"), dict):
+        if rundir.is_done(run_dir):
             return "skip", "done"
-        return "resume", "marked done but eval.json is missing or unreadable"
+        return "resume", f"marked done but {rundir.EVAL} is missing or unreadable"
     if state == "failed":
         reason = status.get("reason") or "no reason recorded"
         return ("retry", f"failed before: {reason}") if retry_failed else ("skip", f"failed: {reason}")
-    if state is None and (run_dir / "status.json").exists():
-        return ("resume" if resumable else "start"), "status.json was unreadable"
+    if state is None and (run_dir / rundir.STATUS).exists():
+        return ("resume" if resumable else "start"), f"{rundir.STATUS} was unreadable"
     if resumable:
         step = status.get("step") if status else None
-        return "resume", f"from step {step}" if step is not None else "from last.ckpt"
+        return "resume", f"from step {step}" if step is not None else f"from {rundir.LAST_CHECKPOINT}"
     return "start", ""
 
 
@@ -156,16 +147,13 @@ def plan_grid(spec: GridSpec, results: Path, retry_failed: bool = False) -> list
     return plans
 
 
-def _config_matches(path: Path, config: RunConfig) -> bool:
-    """config.yaml describes `config` (train may have filled in vocab_size; nothing else may differ)."""
+def _holds(run_dir: Path, config: RunConfig) -> bool:
+    """config.yaml is there and describes `config` (train may have filled in vocab_size)."""
     try:
-        data = read_yaml(path)
-        on_disk = from_dict(RunConfig, data)
-    except (ConfigError, OSError, TypeError):
+        stored = rundir.stored_config(run_dir)
+    except (ConfigError, OSError):
         return False
-    plain, ours = to_plain(on_disk), to_plain(config)
-    plain["model"]["vocab_size"] = ours["model"]["vocab_size"]
-    return plain == ours
+    return stored is not None and rundir.same_run(stored, config)
 
 
 def write_run_files(plan: RunPlan, experiment: str, spec_path: Path | None) -> None:
@@ -177,10 +165,10 @@ def write_run_files(plan: RunPlan, experiment: str, spec_path: Path | None) -> N
         # relative to the run dir, so results and experiments can move together (and be committed)
         "spec": os.path.relpath(Path(spec_path).resolve(), run_dir.resolve()) if spec_path is not None else None,
     }
-    if read_json(run_dir / "run.json") != info:
-        atomic_write_json(run_dir / "run.json", info)
-    if not _config_matches(run_dir / "config.yaml", plan.run.config):
-        atomic_write_yaml(run_dir / "config.yaml", to_plain(plan.run.config))
+    if rundir.read_run_info(run_dir) != info:
+        atomic_write_json(run_dir / rundir.RUN_INFO, info)
+    if not _holds(run_dir, plan.run.config):
+        atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(plan.run.config))
 
 
 def prepare_run(plan: RunPlan, experiment: str, spec_path: Path | None, retry_failed: bool) -> str:

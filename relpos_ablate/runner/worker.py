@@ -20,8 +20,9 @@ import time
 from collections import deque
 from pathlib import Path
 
+from relpos_ablate import rundir
 from relpos_ablate.io import now_iso
-from relpos_ablate.runner.store import LOG_NAME, RunLock, mark_queued, read_status, update_status
+from relpos_ablate.runner.store import RunLock, mark_queued, update_status
 
 #: Testing hook: a command line that replaces `python -m relpos_ablate train` (it gets the same arguments).
 WORKER_ENV = "RELPOS_ABLATE_WORKER"
@@ -69,7 +70,7 @@ def launch(run_dir: Path, lock: RunLock, *, gpu: str | None, threads: int, devic
 
     Call from a thread that outlives the worker (PR_SET_DEATHSIG fires when the spawning thread exits)."""
     mark_queued(run_dir, device=device, host=socket.gethostname())
-    with open(run_dir / LOG_NAME, "ab") as log:
+    with open(run_dir / rundir.WORKER_LOG, "ab") as log:
         log.write(f"=== {now_iso()} launch on {device} ({socket.gethostname()})\n".encode())
         log.flush()
         return subprocess.Popen(
@@ -115,7 +116,7 @@ def _reap(proc: subprocess.Popen, timeout_s: float) -> None:
 
 def log_tail(run_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
-        with open(run_dir / LOG_NAME, "rb") as f:
+        with open(run_dir / rundir.WORKER_LOG, "rb") as f:
             return b"".join(deque(f, maxlen=lines)).decode(errors="replace")
     except OSError:
         return ""
@@ -135,8 +136,8 @@ def record_exit(run_dir: Path, returncode: int, stopped: str | None = None) -> d
     """The run's final status: the worker's own when it wrote one, else one made from its exit.
 
     `stopped` says why the runner stopped the worker (shutdown, preemption): the run is interrupted."""
-    status = read_status(run_dir)
-    if status is not None and status["state"] in ("done", "failed", "interrupted"):
+    status = rundir.read_status(run_dir)
+    if status is not None and status["state"] in rundir.FINAL_STATES:
         return status
     state, reason = exit_reason(returncode, stopped)
     tail = log_tail(run_dir)

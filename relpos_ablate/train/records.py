@@ -22,11 +22,9 @@ import lightning as L
 from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from relpos_ablate import rundir
 from relpos_ablate.io import atomic_write_json, atomic_write_text, now_iso, read_json
 
-STATUS = "status.json"
-METRICS = "metrics.csv"
-LOG = "log.txt"
 #: Fields of a previous attempt that no longer describe the run once it starts again.
 STALE_FIELDS = ("reason", "traceback", "finished_at", "wall_time_s", "exit_code")
 
@@ -35,7 +33,7 @@ class RunStatus:
     """status.json of one run: every update merges fields into the file and rewrites it atomically."""
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / STATUS
+        self.path = Path(run_dir) / rundir.STATUS
         previous = read_json(self.path)
         self.fields: dict[str, Any] = previous if isinstance(previous, dict) else {}
         self._t0 = time.monotonic()
@@ -70,7 +68,7 @@ class MetricsCSV(Logger):
 
     def __init__(self, run_dir: Path, flush_every_s: float = 10.0):
         super().__init__()
-        self.path = Path(run_dir) / METRICS
+        self.path = Path(run_dir) / rundir.METRICS
         self.rows: dict[int, dict[str, Any]] = _read_rows(self.path)
         self.flush_every_s = flush_every_s
         self._last_flush = 0.0
@@ -189,7 +187,7 @@ def _finite_or_none(value: Any) -> float | None:
 
 def open_log(run_dir: Path) -> logging.Handler:
     """Send this package's and Lightning's log records to log.txt (appended, one line each)."""
-    handler = logging.FileHandler(Path(run_dir) / LOG, encoding="utf-8")
+    handler = logging.FileHandler(Path(run_dir) / rundir.LOG, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     for name in ("relpos_ablate", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).addHandler(handler)

@@ -1,5 +1,5 @@
 """One run in one run directory: train (resuming from checkpoints/last.ckpt), evaluate every setting,
-record everything (docs/architecture.md has the directory contract).
+record everything (the file names: relpos_ablate/rundir.py; the contract: docs/architecture.md).
 
 `train_run(config, run_dir)` is what `relpos-ablate train` calls; `load_run(run_dir)` gives the
 analysis layer the trained model back.
@@ -23,8 +23,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, from_dict, read_yaml, to_plain
-from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml, read_json
+from relpos_ablate import rundir
+from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, to_plain
+from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
 from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
@@ -33,36 +34,12 @@ from relpos_ablate.train.records import MetricsCSV, RunRecorder, RunStatus, clos
 log = logging.getLogger("relpos_ablate.train")
 # Lightning advertises a hosted logger on every run; keep run logs to what concerns the run.
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: "litlogger" not in record.getMessage())
-CONFIG, EVAL, CHECKPOINTS = "config.yaml", "eval.json", "checkpoints"
-LAST_CKPT = Path(CHECKPOINTS) / "last.ckpt"
-
-
-def is_done(run_dir: Path) -> bool:
-    """Marked done with a readable eval.json (done without it is resumed: fit ends at once, eval reruns)."""
-    status = read_json(Path(run_dir) / "status.json")
-    return isinstance(status, dict) and status.get("state") == "done" and isinstance(read_json(Path(run_dir) / EVAL), dict)
-
-
-def stored_config(run_dir: Path) -> RunConfig | None:
-    path = Path(run_dir) / CONFIG
-    return from_dict(RunConfig, read_yaml(path)) if path.exists() else None
-
-
-def same_run(a: RunConfig, b: RunConfig) -> bool:
-    """Equal up to the vocabulary size that training fills in (0 in a config means 'from the data')."""
-    if a.model.vocab_size == 0 or b.model.vocab_size == 0:
-        a, b = with_vocab(a, 0), with_vocab(b, 0)
-    return a == b
-
-
-def with_vocab(config: RunConfig, vocab_size: int) -> RunConfig:
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=vocab_size))
 
 
 def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
     """Fill model.vocab_size from the data; a different explicit value is an error."""
     if config.model.vocab_size == 0:
-        return with_vocab(config, data_vocab)
+        return dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=data_vocab))
     if config.model.vocab_size != data_vocab:
         raise ConfigError("model.vocab_size", f"{config.model.vocab_size} but the data has {data_vocab} tokens; "
                           "use 0 to take it from the data")
@@ -86,7 +63,7 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if is_done(run_dir):
+    if rundir.is_done(run_dir):
         return "done"
     handler = open_log(run_dir)
     status = RunStatus(run_dir)
@@ -120,7 +97,7 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus, cal
     datamodule = build_datamodule(config)
     datamodule.prepare_data()
     config = resolve_vocab(config, datamodule.vocab_size)
-    atomic_write_yaml(run_dir / CONFIG, to_plain(config))
+    atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(config))
     L.seed_everything(config.seed, workers=True, verbose=False)
     module = LitLM(config)
     log.info("run %s: %d parameters, %s", run_dir, sum(p.numel() for p in module.model.parameters()),
@@ -131,7 +108,7 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus, cal
         _quiet_known_warnings()
         trainer.fit(module, datamodule=datamodule, ckpt_path="last" if usable_checkpoint(run_dir) else None)
         log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
-        atomic_write_json(run_dir / EVAL, evaluate(trainer, module, datamodule, config))
+        atomic_write_json(run_dir / rundir.EVAL, evaluate(trainer, module, datamodule, config))
 
 
 def usable_checkpoint(run_dir: Path) -> bool:
@@ -139,7 +116,7 @@ def usable_checkpoint(run_dir: Path) -> bool:
     removed; a last.ckpt that is not a complete torch archive (damaged outside this code: every write
     here is atomic) is set aside as last.ckpt.corrupt and the run starts over, rather than failing
     again on every rerun."""
-    last = run_dir / LAST_CKPT
+    last = rundir.last_checkpoint(run_dir)
     for stale in last.parent.glob(f".{last.name}.*.tmp"):
         stale.unlink(missing_ok=True)
     if not last.exists():
@@ -153,10 +130,12 @@ def usable_checkpoint(run_dir: Path) -> bool:
 
 def make_trainer(config: RunConfig, run_dir: Path, logger: MetricsCSV, callbacks: list[L.Callback]) -> L.Trainer:
     t = config.train
-    checkpoint = ModelCheckpoint(dirpath=run_dir / CHECKPOINTS, save_last=True, save_top_k=0,
+    last = rundir.last_checkpoint(run_dir)
+    checkpoint = ModelCheckpoint(dirpath=last.parent, save_last=True, save_top_k=0,
                                  every_n_train_steps=t.checkpoint_every, enable_version_counter=False)
+    checkpoint.CHECKPOINT_NAME_LAST = last.stem  # Lightning appends FILE_EXTENSION (.ckpt)
     interactive = sys.stdout.isatty()
-    callbacks = [checkpoint, SaveOnSigterm(run_dir / LAST_CKPT), *callbacks]
+    callbacks = [checkpoint, SaveOnSigterm(last), *callbacks]
     if interactive:
         callbacks.append(RichProgressBar())
     return L.Trainer(
@@ -229,11 +208,10 @@ def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, c
 
 def load_run(run_dir: str | Path) -> tuple[RunConfig, TransformerLM]:
     """The run's resolved config and its model with the weights of checkpoints/last.ckpt, in eval mode."""
-    run_dir = Path(run_dir)
-    config = stored_config(run_dir)
+    config = rundir.stored_config(run_dir)
     if config is None:
-        raise FileNotFoundError(f"{run_dir / CONFIG} not found: not a run directory")
-    checkpoint = torch.load(run_dir / LAST_CKPT, map_location="cpu", weights_only=True)
+        raise FileNotFoundError(f"{Path(run_dir) / rundir.CONFIG} not found: not a run directory")
+    checkpoint = torch.load(rundir.last_checkpoint(run_dir), map_location="cpu", weights_only=True)
     model = TransformerLM(config.model)
     prefix = "model."
     model.load_state_dict({k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)})
