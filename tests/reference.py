@@ -155,6 +155,7 @@ def reference_attention(attn, x, mems=None, *, padding=None, same_length=False, 
     if padding is not None:
         visible &= ~padding[:, None, None, :]
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    probs = probs.nan_to_num(0.0)  # a query that sees no key (all padded) attends to nothing: 0, not NaN
     out = torch.einsum("bhij,bjhd->bihd", probs, v)
     if cfg.shaw_values:
         table = attn.value_table.detach().double()

@@ -24,7 +24,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.base import ConfigError
 from relpos_ablate.config.model import AttentionConfig
-from relpos_ablate.model.kernels import Block, block_inputs, blockwise_biased_attention
+from relpos_ablate.model.kernels import Block, block_inputs, blockwise_biased_attention, masked_softmax
 from relpos_ablate.model.position import BiasScheme, build_bias, rope_rotate, sinusoid
 from relpos_ablate.model.shift import rel_shift, toeplitz
 
@@ -385,7 +385,7 @@ class RelPosAttention(nn.Module):
         if add is not None:
             scores = scores + add
         visible = self._visible(lay, 0, lay.n_queries, lay.n_keys, same_length, padding)
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        probs = masked_softmax(scores, visible)
         dropped = F.dropout(probs, self.dropout, self.training)
         out = dropped @ v
         if self.value_table is not None:

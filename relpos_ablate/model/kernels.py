@@ -58,7 +58,17 @@ def _probabilities(plan: BlockPlan, block: Block, qc: Tensor, k: Tensor, bias: T
     scores.mul_(plan.scale).add_(bias).masked_fill_(~plan.visible(block), float("-inf"))
     if lse is None:
         lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        # a query that sees no key has lse = -inf: 0 instead makes its probabilities exp(-inf) = 0, not NaN
+        lse.masked_fill_(lse == float("-inf"), 0.0)
     return scores.sub_(lse).exp_(), lse
+
+
+def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:
+    """Softmax over the visible keys; a query that sees no key gets probabilities 0 (not NaN, as
+    SDPA and FlexAttention do) and passes no gradient back."""
+    sees_none = ~visible.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~visible, float("-inf")).masked_fill(sees_none, 0.0)
+    return scores.softmax(dim=-1).masked_fill(sees_none, 0.0)
 
 
 class BlockwiseBiasedAttention(torch.autograd.Function):
