@@ -24,7 +24,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.base import ConfigError
 from relpos_ablate.config.model import AttentionConfig
-from relpos_ablate.model.kernels import Block, block_inputs, blockwise_biased_attention, masked_softmax
+from relpos_ablate.model.kernels import Block, block_inputs, blockwise_biased_attention, common_dtype, masked_softmax
 from relpos_ablate.model.position import BiasScheme, build_bias, rope_rotate, sinusoid
 from relpos_ablate.model.shift import rel_shift, toeplitz
 
@@ -299,6 +299,10 @@ class RelPosAttention(nn.Module):
         q, k, v, n_mem = self._project(x, mems)
         lay = self._layout(x.shape[1], n_mem, clamp_len, x.device)
         qc, qb = self._queries(q)
+        if not need_weights:  # under autocast, u and v (fp32) promote q + u while k stays bf16: one dtype for the kernels
+            dtype = common_dtype(qc, k, v, qb, lay.r, lay.curve)
+            qc, k, v, qb = (None if t is None else t.to(dtype) for t in (qc, k, v, qb))
+            lay.r, lay.curve = (None if t is None else t.to(dtype) for t in (lay.r, lay.curve))
         explicit = need_weights or self.value_table is not None or self.config.backend == "explicit"
         if not explicit and self._use_flex(x):
             out, probs = self._attend_flex(lay, qc, qb, k, v, same_length, key_padding_mask), None
@@ -325,13 +329,16 @@ class RelPosAttention(nn.Module):
         plan = _Plan(self, lay, blocks, same_length, padding)
         if rebuild:
             params = list(self.bias.parameters()) if position_dependent else []
-            return blockwise_biased_attention(plan, qc, k, v, qb, lay.r, lay.curve, params)
+            # bf16/fp16 inputs: the kernel keeps scores and softmax statistics in fp32, as FlashAttention does
+            wide = torch.promote_types(qc.dtype, torch.float32)
+            qc_, k_, v_, qb_, r_, curve_ = (None if t is None else t.to(wide) for t in (qc, k, v, qb, lay.r, lay.curve))
+            return blockwise_biased_attention(plan, qc_, k_, v_, qb_, r_, curve_, params).to(qc.dtype)
         outs = []
         for blk in plan.blocks:
             rows = slice(blk.i0, blk.i1)
             mask = plan.visible(blk)
             if has_bias:
-                mask = plan.bias(blk, *block_inputs(blk, qb, lay.r, lay.curve)).masked_fill(~mask, float("-inf"))
+                mask = plan.bias(blk, *block_inputs(blk, qb, lay.r, lay.curve)).to(qc.dtype).masked_fill(~mask, float("-inf"))
             outs.append(F.scaled_dot_product_attention(
                 qc[:, :, rows], k[:, :, : blk.n_keys], v[:, :, : blk.n_keys], attn_mask=mask, dropout_p=p,
                 scale=self.scale,

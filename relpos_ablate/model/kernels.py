@@ -9,6 +9,7 @@ blocks again in backward, and rebuilds each block's scores and bias there.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -39,6 +40,12 @@ class BlockPlan(Protocol):
 
     def bias(self, block: Block, qb: Tensor | None, r: Tensor | None, curve: Tensor | None) -> Tensor:
         """Additive scores [B or 1, H, L_b, K_b] from the block's slices of qb, r and curve."""
+
+
+def common_dtype(*tensors: Tensor | None) -> torch.dtype:
+    """The dtype the given tensors (None skipped) promote to."""
+    dtypes = [t.dtype for t in tensors if t is not None]
+    return functools.reduce(torch.promote_types, dtypes)
 
 
 def _slice(t: Tensor | None, dim: int, cols: slice) -> Tensor | None:
@@ -81,6 +88,11 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan: BlockPlan, qc: Tensor, k: Tensor, v: Tensor, qb: Tensor | None, r: Tensor | None,
                 curve: Tensor | None, *params: Tensor):
+        with torch.autocast(qc.device.type, enabled=False):  # backward rebuilds in the inputs' dtype: so does forward
+            return BlockwiseBiasedAttention._forward(ctx, plan, qc, k, v, qb, r, curve, *params)
+
+    @staticmethod
+    def _forward(ctx, plan, qc, k, v, qb, r, curve, *params):
         b, h, lq, _ = qc.shape
         out = v.new_empty(b, h, lq, v.shape[-1])
         lse = qc.new_empty(b, h, lq, 1)
@@ -95,6 +107,11 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return BlockwiseBiasedAttention._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out: Tensor):
         plan = ctx.plan
         qc, k, v, qb, r, curve, out, lse = ctx.saved_tensors
         need_qb, need_r, need_curve = ctx.needs_input_grad[4:7]
