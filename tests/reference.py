@@ -159,11 +159,11 @@ def reference_attention(attn, x, mems=None, *, padding=None, same_length=False, 
     out = torch.einsum("bhij,bjhd->bihd", probs, v)
     if cfg.shaw_values:
         table = attn.value_table.detach().double()
-        c = cfg.clamp_len
+        c = clamp_len if clamp_len is not None else cfg.clamp_len  # the same clipped distance as the keys'
         for i in range(lq):
             for j in range(n_keys):
                 d = n_mem + i - j
-                row = min(max(d, 0), c) if cfg.causal else min(max(d, -c), c) + c
+                row = min(max(d, 0), c) if cfg.causal else min(max(d, -c), c) + cfg.clamp_len
                 out[:, i] += probs[:, :, i, j, None] * table[row]
     out = out.reshape(b, lq, h * dh) @ attn.out_net.weight.detach().double().T
     return out, probs

@@ -141,6 +141,12 @@ class RunConfig:
                 if setting.segment_len > data.eval_tokens:
                     raise ConfigError(f"eval.settings[{i}].segment_len", f"{setting.segment_len} is longer than "
                                       f"the evaluation streams (data.eval_tokens={data.eval_tokens})")
+        attention = self.model.attention
+        for i, setting in enumerate(self.eval_settings()):
+            if attention.rel == "learned" and setting.clamp_len is not None and setting.clamp_len > attention.clamp_len:
+                raise ConfigError(f"eval.settings[{i}].clamp_len", f"{setting.clamp_len} exceeds the learned position "
+                                  f"table (model.attention.rel='learned' covers distances up to "
+                                  f"model.attention.clamp_len={attention.clamp_len}); use at most {attention.clamp_len}")
         if data.source == "text" and data.train_file and self.eval.split == "test" and not data.test_file:
             raise ConfigError("eval.split", "'test' with local files needs data.test_file")
 

@@ -50,6 +50,7 @@ class _Layout:
     r: Tensor | None  # (H, n, dh): W_R R for descending distances K-1 .. -(L-1), scaled by s; term b
     curve: Tensor | None  # (H, n): term d plus distance-only bias, scaled, per descending distance
     distance_only_until: float = float("inf")  # a query-dependent bias is a curve up to this position
+    clamp_len: int | None = None  # this call's clamp of R (None: the config's)
 
     @property
     def n_keys(self) -> int:
@@ -175,7 +176,7 @@ class RelPosAttention(nn.Module):
             scheme = self.bias.curve(distances) * self.bias_scale
             curve = scheme if curve is None else curve + scheme
         until = self.bias.distance_only_until() if self.bias is not None else float("inf")
-        return _Layout(n_queries, n_mem, r if "b" in terms else None, curve, until)
+        return _Layout(n_queries, n_mem, r if "b" in terms else None, curve, until, clamp_len)
 
     # ------------------------------------------------------------------ blocks
     def _visible(self, lay: _Layout, i0: int, i1: int, n_keys: int, same_length: bool, padding: Tensor | None):
@@ -407,7 +408,8 @@ class RelPosAttention(nn.Module):
         per_distance = probs.new_zeros(b, h, lq, n)
         rel_shift(per_distance, n_keys).copy_(probs)  # column t of row r <- key j = t - (L - 1 - r)
         distances = torch.arange(n_keys - 1, -lq, -1, device=probs.device)
-        table = self.value_table[self._learned_index(distances, self.config.clamp_len)]  # (n, dh)
+        clamp = self.config.clamp_len if lay.clamp_len is None else lay.clamp_len  # the keys' clamp
+        table = self.value_table[self._learned_index(distances, clamp)]  # (n, dh)
         return per_distance @ table
 
     # ------------------------------------------------------------------ inspection
