@@ -104,7 +104,19 @@ def rope_reference(x: Tensor, pos: int, base: float) -> Tensor:
     return out
 
 
-def reference_attention(attn, x, mems=None, *, padding=None, same_length=False, clamp_len=None):
+def reference_mask(n_queries: int, n_mem: int, causal: bool, window: int | None = None) -> Tensor:
+    """Bool [L, M + L], True where query i (at key position i' = M + i) may see key j: causal
+    attention sees j <= i'; a window W keeps the W most recent of those, i' - W < j (itself included)."""
+    visible = torch.ones(n_queries, n_mem + n_queries, dtype=torch.bool)
+    for i in range(n_queries):
+        for j in range(n_mem + n_queries):
+            distance = n_mem + i - j
+            if causal and (distance < 0 or (window is not None and distance >= window)):
+                visible[i, j] = False
+    return visible
+
+
+def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_len=None):
     """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of REFERENCE.md."""
     cfg = attn.config
     terms = cfg.terms
@@ -147,13 +159,9 @@ def reference_attention(attn, x, mems=None, *, padding=None, same_length=False, 
             torch.stack([bias_value(attn, n_mem + i, j) for j in range(n_keys)], dim=-1) for i in range(lq)
         ], dim=1)  # (H, L, K)
         scores = scores + s_bias * bias[None]
-    visible = torch.ones(b, 1, lq, n_keys, dtype=torch.bool)
-    for i in range(lq):
-        for j in range(n_keys):
-            if cfg.causal and (j > n_mem + i or (same_length and n_mem + i - j > n_mem)):
-                visible[:, :, i, j] = False
+    visible = reference_mask(lq, n_mem, cfg.causal, window)[None, None].expand(b, 1, lq, n_keys)
     if padding is not None:
-        visible &= ~padding[:, None, None, :]
+        visible = visible & ~padding[:, None, None, :]
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
     probs = probs.nan_to_num(0.0)  # a query that sees no key (all padded) attends to nothing: 0, not NaN
     out = torch.einsum("bhij,bjhd->bihd", probs, v)

@@ -47,7 +47,7 @@ def test_flex_same_length_and_padding():
     padding = torch.zeros(2, 8, dtype=torch.bool)
     padding[0, 1] = True
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, mems, same_length=True)[0], reference_attention(attn, x, mems, same_length=True)[0])
+        torch.testing.assert_close(attn(x, mems, window=2)[0], reference_attention(attn, x, mems, window=2)[0])
         torch.testing.assert_close(attn(x, mems, key_padding_mask=padding)[0],
                                    reference_attention(attn, x, mems, padding=padding)[0])
 

@@ -84,7 +84,10 @@ class EvalSetting:
     clamp_len: int | None = None
     """Clamp of R at evaluation (null: the model's)."""
     same_length: bool = False
-    """Every query attends to the same number of keys (XL evaluation)."""
+    """Every query attends to the same number of keys, as in Transformer-XL's evaluation: with M = this
+    setting's mem_len (else the model's), query i sees the M most recent keys, itself included
+    (i - M < j <= i); fewer only while the stream has fewer (the first segment is causal up to that
+    window). Needs M > 0."""
 
     def __post_init__(self):
         check_range("segment_len", self.segment_len, low=1)

@@ -64,7 +64,7 @@ class _Plan:
     attn: "RelPosAttention"
     lay: _Layout
     blocks: list[Block]
-    same_length: bool
+    window: int | None
     padding: Tensor | None
 
     @property
@@ -72,7 +72,7 @@ class _Plan:
         return self.attn.scale
 
     def visible(self, blk: Block) -> Tensor:
-        return self.attn._visible(self.lay, blk.i0, blk.i1, blk.n_keys, self.same_length, self.padding)
+        return self.attn._visible(self.lay, blk.i0, blk.i1, blk.n_keys, self.window, self.padding)
 
     def bias(self, blk: Block, qb: Tensor | None, r: Tensor | None, curve: Tensor | None) -> Tensor:
         return self.attn._block_bias(self.lay, blk.i0, blk.i1, blk.n_keys, qb, r, curve)
@@ -179,7 +179,7 @@ class RelPosAttention(nn.Module):
         return _Layout(n_queries, n_mem, r if "b" in terms else None, curve, until, clamp_len)
 
     # ------------------------------------------------------------------ blocks
-    def _visible(self, lay: _Layout, i0: int, i1: int, n_keys: int, same_length: bool, padding: Tensor | None):
+    def _visible(self, lay: _Layout, i0: int, i1: int, n_keys: int, window: int | None, padding: Tensor | None):
         """Bool [L_b, K_b] (or [B, 1, L_b, K_b] with padding): may query i see key j."""
         device = self.q_net.weight.device
         q_pos = torch.arange(lay.n_mem + i0, lay.n_mem + i1, device=device)
@@ -187,8 +187,8 @@ class RelPosAttention(nn.Module):
         visible = torch.ones_like(dist, dtype=torch.bool)
         if self.config.causal:
             visible = dist >= 0
-            if same_length:
-                visible = visible & (dist <= lay.n_mem)
+            if window is not None:
+                visible = visible & (dist < window)
         if padding is not None:
             visible = visible[None, None] & ~padding[:, None, None, :n_keys]
         return visible
@@ -284,17 +284,17 @@ class RelPosAttention(nn.Module):
         need_weights: bool = False,
         key_padding_mask: Tensor | None = None,
         clamp_len: int | None = None,
-        same_length: bool = False,
+        window: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x [B, L, d_model], mems [B, M, d_model] (no gradient flows into them) ->
         (out [B, L, d_model], probs [B, H, L, M + L] or None).
 
         key_padding_mask [B, M + L] is True at keys to ignore. clamp_len overrides the config's for
-        this call (evaluation). same_length (causal only): every query sees the same number of keys,
-        M + 1 (the number the first query sees).
+        this call (evaluation). window (causal only): each query sees at most the `window` most recent
+        keys, itself included (Transformer-XL's same_length uses the memory length).
         """
-        if same_length and not self.config.causal:
-            raise ValueError("same_length applies to causal attention only")
+        if window is not None and not self.config.causal:
+            raise ValueError("window (same_length) applies to causal attention only")
         if mems is not None:
             mems = mems.detach()
         q, k, v, n_mem = self._project(x, mems)
@@ -306,28 +306,28 @@ class RelPosAttention(nn.Module):
             lay.r, lay.curve = (None if t is None else t.to(dtype) for t in (lay.r, lay.curve))
         explicit = need_weights or self.value_table is not None or self.config.backend == "explicit"
         if not explicit and self._use_flex(x):
-            out, probs = self._attend_flex(lay, qc, qb, k, v, same_length, key_padding_mask), None
+            out, probs = self._attend_flex(lay, qc, qb, k, v, window, key_padding_mask), None
         elif explicit:
-            out, probs = self._attend_explicit(lay, qc, qb, k, v, same_length, key_padding_mask)
+            out, probs = self._attend_explicit(lay, qc, qb, k, v, window, key_padding_mask)
             probs = probs if need_weights else None
         else:
-            out, probs = self._attend_blocks(lay, qc, qb, k, v, same_length, key_padding_mask), None
+            out, probs = self._attend_blocks(lay, qc, qb, k, v, window, key_padding_mask), None
         b, _, lq, _ = out.shape
         out = out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head)
         return self.out_net(out), probs
 
-    def _attend_blocks(self, lay, qc, qb, k, v, same_length, padding) -> Tensor:
+    def _attend_blocks(self, lay, qc, qb, k, v, window, padding) -> Tensor:
         """Attention in query blocks. No additive map: one SDPA call. Otherwise SDPA per block with
         the block's map (stored for backward), or BlockwiseBiasedAttention, which rebuilds the maps in
         backward and keeps O(L·d) (see _rebuild_in_backward; never with attention dropout)."""
         p = self.dropout if self.training else 0.0
         position_dependent = self.bias is not None and not self.bias.distance_only
         has_bias = qb is not None or lay.curve is not None or position_dependent
-        if not has_bias and padding is None and not same_length:
+        if not has_bias and padding is None and window is None:
             return self._attend_plain(lay, qc, k, v, p)
         rebuild = has_bias and p == 0.0 and self._rebuild_in_backward(lay, qc)
         blocks = self._blocks(lay, REBUILT_BLOCK_SCORES if rebuild else STORED_BLOCK_SCORES)
-        plan = _Plan(self, lay, blocks, same_length, padding)
+        plan = _Plan(self, lay, blocks, window, padding)
         if rebuild:
             params = list(self.bias.parameters()) if position_dependent else []
             # bf16/fp16 inputs: the kernel keeps scores and softmax statistics in fp32, as FlashAttention does
@@ -372,7 +372,7 @@ class RelPosAttention(nn.Module):
             return True
         return self.config.backend == "auto" and x.is_cuda and not (self.training and self.dropout > 0)
 
-    def _attend_flex(self, lay, qc, qb, k, v, same_length, padding) -> Tensor:
+    def _attend_flex(self, lay, qc, qb, k, v, window, padding) -> Tensor:
         """FlexAttention (compiled on CUDA); see flex.py. Term b is precomputed per distance."""
         from relpos_ablate.model.flex import flex_attend
 
@@ -381,18 +381,18 @@ class RelPosAttention(nn.Module):
         if self.bias is not None and not self.bias.distance_only:
             query_bias = self._query_dependent_bias(lay, 0, lay.n_queries, lay.n_keys)[0]  # (H, L, K)
         return flex_attend(
-            qc, k, v, scale=self.scale, n_mem=lay.n_mem, causal=self.config.causal, same_length=same_length,
+            qc, k, v, scale=self.scale, n_mem=lay.n_mem, causal=self.config.causal, window=window,
             term_b=term_b, curve=lay.curve, query_bias=query_bias, padding=padding, compiled=qc.is_cuda,
         )
 
-    def _attend_explicit(self, lay, qc, qb, k, v, same_length, padding):
+    def _attend_explicit(self, lay, qc, qb, k, v, window, padding):
         """Materialised scores and probabilities (for need_weights, Shaw values, or backend='explicit')."""
         scores = (qc * self.scale) @ k.transpose(-1, -2)  # (B, H, L, K)
         blk = self._block(lay, 0, lay.n_queries)
         add = self._block_bias(lay, 0, lay.n_queries, lay.n_keys, *block_inputs(blk, qb, lay.r, lay.curve))
         if add is not None:
             scores = scores + add
-        visible = self._visible(lay, 0, lay.n_queries, lay.n_keys, same_length, padding)
+        visible = self._visible(lay, 0, lay.n_queries, lay.n_keys, window, padding)
         probs = masked_softmax(scores, visible)
         dropped = F.dropout(probs, self.dropout, self.training)
         out = dropped @ v
@@ -415,7 +415,7 @@ class RelPosAttention(nn.Module):
     # ------------------------------------------------------------------ inspection
     @torch.no_grad()
     def score_terms(
-        self, x: Tensor, mems: Tensor | None = None, *, clamp_len: int | None = None, same_length: bool = False,
+        self, x: Tensor, mems: Tensor | None = None, *, clamp_len: int | None = None, window: int | None = None,
     ) -> dict[str, Tensor]:
         """Each enabled term (a, b, c, d) and the bias as its own [B, H, L, M + L] map, scaled as it
         enters the scores, plus 'visible' (bool mask). Inspection only: computes every map explicitly."""
@@ -440,6 +440,6 @@ class RelPosAttention(nn.Module):
         if self.bias is not None:
             positions = torch.arange(n_keys, device=x.device)
             out["bias"] = (self.bias.bias(positions[n_mem:], positions) * self.bias_scale)[None].expand(b, h, lq, n_keys)
-        visible = self._visible(lay, 0, lq, n_keys, same_length, None)
+        visible = self._visible(lay, 0, lq, n_keys, window, None)
         out["visible"] = visible
         return {name: t.contiguous() for name, t in out.items()}

@@ -22,20 +22,20 @@ def _kernel(compiled: bool):
 
 
 @functools.lru_cache(maxsize=32)
-def _block_mask(n_queries: int, n_mem: int, causal: bool, same_length: bool, device: str):
+def _block_mask(n_queries: int, n_mem: int, causal: bool, window: int | None, device: str):
     from torch.nn.attention.flex_attention import create_block_mask
 
     def visible(b, h, q_idx, kv_idx):
         distance = n_mem + q_idx - kv_idx
         ok = distance >= 0
-        return ok & (distance <= n_mem) if same_length else ok
+        return ok & (distance < window) if window is not None else ok
 
     if not causal:
         return None
     return create_block_mask(visible, None, None, n_queries, n_mem + n_queries, device=device)
 
 
-def flex_attend(qc: Tensor, k: Tensor, v: Tensor, *, scale: float, n_mem: int, causal: bool, same_length: bool,
+def flex_attend(qc: Tensor, k: Tensor, v: Tensor, *, scale: float, n_mem: int, causal: bool, window: int | None,
                 term_b: Tensor | None, curve: Tensor | None, query_bias: Tensor | None,
                 padding: Tensor | None, compiled: bool) -> Tensor:
     """softmax(scale·qc·kᵀ + term_b + curve + query_bias, masked)·v with FlexAttention: [B, H, L, dh]."""
@@ -53,5 +53,5 @@ def flex_attend(qc: Tensor, k: Tensor, v: Tensor, *, scale: float, n_mem: int, c
             score = torch.where(padding[b, kv_idx], float("-inf"), score)
         return score
 
-    block_mask = _block_mask(n_queries, n_mem, causal, same_length, str(qc.device))
+    block_mask = _block_mask(n_queries, n_mem, causal, window, str(qc.device))
     return _kernel(compiled)(qc, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)

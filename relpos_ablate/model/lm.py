@@ -132,6 +132,9 @@ class TransformerLM(nn.Module):
         if mems is not None and len(mems) != len(self.layers):
             raise ValueError(f"mems: expected {len(self.layers)} tensors (one per layer), got {len(mems)}")
         mem_len = self.config.mem_len if mem_len is None else mem_len
+        if same_length and mem_len == 0:
+            raise ValueError("same_length: every query sees the last mem_len keys, and mem_len is 0; set mem_len > 0")
+        window = mem_len if same_length else None  # Transformer-XL: each query sees its mem_len most recent keys
         h = self._embed(tokens)
         new_mems, probs, terms = [], [], []
         for i, layer in enumerate(self.layers):
@@ -142,8 +145,8 @@ class TransformerLM(nn.Module):
                 new_mems.append(kept[:, -mem_len:].detach())
             if with_terms:
                 x, m = layer.attention_inputs(h, mem)
-                terms.append(layer.attn.score_terms(x, m, clamp_len=clamp_len, same_length=same_length))
-            h, p = layer(h, mem, need_weights, clamp_len=clamp_len, same_length=same_length)
+                terms.append(layer.attn.score_terms(x, m, clamp_len=clamp_len, window=window))
+            h, p = layer(h, mem, need_weights, clamp_len=clamp_len, window=window)
             probs.append(p)
         logits = self.head(self.final_norm(h))
         return logits, (new_mems if mem_len > 0 else None), probs, terms
