@@ -46,7 +46,7 @@ def alibi_slopes_reference(n: int) -> list[float]:
 
 def bias_value(attn, i: int, j: int) -> Tensor:
     """B_h(i, j) for every head h [H] in float64, from the scheme's formula and the module's parameters."""
-    cfg, scheme, h = attn.config, attn.bias, attn.n_heads
+    cfg, scheme, h = attn.config, attn.bias_scheme, attn.n_heads
     d = i - j
     p = {name: t.detach().double() for name, t in scheme.named_parameters()}
     if cfg.bias == "xl_table":
@@ -154,7 +154,7 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
             vv = attn.position_bias_v.detach().double()
             scores += torch.einsum("hd,ijhd->hij", vv, wr_r)[None]
     scores = scores * s
-    if attn.bias is not None:
+    if attn.bias_scheme is not None:
         bias = torch.stack([
             torch.stack([bias_value(attn, n_mem + i, j) for j in range(n_keys)], dim=-1) for i in range(lq)
         ], dim=1)  # (H, L, K)

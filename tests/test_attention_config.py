@@ -4,6 +4,7 @@ Run: pytest tests/test_attention_config.py -q"""
 import pytest
 
 from relpos_ablate import AttentionConfig, ConfigError, ModelConfig, RelPosAttention, TransformerLM
+from relpos_ablate.model import AttentionOptions
 
 INVALID_ATTENTION = [
     (dict(terms=""), "terms", "non-empty subset"),
@@ -65,4 +66,4 @@ def test_module_level_checks():
     with pytest.raises(ValueError, match="window \(same_length\) applies to causal attention only"):
         import torch
 
-        RelPosAttention(16, 2, 8, AttentionConfig(causal=False))(torch.zeros(1, 2, 16), window=2)
+        RelPosAttention(16, 2, 8, AttentionConfig(causal=False))(torch.zeros(1, 2, 16), None, AttentionOptions(window=2))

@@ -9,6 +9,7 @@ from conftest import randomize
 from reference import reference_attention, reference_mask
 from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
 from relpos_ablate.config import load_run_config
+from relpos_ablate.model import AttentionOptions
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
@@ -19,7 +20,7 @@ def test_shaw_values_honour_the_evaluation_clamp(causal):
     randomize(attn, 4)
     gen = torch.Generator().manual_seed(5)
     x, mems = torch.randn(2, 5, 16, generator=gen, dtype=torch.float64), torch.randn(2, 3, 16, generator=gen, dtype=torch.float64)
-    out, _ = attn(x, mems, clamp_len=1)
+    out, _ = attn(x, mems, AttentionOptions(clamp_len=1))
     ref, _ = reference_attention(attn, x, mems, clamp_len=1)
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-9)
 
@@ -104,7 +105,7 @@ def test_same_length_window_on_every_backend(backend, fields):
         x = torch.randn(2, n_queries, 16, generator=gen, dtype=torch.float64)
         mems = torch.randn(2, n_mem, 16, generator=gen, dtype=torch.float64) if n_mem else None
         with torch.set_grad_enabled(backend != "flex"):  # FlexAttention has no backward on CPU
-            out, _ = attn(x, mems, window=mem_len)
+            out, _ = attn(x, mems, AttentionOptions(window=mem_len))
         ref, ref_probs = reference_attention(attn, x, mems, window=mem_len)
         assert ref_probs.masked_select(~expected).abs().max() == 0
         torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-9)

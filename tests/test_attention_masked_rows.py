@@ -8,6 +8,7 @@ import torch
 from conftest import randomize
 from reference import reference_attention
 from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.model import AttentionOptions
 
 CASES = [dict(terms="abcd", bias="alibi"), dict(terms="bd", bias="fire"), dict(terms="a", absolute="rope")]
 BACKENDS = ["explicit", "blocks", "sdpa", "auto"]
@@ -33,7 +34,7 @@ def test_fully_masked_query_gives_zero_output_and_clean_gradients(backend, field
     attn = make(backend, **fields)
     x, padding = inputs()
     x.requires_grad_(True)
-    out, _ = attn(x, key_padding_mask=padding)
+    out, _ = attn(x, None, AttentionOptions(key_padding_mask=padding))
     assert out[0, 0].abs().max() == 0
     ref, _ = reference_attention(attn, x.detach(), padding=padding)
     torch.testing.assert_close(out.detach(), ref, rtol=1e-6, atol=1e-9)
@@ -42,7 +43,7 @@ def test_fully_masked_query_gives_zero_output_and_clean_gradients(backend, field
     grads = torch.autograd.grad((out * weights).sum(), params, allow_unused=True)
     others = torch.ones_like(out)
     others[0, 0] = 0  # the same loss without the masked row: its gradients must be identical
-    out2, _ = attn(x, key_padding_mask=padding)
+    out2, _ = attn(x, None, AttentionOptions(key_padding_mask=padding))
     grads_without = torch.autograd.grad((out2 * weights * others).sum(), params, allow_unused=True)
     for g, g2 in zip(grads, grads_without):
         if g is None:
@@ -55,7 +56,7 @@ def test_fully_masked_query_gives_zero_output_and_clean_gradients(backend, field
 def test_fully_masked_query_has_zero_probabilities(fields):
     attn = make("explicit", **fields)
     x, padding = inputs()
-    _, probs = attn(x, key_padding_mask=padding, need_weights=True)
+    _, probs = attn(x, None, AttentionOptions(key_padding_mask=padding), need_weights=True)
     assert probs[0, :, 0].abs().max() == 0
     torch.testing.assert_close(probs[0, :, 1:].sum(-1), torch.ones(2, 4, dtype=torch.float64))
 
@@ -68,6 +69,6 @@ def test_fully_masked_query_on_flex(fields):
     attn = make("flex", **fields)
     x, padding = inputs()
     with torch.no_grad():
-        out, _ = attn(x, key_padding_mask=padding)
+        out, _ = attn(x, None, AttentionOptions(key_padding_mask=padding))
     assert out[0, 0].abs().max() == 0
     torch.testing.assert_close(out, reference_attention(attn, x, padding=padding)[0], rtol=1e-6, atol=1e-9)
