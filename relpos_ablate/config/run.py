@@ -150,6 +150,10 @@ class RunConfig:
                 raise ConfigError(f"eval.settings[{i}].clamp_len", f"{setting.clamp_len} exceeds the learned position "
                                   f"table (model.attention.rel='learned' covers distances up to "
                                   f"model.attention.clamp_len={attention.clamp_len}); use at most {attention.clamp_len}")
+            mem_len = self.model.mem_len if setting.mem_len is None else setting.mem_len
+            if setting.same_length and (mem_len == 0 or not attention.causal):
+                raise ConfigError(f"eval.settings[{i}].same_length", "needs causal attention and memory (mem_len > 0): "
+                                  "each query sees its mem_len most recent keys")
         if data.source == "text" and data.train_file and self.eval.split == "test" and not data.test_file:
             raise ConfigError("eval.split", "'test' with local files needs data.test_file")
 

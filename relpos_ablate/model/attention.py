@@ -212,7 +212,7 @@ class RelPosAttention(nn.Module):
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, call: AttentionCall, options: AttentionOptions):
         """Materialised scores and probabilities [B, H, L, K]; output [B, H, L, dh]."""
         b, h, lq, _ = q.shape
-        scores = sum(self.scores(q, k, call).values()).expand(b, h, lq, call.n_keys)
+        scores = sum(self.scores(q, k, call).values()).expand(b, h, lq, call.n_keys)  # terms broadcast: (B, H, L, K)
         probs = masked_softmax(scores, call.visible(call.all_queries))
         dropped = F.dropout(probs, self.dropout, self.training)
         out = dropped @ v

@@ -29,7 +29,7 @@ def _probabilities(call: AttentionCall, block: QueryBlock, q_content: Tensor, k:
                    lse: Tensor | None = None):
     """Softmax of s·q_content·kᵀ + additive over visible keys, computed in place in one
     [B, H, L_b, K_b] buffer. Returns (probs, lse) with lse the row log-sum-exp [B, H, L_b, 1]."""
-    scores = (q_content @ k.transpose(-1, -2)).mul_(call.scale)
+    scores = (q_content @ k.transpose(-1, -2)).mul_(call.scale)  # (B, H, L_b, dh) @ (B, H, dh, K_b)
     if additive is not None:
         scores.add_(additive)
     scores.masked_fill_(~call.visible(block), float("-inf"))
@@ -92,7 +92,7 @@ def _backward(ctx, grad_out: Tensor):
             q_b, k_b, v_b, go = q_content[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
             detached = None if additive is None else additive.detach()
             probs, _ = _probabilities(call, blk, q_b, k_b, detached, lse[:, :, rows])
-            grad_v[:, :, keys] += probs.transpose(-1, -2) @ go
+            grad_v[:, :, keys] += probs.transpose(-1, -2) @ go  # (B, H, K_b, L_b) @ (B, H, L_b, dh)
             grad_scores = probs.mul_((go @ v_b.transpose(-1, -2)).sub_(delta[:, :, rows]))  # P ∘ (dP - delta)
             grad_q[:, :, rows] += (grad_scores @ k_b).mul_(call.scale)
             grad_k[:, :, keys] += (grad_scores.transpose(-1, -2) @ q_b).mul_(call.scale)

@@ -188,5 +188,5 @@ class TransformerLM(nn.Module):
 
     def loss(self, logits: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
         """Mean cross-entropy over positions where mask is True (all when None)."""
-        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")  # (B·L, V) -> (B·L)
         return losses.mean() if mask is None else masked_mean(losses, mask.flatten())
