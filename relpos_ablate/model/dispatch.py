@@ -33,10 +33,12 @@ REBUILT_BLOCK_SCORES = 64 * 1024
 def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
            config: AttentionConfig, dropout_p: float) -> Tensor:
     """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring)."""
-    # without term b nothing reads rel_keys; under autocast q + u is fp32 (u is) while k is bf16: one dtype
-    rel_keys = call.rel_keys if q_position is not None else None
+    rel_keys = call.rel_keys if q_position is not None else None  # without term b nothing reads it
+    # one dtype for the kernels: under autocast q + u is fp32 (u is) while k is bf16; take autocast's
     tensors = (q_content, k, v, q_position, rel_keys, call.distance_scores)
-    dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors if t is not None])
+    device = q_content.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
+        functools.reduce(torch.promote_types, [t.dtype for t in tensors if t is not None])
     q_content, k, v, q_position, rel_keys, distance_scores = (None if t is None else t.to(dtype) for t in tensors)
     call = dataclasses.replace(call, rel_keys=rel_keys, distance_scores=distance_scores)
     if config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0):
