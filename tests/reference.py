@@ -100,7 +100,7 @@ BIAS_FORMULAS = {
 
 def bias_value(attn, i: int, j: int) -> Tensor:
     """B_h(i, j) for every head h [H] in float64, from the scheme's formula and the module's parameters."""
-    p = {name: t.detach().double() for name, t in attn.bias.named_parameters()}
+    p = {name: t.detach().double() for name, t in attn.bias_scheme.named_parameters()}
     return BIAS_FORMULAS[attn.config.bias](attn.config, p, attn.n_heads, i, j)
 
 
@@ -128,7 +128,19 @@ def rope_reference(x: Tensor, pos: int, base: float) -> Tensor:
     return out
 
 
-def reference_attention(attn, x, mems=None, *, padding=None, same_length=False, clamp_len=None):
+def reference_mask(n_queries: int, n_mem: int, causal: bool, window: int | None = None) -> Tensor:
+    """Bool [L, M + L], True where query i (at key position i' = M + i) may see key j: causal
+    attention sees j <= i'; a window W keeps the W most recent of those, i' - W < j (itself included)."""
+    visible = torch.ones(n_queries, n_mem + n_queries, dtype=torch.bool)
+    for i in range(n_queries):
+        for j in range(n_mem + n_queries):
+            distance = n_mem + i - j
+            if causal and (distance < 0 or (window is not None and distance >= window)):
+                visible[i, j] = False
+    return visible
+
+
+def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_len=None):
     """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of docs/formulas.md."""
     cfg = attn.config
     terms = cfg.terms
@@ -166,27 +178,24 @@ def reference_attention(attn, x, mems=None, *, padding=None, same_length=False, 
             vv = attn.position_bias_v.detach().double()
             scores += torch.einsum("hd,ijhd->hij", vv, wr_r)[None]
     scores = scores * s
-    if attn.bias is not None:
+    if attn.bias_scheme is not None:
         bias = torch.stack([
             torch.stack([bias_value(attn, n_mem + i, j) for j in range(n_keys)], dim=-1) for i in range(lq)
         ], dim=1)  # (H, L, K)
         scores = scores + s_bias * bias[None]
-    visible = torch.ones(b, 1, lq, n_keys, dtype=torch.bool)
-    for i in range(lq):
-        for j in range(n_keys):
-            if cfg.causal and (j > n_mem + i or (same_length and n_mem + i - j > n_mem)):
-                visible[:, :, i, j] = False
+    visible = reference_mask(lq, n_mem, cfg.causal, window)[None, None].expand(b, 1, lq, n_keys)
     if padding is not None:
-        visible &= ~padding[:, None, None, :]
+        visible = visible & ~padding[:, None, None, :]
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    probs = probs.nan_to_num(0.0)  # a query that sees no key (all padded) attends to nothing: 0, not NaN
     out = torch.einsum("bhij,bjhd->bihd", probs, v)
     if cfg.shaw_values:
         table = attn.value_table.detach().double()
-        c = cfg.clamp_len
+        c = clamp_len if clamp_len is not None else cfg.clamp_len  # the same clipped distance as the keys'
         for i in range(lq):
             for j in range(n_keys):
                 d = n_mem + i - j
-                row = min(max(d, 0), c) if cfg.causal else min(max(d, -c), c) + c
+                row = min(max(d, 0), c) if cfg.causal else min(max(d, -c), c) + cfg.clamp_len
                 out[:, i] += probs[:, :, i, j, None] * table[row]
     out = out.reshape(b, lq, h * dh) @ attn.out_net.weight.detach().double().T
     return out, probs

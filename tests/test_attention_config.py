@@ -4,6 +4,7 @@ Run: pytest tests/test_attention_config.py -q"""
 import pytest
 
 from relpos_ablate import AttentionConfig, ConfigError, ModelConfig, RelPosAttention, TransformerLM
+from relpos_ablate.model import AttentionOptions
 
 INVALID_ATTENTION = [
     (dict(terms=""), "terms", "non-empty subset"),
@@ -62,7 +63,7 @@ def test_module_level_checks():
         RelPosAttention(15, 2, 8, AttentionConfig())
     with pytest.raises(ConfigError, match="^vocab_size: must be >= 1"):
         TransformerLM(ModelConfig())
-    with pytest.raises(ValueError, match="same_length applies to causal attention only"):
+    with pytest.raises(ValueError, match="window \(same_length\) applies to causal attention only"):
         import torch
 
-        RelPosAttention(16, 2, 8, AttentionConfig(causal=False))(torch.zeros(1, 2, 16), same_length=True)
+        RelPosAttention(16, 2, 8, AttentionConfig(causal=False))(torch.zeros(1, 2, 16), None, AttentionOptions(window=2))

@@ -10,6 +10,7 @@ import torch
 from conftest import randomize
 from reference import reference_attention
 from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.model import AttentionOptions
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 CASES = [
@@ -47,8 +48,8 @@ def test_flex_same_length_and_padding():
     padding = torch.zeros(2, 8, dtype=torch.bool)
     padding[0, 1] = True
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, mems, same_length=True)[0], reference_attention(attn, x, mems, same_length=True)[0])
-        torch.testing.assert_close(attn(x, mems, key_padding_mask=padding)[0],
+        torch.testing.assert_close(attn(x, mems, AttentionOptions(window=2))[0], reference_attention(attn, x, mems, window=2)[0])
+        torch.testing.assert_close(attn(x, mems, AttentionOptions(key_padding_mask=padding))[0],
                                    reference_attention(attn, x, mems, padding=padding)[0])
 
 

@@ -12,6 +12,7 @@ import torch
 from conftest import randomize
 from reference import reference_attention
 from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.model import AttentionOptions
 from relpos_ablate.config.model import BIAS_TYPES
 
 TERM_SUBSETS = ["".join(c) for n in range(1, 5) for c in itertools.combinations("abcd", n)]
@@ -39,11 +40,9 @@ def inputs(seed, n_mem, batch=2):
 
 def assert_matches_reference(attn, x, mems, **kw):
     ref_out, ref_probs = reference_attention(attn, x, mems, **kw)
-    fwd_kw = {k: v for k, v in kw.items() if k != "padding"}
-    if "padding" in kw:
-        fwd_kw["key_padding_mask"] = kw["padding"]
-    fast, none = attn(x, mems, **fwd_kw)
-    slow, probs = attn(x, mems, need_weights=True, **fwd_kw)
+    options = AttentionOptions(clamp_len=kw.get("clamp_len"), window=kw.get("window"), key_padding_mask=kw.get("padding"))
+    fast, none = attn(x, mems, options)
+    slow, probs = attn(x, mems, options, need_weights=True)
     assert none is None
     torch.testing.assert_close(fast, ref_out, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(slow, ref_out, rtol=1e-6, atol=1e-9)
@@ -79,7 +78,7 @@ def test_clamp_len_and_its_evaluation_override(causal):
 def test_learned_r_cannot_be_unclamped_beyond_its_table():
     attn = make(terms="ab", rel="learned", clamp_len=2)
     with pytest.raises(ValueError, match="clamp_len: 5 exceeds the learned table"):
-        attn(*inputs(0, 0), clamp_len=5)
+        attn(*inputs(0, 0), AttentionOptions(clamp_len=5))
 
 
 @pytest.mark.parametrize("n_mem", [0, MEM])
@@ -97,7 +96,7 @@ def test_scaling_conventions(score_scale, bias_scaled):
 @pytest.mark.parametrize("bias", ["none", "alibi", "fire"])
 def test_same_length(bias):
     attn = make(terms="abcd", bias=bias)
-    assert_matches_reference(attn, *inputs(5, MEM), same_length=True)
+    assert_matches_reference(attn, *inputs(5, MEM), window=2)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -196,15 +195,15 @@ def test_fire_curve_shortcut_and_pairwise_blocks_both_match(backend):
     full (i, j) evaluation: with the threshold at 2.5 and blocks of 2 queries, both kinds occur."""
     attn = make(terms="a", bias="fire", backend=backend)
     with torch.no_grad():
-        attn.bias.threshold.fill_(2.5)
+        attn.bias_scheme.threshold.fill_(2.5)
     x, _ = inputs(13, 0)
     x.requires_grad_(True)
     assert_matches_reference(attn, x, None)
     out, _ = attn(x)
-    grads = torch.autograd.grad(out.square().sum(), [x, *attn.bias.parameters()])
+    grads = torch.autograd.grad(out.square().sum(), [x, *attn.bias_scheme.parameters()])
     ref_attn = make(terms="a", bias="fire", backend="explicit")
     ref_attn.load_state_dict(attn.state_dict())
     ref_out, _ = ref_attn(x, need_weights=True)
-    ref_grads = torch.autograd.grad(ref_out.square().sum(), [x, *ref_attn.bias.parameters()])
+    ref_grads = torch.autograd.grad(ref_out.square().sum(), [x, *ref_attn.bias_scheme.parameters()])
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-7, atol=1e-10)

@@ -21,6 +21,7 @@ from relpos_ablate import AttentionConfig, ModelConfig, RelPosAttention, Transfo
 from relpos_ablate.config import ConfigError, RunConfig, describe, load_run_config, registry
 from relpos_ablate.config.model import BIAS_TYPES
 from relpos_ablate.config.registry import BUILTIN_BIASES, bias_class, bias_types, import_modules, register_bias
+from relpos_ablate.model import AttentionOptions
 from relpos_ablate.model.position import BiasScheme, build_bias
 from relpos_ablate.runner.presets import preset_fields, presets
 
@@ -223,9 +224,9 @@ def test_memory_and_causality_are_exact(gaussian, name):
 def test_distance_only_schemes_are_translation_invariant(gaussian, name, causal):
     """Four masked-out keys in front shift every position by 4 and change nothing."""
     attn = attention(name, terms="ac", causal=causal)
-    if not attn.bias.distance_only:
+    if not attn.bias_scheme.distance_only:
         pytest.skip(f"{name} depends on the query position, not on i - j alone")
     x = torch.randn(2, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     front = torch.zeros(2, 10, dtype=torch.bool)
     front[:, :4] = True
-    torch.testing.assert_close(attn(x, torch.randn(2, 4, 16, dtype=torch.float64), key_padding_mask=front)[0], attn(x)[0])
+    torch.testing.assert_close(attn(x, torch.randn(2, 4, 16, dtype=torch.float64), AttentionOptions(key_padding_mask=front))[0], attn(x)[0])

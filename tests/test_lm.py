@@ -79,6 +79,7 @@ def test_causality(attention):
 def test_relative_schemes_are_translation_invariant(attention, causal):
     """Shifting every position by M (M masked-out memory keys in front) changes nothing."""
     from relpos_ablate import RelPosAttention
+    from relpos_ablate.model import AttentionOptions
 
     attn = RelPosAttention(16, 2, 8, AttentionConfig(causal=causal, **attention)).double()
     randomize(attn, 3)
@@ -87,7 +88,7 @@ def test_relative_schemes_are_translation_invariant(attention, causal):
     padding = torch.zeros(2, 10, dtype=torch.bool)
     padding[:, :4] = True
     plain, _ = attn(x)
-    shifted, _ = attn(x, junk, key_padding_mask=padding)
+    shifted, _ = attn(x, junk, AttentionOptions(key_padding_mask=padding))
     torch.testing.assert_close(shifted, plain)
 
 
@@ -143,7 +144,7 @@ def test_sharing_across_layers(share):
     a, b = m.attention_layers()
     assert (a.content_bias_u is b.content_bias_u) == share
     assert (a.position_bias_v is b.position_bias_v) == share
-    assert (a.bias is b.bias) == share
+    assert (a.bias_scheme is b.bias_scheme) == share
     n_bias = sum(p.numel() for n, p in m.named_parameters() if "table" in n)
     assert n_bias == 32 * 2 * (1 if share else 2)
 

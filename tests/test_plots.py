@@ -119,7 +119,7 @@ def test_t5_bidirectional_curves_and_bucket_edges():
     ax = fig.axes[0]
     distances = np.arange(-24, 25)
     buckets = [t5_bucket_reference(-d, 16, 20) for d in distances]  # distance i - j = -(j - i)
-    table = model.attention_layers()[0].bias.table.detach().numpy()  # (buckets, H)
+    table = model.attention_layers()[0].bias_scheme.table.detach().numpy()  # (buckets, H)
     for h, line in enumerate(lines(ax)):
         assert list(line.get_xdata()) == list(distances)
         assert line.get_ydata() == pytest.approx(table[buckets, h])

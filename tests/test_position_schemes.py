@@ -154,7 +154,7 @@ def test_rel_shift_and_toeplitz_index_by_distance(lq, n_keys, q_offset):
 def test_bias_curve_api():
     attn = RelPosAttention(16, 2, 8, AttentionConfig(terms="abcd", bias="alibi"))
     d = torch.arange(0, 6)
-    torch.testing.assert_close(attn.bias_curve(d), attn.bias.curve(d))
+    torch.testing.assert_close(attn.bias_curve(d), attn.bias_scheme.curve(d))
     v, r = attn.position_bias_v, attn.projected_relative(d)
     torch.testing.assert_close(attn.bias_curve(d, source="d"), torch.einsum("hd,hnd->hn", v, r) / math.sqrt(8))
     with pytest.raises(ValueError, match="no bias"):

@@ -60,7 +60,7 @@ def assert_trained_the_gaussian(run_dir: Path) -> None:
     assert stored["imports"] == ["my_schemes"] and stored["model"]["attention"]["bias"] == "gaussian"
     assert read_eval(run_dir)["settings"]
     state = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=False)["state_dict"]
-    log_a = [value for key, value in state.items() if key.endswith("bias.log_a")]
+    log_a = [value for key, value in state.items() if key.endswith("bias_scheme.log_a")]
     assert log_a and not torch.equal(log_a[0], torch.full_like(log_a[0], -4.0)), "log_a was not trained"
 
 

@@ -46,7 +46,7 @@ def check_has_bias(model, name: str) -> list[str]:
 def bias_panels(model, source: str) -> list[tuple[str, object]]:
     """(title, attention layer) per panel: the shared bias module once, else one per layer."""
     layers = model.attention_layers()
-    if source == "bias" and all(attn.bias is layers[0].bias for attn in layers):
+    if source == "bias" and all(attn.bias_scheme is layers[0].bias_scheme for attn in layers):
         return [("bias, all layers (shared)", layers[0])]
     what = "bias" if source == "bias" else "term d"
     return [(f"{what}, layer {k}", attn) for k, attn in enumerate(layers)]
@@ -59,7 +59,7 @@ def distance_range(causal: bool, max_distance: int) -> np.ndarray:
 def marks(attn, source: str) -> list[float]:
     """Distances where the scheme changes regime: bucket edges and table clamps, or R's clamp_len."""
     if source == "bias":
-        return list(attn.bias.boundaries())
+        return list(attn.bias_scheme.boundaries())
     clamp = attn.config.clamp_len
     if clamp is None:
         return []

@@ -145,9 +145,15 @@ class ModelConfig:
         check_range("attn_dropout", self.attn_dropout, 0.0, 1.0)
         check_choice("norm", self.norm, NORMS)
         check_range("mem_len", self.mem_len, low=0)
-        if self.attention.absolute == "rope" and self.d_head % 2:
-            raise ConfigError("d_head", f"rope needs an even d_head (got {self.d_head})")
+        check_widths(self.attention, self.d_model, self.d_head)
         if self.attention.absolute == "sinusoid" and self.d_model % 2:
             raise ConfigError("d_model", f"sinusoid positions need an even d_model (got {self.d_model})")
-        if self.attention.uses_r and self.attention.rel == "sinusoid" and self.d_model % 2:
-            raise ConfigError("d_model", f"sinusoid R needs an even d_model (got {self.d_model})")
+
+
+def check_widths(attention: AttentionConfig, d_model: int, d_head: int) -> None:
+    """The widths an attention layer's sinusoids need: RoPE rotates pairs of a head's dimensions, and
+    R_{i-j} has a sine and a cosine half. (ModelConfig and a bare RelPosAttention both check them.)"""
+    if attention.absolute == "rope" and d_head % 2:
+        raise ConfigError("d_head", f"rope needs an even d_head (got {d_head})")
+    if attention.uses_r and attention.rel == "sinusoid" and d_model % 2:
+        raise ConfigError("d_model", f"sinusoid R needs an even d_model (got {d_model})")

@@ -85,7 +85,10 @@ class EvalSetting:
     clamp_len: int | None = None
     """Clamp of R at evaluation (null: the model's)."""
     same_length: bool = False
-    """Every query attends to the same number of keys (XL evaluation)."""
+    """Every query attends to the same number of keys, as in Transformer-XL's evaluation: with M = this
+    setting's mem_len (else the model's), query i sees the M most recent keys, itself included
+    (i - M < j <= i); fewer only while the stream has fewer (the first segment is causal up to that
+    window). Needs M > 0."""
 
     def __post_init__(self):
         check_range("segment_len", self.segment_len, low=1)
@@ -152,6 +155,16 @@ class RunConfig:
                 if setting.segment_len > data.eval_tokens:
                     raise ConfigError(f"eval.settings[{i}].segment_len", f"{setting.segment_len} is longer than "
                                       f"the evaluation streams (data.eval_tokens={data.eval_tokens})")
+        attention = self.model.attention
+        for i, setting in enumerate(self.eval_settings()):
+            if attention.rel == "learned" and setting.clamp_len is not None and setting.clamp_len > attention.clamp_len:
+                raise ConfigError(f"eval.settings[{i}].clamp_len", f"{setting.clamp_len} exceeds the learned position "
+                                  f"table (model.attention.rel='learned' covers distances up to "
+                                  f"model.attention.clamp_len={attention.clamp_len}); use at most {attention.clamp_len}")
+            mem_len = self.model.mem_len if setting.mem_len is None else setting.mem_len
+            if setting.same_length and (mem_len == 0 or not attention.causal):
+                raise ConfigError(f"eval.settings[{i}].same_length", "needs causal attention and memory (mem_len > 0): "
+                                  "each query sees its mem_len most recent keys")
         if data.source == "text" and data.train_file and self.eval.split == "test" and not data.test_file:
             raise ConfigError("eval.split", "'test' with local files needs data.test_file")
 

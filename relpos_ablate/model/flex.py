@@ -1,9 +1,10 @@
-"""FlexAttention path (CUDA): the same scores as the block kernel, as a `score_mod` + causal `block_mask`.
+"""FlexAttention path (CUDA): the same scores as the block kernel, as a `score_mod` + `block_mask`.
 
 score_mod reads per-distance tensors by the descending-distance column t = (L - 1 - q_idx) + kv_idx
-(see shift.py): the curve [H, n] of term d and distance-only biases, and for term b the precomputed
-[B, H, L, n] product (q + v)·W_R R. A bias that depends on the query position (FIRE) is precomputed
-as [H, L, K]. On CPU, FlexAttention has no backward; there it is used for forward parity tests only.
+(see shift.py): distance_scores [H, n] (term d without b, distance-only biases), and for term b the
+precomputed [B, H, L, n] product (q + v)·W_R R. A bias that depends on the query position (FIRE) is
+precomputed as [H, L, K]. The block mask is the call's Visibility (causal, window); key padding is
+applied in score_mod. On CPU, FlexAttention has no backward; there it is used for forward parity tests only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import functools
 
 import torch
 from torch import Tensor
+
+from relpos_ablate.model.call import AttentionCall, Visibility
 
 
 @functools.cache
@@ -22,36 +25,34 @@ def _kernel(compiled: bool):
 
 
 @functools.lru_cache(maxsize=32)
-def _block_mask(n_queries: int, n_mem: int, causal: bool, same_length: bool, device: str):
+def _block_mask(visibility: Visibility, n_queries: int, device: str):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    def visible(b, h, q_idx, kv_idx):
-        distance = n_mem + q_idx - kv_idx
-        ok = distance >= 0
-        return ok & (distance <= n_mem) if same_length else ok
-
-    if not causal:
+    if not visibility.causal:
         return None
-    return create_block_mask(visible, None, None, n_queries, n_mem + n_queries, device=device)
+    return create_block_mask(lambda b, h, q_idx, kv_idx: visibility(q_idx, kv_idx), None, None, n_queries,
+                             visibility.n_mem + n_queries, device=device)
 
 
-def flex_attend(qc: Tensor, k: Tensor, v: Tensor, *, scale: float, n_mem: int, causal: bool, same_length: bool,
-                term_b: Tensor | None, curve: Tensor | None, query_bias: Tensor | None,
-                padding: Tensor | None, compiled: bool) -> Tensor:
-    """softmax(scale·qc·kᵀ + term_b + curve + query_bias, masked)·v with FlexAttention: [B, H, L, dh]."""
-    n_queries = qc.shape[2]
+def flex_attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
+                *, compiled: bool) -> Tensor:
+    """softmax(s·q_content·kᵀ + terms b, d and the bias, masked)·v with FlexAttention: [B, H, L, dh]."""
+    n_queries = call.n_queries
+    term_b = None if q_position is None else q_position @ call.rel_keys.transpose(1, 2)  # (B, H, L, K + L - 1)
+    distance_scores, padding = call.distance_scores, call.key_padding_mask
+    pair_bias = None if call.pair_bias is None else call.pair_bias_scores(call.all_queries)[0]  # (H, L, K)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         t = n_queries - 1 - q_idx + kv_idx
         if term_b is not None:
             score = score + term_b[b, h, q_idx, t]
-        if curve is not None:
-            score = score + curve[h, t]
-        if query_bias is not None:
-            score = score + query_bias[h, q_idx, kv_idx]
+        if distance_scores is not None:
+            score = score + distance_scores[h, t]
+        if pair_bias is not None:
+            score = score + pair_bias[h, q_idx, kv_idx]
         if padding is not None:
             score = torch.where(padding[b, kv_idx], float("-inf"), score)
         return score
 
-    block_mask = _block_mask(n_queries, n_mem, causal, same_length, str(qc.device))
-    return _kernel(compiled)(qc, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    block_mask = _block_mask(call.visibility, n_queries, str(q_content.device))
+    return _kernel(compiled)(q_content, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale)

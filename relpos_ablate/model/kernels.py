@@ -1,132 +1,110 @@
-"""Block-wise attention with an additive bias that is rebuilt, not stored, for backward.
+"""Block-wise attention with an additive map that is rebuilt, not stored, for backward.
 
 `F.scaled_dot_product_attention` with a learned additive mask falls back to its math kernel, which
 keeps the [B, H, L, K] probabilities for backward: at L = 4096 that is ~10x the memory of attention
 without positions. `BlockwiseBiasedAttention` keeps what FlashAttention keeps (q, k, v, the output,
-the row log-sum-exp: O(L·d)) plus the per-distance tensors the bias is built from, walks the query
-blocks again in backward, and rebuilds each block's scores and bias there.
+the row log-sum-exp: O(L·d)) plus the per-distance tensors the map is built from, walks the query
+blocks again in backward, and rebuilds each block's scores and map there.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-
-@dataclass(frozen=True)
-class Block:
-    """Queries i0..i1-1 against keys 0..n_keys-1; r_cols / curve_cols: the columns of the
-    per-distance tensors this block reads."""
-
-    i0: int
-    i1: int
-    n_keys: int
-    r_cols: slice
-    curve_cols: slice
+from relpos_ablate.model.call import AttentionCall, QueryBlock
 
 
-class BlockPlan(Protocol):
-    """What the attention module tells the kernel: the blocks, their masks and how to build a bias."""
-
-    blocks: Sequence[Block]
-    scale: float
-
-    def visible(self, block: Block) -> Tensor:
-        """Bool [L_b, K_b] or [B, 1, L_b, K_b]."""
-
-    def bias(self, block: Block, qb: Tensor | None, r: Tensor | None, curve: Tensor | None) -> Tensor:
-        """Additive scores [B or 1, H, L_b, K_b] from the block's slices of qb, r and curve."""
+def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:
+    """Softmax over the visible keys; a query that sees no key gets probabilities 0 (not NaN, as
+    SDPA and FlexAttention do) and passes no gradient back."""
+    sees_none = ~visible.any(dim=-1, keepdim=True)
+    scores = scores.masked_fill(~visible, float("-inf")).masked_fill(sees_none, 0.0)
+    return scores.softmax(dim=-1).masked_fill(sees_none, 0.0)
 
 
-def _slice(t: Tensor | None, dim: int, cols: slice) -> Tensor | None:
-    return None if t is None else t.narrow(dim, cols.start, cols.stop - cols.start)
-
-
-def block_inputs(block: Block, qb: Tensor | None, r: Tensor | None, curve: Tensor | None):
-    """The parts of the position query [B, H, L, dh] and the per-distance tensors r [H, n, dh] and
-    curve [H, n] that `block` reads (None stays None)."""
-    return _slice(qb, 2, slice(block.i0, block.i1)), _slice(r, 1, block.r_cols), _slice(curve, 1, block.curve_cols)
-
-
-def _probabilities(plan: BlockPlan, block: Block, qc: Tensor, k: Tensor, bias: Tensor, lse: Tensor | None = None):
-    """Softmax of scale·qc·kᵀ + bias over visible keys, computed in place in one [B, H, L_b, K_b] buffer.
-    Returns (probs, lse) with lse the row log-sum-exp [B, H, L_b, 1]."""
-    scores = qc @ k.transpose(-1, -2)
-    scores.mul_(plan.scale).add_(bias).masked_fill_(~plan.visible(block), float("-inf"))
+def _probabilities(call: AttentionCall, block: QueryBlock, q_content: Tensor, k: Tensor, additive: Tensor | None,
+                   lse: Tensor | None = None):
+    """Softmax of s·q_content·kᵀ + additive over visible keys, computed in place in one
+    [B, H, L_b, K_b] buffer. Returns (probs, lse) with lse the row log-sum-exp [B, H, L_b, 1]."""
+    scores = (q_content @ k.transpose(-1, -2)).mul_(call.scale)  # (B, H, L_b, dh) @ (B, H, dh, K_b)
+    if additive is not None:
+        scores.add_(additive)
+    scores.masked_fill_(~call.visible(block), float("-inf"))
     if lse is None:
         lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        # a query that sees no key has lse = -inf: 0 instead makes its probabilities exp(-inf) = 0, not NaN
+        lse.masked_fill_(lse == float("-inf"), 0.0)
     return scores.sub_(lse).exp_(), lse
 
 
 class BlockwiseBiasedAttention(torch.autograd.Function):
-    """out = softmax(scale·qc·kᵀ + bias, masked)·v, block by block (see module docstring).
+    """out = softmax(s·q_content·kᵀ + additive, masked)·v, block by block (see module docstring).
 
-    `params` are module parameters the plan's bias reads directly (FIRE's MLP); they get gradients
-    through a rebuild of each block's bias under autograd.
+    The additive map of each block is `call.additive_scores` of the block's slices of q_position,
+    rel_keys and distance_scores. `params` are module parameters it reads directly (FIRE's MLP); they
+    get gradients through a rebuild of each block's map under autograd. Autocast is off inside, so
+    that forward and the rebuild in backward compute the same thing in the inputs' dtype.
     """
 
     @staticmethod
-    def forward(ctx, plan: BlockPlan, qc: Tensor, k: Tensor, v: Tensor, qb: Tensor | None, r: Tensor | None,
-                curve: Tensor | None, *params: Tensor):
-        b, h, lq, _ = qc.shape
+    def forward(ctx, call: AttentionCall, blocks: Sequence[QueryBlock], q_content: Tensor, k: Tensor, v: Tensor,
+                q_position: Tensor | None, rel_keys: Tensor | None, distance_scores: Tensor | None, *params: Tensor):
+        b, h, lq, _ = q_content.shape
         out = v.new_empty(b, h, lq, v.shape[-1])
-        lse = qc.new_empty(b, h, lq, 1)
-        for blk in plan.blocks:
-            rows = slice(blk.i0, blk.i1)
-            bias = plan.bias(blk, *block_inputs(blk, qb, r, curve))
-            probs, lse[:, :, rows] = _probabilities(plan, blk, qc[:, :, rows], k[:, :, : blk.n_keys], bias)
-            out[:, :, rows] = probs @ v[:, :, : blk.n_keys]
-        ctx.plan, ctx.params = plan, params
-        ctx.save_for_backward(qc, k, v, qb, r, curve, out, lse)
+        lse = q_content.new_empty(b, h, lq, 1)
+        with torch.autocast(q_content.device.type, enabled=False):
+            for blk in blocks:
+                additive = call.additive_scores(blk, *call.block_inputs(blk, q_position, rel_keys, distance_scores))
+                probs, lse[:, :, blk.rows] = _probabilities(
+                    call, blk, q_content[:, :, blk.rows], k[:, :, : blk.n_keys], additive)
+                out[:, :, blk.rows] = probs @ v[:, :, : blk.n_keys]
+        ctx.call, ctx.blocks, ctx.params = call, blocks, params
+        ctx.save_for_backward(q_content, k, v, q_position, rel_keys, distance_scores, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        plan = ctx.plan
-        qc, k, v, qb, r, curve, out, lse = ctx.saved_tensors
-        need_qb, need_r, need_curve = ctx.needs_input_grad[4:7]
-        need_params = ctx.needs_input_grad[7:]
-        grad_qc, grad_k, grad_v = torch.zeros_like(qc), torch.zeros_like(k), torch.zeros_like(v)
-        grads = {name: None if t is None or not need else torch.zeros_like(t)
-                 for name, t, need in (("qb", qb, need_qb), ("r", r, need_r), ("curve", curve, need_curve))}
-        grad_params = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, need_params)]
-        delta = (grad_out * out).sum(dim=-1, keepdim=True)  # rowsum(dP ∘ P) = rowsum(dO ∘ O)
-        for blk in plan.blocks:
-            rows, keys = slice(blk.i0, blk.i1), slice(0, blk.n_keys)
-            inputs = {"qb": (_slice(qb, 2, rows), 2, rows), "r": (_slice(r, 1, blk.r_cols), 1, blk.r_cols),
-                      "curve": (_slice(curve, 1, blk.curve_cols), 1, blk.curve_cols)}
-            with torch.enable_grad():
-                leaves = {n: None if t is None else t.detach().requires_grad_(grads[n] is not None)
-                          for n, (t, _, _) in inputs.items()}
-                bias = plan.bias(blk, leaves["qb"], leaves["r"], leaves["curve"])
-            with torch.no_grad():
-                qc_b, k_b, v_b, go = qc[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
-                probs, _ = _probabilities(plan, blk, qc_b, k_b, bias.detach(), lse[:, :, rows])
-                grad_v[:, :, keys] += probs.transpose(-1, -2) @ go
-                grad_scores = probs.mul_((go @ v_b.transpose(-1, -2)).sub_(delta[:, :, rows]))  # P ∘ (dP - delta)
-                grad_qc[:, :, rows] += (grad_scores @ k_b).mul_(plan.scale)
-                grad_k[:, :, keys] += (grad_scores.transpose(-1, -2) @ qc_b).mul_(plan.scale)
-            wanted = [(n, leaves[n]) for n in leaves if grads[n] is not None]
-            wanted += [(i, p) for i, p in enumerate(ctx.params) if grad_params[i] is not None]
-            if not wanted:
-                continue
-            reduced = grad_scores.sum(0, keepdim=True) if bias.shape[0] == 1 < grad_scores.shape[0] else grad_scores
-            block_grads = torch.autograd.grad(bias, [t for _, t in wanted], reduced, allow_unused=True)
-            for (name, _), g in zip(wanted, block_grads):
-                if g is None:
-                    continue
-                if isinstance(name, int):
-                    grad_params[name] += g
-                else:
-                    _, dim, cols = inputs[name]
-                    grads[name].narrow(dim, cols.start, cols.stop - cols.start).add_(g)
-        return (None, grad_qc, grad_k, grad_v, grads["qb"], grads["r"], grads["curve"], *grad_params)
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return (None, None, *_backward(ctx, grad_out))
 
 
-def blockwise_biased_attention(plan: BlockPlan, qc: Tensor, k: Tensor, v: Tensor, qb: Tensor | None,
-                               r: Tensor | None, curve: Tensor | None, params: Sequence[Tensor] = ()) -> Tensor:
-    """[B, H, L, dh] attention output; see BlockwiseBiasedAttention."""
-    return BlockwiseBiasedAttention.apply(plan, qc, k, v, qb, r, curve, *params)
+def _backward(ctx, grad_out: Tensor):
+    """Gradients of q_content, k, v, q_position, rel_keys, distance_scores and the params, block by block."""
+    call = ctx.call
+    q_content, k, v, q_position, rel_keys, distance_scores, out, lse = ctx.saved_tensors
+    grad_q, grad_k, grad_v = torch.zeros_like(q_content), torch.zeros_like(k), torch.zeros_like(v)
+    position_inputs = (q_position, rel_keys, distance_scores)
+    position_grads = [None if t is None or not need else torch.zeros_like(t)
+                      for t, need in zip(position_inputs, ctx.needs_input_grad[5:8])]
+    param_grads = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, ctx.needs_input_grad[8:])]
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)  # rowsum(dP ∘ P) = rowsum(dO ∘ O)
+    for blk in ctx.blocks:
+        rows, keys = blk.rows, slice(0, blk.n_keys)
+        sliced = call.block_inputs(blk, *position_inputs)
+        with torch.enable_grad():
+            leaves = [None if t is None else t.detach().requires_grad_(g is not None)
+                      for t, g in zip(sliced, position_grads)]
+            additive = call.additive_scores(blk, *leaves)
+        with torch.no_grad():
+            q_b, k_b, v_b, go = q_content[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
+            detached = None if additive is None else additive.detach()
+            probs, _ = _probabilities(call, blk, q_b, k_b, detached, lse[:, :, rows])
+            grad_v[:, :, keys] += probs.transpose(-1, -2) @ go  # (B, H, K_b, L_b) @ (B, H, L_b, dh)
+            grad_scores = probs.mul_((go @ v_b.transpose(-1, -2)).sub_(delta[:, :, rows]))  # P ∘ (dP - delta)
+            grad_q[:, :, rows] += (grad_scores @ k_b).mul_(call.scale)
+            grad_k[:, :, keys] += (grad_scores.transpose(-1, -2) @ q_b).mul_(call.scale)
+        grad_views = call.block_inputs(blk, *position_grads)  # the block's places in the whole gradients
+        wanted = [(view, leaf) for view, leaf in zip(grad_views, leaves) if view is not None]
+        wanted += [(g, p) for g, p in zip(param_grads, ctx.params) if g is not None]
+        if additive is None or not wanted:
+            continue
+        # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient
+        reduced = grad_scores.sum(0, keepdim=True) if additive.shape[0] == 1 < grad_scores.shape[0] else grad_scores
+        block_grads = torch.autograd.grad(additive, [t for _, t in wanted], reduced, allow_unused=True)
+        for (target, _), g in zip(wanted, block_grads):
+            if g is not None:
+                target.add_(g)
+    return (grad_q, grad_k, grad_v, *position_grads, *param_grads)

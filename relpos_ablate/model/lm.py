@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from relpos_ablate.config.base import ConfigError
 from relpos_ablate.config.model import ModelConfig
 from relpos_ablate.model.attention import RelPosAttention, init_vector
+from relpos_ablate.model.call import AttentionOptions, SharedParameters
 from relpos_ablate.model.position import build_bias, sinusoid
 
 
@@ -42,14 +43,14 @@ class LearnedPositions(nn.Module):
         return self.table.weight[:length]
 
 
-class Block(nn.Module):
-    """One layer: attention over [memory; input] then feed-forward, each with a residual."""
+class Layer(nn.Module):
+    """One transformer layer: attention over [memory; input] then feed-forward, each with a residual."""
 
-    def __init__(self, cfg: ModelConfig, **shared):
+    def __init__(self, cfg: ModelConfig, shared: SharedParameters):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.attn = RelPosAttention(
-            cfg.d_model, cfg.n_heads, cfg.d_head, cfg.attention, dropout=cfg.attn_dropout, **shared
+            cfg.d_model, cfg.n_heads, cfg.d_head, cfg.attention, dropout=cfg.attn_dropout, shared=shared
         )
         self.norm_attn = nn.LayerNorm(cfg.d_model)
         self.norm_ff = nn.LayerNorm(cfg.d_model)
@@ -64,19 +65,18 @@ class Block(nn.Module):
         """What this layer reads (and keeps as memory): h, plus its own positions for Al-Rfou."""
         return h if self.positions is None else h + self.positions(h.shape[1])
 
-    def forward(self, h: Tensor, mem: Tensor | None, need_weights: bool, **attn_kw) -> tuple[Tensor, Tensor | None]:
+    def forward(self, h: Tensor, mem: Tensor | None, options: AttentionOptions, *,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         if self.pre_norm:
-            attn_out, probs = self.attn(
-                self.norm_attn(h), None if mem is None else self.norm_attn(mem), need_weights=need_weights, **attn_kw
-            )
+            attn_out, probs = self.attn(*self.attention_inputs(h, mem), options, need_weights=need_weights)
             h = h + self.drop(attn_out)
             return h + self.drop(self.ff(self.norm_ff(h))), probs
-        attn_out, probs = self.attn(h, mem, need_weights=need_weights, **attn_kw)
+        attn_out, probs = self.attn(h, mem, options, need_weights=need_weights)
         h = self.norm_attn(h + self.drop(attn_out))
         return self.norm_ff(h + self.drop(self.ff(h))), probs
 
     def attention_inputs(self, h: Tensor, mem: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """The (x, mems) this layer's attention sees, for score_terms."""
+        """The (x, mems) this layer's attention sees."""
         if self.pre_norm:
             return self.norm_attn(h), None if mem is None else self.norm_attn(mem)
         return h, mem
@@ -91,17 +91,15 @@ class TransformerLM(nn.Module):
             raise ConfigError("vocab_size", "must be >= 1 (run configs take it from the data)")
         self.config = config
         a = config.attention
-        shared = {}
-        if a.share_uv and "c" in a.terms:
-            self.content_bias_u = shared["content_bias_u"] = init_vector(config.n_heads, config.d_head)
-        if a.share_uv and "d" in a.terms:
-            self.position_bias_v = shared["position_bias_v"] = init_vector(config.n_heads, config.d_head)
-        if a.share_bias and a.bias != "none":
-            self.shared_bias = shared["bias_module"] = build_bias(a, config.n_heads)
+        # registered here once (one state_dict entry each); every layer's attention refers to them
+        self.content_bias_u = init_vector(config.n_heads, config.d_head) if a.share_uv and "c" in a.terms else None
+        self.position_bias_v = init_vector(config.n_heads, config.d_head) if a.share_uv and "d" in a.terms else None
+        self.shared_bias_scheme = build_bias(a, config.n_heads) if a.share_bias else None
+        shared = SharedParameters(self.content_bias_u, self.position_bias_v, self.shared_bias_scheme)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.input_positions = LearnedPositions(a.max_position, config.d_model) if a.absolute == "learned" else None
         self.drop = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(Block(config, **shared) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(Layer(config, shared) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.apply(self._init_weights)
@@ -128,22 +126,29 @@ class TransformerLM(nn.Module):
             h = h + self.input_positions(length)
         return self.drop(h)
 
-    def _run(self, tokens, mems, mem_len, clamp_len, same_length, need_weights, with_terms):
+    def _options(self, mem_len: int | None, clamp_len: int | None, same_length: bool) -> tuple[int, AttentionOptions]:
+        """This call's memory length M (the argument, else the config's) and the options every layer gets."""
+        mem_len = self.config.mem_len if mem_len is None else mem_len
+        if same_length and mem_len == 0:
+            raise ValueError("same_length: every query sees the last mem_len keys, and mem_len is 0; set mem_len > 0")
+        # Transformer-XL's same_length: each query sees its mem_len most recent keys, itself included
+        return mem_len, AttentionOptions(clamp_len=clamp_len, window=mem_len if same_length else None)
+
+    def _run(self, tokens: Tensor, mems: list[Tensor] | None, mem_len: int, options: AttentionOptions, *,
+             record_maps: bool = False):
         if mems is not None and len(mems) != len(self.layers):
             raise ValueError(f"mems: expected {len(self.layers)} tensors (one per layer), got {len(mems)}")
-        mem_len = self.config.mem_len if mem_len is None else mem_len
         h = self._embed(tokens)
         new_mems, probs, terms = [], [], []
         for i, layer in enumerate(self.layers):
             mem = None if mems is None else mems[i].detach()
             h = layer.layer_input(h)
             if mem_len > 0:
-                kept = h if mem is None else torch.cat([mem, h], dim=1)
+                kept = h if mem is None else torch.cat([mem, h], dim=1)  # (B, M + L, D)
                 new_mems.append(kept[:, -mem_len:].detach())
-            if with_terms:
-                x, m = layer.attention_inputs(h, mem)
-                terms.append(layer.attn.score_terms(x, m, clamp_len=clamp_len, same_length=same_length))
-            h, p = layer(h, mem, need_weights, clamp_len=clamp_len, same_length=same_length)
+            if record_maps:  # every layer's term maps and probabilities, for inspect
+                terms.append(layer.attn.score_terms(*layer.attention_inputs(h, mem), options))
+            h, p = layer(h, mem, options, need_weights=record_maps)
             probs.append(p)
         logits = self.head(self.final_norm(h))
         return logits, (new_mems if mem_len > 0 else None), probs, terms
@@ -159,9 +164,10 @@ class TransformerLM(nn.Module):
     ) -> tuple[Tensor, list[Tensor] | None]:
         """tokens [B, L] -> (logits [B, L, V], new_mems: per layer [B, <= mem_len, D] detached, or None).
 
-        mem_len / clamp_len override the config for this call (e.g. evaluation with longer memory).
+        mem_len / clamp_len override the config for this call (e.g. evaluation with longer memory);
+        same_length: every query sees its mem_len most recent keys (Transformer-XL's evaluation).
         """
-        logits, new_mems, _, _ = self._run(tokens, mems, mem_len, clamp_len, same_length, False, False)
+        logits, new_mems, _, _ = self._run(tokens, mems, *self._options(mem_len, clamp_len, same_length))
         return logits, new_mems
 
     @torch.no_grad()
@@ -176,10 +182,11 @@ class TransformerLM(nn.Module):
     ) -> dict:
         """Everything the plots need: logits, new mems, per-layer probabilities [B, H, L, M+L] and
         per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', 'visible'} (enabled ones only)."""
-        logits, new_mems, probs, terms = self._run(tokens, mems, mem_len, clamp_len, same_length, True, True)
+        mem_len, options = self._options(mem_len, clamp_len, same_length)
+        logits, new_mems, probs, terms = self._run(tokens, mems, mem_len, options, record_maps=True)
         return {"logits": logits, "mems": new_mems, "probs": probs, "terms": terms}
 
     def loss(self, logits: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
         """Mean cross-entropy over positions where mask is True (all when None)."""
-        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")  # (B·L, V) -> (B·L)
         return losses.mean() if mask is None else masked_mean(losses, mask.flatten())

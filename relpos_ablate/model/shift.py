@@ -1,14 +1,22 @@
-"""Turn per-distance scores into per-key scores without materialising [L, K, d] position tensors.
+"""Per-distance tensors: their column order, their layout per key, and learned tables indexed by distance.
 
-Both functions take scores against *descending* distances: column t belongs to distance
-dmax - t, where dmax = q_offset + Lq - 1 is the largest distance a query of the block has (its last
-query looking at key 0). Query r of the block sits at absolute position q_offset + r in the key
-sequence, so its score for key j is column t = dmax - (q_offset + r - j) = (Lq - 1 - r) + j.
+Every per-distance tensor lists *descending* distances: column t belongs to distance dmax - t, where
+dmax = q_offset + Lq - 1 is the largest distance a query of the block has (its last query looking at
+key 0). Query r of the block sits at position q_offset + r in the key sequence, so its score for key
+j is column t = dmax - (q_offset + r - j) = (Lq - 1 - r) + j. `rel_shift` and `toeplitz` turn such
+scores into per-key scores without materialising [L, K, d] position tensors.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
+
+
+def descending_distances(q_offset: int, n_queries: int, n_keys: int, device=None) -> Tensor:
+    """[Lq + K - 1] distances q_offset + Lq - 1 .. q_offset - (K - 1): those between queries at key
+    positions q_offset .. q_offset + Lq - 1 and keys 0 .. K - 1, in the column order above."""
+    return torch.arange(q_offset + n_queries - 1, q_offset - n_keys, -1, device=device)
 
 
 def rel_shift(scores: Tensor, n_keys: int) -> Tensor:
@@ -36,3 +44,14 @@ def toeplitz(curve: Tensor, n_queries: int, n_keys: int) -> Tensor:
         raise ValueError(f"toeplitz needs Lq + K - 1 = {n_queries + n_keys - 1} values, got {curve.shape[-1]}")
     windows = curve.unfold(-1, n_keys, 1)  # (..., Lq, K): window s holds curve[s : s + K]
     return windows.flip(-2)  # row r is window Lq - 1 - r
+
+
+def table_rows(max_distance: int, causal: bool) -> int:
+    """Rows of a learned table with one row per distance up to max_distance: causal attention never
+    sees a negative distance (0 .. max_distance), bidirectional sees both signs."""
+    return max_distance + 1 if causal else 2 * max_distance + 1
+
+
+def table_row(distances: Tensor, clamp: int, max_distance: int, causal: bool) -> Tensor:
+    """Row of that table for each distance, distances beyond clamp (<= max_distance) sharing clamp's row."""
+    return distances.clamp(0, clamp) if causal else distances.clamp(-clamp, clamp) + max_distance

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_ablate.model.position.base import BiasScheme
+from relpos_ablate.model.shift import table_row
 
 
 class XLTableBias(BiasScheme):
@@ -24,8 +25,7 @@ class XLTableBias(BiasScheme):
         self.table = nn.Parameter(nn.init.trunc_normal_(torch.empty(rows, n_heads), std=0.02))  # (rows, H)
 
     def row_index(self, distances: Tensor) -> Tensor:
-        k = self.max_distance
-        return distances.clamp(0, k) if self.causal else distances.clamp(-k, k) + k
+        return table_row(distances, self.max_distance, self.max_distance, self.causal)
 
     def curve(self, distances):
         return self.table[self.row_index(distances)].T  # (H, n)

@@ -1,0 +1,101 @@
+"""Which kernel computes an attention call (the explicit path lives in attention.py: `scores`).
+
+`attend(call, q_content, k, v, q_position, config, dropout_p)` -> out [B, H, L, dh], where
+q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without term b):
+- nothing beyond causal attention: one SDPA call (flash kernels);
+- FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout;
+- the block kernel that rebuilds each block's map in backward (kernels.py) for backend 'blocks',
+  and 'auto' once the stored maps would exceed max_stored_scores_mb;
+- else SDPA per query block, each with its additive map (stored for backward).
+A new kernel is one function of (call, q_content, k, v, q_position) and one branch in `attend`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention.bias import causal_lower_right
+
+from relpos_ablate.config.model import AttentionConfig
+from relpos_ablate.model.call import AttentionCall
+from relpos_ablate.model.kernels import BlockwiseBiasedAttention
+
+# Score entries per head in one query block: blocks whose maps are stored for backward can be large;
+# blocks rebuilt in backward are kept small, as their transients are the peak memory.
+STORED_BLOCK_SCORES = 256 * 1024
+REBUILT_BLOCK_SCORES = 64 * 1024
+
+
+def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
+           config: AttentionConfig, dropout_p: float) -> Tensor:
+    """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring)."""
+    rel_keys = call.rel_keys if q_position is not None else None  # without term b nothing reads it
+    # one dtype for the kernels: under autocast q + u is fp32 (u is) while k is bf16; take autocast's
+    tensors = (q_content, k, v, q_position, rel_keys, call.distance_scores)
+    device = q_content.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
+        functools.reduce(torch.promote_types, [t.dtype for t in tensors if t is not None])
+    q_content, k, v, q_position, rel_keys, distance_scores = (None if t is None else t.to(dtype) for t in tensors)
+    call = dataclasses.replace(call, rel_keys=rel_keys, distance_scores=distance_scores)
+    if config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0):
+        from relpos_ablate.model.flex import flex_attend
+
+        return flex_attend(call, q_content, k, v, q_position, compiled=q_content.is_cuda)
+    if rel_keys is None and distance_scores is None and call.pair_bias is None:  # no additive map
+        if call.key_padding_mask is None and call.visibility.window is None:
+            return _plain(call, q_content, k, v, dropout_p)
+    elif dropout_p == 0.0 and _rebuild_in_backward(call, q_content, config):
+        return _rebuilt(call, q_content, k, v, q_position).to(dtype)
+    return _stored(call, q_content, k, v, q_position, dropout_p)
+
+
+def _rebuild_in_backward(call: AttentionCall, q_content: Tensor, config: AttentionConfig) -> bool:
+    """Always for backend 'blocks'; for 'auto' only when training would otherwise store score maps
+    larger than max_stored_scores_mb."""
+    if config.backend != "auto":
+        return config.backend == "blocks"
+    if not torch.is_grad_enabled():
+        return False
+    lq = call.n_queries
+    per_head = lq * call.n_mem + lq * (lq + 1) // 2 if call.causal else lq * call.n_keys
+    stored = q_content.shape[0] * q_content.shape[1] * per_head * q_content.element_size()
+    return stored > config.max_stored_scores_mb * 2**20
+
+
+def _plain(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> Tensor:
+    """No additive map: one SDPA call (flash kernels); causal with memory is lower-right aligned."""
+    if not call.causal:
+        return F.scaled_dot_product_attention(q_content, k, v, dropout_p=dropout_p, scale=call.scale)
+    if call.n_mem == 0:
+        return F.scaled_dot_product_attention(q_content, k, v, is_causal=True, dropout_p=dropout_p, scale=call.scale)
+    mask = causal_lower_right(call.n_queries, call.n_keys)
+    return F.scaled_dot_product_attention(q_content, k, v, attn_mask=mask, dropout_p=dropout_p, scale=call.scale)
+
+
+def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None) -> Tensor:
+    """BlockwiseBiasedAttention: O(L·d) memory. bf16/fp16 inputs are widened to fp32, so that scores and
+    softmax statistics stay in fp32 as FlashAttention keeps them."""
+    wide = torch.promote_types(q_content.dtype, torch.float32)
+    inputs = (q_content, k, v, q_position, call.rel_keys, call.distance_scores)
+    params = [] if call.pair_bias is None else list(call.pair_bias.parameters())
+    return BlockwiseBiasedAttention.apply(call, call.blocks(REBUILT_BLOCK_SCORES),
+                                          *(None if t is None else t.to(wide) for t in inputs), *params)
+
+
+def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
+            dropout_p: float) -> Tensor:
+    """SDPA per query block, with the block's additive map and mask as one float mask."""
+    outs = []
+    for blk in call.blocks(STORED_BLOCK_SCORES):
+        visible = call.visible(blk)
+        additive = call.additive_scores(blk, *call.block_inputs(blk, q_position, call.rel_keys, call.distance_scores))
+        mask = visible if additive is None else additive.to(q_content.dtype).masked_fill(~visible, float("-inf"))
+        outs.append(F.scaled_dot_product_attention(
+            q_content[:, :, blk.rows], k[:, :, : blk.n_keys], v[:, :, : blk.n_keys], attn_mask=mask,
+            dropout_p=dropout_p, scale=call.scale,
+        ))
+    return torch.cat(outs, dim=2)  # (B, H, L, dh)
