@@ -8,9 +8,13 @@ analysis layer the trained model back.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import io
 import logging
+import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 import zipfile
@@ -20,11 +24,11 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
-from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.pytorch.plugins.environments import ClusterEnvironment, LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from relpos_ablate import rundir
-from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, to_plain
+from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, TrainConfig, to_plain
 from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
@@ -59,15 +63,20 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
     """Train, evaluate and record one run; returns its final state: done | failed | interrupted.
 
     A done run is left alone. Anything else resumes from checkpoints/last.ckpt when it exists.
-    `callbacks` are extra Lightning callbacks (tests use one to interrupt a run).
+    `callbacks` are extra Lightning callbacks (tests use one to interrupt a run). With several
+    processes every one of them calls this; only rank 0 writes the run's records, the others let
+    their errors end their process (Lightning then stops the whole run).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if rundir.is_done(run_dir):
         return "done"
+    if not launched_as_rank_zero():
+        _train_and_evaluate(config, run_dir, None, callbacks)
+        return "done"
     handler = open_log(run_dir)
     status = RunStatus(run_dir)
-    status.start(device=describe_device(config.train.accelerator), max_steps=config.train.max_steps)
+    status.start(device=describe_device(config.train), max_steps=config.train.max_steps)
     try:
         _train_and_evaluate(config, run_dir, status, callbacks)
         status.finish("done")
@@ -87,66 +96,149 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
         close_log(handler)
 
 
-def describe_device(accelerator: str) -> str:
-    if accelerator != "cpu" and torch.cuda.is_available():
-        return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
-    return "cpu"
+def launched_as_rank_zero() -> bool:
+    """Whether this process is rank 0 of its run, known before the Trainer exists: the processes of a
+    multi-process run are started with their rank in RANK (torchrun), SLURM_PROCID (SLURM tasks) or
+    NODE_RANK / LOCAL_RANK (Lightning's own launcher); a single process has none of them set."""
+    return all(int(os.environ.get(name) or 0) == 0 for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"))
 
 
-def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus, callbacks) -> None:
+def describe_device(train: TrainConfig) -> str:
+    processes = "" if train.devices == 1 and train.num_nodes == 1 else (
+        f" x {train.devices} per node" + (f" x {train.num_nodes} nodes" if train.num_nodes > 1 else ""))
+    if train.accelerator != "cpu" and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()}){processes}"
+    return f"cpu{processes}"
+
+
+def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | None, callbacks) -> None:
+    """The run itself; `status` is None on ranks > 0, which write no records."""
     datamodule = build_datamodule(config)
     datamodule.prepare_data()
     config = resolve_vocab(config, datamodule.vocab_size)
-    atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(config))
+    if status is not None:
+        atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(config))
     L.seed_everything(config.seed, workers=True, verbose=False)
     module = LitLM(config)
-    log.info("run %s: %d parameters, %s", run_dir, sum(p.numel() for p in module.model.parameters()),
-             describe_device(config.train.accelerator))
+    name, variant = logged_identity(run_dir)
+    module.hparams["run"] = {"id": name, "variant": variant}  # what TensorBoard / W&B show with the config
+    resume = usable_checkpoint(run_dir, tidy=status is not None)
     metrics = MetricsCSV(run_dir)
-    trainer = make_trainer(config, run_dir, metrics, [RunRecorder(status, metrics, config.train.log_every), *callbacks])
+    loggers = [metrics, *make_loggers(config, run_dir, checkpoint_step(run_dir) if resume else 0)]
+    recorders = [RunRecorder(status, metrics, config.train.log_every)] if status is not None else []
+    trainer = make_trainer(config, run_dir, loggers, [*recorders, *callbacks])
+    datamodule.check_sharding(trainer.world_size)
+    if trainer.world_size > 1:  # same initial weights everywhere, but each process its own dropout draws
+        torch.manual_seed(config.seed + DROPOUT_SEED_STRIDE * trainer.global_rank)
+    log.info("run %s: %d parameters, %s, %d process(es)", run_dir, sum(p.numel() for p in module.model.parameters()),
+             describe_device(config.train), trainer.world_size)
     with warnings.catch_warnings():
         _quiet_known_warnings()
-        trainer.fit(module, datamodule=datamodule, ckpt_path="last" if usable_checkpoint(run_dir) else None)
+        trainer.fit(module, datamodule=datamodule, ckpt_path="last" if resume else None)
         log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
-        atomic_write_json(run_dir / rundir.EVAL, evaluate(trainer, module, datamodule, config))
+        results = evaluate(trainer, module, datamodule, config)
+    if status is not None:
+        atomic_write_json(run_dir / rundir.EVAL, results)
 
 
-def usable_checkpoint(run_dir: Path) -> bool:
+DROPOUT_SEED_STRIDE = 1_000_003
+"""Process r of a multi-process run reseeds its dropout with seed + r * this (distinct for any seed)."""
+
+
+def usable_checkpoint(run_dir: Path, tidy: bool = True) -> bool:
     """Whether there is a last.ckpt to resume from. Temp files of writes cut short by a kill are
     removed; a last.ckpt that is not a complete torch archive (damaged outside this code: every write
     here is atomic) is set aside as last.ckpt.corrupt and the run starts over, rather than failing
-    again on every rerun."""
+    again on every rerun. Only rank 0 tidies (`tidy`); every process reaches the same answer."""
     last = rundir.last_checkpoint(run_dir)
-    for stale in last.parent.glob(f".{last.name}.*.tmp"):
-        stale.unlink(missing_ok=True)
+    if tidy:
+        for stale in last.parent.glob(f".{last.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
     if not last.exists():
         return False
     if zipfile.is_zipfile(last):
         return True
-    last.replace(last.with_name(last.name + ".corrupt"))
-    log.warning("%s is not a complete checkpoint; set aside as %s.corrupt, training from step 0", last, last.name)
+    if tidy:
+        last.replace(last.with_name(last.name + ".corrupt"))
+        log.warning("%s is not a complete checkpoint; set aside as %s.corrupt, training from step 0", last, last.name)
     return False
 
 
-def make_trainer(config: RunConfig, run_dir: Path, logger: MetricsCSV, callbacks: list[L.Callback]) -> L.Trainer:
+def make_trainer(config: RunConfig, run_dir: Path, loggers: list, callbacks: list[L.Callback]) -> L.Trainer:
     t = config.train
     last = rundir.last_checkpoint(run_dir)
     checkpoint = ModelCheckpoint(dirpath=last.parent, save_last=True, save_top_k=0,
                                  every_n_train_steps=t.checkpoint_every, enable_version_counter=False)
     checkpoint.CHECKPOINT_NAME_LAST = last.stem  # Lightning appends FILE_EXTENSION (.ckpt)
     interactive = sys.stdout.isatty()
-    callbacks = [checkpoint, SaveOnSigterm(last), *callbacks]
+    callbacks = [checkpoint, StopOnSigterm(last), *callbacks]
     if interactive:
         callbacks.append(RichProgressBar())
     return L.Trainer(
-        default_root_dir=run_dir, max_steps=t.max_steps, accelerator=t.accelerator, devices=1,
+        default_root_dir=run_dir, max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
+        num_nodes=t.num_nodes, strategy=t.strategy, accumulate_grad_batches=t.accumulate,
         precision=t.precision, gradient_clip_val=t.grad_clip or None, deterministic=t.deterministic,
-        logger=logger, log_every_n_steps=t.log_every, callbacks=callbacks, enable_progress_bar=interactive,
+        logger=loggers, log_every_n_steps=t.log_every, callbacks=callbacks, enable_progress_bar=interactive,
         enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False,
         val_check_interval=t.val_every or None, check_val_every_n_epoch=None if t.val_every else 1,
-        # the grid runner's submitit owns requeueing: no SLURM auto-requeue inside Lightning
-        plugins=[LightningEnvironment(), AtomicCheckpointIO()],
+        plugins=[*cluster_environment(t), AtomicCheckpointIO()],
     )
+
+
+def cluster_environment(train: TrainConfig) -> list[ClusterEnvironment]:
+    """How this process finds the others. Inside a SLURM job step that started one task per process of
+    the run (`grid --launcher slurm` submits them so), Lightning's SLURMEnvironment, with its own
+    auto-requeue off: submitit requeues the job (runner/slurm.py), and two requeues would race. A
+    process started any other way inside a SLURM allocation (a local grid on an allocated node) starts
+    the others itself: LightningEnvironment. Outside SLURM Lightning detects torchrun or launches
+    the processes itself (empty list)."""
+    if not SLURMEnvironment.detect():
+        return []
+    tasks = int(os.environ.get("SLURM_NTASKS", 1))
+    if train.devices == "auto" or tasks == train.devices * train.num_nodes:
+        return [SLURMEnvironment(auto_requeue=False)]
+    return [LightningEnvironment()]
+
+
+def logged_identity(run_dir: Path) -> tuple[str, dict]:
+    """(run id, variant) under which TensorBoard and W&B show the run: run.json's (grid runs), else the
+    run directory's name and no variant."""
+    info = rundir.read_run_info(run_dir) or {}
+    return info.get("run_id", run_dir.name), info.get("variant") or {}
+
+
+def make_loggers(config: RunConfig, run_dir: Path, resume_step: int) -> list:
+    """TensorBoard and W&B loggers asked for in train.loggers (metrics.csv is always written): the run
+    id names the run, the grid's varying fields are W&B tags (and, with the config, hyperparameters),
+    and a resumed run continues the same logged run. A missing extra is a one-line ConfigError."""
+    name, variant = logged_identity(run_dir)
+    loggers = []
+    if "tensorboard" in config.train.loggers:
+        _need_extra("tensorboard")
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        # every attempt logs into the same dir; events past the resumed step are dropped, as metrics.csv rows are
+        loggers.append(TensorBoardLogger(save_dir=run_dir, name=rundir.TENSORBOARD, version="",
+                                         purge_step=resume_step or None))
+    if "wandb" in config.train.loggers:
+        _need_extra("wandb")
+        from lightning.pytorch.loggers import WandbLogger
+
+        project = (rundir.read_run_info(run_dir) or {}).get("experiment") or "relpos-ablate"
+        loggers.append(WandbLogger(name=name, id=name, resume="allow", project=project, save_dir=str(run_dir),
+                                   tags=[f"{key}={value}" for key, value in variant.items()]))
+    return loggers
+
+
+def _need_extra(package: str) -> None:
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError("train.loggers", f"{package} is not installed; pip install relpos-ablate[{package}]")
+
+
+def checkpoint_step(run_dir: Path) -> int:
+    """The global step last.ckpt resumes from (0 without one); memory-mapped, so cheap at any size."""
+    checkpoint = torch.load(rundir.last_checkpoint(run_dir), map_location="cpu", mmap=True, weights_only=True)
+    return int(checkpoint["global_step"])
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -163,12 +255,30 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write_bytes(path, buffer.getvalue())
 
 
-class SaveOnSigterm(L.Callback):
-    """On SIGTERM (preemption, the runner stopping) Lightning stops after the batch; keep that batch's
-    progress by writing last.ckpt before the process exits."""
+class StopOnSigterm(L.Callback):
+    """SIGTERM (preemption, the runner stopping) stops the run after the current step, on every process
+    at the same step, and keeps that step's progress by writing last.ckpt before the process exits.
+
+    With several processes, Lightning's own SIGTERM handler hangs the run (seen with 2 CPU processes
+    and gloo): it forwards the signal to the processes it launched and broadcasts from inside the
+    handler, so the ranks call different collectives. This handler only raises the flag that
+    Lightning's loop broadcasts from rank 0 at the start of each step, after which every rank stops."""
 
     def __init__(self, path: Path):
         self.path = path
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        self._handle_sigterm(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module) -> None:
+        self._handle_sigterm(trainer)
+
+    @staticmethod
+    def _handle_sigterm(trainer: L.Trainer) -> None:
+        """Replaces the handler Lightning installed for this stage (it restores the previous one after)."""
+        if threading.current_thread() is threading.main_thread():
+            # no public setter: trainer.received_sigterm reads this flag
+            signal.signal(signal.SIGTERM, lambda signum, frame: setattr(trainer._signal_connector, "received_sigterm", True))
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):
