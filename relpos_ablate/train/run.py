@@ -7,6 +7,7 @@ analysis layer the trained model back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import io
@@ -15,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 import warnings
 import zipfile
@@ -81,8 +83,9 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
         _train_and_evaluate(config, run_dir, status, callbacks)
         status.finish("done")
         return "done"
-    except (KeyboardInterrupt, SystemExit) as err:  # Lightning turns Ctrl-C into SystemExit(1)
-        reason = "stopped by SIGTERM" if isinstance(err, SIGTERMException) else "interrupted by the user"
+    except (KeyboardInterrupt, SystemExit, LostProcess) as err:  # Lightning turns Ctrl-C into SystemExit(1)
+        reason = str(err) if isinstance(err, LostProcess) else (
+            "stopped by SIGTERM" if isinstance(err, SIGTERMException) else "interrupted by the user")
         log.warning("%s at step %s; rerun to resume", reason, status.fields.get("step"))
         status.finish("interrupted", reason=reason)
         return "interrupted"
@@ -132,13 +135,39 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
         torch.manual_seed(config.seed + DROPOUT_SEED_STRIDE * trainer.global_rank)
     log.info("run %s: %d parameters, %s, %d process(es)", run_dir, sum(p.numel() for p in module.model.parameters()),
              describe_device(config.train), trainer.world_size)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _lost_process_interrupts(trainer):
         _quiet_known_warnings()
         trainer.fit(module, datamodule=datamodule, ckpt_path="last" if resume else None)
         log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
         results = evaluate(trainer, module, datamodule, config)
     if status is not None:
         atomic_write_json(run_dir / rundir.EVAL, results)
+
+
+class LostProcess(RuntimeError):
+    """Another process of the run died (killed, out of memory): the run is interrupted, not failed, and a
+    rerun resumes it from last.ckpt."""
+
+
+@contextlib.contextmanager
+def _lost_process_interrupts(trainer: L.Trainer, wait_s: float = 1.0):
+    """An error caused by the death of a process Lightning launched for this run (the collective it was in
+    fails with 'connection reset by peer') becomes LostProcess, naming the process and its exit."""
+    try:
+        yield
+    except Exception as err:
+        launched = list(enumerate(getattr(trainer.strategy.launcher, "procs", ()), start=1))
+        deadline = time.monotonic() + wait_s  # the error can come before the dead process is reaped
+        while launched:
+            dead = [(rank, proc.returncode) for rank, proc in launched if proc.poll() not in (None, 0)]
+            if dead:
+                rank, code = dead[0]
+                how = signal.Signals(-code).name if code < 0 else f"exit status {code}"
+                raise LostProcess(f"process of local rank {rank} died ({how}); rerun to resume") from err
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        raise
 
 
 DROPOUT_SEED_STRIDE = 1_000_003
