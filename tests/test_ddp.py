@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from fixtures.runner import REPO
-from relpos_ablate.config import ConfigError, load_run_config, run_id
+from relpos_ablate.config import ConfigError, check_world_size, load_run_config, run_id
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.rundir import same_run
 from relpos_ablate.runner.presets import presets
@@ -171,12 +171,12 @@ def test_uneven_sharding_is_a_one_line_error_naming_the_field():
         config("train.devices=3")
     with pytest.raises(ConfigError, match=r"over 2 processes x 4 micro-batches \(train.accumulate\); use a multiple of 8$"):
         config("train.devices=2", "train.accumulate=4")
-    datamodule = build_datamodule(config())  # devices: auto learns the world size only at run time
+    # devices: auto learns the world size only at run time, where train checks it before launching the others
     with pytest.raises(ConfigError, match=r"^train.batch_size: 4 streams do not split evenly over 3 processes"):
-        datamodule.check_sharding(3)
+        check_world_size(config(), 3)
     with pytest.raises(ConfigError, match=r"^eval.batch_size: 3 streams cannot give each of 4 processes one; use at least 4$"):
-        datamodule.check_sharding(4)
-    datamodule.check_sharding(2)
+        check_world_size(config("train.batch_size=8"), 4)
+    check_world_size(config(), 2)
 
 
 SLURM_TASK = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "relpos-g",

@@ -120,6 +120,15 @@ the id (bf16 arithmetic changes results beyond rounding), and so do log_every / 
 val_every (they shape what the run records)."""
 
 
+def check_world_size(config: RunConfig, world: int) -> None:
+    """A one-line ConfigError unless `world` processes can share the run's streams: the training streams
+    evenly (per micro-batch too), the evaluation streams at least one each."""
+    check_streams_split("train.batch_size", config.train.batch_size, world, config.train.accumulate)
+    if config.eval.batch_size < world:
+        raise ConfigError("eval.batch_size", f"{config.eval.batch_size} streams cannot give each of {world} "
+                          f"processes one; use at least {world}")
+
+
 def check_streams_split(field: str, streams: int, processes: int, accumulate: int = 1) -> None:
     """Every process (and each of its micro-batches) gets the same number of streams, or a one-line error."""
     groups = processes * accumulate
@@ -255,5 +264,5 @@ def load_run_config(path: str | Path | None = None, overrides: Iterable[str] = (
 
 __all__ = [
     "HOW_TO_RUN", "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig", "check_streams_split",
-    "load_run_config", "run_id", "what_to_run",
+    "check_world_size", "load_run_config", "run_id", "what_to_run",
 ]

@@ -30,7 +30,7 @@ from lightning.pytorch.plugins.environments import ClusterEnvironment, Lightning
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from relpos_ablate import rundir
-from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, TrainConfig, to_plain
+from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, TrainConfig, check_world_size, to_plain
 from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
@@ -130,7 +130,7 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
     loggers = [metrics, *make_loggers(config, run_dir, checkpoint_step(run_dir) if resume else 0)]
     recorders = [RunRecorder(status, metrics, config.train.log_every)] if status is not None else []
     trainer = make_trainer(config, run_dir, loggers, [*recorders, *callbacks])
-    datamodule.check_sharding(trainer.world_size)
+    check_world_size(config, trainer.world_size)
     if trainer.world_size > 1:  # same initial weights everywhere, but each process its own dropout draws
         torch.manual_seed(config.seed + DROPOUT_SEED_STRIDE * trainer.global_rank)
     log.info("run %s: %d parameters, %s, %d process(es)", run_dir, sum(p.numel() for p in module.model.parameters()),

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, check_streams_split
+from relpos_ablate.config import ConfigError, EvalSetting, RunConfig
 from relpos_ablate.train.data import synthetic, text
 from relpos_ablate.train.data.streams import (
     Batch, ResumeSampler, SegmentStreams, TrainBatch, TrainingSegments, batchify, shard_rows,
@@ -86,16 +86,6 @@ class SegmentDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
-    def check_sharding(self, world: int) -> None:
-        """A one-line ConfigError unless `world` processes can share the streams: the training streams
-        evenly (per micro-batch too), the evaluation streams at least one each (shares may differ by one:
-        the metrics add token sums across processes, so the result is exact either way)."""
-        t = self.config.train
-        check_streams_split("train.batch_size", t.batch_size, world, t.accumulate)
-        if self.config.eval.batch_size < world:
-            raise ConfigError("eval.batch_size", f"{self.config.eval.batch_size} streams cannot give each of "
-                              f"{world} processes one; use at least {world}")
-
     def train_dataloader(self) -> DataLoader:
         t = self.config.train
         rank, world = self._process()
@@ -116,7 +106,8 @@ class SegmentDataModule(L.LightningDataModule):
         return [self.eval_dataloader(self.config.eval_settings()[0])]
 
     def eval_dataloader(self, setting: EvalSetting) -> DataLoader:
-        """This process's share of the evaluation streams (see check_sharding)."""
+        """This process's share of the evaluation streams; shares may differ by one stream (the metrics add
+        token sums across processes, so the result is exact either way)."""
         rank, world = self._process()
         streams = self.streams("eval", setting.segment_len)
         return DataLoader(streams.select(shard_rows(streams.rows, rank, world)), batch_size=None, shuffle=False)
