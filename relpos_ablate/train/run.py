@@ -80,7 +80,8 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
     status = RunStatus(run_dir)
     status.start(device=describe_device(config.train), max_steps=config.train.max_steps)
     try:
-        _train_and_evaluate(config, run_dir, status, callbacks)
+        with _wandb_run_ends_with_the_attempt(config):
+            _train_and_evaluate(config, run_dir, status, callbacks)
         status.finish("done")
         return "done"
     except (KeyboardInterrupt, SystemExit, LostProcess) as err:  # Lightning turns Ctrl-C into SystemExit(1)
@@ -124,7 +125,8 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
     L.seed_everything(config.seed, workers=True, verbose=False)
     module = LitLM(config)
     name, variant = logged_identity(run_dir)
-    module.hparams["run"] = {"id": name, "variant": variant}  # what TensorBoard / W&B show with the config
+    # TensorBoard / W&B show the run's id and variant next to its config (Lightning logs the hyperparameters)
+    module.save_hyperparameters({**module.hparams, "run": {"id": name, "variant": variant}})
     resume = usable_checkpoint(run_dir, tidy=status is not None)
     metrics = MetricsCSV(run_dir)
     loggers = [metrics, *make_loggers(config, run_dir, checkpoint_step(run_dir) if resume else 0)]
@@ -257,6 +259,22 @@ def make_loggers(config: RunConfig, run_dir: Path, resume_step: int) -> list:
         loggers.append(WandbLogger(name=name, id=name, resume="allow", project=project, save_dir=str(run_dir),
                                    tags=[f"{key}={value}" for key, value in variant.items()]))
     return loggers
+
+
+@contextlib.contextmanager
+def _wandb_run_ends_with_the_attempt(config: RunConfig):
+    """W&B keeps its run open for the whole Python process (Lightning's logger does not finish it): end it
+    with the attempt, marked failed unless the attempt completed, so the next run in this process gets its own."""
+    exit_code = 1
+    try:
+        yield
+        exit_code = 0
+    finally:
+        if "wandb" in config.train.loggers and importlib.util.find_spec("wandb") is not None:
+            import wandb
+
+            if wandb.run is not None:
+                wandb.finish(exit_code=exit_code)
 
 
 def _need_extra(package: str) -> None:
