@@ -188,6 +188,9 @@ def test_slurm_started_processes_use_slurm_environment_without_its_requeue(monke
 
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
+    for key in ("MASTER_ADDR", "MASTER_PORT"):  # SLURMEnvironment writes them into os.environ: undo after the test
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     assert cluster_environment(config().train) == []  # outside SLURM: Lightning's own detection
     for key, value in SLURM_TASK.items():
         monkeypatch.setenv(key, value)

@@ -78,7 +78,7 @@ def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_finish_it_once(t
         assert time.monotonic() < deadline, "processes of the killed run are still alive"
         time.sleep(0.1)
     killed_at = checkpoint_step(run_dir)
-    assert killed_at >= 6
+    assert killed_at >= 4  # status.json may show step 6 a moment before its checkpoint is written
 
     proc = start(run_dir)
     stopped_at = wait_for_step(run_dir, killed_at + 2, proc)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import io
 import logging
 import os
@@ -34,6 +33,7 @@ from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, TrainConfi
 from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
+from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
 from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
 from relpos_ablate.train.records import MetricsCSV, RunRecorder, RunStatus, close_log, open_log
 
@@ -80,7 +80,7 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
     status = RunStatus(run_dir)
     status.start(device=describe_device(config.train), max_steps=config.train.max_steps)
     try:
-        with _wandb_run_ends_with_the_attempt(config):
+        with wandb_run_ends_with_the_attempt(config):
             _train_and_evaluate(config, run_dir, status, callbacks)
         status.finish("done")
         return "done"
@@ -231,63 +231,6 @@ def cluster_environment(train: TrainConfig) -> list[ClusterEnvironment]:
     return [LightningEnvironment()]
 
 
-def logged_identity(run_dir: Path) -> tuple[str, dict]:
-    """(run id, variant) under which TensorBoard and W&B show the run: run.json's (grid runs), else the
-    run directory's name and no variant."""
-    info = rundir.read_run_info(run_dir) or {}
-    return info.get("run_id", run_dir.name), info.get("variant") or {}
-
-
-def make_loggers(config: RunConfig, run_dir: Path, resume_step: int) -> list:
-    """TensorBoard and W&B loggers asked for in train.loggers (metrics.csv is always written): the run
-    id names the run, the grid's varying fields are W&B tags (and, with the config, hyperparameters),
-    and a resumed run continues the same logged run. A missing extra is a one-line ConfigError."""
-    name, variant = logged_identity(run_dir)
-    loggers = []
-    if "tensorboard" in config.train.loggers:
-        _need_extra("tensorboard")
-        from lightning.pytorch.loggers import TensorBoardLogger
-
-        # every attempt logs into the same dir; events past the resumed step are dropped, as metrics.csv rows are
-        loggers.append(TensorBoardLogger(save_dir=run_dir, name=rundir.TENSORBOARD, version="",
-                                         purge_step=resume_step or None))
-    if "wandb" in config.train.loggers:
-        _need_extra("wandb")
-        from lightning.pytorch.loggers import WandbLogger
-
-        project = (rundir.read_run_info(run_dir) or {}).get("experiment") or "relpos-ablate"
-        loggers.append(WandbLogger(name=name, id=name, resume="allow", project=project, save_dir=str(run_dir),
-                                   tags=[f"{key}={value}" for key, value in variant.items()]))
-    return loggers
-
-
-@contextlib.contextmanager
-def _wandb_run_ends_with_the_attempt(config: RunConfig):
-    """W&B keeps its run open for the whole Python process (Lightning's logger does not finish it): end it
-    with the attempt, marked failed unless the attempt completed, so the next run in this process gets its own."""
-    exit_code = 1
-    try:
-        yield
-        exit_code = 0
-    finally:
-        if "wandb" in config.train.loggers and importlib.util.find_spec("wandb") is not None:
-            import wandb
-
-            if wandb.run is not None:
-                wandb.finish(exit_code=exit_code)
-
-
-def _need_extra(package: str) -> None:
-    if importlib.util.find_spec(package) is None:
-        raise ConfigError("train.loggers", f"{package} is not installed; pip install relpos-ablate[{package}]")
-
-
-def checkpoint_step(run_dir: Path) -> int:
-    """The global step last.ckpt resumes from (0 without one); memory-mapped, so cheap at any size."""
-    checkpoint = torch.load(rundir.last_checkpoint(run_dir), map_location="cpu", mmap=True, weights_only=True)
-    return int(checkpoint["global_step"])
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints written like every other run file (relpos_ablate.io): a temp file next to the
     target, fsync, rename. Lightning's own writer stages the file in $TMPDIR and moves it over, which
@@ -303,16 +246,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class StopOnSigterm(L.Callback):
-    """SIGTERM (preemption, the runner stopping) stops the run after the current step, on every process
-    at the same step, and keeps that step's progress by writing last.ckpt before the process exits.
+    """SIGTERM (preemption, the runner stopping) stops the run at the end of the current step, on every
+    process at the same step, and keeps that step's progress by writing last.ckpt before exiting.
 
-    With several processes, Lightning's own SIGTERM handler hangs the run (seen with 2 CPU processes
-    and gloo): it forwards the signal to the processes it launched and broadcasts from inside the
-    handler, so the ranks call different collectives. This handler only raises the flag that
-    Lightning's loop broadcasts from rank 0 at the start of each step, after which every rank stops."""
+    Lightning's own handling hangs a multi-process run (seen with 2 CPU processes and gloo): its
+    handler forwards the signal and broadcasts from inside the handler, and each process checks its
+    own flag at the end of a step, so processes signalled a moment apart stop at different steps and
+    wait in different collectives. Here the handler only notes the signal; at the end of each step
+    the processes agree (one all-reduce) whether any was signalled, then Lightning stops them all.
+    During evaluation a multi-process run finishes the evaluation first."""
 
     def __init__(self, path: Path):
         self.path = path
+        self.signalled = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         self._handle_sigterm(trainer)
@@ -320,16 +266,30 @@ class StopOnSigterm(L.Callback):
     def on_validation_start(self, trainer: L.Trainer, pl_module) -> None:
         self._handle_sigterm(trainer)
 
-    @staticmethod
-    def _handle_sigterm(trainer: L.Trainer) -> None:
+    def _handle_sigterm(self, trainer: L.Trainer) -> None:
         """Replaces the handler Lightning installed for this stage (it restores the previous one after)."""
+        def note(signum, frame) -> None:
+            self.signalled = True
+            if trainer.world_size == 1:
+                _stop_lightning(trainer)
+
         if threading.current_thread() is threading.main_thread():
-            # no public setter: trainer.received_sigterm reads this flag
-            signal.signal(signal.SIGTERM, lambda signum, frame: setattr(trainer._signal_connector, "received_sigterm", True))
+            signal.signal(signal.SIGTERM, note)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.world_size > 1:
+            anyone = torch.tensor(float(self.signalled), device=trainer.strategy.root_device)
+            if trainer.strategy.reduce(anyone, reduce_op="sum").item() > 0:
+                _stop_lightning(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):
             trainer.save_checkpoint(self.path, weights_only=False)
+
+
+def _stop_lightning(trainer: L.Trainer) -> None:
+    """Lightning's flag (no public setter; trainer.received_sigterm reads it): the loop stops after this step."""
+    trainer._signal_connector.received_sigterm = True
 
 
 def _quiet_known_warnings() -> None:
