@@ -145,7 +145,7 @@ def _slots(args: argparse.Namespace) -> list:
     return gpu_slots(devices, args.runs_per_device or 1, gpus_per_run=group)
 
 
-def _check_runs_fit(spec, plans, processes: int, flag: str) -> None:
+def _check_runs_fit(plans, processes: int, flag: str) -> None:
     """Every run to launch can split its streams over `processes` (one line naming the first that cannot)."""
     from relpos_ablate.config import ConfigError, check_world_size
     from relpos_ablate.runner.display import short_variant
@@ -184,7 +184,7 @@ def _run_local(spec, args: argparse.Namespace) -> int:
 
     pending = [plan for plan in plan_grid(spec, args.results, args.retry_failed) if plan.action != "skip"]
     slots = _slots(args) if pending else []
-    _check_runs_fit(spec, pending, max((len(slot.gpu.split(",")) for slot in slots if slot.gpu), default=1),
+    _check_runs_fit(pending, max((len(slot.gpu.split(",")) for slot in slots if slot.gpu), default=1),
                     "--gpus-per-run")
     console = make_console()
     display = make_display(console)
@@ -225,7 +225,7 @@ def _submit(spec, args: argparse.Namespace) -> int:
 
     overrides = {name: getattr(args, name) for name in SLURM_FLAGS if getattr(args, name) is not None}
     launcher = dataclasses.replace(spec.launcher, **overrides)
-    _check_runs_fit(spec, [p for p in plan_grid(spec, args.results, args.retry_failed) if p.action != "skip"],
+    _check_runs_fit([p for p in plan_grid(spec, args.results, args.retry_failed) if p.action != "skip"],
                     max(1, launcher.gpus) * launcher.nodes, "--gpus/--nodes")
     submitted = submit_grid(spec, args.results, launcher, retry_failed=args.retry_failed)
     if not submitted:

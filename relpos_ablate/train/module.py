@@ -26,7 +26,6 @@ from torchmetrics import Metric
 
 from relpos_ablate.config import RunConfig, TrainConfig, to_plain
 from relpos_ablate.model import TransformerLM
-from relpos_ablate.model.lm import masked_mean
 from relpos_ablate.train.data.streams import TrainBatch, loss_mask
 
 
@@ -149,10 +148,9 @@ class LitLM(L.LightningModule):
             self._train_mems.pop(group, None)
         logits, self._train_mems[group] = self.model(inputs, self._train_mems.get(group))
         nll, correct = token_stats(logits, targets)
-        counted = loss_mask(mask, self.config.train.loss_on)
-        if counted_in_step is None:
-            return masked_mean(nll, counted), masked_mean(correct, counted).detach()
-        return (nll * counted).sum() / counted_in_step, ((correct * counted).sum() / counted_in_step).detach()
+        counted = loss_mask(mask, self.config.train.loss_on).to(nll.dtype)
+        total = counted.sum().clamp(min=1) if counted_in_step is None else counted_in_step
+        return (nll * counted).sum() / total, ((correct * counted).sum() / total).detach()
 
     def _metrics(self, loss: Tensor, acc: Tensor) -> dict[str, Tensor]:
         """loss (nats per token) and accuracy; perplexity for text, bits per character for char/byte text."""
