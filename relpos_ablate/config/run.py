@@ -30,7 +30,8 @@ class TrainConfig:
     segment_len: int = 64
     """Tokens per segment (the backprop length, XL's tgt_len)."""
     batch_size: int = 16
-    """Contiguous streams per batch (each row carries its own memory)."""
+    """Contiguous streams per optimizer step, over all processes together (the global batch; each row
+    carries its own memory)."""
     max_steps: int = 300
     """Optimizer steps."""
     optimizer: str = "adamw"
@@ -105,16 +106,12 @@ class TrainConfig:
         if isinstance(self.devices, int) and self.devices >= 1:
             check_streams_split("batch_size", self.batch_size, self.devices * self.num_nodes, self.accumulate)
 
-    @property
-    def shards(self) -> int | None:
-        """Row groups a global batch is cut into (processes x accumulate); None while devices is "auto"."""
-        return None if self.devices == "auto" else self.devices * self.num_nodes * self.accumulate
-
 
 HOW_TO_RUN = ("accelerator", "devices", "num_nodes", "strategy", "accumulate", "deterministic", "loggers")
 """TrainConfig fields that say how a run executes, not what it computes: the hardware, how one optimizer
 step's streams are spread over it, and where metrics are shown. Changing them changes the numbers at most
-by floating-point rounding (summation order, different kernels), so they are not part of the run id: the
+by floating-point rounding (summation order, different kernels; with dropout, each process draws its own
+masks: the same distribution, other draws), so they are not part of the run id: the
 same run on more devices is the same run, and a run may resume on other hardware. Precision stays part of
 the id (bf16 arithmetic changes results beyond rounding), and so do log_every / checkpoint_every /
 val_every (they shape what the run records)."""
