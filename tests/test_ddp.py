@@ -7,7 +7,7 @@ step's loss over any split of the streams (processes x accumulate groups) is the
 not a mean of means (float64 reference); gradient accumulation trains the same steps; every
 preset's parameters all get gradients (DDP's default needs it); which fields are "how to run"
 (not in the run id); sharding errors; the cluster environment chosen under SLURM.
-Run: pytest tests/test_ddp.py -q   (about 40 s; two real 2-process runs). The SIGKILL/SIGTERM tests of
+Run: pytest tests/test_ddp.py -q   (about 25 s; one real 2-process run). The SIGKILL/SIGTERM tests of
 a 2-process run are in tests/test_ddp_faults.py.
 """
 

@@ -6,7 +6,7 @@ dir without the steps of the interrupted attempt past its checkpoint; W&B in off
 its run under the run dir, named and identified by the run id, tagged with the variant, with every
 step's metrics in its transaction log, and a resumed run appends to the same W&B run; a missing
 extra is a one-line failure naming `pip install relpos-ablate[...]`.
-Run: pytest tests/test_loggers.py -q   (about 20 s)
+Run: pytest tests/test_loggers.py -q   (about 10 s)
 """
 
 import csv

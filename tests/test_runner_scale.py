@@ -7,7 +7,7 @@ GPU) whose RunJob passes train.devices=G / train.num_nodes=N to the worker; task
 and the other tasks start their process only when it launched; a second submission skips runs whose
 job squeue still lists (a failing squeue is an error, not a guess); --wait's follow loop runs until
 every job has ended. No cluster: a mocked sbatch/squeue and submitit's local executor.
-Run: pytest tests/test_runner_scale.py -q   (about 15 s)
+Run: pytest tests/test_runner_scale.py -q   (about 10 s)
 """
 
 import io
