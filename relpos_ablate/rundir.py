@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relpos_ablate.config import RunConfig, from_dict, read_yaml, to_plain
+from relpos_ablate.config import RunConfig, from_dict, read_yaml, what_to_run
 from relpos_ablate.io import read_json
 
 CONFIG = "config.yaml"
@@ -33,6 +33,8 @@ CHECKPOINTS = "checkpoints"
 """Lightning's checkpoint folder."""
 LAST_CHECKPOINT = "last.ckpt"
 """The resume point inside CHECKPOINTS."""
+TENSORBOARD = "tensorboard"
+"""TensorBoard's log dir (train.loggers: [tensorboard]); W&B writes its own `wandb/` next to it."""
 
 FINAL_STATES = ("done", "failed", "interrupted")
 """States a run ends in (written by its worker, or by the runner for a worker that died)."""
@@ -83,9 +85,10 @@ def stored_config(run_dir: str | Path) -> RunConfig | None:
 
 
 def same_run(a: RunConfig, b: RunConfig) -> bool:
-    """Equal up to the vocabulary size training fills in (0 in a config means 'from the data'):
-    a run directory holds one run, and only its config.yaml says which."""
-    plain_a, plain_b = to_plain(a), to_plain(b)
+    """Equal in what they compute (how-to-run fields such as train.devices aside: HOW_TO_RUN) up to
+    the vocabulary size training fills in (0 in a config means 'from the data'): a run directory holds
+    one run, and only its config.yaml says which."""
+    plain_a, plain_b = what_to_run(a), what_to_run(b)
     if 0 in (a.model.vocab_size, b.model.vocab_size):
         plain_a["model"]["vocab_size"] = plain_b["model"]["vocab_size"] = 0
     return plain_a == plain_b

@@ -10,7 +10,7 @@ import torch
 
 from relpos_ablate.config import load_run_config
 from relpos_ablate.train.data import build_datamodule, sample_inputs
-from relpos_ablate.train.data.streams import CyclicSegments, ResumeSampler, SegmentStreams, batchify
+from relpos_ablate.train.data.streams import ResumeSampler, SegmentStreams, TrainingSegments, batchify
 from relpos_ablate.train.data.synthetic import generate, vocab_size
 
 
@@ -116,8 +116,8 @@ def test_eval_streams_follow_the_eval_setting_length_and_batch():
 def test_training_loader_cycles_the_streams_and_resumes_at_the_step():
     streams = SegmentStreams(torch.arange(12).view(1, 12), torch.arange(12).view(1, 12),
                              torch.ones(1, 12, dtype=torch.bool), segment_len=4)
-    cyclic = CyclicSegments(streams, total=7)
-    assert [cyclic[i][0][0, 0].item() for i in range(7)] == [0, 4, 8, 0, 4, 8, 0]
+    cyclic = TrainingSegments(streams, steps=7, loss_on="full")
+    assert [cyclic[i].inputs[0, 0].item() for i in range(7)] == [0, 4, 8, 0, 4, 8, 0]
     step = {"now": 5}
     sampler = ResumeSampler(7, start=lambda: step["now"])
     assert len(sampler) == 7 and list(sampler) == [5, 6]

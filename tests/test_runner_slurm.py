@@ -52,7 +52,7 @@ def test_sbatch_script_carries_spec_and_cli_settings(tmp_path, fake_slurm, capsy
     for line in ("#SBATCH --partition=gpu", "#SBATCH --time=90", "#SBATCH --gpus-per-node=2",
                  "#SBATCH --account=lab", "#SBATCH --qos=high", "#SBATCH --cpus-per-task=4",
                  "#SBATCH --array=0-3%3", "#SBATCH --requeue", "#SBATCH --job-name=relpos-g",
-                 "#SBATCH --ntasks-per-node=1", "module load cuda/12"):
+                 "#SBATCH --ntasks-per-node=2", "module load cuda/12"):  # one task per GPU
         assert line in script.splitlines(), line
     assert any(line.startswith("#SBATCH --signal=USR2@") for line in script.splitlines())
     assert "-m submitit.core._submit" in script

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from relpos_ablate.cli import UsageError, check_dir_arg
 
-SLURM_FLAGS = ("partition", "time", "gpus", "account", "array_parallelism")
+SLURM_FLAGS = ("partition", "time", "gpus", "nodes", "account", "array_parallelism")
 
 
 def register(subparsers) -> None:
@@ -24,7 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--devices", metavar="LIST", help="GPUs to use, e.g. 0,1,2,3 (default: every visible GPU, else CPU slots)")
     p.add_argument("--slots", type=int, metavar="N", help="run on N CPU slots, torch threads split between them "
                    "(default without GPUs: one slot per 2 cores)")
-    p.add_argument("--runs-per-device", type=int, metavar="K", help="concurrent runs per GPU (default 1)")
+    p.add_argument("--runs-per-device", type=int, metavar="K", help="concurrent runs per GPU (group) (default 1)")
+    p.add_argument("--gpus-per-run", type=int, metavar="K", help="train each run data-parallel on a group of K of "
+                   "the --devices GPUs (sets train.devices; default 1)")
     p.add_argument("--retry-failed", action="store_true",
                    help="run failed runs again (from their last checkpoint; delete a run's dir to start it over)")
     p.add_argument("--dry-run", action="store_true", help="print what would run and exit")
@@ -32,9 +34,13 @@ def register(subparsers) -> None:
                    help="local: processes on this machine; slurm: a submitit job array")
     p.add_argument("--partition", metavar="NAME", help="slurm: partition (overrides the spec's launcher: block)")
     p.add_argument("--time", type=int, metavar="MIN", help="slurm: minutes per job; longer runs are requeued and resume")
-    p.add_argument("--gpus", type=int, metavar="N", help="slurm: GPUs per job")
+    p.add_argument("--gpus", type=int, metavar="N", help="slurm: GPUs per node of a job, one run data-parallel "
+                   "over them (one task per GPU)")
+    p.add_argument("--nodes", type=int, metavar="N", help="slurm: nodes per job (one run spans nodes x gpus GPUs)")
     p.add_argument("--account", metavar="NAME", help="slurm: account to charge")
     p.add_argument("--array-parallelism", type=int, metavar="N", help="slurm: jobs of the array running at once")
+    p.add_argument("--wait", action="store_true", help="slurm: follow the jobs to the end with the live table "
+                   "(exit status as for a local grid)")
     p.set_defaults(func=cmd_grid)
 
     p = subparsers.add_parser("status", help="the runs of a results dir: state, progress, last training-batch metrics",
@@ -71,13 +77,20 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--runs-per-device: {args.runs_per_device} is out of range; allowed >= 1")
     if args.runs_per_device is not None and args.slots is not None:
         raise UsageError("--runs-per-device applies to GPUs; with --slots give the number of CPU slots only")
+    if args.gpus_per_run is not None and args.gpus_per_run < 1:
+        raise UsageError(f"--gpus-per-run: {args.gpus_per_run} is out of range; allowed >= 1")
+    if args.gpus_per_run is not None and args.slots is not None:
+        raise UsageError("--gpus-per-run groups GPUs; CPU slots (--slots) train one process each")
     given = [f"--{name.replace('_', '-')}" for name in SLURM_FLAGS if getattr(args, name) is not None]
+    given += ["--wait"] if args.wait else []
     if args.launcher == "local" and given:
-        raise UsageError(f"{', '.join(given)}: only with --launcher slurm")
-    if args.launcher == "slurm" and (args.devices or args.slots or args.runs_per_device):
-        raise UsageError("--devices/--slots/--runs-per-device are for --launcher local; SLURM jobs use --gpus")
+        raise UsageError(f"{', '.join(given)}: only with --launcher slurm" + (
+            " (a local grid always waits)" if args.wait else ""))
+    if args.launcher == "slurm" and (args.devices or args.slots or args.runs_per_device or args.gpus_per_run):
+        raise UsageError("--devices/--slots/--runs-per-device/--gpus-per-run are for --launcher local; SLURM jobs "
+                         "use --gpus (per node) and --nodes")
     if args.devices is not None:
-        _parse_devices(args.devices)
+        _group_devices(_parse_devices(args.devices), args.gpus_per_run or 1)
     check_dir_arg("--results", args.results)
 
 
@@ -88,6 +101,13 @@ def _parse_devices(text: str) -> list[int]:
         raise UsageError(f"--devices: {text!r}: give GPU numbers like 0,1,2,3") from None
     if len(set(devices)) != len(devices):
         raise UsageError(f"--devices: {text!r} lists a GPU twice; use --runs-per-device for several runs per GPU")
+    return devices
+
+
+def _group_devices(devices: list[int], gpus_per_run: int) -> list[int]:
+    if len(devices) % gpus_per_run:
+        raise UsageError(f"--gpus-per-run: {len(devices)} GPU(s) do not form groups of {gpus_per_run}; "
+                         f"give a multiple of {gpus_per_run} in --devices")
     return devices
 
 
@@ -110,13 +130,32 @@ def _slots(args: argparse.Namespace) -> list:
     import torch
 
     visible = torch.cuda.device_count()
+    group = args.gpus_per_run or 1
     if args.devices is not None:
-        return gpu_slots(_visible(_parse_devices(args.devices), visible), args.runs_per_device or 1)
-    if visible:
-        return gpu_slots(list(range(visible)), args.runs_per_device or 1)
-    if args.runs_per_device is not None:
-        raise UsageError("--runs-per-device: no CUDA GPU is visible; use --slots N for CPU slots")
-    return cpu_slots(max(1, available_cores() // 2))
+        devices = _visible(_parse_devices(args.devices), visible)
+    elif visible:
+        devices = _group_devices(list(range(visible // group * group)), group)  # whole groups of the visible GPUs
+    else:
+        if args.runs_per_device is not None or args.gpus_per_run is not None:
+            flag = "--runs-per-device" if args.runs_per_device is not None else "--gpus-per-run"
+            raise UsageError(f"{flag}: no CUDA GPU is visible; use --slots N for CPU slots")
+        return cpu_slots(max(1, available_cores() // 2))
+    if not devices:
+        raise UsageError(f"--gpus-per-run: {group} is more than the {visible} visible GPU(s)")
+    return gpu_slots(devices, args.runs_per_device or 1, gpus_per_run=group)
+
+
+def _check_runs_fit(plans, processes: int, flag: str) -> None:
+    """Every run to launch can split its streams over `processes` (one line naming the first that cannot)."""
+    from relpos_ablate.config import ConfigError, check_world_size
+    from relpos_ablate.runner.display import short_variant
+
+    for plan in plans:
+        try:
+            check_world_size(plan.run.config, processes)
+        except ConfigError as err:
+            raise UsageError(f"{flag}: run {plan.run.run_id} [{short_variant(plan.run.variant)}] cannot be split "
+                             f"over {processes} processes: {err}") from None
 
 
 def _dry_run(spec, args: argparse.Namespace) -> int:
@@ -143,8 +182,10 @@ def _run_local(spec, args: argparse.Namespace) -> int:
     from relpos_ablate.runner.local import LocalRunner
     from relpos_ablate.runner.store import plan_grid
 
-    pending = any(plan.action != "skip" for plan in plan_grid(spec, args.results, args.retry_failed))
+    pending = [plan for plan in plan_grid(spec, args.results, args.retry_failed) if plan.action != "skip"]
     slots = _slots(args) if pending else []
+    _check_runs_fit(pending, max((len(slot.gpu.split(",")) for slot in slots if slot.gpu), default=1),
+                    "--gpus-per-run")
     console = make_console()
     display = make_display(console)
     runner = LocalRunner(spec, args.results, slots, display, retry_failed=args.retry_failed)
@@ -184,6 +225,8 @@ def _submit(spec, args: argparse.Namespace) -> int:
 
     overrides = {name: getattr(args, name) for name in SLURM_FLAGS if getattr(args, name) is not None}
     launcher = dataclasses.replace(spec.launcher, **overrides)
+    _check_runs_fit([p for p in plan_grid(spec, args.results, args.retry_failed) if p.action != "skip"],
+                    max(1, launcher.gpus) * launcher.nodes, "--gpus/--nodes")
     submitted = submit_grid(spec, args.results, launcher, retry_failed=args.retry_failed)
     if not submitted:
         plans = plan_grid(spec, args.results, args.retry_failed)
@@ -194,8 +237,30 @@ def _submit(spec, args: argparse.Namespace) -> int:
         return 1 if open_runs else 0
     job_ids = sorted({str(job.job_id).split("_")[0] for _plan, job in submitted})
     print(f"grid {spec.name}: submitted {len(submitted)} run(s) as SLURM job {', '.join(job_ids)}; "
-          f"follow with: relpos-ablate status {args.results / spec.name}")
-    return 0
+          + ("following them to the end" if args.wait else f"follow with: relpos-ablate status {args.results / spec.name}"))
+    return _wait_for_jobs(spec, submitted) if args.wait else 0
+
+
+def _wait_for_jobs(spec, submitted) -> int:
+    """The live table of the submitted runs until every job has ended; 0 when all are done, else 1."""
+    from relpos_ablate.rundir import read_status
+    from relpos_ablate.runner.display import make_console, make_display, row_for, run_table
+    from relpos_ablate.runner.slurm import follow
+
+    console = make_console()
+    display = make_display(console)
+
+    def table():
+        rows = [row_for(plan.run_dir, plan.run.variant, probe_lock=True) for plan, _job in submitted]
+        return run_table(rows, title=f"grid {spec.name}", live=display.live)
+
+    with display:
+        follow(submitted, lambda: display.refresh(table()))
+    if not display.live:
+        console.print(table())
+    states = [(read_status(plan.run_dir) or {}).get("state") for plan, _job in submitted]
+    print(f"grid {spec.name}: " + ", ".join(f"{states.count(s)} {s}" for s in sorted(set(map(str, states)))))
+    return 0 if all(state == "done" for state in states) else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 from relpos_ablate import rundir
-from relpos_ablate.config import ConfigError, RunConfig, apply_overrides, describe, from_dict, read_yaml, to_plain
+from relpos_ablate.config import ConfigError, RunConfig, apply_overrides, describe, from_dict, read_yaml, what_to_run
 
 EXIT_CODES = {"done": 0, "failed": 1, "interrupted": 1}
 
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     parser.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="the run directory")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="override a config field, e.g. --set model.attention.terms=ac (repeatable)")
-    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch, shared by the run's CPU processes (default: torch's choice)")
     parser.set_defaults(func=run_train)
 
 
@@ -54,13 +54,21 @@ def run_train(args: argparse.Namespace) -> int:
 
     import torch
 
-    from relpos_ablate.train.run import train_run
+    from relpos_ablate.train.run import launched_as_rank_zero, train_run
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(max(1, args.threads // cpu_processes(config.train, torch.cuda.is_available())))
     state = train_run(config, args.run_dir)
-    print_outcome(args.run_dir, state)
+    if launched_as_rank_zero():  # the other processes of a multi-process run stay quiet
+        print_outcome(args.run_dir, state)
     return EXIT_CODES[state]
+
+
+def cpu_processes(train, cuda: bool) -> int:
+    """Processes of this run that share this machine's CPU threads: train.devices when they are CPU
+    processes (--threads is the whole run's budget on the node), else 1."""
+    on_cpu = train.accelerator == "cpu" or (train.accelerator == "auto" and not cuda)
+    return train.devices if on_cpu and isinstance(train.devices, int) else 1
 
 
 def resolve_config(config_file: Path | None, run_dir: Path, overrides: list[str]) -> RunConfig:
@@ -77,7 +85,7 @@ def resolve_config(config_file: Path | None, run_dir: Path, overrides: list[str]
     check_not_a_grid_spec(source, data)
     config = from_dict(RunConfig, apply_overrides(data, overrides))
     if stored is not None and not rundir.same_run(config, stored):
-        key, old, new = first_difference(to_plain(stored), to_plain(config))
+        key, old, new = first_difference(what_to_run(stored), what_to_run(config))
         raise UsageError(f"{stored_path} holds another run ({key}: {old!r} there, {new!r} here); "
                          "use a new --run-dir")
     return config

@@ -4,11 +4,13 @@ from relpos_ablate.config.base import ConfigError, apply_overrides, describe, fr
 from relpos_ablate.config.data import DataConfig
 from relpos_ablate.config.model import BIAS_TYPES, AttentionConfig, ModelConfig
 from relpos_ablate.config.run import (
-    EvalConfig, EvalSetting, RunConfig, TrainConfig, load_run_config, run_id,
+    HOW_TO_RUN, EvalConfig, EvalSetting, RunConfig, TrainConfig, check_streams_split, check_world_size,
+    load_run_config, run_id,
+    what_to_run,
 )
 
 __all__ = [
-    "AttentionConfig", "BIAS_TYPES", "ConfigError", "DataConfig", "EvalConfig", "EvalSetting", "ModelConfig",
+    "AttentionConfig", "BIAS_TYPES", "ConfigError", "HOW_TO_RUN", "DataConfig", "EvalConfig", "EvalSetting", "ModelConfig",
     "RunConfig", "TrainConfig", "apply_overrides", "describe", "from_dict", "load_run_config", "read_yaml",
-    "run_id", "to_plain",
+    "check_streams_split", "check_world_size", "run_id", "to_plain", "what_to_run",
 ]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterable
 
 from relpos_ablate.config.base import (
-    ConfigError, apply_overrides, check_choice, check_range, from_dict, read_yaml, to_plain,
+    ConfigError, apply_overrides, check_choice, check_range, from_dict, read_yaml, reject, to_plain,
 )
 from relpos_ablate.config.data import DataConfig
 from relpos_ablate.config.model import ModelConfig
@@ -19,6 +19,8 @@ OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "constant")
 LOSS_ON = ("full", "half")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+STRATEGIES = ("auto", "ddp")
+LOGGERS = ("csv", "tensorboard", "wandb")
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,8 @@ class TrainConfig:
     segment_len: int = 64
     """Tokens per segment (the backprop length, XL's tgt_len)."""
     batch_size: int = 16
-    """Contiguous streams per batch (each row carries its own memory)."""
+    """Contiguous streams per optimizer step, over all processes together (the global batch; each row
+    carries its own memory)."""
     max_steps: int = 300
     """Optimizer steps."""
     optimizer: str = "adamw"
@@ -48,9 +51,28 @@ class TrainConfig:
     precision: str = "32-true"
     """Lightning precision: 32-true | bf16-mixed | 16-mixed."""
     accelerator: str = "auto"
-    """Lightning accelerator: auto | cpu | gpu."""
+    """Lightning accelerator: auto | cpu | gpu. (How to run: not part of the run id.)"""
+    devices: int | str = 1
+    """Data-parallel copies of the model per node: GPUs with accelerator gpu, processes with cpu; "auto":
+    every visible GPU. Rank r of W trains streams [r*B/W, (r+1)*B/W) of the B = batch_size streams and
+    keeps their memory, so the run computes the same steps on any number of devices. (How to run: not
+    part of the run id.)"""
+    num_nodes: int = 1
+    """Machines the run spans, each with `devices` copies (SLURM: nodes of one job). (How to run.)"""
+    strategy: str = "auto"
+    """Lightning strategy: auto (ddp when there are several devices) | ddp. (How to run.)"""
+    accumulate: int = 1
+    """Micro-batches per optimizer step: each device trains its streams in this many groups of rows, one
+    after the other, each group with its own memory, and the gradients add up. It lowers memory per device
+    (reach a paper's batch_size on fewer GPUs); the step is the same as without it up to rounding. (How to
+    run.)"""
     deterministic: bool = False
-    """torch deterministic algorithms (slower)."""
+    """torch deterministic algorithms (slower). (How to run.)"""
+    loggers: tuple[str, ...] = ("csv",)
+    """Where training metrics go, from rank 0: csv (metrics.csv, always written: the run's record that
+    collect and plots read) | tensorboard (RUN_DIR/tensorboard/, pip install relpos-ablate[tensorboard]) |
+    wandb (run id as name and W&B id, resumed runs continue it; pip install relpos-ablate[wandb]). (How to
+    run.)"""
     log_every: int = 10
     """Log training metrics every N steps."""
     checkpoint_every: int = 100
@@ -72,6 +94,44 @@ class TrainConfig:
         check_choice("loss_on", self.loss_on, LOSS_ON)
         check_choice("precision", self.precision, PRECISIONS)
         check_choice("accelerator", self.accelerator, ("auto", "cpu", "gpu"))
+        if isinstance(self.devices, int):
+            check_range("devices", self.devices, low=1)
+        elif self.devices != "auto":
+            reject("devices", f"{self.devices!r} is not allowed; give a number >= 1 or auto")
+        for name in ("num_nodes", "accumulate"):
+            check_range(name, getattr(self, name), low=1)
+        check_choice("strategy", self.strategy, STRATEGIES)
+        for i, name in enumerate(self.loggers):
+            check_choice(f"loggers[{i}]", name, LOGGERS)
+        if isinstance(self.devices, int) and self.devices >= 1:
+            check_streams_split("batch_size", self.batch_size, self.devices * self.num_nodes, self.accumulate)
+
+
+HOW_TO_RUN = ("accelerator", "devices", "num_nodes", "strategy", "accumulate", "deterministic", "loggers")
+"""TrainConfig fields that say how a run executes, not what it computes: the hardware, how one optimizer
+step's streams are spread over it, and where metrics are shown. Changing them changes the numbers at most
+by floating-point rounding (summation order, different kernels; with dropout, each process draws its own
+masks: the same distribution, other draws), so they are not part of the run id: the
+same run on more devices is the same run, and a run may resume on other hardware. Precision stays part of
+the id (bf16 arithmetic changes results beyond rounding), and so do log_every / checkpoint_every /
+val_every (they shape what the run records)."""
+
+
+def check_world_size(config: RunConfig, world: int) -> None:
+    """A one-line ConfigError unless `world` processes can share the run's streams: the training streams
+    evenly (per micro-batch too), the evaluation streams at least one each."""
+    check_streams_split("train.batch_size", config.train.batch_size, world, config.train.accumulate)
+    if config.eval.batch_size < world:
+        raise ConfigError("eval.batch_size", f"{config.eval.batch_size} streams cannot give each of {world} "
+                          f"processes one; use at least {world}")
+
+
+def check_streams_split(field: str, streams: int, processes: int, accumulate: int = 1) -> None:
+    """Every process (and each of its micro-batches) gets the same number of streams, or a one-line error."""
+    groups = processes * accumulate
+    if streams % groups:
+        detail = f"{processes} processes" + (f" x {accumulate} micro-batches (train.accumulate)" if accumulate > 1 else "")
+        reject(field, f"{streams} streams do not split evenly over {detail}; use a multiple of {groups}")
 
 
 @dataclass(frozen=True)
@@ -189,10 +249,20 @@ def _non_default(value: dict, default: dict) -> dict:
     return out
 
 
+def what_to_run(config: RunConfig) -> dict:
+    """The plain config without the how-to-run fields (HOW_TO_RUN): what identifies a run."""
+    plain = to_plain(config)
+    for name in HOW_TO_RUN:
+        del plain["train"][name]
+    return plain
+
+
 def run_id(config: RunConfig) -> str:
-    """Short hash of the fields that differ from the defaults: the same run always gets the same id,
-    and adding a config field (with a default) later does not rename finished runs."""
-    canonical = json.dumps(_non_default(to_plain(config), to_plain(RunConfig())), sort_keys=True, separators=(",", ":"))
+    """Short hash of the what-to-run fields that differ from the defaults: the same run always gets the
+    same id, on any hardware (HOW_TO_RUN), and adding a config field (with a default) later does not
+    rename finished runs."""
+    canonical = json.dumps(_non_default(what_to_run(config), what_to_run(RunConfig())), sort_keys=True,
+                           separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
@@ -203,5 +273,6 @@ def load_run_config(path: str | Path | None = None, overrides: Iterable[str] = (
 
 
 __all__ = [
-    "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig", "load_run_config", "run_id",
+    "HOW_TO_RUN", "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig", "check_streams_split",
+    "check_world_size", "load_run_config", "run_id", "what_to_run",
 ]

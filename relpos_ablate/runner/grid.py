@@ -57,11 +57,14 @@ class LauncherConfig:
     time: int = 240
     """Wall-clock limit per job in minutes; a longer run is requeued and resumes from last.ckpt."""
     gpus: int = 1
-    """GPUs per job (each job trains one run)."""
+    """GPUs per node of a job (each job trains one run, data-parallel over all its GPUs: one SLURM task
+    per GPU; 0: a CPU job of one task)."""
+    nodes: int = 1
+    """Nodes per job: one run spans nodes x gpus GPUs."""
     cpus: int = 8
-    """CPU cores per job (torch threads and data loading)."""
+    """CPU cores per task (torch threads and data loading)."""
     mem_gb: int = 0
-    """Memory per job in GB (0: the partition's default)."""
+    """Memory per node in GB (0: the partition's default)."""
     array_parallelism: int = 64
     """At most this many jobs of the array run at the same time."""
     max_timeouts: int = 10
@@ -70,7 +73,7 @@ class LauncherConfig:
     """Shell lines run before each job, e.g. 'module load cuda' or 'source .venv/bin/activate'."""
 
     def __post_init__(self):
-        for name in ("time", "gpus", "cpus", "mem_gb", "array_parallelism", "max_timeouts"):
+        for name in ("time", "gpus", "nodes", "cpus", "mem_gb", "array_parallelism", "max_timeouts"):
             check_range(name, getattr(self, name), low=0 if name in ("gpus", "mem_gb", "max_timeouts") else 1)
 
 

@@ -1,7 +1,8 @@
 """Run a grid on this machine: one worker process per device slot, a slot refilled as soon as it frees.
 
-Each slot is a GPU (CUDA_VISIBLE_DEVICES set for its worker; K slots per GPU with --runs-per-device)
-or a share of the CPU (torch threads split evenly between slots). A run is claimed (store.claim)
+Each slot is a GPU, or a group of GPUs that one run trains on data-parallel (--gpus-per-run; the
+worker gets CUDA_VISIBLE_DEVICES and train.devices for them; K slots per GPU group with
+--runs-per-device), or a share of the CPU (torch threads split evenly between slots). A run is claimed (store.claim)
 right before it is launched, so several runners on one results directory share the work and never
 run a run twice; a run another runner holds is retried until that runner lets go of it, then
 skipped when it is done or resumed when its runner died. A failed or killed run is recorded and
@@ -24,16 +25,22 @@ from relpos_ablate import rundir
 from relpos_ablate.runner.display import PlainDisplay, RunRow, row_for, run_table
 from relpos_ablate.runner.grid import GridSpec
 from relpos_ablate.runner.store import RUNNABLE, RunLock, RunPlan, claim, plan_grid, prepare_run, write_run_files
-from relpos_ablate.runner.worker import available_cores, launch, record_exit, stop
+from relpos_ablate.runner.worker import available_cores, kill_leftovers, launch, record_exit, stop
 
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one worker runs: a label for the table, the GPU it sees ("" none), its torch threads."""
+    """Where one worker runs: a label for the table, the GPUs it sees ("0,1"; "" none), its torch threads."""
 
     device: str
     gpu: str
     threads: int
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """How the worker runs on this slot: as many processes as the slot has GPUs (none for CPU slots,
+        where the run config decides)."""
+        return (f"train.devices={len(self.gpu.split(','))}",) if self.gpu else ()
 
 
 def cpu_slots(n: int, cores: int | None = None) -> list[Slot]:
@@ -42,16 +49,20 @@ def cpu_slots(n: int, cores: int | None = None) -> list[Slot]:
     return [Slot(device=f"cpu:{i}", gpu="", threads=threads) for i in range(n)]
 
 
-def gpu_slots(devices: list[int], runs_per_device: int = 1, cores: int | None = None) -> list[Slot]:
-    """K slots per GPU, spread across GPUs first. Device numbers index the GPUs this process sees, so
-    they are mapped through an inherited CUDA_VISIBLE_DEVICES (--devices 0 under "4,5" is GPU 4)."""
+def gpu_slots(devices: list[int], runs_per_device: int = 1, cores: int | None = None,
+              gpus_per_run: int = 1) -> list[Slot]:
+    """Groups of `gpus_per_run` consecutive GPUs, K slots per group, spread across groups first. Device
+    numbers index the GPUs this process sees, so they are mapped through an inherited
+    CUDA_VISIBLE_DEVICES (--devices 0 under "4,5" is GPU 4)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = visible.split(",") if visible else None
-    n = len(devices) * runs_per_device
+    groups = [devices[i:i + gpus_per_run] for i in range(0, len(devices), gpus_per_run)]
+    n = len(groups) * runs_per_device
     threads = max(1, (cores or available_cores()) // n)
     return [
-        Slot(device=f"cuda:{d}", gpu=physical[d] if physical else str(d), threads=threads)
-        for _ in range(runs_per_device) for d in devices
+        Slot(device="cuda:" + ",".join(map(str, group)), threads=threads,
+             gpu=",".join(physical[d] if physical else str(d) for d in group))
+        for _ in range(runs_per_device) for group in groups
     ]
 
 
@@ -188,7 +199,8 @@ class LocalRunner:
             return
         try:
             write_run_files(plan, self.spec.name, self.spec.path)
-            proc = launch(plan.run_dir, lock, gpu=slot.gpu, threads=slot.threads, device=slot.device)
+            proc = launch(plan.run_dir, lock, gpu=slot.gpu, threads=slot.threads, device=slot.device,
+                          settings=slot.settings)
         except OSError as err:
             lock.release()
             self.errors[plan.run.run_id] = f"could not launch: {err}"
@@ -208,6 +220,7 @@ class LocalRunner:
         active = self.active.pop(index)
         rid = active.plan.run.run_id
         self.run_times[rid] = time.monotonic() - active.started
+        kill_leftovers(active.proc)
         try:
             status = record_exit(active.plan.run_dir, returncode, stopped)
         except OSError as err:

@@ -30,6 +30,8 @@ from relpos_ablate.runner.grid import GridSpec, PlannedRun
 #: What the runner does with a run: start/resume/retry run it, skip leaves it, busy waits for its owner.
 ACTIONS = ("start", "resume", "retry", "skip", "busy")
 RUNNABLE = ("start", "resume", "retry")
+SLURM_JOB = "slurm_job"
+"""status.json field: the id of the SLURM job submitted for the run (runner/slurm.py)."""
 
 
 def update_status(run_dir: Path, **fields: Any) -> dict:
@@ -40,9 +42,10 @@ def update_status(run_dir: Path, **fields: Any) -> dict:
 
 
 def mark_queued(run_dir: Path, **fields: Any) -> dict:
-    """A fresh `queued` status; the previous step count is kept so progress shows through a resume."""
+    """A fresh `queued` status; the previous step count is kept so progress shows through a resume, and
+    the SLURM job that runs it (so a second submission skips it while that job is queued or running)."""
     previous = rundir.read_status(run_dir) or {}
-    kept = {key: previous[key] for key in ("step", "max_steps") if key in previous}
+    kept = {key: previous[key] for key in ("step", "max_steps", SLURM_JOB) if key in previous}
     status = {"state": "queued", "queued_at": now_iso(), **kept, **fields}
     atomic_write_json(run_dir / rundir.STATUS, status)
     return status

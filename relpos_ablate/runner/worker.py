@@ -35,10 +35,12 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def worker_command(run_dir: Path, threads: int) -> list[str]:
+def worker_command(run_dir: Path, threads: int, settings: tuple[str, ...] = ()) -> list[str]:
+    """The worker's command line; `settings` are how-to-run overrides (train.devices=K, ...) that the
+    slot or the job decides, passed as --set (they do not change the run's identity)."""
     override = os.environ.get(WORKER_ENV)
     prefix = shlex.split(override) if override else [sys.executable, "-m", "relpos_ablate", "train"]
-    return [*prefix, "--run-dir", str(run_dir), "--threads", str(threads)]
+    return [*prefix, "--run-dir", str(run_dir), "--threads", str(threads), *(a for s in settings for a in ("--set", s))]
 
 
 def worker_env(gpu: str | None, threads: int) -> dict[str, str]:
@@ -65,7 +67,8 @@ def _die_with_parent(parent_pid: int):
     return preexec
 
 
-def launch(run_dir: Path, lock: RunLock, *, gpu: str | None, threads: int, device: str) -> subprocess.Popen:
+def launch(run_dir: Path, lock: RunLock, *, gpu: str | None, threads: int, device: str,
+           settings: tuple[str, ...] = ()) -> subprocess.Popen:
     """Mark the run queued and start its worker in its own session, holding the run's lock with it.
 
     Call from a thread that outlives the worker (PR_SET_DEATHSIG fires when the spawning thread exits)."""
@@ -73,11 +76,20 @@ def launch(run_dir: Path, lock: RunLock, *, gpu: str | None, threads: int, devic
     with open(run_dir / rundir.WORKER_LOG, "ab") as log:
         log.write(f"=== {now_iso()} launch on {device} ({socket.gethostname()})\n".encode())
         log.flush()
-        return subprocess.Popen(
-            worker_command(run_dir, threads), env=worker_env(gpu, threads), stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, pass_fds=(lock.fd,), start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
-        )
+        return start_worker(run_dir, threads, settings, gpu=gpu, output=log, lock=lock)
+
+
+def start_worker(run_dir: Path, threads: int, settings: tuple[str, ...], *, gpu: str | None = None, output=None,
+                 lock: RunLock | None = None) -> subprocess.Popen:
+    """The worker process alone, in its own session (the processes it starts for a multi-process run
+    join that session, so stopping or cleaning up the session reaches them all); `output`: a file for
+    its stdout/stderr (default: this process's); `lock`: the run's lock, handed to the worker."""
+    return subprocess.Popen(
+        worker_command(run_dir, threads, settings), env=worker_env(gpu, threads), stdin=subprocess.DEVNULL,
+        stdout=output, stderr=subprocess.STDOUT if output is not None else None,
+        pass_fds=(lock.fd,) if lock is not None else (), start_new_session=True,
+        preexec_fn=_die_with_parent(os.getpid()),
+    )
 
 
 def stop(proc: subprocess.Popen, grace_s: float) -> int | None:
@@ -92,6 +104,15 @@ def stop(proc: subprocess.Popen, grace_s: float) -> int | None:
             pass
         _reap(proc, wait_s)
     return proc.returncode
+
+
+def kill_leftovers(proc: subprocess.Popen) -> None:
+    """SIGKILL what is left of an ended worker's session: the other processes of a multi-process run
+    whose rank 0 died (they would wait for it in a collective, holding GPU memory)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _reap(proc: subprocess.Popen, timeout_s: float) -> None:

@@ -3,7 +3,10 @@
 - Recurrence as in Transformer-XL: every batch row is a contiguous stream, so the (detached) memory the
   model returns for batch t is the context of batch t + 1. It is reset when the streams restart and
   at the start of every evaluation setting. Memory is not part of a checkpoint: after a resume it
-  starts empty, like at the start of a stream.
+  starts empty, like at the start of a stream. Each row group of gradient accumulation keeps its own.
+- Data parallel: each process trains and evaluates its own streams (train/data/streams.py). The step's
+  loss is the token mean over the whole global batch, and evaluation adds every process's token sums
+  before dividing, so the numbers do not depend on the number of processes (up to rounding).
 - Loss on the whole segment or its most recent half (`train.loss_on`, XL Table 6), over the positions
   the batch mask marks (synthetic tasks count only determined targets).
 - AdamW (decay on Linear weights only) or Adam, linear warm-up then cosine decay to 0 or constant.
@@ -23,7 +26,7 @@ from torchmetrics import Metric
 
 from relpos_ablate.config import RunConfig, TrainConfig, to_plain
 from relpos_ablate.model import TransformerLM
-from relpos_ablate.model.lm import masked_mean
+from relpos_ablate.train.data.streams import TrainBatch, loss_mask
 
 
 class NonFiniteLoss(RuntimeError):
@@ -38,13 +41,6 @@ def token_stats(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """Per-token negative log-likelihood (nats, float32) and correctness, each [B, L]."""
     nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view_as(targets)
     return nll, (logits.argmax(-1) == targets).float()
-
-
-def loss_mask(mask: Tensor, loss_on: str) -> Tensor:
-    """'half' keeps only the most recent half of the segment: positions t >= L // 2 (XL Table 6)."""
-    if loss_on == "full":
-        return mask
-    return mask & (torch.arange(mask.shape[1], device=mask.device) >= mask.shape[1] // 2)
 
 
 def lr_factor(step: int, train: TrainConfig) -> float:
@@ -88,6 +84,12 @@ class MaskedMean(Metric):
     def compute(self) -> Tensor:
         return self.total / self.count
 
+    def synced(self) -> tuple[Tensor, Tensor]:
+        """(mean, count) over the tokens of every process: their sums are added before dividing (exact,
+        not a mean of means); in one process, this one's."""
+        with self.sync_context():
+            return self.total / self.count, self.count.clone()
+
 
 class LitLM(L.LightningModule):
     """TransformerLM + recurrence + metrics. Validation dataloader k evaluates config setting
@@ -104,33 +106,51 @@ class LitLM(L.LightningModule):
         self.eval_acc = nn.ModuleList(MaskedMean() for _ in self.settings)
         self.eval_results: dict[int, dict[str, float]] = {}
         self.train_segments = 0  # set from the datamodule at fit start: memory resets every this many steps
-        self._train_mems: list[Tensor] | None = None
+        self._train_mems: dict[int, list[Tensor]] = {}  # row group -> its memory
+        self._step_sums = torch.zeros(2)  # this process's share of the step's (loss, accuracy)
         self._eval_mems: list[Tensor] | None = None
         self._pending_loss: tuple[int, Tensor] | None = None
 
     def on_fit_start(self) -> None:
         self.train_segments = self.trainer.datamodule.train_segments
 
-    def training_step(self, batch, batch_idx: int) -> Tensor:
-        self._check_finite()
+    def training_step(self, batch: TrainBatch, batch_idx: int) -> Tensor:
+        if batch.group == 0:
+            self._check_finite()
+            self._step_sums = torch.zeros(2, device=self.device)
         restart = self.global_step % self.train_segments == 0  # the streams restart: nothing to remember
-        loss, acc = self.segment_loss(*batch, restart=restart)
-        self._pending_loss = (self.global_step, loss.detach())
+        loss, acc = self.segment_loss(batch.inputs, batch.targets, batch.mask, restart=restart, group=batch.group,
+                                      counted_in_step=batch.counted_in_step)
+        self._step_sums += torch.stack([loss.detach(), acc])
+        if batch.group == self.config.train.accumulate - 1:
+            self._end_step()
+        # Lightning averages a step's micro-batches and DDP the processes' gradients: scaled by their
+        # number, both averages become sums, and the step's gradient is that of the global token mean.
+        return loss * (self.trainer.world_size * self.trainer.accumulate_grad_batches)
+
+    def _end_step(self) -> None:
+        """The step's loss and accuracy over the whole global batch (summed over processes): checked to be
+        finite at the next step and logged every log_every steps."""
+        loss, acc = self.trainer.strategy.reduce(self._step_sums, reduce_op="sum")
+        self._pending_loss = (self.global_step, loss)
         # Lightning writes logs every log_every steps; logging only then saves ~1 ms of bookkeeping a step
         if (self.global_step + 1) % self.config.train.log_every == 0:
-            metrics = {f"train_{name}": value for name, value in self._metrics(loss.detach(), acc).items()}
+            metrics = {f"train_{name}": value for name, value in self._metrics(loss, acc).items()}
             self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=True)
             self.log("lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
-        return loss
 
-    def segment_loss(self, inputs: Tensor, targets: Tensor, mask: Tensor, restart: bool) -> tuple[Tensor, Tensor]:
-        """(loss, accuracy) of one training segment, with the memory of the previous one unless `restart`."""
+    def segment_loss(self, inputs: Tensor, targets: Tensor, mask: Tensor, restart: bool, group: int = 0,
+                     counted_in_step: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(loss, accuracy) of one training segment of the streams of row group `group`, with their memory
+        of the previous segment unless `restart`: sums over the counted targets divided by
+        `counted_in_step` (default: the targets counted here, i.e. this segment's own token means)."""
         if restart:
-            self._train_mems = None
-        logits, self._train_mems = self.model(inputs, self._train_mems)
+            self._train_mems.pop(group, None)
+        logits, self._train_mems[group] = self.model(inputs, self._train_mems.get(group))
         nll, correct = token_stats(logits, targets)
-        counted = loss_mask(mask, self.config.train.loss_on)
-        return masked_mean(nll, counted), masked_mean(correct, counted).detach()
+        counted = loss_mask(mask, self.config.train.loss_on).to(nll.dtype)
+        total = counted.sum().clamp(min=1) if counted_in_step is None else counted_in_step
+        return (nll * counted).sum() / total, ((correct * counted).sum() / total).detach()
 
     def _metrics(self, loss: Tensor, acc: Tensor) -> dict[str, Tensor]:
         """loss (nats per token) and accuracy; perplexity for text, bits per character for char/byte text."""
@@ -167,9 +187,9 @@ class LitLM(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         for k, index in enumerate(self.eval_indices):
             nll_metric, acc_metric = self.eval_nll[index], self.eval_acc[index]
-            nll, acc = nll_metric.compute(), acc_metric.compute()
+            (nll, tokens), (acc, _) = nll_metric.synced(), acc_metric.synced()
             result = {name: value.item() for name, value in self._metrics(nll, acc).items()}
-            result["tokens"] = int(nll_metric.count.item())
+            result["tokens"] = int(tokens.item())
             self.eval_results[index] = result
             if self.trainer.state.fn == "fit" and k == 0:
                 self.log_dict({f"val_{name}": value for name, value in result.items() if name != "tokens"})

@@ -7,10 +7,15 @@ analysis layer the trained model back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 import traceback
 import warnings
 import zipfile
@@ -20,14 +25,15 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
-from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.pytorch.plugins.environments import ClusterEnvironment, LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from relpos_ablate import rundir
-from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, to_plain
+from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, TrainConfig, check_world_size, to_plain
 from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
+from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
 from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
 from relpos_ablate.train.records import MetricsCSV, RunRecorder, RunStatus, close_log, open_log
 
@@ -59,21 +65,28 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
     """Train, evaluate and record one run; returns its final state: done | failed | interrupted.
 
     A done run is left alone. Anything else resumes from checkpoints/last.ckpt when it exists.
-    `callbacks` are extra Lightning callbacks (tests use one to interrupt a run).
+    `callbacks` are extra Lightning callbacks (tests use one to interrupt a run). With several
+    processes every one of them calls this; only rank 0 writes the run's records, the others let
+    their errors end their process (Lightning then stops the whole run).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if rundir.is_done(run_dir):
         return "done"
+    if not launched_as_rank_zero():
+        _train_and_evaluate(config, run_dir, None, callbacks)
+        return "done"
     handler = open_log(run_dir)
     status = RunStatus(run_dir)
-    status.start(device=describe_device(config.train.accelerator), max_steps=config.train.max_steps)
+    status.start(device=describe_device(config.train), max_steps=config.train.max_steps)
     try:
-        _train_and_evaluate(config, run_dir, status, callbacks)
+        with wandb_run_ends_with_the_attempt(config):
+            _train_and_evaluate(config, run_dir, status, callbacks)
         status.finish("done")
         return "done"
-    except (KeyboardInterrupt, SystemExit) as err:  # Lightning turns Ctrl-C into SystemExit(1)
-        reason = "stopped by SIGTERM" if isinstance(err, SIGTERMException) else "interrupted by the user"
+    except (KeyboardInterrupt, SystemExit, LostProcess) as err:  # Lightning turns Ctrl-C into SystemExit(1)
+        reason = str(err) if isinstance(err, LostProcess) else (
+            "stopped by SIGTERM" if isinstance(err, SIGTERMException) else "interrupted by the user")
         log.warning("%s at step %s; rerun to resume", reason, status.fields.get("step"))
         status.finish("interrupted", reason=reason)
         return "interrupted"
@@ -87,66 +100,135 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
         close_log(handler)
 
 
-def describe_device(accelerator: str) -> str:
-    if accelerator != "cpu" and torch.cuda.is_available():
-        return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
-    return "cpu"
+def launched_as_rank_zero() -> bool:
+    """Whether this process is rank 0 of its run, known before the Trainer exists: the processes of a
+    multi-process run are started with their rank in RANK (torchrun), SLURM_PROCID (SLURM tasks) or
+    NODE_RANK / LOCAL_RANK (Lightning's own launcher); a single process has none of them set."""
+    return all(int(os.environ.get(name) or 0) == 0 for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"))
 
 
-def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus, callbacks) -> None:
+def describe_device(train: TrainConfig) -> str:
+    processes = "" if train.devices == 1 and train.num_nodes == 1 else (
+        f" x {train.devices} per node" + (f" x {train.num_nodes} nodes" if train.num_nodes > 1 else ""))
+    if train.accelerator != "cpu" and torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()}){processes}"
+    return f"cpu{processes}"
+
+
+def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | None, callbacks) -> None:
+    """The run itself; `status` is None on ranks > 0, which write no records."""
     datamodule = build_datamodule(config)
     datamodule.prepare_data()
     config = resolve_vocab(config, datamodule.vocab_size)
-    atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(config))
+    if status is not None:
+        atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(config))
     L.seed_everything(config.seed, workers=True, verbose=False)
     module = LitLM(config)
-    log.info("run %s: %d parameters, %s", run_dir, sum(p.numel() for p in module.model.parameters()),
-             describe_device(config.train.accelerator))
+    name, variant = logged_identity(run_dir)
+    # TensorBoard / W&B show the run's id and variant next to its config (Lightning logs the hyperparameters)
+    module.save_hyperparameters({**module.hparams, "run": {"id": name, "variant": variant}})
+    resume = usable_checkpoint(run_dir, tidy=status is not None)
     metrics = MetricsCSV(run_dir)
-    trainer = make_trainer(config, run_dir, metrics, [RunRecorder(status, metrics, config.train.log_every), *callbacks])
-    with warnings.catch_warnings():
+    loggers = [metrics, *make_loggers(config, run_dir, checkpoint_step(run_dir) if resume else 0)]
+    recorders = [RunRecorder(status, metrics, config.train.log_every)] if status is not None else []
+    trainer = make_trainer(config, run_dir, loggers, [*recorders, *callbacks])
+    check_world_size(config, trainer.world_size)
+    if trainer.world_size > 1:  # same initial weights everywhere, but each process its own dropout draws
+        torch.manual_seed(config.seed + DROPOUT_SEED_STRIDE * trainer.global_rank)
+    log.info("run %s: %d parameters, %s, %d process(es)", run_dir, sum(p.numel() for p in module.model.parameters()),
+             describe_device(config.train), trainer.world_size)
+    with warnings.catch_warnings(), _lost_process_interrupts(trainer):
         _quiet_known_warnings()
-        trainer.fit(module, datamodule=datamodule, ckpt_path="last" if usable_checkpoint(run_dir) else None)
+        trainer.fit(module, datamodule=datamodule, ckpt_path="last" if resume else None)
         log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
-        atomic_write_json(run_dir / rundir.EVAL, evaluate(trainer, module, datamodule, config))
+        results = evaluate(trainer, module, datamodule, config)
+    if status is not None:
+        atomic_write_json(run_dir / rundir.EVAL, results)
 
 
-def usable_checkpoint(run_dir: Path) -> bool:
+class LostProcess(RuntimeError):
+    """Another process of the run died (killed, out of memory): the run is interrupted, not failed, and a
+    rerun resumes it from last.ckpt."""
+
+
+@contextlib.contextmanager
+def _lost_process_interrupts(trainer: L.Trainer, wait_s: float = 1.0):
+    """An error caused by the death of a process Lightning launched for this run (the collective it was in
+    fails with 'connection reset by peer') becomes LostProcess, naming the process and its exit."""
+    try:
+        yield
+    except Exception as err:
+        launched = list(enumerate(getattr(trainer.strategy.launcher, "procs", ()), start=1))
+        deadline = time.monotonic() + wait_s  # the error can come before the dead process is reaped
+        while launched:
+            dead = [(rank, proc.returncode) for rank, proc in launched if proc.poll() not in (None, 0)]
+            if dead:
+                rank, code = dead[0]
+                how = signal.Signals(-code).name if code < 0 else f"exit status {code}"
+                raise LostProcess(f"process of local rank {rank} died ({how}); rerun to resume") from err
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        raise
+
+
+DROPOUT_SEED_STRIDE = 1_000_003
+"""Process r of a multi-process run reseeds its dropout with seed + r * this (distinct for any seed)."""
+
+
+def usable_checkpoint(run_dir: Path, tidy: bool = True) -> bool:
     """Whether there is a last.ckpt to resume from. Temp files of writes cut short by a kill are
     removed; a last.ckpt that is not a complete torch archive (damaged outside this code: every write
     here is atomic) is set aside as last.ckpt.corrupt and the run starts over, rather than failing
-    again on every rerun."""
+    again on every rerun. Only rank 0 tidies (`tidy`); every process reaches the same answer."""
     last = rundir.last_checkpoint(run_dir)
-    for stale in last.parent.glob(f".{last.name}.*.tmp"):
-        stale.unlink(missing_ok=True)
+    if tidy:
+        for stale in last.parent.glob(f".{last.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
     if not last.exists():
         return False
     if zipfile.is_zipfile(last):
         return True
-    last.replace(last.with_name(last.name + ".corrupt"))
-    log.warning("%s is not a complete checkpoint; set aside as %s.corrupt, training from step 0", last, last.name)
+    if tidy:
+        last.replace(last.with_name(last.name + ".corrupt"))
+        log.warning("%s is not a complete checkpoint; set aside as %s.corrupt, training from step 0", last, last.name)
     return False
 
 
-def make_trainer(config: RunConfig, run_dir: Path, logger: MetricsCSV, callbacks: list[L.Callback]) -> L.Trainer:
+def make_trainer(config: RunConfig, run_dir: Path, loggers: list, callbacks: list[L.Callback]) -> L.Trainer:
     t = config.train
     last = rundir.last_checkpoint(run_dir)
     checkpoint = ModelCheckpoint(dirpath=last.parent, save_last=True, save_top_k=0,
                                  every_n_train_steps=t.checkpoint_every, enable_version_counter=False)
     checkpoint.CHECKPOINT_NAME_LAST = last.stem  # Lightning appends FILE_EXTENSION (.ckpt)
     interactive = sys.stdout.isatty()
-    callbacks = [checkpoint, SaveOnSigterm(last), *callbacks]
+    callbacks = [checkpoint, StopOnSigterm(last), *callbacks]
     if interactive:
         callbacks.append(RichProgressBar())
     return L.Trainer(
-        default_root_dir=run_dir, max_steps=t.max_steps, accelerator=t.accelerator, devices=1,
+        default_root_dir=run_dir, max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
+        num_nodes=t.num_nodes, strategy=t.strategy, accumulate_grad_batches=t.accumulate,
         precision=t.precision, gradient_clip_val=t.grad_clip or None, deterministic=t.deterministic,
-        logger=logger, log_every_n_steps=t.log_every, callbacks=callbacks, enable_progress_bar=interactive,
+        logger=loggers, log_every_n_steps=t.log_every, callbacks=callbacks, enable_progress_bar=interactive,
         enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False,
         val_check_interval=t.val_every or None, check_val_every_n_epoch=None if t.val_every else 1,
-        # the grid runner's submitit owns requeueing: no SLURM auto-requeue inside Lightning
-        plugins=[LightningEnvironment(), AtomicCheckpointIO()],
+        plugins=[*cluster_environment(t), AtomicCheckpointIO()],
     )
+
+
+def cluster_environment(train: TrainConfig) -> list[ClusterEnvironment]:
+    """How this process finds the others. Inside a SLURM job step that started one task per process of
+    the run (`grid --launcher slurm` submits them so), Lightning's SLURMEnvironment, with its own
+    auto-requeue off: submitit requeues the job (runner/slurm.py), and two requeues would race. A
+    process started any other way inside a SLURM allocation (a local grid on an allocated node) starts
+    the others itself: LightningEnvironment. Outside SLURM Lightning detects torchrun or launches
+    the processes itself (empty list)."""
+    if not SLURMEnvironment.detect():
+        return []
+    tasks = int(os.environ.get("SLURM_NTASKS", 1))
+    if train.devices == "auto" or tasks == train.devices * train.num_nodes:
+        return [SLURMEnvironment(auto_requeue=False)]
+    return [LightningEnvironment()]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -163,16 +245,51 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write_bytes(path, buffer.getvalue())
 
 
-class SaveOnSigterm(L.Callback):
-    """On SIGTERM (preemption, the runner stopping) Lightning stops after the batch; keep that batch's
-    progress by writing last.ckpt before the process exits."""
+class StopOnSigterm(L.Callback):
+    """SIGTERM (preemption, the runner stopping) stops the run at the end of the current step, on every
+    process at the same step, and keeps that step's progress by writing last.ckpt before exiting.
+
+    Lightning's own handling hangs a multi-process run (seen with 2 CPU processes and gloo): its
+    handler forwards the signal and broadcasts from inside the handler, and each process checks its
+    own flag at the end of a step, so processes signalled a moment apart stop at different steps and
+    wait in different collectives. Here the handler only notes the signal; at the end of each step
+    the processes agree (one all-reduce) whether any was signalled, then Lightning stops them all.
+    During evaluation a multi-process run finishes the evaluation first."""
 
     def __init__(self, path: Path):
         self.path = path
+        self.signalled = False
+
+    def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
+        self._handle_sigterm(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module) -> None:
+        self._handle_sigterm(trainer)
+
+    def _handle_sigterm(self, trainer: L.Trainer) -> None:
+        """Replaces the handler Lightning installed for this stage (it restores the previous one after)."""
+        def note(signum, frame) -> None:
+            self.signalled = True
+            if trainer.world_size == 1:
+                _stop_lightning(trainer)
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, note)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.world_size > 1:
+            anyone = torch.tensor(float(self.signalled), device=trainer.strategy.root_device)
+            if trainer.strategy.reduce(anyone, reduce_op="sum").item() > 0:
+                _stop_lightning(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):
             trainer.save_checkpoint(self.path, weights_only=False)
+
+
+def _stop_lightning(trainer: L.Trainer) -> None:
+    """Lightning's flag (no public setter; trainer.received_sigterm reads it): the loop stops after this step."""
+    trainer._signal_connector.received_sigterm = True
 
 
 def _quiet_known_warnings() -> None:

@@ -14,15 +14,18 @@ from torch.utils.data import DataLoader
 
 from relpos_ablate.config import ConfigError, EvalSetting, RunConfig
 from relpos_ablate.train.data import synthetic, text
-from relpos_ablate.train.data.streams import Batch, CyclicSegments, ResumeSampler, SegmentStreams, batchify
+from relpos_ablate.train.data.streams import (
+    Batch, ResumeSampler, SegmentStreams, TrainBatch, TrainingSegments, batchify, shard_rows,
+)
 
 
 class SegmentDataModule(L.LightningDataModule):
     """Training streams (train.batch_size rows) and one evaluation loader per eval setting (eval.batch_size rows).
 
-    Training is one pass of train.max_steps batches; batch i is segment i mod train_segments of the
+    Training is one pass of train.max_steps steps; step i trains segment i mod train_segments of the
     streams, so the streams restart (and memory is reset) every train_segments steps. Resuming
-    starts at the restored global step.
+    starts at the restored global step. Under data parallelism each process loads its own share of
+    the streams (streams.py), for training and evaluation alike.
     """
 
     def __init__(self, config: RunConfig):
@@ -78,14 +81,23 @@ class SegmentDataModule(L.LightningDataModule):
         """Segments per training stream: the memory is reset every this many steps."""
         return len(self.streams("train", self.config.train.segment_len))
 
+    def _process(self) -> tuple[int, int]:
+        """(rank, world size) of this process in the run; (0, 1) outside a Trainer."""
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
     def train_dataloader(self) -> DataLoader:
-        total = self.config.train.max_steps
-        segments = CyclicSegments(self.streams("train", self.config.train.segment_len), total)
-        sampler = ResumeSampler(total, start=self._resume_step)
+        t = self.config.train
+        rank, world = self._process()
+        segments = TrainingSegments(self.streams("train", t.segment_len), t.max_steps, t.loss_on, rank, world,
+                                    t.accumulate)
+        sampler = ResumeSampler(len(segments), start=self._resume_position)
         return DataLoader(segments, sampler=sampler, batch_size=None)
 
-    def _resume_step(self) -> int:
-        return self.trainer.global_step if self.trainer is not None else 0
+    def _resume_position(self) -> int:
+        """The first micro-batch to train: the restored global step's first."""
+        step = self.trainer.global_step if self.trainer is not None else 0
+        return step * self.config.train.accumulate
 
     def val_dataloader(self) -> list[DataLoader]:
         """Validation during training (train.val_every > 0): the first evaluation setting; else none."""
@@ -94,7 +106,11 @@ class SegmentDataModule(L.LightningDataModule):
         return [self.eval_dataloader(self.config.eval_settings()[0])]
 
     def eval_dataloader(self, setting: EvalSetting) -> DataLoader:
-        return DataLoader(self.streams("eval", setting.segment_len), batch_size=None, shuffle=False)
+        """This process's share of the evaluation streams; shares may differ by one stream (the metrics add
+        token sums across processes, so the result is exact either way)."""
+        rank, world = self._process()
+        streams = self.streams("eval", setting.segment_len)
+        return DataLoader(streams.select(shard_rows(streams.rows, rank, world)), batch_size=None, shuffle=False)
 
 
 def build_datamodule(config: RunConfig) -> SegmentDataModule:
@@ -109,4 +125,4 @@ def sample_inputs(config: RunConfig, segment_len: int, batch_size: int = 1) -> T
     return inputs[:batch_size]
 
 
-__all__ = ["Batch", "SegmentDataModule", "SegmentStreams", "build_datamodule", "sample_inputs"]
+__all__ = ["Batch", "SegmentDataModule", "SegmentStreams", "TrainBatch", "build_datamodule", "sample_inputs"]

@@ -3,12 +3,18 @@
 Every source (synthetic task or text corpus) ends up as B parallel streams: `inputs`, `targets` and
 `mask` of shape [B, N]. Batch t holds segment t of every stream, so the memory a model keeps from
 batch t is exactly the context that precedes batch t + 1 in each row (Transformer-XL's layout).
+
+Data parallelism splits the streams, never the segments: process r of W owns rows
+[r*B/W, (r+1)*B/W) for the whole run and keeps their memory (a sampler that shuffles or splits
+segments would break recurrence). Gradient accumulation splits a process's rows again into
+`accumulate` groups, each with its own memory (XL's batch_chunk).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
+import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Sampler
 
@@ -38,6 +44,11 @@ class SegmentStreams(Dataset):
     def rows(self) -> int:
         return self.inputs.shape[0]
 
+    def select(self, rows: slice) -> SegmentStreams:
+        """The same segments of some of the streams (views, no copy; the per-segment rule is per row)."""
+        return SegmentStreams(self.inputs[rows], self.targets[rows], self.mask[rows], self.segment_len,
+                              self.segment_mask)
+
     def __len__(self) -> int:
         return self.inputs.shape[1] // self.segment_len
 
@@ -53,25 +64,71 @@ class SegmentStreams(Dataset):
         return inputs, targets, mask
 
 
-class CyclicSegments(Dataset):
-    """Item i = segment i mod len(streams): the training run is one long pass of `total` batches.
+def loss_mask(mask: Tensor, loss_on: str) -> Tensor:
+    """The targets the training loss counts: 'half' keeps only the most recent half of the segment,
+    positions t >= L // 2 (XL Table 6)."""
+    if loss_on == "full":
+        return mask
+    return mask & (torch.arange(mask.shape[1], device=mask.device) >= mask.shape[1] // 2)
 
-    Indexing by the global step (instead of epochs of len(streams) batches) makes resuming exact: the
-    sampler starts at the restored step, and the streams restart (memory reset) every len(streams) steps.
+
+def shard_rows(rows: int, rank: int, world: int) -> slice:
+    """The streams process `rank` of `world` owns: [rank*rows//world, (rank+1)*rows//world)."""
+    return slice(rank * rows // world, (rank + 1) * rows // world)
+
+
+class TrainBatch(NamedTuple):
+    """One micro-batch: some rows of one training segment, with what the step's loss needs."""
+
+    inputs: Tensor
+    """[b, L] input tokens of this micro-batch's streams."""
+    targets: Tensor
+    """[b, L] next tokens."""
+    mask: Tensor
+    """[b, L] targets determined by the stream (the task's rule)."""
+    counted_in_step: Tensor
+    """() the targets the loss counts in this step's whole global batch (every process, every group): the
+    denominator of the step's token mean."""
+    group: int
+    """Which of the process's `accumulate` row groups this is; each group keeps its own memory."""
+
+
+class TrainingSegments(Dataset):
+    """Micro-batch i = row group i % accumulate of this process's streams, at segment (i // accumulate)
+    mod len(streams): training is one long pass of `steps` optimizer steps.
+
+    Indexing by the step (instead of epochs of len(streams) batches) makes resuming exact: the sampler
+    starts at the restored step, and the streams restart (memory reset) every len(streams) steps.
     """
 
-    def __init__(self, streams: SegmentStreams, total: int):
-        self.streams, self.total = streams, total
+    def __init__(self, streams: SegmentStreams, steps: int, loss_on: str, rank: int = 0, world: int = 1,
+                 accumulate: int = 1):
+        self.streams, self.steps, self.loss_on, self.accumulate = streams, steps, loss_on, accumulate
+        mine = shard_rows(streams.rows, rank, world)
+        per_group = (mine.stop - mine.start) // accumulate
+        self.groups = [streams.select(slice(mine.start + g * per_group, mine.start + (g + 1) * per_group))
+                       for g in range(accumulate)]
+        self._counted_at: dict[int, Tensor] = {}
 
     def __len__(self) -> int:
-        return self.total
+        return self.steps * self.accumulate
 
-    def __getitem__(self, i: int) -> Batch:
-        return self.streams[i % len(self.streams)]
+    def __getitem__(self, i: int) -> TrainBatch:
+        step, group = divmod(i, self.accumulate)
+        t = step % len(self.streams)
+        return TrainBatch(*self.groups[group][t], counted_in_step=self._counted(t), group=group)
+
+    def _counted(self, t: int) -> Tensor:
+        """Targets the loss counts in segment t of all the streams (every process computes the same); at
+        least 1, so a segment with nothing to count adds 0 to the loss."""
+        if t not in self._counted_at:
+            _inputs, _targets, mask = self.streams[t]
+            self._counted_at[t] = loss_mask(mask, self.loss_on).sum().clamp(min=1)
+        return self._counted_at[t]
 
 
 class ResumeSampler(Sampler[int]):
-    """Yields start(), ..., total - 1, where start() is read when iteration begins (the restored step)."""
+    """Yields start(), ..., total - 1, where start() is read when iteration begins (the restored position)."""
 
     def __init__(self, total: int, start: Callable[[], int]):
         self.total, self.start = total, start

@@ -1,0 +1,96 @@
+"""Faults of a 2-process run (Lightning DDP, gloo on CPU), started as the grid runner starts a worker.
+
+One rank SIGKILLed mid-run (the OOM killer's way): the whole run stops, is recorded interrupted and
+leaves no process behind; SIGTERM (the runner stopping, preemption): every rank stops at one step,
+last.ckpt holds that step; each rerun resumes from the checkpoint and the run finishes with every
+step in metrics.csv exactly once.
+Run: pytest tests/test_ddp_faults.py -q   (about a minute: three 2-process attempts)
+"""
+
+import csv
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from fixtures.runner import REPO
+from relpos_ablate.rundir import read_status
+from relpos_ablate.runner.store import RunLock
+from relpos_ablate.runner.worker import launch, record_exit, stop
+from test_ddp import RECALL
+
+MAX_STEPS = 150
+
+
+def start(run_dir: Path):
+    lock = RunLock(run_dir)
+    assert lock.try_acquire()
+    proc = launch(run_dir, lock, gpu="", threads=2, device="cpu:0")
+    lock.release()  # the worker holds it now
+    return proc
+
+
+def wait_for_step(run_dir: Path, step: int, proc, timeout_s: float = 90) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (read_status(run_dir) or {}).get("step", 0) < step or (read_status(run_dir) or {})["state"] != "running":
+        assert proc.poll() is None, (run_dir / "worker.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the run never got there"
+        time.sleep(0.1)
+    return read_status(run_dir)["step"]
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def checkpoint_step(run_dir: Path) -> int:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+
+
+def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_finish_it_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = yaml.safe_load(yaml.safe_dump(RECALL))
+    config["train"].update(devices=2, max_steps=MAX_STEPS, checkpoint_every=2)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+
+    proc = start(run_dir)
+    wait_for_step(run_dir, 6, proc)
+    (rank1,) = children(proc.pid)
+    os.kill(rank1, signal.SIGKILL)
+    proc.wait(timeout=60)  # Lightning's launcher notices within 5 s and takes the run down
+    status = record_exit(run_dir, proc.returncode)
+    assert status["state"] == "interrupted", status
+    deadline = time.monotonic() + 10
+    while group_alive(proc.pid):  # nothing left holding memory or a port
+        assert time.monotonic() < deadline, "processes of the killed run are still alive"
+        time.sleep(0.1)
+    killed_at = checkpoint_step(run_dir)
+    assert killed_at >= 4  # status.json may show step 6 a moment before its checkpoint is written
+
+    proc = start(run_dir)
+    stopped_at = wait_for_step(run_dir, killed_at + 2, proc)
+    assert stop(proc, grace_s=60) is not None
+    status = record_exit(run_dir, proc.returncode)
+    assert status["state"] == "interrupted" and status["reason"] == "stopped by SIGTERM", status
+    assert checkpoint_step(run_dir) == status["step"] >= stopped_at  # saved at the step every rank stopped at
+
+    proc = start(run_dir)
+    proc.wait(timeout=120)
+    assert record_exit(run_dir, proc.returncode)["state"] == "done"
+    with open(run_dir / "metrics.csv", newline="") as f:
+        assert [int(row["step"]) for row in csv.DictReader(f)] == list(range(MAX_STEPS))
+    log = (run_dir / "log.txt").read_text()
+    assert log.count("Restored all states from the checkpoint") == 2
