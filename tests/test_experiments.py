@@ -1,7 +1,7 @@
 """The shipped experiments/ (listed by name, so a user's own spec there is not held to these tests):
 every grid spec parses and expands (dry, no training), says what it reproduces and what it costs,
 carries a usable `table:` block; the paper specs hold the paper's settings; the demo grid stays small
-enough for `make demo`; only the demo report is committed.
+enough for `make demo`; only the reports (demo, length_generalization) are committed, not run dirs.
 
 Run: .venv/bin/python -m pytest tests/test_experiments.py -q   (about a second, no training)
 """
@@ -83,9 +83,10 @@ def test_table_block_names_real_rows_cols_and_the_task_metric(path):
             check_key_path(key)  # raises ConfigError for a name that is neither an axis nor a field
     assert set(options.cols or ()) <= set(SETTING_FIELDS)
     synthetic = {run.config.data.source == "synthetic" for run in spec.runs}
-    assert options.metric in (None, "acc" if synthetic == {True} else "ppl")
-    if options.layout == "xl_table6":
-        assert options.rows is None and options.cols is None, "the xl_table6 layout fixes its own columns"
+    examples = {run.config.data.example_task for run in spec.runs}
+    assert options.metric in (None, "exact_match" if examples == {True} else "acc" if synthetic == {True} else "ppl")
+    if options.layout in ("xl_table6", "length_generalization"):
+        assert options.rows is None and options.cols is None, f"the {options.layout} layout fixes its own columns"
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.stem)
@@ -187,16 +188,26 @@ def test_alibi_table2_trains_at_l_and_evaluates_up_to_about_30x():
         assert c.model.attention.max_position >= longest
 
 
-def test_length_generalization_trains_short_tests_long_with_three_seeds():
+def test_length_generalization_is_the_issues_suite_on_equal_footing():
+    """9 encodings (+ randomized RoPE and ALiBi) x example tasks x 3 seeds; trained on short examples, tested
+    up to 2x longer; every variant with the same model, budget and evaluation."""
     configs = [run.config for run in load_grid(EXPERIMENTS / "length_generalization.yaml").runs]
     assert len({c.seed for c in configs}) == 3
-    assert len({c.data.task for c in configs}) >= 2
-    schemes = {(a.terms, a.absolute, a.bias) for a in map(_attention, configs)}
-    assert {("a", "none", "none"), ("a", "none", "t5"), ("a", "none", "alibi"), ("a", "none", "alibi_learned"),
-            ("a", "rope", "none"), ("a", "learned", "none"), ("a", "sinusoid", "none"),
-            ("abcd", "none", "none")} <= schemes
+    assert all(c.data.example_task for c in configs) and len({c.data.task for c in configs}) >= 4
+    assert "passkey" in {c.data.task for c in configs}, "the depth x length figure needs passkey"
+    schemes = {(a.terms, a.absolute, a.bias, a.positions) for a in map(_attention, configs)}
+    nine = {("a", "none", "none"), ("a", "sinusoid", "none"), ("a", "learned", "none"), ("a", "rope", "none"),
+            ("a", "none", "t5"), ("a", "none", "alibi"), ("a", "none", "kerple_log"), ("a", "none", "fire"),
+            ("abcd", "none", "none")}
+    assert schemes == {(*s, "sequential") for s in nine} | {("a", "rope", "none", "randomized"),
+                                                             ("a", "none", "alibi", "randomized")}
     for c in configs:
-        assert max(s.segment_len for s in c.eval_settings()) >= 4 * c.train.segment_len
+        trained = c.data.train_lengths[1]
+        assert c.data.test_lengths[0][1] <= trained < c.data.test_lengths[-1][0] <= c.data.test_lengths[-1][1] >= 2 * trained
+        assert c.eval.diagnostics and c.model.attention.max_position > c.data.input_length(c.data.test_lengths[-1][1])
+    shared = {(c.model.d_model, c.model.n_layers, c.train.max_steps, c.train.lr, c.data.test_lengths, c.eval)
+              for c in configs}
+    assert len(shared) == 1, "every encoding and task gets the same model, budget and evaluation"
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
@@ -211,7 +222,14 @@ def test_length_generalization_trains_short_tests_long_with_three_seeds():
     ("results/demo/figures/extrapolation.png", False),
     ("results/demo/figures/bias_overview.png", False),
     ("results/README.md", False),
+    ("results/length_generalization/0123456789/eval.json", True),
+    ("results/length_generalization/0123456789/checkpoints/last.ckpt", True),
+    ("results/length_generalization/README.md", False),
+    ("results/length_generalization/table.md", False),
+    ("results/length_generalization/summary.csv", False),
+    ("results/length_generalization/figures/diagnostics_copy.png", False),
+    ("results/length_generalization/figures/passkey.pdf", False),
 ])
-def test_only_the_demo_report_is_committed(path, ignored):
+def test_only_the_committed_reports_are_tracked(path, ignored):
     result = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)
     assert result.returncode == (0 if ignored else 1)

@@ -22,6 +22,8 @@ from relpos_ablate.io import read_json
 
 SETTING_FIELDS = ("segment_len", "mem_len", "clamp_len", "same_length", "attn_len")
 """Evaluation-setting columns, in this order (attn_len = segment_len + mem_len)."""
+NOT_SETTING_FIELDS = ("metrics", "error", "diagnostics")
+"""Keys of a setting record that are not setting columns (diagnostics: analysis/diagnostics.py reads them)."""
 RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps")
 """Per-run columns first in every collected frame."""
 
@@ -109,6 +111,9 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
             problems.append(f"{path}: settings[{k}] has no 'metrics' mapping; ignored")
             continue
         row = {name: setting.get(name) for name in SETTING_FIELDS}
+        # fields a setting record adds (e.g. an example task's length_min, length_max, depth), as written
+        row.update({name: value for name, value in setting.items() if name not in (*row, *NOT_SETTING_FIELDS)
+                    and (value is None or isinstance(value, (str, int, float, bool)))})
         row["eval_error"] = setting.get("error")  # a setting the run could not evaluate, and why
         if row["attn_len"] is None and isinstance(row["segment_len"], int) and isinstance(row["mem_len"], int):
             row["attn_len"] = row["segment_len"] + row["mem_len"]

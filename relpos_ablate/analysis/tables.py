@@ -1,10 +1,12 @@
 """Paper-style tables from `collect`: mean ± std over seeds, best per column in bold, Welch's t-test.
 
-Two layouts:
+Three layouts:
 - `grid`: rows and columns by any config field, variant axis or evaluation setting.
 - `xl_table6`: Transformer-XL Table 6 — Recurrence, Encoding, Loss, PPL init (at the training
   attention length), PPL best (best over evaluation settings), Attn Len (the shortest attention
   length reaching PPL best).
+- `length_generalization`: example tasks, one row per (task, encoding), test-length bins and their
+  OOD mean as columns (length_generalization.py, which also has the rank-per-task summary).
 
 Options come from the command line, else from the `table:` block of the grid spec the runs came
 from (run.json `spec`), else from the data: rows = what varies between runs (seed excluded),
@@ -31,8 +33,8 @@ from relpos_ablate.analysis.render import FORMATS, STAR_LEGEND, Cell, Table
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice, load_yaml
 
-LAYOUTS = ("grid", "xl_table6")
-HIGHER_IS_BETTER = ("acc", "accuracy")
+LAYOUTS = ("grid", "xl_table6", "length_generalization")
+HIGHER_IS_BETTER = ("acc", "accuracy", "exact_match")
 """Metrics where larger is better; every other metric (ppl, loss, bpc, nll) is lower-is-better."""
 DECIMALS = {"ppl": 2, "acc": 3, "loss": 3, "bpc": 3}
 ALIASES = {"eval_len": "segment_len", "eval_length": "segment_len"}
@@ -427,4 +429,8 @@ def make_table(df: pd.DataFrame, options: TableOptions = TableOptions()) -> tupl
     orders = axis_orders(spec)
     if resolved.layout == "xl_table6":
         return xl_table6(df, resolved.metric, orders), resolved
+    if resolved.layout == "length_generalization":  # its rank summary: length_generalization.rank_table
+        from relpos_ablate.analysis.length_generalization import length_generalization_table
+
+        return length_generalization_table(df, resolved.metric, list(resolved.rows), orders), resolved
     return grid_table(df, resolved, orders), resolved

@@ -29,16 +29,21 @@ def register(subparsers) -> None:
     p.add_argument("--metric", help="metric in the cells (default: the task's main metric)")
     p.add_argument("--format", choices=("markdown", "latex", "csv"), help="default: from --out's suffix, else markdown")
     p.add_argument("--baseline", help="row label to test the others against (Welch's t-test); several keys: 'a,b'")
-    p.add_argument("--layout", choices=("grid", "xl_table6"), help="grid (default) or the Transformer-XL Table 6")
+    p.add_argument("--layout", choices=("grid", "xl_table6", "length_generalization"),
+                   help="grid (default), the Transformer-XL Table 6, or length_generalization (example tasks: "
+                        "test-length bins + OOD mean per task and encoding, then a rank-per-task summary)")
     p.add_argument("--out", type=Path, help="write the table to FILE instead of printing it")
     p.set_defaults(func=cmd_table)
 
-    p = subparsers.add_parser("plot", help="bias curves, attention / term heatmaps, extrapolation curves",
-                              description="On a run dir: that run's figure. On a grid dir: one per run plus an overview.")
+    p = subparsers.add_parser("plot", help="bias curves, attention / term heatmaps, extrapolation curves, "
+                                           "attention diagnostics, passkey retrieval",
+                              description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
+                                          "(diagnostics: one per task; passkey: one panel per variant).")
     p.add_argument("target", type=Path, help="a run dir or a results dir")
-    p.add_argument("--kind", required=True, choices=("bias", "attention", "terms", "extrapolation"))
+    p.add_argument("--kind", required=True,
+                   choices=("bias", "attention", "terms", "extrapolation", "diagnostics", "passkey"))
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
-    p.add_argument("--metric", help="extrapolation: metric on the y axis (default: the main metric)")
+    p.add_argument("--metric", help="extrapolation, passkey: the metric shown (default: the main metric)")
     p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
     p.add_argument("--layer", type=int, default=-1, help="terms: layer index (default: the last)")
     p.add_argument("--head", type=int, default=0, help="terms: head index")
@@ -95,8 +100,15 @@ def cmd_table(args: argparse.Namespace) -> int:
     fmt = args.format or (SUFFIX_FORMATS.get(args.out.suffix) if args.out else None)
     options = TableOptions(rows=_keys(args.rows), cols=_keys(args.cols), metric=args.metric,
                            baseline=args.baseline, layout=args.layout, format=fmt)
-    table, resolved = make_table(_collect(args.dir), options)
+    frame = _collect(args.dir)
+    table, resolved = make_table(frame, options)
     text = render(table, resolved.format)
+    if resolved.layout == "length_generalization":
+        from relpos_ablate.analysis.length_generalization import rank_table
+        from relpos_ablate.analysis.tables import axis_orders, read_spec
+
+        text += "\n" + render(rank_table(frame, resolved.metric, list(resolved.rows), axis_orders(read_spec(frame))),
+                              resolved.format)
     if args.out:
         atomic_write_text(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
@@ -122,7 +134,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if not args.target.is_dir():
         raise UsageError(f"{args.target}: not a directory")
     out = args.out or args.target / "figures"
-    if args.kind == "extrapolation":
+    if args.kind in ("diagnostics", "passkey"):
+        from relpos_ablate.analysis import length_figures
+
+        frame = _collect(args.target)
+        written, notes = (length_figures.save_diagnostics(frame, out, formats) if args.kind == "diagnostics" else
+                          length_figures.save_passkey(frame, out, args.metric, formats)), []
+    elif args.kind == "extrapolation":
         written, notes = plots.save_extrapolation(_collect(args.target), out, metric=args.metric, x=args.x,
                                                   formats=formats)
     else:

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from relpos_ablate.config.base import ConfigError, check_choice, check_range
 
 SOURCES = ("synthetic", "text")
-TASKS = ("offset_copy", "recall", "repeat")
+STREAM_TASKS = ("offset_copy", "recall", "repeat")
+#: Tasks made of independent examples `<bos> prompt <sep> answer` (train/data/examples.py).
+EXAMPLE_TASKS = ("copy", "reverse", "sort", "addition", "parity", "mqar", "flip_flop", "passkey")
+TASKS = STREAM_TASKS + EXAMPLE_TASKS
 TOKENIZERS = ("char", "byte", "word")
 #: Named corpora: one shipped inside the package (offline), the others downloaded by `datasets` (hub ids and the
 #: shipped files in relpos_ablate/train/data/text.py).
@@ -21,9 +24,14 @@ class DataConfig:
     source: str = "synthetic"
     """'synthetic' (a task generated from the seed, no download) or 'text' (a corpus via datasets)."""
     task: str = "offset_copy"
-    """synthetic: offset_copy (emit the input token `offset` positions back: needs relative position) |
-    recall (answer a query with the pair stored under its key: needs content only) | repeat (a random
-    block of `period` tokens is repeated right after itself: needs memory + relative position)."""
+    """synthetic streams: offset_copy (emit the input token `offset` positions back: needs relative
+    position) | recall (answer a query with the pair stored under its key: needs content only) | repeat
+    (a random block of `period` tokens is repeated right after itself: needs memory + relative position).
+    Synthetic examples `<bos> prompt <sep> answer`, loss and accuracy on the answer only, of length n:
+    copy, reverse, sort (n symbols) | addition (two n-digit numbers, their n+1-digit sum) | parity (n
+    bits, answer their parity) | mqar (n key-value pairs, then mqar_queries keys to answer) | flip_flop (n
+    instructions write/ignore/read with a bit; a read repeats the last written bit) | passkey (n filler
+    tokens with a passkey_digits-digit key hidden at a depth, asked for at the end)."""
     num_symbols: int = 16
     """synthetic: size of the random symbol alphabet (recall: number of values per key)."""
     offset: int = 8
@@ -55,10 +63,32 @@ class DataConfig:
     """word: words seen fewer times in training become <unk>."""
     cache_dir: str = ""
     """Where tokenized arrays and downloads are cached (default: ~/.cache/relpos_ablate)."""
+    train_lengths: tuple[int, ...] = (1, 20)
+    """example tasks: [min, max] of the task length n of training examples (drawn uniformly)."""
+    test_lengths: tuple[tuple[int, ...], ...] = ((1, 20), (21, 25), (26, 30), (31, 35), (36, 40))
+    """example tasks: bins [lo, hi] of n, each evaluated on its own (n uniform in the bin); bins above
+    train_lengths' max are out of distribution (the tables' OOD mean)."""
+    train_examples: int = 65536
+    """example tasks: distinct training examples, generated once from the seed; batches cycle through them."""
+    eval_examples: int = 256
+    """example tasks: examples per test bin (per bin and depth for passkey)."""
+    addition_reversed: bool = False
+    """addition: write the sum least significant digit first (each digit then follows from the digits
+    already written and a carry)."""
+    mqar_queries: int = 4
+    """mqar: keys asked after the pairs (at most n), each answered by its value."""
+    flip_flop_ignore: float = 0.8
+    """flip_flop: probability of an ignore instruction (Liu et al. 2023's FFL(0.8)); writes and reads
+    share the rest. The first instruction writes, the last reads."""
+    passkey_digits: int = 5
+    """passkey: digits of the key (the answer)."""
+    passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    """passkey: depths evaluated (key position / n: 0 = first, 1 = last); training draws depths uniformly."""
 
     def __post_init__(self):
         check_choice("source", self.source, SOURCES)
         check_choice("task", self.task, TASKS)
+        self._check_example_fields()
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
         for name in ("offset", "period", "num_keys", "train_tokens", "eval_tokens", "min_freq"):
             check_range(name, getattr(self, name), low=1)
@@ -79,7 +109,64 @@ class DataConfig:
             if getattr(self, name) and not self.train_file:
                 raise ConfigError(name, "local valid/test files go with a local train_file")
 
+    def _check_example_fields(self) -> None:
+        if len(self.train_lengths) != 2 or not 1 <= self.train_lengths[0] <= self.train_lengths[1]:
+            raise ConfigError("train_lengths", f"{list(self.train_lengths)}: give [min, max] with 1 <= min <= max")
+        if not self.test_lengths:
+            raise ConfigError("test_lengths", "give at least one bin [lo, hi]")
+        for k, bin_ in enumerate(self.test_lengths):
+            if len(bin_) != 2 or not 1 <= bin_[0] <= bin_[1]:
+                raise ConfigError(f"test_lengths[{k}]", f"{list(bin_)}: give [lo, hi] with 1 <= lo <= hi")
+        for name in ("train_examples", "eval_examples", "mqar_queries", "passkey_digits"):
+            check_range(name, getattr(self, name), low=1)
+        check_range("flip_flop_ignore", self.flip_flop_ignore, 0.0, 0.99)
+        for k, depth in enumerate(self.passkey_depths):
+            check_range(f"passkey_depths[{k}]", depth, 0.0, 1.0)
+        if self.task == "passkey" and not self.passkey_depths:
+            raise ConfigError("passkey_depths", "give at least one depth in [0, 1] to evaluate")
+        longest = max(self.train_lengths[1], *(hi for _, hi in self.test_lengths))
+        if self.task == "mqar" and self.num_keys < longest:
+            raise ConfigError("num_keys", f"mqar draws n distinct keys, up to n = {longest} (train_lengths, "
+                              f"test_lengths); use num_keys >= {longest}")
+
+    @property
+    def example_task(self) -> bool:
+        """Independent examples (train/data/examples.py) rather than contiguous streams."""
+        return self.source == "synthetic" and self.task in EXAMPLE_TASKS
+
+    def sequence_length(self, n: int) -> int:
+        """Tokens of one example of task length n, <bos> included (train/data/examples.py lays them out)."""
+        queries, digits = min(self.mqar_queries, n), self.passkey_digits
+        return {
+            "copy": 2 * n + 2, "reverse": 2 * n + 2, "sort": 2 * n + 2,  # <bos> x <sep> y
+            "addition": 3 * n + 4,  # <bos> a + b <sep> (a + b), n + 1 digits
+            "parity": n + 3,  # <bos> bits <sep> parity
+            "mqar": 2 * n + 2 + 2 * queries,  # <bos> (k v)*n <sep> (q a)*queries
+            "flip_flop": 2 * n + 1,  # <bos> (instruction bit)*n
+            "passkey": n + 2 * digits + 3,  # <bos> filler with <key> digits inside <sep> digits
+        }[self.task]
+
+    def input_length(self, n: int) -> int:
+        """Tokens a causal LM reads for an example of task length n: all but the last."""
+        return self.sequence_length(n) - 1
+
     @property
     def character_level(self) -> bool:
         """Tokens are characters or bytes, so bits per character is meaningful."""
         return self.source == "text" and self.tokenizer in ("char", "byte")
+
+
+def check_example_run(data: DataConfig, model, segment_len: int, eval_settings: tuple) -> None:
+    """The run-level rules of an example task (RunConfig calls this): no memory, the test bins are the
+    evaluation, training examples fit train.segment_len."""
+    if not data.example_task:
+        return
+    if model.mem_len:
+        raise ConfigError("model.mem_len", f"example tasks are independent examples; memory would carry one into the "
+                          f"next: use 0 (got {model.mem_len})")
+    if eval_settings:
+        raise ConfigError("eval.settings", "example tasks are evaluated at data.test_lengths; leave eval.settings empty")
+    longest = data.input_length(data.train_lengths[1])
+    if segment_len < longest:
+        raise ConfigError("train.segment_len", f"{segment_len} is shorter than the longest training example "
+                          f"({longest} tokens: {data.task} at n = {data.train_lengths[1]}); use {longest}")

@@ -11,8 +11,8 @@ from typing import Iterable
 from relpos_ablate.config.base import (
     ConfigError, apply_overrides, check_choice, check_range, from_dict, read_yaml, reject, to_plain,
 )
-from relpos_ablate.config.data import DataConfig
-from relpos_ablate.config.model import ModelConfig
+from relpos_ablate.config.data import DataConfig, check_example_run
+from relpos_ablate.config.model import ModelConfig, check_randomized_range
 from relpos_ablate.config.registry import import_modules
 
 OPTIMIZERS = ("adamw", "adam")
@@ -169,6 +169,10 @@ class EvalConfig:
     """Which split to evaluate: valid | test."""
     batch_size: int = 8
     """Streams per evaluation batch."""
+    diagnostics: bool = False
+    """Also record per layer and head the attention's entropy, sink mass, mean attended distance and mass
+    on distances unseen in training (docs/formulas.md#attention-diagnostics), from the same forward:
+    probabilities are then computed per query block instead of by fused kernels."""
 
     def __post_init__(self):
         check_choice("split", self.split, ("valid", "test"))
@@ -203,19 +207,25 @@ class RunConfig:
         check_range("seed", self.seed, low=0)
         import_modules(self.imports)
         data = self.data
-        if data.source == "synthetic" and data.task == "offset_copy" and data.offset >= self.train.segment_len:
+        check_example_run(data, self.model, self.train.segment_len, self.eval.settings)
+        streams = data.source == "synthetic" and not data.example_task
+        if streams and data.task == "offset_copy" and data.offset >= self.train.segment_len:
             raise ConfigError(
                 "data.offset", f"{data.offset} leaves no target inside a segment; use < train.segment_len "
                 f"({self.train.segment_len})")
-        if data.source == "synthetic" and data.train_tokens < self.train.segment_len:
+        if streams and data.train_tokens < self.train.segment_len:
             raise ConfigError("data.train_tokens", f"{data.train_tokens} is shorter than one segment "
                               f"(train.segment_len={self.train.segment_len})")
-        if data.source == "synthetic":
+        if streams:
             for i, setting in enumerate(self.eval_settings()):
                 if setting.segment_len > data.eval_tokens:
                     raise ConfigError(f"eval.settings[{i}].segment_len", f"{setting.segment_len} is longer than "
                                       f"the evaluation streams (data.eval_tokens={data.eval_tokens})")
         attention = self.model.attention
+        where = "data.test_lengths[{}]" if data.example_task else "eval.settings[{}].segment_len"
+        check_randomized_range(attention, {"train.segment_len": (self.train.segment_len, self.model.mem_len), **{
+            where.format(i): (s.segment_len, self.model.mem_len if s.mem_len is None else s.mem_len)
+            for i, s in enumerate(self.eval_settings())}})
         for i, setting in enumerate(self.eval_settings()):
             if attention.rel == "learned" and setting.clamp_len is not None and setting.clamp_len > attention.clamp_len:
                 raise ConfigError(f"eval.settings[{i}].clamp_len", f"{setting.clamp_len} exceeds the learned position "
@@ -229,7 +239,10 @@ class RunConfig:
             raise ConfigError("eval.split", "'test' with local files needs data.test_file")
 
     def eval_settings(self) -> tuple[EvalSetting, ...]:
-        """The configured settings, or the documented default (1x, 2x, 4x the training length)."""
+        """The configured settings, or the documented default (1x, 2x, 4x the training length). Example
+        tasks: one per bin of data.test_lengths, as long as its longest example."""
+        if self.data.example_task:
+            return tuple(EvalSetting(segment_len=self.data.input_length(hi)) for _, hi in self.data.test_lengths)
         if self.eval.settings:
             return self.eval.settings
         return tuple(EvalSetting(segment_len=self.train.segment_len * k) for k in (1, 2, 4))

@@ -27,6 +27,8 @@ from torchmetrics import Metric
 from relpos_ablate.config import RunConfig, TrainConfig, to_plain
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data.streams import TrainBatch, loss_mask
+from relpos_ablate.model.lm import masked_mean
+from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
 
 
 class NonFiniteLoss(RuntimeError):
@@ -105,6 +107,11 @@ class LitLM(L.LightningModule):
         self.eval_nll = nn.ModuleList(MaskedMean() for _ in self.settings)
         self.eval_acc = nn.ModuleList(MaskedMean() for _ in self.settings)
         self.eval_results: dict[int, dict[str, float]] = {}
+        # eval.diagnostics: attention statistics per setting, from the evaluation's own forward
+        self.eval_diagnostics = nn.ModuleList(
+            AttentionDiagnostics(config.model.n_layers, config.model.n_heads, max_seen_distance(config))
+            for _ in self.settings) if config.eval.diagnostics else None
+        self.diagnostics_results: dict[int, dict[str, list[list[float]]]] = {}
         self.train_segments = 0  # set from the datamodule at fit start: memory resets every this many steps
         self._train_mems: dict[int, list[Tensor]] = {}  # row group -> its memory
         self._step_sums = torch.zeros(2)  # this process's share of the step's (loss, accuracy)
@@ -178,8 +185,10 @@ class LitLM(L.LightningModule):
         inputs, targets, mask = batch
         if batch_idx == 0:  # a new setting starts with empty memory
             self._eval_mems = None
+        statistics = None if self.eval_diagnostics is None else self.eval_diagnostics[index].for_batch(mask)
         logits, self._eval_mems = self.model(inputs, self._eval_mems, mem_len=setting.mem_len,
-                                             clamp_len=setting.clamp_len, same_length=setting.same_length)
+                                             clamp_len=setting.clamp_len, same_length=setting.same_length,
+                                             statistics=statistics)
         nll, correct = token_stats(logits, targets)
         self.eval_nll[index].update(nll, mask)
         self.eval_acc[index].update(correct, mask)
@@ -195,6 +204,9 @@ class LitLM(L.LightningModule):
                 self.log_dict({f"val_{name}": value for name, value in result.items() if name != "tokens"})
             nll_metric.reset()
             acc_metric.reset()
+            if self.eval_diagnostics is not None:
+                self.diagnostics_results[index] = self.eval_diagnostics[index].compute()
+                self.eval_diagnostics[index].reset()
 
     def configure_optimizers(self):
         optimizer, scheduler = build_optimizer(self.model, self.config.train, self.device)

@@ -34,6 +34,7 @@ from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
 from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
+from relpos_ablate.train.example_eval import evaluate_examples
 from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
 from relpos_ablate.train.records import MetricsCSV, RunRecorder, RunStatus, close_log, open_log
 
@@ -302,7 +303,11 @@ def _quiet_known_warnings() -> None:
 
 
 def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, config: RunConfig) -> dict:
-    """eval.json: one record per setting with its metrics and attention length (segment_len + mem_len)."""
+    """eval.json: one record per setting with its metrics and attention length (segment_len + mem_len)
+    (and its attention diagnostics with eval.diagnostics); example tasks: one per test set (example_eval.py)."""
+    if config.data.example_task:
+        return evaluate_examples(module.model, datamodule, config, trainer.global_step,
+                                 trainer.precision_plugin.forward_context)
     settings = config.eval_settings()
     usable = [i for i, s in enumerate(settings) if unsupported_reason(config, s) is None]
     module.eval_indices = usable
@@ -315,6 +320,8 @@ def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, c
         record = {"segment_len": setting.segment_len, "mem_len": mem_len, "clamp_len": clamp_len,
                   "same_length": setting.same_length, "attn_len": setting.segment_len + mem_len,
                   "metrics": module.eval_results.get(i, {})}
+        if i in module.diagnostics_results:
+            record["diagnostics"] = module.diagnostics_results[i]
         reason = unsupported_reason(config, setting)
         if reason:
             record["error"] = reason

@@ -114,6 +114,11 @@ class SegmentDataModule(L.LightningDataModule):
 
 
 def build_datamodule(config: RunConfig) -> SegmentDataModule:
+    """The data of a run: contiguous streams, or whole examples for example tasks (example_module.py)."""
+    if config.data.example_task:
+        from relpos_ablate.train.data.example_module import ExampleDataModule
+
+        return ExampleDataModule(config)
     return SegmentDataModule(config)
 
 

@@ -45,8 +45,9 @@ class SegmentStreams(Dataset):
         return self.inputs.shape[0]
 
     def select(self, rows: slice) -> SegmentStreams:
-        """The same segments of some of the streams (views, no copy; the per-segment rule is per row)."""
-        return SegmentStreams(self.inputs[rows], self.targets[rows], self.mask[rows], self.segment_len,
+        """The same segments of some of the streams (views, no copy; the per-segment rule is per row),
+        as the same class (a subclass's way of cutting segments is kept)."""
+        return type(self)(self.inputs[rows], self.targets[rows], self.mask[rows], self.segment_len,
                               self.segment_mask)
 
     def __len__(self) -> int:

@@ -1,0 +1,197 @@
+"""Figures that explain length generalization, from a results dir (collect's frame + eval.json):
+
+- `plot --kind diagnostics`: the attention diagnostics of every evaluation setting (entropy, sink
+  mass, mean attended distance, mass on unseen distances; docs/formulas.md#attention-diagnostics) as
+  heatmaps of (layer, head) x evaluation length, one panel per statistic: one figure for a run; for a
+  grid, per task, one row of panels per variant (its lowest seed: heads are not comparable across
+  seeds) and a summary of the head means against length, one line per variant (mean over seeds);
+- `plot --kind passkey`: passkey accuracy as a depth x length heatmap, one panel per variant (mean
+  over seeds).
+Evaluation length is the test-length bin of n for example tasks (passkey depths averaged), else
+segment_len.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from relpos_ablate import rundir
+from relpos_ablate.analysis.collect import RUN_COLUMNS
+from relpos_ablate.analysis.plots import save_figure
+from relpos_ablate.analysis.tables import (
+    axis_orders, default_metric, default_rows, finished, label, read_spec, row_key, sort_key,
+)
+from relpos_ablate.config import ConfigError
+
+TASK = "data.task"
+STATISTIC_LABELS = {"entropy": "entropy (nats)", "sink": "mass on the first key", "distance": "mean distance (tokens)",
+                    "unseen": "mass on unseen distances"}
+
+
+def collect_diagnostics(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, evaluation setting, layer, head) with each statistic as a column, read from the
+    eval.json of every run in collect's frame; `length` is the setting's evaluation length label."""
+    axes = df.attrs.get("variant_axes", [])
+    keep = [c for c in df.columns if c in (*RUN_COLUMNS, "run_dir", *axes) or (isinstance(c, str) and "." in c)]
+    rows = []
+    for _, run in df.drop_duplicates("run_dir").iterrows():
+        for setting in (rundir.read_eval(run["run_dir"]) or {}).get("settings") or []:
+            diagnostics = setting.get("diagnostics") if isinstance(setting, dict) else None
+            if not isinstance(diagnostics, dict):
+                continue
+            arrays = {name: np.asarray(values, dtype=float) for name, values in diagnostics.items()}
+            n_layers, n_heads = next(iter(arrays.values())).shape
+            base = {**{c: run[c] for c in keep}, "length": _length(setting), "order": _order(setting)}
+            rows += [{**base, "layer": layer, "head": head, **{name: a[layer, head] for name, a in arrays.items()}}
+                     for layer in range(n_layers) for head in range(n_heads)]
+    if not rows:
+        raise ConfigError("kind", "no run has attention diagnostics: evaluate with eval.diagnostics: true")
+    return pd.DataFrame(rows)
+
+
+def _length(setting: dict) -> str:
+    if setting.get("length_min") is not None:
+        lo, hi = setting["length_min"], setting["length_max"]
+        return f"n={lo}" if lo == hi else f"n={lo}-{hi}"
+    return f"L={setting.get('segment_len')}"
+
+
+def _order(setting: dict) -> float:
+    return float(setting["length_min"] if setting.get("length_min") is not None else setting.get("segment_len") or 0)
+
+
+def with_variants(frame: pd.DataFrame, df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[tuple]]:
+    """`frame` with a `variant` column (the values of the fields that tell runs apart, the task
+    excluded), those fields, and the variants in the spec's order."""
+    keys = [k for k in default_rows(finished_runs_frame(df)) if k not in (TASK, "experiment")] or ["experiment"]
+    frame = frame.assign(variant=[row_key(r, keys) for _, r in frame[[k for k in keys if k in frame]].iterrows()])
+    orders = axis_orders(read_spec(df))
+    return frame, keys, sorted(set(frame["variant"]), key=lambda v: sort_key(v, keys, orders))
+
+
+def finished_runs_frame(df: pd.DataFrame) -> pd.DataFrame:
+    runs = df[df["status"] == "done"] if "status" in df else df
+    if runs.empty:
+        raise ConfigError("kind", "no finished runs to draw")
+    return runs
+
+
+def _variant_label(keys: list[str], value: tuple) -> str:
+    return ", ".join(label(v) for v in value) if len(keys) == 1 else ", ".join(
+        f"{k.rsplit('.', 1)[-1]}={label(v)}" for k, v in zip(keys, value))
+
+
+def _heatmap(ax, grid: pd.DataFrame, vmin: float, vmax: float, labels: bool):
+    """grid: rows (layer, head), columns (order, length)."""
+    image = ax.imshow(grid.to_numpy(), aspect="auto", interpolation="nearest", cmap="viridis", vmin=vmin, vmax=vmax)
+    ax.set_xticks(range(grid.shape[1]), [length for _, length in grid.columns], rotation=45, fontsize=6, ha="right")
+    ax.set_yticks(range(grid.shape[0]), [f"L{layer} H{head}" if labels else "" for layer, head in grid.index], fontsize=6)
+    return image
+
+
+def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str) -> Figure:
+    """Rows: variants (lowest seed); columns: statistics; panels: (layer, head) x evaluation length."""
+    statistics = [s for s in STATISTIC_LABELS if s in frame]
+    fig = Figure(figsize=(3.2 * len(statistics) + 1, 1.0 + 0.25 * frame["head"].nunique() * frame["layer"].nunique()
+                          * len(variants) + 0.6 * len(variants)), layout="constrained")
+    axes = fig.subplots(len(variants), len(statistics), squeeze=False)
+    means = {}  # variant -> (layer, head, order, length) x statistic, passkey depths averaged
+    for value in variants:
+        mine = frame[frame["variant"] == value]
+        part = mine[mine["seed"] == mine["seed"].min()] if "seed" in mine else mine
+        means[value] = part.groupby(["layer", "head", "order", "length"])[statistics].mean()
+    for c, statistic in enumerate(statistics):
+        vmin, vmax = float(frame[statistic].min()), float(frame[statistic].max())
+        for r, value in enumerate(variants):
+            grid = means[value][statistic].unstack(["order", "length"])
+            image = _heatmap(axes[r][c], grid, vmin, vmax, labels=c == 0)
+            axes[r][c].set_title(f"{_variant_label(keys, value)}\n{STATISTIC_LABELS[statistic]}" if c == 0
+                                 else STATISTIC_LABELS[statistic], fontsize=7)
+        fig.colorbar(image, ax=axes[:, c], shrink=0.5, location="bottom")
+    fig.suptitle(title)
+    return fig
+
+
+def summary_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str) -> Figure:
+    """Each statistic's mean over layers, heads and seeds against evaluation length, one line per variant."""
+    statistics = [s for s in STATISTIC_LABELS if s in frame]
+    fig = Figure(figsize=(3.4 * len(statistics), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(statistics), squeeze=False)[0]
+    lengths = frame.drop_duplicates("length").sort_values("order")["length"].tolist()
+    for value in variants:
+        mine = frame[frame["variant"] == value]
+        means = mine.groupby("length")[statistics].mean()
+        for ax, statistic in zip(axes, statistics):
+            ax.plot(range(len(lengths)), [means[statistic].get(x, math.nan) for x in lengths], marker="o",
+                    label=_variant_label(keys, value))
+    for ax, statistic in zip(axes, statistics):
+        ax.set_xticks(range(len(lengths)), lengths, rotation=45, fontsize=7, ha="right")
+        ax.set_title(STATISTIC_LABELS[statistic], fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=6)
+    fig.suptitle(title)
+    return fig
+
+
+def save_diagnostics(df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
+    """diagnostics.<fmt> for one run; for a grid, diagnostics_<task>.<fmt> and diagnostics_summary_<task>.<fmt>."""
+    frame = collect_diagnostics(finished_runs_frame(df))
+    if frame["run_dir"].nunique() == 1:
+        run = frame.iloc[0]
+        title = f"attention diagnostics: {run['run_id']}" + (f" ({run[TASK]})" if TASK in frame else "")
+        figure = diagnostics_figure(frame.assign(variant=[(run["run_id"],)] * len(frame)), ["run_id"],
+                                    [(run["run_id"],)], title)
+        return save_figure(figure, Path(out) / "diagnostics", formats)
+    frame, keys, variants = with_variants(frame, df)
+    written = []
+    tasks = frame[TASK].unique() if TASK in frame else [None]
+    for task in tasks:
+        part = frame if task is None else frame[frame[TASK] == task]
+        mine = [v for v in variants if v in set(part["variant"])]
+        name = "" if task is None else f"_{task}"
+        what = "" if task is None else f" on {task}"
+        written += save_figure(diagnostics_figure(part, keys, mine, f"attention diagnostics{what} (lowest seed)"),
+                               Path(out) / f"diagnostics{name}", formats)
+        written += save_figure(summary_figure(part, keys, mine, f"attention diagnostics{what}: mean over layers, "
+                                                                f"heads and seeds"),
+                               Path(out) / f"diagnostics_summary{name}", formats)
+    return written
+
+
+def passkey_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
+    """Passkey accuracy, depth x test length, one panel per variant (mean over seeds)."""
+    data = df[(df[TASK] == "passkey") & df["depth"].notna()] if TASK in df and "depth" in df else df.iloc[:0]
+    if data.empty:
+        raise ConfigError("kind", "no passkey runs with depths: train data.task passkey and evaluate")
+    metric = metric or default_metric(data)
+    data, keys, variants = with_variants(finished(data, metric), df)
+    ncols = min(4, len(variants))
+    nrows = math.ceil(len(variants) / ncols)
+    fig = Figure(figsize=(3.6 * ncols + 1, 3.0 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, value in zip(axes, variants):
+        mine = data[data["variant"] == value]
+        grid = mine.pivot_table(index="depth", columns=["length_min", "length_max"], values=metric, aggfunc="mean")
+        image = ax.imshow(grid.to_numpy(), aspect="auto", origin="lower", cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_xticks(range(grid.shape[1]), [f"{lo}-{hi}" for lo, hi in grid.columns], rotation=45, fontsize=7)
+        ax.set_yticks(range(grid.shape[0]), [f"{d:g}" for d in grid.index], fontsize=7)
+        for (i, j), v in np.ndenumerate(grid.to_numpy()):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.5 else "k")
+        ax.set_title(_variant_label(keys, value), fontsize=8)
+        ax.set_xlabel("filler length n", fontsize=8)
+        ax.set_ylabel("depth of the key", fontsize=8)
+    for ax in axes[len(variants):]:
+        ax.set_visible(False)
+    fig.colorbar(image, ax=axes[: len(variants)].tolist(), shrink=0.6, label=metric)
+    fig.suptitle(f"passkey retrieval: {metric}, mean over seeds")
+    return fig
+
+
+def save_passkey(df: pd.DataFrame, out: Path, metric: str | None = None,
+                 formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
+    return save_figure(passkey_figure(df, metric), Path(out) / "passkey", formats)

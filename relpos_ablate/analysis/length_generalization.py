@@ -1,0 +1,130 @@
+"""The length-generalization table (Kazemnejad et al. 2023) from `collect`'s frame of example-task runs.
+
+`table DIR --layout length_generalization`:
+- one row per (task, encoding), columns = the test-length bins of n, then "OOD mean" (the mean over
+  the bins that start beyond the longest training length); a cell is the mean ± std over seeds of
+  each run's metric in that bin (passkey: first averaged over its depths); best per task and column
+  in bold;
+- `rank_table`: each encoding's rank per task by its OOD mean (1 = best, ties share their mean rank)
+  and its mean rank over the tasks, as Kazemnejad et al.'s Figs. 1-2 summarise their tasks.
+Rows are the run's varying fields other than the task (e.g. encoding and model.attention.positions).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from relpos_ablate.analysis.render import Cell, Table
+from relpos_ablate.analysis.tables import (
+    DECIMALS, _cell, finished, label, mark_best, metric_direction, row_key, sort_key,
+)
+from relpos_ablate.config import ConfigError
+
+TASK = "data.task"
+BIN_FIELDS = ("length_min", "length_max")
+OOD = "OOD mean"
+
+
+def example_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The finished rows of example-task runs (those with test-length bins), or a one-line error."""
+    data = finished(df, metric)
+    if not set(BIN_FIELDS) <= set(data.columns) or data["length_min"].isna().all():
+        raise ConfigError("layout", "length_generalization needs example-task runs (data.task copy, reverse, sort, "
+                          "addition, parity, mqar, flip_flop, passkey): these runs have no test-length bins")
+    return data[data["length_min"].notna()]
+
+
+def train_max(run: pd.Series) -> int:
+    """The longest training task length of a run (data.train_lengths, flattened by collect as JSON)."""
+    value = run.get("data.train_lengths")
+    return int((json.loads(value) if isinstance(value, str) else value)[1])
+
+
+def per_run_bins(data: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """One row per (run, bin): the run's metric in that bin (passkey: the mean over its depths), the
+    bin's bounds, and whether the bin lies beyond the run's training lengths."""
+    grouped = data.groupby(["run_dir", *BIN_FIELDS], sort=False)[metric].mean().reset_index()
+    limits = data.drop_duplicates("run_dir").set_index("run_dir").apply(train_max, axis=1)
+    grouped["ood"] = grouped["length_min"] > grouped["run_dir"].map(limits)
+    return grouped
+
+
+def _bin_label(bounds: tuple[int, int]) -> str:
+    lo, hi = bounds
+    return f"n={lo}" if lo == hi else f"n={lo}-{hi}"
+
+
+def _scores(data: pd.DataFrame, rows: list[str], metric: str):
+    """{(task, row key): {bin or OOD: [one value per run]}} and the bins in order."""
+    runs = data.drop_duplicates("run_dir").set_index("run_dir")
+    bins = per_run_bins(data, metric)
+    cells: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
+    for run_dir, part in bins.groupby("run_dir", sort=False):
+        run = runs.loc[run_dir]
+        key = (run.get(TASK), row_key(run, rows))
+        for record in part.itertuples(index=False):
+            cells[key][(int(record.length_min), int(record.length_max))].append(float(getattr(record, metric)))
+        if part["ood"].any():
+            cells[key][OOD].append(float(part.loc[part["ood"], metric].mean()))
+    order = sorted({b for values in cells.values() for b in values if b != OOD})
+    return cells, order
+
+
+def length_generalization_table(df: pd.DataFrame, metric: str, rows: list[str], orders: dict | None = None) -> Table:
+    """Rows (task, *rows) x test-length bins + OOD mean (module docstring). The columns are fixed."""
+    orders = orders or {}
+    data = example_rows(df, metric)
+    rows = [r for r in rows if r != TASK] or ["experiment"]
+    cells, bins = _scores(data, rows, metric)
+    columns = [*bins, OOD] if any(OOD in v for v in cells.values()) else list(bins)
+    keys = sorted(cells, key=lambda k: sort_key((k[0], *k[1]), [TASK, *rows], orders))
+    grid = [[_cell(cells[k][c]) if cells[k].get(c) else None for c in columns] for k in keys]
+    for task in dict.fromkeys(k[0] for k in keys):
+        block = [line for k, line in zip(keys, grid) if k[0] == task]
+        for j in range(len(columns)):
+            mark_best([line[j] for line in block], metric)
+    present = [c for line in grid for c in line if c is not None]
+    counts = sorted({c.n for c in present})
+    better = "higher" if metric_direction(metric) == "max" else "lower"
+    caption = (f"{metric} per test length n: mean ± std over {_seeds(counts)}; best per task and column in bold "
+               f"({better} is better). {OOD}: the mean over the bins that start beyond the training lengths.")
+    return Table(index=["task", *(r.rsplit(".", 1)[-1] for r in rows)],
+                 columns=[c if c == OOD else _bin_label(c) for c in columns],
+                 rows=[([label(k[0]), *(label(v) for v in k[1])], line) for k, line in zip(keys, grid)],
+                 caption=caption, decimals=DECIMALS.get(metric, 3), show_n=len(counts) > 1)
+
+
+def rank_table(df: pd.DataFrame, metric: str, rows: list[str], orders: dict | None = None) -> Table:
+    """Each encoding's rank per task by its mean OOD score over seeds (1 = best, ties averaged), and its
+    mean rank over the tasks; best mean rank in bold."""
+    orders = orders or {}
+    data = example_rows(df, metric)
+    rows = [r for r in rows if r != TASK] or ["experiment"]
+    cells, _ = _scores(data, rows, metric)
+    ood = {k: float(np.mean(v[OOD])) for k, v in cells.items() if v.get(OOD)}
+    if not ood:
+        raise ConfigError("layout", "no run has a test bin beyond its training lengths: nothing to rank")
+    tasks = sorted({k[0] for k in ood}, key=lambda t: sort_key((t,), [TASK], orders))
+    encodings = sorted({k[1] for k in ood}, key=lambda e: sort_key(e, rows, orders))
+    ascending = metric_direction(metric) == "min"
+    ranks = {task: pd.Series({k[1]: v for k, v in ood.items() if k[0] == task}).rank(ascending=ascending)
+             for task in tasks}
+    lines = []
+    for encoding in encodings:
+        mine = [ranks[t].get(encoding, math.nan) for t in tasks]
+        known = [r for r in mine if not math.isnan(r)]
+        mean = Cell(mean=float(np.mean(known)), std=math.nan, n=len(known)) if known else None
+        lines.append(([label(v) for v in encoding], [*(None if math.isnan(r) else f"{r:g}" for r in mine), mean]))
+    mark_best([line[1][-1] for line in lines], "rank")  # a lower rank is better
+    return Table(index=[r.rsplit(".", 1)[-1] for r in rows], columns=[*map(label, tasks), "mean rank"], rows=lines,
+                 caption=f"Rank by {OOD} of {metric} per task (1 = best; ties share their mean rank), and the mean "
+                         "rank over the tasks (best in bold).", decimals=2)
+
+
+def _seeds(counts: list[int]) -> str:
+    return f"n={counts[0]} seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1 else "n seeds (per cell)"

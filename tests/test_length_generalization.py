@@ -1,0 +1,175 @@
+"""The length-generalization report: `table --layout length_generalization` (bins + OOD mean per task
+and encoding, the rank-per-task summary) and `plot --kind diagnostics | passkey`, on hand-made run
+dirs whose every number is known; each expected value is computed here from those numbers.
+Run: pytest tests/test_length_generalization.py -q"""
+
+import statistics
+
+import numpy as np
+import pytest
+from matplotlib.image import AxesImage
+
+from fixtures.report_runs import make_run
+from relpos_ablate.analysis import collect
+from relpos_ablate.analysis.length_figures import collect_diagnostics, diagnostics_figure, passkey_figure, \
+    save_diagnostics, with_variants
+from relpos_ablate.analysis.length_generalization import rank_table
+from relpos_ablate.analysis.tables import TableOptions, make_table
+from relpos_ablate.cli import main
+from relpos_ablate.config import ConfigError
+from relpos_ablate.io import atomic_write_json, atomic_write_yaml
+
+BINS = [(1, 4), (5, 6), (7, 8)]  # trained on n <= 4: the last two bins are out of distribution
+ENCODINGS = {"nope": ["model.attention.terms=a"], "alibi": ["model.attention.terms=a", "model.attention.bias=alibi"]}
+# exact match per (task, encoding, seed) and bin
+SCORES = {
+    ("copy", "nope", 0): [1.0, 0.5, 0.25], ("copy", "nope", 1): [1.0, 0.3, 0.1], ("copy", "nope", 2): [0.9, 0.4, 0.2],
+    ("copy", "alibi", 0): [1.0, 0.1, 0.0], ("copy", "alibi", 1): [1.0, 0.2, 0.0], ("copy", "alibi", 2): [1.0, 0.1, 0.1],
+    ("reverse", "nope", 0): [0.8, 0.0, 0.0], ("reverse", "nope", 1): [0.7, 0.1, 0.0],
+    ("reverse", "nope", 2): [0.9, 0.0, 0.0], ("reverse", "alibi", 0): [0.9, 0.3, 0.2],
+    ("reverse", "alibi", 1): [0.9, 0.2, 0.2], ("reverse", "alibi", 2): [1.0, 0.4, 0.1],
+}
+SPEC = {"name": "lengthgen", "grid": {"data.task": ["copy", "reverse"], "encoding": ["nope", "alibi"]},
+        "table": {"layout": "length_generalization"}}
+
+
+def example_run(root, task, encoding, seed, scores, depths=(None,), diagnostics=None):
+    """A done example-task run whose eval.json holds `scores` per bin (the same at every depth)."""
+    overrides = [f"data.task={task}", "data.train_lengths=[1, 4]", f"data.test_lengths={[list(b) for b in BINS]}",
+                 "train.segment_len=16", "data.num_keys=8", f"seed={seed}", *ENCODINGS[encoding]]
+    run_dir = make_run(root, overrides, experiment="lengthgen", variant={"data.task": task, "encoding": encoding,
+                                                                         "seed": seed}, spec="../spec.yaml")
+    settings = []
+    for (lo, hi), score in zip(BINS, scores):
+        for depth in depths:
+            record = {"segment_len": 2 * hi + 1, "mem_len": 0, "clamp_len": None, "same_length": False,
+                      "attn_len": 2 * hi + 1, "length_min": lo, "length_max": hi,
+                      "metrics": {"exact_match": score + (0.0 if depth is None else depth / 10), "acc": 1.0}}
+            if depth is not None:
+                record["depth"] = depth
+            if diagnostics is not None:
+                record["diagnostics"] = diagnostics(hi)
+            settings.append(record)
+    atomic_write_json(run_dir / "eval.json", {"main_metric": "exact_match", "settings": settings})
+    return run_dir
+
+
+@pytest.fixture
+def grid(tmp_path):
+    atomic_write_yaml(tmp_path / "lengthgen" / "spec.yaml", SPEC)
+    for (task, encoding, seed), scores in SCORES.items():
+        example_run(tmp_path, task, encoding, seed, scores)
+    return collect(tmp_path)
+
+
+def runs(task, encoding):
+    return [scores for (t, e, _), scores in SCORES.items() if (t, e) == (task, encoding)]
+
+
+def test_bins_and_ood_mean_are_mean_and_std_over_seeds(grid):
+    table, options = make_table(grid, TableOptions())
+    assert options.layout == "length_generalization" and options.metric == "exact_match"  # from the spec's block
+    assert table.index == ["task", "encoding"]
+    assert table.columns == ["n=1-4", "n=5-6", "n=7-8", "OOD mean"]
+    assert [labels for labels, _ in table.rows] == [["copy", "nope"], ["copy", "alibi"], ["reverse", "nope"],
+                                                    ["reverse", "alibi"]]  # the spec's order
+    for labels, cells in table.rows:
+        seeds = runs(*labels)
+        for k in range(3):
+            values = [s[k] for s in seeds]
+            assert cells[k].mean == pytest.approx(statistics.mean(values))
+            assert cells[k].std == pytest.approx(statistics.stdev(values))
+        ood = [statistics.mean(s[1:]) for s in seeds]  # per run: the mean over its OOD bins
+        assert cells[3].mean == pytest.approx(statistics.mean(ood)) and cells[3].std == pytest.approx(statistics.stdev(ood))
+    best = {tuple(labels): [c.best for c in cells] for labels, cells in table.rows}
+    assert best[("copy", "nope")] == [False, True, True, True]  # best per task and column; ties both bold
+    assert best[("copy", "alibi")] == [True, False, False, False]
+    assert best[("reverse", "alibi")] == [True, True, True, True]
+
+
+def test_rank_per_task_and_mean_rank(grid):
+    table = rank_table(grid, "exact_match", ["encoding"], {"encoding": ["nope", "alibi"], "data.task": ["copy", "reverse"]})
+    assert table.columns == ["copy", "reverse", "mean rank"]
+    rows = {labels[0]: values for labels, values in table.rows}
+    # copy: nope's OOD mean (0.292) beats alibi's (0.083); reverse: alibi (0.233) beats nope (0.017)
+    assert rows["nope"][:2] == ["1", "2"] and rows["alibi"][:2] == ["2", "1"]
+    assert rows["nope"][2].mean == rows["alibi"][2].mean == 1.5 and rows["nope"][2].best and rows["alibi"][2].best
+
+
+def test_ties_share_their_mean_rank(tmp_path):
+    for encoding in ("nope", "alibi"):
+        example_run(tmp_path, "copy", encoding, 0, [1.0, 0.5, 0.5])
+    table = rank_table(collect(tmp_path), "exact_match", ["encoding"])
+    assert [values[0] for _, values in table.rows] == ["1.5", "1.5"]
+
+
+def test_passkey_depths_are_averaged_per_bin_and_drawn_as_a_depth_by_length_map(tmp_path):
+    for encoding in ("nope", "alibi"):
+        for seed in (0, 1):
+            example_run(tmp_path, "passkey", encoding, seed, [0.5, 0.2 * seed, 0.1], depths=(0.0, 0.5, 1.0))
+    frame = collect(tmp_path)
+    table, _ = make_table(frame, TableOptions(layout="length_generalization"))
+    cells = table.rows[0][1]
+    assert cells[0].mean == pytest.approx(0.5 + statistics.mean([0.0, 0.05, 0.1]))  # depth adds depth/10 here
+    assert cells[1].mean == pytest.approx(statistics.mean([0.0, 0.2]) + 0.05)
+    fig = passkey_figure(frame)
+    panels = [ax for ax in fig.axes if ax.get_images()]
+    assert [ax.get_title() for ax in panels] == ["alibi", "nope"]  # no spec: sorted
+    image = panels[0].get_images()[0].get_array()
+    expected = np.array([[0.5 + d / 10, 0.1 + d / 10, 0.1 + d / 10] for d in (0.0, 0.5, 1.0)])  # seeds 0, 1 averaged
+    np.testing.assert_allclose(np.asarray(image), expected)
+
+
+def test_a_frame_without_example_tasks_is_a_one_line_error(tmp_path):
+    make_run(tmp_path, ["seed=0"], results=[({"segment_len": 32}, {"ppl": 3.0})])
+    with pytest.raises(ConfigError, match="layout: length_generalization needs example-task runs"):
+        make_table(collect(tmp_path), TableOptions(layout="length_generalization"))
+    with pytest.raises(ConfigError, match="kind: no passkey runs"):
+        passkey_figure(collect(tmp_path))
+
+
+def test_the_table_command_prints_both_tables(grid, capsys):
+    assert main(["table", grid.attrs["results_dir"], "--layout", "length_generalization"]) == 0
+    out = capsys.readouterr().out
+    assert "| task | encoding | n=1-4 | n=5-6 | n=7-8 | OOD mean |" in out
+    assert "| encoding | copy | reverse | mean rank |" in out
+    assert main(["table", grid.attrs["results_dir"], "--format", "csv"]) == 0
+    assert "task,encoding,n=1-4,n=1-4 std" in capsys.readouterr().out
+
+
+def statistics_of(hi):
+    """Diagnostics of a bin (up to n = hi), [layers=2][heads=3], with values that encode where they are."""
+    return {name: [[k + hi / 10 + layer + head / 100 for head in range(3)] for layer in range(2)]
+            for k, name in enumerate(("entropy", "sink", "distance", "unseen"))}
+
+
+def test_diagnostics_are_collected_per_layer_and_head_and_drawn_per_statistic(tmp_path):
+    atomic_write_yaml(tmp_path / "lengthgen" / "spec.yaml", SPEC)
+    for encoding in ("nope", "alibi"):
+        for seed in (0, 1):
+            example_run(tmp_path, "copy", encoding, seed, [1.0, 0.5, 0.2], diagnostics=statistics_of)
+    frame = collect(tmp_path)
+    long = collect_diagnostics(frame)
+    assert len(long) == 4 * len(BINS) * 2 * 3  # runs x bins x layers x heads
+    row = long[(long["layer"] == 1) & (long["head"] == 2) & (long["length"] == "n=7-8")].iloc[0]
+    assert row["sink"] == pytest.approx(1 + 0.8 + 1 + 0.02) and row["encoding"] in ("nope", "alibi")
+    long, keys, variants = with_variants(long, frame)
+    assert keys == ["encoding"] and variants == [("nope",), ("alibi",)]
+    fig = diagnostics_figure(long, keys, variants, "t")
+    images = [ax.get_images()[0] for ax in fig.axes if ax.get_images()]
+    assert len(images) == 2 * 4  # variants x statistics
+    entropy = np.asarray(images[0].get_array())  # nope, entropy: rows (layer, head), columns bins
+    np.testing.assert_allclose(entropy, [[hi / 10 + layer + head / 100 for _, hi in BINS]
+                                         for layer in range(2) for head in range(3)])
+    written = save_diagnostics(frame, tmp_path / "figures", formats=("png",))
+    assert sorted(p.name for p in written) == ["diagnostics_copy.png", "diagnostics_summary_copy.png"]
+
+
+def test_plot_command_draws_diagnostics_and_passkey(tmp_path, capsys):
+    example_run(tmp_path, "passkey", "nope", 0, [1.0, 0.5, 0.2], depths=(0.0, 1.0), diagnostics=statistics_of)
+    run_dir = next((tmp_path / "lengthgen").iterdir())
+    assert main(["plot", str(run_dir), "--kind", "diagnostics", "--formats", "png"]) == 0
+    assert main(["plot", str(tmp_path), "--kind", "passkey", "--formats", "png", "--out", str(tmp_path / "f")]) == 0
+    out = capsys.readouterr().out.split()
+    assert out == [str(run_dir / "figures" / "diagnostics.png"), str(tmp_path / "f" / "passkey.png")]
+    assert isinstance(passkey_figure(collect(tmp_path)).axes[0].get_images()[0], AxesImage)
