@@ -74,33 +74,68 @@ class TrainConfig:
         check_choice("accelerator", self.accelerator, ("auto", "cpu", "gpu"))
 
 
+PROTOCOLS = ("non_overlapping", "sliding", "xl")
+
+
 @dataclass(frozen=True)
 class EvalSetting:
-    """One evaluation: segment length, memory, clamp, same_length."""
+    """One evaluation: protocol, segment (window) length, memory, clamp (docs/formulas.md#evaluation-protocols)."""
 
     segment_len: int
-    """Tokens per evaluated segment."""
+    """Tokens per evaluated segment (the window length for `sliding`)."""
+    protocol: str = "non_overlapping"
+    """non_overlapping: consecutive segments, each target scored once, memory carried when there is one |
+    sliding: windows of segment_len moved by `stride`, each scoring only its last `stride` targets (the
+    first window all of its own), no memory (ALiBi's evaluation) | xl: consecutive segments with memory
+    carried and same_length, every query seeing the mem_len most recent keys (Transformer-XL's evaluation).
+    Every protocol scores the same targets of the split."""
+    stride: int | None = None
+    """sliding: targets scored per window, 1..segment_len (each then has segment_len - stride + 1 to
+    segment_len tokens of context; stride = segment_len is non_overlapping without memory)."""
     mem_len: int | None = None
-    """Memory at evaluation (null: the model's training mem_len)."""
+    """Memory at evaluation (null: the model's training mem_len; sliding uses none)."""
     clamp_len: int | None = None
     """Clamp of R at evaluation (null: the model's)."""
     same_length: bool = False
-    """Every query attends to the same number of keys, as in Transformer-XL's evaluation: with M = this
-    setting's mem_len (else the model's), query i sees the M most recent keys, itself included
-    (i - M < j <= i); fewer only while the stream has fewer (the first segment is causal up to that
-    window). Needs M > 0."""
+    """Set by protocol xl (every query sees the M most recent keys, itself included, i - M < j <= i, with M
+    this setting's mem_len, else the model's; fewer only while the stream has fewer). Kept for configs
+    written before `protocol`: true is accepted only with protocol xl."""
+    max_targets: int = 0
+    """Score only the first max_targets // eval.batch_size targets of each evaluation stream (0: all): a
+    subset that is the same for every model and protocol, for costly evaluations (sliding, stride 1)."""
+    token_losses: bool = False
+    """Save every scored target's loss in the run dir (token_losses.npz): what RECL reads."""
 
     def __post_init__(self):
         check_range("segment_len", self.segment_len, low=1)
+        check_choice("protocol", self.protocol, PROTOCOLS)
         if self.mem_len is not None:
             check_range("mem_len", self.mem_len, low=0)
         if self.clamp_len is not None:
             check_range("clamp_len", self.clamp_len, low=1)
+        check_range("max_targets", self.max_targets, low=0)
+        if self.protocol == "sliding":
+            if self.stride is None:
+                raise ConfigError("stride", f"protocol 'sliding' needs a stride (1..segment_len={self.segment_len})")
+            check_range("stride", self.stride, low=1, high=self.segment_len)
+            if self.mem_len:
+                raise ConfigError("mem_len", "protocol 'sliding' scores each window on its own, without memory; "
+                                  "leave mem_len unset (or 0), or use protocol 'xl'")
+        elif self.stride is not None:
+            raise ConfigError("stride", f"is read only by protocol 'sliding' (protocol is {self.protocol!r})")
+        if self.same_length and self.protocol != "xl":
+            raise ConfigError("same_length", "is Transformer-XL's evaluation: write protocol: xl (memory carried, "
+                              "every query sees mem_len keys)")
+
+    @property
+    def uses_memory(self) -> bool:
+        """Memory carried from segment to segment (non_overlapping with a memory, xl); sliding has none."""
+        return self.protocol != "sliding"
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Evaluation at many lengths (extrapolation)."""
+    """Evaluation at many lengths (extrapolation), protocols, and RECL's context ladder."""
 
     settings: tuple[EvalSetting, ...] = ()
     """Evaluation settings; empty means 1x, 2x and 4x the training segment length with the training
@@ -108,11 +143,32 @@ class EvalConfig:
     split: str = "valid"
     """Which split to evaluate: valid | test."""
     batch_size: int = 8
-    """Streams per evaluation batch."""
+    """Evaluation streams: the split is cut into this many contiguous streams (the remainder dropped; each
+    stream's first token is never a target); non_overlapping and xl evaluate one segment of each per forward."""
+    sliding_batch_tokens: int = 8192
+    """Tokens per forward for protocol sliding: as many windows as fit (at least one) are batched; the
+    windows are independent, so the result does not depend on it."""
+    recl_contexts: tuple[int, ...] = ()
+    """RECL's ladder (docs/formulas.md#recl): for each context length c, an extra setting that scores every
+    target with exactly c tokens of context (sliding, segment_len c, stride 1) and saves each target's loss."""
+    recl_targets: int = 4096
+    """max_targets of the RECL settings: sliding with stride 1 costs one forward per target."""
 
     def __post_init__(self):
         check_choice("split", self.split, ("valid", "test"))
         check_range("batch_size", self.batch_size, low=1)
+        check_range("sliding_batch_tokens", self.sliding_batch_tokens, low=1)
+        check_range("recl_targets", self.recl_targets, low=1)
+        for i, context in enumerate(self.recl_contexts):
+            check_range(f"recl_contexts[{i}]", context, low=1)
+        if list(self.recl_contexts) != sorted(set(self.recl_contexts)):
+            raise ConfigError("recl_contexts", f"{list(self.recl_contexts)}: list each context length once, "
+                              "in increasing order (the search steps from one to the next)")
+
+    def recl_settings(self) -> tuple[EvalSetting, ...]:
+        """The ladder's settings: exactly c tokens of context for every target used by RECL."""
+        return tuple(EvalSetting(segment_len=c, protocol="sliding", stride=1, max_targets=self.recl_targets,
+                                 token_losses=True) for c in self.recl_contexts)
 
 
 @dataclass(frozen=True)
@@ -162,17 +218,31 @@ class RunConfig:
                                   f"table (model.attention.rel='learned' covers distances up to "
                                   f"model.attention.clamp_len={attention.clamp_len}); use at most {attention.clamp_len}")
             mem_len = self.model.mem_len if setting.mem_len is None else setting.mem_len
-            if setting.same_length and (mem_len == 0 or not attention.causal):
-                raise ConfigError(f"eval.settings[{i}].same_length", "needs causal attention and memory (mem_len > 0): "
-                                  "each query sees its mem_len most recent keys")
+            if setting.protocol == "xl" and (mem_len == 0 or not attention.causal):
+                raise ConfigError(f"eval.settings[{i}].protocol", "'xl' needs causal attention and memory (this "
+                                  "setting's mem_len, else model.mem_len, > 0): each query sees its mem_len most "
+                                  "recent keys")
+        self._check_eval_subsets()
         if data.source == "text" and data.train_file and self.eval.split == "test" and not data.test_file:
             raise ConfigError("eval.split", "'test' with local files needs data.test_file")
 
+    def _check_eval_subsets(self) -> None:
+        """A target subset leaves each stream at least one target, and RECL some with its longest context."""
+        streams = self.eval.batch_size
+        for i, setting in enumerate(self.eval.settings):
+            if 0 < setting.max_targets < streams:
+                raise ConfigError(f"eval.settings[{i}].max_targets", f"{setting.max_targets} leaves no target in "
+                                  f"some of the eval.batch_size={streams} streams; use 0 (all) or >= {streams}")
+        if self.eval.recl_contexts and self.eval.recl_targets // streams < self.eval.recl_contexts[-1]:
+            raise ConfigError("eval.recl_targets", f"{self.eval.recl_targets} targets in eval.batch_size={streams} "
+                              f"streams leave none with {self.eval.recl_contexts[-1]} tokens of context (the longest "
+                              f"of recl_contexts); use >= {streams * self.eval.recl_contexts[-1]}")
+
     def eval_settings(self) -> tuple[EvalSetting, ...]:
-        """The configured settings, or the documented default (1x, 2x, 4x the training length)."""
-        if self.eval.settings:
-            return self.eval.settings
-        return tuple(EvalSetting(segment_len=self.train.segment_len * k) for k in (1, 2, 4))
+        """The configured settings (or the documented default: 1x, 2x, 4x the training length), then the
+        RECL ladder's."""
+        settings = self.eval.settings or tuple(EvalSetting(segment_len=self.train.segment_len * k) for k in (1, 2, 4))
+        return settings + self.eval.recl_settings()
 
 
 def _non_default(value: dict, default: dict) -> dict:
@@ -203,5 +273,5 @@ def load_run_config(path: str | Path | None = None, overrides: Iterable[str] = (
 
 
 __all__ = [
-    "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig", "load_run_config", "run_id",
+    "PROTOCOLS", "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig", "load_run_config", "run_id",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import math
 import sys
 import traceback
 import warnings
@@ -17,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
@@ -28,6 +30,7 @@ from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, to_plain
 from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
+from relpos_ablate.train.data.protocols import unigram_loss
 from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
 from relpos_ablate.train.records import MetricsCSV, RunRecorder, RunStatus, close_log, open_log
 
@@ -108,7 +111,7 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus, cal
         _quiet_known_warnings()
         trainer.fit(module, datamodule=datamodule, ckpt_path="last" if usable_checkpoint(run_dir) else None)
         log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
-        atomic_write_json(run_dir / rundir.EVAL, evaluate(trainer, module, datamodule, config))
+        atomic_write_json(run_dir / rundir.EVAL, evaluate(trainer, module, datamodule, config, run_dir))
 
 
 def usable_checkpoint(run_dir: Path) -> bool:
@@ -184,26 +187,75 @@ def _quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
 
 
-def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, config: RunConfig) -> dict:
-    """eval.json: one record per setting with its metrics and attention length (segment_len + mem_len)."""
+def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, config: RunConfig,
+             run_dir: Path) -> dict:
+    """eval.json: one record per setting (protocol, lengths, attention length, metrics, loss by position),
+    the layout every protocol scored and the reference (unigram or chance); token_losses.npz for the
+    settings that ask for it."""
     settings = config.eval_settings()
     usable = [i for i, s in enumerate(settings) if unsupported_reason(config, s) is None]
     module.eval_indices = usable
+    loaders = {i: datamodule.eval_dataloader(settings[i]) for i in usable}
     if usable:
-        trainer.validate(module, dataloaders=[datamodule.eval_dataloader(settings[i]) for i in usable], verbose=False)
-    records = []
+        trainer.validate(module, dataloaders=list(loaders.values()), verbose=False)
+    records, token_losses = [], {}
     for i, setting in enumerate(settings):
-        mem_len = config.model.mem_len if setting.mem_len is None else setting.mem_len
-        clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
-        record = {"segment_len": setting.segment_len, "mem_len": mem_len, "clamp_len": clamp_len,
-                  "same_length": setting.same_length, "attn_len": setting.segment_len + mem_len,
-                  "metrics": module.eval_results.get(i, {})}
+        result = module.eval_results.get(i, {})
+        record = {**setting_record(config, setting), "metrics": result.get("metrics", {})}
+        if "position_loss" in result:
+            record["position_loss"] = result["position_loss"]
+        if "token_losses" in result:
+            record["token_losses"] = rundir.token_losses_key(i)
+            token_losses[record["token_losses"]] = layout_array(loaders[i].dataset.layout, *result["token_losses"])
         reason = unsupported_reason(config, setting)
         if reason:
             record["error"] = reason
             log.warning("eval setting %d skipped: %s", i, reason)
         records.append(record)
-    return {"main_metric": main_metric(config), "step": trainer.global_step, "settings": records}
+    if token_losses:
+        write_token_losses(Path(run_dir) / rundir.TOKEN_LOSSES, token_losses)
+    streams = datamodule.streams("eval", settings[0].segment_len)
+    return {"main_metric": main_metric(config), "step": trainer.global_step,
+            "layout": {"split": config.eval.split, "streams": streams.rows, "targets_per_stream": streams.inputs.shape[1]},
+            "reference": reference(config, datamodule, streams), "settings": records}
+
+
+def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
+    """The resolved setting as eval.json writes it; attn_len = the keys a query sees under its protocol:
+    segment_len + mem_len at most (non_overlapping), segment_len (sliding), mem_len (xl, every query)."""
+    mem_len = config.model.mem_len if setting.mem_len is None else setting.mem_len
+    mem_len = mem_len if setting.uses_memory else 0
+    clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
+    attn_len = {"non_overlapping": setting.segment_len + mem_len, "sliding": setting.segment_len, "xl": mem_len}
+    return {"protocol": setting.protocol, "segment_len": setting.segment_len, "stride": setting.stride,
+            "mem_len": mem_len, "clamp_len": clamp_len, "same_length": setting.protocol == "xl",
+            "max_targets": setting.max_targets, "token_losses": None, "attn_len": attn_len[setting.protocol]}
+
+
+def layout_array(layout, index: torch.Tensor, losses: torch.Tensor) -> np.ndarray:
+    """Per-target losses as a [B, T] float32 array of the evaluation layout (NaN: not scored)."""
+    array = np.full(layout.streams * layout.length, np.nan, dtype=np.float32)
+    array[index.numpy()] = losses.float().numpy()
+    return array.reshape(layout.streams, layout.length)
+
+
+def write_token_losses(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def reference(config: RunConfig, datamodule: SegmentDataModule, streams) -> dict:
+    """What a model must beat: chance accuracy for synthetic tasks (every task's target is one of
+    num_symbols), the add-one-smoothed unigram of the training targets for text."""
+    if config.data.source == "synthetic":
+        return {"name": "chance", "metrics": {"acc": 1.0 / config.data.num_symbols}}
+    train = datamodule.streams("train", config.train.segment_len).targets
+    loss = unigram_loss(train, streams.targets, datamodule.vocab_size)
+    metrics = {"loss": loss, "ppl": math.exp(loss)}
+    if config.data.character_level:
+        metrics["bpc"] = loss / math.log(2)
+    return {"name": "unigram", "metrics": metrics}
 
 
 def load_run(run_dir: str | Path) -> tuple[RunConfig, TransformerLM]:

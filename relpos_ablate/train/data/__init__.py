@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from relpos_ablate.config import ConfigError, EvalSetting, RunConfig
 from relpos_ablate.train.data import synthetic, text
+from relpos_ablate.train.data.protocols import eval_loader
 from relpos_ablate.train.data.streams import Batch, CyclicSegments, ResumeSampler, SegmentStreams, batchify
 
 
@@ -94,7 +95,8 @@ class SegmentDataModule(L.LightningDataModule):
         return [self.eval_dataloader(self.config.eval_settings()[0])]
 
     def eval_dataloader(self, setting: EvalSetting) -> DataLoader:
-        return DataLoader(self.streams("eval", setting.segment_len), batch_size=None, shuffle=False)
+        """`setting`'s protocol over the evaluation streams (train/data/protocols.py)."""
+        return eval_loader(self.streams("eval", setting.segment_len), setting, self.config.eval.sliding_batch_tokens)
 
 
 def build_datamodule(config: RunConfig) -> SegmentDataModule:
