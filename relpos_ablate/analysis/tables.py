@@ -345,7 +345,7 @@ def grid_table(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] 
     cells = [c for line in grid for c in line if c is not None]
     return Table(
         index=[short_name(r) for r in rows],
-        columns=[_column_label(cols, c, metric) for c in col_keys],
+        columns=[column_label(cols, c, metric) for c in col_keys],
         rows=[([label(v) for v in r], line) for r, line in zip(row_keys, grid)],
         caption=seed_caption(metric, cells, options.baseline) + evaluation_note(data, rows + cols),
         decimals=DECIMALS.get(metric, 3),
@@ -357,7 +357,7 @@ def short_name(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def _column_label(cols: list[str], key: tuple, metric: str) -> str:
+def column_label(cols: list[str], key: tuple, metric: str) -> str:
     if not cols:
         return metric
     parts = [(SETTING_LABELS.get(name, short_name(name)), v) for name, v in zip(cols, key)

@@ -132,6 +132,18 @@ class EvalSetting:
         """Memory carried from segment to segment (non_overlapping with a memory, xl); sliding has none."""
         return self.protocol != "sliding"
 
+    def memory(self, model_mem_len: int) -> int:
+        """The memory this setting evaluates with, given the model's training mem_len."""
+        if not self.uses_memory:
+            return 0
+        return model_mem_len if self.mem_len is None else self.mem_len
+
+    def attn_len(self, model_mem_len: int) -> int:
+        """Keys a query sees: segment_len + memory at most (non_overlapping, at a segment's end),
+        segment_len (sliding), the memory length (xl: every query, same_length)."""
+        memory = self.memory(model_mem_len)
+        return {"non_overlapping": self.segment_len + memory, "sliding": self.segment_len, "xl": memory}[self.protocol]
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -217,8 +229,7 @@ class RunConfig:
                 raise ConfigError(f"eval.settings[{i}].clamp_len", f"{setting.clamp_len} exceeds the learned position "
                                   f"table (model.attention.rel='learned' covers distances up to "
                                   f"model.attention.clamp_len={attention.clamp_len}); use at most {attention.clamp_len}")
-            mem_len = self.model.mem_len if setting.mem_len is None else setting.mem_len
-            if setting.protocol == "xl" and (mem_len == 0 or not attention.causal):
+            if setting.protocol == "xl" and (setting.memory(self.model.mem_len) == 0 or not attention.causal):
                 raise ConfigError(f"eval.settings[{i}].protocol", "'xl' needs causal attention and memory (this "
                                   "setting's mem_len, else model.mem_len, > 0): each query sees its mem_len most "
                                   "recent keys")

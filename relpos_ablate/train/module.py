@@ -189,9 +189,8 @@ class LitLM(L.LightningModule):
         inputs, targets, mask, layout_index = batch
         if batch_idx == 0 or not setting.uses_memory:  # a new setting starts with empty memory; windows have none
             self._eval_mems = None
-        mem_len = setting.mem_len if setting.uses_memory else 0
-        logits, self._eval_mems = self.model(inputs, self._eval_mems, mem_len=mem_len, clamp_len=setting.clamp_len,
-                                             same_length=setting.protocol == "xl")
+        logits, self._eval_mems = self.model(inputs, self._eval_mems, mem_len=setting.memory(self.config.model.mem_len),
+                                             clamp_len=setting.clamp_len, same_length=setting.protocol == "xl")
         nll, correct = token_stats(logits, targets)
         self.eval_nll[index].update(nll, mask)
         self.eval_acc[index].update(correct, mask)

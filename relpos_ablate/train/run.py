@@ -221,15 +221,12 @@ def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, c
 
 
 def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
-    """The resolved setting as eval.json writes it; attn_len = the keys a query sees under its protocol:
-    segment_len + mem_len at most (non_overlapping), segment_len (sliding), mem_len (xl, every query)."""
-    mem_len = config.model.mem_len if setting.mem_len is None else setting.mem_len
-    mem_len = mem_len if setting.uses_memory else 0
+    """The resolved setting as eval.json writes it (attn_len: the keys a query sees, EvalSetting.attn_len)."""
     clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
-    attn_len = {"non_overlapping": setting.segment_len + mem_len, "sliding": setting.segment_len, "xl": mem_len}
     return {"protocol": setting.protocol, "segment_len": setting.segment_len, "stride": setting.stride,
-            "mem_len": mem_len, "clamp_len": clamp_len, "same_length": setting.protocol == "xl",
-            "max_targets": setting.max_targets, "token_losses": None, "attn_len": attn_len[setting.protocol]}
+            "mem_len": setting.memory(config.model.mem_len), "clamp_len": clamp_len,
+            "same_length": setting.protocol == "xl", "max_targets": setting.max_targets, "token_losses": None,
+            "attn_len": setting.attn_len(config.model.mem_len)}
 
 
 def layout_array(layout, index: torch.Tensor, losses: torch.Tensor) -> np.ndarray:
