@@ -1,12 +1,14 @@
 # make test  — create .venv (torch CPU wheel first), install the project, run the test suite
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c  # a failed grid fails its target even when piped through tee
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench clean repro-extrapolation repro-xl
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -38,6 +40,35 @@ demo: install
 	$(BIN)/relpos-ablate plot $(DEMO) --kind bias --out $(DEMO)/figures
 	run=$$($(DEMO_FIRST_RUN)) && for kind in terms attention; do \
 		$(BIN)/relpos-ablate plot $(DEMO)/$$run --kind $$kind --out $(DEMO)/figures || exit 1; done
+
+# Reproductions (README "Reproductions"): train a spec's grid on 2 CPU slots (done runs are skipped), then
+# write its report into results/<name>/: summary.csv, the tables, figures/ and grid.txt (the grid's last
+# line, with its wall time, and the machine; written only when the grid trained something). Only the
+# report files are committed (.gitignore).
+define repro_grid
+	mkdir -p results/$(1)
+	$(BIN)/relpos-ablate grid experiments/$(1).yaml --slots 2 --results results 2>&1 | tee results/$(1)/.grid.out
+	if ! grep -q "ran 0 in" results/$(1)/.grid.out; then \
+		{ grep "^grid $(1):" results/$(1)/.grid.out | tail -n 1; \
+		  echo "machine: $$(nproc) CPU cores, $$(lscpu | sed -n 's/^Model name: *//p'), $$(date -u +%F)"; \
+		} > results/$(1)/grid.txt; fi
+	rm -f results/$(1)/.grid.out
+	$(BIN)/relpos-ablate collect results/$(1) --out results/$(1)/summary.csv
+endef
+EXTRAP := results/alibi_extrapolation_cpu
+XL6 := results/xl_table6_cpu
+
+repro-extrapolation: install
+	$(call repro_grid,alibi_extrapolation_cpu)
+	$(BIN)/relpos-ablate table $(EXTRAP) --out $(EXTRAP)/table.md
+	for kind in extrapolation position-loss; do \
+		$(BIN)/relpos-ablate plot $(EXTRAP) --kind $$kind --out $(EXTRAP)/figures || exit 1; done
+
+repro-xl: install
+	$(call repro_grid,xl_table6_cpu)
+	$(BIN)/relpos-ablate table $(XL6) --layout xl_table6 --out $(XL6)/table6.md
+	$(BIN)/relpos-ablate table $(XL6) --layout xl_table8 --out $(XL6)/table8.md
+	$(BIN)/relpos-ablate plot $(XL6) --kind extrapolation --x attn_len --out $(XL6)/figures
 
 bench: install
 	$(BIN)/python benchmarks/attention.py

@@ -64,7 +64,7 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
     rows = list(resolve_options(data, TableOptions(metric="loss"), spec).rows)
     frame = position_frame(finished(data, "loss")).dropna(subset=["position_loss"])
     if frame.empty:
-        raise ConfigError("kind", "no loss by position in these runs' eval.json (evaluated before it was recorded?)")
+        raise ConfigError("kind", f"no loss by position in these runs' {rundir.EVAL} (evaluated before it was recorded?)")
     panels = sorted({row_key(r, list(PANEL_KEYS)) for _, r in frame.iterrows()},
                     key=lambda k: sort_key(k, list(PANEL_KEYS), {}))
     protocols = list(dict.fromkeys(p[0] for p in panels))
