@@ -10,6 +10,7 @@ import io
 import math
 import pickle
 import re
+import textwrap
 from pathlib import Path
 from typing import Callable
 
@@ -199,7 +200,7 @@ def run_figure(kind: str, config, model, title: str, layer: int, head: int, samp
 
 
 def overview_figure(kind: str, drawn: list[tuple[pd.Series, object, object]], keys: list[str], layer: int, head: int,
-                    sampler, left_out: list[str] = ()) -> Figure:
+                    sampler, left_out: list[tuple[str, str, str]] = ()) -> Figure:
     """All drawn runs together: bias curves per variant (seeds overlaid, one y scale per scheme family),
     head-mean last-layer attention per run, or the enabled terms per run; left-out runs named."""
     if kind == "bias":
@@ -212,15 +213,30 @@ def overview_figure(kind: str, drawn: list[tuple[pd.Series, object, object]], ke
         fig = _attention_overview([(run_title(run, keys), config, model) for run, config, model in drawn], layer, sampler)
         where = f"{_layer_name(layer)}, mean over heads"
     title = f"{kind}: {len(drawn)} runs ({where})"
-    if left_out:
-        title += "\nleft out: " + "\n".join(left_out)
-    fig.suptitle(title, fontsize=9 if left_out else None)
+    if left_out:  # wrapped to the figure's width: about 13 characters of 9-point text per inch
+        title += "\n" + textwrap.fill(left_out_note(left_out), int(fig.get_figwidth() * 13))
+    fig.suptitle(title, fontsize=9)
     return fig
 
 
+def left_out_note(left_out: list[tuple[str, str, str]]) -> str:
+    """'left out: encoding=nope (seeds 0, 1), ...: no bias curve ...' from (variant, seed, reason) triples,
+    the runs grouped by reason."""
+    by_reason: dict[str, dict[str, list[str]]] = {}
+    for variant, seed, reason in left_out:
+        by_reason.setdefault(reason, {}).setdefault(variant, []).append(seed)
+    parts = []
+    for reason, variants in by_reason.items():
+        runs = "; ".join(f"{variant} (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})"
+                         for variant, seeds in variants.items())
+        parts.append(f"{runs}: {reason}")
+    return "left out: " + ". ".join(parts) + "."
+
+
 def _panels(count: int, width: float, height: float):
+    """A figure of `count` panels, at most 4 a row, at least 8 inches wide (room for its title)."""
     ncols = min(4, count)
-    fig = Figure(figsize=(width * ncols, height * math.ceil(count / ncols)), layout="constrained")
+    fig = Figure(figsize=(max(8.0, width * ncols), height * math.ceil(count / ncols)), layout="constrained")
     axes = fig.subplots(math.ceil(count / ncols), ncols, squeeze=False).ravel()
     for ax in axes[count:]:
         ax.set_visible(False)
@@ -336,7 +352,8 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
             if single:
                 raise
             notes.append(f"{err.field}: skipped ({err.message})")
-            left_out.append(f"{run_title(run, keys)}: {err.message.split('; try')[0]}")
+            reason = err.message.split("; try")[0].removeprefix("this run has ")
+            left_out.append((variant_label(run, keys), label(run.get("seed")), reason))
             continue
         fig = run_figure(kind, config, model, run_title(run, keys), layer, head, sampler)  # bad --layer/--head: raised
         written += save_figure(fig, Path(out) / (kind if single else f"{kind}_{run_slug(run, keys)}"), formats)

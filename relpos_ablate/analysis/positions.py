@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from relpos_ablate import rundir
 from relpos_ablate.analysis.tables import (
@@ -65,8 +66,9 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
     frame = position_frame(finished(data, "loss")).dropna(subset=["position_loss"])
     if frame.empty:
         raise ConfigError("kind", f"no loss by position in these runs' {rundir.EVAL} (evaluated before it was recorded?)")
-    panels = sorted({row_key(r, list(PANEL_KEYS)) for _, r in frame.iterrows()},
-                    key=lambda k: sort_key(k, list(PANEL_KEYS), {}))
+    frame["_panel"] = [row_key(r, list(PANEL_KEYS)) for _, r in frame.iterrows()]
+    frame["_variant"] = [row_key(r, rows) for _, r in frame.iterrows()]
+    panels = sorted(set(frame["_panel"]), key=lambda k: sort_key(k, list(PANEL_KEYS), {}))
     protocols = list(dict.fromkeys(p[0] for p in panels))
     ncols = max(sum(p[0] == name for p in panels) for name in protocols)
     fig = Figure(figsize=(3.6 * ncols, 3.0 * len(protocols) + 0.6), layout="constrained")
@@ -78,8 +80,7 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
             if c >= len(mine):
                 axes[r][c].set_visible(False)
                 continue
-            part = frame[[row_key(x, list(PANEL_KEYS)) == mine[c] for _, x in frame.iterrows()]]
-            _draw_panel(axes[r][c], part, rows, orders, legend=(r, c) == (0, 0))
+            _draw_panel(axes[r][c], frame[frame["_panel"] == mine[c]], rows, orders, legend=(r, c) == (0, 0))
             axes[r][c].set_title(_panel_title(mine[c]), fontsize=9)
     experiments = ", ".join(sorted(frame["experiment"].astype(str).unique()))
     fig.suptitle(f"{experiments}: loss by position in the segment / window (log-spaced bins)")
@@ -97,8 +98,8 @@ def _panel_title(key: tuple) -> str:
 
 
 def _draw_panel(ax, part: pd.DataFrame, rows: list[str], orders: dict, legend: bool) -> None:
-    for key in sorted({row_key(r, rows) for _, r in part.iterrows()}, key=lambda k: sort_key(k, rows, orders)):
-        mine = part[[row_key(r, rows) == key for _, r in part.iterrows()]]
+    for key in sorted(set(part["_variant"]), key=lambda k: sort_key(k, rows, orders)):
+        mine = part[part["_variant"] == key]
         stats = mine.groupby(["bin_lo", "bin_hi"])["position_loss"].agg(["mean", "std", "count"]).reset_index()
         xs = [bin_centre(lo, hi) for lo, hi in zip(stats["bin_lo"], stats["bin_hi"])]
         (line,) = ax.plot(xs, stats["mean"], marker=".", label=", ".join(label(v) for v in key))
@@ -109,6 +110,7 @@ def _draw_panel(ax, part: pd.DataFrame, rows: list[str], orders: dict, legend: b
     if len(train) == 1:
         ax.axvline(float(train[0]), color="k", ls=":", lw=1, label="training length")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax.set_xlabel("tokens seen in the segment / window", fontsize=8)
     ax.set_ylabel("loss (nats per token)", fontsize=8)
     ax.grid(alpha=0.3)
