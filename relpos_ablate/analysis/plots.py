@@ -21,9 +21,10 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import ScalarFormatter
 
 from relpos_ablate.analysis import figures
+from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
     TableOptions, axis_orders, column_label, default_cols, default_rows, finished, label, metric_direction,
-    no_finished_runs, read_spec, resolve_options, row_key, sort_key, table_settings, values_by_key,
+    no_finished_runs, read_spec, resolve_options, row_key, sort_key, values_by_key,
 )
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_bytes

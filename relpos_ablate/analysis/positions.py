@@ -17,8 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from relpos_ablate import rundir
+from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
-    TableOptions, axis_orders, finished, label, read_spec, resolve_options, row_key, sort_key, table_settings,
+    TableOptions, axis_orders, finished, label, read_spec, resolve_options, row_key, sort_key,
 )
 from relpos_ablate.config import ConfigError
 

@@ -28,6 +28,7 @@ import yaml
 from scipy import stats
 
 from relpos_ablate.analysis.collect import SETTING_FIELDS
+from relpos_ablate.analysis.settings import evaluation_note, table_settings
 from relpos_ablate.analysis.render import FORMATS, STAR_LEGEND, Cell, Table
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice, load_yaml
@@ -42,12 +43,6 @@ SETTING_LABELS = {"segment_len": "eval len", "mem_len": "mem", "clamp_len": "cla
                   "attn_len": "attn len", "protocol": "", "max_targets": "targets"}
 MIN_WELCH_SEEDS = 3
 """Welch's t-test is run (and starred) only where both cells have at least this many seeds."""
-ATTN_LEN = {
-    "non_overlapping": "segment_len + mem_len, the most keys a query sees (at a segment's end)",
-    "sliding": "segment_len; a scored target sees segment_len - stride + 1 to segment_len keys",
-    "xl": "mem_len, the keys every query sees (same_length)",
-}
-"""How each protocol counts the attention length (keys per query), for table captions."""
 
 
 @dataclass(frozen=True)
@@ -318,13 +313,6 @@ def _find_baseline(baseline: str, row_keys: list[tuple]) -> tuple:
     raise ConfigError("baseline", f"{baseline!r} is not a row label; rows are: {choices}")
 
 
-def table_settings(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows of settings that score every target: RECL's ladder (settings saving token losses) is left out."""
-    if "token_losses" not in df:
-        return df
-    return df[df["token_losses"].isna()]
-
-
 def grid_table(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] | None = None) -> Table:
     """Rows x columns of mean ± std over seeds (options must be resolved: see resolve_options)."""
     rows, cols, metric = list(options.rows), list(options.cols), options.metric
@@ -374,19 +362,6 @@ def seed_caption(metric: str, cells: list[Cell], baseline: str | None) -> str:
         text += (f" Welch's t-test vs {baseline} where both cells have >= {MIN_WELCH_SEEDS} seeds: {STAR_LEGEND}"
                  f"{'' if counts[0] >= MIN_WELCH_SEEDS else ' (none here: too few seeds)'}.")
     return text
-
-
-def evaluation_note(data: pd.DataFrame, keys: list[str]) -> str:
-    """How the shown settings were evaluated: each protocol with its attention-length count (when a
-    protocol other than non_overlapping appears, or attn_len is a key), and the tokens scored."""
-    note = ""
-    protocols = sorted(set(data["protocol"].dropna())) if "protocol" in data else []
-    if "attn_len" in keys or set(protocols) - {"non_overlapping"}:
-        note += " Attn len (keys per query): " + "; ".join(f"{p}: {ATTN_LEN[p]}" for p in protocols if p in ATTN_LEN) + "."
-    tokens = sorted(set(data["tokens"].dropna().astype(int))) if "tokens" in data else []
-    if tokens:
-        note += f" Tokens scored per setting: {tokens[0]:,}" + (f" to {tokens[-1]:,}." if len(tokens) > 1 else ".")
-    return note
 
 
 def make_table(df: pd.DataFrame, options: TableOptions = TableOptions()) -> tuple[Table, TableOptions]:

@@ -17,8 +17,9 @@ import pandas as pd
 from relpos_ablate.analysis.collect import SETTING_FIELDS
 from relpos_ablate.analysis.recl import R_VALUES, THRESHOLD, ladder_rows, recl, token_loss_frame
 from relpos_ablate.analysis.render import Cell, Table
+from relpos_ablate.analysis.settings import ATTN_LEN
 from relpos_ablate.analysis.tables import (
-    ATTN_LEN, DECIMALS, default_rows, finished, label, mark_best, metric_direction, normalized, run_level,
+    DECIMALS, default_rows, finished, label, mark_best, metric_direction, normalized, run_level,
     seed_caption, seed_cell, short_name, sort_key, values_by_key, varies,
 )
 
