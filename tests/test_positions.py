@@ -81,10 +81,12 @@ def test_cli_plot_position_loss(tmp_path, capsys):
 
 def test_collected_protocol_reference_and_setting_index(tmp_path):
     curve_runs(tmp_path)
-    make_run(tmp_path, ["seed=5"], results=[({"segment_len": 8}, {"ppl": 8.0})])  # an eval.json without protocol
+    make_run(tmp_path, ["seed=5", "model.mem_len=8"], results=[({"segment_len": 8}, {"ppl": 8.0}), (
+        {"segment_len": 8, "same_length": True}, {"ppl": 7.0})])  # an eval.json written before protocols
     df = collect(tmp_path)
-    old = df[df["seed"] == 5].iloc[0]
-    assert old["protocol"] == "non_overlapping" and old["max_targets"] == 0 and old["eval_setting"] == 0
+    old = df[df["seed"] == 5]
+    assert old["protocol"].tolist() == ["non_overlapping", "xl"]  # same_length was Transformer-XL's evaluation
+    assert old["max_targets"].tolist() == [0, 0] and old["eval_setting"].tolist() == [0, 1]
     new = df[(df["seed"] == 0) & (df["encoding"] == "alibi")].sort_values("eval_setting")
     assert new["protocol"].tolist() == ["non_overlapping", "sliding"] and new["stride"].tolist()[1] == 2
     assert new["reference"].tolist() == ["unigram"] * 2 and new["reference_ppl"].tolist() == [30.0, 30.0]

@@ -22,8 +22,8 @@ from relpos_ablate.io import read_json
 
 SETTING_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "same_length", "attn_len", "max_targets")
 """Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol)."""
-SETTING_DEFAULTS = {"protocol": "non_overlapping", "max_targets": 0}
-"""Values of fields that eval.json files written before they existed leave out."""
+SETTING_DEFAULTS = {"max_targets": 0}
+"""Values of fields that eval.json files written before they existed leave out (protocol: _protocol)."""
 RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps")
 """Per-run columns first in every collected frame."""
 
@@ -112,6 +112,7 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
             problems.append(f"{path}: settings[{k}] has no 'metrics' mapping; ignored")
             continue
         row = {name: setting.get(name, SETTING_DEFAULTS.get(name)) for name in SETTING_FIELDS}
+        row["protocol"] = _protocol(setting)
         row["eval_setting"] = k  # its place in eval.json: loss by position and token losses are found by it
         row["token_losses"] = setting.get("token_losses")
         row["eval_error"] = setting.get("error")  # a setting the run could not evaluate, and why
@@ -121,6 +122,11 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
         row["_metrics"] = list(metrics)
         rows.append(row)
     return rows, {"main_metric": data.get("main_metric"), **_reference_fields(data.get("reference"))}
+
+
+def _protocol(setting: dict) -> str:
+    """The setting's protocol; files written before protocols existed: same_length was the xl protocol."""
+    return setting.get("protocol") or ("xl" if setting.get("same_length") else "non_overlapping")
 
 
 def _reference_fields(reference) -> dict[str, Any]:
