@@ -1,13 +1,16 @@
 # make test  — create .venv (torch CPU wheel first), install the project, run the test suite
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
-# make lengthgen — the length-generalization reproduction (~1 h on 2 CPU cores) and its report
+# make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions"): ~1 h,
+#   ~30 min and ~25 min on 2 CPU cores
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c  # a failed grid fails its target even when piped through tee
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test demo lengthgen bench clean
+.PHONY: install test demo bench clean lengthgen repro-extrapolation repro-xl
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -23,15 +26,6 @@ install: $(VENV)/.installed
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# $(call report,NAME): train experiments/NAME.yaml (done runs are skipped, so a rerun only redraws), then
-# write results/NAME/{summary.csv,table.md,table.tex} (tables as the spec's table: block says)
-define report
-	$(BIN)/relpos-ablate grid experiments/$(1).yaml --slots 2 --results results
-	$(BIN)/relpos-ablate collect results/$(1) --out results/$(1)/summary.csv
-	$(BIN)/relpos-ablate table results/$(1) --out results/$(1)/table.md
-	$(BIN)/relpos-ablate table results/$(1) --out results/$(1)/table.tex
-endef
-
 # demo: train the grid (done runs are skipped, so a rerun only redraws), then write the report files
 # results/demo/{summary.csv,table.md,table.tex,figures/}. Only those are committed (.gitignore): the run
 # dirs with their checkpoints stay local, so on a fresh clone `make demo` retrains (~3 min, 2 cores).
@@ -40,21 +34,51 @@ DEMO_FIRST_RUN = $(BIN)/python -c "from relpos_ablate.runner.grid import load_gr
 	print(load_grid('experiments/demo.yaml').runs[0].run_id)"
 
 demo: install
-	$(call report,demo)
+	$(BIN)/relpos-ablate grid experiments/demo.yaml --slots 2 --results results
+	$(BIN)/relpos-ablate collect $(DEMO) --out $(DEMO)/summary.csv
+	$(BIN)/relpos-ablate table $(DEMO) --out $(DEMO)/table.md
+	$(BIN)/relpos-ablate table $(DEMO) --out $(DEMO)/table.tex
 	$(BIN)/relpos-ablate plot $(DEMO) --kind extrapolation --out $(DEMO)/figures
 	$(BIN)/relpos-ablate plot $(DEMO) --kind bias --out $(DEMO)/figures
 	run=$$($(DEMO_FIRST_RUN)) && for kind in terms attention; do \
 		$(BIN)/relpos-ablate plot $(DEMO)/$$run --kind $$kind --out $(DEMO)/figures || exit 1; done
 
-# lengthgen: train experiments/length_generalization.yaml (done runs are skipped), then write its report
-# results/length_generalization/{summary.csv,table.md,table.tex,figures/}; README.md there holds the
-# measured wall time and the comparison with the papers.
+# Reproductions (README "Reproductions"): train a spec's grid on 2 CPU slots (done runs are skipped), then
+# write its report into results/<name>/: summary.csv, the tables, figures/ and grid.txt (the grid's last
+# line, with its wall time, and the machine; written only when the grid trained something). Only the
+# report files are committed (.gitignore).
+define repro_grid
+	mkdir -p results/$(1)
+	$(BIN)/relpos-ablate grid experiments/$(1).yaml --slots 2 --results results 2>&1 | tee results/$(1)/.grid.out
+	if ! grep -q "ran 0 in" results/$(1)/.grid.out; then \
+		{ grep "^grid $(1):" results/$(1)/.grid.out | tail -n 1; \
+		  echo "machine: $$(nproc) CPU cores, $$(lscpu | sed -n 's/^Model name: *//p'), $$(date -u +%F)"; \
+		} > results/$(1)/grid.txt; fi
+	rm -f results/$(1)/.grid.out
+	$(BIN)/relpos-ablate collect results/$(1) --out results/$(1)/summary.csv
+endef
 LENGTHGEN := results/length_generalization
+EXTRAP := results/alibi_extrapolation_cpu
+XL6 := results/xl_table6_cpu
 
 lengthgen: install
-	$(call report,length_generalization)
-	$(BIN)/relpos-ablate plot $(LENGTHGEN) --kind diagnostics --out $(LENGTHGEN)/figures
-	$(BIN)/relpos-ablate plot $(LENGTHGEN) --kind passkey --out $(LENGTHGEN)/figures
+	$(call repro_grid,length_generalization)
+	$(BIN)/relpos-ablate table $(LENGTHGEN) --out $(LENGTHGEN)/table.md
+	$(BIN)/relpos-ablate table $(LENGTHGEN) --out $(LENGTHGEN)/table.tex
+	for kind in diagnostics passkey; do \
+		$(BIN)/relpos-ablate plot $(LENGTHGEN) --kind $$kind --out $(LENGTHGEN)/figures || exit 1; done
+
+repro-extrapolation: install
+	$(call repro_grid,alibi_extrapolation_cpu)
+	$(BIN)/relpos-ablate table $(EXTRAP) --out $(EXTRAP)/table.md
+	for kind in extrapolation position-loss; do \
+		$(BIN)/relpos-ablate plot $(EXTRAP) --kind $$kind --out $(EXTRAP)/figures || exit 1; done
+
+repro-xl: install
+	$(call repro_grid,xl_table6_cpu)
+	$(BIN)/relpos-ablate table $(XL6) --layout xl_table6 --out $(XL6)/table6.md
+	$(BIN)/relpos-ablate table $(XL6) --layout xl_table8 --out $(XL6)/table8.md
+	$(BIN)/relpos-ablate plot $(XL6) --kind extrapolation --x attn_len --out $(XL6)/figures
 
 bench: install
 	$(BIN)/python benchmarks/attention.py

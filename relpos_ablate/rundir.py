@@ -23,6 +23,9 @@ METRICS = "metrics.csv"
 """One row per logged training step."""
 EVAL = "eval.json"
 """Metrics per evaluation setting: written once training is over."""
+TOKEN_LOSSES = "token_losses.npz"
+"""Every scored target's loss for the settings with token_losses (RECL): one float32 [streams, targets]
+array per setting, named by token_losses_key(setting index), NaN where a target was not scored."""
 LOG = "log.txt"
 """The training run's human-readable log."""
 WORKER_LOG = "worker.log"
@@ -52,6 +55,24 @@ MAX_DEPTH = 3
 
 def last_checkpoint(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINTS / LAST_CHECKPOINT
+
+
+def token_losses_key(setting_index: int) -> str:
+    """The array name of eval setting `setting_index` in TOKEN_LOSSES (eval.json records it too)."""
+    return f"setting_{setting_index}"
+
+
+def read_token_losses(run_dir: str | Path) -> dict | None:
+    """TOKEN_LOSSES as {name: float32 array [streams, targets]}, or None when missing or unreadable."""
+    import zipfile
+
+    import numpy as np  # here, not at the top: the runner and `status` never read these arrays
+
+    try:
+        with np.load(Path(run_dir) / TOKEN_LOSSES) as arrays:
+            return {name: arrays[name] for name in arrays.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        return None
 
 
 def read_status(run_dir: str | Path) -> dict | None:

@@ -114,11 +114,14 @@ def test_same_length_window_on_every_backend(backend, fields):
 def test_same_length_without_memory_is_an_error():
     with pytest.raises(ValueError, match=r"^same_length: .*mem_len is 0"):
         lm(mem_len=0)(torch.zeros(1, 4, dtype=torch.long), same_length=True)
-    with pytest.raises(ConfigError, match=r"^eval\.settings\[0\]\.same_length: needs causal attention and memory"):
-        load_run_config(None, ["eval.settings=[{segment_len: 8, same_length: true}]"])
-    with pytest.raises(ConfigError, match=r"^eval\.settings\[0\]\.same_length: "):
+    with pytest.raises(ConfigError, match=r"^eval\.settings\[0\]\.protocol: 'xl' needs causal attention and memory"):
+        load_run_config(None, ["eval.settings=[{segment_len: 8, protocol: xl}]"])
+    with pytest.raises(ConfigError, match=r"^eval\.settings\[0\]\.protocol: "):
         load_run_config(None, ["model.mem_len=4", "model.attention.causal=false",
-                               "eval.settings=[{segment_len: 8, same_length: true}]"])
-    load_run_config(None, ["eval.settings=[{segment_len: 8, mem_len: 8, same_length: true}]"])
+                               "eval.settings=[{segment_len: 8, protocol: xl}]"])
+    with pytest.raises(ConfigError, match=r"^eval\.settings\[0\]\.same_length: is Transformer-XL's evaluation: "
+                                          r"write protocol: xl"):
+        load_run_config(None, ["eval.settings=[{segment_len: 8, mem_len: 8, same_length: true}]"])
+    load_run_config(None, ["eval.settings=[{segment_len: 8, mem_len: 8, protocol: xl}]"])
     with pytest.raises(ValueError, match=r"^window: 0 is out of range"):
         AttentionOptions(window=0)

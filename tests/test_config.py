@@ -77,6 +77,17 @@ def test_run_id_ignores_fields_left_at_their_defaults():
     assert run_id(load_run_config(None, ["model.attention.terms=ac"])) != run_id(RunConfig())
 
 
+def test_run_id_ignores_defaults_inside_evaluation_settings_too():
+    """An eval.settings item is compared field by field with EvalSetting's defaults, so a field added to
+    EvalSetting later (with its default) keeps the ids of runs that list settings."""
+    short = load_run_config(None, ["eval.settings=[{segment_len: 32}, {segment_len: 64, mem_len: 16}]"])
+    spelt = load_run_config(None, ["eval.settings=[{segment_len: 32, protocol: non_overlapping, clamp_len: null},"
+                                   " {segment_len: 64, mem_len: 16, stride: null, max_targets: 0}]"])
+    assert run_id(short) == run_id(spelt)
+    other = load_run_config(None, ["eval.settings=[{segment_len: 32}, {segment_len: 64, mem_len: 8}]"])
+    assert run_id(other) != run_id(short)
+
+
 def test_atomic_writes_are_readable_by_the_group(tmp_path):
     import os
 

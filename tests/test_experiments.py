@@ -1,7 +1,7 @@
 """The shipped experiments/ (listed by name, so a user's own spec there is not held to these tests):
 every grid spec parses and expands (dry, no training), says what it reproduces and what it costs,
 carries a usable `table:` block; the paper specs hold the paper's settings; the demo grid stays small
-enough for `make demo`; only the reports (demo, length_generalization) are committed, not run dirs.
+enough for `make demo`; only the reports (demo, reproductions, length_generalization) are committed.
 
 Run: .venv/bin/python -m pytest tests/test_experiments.py -q   (about a second, no training)
 """
@@ -23,12 +23,13 @@ from relpos_ablate.runner.grid import check_key_path, is_grid_spec, load_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
-SHIPPED_SPECS = ("alibi_table2", "bias_types", "demo", "length_generalization", "smoke", "xl_table6", "xl_table6_cpu",
-                 "xl_terms")
+SHIPPED_SPECS = ("alibi_extrapolation_cpu", "alibi_table2", "bias_types", "demo", "length_generalization", "smoke",
+                 "xl_table6", "xl_table6_cpu", "xl_terms")
 """The grid specs this project ships, by name: a spec of the user's own in experiments/ is not held to
 these tests (add a new shipped spec here)."""
 SHIPPED_RUN_CONFIGS = ("tiny_run",)
-REQUIRED = {"demo", "xl_terms", "bias_types", "xl_table6", "xl_table6_cpu", "alibi_table2", "length_generalization"}
+REQUIRED = {"demo", "xl_terms", "bias_types", "xl_table6", "xl_table6_cpu", "alibi_table2", "length_generalization",
+            "alibi_extrapolation_cpu"}
 DEMO_BUDGET_STEPS = 12_000
 """Upper bound on training steps summed over the demo's runs (18 x 500 today: ~2.5 min on 2 cores)."""
 
@@ -172,10 +173,30 @@ def test_xl_table6_uses_the_papers_wt103_base_configuration():
         assert run.config.data.corpus == "wikitext-103"
 
 
-def test_xl_table6_cpu_reads_a_local_file_and_fits_a_cpu():
+def test_xl_table6_cpu_reads_the_shipped_corpus_fits_a_cpu_and_asks_for_the_recl_ladder():
     for run in load_grid(EXPERIMENTS / "xl_table6_cpu.yaml").runs:
-        assert run.config.data.train_file and not run.config.data.corpus
-        assert run.config.model.d_model <= 128 and run.config.train.max_steps <= 5000
+        config = run.config
+        assert config.data.corpus == "tinyshakespeare" and config.data.tokenizer == "char"
+        assert config.model.d_model <= 128 and config.train.max_steps <= 5000
+        table6 = [s for s in config.eval_settings() if not s.token_losses]
+        assert {s.protocol for s in table6} == {"xl"}
+        attn = {s.attn_len(config.model.mem_len) for s in table6}
+        assert {config.train.segment_len, config.train.segment_len + config.model.mem_len} <= attn  # PPL init
+        ladder = config.eval.recl_contexts
+        assert len(ladder) >= 4 and len({b - a for a, b in zip(ladder, ladder[1:])}) == 1  # one step Δ
+
+
+def test_alibi_extrapolation_cpu_evaluates_1x_to_16x_with_both_protocols():
+    configs = [run.config for run in load_grid(EXPERIMENTS / "alibi_extrapolation_cpu.yaml").runs]
+    schemes = {(a.terms, a.absolute, a.bias) for a in map(_attention, configs)}
+    assert schemes == {("a", "sinusoid", "none"), ("a", "learned", "none"), ("a", "rope", "none"), ("a", "none", "t5"),
+                       ("a", "none", "alibi"), ("a", "none", "kerple_log"), ("a", "none", "fire"),
+                       ("abcd", "none", "none"), ("a", "none", "none")}
+    for c in configs:
+        assert c.data.corpus == "tinyshakespeare" and c.model.mem_len == 0 and c.train.segment_len == 64
+        lengths = {(s.protocol, s.segment_len) for s in c.eval_settings()}
+        assert lengths == {(p, 64 * k) for p in ("non_overlapping", "sliding") for k in (1, 2, 4, 8, 16)}
+    assert len({c.seed for c in configs}) >= 2, "seeds as a band"
 
 
 def test_alibi_table2_trains_at_l_and_evaluates_up_to_about_30x():
@@ -222,14 +243,25 @@ def test_length_generalization_is_the_issues_suite_on_equal_footing():
     ("results/demo/figures/extrapolation.png", False),
     ("results/demo/figures/bias_overview.png", False),
     ("results/README.md", False),
+    ("results/xl_table6_cpu/0123456789/token_losses.npz", True),
+    ("results/xl_table6_cpu/.grid.out", True),
+    ("results/xl_table6_cpu/table6.md", False),
+    ("results/xl_table6_cpu/table8.md", False),
+    ("results/xl_table6_cpu/grid.txt", False),
+    ("results/xl_table6_cpu/figures/extrapolation.png", False),
+    ("results/alibi_extrapolation_cpu/0123456789/checkpoints/last.ckpt", True),
+    ("results/alibi_extrapolation_cpu/table.md", False),
+    ("results/alibi_extrapolation_cpu/summary.csv", False),
+    ("results/alibi_extrapolation_cpu/figures/position_loss.png", False),
     ("results/length_generalization/0123456789/eval.json", True),
     ("results/length_generalization/0123456789/checkpoints/last.ckpt", True),
     ("results/length_generalization/README.md", False),
     ("results/length_generalization/table.md", False),
     ("results/length_generalization/summary.csv", False),
+    ("results/length_generalization/grid.txt", False),
     ("results/length_generalization/figures/diagnostics_copy.png", False),
     ("results/length_generalization/figures/passkey.pdf", False),
 ])
-def test_only_the_committed_reports_are_tracked(path, ignored):
+def test_only_the_reports_are_committed(path, ignored):
     result = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)
     assert result.returncode == (0 if ignored else 1)

@@ -177,20 +177,24 @@ def test_attention_heatmaps_are_the_probabilities_with_memory_columns():
         assert vlines(ax, "-") == [7.5]  # the memory / segment border
 
 
-def test_terms_figure_shows_each_enabled_term_and_marks_the_others_off():
+def test_terms_figure_shows_only_the_enabled_terms_and_names_the_others_off():
     config, model = tiny_model("model.attention.terms=ac", "model.attention.bias=alibi")
     details, n_mem = inspect_sample(model, fake_sampler(config, 8), 8, 0)
     fig = terms_figure(details, layer=-1, head=2, n_mem=n_mem)
     panels = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title()[:3] for ax in panels] == ["(a)", "(b)", "(c)", "(d)", "bia"]
-    off = [ax.get_title()[:3] for ax in panels if ax.texts]
-    assert off == ["(b)", "(d)"]
+    assert [ax.get_title()[:3] for ax in panels] == ["(a)", "(c)", "bia"]
+    assert fig.get_suptitle().endswith("(terms b, d off)")
+    _, only_a = tiny_model("model.attention.terms=a")
+    details_a, _ = inspect_sample(only_a, fake_sampler(config, 8), 8, 0)
+    single = terms_figure(details_a, layer=0, head=0, n_mem=0)
+    assert [ax.get_title()[:3] for ax in single.axes if ax.get_title()] == ["(a)"]
+    assert not any(ax.texts for ax in single.axes)  # no "term X is off" panels
     image = np.ma.filled(panels[0].get_images()[0].get_array().astype(float), np.nan)
     want = details["terms"][1]["a"][0, 2].numpy()
     assert np.isnan(image[np.triu_indices(8, 1)]).all()  # future keys are masked
     low = np.tril_indices(8)
     assert image[low] == pytest.approx(want[low])
-    alibi = np.ma.filled(panels[4].get_images()[0].get_array().astype(float), np.nan)
+    alibi = np.ma.filled(panels[2].get_images()[0].get_array().astype(float), np.nan)
     assert alibi[low] == pytest.approx(-(2.0 ** -6) * (low[0] - low[1]))  # head 2 of 4: slope 2^-6
     with pytest.raises(ConfigError, match=r"head: 4 is out of range; this model has heads 0..3"):
         terms_figure(details, layer=0, head=4, n_mem=0)
@@ -210,20 +214,58 @@ def bias_grid(root):
     return nope
 
 
-def test_grid_gets_one_figure_per_run_plus_an_overview_and_skips_runs_without_bias(tmp_path):
+def capture_figures(monkeypatch) -> dict:
+    """plots.save_figure, recording each figure by its file stem's name."""
+    figures_by_name, save = {}, plots.save_figure
+
+    def recording(fig, stem, formats=("png", "pdf")):
+        figures_by_name[Path(stem).name] = fig
+        return save(fig, stem, formats)
+
+    monkeypatch.setattr(plots, "save_figure", recording)
+    return figures_by_name
+
+
+def test_grid_gets_one_figure_per_run_plus_an_overview_and_skips_runs_without_bias(tmp_path, monkeypatch):
     nope = bias_grid(tmp_path)
     df = collect(tmp_path)
+    saved = capture_figures(monkeypatch)
     written, notes = plots.save_model_figures(df, "bias", tmp_path / "figs", formats=("png",), loader=fake_loader,
                                               sampler=fake_sampler)
-    drawn = {rid for rid in df["run_id"] if (tmp_path / "figs" / f"bias_{rid}.png").exists()}
-    assert drawn == set(df.loc[df["encoding"].isin(["alibi", "xl"]) & (df["status"] == "done"), "run_id"])
-    assert (tmp_path / "figs" / "bias_overview.png") in written and len(written) == 3
+    done = df[df["status"] == "done"].set_index("encoding")["run_id"]
+    assert sorted(p.name for p in written) == sorted([f"bias_encoding-alibi_seed-0_{done['alibi']}.png",
+                                                      f"bias_encoding-xl_seed-0_{done['xl']}.png", "bias_overview.png"])
     assert len(notes) == 1 and notes[0].startswith(f"{nope}: skipped") and "no bias curve" in notes[0]
+    overview = saved["bias_overview"]
+    title, note = overview.get_suptitle().split("\n", 1)
+    assert title.startswith("bias: 2 runs")
+    assert note.replace("\n", " ") == "left out: encoding=nope (seed 0): no bias curve: bias='none' and term d is off " \
+                                      "(terms='a')."
+    assert saved[f"bias_encoding-xl_seed-0_{done['xl']}"].get_suptitle() == f"encoding=xl, seed=0 ({done['xl']})"
     with pytest.raises(ConfigError, match=r"has no bias curve"):
         plots.save_model_figures(collect(nope), "bias", tmp_path / "one", loader=fake_loader, sampler=fake_sampler)
     written, _ = plots.save_model_figures(collect(nope), "attention", tmp_path / "one", formats=("png",),
                                           loader=fake_loader, sampler=fake_sampler)
     assert written == [tmp_path / "one" / "attention.png"]
+
+
+def test_bias_overview_overlays_seeds_and_shares_one_y_scale_per_scheme(tmp_path, monkeypatch):
+    for encoding, overrides in {"alibi": ["model.attention.bias=alibi"], "t5": ["model.attention.bias=t5"],
+                                "t5_short": ["model.attention.bias=t5", "model.attention.max_distance=24"]}.items():
+        for seed in (0, 1):
+            make_run(tmp_path, [*TINY, "model.attention.terms=a", *overrides, f"seed={seed}"],
+                     variant={"encoding": encoding, "seed": seed}, results=[({"segment_len": 8}, {"ppl": 3.0})])
+    saved = capture_figures(monkeypatch)
+    plots.save_model_figures(collect(tmp_path), "bias", tmp_path / "figs", formats=("png",), loader=fake_loader,
+                             sampler=fake_sampler)
+    panels = [ax for ax in saved["bias_overview"].axes if ax.get_visible() and ax.get_lines()]
+    assert [ax.get_title().split("\n")[0] for ax in panels] == ["encoding=alibi", "encoding=t5", "encoding=t5_short"]
+    for ax in panels:
+        curves = [line for line in ax.get_lines() if len(line.get_xdata()) > 2]  # not the vertical marks
+        assert [line.get_linestyle() for line in curves] == ["-"] * 4 + ["--"] * 4  # 4 heads x 2 seeds
+        assert ax.get_title().endswith("seeds 0, 1")
+    assert panels[1].get_ylim() == panels[2].get_ylim()  # both t5: one scale
+    assert panels[0].get_ylim() != panels[1].get_ylim()
 
 
 def test_cli_plot(tmp_path, capsys, monkeypatch):
@@ -277,6 +319,6 @@ def test_trained_runs_through_load_run_and_a_corrupt_checkpoint(tmp_path):
     ckpt = alibi_dir / "checkpoints" / "last.ckpt"
     ckpt.write_bytes(ckpt.read_bytes()[:100])  # a truncated checkpoint
     written, notes = plots.save_model_figures(df, "bias", tmp_path / "figs", formats=("png",))
-    assert [p.name for p in written] == [f"bias_{xl_dir.name}.png"]  # one drawable run: no overview
+    assert [p.name for p in written] == [f"bias_encoding-xl_seed-0_{xl_dir.name}.png"]  # one drawable run: no overview
     assert len(notes) == 1 and notes[0].startswith(f"{alibi_dir}: skipped")
     assert main(["plot", str(alibi_dir), "--kind", "bias"]) == 2

@@ -75,6 +75,42 @@ def test_defaults_mean_std_count_best_and_welch(grid):
     assert cells["alibi"][0].stars  # the fixture is built so that length 32 is significant
 
 
+def test_no_welch_star_below_three_seeds(tmp_path):
+    """Two seeds a side: a t-test with one degree of freedom per side is not starred (it was before)."""
+    make_grid(tmp_path, {("xl", 0): [10.0], ("xl", 1): [10.01], ("alibi", 0): [20.0], ("alibi", 1): [20.01]},
+              lengths=(32,))
+    table, _ = make_table(collect(tmp_path), TableOptions(baseline="xl"))
+    cells = cells_by_label(table)
+    assert math.isnan(cells["alibi"][0].p) and cells["alibi"][0].stars == ""
+    assert "where both cells have >= 3 seeds" in table.caption and "(none here: too few seeds)" in table.caption
+    assert "\\*" not in render(table, "markdown").split("\n\n")[0]
+
+
+def protocol_runs(root):
+    """Two seeds of one run evaluated non_overlapping at 32 and 64, sliding (stride 16) at 64, and a RECL
+    ladder setting (sliding, stride 1, a subset of the targets) that grid tables leave out."""
+    for seed, ppl in enumerate((10.0, 12.0)):
+        make_run(root, ["model.attention.terms=abcd", f"seed={seed}"], variant={"encoding": "xl", "seed": seed},
+                 results=[({"segment_len": 32, "protocol": "non_overlapping"}, {"ppl": ppl, "tokens": 800}),
+                          ({"segment_len": 64, "protocol": "non_overlapping"}, {"ppl": ppl + 1, "tokens": 800}),
+                          ({"segment_len": 64, "protocol": "sliding", "stride": 16, "attn_len": 64},
+                           {"ppl": ppl - 1, "tokens": 800}),
+                          ({"segment_len": 16, "protocol": "sliding", "stride": 1, "max_targets": 100,
+                            "token_losses": "setting_3"}, {"ppl": 99.0, "tokens": 100})])
+
+
+def test_tables_say_the_protocol_the_attention_length_and_the_tokens(tmp_path):
+    protocol_runs(tmp_path)
+    table, opts = make_table(collect(tmp_path))
+    assert opts.cols == ("protocol", "segment_len", "stride")
+    assert table.columns == ["non_overlapping, eval len 32", "non_overlapping, eval len 64",
+                             "sliding, eval len 64, stride 16"]  # the RECL setting (99.0) is left out
+    assert [c.mean for c in table.rows[0][1]] == pytest.approx([11.0, 12.0, 10.0])
+    assert "Attn len (keys per query): non_overlapping: segment_len + mem_len" in table.caption
+    assert "sliding: segment_len; a scored target sees segment_len - stride + 1 to segment_len keys" in table.caption
+    assert "Tokens scored per setting: 800." in table.caption
+
+
 def test_markdown_renders_bold_stars_and_seed_count(grid):
     table, _ = make_table(grid, TableOptions(baseline="xl"))
     text = render(table, "markdown")
@@ -128,7 +164,7 @@ def test_spec_table_block_and_axis_order(tmp_path):
     ({"rows": ("batch_size",)}, r"rows: 'batch_size' is ambiguous: train.batch_size, eval.batch_size"),
     ({"baseline": "nope"}, r"baseline: 'nope' is not a row label; rows are: alibi; xl"),
     ({"rows": ("encoding",), "cols": ("encoding",)}, r"cannot be both a row and a column"),
-    ({"layout": "wide"}, r"layout: 'wide' is not allowed; choose one of grid, xl_table6"),
+    ({"layout": "wide"}, r"layout: 'wide' is not allowed; choose one of grid, xl_table6, xl_table8"),
     ({"format": "html"}, r"format: 'html' is not allowed"),
 ])
 def test_bad_options_are_one_line_errors(grid, options, message):
@@ -229,6 +265,22 @@ def test_xl_table6_layout(tmp_path):
     assert rows[("✓", "ours", "Full")][0].best and not rows[("✗", "ours", "Half")][0].best  # 27.1 < 28.1 < 29.1
     latex = render(table, "latex")
     assert r"\checkmark" in latex and r"$\times$" in latex
+
+
+def test_xl_table6_compares_the_xl_protocol_settings(tmp_path):
+    """With xl and non_overlapping settings, Table 6 reads the xl ones (Attn Len = mem_len) only."""
+    for mem, ppls in ((16, (9.0, 8.0, 30.0)), (0, (10.0, 9.5, 1.0))):
+        make_run(tmp_path, ["model.attention.terms=abcd", f"model.mem_len={mem}", "train.segment_len=16"],
+                 variant={"encoding": "xl", "model.mem_len": mem},
+                 results=[({"segment_len": 16, "protocol": "xl", "mem_len": 16, "attn_len": 16}, {"ppl": ppls[0]}),
+                          ({"segment_len": 16, "protocol": "xl", "mem_len": 32, "attn_len": 32}, {"ppl": ppls[1]}),
+                          ({"segment_len": 16, "protocol": "non_overlapping", "mem_len": 0}, {"ppl": ppls[2]})])
+    table, _ = make_table(collect(tmp_path), TableOptions(layout="xl_table6"))
+    rows = {labels[0]: values for labels, values in table.rows}
+    assert rows["✓"][0].mean == 8.0 and rows["✓"][1].mean == 8.0 and rows["✓"][2] == "32"  # init at attn 16 + 16
+    assert rows["✗"][0].mean == 10.0  # init: its training attention length, 16
+    assert rows["✗"][1].mean == 9.5 and rows["✗"][2] == "32"  # never the non_overlapping 1.0
+    assert "Protocol: xl" in table.caption and "mem_len, the keys every query sees" in table.caption
 
 
 def test_cli_table(tmp_path, capsys):

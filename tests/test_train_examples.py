@@ -73,7 +73,7 @@ def test_stream_evaluation_records_the_diagnostics_of_its_own_batches(tmp_path):
     module = build_datamodule(config)
     for setting, record in zip(config.eval_settings(), results["settings"]):
         sums, count = torch.zeros(4, 2, 2, dtype=torch.float64), 0.0
-        for inputs, _, mask in module.eval_dataloader(setting):  # no memory: segments are independent
+        for inputs, _, mask, _ in module.eval_dataloader(setting):  # no memory: segments are independent
             with torch.no_grad():
                 model(inputs, statistics=AttentionStatistics(2, 2, mask, config.train.segment_len - 1, sums=sums))
             count += float(mask.sum())

@@ -102,7 +102,7 @@ def independent_eval(run_dir, segment_len, mem_len, same_length):
 def test_eval_json_matches_an_independent_evaluation(tmp_path):
     cfg = tiny("model.mem_len=8", "train.max_steps=20",
                "eval.settings=[{segment_len: 16}, {segment_len: 64, mem_len: 32}, "
-               "{segment_len: 32, mem_len: 32, same_length: true}]")
+               "{segment_len: 32, mem_len: 32, protocol: xl}]")
     assert train_run(cfg, tmp_path) == "done"
     records = json.loads((tmp_path / "eval.json").read_text())["settings"]
     assert len(records) == 3
@@ -111,7 +111,8 @@ def test_eval_json_matches_an_independent_evaluation(tmp_path):
         assert record["metrics"]["loss"] == pytest.approx(loss, rel=1e-5)
         assert record["metrics"]["acc"] == pytest.approx(acc)
         assert record["metrics"]["tokens"] == count
-        assert (record["mem_len"], record["attn_len"]) == (mem_len, segment_len + mem_len)
+        attn_len = mem_len if same_length else segment_len + mem_len  # xl: every query sees mem_len keys
+        assert (record["mem_len"], record["attn_len"]) == (mem_len, attn_len)
 
 
 def offset_copy_accuracy(tmp_path, name, *overrides):

@@ -20,10 +20,12 @@ from relpos_ablate import rundir
 from relpos_ablate.config.base import load_yaml
 from relpos_ablate.io import read_json
 
-SETTING_FIELDS = ("segment_len", "mem_len", "clamp_len", "same_length", "attn_len")
-"""Evaluation-setting columns, in this order (attn_len = segment_len + mem_len)."""
-NOT_SETTING_FIELDS = ("metrics", "error", "diagnostics")
-"""Keys of a setting record that are not setting columns (diagnostics: analysis/diagnostics.py reads them)."""
+SETTING_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "same_length", "attn_len", "max_targets")
+"""Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol)."""
+SETTING_DEFAULTS = {"max_targets": 0}
+"""Values of fields that eval.json files written before they existed leave out (protocol: _protocol)."""
+NOT_SETTING_FIELDS = ("metrics", "error", "diagnostics", "position_loss", "token_losses")
+"""Keys of a setting record that are not plain setting columns (diagnostics: analysis/diagnostics.py reads them)."""
 RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps")
 """Per-run columns first in every collected frame."""
 
@@ -91,26 +93,30 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
     return row
 
 
-def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list[dict], str | None]:
-    """One dict per evaluation setting in eval.json (setting fields + metrics), and the main metric."""
+def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list[dict], dict]:
+    """One dict per evaluation setting in eval.json (setting fields + metrics), and the run-level fields
+    (main_metric, the reference's name and metrics)."""
     path = run_dir / rundir.EVAL
     if not path.exists():
         if status == "done":
             problems.append(f"{path}: missing although the run is done")
-        return [], None
+        return [], {}
     data = _read_mapping(path, problems, required=True)
     settings = (data or {}).get("settings")
     if data is not None and not isinstance(settings, list):
         problems.append(f"{path}: no 'settings' list; ignored")
     if not isinstance(settings, list):
-        return [], None
+        return [], {}
     rows = []
     for k, setting in enumerate(settings):
         metrics = setting.get("metrics") if isinstance(setting, dict) else None
         if not isinstance(metrics, dict):
             problems.append(f"{path}: settings[{k}] has no 'metrics' mapping; ignored")
             continue
-        row = {name: setting.get(name) for name in SETTING_FIELDS}
+        row = {name: setting.get(name, SETTING_DEFAULTS.get(name)) for name in SETTING_FIELDS}
+        row["protocol"] = _protocol(setting)
+        row["eval_setting"] = k  # its place in eval.json: loss by position and token losses are found by it
+        row["token_losses"] = setting.get("token_losses")
         # fields a setting record adds (e.g. an example task's length_min, length_max, depth), as written
         row.update({name: value for name, value in setting.items() if name not in (*row, *NOT_SETTING_FIELDS)
                     and (value is None or isinstance(value, (str, int, float, bool)))})
@@ -120,7 +126,20 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
         row.update({name: _number(value) for name, value in metrics.items()})
         row["_metrics"] = list(metrics)
         rows.append(row)
-    return rows, data.get("main_metric")
+    return rows, {"main_metric": data.get("main_metric"), **_reference_fields(data.get("reference"))}
+
+
+def _protocol(setting: dict) -> str:
+    """The setting's protocol; files written before protocols existed: same_length was the xl protocol."""
+    return setting.get("protocol") or ("xl" if setting.get("same_length") else "non_overlapping")
+
+
+def _reference_fields(reference) -> dict[str, Any]:
+    """eval.json's reference (unigram or chance) as columns: reference, reference_<metric>."""
+    if not isinstance(reference, dict) or not isinstance(reference.get("metrics"), dict):
+        return {}
+    fields = {f"reference_{name}": _number(value) for name, value in reference["metrics"].items()}
+    return {"reference": reference.get("name"), **fields}
 
 
 def _number(value: Any) -> float:
@@ -134,8 +153,8 @@ def _number(value: Any) -> float:
 def collect_run(run_dir: Path, problems: list[str]) -> list[dict]:
     """All rows of one run dir: one per evaluation setting, or one row with NaN metrics."""
     base = _run_fields(run_dir, problems)
-    settings, main_metric = _setting_rows(run_dir, base["status"], problems)
-    base["main_metric"] = main_metric
+    settings, run_level = _setting_rows(run_dir, base["status"], problems)
+    base.update({"main_metric": None, **run_level})
     return [{**base, **setting} for setting in settings] or [base]
 
 
@@ -143,11 +162,14 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
     """One row per (run, evaluation setting) for every run dir at or below `results_dir`.
 
     Columns: run_id, experiment, status, reason, seed, wall_time_s, step, max_steps, the variant axes
-    from run.json, the evaluation setting (segment_len, mem_len, clamp_len, same_length, attn_len),
-    the metrics (ppl, acc, loss, bpc, ... as eval.json has them), main_metric, eval_error (why a
-    setting was not evaluated, if so), run_dir, spec (the grid spec path from run.json), then
-    every flattened config field (`model.attention.terms`, ...). Runs without eval.json (queued,
-    running, failed, broken) get one row with NaN metrics.
+    from run.json, the evaluation setting (protocol, segment_len, stride, mem_len, clamp_len,
+    same_length, attn_len, max_targets), the metrics (ppl, acc, loss, bpc, tokens, ... as eval.json
+    has them), main_metric, eval_setting (the setting's index in eval.json), token_losses (its array
+    in token_losses.npz, if saved), reference and reference_<metric> (the unigram or chance
+    baseline), eval_error (why a setting was not evaluated, if so), run_dir, spec (the grid spec path
+    from run.json), then every flattened config field (`model.attention.terms`, ...). Runs without
+    eval.json (queued, running, failed, broken) get one row with NaN metrics. The loss by position:
+    analysis.positions.position_frame(df); token losses: analysis.recl.token_loss_frame(df).
 
     attrs: "problems" (one line each), "variant_axes", "metrics", "results_dir".
     """
@@ -168,6 +190,7 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
 
 def _column_order(rows: list[dict], axes: list[str], metrics: list[str]) -> list[str]:
     """Run columns, variant axes, setting, metrics, main_metric, then config fields in file order."""
-    head = [*RUN_COLUMNS, *axes, *SETTING_FIELDS, *metrics, "main_metric", "eval_error", "run_dir", "spec"]
+    head = [*RUN_COLUMNS, *axes, *SETTING_FIELDS, *metrics, "main_metric", "eval_setting", "token_losses",
+            "eval_error", "run_dir", "spec"]
     rest = list(dict.fromkeys(k for row in rows for k in row if k not in head))
     return head + rest

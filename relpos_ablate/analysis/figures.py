@@ -66,22 +66,30 @@ def marks(attn, source: str) -> list[float]:
     return [float(clamp)] + ([] if attn.config.causal else [-float(clamp)])
 
 
-def draw_bias_curves(ax, attn, source: str, distances: np.ndarray, train_len: int | None, legend: bool) -> None:
-    """One curve per head of `attn`'s bias (or term d) against distance, boundaries marked."""
+def draw_bias_curves(ax, attn, source: str, distances: np.ndarray, train_len: int | None, legend: bool,
+                     linestyle: str = "-", first: bool = True) -> None:
+    """One curve per head of `attn`'s bias (or term d) against distance, boundaries marked. Overlaying
+    several seeds: a linestyle each, and `first` only for the first (it labels the heads and marks)."""
     with torch.no_grad():
         curves = attn.bias_curve(torch.as_tensor(distances), source=source).float().cpu().numpy()  # (H, n)
     colors = _head_colors(len(curves))
     for h, curve in enumerate(curves):
-        ax.plot(distances, curve, color=colors[h], lw=1.2, label=f"head {h}")
+        ax.plot(distances, curve, color=colors[h], lw=1.2, ls=linestyle, label=f"head {h}" if first else None)
+    if first:
+        _mark_lengths(ax, attn, source, distances, train_len)
+    ax.set_xlabel("distance i − j")
+    ax.set_ylabel("added score")
+    if legend:
+        ax.legend(fontsize=7, ncol=2 if len(curves) > 4 else 1)
+
+
+def _mark_lengths(ax, attn, source: str, distances: np.ndarray, train_len: int | None) -> None:
+    """Bucket edges and clamps (dashed), the training attention length (dotted)."""
     for k, x in enumerate(m for m in marks(attn, source) if distances[0] <= m <= distances[-1]):
         ax.axvline(x, color="0.6", ls="--", lw=0.7, label="bucket / clamp edge" if k == 0 else None)
     if train_len:
         for k, x in enumerate([train_len] if attn.config.causal else [train_len, -train_len]):
             ax.axvline(x, color="k", ls=":", lw=1.0, label="training attention length" if k == 0 else None)
-    ax.set_xlabel("distance i − j")
-    ax.set_ylabel("added score")
-    if legend:
-        ax.legend(fontsize=7, ncol=2 if len(curves) > 4 else 1)
 
 
 def _head_colors(n: int) -> list:
@@ -163,25 +171,28 @@ def attention_figure(details: dict, n_mem: int, title: str = "") -> Figure:
     return fig
 
 
+def enabled_terms(terms: dict) -> list[str]:
+    """The score terms (a-d, then the bias) present in one layer's `inspect` maps, in that order."""
+    return [name for name in TERM_NAMES if name in terms]
+
+
 def terms_figure(details: dict, layer: int, head: int, n_mem: int, title: str = "") -> Figure:
-    """The four score terms a, b, c, d (and the bias) of one head as separate maps, as they enter
-    the scores (scaled), with masked entries blank; disabled terms are shown as such."""
+    """The enabled score terms among a, b, c, d (and the bias) of one head as separate maps, as they
+    enter the scores (scaled), with masked entries blank; the title names the disabled ones."""
     layer = resolve_index(layer, len(details["terms"]), "layer")
     head = resolve_index(head, details["probs"][0].shape[1], "head")
     terms = details["terms"][layer]
     visible = terms.get("visible")  # [L, M + L] bool
-    names = ["a", "b", "c", "d"] + (["bias"] if "bias" in terms else [])
-    fig = Figure(figsize=(3.3 * len(names), 3.4), layout="constrained")
+    names = enabled_terms(terms)
+    fig = Figure(figsize=(3.3 * len(names) + 0.4, 3.4), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     for ax, name in zip(axes, names):
         ax.set_title(TERM_NAMES[name], fontsize=9)
-        if name not in terms:
-            mark_off(ax, f"term {name} is off")
-            continue
         values = masked(terms[name][0, head], visible)
         image = draw_map(ax, values, n_mem, "RdBu_r", diverging(values))
         fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle(title or f"score terms, layer {layer}, head {head}")
+    off = [name for name in "abcd" if name not in terms]
+    fig.suptitle((title or f"score terms, layer {layer}, head {head}") + (f" (terms {', '.join(off)} off)" if off else ""))
     return fig
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from relpos_ablate.analysis.render import Cell, Table
 from relpos_ablate.analysis.tables import (
-    DECIMALS, _cell, finished, label, mark_best, metric_direction, row_key, sort_key,
+    DECIMALS, finished, label, mark_best, metric_direction, row_key, seed_cell, sort_key,
 )
 from relpos_ablate.config import ConfigError
 
@@ -83,7 +83,7 @@ def length_generalization_table(df: pd.DataFrame, metric: str, rows: list[str], 
     cells, bins = _scores(data, rows, metric)
     columns = [*bins, OOD] if any(OOD in v for v in cells.values()) else list(bins)
     keys = sorted(cells, key=lambda k: sort_key((k[0], *k[1]), [TASK, *rows], orders))
-    grid = [[_cell(cells[k][c]) if cells[k].get(c) else None for c in columns] for k in keys]
+    grid = [[seed_cell(cells[k][c]) if cells[k].get(c) else None for c in columns] for k in keys]
     for task in dict.fromkeys(k[0] for k in keys):
         block = [line for k, line in zip(keys, grid) if k[0] == task]
         for j in range(len(columns)):

@@ -9,18 +9,22 @@ from __future__ import annotations
 import io
 import math
 import pickle
+import re
+import textwrap
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import ScalarFormatter
 
 from relpos_ablate.analysis import figures
+from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
-    TableOptions, axis_orders, default_rows, finished, label, metric_direction, no_finished_runs, read_spec,
-    resolve_options, row_key, sort_key, values_by_key,
+    TableOptions, axis_orders, column_label, default_cols, default_rows, finished, label, metric_direction,
+    no_finished_runs, read_spec, resolve_options, row_key, sort_key, values_by_key,
 )
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_bytes
@@ -30,6 +34,7 @@ MODEL_KINDS = ("bias", "attention", "terms")
 UNLOADABLE = (ConfigError, OSError, ValueError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError)
 """What loading a trained run can raise (no or a corrupt checkpoint, a config the code rejects): that
 run is skipped in a grid, and a one-line error for a single run."""
+LINE_STYLES = ("-", "--", ":", "-.")
 X_LABELS = {"segment_len": "evaluation length (tokens per segment)", "attn_len": "attention length (segment + memory)"}
 
 
@@ -50,25 +55,47 @@ def save_figure(fig: Figure, stem: Path, formats: tuple[str, ...] = ("png", "pdf
 
 
 def extrapolation_figure(df: pd.DataFrame, metric: str | None = None, x: str = "segment_len") -> Figure:
-    """Metric against evaluation length, one line per variant (mean over seeds, ± std as a band)."""
+    """Metric against evaluation length, one line per variant (mean over seeds, ± std as a band), the
+    chance / unigram reference when the runs recorded one. Settings that differ in more than x (the
+    protocol, a stride, a memory) get a line each: a colour per variant, a line style per setting."""
+    df = table_settings(df)
     spec = read_spec(df)
     options = resolve_options(df, TableOptions(metric=metric, cols=(x,)), spec)
     rows, metric = list(options.rows), options.metric
-    values = values_by_key(finished(df, metric), rows + [x], metric)
+    data = finished(df, metric)
+    split = [f for f in default_cols(data, rows) if f not in (x, "attn_len")]
+    values = values_by_key(data, rows + split + [x], metric)
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.subplots()
     orders = axis_orders(spec)
-    for row in sorted({k[:-1] for k in values}, key=lambda k: sort_key(k, rows, orders)):
-        xs = sorted(k[-1] for k in values if k[:-1] == row)
-        samples = [np.asarray(values[row + (v,)]) for v in xs]
+    variants = sorted({k[: len(rows)] for k in values}, key=lambda k: sort_key(k, rows, orders))
+    settings = sorted({k[len(rows):-1] for k in values}, key=lambda k: sort_key(k, split, {}))
+    colors = [f"C{k % 10}" for k in range(len(variants))]
+    for line_key in sorted({k[:-1] for k in values}, key=lambda k: sort_key(k, rows + split, orders)):
+        variant, setting = line_key[: len(rows)], line_key[len(rows):]
+        xs = sorted(k[-1] for k in values if k[:-1] == line_key)
+        samples = [np.asarray(values[line_key + (v,)]) for v in xs]
         mean = np.array([s.mean() for s in samples])
         std = np.array([s.std(ddof=1) if s.size > 1 else 0.0 for s in samples])
-        (line,) = ax.plot(xs, mean, marker="o", label=_row_label(rows, row))
+        name = ", ".join(filter(None, [_row_label(rows, variant), column_label(split, setting, "") if split else ""]))
+        color = colors[variants.index(variant)]
+        ax.plot(xs, mean, marker="o", color=color, ls=LINE_STYLES[settings.index(setting) % len(LINE_STYLES)], label=name)
         if any(s.size > 1 for s in samples):
-            ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
-    _format_extrapolation_axes(ax, finished(df, metric), metric, x, values)
-    ax.legend(fontsize=8, title=", ".join(r.rsplit(".", 1)[-1] for r in rows), title_fontsize=8)
+            ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.2, lw=0)
+    _format_extrapolation_axes(ax, data, metric, x, values)
+    _reference_line(ax, data, metric)
+    ax.legend(fontsize=7, title=", ".join(r.rsplit(".", 1)[-1] for r in rows), title_fontsize=8,
+              ncol=2 if len(variants) * len(settings) > 8 else 1)
     return fig
+
+
+def _reference_line(ax, data: pd.DataFrame, metric: str) -> None:
+    """The runs' shared reference (eval.json `reference`: unigram for text, chance for synthetic tasks)."""
+    column = f"reference_{metric}"
+    values = data[column].dropna().unique() if column in data else []
+    if len(values) == 1:
+        name = label(data["reference"].dropna().iloc[0]) if "reference" in data else "reference"
+        ax.axhline(float(values[0]), color="0.4", ls="--", lw=1, label=f"{name} ({float(values[0]):.3g})")
 
 
 def _row_label(rows: list[str], key: tuple) -> str:
@@ -129,17 +156,29 @@ def finished_runs(df: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-def run_title(run: pd.Series, keys: list[str]) -> str:
-    """`<run_id>` over `encoding=xl, seed=0`: the keys that tell the runs apart, and the seed."""
+def variant_label(run: pd.Series, keys: list[str]) -> str:
+    """`encoding=xl, mem_len=64`: the fields that tell the runs apart (seed excluded)."""
     parts = [f"{k.rsplit('.', 1)[-1]}={label(run[k])}" for k in keys if k in run.index and k != "experiment"]
-    return f"{run['run_id']}\n" + ", ".join([*parts, f"seed={label(run.get('seed'))}"])
+    return ", ".join(parts) or str(run.get("experiment", ""))
+
+
+def run_title(run: pd.Series, keys: list[str]) -> str:
+    """`encoding=xl, seed=0 (fa7211269c)`: the varying fields, the seed, the run id last."""
+    return f"{variant_label(run, keys)}, seed={label(run.get('seed'))} ({run['run_id']})"
+
+
+def run_slug(run: pd.Series, keys: list[str]) -> str:
+    """A file-name stem from the same fields: `encoding-xl_seed-0_fa7211269c`."""
+    parts = [f"{k.rsplit('.', 1)[-1]}-{label(run[k])}" for k in keys if k in run.index and k != "experiment"]
+    parts += [f"seed-{label(run.get('seed'))}", str(run["run_id"])]
+    return "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", part) for part in parts)
 
 
 def attention_lengths(config) -> tuple[int, int]:
     """(training attention length, longest evaluated attention length): the bias plot's x range."""
     mem = config.model.mem_len
     train = config.train.segment_len + mem
-    longest = max(s.segment_len + (mem if s.mem_len is None else s.mem_len) for s in config.eval_settings())
+    longest = max(s.attn_len(mem) for s in config.eval_settings())
     return train, max(train, longest)
 
 
@@ -161,45 +200,101 @@ def run_figure(kind: str, config, model, title: str, layer: int, head: int, samp
     return figures.terms_figure(details, layer, head, n_mem, f"{title} — layer {layer}, head {head}")
 
 
-def overview_figure(kind: str, items: list[tuple[str, object, object]], layer: int, head: int, sampler) -> Figure:
-    """All runs side by side: layer 0's curves (bias), head-mean last-layer attention, or the terms."""
-    if kind == "terms":
-        return _terms_overview(items, layer, head, sampler)
-    ncols = min(4, len(items))
-    nrows = math.ceil(len(items) / ncols)
-    fig = Figure(figsize=(4.0 * ncols, 3.2 * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+def overview_figure(kind: str, drawn: list[tuple[pd.Series, object, object]], keys: list[str], layer: int, head: int,
+                    sampler, left_out: list[tuple[str, str, str]] = ()) -> Figure:
+    """All drawn runs together: bias curves per variant (seeds overlaid, one y scale per scheme family),
+    head-mean last-layer attention per run, or the enabled terms per run; left-out runs named."""
+    if kind == "bias":
+        fig = _bias_overview(drawn, keys)
+        where = "layer 0 or the shared module; seeds overlaid, one y scale per scheme"
+    elif kind == "terms":
+        fig = _terms_overview([(run_title(run, keys), config, model) for run, config, model in drawn], layer, head, sampler)
+        where = f"{_layer_name(layer)}, head {head}"
+    else:
+        fig = _attention_overview([(run_title(run, keys), config, model) for run, config, model in drawn], layer, sampler)
+        where = f"{_layer_name(layer)}, mean over heads"
+    title = f"{kind}: {len(drawn)} runs ({where})"
+    if left_out:  # wrapped to the figure's width: about 13 characters of 9-point text per inch
+        title += "\n" + textwrap.fill(left_out_note(left_out), int(fig.get_figwidth() * 13))
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def left_out_note(left_out: list[tuple[str, str, str]]) -> str:
+    """'left out: encoding=nope (seeds 0, 1), ...: no bias curve ...' from (variant, seed, reason) triples,
+    the runs grouped by reason."""
+    by_reason: dict[str, dict[str, list[str]]] = {}
+    for variant, seed, reason in left_out:
+        by_reason.setdefault(reason, {}).setdefault(variant, []).append(seed)
+    parts = []
+    for reason, variants in by_reason.items():
+        runs = "; ".join(f"{variant} (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})"
+                         for variant, seeds in variants.items())
+        parts.append(f"{runs}: {reason}")
+    return "left out: " + ". ".join(parts) + "."
+
+
+def _panels(count: int, width: float, height: float):
+    """A figure of `count` panels, at most 4 a row, at least 8 inches wide (room for its title)."""
+    ncols = min(4, count)
+    fig = Figure(figsize=(max(8.0, width * ncols), height * math.ceil(count / ncols)), layout="constrained")
+    axes = fig.subplots(math.ceil(count / ncols), ncols, squeeze=False).ravel()
+    for ax in axes[count:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def _bias_overview(drawn: list[tuple[pd.Series, object, object]], keys: list[str]) -> Figure:
+    """One panel per variant with every seed's curves (a line style per seed); panels of one scheme
+    family (the same bias type, or term d) share their y scale."""
+    variants: dict[str, list] = {}
+    for run, config, model in drawn:
+        variants.setdefault(variant_label(run, keys), []).append((run, config, model))
+    fig, axes = _panels(len(variants), 4.2, 3.4)
+    families: dict[str, list] = {}
+    for ax, (name, runs) in zip(axes, variants.items()):
+        for k, (run, config, model) in enumerate(runs):
+            source = figures.bias_sources(model)[0]
+            panel, attn = figures.bias_panels(model, source)[0]
+            train, longest = attention_lengths(config)
+            figures.draw_bias_curves(ax, attn, source, figures.distance_range(attn.config.causal, longest), train,
+                                     legend=False, linestyle=LINE_STYLES[k % len(LINE_STYLES)], first=k == 0)
+        families.setdefault(f"{source}:{attn.config.bias if source == 'bias' else 'd'}", []).append(ax)
+        seeds = ", ".join(label(run.get("seed")) for run, _, _ in runs)
+        ax.set_title(f"{name}\n{panel}; seed{'s' if len(runs) > 1 else ''} {seeds}", fontsize=8)
+        if len(runs) > 1:
+            ax.legend(handles=[Line2D([], [], color="0.3", ls=LINE_STYLES[k % len(LINE_STYLES)],
+                                      label=f"seed {label(run.get('seed'))}") for k, (run, _, _) in enumerate(runs)],
+                      fontsize=7)
+    for members in families.values():
+        low = min(ax.get_ylim()[0] for ax in members)
+        high = max(ax.get_ylim()[1] for ax in members)
+        for ax in members:
+            ax.set_ylim(low, high)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(8, len(names)), fontsize=7)
+    return fig
+
+
+def _attention_overview(items: list[tuple[str, object, object]], layer: int, sampler) -> Figure:
+    fig, axes = _panels(len(items), 4.0, 3.2)
     for ax, (title, config, model) in zip(axes, items):
         ax.set_title(title, fontsize=8)
-        if kind == "bias":
-            source = figures.bias_sources(model)[0]
-            train, longest = attention_lengths(config)
-            name, attn = figures.bias_panels(model, source)[0]
-            ax.set_title(f"{title}\n{name}", fontsize=8)
-            distances = figures.distance_range(attn.config.causal, longest)
-            figures.draw_bias_curves(ax, attn, source, distances, train, legend=ax is axes[0])
-        else:
-            details, n_mem = inspect_run(config, model, sampler)
-            k = figures.resolve_index(layer, len(details["probs"]), "layer")
-            probs = details["probs"][k][0].mean(0)  # (L, M + L), mean over heads
-            figures.draw_map(ax, figures.masked(probs, details["terms"][k].get("visible")), n_mem, "viridis")
-    for ax in axes[len(items):]:
-        ax.set_visible(False)
-    where = "layer 0 or the shared module" if kind == "bias" else f"{_layer_name(layer)}, mean over heads"
-    fig.suptitle(f"{kind}: all runs ({where})")
+        details, n_mem = inspect_run(config, model, sampler)
+        k = figures.resolve_index(layer, len(details["probs"]), "layer")
+        probs = details["probs"][k][0].mean(0)  # (L, M + L), mean over heads
+        figures.draw_map(ax, figures.masked(probs, details["terms"][k].get("visible")), n_mem, "viridis")
     return fig
 
 
 def _terms_overview(items, layer: int, head: int, sampler) -> Figure:
-    """One row per run: its terms a-d (and the bias when any run has one) for one head."""
+    """One row per run: the terms enabled in any run (a disabled one marked off), and the bias when any has one."""
     inspected = [(title, *inspect_run(config, model, sampler)) for title, config, model in items]
-    names = ["a", "b", "c", "d"]
-    if any("bias" in details["terms"][0] for _, details, _ in inspected):
-        names.append("bias")
+    maps = [details["terms"][figures.resolve_index(layer, len(details["terms"]), "layer")] for _, details, _ in inspected]
+    names = [name for name in figures.TERM_NAMES if any(name in terms for terms in maps)]
     fig = Figure(figsize=(2.8 * len(names), 2.6 * len(items)), layout="constrained")
     axes = fig.subplots(len(items), len(names), squeeze=False)
-    for r, (title, details, n_mem) in enumerate(inspected):
-        terms = details["terms"][figures.resolve_index(layer, len(details["terms"]), "layer")]
+    for r, ((title, _details, n_mem), terms) in enumerate(zip(inspected, maps)):
         for c, name in enumerate(names):
             ax = axes[r][c]
             ax.set_title(f"{title}\n{figures.TERM_NAMES[name]}" if c == 0 else figures.TERM_NAMES[name], fontsize=7)
@@ -208,7 +303,6 @@ def _terms_overview(items, layer: int, head: int, sampler) -> Figure:
                 figures.draw_map(ax, values, n_mem, "RdBu_r", figures.diverging(values), labels=c == 0)
             else:
                 figures.mark_off(ax, "off")
-    fig.suptitle(f"score terms of {_layer_name(layer)}, head {head}, all runs")
     return fig
 
 
@@ -225,7 +319,7 @@ def _load_drawable(run_dir: Path, kind: str, loader: Callable):
         raise ConfigError(str(run_dir), f"cannot load the trained model: {first_sentence}") from None
     if kind == "bias":
         try:
-            figures.check_has_bias(model, f"run {run_dir.name}")
+            figures.check_has_bias(model, "this run")
         except ConfigError as err:
             raise ConfigError(str(run_dir), err.message) from None
     return config, model
@@ -234,12 +328,13 @@ def _load_drawable(run_dir: Path, kind: str, loader: Callable):
 def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
                        formats: tuple[str, ...] = ("png", "pdf"), loader: Callable | None = None,
                        sampler: Callable | None = None) -> tuple[list[Path], list[str]]:
-    """One `kind` figure per finished run (plus an overview for several); returns (files, notes).
+    """One `kind` figure per finished run, named by the fields that tell the runs apart with the run id
+    last (`bias_encoding-xl_seed-0_<id>.png`), plus an overview for several; returns (files, notes).
 
     A single run that cannot be drawn (no checkpoint, no bias for kind='bias') is a one-line error;
-    in a grid such runs are skipped with a note, and it is an error only when none can be drawn.
-    loader(run_dir) -> (RunConfig, model) and sampler(config, length) -> tokens [1, length] default
-    to the training package's load_run and sample_inputs.
+    in a grid such runs are skipped with a note (and named in the overview), and it is an error only
+    when none can be drawn. loader(run_dir) -> (RunConfig, model) and sampler(config, length) ->
+    tokens [1, length] default to the training package's load_run and sample_inputs.
     """
     if kind not in MODEL_KINDS:
         raise ConfigError("kind", f"{kind!r} is not allowed; choose one of {', '.join(MODEL_KINDS)}")
@@ -250,21 +345,23 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
     order = [*keys, "seed"]
     orders = axis_orders(read_spec(df))
     ordered = sorted((run for _, run in runs.iterrows()), key=lambda r: sort_key(row_key(r, order), order, orders))
-    written, notes, items = [], [], []
+    written, notes, drawn, left_out = [], [], [], []
     for run in ordered:
-        title = run_title(run, keys)
         try:
             config, model = _load_drawable(Path(run["run_dir"]), kind, loader)
         except ConfigError as err:
             if single:
                 raise
             notes.append(f"{err.field}: skipped ({err.message})")
+            reason = err.message.split("; try")[0].removeprefix("this run has ")
+            left_out.append((variant_label(run, keys), label(run.get("seed")), reason))
             continue
-        fig = run_figure(kind, config, model, title, layer, head, sampler)  # bad --layer/--head: raised
-        written += save_figure(fig, Path(out) / (kind if single else f"{kind}_{run['run_id']}"), formats)
-        items.append((title, config, model))
-    if not items:
+        fig = run_figure(kind, config, model, run_title(run, keys), layer, head, sampler)  # bad --layer/--head: raised
+        written += save_figure(fig, Path(out) / (kind if single else f"{kind}_{run_slug(run, keys)}"), formats)
+        drawn.append((run, config, model))
+    if not drawn:
         raise ConfigError("kind", f"no run could be drawn as {kind!r}: {notes[0] if notes else ''}")
-    if len(items) > 1:
-        written += save_figure(overview_figure(kind, items, layer, head, sampler), Path(out) / f"{kind}_overview", formats)
+    if len(drawn) > 1:
+        overview = overview_figure(kind, drawn, keys, layer, head, sampler, left_out)
+        written += save_figure(overview, Path(out) / f"{kind}_overview", formats)
     return written, notes

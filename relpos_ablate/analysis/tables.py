@@ -1,12 +1,13 @@
 """Paper-style tables from `collect`: mean ± std over seeds, best per column in bold, Welch's t-test.
 
-Three layouts:
-- `grid`: rows and columns by any config field, variant axis or evaluation setting.
-- `xl_table6`: Transformer-XL Table 6 — Recurrence, Encoding, Loss, PPL init (at the training
-  attention length), PPL best (best over evaluation settings), Attn Len (the shortest attention
-  length reaching PPL best).
+Layouts:
+- `grid`: rows and columns by any config field, variant axis or evaluation setting (here).
+- `xl_table6`, `xl_table8`: Transformer-XL's Table 6 (PPL init / best / Attn Len) and Table 8 (RECL)
+  (xl_tables.py).
 - `length_generalization`: example tasks, one row per (task, encoding), test-length bins and their
   OOD mean as columns (length_generalization.py, which also has the rank-per-task summary).
+Settings that save per-token losses (RECL's ladder) are left out of the grid and xl_table6 layouts
+and of the extrapolation plot: they score a subset of the targets; xl_table8 reads them.
 
 Options come from the command line, else from the `table:` block of the grid spec the runs came
 from (run.json `spec`), else from the data: rows = what varies between runs (seed excluded),
@@ -29,18 +30,21 @@ import yaml
 from scipy import stats
 
 from relpos_ablate.analysis.collect import SETTING_FIELDS
+from relpos_ablate.analysis.settings import evaluation_note, table_settings
 from relpos_ablate.analysis.render import FORMATS, STAR_LEGEND, Cell, Table
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice, load_yaml
 
-LAYOUTS = ("grid", "xl_table6", "length_generalization")
+LAYOUTS = ("grid", "xl_table6", "xl_table8", "length_generalization")
 HIGHER_IS_BETTER = ("acc", "accuracy", "exact_match")
 """Metrics where larger is better; every other metric (ppl, loss, bpc, nll) is lower-is-better."""
 DECIMALS = {"ppl": 2, "acc": 3, "loss": 3, "bpc": 3}
 ALIASES = {"eval_len": "segment_len", "eval_length": "segment_len"}
 """Short names accepted for --rows/--cols (besides any unique last component of a dotted field)."""
 SETTING_LABELS = {"segment_len": "eval len", "mem_len": "mem", "clamp_len": "clamp", "same_length": "same len",
-                  "attn_len": "attn len"}
+                  "attn_len": "attn len", "protocol": "", "max_targets": "targets"}
+MIN_WELCH_SEEDS = 3
+"""Welch's t-test is run (and starred) only where both cells have at least this many seeds."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class TableOptions:
     baseline: str | None = None
     """Row label the other rows are tested against (Welch's t-test); several row keys: 'a,b'."""
     layout: str | None = None
-    """grid (rows x columns) or xl_table6 (the Transformer-XL ablation table)."""
+    """grid (rows x columns), xl_table6 (Transformer-XL's ablation table) or xl_table8 (its RECL table)."""
     format: str | None = None
     """markdown | latex | csv."""
 
@@ -76,7 +80,7 @@ def metric_direction(metric: str) -> str:
     return "max" if metric.lower().startswith(HIGHER_IS_BETTER) else "min"
 
 
-def _norm(value: Any) -> Any:
+def normalized(value: Any) -> Any:
     """A hashable group key: NaN and None are the same missing value."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
@@ -85,12 +89,12 @@ def _norm(value: Any) -> Any:
 
 def row_key(record: pd.Series, keys: list[str]) -> tuple:
     """The group key of one collected row for `keys` (missing values as None)."""
-    return tuple(_norm(record.get(k)) for k in keys)
+    return tuple(normalized(record.get(k)) for k in keys)
 
 
 def label(value: Any) -> str:
     """A key value as shown in a table: YAML spelling for booleans and missing values."""
-    value = _norm(value)
+    value = normalized(value)
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -195,7 +199,7 @@ def run_level(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def varies(frame: pd.DataFrame, column: str) -> bool:
-    return frame[column].map(_norm).nunique(dropna=False) > 1
+    return frame[column].map(normalized).nunique(dropna=False) > 1
 
 
 def default_rows(df: pd.DataFrame) -> list[str]:
@@ -212,8 +216,10 @@ def default_rows(df: pd.DataFrame) -> list[str]:
 def default_cols(df: pd.DataFrame, rows: list[str]) -> list[str]:
     """Evaluation-setting fields that vary within some row: the natural columns of the table."""
     candidates = [f for f in SETTING_FIELDS if f != "attn_len" and f not in rows and f in df]
-    keyed = df.assign(_row=[tuple(_norm(v) for v in t) for t in df[rows].itertuples(index=False)])
-    chosen = [f for f in candidates if keyed.groupby("_row")[f].agg(lambda s: s.map(_norm).nunique(dropna=False)).max() > 1]
+    keyed = df.assign(_row=[tuple(normalized(v) for v in t) for t in df[rows].itertuples(index=False)])
+    chosen = [f for f in candidates if keyed.groupby("_row")[f].agg(lambda s: s.map(normalized).nunique(dropna=False)).max() > 1]
+    if "protocol" in chosen:  # same_length is the xl protocol's, not a setting of its own
+        chosen = [f for f in chosen if f != "same_length"]
     return chosen
 
 
@@ -261,27 +267,28 @@ def values_by_key(data: pd.DataFrame, keys: list[str], metric: str) -> dict[tupl
     values: dict[tuple, list[float]] = defaultdict(list)
     seen = Counter()
     for record in data[[*keys, metric, "run_dir"]].itertuples(index=False):
-        key = tuple(_norm(v) for v in record[: len(keys)])
+        key = tuple(normalized(v) for v in record[: len(keys)])
         values[key].append(float(record[len(keys)]))
         seen[(record[-1], key)] += 1
     if seen and max(seen.values()) > 1:
         mixed = [f for f in SETTING_FIELDS if f not in keys and f != "attn_len" and f in data
-                 and data.groupby("run_dir")[f].agg(lambda s: s.map(_norm).nunique(dropna=False)).max() > 1]
+                 and data.groupby("run_dir")[f].agg(lambda s: s.map(normalized).nunique(dropna=False)).max() > 1]
         what = f" ({', '.join(mixed)} varies within a run)" if mixed else ""
         raise ConfigError("cols", f"a cell would average several evaluation settings of one run{what}; "
                                   "add that field to --rows or --cols")
     return values
 
 
-def _cell(values: list[float]) -> Cell:
+def seed_cell(values: list[float]) -> Cell:
     arr = np.asarray(values, dtype=float)
     return Cell(mean=float(arr.mean()), std=float(arr.std(ddof=1)) if arr.size > 1 else math.nan, n=int(arr.size))
 
 
 def welch_p(a: Iterable[float], b: Iterable[float]) -> float:
-    """Two-sided Welch's t-test p-value; NaN with fewer than two values a side or zero variance."""
+    """Two-sided Welch's t-test p-value; NaN with fewer than MIN_WELCH_SEEDS values a side (two seeds
+    give one degree of freedom per side: a p-value, but not one to star) or zero variance."""
     a, b = np.asarray(list(a), float), np.asarray(list(b), float)
-    if a.size < 2 or b.size < 2:
+    if a.size < MIN_WELCH_SEEDS or b.size < MIN_WELCH_SEEDS:
         return math.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -311,11 +318,12 @@ def _find_baseline(baseline: str, row_keys: list[tuple]) -> tuple:
 def grid_table(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] | None = None) -> Table:
     """Rows x columns of mean ± std over seeds (options must be resolved: see resolve_options)."""
     rows, cols, metric = list(options.rows), list(options.cols), options.metric
-    values = values_by_key(finished(df, metric), rows + cols, metric)
+    data = finished(df, metric)
+    values = values_by_key(data, rows + cols, metric)
     orders = orders or {}
     row_keys = sorted({k[: len(rows)] for k in values}, key=lambda k: sort_key(k, rows, orders))
     col_keys = sorted({k[len(rows):] for k in values}, key=lambda k: sort_key(k, cols, orders))
-    grid = [[_cell(values[r + c]) if r + c in values else None for c in col_keys] for r in row_keys]
+    grid = [[seed_cell(values[r + c]) if r + c in values else None for c in col_keys] for r in row_keys]
     for j in range(len(col_keys)):
         mark_best([line[j] for line in grid], metric)
     base = _find_baseline(options.baseline, row_keys) if options.baseline else None
@@ -326,111 +334,53 @@ def grid_table(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] 
                     cell.p = welch_p(values[r + c], values[base + c])
     cells = [c for line in grid for c in line if c is not None]
     return Table(
-        index=[_short(r) for r in rows],
-        columns=[_column_label(cols, c, metric) for c in col_keys],
+        index=[short_name(r) for r in rows],
+        columns=[column_label(cols, c, metric) for c in col_keys],
         rows=[([label(v) for v in r], line) for r, line in zip(row_keys, grid)],
-        caption=_caption(metric, cells, options.baseline),
+        caption=seed_caption(metric, cells, options.baseline) + evaluation_note(data, rows + cols),
         decimals=DECIMALS.get(metric, 3),
         show_n=len({c.n for c in cells}) > 1,
     )
 
 
-def _short(name: str) -> str:
+def short_name(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def _column_label(cols: list[str], key: tuple, metric: str) -> str:
+def column_label(cols: list[str], key: tuple, metric: str) -> str:
     if not cols:
         return metric
-    return ", ".join(f"{SETTING_LABELS.get(name, _short(name))} {label(v)}" for name, v in zip(cols, key))
+    parts = [(SETTING_LABELS.get(name, short_name(name)), v) for name, v in zip(cols, key)
+             if not (name == "stride" and v is None)]  # stride belongs to sliding settings only
+    return ", ".join(f"{name} {label(v)}".strip() for name, v in parts)
 
 
-def _caption(metric: str, cells: list[Cell], baseline: str | None) -> str:
+def seed_caption(metric: str, cells: list[Cell], baseline: str | None) -> str:
     counts = sorted({c.n for c in cells})
     seeds = f"n={counts[0]} seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1 else "n seeds (per cell)"
     better = "higher" if metric_direction(metric) == "max" else "lower"
     text = f"{metric}: mean ± std over {seeds}; best per column in bold ({better} is better)."
     if baseline:
-        text += f" Welch's t-test vs {baseline}: {STAR_LEGEND}."
+        text += (f" Welch's t-test vs {baseline} where both cells have >= {MIN_WELCH_SEEDS} seeds: {STAR_LEGEND}"
+                 f"{'' if counts[0] >= MIN_WELCH_SEEDS else ' (none here: too few seeds)'}.")
     return text
-
-
-# ---------------------------------------------------------------- Transformer-XL Table 6 layout
-
-
-def _setting_cells(runs: pd.DataFrame, metric: str) -> list[tuple[dict, Cell]]:
-    """(setting fields, mean ± std over seeds) for every evaluation setting of one configuration."""
-    fields_ = [f for f in SETTING_FIELDS if f in runs]
-    grouped = values_by_key(runs, fields_, metric)
-    return [(dict(zip(fields_, key)), _cell(vals)) for key, vals in grouped.items()]
-
-
-def _init_and_best(runs: pd.DataFrame, metric: str) -> tuple[Cell | None, Cell, str]:
-    """PPL init (at the training attention length), PPL best, and the shortest attn_len reaching it."""
-    first = runs.iloc[0]
-    train_seg, train_mem = _norm(first.get("train.segment_len")), _norm(first.get("model.mem_len")) or 0
-    settings = _setting_cells(runs, metric)
-    at_train = [(s, c) for s, c in settings if train_seg is not None and s.get("attn_len") == train_seg + train_mem]
-    at_train.sort(key=lambda sc: sc[0].get("segment_len") != train_seg)  # prefer the training segment length
-    sign = -1 if metric_direction(metric) == "max" else 1
-    best_setting, best = min(settings, key=lambda sc: (sign * sc[1].mean, sc[0].get("attn_len") or 0))
-    return (at_train[0][1] if at_train else None), best, label(best_setting.get("attn_len"))
-
-
-def _encoding_label(run: pd.Series, attention_fields: list[str]) -> str:
-    if "encoding" in run.index and _norm(run["encoding"]) is not None:
-        return label(run["encoding"])
-    return " ".join(f"{_short(f)}={label(run[f])}" for f in attention_fields)
-
-
-def xl_table6(df: pd.DataFrame, metric: str, orders: dict[str, list] | None = None) -> Table:
-    """Transformer-XL Table 6: one row per configuration (seeds pooled), best init/best in bold."""
-    data = finished(df, metric)
-    keys = default_rows(data)
-    runs = run_level(data)
-    attention = [c for c in data.columns if str(c).startswith("model.attention.") and varies(runs, c)] or [
-        c for c in ("model.attention.terms", "model.attention.bias", "model.attention.absolute") if c in data]
-    groups = defaultdict(list)
-    for idx, key in zip(data.index, data[keys].itertuples(index=False)):
-        groups[tuple(_norm(v) for v in key)].append(idx)
-    lines = []
-    for key in sorted(groups, key=lambda k: sort_key(k, keys, orders or {})):
-        part = data.loc[groups[key]]
-        first = part.iloc[0]
-        recurrence = "✓" if (_norm(first.get("model.mem_len")) or 0) > 0 else "✗"
-        loss = label(first.get("train.loss_on")).capitalize()
-        init, best, attn = _init_and_best(part, metric)
-        lines.append(([recurrence, _encoding_label(first, attention), loss], [init, best, attn], key))
-    lines.sort(key=lambda line: line[0][0] != "✓")  # stable: recurrence first, as in the paper
-    for j in (0, 1):
-        mark_best([line[1][j] for line in lines], metric)
-    index = ["Recurrence", "Encoding", "Loss"]
-    if len({tuple(line[0]) for line in lines}) < len(lines):  # other fields vary too: show them
-        index.append("Other")
-        for line in lines:
-            line[0].append(" ".join(f"{_short(k)}={label(v)}" for k, v in zip(keys, line[2]) if k != "encoding"))
-    name = metric.upper() if metric == "ppl" else metric
-    cells = [c for line in lines for c in line[1][:2] if c is not None]
-    return Table(
-        index=index,
-        columns=[f"{name} init", f"{name} best", "Attn Len"],
-        rows=[(labels, values) for labels, values, _ in lines],
-        caption=_caption(metric, cells, None) + " init: at the training attention length; "
-                "Attn Len: shortest attention length reaching the best.",
-        decimals=DECIMALS.get(metric, 3),
-        show_n=len({c.n for c in cells}) > 1,
-    )
 
 
 def make_table(df: pd.DataFrame, options: TableOptions = TableOptions()) -> tuple[Table, TableOptions]:
     """The table the options ask for, and the resolved options (format, layout, ...) it used."""
+    from relpos_ablate.analysis import xl_tables  # builds on this module
+
     spec = read_spec(df)
-    resolved = resolve_options(df, options, spec)
+    recl = options.merged(spec_options(spec)).layout == "xl_table8"
+    data = df if recl else table_settings(df)
+    resolved = resolve_options(data, options, spec)
     orders = axis_orders(spec)
+    if recl:
+        return xl_tables.xl_table8(data, orders), resolved
     if resolved.layout == "xl_table6":
-        return xl_table6(df, resolved.metric, orders), resolved
+        return xl_tables.xl_table6(data, resolved.metric, orders), resolved
     if resolved.layout == "length_generalization":  # its rank summary: length_generalization.rank_table
         from relpos_ablate.analysis.length_generalization import length_generalization_table
 
-        return length_generalization_table(df, resolved.metric, list(resolved.rows), orders), resolved
-    return grid_table(df, resolved, orders), resolved
+        return length_generalization_table(data, resolved.metric, list(resolved.rows), orders), resolved
+    return grid_table(data, resolved, orders), resolved

@@ -29,19 +29,22 @@ def register(subparsers) -> None:
     p.add_argument("--metric", help="metric in the cells (default: the task's main metric)")
     p.add_argument("--format", choices=("markdown", "latex", "csv"), help="default: from --out's suffix, else markdown")
     p.add_argument("--baseline", help="row label to test the others against (Welch's t-test); several keys: 'a,b'")
-    p.add_argument("--layout", choices=("grid", "xl_table6", "length_generalization"),
-                   help="grid (default), the Transformer-XL Table 6, or length_generalization (example tasks: "
+    p.add_argument("--layout", choices=("grid", "xl_table6", "xl_table8", "length_generalization"),
+                   help="grid (default), Transformer-XL's Table 6 (PPL init / best / Attn Len) or Table 8 (RECL at "
+                        "r = 0.1, 0.5, 1.0; needs eval.recl_contexts), or length_generalization (example tasks: "
                         "test-length bins + OOD mean per task and encoding, then a rank-per-task summary)")
     p.add_argument("--out", type=Path, help="write the table to FILE instead of printing it")
     p.set_defaults(func=cmd_table)
 
-    p = subparsers.add_parser("plot", help="bias curves, attention / term heatmaps, extrapolation curves, "
-                                           "attention diagnostics, passkey retrieval",
+    p = subparsers.add_parser("plot", help="bias curves, attention / term heatmaps, extrapolation and loss-by-position "
+                                           "curves, attention diagnostics, passkey retrieval",
                               description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
-                                          "(diagnostics: one per task; passkey: one panel per variant).")
+                                          "(extrapolation and position-loss: one figure of every run; diagnostics: one "
+                                          "per task; passkey: one panel per variant).")
     p.add_argument("target", type=Path, help="a run dir or a results dir")
     p.add_argument("--kind", required=True,
-                   choices=("bias", "attention", "terms", "extrapolation", "diagnostics", "passkey"))
+                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "diagnostics", "passkey"),
+                   help="position-loss: mean loss by position in the segment / window, one panel per evaluation setting")
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
     p.add_argument("--metric", help="extrapolation, passkey: the metric shown (default: the main metric)")
     p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
@@ -143,6 +146,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
     elif args.kind == "extrapolation":
         written, notes = plots.save_extrapolation(_collect(args.target), out, metric=args.metric, x=args.x,
                                                   formats=formats)
+    elif args.kind == "position-loss":
+        from relpos_ablate.analysis.positions import save_position_loss
+
+        written, notes = save_position_loss(_collect(args.target), out, formats=formats)
     else:
         written, notes = plots.save_model_figures(_collect(args.target), args.kind, out, layer=args.layer,
                                                   head=args.head, formats=formats)

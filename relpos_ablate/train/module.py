@@ -12,6 +12,9 @@
 - AdamW (decay on Linear weights only) or Adam, linear warm-up then cosine decay to 0 or constant.
 - Metrics: loss and token accuracy everywhere; perplexity for text, plus bits per character for
   char/byte tokenizers. Main metric: `acc` for synthetic tasks, `ppl` for text.
+- Evaluation: each setting's protocol (train/data/protocols.py) decides memory and same_length; in the
+  same pass the loss by position in the segment/window (log-spaced bins) and, when asked, every scored
+  target's loss (RECL).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from relpos_ablate.config import RunConfig, TrainConfig, to_plain
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data.streams import TrainBatch, loss_mask
 from relpos_ablate.model.lm import masked_mean
+from relpos_ablate.train.data.protocols import log_bins
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
 
 
@@ -93,6 +97,30 @@ class MaskedMean(Metric):
             return self.total / self.count, self.count.clone()
 
 
+class PositionLoss(Metric):
+    """Summed loss and token count per position (column) of the evaluated segment or window."""
+
+    def __init__(self, length: int):
+        super().__init__()
+        self.add_state("total", torch.zeros(length, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros(length, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, values: Tensor, mask: Tensor) -> None:  # values, mask: [R, L]
+        weights = mask.double()
+        self.total += (values.double() * weights).sum(0)
+        self.count += weights.sum(0)
+
+    def compute(self) -> dict[str, list]:
+        """{"edges": log-spaced bin edges, "loss": mean loss per bin (None when empty), "tokens": count}."""
+        edges = log_bins(len(self.total))
+        loss, tokens = [], []
+        for lo, hi in zip(edges, edges[1:]):
+            count = self.count[lo:hi].sum().item()
+            loss.append(self.total[lo:hi].sum().item() / count if count else None)
+            tokens.append(int(count))
+        return {"edges": edges, "loss": loss, "tokens": tokens}
+
+
 class LitLM(L.LightningModule):
     """TransformerLM + recurrence + metrics. Validation dataloader k evaluates config setting
     `eval_indices[k]` (run.py sets all usable settings for the final evaluation)."""
@@ -106,7 +134,10 @@ class LitLM(L.LightningModule):
         self.eval_indices: list[int] = [0]
         self.eval_nll = nn.ModuleList(MaskedMean() for _ in self.settings)
         self.eval_acc = nn.ModuleList(MaskedMean() for _ in self.settings)
-        self.eval_results: dict[int, dict[str, float]] = {}
+        self.eval_positions = nn.ModuleList(PositionLoss(s.segment_len) for s in self.settings)
+        self.eval_results: dict[int, dict] = {}
+        """Per evaluated setting: {"metrics", "position_loss"[, "token_losses": (layout index, loss)]}."""
+        self._token_losses: dict[int, list[tuple[Tensor, Tensor]]] = {}
         # eval.diagnostics: attention statistics per setting, from the evaluation's own forward
         self.eval_diagnostics = nn.ModuleList(
             AttentionDiagnostics(config.model.n_layers, config.model.n_heads, max_seen_distance(config))
@@ -182,31 +213,45 @@ class LitLM(L.LightningModule):
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         index = self.eval_indices[dataloader_idx]
         setting = self.settings[index]
-        inputs, targets, mask = batch
-        if batch_idx == 0:  # a new setting starts with empty memory
+        inputs, targets, mask, layout_index = batch
+        if batch_idx == 0 or not setting.uses_memory:  # a new setting starts with empty memory; windows have none
             self._eval_mems = None
         statistics = None if self.eval_diagnostics is None else self.eval_diagnostics[index].for_batch(mask)
-        logits, self._eval_mems = self.model(inputs, self._eval_mems, mem_len=setting.mem_len,
-                                             clamp_len=setting.clamp_len, same_length=setting.same_length,
+        logits, self._eval_mems = self.model(inputs, self._eval_mems, mem_len=setting.memory(self.config.model.mem_len),
+                                             clamp_len=setting.clamp_len, same_length=setting.protocol == "xl",
                                              statistics=statistics)
         nll, correct = token_stats(logits, targets)
         self.eval_nll[index].update(nll, mask)
         self.eval_acc[index].update(correct, mask)
+        self.eval_positions[index].update(nll, mask)
+        if setting.token_losses:
+            self._token_losses.setdefault(index, []).append((layout_index[mask], nll[mask]))
 
     def on_validation_epoch_end(self) -> None:
         for k, index in enumerate(self.eval_indices):
-            nll_metric, acc_metric = self.eval_nll[index], self.eval_acc[index]
+            nll_metric, acc_metric, positions = self.eval_nll[index], self.eval_acc[index], self.eval_positions[index]
             (nll, tokens), (acc, _) = nll_metric.synced(), acc_metric.synced()
-            result = {name: value.item() for name, value in self._metrics(nll, acc).items()}
-            result["tokens"] = int(tokens.item())
-            self.eval_results[index] = result
+            metrics = {name: value.item() for name, value in self._metrics(nll, acc).items()}
+            metrics["tokens"] = int(tokens.item())
+            self.eval_results[index] = {"metrics": metrics, "position_loss": positions.compute()}
+            if self.settings[index].token_losses:
+                pairs = self._all_processes(self._token_losses.pop(index, []))
+                self.eval_results[index]["token_losses"] = tuple(torch.cat(part).cpu() for part in zip(*pairs))
             if self.trainer.state.fn == "fit" and k == 0:
-                self.log_dict({f"val_{name}": value for name, value in result.items() if name != "tokens"})
-            nll_metric.reset()
-            acc_metric.reset()
+                self.log_dict({f"val_{name}": value for name, value in metrics.items() if name != "tokens"})
+            for metric in (nll_metric, acc_metric, positions):
+                metric.reset()
             if self.eval_diagnostics is not None:
                 self.diagnostics_results[index] = self.eval_diagnostics[index].compute()
                 self.eval_diagnostics[index].reset()
+
+    def _all_processes(self, pairs: list[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
+        """Every process's (layout index, loss) pairs: each evaluated its own streams (one process: its own)."""
+        if self.trainer.world_size == 1:
+            return pairs
+        gathered: list = [None] * self.trainer.world_size
+        torch.distributed.all_gather_object(gathered, [(i.cpu(), loss.cpu()) for i, loss in pairs])
+        return [pair for share in gathered for pair in share]
 
     def configure_optimizers(self):
         optimizer, scheduler = build_optimizer(self.model, self.config.train, self.device)

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import io
 import logging
+import math
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ import zipfile
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
@@ -33,8 +35,9 @@ from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, TrainConfi
 from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
-from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
+from relpos_ablate.train.data.protocols import unigram_loss
 from relpos_ablate.train.example_eval import evaluate_examples
+from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
 from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
 from relpos_ablate.train.records import MetricsCSV, RunRecorder, RunStatus, close_log, open_log
 
@@ -142,8 +145,10 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
         _quiet_known_warnings()
         trainer.fit(module, datamodule=datamodule, ckpt_path="last" if resume else None)
         log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
-        results = evaluate(trainer, module, datamodule, config)
-    if status is not None:
+        results, token_losses = evaluate(trainer, module, datamodule, config)
+    if status is not None:  # one process writes the records
+        if token_losses:
+            write_token_losses(run_dir / rundir.TOKEN_LOSSES, token_losses)
         atomic_write_json(run_dir / rundir.EVAL, results)
 
 
@@ -302,24 +307,30 @@ def _quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
 
 
-def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, config: RunConfig) -> dict:
-    """eval.json: one record per setting with its metrics and attention length (segment_len + mem_len)
-    (and its attention diagnostics with eval.diagnostics); example tasks: one per test set (example_eval.py)."""
+def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule,
+             config: RunConfig) -> tuple[dict, dict[str, np.ndarray]]:
+    """(eval.json, token_losses.npz arrays). eval.json: one record per setting (protocol, lengths, attention
+    length, metrics, loss by position, attention diagnostics with eval.diagnostics), the layout every
+    protocol scored and the reference (unigram or chance); the arrays: each target's loss for the settings
+    that ask for it. Example tasks: one record per test set (example_eval.py)."""
     if config.data.example_task:
         return evaluate_examples(module.model, datamodule, config, trainer.global_step,
-                                 trainer.precision_plugin.forward_context)
+                                 trainer.precision_plugin.forward_context), {}
     settings = config.eval_settings()
     usable = [i for i, s in enumerate(settings) if unsupported_reason(config, s) is None]
     module.eval_indices = usable
+    loaders = {i: datamodule.eval_dataloader(settings[i]) for i in usable}
     if usable:
-        trainer.validate(module, dataloaders=[datamodule.eval_dataloader(settings[i]) for i in usable], verbose=False)
-    records = []
+        trainer.validate(module, dataloaders=list(loaders.values()), verbose=False)
+    records, token_losses = [], {}
     for i, setting in enumerate(settings):
-        mem_len = config.model.mem_len if setting.mem_len is None else setting.mem_len
-        clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
-        record = {"segment_len": setting.segment_len, "mem_len": mem_len, "clamp_len": clamp_len,
-                  "same_length": setting.same_length, "attn_len": setting.segment_len + mem_len,
-                  "metrics": module.eval_results.get(i, {})}
+        result = module.eval_results.get(i, {})
+        record = {**setting_record(config, setting), "metrics": result.get("metrics", {})}
+        if "position_loss" in result:
+            record["position_loss"] = result["position_loss"]
+        if "token_losses" in result:
+            record["token_losses"] = rundir.token_losses_key(i)
+            token_losses[record["token_losses"]] = layout_array(loaders[i].dataset.layout, *result["token_losses"])
         if i in module.diagnostics_results:
             record["diagnostics"] = module.diagnostics_results[i]
         reason = unsupported_reason(config, setting)
@@ -327,7 +338,45 @@ def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, c
             record["error"] = reason
             log.warning("eval setting %d skipped: %s", i, reason)
         records.append(record)
-    return {"main_metric": main_metric(config), "step": trainer.global_step, "settings": records}
+    streams = datamodule.streams("eval", settings[0].segment_len)
+    return {"main_metric": main_metric(config), "step": trainer.global_step,
+            "layout": {"split": config.eval.split, "streams": streams.rows, "targets_per_stream": streams.inputs.shape[1]},
+            "reference": reference(config, datamodule, streams), "settings": records}, token_losses
+
+
+def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
+    """The resolved setting as eval.json writes it (attn_len: the keys a query sees, EvalSetting.attn_len)."""
+    clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
+    return {"protocol": setting.protocol, "segment_len": setting.segment_len, "stride": setting.stride,
+            "mem_len": setting.memory(config.model.mem_len), "clamp_len": clamp_len,
+            "same_length": setting.protocol == "xl", "max_targets": setting.max_targets, "token_losses": None,
+            "attn_len": setting.attn_len(config.model.mem_len)}
+
+
+def layout_array(layout, index: torch.Tensor, losses: torch.Tensor) -> np.ndarray:
+    """Per-target losses as a [B, T] float32 array of the evaluation layout (NaN: not scored)."""
+    array = np.full(layout.streams * layout.length, np.nan, dtype=np.float32)
+    array[index.numpy()] = losses.float().numpy()
+    return array.reshape(layout.streams, layout.length)
+
+
+def write_token_losses(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def reference(config: RunConfig, datamodule: SegmentDataModule, streams) -> dict:
+    """What a model must beat: chance accuracy for synthetic tasks (every task's target is one of
+    num_symbols), the add-one-smoothed unigram of the training targets for text."""
+    if config.data.source == "synthetic":
+        return {"name": "chance", "metrics": {"acc": 1.0 / config.data.num_symbols}}
+    train = datamodule.streams("train", config.train.segment_len).targets
+    loss = unigram_loss(train, streams.targets, datamodule.vocab_size)
+    metrics = {"loss": loss, "ppl": math.exp(loss)}
+    if config.data.character_level:
+        metrics["bpc"] = loss / math.log(2)
+    return {"name": "unigram", "metrics": metrics}
 
 
 def load_run(run_dir: str | Path) -> tuple[RunConfig, TransformerLM]:

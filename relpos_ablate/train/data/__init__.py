@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from relpos_ablate.config import ConfigError, EvalSetting, RunConfig
 from relpos_ablate.train.data import synthetic, text
+from relpos_ablate.train.data.protocols import eval_loader
 from relpos_ablate.train.data.streams import (
     Batch, ResumeSampler, SegmentStreams, TrainBatch, TrainingSegments, batchify, shard_rows,
 )
@@ -106,11 +107,11 @@ class SegmentDataModule(L.LightningDataModule):
         return [self.eval_dataloader(self.config.eval_settings()[0])]
 
     def eval_dataloader(self, setting: EvalSetting) -> DataLoader:
-        """This process's share of the evaluation streams; shares may differ by one stream (the metrics add
-        token sums across processes, so the result is exact either way)."""
+        """`setting`'s protocol (train/data/protocols.py) over this process's share of the evaluation streams;
+        shares may differ by one stream (the metrics add token sums across processes, so the result is exact)."""
         rank, world = self._process()
         streams = self.streams("eval", setting.segment_len)
-        return DataLoader(streams.select(shard_rows(streams.rows, rank, world)), batch_size=None, shuffle=False)
+        return eval_loader(streams, setting, self.config.eval.sliding_batch_tokens, shard_rows(streams.rows, rank, world))
 
 
 def build_datamodule(config: RunConfig) -> SegmentDataModule:

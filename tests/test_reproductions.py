@@ -1,0 +1,100 @@
+"""Tiny versions of the committed reproductions (README "Reproductions"): runs of each spec shrunk to a
+1-layer d_model 16 model, 2 training steps and a few hundred evaluation targets per setting, trained in
+process on the shipped corpus with the spec's own encodings and evaluation settings (protocols, RECL
+ladder), then the report `make repro-*` writes: collect, the tables, the figures.
+
+Run: .venv/bin/python -m pytest tests/test_reproductions.py -q   (about 30 s)
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from pathlib import Path
+
+import pytest
+
+from relpos_ablate.analysis import collect, make_table
+from relpos_ablate.analysis.positions import position_loss_figure
+from relpos_ablate.analysis.plots import extrapolation_figure
+from relpos_ablate.analysis.tables import TableOptions
+from relpos_ablate.config import RunConfig, apply_overrides, from_dict, to_plain
+from relpos_ablate.io import atomic_write_json
+from relpos_ablate.runner.grid import load_grid
+from relpos_ablate.train.run import train_run
+
+EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_head=8", "model.d_inner=32",
+        "train.max_steps=2", "train.batch_size=4", "train.warmup_steps=0", "train.log_every=1",
+        "train.checkpoint_every=2", "train.accelerator=cpu", "eval.batch_size=2"]
+EVAL_TARGETS = 600
+"""Targets per ordinary setting (300 per stream: a 1024-token window is one padded window)."""
+KEPT = {  # the variants each tiny version trains
+    "alibi_extrapolation_cpu": lambda v: v["encoding"] in ("vaswani", "alibi", "xl"),
+    "xl_table6_cpu": lambda v: (v["encoding"], v["model.mem_len"], v["train.loss_on"]) in {
+        ("xl", 64, "full"), ("shaw", 64, "full"), ("xl", 0, "full"), ("vaswani", 0, "half")},
+}
+
+
+def tiny(config: RunConfig, cache: Path) -> RunConfig:
+    """The run shrunk: a small model, two steps, EVAL_TARGETS per setting and the RECL ladder's minimum."""
+    plain = apply_overrides(to_plain(config), [*TINY, f"data.cache_dir={cache}"])
+    for setting in plain["eval"]["settings"]:
+        setting["max_targets"] = EVAL_TARGETS
+    if plain["eval"]["recl_contexts"]:
+        plain["eval"]["recl_targets"] = 2 * (plain["eval"]["recl_contexts"][-1] + 4)  # 5 targets per stream with c_max
+    return from_dict(RunConfig, plain)
+
+
+@functools.cache
+def trained(name: str, root: Path) -> Path:
+    """results/<name>/ of the tiny version, with run.json pointing at the spec as the runner writes it."""
+    spec = load_grid(EXPERIMENTS / f"{name}.yaml")
+    results = root / name
+    for run in (r for r in spec.runs if KEPT[name](r.variant)):
+        run_dir = results / run.run_id
+        atomic_write_json(run_dir / "run.json", {"run_id": run.run_id, "experiment": name, "variant": run.variant,
+                                                 "spec": str(EXPERIMENTS / f"{name}.yaml")})
+        assert train_run(tiny(run.config, root / "cache"), run_dir) == "done"
+    return results
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    path = tmp_path_factory.mktemp("repro")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_extrapolation_report(root):
+    results = trained("alibi_extrapolation_cpu", root)
+    df = collect(results)
+    assert df.attrs["problems"] == [] and set(df["status"]) == {"done"}
+    assert set(df["tokens"]) == {EVAL_TARGETS}  # every protocol and length scores the same targets
+    table, options = make_table(df)
+    assert options.cols == ("protocol", "segment_len", "stride") and options.metric == "ppl"
+    assert [labels[0] for labels, _ in table.rows] == ["vaswani", "alibi", "xl"]  # the spec's order
+    assert len(table.columns) == 10 and table.columns[-1] == "sliding, eval len 1024, stride 64"
+    assert "Tokens scored per setting: 600." in table.caption
+    figure = extrapolation_figure(df)
+    assert any(line.get_label().startswith("unigram") for line in figure.axes[0].get_lines())
+    panels = [ax for ax in position_loss_figure(df).axes if ax.get_visible()]
+    assert len(panels) == 10
+
+
+def test_xl_tables_report(root):
+    results = trained("xl_table6_cpu", root)
+    df = collect(results)
+    table6, _ = make_table(df)  # the spec's table block: layout xl_table6
+    assert table6.columns == ["PPL init", "PPL best", "Attn Len"]
+    rows = [tuple(labels) for labels, _ in table6.rows]
+    assert rows == [("✓", "xl", "Full"), ("✓", "shaw", "Full"), ("✗", "xl", "Full"), ("✗", "vaswani", "Half")]
+    assert all(values[0] is not None for _, values in table6.rows), "PPL init at the training attention length"
+    assert "Protocol: xl" in table6.caption
+    table8, _ = make_table(df, TableOptions(layout="xl_table8"))
+    assert [tuple(labels) for labels, _ in table8.rows] == rows
+    assert table8.columns == ["r = 0.1", "r = 0.5", "r = 1.0"]
+    ladder = load_grid(EXPERIMENTS / "xl_table6_cpu.yaml").runs[0].config.eval.recl_contexts
+    assert f"contexts c = {', '.join(map(str, ladder))}" in table8.caption
+    assert "the 10 with 256 tokens of context" in table8.caption  # 2 streams x (260 - 256 + 1) targets
+    assert all(value.lstrip("≥").isdigit() for _, values in table8.rows for value in values)
