@@ -2,7 +2,8 @@
 
 Covers: two real processes (`train --set train.devices=2`, launched by Lightning itself, as a user
 would) train the same loss curve and final weights as one process with the same global batch, with
-memory on, and evaluate to the same numbers over uneven shares of the evaluation streams; the
+memory on, and evaluate to the same numbers over uneven shares of the evaluation streams (every
+protocol; the per-target losses of a sliding setting gathered from both processes); the
 step's loss over any split of the streams (processes x accumulate groups) is the global token mean,
 not a mean of means (float64 reference); gradient accumulation trains the same steps; every
 preset's parameters all get gradients (DDP's default needs it); which fields are "how to run"
@@ -18,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -40,7 +42,9 @@ RECALL = {
              "eval_tokens": 256},
     "train": {"segment_len": 16, "batch_size": 4, "max_steps": 12, "warmup_steps": 2, "lr": 0.003, "log_every": 1,
               "checkpoint_every": 4, "accelerator": "cpu"},
-    "eval": {"settings": [{"segment_len": 16}, {"segment_len": 32, "mem_len": 0}], "batch_size": 3},
+    "eval": {"settings": [{"segment_len": 16}, {"segment_len": 32, "mem_len": 0}, {"segment_len": 16, "protocol": "xl"},
+                          {"segment_len": 16, "protocol": "sliding", "stride": 4, "token_losses": True}],
+             "batch_size": 3},
 }
 
 def assert_same_weights(a: dict, b: dict) -> None:
@@ -97,6 +101,10 @@ def test_two_processes_train_and_evaluate_the_same_run_as_one(tmp_path):
         assert b["metrics"]["tokens"] == a["metrics"]["tokens"]  # 3 streams over 2 processes: none lost or doubled
         for name in ("loss", "acc"):
             assert b["metrics"][name] == pytest.approx(a["metrics"][name], rel=1e-5)
+    with np.load(one / "token_losses.npz") as a, np.load(two / "token_losses.npz") as b:  # every process's targets
+        assert a.files == b.files and len(a.files) == 1
+        assert np.isnan(a[a.files[0]]).tolist() == np.isnan(b[b.files[0]]).tolist()
+        np.testing.assert_allclose(b[b.files[0]], a[a.files[0]], rtol=1e-4, atol=1e-5)
     status = json.loads((two / "status.json").read_text())
     assert status["state"] == "done" and status["device"] == "cpu x 2 per node"
     assert yaml.safe_load((two / "config.yaml").read_text())["train"]["devices"] == 2  # how this attempt ran

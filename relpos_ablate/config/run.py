@@ -347,7 +347,10 @@ def _non_default(config: Any) -> Any:
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if value == default:
             continue
-        out[f.name] = _non_default(value)
+        differs = _non_default(value)
+        if dataclasses.is_dataclass(value) and not differs:  # it differs in how-to-run fields only
+            continue
+        out[f.name] = differs
     return out
 
 
