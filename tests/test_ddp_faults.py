@@ -58,6 +58,11 @@ def checkpoint_step(run_dir: Path) -> int:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
 
 
+def logged_steps(run_dir: Path) -> list[int]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [int(row["step"]) for row in csv.DictReader(f)]
+
+
 def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_finish_it_once(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     run_dir = tmp_path / "run"
@@ -79,18 +84,21 @@ def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_finish_it_once(t
         time.sleep(0.1)
     killed_at = checkpoint_step(run_dir)
     assert killed_at >= 4  # status.json may show step 6 a moment before its checkpoint is written
+    assert logged_steps(run_dir)[:killed_at] == list(range(killed_at))  # the rerun resumes with every row
 
     proc = start(run_dir)
-    stopped_at = wait_for_step(run_dir, killed_at + 2, proc)
+    # status.json shows the step the killed attempt reached (its checkpoint may be up to
+    # checkpoint_every steps behind) until the rerun starts training: wait for steps it trained
+    stopped_at = wait_for_step(run_dir, max(killed_at, status["step"]) + 2, proc)
     assert stop(proc, grace_s=60) is not None
     status = record_exit(run_dir, proc.returncode)
     assert status["state"] == "interrupted" and status["reason"] == "stopped by SIGTERM", status
     assert checkpoint_step(run_dir) == status["step"] >= stopped_at  # saved at the step every rank stopped at
+    assert logged_steps(run_dir)[:status["step"]] == list(range(status["step"]))
 
     proc = start(run_dir)
     proc.wait(timeout=120)
     assert record_exit(run_dir, proc.returncode)["state"] == "done"
-    with open(run_dir / "metrics.csv", newline="") as f:
-        assert [int(row["step"]) for row in csv.DictReader(f)] == list(range(MAX_STEPS))
+    assert logged_steps(run_dir) == list(range(MAX_STEPS))
     log = (run_dir / "log.txt").read_text()
     assert log.count("Restored all states from the checkpoint") == 2

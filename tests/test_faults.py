@@ -43,8 +43,10 @@ from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.display import PlainDisplay
 from relpos_ablate.runner.grid import load_grid
 from relpos_ablate.runner.local import cpu_slots, run_local
+from relpos_ablate.train import records as records_module
 from relpos_ablate.train import run as train_module
-from relpos_ablate.train.run import AtomicCheckpointIO, train_run, usable_checkpoint
+from relpos_ablate.train.records import AtomicCheckpointIO
+from relpos_ablate.train.run import train_run, usable_checkpoint
 from test_runner_faults import alive, wait_for
 from test_train_run import At, sigterm
 
@@ -159,23 +161,25 @@ def test_sigkill_mid_checkpoint_leaves_a_whole_checkpoint_and_no_stray_staging_f
 
 # --- full disk and damaged checkpoints (in-process runs) ----------------------------------------------
 
-def fail_writes_of(monkeypatch, name: str, function: str) -> None:
-    """Make train.run's `function` raise ENOSPC for files called `name` (a full results disk)."""
-    real = getattr(train_module, function)
+def fail_writes_of(monkeypatch, name: str, module, function: str) -> None:
+    """Make `module`'s `function` raise ENOSPC for files called `name` or staged for it (a full results disk)."""
+    real = getattr(module, function)
 
     def write(path, data):
-        if Path(path).name == name:
+        if Path(path).name in (name, f".{name}.staged.tmp"):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real(path, data)
 
-    monkeypatch.setattr(train_module, function, write)
+    monkeypatch.setattr(module, function, write)
 
 
-@pytest.mark.parametrize("name, function", [("eval.json", "atomic_write_json"), ("last.ckpt", "atomic_write_bytes")])
-def test_full_disk_fails_the_run_keeps_its_files_and_the_rerun_completes(tmp_path, monkeypatch, name, function):
+@pytest.mark.parametrize("name, module, function", [("eval.json", train_module, "atomic_write_json"),
+                                                    ("last.ckpt", records_module, "atomic_write_bytes")])
+def test_full_disk_fails_the_run_keeps_its_files_and_the_rerun_completes(tmp_path, monkeypatch, name, module,
+                                                                         function):
     config = tiny_config(12)
     with monkeypatch.context() as patch:
-        fail_writes_of(patch, name, function)
+        fail_writes_of(patch, name, module, function)
         assert train_run(config, tmp_path) == "failed"
     status = read_json(tmp_path / "status.json")
     assert status["state"] == "failed" and "No space left on device" in status["reason"]

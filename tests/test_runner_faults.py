@@ -7,12 +7,15 @@ Run: pytest tests/test_runner_faults.py -q   (about 30 s)
 
 import multiprocessing
 import os
+import signal
 import sys
 import time
 
 import pytest
+import yaml
 
-from fixtures.runner import fake_env, read_log, write_spec
+from fixtures import runner as fake_worker
+from fixtures.runner import fake_env, read_log, tiny_base, write_spec
 from relpos_ablate.cli import main
 from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
@@ -66,13 +69,50 @@ def ends(log, state="done"):
     return [e["run"] for e in read_log(log) if e["event"] == "end" and e["state"] == state]
 
 
+def metric_steps(run_dir):
+    return [int(line.split(",")[0]) for line in (run_dir / "metrics.csv").read_text().split()]
+
+
 def assert_each_run_done_once(spec, results, log):
     run_ids = sorted(run.run_id for run in spec.runs)
     assert sorted(ends(log)) == run_ids  # every run completed exactly once
     for rid in run_ids:
         assert read_status(results / spec.name / rid)["state"] == "done"
-        steps = [int(line.split(",")[0]) for line in (results / spec.name / rid / "metrics.csv").read_text().split()]
-        assert steps == list(range(1, MAX_STEPS + 1))  # resumed at the checkpoint: no step lost or repeated
+        assert metric_steps(results / spec.name / rid) == list(range(1, MAX_STEPS + 1))  # no step lost or repeated
+
+
+@pytest.mark.parametrize("moment", ["before", "after"])
+def test_fake_worker_stopped_as_it_checkpoints_resumes_with_every_step_once(tmp_path, monkeypatch, moment):
+    """The tests above count the fake worker's metrics.csv rows; a runner's death reaches its workers as
+    SIGTERM, which can land just before or after a checkpoint is written: no row may be lost (it was,
+    once in a while, when the fake wrote the checkpoint before the row) or repeated."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"seed": 0, **tiny_base(MAX_STEPS)}))
+    for key, value in fake_env(tmp_path / "log.jsonl", step_s=0.0).items():
+        monkeypatch.setenv(key, value)
+    write_json = fake_worker._write_json
+
+    def write_and_stop_at_step_3(path, obj):
+        stop = path.name == "last.ckpt" and obj["step"] == 3
+        if stop and moment == "before":
+            os.kill(os.getpid(), signal.SIGTERM)
+        write_json(path, obj)
+        if stop and moment == "after":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        monkeypatch.setattr(fake_worker, "_write_json", write_and_stop_at_step_3)
+        with pytest.raises(SystemExit):
+            fake_worker.fake_train(run_dir, threads=1)
+        monkeypatch.setattr(fake_worker, "_write_json", write_json)
+        assert fake_worker.fake_train(run_dir, threads=1) == 0
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    checkpointed = 2 if moment == "before" else 3
+    assert [e["start_step"] for e in read_log(tmp_path / "log.jsonl") if e["event"] == "start"] == [0, checkpointed]
+    assert metric_steps(run_dir) == list(range(1, MAX_STEPS + 1))
 
 
 @pytest.mark.parametrize("moment", ["launching", "mid_training"])

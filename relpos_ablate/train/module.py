@@ -30,7 +30,6 @@ from torchmetrics import Metric
 from relpos_ablate.config import RunConfig, TrainConfig, to_plain
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data.streams import TrainBatch, loss_mask
-from relpos_ablate.model.lm import masked_mean
 from relpos_ablate.train.data.protocols import log_bins
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
 

@@ -1,9 +1,11 @@
-"""What a run records in its directory while it trains: status.json, metrics.csv and log.txt.
+"""What a run records in its directory while it trains: status.json, metrics.csv, log.txt and
+checkpoints/last.ckpt, and in which order.
 
-status.json and metrics.csv are rewritten atomically (relpos_ablate.io); log.txt is an append-only
-human-readable log. metrics.csv survives resumes: rows of the interrupted attempt up to the step it
-resumes from are kept, later ones are replaced by the new attempt's (Lightning's CSVLogger would
-delete the file instead).
+status.json, metrics.csv and last.ckpt are rewritten atomically (relpos_ablate.io); log.txt is an
+append-only human-readable log. metrics.csv survives resumes: rows of the interrupted attempt up to
+the step it resumes from are kept, later ones are replaced by the new attempt's (Lightning's
+CSVLogger would delete the file instead). For that to lose no step, a checkpoint at global step G
+reaches the disk only once metrics.csv holds every step below G (RunRecorder).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from relpos_ablate import rundir
-from relpos_ablate.io import atomic_write_json, atomic_write_text, now_iso, read_json
+from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_text, now_iso, read_json
 
 #: Fields of a previous attempt that no longer describe the run once it starts again.
 STALE_FIELDS = ("reason", "traceback", "finished_at", "wall_time_s", "exit_code")
@@ -62,8 +66,8 @@ class MetricsCSV(Logger):
     """metrics.csv with one row per logged step, merged across resumes without duplicated steps.
 
     Rewriting the whole file keeps it atomic; to keep that cheap on long runs it is flushed at most
-    every `flush_every_s` seconds, and always before a checkpoint is written and at the end, so no
-    row logged before the resume point is ever lost.
+    every `flush_every_s` seconds, and always before a checkpoint reaches the disk (RunRecorder) and
+    at the end, so no row logged before the resume point is ever lost.
     """
 
     def __init__(self, run_dir: Path, flush_every_s: float = 10.0):
@@ -150,19 +154,70 @@ def _number(text: str) -> float | int:
         return float(text)
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written like every other run file (relpos_ablate.io): a temp file next to the
+    target, fsync, rename. Lightning's own writer stages the file in $TMPDIR and moves it over, which
+    is a copy, not a rename, when $TMPDIR is another filesystem (node-local /tmp, results on a shared
+    disk): a kill during that copy left a truncated last.ckpt, and every kill a stray temp file.
+
+    While `holding`, a checkpoint is written whole to `.<name>.staged.tmp` beside its target and only
+    `commit()` renames it into place (RunRecorder decides when)."""
+
+    def __init__(self):
+        super().__init__()
+        self.holding = False
+        self._staged: dict[Path, Path] = {}  # target -> its complete, not yet committed version
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        path = Path(path)
+        if not self.holding:
+            atomic_write_bytes(path, buffer.getvalue())
+            return
+        staged = path.with_name(f".{path.name}.staged.tmp")
+        atomic_write_bytes(staged, buffer.getvalue())
+        self._staged[path] = staged
+
+    def commit(self) -> None:
+        for path, staged in self._staged.items():
+            os.replace(staged, path)
+        self._staged.clear()
+
+    def discard(self) -> None:
+        for staged in self._staged.values():
+            staged.unlink(missing_ok=True)
+        self._staged.clear()
+
+
 class RunRecorder(L.Callback):
     """Keeps status.json live (step and last metrics every `log_every` steps, at most once every
-    `min_interval_s`, read by the grid runner's table) and metrics.csv consistent with checkpoints
-    (flushed before each one, trimmed on resume)."""
+    `min_interval_s`, read by the grid runner's table) and metrics.csv consistent with checkpoints:
+    trimmed on resume, and holding every step below a checkpoint's global step before that
+    checkpoint reaches the disk, so a kill at any moment loses no step.
 
-    def __init__(self, status: RunStatus, metrics: MetricsCSV, log_every: int, min_interval_s: float = 1.0):
-        self.status, self.metrics, self.log_every = status, metrics, log_every
+    Lightning saves the checkpoint of global step G (ModelCheckpoint, in on_train_batch_end) before
+    it logs step G - 1 (the step that reached G) and runs its validation: during training checkpoints
+    are held (AtomicCheckpointIO) and committed, right after a flush, once that step is recorded: at
+    the start of the next step, at the end of training, or on an exception that came after the step
+    was logged. An exception between the save and the log (the barrier that ends the save fails when
+    another process died) drops the held checkpoint: the rerun resumes from the one before."""
+
+    def __init__(self, status: RunStatus, metrics: MetricsCSV, checkpoints: AtomicCheckpointIO, log_every: int,
+                 min_interval_s: float = 1.0):
+        self.status, self.metrics, self.checkpoints, self.log_every = status, metrics, checkpoints, log_every
         self.min_interval_s = min_interval_s
         self._last_write = -math.inf
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.metrics.resume_from(trainer.global_step)
         self.status.update(step=trainer.global_step)
+        self.checkpoints.holding = True
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
+        self._commit(keep_holding=True)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
@@ -173,11 +228,30 @@ class RunRecorder(L.Callback):
             self.status.update(step=step, last_metric=last)
             self._last_write = time.monotonic()
 
+    def on_train_end(self, trainer: L.Trainer, pl_module) -> None:
+        self._commit(keep_holding=False)
+
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
-        self.metrics.flush()
+        """A checkpoint written right away (not held) comes after the log of every step it covers."""
+        if not self.checkpoints.holding:
+            self.metrics.flush()
 
     def on_exception(self, trainer: L.Trainer, pl_module, exception: BaseException) -> None:
+        if self._logged_up_to(trainer.global_step):
+            self._commit(keep_holding=False)
+        else:
+            self.checkpoints.discard()
+            self.checkpoints.holding = False
         self.status.update(step=trainer.global_step)
+
+    def _logged_up_to(self, global_step: int) -> bool:
+        """Whether step global_step - 1 has its row, or is not a step that logs one (every log_every-th)."""
+        return global_step % self.log_every != 0 or global_step - 1 in self.metrics.rows
+
+    def _commit(self, keep_holding: bool) -> None:
+        self.metrics.flush()
+        self.checkpoints.commit()
+        self.checkpoints.holding = keep_holding
 
 
 def _finite_or_none(value: Any) -> float | None:

@@ -25,7 +25,6 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.plugins.environments import ClusterEnvironment, LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -39,7 +38,7 @@ from relpos_ablate.train.data.protocols import unigram_loss
 from relpos_ablate.train.example_eval import evaluate_examples
 from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
 from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
-from relpos_ablate.train.records import MetricsCSV, RunRecorder, RunStatus, close_log, open_log
+from relpos_ablate.train.records import AtomicCheckpointIO, MetricsCSV, RunRecorder, RunStatus, close_log, open_log
 
 log = logging.getLogger("relpos_ablate.train")
 # Lightning advertises a hosted logger on every run; keep run logs to what concerns the run.
@@ -134,8 +133,9 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
     resume = usable_checkpoint(run_dir, tidy=status is not None)
     metrics = MetricsCSV(run_dir)
     loggers = [metrics, *make_loggers(config, run_dir, checkpoint_step(run_dir) if resume else 0)]
-    recorders = [RunRecorder(status, metrics, config.train.log_every)] if status is not None else []
-    trainer = make_trainer(config, run_dir, loggers, [*recorders, *callbacks])
+    checkpoints = AtomicCheckpointIO()
+    recorders = [RunRecorder(status, metrics, checkpoints, config.train.log_every)] if status is not None else []
+    trainer = make_trainer(config, run_dir, loggers, [*recorders, *callbacks], checkpoints)
     check_world_size(config, trainer.world_size)
     if trainer.world_size > 1:  # same initial weights everywhere, but each process its own dropout draws
         torch.manual_seed(config.seed + DROPOUT_SEED_STRIDE * trainer.global_rank)
@@ -184,12 +184,13 @@ DROPOUT_SEED_STRIDE = 1_000_003
 
 def usable_checkpoint(run_dir: Path, tidy: bool = True) -> bool:
     """Whether there is a last.ckpt to resume from. Temp files of writes cut short by a kill are
-    removed; a last.ckpt that is not a complete torch archive (damaged outside this code: every write
-    here is atomic) is set aside as last.ckpt.corrupt and the run starts over, rather than failing
-    again on every rerun. Only rank 0 tidies (`tidy`); every process reaches the same answer."""
+    removed (a held checkpoint, .last.ckpt.staged.tmp, and its own temp files too); a last.ckpt that
+    is not a complete torch archive (damaged outside this code: every write here is atomic) is set
+    aside as last.ckpt.corrupt and the run starts over, rather than failing again on every rerun.
+    Only rank 0 tidies (`tidy`); every process reaches the same answer."""
     last = rundir.last_checkpoint(run_dir)
     if tidy:
-        for stale in last.parent.glob(f".{last.name}.*.tmp"):
+        for stale in last.parent.glob(f".*{last.name}.*.tmp"):
             stale.unlink(missing_ok=True)
     if not last.exists():
         return False
@@ -201,7 +202,8 @@ def usable_checkpoint(run_dir: Path, tidy: bool = True) -> bool:
     return False
 
 
-def make_trainer(config: RunConfig, run_dir: Path, loggers: list, callbacks: list[L.Callback]) -> L.Trainer:
+def make_trainer(config: RunConfig, run_dir: Path, loggers: list, callbacks: list[L.Callback],
+                 checkpoints: AtomicCheckpointIO) -> L.Trainer:
     t = config.train
     last = rundir.last_checkpoint(run_dir)
     checkpoint = ModelCheckpoint(dirpath=last.parent, save_last=True, save_top_k=0,
@@ -218,7 +220,7 @@ def make_trainer(config: RunConfig, run_dir: Path, loggers: list, callbacks: lis
         logger=loggers, log_every_n_steps=t.log_every, callbacks=callbacks, enable_progress_bar=interactive,
         enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False,
         val_check_interval=t.val_every or None, check_val_every_n_epoch=None if t.val_every else 1,
-        plugins=[*cluster_environment(t), AtomicCheckpointIO()],
+        plugins=[*cluster_environment(t), checkpoints],
     )
 
 
@@ -235,20 +237,6 @@ def cluster_environment(train: TrainConfig) -> list[ClusterEnvironment]:
     if train.devices == "auto" or tasks == train.devices * train.num_nodes:
         return [SLURMEnvironment(auto_requeue=False)]
     return [LightningEnvironment()]
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints written like every other run file (relpos_ablate.io): a temp file next to the
-    target, fsync, rename. Lightning's own writer stages the file in $TMPDIR and moves it over, which
-    is a copy, not a rename, when $TMPDIR is another filesystem (node-local /tmp, results on a shared
-    disk): a kill during that copy left a truncated last.ckpt, and every kill a stray temp file."""
-
-    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options")
-        buffer = io.BytesIO()
-        torch.save(checkpoint, buffer)
-        atomic_write_bytes(path, buffer.getvalue())
 
 
 class StopOnSigterm(L.Callback):
