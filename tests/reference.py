@@ -140,8 +140,11 @@ def reference_mask(n_queries: int, n_mem: int, causal: bool, window: int | None 
     return visible
 
 
-def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_len=None):
-    """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of docs/formulas.md."""
+def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_len=None, positions=None):
+    """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of docs/formulas.md.
+
+    positions [M + L]: where the keys sit (queries: the last L), as every encoding reads them; the mask
+    stays by index. Default 0 .. M + L - 1."""
     cfg = attn.config
     terms = cfg.terms
     h, dh = attn.n_heads, attn.d_head
@@ -150,14 +153,15 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     b, lq, _ = x.shape
     n_keys = cat.shape[1]
     n_mem = n_keys - lq
+    pos = list(range(n_keys)) if positions is None else [int(p) for p in positions]
     wq = attn.q_net.weight.detach().double()
     wk, wv = attn.kv_net.weight.detach().double().chunk(2, dim=0)
     q = (x @ wq.T).view(b, lq, h, dh)
     k = (cat @ wk.T).view(b, n_keys, h, dh)
     v = (cat @ wv.T).view(b, n_keys, h, dh)
     if cfg.absolute == "rope":
-        q = torch.stack([rope_reference(q[:, i], n_mem + i, cfg.rope_base) for i in range(lq)], dim=1)
-        k = torch.stack([rope_reference(k[:, j], j, cfg.rope_base) for j in range(n_keys)], dim=1)
+        q = torch.stack([rope_reference(q[:, i], pos[n_mem + i], cfg.rope_base) for i in range(lq)], dim=1)
+        k = torch.stack([rope_reference(k[:, j], pos[j], cfg.rope_base) for j in range(n_keys)], dim=1)
     s = dh**-0.5 if cfg.score_scale == "sqrt_d" else 1.0
     s_bias = s if cfg.bias_scaled else 1.0
     scores = torch.zeros(b, h, lq, n_keys, dtype=torch.float64)
@@ -169,7 +173,8 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     if cfg.uses_r:
         wr = attn.r_net.weight.detach().double()
         r_pairs = torch.stack([
-            torch.stack([relative_vector(attn, n_mem + i - j, clamp_len) for j in range(n_keys)]) for i in range(lq)
+            torch.stack([relative_vector(attn, pos[n_mem + i] - pos[j], clamp_len) for j in range(n_keys)])
+            for i in range(lq)
         ])  # (L, K, d_model): materialised on purpose
         wr_r = (r_pairs @ wr.T).view(lq, n_keys, h, dh)
         if "b" in terms:
@@ -180,7 +185,7 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     scores = scores * s
     if attn.bias_scheme is not None:
         bias = torch.stack([
-            torch.stack([bias_value(attn, n_mem + i, j) for j in range(n_keys)], dim=-1) for i in range(lq)
+            torch.stack([bias_value(attn, pos[n_mem + i], pos[j]) for j in range(n_keys)], dim=-1) for i in range(lq)
         ], dim=1)  # (H, L, K)
         scores = scores + s_bias * bias[None]
     visible = reference_mask(lq, n_mem, cfg.causal, window)[None, None].expand(b, 1, lq, n_keys)
@@ -194,7 +199,7 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
         c = clamp_len if clamp_len is not None else cfg.clamp_len  # the same clipped distance as the keys'
         for i in range(lq):
             for j in range(n_keys):
-                d = n_mem + i - j
+                d = pos[n_mem + i] - pos[j]
                 row = min(max(d, 0), c) if cfg.causal else min(max(d, -c), c) + cfg.clamp_len
                 out[:, i] += probs[:, :, i, j, None] * table[row]
     out = out.reshape(b, lq, h * dh) @ attn.out_net.weight.detach().double().T

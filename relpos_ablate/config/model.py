@@ -14,6 +14,7 @@ ABSOLUTE_TYPES = ("none", "sinusoid", "learned", "learned_per_layer", "rope")
 REL_SOURCES = ("sinusoid", "learned")
 SCORE_SCALES = ("sqrt_d", "none")
 BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit")
+POSITIONS = ("sequential", "randomized")
 NORMS = ("pre", "post")
 
 
@@ -44,7 +45,16 @@ class AttentionConfig:
     """Absolute positions: none (NoPE) | sinusoid (added to the input, Vaswani) | learned (added to the
     input) | learned_per_layer (added at every layer, Al-Rfou) | rope (rotate q and k of term a)."""
     max_position: int = 2048
-    """learned / learned_per_layer: size of the position table; longer segments are an error."""
+    """learned / learned_per_layer: size of the position table; longer segments are an error. Randomized
+    positions are drawn from [0, max_position) (it must exceed the longest evaluated segment)."""
+    positions: str = "sequential"
+    """Positions every encoding reads in training: sequential (0 .. L - 1) | randomized (Ruoss et al.
+    2023: each forward draws L distinct positions from [0, max_position), sorted, shared by the batch and
+    by queries and keys; RoPE, the absolute tables, every bias and terms b/d read them, so training
+    meets the distances of longer tests; needs mem_len 0). Attention masks stay by token order."""
+    eval_positions: str | None = None
+    """Positions at evaluation: sequential | randomized (a fresh draw per batch, as Ruoss et al.'s
+    code evaluates) | null: as in training."""
     rope_base: float = 10000.0
     """rope: base of the inverse frequencies."""
     shaw_values: bool = False
@@ -87,6 +97,9 @@ class AttentionConfig:
                 raise ConfigError("max_distance", f"t5 needs max_distance > {exact} (the exact buckets)")
         check_choice("absolute", self.absolute, ABSOLUTE_TYPES)
         check_range("max_position", self.max_position, low=1)
+        check_choice("positions", self.positions, POSITIONS)
+        if self.eval_positions is not None:
+            check_choice("eval_positions", self.eval_positions, POSITIONS)
         check_range("rope_base", self.rope_base, low=1.0)
         if self.absolute == "rope" and self.terms != "a":
             raise ConfigError("absolute", f"'rope' rotates q and k of term a; use terms='a' (got {self.terms!r})")
@@ -101,6 +114,11 @@ class AttentionConfig:
     def field_choices(name: str) -> tuple[str, ...] | None:
         """Allowed values of a field whose list lives in a registry (`--help` appends them)."""
         return bias_types() if name == "bias" else None
+
+    @property
+    def randomized(self) -> bool:
+        """Randomized positions in training or at evaluation."""
+        return "randomized" in (self.positions, self.eval_positions)
 
     @property
     def uses_r(self) -> bool:
@@ -145,6 +163,9 @@ class ModelConfig:
         check_range("attn_dropout", self.attn_dropout, 0.0, 1.0)
         check_choice("norm", self.norm, NORMS)
         check_range("mem_len", self.mem_len, low=0)
+        if self.mem_len and self.attention.randomized:
+            raise ConfigError("mem_len", "randomized positions are drawn per segment, and memory would keep another "
+                              "draw's positions; use mem_len 0 (or positions: sequential)")
         check_widths(self.attention, self.d_model, self.d_head)
         if self.attention.absolute == "sinusoid" and self.d_model % 2:
             raise ConfigError("d_model", f"sinusoid positions need an even d_model (got {self.d_model})")

@@ -13,6 +13,10 @@ backend='explicit'). The fast kernels (dispatch.py) fold what the term set allow
 product for a + c, (q + v)·W_R R one for b + d; term d alone and every distance-only bias are one
 per-head curve over distances, laid out as a Toeplitz map. `forward` reads: project -> per-distance
 tensors -> pick a kernel -> out.
+
+Positions: the encodings read where queries and keys sit, by default their key indices (query i at
+M + i). Explicit positions (`AttentionOptions.positions`, e.g. randomized ones) replace them for RoPE,
+the bias and terms b/d, which then see d = pos(i) - pos(j); the mask stays by index (call.py).
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_ablate.config.model import AttentionConfig, check_widths
-from relpos_ablate.model.call import AttentionCall, AttentionOptions, SharedParameters, Visibility
+from relpos_ablate.model.call import AttentionCall, AttentionOptions, SharedParameters, Visibility, place
 from relpos_ablate.model.dispatch import attend
 from relpos_ablate.model.kernels import masked_softmax
 from relpos_ablate.model.position import build_bias, rope_rotate, sinusoid
-from relpos_ablate.model.shift import rel_shift, table_row, table_rows, toeplitz
+from relpos_ablate.model.shift import rel_shift, table_row, table_rows
 
 
 def init_vector(n_heads: int, d_head: int) -> nn.Parameter:
@@ -111,16 +115,15 @@ class RelPosAttention(nn.Module):
         """Where this call's queries and keys sit and which keys each query sees."""
         if options.window is not None and not self.config.causal:
             raise ValueError("window (same_length) applies to causal attention only")
-        positions = torch.arange(n_mem + x.shape[1], device=x.device)  # keys 0 .. K-1; the queries are the last L
-        return AttentionCall(Visibility(n_mem, self.config.causal, options.window), x.shape[1], self.scale,
-                             query_positions=positions[n_mem:], key_positions=positions,
+        visibility = Visibility(n_mem, self.config.causal, options.window)
+        return AttentionCall(visibility, x.shape[1], self.scale, **place(visibility, x.shape[1], options.positions, x.device),
                              key_padding_mask=options.key_padding_mask, bias_scale=self.bias_scale,
                              query_chunk=self.config.query_chunk)
 
     def _per_distance(self, call: AttentionCall, clamp_len: int | None) -> AttentionCall:
         """The call with the tensors every query block reads: s·W_R R_d (term b's keys), the scores of
         distance alone (term d without b, a distance-only bias), or a query-dependent bias."""
-        terms, scheme, distances = self.config.terms, self.bias_scheme, call.distances  # (n,) K-1 .. -(L-1)
+        terms, scheme, distances = self.config.terms, self.bias_scheme, call.distances  # (n,) descending
         rel_keys = distance_scores = pair_bias = None
         if self.config.uses_r:
             # contiguous once: every query block multiplies by a slice of it
@@ -154,21 +157,20 @@ class RelPosAttention(nn.Module):
     def scores(self, q: Tensor, k: Tensor, call: AttentionCall) -> dict[str, Tensor]:
         """The module docstring's equation, term by term: each enabled term of 'a', 'b', 'c', 'd',
         'bias', scaled as it enters the sum, broadcastable to [B, H, L, K]."""
-        terms, s, n_keys = self.config.terms, self.scale, call.n_keys
+        terms, s, every = self.config.terms, self.scale, call.all_queries
         k_t = k.transpose(-1, -2)  # (B, H, dh, K)
         out = {}
         if "a" in terms:
             out["a"] = (q * s) @ k_t  # s·q_i·k_j: (B, H, L, K)
         if "b" in terms:
-            # s·q_i·W_R R_d: (B, H, L, n) -> (B, H, L, K)
-            out["b"] = rel_shift(q @ call.rel_keys.transpose(1, 2), n_keys)
+            out["b"] = call.term_b(every, q, call.rel_keys)  # s·q_i·W_R R_d: (B, H, L, K)
         if "c" in terms:
             out["c"] = (self.content_bias_u[None, :, None] * s) @ k_t  # s·u·k_j: (B, H, 1, K)
         if "d" in terms:
-            out["d"] = toeplitz(self._term_d(call.rel_keys), call.n_queries, n_keys)[None]  # s·v·W_R R_d (1, H, L, K)
+            out["d"] = call.per_key(every, self._term_d(call.rel_keys))[None]  # s·v·W_R R_d: (1, H, L, K)
         scheme = self.bias_scheme
         if scheme is not None:  # B_h(i', j): (H, L, K), from a curve over distances when it is one
-            bias = toeplitz(scheme.curve(call.distances), call.n_queries, n_keys) if scheme.distance_only else \
+            bias = call.per_key(every, scheme.curve(call.distances)) if scheme.distance_only else \
                 scheme.bias(call.query_positions, call.key_positions)
             out["bias"] = bias[None] * self.bias_scale
         return out
@@ -204,7 +206,7 @@ class RelPosAttention(nn.Module):
         else:
             q_content, q_position = self._folded_queries(q)
             dropout_p = self.dropout if self.training else 0.0
-            out, probs = attend(call, q_content, k, v, q_position, self.config, dropout_p), None
+            out, probs = attend(call, q_content, k, v, q_position, self.config, dropout_p, options.statistics), None
         b, _, lq, _ = out.shape
         out = out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head)  # (B, H, L, dh) -> (B, L, H·dh)
         return self.out_net(out), probs if need_weights else None
@@ -214,6 +216,8 @@ class RelPosAttention(nn.Module):
         b, h, lq, _ = q.shape
         scores = sum(self.scores(q, k, call).values()).expand(b, h, lq, call.n_keys)  # terms broadcast: (B, H, L, K)
         probs = masked_softmax(scores, call.visible(call.all_queries))
+        if options.statistics is not None:
+            options.statistics.add(call, call.all_queries, probs)
         dropped = F.dropout(probs, self.dropout, self.training)
         out = dropped @ v
         if self.value_table is not None:
@@ -222,13 +226,16 @@ class RelPosAttention(nn.Module):
 
     def _shaw_values(self, probs: Tensor, call: AttentionCall, clamp_len: int | None) -> Tensor:
         """Shaw et al. value term Σ_j p_ij a^V_{clip(i'-j)}, clipped as the keys are: probabilities
-        regrouped by distance (the inverse of rel_shift), then one product with the table.
-        [B, H, L, K] -> [B, H, L, dh]."""
+        regrouped by distance (the inverse of rel_shift), then one product with the table; at explicit
+        positions, the table's row gathered per pair. [B, H, L, K] -> [B, H, L, dh]."""
+        clamp = clamp_len if clamp_len is not None else self.config.clamp_len
+        values = self.value_table[self._table_row(call.distances, clamp)]  # (n, dh)
+        if not call.consecutive:
+            return torch.einsum("bhlk,lkd->bhld", probs, values[call.distance_index])  # (L, K, dh) per pair
         b, h, lq, n_keys = probs.shape
         per_distance = probs.new_zeros(b, h, lq, lq + n_keys - 1)  # (B, H, L, n)
         rel_shift(per_distance, n_keys).copy_(probs)  # column t of row r <- key j = t - (L - 1 - r)
-        clamp = clamp_len if clamp_len is not None else self.config.clamp_len
-        return per_distance @ self.value_table[self._table_row(call.distances, clamp)]  # (B, H, L, n) @ (n, dh)
+        return per_distance @ values  # (B, H, L, n) @ (n, dh)
 
     @torch.no_grad()
     def score_terms(self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None

@@ -5,22 +5,34 @@ i' = M + i; a query block covers queries i0 .. i1 - 1.
 
 `AttentionCall` is everything a kernel needs besides the folded queries, keys and values: which keys
 each query sees (`Visibility` + key padding), where queries and keys sit (`query_positions`,
-`key_positions`, read by RoPE and by a bias that depends on the query position), and the
-per-distance tensors the position terms are built from (shift.py's column order). Positions are
-consecutive today; randomized positions or packed examples would set the two position tensors and a
-visibility rule here, and every kernel would follow without new arguments. (The per-distance
-shortcuts, `rel_keys` and `distance_scores`, assume consecutive positions.)
+`key_positions`), and the per-distance tensors the position terms are built from.
+
+Two things are kept apart on purpose:
+- **Visibility is by index**: query i (key index i' = M + i) sees key j by the causal rule, the
+  window and key padding, whatever positions they carry.
+- **Encodings read positions**: RoPE rotates by them, every bias and terms b/d are evaluated at the
+  distance q_pos - k_pos. By default positions are consecutive (query i at M + i, keys 0 .. K - 1),
+  and the per-distance tensors are laid out per key by strided views (shift.py: `rel_shift`,
+  `toeplitz`), the fast path. Explicit positions (`AttentionOptions.positions`: randomized positions,
+  or any scheme that moves tokens) set `distance_index`: the column of every (query, key) pair in the
+  per-distance tensors, which are then gathered instead (`per_key`, `term_b`). Every kernel reads
+  the scores through these two methods, so a scheme that needs other positions sets them here and
+  every backend follows, without new arguments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from relpos_ablate.model.position import BiasScheme
 from relpos_ablate.model.shift import descending_distances, rel_shift, toeplitz
+
+if TYPE_CHECKING:
+    from relpos_ablate.model.diagnostics import LayerStatistics
 
 MIN_BLOCK = 16  # fewest queries in a block when long key ranges shrink the blocks
 
@@ -36,6 +48,13 @@ class AttentionOptions:
     Transformer-XL's same_length is window = mem_len."""
     key_padding_mask: Tensor | None = None
     """[B, M + L], True at keys no query may see."""
+    positions: Tensor | None = None
+    """[M + L] positions of the keys (memory first, then this segment; the queries are the last L),
+    shared by the batch, as the encodings read them: RoPE's angles, every bias and terms b/d at the
+    distance q_pos - k_pos. Visibility stays by index. None: consecutive, 0 .. M + L - 1."""
+    statistics: LayerStatistics | None = None
+    """Where this call adds its attention statistics (entropy, sink mass, distances: diagnostics.py);
+    the probabilities are then computed per query block (no fused kernel). None: no statistics."""
 
     def __post_init__(self):
         for name in ("clamp_len", "window"):
@@ -90,6 +109,32 @@ def _narrow(t: Tensor | None, dim: int, cols: slice) -> Tensor | None:
     return None if t is None else t.narrow(dim, cols.start, cols.stop - cols.start)
 
 
+def place(visibility: Visibility, n_queries: int, positions: Tensor | None, device) -> dict[str, Tensor | None]:
+    """Where the queries and keys of a call sit, and the distances its per-distance tensors list.
+
+    Consecutive positions (None): keys 0 .. K - 1, queries M .. K - 1, the K + L - 1 distances in
+    shift.py's descending order, no index (strided views lay them out). Explicit positions [K]: the
+    distances q_pos - k_pos of the visible pairs, from the largest to the smallest, and
+    distance_index [L, K], the column of each pair (pairs no query sees are clamped into range: the
+    mask hides them). Reading the range costs one host sync per call."""
+    n_keys = visibility.n_mem + n_queries
+    if positions is None:
+        consecutive = torch.arange(n_keys, device=device)
+        return dict(query_positions=consecutive[visibility.n_mem:], key_positions=consecutive,
+                    distances=descending_distances(visibility.n_mem, n_queries, n_keys, device), distance_index=None)
+    if positions.shape != (n_keys,):
+        raise ValueError(f"positions: expected [M + L] = [{n_keys}] key positions shared by the batch, "
+                         f"got {list(positions.shape)}")
+    positions = positions.to(device=device, dtype=torch.long)
+    query_positions = positions[visibility.n_mem:]
+    pair_distances = query_positions[:, None] - positions[None, :]  # (L, K)
+    seen = visibility(torch.arange(n_queries, device=device)[:, None], torch.arange(n_keys, device=device)[None, :])
+    smallest, largest = (int(d) for d in torch.aminmax(pair_distances[seen]))
+    return dict(query_positions=query_positions, key_positions=positions,
+                distances=torch.arange(largest, smallest - 1, -1, device=device),
+                distance_index=(largest - pair_distances).clamp(0, largest - smallest))
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionCall:
     """One attention call (see the module docstring)."""
@@ -99,8 +144,10 @@ class AttentionCall:
     scale: float  # s: the scale of terms a-d
     query_positions: Tensor  # [L] positions the encodings read
     key_positions: Tensor  # [K]
+    distances: Tensor  # [n] the distances the per-distance tensors list, descending (their column order)
+    distance_index: Tensor | None = None  # [L, K] column of each pair; None: consecutive positions (strided views)
     key_padding_mask: Tensor | None = None  # [B, K]
-    rel_keys: Tensor | None = None  # [H, n, dh], n = K + L - 1: s·W_R R_d per descending distance (term b's keys)
+    rel_keys: Tensor | None = None  # [H, n, dh]: s·W_R R_d per distance (term b's keys)
     distance_scores: Tensor | None = None  # [H, n]: additive scores of distance alone (term d without b, a bias)
     pair_bias: BiasScheme | None = None  # a bias that also depends on the query position (FIRE)
     pair_bias_curve_until: float = float("inf")  # up to this query position pair_bias is a curve over i' - j
@@ -120,9 +167,9 @@ class AttentionCall:
         return self.visibility.causal
 
     @property
-    def distances(self) -> Tensor:
-        """[n] the distances between all queries and keys, descending (the per-distance column order)."""
-        return descending_distances(self.n_mem, self.n_queries, self.n_keys, self.query_positions.device)
+    def consecutive(self) -> bool:
+        """Positions 0 .. K - 1: the per-distance tensors are laid out per key by strided views."""
+        return self.distance_index is None
 
     def visible(self, block: QueryBlock) -> Tensor:
         """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j."""
@@ -141,6 +188,9 @@ class AttentionCall:
         """Queries i0 .. i1 - 1: causal ones see keys up to the last of them; the columns they read."""
         lq = i1 - i0
         n_keys = self.n_mem + i1 if self.causal else self.n_keys
+        if not self.consecutive:  # distance_index picks the columns: every block reads them all
+            every = slice(0, self.distances.numel())
+            return QueryBlock(i0, i1, n_keys, every, every)
         t0 = self.n_queries - i1  # column of this block's largest distance in the descending layout
         # causal: K_b + 1 columns suffice for rel_shift (the rest would only fill masked entries)
         n_rel = min(n_keys + 1, lq + n_keys - 1) if self.causal else lq + n_keys - 1
@@ -148,9 +198,12 @@ class AttentionCall:
 
     def blocks(self, block_scores: int) -> list[QueryBlock]:
         """Blocks of query_chunk queries, shrunk for long key ranges so that one block's score map
-        stays near `block_scores` entries per head (bounded transient memory)."""
+        stays near `block_scores` entries per head (bounded transient memory). Term b at explicit
+        positions gathers a d_head-wide key per pair, so its blocks hold d_head times fewer pairs."""
         if not self.query_chunk:
             return [self.all_queries]
+        if self.rel_keys is not None and not self.consecutive:
+            block_scores //= self.rel_keys.shape[-1]
         blocks, i0 = [], 0
         while i0 < self.n_queries:
             keys = self.n_mem + i0 + self.query_chunk if self.causal else self.n_keys
@@ -170,24 +223,38 @@ class AttentionCall:
                         distance_scores: Tensor | None) -> Tensor | None:
         """Terms b, d and the bias for the block: [B or 1, H, L_b, K_b], or None when there is none.
         The inputs are the block's slices (block_inputs), passed in so that backward can rebuild this."""
-        lq, n_keys = block.i1 - block.i0, block.n_keys
         total = None
         if rel_keys is not None:
-            total = rel_shift(q_position @ rel_keys.transpose(1, 2), n_keys)  # (B, H, L_b, n) -> (B, H, L_b, K_b)
+            total = self.term_b(block, q_position, rel_keys)
         if distance_scores is not None:
-            by_distance = toeplitz(distance_scores, lq, n_keys)[None]  # (1, H, L_b, K_b)
+            by_distance = self.per_key(block, distance_scores)[None]  # (1, H, L_b, K_b)
             total = by_distance if total is None else total + by_distance
         if self.pair_bias is not None:
             pair = self.pair_bias_scores(block)
             total = pair if total is None else total + pair
         return total
 
+    def per_key(self, block: QueryBlock, values: Tensor) -> Tensor:
+        """[..., n] values per distance (the block's columns, block_inputs) -> [..., L_b, K_b]: the value
+        at each (query, key) pair's distance."""
+        if self.consecutive:
+            return toeplitz(values, block.i1 - block.i0, block.n_keys)
+        return values[..., self.distance_index[block.rows, : block.n_keys]]
+
+    def term_b(self, block: QueryBlock, q_position: Tensor, rel_keys: Tensor) -> Tensor:
+        """(q + v)·s·W_R R at each pair's distance: q_position [B, H, L_b, dh] and rel_keys [H, n, dh]
+        (the block's columns) -> [B, H, L_b, K_b]."""
+        if self.consecutive:  # one product per distance, laid out per key by a strided view
+            return rel_shift(q_position @ rel_keys.transpose(1, 2), block.n_keys)  # (B, H, L_b, n) -> (B, H, L_b, K_b)
+        pairs = rel_keys[:, self.distance_index[block.rows, : block.n_keys]]  # (H, L_b, K_b, dh)
+        return torch.einsum("bhld,hlkd->bhlk", q_position, pairs)
+
     def pair_bias_scores(self, block: QueryBlock) -> Tensor:
-        """s_B·B_h(i', j) of the query-dependent bias: [1, H, L_b, K_b]. Where every query of the
-        block is within the scheme's distance-only range, one curve over the block's L_b + K_b - 1
-        distances replaces the evaluation at every (i, j) pair."""
+        """s_B·B_h(i', j) of the query-dependent bias: [1, H, L_b, K_b]. Where positions are consecutive
+        and every query of the block is within the scheme's distance-only range, one curve over the
+        block's L_b + K_b - 1 distances replaces the evaluation at every (i, j) pair."""
         q_offset, lq = self.n_mem + block.i0, block.i1 - block.i0
-        if q_offset + lq - 1 <= self.pair_bias_curve_until:
+        if self.consecutive and q_offset + lq - 1 <= self.pair_bias_curve_until:
             distances = descending_distances(q_offset, lq, block.n_keys, self.query_positions.device)
             scores = toeplitz(self.pair_bias.curve(distances), lq, block.n_keys)
         else:

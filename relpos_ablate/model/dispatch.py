@@ -6,7 +6,9 @@ q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without 
 - FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout;
 - the block kernel that rebuilds each block's map in backward (kernels.py) for backend 'blocks',
   and 'auto' once the stored maps would exceed max_stored_scores_mb;
-- else SDPA per query block, each with its additive map (stored for backward).
+- else SDPA per query block, each with its additive map (stored for backward);
+- with statistics to collect (evaluation diagnostics), explicit probabilities per query block, each
+  block's handed to the statistics before it is multiplied by v (no fused kernel has them).
 A new kernel is one function of (call, q_content, k, v, q_position) and one branch in `attend`.
 """
 
@@ -22,7 +24,8 @@ from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.model import AttentionConfig
 from relpos_ablate.model.call import AttentionCall
-from relpos_ablate.model.kernels import BlockwiseBiasedAttention
+from relpos_ablate.model.diagnostics import LayerStatistics
+from relpos_ablate.model.kernels import BlockwiseBiasedAttention, masked_softmax
 
 # Score entries per head in one query block: blocks whose maps are stored for backward can be large;
 # blocks rebuilt in backward are kept small, as their transients are the peak memory.
@@ -31,7 +34,7 @@ REBUILT_BLOCK_SCORES = 64 * 1024
 
 
 def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
-           config: AttentionConfig, dropout_p: float) -> Tensor:
+           config: AttentionConfig, dropout_p: float, statistics: LayerStatistics | None = None) -> Tensor:
     """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring)."""
     rel_keys = call.rel_keys if q_position is not None else None  # without term b nothing reads it
     # one dtype for the kernels: under autocast q + u is fp32 (u is) while k is bf16; take autocast's
@@ -41,6 +44,8 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
         functools.reduce(torch.promote_types, [t.dtype for t in tensors if t is not None])
     q_content, k, v, q_position, rel_keys, distance_scores = (None if t is None else t.to(dtype) for t in tensors)
     call = dataclasses.replace(call, rel_keys=rel_keys, distance_scores=distance_scores)
+    if statistics is not None:
+        return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
     if config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0):
         from relpos_ablate.model.flex import flex_attend
 
@@ -98,4 +103,18 @@ def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posi
             q_content[:, :, blk.rows], k[:, :, : blk.n_keys], v[:, :, : blk.n_keys], attn_mask=mask,
             dropout_p=dropout_p, scale=call.scale,
         ))
+    return torch.cat(outs, dim=2)  # (B, H, L, dh)
+
+
+def _observed(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
+              dropout_p: float, statistics: LayerStatistics) -> Tensor:
+    """Probabilities per query block, handed to `statistics` before the product with v."""
+    outs = []
+    for blk in call.blocks(STORED_BLOCK_SCORES):
+        k_b, v_b = k[:, :, : blk.n_keys], v[:, :, : blk.n_keys]
+        scores = (q_content[:, :, blk.rows] @ k_b.transpose(-1, -2)) * call.scale  # (B, H, L_b, K_b)
+        additive = call.additive_scores(blk, *call.block_inputs(blk, q_position, call.rel_keys, call.distance_scores))
+        probs = masked_softmax(scores if additive is None else scores + additive, call.visible(blk))
+        statistics.add(call, blk, probs)
+        outs.append(F.dropout(probs, dropout_p) @ v_b)
     return torch.cat(outs, dim=2)  # (B, H, L, dh)

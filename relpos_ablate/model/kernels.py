@@ -25,8 +25,8 @@ def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:
     return scores.softmax(dim=-1).masked_fill(sees_none, 0.0)
 
 
-def _probabilities(call: AttentionCall, block: QueryBlock, q_content: Tensor, k: Tensor, additive: Tensor | None,
-                   lse: Tensor | None = None):
+def block_probabilities(call: AttentionCall, block: QueryBlock, q_content: Tensor, k: Tensor, additive: Tensor | None,
+                        lse: Tensor | None = None):
     """Softmax of s·q_content·kᵀ + additive over visible keys, computed in place in one
     [B, H, L_b, K_b] buffer. Returns (probs, lse) with lse the row log-sum-exp [B, H, L_b, 1]."""
     scores = (q_content @ k.transpose(-1, -2)).mul_(call.scale)  # (B, H, L_b, dh) @ (B, H, dh, K_b)
@@ -58,7 +58,7 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
         with torch.autocast(q_content.device.type, enabled=False):
             for blk in blocks:
                 additive = call.additive_scores(blk, *call.block_inputs(blk, q_position, rel_keys, distance_scores))
-                probs, lse[:, :, blk.rows] = _probabilities(
+                probs, lse[:, :, blk.rows] = block_probabilities(
                     call, blk, q_content[:, :, blk.rows], k[:, :, : blk.n_keys], additive)
                 out[:, :, blk.rows] = probs @ v[:, :, : blk.n_keys]
         ctx.call, ctx.blocks, ctx.params = call, blocks, params
@@ -91,7 +91,7 @@ def _backward(ctx, grad_out: Tensor):
         with torch.no_grad():
             q_b, k_b, v_b, go = q_content[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
             detached = None if additive is None else additive.detach()
-            probs, _ = _probabilities(call, blk, q_b, k_b, detached, lse[:, :, rows])
+            probs, _ = block_probabilities(call, blk, q_b, k_b, detached, lse[:, :, rows])
             grad_v[:, :, keys] += probs.transpose(-1, -2) @ go  # (B, H, K_b, L_b) @ (B, H, L_b, dh)
             grad_scores = probs.mul_((go @ v_b.transpose(-1, -2)).sub_(delta[:, :, rows]))  # P ∘ (dP - delta)
             grad_q[:, :, rows] += (grad_scores @ k_b).mul_(call.scale)

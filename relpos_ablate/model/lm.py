@@ -5,10 +5,15 @@ pre-LN (default) or post-LN (Transformer-XL); absolute baselines (sinusoid / lea
 learned at every layer as Al-Rfou et al.); segment recurrence: layer l's input from earlier segments
 is kept as memory (FIFO, `mem_len` tokens, detached: no gradient ever flows into it) and prepended
 to its keys and values. Evaluation may use another mem_len and clamp_len than training, and
-`same_length`. `inspect` returns every layer's attention probabilities and separate score-term maps.
+`same_length`. Positions are 0 .. L - 1 unless given (`positions=`) or randomized (Ruoss et al. 2023,
+`attention.positions: randomized`: each forward draws them). Evaluation can collect attention
+statistics in the same pass (`statistics=`, diagnostics.py). `inspect` returns every layer's
+attention probabilities and separate score-term maps.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +23,7 @@ from relpos_ablate.config.base import ConfigError
 from relpos_ablate.config.model import ModelConfig
 from relpos_ablate.model.attention import RelPosAttention, init_vector
 from relpos_ablate.model.call import AttentionOptions, SharedParameters
+from relpos_ablate.model.diagnostics import AttentionStatistics
 from relpos_ablate.model.position import build_bias, sinusoid
 
 
@@ -34,13 +40,32 @@ class LearnedPositions(nn.Module):
         super().__init__()
         self.table = nn.Embedding(max_position, d_model)
 
-    def forward(self, length: int) -> Tensor:
+    def forward(self, length: int, positions: Tensor | None = None) -> Tensor:
+        """Rows 0 .. length - 1, or the rows of explicit positions [length]: [length, d_model]."""
+        if positions is not None:
+            return self.table(check_positions(positions, self.table.num_embeddings, "learned absolute positions"))
         if length > self.table.num_embeddings:
             raise ValueError(
                 f"model.attention.max_position: learned absolute positions cover 0..{self.table.num_embeddings - 1};"
                 f" a segment of {length} tokens does not fit (relative schemes have no such limit)"
             )
         return self.table.weight[:length]
+
+
+def check_positions(positions: Tensor, max_position: int, what: str) -> Tensor:
+    """positions, or a one-line error when one of them is outside 0 .. max_position - 1."""
+    if positions.min() < 0 or positions.max() >= max_position:
+        raise ValueError(f"model.attention.max_position: {what} cover 0..{max_position - 1}; got positions "
+                         f"{int(positions.min())}..{int(positions.max())}")
+    return positions
+
+
+def randomized_positions(n_tokens: int, max_position: int, device=None, generator=None) -> Tensor:
+    """Ruoss et al. 2023: n distinct positions drawn from [0, max_position) without replacement, sorted: [n]."""
+    if n_tokens > max_position:
+        raise ValueError(f"model.attention.max_position: randomized positions draw {n_tokens} distinct positions "
+                         f"from [0, {max_position}); raise max_position to at least {n_tokens}")
+    return torch.randperm(max_position, device=device, generator=generator)[:n_tokens].sort().values
 
 
 class Layer(nn.Module):
@@ -61,9 +86,10 @@ class Layer(nn.Module):
         a = cfg.attention
         self.positions = LearnedPositions(a.max_position, cfg.d_model) if a.absolute == "learned_per_layer" else None
 
-    def layer_input(self, h: Tensor) -> Tensor:
-        """What this layer reads (and keeps as memory): h, plus its own positions for Al-Rfou."""
-        return h if self.positions is None else h + self.positions(h.shape[1])
+    def layer_input(self, h: Tensor, positions: Tensor | None = None) -> Tensor:
+        """What this layer reads (and keeps as memory): h, plus its own positions for Al-Rfou (at
+        `positions` [L] when given)."""
+        return h if self.positions is None else h + self.positions(h.shape[1], positions)
 
     def forward(self, h: Tensor, mem: Tensor | None, options: AttentionOptions, *,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -116,39 +142,58 @@ class TransformerLM(nn.Module):
     def attention_layers(self) -> list[RelPosAttention]:
         return [layer.attn for layer in self.layers]
 
-    def _embed(self, tokens: Tensor) -> Tensor:
+    def _embed(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
         h = self.embed(tokens)  # (B, L, D)
         length = tokens.shape[1]
         if self.config.attention.absolute == "sinusoid":
             # Vaswani et al.: positions 0..L-1 of the segment (memory keeps its own; XL's point)
-            h = h + sinusoid(torch.arange(length, device=tokens.device), self.config.d_model).to(h.dtype)
+            at = torch.arange(length, device=tokens.device) if positions is None else positions
+            h = h + sinusoid(at, self.config.d_model).to(h.dtype)
         elif self.input_positions is not None:
-            h = h + self.input_positions(length)
+            h = h + self.input_positions(length, positions)
         return self.drop(h)
 
-    def _options(self, mem_len: int | None, clamp_len: int | None, same_length: bool) -> tuple[int, AttentionOptions]:
+    def _options(self, tokens: Tensor, mems: list[Tensor] | None, mem_len: int | None, clamp_len: int | None,
+                 same_length: bool, positions: Tensor | None) -> tuple[int, AttentionOptions]:
         """This call's memory length M (the argument, else the config's) and the options every layer gets."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
         if same_length and mem_len == 0:
             raise ValueError("same_length: every query sees the last mem_len keys, and mem_len is 0; set mem_len > 0")
+        if positions is None:
+            positions = self._drawn_positions(tokens.shape[1], 0 if not mems else mems[0].shape[1], tokens.device)
         # Transformer-XL's same_length: each query sees its mem_len most recent keys, itself included
-        return mem_len, AttentionOptions(clamp_len=clamp_len, window=mem_len if same_length else None)
+        return mem_len, AttentionOptions(clamp_len=clamp_len, window=mem_len if same_length else None,
+                                         positions=positions)
+
+    def _drawn_positions(self, n_tokens: int, n_mem: int, device) -> Tensor | None:
+        """Randomized positions when the config asks for them in this mode (training, or evaluation:
+        `eval_positions`), else None (0 .. M + L - 1)."""
+        a = self.config.attention
+        mode = a.positions if self.training else (a.eval_positions or a.positions)
+        if mode == "sequential":
+            return None
+        if n_mem:
+            raise ValueError("model.attention.positions: randomized positions are drawn per segment, and memory "
+                             "keys would keep another draw's; use mem_len 0")
+        return randomized_positions(n_tokens, a.max_position, device)
 
     def _run(self, tokens: Tensor, mems: list[Tensor] | None, mem_len: int, options: AttentionOptions, *,
-             record_maps: bool = False):
+             record_maps: bool = False, statistics: AttentionStatistics | None = None):
         if mems is not None and len(mems) != len(self.layers):
             raise ValueError(f"mems: expected {len(self.layers)} tensors (one per layer), got {len(mems)}")
-        h = self._embed(tokens)
+        token_positions = None if options.positions is None else options.positions[-tokens.shape[1]:]
+        h = self._embed(tokens, token_positions)
         new_mems, probs, terms = [], [], []
         for i, layer in enumerate(self.layers):
             mem = None if mems is None else mems[i].detach()
-            h = layer.layer_input(h)
+            h = layer.layer_input(h, token_positions)
             if mem_len > 0:
                 kept = h if mem is None else torch.cat([mem, h], dim=1)  # (B, M + L, D)
                 new_mems.append(kept[:, -mem_len:].detach())
             if record_maps:  # every layer's term maps and probabilities, for inspect
                 terms.append(layer.attn.score_terms(*layer.attention_inputs(h, mem), options))
-            h, p = layer(h, mem, options, need_weights=record_maps)
+            layer_options = options if statistics is None else dataclasses.replace(options, statistics=statistics.layer(i))
+            h, p = layer(h, mem, layer_options, need_weights=record_maps)
             probs.append(p)
         logits = self.head(self.final_norm(h))
         return logits, (new_mems if mem_len > 0 else None), probs, terms
@@ -161,13 +206,19 @@ class TransformerLM(nn.Module):
         mem_len: int | None = None,
         clamp_len: int | None = None,
         same_length: bool = False,
+        positions: Tensor | None = None,
+        statistics: AttentionStatistics | None = None,
     ) -> tuple[Tensor, list[Tensor] | None]:
         """tokens [B, L] -> (logits [B, L, V], new_mems: per layer [B, <= mem_len, D] detached, or None).
 
         mem_len / clamp_len override the config for this call (e.g. evaluation with longer memory);
-        same_length: every query sees its mem_len most recent keys (Transformer-XL's evaluation).
+        same_length: every query sees its mem_len most recent keys (Transformer-XL's evaluation);
+        positions [M + L]: the positions of the memory tokens, then of this segment's, shared by the
+        batch (default: drawn when the config randomizes them, else 0 .. M + L - 1); statistics: add
+        every layer's attention statistics there (diagnostics.py).
         """
-        logits, new_mems, _, _ = self._run(tokens, mems, *self._options(mem_len, clamp_len, same_length))
+        mem_len, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions)
+        logits, new_mems, _, _ = self._run(tokens, mems, mem_len, options, statistics=statistics)
         return logits, new_mems
 
     @torch.no_grad()
@@ -179,10 +230,11 @@ class TransformerLM(nn.Module):
         mem_len: int | None = None,
         clamp_len: int | None = None,
         same_length: bool = False,
+        positions: Tensor | None = None,
     ) -> dict:
         """Everything the plots need: logits, new mems, per-layer probabilities [B, H, L, M+L] and
         per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', 'visible'} (enabled ones only)."""
-        mem_len, options = self._options(mem_len, clamp_len, same_length)
+        mem_len, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions)
         logits, new_mems, probs, terms = self._run(tokens, mems, mem_len, options, record_maps=True)
         return {"logits": logits, "mems": new_mems, "probs": probs, "terms": terms}
 
