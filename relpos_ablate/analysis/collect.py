@@ -20,8 +20,9 @@ from relpos_ablate import rundir
 from relpos_ablate.config.base import load_yaml
 from relpos_ablate.io import read_json
 
-SETTING_FIELDS = ("segment_len", "mem_len", "clamp_len", "same_length", "attn_len")
-"""Evaluation-setting columns, in this order (attn_len = segment_len + mem_len)."""
+SETTING_FIELDS = ("segment_len", "mem_len", "clamp_len", "same_length", "attn_len", "rope_scaling", "rope_scale")
+"""Evaluation-setting columns, in this order (attn_len = segment_len + mem_len; rope_scale: the factor s
+of the setting's RoPE context extension, resolved)."""
 RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps")
 """Per-run columns first in every collected frame."""
 
@@ -138,7 +139,8 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
     """One row per (run, evaluation setting) for every run dir at or below `results_dir`.
 
     Columns: run_id, experiment, status, reason, seed, wall_time_s, step, max_steps, the variant axes
-    from run.json, the evaluation setting (segment_len, mem_len, clamp_len, same_length, attn_len),
+    from run.json, the evaluation setting (segment_len, mem_len, clamp_len, same_length, attn_len, rope_scaling,
+    rope_scale),
     the metrics (ppl, acc, loss, bpc, ... as eval.json has them), main_metric, eval_error (why a
     setting was not evaluated, if so), run_dir, spec (the grid spec path from run.json), then
     every flattened config field (`model.attention.terms`, ...). Runs without eval.json (queued,

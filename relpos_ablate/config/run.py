@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "constant")
 LOSS_ON = ("full", "half")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+ROPE_SCALINGS = ("pi", "ntk", "yarn")
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,15 @@ class EvalSetting:
     setting's mem_len (else the model's), query i sees the M most recent keys, itself included
     (i - M < j <= i); fewer only while the stream has fewer (the first segment is causal up to that
     window). Needs M > 0."""
+    rope_scaling: str | None = None
+    """RoPE context extension at this evaluation: pi (position interpolation, Chen et al. 2023) | ntk
+    (NTK-aware base) | yarn (Peng et al. 2023: per-frequency ramp and attention temperature) | null: the
+    trained RoPE (docs/formulas.md#rope-context-extension). A model without RoPE (or with xPos) skips the
+    setting, with the reason in eval.json."""
+    rope_scale: float | str = "auto"
+    """rope_scaling's factor s >= 1 (target / training context): a number, or auto = this setting's attention
+    length / the training one, (segment_len + mem_len) / (train.segment_len + model.mem_len), at least 1.
+    Fixed per setting: the same (i, j) pair always gets the same score."""
 
     def __post_init__(self):
         check_range("segment_len", self.segment_len, low=1)
@@ -96,6 +107,18 @@ class EvalSetting:
             check_range("mem_len", self.mem_len, low=0)
         if self.clamp_len is not None:
             check_range("clamp_len", self.clamp_len, low=1)
+        if self.rope_scaling is not None:
+            check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        if isinstance(self.rope_scale, str):
+            check_choice("rope_scale", self.rope_scale, ("auto",))
+        else:
+            check_range("rope_scale", self.rope_scale, low=1.0)
+            if self.rope_scaling is None:
+                raise ConfigError("rope_scale", f"{self.rope_scale} scales RoPE only with rope_scaling: pi | ntk | yarn")
+
+    def rope_factor(self, train_attn_len: int, attn_len: int) -> float:
+        """s: rope_scale, or auto: attn_len / train_attn_len (at least 1)."""
+        return max(1.0, attn_len / train_attn_len) if self.rope_scale == "auto" else float(self.rope_scale)
 
 
 @dataclass(frozen=True)
@@ -168,6 +191,12 @@ class RunConfig:
         if data.source == "text" and data.train_file and self.eval.split == "test" and not data.test_file:
             raise ConfigError("eval.split", "'test' with local files needs data.test_file")
 
+    @property
+    def train_attn_len(self) -> int:
+        """Keys the last training query sees: train.segment_len + model.mem_len (L_train of log-n scaling
+        and of RoPE context extension)."""
+        return self.train.segment_len + self.model.mem_len
+
     def eval_settings(self) -> tuple[EvalSetting, ...]:
         """The configured settings, or the documented default (1x, 2x, 4x the training length)."""
         if self.eval.settings:
@@ -189,6 +218,15 @@ def _non_default(value: dict, default: dict) -> dict:
     return out
 
 
+def resolve_log_n_length(config: RunConfig) -> RunConfig:
+    """score_scale log_n with log_n_length 0: fill in the training attention length (when the run starts)."""
+    attention = config.model.attention
+    if attention.score_scale != "log_n" or attention.log_n_length:
+        return config
+    attention = dataclasses.replace(attention, log_n_length=max(2, config.train_attn_len))
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, attention=attention))
+
+
 def run_id(config: RunConfig) -> str:
     """Short hash of the fields that differ from the defaults: the same run always gets the same id,
     and adding a config field (with a default) later does not rename finished runs."""
@@ -203,5 +241,6 @@ def load_run_config(path: str | Path | None = None, overrides: Iterable[str] = (
 
 
 __all__ = [
-    "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig", "load_run_config", "run_id",
+    "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig", "load_run_config", "resolve_log_n_length",
+    "run_id",
 ]

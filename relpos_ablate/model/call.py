@@ -22,16 +22,19 @@ Two things are kept apart on purpose:
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from relpos_ablate.model.position import BiasScheme
+from relpos_ablate.model.position import BiasScheme, RopeScaling
 from relpos_ablate.model.shift import descending_distances, rel_shift, toeplitz
 
 if TYPE_CHECKING:
+    from relpos_ablate.model.cope import ContextualPositions
     from relpos_ablate.model.diagnostics import LayerStatistics
 
 MIN_BLOCK = 16  # fewest queries in a block when long key ranges shrink the blocks
@@ -55,6 +58,9 @@ class AttentionOptions:
     statistics: LayerStatistics | None = None
     """Where this call adds its attention statistics (entropy, sink mass, distances: diagnostics.py);
     the probabilities are then computed per query block (no fused kernel). None: no statistics."""
+    rope_scaling: RopeScaling | None = None
+    """RoPE extended to a longer context (position interpolation, NTK, YaRN; an evaluation setting's
+    rope_scaling). None: the trained frequencies."""
 
     def __post_init__(self):
         for name in ("clamp_len", "window"):
@@ -92,17 +98,34 @@ class Visibility:
 @dataclass(frozen=True)
 class QueryBlock:
     """Queries i0 .. i1 - 1 against keys 0 .. n_keys - 1; rel_cols / distance_cols: the columns of
-    rel_keys and distance_scores this block reads."""
+    rel_keys and distance_scores this block reads; n_sinks: learned sink slots the kernels' keys start with."""
 
     i0: int
     i1: int
     n_keys: int
     rel_cols: slice
     distance_cols: slice
+    n_sinks: int = 0
 
     @property
     def rows(self) -> slice:
         return slice(self.i0, self.i1)
+
+    @property
+    def keys(self) -> slice:
+        """The block's columns of the kernels' keys and values: [sinks; keys 0 .. n_keys - 1]."""
+        return slice(0, self.n_sinks + self.n_keys)
+
+
+class ScoreInputs(NamedTuple):
+    """The tensors a block's additive scores are built from (None: not used by this call). Passed
+    explicitly, so that the block kernel's backward can rebuild the scores and differentiate them."""
+
+    q_position: Tensor | None = None  # [B, H, L, dh] (q + v)·s, term b's query
+    rel_keys: Tensor | None = None  # [H, n, dh] s·W_R R_d per distance (term b's keys)
+    distance_scores: Tensor | None = None  # [H, n] scores of distance alone (term d without b, a bias)
+    log_decay: Tensor | None = None  # [B, H, K] FoX's Λ_j = Σ_{l<=j} log f_l, float64
+    query_scale: Tensor | None = None  # [B or 1, H or 1, L, 1] temperature × log_{L_train}(n) per query
 
 
 def _narrow(t: Tensor | None, dim: int, cols: slice) -> Tensor | None:
@@ -153,6 +176,11 @@ class AttentionCall:
     pair_bias_curve_until: float = float("inf")  # up to this query position pair_bias is a curve over i' - j
     bias_scale: float = 1.0  # s_B
     query_chunk: int = 0  # queries per block (0: one block)
+    log_decay: Tensor | None = None  # [B, H, K] FoX's Λ (fox.py), float64
+    contextual: ContextualPositions | None = None  # CoPE (cope.py): scores from the block's queries and keys
+    query_scale: Tensor | None = None  # [B or 1, H or 1, L, 1]: every score of query i multiplied by it
+    n_sinks: int = 0  # learned sink slots at the front of the kernels' keys and values (no position)
+    dtype: torch.dtype = torch.float32  # the kernels' dtype (FoX's decay is built in at least fp32)
 
     @property
     def n_mem(self) -> int:
@@ -171,14 +199,28 @@ class AttentionCall:
         """Positions 0 .. K - 1: the per-distance tensors are laid out per key by strided views."""
         return self.distance_index is None
 
+    @property
+    def has_additive(self) -> bool:
+        """Whether anything is added to s·q_content·kᵀ (otherwise plain SDPA can do it all)."""
+        return any(t is not None for t in (self.rel_keys, self.distance_scores, self.pair_bias, self.log_decay,
+                                           self.contextual))
+
     def visible(self, block: QueryBlock) -> Tensor:
-        """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j."""
+        """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j (sinks not included)."""
         device = self.query_positions.device
         rows = torch.arange(block.i0, block.i1, device=device)
         seen = self.visibility(rows[:, None], torch.arange(block.n_keys, device=device)[None, :])
         if self.key_padding_mask is None:
             return seen
         return seen[None, None] & ~self.key_padding_mask[:, None, None, : block.n_keys]
+
+    def with_sinks(self, block_map: Tensor, fill: float | bool) -> Tensor:
+        """A block's [..., L_b, K_b] mask or scores with the sink columns in front, filled with `fill`
+        (visible: True; additive scores: 0, sinks carry no position): [..., L_b, S + K_b]."""
+        if not self.n_sinks:
+            return block_map
+        front = block_map.new_full((*block_map.shape[:-1], self.n_sinks), fill)
+        return torch.cat([front, block_map], dim=-1)
 
     @property
     def all_queries(self) -> QueryBlock:
@@ -190,11 +232,11 @@ class AttentionCall:
         n_keys = self.n_mem + i1 if self.causal else self.n_keys
         if not self.consecutive:  # distance_index picks the columns: every block reads them all
             every = slice(0, self.distances.numel())
-            return QueryBlock(i0, i1, n_keys, every, every)
+            return QueryBlock(i0, i1, n_keys, every, every, self.n_sinks)
         t0 = self.n_queries - i1  # column of this block's largest distance in the descending layout
         # causal: K_b + 1 columns suffice for rel_shift (the rest would only fill masked entries)
         n_rel = min(n_keys + 1, lq + n_keys - 1) if self.causal else lq + n_keys - 1
-        return QueryBlock(i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + n_keys - 1))
+        return QueryBlock(i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + n_keys - 1), self.n_sinks)
 
     def blocks(self, block_scores: int) -> list[QueryBlock]:
         """Blocks of query_chunk queries, shrunk for long key ranges so that one block's score map
@@ -212,27 +254,47 @@ class AttentionCall:
             i0 = i1
         return blocks
 
-    def block_inputs(self, block: QueryBlock, q_position: Tensor | None, rel_keys: Tensor | None,
-                     distance_scores: Tensor | None):
-        """The block's slices (views) of the position query [B, H, L, dh], rel_keys [H, n, dh] and
-        distance_scores [H, n]; None stays None."""
-        return (_narrow(q_position, 2, block.rows), _narrow(rel_keys, 1, block.rel_cols),
-                _narrow(distance_scores, 1, block.distance_cols))
+    def score_inputs(self, q_position: Tensor | None) -> ScoreInputs:
+        """This call's inputs of the additive scores, with the kernels' position query."""
+        return ScoreInputs(q_position, self.rel_keys if q_position is not None else None, self.distance_scores,
+                           self.log_decay, self.query_scale)
 
-    def additive_scores(self, block: QueryBlock, q_position: Tensor | None, rel_keys: Tensor | None,
-                        distance_scores: Tensor | None) -> Tensor | None:
-        """Terms b, d and the bias for the block: [B or 1, H, L_b, K_b], or None when there is none.
-        The inputs are the block's slices (block_inputs), passed in so that backward can rebuild this."""
-        total = None
-        if rel_keys is not None:
-            total = self.term_b(block, q_position, rel_keys)
-        if distance_scores is not None:
-            by_distance = self.per_key(block, distance_scores)[None]  # (1, H, L_b, K_b)
-            total = by_distance if total is None else total + by_distance
+    def block_inputs(self, block: QueryBlock, inputs: ScoreInputs) -> ScoreInputs:
+        """The block's slices (views) of each input; None stays None."""
+        return ScoreInputs(_narrow(inputs.q_position, 2, block.rows), _narrow(inputs.rel_keys, 1, block.rel_cols),
+                           _narrow(inputs.distance_scores, 1, block.distance_cols),
+                           _narrow(inputs.log_decay, 2, slice(0, block.n_keys)), _narrow(inputs.query_scale, 2, block.rows))
+
+    def additive_scores(self, block: QueryBlock, inputs: ScoreInputs, q_content: Tensor | None = None,
+                        k: Tensor | None = None) -> Tensor | None:
+        """Everything added to s·q_content·kᵀ for the block (terms b, d, the bias, FoX's decay, CoPE):
+        [B or 1, H, L_b, K_b], or None when there is none. `inputs` are the block's slices (block_inputs),
+        passed in so that backward can rebuild this; q_content [B, H, L_b, dh] and k [B, H, K_b, dh] (no
+        sinks) only for CoPE. The query scale multiplies what does not come from the (already scaled) queries."""
+        total = None if inputs.rel_keys is None else self.term_b(block, inputs.q_position, inputs.rel_keys)
+        unscaled = []  # (B or 1, H, L_b, K_b) each
+        if inputs.distance_scores is not None:
+            unscaled.append(self.per_key(block, inputs.distance_scores)[None])
         if self.pair_bias is not None:
-            pair = self.pair_bias_scores(block)
-            total = pair if total is None else total + pair
+            unscaled.append(self.pair_bias_scores(block))
+        if inputs.log_decay is not None:
+            unscaled.append(self.decay(block, inputs.log_decay))
+        if unscaled and inputs.query_scale is not None:
+            unscaled = [functools.reduce(operator.add, unscaled) * inputs.query_scale]
+        for scores in unscaled:
+            total = _plus(total, scores)
+        if self.contextual is not None:
+            total = _plus(total, self.contextual.block_scores(self, block, q_content, k))
         return total
+
+    def decay(self, block: QueryBlock, log_decay: Tensor) -> Tensor:
+        """FoX's D_ij = Λ_i' - Λ_j for the block: log_decay [B, H, K_b] (float64) -> [B, H, L_b, K_b].
+        Λ restarts at the block's first query before it is cast, so the decays of the keys near the block
+        keep full precision however long the context (|Λ| grows with it)."""
+        rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
+        restarted = log_decay - log_decay[..., rows.start, None]  # (B, H, K_b)
+        restarted = restarted.to(torch.promote_types(self.dtype, torch.float32))
+        return restarted[..., rows, None] - restarted[..., None, :]
 
     def per_key(self, block: QueryBlock, values: Tensor) -> Tensor:
         """[..., n] values per distance (the block's columns, block_inputs) -> [..., L_b, K_b]: the value
@@ -260,3 +322,7 @@ class AttentionCall:
         else:
             scores = self.pair_bias.bias(self.query_positions[block.rows], self.key_positions[: block.n_keys])
         return scores[None] * self.bias_scale
+
+
+def _plus(total: Tensor | None, scores: Tensor) -> Tensor:
+    return scores if total is None else total + scores

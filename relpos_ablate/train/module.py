@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from relpos_ablate.config import RunConfig, TrainConfig, to_plain
+from relpos_ablate.config import EvalSetting, RunConfig, TrainConfig, to_plain
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.model.lm import masked_mean
+from relpos_ablate.model.position import RopeScaling
 
 
 class NonFiniteLoss(RuntimeError):
@@ -87,6 +88,20 @@ class MaskedMean(Metric):
 
     def compute(self) -> Tensor:
         return self.total / self.count
+
+
+def rope_scale(config: RunConfig, setting: EvalSetting) -> float | None:
+    """The factor s of the setting's RoPE context extension (None: none)."""
+    if setting.rope_scaling is None:
+        return None
+    mem_len = config.model.mem_len if setting.mem_len is None else setting.mem_len
+    return setting.rope_factor(config.train_attn_len, setting.segment_len + mem_len)
+
+
+def rope_scaling(config: RunConfig, setting: EvalSetting) -> RopeScaling | None:
+    """The setting's RoPE context extension as the model takes it: a pure function of the setting."""
+    scale = rope_scale(config, setting)
+    return None if scale is None else RopeScaling(setting.rope_scaling, scale, config.train_attn_len)
 
 
 class LitLM(L.LightningModule):
@@ -159,7 +174,8 @@ class LitLM(L.LightningModule):
         if batch_idx == 0:  # a new setting starts with empty memory
             self._eval_mems = None
         logits, self._eval_mems = self.model(inputs, self._eval_mems, mem_len=setting.mem_len,
-                                             clamp_len=setting.clamp_len, same_length=setting.same_length)
+                                             clamp_len=setting.clamp_len, same_length=setting.same_length,
+                                             rope_scaling=rope_scaling(self.config, setting))
         nll, correct = token_stats(logits, targets)
         self.eval_nll[index].update(nll, mask)
         self.eval_acc[index].update(correct, mask)

@@ -25,10 +25,11 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from relpos_ablate import rundir
 from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, to_plain
+from relpos_ablate.config.run import resolve_log_n_length
 from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
-from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
+from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric, rope_scale
 from relpos_ablate.train.records import MetricsCSV, RunRecorder, RunStatus, close_log, open_log
 
 log = logging.getLogger("relpos_ablate.train")
@@ -47,11 +48,15 @@ def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
 
 
 def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:
-    """Why the model cannot be evaluated at `setting` (None when it can): learned absolute tables end."""
+    """Why the model cannot be evaluated at `setting` (None when it can): learned absolute tables end;
+    a RoPE context extension needs RoPE (and has no published form for xPos)."""
     a = config.model.attention
     if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
         return (f"learned absolute positions cover {a.max_position} tokens (model.attention.max_position); "
                 f"segment_len {setting.segment_len} does not fit")
+    if setting.rope_scaling is not None and (a.absolute != "rope" or a.xpos_scale_base is not None):
+        return (f"rope_scaling {setting.rope_scaling!r} extends RoPE; this model has absolute={a.absolute!r}"
+                + (" with xPos" if a.xpos_scale_base is not None else ""))
     return None
 
 
@@ -96,7 +101,7 @@ def describe_device(accelerator: str) -> str:
 def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus, callbacks) -> None:
     datamodule = build_datamodule(config)
     datamodule.prepare_data()
-    config = resolve_vocab(config, datamodule.vocab_size)
+    config = resolve_log_n_length(resolve_vocab(config, datamodule.vocab_size))
     atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(config))
     L.seed_everything(config.seed, workers=True, verbose=False)
     module = LitLM(config)
@@ -197,6 +202,7 @@ def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, c
         clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
         record = {"segment_len": setting.segment_len, "mem_len": mem_len, "clamp_len": clamp_len,
                   "same_length": setting.same_length, "attn_len": setting.segment_len + mem_len,
+                  "rope_scaling": setting.rope_scaling, "rope_scale": rope_scale(config, setting),
                   "metrics": module.eval_results.get(i, {})}
         reason = unsupported_reason(config, setting)
         if reason:

@@ -1,0 +1,171 @@
+"""The schemes of 2022-2025 against the float64 reference (tests/reference.py, written from docs/formulas.md):
+partial rotary, xPos, RoPE context extension, FoX, CoPE, sliding windows, learned sinks, log-n scaling and
+a learned temperature, alone and combined, on every kernel (explicit, SDPA per block, the block kernel
+that rebuilds in backward, FlexAttention forward on CPU), with memory, key padding and explicit
+(randomized) positions; their fast backward equals autograd through the explicit scores.
+Run: pytest tests/test_newer_schemes.py -q"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import randomize
+from reference import reference_attention
+from test_attention_positions import drawn
+from test_attention_reference import D_HEAD, D_MODEL, HEADS, LQ, MEM, inputs
+from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.model import AttentionOptions
+from relpos_ablate.model.position import RopeScaling
+
+SCHEMES = {
+    "rope_partial": dict(terms="a", absolute="rope", rope_fraction=0.5),
+    "rope_xpos": dict(terms="a", absolute="rope", xpos_scale_base=6.0),  # small B: the decay shows at these lengths
+    "xpos_partial_alibi": dict(terms="a", absolute="rope", rope_fraction=0.75, xpos_scale_base=9.0, bias="alibi"),
+    "fox": dict(terms="a", forget_gate=True),
+    "fox_xl_t5": dict(terms="abcd", forget_gate=True, bias="t5", num_buckets=8, max_distance=6),
+    "cope": dict(terms="a", cope_positions=4),  # p_max below the keys: the clamp is exercised
+    "cope_c": dict(terms="ac", cope_positions=6),
+    "cope_rope": dict(terms="a", cope_positions=6, absolute="rope"),
+    "window": dict(terms="abcd", window=3, bias="kerple_log"),
+    "sinks": dict(terms="a", sinks=2),
+    "sinks_xl_fire": dict(terms="abcd", sinks=1, bias="fire"),
+    "sinks_window_fox": dict(terms="ac", sinks=2, window=2, forget_gate=True),
+    "log_n": dict(terms="a", score_scale="log_n", log_n_length=4),
+    "log_n_alibi_tau": dict(terms="abcd", score_scale="log_n", log_n_length=3, learned_temperature=True, bias="alibi"),
+    "tau_sandwich": dict(terms="ab", learned_temperature=True, bias="sandwich"),
+    "everything": dict(terms="a", absolute="rope", rope_fraction=0.5, forget_gate=True,
+                       cope_positions=5, window=4, sinks=2, score_scale="log_n", log_n_length=5,
+                       learned_temperature=True),
+}
+KERNELS = ("explicit", "sdpa", "blocks", "flex")
+
+
+def make(fields, backend="auto", seed=0, **extra):
+    attn = RelPosAttention(D_MODEL, HEADS, D_HEAD, AttentionConfig(query_chunk=2, **{**fields, **extra},
+                                                                   backend=backend)).double()
+    randomize(attn, seed)
+    if attn.bias_scheme is not None and hasattr(attn.bias_scheme, "threshold"):
+        with torch.no_grad():
+            attn.bias_scheme.threshold.fill_(4.0)
+    return attn
+
+
+def runs_on(fields, backend):
+    """CoPE needs each query's whole row before the softmax: no rebuild kernel, no FlexAttention."""
+    return not (fields.get("cope_positions") and backend in ("blocks", "flex"))
+
+
+def check(attn, x, mems, **kw):
+    """Output (fast path) and probabilities (need_weights) equal the float64 reference."""
+    options = AttentionOptions(window=kw.get("window"), key_padding_mask=kw.get("padding"),
+                               positions=kw.get("positions"), rope_scaling=kw.get("rope_scaling"))
+    ref_out, ref_probs = reference_attention(attn, x, mems, **kw)
+    with torch.no_grad():
+        out, _ = attn(x, mems, options)
+        _, probs = attn(x, mems, options, need_weights=True)
+    torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(probs, ref_probs, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("name", SCHEMES)
+def test_every_scheme_matches_the_reference_on_every_kernel(name, backend):
+    fields = SCHEMES[name]
+    if not runs_on(fields, backend):
+        pytest.skip("CoPE runs on the explicit path and SDPA per query block (dispatch.py)")
+    for i, n_mem in enumerate((0, MEM)):
+        attn = make(fields, backend, seed=i)
+        check(attn, *inputs(i, n_mem))
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("name", SCHEMES)
+def test_every_scheme_with_padding_window_and_explicit_positions(name, backend):
+    """Randomized positions (every encoding reads them; FoX, CoPE and sinks read none), a call's
+    window (narrowed by the config's) and padded keys, on every kernel."""
+    fields = SCHEMES[name]
+    if not runs_on(fields, backend):
+        pytest.skip("CoPE runs on the explicit path and SDPA per query block (dispatch.py)")
+    attn = make(fields, backend, seed=3)
+    x, mems = inputs(3, MEM)
+    padding = torch.zeros(2, MEM + LQ, dtype=torch.bool)
+    padding[0, :2] = True
+    padding[1, 4] = True
+    check(attn, x, mems, positions=drawn(MEM + LQ, seed=3), window=5, padding=padding)
+
+
+GRADIENT_CASES = [(name, backend) for name in SCHEMES for backend in ("blocks", "sdpa")
+                  if runs_on(SCHEMES[name], backend)]
+
+
+@pytest.mark.parametrize("name, backend", GRADIENT_CASES, ids=[f"{n}-{b}" for n, b in GRADIENT_CASES])
+def test_fast_backward_equals_autograd_of_explicit_scores(name, backend):
+    """Every parameter (FoX's gate, CoPE's table, the sinks, the temperature) and the input get the
+    gradients of autograd through the materialised scores."""
+    attn = make(SCHEMES[name], backend, seed=5)
+    x, mems = inputs(6, MEM)
+    padding = torch.zeros(2, MEM + LQ, dtype=torch.bool)
+    padding[1, 1] = True
+    options = AttentionOptions(key_padding_mask=padding)
+    grads = []
+    for explicit in (False, True):
+        xx = x.clone().requires_grad_(True)
+        out, _ = attn(xx, mems, options, need_weights=explicit)
+        weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
+        grads.append(torch.autograd.grad((out * weights).sum(), [xx, *attn.parameters()], allow_unused=True))
+    for (name_, _), fast, slow in zip([("x", None), *attn.named_parameters()], *grads):
+        assert slow is not None, f"{name_} gets no gradient"
+        torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10, msg=lambda m: f"{name_}: {m}")
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("kind, factor", [("pi", 2.0), ("ntk", 4.0), ("yarn", 3.0), ("yarn", 1.0)])
+@pytest.mark.parametrize("backend", KERNELS)
+def test_rope_context_extension_matches_the_reference(kind, factor, backend):
+    scaling = RopeScaling(kind, factor, original_length=6)
+    for fields in (SCHEMES["rope_partial"], dict(terms="a", absolute="rope", rope_base=50.0)):
+        attn = make(fields, backend, seed=7)
+        x, mems = inputs(7, MEM)
+        check(attn, x, mems, rope_scaling=scaling)
+        check(attn, x, mems, rope_scaling=scaling, positions=drawn(MEM + LQ, seed=7))
+
+
+def test_a_window_in_the_config_and_one_in_the_call_give_the_narrower():
+    attn = make(dict(terms="abcd", window=2))
+    x, mems = inputs(8, MEM)
+    wide, _ = attn(x, mems, AttentionOptions(window=4))
+    narrow, _ = attn(x, mems)
+    torch.testing.assert_close(wide, narrow, rtol=0, atol=0)
+    check(attn, x, mems, window=4)
+
+
+def test_the_explicit_path_reports_the_new_terms_separately():
+    """score_terms: FoX's decay and CoPE's scores are their own maps, the sinks are not a key of the stream."""
+    attn = make(dict(terms="a", forget_gate=True, cope_positions=3, sinks=2))
+    x, mems = inputs(9, MEM)
+    maps = attn.score_terms(x, mems)
+    assert set(maps) == {"a", "decay", "cope", "visible"}
+    assert maps["decay"].shape == maps["cope"].shape == (2, HEADS, LQ, MEM + LQ)
+    torch.testing.assert_close(torch.diagonal(maps["decay"][..., MEM:], dim1=-2, dim2=-1),
+                               torch.zeros(2, HEADS, LQ, dtype=torch.float64))  # D_ii = 0
+
+
+def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
+    """Λ grows with the context (|Λ| ≈ 0.7 per token at init): summed in float64 and restarted at each
+    query block before the cast, the fp32 kernels keep the near keys' weights to fp32 precision."""
+    torch.manual_seed(0)
+    attn = RelPosAttention(32, 2, 16, AttentionConfig(terms="a", forget_gate=True, query_chunk=64))
+    with torch.no_grad():
+        attn.forget_gate.proj.bias.fill_(-2.0)  # log f ≈ -2.1 per token: |Λ| reaches ~4000 at the end
+    x = torch.randn(1, 2048, 32)
+    options = AttentionOptions()
+    for backend in ("sdpa", "blocks"):
+        attn.config = dataclasses.replace(attn.config, backend=backend)
+        with torch.no_grad():
+            out32, _ = attn(x, None, options)
+        expected, _ = attn.double()(x.double())
+        attn.float()
+        torch.testing.assert_close(out32.double(), expected, rtol=2e-5, atol=2e-6)
