@@ -154,8 +154,9 @@ def test_the_explicit_path_reports_the_new_terms_separately():
 
 
 def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
-    """Λ grows with the context (|Λ| ≈ 0.7 per token at init): summed in float64 and restarted at each
-    query block before the cast, the fp32 kernels keep the near keys' weights to fp32 precision."""
+    """Λ grows with the context (here ~2.1 per token, |Λ| up to ~4300): summed in float64 and differenced
+    in float64 before the cast, the fp32 kernels stay within a few fp32 roundings of float64 (a difference
+    of fp32 Λs is off by ~7e-5, one restarted per query block by ~2e-6)."""
     torch.manual_seed(0)
     attn = RelPosAttention(32, 2, 16, AttentionConfig(terms="a", forget_gate=True, query_chunk=64))
     with torch.no_grad():
@@ -168,4 +169,4 @@ def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
             out32, _ = attn(x, None, options)
         expected, _ = attn.double()(x.double())
         attn.float()
-        torch.testing.assert_close(out32.double(), expected, rtol=2e-5, atol=2e-6)
+        torch.testing.assert_close(out32.double(), expected, rtol=2e-7, atol=5e-7)

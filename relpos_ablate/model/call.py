@@ -289,12 +289,11 @@ class AttentionCall:
 
     def decay(self, block: QueryBlock, log_decay: Tensor) -> Tensor:
         """FoX's D_ij = Λ_i' - Λ_j for the block: log_decay [B, H, K_b] (float64) -> [B, H, L_b, K_b].
-        Λ restarts at the block's first query before it is cast, so the decays of the keys near the block
-        keep full precision however long the context (|Λ| grows with it)."""
+        The difference is taken in float64 and then cast: |Λ| grows with the context, and a difference of
+        two large fp32 numbers would lose the near keys' decays (docs/formulas.md#fox)."""
         rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
-        restarted = log_decay - log_decay[..., rows.start, None]  # (B, H, K_b)
-        restarted = restarted.to(torch.promote_types(self.dtype, torch.float32))
-        return restarted[..., rows, None] - restarted[..., None, :]
+        decay = log_decay[..., rows, None] - log_decay[..., None, :]  # (B, H, L_b, K_b) float64
+        return decay.to(torch.promote_types(self.dtype, torch.float32))
 
     def per_key(self, block: QueryBlock, values: Tensor) -> Tensor:
         """[..., n] values per distance (the block's columns, block_inputs) -> [..., L_b, K_b]: the value

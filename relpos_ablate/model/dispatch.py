@@ -40,7 +40,7 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
     """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring)."""
     rel_keys = call.rel_keys if q_position is not None else None  # without term b nothing reads it
     # one dtype for the kernels: under autocast q + u is fp32 (u is) while k is bf16; take autocast's.
-    # FoX's Λ stays float64: each block restarts it before the cast (AttentionCall.decay)
+    # FoX's Λ stays float64: each block forms D_ij = Λ_i - Λ_j in float64 before the cast (AttentionCall.decay)
     tensors = (q_content, k, v, q_position, rel_keys, call.distance_scores, call.query_scale)
     device = q_content.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \

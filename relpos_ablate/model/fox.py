@@ -7,7 +7,7 @@ A constant gate e^(-m) gives ALiBi's -m·(i - j): FoX is data-dependent ALiBi. d
 
 With memory the sum runs over [memory; x], the gates recomputed from the memory's layer inputs, as keys
 and values are. Padded keys get log f = 0 (they neither decay nor count). Λ is summed in float64: its
-magnitude grows with the context, and the kernels restart it near each query block before casting.
+magnitude grows with the context, so the kernels form each block's differences D_ij in float64 before casting.
 """
 
 from __future__ import annotations
