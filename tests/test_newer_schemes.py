@@ -42,8 +42,8 @@ KERNELS = ("explicit", "sdpa", "blocks", "flex")
 
 
 def make(fields, backend="auto", seed=0, **extra):
-    attn = RelPosAttention(D_MODEL, HEADS, D_HEAD, AttentionConfig(query_chunk=2, **{**fields, **extra},
-                                                                   backend=backend)).double()
+    fields = {"query_chunk": 2, **fields, **extra, "backend": backend}
+    attn = RelPosAttention(D_MODEL, HEADS, D_HEAD, AttentionConfig(**fields)).double()
     randomize(attn, seed)
     if attn.bias_scheme is not None and hasattr(attn.bias_scheme, "threshold"):
         with torch.no_grad():
@@ -170,3 +170,33 @@ def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
         expected, _ = attn.double()(x.double())
         attn.float()
         torch.testing.assert_close(out32.double(), expected, rtol=2e-7, atol=5e-7)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(terms="abcd", bias="t5", num_buckets=8, max_distance=6), dict(terms="bd", bias="fire"),
+    dict(terms="a", forget_gate=True, sinks=2), dict(terms="a", cope_positions=4), dict(terms="ac", absolute="none"),
+], ids=["xl_t5", "bd_fire", "fox_sinks", "cope", "ac"])
+@pytest.mark.parametrize("backend", ["sdpa", "blocks"])
+def test_windowed_blocks_skip_the_keys_before_their_window(fields, backend):
+    """Several query blocks of 16 over 48 queries and 7 memory keys with a window of 5: each block reads
+    keys from its first query's window on (k0 > 0, with the sinks in front: two ranges); forward and
+    every gradient equal the explicit scores, which read every key."""
+    if not runs_on(fields, backend):
+        pytest.skip("CoPE runs on the explicit path and SDPA per query block (dispatch.py)")
+    attn = make(fields, backend, seed=11, window=5, query_chunk=16)
+    if "fire" in fields.get("bias", ""):
+        with torch.no_grad():
+            attn.bias_scheme.threshold.fill_(30.0)  # blocks below and beyond it
+    gen = torch.Generator().manual_seed(11)
+    x, mems = (torch.randn(2, n, D_MODEL, generator=gen, dtype=torch.float64) for n in (48, 7))
+    blocks = attn._per_distance(attn._geometry(x, torch.cat([mems, x], 1), AttentionOptions()), None).blocks(
+        256 * 1024, windowed=True)
+    assert [b.k0 for b in blocks] == [3, 19, 35]
+    grads = []
+    for explicit in (False, True):
+        xx = x.clone().requires_grad_(True)
+        out, _ = attn(xx, mems, need_weights=explicit)
+        weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
+        grads.append((out, *torch.autograd.grad((out * weights).sum(), [xx, *attn.parameters()], allow_unused=True)))
+    for fast, slow in zip(*grads):
+        torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)

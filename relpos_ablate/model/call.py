@@ -97,8 +97,9 @@ class Visibility:
 
 @dataclass(frozen=True)
 class QueryBlock:
-    """Queries i0 .. i1 - 1 against keys 0 .. n_keys - 1; rel_cols / distance_cols: the columns of
-    rel_keys and distance_scores this block reads; n_sinks: learned sink slots the kernels' keys start with."""
+    """Queries i0 .. i1 - 1 against keys k0 .. n_keys - 1 (k0 > 0: the keys before lie outside every
+    window of the block); rel_cols / distance_cols: the columns of rel_keys and distance_scores this block
+    reads; n_sinks: learned sink slots the kernels' keys start with."""
 
     i0: int
     i1: int
@@ -106,15 +107,26 @@ class QueryBlock:
     rel_cols: slice
     distance_cols: slice
     n_sinks: int = 0
+    k0: int = 0
 
     @property
     def rows(self) -> slice:
         return slice(self.i0, self.i1)
 
     @property
-    def keys(self) -> slice:
-        """The block's columns of the kernels' keys and values: [sinks; keys 0 .. n_keys - 1]."""
-        return slice(0, self.n_sinks + self.n_keys)
+    def width(self) -> int:
+        """K_b: the block's keys of the stream, k0 .. n_keys - 1."""
+        return self.n_keys - self.k0
+
+    @property
+    def keys(self) -> slice | list[int]:
+        """The block's columns of the kernels' keys and values, [sinks; keys k0 .. n_keys - 1]: a slice
+        (a view) unless both sinks and skipped keys make it two ranges."""
+        if not self.k0:
+            return slice(0, self.n_sinks + self.n_keys)
+        if not self.n_sinks:
+            return slice(self.k0, self.n_keys)
+        return [*range(self.n_sinks), *range(self.n_sinks + self.k0, self.n_sinks + self.n_keys)]
 
 
 class ScoreInputs(NamedTuple):
@@ -209,10 +221,10 @@ class AttentionCall:
         """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j (sinks not included)."""
         device = self.query_positions.device
         rows = torch.arange(block.i0, block.i1, device=device)
-        seen = self.visibility(rows[:, None], torch.arange(block.n_keys, device=device)[None, :])
+        seen = self.visibility(rows[:, None], torch.arange(block.k0, block.n_keys, device=device)[None, :])
         if self.key_padding_mask is None:
             return seen
-        return seen[None, None] & ~self.key_padding_mask[:, None, None, : block.n_keys]
+        return seen[None, None] & ~self.key_padding_mask[:, None, None, block.k0: block.n_keys]
 
     def with_sinks(self, block_map: Tensor, fill: float | bool) -> Tensor:
         """A block's [..., L_b, K_b] mask or scores with the sink columns in front, filled with `fill`
@@ -226,31 +238,38 @@ class AttentionCall:
     def all_queries(self) -> QueryBlock:
         return self.block(0, self.n_queries)
 
-    def block(self, i0: int, i1: int) -> QueryBlock:
-        """Queries i0 .. i1 - 1: causal ones see keys up to the last of them; the columns they read."""
-        lq = i1 - i0
+    def block(self, i0: int, i1: int, windowed: bool = False) -> QueryBlock:
+        """Queries i0 .. i1 - 1: causal ones see keys up to the last of them, and `windowed`, none before
+        the window of the first of them; the columns they read."""
+        lq, window = i1 - i0, self.visibility.window
         n_keys = self.n_mem + i1 if self.causal else self.n_keys
+        k0 = max(0, self.n_mem + i0 - window + 1) if windowed and self.causal and window is not None else 0
+        width = n_keys - k0
         if not self.consecutive:  # distance_index picks the columns: every block reads them all
             every = slice(0, self.distances.numel())
-            return QueryBlock(i0, i1, n_keys, every, every, self.n_sinks)
-        t0 = self.n_queries - i1  # column of this block's largest distance in the descending layout
+            return QueryBlock(i0, i1, n_keys, every, every, self.n_sinks, k0)
+        t0 = self.n_queries - i1 + k0  # column of this block's largest distance in the descending layout
         # causal: K_b + 1 columns suffice for rel_shift (the rest would only fill masked entries)
-        n_rel = min(n_keys + 1, lq + n_keys - 1) if self.causal else lq + n_keys - 1
-        return QueryBlock(i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + n_keys - 1), self.n_sinks)
+        n_rel = min(width + 1, lq + width - 1) if self.causal else lq + width - 1
+        return QueryBlock(i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + width - 1), self.n_sinks, k0)
 
-    def blocks(self, block_scores: int) -> list[QueryBlock]:
+    def blocks(self, block_scores: int, windowed: bool = False) -> list[QueryBlock]:
         """Blocks of query_chunk queries, shrunk for long key ranges so that one block's score map
         stays near `block_scores` entries per head (bounded transient memory). Term b at explicit
-        positions gathers a d_head-wide key per pair, so its blocks hold d_head times fewer pairs."""
+        positions gathers a d_head-wide key per pair, so its blocks hold d_head times fewer pairs.
+        `windowed`: each block skips the keys before its window (O(L·W) work for a window W)."""
         if not self.query_chunk:
-            return [self.all_queries]
+            return [self.block(0, self.n_queries, windowed)]
         if self.rel_keys is not None and not self.consecutive:
             block_scores //= self.rel_keys.shape[-1]
+        window = self.visibility.window if windowed else None
         blocks, i0 = [], 0
         while i0 < self.n_queries:
             keys = self.n_mem + i0 + self.query_chunk if self.causal else self.n_keys
+            if window is not None:
+                keys = min(keys, window + self.query_chunk)
             i1 = min(i0 + max(MIN_BLOCK, min(self.query_chunk, block_scores // keys)), self.n_queries)
-            blocks.append(self.block(i0, i1))
+            blocks.append(self.block(i0, i1, windowed))
             i0 = i1
         return blocks
 
@@ -292,22 +311,22 @@ class AttentionCall:
         The difference is taken in float64 and then cast: |Λ| grows with the context, and a difference of
         two large fp32 numbers would lose the near keys' decays (docs/formulas.md#fox)."""
         rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
-        decay = log_decay[..., rows, None] - log_decay[..., None, :]  # (B, H, L_b, K_b) float64
+        decay = log_decay[..., rows, None] - log_decay[..., None, block.k0:]  # (B, H, L_b, K_b) float64
         return decay.to(torch.promote_types(self.dtype, torch.float32))
 
     def per_key(self, block: QueryBlock, values: Tensor) -> Tensor:
         """[..., n] values per distance (the block's columns, block_inputs) -> [..., L_b, K_b]: the value
         at each (query, key) pair's distance."""
         if self.consecutive:
-            return toeplitz(values, block.i1 - block.i0, block.n_keys)
-        return values[..., self.distance_index[block.rows, : block.n_keys]]
+            return toeplitz(values, block.i1 - block.i0, block.width)
+        return values[..., self.distance_index[block.rows, block.k0: block.n_keys]]
 
     def term_b(self, block: QueryBlock, q_position: Tensor, rel_keys: Tensor) -> Tensor:
         """(q + v)·s·W_R R at each pair's distance: q_position [B, H, L_b, dh] and rel_keys [H, n, dh]
         (the block's columns) -> [B, H, L_b, K_b]."""
         if self.consecutive:  # one product per distance, laid out per key by a strided view
-            return rel_shift(q_position @ rel_keys.transpose(1, 2), block.n_keys)  # (B, H, L_b, n) -> (B, H, L_b, K_b)
-        pairs = rel_keys[:, self.distance_index[block.rows, : block.n_keys]]  # (H, L_b, K_b, dh)
+            return rel_shift(q_position @ rel_keys.transpose(1, 2), block.width)  # (B, H, L_b, n) -> (B, H, L_b, K_b)
+        pairs = rel_keys[:, self.distance_index[block.rows, block.k0: block.n_keys]]  # (H, L_b, K_b, dh)
         return torch.einsum("bhld,hlkd->bhlk", q_position, pairs)
 
     def pair_bias_scores(self, block: QueryBlock) -> Tensor:
@@ -316,10 +335,11 @@ class AttentionCall:
         block's L_b + K_b - 1 distances replaces the evaluation at every (i, j) pair."""
         q_offset, lq = self.n_mem + block.i0, block.i1 - block.i0
         if self.consecutive and q_offset + lq - 1 <= self.pair_bias_curve_until:
-            distances = descending_distances(q_offset, lq, block.n_keys, self.query_positions.device)
-            scores = toeplitz(self.pair_bias.curve(distances), lq, block.n_keys)
+            # the block's queries against keys k0 .. are the same distances as from q_offset - k0 against 0 ..
+            distances = descending_distances(q_offset - block.k0, lq, block.width, self.query_positions.device)
+            scores = toeplitz(self.pair_bias.curve(distances), lq, block.width)
         else:
-            scores = self.pair_bias.bias(self.query_positions[block.rows], self.key_positions[: block.n_keys])
+            scores = self.pair_bias.bias(self.query_positions[block.rows], self.key_positions[block.k0: block.n_keys])
         return scores[None] * self.bias_scale
 
 

@@ -97,21 +97,23 @@ def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_pos
                            for t in call.score_inputs(q_position)))
     params = [] if call.pair_bias is None else list(call.pair_bias.parameters())
     call = dataclasses.replace(call, dtype=wide)
-    return BlockwiseBiasedAttention.apply(call, call.blocks(REBUILT_BLOCK_SCORES), *widen, *inputs, *params)
+    return BlockwiseBiasedAttention.apply(call, call.blocks(REBUILT_BLOCK_SCORES, windowed=True), *widen, *inputs,
+                                          *params)
 
 
 def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
             dropout_p: float) -> Tensor:
-    """SDPA per query block, with the block's additive map and mask as one float mask."""
+    """SDPA per query block (skipping the keys outside its windows), with the block's additive map and
+    mask as one float mask."""
     inputs, outs = call.score_inputs(q_position), []
-    for blk in call.blocks(STORED_BLOCK_SCORES):
+    for blk in call.blocks(STORED_BLOCK_SCORES, windowed=True):
         visible = call.with_sinks(call.visible(blk), True)
-        q_b = q_content[:, :, blk.rows]
-        additive = call.additive_scores(blk, call.block_inputs(blk, inputs), q_b, k[:, :, blk.n_sinks: blk.keys.stop])
+        q_b, k_b = q_content[:, :, blk.rows], k[:, :, blk.keys]  # k_b: (B, H, S + K_b, dh)
+        additive = call.additive_scores(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks:])
         if additive is not None:
             additive = call.with_sinks(additive, 0.0).to(q_content.dtype).masked_fill(~visible, float("-inf"))
         outs.append(F.scaled_dot_product_attention(
-            q_b, k[:, :, blk.keys], v[:, :, blk.keys], attn_mask=visible if additive is None else additive,
+            q_b, k_b, v[:, :, blk.keys], attn_mask=visible if additive is None else additive,
             dropout_p=dropout_p, scale=call.scale,
         ))
     return torch.cat(outs, dim=2)  # (B, H, L, dh)
