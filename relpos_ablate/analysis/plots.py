@@ -150,10 +150,17 @@ def inspect_run(config, model, sampler: Callable) -> tuple[dict, int]:
     return figures.inspect_sample(model, tokens, seg, mem)
 
 
+def sample_decays(config, model, sampler: Callable) -> dict | None:
+    """FoX's decay curves on a training-length sample of the run's data (None without a forget gate)."""
+    if "decay" not in figures.bias_sources(model):
+        return None
+    return figures.decay_curves(model, *inspect_run(config, model, sampler))
+
+
 def run_figure(kind: str, config, model, title: str, layer: int, head: int, sampler: Callable) -> Figure:
     if kind == "bias":
         train, longest = attention_lengths(config)
-        return figures.bias_figure(model, longest, train, title)
+        return figures.bias_figure(model, longest, train, title, sample_decays(config, model, sampler))
     details, n_mem = inspect_run(config, model, sampler)
     if kind == "attention":
         return figures.attention_figure(details, n_mem, title)
@@ -177,7 +184,8 @@ def overview_figure(kind: str, items: list[tuple[str, object, object]], layer: i
             name, attn = figures.bias_panels(model, source)[0]
             ax.set_title(f"{title}\n{name}", fontsize=8)
             distances = figures.distance_range(attn.config.causal, longest)
-            figures.draw_bias_curves(ax, attn, source, distances, train, legend=ax is axes[0])
+            figures.draw_bias_curves(ax, attn, source, distances, train, legend=ax is axes[0],
+                                     decays=sample_decays(config, model, sampler))
         else:
             details, n_mem = inspect_run(config, model, sampler)
             k = figures.resolve_index(layer, len(details["probs"]), "layer")
