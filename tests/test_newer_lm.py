@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import randomize
+from conftest import assert_memory_and_causality_exact, randomize
 from test_train_run import short
 from relpos_ablate import AttentionConfig, ConfigError, ModelConfig, TransformerLM
 from relpos_ablate.config import EvalSetting, load_run_config
@@ -40,14 +40,7 @@ def lm(fields, mem_len, **model):
 def test_memory_equals_one_long_pass_and_the_future_never_leaks(name):
     """Segment 2 with memory (FoX's gates recomputed from it, CoPE counting over it, the window reaching
     into it) is the tail of one pass over both; changing later tokens leaves earlier outputs alone."""
-    model = lm(LM_SCHEMES[name], mem_len=6)
-    tokens = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(5))
-    full, _ = model(tokens)
-    _, mems = model(tokens[:, :6])
-    torch.testing.assert_close(model(tokens[:, 6:], mems)[0], full[:, 6:], rtol=1e-9, atol=1e-9)
-    changed = tokens.clone()
-    changed[:, 7:] = (changed[:, 7:] + 1) % 11
-    torch.testing.assert_close(model(changed)[0][:, :7], full[:, :7], rtol=1e-9, atol=1e-9)
+    assert_memory_and_causality_exact(lm(LM_SCHEMES[name], mem_len=6))
 
 
 def test_memory_holds_stream_tokens_only_sinks_are_not_counted():

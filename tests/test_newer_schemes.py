@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import randomize
+from conftest import fast_and_explicit_gradients, randomize
 from reference import reference_attention
 from test_attention_positions import drawn
 from test_attention_reference import D_HEAD, D_MODEL, HEADS, LQ, MEM, inputs
@@ -109,13 +109,7 @@ def test_fast_backward_equals_autograd_of_explicit_scores(name, backend):
     x, mems = inputs(6, MEM)
     padding = torch.zeros(2, MEM + LQ, dtype=torch.bool)
     padding[1, 1] = True
-    options = AttentionOptions(key_padding_mask=padding)
-    grads = []
-    for explicit in (False, True):
-        xx = x.clone().requires_grad_(True)
-        out, _ = attn(xx, mems, options, need_weights=explicit)
-        weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
-        grads.append(torch.autograd.grad((out * weights).sum(), [xx, *attn.parameters()], allow_unused=True))
+    grads = fast_and_explicit_gradients(attn, x, mems, AttentionOptions(key_padding_mask=padding))
     for (name_, _), fast, slow in zip([("x", None), *attn.named_parameters()], *grads):
         assert slow is not None, f"{name_} gets no gradient"
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10, msg=lambda m: f"{name_}: {m}")
@@ -192,11 +186,6 @@ def test_windowed_blocks_skip_the_keys_before_their_window(fields, backend):
     blocks = attn._per_distance(attn._geometry(x, torch.cat([mems, x], 1), AttentionOptions()), None).blocks(
         256 * 1024, windowed=True)
     assert [b.k0 for b in blocks] == [3, 19, 35]
-    grads = []
-    for explicit in (False, True):
-        xx = x.clone().requires_grad_(True)
-        out, _ = attn(xx, mems, need_weights=explicit)
-        weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
-        grads.append((out, *torch.autograd.grad((out * weights).sum(), [xx, *attn.parameters()], allow_unused=True)))
-    for fast, slow in zip(*grads):
+    torch.testing.assert_close(attn(x, mems)[0], attn(x, mems, need_weights=True)[0], rtol=1e-7, atol=1e-10)
+    for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, AttentionOptions())):
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
