@@ -154,3 +154,31 @@ def test_a_run_records_rope_scaling_per_setting_and_fills_in_log_n(tmp_path):
     assert [(r["rope_scaling"], r["rope_scale"]) for r in records] == [(None, None), ("yarn", 2.0), ("pi", 4.0)]
     assert all("error" not in r and r["metrics"]["loss"] > 0 for r in records)
     assert "log_n_length: 16" in (tmp_path / "config.yaml").read_text()
+
+
+def test_a_table_splits_the_settings_by_rope_scaling(tmp_path):
+    """cols [segment_len, rope_scaling] (bias_types.yaml): RoPE rows get a cell per extension; a model
+    that skipped those settings (its eval.json says why) has blanks there, not a mix of settings."""
+    from fixtures.report_runs import make_run
+    from relpos_ablate.analysis import collect
+    from relpos_ablate.analysis.render import render
+    from relpos_ablate.analysis.tables import TableOptions, make_table
+
+    settings = [(32, None, 0.9), (64, None, 0.5), (64, "pi", 0.7), (64, "yarn", 0.8)]
+    for encoding, overrides in (("rope", ["model.attention.terms=a", "model.attention.absolute=rope"]),
+                                ("alibi", ["model.attention.terms=a", "model.attention.bias=alibi"])):
+        run_dir = make_run(tmp_path, [*overrides, "train.segment_len=32"], main_metric="acc",
+                           variant={"encoding": encoding, "seed": 0})
+        records = [{"segment_len": n, "mem_len": 0, "clamp_len": None, "same_length": False, "attn_len": n,
+                    "rope_scaling": kind, "rope_scale": None if kind is None else n / 32,
+                    **({"metrics": {"acc": acc}} if encoding == "rope" or kind is None else
+                       {"metrics": {}, "error": "rope_scaling extends RoPE; this model has absolute='none'"})}
+                   for n, kind, acc in settings]
+        (run_dir / "eval.json").write_text(json.dumps({"main_metric": "acc", "settings": records}))
+    table, _ = make_table(collect(tmp_path), TableOptions(rows=("encoding",), cols=("segment_len", "rope_scaling")))
+    lines = render(table, "markdown").splitlines()
+    assert lines[0] == ("| encoding | eval len 32, rope_scaling — | eval len 64, rope_scaling — | "
+                        "eval len 64, rope_scaling pi | eval len 64, rope_scaling yarn |")
+    rope = next(line for line in lines if line.startswith("| rope "))
+    alibi = next(line for line in lines if line.startswith("| alibi "))
+    assert "0.700" in rope and "0.800" in rope and alibi.count("0.900") == 1 and "0.700" not in alibi
