@@ -189,3 +189,27 @@ def test_windowed_blocks_skip_the_keys_before_their_window(fields, backend):
     torch.testing.assert_close(attn(x, mems)[0], attn(x, mems, need_weights=True)[0], rtol=1e-7, atol=1e-10)
     for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, AttentionOptions())):
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "blocks"])
+@pytest.mark.parametrize("name", SCHEMES)
+def test_attention_statistics_of_every_scheme_match_their_definitions(name, backend):
+    """The diagnostics gathered in the same forward (model/diagnostics.py) equal their definitions on the
+    reference probabilities of the stream's keys (with sinks, rows sum to less than 1), and leave the
+    output unchanged."""
+    from test_attention_diagnostics import reference_statistics
+    from relpos_ablate.model.diagnostics import AttentionStatistics
+
+    fields = SCHEMES[name]
+    if not runs_on(fields, backend):
+        pytest.skip("CoPE runs on the explicit path and SDPA per query block (dispatch.py)")
+    attn = make(fields, backend, seed=12)
+    x, mems = inputs(12, MEM)
+    weight = (torch.rand(2, LQ, generator=torch.Generator().manual_seed(12)) > 0.3).double()
+    stats = AttentionStatistics(1, HEADS, weight, max_seen_distance=4)
+    with torch.no_grad():
+        out, _ = attn(x, mems, AttentionOptions(statistics=stats.layer(0)))
+        torch.testing.assert_close(out, attn(x, mems)[0], rtol=1e-9, atol=1e-12)
+    _, probs = reference_attention(attn, x, mems)
+    expected = reference_statistics(probs, MEM, weight, 4, None, attn.score_terms(x, mems)["visible"])
+    torch.testing.assert_close(stats.sums[:, 0], expected, rtol=1e-9, atol=1e-12)
