@@ -160,7 +160,8 @@ def rope_reference(x: Tensor, pos: float, base: float, d_rot: int | None = None,
 def fox_decay(attn, cat: Tensor, padding: Tensor | None, n_mem: int) -> Tensor:
     """FoX's D_ij = Σ_{l=j+1..i'} log σ(w·x_l + b) literally, padded keys' gates counted as 1: [B, H, L, K]."""
     gate = attn.forget_gate.proj
-    log_f = torch.nn.functional.logsigmoid(cat @ gate.weight.detach().double().T + gate.bias.detach().double())  # (B, K, H)
+    logits = cat @ gate.weight.detach().double().T + gate.bias.detach().double()  # (B, K, H)
+    log_f = torch.nn.functional.logsigmoid(logits)
     if padding is not None:
         log_f = log_f.masked_fill(padding[..., None], 0.0)
     b, n_keys, h = log_f.shape
@@ -260,7 +261,8 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     if cfg.forget_gate:
         scores = scores + fox_decay(attn, cat, padding, n_mem)
     windows = [w for w in (window, cfg.window) if w is not None]
-    visible = reference_mask(lq, n_mem, cfg.causal, min(windows) if windows else None)[None, None].expand(b, 1, lq, n_keys)
+    visible = reference_mask(lq, n_mem, cfg.causal, min(windows) if windows else None)
+    visible = visible[None, None].expand(b, 1, lq, n_keys)
     if padding is not None:
         visible = visible & ~padding[:, None, None, :]
     temperature = torch.ones(b, h, lq, 1, dtype=torch.float64)  # λ: log_n and the learned τ_h

@@ -146,7 +146,8 @@ def test_log_n_length_is_the_training_attention_length_unless_given():
 
 
 def test_a_run_records_rope_scaling_per_setting_and_fills_in_log_n(tmp_path):
-    settings = "eval.settings=[{segment_len: 16}, {segment_len: 32, rope_scaling: yarn}, {segment_len: 32, rope_scaling: pi, rope_scale: 4}]"
+    settings = ("eval.settings=[{segment_len: 16}, {segment_len: 32, rope_scaling: yarn}, "
+                "{segment_len: 32, rope_scaling: pi, rope_scale: 4}]")
     config = short("model.attention.terms=a", "model.attention.absolute=rope", "model.attention.score_scale=log_n",
                    "train.max_steps=4", "data.eval_tokens=256", settings)
     assert train_run(config, tmp_path) == "done"

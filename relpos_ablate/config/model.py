@@ -157,15 +157,18 @@ class AttentionConfig:
                        ("cope_positions", self.cope_positions), ("window", self.window is not None))
         for name, on in causal_only:
             if on and not self.causal:
-                raise ConfigError(name, "is defined for causal attention only (keys up to the query); set causal=true")
+                raise ConfigError(name, "is defined for causal attention only (keys up to the query); "
+                                  "set causal=true")
         if self.xpos_scale_base is not None and (self.sinks or self.cope_positions):
-            raise ConfigError("xpos_scale_base", "xPos scales a query and a key by ζ^(±position/B), which means something "
-                              "only in their product; sinks and CoPE's q·e[p] have no key position to pair with")
+            raise ConfigError("xpos_scale_base", "xPos scales a query and a key by ζ^(±position/B), which means "
+                              "something only in their product; sinks and CoPE's q·e[p] have no key position to "
+                              "pair with")
         if self.cope_positions and "a" not in self.terms:
-            raise ConfigError("cope_positions", f"CoPE's gates read the content score; include term a (terms={self.terms!r})")
+            raise ConfigError("cope_positions", "CoPE's gates read the content score; include term a "
+                              f"(terms={self.terms!r})")
         if self.cope_positions and self.backend in ("blocks", "flex"):
-            raise ConfigError("backend", f"{self.backend!r} cannot run CoPE (its positions sum gates over a query's whole "
-                              "row of keys before the softmax); use auto, sdpa or explicit")
+            raise ConfigError("backend", f"{self.backend!r} cannot run CoPE (its positions sum gates over a query's "
+                              "whole row of keys before the softmax); use auto, sdpa or explicit")
 
     @staticmethod
     def field_choices(name: str) -> tuple[str, ...] | None:
@@ -234,7 +237,8 @@ def check_widths(attention: AttentionConfig, d_model: int, d_head: int) -> None:
     if attention.absolute == "rope" and d_head % 2:
         raise ConfigError("d_head", f"rope needs an even d_head (got {d_head})")
     if attention.absolute == "rope" and rotary_width(attention, d_head) < 2:
-        raise ConfigError("rope_fraction", f"{attention.rope_fraction} of d_head {d_head} rotates no pair of dimensions")
+        raise ConfigError("rope_fraction", f"{attention.rope_fraction} of d_head {d_head} rotates no pair of "
+                          "dimensions")
     if attention.uses_r and attention.rel == "sinusoid" and d_model % 2:
         raise ConfigError("d_model", f"sinusoid R needs an even d_model (got {d_model})")
 

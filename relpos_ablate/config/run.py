@@ -114,7 +114,8 @@ class EvalSetting:
         else:
             check_range("rope_scale", self.rope_scale, low=1.0)
             if self.rope_scaling is None:
-                raise ConfigError("rope_scale", f"{self.rope_scale} scales RoPE only with rope_scaling: pi | ntk | yarn")
+                raise ConfigError("rope_scale", f"{self.rope_scale} scales RoPE only with rope_scaling: "
+                                  "pi | ntk | yarn")
 
     def rope_factor(self, train_attn_len: int, attn_len: int) -> float:
         """s: rope_scale, or auto: attn_len / train_attn_len (at least 1)."""

@@ -2,8 +2,8 @@
 
 Notation: B batch, H heads, dh head width, L queries (this segment), M memory keys, K = M + L keys.
 Query i sits at key index i' = M + i; key j; d = i' - j is the distance (query minus key); n = K + L - 1
-distances occur, kept in descending order (shift.py). s = 1/sqrt(dh) (score_scale='sqrt_d', else 1),
-s_B = s when bias_scaled else 1. The score of query i for key j is
+distances occur, kept in descending order (shift.py). s = 1/sqrt(dh) (score_scale 'sqrt_d' or 'log_n',
+else 1), s_B = s when bias_scaled else 1. The score of query i for key j is
 
     score_ij = λ_hi·( s·[ (a) q_i·k_j + (b) q_i·W_R R_d + (c) u·k_j + (d) v·W_R R_d ] + s_B·B_h(i', j)
                       + D_ij (FoX) ) + s·q̃_i·e[p_ij] (CoPE)
@@ -11,11 +11,11 @@ s_B = s when bias_scaled else 1. The score of query i for key j is
 followed by the mask (applied after everything is summed) and a softmax over keys and the learned sink
 slots (sinks.py). λ is 1 unless score_scale is log_n or the temperature is learned (temperature.py);
 q̃_i is the kernels' content query λ·(q_i + u). RoPE and its variants rotate q and k first
-(position/rope.py). Only enabled terms are computed. `scores` is this equation term by term (need_weights, score_terms, Shaw values,
-backend='explicit'). The fast kernels (dispatch.py) fold what the term set allows: (q + u)·k is one
-product for a + c, (q + v)·W_R R one for b + d; term d alone and every distance-only bias are one
-per-head curve over distances, laid out as a Toeplitz map. `forward` reads: project -> per-distance
-tensors -> pick a kernel -> out.
+(position/rope.py). Only enabled terms are computed. `scores` is this equation term by term
+(need_weights, score_terms, Shaw values, backend='explicit'). The fast kernels (dispatch.py) fold
+what the term set allows: (q + u)·k is one product for a + c, (q + v)·W_R R one for b + d; term d
+alone and every distance-only bias are one per-head curve over distances, laid out as a Toeplitz map.
+`forward` reads: project -> per-distance tensors -> pick a kernel -> out.
 
 Positions: the encodings read where queries and keys sit, by default their key indices (query i at
 M + i). Explicit positions (`AttentionOptions.positions`, e.g. randomized ones) replace them for RoPE,

@@ -282,7 +282,8 @@ class AttentionCall:
         """The block's slices (views) of each input; None stays None."""
         return ScoreInputs(_narrow(inputs.q_position, 2, block.rows), _narrow(inputs.rel_keys, 1, block.rel_cols),
                            _narrow(inputs.distance_scores, 1, block.distance_cols),
-                           _narrow(inputs.log_decay, 2, slice(0, block.n_keys)), _narrow(inputs.query_scale, 2, block.rows))
+                           _narrow(inputs.log_decay, 2, slice(0, block.n_keys)),
+                           _narrow(inputs.query_scale, 2, block.rows))
 
     def additive_scores(self, block: QueryBlock, inputs: ScoreInputs, q_content: Tensor | None = None,
                         k: Tensor | None = None) -> Tensor | None:

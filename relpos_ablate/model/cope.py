@@ -30,7 +30,8 @@ class ContextualPositions(nn.Module):
         self.embeddings = nn.Parameter(torch.zeros(n_positions, d_head))  # (p_max, dh), zeros as the authors
 
     def positions(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
-        """p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t), clamped to p_max - 1: q [B, H, L, dh], k [B, H, K, dh] -> [B, H, L, K]."""
+        """p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t), clamped to p_max - 1: q [B, H, L, dh], k [B, H, K, dh]
+        -> [B, H, L, K]."""
         gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale) * visible  # (B, H, L, K); unseen keys count 0
         counted = gates.flip(-1).cumsum(-1).flip(-1)  # from key j to the last key (later ones are unseen: 0)
         return counted.clamp(max=self.embeddings.shape[0] - 1)

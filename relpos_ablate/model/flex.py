@@ -45,7 +45,8 @@ def _block_mask(visibility: Visibility, n_queries: int, n_sinks: int, device: st
 
 def flex_attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
                 *, compiled: bool) -> Tensor:
-    """softmax(s·q_content·kᵀ + terms b, d, the bias and FoX's decay, masked)·v with FlexAttention: [B, H, L, dh]."""
+    """softmax(s·q_content·kᵀ + terms b, d, the bias and FoX's decay, masked)·v with FlexAttention:
+    [B, H, L, dh]."""
     n_queries, padding = call.n_queries, call.key_padding_mask
     score_mod = _per_distance_mod(call, q_position) if call.consecutive else _per_pair_mod(call, q_position)
     if padding is not None:

@@ -83,7 +83,8 @@ def _backward(ctx, grad_out: Tensor):
     grad_q, grad_k, grad_v = torch.zeros_like(q_content), torch.zeros_like(k), torch.zeros_like(v)
     position_grads = ScoreInputs(*(None if t is None or not need else torch.zeros_like(t)
                                    for t, need in zip(position_inputs, ctx.needs_input_grad[5:first_param])))
-    param_grads = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])]
+    param_grads = [torch.zeros_like(p) if need else None
+                   for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])]
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # rowsum(dP ∘ P) = rowsum(dO ∘ O)
     for blk in ctx.blocks:
         rows, keys = blk.rows, blk.keys

@@ -1,4 +1,5 @@
-"""Position schemes: bias types (one module per family; names in relpos_ablate/config/registry.py), sinusoids and RoPE."""
+"""Position schemes: bias types (one module per family; names in relpos_ablate/config/registry.py),
+sinusoids and RoPE."""
 
 from relpos_ablate.config.registry import register_bias
 from relpos_ablate.model.position.alibi import alibi_slopes
