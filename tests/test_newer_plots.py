@@ -74,3 +74,11 @@ def test_term_maps_show_foxs_decay_and_copes_term():
     fig = plots.run_figure("terms", config, model, "t", 0, 1, fake_sampler)
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles[-2:] == ["FoX decay D_ij", "CoPE s·q·e[p_ij]"]
+
+
+def test_a_fox_bias_figure_without_a_sample_says_how_to_get_one():
+    from relpos_ablate.config import ConfigError
+
+    _, model = tiny_model("model.attention.terms=a", "model.attention.forget_gate=true")
+    with pytest.raises(ConfigError, match=r"^decays: FoX's decay is read on a sample: pass decays=decay_curves"):
+        bias_figure(model, 16)

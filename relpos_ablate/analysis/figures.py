@@ -110,6 +110,9 @@ def draw_bias_curves(ax, attn, source: str, distances: np.ndarray, train_len: in
     if source == "xpos":
         curves, labels = _xpos_curves(attn, distances)
     elif source == "decay":
+        if decays is None:
+            raise ConfigError("decays", "FoX's decay is read on a sample: pass decays=decay_curves(model, "
+                              "*inspect_sample(model, tokens, segment_len, mem_len))")
         mean, slope = decays[id(attn)]
         distances = distances[(distances >= 0) & (distances < mean.shape[1])]  # the sample's distances
         curves = mean[:, distances]
