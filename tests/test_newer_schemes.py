@@ -213,3 +213,24 @@ def test_attention_statistics_of_every_scheme_match_their_definitions(name, back
     _, probs = reference_attention(attn, x, mems)
     expected = reference_statistics(probs, MEM, weight, 4, None, attn.score_terms(x, mems)["visible"])
     torch.testing.assert_close(stats.sums[:, 0], expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_bf16_autocast_forward_backward_matches_float32(name):
+    """Under torch.autocast("cpu", bfloat16) every backend's output and gradients stay within 2.5% (of
+    the norm) of float32, as for the older schemes (test_attention_precision.py explains the tolerance);
+    FoX's float64 Λ and the sinks' fp32 slots meet bf16 queries and keys."""
+    from test_attention_precision import BACKENDS, RTOL, forward_backward, relative_error
+
+    fields = SCHEMES[name]
+    gen = torch.Generator().manual_seed(1)
+    x, mems = torch.randn(2, 5, 16, generator=gen), torch.randn(2, 3, 16, generator=gen)
+    for backend, extra in BACKENDS.items():
+        if not runs_on(fields, backend):
+            continue
+        attn = RelPosAttention(16, 2, 8, AttentionConfig(**{"query_chunk": 2, **fields, "backend": backend, **extra}))
+        randomize(attn, 0, scale=0.2)
+        out32, grads32 = forward_backward(attn, x, mems, autocast=False)
+        out16, grads16 = forward_backward(attn, x, mems, autocast=True)
+        assert relative_error([out16], [out32]) < RTOL, backend
+        assert relative_error(grads16, grads32) < RTOL, backend
