@@ -18,6 +18,12 @@ Two things are kept apart on purpose:
   per-distance tensors, which are then gathered instead (`per_key`, `term_b`). Every kernel reads
   the scores through these two methods, so a scheme that needs other positions sets them here and
   every backend follows, without new arguments.
+
+Schemes that read the content travel the same way: FoX's cumulative log-gates (`log_decay`, summed
+into the block's decay by `decay`), CoPE's module (`contextual`, scored from a block's queries and
+keys), a per-query multiplier of the whole score (`query_scale`: log-n, a learned temperature), and
+learned sink slots at the front of the kernels' keys (`n_sinks`: `with_sinks` pads a block's mask and
+scores). A block may skip the keys before its window (`block(..., windowed=True)`, `QueryBlock.k0`).
 """
 
 from __future__ import annotations
