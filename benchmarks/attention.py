@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from relpos_ablate import AttentionConfig, RelPosAttention  # noqa: E402
-from relpos_ablate.model.position import sinusoid  # noqa: E402
+from relpos_ablate.model import AttentionOptions  # noqa: E402
+from relpos_ablate.model.position import RopeScaling, sinusoid  # noqa: E402
 
 B, H, D_HEAD, D_MODEL = 2, 8, 64, 512
 TERM_SUBSETS = ["".join(c) for n in (1, 2, 3, 4) for c in __import__("itertools").combinations("abcd", n)]
@@ -37,8 +38,17 @@ SCHEMES: dict[str, dict | None] = {
     "xl_abcd": dict(terms="abcd"),
     **{f"terms_{t}": dict(terms=t) for t in TERM_SUBSETS if t != "abcd"},
     **{b: dict(terms="a", bias=b) for b in ("xl_table", "t5", "alibi", "alibi_learned", "kerple_log",
-                                            "kerple_power", "fire", "dynamic")},
+                                            "kerple_power", "fire", "dynamic", "sandwich")},
     "rope": dict(terms="a", absolute="rope"),
+    "rope_partial": dict(terms="a", absolute="rope", rope_fraction=0.25),  # Pythia's rotary_pct
+    "rope_xpos": dict(terms="a", absolute="rope", xpos_scale_base=512.0),
+    "rope_yarn": "yarn",  # RoPE evaluated with YaRN at s = 4 (an evaluation setting's rope_scaling)
+    "fox": dict(terms="a", forget_gate=True),
+    "cope": dict(terms="a", cope_positions=64),
+    "window_256": dict(terms="a", window=256),
+    "sinks_4": dict(terms="a", sinks=4),
+    "log_n": dict(terms="a", score_scale="log_n", log_n_length=512),
+    "temperature": dict(terms="a", learned_temperature=True),
     "shaw": dict(terms="ab", rel="learned", clamp_len=20),
     "seed000_abcd": "seed000",  # materialises R for every (i, j): [L, K, d_model]
 }
@@ -81,10 +91,20 @@ class Seed000(RelPosAttention):
         return self.out_net(out.reshape(b, n, H * D_HEAD)), None
 
 
+class YaRNRoPE(RelPosAttention):
+    """RoPE called as an evaluation setting with rope_scaling yarn at s = 4 calls it (frequencies and temperature)."""
+
+    def __init__(self):
+        super().__init__(D_MODEL, H, D_HEAD, AttentionConfig(terms="a", absolute="rope"))
+
+    def forward(self, x, mems=None, **_):
+        return super().forward(x, mems, AttentionOptions(rope_scaling=RopeScaling("yarn", 4.0, 512)))
+
+
 def build(name: str, device, dtype) -> torch.nn.Module:
     spec = SCHEMES[name]
-    module = PlainSDPA() if spec is None else Seed000() if spec == "seed000" else RelPosAttention(
-        D_MODEL, H, D_HEAD, AttentionConfig(**spec))
+    special = {None: PlainSDPA, "seed000": Seed000, "yarn": YaRNRoPE}
+    module = special[spec]() if not isinstance(spec, dict) else RelPosAttention(D_MODEL, H, D_HEAD, AttentionConfig(**spec))
     return module.to(device=device, dtype=dtype)
 
 
@@ -207,12 +227,12 @@ def main() -> None:
     results["baseline_peak_mb"] = baseline_mem
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\n| scheme | " + " | ".join(f"L={n}: time (mem)" for n in lengths) + " |")
+    print("\n| scheme | " + " | ".join(f"L={n}: time (mem)" for n in lengths) + " |")
     print("|---|" + "---|" * len(lengths))
     for row in results["rows"]:
         print(f"| {row['scheme']} | " + " | ".join(
             f"{fmt(row.get(str(n), {}).get('ratio'))} ({fmt(row.get(str(n), {}).get('mem_ratio'))})" for n in lengths) + " |")
-    print(f"baseline sdpa_nope ms: " + ", ".join(
+    print("baseline sdpa_nope ms: " + ", ".join(
         f"L={n}: {results['rows'][0].get(str(n), {}).get('baseline_ms', float('nan')):.1f}" for n in lengths))
     print(f"baseline sdpa_nope peak MB: {baseline_mem}")
 

@@ -27,3 +27,27 @@ def randomize(module: torch.nn.Module, seed: int = 0, scale: float = 0.5) -> Non
 @pytest.fixture
 def rand():
     return randomize
+
+
+def assert_memory_and_causality_exact(model) -> None:
+    """A TransformerLM (float64, eval, mem_len 6): segment 2 with memory equals the tail of one long pass,
+    and later tokens never change earlier outputs."""
+    tokens = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(5))
+    full, _ = model(tokens)
+    _, mems = model(tokens[:, :6])
+    torch.testing.assert_close(model(tokens[:, 6:], mems)[0], full[:, 6:], rtol=1e-9, atol=1e-9)
+    changed = tokens.clone()
+    changed[:, 7:] = (changed[:, 7:] + 1) % 11
+    torch.testing.assert_close(model(changed)[0][:, :7], full[:, :7], rtol=1e-9, atol=1e-9)
+
+
+def fast_and_explicit_gradients(attn, x, mems, options):
+    """Gradients of a fixed weighting of the output w.r.t. x and every parameter, once through the
+    attention's fast kernels and once through its explicit scores: (fast, explicit) tuples."""
+    grads = []
+    for explicit in (False, True):
+        xx = x.clone().requires_grad_(True)
+        out, _ = attn(xx, mems, options, need_weights=explicit)
+        weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
+        grads.append(torch.autograd.grad((out * weights).sum(), [xx, *attn.parameters()], allow_unused=True))
+    return grads

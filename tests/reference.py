@@ -44,35 +44,35 @@ def alibi_slopes_reference(n: int) -> list[float]:
     return [2 ** (-8 * h / p) for h in range(1, p + 1)] + big[0::2][: n - p]
 
 
-def _xl_table(cfg, p, h, i, j):
+def _xl_table(cfg, p, widths, i, j):
     k, d = cfg.max_distance, i - j
     row = min(max(d, 0), k) if cfg.causal else min(max(d, -k), k) + k
     return p["table"][row]
 
 
-def _t5(cfg, p, h, i, j):
+def _t5(cfg, p, widths, i, j):
     return p["table"][t5_bucket_hf(j - i, not cfg.causal, cfg.num_buckets, cfg.max_distance)]
 
 
-def _alibi(cfg, p, h, i, j):
-    return -torch.tensor(alibi_slopes_reference(h), dtype=torch.float64) * abs(i - j)
+def _alibi(cfg, p, widths, i, j):
+    return -torch.tensor(alibi_slopes_reference(widths[0]), dtype=torch.float64) * abs(i - j)
 
 
-def _alibi_learned(cfg, p, h, i, j):
+def _alibi_learned(cfg, p, widths, i, j):
     return -p["log_slopes"].exp() * abs(i - j)
 
 
-def _kerple_log(cfg, p, h, i, j):
+def _kerple_log(cfg, p, widths, i, j):
     a, pw = p["a"].clamp(min=0.01), p["p"].clamp(min=0.01)
     return -pw * torch.log(1 + a * abs(i - j))
 
 
-def _kerple_power(cfg, p, h, i, j):
+def _kerple_power(cfg, p, widths, i, j):
     a, pw = p["a"].clamp(min=0.01), p["p"].clamp(min=0.01, max=2.0)
     return -a * abs(i - j) ** pw
 
 
-def _fire(cfg, p, h, i, j):
+def _fire(cfg, p, widths, i, j):
     c, threshold = p["c"].abs(), p["threshold"].abs()
 
     def psi(x):
@@ -83,25 +83,33 @@ def _fire(cfg, p, h, i, j):
     return p["mlp.2.weight"] @ hidden + p["mlp.2.bias"]
 
 
-def _dynamic(cfg, p, h, i, j):
+def _dynamic(cfg, p, widths, i, j):
     d = i - j
     x = math.copysign(math.log(1 + abs(d)), d) if d else 0.0
     hidden = torch.nn.functional.silu(p["mlp.0.weight"][:, 0] * x + p["mlp.0.bias"])
     return p["mlp.2.weight"] @ hidden + p["mlp.2.bias"]
 
 
+def _sandwich(cfg, p, widths, i, j):
+    n_heads, d = widths
+    inner = sum(math.cos(abs(i - j) * 10000 ** (-2 * k / d)) for k in range(1, d // 2 + 1))  # p_i·p_j
+    return torch.tensor([(inner - d / 2) / (8 * h / n_heads) for h in range(1, n_heads + 1)], dtype=torch.float64)
+
+
 #: B_h(i, j) of every built-in bias type, written from docs/formulas.md#bias-types (a test demands
 #: one per built-in; a scheme of your own is checked against its formula in its own test file).
+#: Arguments: the config, the scheme's parameters in float64, (n_heads, d_head), query i, key j.
 BIAS_FORMULAS = {
     "xl_table": _xl_table, "t5": _t5, "alibi": _alibi, "alibi_learned": _alibi_learned,
     "kerple_log": _kerple_log, "kerple_power": _kerple_power, "fire": _fire, "dynamic": _dynamic,
+    "sandwich": _sandwich,
 }
 
 
 def bias_value(attn, i: int, j: int) -> Tensor:
     """B_h(i, j) for every head h [H] in float64, from the scheme's formula and the module's parameters."""
     p = {name: t.detach().double() for name, t in attn.bias_scheme.named_parameters()}
-    return BIAS_FORMULAS[attn.config.bias](attn.config, p, attn.n_heads, i, j)
+    return BIAS_FORMULAS[attn.config.bias](attn.config, p, (attn.n_heads, attn.d_head), i, j)
 
 
 def relative_vector(attn, d: int, clamp_len: int | None) -> Tensor:
@@ -116,15 +124,70 @@ def relative_vector(attn, d: int, clamp_len: int | None) -> Tensor:
     return torch.tensor(sinusoid_row(d, attn.d_model), dtype=torch.float64)
 
 
-def rope_reference(x: Tensor, pos: int, base: float) -> Tensor:
-    """Rotate pairs (k, k + d/2) of x [..., d] by angle pos·base^(-2k/d), one 2x2 rotation at a time."""
-    d = x.shape[-1]
+def rope_rate(k: int, d_rot: int, base: float, scaling=None) -> float:
+    """θ_k of rotary pair k (docs/formulas.md#rope), as a context extension changes it (#rope-context-extension;
+    scaling: anything with kind, factor, original_length)."""
+    theta = base ** (-2 * k / d_rot)
+    if scaling is None:
+        return theta
+    s = scaling.factor
+    if scaling.kind == "pi":
+        return theta / s
+    if scaling.kind == "ntk":
+        return (base * s ** (d_rot / (d_rot - 2))) ** (-2 * k / d_rot)
+    turns = scaling.original_length * theta / (2 * math.pi)  # L / wavelength
+    ramp = min(max((turns - 1) / (32 - 1), 0.0), 1.0)
+    return (1 - ramp) * theta / s + ramp * theta
+
+
+def rope_reference(x: Tensor, pos: float, base: float, d_rot: int | None = None, scaling=None,
+                   xpos_base: float | None = None, sign: int = 1) -> Tensor:
+    """Rotate pairs (k, k + d_rot/2) of the first d_rot dims of x [..., d] by angle pos·θ_k, one 2x2
+    rotation at a time; xPos scales pair k by ζ_k^(sign·pos/B), ζ_k = (2k + 0.4·d_rot)/(1.4·d_rot)
+    (no centring: it cancels in q·k)."""
+    d_rot = x.shape[-1] if d_rot is None else d_rot
+    half = d_rot // 2
     out = x.clone()
-    for k in range(d // 2):
-        theta = pos * base ** (-2 * k / d)
-        c, s = math.cos(theta), math.sin(theta)
-        out[..., k] = x[..., k] * c - x[..., k + d // 2] * s
-        out[..., k + d // 2] = x[..., k] * s + x[..., k + d // 2] * c
+    for k in range(half):
+        angle = pos * rope_rate(k, d_rot, base, scaling)
+        c, s = math.cos(angle), math.sin(angle)
+        scale = 1.0 if xpos_base is None else ((2 * k + 0.4 * d_rot) / (1.4 * d_rot)) ** (sign * pos / xpos_base)
+        out[..., k] = (x[..., k] * c - x[..., k + half] * s) * scale
+        out[..., k + half] = (x[..., k] * s + x[..., k + half] * c) * scale
+    return out
+
+
+def fox_decay(attn, cat: Tensor, padding: Tensor | None, n_mem: int) -> Tensor:
+    """FoX's D_ij = Σ_{l=j+1..i'} log σ(w·x_l + b) literally, padded keys' gates counted as 1: [B, H, L, K]."""
+    gate = attn.forget_gate.proj
+    logits = cat @ gate.weight.detach().double().T + gate.bias.detach().double()  # (B, K, H)
+    log_f = torch.nn.functional.logsigmoid(logits)
+    if padding is not None:
+        log_f = log_f.masked_fill(padding[..., None], 0.0)
+    b, n_keys, h = log_f.shape
+    out = torch.zeros(b, h, n_keys - n_mem, n_keys, dtype=torch.float64)
+    for i in range(n_keys - n_mem):
+        for j in range(n_keys):
+            for l in range(j + 1, n_mem + i + 1):
+                out[:, :, i, j] += log_f[:, l]
+    return out
+
+
+def cope_scores(attn, q_content: Tensor, k: Tensor, visible: Tensor, s: float) -> Tensor:
+    """CoPE (docs/formulas.md#cope) pair by pair: p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t) clamped to p_max - 1,
+    s·q_i·e[p] with e interpolated between ⌊p⌋ and ⌈p⌉. q_content [B, H, L, dh], k [B, K, H, dh],
+    visible [B, 1, L, K] -> [B, H, L, K]."""
+    table = attn.contextual.embeddings.detach().double()
+    top = table.shape[0] - 1
+    b, h, lq, _ = q_content.shape
+    out = torch.zeros(b, h, lq, k.shape[1], dtype=torch.float64)
+    gates = torch.sigmoid(s * torch.einsum("bhid,bjhd->bhij", q_content, k)) * visible
+    for i in range(lq):
+        for j in range(k.shape[1]):
+            p = gates[:, :, i, j:].sum(-1).clamp(max=top)  # (B, H)
+            low, w = p.floor(), p - p.floor()
+            e = (1 - w)[..., None] * table[low.long()] + w[..., None] * table[p.ceil().long()]  # (B, H, dh)
+            out[:, :, i, j] = s * (q_content[:, :, i] * e).sum(-1)
     return out
 
 
@@ -140,11 +203,14 @@ def reference_mask(n_queries: int, n_mem: int, causal: bool, window: int | None 
     return visible
 
 
-def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_len=None, positions=None):
+def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_len=None, positions=None,
+                        rope_scaling=None):
     """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of docs/formulas.md.
 
     positions [M + L]: where the keys sit (queries: the last L), as every encoding reads them; the mask
-    stays by index. Default 0 .. M + L - 1."""
+    stays by index. Default 0 .. M + L - 1. window: the call's (the config's applies too, the narrower
+    wins). rope_scaling: kind, factor, original_length of a RoPE context extension. With sinks, probs
+    are those of the stream's keys (rows sum to 1 minus the sinks' share)."""
     cfg = attn.config
     terms = cfg.terms
     h, dh = attn.n_heads, attn.d_head
@@ -160,9 +226,13 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     k = (cat @ wk.T).view(b, n_keys, h, dh)
     v = (cat @ wv.T).view(b, n_keys, h, dh)
     if cfg.absolute == "rope":
-        q = torch.stack([rope_reference(q[:, i], pos[n_mem + i], cfg.rope_base) for i in range(lq)], dim=1)
-        k = torch.stack([rope_reference(k[:, j], pos[j], cfg.rope_base) for j in range(n_keys)], dim=1)
-    s = dh**-0.5 if cfg.score_scale == "sqrt_d" else 1.0
+        d_rot = int(cfg.rope_fraction * dh) // 2 * 2
+        turn = dict(d_rot=d_rot, scaling=rope_scaling, xpos_base=cfg.xpos_scale_base)
+        q = torch.stack([rope_reference(q[:, i], pos[n_mem + i], cfg.rope_base, sign=1, **turn) for i in range(lq)], 1)
+        k = torch.stack([rope_reference(k[:, j], pos[j], cfg.rope_base, sign=-1, **turn) for j in range(n_keys)], 1)
+        if rope_scaling is not None and rope_scaling.kind == "yarn":  # the temperature: q·k × (0.1 ln s + 1)²
+            q = q * (0.1 * math.log(rope_scaling.factor) + 1) ** 2
+    s = dh**-0.5 if cfg.score_scale in ("sqrt_d", "log_n") else 1.0
     s_bias = s if cfg.bias_scaled else 1.0
     scores = torch.zeros(b, h, lq, n_keys, dtype=torch.float64)
     if "a" in terms:
@@ -188,12 +258,34 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
             torch.stack([bias_value(attn, pos[n_mem + i], pos[j]) for j in range(n_keys)], dim=-1) for i in range(lq)
         ], dim=1)  # (H, L, K)
         scores = scores + s_bias * bias[None]
-    visible = reference_mask(lq, n_mem, cfg.causal, window)[None, None].expand(b, 1, lq, n_keys)
+    if cfg.forget_gate:
+        scores = scores + fox_decay(attn, cat, padding, n_mem)
+    windows = [w for w in (window, cfg.window) if w is not None]
+    visible = reference_mask(lq, n_mem, cfg.causal, min(windows) if windows else None)
+    visible = visible[None, None].expand(b, 1, lq, n_keys)
     if padding is not None:
         visible = visible & ~padding[:, None, None, :]
+    temperature = torch.ones(b, h, lq, 1, dtype=torch.float64)  # λ: log_n and the learned τ_h
+    if cfg.score_scale == "log_n":
+        seen = visible.sum(-1, keepdim=True).double() + cfg.sinks  # keys each query sees, sinks included
+        temperature = temperature * seen.clamp(min=1).log() / math.log(cfg.log_n_length)
+    if cfg.learned_temperature:
+        temperature = temperature * attn.temperature.log_tau.detach().double().exp()[None, :, None, None]
+    scores = scores * temperature
+    q_content = q.transpose(1, 2) + (attn.content_bias_u.detach().double()[None, :, None] if "c" in terms else 0)
+    q_content = q_content * temperature  # (B, H, L, dh): the content query as the kernels scale it
+    if cfg.cope_positions:
+        scores = scores + cope_scores(attn, q_content, k, visible, s)
+    if cfg.sinks:  # the slots first: logits s·q̃·k_s, visible to every query
+        sink_keys, sink_values = attn.sinks.keys.detach().double(), attn.sinks.values.detach().double()
+        scores = torch.cat([s * torch.einsum("bhid,hsd->bhis", q_content, sink_keys), scores], dim=-1)
+        visible = torch.cat([torch.ones(b, 1, lq, cfg.sinks, dtype=torch.bool), visible], dim=-1)
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
     probs = probs.nan_to_num(0.0)  # a query that sees no key (all padded) attends to nothing: 0, not NaN
-    out = torch.einsum("bhij,bjhd->bihd", probs, v)
+    out = torch.einsum("bhij,bjhd->bihd", probs[..., cfg.sinks:], v)
+    if cfg.sinks:
+        out = out + torch.einsum("bhis,hsd->bihd", probs[..., : cfg.sinks], sink_values)
+    probs = probs[..., cfg.sinks:]
     if cfg.shaw_values:
         table = attn.value_table.detach().double()
         c = clamp_len if clamp_len is not None else cfg.clamp_len  # the same clipped distance as the keys'

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import randomize
+from conftest import fast_and_explicit_gradients, randomize
 from reference import reference_attention
 from test_attention_reference import D_HEAD, D_MODEL, HEADS, LQ, MEM, inputs
 from relpos_ablate import AttentionConfig, RelPosAttention
@@ -117,13 +117,7 @@ def test_unsorted_positions_give_visible_pairs_negative_distances(bias):
 def test_fast_backward_at_explicit_positions_equals_autograd_of_explicit_scores(terms, bias, causal, backend):
     attn = make(seed=11, terms=terms, bias=bias, causal=causal, backend=backend)
     x, mems = inputs(12, MEM)
-    options = AttentionOptions(positions=drawn(MEM + LQ, seed=12))
-    grads = []
-    for explicit in (False, True):
-        xx = x.clone().requires_grad_(True)
-        out, _ = attn(xx, mems, options, need_weights=explicit)
-        weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
-        grads.append(torch.autograd.grad((out * weights).sum(), [xx, *attn.parameters()], allow_unused=True))
+    grads = fast_and_explicit_gradients(attn, x, mems, AttentionOptions(positions=drawn(MEM + LQ, seed=12)))
     for fast, slow in zip(*grads):
         if slow is None:
             assert fast is None or fast.abs().max() == 0

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import randomize
+from conftest import assert_memory_and_causality_exact, randomize
 from readme_scheme import registered_example
 from reference import BIAS_FORMULAS
 from relpos_ablate import AttentionConfig, ModelConfig, RelPosAttention, TransformerLM
@@ -209,14 +209,7 @@ def test_every_kernel_matches_the_explicit_scores(gaussian, name, causal):
 @pytest.mark.parametrize("name", SCHEMES)
 def test_memory_and_causality_are_exact(gaussian, name):
     """Segment 2 with memory equals the tail of one long pass; later tokens never change earlier outputs."""
-    model = lm(name, mem_len=6)
-    tokens = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(5))
-    full, _ = model(tokens)
-    _, mems = model(tokens[:, :6])
-    torch.testing.assert_close(model(tokens[:, 6:], mems)[0], full[:, 6:], rtol=1e-9, atol=1e-9)
-    changed = tokens.clone()
-    changed[:, 7:] = (changed[:, 7:] + 1) % 11
-    torch.testing.assert_close(model(changed)[0][:, :7], full[:, :7], rtol=1e-9, atol=1e-9)
+    assert_memory_and_causality_exact(lm(name, mem_len=6))
 
 
 @pytest.mark.parametrize("name", SCHEMES)

@@ -240,7 +240,7 @@ def test_grid_gets_one_figure_per_run_plus_an_overview_and_skips_runs_without_bi
     title, note = overview.get_suptitle().split("\n", 1)
     assert title.startswith("bias: 2 runs")
     assert note.replace("\n", " ") == "left out: encoding=nope (seed 0): no bias curve: bias='none' and term d is off " \
-                                      "(terms='a')."
+                                      "(terms='a'), no FoX gate, no xPos."
     assert saved[f"bias_encoding-xl_seed-0_{done['xl']}"].get_suptitle() == f"encoding=xl, seed=0 ({done['xl']})"
     with pytest.raises(ConfigError, match=r"has no bias curve"):
         plots.save_model_figures(collect(nope), "bias", tmp_path / "one", loader=fake_loader, sampler=fake_sampler)

@@ -20,9 +20,11 @@ from relpos_ablate import rundir
 from relpos_ablate.config.base import load_yaml
 from relpos_ablate.io import read_json
 
-SETTING_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "same_length", "attn_len", "max_targets")
-"""Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol)."""
-SETTING_DEFAULTS = {"max_targets": 0}
+SETTING_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "same_length", "attn_len", "max_targets",
+                  "rope_scaling", "rope_scale")
+"""Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol; rope_scale:
+the factor s of the setting's RoPE context extension, resolved)."""
+SETTING_DEFAULTS = {"max_targets": 0, "rope_scaling": None, "rope_scale": None}
 """Values of fields that eval.json files written before they existed leave out (protocol: _protocol)."""
 NOT_SETTING_FIELDS = ("metrics", "error", "diagnostics", "position_loss", "token_losses")
 """Keys of a setting record that are not plain setting columns (diagnostics: analysis/diagnostics.py reads them)."""
@@ -163,13 +165,13 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
 
     Columns: run_id, experiment, status, reason, seed, wall_time_s, step, max_steps, the variant axes
     from run.json, the evaluation setting (protocol, segment_len, stride, mem_len, clamp_len,
-    same_length, attn_len, max_targets), the metrics (ppl, acc, loss, bpc, tokens, ... as eval.json
-    has them), main_metric, eval_setting (the setting's index in eval.json), token_losses (its array
-    in token_losses.npz, if saved), reference and reference_<metric> (the unigram or chance
-    baseline), eval_error (why a setting was not evaluated, if so), run_dir, spec (the grid spec path
-    from run.json), then every flattened config field (`model.attention.terms`, ...). Runs without
-    eval.json (queued, running, failed, broken) get one row with NaN metrics. The loss by position:
-    analysis.positions.position_frame(df); token losses: analysis.recl.token_loss_frame(df).
+    same_length, attn_len, max_targets, rope_scaling, rope_scale), the metrics (ppl, acc, loss, bpc,
+    tokens, ... as eval.json has them), main_metric, eval_setting (the setting's index in eval.json),
+    token_losses (its array in token_losses.npz, if saved), reference and reference_<metric> (the
+    unigram or chance baseline), eval_error (why a setting was not evaluated, if so), run_dir, spec (the
+    grid spec path from run.json), then every flattened config field (`model.attention.terms`, ...). Runs
+    without eval.json (queued, running, failed, broken) get one row with NaN metrics. The loss by
+    position: analysis.positions.position_frame(df); token losses: analysis.recl.token_loss_frame(df).
 
     attrs: "problems" (one line each), "variant_axes", "metrics", "results_dir".
     """

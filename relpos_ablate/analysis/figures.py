@@ -23,15 +23,19 @@ TERM_NAMES = {
     "c": "(c) global content: u·k",
     "d": "(d) global position: v·W_R R",
     "bias": "bias B_h(i, j)",
+    "decay": "FoX decay D_ij",
+    "cope": "CoPE s·q·e[p_ij]",
 }
 MAX_HEATMAP_HEADS = 8
 """Attention grids show at most this many heads per layer (readable panels)."""
 
 
 def bias_sources(model) -> list[str]:
-    """'bias' when the attention adds a bias-type encoding, 'd' when term d is on."""
+    """'bias' when the attention adds a bias-type encoding, 'd' when term d is on, 'decay' with FoX's
+    forget gate (its curve is read from a sample: `decay_curves`), 'xpos' with xPos."""
     cfg = model.attention_layers()[0].config
-    return [s for s, on in (("bias", cfg.bias != "none"), ("d", "d" in cfg.terms)) if on]
+    return [s for s, on in (("bias", cfg.bias != "none"), ("d", "d" in cfg.terms), ("decay", cfg.forget_gate),
+                            ("xpos", cfg.xpos_scale_base is not None)) if on]
 
 
 def check_has_bias(model, name: str) -> list[str]:
@@ -39,17 +43,50 @@ def check_has_bias(model, name: str) -> list[str]:
     if not sources:
         cfg = model.attention_layers()[0].config
         raise ConfigError("kind", f"{name} has no bias curve: bias='none' and term d is off "
-                                  f"(terms={cfg.terms!r}); try --kind attention or terms")
+                                  f"(terms={cfg.terms!r}), no FoX gate, no xPos; try --kind attention or terms")
     return sources
 
 
 def bias_panels(model, source: str) -> list[tuple[str, object]]:
-    """(title, attention layer) per panel: the shared bias module once, else one per layer."""
+    """(title, attention layer) per panel: the shared bias module once, else one per layer; xPos's
+    parameter-free decay once."""
     layers = model.attention_layers()
     if source == "bias" and all(attn.bias_scheme is layers[0].bias_scheme for attn in layers):
         return [("bias, all layers (shared)", layers[0])]
-    what = "bias" if source == "bias" else "term d"
+    if source == "xpos":
+        return [("xPos decay per rotary pair, all layers", layers[0])]
+    what = {"bias": "bias", "d": "term d", "decay": "FoX decay on a sample"}[source]
     return [(f"{what}, layer {k}", attn) for k, attn in enumerate(layers)]
+
+
+def decay_curves(model, details: dict, n_mem: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """FoX's decay read from `model.inspect` output: per attention layer (by id), the mean of D_ij over
+    the sample's (query, key) pairs at each distance r = i' - j, [H, n], and each head's mean log-gate
+    per token (the slope of that curve, D_{i,i-1} = log f_i), [H]."""
+    curves = {}
+    for attn, terms in zip(model.attention_layers(), details["terms"]):
+        decay = terms["decay"].double()  # (B, H, L, M + L)
+        lq, n_keys = decay.shape[-2:]
+        distance = (n_mem + torch.arange(lq))[:, None] - torch.arange(n_keys)[None]  # (L, K)
+        seen = distance >= 0
+        per_pair = decay[..., seen].mean(0)  # (H, pairs), mean over the batch
+        r = distance[seen]
+        sums = torch.zeros(per_pair.shape[0], n_keys, dtype=torch.float64).index_add_(1, r, per_pair)
+        counts = torch.zeros(n_keys, dtype=torch.float64).index_add_(0, r, torch.ones_like(r, dtype=torch.float64))
+        mean = sums / counts.clamp(min=1)
+        curves[id(attn)] = (mean.numpy(), mean[:, 1].numpy() if n_keys > 1 else np.zeros(len(mean)))
+    return curves
+
+
+def _xpos_curves(attn, distances: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """ζ_p^(r/B) for five rotary pairs from the fastest to the slowest: [5, n] and their labels."""
+    from relpos_ablate.config.model import rotary_width
+    from relpos_ablate.model.position import xpos_decay
+
+    zeta = xpos_decay(rotary_width(attn.config, attn.d_head)).numpy()
+    pairs = sorted({round(k * (len(zeta) - 1) / 4) for k in range(5)})
+    r = np.abs(distances) / attn.config.xpos_scale_base
+    return zeta[pairs][:, None] ** r[None], [f"pair {p} (ζ = {zeta[p]:.3f})" for p in pairs]
 
 
 def distance_range(causal: bool, max_distance: int) -> np.ndarray:
@@ -67,18 +104,31 @@ def marks(attn, source: str) -> list[float]:
 
 
 def draw_bias_curves(ax, attn, source: str, distances: np.ndarray, train_len: int | None, legend: bool,
-                     linestyle: str = "-", first: bool = True) -> None:
-    """One curve per head of `attn`'s bias (or term d) against distance, boundaries marked. Overlaying
+                     linestyle: str = "-", first: bool = True, decays: dict | None = None) -> None:
+    """One curve per head of `attn`'s bias (or term d, or FoX's decay on a sample: `decays` from
+    decay_curves) against distance, or per rotary pair of xPos's decay; boundaries marked. Overlaying
     several seeds: a linestyle each, and `first` only for the first (it labels the heads and marks)."""
-    with torch.no_grad():
-        curves = attn.bias_curve(torch.as_tensor(distances), source=source).float().cpu().numpy()  # (H, n)
+    if source == "xpos":
+        curves, labels = _xpos_curves(attn, distances)
+    elif source == "decay":
+        if decays is None:
+            raise ConfigError("decays", "FoX's decay is read on a sample: pass decays=decay_curves(model, "
+                              "*inspect_sample(model, tokens, segment_len, mem_len))")
+        mean, slope = decays[id(attn)]
+        distances = distances[(distances >= 0) & (distances < mean.shape[1])]  # the sample's distances
+        curves = mean[:, distances]
+        labels = [f"head {h}: mean log f = {s:.2f}" for h, s in enumerate(slope)]
+    else:
+        with torch.no_grad():
+            curves = attn.bias_curve(torch.as_tensor(distances), source=source).float().cpu().numpy()  # (H, n)
+        labels = [f"head {h}" for h in range(len(curves))]
     colors = _head_colors(len(curves))
     for h, curve in enumerate(curves):
-        ax.plot(distances, curve, color=colors[h], lw=1.2, ls=linestyle, label=f"head {h}" if first else None)
+        ax.plot(distances, curve, color=colors[h], lw=1.2, ls=linestyle, label=labels[h] if first else None)
     if first:
         _mark_lengths(ax, attn, source, distances, train_len)
     ax.set_xlabel("distance i − j")
-    ax.set_ylabel("added score")
+    ax.set_ylabel("weight of a pair's q·k" if source == "xpos" else "added score")
     if legend:
         ax.legend(fontsize=7, ncol=2 if len(curves) > 4 else 1)
 
@@ -99,8 +149,10 @@ def _head_colors(n: int) -> list:
     return [colormaps["viridis"](0.9 * k / (n - 1)) for k in range(n)]
 
 
-def bias_figure(model, max_distance: int, train_len: int | None = None, title: str = "") -> Figure:
-    """Every layer's (or the shared module's) per-head bias and term-d curves, one row per source."""
+def bias_figure(model, max_distance: int, train_len: int | None = None, title: str = "",
+                decays: dict | None = None) -> Figure:
+    """Every layer's (or the shared module's) per-head bias and term-d curves, FoX's decay on a sample
+    (`decays`, from decay_curves; needed with a forget gate) and xPos's decay, one row per source."""
     rows = [(source, bias_panels(model, source)) for source in check_has_bias(model, title or "this model")]
     ncols = max(len(panels) for _, panels in rows)
     fig = Figure(figsize=(4.2 * ncols, 3.2 * len(rows)), layout="constrained")
@@ -113,7 +165,8 @@ def bias_figure(model, max_distance: int, train_len: int | None = None, title: s
                 axes[r][c].set_visible(False)
                 continue
             name, attn = panels[c]
-            draw_bias_curves(axes[r][c], attn, source, distances, train_len, legend=(r, c) == (0, 0))
+            draw_bias_curves(axes[r][c], attn, source, distances, train_len, legend=(r, c) == (0, 0) or
+                             source in ("decay", "xpos"), decays=decays)
             axes[r][c].set_title(name, fontsize=10)
     if title:
         fig.suptitle(title)
@@ -172,13 +225,14 @@ def attention_figure(details: dict, n_mem: int, title: str = "") -> Figure:
 
 
 def enabled_terms(terms: dict) -> list[str]:
-    """The score terms (a-d, then the bias) present in one layer's `inspect` maps, in that order."""
+    """The score terms (a-d, then the bias, decay, cope) present in one layer's `inspect` maps, in that order."""
     return [name for name in TERM_NAMES if name in terms]
 
 
 def terms_figure(details: dict, layer: int, head: int, n_mem: int, title: str = "") -> Figure:
-    """The enabled score terms among a, b, c, d (and the bias) of one head as separate maps, as they
-    enter the scores (scaled), with masked entries blank; the title names the disabled ones."""
+    """The enabled score terms among a, b, c, d (and the bias, FoX's decay, CoPE's term) of one head as
+    separate maps, as they enter the scores (scaled), with masked entries blank; the title names the
+    disabled ones."""
     layer = resolve_index(layer, len(details["terms"]), "layer")
     head = resolve_index(head, details["probs"][0].shape[1], "head")
     terms = details["terms"][layer]

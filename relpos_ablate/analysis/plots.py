@@ -189,10 +189,17 @@ def inspect_run(config, model, sampler: Callable) -> tuple[dict, int]:
     return figures.inspect_sample(model, tokens, seg, mem)
 
 
+def sample_decays(config, model, sampler: Callable) -> dict | None:
+    """FoX's decay curves on a training-length sample of the run's data (None without a forget gate)."""
+    if "decay" not in figures.bias_sources(model):
+        return None
+    return figures.decay_curves(model, *inspect_run(config, model, sampler))
+
+
 def run_figure(kind: str, config, model, title: str, layer: int, head: int, sampler: Callable) -> Figure:
     if kind == "bias":
         train, longest = attention_lengths(config)
-        return figures.bias_figure(model, longest, train, title)
+        return figures.bias_figure(model, longest, train, title, sample_decays(config, model, sampler))
     details, n_mem = inspect_run(config, model, sampler)
     if kind == "attention":
         return figures.attention_figure(details, n_mem, title)
@@ -205,7 +212,7 @@ def overview_figure(kind: str, drawn: list[tuple[pd.Series, object, object]], ke
     """All drawn runs together: bias curves per variant (seeds overlaid, one y scale per scheme family),
     head-mean last-layer attention per run, or the enabled terms per run; left-out runs named."""
     if kind == "bias":
-        fig = _bias_overview(drawn, keys)
+        fig = _bias_overview(drawn, keys, sampler)
         where = "layer 0 or the shared module; seeds overlaid, one y scale per scheme"
     elif kind == "terms":
         fig = _terms_overview([(run_title(run, keys), config, model) for run, config, model in drawn], layer, head, sampler)
@@ -244,7 +251,7 @@ def _panels(count: int, width: float, height: float):
     return fig, axes
 
 
-def _bias_overview(drawn: list[tuple[pd.Series, object, object]], keys: list[str]) -> Figure:
+def _bias_overview(drawn: list[tuple[pd.Series, object, object]], keys: list[str], sampler) -> Figure:
     """One panel per variant with every seed's curves (a line style per seed); panels of one scheme
     family (the same bias type, or term d) share their y scale."""
     variants: dict[str, list] = {}
@@ -258,8 +265,9 @@ def _bias_overview(drawn: list[tuple[pd.Series, object, object]], keys: list[str
             panel, attn = figures.bias_panels(model, source)[0]
             train, longest = attention_lengths(config)
             figures.draw_bias_curves(ax, attn, source, figures.distance_range(attn.config.causal, longest), train,
-                                     legend=False, linestyle=LINE_STYLES[k % len(LINE_STYLES)], first=k == 0)
-        families.setdefault(f"{source}:{attn.config.bias if source == 'bias' else 'd'}", []).append(ax)
+                                     legend=False, linestyle=LINE_STYLES[k % len(LINE_STYLES)], first=k == 0,
+                                     decays=sample_decays(config, model, sampler))
+        families.setdefault(f"{source}:{attn.config.bias if source == 'bias' else ''}", []).append(ax)
         seeds = ", ".join(label(run.get("seed")) for run, _, _ in runs)
         ax.set_title(f"{name}\n{panel}; seed{'s' if len(runs) > 1 else ''} {seeds}", fontsize=8)
         if len(runs) > 1:

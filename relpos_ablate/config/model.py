@@ -12,7 +12,7 @@ from relpos_ablate.config.registry import BUILTIN_BIASES, bias_types, check_bias
 BIAS_TYPES = ("none", *BUILTIN_BIASES)
 ABSOLUTE_TYPES = ("none", "sinusoid", "learned", "learned_per_layer", "rope")
 REL_SOURCES = ("sinusoid", "learned")
-SCORE_SCALES = ("sqrt_d", "none")
+SCORE_SCALES = ("sqrt_d", "none", "log_n")
 BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit")
 POSITIONS = ("sequential", "randomized")
 NORMS = ("pre", "post")
@@ -57,11 +57,39 @@ class AttentionConfig:
     code evaluates) | null: as in training."""
     rope_base: float = 10000.0
     """rope: base of the inverse frequencies."""
+    rope_fraction: float = 1.0
+    """rope: fraction of each head's dimensions that rotate (partial rotary, GPT-NeoX `rotary_pct`): the first
+    int(fraction·d_head) dimensions (an even number), with frequencies over that width; the others carry
+    no position."""
+    xpos_scale_base: float | None = None
+    """rope: xPos (Sun et al. 2022) with this scale base B (the paper's 512): rotary pair p of a query at
+    position n is scaled by ζ_p^(n/B), of a key at m by ζ_p^(-m/B), so its part of the score decays as
+    ζ_p^((n-m)/B), ζ_p = (2p/d_rot + 0.4)/1.4 (docs/formulas.md#xpos); causal only. null: plain RoPE."""
+    forget_gate: bool = False
+    """FoX (Lin et al. 2025, Forgetting Transformer): a forget gate f_t = σ(w·x_t + b) per head and token
+    adds Σ_{l=j+1..i} log f_l to the score of query i for key j, a data-dependent decay
+    (docs/formulas.md#fox); causal only. The `fox` preset is this on NoPE."""
+    cope_positions: int = 0
+    """CoPE (Golovneva et al. 2024): number of contextual positions p_max (0: off). Query i counts the keys
+    j..i it sees with gates σ(content score), p_ij = Σ of the gates, and adds s·q_i·e[p_ij] (interpolated,
+    p clamped to p_max - 1) to its score (docs/formulas.md#cope); causal, needs term a."""
+    window: int | None = None
+    """Causal only: a sliding window, in training and at evaluation: query i' sees key j iff
+    0 <= i' - j < window (itself and window - 1 earlier keys, memory keys included). null: no window."""
+    sinks: int = 0
+    """Learned sink slots per layer: this many key/value pairs per head that every query sees besides its
+    keys, whatever the window; they carry no position (docs/formulas.md#sinks); memory does not count them."""
     shaw_values: bool = False
     """Shaw et al. value embeddings: add Σ_j p_ij a^V_{clip(i-j)} to the output (needs rel='learned')."""
     score_scale: str = "sqrt_d"
     """Scale of terms a-d: 'sqrt_d' multiplies their sum by 1/sqrt(d_head) (XL); 'none' leaves them
-    unscaled (T5)."""
+    unscaled (T5); 'log_n' is sqrt_d with the whole score of a query that sees n keys multiplied by
+    log(n)/log(log_n_length) (scalable softmax; docs/formulas.md#length-aware-scaling)."""
+    log_n_length: int = 0
+    """score_scale log_n: the length L_train with log_{L_train}(n) = 1 (0: the run's training attention
+    length, train.segment_len + model.mem_len, filled in when the run starts)."""
+    learned_temperature: bool = False
+    """Multiply the whole score of head h by a learned τ_h = exp(t_h), t_h initialised at 0 (τ = 1)."""
     bias_scaled: bool = False
     """Whether the additive bias is scaled with the terms (false: added unscaled, as T5 and ALiBi do)."""
     causal: bool = True
@@ -109,6 +137,38 @@ class AttentionConfig:
         check_choice("backend", self.backend, BACKENDS)
         check_range("query_chunk", self.query_chunk, low=0)
         check_range("max_stored_scores_mb", self.max_stored_scores_mb, low=0)
+        self._check_newer_schemes()
+
+    def _check_newer_schemes(self) -> None:
+        """RoPE variants, FoX, CoPE, windows, sinks and length-aware scaling (docs/formulas.md)."""
+        check_range("rope_fraction", self.rope_fraction, low=1e-9, high=1.0)
+        if self.xpos_scale_base is not None:
+            check_range("xpos_scale_base", self.xpos_scale_base, low=1e-9)
+        check_range("cope_positions", self.cope_positions, low=0)
+        if self.window is not None:
+            check_range("window", self.window, low=1)
+        check_range("sinks", self.sinks, low=0)
+        if self.log_n_length:
+            check_range("log_n_length", self.log_n_length, low=2)
+        for name, on in (("rope_fraction", self.rope_fraction != 1.0), ("xpos_scale_base", self.xpos_scale_base)):
+            if on and self.absolute != "rope":
+                raise ConfigError(name, f"is a RoPE variant; set absolute='rope' (got {self.absolute!r})")
+        causal_only = (("xpos_scale_base", self.xpos_scale_base is not None), ("forget_gate", self.forget_gate),
+                       ("cope_positions", self.cope_positions), ("window", self.window is not None))
+        for name, on in causal_only:
+            if on and not self.causal:
+                raise ConfigError(name, "is defined for causal attention only (keys up to the query); "
+                                  "set causal=true")
+        if self.xpos_scale_base is not None and (self.sinks or self.cope_positions):
+            raise ConfigError("xpos_scale_base", "xPos scales a query and a key by ζ^(±position/B), which means "
+                              "something only in their product; sinks and CoPE's q·e[p] have no key position to "
+                              "pair with")
+        if self.cope_positions and "a" not in self.terms:
+            raise ConfigError("cope_positions", "CoPE's gates read the content score; include term a "
+                              f"(terms={self.terms!r})")
+        if self.cope_positions and self.backend in ("blocks", "flex"):
+            raise ConfigError("backend", f"{self.backend!r} cannot run CoPE (its positions sum gates over a query's "
+                              "whole row of keys before the softmax); use auto, sdpa or explicit")
 
     @staticmethod
     def field_choices(name: str) -> tuple[str, ...] | None:
@@ -176,6 +236,9 @@ def check_widths(attention: AttentionConfig, d_model: int, d_head: int) -> None:
     R_{i-j} has a sine and a cosine half. (ModelConfig and a bare RelPosAttention both check them.)"""
     if attention.absolute == "rope" and d_head % 2:
         raise ConfigError("d_head", f"rope needs an even d_head (got {d_head})")
+    if attention.absolute == "rope" and rotary_width(attention, d_head) < 2:
+        raise ConfigError("rope_fraction", f"{attention.rope_fraction} of d_head {d_head} rotates no pair of "
+                          "dimensions")
     if attention.uses_r and attention.rel == "sinusoid" and d_model % 2:
         raise ConfigError("d_model", f"sinusoid R needs an even d_model (got {d_model})")
 
@@ -193,3 +256,8 @@ def check_randomized_range(attention: AttentionConfig, lengths: dict[str, tuple[
             raise ConfigError("model.attention.max_position", f"{attention.max_position} is below the {segment_len} "
                               f"tokens of {field_name}: randomized positions draw that many distinct positions "
                               f"from [0, max_position)")
+
+
+def rotary_width(attention: AttentionConfig, d_head: int) -> int:
+    """d_rot: how many of a head's dimensions RoPE rotates, int(rope_fraction·d_head) rounded down to even."""
+    return int(attention.rope_fraction * d_head) // 2 * 2

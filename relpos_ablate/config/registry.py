@@ -33,6 +33,7 @@ BUILTIN_BIASES: dict[str, str] = {
     "kerple_power": "relpos_ablate.model.position.kerple:KerplePowerBias",
     "fire": "relpos_ablate.model.position.mlp:FIREBias",
     "dynamic": "relpos_ablate.model.position.mlp:DynamicBias",
+    "sandwich": "relpos_ablate.model.position.sandwich:SandwichBias",
 }
 HOW_TO_REGISTER = "your own: @register_bias in a module listed under `imports:`"
 

@@ -22,6 +22,7 @@ LOSS_ON = ("full", "half")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 STRATEGIES = ("auto", "ddp")
 LOGGERS = ("csv", "tensorboard", "wandb")
+ROPE_SCALINGS = ("pi", "ntk", "yarn")
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,16 @@ class EvalSetting:
     subset that is the same for every model and protocol, for costly evaluations (sliding, stride 1)."""
     token_losses: bool = False
     """Save every scored target's loss in the run dir (token_losses.npz): what RECL reads."""
+    rope_scaling: str | None = None
+    """RoPE context extension at this evaluation: pi (position interpolation, Chen et al. 2023) | ntk
+    (NTK-aware base) | yarn (Peng et al. 2023: per-frequency ramp and attention temperature) | null: the
+    trained RoPE (docs/formulas.md#rope-context-extension). A model without RoPE (or with xPos) skips the
+    setting, with the reason in eval.json."""
+    rope_scale: float | str = "auto"
+    """rope_scaling's factor s >= 1 (target / training context): a number, or auto = this setting's attention
+    length (attn_len: the keys a query sees under its protocol) / the training one, train.segment_len +
+    model.mem_len; at least 1.
+    Fixed per setting: the same (i, j) pair always gets the same score."""
 
     def __post_init__(self):
         check_range("segment_len", self.segment_len, low=1)
@@ -187,6 +198,15 @@ class EvalSetting:
         if self.same_length and self.protocol != "xl":
             raise ConfigError("same_length", "is Transformer-XL's evaluation: write protocol: xl (memory carried, "
                               "every query sees mem_len keys)")
+        if self.rope_scaling is not None:
+            check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
+        if isinstance(self.rope_scale, str):
+            check_choice("rope_scale", self.rope_scale, ("auto",))
+        else:
+            check_range("rope_scale", self.rope_scale, low=1.0)
+            if self.rope_scaling is None:
+                raise ConfigError("rope_scale", f"{self.rope_scale} scales RoPE only with rope_scaling: "
+                                  "pi | ntk | yarn")
 
     @property
     def uses_memory(self) -> bool:
@@ -204,6 +224,10 @@ class EvalSetting:
         segment_len (sliding), the memory length (xl: every query, same_length)."""
         memory = self.memory(model_mem_len)
         return {"non_overlapping": self.segment_len + memory, "sliding": self.segment_len, "xl": memory}[self.protocol]
+
+    def rope_factor(self, train_attn_len: int, attn_len: int) -> float:
+        """s: rope_scale, or auto: attn_len / train_attn_len (at least 1)."""
+        return max(1.0, attn_len / train_attn_len) if self.rope_scale == "auto" else float(self.rope_scale)
 
 
 @dataclass(frozen=True)
@@ -320,6 +344,11 @@ class RunConfig:
             raise ConfigError("eval.recl_targets", f"{self.eval.recl_targets} targets in eval.batch_size={streams} "
                               f"streams leave none with {self.eval.recl_contexts[-1]} tokens of context (the longest "
                               f"of recl_contexts); use >= {streams * self.eval.recl_contexts[-1]}")
+    @property
+    def train_attn_len(self) -> int:
+        """Keys the last training query sees: train.segment_len + model.mem_len (L_train of log-n scaling
+        and of RoPE context extension)."""
+        return self.train.segment_len + self.model.mem_len
 
     def eval_settings(self) -> tuple[EvalSetting, ...]:
         """The configured settings (or the documented default: 1x, 2x, 4x the training length), then the
@@ -360,6 +389,13 @@ def what_to_run(config: RunConfig) -> dict:
     for name in HOW_TO_RUN:
         del plain["train"][name]
     return plain
+def resolve_log_n_length(config: RunConfig) -> RunConfig:
+    """score_scale log_n with log_n_length 0: fill in the training attention length (when the run starts)."""
+    attention = config.model.attention
+    if attention.score_scale != "log_n" or attention.log_n_length:
+        return config
+    attention = dataclasses.replace(attention, log_n_length=max(2, config.train_attn_len))
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, attention=attention))
 
 
 def run_id(config: RunConfig) -> str:
@@ -378,5 +414,5 @@ def load_run_config(path: str | Path | None = None, overrides: Iterable[str] = (
 
 __all__ = [
     "HOW_TO_RUN", "PROTOCOLS", "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig",
-    "check_streams_split", "check_world_size", "load_run_config", "run_id", "what_to_run",
+    "check_streams_split", "check_world_size", "load_run_config", "resolve_log_n_length", "run_id", "what_to_run",
 ]

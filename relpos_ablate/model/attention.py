@@ -2,17 +2,20 @@
 
 Notation: B batch, H heads, dh head width, L queries (this segment), M memory keys, K = M + L keys.
 Query i sits at key index i' = M + i; key j; d = i' - j is the distance (query minus key); n = K + L - 1
-distances occur, kept in descending order (shift.py). s = 1/sqrt(dh) (score_scale='sqrt_d', else 1),
-s_B = s when bias_scaled else 1. The score of query i for key j is
+distances occur, kept in descending order (shift.py). s = 1/sqrt(dh) (score_scale 'sqrt_d' or 'log_n',
+else 1), s_B = s when bias_scaled else 1. The score of query i for key j is
 
-    score_ij = s·[ (a) q_i·k_j + (b) q_i·W_R R_d + (c) u·k_j + (d) v·W_R R_d ] + s_B·B_h(i', j)
+    score_ij = λ_hi·( s·[ (a) q_i·k_j + (b) q_i·W_R R_d + (c) u·k_j + (d) v·W_R R_d ] + s_B·B_h(i', j)
+                      + D_ij (FoX) ) + s·q̃_i·e[p_ij] (CoPE)
 
-followed by the mask (applied after everything is summed) and a softmax over keys. Only enabled terms
-are computed. `scores` is this equation term by term (need_weights, score_terms, Shaw values,
-backend='explicit'). The fast kernels (dispatch.py) fold what the term set allows: (q + u)·k is one
-product for a + c, (q + v)·W_R R one for b + d; term d alone and every distance-only bias are one
-per-head curve over distances, laid out as a Toeplitz map. `forward` reads: project -> per-distance
-tensors -> pick a kernel -> out.
+followed by the mask (applied after everything is summed) and a softmax over keys and the learned sink
+slots (sinks.py). λ is 1 unless score_scale is log_n or the temperature is learned (temperature.py);
+q̃_i is the kernels' content query λ·(q_i + u). RoPE and its variants rotate q and k first
+(position/rope.py). Only enabled terms are computed. `scores` is this equation term by term
+(need_weights, score_terms, Shaw values, backend='explicit'). The fast kernels (dispatch.py) fold
+what the term set allows: (q + u)·k is one product for a + c, (q + v)·W_R R one for b + d; term d
+alone and every distance-only bias are one per-head curve over distances, laid out as a Toeplitz map.
+`forward` reads: project -> per-distance tensors -> pick a kernel -> out.
 
 Positions: the encodings read where queries and keys sit, by default their key indices (query i at
 M + i). Explicit positions (`AttentionOptions.positions`, e.g. randomized ones) replace them for RoPE,
@@ -22,17 +25,22 @@ the bias and terms b/d, which then see d = pos(i) - pos(j); the mask stays by in
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from relpos_ablate.config.model import AttentionConfig, check_widths
+from relpos_ablate.config.model import AttentionConfig, check_widths, rotary_width
 from relpos_ablate.model.call import AttentionCall, AttentionOptions, SharedParameters, Visibility, place
+from relpos_ablate.model.cope import ContextualPositions
 from relpos_ablate.model.dispatch import attend
+from relpos_ablate.model.fox import ForgetGate, decay_map
 from relpos_ablate.model.kernels import masked_softmax
-from relpos_ablate.model.position import build_bias, rope_rotate, sinusoid
+from relpos_ablate.model.position import RopeScaling, build_bias, rotate, sinusoid
 from relpos_ablate.model.shift import rel_shift, table_row, table_rows
+from relpos_ablate.model.sinks import Sinks
+from relpos_ablate.model.temperature import Temperature
 
 
 def init_vector(n_heads: int, d_head: int) -> nn.Parameter:
@@ -55,7 +63,7 @@ class RelPosAttention(nn.Module):
         check_widths(config, d_model, d_head)
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
         self.dropout = dropout
-        self.scale = d_head**-0.5 if config.score_scale == "sqrt_d" else 1.0
+        self.scale = d_head**-0.5 if config.score_scale in ("sqrt_d", "log_n") else 1.0
         self.bias_scale = self.scale if config.bias_scaled else 1.0
         inner = n_heads * d_head
         self.q_net = nn.Linear(d_model, inner, bias=False)
@@ -68,7 +76,12 @@ class RelPosAttention(nn.Module):
         u, v = shared.content_bias_u, shared.position_bias_v
         self.content_bias_u = (u if u is not None else init_vector(n_heads, d_head)) if "c" in config.terms else None
         self.position_bias_v = (v if v is not None else init_vector(n_heads, d_head)) if "d" in config.terms else None
-        self.bias_scheme = shared.bias_scheme if shared.bias_scheme is not None else build_bias(config, n_heads)
+        self.bias_scheme = shared.bias_scheme if shared.bias_scheme is not None else build_bias(config, n_heads, d_head)
+        self.forget_gate = ForgetGate(d_model, n_heads) if config.forget_gate else None
+        self.contextual = ContextualPositions(config.cope_positions, d_head) if config.cope_positions else None
+        self.sinks = Sinks(n_heads, config.sinks, d_head) if config.sinks else None
+        scaled = config.score_scale == "log_n" or config.learned_temperature
+        self.temperature = Temperature(n_heads, config) if scaled else None
 
     # ------------------------------------------------------------------ per-distance tensors
     def _table_row(self, distances: Tensor, clamp: int) -> Tensor:
@@ -111,14 +124,23 @@ class RelPosAttention(nn.Module):
             return self._term_d(self.projected_relative(distances, clamp_len) * self.scale)
         raise ValueError(f"source: {source!r} is not allowed; choose 'bias' or 'd'")
 
-    def _geometry(self, x: Tensor, n_mem: int, options: AttentionOptions) -> AttentionCall:
-        """Where this call's queries and keys sit and which keys each query sees."""
-        if options.window is not None and not self.config.causal:
+    def _geometry(self, x: Tensor, keys_input: Tensor, options: AttentionOptions) -> AttentionCall:
+        """Where this call's queries and keys sit, which keys each query sees (the config's window and
+        the call's, the narrower), and what the data-dependent schemes read: FoX's Λ from the keys'
+        layer inputs [memory; x], CoPE's table, the sinks, the query scale."""
+        cfg = self.config
+        if options.window is not None and not cfg.causal:
             raise ValueError("window (same_length) applies to causal attention only")
-        visibility = Visibility(n_mem, self.config.causal, options.window)
-        return AttentionCall(visibility, x.shape[1], self.scale, **place(visibility, x.shape[1], options.positions, x.device),
-                             key_padding_mask=options.key_padding_mask, bias_scale=self.bias_scale,
-                             query_chunk=self.config.query_chunk)
+        window = min((w for w in (cfg.window, options.window) if w is not None), default=None)
+        lq, padding = x.shape[1], options.key_padding_mask
+        visibility = Visibility(keys_input.shape[1] - lq, cfg.causal, window)
+        log_decay = None if self.forget_gate is None else self.forget_gate.log_decay(keys_input, padding)
+        call = AttentionCall(visibility, lq, self.scale, **place(visibility, lq, options.positions, x.device),
+                             key_padding_mask=padding, bias_scale=self.bias_scale, query_chunk=cfg.query_chunk,
+                             log_decay=log_decay, contextual=self.contextual, n_sinks=cfg.sinks)
+        if self.temperature is None:
+            return call
+        return dataclasses.replace(call, query_scale=self.temperature.query_scale(call, x.dtype))
 
     def _per_distance(self, call: AttentionCall, clamp_len: int | None) -> AttentionCall:
         """The call with the tensors every query block reads: s·W_R R_d (term b's keys), the scores of
@@ -141,22 +163,30 @@ class RelPosAttention(nn.Module):
         )
 
     # ------------------------------------------------------------------ the equation
-    def _project(self, x: Tensor, mems: Tensor | None, call: AttentionCall) -> tuple[Tensor, Tensor, Tensor]:
-        """q [B, H, L, dh] from x; k, v [B, H, K, dh] from [mems; x]; RoPE rotates q and k by position."""
-        cat = x if call.n_mem == 0 else torch.cat([mems.to(x.dtype), x], dim=1)  # (B, K, D)
+    def _project(self, x: Tensor, keys_input: Tensor, call: AttentionCall, rope_scaling: RopeScaling | None
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, H, L, dh] from x; k, v [B, H, K, dh] from keys_input = [mems; x]; RoPE rotates q and k."""
         b, lq, _ = x.shape
         q = self.q_net(x).view(b, lq, self.n_heads, self.d_head).transpose(1, 2)  # (B, L, H, dh) -> (B, H, L, dh)
-        kv = self.kv_net(cat).view(b, call.n_keys, 2, self.n_heads, self.d_head)  # (B, K, 2, H, dh)
+        kv = self.kv_net(keys_input).view(b, call.n_keys, 2, self.n_heads, self.d_head)  # (B, K, 2, H, dh)
         # contiguous once, so that the key prefix each query block reads is a view, not a copy
         k, v = kv.permute(2, 0, 3, 1, 4).contiguous()  # 2 x (B, H, K, dh)
         if self.config.absolute == "rope":
-            q = rope_rotate(q, call.query_positions, self.config.rope_base)
-            k = rope_rotate(k, call.key_positions, self.config.rope_base)
+            q, k = self._rotate(q, k, call, rope_scaling)
         return q, k, v
 
+    def _rotate(self, q: Tensor, k: Tensor, call: AttentionCall, scaling: RopeScaling | None) -> tuple[Tensor, Tensor]:
+        """RoPE at the call's positions (partial rotary, xPos, context extension); YaRN's temperature on q."""
+        cfg = self.config
+        centre = (call.key_positions.amin() + call.key_positions.amax()).double() / 2  # xPos: one for q and k
+        turn = functools.partial(rotate, d_rot=rotary_width(cfg, self.d_head), base=cfg.rope_base, scaling=scaling,
+                                 xpos_scale_base=cfg.xpos_scale_base, xpos_centre=centre)
+        q, k = turn(q, call.query_positions, xpos_sign=1.0), turn(k, call.key_positions, xpos_sign=-1.0)
+        return (q if scaling is None or scaling.query_factor == 1.0 else q * scaling.query_factor), k
+
     def scores(self, q: Tensor, k: Tensor, call: AttentionCall) -> dict[str, Tensor]:
-        """The module docstring's equation, term by term: each enabled term of 'a', 'b', 'c', 'd',
-        'bias', scaled as it enters the sum, broadcastable to [B, H, L, K]."""
+        """The module docstring's equation, term by term: each enabled term of 'a', 'b', 'c', 'd', 'bias',
+        'decay' (FoX), 'cope', scaled as it enters the sum, broadcastable to [B, H, L, K] (sinks: _explicit)."""
         terms, s, every = self.config.terms, self.scale, call.all_queries
         k_t = k.transpose(-1, -2)  # (B, H, dh, K)
         out = {}
@@ -173,11 +203,17 @@ class RelPosAttention(nn.Module):
             bias = call.per_key(every, scheme.curve(call.distances)) if scheme.distance_only else \
                 scheme.bias(call.query_positions, call.key_positions)
             out["bias"] = bias[None] * self.bias_scale
+        if call.log_decay is not None:
+            out["decay"] = decay_map(call.log_decay, call.n_mem).to(q.dtype)  # D_ij = Λ_i' - Λ_j: (B, H, L, K)
+        if call.query_scale is not None:
+            out = {name: t * call.query_scale for name, t in out.items()}
+        if self.contextual is not None:  # from the content query the kernels use: (B, H, L, K)
+            out["cope"] = self.contextual.scores(self._folded_queries(q, call)[0], k, s, call.visible(every))
         return out
 
-    def _folded_queries(self, q: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _folded_queries(self, q: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         """The fast kernels' queries: content q + u (terms a, c) and position q + v (terms b, d; None
-        without term b, when term d is a curve in call.distance_scores)."""
+        without term b, when term d is a curve in call.distance_scores), times the query scale."""
         terms, u, v = self.config.terms, self.content_bias_u, self.position_bias_v
         if "a" in terms:
             q_content = q + u[:, None] if u is not None else q  # (B, H, L, dh) + (H, 1, dh)
@@ -186,6 +222,9 @@ class RelPosAttention(nn.Module):
         else:
             q_content = torch.zeros_like(q)
         q_position = (q + v[:, None] if v is not None else q) if "b" in terms else None
+        if call.query_scale is not None:
+            q_content = q_content * call.query_scale
+            q_position = None if q_position is None else q_position * call.query_scale
         return q_content, q_position
 
     # ------------------------------------------------------------------ forward
@@ -198,13 +237,16 @@ class RelPosAttention(nn.Module):
         """
         options = options or AttentionOptions()
         mems = None if mems is None or mems.shape[1] == 0 else mems.detach()
-        call = self._geometry(x, 0 if mems is None else mems.shape[1], options)
-        q, k, v = self._project(x, mems, call)
+        keys_input = x if mems is None else torch.cat([mems.to(x.dtype), x], dim=1)  # (B, M + L, D)
+        call = self._geometry(x, keys_input, options)
+        q, k, v = self._project(x, keys_input, call, options.rope_scaling)
         call = self._per_distance(call, options.clamp_len)
         if need_weights or self.value_table is not None or self.config.backend == "explicit":
             out, probs = self._explicit(q, k, v, call, options)
         else:
-            q_content, q_position = self._folded_queries(q)
+            q_content, q_position = self._folded_queries(q, call)
+            if self.sinks is not None:
+                k, v = self.sinks.prepend(k, v)
             dropout_p = self.dropout if self.training else 0.0
             out, probs = attend(call, q_content, k, v, q_position, self.config, dropout_p, options.statistics), None
         b, _, lq, _ = out.shape
@@ -212,16 +254,24 @@ class RelPosAttention(nn.Module):
         return self.out_net(out), probs if need_weights else None
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, call: AttentionCall, options: AttentionOptions):
-        """Materialised scores and probabilities [B, H, L, K]; output [B, H, L, dh]."""
+        """Materialised scores and probabilities [B, H, L, K] (the stream's keys: with sinks a row sums
+        to 1 minus the sinks' share); output [B, H, L, dh]."""
         b, h, lq, _ = q.shape
         scores = sum(self.scores(q, k, call).values()).expand(b, h, lq, call.n_keys)  # terms broadcast: (B, H, L, K)
-        probs = masked_softmax(scores, call.visible(call.all_queries))
+        visible = call.visible(call.all_queries)
+        if self.sinks is not None:  # the slots' logits in front: (B, H, L, S + K)
+            scores = torch.cat([self.sinks.logits(self._folded_queries(q, call)[0], call.scale), scores], dim=-1)
+            visible = call.with_sinks(visible, True)
+        with_sinks = masked_softmax(scores, visible)
+        probs = with_sinks[..., call.n_sinks:]
         if options.statistics is not None:
             options.statistics.add(call, call.all_queries, probs)
-        dropped = F.dropout(probs, self.dropout, self.training)
-        out = dropped @ v
+        dropped = F.dropout(with_sinks, self.dropout, self.training)
+        out = dropped[..., call.n_sinks:] @ v
+        if self.sinks is not None:
+            out = out + dropped[..., : call.n_sinks] @ self.sinks.values.to(out.dtype)
         if self.value_table is not None:
-            out = out + self._shaw_values(dropped, call, options.clamp_len)
+            out = out + self._shaw_values(dropped[..., call.n_sinks:], call, options.clamp_len)
         return out, probs
 
     def _shaw_values(self, probs: Tensor, call: AttentionCall, clamp_len: int | None) -> Tensor:
@@ -240,11 +290,12 @@ class RelPosAttention(nn.Module):
     @torch.no_grad()
     def score_terms(self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None
                     ) -> dict[str, Tensor]:
-        """Each enabled term of 'a', 'b', 'c', 'd', 'bias' as its own [B, H, L, M + L] map, scaled as it
-        enters the scores, plus 'visible' (bool [L, M + L], or [B, 1, L, M + L] with key padding)."""
+        """Each enabled term of 'a', 'b', 'c', 'd', 'bias', 'decay', 'cope' as its own [B, H, L, M + L] map,
+        scaled as it enters the scores, plus 'visible' (bool [L, M + L], or [B, 1, L, M + L] with key padding)."""
         options = options or AttentionOptions()
-        call = self._geometry(x, 0 if mems is None else mems.shape[1], options)
-        q, k, _ = self._project(x, mems, call)
+        keys_input = x if mems is None or mems.shape[1] == 0 else torch.cat([mems.to(x.dtype), x], dim=1)
+        call = self._geometry(x, keys_input, options)
+        q, k, _ = self._project(x, keys_input, call, options.rope_scaling)
         call = self._per_distance(call, options.clamp_len)
         shape = (q.shape[0], self.n_heads, call.n_queries, call.n_keys)
         maps = {name: t.expand(shape).contiguous() for name, t in self.scores(q, k, call).items()}

@@ -18,20 +18,29 @@ Two things are kept apart on purpose:
   per-distance tensors, which are then gathered instead (`per_key`, `term_b`). Every kernel reads
   the scores through these two methods, so a scheme that needs other positions sets them here and
   every backend follows, without new arguments.
+
+Schemes that read the content travel the same way: FoX's cumulative log-gates (`log_decay`, summed
+into the block's decay by `decay`), CoPE's module (`contextual`, scored from a block's queries and
+keys), a per-query multiplier of the whole score (`query_scale`: log-n, a learned temperature), and
+learned sink slots at the front of the kernels' keys (`n_sinks`: `with_sinks` pads a block's mask and
+scores). A block may skip the keys before its window (`block(..., windowed=True)`, `QueryBlock.k0`).
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from relpos_ablate.model.position import BiasScheme
+from relpos_ablate.model.position import BiasScheme, RopeScaling
 from relpos_ablate.model.shift import descending_distances, rel_shift, toeplitz
 
 if TYPE_CHECKING:
+    from relpos_ablate.model.cope import ContextualPositions
     from relpos_ablate.model.diagnostics import LayerStatistics
 
 MIN_BLOCK = 16  # fewest queries in a block when long key ranges shrink the blocks
@@ -55,6 +64,9 @@ class AttentionOptions:
     statistics: LayerStatistics | None = None
     """Where this call adds its attention statistics (entropy, sink mass, distances: diagnostics.py);
     the probabilities are then computed per query block (no fused kernel). None: no statistics."""
+    rope_scaling: RopeScaling | None = None
+    """RoPE extended to a longer context (position interpolation, NTK, YaRN; an evaluation setting's
+    rope_scaling). None: the trained frequencies."""
 
     def __post_init__(self):
         for name in ("clamp_len", "window"):
@@ -91,18 +103,47 @@ class Visibility:
 
 @dataclass(frozen=True)
 class QueryBlock:
-    """Queries i0 .. i1 - 1 against keys 0 .. n_keys - 1; rel_cols / distance_cols: the columns of
-    rel_keys and distance_scores this block reads."""
+    """Queries i0 .. i1 - 1 against keys k0 .. n_keys - 1 (k0 > 0: the keys before lie outside every
+    window of the block); rel_cols / distance_cols: the columns of rel_keys and distance_scores this block
+    reads; n_sinks: learned sink slots the kernels' keys start with."""
 
     i0: int
     i1: int
     n_keys: int
     rel_cols: slice
     distance_cols: slice
+    n_sinks: int = 0
+    k0: int = 0
 
     @property
     def rows(self) -> slice:
         return slice(self.i0, self.i1)
+
+    @property
+    def width(self) -> int:
+        """K_b: the block's keys of the stream, k0 .. n_keys - 1."""
+        return self.n_keys - self.k0
+
+    @property
+    def keys(self) -> slice | list[int]:
+        """The block's columns of the kernels' keys and values, [sinks; keys k0 .. n_keys - 1]: a slice
+        (a view) unless both sinks and skipped keys make it two ranges."""
+        if not self.k0:
+            return slice(0, self.n_sinks + self.n_keys)
+        if not self.n_sinks:
+            return slice(self.k0, self.n_keys)
+        return [*range(self.n_sinks), *range(self.n_sinks + self.k0, self.n_sinks + self.n_keys)]
+
+
+class ScoreInputs(NamedTuple):
+    """The tensors a block's additive scores are built from (None: not used by this call). Passed
+    explicitly, so that the block kernel's backward can rebuild the scores and differentiate them."""
+
+    q_position: Tensor | None = None  # [B, H, L, dh] (q + v)·s, term b's query
+    rel_keys: Tensor | None = None  # [H, n, dh] s·W_R R_d per distance (term b's keys)
+    distance_scores: Tensor | None = None  # [H, n] scores of distance alone (term d without b, a bias)
+    log_decay: Tensor | None = None  # [B, H, K] FoX's Λ_j = Σ_{l<=j} log f_l, float64
+    query_scale: Tensor | None = None  # [B or 1, H or 1, L, 1] temperature × log_{L_train}(n) per query
 
 
 def _narrow(t: Tensor | None, dim: int, cols: slice) -> Tensor | None:
@@ -153,6 +194,11 @@ class AttentionCall:
     pair_bias_curve_until: float = float("inf")  # up to this query position pair_bias is a curve over i' - j
     bias_scale: float = 1.0  # s_B
     query_chunk: int = 0  # queries per block (0: one block)
+    log_decay: Tensor | None = None  # [B, H, K] FoX's Λ (fox.py), float64
+    contextual: ContextualPositions | None = None  # CoPE (cope.py): scores from the block's queries and keys
+    query_scale: Tensor | None = None  # [B or 1, H or 1, L, 1]: every score of query i multiplied by it
+    n_sinks: int = 0  # learned sink slots at the front of the kernels' keys and values (no position)
+    dtype: torch.dtype = torch.float32  # the kernels' dtype (FoX's decay is built in at least fp32)
 
     @property
     def n_mem(self) -> int:
@@ -171,82 +217,123 @@ class AttentionCall:
         """Positions 0 .. K - 1: the per-distance tensors are laid out per key by strided views."""
         return self.distance_index is None
 
+    @property
+    def has_additive(self) -> bool:
+        """Whether anything is added to s·q_content·kᵀ (otherwise plain SDPA can do it all)."""
+        return any(t is not None for t in (self.rel_keys, self.distance_scores, self.pair_bias, self.log_decay,
+                                           self.contextual))
+
     def visible(self, block: QueryBlock) -> Tensor:
-        """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j."""
+        """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j (sinks not included)."""
         device = self.query_positions.device
         rows = torch.arange(block.i0, block.i1, device=device)
-        seen = self.visibility(rows[:, None], torch.arange(block.n_keys, device=device)[None, :])
+        seen = self.visibility(rows[:, None], torch.arange(block.k0, block.n_keys, device=device)[None, :])
         if self.key_padding_mask is None:
             return seen
-        return seen[None, None] & ~self.key_padding_mask[:, None, None, : block.n_keys]
+        return seen[None, None] & ~self.key_padding_mask[:, None, None, block.k0: block.n_keys]
+
+    def with_sinks(self, block_map: Tensor, fill: float | bool) -> Tensor:
+        """A block's [..., L_b, K_b] mask or scores with the sink columns in front, filled with `fill`
+        (visible: True; additive scores: 0, sinks carry no position): [..., L_b, S + K_b]."""
+        if not self.n_sinks:
+            return block_map
+        front = block_map.new_full((*block_map.shape[:-1], self.n_sinks), fill)
+        return torch.cat([front, block_map], dim=-1)
 
     @property
     def all_queries(self) -> QueryBlock:
         return self.block(0, self.n_queries)
 
-    def block(self, i0: int, i1: int) -> QueryBlock:
-        """Queries i0 .. i1 - 1: causal ones see keys up to the last of them; the columns they read."""
-        lq = i1 - i0
+    def block(self, i0: int, i1: int, windowed: bool = False) -> QueryBlock:
+        """Queries i0 .. i1 - 1: causal ones see keys up to the last of them, and `windowed`, none before
+        the window of the first of them; the columns they read."""
+        lq, window = i1 - i0, self.visibility.window
         n_keys = self.n_mem + i1 if self.causal else self.n_keys
+        k0 = max(0, self.n_mem + i0 - window + 1) if windowed and self.causal and window is not None else 0
+        width = n_keys - k0
         if not self.consecutive:  # distance_index picks the columns: every block reads them all
             every = slice(0, self.distances.numel())
-            return QueryBlock(i0, i1, n_keys, every, every)
-        t0 = self.n_queries - i1  # column of this block's largest distance in the descending layout
+            return QueryBlock(i0, i1, n_keys, every, every, self.n_sinks, k0)
+        t0 = self.n_queries - i1 + k0  # column of this block's largest distance in the descending layout
         # causal: K_b + 1 columns suffice for rel_shift (the rest would only fill masked entries)
-        n_rel = min(n_keys + 1, lq + n_keys - 1) if self.causal else lq + n_keys - 1
-        return QueryBlock(i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + n_keys - 1))
+        n_rel = min(width + 1, lq + width - 1) if self.causal else lq + width - 1
+        return QueryBlock(i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + width - 1), self.n_sinks, k0)
 
-    def blocks(self, block_scores: int) -> list[QueryBlock]:
+    def blocks(self, block_scores: int, windowed: bool = False) -> list[QueryBlock]:
         """Blocks of query_chunk queries, shrunk for long key ranges so that one block's score map
         stays near `block_scores` entries per head (bounded transient memory). Term b at explicit
-        positions gathers a d_head-wide key per pair, so its blocks hold d_head times fewer pairs."""
+        positions gathers a d_head-wide key per pair, so its blocks hold d_head times fewer pairs.
+        `windowed`: each block skips the keys before its window (O(L·W) work for a window W)."""
         if not self.query_chunk:
-            return [self.all_queries]
+            return [self.block(0, self.n_queries, windowed)]
         if self.rel_keys is not None and not self.consecutive:
             block_scores //= self.rel_keys.shape[-1]
+        window = self.visibility.window if windowed else None
         blocks, i0 = [], 0
         while i0 < self.n_queries:
             keys = self.n_mem + i0 + self.query_chunk if self.causal else self.n_keys
+            if window is not None:
+                keys = min(keys, window + self.query_chunk)
             i1 = min(i0 + max(MIN_BLOCK, min(self.query_chunk, block_scores // keys)), self.n_queries)
-            blocks.append(self.block(i0, i1))
+            blocks.append(self.block(i0, i1, windowed))
             i0 = i1
         return blocks
 
-    def block_inputs(self, block: QueryBlock, q_position: Tensor | None, rel_keys: Tensor | None,
-                     distance_scores: Tensor | None):
-        """The block's slices (views) of the position query [B, H, L, dh], rel_keys [H, n, dh] and
-        distance_scores [H, n]; None stays None."""
-        return (_narrow(q_position, 2, block.rows), _narrow(rel_keys, 1, block.rel_cols),
-                _narrow(distance_scores, 1, block.distance_cols))
+    def score_inputs(self, q_position: Tensor | None) -> ScoreInputs:
+        """This call's inputs of the additive scores, with the kernels' position query."""
+        return ScoreInputs(q_position, self.rel_keys if q_position is not None else None, self.distance_scores,
+                           self.log_decay, self.query_scale)
 
-    def additive_scores(self, block: QueryBlock, q_position: Tensor | None, rel_keys: Tensor | None,
-                        distance_scores: Tensor | None) -> Tensor | None:
-        """Terms b, d and the bias for the block: [B or 1, H, L_b, K_b], or None when there is none.
-        The inputs are the block's slices (block_inputs), passed in so that backward can rebuild this."""
-        total = None
-        if rel_keys is not None:
-            total = self.term_b(block, q_position, rel_keys)
-        if distance_scores is not None:
-            by_distance = self.per_key(block, distance_scores)[None]  # (1, H, L_b, K_b)
-            total = by_distance if total is None else total + by_distance
+    def block_inputs(self, block: QueryBlock, inputs: ScoreInputs) -> ScoreInputs:
+        """The block's slices (views) of each input; None stays None."""
+        return ScoreInputs(_narrow(inputs.q_position, 2, block.rows), _narrow(inputs.rel_keys, 1, block.rel_cols),
+                           _narrow(inputs.distance_scores, 1, block.distance_cols),
+                           _narrow(inputs.log_decay, 2, slice(0, block.n_keys)),
+                           _narrow(inputs.query_scale, 2, block.rows))
+
+    def additive_scores(self, block: QueryBlock, inputs: ScoreInputs, q_content: Tensor | None = None,
+                        k: Tensor | None = None) -> Tensor | None:
+        """Everything added to s·q_content·kᵀ for the block (terms b, d, the bias, FoX's decay, CoPE):
+        [B or 1, H, L_b, K_b], or None when there is none. `inputs` are the block's slices (block_inputs),
+        passed in so that backward can rebuild this; q_content [B, H, L_b, dh] and k [B, H, K_b, dh] (no
+        sinks) only for CoPE. The query scale multiplies what does not come from the (already scaled) queries."""
+        total = None if inputs.rel_keys is None else self.term_b(block, inputs.q_position, inputs.rel_keys)
+        unscaled = []  # (B or 1, H, L_b, K_b) each
+        if inputs.distance_scores is not None:
+            unscaled.append(self.per_key(block, inputs.distance_scores)[None])
         if self.pair_bias is not None:
-            pair = self.pair_bias_scores(block)
-            total = pair if total is None else total + pair
+            unscaled.append(self.pair_bias_scores(block))
+        if inputs.log_decay is not None:
+            unscaled.append(self.decay(block, inputs.log_decay))
+        if unscaled and inputs.query_scale is not None:
+            unscaled = [functools.reduce(operator.add, unscaled) * inputs.query_scale]
+        for scores in unscaled:
+            total = _plus(total, scores)
+        if self.contextual is not None:
+            total = _plus(total, self.contextual.block_scores(self, block, q_content, k))
         return total
+
+    def decay(self, block: QueryBlock, log_decay: Tensor) -> Tensor:
+        """FoX's D_ij = Λ_i' - Λ_j for the block: log_decay [B, H, K_b] (float64) -> [B, H, L_b, K_b].
+        The difference is taken in float64 and then cast: |Λ| grows with the context, and a difference of
+        two large fp32 numbers would lose the near keys' decays (docs/formulas.md#fox)."""
+        rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
+        decay = log_decay[..., rows, None] - log_decay[..., None, block.k0:]  # (B, H, L_b, K_b) float64
+        return decay.to(torch.promote_types(self.dtype, torch.float32))
 
     def per_key(self, block: QueryBlock, values: Tensor) -> Tensor:
         """[..., n] values per distance (the block's columns, block_inputs) -> [..., L_b, K_b]: the value
         at each (query, key) pair's distance."""
         if self.consecutive:
-            return toeplitz(values, block.i1 - block.i0, block.n_keys)
-        return values[..., self.distance_index[block.rows, : block.n_keys]]
+            return toeplitz(values, block.i1 - block.i0, block.width)
+        return values[..., self.distance_index[block.rows, block.k0: block.n_keys]]
 
     def term_b(self, block: QueryBlock, q_position: Tensor, rel_keys: Tensor) -> Tensor:
         """(q + v)·s·W_R R at each pair's distance: q_position [B, H, L_b, dh] and rel_keys [H, n, dh]
         (the block's columns) -> [B, H, L_b, K_b]."""
         if self.consecutive:  # one product per distance, laid out per key by a strided view
-            return rel_shift(q_position @ rel_keys.transpose(1, 2), block.n_keys)  # (B, H, L_b, n) -> (B, H, L_b, K_b)
-        pairs = rel_keys[:, self.distance_index[block.rows, : block.n_keys]]  # (H, L_b, K_b, dh)
+            return rel_shift(q_position @ rel_keys.transpose(1, 2), block.width)  # (B, H, L_b, n) -> (B, H, L_b, K_b)
+        pairs = rel_keys[:, self.distance_index[block.rows, block.k0: block.n_keys]]  # (H, L_b, K_b, dh)
         return torch.einsum("bhld,hlkd->bhlk", q_position, pairs)
 
     def pair_bias_scores(self, block: QueryBlock) -> Tensor:
@@ -255,8 +342,13 @@ class AttentionCall:
         block's L_b + K_b - 1 distances replaces the evaluation at every (i, j) pair."""
         q_offset, lq = self.n_mem + block.i0, block.i1 - block.i0
         if self.consecutive and q_offset + lq - 1 <= self.pair_bias_curve_until:
-            distances = descending_distances(q_offset, lq, block.n_keys, self.query_positions.device)
-            scores = toeplitz(self.pair_bias.curve(distances), lq, block.n_keys)
+            # the block's queries against keys k0 .. are the same distances as from q_offset - k0 against 0 ..
+            distances = descending_distances(q_offset - block.k0, lq, block.width, self.query_positions.device)
+            scores = toeplitz(self.pair_bias.curve(distances), lq, block.width)
         else:
-            scores = self.pair_bias.bias(self.query_positions[block.rows], self.key_positions[: block.n_keys])
+            scores = self.pair_bias.bias(self.query_positions[block.rows], self.key_positions[block.k0: block.n_keys])
         return scores[None] * self.bias_scale
+
+
+def _plus(total: Tensor | None, scores: Tensor) -> Tensor:
+    return scores if total is None else total + scores

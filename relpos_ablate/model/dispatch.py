@@ -8,7 +8,9 @@ q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without 
   and 'auto' once the stored maps would exceed max_stored_scores_mb;
 - else SDPA per query block, each with its additive map (stored for backward);
 - with statistics to collect (evaluation diagnostics), explicit probabilities per query block, each
-  block's handed to the statistics before it is multiplied by v (no fused kernel has them).
+  block's handed to the statistics before it is multiplied by v (no fused kernel has them);
+- CoPE (call.contextual) on SDPA per query block: its positions need each block's whole score rows.
+k and v start with the call's learned sink slots (call.n_sinks; none: plain keys).
 A new kernel is one function of (call, q_content, k, v, q_position) and one branch in `attend`.
 """
 
@@ -23,7 +25,7 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.model import AttentionConfig
-from relpos_ablate.model.call import AttentionCall
+from relpos_ablate.model.call import AttentionCall, ScoreInputs
 from relpos_ablate.model.diagnostics import LayerStatistics
 from relpos_ablate.model.kernels import BlockwiseBiasedAttention, masked_softmax
 
@@ -37,21 +39,26 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
            config: AttentionConfig, dropout_p: float, statistics: LayerStatistics | None = None) -> Tensor:
     """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring)."""
     rel_keys = call.rel_keys if q_position is not None else None  # without term b nothing reads it
-    # one dtype for the kernels: under autocast q + u is fp32 (u is) while k is bf16; take autocast's
-    tensors = (q_content, k, v, q_position, rel_keys, call.distance_scores)
+    # one dtype for the kernels: under autocast q + u is fp32 (u is) while k is bf16; take autocast's.
+    # FoX's Λ stays float64: each block forms D_ij = Λ_i - Λ_j in float64 before the cast (AttentionCall.decay)
+    tensors = (q_content, k, v, q_position, rel_keys, call.distance_scores, call.query_scale)
     device = q_content.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
         functools.reduce(torch.promote_types, [t.dtype for t in tensors if t is not None])
-    q_content, k, v, q_position, rel_keys, distance_scores = (None if t is None else t.to(dtype) for t in tensors)
-    call = dataclasses.replace(call, rel_keys=rel_keys, distance_scores=distance_scores)
+    q_content, k, v, q_position, rel_keys, distance_scores, query_scale = (
+        None if t is None else t.to(dtype) for t in tensors)
+    call = dataclasses.replace(call, rel_keys=rel_keys, distance_scores=distance_scores, query_scale=query_scale,
+                               dtype=dtype)
     if statistics is not None:
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
+    if call.contextual is not None:
+        return _stored(call, q_content, k, v, q_position, dropout_p)
     if config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0):
         from relpos_ablate.model.flex import flex_attend
 
         return flex_attend(call, q_content, k, v, q_position, compiled=q_content.is_cuda)
-    if rel_keys is None and distance_scores is None and call.pair_bias is None:  # no additive map
-        if call.key_padding_mask is None and call.visibility.window is None:
+    if not call.has_additive:
+        if call.key_padding_mask is None and call.visibility.window is None and not call.n_sinks:
             return _plain(call, q_content, k, v, dropout_p)
     elif dropout_p == 0.0 and _rebuild_in_backward(call, q_content, config):
         return _rebuilt(call, q_content, k, v, q_position).to(dtype)
@@ -83,24 +90,30 @@ def _plain(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, dropout
 
 def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None) -> Tensor:
     """BlockwiseBiasedAttention: O(L·d) memory. bf16/fp16 inputs are widened to fp32, so that scores and
-    softmax statistics stay in fp32 as FlashAttention keeps them."""
+    softmax statistics stay in fp32 as FlashAttention keeps them (FoX's float64 Λ is left as it is)."""
     wide = torch.promote_types(q_content.dtype, torch.float32)
-    inputs = (q_content, k, v, q_position, call.rel_keys, call.distance_scores)
+    widen = [None if t is None else t.to(wide) for t in (q_content, k, v)]
+    inputs = ScoreInputs(*(t if t is None or t.dtype == torch.float64 else t.to(wide)
+                           for t in call.score_inputs(q_position)))
     params = [] if call.pair_bias is None else list(call.pair_bias.parameters())
-    return BlockwiseBiasedAttention.apply(call, call.blocks(REBUILT_BLOCK_SCORES),
-                                          *(None if t is None else t.to(wide) for t in inputs), *params)
+    call = dataclasses.replace(call, dtype=wide)
+    return BlockwiseBiasedAttention.apply(call, call.blocks(REBUILT_BLOCK_SCORES, windowed=True), *widen, *inputs,
+                                          *params)
 
 
 def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
             dropout_p: float) -> Tensor:
-    """SDPA per query block, with the block's additive map and mask as one float mask."""
-    outs = []
-    for blk in call.blocks(STORED_BLOCK_SCORES):
-        visible = call.visible(blk)
-        additive = call.additive_scores(blk, *call.block_inputs(blk, q_position, call.rel_keys, call.distance_scores))
-        mask = visible if additive is None else additive.to(q_content.dtype).masked_fill(~visible, float("-inf"))
+    """SDPA per query block (skipping the keys outside its windows), with the block's additive map and
+    mask as one float mask."""
+    inputs, outs = call.score_inputs(q_position), []
+    for blk in call.blocks(STORED_BLOCK_SCORES, windowed=True):
+        visible = call.with_sinks(call.visible(blk), True)
+        q_b, k_b = q_content[:, :, blk.rows], k[:, :, blk.keys]  # k_b: (B, H, S + K_b, dh)
+        additive = call.additive_scores(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks:])
+        if additive is not None:
+            additive = call.with_sinks(additive, 0.0).to(q_content.dtype).masked_fill(~visible, float("-inf"))
         outs.append(F.scaled_dot_product_attention(
-            q_content[:, :, blk.rows], k[:, :, : blk.n_keys], v[:, :, : blk.n_keys], attn_mask=mask,
+            q_b, k_b, v[:, :, blk.keys], attn_mask=visible if additive is None else additive,
             dropout_p=dropout_p, scale=call.scale,
         ))
     return torch.cat(outs, dim=2)  # (B, H, L, dh)
@@ -108,13 +121,16 @@ def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posi
 
 def _observed(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
               dropout_p: float, statistics: LayerStatistics) -> Tensor:
-    """Probabilities per query block, handed to `statistics` before the product with v."""
-    outs = []
+    """Probabilities per query block, handed to `statistics` (the stream's keys, sinks left out) before
+    the product with v."""
+    inputs, outs = call.score_inputs(q_position), []
     for blk in call.blocks(STORED_BLOCK_SCORES):
-        k_b, v_b = k[:, :, : blk.n_keys], v[:, :, : blk.n_keys]
-        scores = (q_content[:, :, blk.rows] @ k_b.transpose(-1, -2)).mul_(call.scale)  # (B, H, L_b, K_b)
-        additive = call.additive_scores(blk, *call.block_inputs(blk, q_position, call.rel_keys, call.distance_scores))
-        probs = masked_softmax(scores if additive is None else scores.add_(additive), call.visible(blk))
-        statistics.add(call, blk, probs)
+        q_b, k_b, v_b = q_content[:, :, blk.rows], k[:, :, blk.keys], v[:, :, blk.keys]
+        scores = (q_b @ k_b.transpose(-1, -2)).mul_(call.scale)  # (B, H, L_b, S + K_b)
+        additive = call.additive_scores(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks:])
+        if additive is not None:
+            scores = scores.add_(call.with_sinks(additive, 0.0))
+        probs = masked_softmax(scores, call.with_sinks(call.visible(blk), True))
+        statistics.add(call, blk, probs[..., blk.n_sinks:])
         outs.append((F.dropout(probs, dropout_p) if dropout_p else probs) @ v_b)
     return torch.cat(outs, dim=2)  # (B, H, L, dh)

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from relpos_ablate.model.call import AttentionCall, QueryBlock
+from relpos_ablate.model.call import AttentionCall, QueryBlock, ScoreInputs
 
 
 def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:
@@ -29,12 +29,12 @@ def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:
 
 def block_probabilities(call: AttentionCall, block: QueryBlock, q_content: Tensor, k: Tensor, additive: Tensor | None,
                         lse: Tensor | None = None):
-    """Softmax of s·q_content·kᵀ + additive over visible keys, computed in place in one
-    [B, H, L_b, K_b] buffer. Returns (probs, lse) with lse the row log-sum-exp [B, H, L_b, 1]."""
-    scores = (q_content @ k.transpose(-1, -2)).mul_(call.scale)  # (B, H, L_b, dh) @ (B, H, dh, K_b)
+    """Softmax of s·q_content·kᵀ + additive over visible keys (k: the block's sinks and keys), computed in
+    place in one [B, H, L_b, S + K_b] buffer. Returns (probs, lse) with lse the row log-sum-exp [B, H, L_b, 1]."""
+    scores = (q_content @ k.transpose(-1, -2)).mul_(call.scale)  # (B, H, L_b, dh) @ (B, H, dh, S + K_b)
     if additive is not None:
-        scores.add_(additive)
-    scores.masked_fill_(~call.visible(block), float("-inf"))
+        scores.add_(call.with_sinks(additive, 0.0))
+    scores.masked_fill_(~call.with_sinks(call.visible(block), True), float("-inf"))
     if lse is None:
         lse = torch.logsumexp(scores, dim=-1, keepdim=True)
         # a query that sees no key has lse = -inf: 0 instead makes its probabilities exp(-inf) = 0, not NaN
@@ -45,26 +45,28 @@ def block_probabilities(call: AttentionCall, block: QueryBlock, q_content: Tenso
 class BlockwiseBiasedAttention(torch.autograd.Function):
     """out = softmax(s·q_content·kᵀ + additive, masked)·v, block by block (see module docstring).
 
-    The additive map of each block is `call.additive_scores` of the block's slices of q_position,
-    rel_keys and distance_scores. `params` are module parameters it reads directly (FIRE's MLP); they
-    get gradients through a rebuild of each block's map under autograd. Autocast is off inside, so
-    that forward and the rebuild in backward compute the same thing in the inputs' dtype.
+    The additive map of each block is `call.additive_scores` of the block's slices of the score inputs
+    (ScoreInputs: q_position, rel_keys, distance_scores, log_decay, query_scale). `params` are module
+    parameters it reads directly (FIRE's MLP); they get gradients through a rebuild of each block's map
+    under autograd. Autocast is off inside, so that forward and the rebuild in backward compute the
+    same thing in the inputs' dtype. k and v start with the call's sink slots.
     """
 
     @staticmethod
     def forward(ctx, call: AttentionCall, blocks: Sequence[QueryBlock], q_content: Tensor, k: Tensor, v: Tensor,
-                q_position: Tensor | None, rel_keys: Tensor | None, distance_scores: Tensor | None, *params: Tensor):
+                *inputs_and_params: Tensor | None):
+        inputs, params = ScoreInputs(*inputs_and_params[:N_INPUTS]), inputs_and_params[N_INPUTS:]
         b, h, lq, _ = q_content.shape
         out = v.new_empty(b, h, lq, v.shape[-1])
         lse = q_content.new_empty(b, h, lq, 1)
         with torch.autocast(q_content.device.type, enabled=False):
             for blk in blocks:
-                additive = call.additive_scores(blk, *call.block_inputs(blk, q_position, rel_keys, distance_scores))
+                additive = call.additive_scores(blk, call.block_inputs(blk, inputs))
                 probs, lse[:, :, blk.rows] = block_probabilities(
-                    call, blk, q_content[:, :, blk.rows], k[:, :, : blk.n_keys], additive)
-                out[:, :, blk.rows] = probs @ v[:, :, : blk.n_keys]
+                    call, blk, q_content[:, :, blk.rows], k[:, :, blk.keys], additive)
+                out[:, :, blk.rows] = probs @ v[:, :, blk.keys]
         ctx.call, ctx.blocks, ctx.params = call, blocks, params
-        ctx.save_for_backward(q_content, k, v, q_position, rel_keys, distance_scores, out, lse)
+        ctx.save_for_backward(q_content, k, v, *inputs, out, lse)
         return out
 
     @staticmethod
@@ -73,23 +75,26 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
             return (None, None, *_backward(ctx, grad_out))
 
 
+N_INPUTS = len(ScoreInputs._fields)
+
+
 def _backward(ctx, grad_out: Tensor):
-    """Gradients of q_content, k, v, q_position, rel_keys, distance_scores and the params, block by block."""
-    call = ctx.call
-    q_content, k, v, q_position, rel_keys, distance_scores, out, lse = ctx.saved_tensors
+    """Gradients of q_content, k, v, the score inputs and the params, block by block."""
+    call, first_param = ctx.call, 5 + N_INPUTS  # forward's inputs: call, blocks, q_content, k, v, score inputs, params
+    q_content, k, v, *position_inputs, out, lse = ctx.saved_tensors
     grad_q, grad_k, grad_v = torch.zeros_like(q_content), torch.zeros_like(k), torch.zeros_like(v)
-    position_inputs = (q_position, rel_keys, distance_scores)
-    position_grads = [None if t is None or not need else torch.zeros_like(t)
-                      for t, need in zip(position_inputs, ctx.needs_input_grad[5:8])]
-    param_grads = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, ctx.needs_input_grad[8:])]
+    position_grads = ScoreInputs(*(None if t is None or not need else torch.zeros_like(t)
+                                   for t, need in zip(position_inputs, ctx.needs_input_grad[5:first_param])))
+    param_grads = [torch.zeros_like(p) if need else None
+                   for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])]
     delta = (grad_out * out).sum(dim=-1, keepdim=True)  # rowsum(dP ∘ P) = rowsum(dO ∘ O)
     for blk in ctx.blocks:
-        rows, keys = blk.rows, slice(0, blk.n_keys)
-        sliced = call.block_inputs(blk, *position_inputs)
+        rows, keys = blk.rows, blk.keys
+        sliced = call.block_inputs(blk, ScoreInputs(*position_inputs))
         with torch.enable_grad():
-            leaves = [None if t is None else t.detach().requires_grad_(g is not None)
-                      for t, g in zip(sliced, position_grads)]
-            additive = call.additive_scores(blk, *leaves)
+            leaves = ScoreInputs(*(None if t is None else t.detach().requires_grad_(g is not None)
+                                   for t, g in zip(sliced, position_grads)))
+            additive = call.additive_scores(blk, leaves)
         with torch.no_grad():
             q_b, k_b, v_b, go = q_content[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
             detached = None if additive is None else additive.detach()
@@ -98,12 +103,13 @@ def _backward(ctx, grad_out: Tensor):
             grad_scores = probs.mul_((go @ v_b.transpose(-1, -2)).sub_(delta[:, :, rows]))  # P ∘ (dP - delta)
             grad_q[:, :, rows] += (grad_scores @ k_b).mul_(call.scale)
             grad_k[:, :, keys] += (grad_scores.transpose(-1, -2) @ q_b).mul_(call.scale)
-        grad_views = call.block_inputs(blk, *position_grads)  # the block's places in the whole gradients
+        grad_views = call.block_inputs(blk, position_grads)  # the block's places in the whole gradients
         wanted = [(view, leaf) for view, leaf in zip(grad_views, leaves) if view is not None]
         wanted += [(g, p) for g, p in zip(param_grads, ctx.params) if g is not None]
         if additive is None or not wanted:
             continue
-        # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient
+        # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient; sinks have no map
+        grad_scores = grad_scores[..., blk.n_sinks:]
         reduced = grad_scores.sum(0, keepdim=True) if additive.shape[0] == 1 < grad_scores.shape[0] else grad_scores
         block_grads = torch.autograd.grad(additive, [t for _, t in wanted], reduced, allow_unused=True)
         for (target, _), g in zip(wanted, block_grads):

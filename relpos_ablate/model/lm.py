@@ -24,7 +24,7 @@ from relpos_ablate.config.model import ModelConfig
 from relpos_ablate.model.attention import RelPosAttention, init_vector
 from relpos_ablate.model.call import AttentionOptions, SharedParameters
 from relpos_ablate.model.diagnostics import AttentionStatistics
-from relpos_ablate.model.position import build_bias, sinusoid
+from relpos_ablate.model.position import RopeScaling, build_bias, sinusoid
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -120,7 +120,7 @@ class TransformerLM(nn.Module):
         # registered here once (one state_dict entry each); every layer's attention refers to them
         self.content_bias_u = init_vector(config.n_heads, config.d_head) if a.share_uv and "c" in a.terms else None
         self.position_bias_v = init_vector(config.n_heads, config.d_head) if a.share_uv and "d" in a.terms else None
-        self.shared_bias_scheme = build_bias(a, config.n_heads) if a.share_bias else None
+        self.shared_bias_scheme = build_bias(a, config.n_heads, config.d_head) if a.share_bias else None
         shared = SharedParameters(self.content_bias_u, self.position_bias_v, self.shared_bias_scheme)
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.input_positions = LearnedPositions(a.max_position, config.d_model) if a.absolute == "learned" else None
@@ -154,7 +154,8 @@ class TransformerLM(nn.Module):
         return self.drop(h)
 
     def _options(self, tokens: Tensor, mems: list[Tensor] | None, mem_len: int | None, clamp_len: int | None,
-                 same_length: bool, positions: Tensor | None) -> tuple[int, AttentionOptions]:
+                 same_length: bool, positions: Tensor | None, rope_scaling: RopeScaling | None = None
+                 ) -> tuple[int, AttentionOptions]:
         """This call's memory length M (the argument, else the config's) and the options every layer gets."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
         if same_length and mem_len == 0:
@@ -163,7 +164,7 @@ class TransformerLM(nn.Module):
             positions = self._drawn_positions(tokens.shape[1], 0 if not mems else mems[0].shape[1], tokens.device)
         # Transformer-XL's same_length: each query sees its mem_len most recent keys, itself included
         return mem_len, AttentionOptions(clamp_len=clamp_len, window=mem_len if same_length else None,
-                                         positions=positions)
+                                         positions=positions, rope_scaling=rope_scaling)
 
     def _drawn_positions(self, n_tokens: int, n_mem: int, device) -> Tensor | None:
         """Randomized positions when the config asks for them in this mode (training, or evaluation:
@@ -208,6 +209,7 @@ class TransformerLM(nn.Module):
         same_length: bool = False,
         positions: Tensor | None = None,
         statistics: AttentionStatistics | None = None,
+        rope_scaling: RopeScaling | None = None,
     ) -> tuple[Tensor, list[Tensor] | None]:
         """tokens [B, L] -> (logits [B, L, V], new_mems: per layer [B, <= mem_len, D] detached, or None).
 
@@ -215,9 +217,10 @@ class TransformerLM(nn.Module):
         same_length: every query sees its mem_len most recent keys (Transformer-XL's evaluation);
         positions [M + L]: the positions of the memory tokens, then of this segment's, shared by the
         batch (default: drawn when the config randomizes them, else 0 .. M + L - 1); statistics: add
-        every layer's attention statistics there (diagnostics.py).
+        every layer's attention statistics there (diagnostics.py); rope_scaling: RoPE extended to a
+        longer context (an evaluation setting's PI / NTK / YaRN).
         """
-        mem_len, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions)
+        mem_len, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling)
         logits, new_mems, _, _ = self._run(tokens, mems, mem_len, options, statistics=statistics)
         return logits, new_mems
 
@@ -231,10 +234,11 @@ class TransformerLM(nn.Module):
         clamp_len: int | None = None,
         same_length: bool = False,
         positions: Tensor | None = None,
+        rope_scaling: RopeScaling | None = None,
     ) -> dict:
         """Everything the plots need: logits, new mems, per-layer probabilities [B, H, L, M+L] and
-        per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', 'visible'} (enabled ones only)."""
-        mem_len, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions)
+        per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', 'decay', 'cope', 'visible'} (enabled ones only)."""
+        mem_len, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling)
         logits, new_mems, probs, terms = self._run(tokens, mems, mem_len, options, record_maps=True)
         return {"logits": logits, "mems": new_mems, "probs": probs, "terms": terms}
 

@@ -27,11 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from relpos_ablate.config import RunConfig, TrainConfig, to_plain
+from relpos_ablate.config import EvalSetting, RunConfig, TrainConfig, to_plain
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data.streams import TrainBatch, loss_mask
 from relpos_ablate.train.data.protocols import log_bins
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
+from relpos_ablate.model.position import RopeScaling
 
 
 class NonFiniteLoss(RuntimeError):
@@ -118,6 +119,19 @@ class PositionLoss(Metric):
             loss.append(self.total[lo:hi].sum().item() / count if count else None)
             tokens.append(int(count))
         return {"edges": edges, "loss": loss, "tokens": tokens}
+
+
+def rope_scale(config: RunConfig, setting: EvalSetting) -> float | None:
+    """The factor s of the setting's RoPE context extension (None: none)."""
+    if setting.rope_scaling is None:
+        return None
+    return setting.rope_factor(config.train_attn_len, setting.attn_len(config.model.mem_len))
+
+
+def rope_scaling(config: RunConfig, setting: EvalSetting) -> RopeScaling | None:
+    """The setting's RoPE context extension as the model takes it: a pure function of the setting."""
+    scale = rope_scale(config, setting)
+    return None if scale is None else RopeScaling(setting.rope_scaling, scale, config.train_attn_len)
 
 
 class LitLM(L.LightningModule):
@@ -218,7 +232,7 @@ class LitLM(L.LightningModule):
         statistics = None if self.eval_diagnostics is None else self.eval_diagnostics[index].for_batch(mask)
         logits, self._eval_mems = self.model(inputs, self._eval_mems, mem_len=setting.memory(self.config.model.mem_len),
                                              clamp_len=setting.clamp_len, same_length=setting.protocol == "xl",
-                                             statistics=statistics)
+                                             statistics=statistics, rope_scaling=rope_scaling(self.config, setting))
         nll, correct = token_stats(logits, targets)
         self.eval_nll[index].update(nll, mask)
         self.eval_acc[index].update(correct, mask)

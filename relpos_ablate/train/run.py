@@ -31,13 +31,14 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from relpos_ablate import rundir
 from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, TrainConfig, check_world_size, to_plain
+from relpos_ablate.config.run import resolve_log_n_length
 from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import SegmentDataModule, build_datamodule
 from relpos_ablate.train.data.protocols import unigram_loss
 from relpos_ablate.train.example_eval import evaluate_examples
 from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
-from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric
+from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric, rope_scale
 from relpos_ablate.train.records import AtomicCheckpointIO, MetricsCSV, RunRecorder, RunStatus, close_log, open_log
 
 log = logging.getLogger("relpos_ablate.train")
@@ -56,11 +57,15 @@ def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
 
 
 def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:
-    """Why the model cannot be evaluated at `setting` (None when it can): learned absolute tables end."""
+    """Why the model cannot be evaluated at `setting` (None when it can): learned absolute tables end;
+    a RoPE context extension needs RoPE (and has no published form for xPos)."""
     a = config.model.attention
     if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
         return (f"learned absolute positions cover {a.max_position} tokens (model.attention.max_position); "
                 f"segment_len {setting.segment_len} does not fit")
+    if setting.rope_scaling is not None and (a.absolute != "rope" or a.xpos_scale_base is not None):
+        return (f"rope_scaling {setting.rope_scaling!r} extends RoPE; this model has absolute={a.absolute!r}"
+                + (" with xPos" if a.xpos_scale_base is not None else ""))
     return None
 
 
@@ -122,7 +127,7 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
     """The run itself; `status` is None on ranks > 0, which write no records."""
     datamodule = build_datamodule(config)
     datamodule.prepare_data()
-    config = resolve_vocab(config, datamodule.vocab_size)
+    config = resolve_log_n_length(resolve_vocab(config, datamodule.vocab_size))
     if status is not None:
         atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(config))
     L.seed_everything(config.seed, workers=True, verbose=False)
@@ -338,7 +343,8 @@ def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
     return {"protocol": setting.protocol, "segment_len": setting.segment_len, "stride": setting.stride,
             "mem_len": setting.memory(config.model.mem_len), "clamp_len": clamp_len,
             "same_length": setting.protocol == "xl", "max_targets": setting.max_targets, "token_losses": None,
-            "attn_len": setting.attn_len(config.model.mem_len)}
+            "attn_len": setting.attn_len(config.model.mem_len), "rope_scaling": setting.rope_scaling,
+            "rope_scale": rope_scale(config, setting)}
 
 
 def layout_array(layout, index: torch.Tensor, losses: torch.Tensor) -> np.ndarray:

@@ -18,15 +18,18 @@ from relpos_ablate.config.model import AttentionConfig
 from relpos_ablate.config.registry import bias_class
 
 
-def build_bias(config: AttentionConfig, n_heads: int) -> "BiasScheme | None":
-    """The bias module registered under `config.bias` (None for 'none')."""
+def build_bias(config: AttentionConfig, n_heads: int, d_head: int | None = None) -> "BiasScheme | None":
+    """The bias module registered under `config.bias` (None for 'none'); d_head: the attention's head width,
+    set on the scheme for those that read it (Sandwich)."""
     if config.bias == "none":
         return None
     cls = bias_class(config.bias)
     if not issubclass(cls, BiasScheme):
         raise TypeError(f"bias {config.bias!r}: {cls.__module__}.{cls.__qualname__} must subclass "
                         "relpos_ablate.model.position.BiasScheme")
-    return cls(n_heads, config)
+    scheme = cls(n_heads, config)
+    scheme.d_head = d_head
+    return scheme
 
 
 class BiasScheme(nn.Module):
@@ -43,6 +46,7 @@ class BiasScheme(nn.Module):
         super().__init__()
         self.n_heads = n_heads
         self.causal = config.causal
+        self.d_head: int | None = None  # the attention's head width (build_bias sets it)
 
     def curve(self, distances: Tensor) -> Tensor:
         """Bias per head at the given distances i - j: [n] -> [H, n]."""

@@ -1,0 +1,85 @@
+"""Rotary position embedding (RoPE, Su et al. 2021) and its variants: partial rotary, xPos, and the
+evaluation-time context extensions (position interpolation, NTK-aware base, YaRN).
+
+Formulas, defaults and papers: docs/formulas.md#rope and the sections after it. Pairs are (p, p + d_rot/2)
+of the first d_rot dimensions (rotate-half pairing); angles and scales are computed in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from relpos_ablate.model.position.sinusoid import inverse_frequencies
+
+XPOS_GAMMA = 0.4  # ζ_p = (2p/d + γ)/(1 + γ) (Sun et al. 2022, the authors' code)
+YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN's ramp: pairs turning < α times in L are interpolated, > β kept
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE extended to a context s times the training one, at evaluation: `kind` pi | ntk | yarn,
+    `factor` s >= 1, `original_length` L the training context (YaRN's ramp reads it). A pure function
+    of these three: nothing is carried from one call to the next."""
+
+    kind: str
+    factor: float
+    original_length: int
+
+    def __post_init__(self):
+        if self.kind not in ("pi", "ntk", "yarn"):
+            raise ValueError(f"rope_scaling: {self.kind!r} is not allowed; choose one of pi, ntk, yarn")
+        if self.factor < 1.0:
+            raise ValueError(f"rope_scale: {self.factor} is out of range; allowed [1, inf]")
+
+    @property
+    def query_factor(self) -> float:
+        """What q·k is multiplied by: YaRN's temperature (0.1 ln s + 1)², i.e. √(1/t) on q and on k; 1 else."""
+        return (0.1 * math.log(self.factor) + 1.0) ** 2 if self.kind == "yarn" else 1.0
+
+
+def rope_frequencies(d_rot: int, base: float, scaling: RopeScaling | None = None, device=None) -> Tensor:
+    """θ_p = base^(-2p/d_rot), p = 0 .. d_rot/2 - 1, as `scaling` changes them: [d_rot/2] float64.
+
+    pi: θ_p / s. ntk: the base becomes base·s^(d_rot/(d_rot - 2)). yarn: θ_p/s for pairs that turn less
+    than α = 1 times within L, θ_p for those that turn more than β = 32 times, linear in between (in
+    ρ_p = L/λ_p, λ_p = 2π/θ_p)."""
+    if scaling is not None and scaling.kind == "ntk":
+        if d_rot <= 2:
+            raise ValueError("rope_scaling: ntk rescales the base by s^(d/(d-2)); it needs at least 2 rotary pairs")
+        base = base * scaling.factor ** (d_rot / (d_rot - 2))
+    theta = inverse_frequencies(d_rot, base, device)
+    if scaling is None or scaling.kind == "ntk":
+        return theta
+    if scaling.kind == "pi":
+        return theta / scaling.factor
+    turns = scaling.original_length * theta / (2 * math.pi)  # ρ_p: how often pair p turns within L
+    ramp = ((turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0.0, 1.0)  # γ(ρ_p)
+    return (1 - ramp) * theta / scaling.factor + ramp * theta
+
+
+def xpos_decay(d_rot: int, device=None) -> Tensor:
+    """ζ_p = (2p + γ·d_rot)/((1 + γ)·d_rot) for p = 0 .. d_rot/2 - 1: [d_rot/2] float64, in [0.29, 1)."""
+    p = torch.arange(0, d_rot, 2, dtype=torch.float64, device=device)  # 2p
+    return (p + XPOS_GAMMA * d_rot) / ((1 + XPOS_GAMMA) * d_rot)
+
+
+def rotate(x: Tensor, positions: Tensor, d_rot: int, base: float, *, scaling: RopeScaling | None = None,
+           xpos_scale_base: float | None = None, xpos_sign: float = 1.0, xpos_centre: Tensor | float = 0.0) -> Tensor:
+    """x [..., n, d] with its first d_rot dimensions rotated by angle position·θ_p per pair (p, p + d_rot/2);
+    the others unchanged. xPos also scales pair p by ζ_p^(sign·(position - centre)/B): sign +1 for
+    queries, -1 for keys, one centre for both (it cancels in their product and keeps the scales in range)."""
+    pos = positions.to(torch.float64)[:, None]  # (n, 1)
+    angles = pos * rope_frequencies(d_rot, base, scaling, x.device)[None]  # (n, d_rot/2)
+    cos, sin = angles.cos(), angles.sin()
+    if xpos_scale_base is not None:
+        scale = xpos_decay(d_rot, x.device)[None] ** (xpos_sign * (pos - xpos_centre) / xpos_scale_base)
+        cos, sin = cos * scale, sin * scale
+    cos, sin = cos.to(x.dtype).repeat(1, 2), sin.to(x.dtype).repeat(1, 2)  # (n, d_rot): pairs (p, p + d_rot/2)
+    turned, rest = x[..., :d_rot], x[..., d_rot:]
+    first, second = turned[..., : d_rot // 2], turned[..., d_rot // 2 :]
+    turned = turned * cos + torch.cat([-second, first], dim=-1) * sin
+    return torch.cat([turned, rest], dim=-1) if rest.shape[-1] else turned

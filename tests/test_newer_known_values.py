@@ -1,0 +1,254 @@
+"""Known values and defining properties of the 2022-2025 schemes (docs/formulas.md): RoPE's frequencies
+under PI / NTK / YaRN, xPos's decay and its centring, FoX as data-dependent ALiBi, CoPE's counting,
+Sandwich's curve, windows, sinks, log-n scaling and the learned temperature. Each expected value is
+computed here by hand or quoted from the paper / reference code, never read back from the code under test.
+Run: pytest tests/test_newer_known_values.py -q"""
+
+import math
+
+import pytest
+import torch
+
+from conftest import randomize
+from test_attention_reference import inputs
+from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
+from relpos_ablate.model import AttentionOptions
+from relpos_ablate.model.position import RopeScaling, alibi_slopes, build_bias, rope_frequencies, xpos_decay
+
+
+def attention(seed=0, d_model=16, heads=2, d_head=8, **fields):
+    attn = RelPosAttention(d_model, heads, d_head, AttentionConfig(**fields)).double()
+    randomize(attn, seed)
+    return attn
+
+
+# ------------------------------------------------------------------ RoPE context extension
+def test_position_interpolation_divides_every_frequency_by_s():
+    theta = [10000 ** (-2 * p / 16) for p in range(8)]
+    got = rope_frequencies(16, 10000.0, RopeScaling("pi", 4.0, 32))
+    torch.testing.assert_close(got, torch.tensor(theta, dtype=torch.float64) / 4)
+
+
+def test_ntk_keeps_the_fastest_pair_and_interpolates_the_slowest():
+    """YaRN Def. 1: b' = b·s^(d/(d-2)); for d = 64, s = 4, b' ≈ 41 829 (the paper's example values)."""
+    plain, ntk = rope_frequencies(64, 10000.0), rope_frequencies(64, 10000.0, RopeScaling("ntk", 4.0, 512))
+    assert ntk[0] == plain[0] == 1.0
+    torch.testing.assert_close(ntk[-1], plain[-1] / 4, rtol=1e-12, atol=0)
+    torch.testing.assert_close(ntk[1], torch.tensor(41829.36592889948, dtype=torch.float64) ** (-2 / 64))
+
+
+def test_yarn_keeps_fast_pairs_interpolates_slow_ones_and_ramps_between():
+    """Pairs turning more than 32 times within L keep θ, fewer than once get θ/s, linear in between."""
+    length, s = 1000, 8.0
+    theta = [10000 ** (-2 * p / 16) for p in range(8)]
+    turns = [length * t / (2 * math.pi) for t in theta]  # 159, 50, 15.9, 5.0, 1.6, 0.5, 0.16, 0.05
+    ramp = [min(max((r - 1) / 31, 0.0), 1.0) for r in turns]
+    expected = [(1 - g) * t / s + g * t for g, t in zip(ramp, theta)]
+    got = rope_frequencies(16, 10000.0, RopeScaling("yarn", s, length))
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64))
+    assert got[0] == theta[0] and got[1] == theta[1] and got[-1] == theta[-1] / s and got[-2] == theta[-2] / s
+
+
+@pytest.mark.parametrize("s, root", [(4, 1.139), (8, 1.208), (16, 1.277), (32, 1.347)])
+def test_yarn_temperature(s, root):
+    """√(1/t) = 0.1 ln s + 1 on q and on k: q·k grows by its square; 1 for pi and ntk."""
+    assert RopeScaling("yarn", s, 64).query_factor == pytest.approx(root**2, abs=3e-3)
+    assert RopeScaling("pi", s, 64).query_factor == RopeScaling("ntk", s, 64).query_factor == 1.0
+
+
+@pytest.mark.parametrize("kind", ["pi", "ntk", "yarn"])
+def test_a_factor_of_one_is_the_trained_rope(kind):
+    attn = attention(terms="a", absolute="rope")
+    x, mems = inputs(1, 3)
+    plain, _ = attn(x, mems)
+    scaled, _ = attn(x, mems, AttentionOptions(rope_scaling=RopeScaling(kind, 1.0, 8)))
+    torch.testing.assert_close(scaled, plain, rtol=1e-12, atol=1e-12)
+
+
+def test_rope_scaling_is_a_pure_function_of_its_arguments():
+    """No state carried between calls: the same call twice, or after another scaling, gives the same output."""
+    attn = attention(terms="a", absolute="rope")
+    x, mems = inputs(2, 3)
+    yarn = AttentionOptions(rope_scaling=RopeScaling("yarn", 4.0, 8))
+    first, _ = attn(x, mems, yarn)
+    attn(x[:, :3], None, AttentionOptions(rope_scaling=RopeScaling("pi", 16.0, 2)))
+    torch.testing.assert_close(attn(x, mems, yarn)[0], first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind, factor, phrase", [("linear", 2.0, "pi, ntk, yarn"), ("pi", 0.5, "rope_scale: 0.5")])
+def test_bad_rope_scalings_are_one_line_errors(kind, factor, phrase):
+    with pytest.raises(ValueError, match=phrase):
+        RopeScaling(kind, factor, 8)
+
+
+# ------------------------------------------------------------------ partial rotary and xPos
+def test_partial_rotary_turns_only_the_first_dimensions():
+    """rope_fraction 0.5 of d_head 8: dimensions 4..7 score as NoPE, 0..3 as RoPE over a width of 4."""
+    attn = attention(terms="a", absolute="rope", rope_fraction=0.5)
+    x, _ = inputs(3, 0)
+    maps = attn.score_terms(x)["a"]  # (B, H, L, K), s·q_rot·k_rot
+    q = attn.q_net(x).view(2, 5, 2, 8).transpose(1, 2)
+    k = attn.kv_net(x)[..., :16].view(2, 5, 2, 8).transpose(1, 2)
+    i, j = 4, 1  # pair (0, 2): rate 1; pair (1, 3): rate 10000^(-1/2)
+    expected = (q[:, :, i, 4:] * k[:, :, j, 4:]).sum(-1)  # the dimensions that carry no position
+    for p, rate in ((0, 1.0), (1, 0.01)):
+        a_i, b_i, a_j, b_j = q[:, :, i, p], q[:, :, i, p + 2], k[:, :, j, p], k[:, :, j, p + 2]
+        r = (i - j) * rate  # Su et al. Eq. 16: (a_i a_j + b_i b_j) cos rθ - (b_i a_j - a_i b_j) sin rθ
+        expected = expected + (a_i * a_j + b_i * b_j) * math.cos(r) - (b_i * a_j - a_i * b_j) * math.sin(r)
+    torch.testing.assert_close(maps[:, :, i, j], expected / math.sqrt(8), rtol=1e-10, atol=1e-12)
+
+
+def test_xpos_decay_rates_are_the_papers():
+    """ζ_p = (2p/d + 0.4)/1.4: for d = 64, ζ_0 = 0.2857 and ζ_31 = 0.9777 (the authors' code)."""
+    zeta = xpos_decay(64)
+    assert zeta[0].item() == pytest.approx(0.4 / 1.4) and zeta[-1].item() == pytest.approx(87.6 / 89.6)
+
+
+def test_xpos_centring_keeps_far_positions_finite_in_float32():
+    """Uncentred, a key 40 000 positions in would be scaled by ζ_0^(-78) ≈ 1e42 (fp32 overflows at 3e38);
+    with one centre for q and k the output is that of positions 0 .. K - 1 (only differences matter)."""
+    attn = attention(terms="a", absolute="rope", xpos_scale_base=512.0).float()
+    x, mems = (t.float() for t in inputs(4, 3))
+    near, _ = attn(x, mems)
+    far, _ = attn(x, mems, AttentionOptions(positions=torch.arange(8) + 40_000))
+    assert torch.isfinite(far).all()
+    torch.testing.assert_close(far, near, rtol=1e-4, atol=1e-5)
+
+
+def test_xpos_pair_terms_decay_as_zeta_to_the_distance_over_b():
+    """One rotary pair, q = k = (1, 0) at every position: the score of distance r is ζ^(r/B)·cos(r·θ)·s."""
+    attn = attention(d_model=2, heads=1, d_head=2, terms="a", absolute="rope", xpos_scale_base=4.0, rope_base=100.0)
+    with torch.no_grad():
+        attn.q_net.weight.copy_(torch.eye(2))
+        attn.kv_net.weight.copy_(torch.cat([torch.eye(2), torch.eye(2)]))
+    x = torch.tensor([1.0, 0.0], dtype=torch.float64).expand(1, 6, 2)
+    maps = attn.score_terms(x)["a"][0, 0]  # (L, K)
+    zeta = 0.4 / 1.4  # p = 0, d = 2
+    for i, j in ((5, 0), (5, 3), (2, 2)):
+        assert maps[i, j].item() == pytest.approx(zeta ** ((i - j) / 4) * math.cos(i - j) / math.sqrt(2))
+
+
+# ------------------------------------------------------------------ FoX
+def test_fox_with_a_constant_gate_is_alibi():
+    """f = e^(-m_h) for every token (w = 0, b_h = -log(e^(m_h) - 1)) gives D_ij = -m_h·(i - j): ALiBi
+    exactly (Lin et al. 2025: FoX is data-dependent ALiBi), memory included."""
+    fox, alibi = attention(seed=5, terms="a", forget_gate=True), attention(seed=5, terms="a", bias="alibi")
+    alibi.load_state_dict({k: v for k, v in fox.state_dict().items() if not k.startswith("forget_gate")})
+    slopes = torch.tensor(alibi_slopes(2), dtype=torch.float64)
+    with torch.no_grad():
+        fox.forget_gate.proj.weight.zero_()
+        fox.forget_gate.proj.bias.copy_(-torch.log(torch.expm1(slopes)))
+    x, mems = inputs(5, 3)
+    torch.testing.assert_close(fox(x, mems)[0], alibi(x, mems)[0], rtol=1e-10, atol=1e-12)
+
+
+def test_fox_counts_the_querys_gate_and_not_the_keys():
+    """D_ii = 0 and D_{i,i-1} = log f_i: the gates between key and query, the key's own excluded."""
+    attn = attention(seed=6, terms="a", forget_gate=True)
+    x, mems = inputs(6, 3)
+    decay = attn.score_terms(x, mems)["decay"]  # (B, H, L, M + L)
+    gate = attn.forget_gate.proj
+    log_f = torch.nn.functional.logsigmoid(torch.cat([mems, x], 1) @ gate.weight.T + gate.bias)  # (B, K, H)
+    for i in range(5):
+        assert decay[:, :, i, 3 + i].abs().max() == 0
+        torch.testing.assert_close(decay[:, :, i, 3 + i - 1], log_f[:, 3 + i])
+        torch.testing.assert_close(decay[:, :, i, 0], log_f[:, 1: 3 + i + 1].sum(1))
+
+
+# ------------------------------------------------------------------ CoPE
+def test_cope_counts_half_a_position_per_key_when_every_gate_is_a_half():
+    """q = 0: every gate is σ(0) = 1/2, so p_ij = (i' - j + 1)/2 over the keys the query sees (the
+    query itself counts, later keys do not), clamped to p_max - 1."""
+    attn = attention(terms="a", cope_positions=3)
+    q = torch.zeros(1, 1, 4, 8, dtype=torch.float64)
+    k = torch.randn(1, 1, 6, 8, dtype=torch.float64)
+    visible = torch.arange(2, 6)[:, None] >= torch.arange(6)[None, :]  # memory of 2, causal
+    p = attn.contextual.positions(q, k, 1.0, visible)[0, 0]
+    expected = ((torch.arange(2, 6)[:, None] - torch.arange(6)[None, :] + 1) / 2).clamp(min=0, max=2) * visible
+    torch.testing.assert_close(p, expected.double())
+
+
+def test_cope_interpolates_the_table_linearly():
+    """e[n] = n·c makes q·e[p] = p·(q·c) for fractional p as well (gates all 1/2: p = 0.5, 1, 1.5, ...)."""
+    attn = attention(terms="a", cope_positions=16)
+    c = torch.randn(8, dtype=torch.float64)
+    with torch.no_grad():
+        attn.contextual.embeddings.copy_(torch.arange(16, dtype=torch.float64)[:, None] * c)
+    q = torch.randn(1, 1, 3, 8, dtype=torch.float64)
+    visible = torch.ones(3, 3, dtype=torch.bool).tril()
+    zero_keys = torch.zeros(1, 1, 3, 8, dtype=torch.float64)  # q·k = 0: every gate 1/2
+    scores = attn.contextual.scores(q, zero_keys, 0.5, visible)[0, 0]
+    p = ((torch.arange(3)[:, None] - torch.arange(3)[None, :] + 1) / 2).clamp(min=0) * visible
+    torch.testing.assert_close(scores, 0.5 * p * (q[0, 0] @ c)[:, None])
+
+
+# ------------------------------------------------------------------ Sandwich
+def test_sandwich_curve_is_the_sinusoid_inner_product_per_head():
+    """d = 64: p_i·p_j - d/2 at r = 0, 1, 4, 64, 128, 256 (not monotone), divided by 8h/H."""
+    scheme = build_bias(AttentionConfig(bias="sandwich"), 8, 64).double()
+    curve = scheme.curve(torch.tensor([0, 1, 4, 64, 128, 256, -4]))
+    head_1 = [0.0, -0.6235, -6.4120, -17.4858, -21.2239, -19.6427, -6.4120]  # divisor 8·1/8 = 1
+    torch.testing.assert_close(curve[0], torch.tensor(head_1, dtype=torch.float64), rtol=0, atol=1e-4)
+    at_4 = [-6.411995 / h for h in range(1, 9)]  # divisor 8h/8 = h
+    torch.testing.assert_close(curve[:, 2], torch.tensor(at_4, dtype=torch.float64), rtol=0, atol=1e-6)
+
+
+def test_sandwich_needs_the_head_width():
+    scheme = build_bias(AttentionConfig(bias="sandwich"), 2)
+    with pytest.raises(ValueError, match="reads the head width"):
+        scheme.curve(torch.arange(3))
+
+
+# ------------------------------------------------------------------ windows, sinks, temperature
+def test_a_window_leaves_each_query_its_window_of_keys():
+    attn = attention(terms="a", window=3)
+    x, mems = inputs(7, 4)
+    visible = attn.score_terms(x, mems)["visible"]  # (L, M + L)
+    assert visible.sum(-1).tolist() == [3] * 5
+    assert visible[0].nonzero().flatten().tolist() == [2, 3, 4]
+
+
+def test_zero_sinks_add_e_to_the_zero_to_the_softmax_denominator():
+    """Sink keys and values 0: logit 0 each, so with S sinks p_ij = e^(s_ij) / (S + Σ_j e^(s_ij))."""
+    attn = attention(seed=8, terms="a", sinks=3)
+    plain = attention(seed=8, terms="a")
+    plain.load_state_dict({k: v for k, v in attn.state_dict().items() if not k.startswith("sinks")})
+    with torch.no_grad():
+        attn.sinks.keys.zero_()
+        attn.sinks.values.zero_()
+    x, mems = inputs(8, 2)
+    _, probs = attn(x, mems, need_weights=True)
+    scores = plain.score_terms(x, mems)
+    weights = scores["a"].masked_fill(~scores["visible"], float("-inf")).exp()
+    torch.testing.assert_close(probs, weights / (3 + weights.sum(-1, keepdim=True)))
+
+
+def test_log_n_is_one_at_the_training_length():
+    """The query that sees exactly log_n_length keys is scored as with score_scale sqrt_d; earlier ones
+    (fewer keys) are cooler, log(n)/log(L) < 1."""
+    scaled = attention(seed=9, terms="a", bias="alibi", score_scale="log_n", log_n_length=6)
+    plain = attention(seed=9, terms="a", bias="alibi")
+    x, mems = inputs(9, 3)  # query i sees 3 + i + 1 keys: i = 2 sees 6
+    s_maps, p_maps = scaled.score_terms(x, mems), plain.score_terms(x, mems)
+    for i in range(5):
+        factor = math.log(3 + i + 1) / math.log(6)
+        for name in ("a", "bias"):  # the whole score: ALiBi's slope is scaled too
+            torch.testing.assert_close(s_maps[name][:, :, i], p_maps[name][:, :, i] * factor)
+    torch.testing.assert_close(scaled(x, mems)[0][:, 2], plain(x, mems)[0][:, 2])
+
+
+def test_a_learned_temperature_starts_at_one_and_learns():
+    attn, plain = attention(terms="ab", learned_temperature=True), attention(terms="ab")
+    with torch.no_grad():
+        attn.temperature.log_tau.zero_()
+    plain.load_state_dict({k: v for k, v in attn.state_dict().items() if "temperature" not in k})
+    x, mems = inputs(10, 3)
+    out, _ = attn(x, mems)
+    torch.testing.assert_close(out, plain(x, mems)[0])
+    (grad,) = torch.autograd.grad(out.square().sum(), [attn.temperature.log_tau])
+    assert grad.abs().min() > 0
+
+
+def test_log_n_needs_the_training_length():
+    with pytest.raises(ConfigError, match="^log_n_length: score_scale log_n needs the training attention length"):
+        RelPosAttention(16, 2, 8, AttentionConfig(score_scale="log_n"))
