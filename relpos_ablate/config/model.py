@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from relpos_ablate.config.base import ConfigError, check_choice, check_range
@@ -16,6 +17,9 @@ SCORE_SCALES = ("sqrt_d", "none", "log_n")
 BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit")
 POSITIONS = ("sequential", "randomized")
 NORMS = ("pre", "post")
+EMBED_SCALES = ("auto", "sqrt_d_model", "none")
+#: Absolute baselines whose published code multiplies the token embedding by sqrt(d_model) ('auto').
+SCALED_EMBEDDING_BY_DEFAULT = ("sinusoid", "learned_per_layer")
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,16 @@ class ModelConfig:
     """LayerNorm placement: 'pre' (GPT-2 style) or 'post' (Transformer-XL)."""
     tie_weights: bool = True
     """Output projection shares the token embedding."""
+    embed_scale: str = "auto"
+    """Multiplier of the token embedding (N(0, 0.02)) at the input; tied output weights stay unscaled.
+    'sqrt_d_model' | 'none' (x1) | 'auto': each absolute baseline's published default. sinusoid:
+    sqrt(d_model) (Vaswani et al. 2017 §3.4 "we multiply those weights by sqrt(d_model)"; Transformer-XL's
+    code, AdaptiveEmbedding emb_scale = d_proj**0.5), else the fixed sinusoid (entries in [-1, 1]) swamps
+    the embedding, ~35x its norm at d_model 410. learned_per_layer: sqrt(d_model) (Transformer-XL's
+    code for its Al-Rfou baseline, attn_type 3). learned: x1 (GPT-2: wte N(0, 0.02), wpe N(0, 0.01),
+    unscaled). none, rope and the relative schemes: x1 (GPT-2, T5, GPT-NeoX); nothing is added at the
+    input, so the scale only sizes the embedding against the residual branches (Transformer-XL's and
+    fairseq's code scale every model: 'sqrt_d_model' matches them)."""
     mem_len: int = 0
     """Tokens of memory per layer carried from segment to segment (0: no recurrence)."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -222,6 +236,7 @@ class ModelConfig:
         check_range("dropout", self.dropout, 0.0, 1.0)
         check_range("attn_dropout", self.attn_dropout, 0.0, 1.0)
         check_choice("norm", self.norm, NORMS)
+        check_choice("embed_scale", self.embed_scale, EMBED_SCALES)
         check_range("mem_len", self.mem_len, low=0)
         if self.mem_len and self.attention.randomized:
             raise ConfigError("mem_len", "randomized positions are drawn per segment, and memory would keep another "
@@ -229,6 +244,14 @@ class ModelConfig:
         check_widths(self.attention, self.d_model, self.d_head)
         if self.attention.absolute == "sinusoid" and self.d_model % 2:
             raise ConfigError("d_model", f"sinusoid positions need an even d_model (got {self.d_model})")
+
+    @property
+    def embedding_multiplier(self) -> float:
+        """The factor `embed_scale` stands for, 'auto' resolved by the absolute baseline."""
+        scale = self.embed_scale
+        if scale == "auto":
+            scale = "sqrt_d_model" if self.attention.absolute in SCALED_EMBEDDING_BY_DEFAULT else "none"
+        return math.sqrt(self.d_model) if scale == "sqrt_d_model" else 1.0
 
 
 def check_widths(attention: AttentionConfig, d_model: int, d_head: int) -> None:

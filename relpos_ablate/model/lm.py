@@ -24,7 +24,7 @@ from relpos_ablate.config.model import ModelConfig
 from relpos_ablate.model.attention import RelPosAttention, init_vector
 from relpos_ablate.model.call import AttentionOptions, SharedParameters
 from relpos_ablate.model.diagnostics import AttentionStatistics
-from relpos_ablate.model.position import RopeScaling, build_bias, sinusoid
+from relpos_ablate.model.position import BiasScheme, RopeScaling, build_bias, sinusoid
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -128,22 +128,29 @@ class TransformerLM(nn.Module):
         self.layers = nn.ModuleList(Layer(config, shared) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.apply(self._init_weights)
+        self._init_weights()
         if config.tie_weights:
             self.head.weight = self.embed.weight
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+    def _init_weights(self) -> None:
+        """Linear and Embedding weights N(0, 0.02), Linear biases 0 (GPT-2; Transformer-XL's init_std),
+        except inside bias schemes, which keep their own published init: FIRE's and the dynamic MLP's
+        PyTorch default Linear init (zero biases would put every first-layer kink at distance 0, leaving
+        the MLP linear in its input for all causal distances)."""
+        own_init = {id(m) for scheme in self.modules() if isinstance(scheme, BiasScheme) for m in scheme.modules()}
+        for module in self.modules():
+            if id(module) in own_init:
+                continue
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
 
     def attention_layers(self) -> list[RelPosAttention]:
         return [layer.attn for layer in self.layers]
 
     def _embed(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
-        h = self.embed(tokens)  # (B, L, D)
+        h = self.embed(tokens) * self.config.embedding_multiplier  # (B, L, D); see ModelConfig.embed_scale
         length = tokens.shape[1]
         if self.config.attention.absolute == "sinusoid":
             # Vaswani et al.: positions 0..L-1 of the segment (memory keeps its own; XL's point)

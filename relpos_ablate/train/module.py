@@ -9,7 +9,8 @@
   before dividing, so the numbers do not depend on the number of processes (up to rounding).
 - Loss on the whole segment or its most recent half (`train.loss_on`, XL Table 6), over the positions
   the batch mask marks (synthetic tasks count only determined targets).
-- AdamW (decay on Linear weights only) or Adam, linear warm-up then cosine decay to 0 or constant.
+- AdamW (decay on Linear weights outside bias schemes) or Adam, linear warm-up then cosine decay to 0
+  or constant; after every optimizer step each bias scheme restores its parameters' range (KERPLE).
 - Metrics: loss and token accuracy everywhere; perplexity for text, plus bits per character for
   char/byte tokenizers. Main metric: `acc` for synthetic tasks, `ppl` for text.
 - Evaluation: each setting's protocol (train/data/protocols.py) decides memory and same_length; in the
@@ -32,7 +33,7 @@ from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data.streams import TrainBatch, loss_mask
 from relpos_ablate.train.data.protocols import log_bins
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
-from relpos_ablate.model.position import RopeScaling
+from relpos_ablate.model.position import BiasScheme, RopeScaling
 
 
 class NonFiniteLoss(RuntimeError):
@@ -60,9 +61,12 @@ def lr_factor(step: int, train: TrainConfig) -> float:
 
 
 def build_optimizer(model: nn.Module, train: TrainConfig, device: torch.device):
-    """(optimizer, LambdaLR scheduler). Weight decay applies to Linear weights (incl. a tied embedding)
-    only: norms, biases, u/v and position tables are not pulled towards zero."""
-    decay = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
+    """(optimizer, LambdaLR scheduler). Weight decay applies to Linear weights (incl. a tied embedding
+    and W_R, a projection like W_k) outside bias schemes only: norms, biases, u/v, position tables and
+    every parameter of a bias scheme (FIRE's and the dynamic MLPs too) are not pulled towards zero."""
+    in_schemes = {id(p) for m in model.modules() if isinstance(m, BiasScheme) for p in m.parameters()}
+    decay = {id(m.weight): m.weight for m in model.modules()
+             if isinstance(m, nn.Linear) and id(m.weight) not in in_schemes}
     rest = [p for p in model.parameters() if id(p) not in decay]
     decay_wd = train.weight_decay if train.optimizer == "adamw" else 0.0
     groups = [{"params": list(decay.values()), "weight_decay": decay_wd}, {"params": rest, "weight_decay": 0.0}]
@@ -70,6 +74,13 @@ def build_optimizer(model: nn.Module, train: TrainConfig, device: torch.device):
     optimizer = optim_cls(groups, lr=train.lr, fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, train))
     return optimizer, scheduler
+
+
+def after_optimizer_step(model: nn.Module) -> None:
+    """Every bias scheme restores its parameters' range once they moved (KERPLE clamps a, p in place)."""
+    for module in model.modules():
+        if isinstance(module, BiasScheme):
+            module.after_optimizer_step()
 
 
 class MaskedMean(Metric):
@@ -265,6 +276,10 @@ class LitLM(L.LightningModule):
         gathered: list = [None] * self.trainer.world_size
         torch.distributed.all_gather_object(gathered, [(i.cpu(), loss.cpu()) for i, loss in pairs])
         return [pair for share in gathered for pair in share]
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        super().optimizer_step(*args, **kwargs)
+        after_optimizer_step(self.model)
 
     def configure_optimizers(self):
         optimizer, scheduler = build_optimizer(self.model, self.config.train, self.device)

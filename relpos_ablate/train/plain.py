@@ -1,8 +1,8 @@
 """The same training as LitLM in a plain PyTorch loop: the baseline Lightning's overhead is measured
 against (benchmarks/train_step.py) and a parity check of the Lightning loop (tests/test_train_plain.py).
 
-Same data order, memory carrying and reset, loss, optimizer, schedule and gradient clipping; no
-checkpoints, logging or evaluation.
+Same data order, memory carrying and reset, loss, optimizer (then each bias scheme's
+`after_optimizer_step`), schedule and gradient clipping; no checkpoints, logging or evaluation.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from relpos_ablate.config import RunConfig
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.model.lm import masked_mean
-from relpos_ablate.train.module import build_optimizer, loss_mask, token_stats
+from relpos_ablate.train.module import after_optimizer_step, build_optimizer, loss_mask, token_stats
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -53,6 +53,7 @@ def train_plain(config: RunConfig, device: str | torch.device = "cpu", steps: in
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         scaler.step(optimizer)
         scaler.update()
+        after_optimizer_step(model)
         scheduler.step()
         losses.append(loss.detach())
         if on_step is not None:

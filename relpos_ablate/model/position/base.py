@@ -61,6 +61,10 @@ class BiasScheme(nn.Module):
         """Largest query position up to which B depends on i - j alone (there `curve` gives it)."""
         return float("inf")
 
+    def after_optimizer_step(self) -> None:
+        """Called after every optimizer step (train/module.py, train/plain.py; a loop of your own should
+        too): restore constraints on the parameters in place. Default: none."""
+
     def boundaries(self) -> list[float]:
         """Distances where the scheme changes regime (clamps, bucket edges): marked in bias plots."""
         return []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -11,13 +14,28 @@ MIN_PARAM = 0.01  # a, p are kept >= 0.01 (the paper's clamp) so the kernels sta
 
 
 class _Kerple(BiasScheme):
+    """a ~ U(0, 1), p ~ U(0, 2) per head, kept in [MIN_PARAM, max_p] by clamping the stored values in
+    place after every optimizer step, as the authors' code does before every forward
+    (chijames/KERPLE, megatron/mpu/layers.py: `self.bias_p.data = self.bias_p.data.clamp(min=self.eps)`).
+    A value put back on the floor keeps its gradient; clamping only inside forward would give a value
+    below the floor a zero gradient for good."""
+
+    max_p: ClassVar[float] = math.inf
+
     def __init__(self, n_heads, config):
         super().__init__(n_heads, config)
-        self.a = nn.Parameter(torch.rand(n_heads))  # (H,) ~ U(0, 1)
-        self.p = nn.Parameter(torch.rand(n_heads) * 2)  # (H,) ~ U(0, 2)
+        self.a = nn.Parameter(torch.rand(n_heads).clamp(min=MIN_PARAM))  # (H,) ~ U(0, 1), in range
+        self.p = nn.Parameter((torch.rand(n_heads) * 2).clamp(min=MIN_PARAM, max=self.max_p))  # (H,) ~ U(0, 2)
+
+    @torch.no_grad()
+    def after_optimizer_step(self) -> None:
+        self.a.clamp_(min=MIN_PARAM)
+        self.p.clamp_(min=MIN_PARAM, max=self.max_p)
 
     def params(self):
-        return self.a.clamp(min=MIN_PARAM)[:, None], self.p.clamp(min=MIN_PARAM)[:, None]
+        """a, p as [H, 1]; the clamp is a guard for loops that skip after_optimizer_step (in range it
+        passes the gradient unchanged)."""
+        return self.a.clamp(min=MIN_PARAM)[:, None], self.p.clamp(min=MIN_PARAM, max=self.max_p)[:, None]
 
 
 class KerpleLogBias(_Kerple):
@@ -32,9 +50,7 @@ class KerpleLogBias(_Kerple):
 class KerplePowerBias(_Kerple):
     """B_h = -a_h · r^p_h with 0 < p_h <= 2."""
 
-    def params(self):
-        a, p = super().params()
-        return a, p.clamp(max=2.0)
+    max_p = 2.0
 
     def curve(self, distances):
         a, p = self.params()

@@ -1,0 +1,217 @@
+"""Fair baselines: no scheme handicapped by an implementation detail.
+
+- The absolute sinusoid is added to the token embedding scaled by sqrt(d_model) (Vaswani et al.
+  §3.4; Transformer-XL's code), not swamped by it; `embed_scale: auto` gives each absolute baseline
+  its published default.
+- KERPLE's a, p are clamped in place after every optimizer step, so a value pushed below the floor
+  keeps learning (both training loops call the schemes' `after_optimizer_step`).
+- FIRE's and the dynamic MLP keep their own (PyTorch default Linear) init inside TransformerLM, and
+  no position parameter gets weight decay.
+- benchmarks/baselines.py runs end to end and reports every preset (its 10% goal is the benchmark's
+  to check, on real text; see the README's "Fair baselines").
+Run: pytest tests/test_baselines.py -q
+"""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from reference import sinusoid_row
+from relpos_ablate import AttentionConfig, ModelConfig, TransformerLM
+from relpos_ablate.config import ConfigError
+from relpos_ablate.model.lm import LearnedPositions
+from relpos_ablate.model.position import BiasScheme, build_bias
+from relpos_ablate.model.position.kerple import MIN_PARAM
+from relpos_ablate.runner.presets import presets
+from relpos_ablate.train.data import build_datamodule
+from relpos_ablate.train.module import build_optimizer
+from relpos_ablate.train.plain import train_plain
+from relpos_ablate.train.run import resolve_vocab, train_run
+from test_train_module import tiny
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lm(d_model=16, mem_len=0, **attention):
+    cfg = ModelConfig(vocab_size=11, d_model=d_model, n_layers=1, n_heads=2, d_head=8, d_inner=32, dropout=0.0,
+                      mem_len=mem_len, attention=AttentionConfig(**attention))
+    return TransformerLM(cfg)
+
+
+def test_sinusoid_is_added_to_the_embedding_scaled_by_sqrt_d_model():
+    """Layer 0's input (kept as memory) = E[token]·sqrt(d_model) + PE(position), PE by hand in float64."""
+    torch.manual_seed(0)
+    m = lm(mem_len=6, terms="a", absolute="sinusoid").double()
+    tokens = torch.randint(0, 11, (2, 6))
+    _, mems = m(tokens)
+    positions = torch.tensor([sinusoid_row(p, 16) for p in range(6)], dtype=torch.float64)
+    torch.testing.assert_close(mems[0], m.embed.weight[tokens] * math.sqrt(16) + positions)
+
+
+def test_the_sinusoid_no_longer_swamps_the_embedding_at_xl_sizes():
+    """At d_model 410 (XL's WT103 base) ||PE|| = sqrt(205) ~ 14.3 while an N(0, 0.02) embedding row
+    has norm ~0.41 (35x smaller); scaled by sqrt(410) it is ~8.2, the same order."""
+    torch.manual_seed(0)
+    m = lm(d_model=410, terms="a", absolute="sinusoid")
+    embedding = m.embed.weight * m.config.embedding_multiplier  # (V, D)
+    pe_norm = torch.tensor([sinusoid_row(p, 410) for p in range(64)]).norm(dim=-1).mean()
+    ratio = pe_norm / embedding.norm(dim=-1).mean()
+    assert 1.0 < ratio < 2.5, f"position / token norm = {ratio:.1f}"
+
+
+@pytest.mark.parametrize("absolute, expected", [
+    ("sinusoid", math.sqrt(16)),  # Vaswani et al. §3.4; Transformer-XL attn_type 2
+    ("learned_per_layer", math.sqrt(16)),  # Transformer-XL's Al-Rfou baseline (attn_type 3)
+    ("learned", 1.0),  # GPT-2
+    ("none", 1.0),
+    ("rope", 1.0),
+])
+def test_auto_embed_scale_is_each_baseline_s_published_default(absolute, expected):
+    cfg = ModelConfig(d_model=16, attention=AttentionConfig(terms="a", absolute=absolute))
+    assert cfg.embedding_multiplier == pytest.approx(expected)
+
+
+def test_embed_scale_can_be_set_explicitly_and_is_validated():
+    assert ModelConfig(embed_scale="none", attention=AttentionConfig(absolute="sinusoid")).embedding_multiplier == 1.0
+    assert ModelConfig(d_model=64, embed_scale="sqrt_d_model").embedding_multiplier == 8.0
+    with pytest.raises(ConfigError, match="embed_scale"):
+        ModelConfig(embed_scale="sqrt")
+
+
+@pytest.mark.parametrize("bias", ["kerple_log", "kerple_power"])
+@pytest.mark.parametrize("name", ["a", "p"])
+def test_a_kerple_parameter_pushed_below_the_floor_still_moves(bias, name):
+    """The loss below wants a and p larger (dB/da, dB/dp < 0). A head pushed below the floor is put
+    back on it after the step and moves up; clamped only inside forward it would stay stuck."""
+    scheme = build_bias(AttentionConfig(bias=bias), 2)
+    with torch.no_grad():
+        getattr(scheme, name)[0] = MIN_PARAM / 2  # where an optimizer step left it
+    optimizer = torch.optim.Adam(scheme.parameters(), lr=0.05)
+    for _ in range(3):
+        optimizer.zero_grad()
+        scheme.curve(torch.arange(0, 20)).sum().backward()
+        optimizer.step()
+        scheme.after_optimizer_step()
+    assert getattr(scheme, name)[0] > MIN_PARAM
+
+
+def test_kerple_power_keeps_p_at_most_two_and_both_start_in_range():
+    scheme = build_bias(AttentionConfig(bias="kerple_power"), 64)
+    assert scheme.a.min() >= MIN_PARAM and scheme.p.min() >= MIN_PARAM
+    with torch.no_grad():
+        scheme.p.fill_(3.0)
+    scheme.after_optimizer_step()
+    assert scheme.p.max() == 2.0
+
+
+def count_calls(monkeypatch, cls) -> list:
+    calls = []
+    original = cls.after_optimizer_step
+
+    def counted(self):
+        calls.append(self)
+        original(self)
+
+    monkeypatch.setattr(cls, "after_optimizer_step", counted)
+    return calls
+
+
+def test_both_training_loops_restore_kerple_s_range_after_every_step(monkeypatch, tmp_path):
+    from relpos_ablate.model.position.kerple import KerpleLogBias
+
+    cfg = tiny("model.attention.terms=a", "model.attention.bias=kerple_log", "train.max_steps=3")
+    calls = count_calls(monkeypatch, KerpleLogBias)
+    train_plain(resolve_vocab(cfg, build_datamodule(cfg).vocab_size))
+    assert len(calls) == 3  # one shared bias module, three steps
+    calls.clear()
+    assert train_run(cfg, tmp_path) == "done"
+    assert len(calls) == 3
+
+
+def linear_layers(scheme: BiasScheme) -> list[nn.Linear]:
+    return [m for m in scheme.modules() if isinstance(m, nn.Linear)]
+
+
+@pytest.mark.parametrize("bias", ["fire", "dynamic"])
+def test_bias_mlps_keep_their_own_init_inside_the_lm(bias):
+    """PyTorch's Linear init: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), std = bound/sqrt(3).
+    Pooled over 8 seeds, the MLP inside a TransformerLM has the standalone scheme's statistics (the
+    LM's N(0, 0.02) re-draw would make the biases exactly 0)."""
+    inside, alone = [], []
+    for seed in range(8):
+        torch.manual_seed(seed)
+        inside.append(lm(terms="a", bias=bias).shared_bias_scheme)
+        torch.manual_seed(seed)
+        alone.append(build_bias(AttentionConfig(terms="a", bias=bias), 2))
+    for layer in range(2):
+        bound = 1 / math.sqrt(linear_layers(alone[0])[layer].in_features)
+        for name in ("weight", "bias"):
+            got = torch.cat([getattr(linear_layers(s)[layer], name).detach().flatten() for s in inside])
+            ref = torch.cat([getattr(linear_layers(s)[layer], name).detach().flatten() for s in alone])
+            assert got.abs().max() <= bound
+            assert got.std() == pytest.approx(bound / math.sqrt(3), rel=0.25), (layer, name)
+            assert got.std() == pytest.approx(ref.std(), rel=0.25), (layer, name)
+
+
+POSITION_CASES = [
+    dict(terms="a", bias="fire"), dict(terms="a", bias="dynamic", share_bias=False), dict(terms="a", bias="t5"),
+    dict(terms="a", bias="xl_table"), dict(terms="a", bias="kerple_power"), dict(terms="a", bias="alibi_learned"),
+    dict(terms="abcd", share_uv=False), dict(terms="abcd"), dict(terms="ab", rel="learned", clamp_len=4, shaw_values=True),
+    dict(terms="a", absolute="learned"), dict(terms="a", absolute="learned_per_layer"),
+]
+
+
+def position_parameters(model: TransformerLM) -> dict[int, str]:
+    """Every parameter that encodes position: bias schemes, u, v, learned R and value tables, absolute tables."""
+    found = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (BiasScheme, LearnedPositions)):
+            found.update({id(p): f"{name}.{n}" for n, p in module.named_parameters()})
+    for name, p in model.named_parameters():
+        if name.rsplit(".", 1)[-1] in ("content_bias_u", "position_bias_v", "r_table", "value_table"):
+            found[id(p)] = name
+    return found
+
+
+@pytest.mark.parametrize("attention", POSITION_CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_no_position_parameter_gets_weight_decay(attention):
+    model = lm(**attention)
+    optimizer, _ = build_optimizer(model, tiny().train, torch.device("cpu"))
+    decayed, _plain = optimizer.param_groups
+    position = position_parameters(model)
+    assert position, "the case has position parameters"
+    assert [position[id(p)] for p in decayed["params"] if id(p) in position] == []
+    assert any(p is model.layers[0].attn.q_net.weight for p in decayed["params"])  # projections still decay
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("baselines_benchmark", ROOT / "benchmarks" / "baselines.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_baselines_benchmark_runs_every_preset_end_to_end(tmp_path, capsys):
+    """A tiny version (2 steps of a 1-layer d_model 16 model on a generated corpus): the real training
+    path runs for every preset and the table has one row per preset with a finite perplexity."""
+    words = ["the", "king", "and", "queen", "of", "a", "castle", "sang", "to", "night"]
+    gen = torch.Generator().manual_seed(0)
+    lines = [" ".join(words[i] for i in torch.randint(0, len(words), (12,), generator=gen).tolist())
+             for _ in range(200)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n")
+    results = load_benchmark().main([
+        str(corpus), "--steps", "2", "--results", str(tmp_path / "runs"),
+        "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.n_heads=2",
+        "--set", "model.d_head=8", "--set", "model.d_inner=32", "--set", "train.batch_size=2",
+        "--set", "eval.batch_size=2", "--set", f"data.cache_dir={tmp_path / 'cache'}"])
+    assert [r["preset"] for r in results] == list(presets())
+    assert all(math.isfinite(r["ppl"]) and r["ppl"] > 1 for r in results)
+    table = capsys.readouterr().out
+    for name in presets():
+        assert f"| {name} |" in table
+    assert (tmp_path / "runs" / "baselines.json").exists()
