@@ -187,16 +187,17 @@ def test_xl_table6_cpu_reads_the_shipped_corpus_fits_a_cpu_and_asks_for_the_recl
 
 
 def test_alibi_extrapolation_cpu_evaluates_1x_to_16x_with_both_protocols():
-    configs = [run.config for run in load_grid(EXPERIMENTS / "alibi_extrapolation_cpu.yaml").runs]
-    schemes = {(a.terms, a.absolute, a.bias) for a in map(_attention, configs)}
-    assert schemes == {("a", "sinusoid", "none"), ("a", "learned", "none"), ("a", "rope", "none"), ("a", "none", "t5"),
-                       ("a", "none", "alibi"), ("a", "none", "kerple_log"), ("a", "none", "fire"),
-                       ("abcd", "none", "none"), ("a", "none", "none")}
-    for c in configs:
+    runs = load_grid(EXPERIMENTS / "alibi_extrapolation_cpu.yaml").runs
+    assert {run.variant["encoding"] for run in runs} == {
+        "vaswani", "learned", "rope", "rope_xpos", "t5", "alibi", "kerple_log", "fire", "sandwich", "fox", "cope",
+        "xl", "nope"}
+    for c in (run.config for run in runs):
         assert c.data.corpus == "tinyshakespeare" and c.model.mem_len == 0 and c.train.segment_len == 64
-        lengths = {(s.protocol, s.segment_len) for s in c.eval_settings()}
-        assert lengths == {(p, 64 * k) for p in ("non_overlapping", "sliding") for k in (1, 2, 4, 8, 16)}
-    assert len({c.seed for c in configs}) >= 2, "seeds as a band"
+        plain = {(s.protocol, s.segment_len) for s in c.eval_settings() if s.rope_scaling is None}
+        assert plain == {(p, 64 * k) for p in ("non_overlapping", "sliding") for k in (1, 2, 4, 8, 16)}
+        extended = {(s.protocol, s.segment_len, s.rope_scaling) for s in c.eval_settings() if s.rope_scaling}
+        assert extended == {("non_overlapping", 64 * k, kind) for k in (4, 8) for kind in ("pi", "ntk", "yarn")}
+    assert len({run.config.seed for run in runs}) >= 2, "seeds as a band"
 
 
 def test_alibi_table2_trains_at_l_and_evaluates_up_to_about_30x():

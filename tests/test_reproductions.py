@@ -30,7 +30,7 @@ TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_head
 EVAL_TARGETS = 600
 """Targets per ordinary setting (300 per stream: a 1024-token window is one padded window)."""
 KEPT = {  # the variants each tiny version trains
-    "alibi_extrapolation_cpu": lambda v: v["encoding"] in ("vaswani", "alibi", "xl"),
+    "alibi_extrapolation_cpu": lambda v: v["encoding"] in ("vaswani", "rope", "alibi", "xl"),
     "xl_table6_cpu": lambda v: (v["encoding"], v["model.mem_len"], v["train.loss_on"]) in {
         ("xl", 64, "full"), ("shaw", 64, "full"), ("xl", 0, "full"), ("vaswani", 0, "half")},
 }
@@ -70,11 +70,17 @@ def test_extrapolation_report(root):
     results = trained("alibi_extrapolation_cpu", root)
     df = collect(results)
     assert df.attrs["problems"] == [] and set(df["status"]) == {"done"}
-    assert set(df["tokens"]) == {EVAL_TARGETS}  # every protocol and length scores the same targets
+    scored = df[df["eval_error"].isna()]
+    assert set(scored["tokens"]) == {EVAL_TARGETS}  # every protocol and length scores the same targets
+    skipped = df[df["eval_error"].notna()]  # RoPE context extension: only the RoPE model evaluates it
+    assert set(skipped["encoding"]) == {"vaswani", "alibi", "xl"} and skipped["rope_scaling"].notna().all()
+    rope = scored[scored["encoding"] == "rope"].groupby("run_id")["rope_scaling"]
+    assert set(rope.size()) == {16} and set(rope.count()) == {6}  # per RoPE run: 16 settings, 6 extended
     table, options = make_table(df)
-    assert options.cols == ("protocol", "segment_len", "stride") and options.metric == "ppl"
-    assert [labels[0] for labels, _ in table.rows] == ["vaswani", "alibi", "xl"]  # the spec's order
-    assert len(table.columns) == 10 and table.columns[-1] == "sliding, eval len 1024, stride 64"
+    assert options.cols == ("protocol", "segment_len", "stride", "rope_scaling") and options.metric == "ppl"
+    assert [labels[0] for labels, _ in table.rows] == ["vaswani", "rope", "alibi", "xl"]  # the spec's order
+    assert len(table.columns) == 16 and table.columns[-1] == "sliding, eval len 1024, stride 64"
+    assert table.columns[3:6] == [f"non_overlapping, eval len 256, rope_scaling {k}" for k in ("ntk", "pi", "yarn")]
     assert "Tokens scored per setting: 600." in table.caption
     figure = extrapolation_figure(df)
     assert any(line.get_label().startswith("unigram") for line in figure.axes[0].get_lines())

@@ -43,6 +43,9 @@ ALIASES = {"eval_len": "segment_len", "eval_length": "segment_len"}
 """Short names accepted for --rows/--cols (besides any unique last component of a dotted field)."""
 SETTING_LABELS = {"segment_len": "eval len", "mem_len": "mem", "clamp_len": "clamp", "same_length": "same len",
                   "attn_len": "attn len", "protocol": "", "max_targets": "targets"}
+OPTIONAL_SETTINGS = ("stride", "rope_scaling")
+"""Setting columns left out of a label where unset (stride belongs to sliding settings only; rope_scaling
+to RoPE context extension)."""
 MIN_WELCH_SEEDS = 3
 """Welch's t-test is run (and starred) only where both cells have at least this many seeds."""
 
@@ -351,7 +354,7 @@ def column_label(cols: list[str], key: tuple, metric: str) -> str:
     if not cols:
         return metric
     parts = [(SETTING_LABELS.get(name, short_name(name)), v) for name, v in zip(cols, key)
-             if not (name == "stride" and v is None)]  # stride belongs to sliding settings only
+             if not (name in OPTIONAL_SETTINGS and v is None)]
     return ", ".join(f"{name} {label(v)}".strip() for name, v in parts)
 
 
