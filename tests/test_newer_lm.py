@@ -178,7 +178,7 @@ def test_a_table_splits_the_settings_by_rope_scaling(tmp_path):
         (run_dir / "eval.json").write_text(json.dumps({"main_metric": "acc", "settings": records}))
     table, _ = make_table(collect(tmp_path), TableOptions(rows=("encoding",), cols=("segment_len", "rope_scaling")))
     lines = render(table, "markdown").splitlines()
-    assert lines[0] == ("| encoding | eval len 32, rope_scaling — | eval len 64, rope_scaling — | "
+    assert lines[0] == ("| encoding | eval len 32 | eval len 64 | "
                         "eval len 64, rope_scaling pi | eval len 64, rope_scaling yarn |")
     rope = next(line for line in lines if line.startswith("| rope "))
     alibi = next(line for line in lines if line.startswith("| alibi "))

@@ -13,6 +13,7 @@ from relpos_ablate.config.base import (
     ConfigError, apply_overrides, check_choice, check_range, from_dict, read_yaml, reject, to_plain,
 )
 from relpos_ablate.config.data import DataConfig, check_example_run
+from relpos_ablate.config.evaluation import PROTOCOLS, EvalConfig, EvalSetting
 from relpos_ablate.config.model import ModelConfig, check_randomized_range
 from relpos_ablate.config.registry import import_modules
 
@@ -22,7 +23,6 @@ LOSS_ON = ("full", "half")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 STRATEGIES = ("auto", "ddp")
 LOGGERS = ("csv", "tensorboard", "wandb")
-ROPE_SCALINGS = ("pi", "ntk", "yarn")
 
 
 @dataclass(frozen=True)
@@ -134,143 +134,6 @@ def check_streams_split(field: str, streams: int, processes: int, accumulate: in
     if streams % groups:
         detail = f"{processes} processes" + (f" x {accumulate} micro-batches (train.accumulate)" if accumulate > 1 else "")
         reject(field, f"{streams} streams do not split evenly over {detail}; use a multiple of {groups}")
-
-
-PROTOCOLS = ("non_overlapping", "sliding", "xl")
-
-
-@dataclass(frozen=True)
-class EvalSetting:
-    """One evaluation: protocol, segment (window) length, memory, clamp (docs/formulas.md#evaluation-protocols)."""
-
-    segment_len: int
-    """Tokens per evaluated segment (the window length for `sliding`)."""
-    protocol: str = "non_overlapping"
-    """non_overlapping: consecutive segments, each target scored once, memory carried when there is one |
-    sliding: windows of segment_len moved by `stride`, each scoring only its last `stride` targets (the
-    first window all of its own), no memory (ALiBi's evaluation) | xl: consecutive segments with memory
-    carried and same_length, every query seeing the mem_len most recent keys (Transformer-XL's evaluation).
-    Every protocol scores the same targets of the split."""
-    stride: int | None = None
-    """sliding: targets scored per window, 1..segment_len (each then has segment_len - stride + 1 to
-    segment_len tokens of context; stride = segment_len is non_overlapping without memory)."""
-    mem_len: int | None = None
-    """Memory at evaluation (null: the model's training mem_len; sliding uses none)."""
-    clamp_len: int | None = None
-    """Clamp of R at evaluation (null: the model's)."""
-    same_length: bool = False
-    """Set by protocol xl (every query sees the M most recent keys, itself included, i - M < j <= i, with M
-    this setting's mem_len, else the model's; fewer only while the stream has fewer). Kept for configs
-    written before `protocol`: true is accepted only with protocol xl."""
-    max_targets: int = 0
-    """Score only the first max_targets // eval.batch_size targets of each evaluation stream (0: all): a
-    subset that is the same for every model and protocol, for costly evaluations (sliding, stride 1)."""
-    token_losses: bool = False
-    """Save every scored target's loss in the run dir (token_losses.npz): what RECL reads."""
-    rope_scaling: str | None = None
-    """RoPE context extension at this evaluation: pi (position interpolation, Chen et al. 2023) | ntk
-    (NTK-aware base) | yarn (Peng et al. 2023: per-frequency ramp and attention temperature) | null: the
-    trained RoPE (docs/formulas.md#rope-context-extension). A model without RoPE (or with xPos) skips the
-    setting, with the reason in eval.json."""
-    rope_scale: float | str = "auto"
-    """rope_scaling's factor s >= 1 (target / training context): a number, or auto = this setting's attention
-    length (attn_len: the keys a query sees under its protocol) / the training one, train.segment_len +
-    model.mem_len; at least 1.
-    Fixed per setting: the same (i, j) pair always gets the same score."""
-
-    def __post_init__(self):
-        check_range("segment_len", self.segment_len, low=1)
-        check_choice("protocol", self.protocol, PROTOCOLS)
-        if self.mem_len is not None:
-            check_range("mem_len", self.mem_len, low=0)
-        if self.clamp_len is not None:
-            check_range("clamp_len", self.clamp_len, low=1)
-        check_range("max_targets", self.max_targets, low=0)
-        if self.protocol == "sliding":
-            if self.stride is None:
-                raise ConfigError("stride", f"protocol 'sliding' needs a stride (1..segment_len={self.segment_len})")
-            check_range("stride", self.stride, low=1, high=self.segment_len)
-            if self.mem_len:
-                raise ConfigError("mem_len", "protocol 'sliding' scores each window on its own, without memory; "
-                                  "leave mem_len unset (or 0), or use protocol 'xl'")
-        elif self.stride is not None:
-            raise ConfigError("stride", f"is read only by protocol 'sliding' (protocol is {self.protocol!r})")
-        if self.same_length and self.protocol != "xl":
-            raise ConfigError("same_length", "is Transformer-XL's evaluation: write protocol: xl (memory carried, "
-                              "every query sees mem_len keys)")
-        if self.rope_scaling is not None:
-            check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
-        if isinstance(self.rope_scale, str):
-            check_choice("rope_scale", self.rope_scale, ("auto",))
-        else:
-            check_range("rope_scale", self.rope_scale, low=1.0)
-            if self.rope_scaling is None:
-                raise ConfigError("rope_scale", f"{self.rope_scale} scales RoPE only with rope_scaling: "
-                                  "pi | ntk | yarn")
-
-    @property
-    def uses_memory(self) -> bool:
-        """Memory carried from segment to segment (non_overlapping with a memory, xl); sliding has none."""
-        return self.protocol != "sliding"
-
-    def memory(self, model_mem_len: int) -> int:
-        """The memory this setting evaluates with, given the model's training mem_len."""
-        if not self.uses_memory:
-            return 0
-        return model_mem_len if self.mem_len is None else self.mem_len
-
-    def attn_len(self, model_mem_len: int) -> int:
-        """Keys a query sees: segment_len + memory at most (non_overlapping, at a segment's end),
-        segment_len (sliding), the memory length (xl: every query, same_length)."""
-        memory = self.memory(model_mem_len)
-        return {"non_overlapping": self.segment_len + memory, "sliding": self.segment_len, "xl": memory}[self.protocol]
-
-    def rope_factor(self, train_attn_len: int, attn_len: int) -> float:
-        """s: rope_scale, or auto: attn_len / train_attn_len (at least 1)."""
-        return max(1.0, attn_len / train_attn_len) if self.rope_scale == "auto" else float(self.rope_scale)
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Evaluation at many lengths (extrapolation), protocols, and RECL's context ladder."""
-
-    settings: tuple[EvalSetting, ...] = ()
-    """Evaluation settings, each {segment_len, protocol: non_overlapping | sliding | xl, stride (sliding),
-    mem_len, clamp_len, max_targets, token_losses} (docs/formulas.md#evaluation-protocols); empty means
-    1x, 2x and 4x the training segment length, non_overlapping, with the training mem_len."""
-    split: str = "valid"
-    """Which split to evaluate: valid | test."""
-    batch_size: int = 8
-    """Evaluation streams: the split is cut into this many contiguous streams (the remainder dropped; each
-    stream's first token is never a target); non_overlapping and xl evaluate one segment of each per forward."""
-    sliding_batch_tokens: int = 8192
-    """Tokens per forward for protocol sliding: as many windows as fit (at least one) are batched; the
-    windows are independent, so the result does not depend on it."""
-    recl_contexts: tuple[int, ...] = ()
-    """RECL's ladder (docs/formulas.md#recl): for each context length c, an extra setting that scores every
-    target with exactly c tokens of context (sliding, segment_len c, stride 1) and saves each target's loss."""
-    recl_targets: int = 4096
-    """max_targets of the RECL settings: sliding with stride 1 costs one forward per target."""
-    diagnostics: bool = False
-    """Also record per layer and head the attention's entropy, sink mass, mean attended distance and mass
-    on distances unseen in training (docs/formulas.md#attention-diagnostics), from the same forward:
-    probabilities are then computed per query block instead of by fused kernels."""
-
-    def __post_init__(self):
-        check_choice("split", self.split, ("valid", "test"))
-        check_range("batch_size", self.batch_size, low=1)
-        check_range("sliding_batch_tokens", self.sliding_batch_tokens, low=1)
-        check_range("recl_targets", self.recl_targets, low=1)
-        for i, context in enumerate(self.recl_contexts):
-            check_range(f"recl_contexts[{i}]", context, low=1)
-        if list(self.recl_contexts) != sorted(set(self.recl_contexts)):
-            raise ConfigError("recl_contexts", f"{list(self.recl_contexts)}: list each context length once, "
-                              "in increasing order (the search steps from one to the next)")
-
-    def recl_settings(self) -> tuple[EvalSetting, ...]:
-        """The ladder's settings: exactly c tokens of context for every target used by RECL."""
-        return tuple(EvalSetting(segment_len=c, protocol="sliding", stride=1, max_targets=self.recl_targets,
-                                 token_losses=True) for c in self.recl_contexts)
 
 
 @dataclass(frozen=True)

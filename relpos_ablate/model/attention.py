@@ -25,20 +25,18 @@ the bias and terms b/d, which then see d = pos(i) - pos(j); the mask stays by in
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_ablate.config.model import AttentionConfig, check_widths, rotary_width
 from relpos_ablate.model.call import AttentionCall, AttentionOptions, SharedParameters, Visibility, place
 from relpos_ablate.model.cope import ContextualPositions
 from relpos_ablate.model.dispatch import attend
+from relpos_ablate.model.explicit import explicit_attention
 from relpos_ablate.model.fox import ForgetGate, decay_map
-from relpos_ablate.model.kernels import masked_softmax
-from relpos_ablate.model.position import RopeScaling, build_bias, rotate, sinusoid
-from relpos_ablate.model.shift import rel_shift, table_row, table_rows
+from relpos_ablate.model.position import RopeScaling, build_bias, rotate_queries_keys, sinusoid
+from relpos_ablate.model.shift import table_row, table_rows
 from relpos_ablate.model.sinks import Sinks
 from relpos_ablate.model.temperature import Temperature
 
@@ -84,7 +82,8 @@ class RelPosAttention(nn.Module):
         self.temperature = Temperature(n_heads, config) if scaled else None
 
     # ------------------------------------------------------------------ per-distance tensors
-    def _table_row(self, distances: Tensor, clamp: int) -> Tensor:
+    def table_row(self, distances: Tensor, clamp: int) -> Tensor:
+        """Rows of the learned R (and Shaw value) table for distances [n], clipped at clamp <= clamp_len."""
         if clamp > self.config.clamp_len:
             raise ValueError(
                 f"clamp_len: {clamp} exceeds the learned table (rel='learned', clamp_len={self.config.clamp_len})"
@@ -95,7 +94,7 @@ class RelPosAttention(nn.Module):
         """R_d for distances [n] -> [n, d_model]; distances beyond clamp_len share R_clamp."""
         clamp = clamp_len if clamp_len is not None else self.config.clamp_len
         if self.config.rel == "learned":
-            return self.r_table[self._table_row(distances, clamp)]
+            return self.r_table[self.table_row(distances, clamp)]
         d = distances if clamp is None else distances.clamp(-clamp, clamp)
         return sinusoid(d, self.d_model).to(self.q_net.weight.dtype)
 
@@ -172,21 +171,14 @@ class RelPosAttention(nn.Module):
         # contiguous once, so that the key prefix each query block reads is a view, not a copy
         k, v = kv.permute(2, 0, 3, 1, 4).contiguous()  # 2 x (B, H, K, dh)
         if self.config.absolute == "rope":
-            q, k = self._rotate(q, k, call, rope_scaling)
+            cfg = self.config
+            q, k = rotate_queries_keys(q, k, call.query_positions, call.key_positions, rotary_width(cfg, self.d_head),
+                                       cfg.rope_base, rope_scaling, cfg.xpos_scale_base)
         return q, k, v
-
-    def _rotate(self, q: Tensor, k: Tensor, call: AttentionCall, scaling: RopeScaling | None) -> tuple[Tensor, Tensor]:
-        """RoPE at the call's positions (partial rotary, xPos, context extension); YaRN's temperature on q."""
-        cfg = self.config
-        centre = (call.key_positions.amin() + call.key_positions.amax()).double() / 2  # xPos: one for q and k
-        turn = functools.partial(rotate, d_rot=rotary_width(cfg, self.d_head), base=cfg.rope_base, scaling=scaling,
-                                 xpos_scale_base=cfg.xpos_scale_base, xpos_centre=centre)
-        q, k = turn(q, call.query_positions, xpos_sign=1.0), turn(k, call.key_positions, xpos_sign=-1.0)
-        return (q if scaling is None or scaling.query_factor == 1.0 else q * scaling.query_factor), k
 
     def scores(self, q: Tensor, k: Tensor, call: AttentionCall) -> dict[str, Tensor]:
         """The module docstring's equation, term by term: each enabled term of 'a', 'b', 'c', 'd', 'bias',
-        'decay' (FoX), 'cope', scaled as it enters the sum, broadcastable to [B, H, L, K] (sinks: _explicit)."""
+        'decay' (FoX), 'cope', scaled as it enters the sum, broadcastable to [B, H, L, K] (sinks: explicit.py)."""
         terms, s, every = self.config.terms, self.scale, call.all_queries
         k_t = k.transpose(-1, -2)  # (B, H, dh, K)
         out = {}
@@ -208,10 +200,10 @@ class RelPosAttention(nn.Module):
         if call.query_scale is not None:
             out = {name: t * call.query_scale for name, t in out.items()}
         if self.contextual is not None:  # from the content query the kernels use: (B, H, L, K)
-            out["cope"] = self.contextual.scores(self._folded_queries(q, call)[0], k, s, call.visible(every))
+            out["cope"] = self.contextual.scores(self.folded_queries(q, call)[0], k, s, call.visible(every))
         return out
 
-    def _folded_queries(self, q: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
+    def folded_queries(self, q: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         """The fast kernels' queries: content q + u (terms a, c) and position q + v (terms b, d; None
         without term b, when term d is a curve in call.distance_scores), times the query scale."""
         terms, u, v = self.config.terms, self.content_bias_u, self.position_bias_v
@@ -242,9 +234,9 @@ class RelPosAttention(nn.Module):
         q, k, v = self._project(x, keys_input, call, options.rope_scaling)
         call = self._per_distance(call, options.clamp_len)
         if need_weights or self.value_table is not None or self.config.backend == "explicit":
-            out, probs = self._explicit(q, k, v, call, options)
+            out, probs = explicit_attention(self, q, k, v, call, options)
         else:
-            q_content, q_position = self._folded_queries(q, call)
+            q_content, q_position = self.folded_queries(q, call)
             if self.sinks is not None:
                 k, v = self.sinks.prepend(k, v)
             dropout_p = self.dropout if self.training else 0.0
@@ -252,40 +244,6 @@ class RelPosAttention(nn.Module):
         b, _, lq, _ = out.shape
         out = out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head)  # (B, H, L, dh) -> (B, L, H·dh)
         return self.out_net(out), probs if need_weights else None
-
-    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, call: AttentionCall, options: AttentionOptions):
-        """Materialised scores and probabilities [B, H, L, K] (the stream's keys: with sinks a row sums
-        to 1 minus the sinks' share); output [B, H, L, dh]."""
-        b, h, lq, _ = q.shape
-        scores = sum(self.scores(q, k, call).values()).expand(b, h, lq, call.n_keys)  # terms broadcast: (B, H, L, K)
-        visible = call.visible(call.all_queries)
-        if self.sinks is not None:  # the slots' logits in front: (B, H, L, S + K)
-            scores = torch.cat([self.sinks.logits(self._folded_queries(q, call)[0], call.scale), scores], dim=-1)
-            visible = call.with_sinks(visible, True)
-        with_sinks = masked_softmax(scores, visible)
-        probs = with_sinks[..., call.n_sinks:]
-        if options.statistics is not None:
-            options.statistics.add(call, call.all_queries, probs)
-        dropped = F.dropout(with_sinks, self.dropout, self.training)
-        out = dropped[..., call.n_sinks:] @ v
-        if self.sinks is not None:
-            out = out + dropped[..., : call.n_sinks] @ self.sinks.values.to(out.dtype)
-        if self.value_table is not None:
-            out = out + self._shaw_values(dropped[..., call.n_sinks:], call, options.clamp_len)
-        return out, probs
-
-    def _shaw_values(self, probs: Tensor, call: AttentionCall, clamp_len: int | None) -> Tensor:
-        """Shaw et al. value term Σ_j p_ij a^V_{clip(i'-j)}, clipped as the keys are: probabilities
-        regrouped by distance (the inverse of rel_shift), then one product with the table; at explicit
-        positions, the table's row gathered per pair. [B, H, L, K] -> [B, H, L, dh]."""
-        clamp = clamp_len if clamp_len is not None else self.config.clamp_len
-        values = self.value_table[self._table_row(call.distances, clamp)]  # (n, dh)
-        if not call.consecutive:
-            return torch.einsum("bhlk,lkd->bhld", probs, values[call.distance_index])  # (L, K, dh) per pair
-        b, h, lq, n_keys = probs.shape
-        per_distance = probs.new_zeros(b, h, lq, lq + n_keys - 1)  # (B, H, L, n)
-        rel_shift(per_distance, n_keys).copy_(probs)  # column t of row r <- key j = t - (L - 1 - r)
-        return per_distance @ values  # (B, H, L, n) @ (n, dh)
 
     @torch.no_grad()
     def score_terms(self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None

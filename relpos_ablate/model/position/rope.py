@@ -83,3 +83,16 @@ def rotate(x: Tensor, positions: Tensor, d_rot: int, base: float, *, scaling: Ro
     first, second = turned[..., : d_rot // 2], turned[..., d_rot // 2 :]
     turned = turned * cos + torch.cat([-second, first], dim=-1) * sin
     return torch.cat([turned, rest], dim=-1) if rest.shape[-1] else turned
+
+
+def rotate_queries_keys(q: Tensor, k: Tensor, query_positions: Tensor, key_positions: Tensor, d_rot: int,
+                        base: float, scaling: RopeScaling | None = None,
+                        xpos_scale_base: float | None = None) -> tuple[Tensor, Tensor]:
+    """RoPE of one attention call: q [B, H, L, d] at query_positions [L], k [B, H, K, d] at key_positions
+    [K]; xPos centred once for both (the middle of the keys' positions), YaRN's temperature on q."""
+    centre = (key_positions.amin() + key_positions.amax()).double() / 2
+    q = rotate(q, query_positions, d_rot, base, scaling=scaling, xpos_scale_base=xpos_scale_base, xpos_sign=1.0,
+               xpos_centre=centre)
+    k = rotate(k, key_positions, d_rot, base, scaling=scaling, xpos_scale_base=xpos_scale_base, xpos_sign=-1.0,
+               xpos_centre=centre)
+    return (q if scaling is None or scaling.query_factor == 1.0 else q * scaling.query_factor), k
