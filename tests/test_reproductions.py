@@ -104,3 +104,5 @@ def test_xl_tables_report(root):
     assert f"contexts c = {', '.join(map(str, ladder))}" in table8.caption
     assert "the 10 with 256 tokens of context" in table8.caption  # 2 streams x (260 - 256 + 1) targets
     assert all(value.lstrip("≥").isdigit() for _, values in table8.rows for value in values)
+    curves = [line for line in extrapolation_figure(df, x="attn_len").axes[0].get_lines() if line.get_marker() == "o"]
+    assert len(curves) == 4  # a line per model: the evaluation memory moves with the attention length

@@ -35,7 +35,9 @@ UNLOADABLE = (ConfigError, OSError, ValueError, RuntimeError, EOFError, KeyError
 """What loading a trained run can raise (no or a corrupt checkpoint, a config the code rejects): that
 run is skipped in a grid, and a one-line error for a single run."""
 LINE_STYLES = ("-", "--", ":", "-.")
-X_LABELS = {"segment_len": "evaluation length (tokens per segment)", "attn_len": "attention length (segment + memory)"}
+X_LABELS = {"segment_len": "evaluation length (tokens per segment)", "attn_len": "attention length (keys per query)"}
+LENGTH_FIELDS = {"segment_len": ("segment_len",), "attn_len": ("attn_len", "segment_len", "mem_len")}
+"""Setting fields that move with the x axis (attn_len: a protocol's segment_len and memory): not a line each."""
 
 
 def save_figure(fig: Figure, stem: Path, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
@@ -63,7 +65,7 @@ def extrapolation_figure(df: pd.DataFrame, metric: str | None = None, x: str = "
     options = resolve_options(df, TableOptions(metric=metric, cols=(x,)), spec)
     rows, metric = list(options.rows), options.metric
     data = finished(df, metric)
-    split = [f for f in default_cols(data, rows) if f not in (x, "attn_len")]
+    split = [f for f in default_cols(data, rows) if f not in LENGTH_FIELDS.get(x, (x,)) + ("attn_len",)]
     values = values_by_key(data, rows + split + [x], metric)
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.subplots()
@@ -84,8 +86,13 @@ def extrapolation_figure(df: pd.DataFrame, metric: str | None = None, x: str = "
             ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.2, lw=0)
     _format_extrapolation_axes(ax, data, metric, x, values)
     _reference_line(ax, data, metric)
-    ax.legend(fontsize=7, title=", ".join(r.rsplit(".", 1)[-1] for r in rows), title_fontsize=8,
-              ncol=2 if len(variants) * len(settings) > 8 else 1)
+    lines = len(variants) * len(settings)
+    title = ", ".join(r.rsplit(".", 1)[-1] for r in rows)
+    if lines > 8:  # beside the axes, not over the curves
+        fig.set_figwidth(6.4 + 3.2 * (1 + lines // 24))
+        fig.legend(fontsize=7, title=title, title_fontsize=8, loc="outside right upper", ncol=1 + lines // 24)
+    else:
+        ax.legend(fontsize=7, title=title, title_fontsize=8)
     return fig
 
 
