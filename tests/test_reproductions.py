@@ -83,6 +83,9 @@ def test_extrapolation_report(root):
     assert table.columns[3:6] == [f"non_overlapping, eval len 256, rope_scaling {k}" for k in ("ntk", "pi", "yarn")]
     assert "Tokens scored per setting: 600." in table.caption
     figure = extrapolation_figure(df)
+    rope_lines = {line.get_label() for line in figure.axes[0].get_lines() if line.get_label().startswith("rope")}
+    assert rope_lines == {"rope, non_overlapping", "rope, sliding, stride 64",  # rope_scale (auto) moves with x
+                          *(f"rope, non_overlapping, rope_scaling {kind}" for kind in ("ntk", "pi", "yarn"))}
     assert any(line.get_label().startswith("unigram") for line in figure.axes[0].get_lines())
     panels = [ax for ax in position_loss_figure(df).axes if ax.get_visible()]
     assert len(panels) == 10

@@ -24,7 +24,7 @@ from relpos_ablate.analysis import figures
 from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
     TableOptions, axis_orders, column_label, default_cols, default_rows, finished, label, metric_direction,
-    no_finished_runs, read_spec, resolve_options, row_key, sort_key, values_by_key,
+    no_finished_runs, read_spec, resolve_options, row_key, sort_key, values_by_key, variant_colors,
 )
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_bytes
@@ -34,10 +34,12 @@ MODEL_KINDS = ("bias", "attention", "terms")
 UNLOADABLE = (ConfigError, OSError, ValueError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError)
 """What loading a trained run can raise (no or a corrupt checkpoint, a config the code rejects): that
 run is skipped in a grid, and a one-line error for a single run."""
-LINE_STYLES = ("-", "--", ":", "-.")
+LINE_STYLES = ("-", "--", ":", "-.", (0, (6, 2, 1, 2, 1, 2)), (0, (1, 4)))
 X_LABELS = {"segment_len": "evaluation length (tokens per segment)", "attn_len": "attention length (keys per query)"}
-LENGTH_FIELDS = {"segment_len": ("segment_len",), "attn_len": ("attn_len", "segment_len", "mem_len")}
-"""Setting fields that move with the x axis (attn_len: a protocol's segment_len and memory): not a line each."""
+LENGTH_FIELDS = {"segment_len": ("segment_len", "attn_len", "rope_scale"),
+                 "attn_len": ("attn_len", "segment_len", "mem_len", "rope_scale")}
+"""Setting fields that move with the x axis (attn_len: a protocol's segment_len and memory; rope_scale: auto
+follows the length): not a line each."""
 
 
 def save_figure(fig: Figure, stem: Path, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
@@ -65,14 +67,14 @@ def extrapolation_figure(df: pd.DataFrame, metric: str | None = None, x: str = "
     options = resolve_options(df, TableOptions(metric=metric, cols=(x,)), spec)
     rows, metric = list(options.rows), options.metric
     data = finished(df, metric)
-    split = [f for f in default_cols(data, rows) if f not in LENGTH_FIELDS.get(x, (x,)) + ("attn_len",)]
+    split = [f for f in default_cols(data, rows) if f not in LENGTH_FIELDS.get(x, (x, "attn_len", "rope_scale"))]
     values = values_by_key(data, rows + split + [x], metric)
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.subplots()
     orders = axis_orders(spec)
     variants = sorted({k[: len(rows)] for k in values}, key=lambda k: sort_key(k, rows, orders))
     settings = sorted({k[len(rows):-1] for k in values}, key=lambda k: sort_key(k, split, {}))
-    colors = [f"C{k % 10}" for k in range(len(variants))]
+    colors = variant_colors(len(variants))
     for line_key in sorted({k[:-1] for k in values}, key=lambda k: sort_key(k, rows + split, orders)):
         variant, setting = line_key[: len(rows)], line_key[len(rows):]
         xs = sorted(k[-1] for k in values if k[:-1] == line_key)

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from relpos_ablate import rundir
 from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
-    TableOptions, axis_orders, finished, label, read_spec, resolve_options, row_key, sort_key,
+    TableOptions, axis_orders, finished, label, read_spec, resolve_options, row_key, sort_key, variant_colors,
 )
 from relpos_ablate.config import ConfigError
 
@@ -68,21 +69,29 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
     if frame.empty:
         raise ConfigError("kind", f"no loss by position in these runs' {rundir.EVAL} (evaluated before it was recorded?)")
     frame["_panel"] = [row_key(r, list(PANEL_KEYS)) for _, r in frame.iterrows()]
+    if "rope_scaling" in frame and frame["rope_scaling"].notna().any():  # RoPE extended: a line of its own
+        rows = rows + ["rope_scaling"]
     frame["_variant"] = [row_key(r, rows) for _, r in frame.iterrows()]
     panels = sorted(set(frame["_panel"]), key=lambda k: sort_key(k, list(PANEL_KEYS), {}))
     protocols = list(dict.fromkeys(p[0] for p in panels))
     ncols = max(sum(p[0] == name for p in panels) for name in protocols)
-    fig = Figure(figsize=(3.6 * ncols, 3.0 * len(protocols) + 0.6), layout="constrained")
+    fig = Figure(figsize=(3.6 * ncols + 1.8, 3.0 * len(protocols) + 0.6), layout="constrained")  # + the legend
     axes = fig.subplots(len(protocols), ncols, squeeze=False, sharey=True)
     orders = axis_orders(spec)
+    variants = sorted(set(frame["_variant"]), key=lambda k: sort_key(k, rows, orders))
+    colors = dict(zip(variants, variant_colors(len(variants))))
     for r, protocol in enumerate(protocols):
         mine = [p for p in panels if p[0] == protocol]
         for c in range(ncols):
             if c >= len(mine):
                 axes[r][c].set_visible(False)
                 continue
-            _draw_panel(axes[r][c], frame[frame["_panel"] == mine[c]], rows, orders, legend=(r, c) == (0, 0))
+            _draw_panel(axes[r][c], frame[frame["_panel"] == mine[c]], rows, orders, colors)
             axes[r][c].set_title(_panel_title(mine[c]), fontsize=9)
+    handles = [Line2D([], [], color=color, marker=".", label=_variant_label(key)) for key, color in colors.items()]
+    handles.append(Line2D([], [], color="k", ls=":", lw=1, label="training length"))
+    fig.legend(handles=handles, fontsize=7, title=", ".join(r.rsplit(".", 1)[-1] for r in rows), title_fontsize=7,
+               loc="outside right upper")
     experiments = ", ".join(sorted(frame["experiment"].astype(str).unique()))
     fig.suptitle(f"{experiments}: loss by position in the segment / window (log-spaced bins)")
     return fig
@@ -98,12 +107,16 @@ def _panel_title(key: tuple) -> str:
     return ", ".join(parts)
 
 
-def _draw_panel(ax, part: pd.DataFrame, rows: list[str], orders: dict, legend: bool) -> None:
+def _variant_label(key: tuple) -> str:
+    return ", ".join(label(v) for v in key if not pd.isna(v))  # an unset rope_scaling is left out
+
+
+def _draw_panel(ax, part: pd.DataFrame, rows: list[str], orders: dict, colors: dict) -> None:
     for key in sorted(set(part["_variant"]), key=lambda k: sort_key(k, rows, orders)):
         mine = part[part["_variant"] == key]
         stats = mine.groupby(["bin_lo", "bin_hi"])["position_loss"].agg(["mean", "std", "count"]).reset_index()
         xs = [bin_centre(lo, hi) for lo, hi in zip(stats["bin_lo"], stats["bin_hi"])]
-        (line,) = ax.plot(xs, stats["mean"], marker=".", label=", ".join(label(v) for v in key))
+        (line,) = ax.plot(xs, stats["mean"], marker=".", color=colors[key], label=_variant_label(key))
         if (stats["count"] > 1).any():
             spread = stats["std"].fillna(0.0)
             ax.fill_between(xs, stats["mean"] - spread, stats["mean"] + spread, color=line.get_color(), alpha=0.2, lw=0)
@@ -115,8 +128,6 @@ def _draw_panel(ax, part: pd.DataFrame, rows: list[str], orders: dict, legend: b
     ax.set_xlabel("tokens seen in the segment / window", fontsize=8)
     ax.set_ylabel("loss (nats per token)", fontsize=8)
     ax.grid(alpha=0.3)
-    if legend:
-        ax.legend(fontsize=7, title=", ".join(r.rsplit(".", 1)[-1] for r in rows), title_fontsize=7)
 
 
 def save_position_loss(df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "pdf")) -> tuple[list[Path], list[str]]:

@@ -387,3 +387,12 @@ def make_table(df: pd.DataFrame, options: TableOptions = TableOptions()) -> tupl
 
         return length_generalization_table(data, resolved.metric, list(resolved.rows), orders), resolved
     return grid_table(data, resolved, orders), resolved
+
+
+def variant_colors(count: int) -> list:
+    """A colour per variant of a figure: matplotlib's cycle up to 10, tab20 beyond (distinct to 20)."""
+    if count <= 10:
+        return [f"C{k}" for k in range(count)]
+    from matplotlib import colormaps  # figures only: tables themselves need no matplotlib
+
+    return [colormaps["tab20"](k % 20) for k in range(count)]
