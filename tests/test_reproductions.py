@@ -87,8 +87,11 @@ def test_extrapolation_report(root):
     assert rope_lines == {"rope, non_overlapping", "rope, sliding, stride 64",  # rope_scale (auto) moves with x
                           *(f"rope, non_overlapping, rope_scaling {kind}" for kind in ("ntk", "pi", "yarn"))}
     assert any(line.get_label().startswith("unigram") for line in figure.axes[0].get_lines())
-    panels = [ax for ax in position_loss_figure(df).axes if ax.get_visible()]
+    positions = position_loss_figure(df)
+    panels = [ax for ax in positions.axes if ax.get_visible()]
     assert len(panels) == 10
+    names = {text.get_text() for text in positions.legends[0].get_texts()}
+    assert {"rope", "rope, ntk", "rope, pi", "rope, yarn"} <= names  # an extension is a line, not averaged in
 
 
 def test_xl_tables_report(root):
