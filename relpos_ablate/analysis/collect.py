@@ -24,8 +24,9 @@ SETTING_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "
                   "rope_scaling", "rope_scale")
 """Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol; rope_scale:
 the factor s of the setting's RoPE context extension, resolved)."""
-SETTING_DEFAULTS = {"max_targets": 0, "rope_scaling": None, "rope_scale": None}
-"""Values of fields that eval.json files written before they existed leave out (protocol: _protocol)."""
+SETTING_DEFAULTS = {"max_targets": 0}
+"""Values of fields that eval.json files written before they existed leave out (protocol: _protocol; any
+other missing field, rope_scaling and rope_scale among them, reads as None)."""
 NOT_SETTING_FIELDS = ("metrics", "error", "diagnostics", "position_loss", "token_losses")
 """Keys of a setting record that are not plain setting columns (diagnostics: analysis/diagnostics.py reads them)."""
 RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps")
