@@ -73,6 +73,17 @@ def test_a_hand_written_solver_answers_every_example(task, fields):
 
 
 @pytest.mark.parametrize("task", EXAMPLE_TASKS)
+def test_the_shortest_examples_are_answerable(task):
+    """n = 1 and 2 (the bottom of a train_lengths [1, max]): every answer follows from the prompt."""
+    data, found, full = sequences(task, lengths=(1, 2))
+    assert set(found.lengths.tolist()) == {1, 2}
+    for row in range(len(found)):
+        tokens = unpadded(full, row)
+        answer = [t for t, m in zip(found.targets[row].tolist(), found.mask[row].tolist()) if m]
+        assert answer and answer == solve(task, data, tokens), f"{task} example {row}: {tokens}"
+
+
+@pytest.mark.parametrize("task", EXAMPLE_TASKS)
 def test_lengths_masks_and_padding_are_what_the_config_says(task):
     data, found, full = sequences(task)
     assert set(found.lengths.tolist()) == set(range(LENGTHS[0], LENGTHS[1] + 1)), "n uniform over [min, max]"
@@ -91,9 +102,9 @@ def test_lengths_masks_and_padding_are_what_the_config_says(task):
             assert int(found.mask[row].sum()) == answer_tokens[task](n)
             if task not in ("mqar",):  # the answer is the tail, right after <sep>
                 assert tokens[-answer_tokens[task](n) - 1] == SEP
-        else:  # flip_flop: one answer per read instruction; the first writes, the last reads
+        else:  # flip_flop: one answer per read instruction; an opening write, then n instructions, the last reads
             ops = tokens[1::2]
-            assert len(ops) == n and ops[0] == FIRST and ops[-1] == FIRST + 1
+            assert len(ops) == n + 1 and ops[0] == FIRST and ops[-1] == FIRST + 1
             assert int(found.mask[row].sum()) == ops.count(FIRST + 1)
 
 
@@ -119,7 +130,7 @@ def test_passkey_hides_the_key_at_its_depth(depth):
 
 def test_flip_flop_ignores_are_about_the_configured_share():
     data, found, full = sequences("flip_flop", count=400, lengths=(40, 40), flip_flop_ignore=0.8)
-    ops = full[:, 1::2][:, 1:-1]  # the free instructions (not the first write and last read)
+    ops = full[:, 1::2][:, 1:-1]  # the free instructions (not the opening write and the last read)
     assert abs(float((ops == FIRST + 2).double().mean()) - 0.8) < 0.02
 
 

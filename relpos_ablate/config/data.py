@@ -29,8 +29,8 @@ class DataConfig:
     (a random block of `period` tokens is repeated right after itself: needs memory + relative position).
     Synthetic examples `<bos> prompt <sep> answer`, loss and accuracy on the answer only, of length n:
     copy, reverse, sort (n symbols) | addition (two n-digit numbers, their n+1-digit sum) | parity (n
-    bits, answer their parity) | mqar (n key-value pairs, then mqar_queries keys to answer) | flip_flop (n
-    instructions write/ignore/read with a bit; a read repeats the last written bit) | passkey (n filler
+    bits, answer their parity) | mqar (n key-value pairs, then mqar_queries keys to answer) | flip_flop (a
+    write, then n instructions write/ignore/read with a bit, the last a read; a read repeats the last written bit) | passkey (n filler
     tokens with a passkey_digits-digit key hidden at a depth, asked for at the end)."""
     num_symbols: int = 16
     """synthetic: size of the random symbol alphabet (recall: number of values per key)."""
@@ -79,7 +79,7 @@ class DataConfig:
     """mqar: keys asked after the pairs (at most n), each answered by its value."""
     flip_flop_ignore: float = 0.8
     """flip_flop: probability of an ignore instruction (Liu et al. 2023's FFL(0.8)); writes and reads
-    share the rest. The first instruction writes, the last reads."""
+    share the rest. An opening write comes before the n instructions; the last of them reads."""
     passkey_digits: int = 5
     """passkey: digits of the key (the answer)."""
     passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -142,7 +142,7 @@ class DataConfig:
             "addition": 3 * n + 4,  # <bos> a + b <sep> (a + b), n + 1 digits
             "parity": n + 3,  # <bos> bits <sep> parity
             "mqar": 2 * n + 2 + 2 * queries,  # <bos> (k v)*n <sep> (q a)*queries
-            "flip_flop": 2 * n + 1,  # <bos> (instruction bit)*n
+            "flip_flop": 2 * n + 3,  # <bos> (instruction bit)*(n + 1): the opening write, then n
             "passkey": n + 2 * digits + 3,  # <bos> filler with <key> digits inside <sep> digits
         }[self.task]
 

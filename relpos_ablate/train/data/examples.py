@@ -158,14 +158,17 @@ def _mqar(data, rng, n, count, depths):
 
 
 def _flip_flop(data, rng, n, count, depths):
-    """n instructions with a bit each: the first writes, the last reads, reads repeat the last write."""
+    """An opening write, then n instructions with a bit each, the last a read; reads repeat the last write.
+
+    The opening write makes every n >= 1 answerable (n = 1: write b, read -> b)."""
     p_write = (1.0 - data.flip_flop_ignore) / 2
-    ops = rng.choice([WRITE, READ, IGNORE], size=(count, n), p=[p_write, p_write, data.flip_flop_ignore])
+    ops = rng.choice([WRITE, READ, IGNORE], size=(count, n + 1), p=[p_write, p_write, data.flip_flop_ignore])
     ops[:, 0], ops[:, -1] = WRITE, READ
-    bits = rng.integers(0, 2, size=(count, n))
-    last_write = np.maximum.accumulate(np.where(ops == WRITE, np.arange(n), 0), axis=1)
+    bits = rng.integers(0, 2, size=(count, n + 1))
+    last_write = np.maximum.accumulate(np.where(ops == WRITE, np.arange(n + 1), 0), axis=1)
     bits = np.where(ops == READ, np.take_along_axis(bits, last_write, 1), bits)
-    seq = np.concatenate([np.full((count, 1), BOS), np.stack([ops, bits + BIT], axis=2).reshape(count, 2 * n)], 1)
+    pairs = np.stack([ops, bits + BIT], axis=2).reshape(count, 2 * (n + 1))
+    seq = np.concatenate([np.full((count, 1), BOS), pairs], 1)
     marked = np.zeros(seq.shape, dtype=bool)
     marked[:, 2::2] = ops == READ
     return seq, marked
