@@ -12,7 +12,7 @@ from matplotlib.image import AxesImage
 from fixtures.report_runs import make_run
 from relpos_ablate.analysis import collect
 from relpos_ablate.analysis.length_figures import collect_diagnostics, diagnostics_figure, passkey_figure, \
-    save_diagnostics, with_variants
+    save_diagnostics, summary_figure, with_variants
 from relpos_ablate.analysis.length_generalization import rank_table
 from relpos_ablate.analysis.tables import TableOptions, make_table
 from relpos_ablate.cli import main
@@ -163,6 +163,21 @@ def test_diagnostics_are_collected_per_layer_and_head_and_drawn_per_statistic(tm
                                          for layer in range(2) for head in range(3)])
     written = save_diagnostics(frame, tmp_path / "figures", formats=("png",))
     assert sorted(p.name for p in written) == ["diagnostics_copy.png", "diagnostics_summary_copy.png"]
+
+
+def test_the_summary_draws_each_variant_in_its_own_colour_with_its_head_mean():
+    """Eleven variants (the reproduction's count): matplotlib's 10-colour cycle would repeat one."""
+    import pandas as pd
+    from matplotlib.colors import to_rgba
+
+    variants = [(f"e{k}",) for k in range(11)]
+    frame = pd.DataFrame([{"variant": v, "length": length, "order": order, "layer": 0, "head": head,
+                           "entropy": k + order + head / 2} for k, v in enumerate(variants)
+                          for order, length in enumerate(("n=1-4", "n=5-6")) for head in range(2)])
+    fig = summary_figure(frame, ["encoding"], variants, "t")
+    lines = fig.axes[0].get_lines()
+    assert len({to_rgba(line.get_color()) for line in lines}) == 11
+    np.testing.assert_allclose(lines[3].get_ydata(), [3 + 0.25, 3 + 1 + 0.25])  # mean over the two heads
 
 
 def test_plot_command_draws_diagnostics_and_passkey(tmp_path, capsys):

@@ -24,7 +24,7 @@ from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import RUN_COLUMNS
 from relpos_ablate.analysis.plots import save_figure
 from relpos_ablate.analysis.tables import (
-    axis_orders, default_metric, default_rows, finished, label, read_spec, row_key, sort_key,
+    axis_orders, default_metric, default_rows, finished, label, read_spec, row_key, sort_key, variant_colors,
 )
 from relpos_ablate.config import ConfigError
 
@@ -97,8 +97,8 @@ def _heatmap(ax, grid: pd.DataFrame, vmin: float, vmax: float, labels: bool):
 def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str) -> Figure:
     """Rows: variants (lowest seed); columns: statistics; panels: (layer, head) x evaluation length."""
     statistics = [s for s in STATISTIC_LABELS if s in frame]
-    fig = Figure(figsize=(3.2 * len(statistics) + 1, 1.0 + 0.25 * frame["head"].nunique() * frame["layer"].nunique()
-                          * len(variants) + 0.6 * len(variants)), layout="constrained")
+    height = 1.6 + 0.25 * frame["head"].nunique() * frame["layer"].nunique() * len(variants) + 0.6 * len(variants)
+    fig = Figure(figsize=(3.2 * len(statistics) + 1, height), layout="constrained")
     axes = fig.subplots(len(variants), len(statistics), squeeze=False)
     means = {}  # variant -> (layer, head, order, length) x statistic, passkey depths averaged
     for value in variants:
@@ -112,7 +112,8 @@ def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tupl
             image = _heatmap(axes[r][c], grid, vmin, vmax, labels=c == 0)
             axes[r][c].set_title(f"{_variant_label(keys, value)}\n{STATISTIC_LABELS[statistic]}" if c == 0
                                  else STATISTIC_LABELS[statistic], fontsize=7)
-        fig.colorbar(image, ax=axes[:, c], shrink=0.5, location="bottom")
+        fig.colorbar(image, ax=axes[:, c], location="bottom", shrink=0.9, fraction=0.5 / height,
+                     label=STATISTIC_LABELS[statistic])
     fig.suptitle(title)
     return fig
 
@@ -120,20 +121,20 @@ def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tupl
 def summary_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str) -> Figure:
     """Each statistic's mean over layers, heads and seeds against evaluation length, one line per variant."""
     statistics = [s for s in STATISTIC_LABELS if s in frame]
-    fig = Figure(figsize=(3.4 * len(statistics), 3.4), layout="constrained")
+    fig = Figure(figsize=(3.4 * len(statistics) + 2.5, 3.4), layout="constrained")
     axes = fig.subplots(1, len(statistics), squeeze=False)[0]
     lengths = frame.drop_duplicates("length").sort_values("order")["length"].tolist()
-    for value in variants:
+    for value, color in zip(variants, variant_colors(len(variants))):
         mine = frame[frame["variant"] == value]
         means = mine.groupby("length")[statistics].mean()
         for ax, statistic in zip(axes, statistics):
             ax.plot(range(len(lengths)), [means[statistic].get(x, math.nan) for x in lengths], marker="o",
-                    label=_variant_label(keys, value))
+                    color=color, label=_variant_label(keys, value))
     for ax, statistic in zip(axes, statistics):
         ax.set_xticks(range(len(lengths)), lengths, rotation=45, fontsize=7, ha="right")
         ax.set_title(STATISTIC_LABELS[statistic], fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=6)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=7)
     fig.suptitle(title)
     return fig
 
