@@ -3,8 +3,8 @@
 One rank SIGKILLed mid-run (the OOM killer's way): the whole run stops, is recorded interrupted and
 leaves no process behind; SIGTERM (the runner stopping, preemption): every rank stops at one step,
 last.ckpt holds that step; each rerun resumes from the checkpoint and the run finishes with every
-step in metrics.csv exactly once.
-Run: pytest tests/test_ddp_faults.py -q   (about a minute: three 2-process attempts)
+step in metrics.csv exactly once; a run stopped and resumed ends with the weights of one never stopped.
+Run: pytest tests/test_ddp_faults.py -q   (about a minute and a half: six 2-process attempts)
 """
 
 import csv
@@ -102,3 +102,32 @@ def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_finish_it_once(t
     assert logged_steps(run_dir) == list(range(MAX_STEPS))
     log = (run_dir / "log.txt").read_text()
     assert log.count("Restored all states from the checkpoint") == 2
+
+
+def test_a_two_process_run_stopped_and_resumed_ends_bit_for_bit_where_the_uninterrupted_one_does(tmp_path, monkeypatch):
+    """Each rank's dropout and randomized position draws continue from the random state the checkpoint keeps."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    config = yaml.safe_load(yaml.safe_dump(RECALL))
+    config["model"].update(dropout=0.2, mem_len=0, attention={"positions": "randomized", "max_position": 64})
+    config["train"].update(devices=2, max_steps=MAX_STEPS, checkpoint_every=2)
+    config["eval"]["settings"] = [{"segment_len": 16}]
+    runs = {}
+    for name in ("whole", "cut"):
+        runs[name] = tmp_path / name
+        runs[name].mkdir()
+        (runs[name] / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = start(runs["whole"])
+    proc.wait(timeout=120)
+    assert record_exit(runs["whole"], proc.returncode)["state"] == "done"
+
+    proc = start(runs["cut"])
+    wait_for_step(runs["cut"], 6, proc)
+    assert stop(proc, grace_s=60) is not None
+    assert record_exit(runs["cut"], proc.returncode)["state"] == "interrupted"
+    assert 0 < checkpoint_step(runs["cut"]) < MAX_STEPS
+    proc = start(runs["cut"])
+    proc.wait(timeout=120)
+    assert record_exit(runs["cut"], proc.returncode)["state"] == "done"
+    whole, cut = (torch.load(runs[n] / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for n in runs)
+    for name, value in whole.items():
+        assert torch.equal(value, cut[name]), name

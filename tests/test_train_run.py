@@ -2,7 +2,8 @@
 
 Covers: the run-dir contract (config.yaml with vocab filled in, status.json, metrics.csv, eval.json,
 checkpoints/last.ckpt, log.txt); resume after a crash and after SIGTERM (step count continues, every
-step trains the segment it should, earlier metrics kept, no duplicated steps); a done run is not
+step trains the segment it should, earlier metrics kept, no duplicated steps, with dropout and randomized
+positions the weights of the uninterrupted run bit for bit); a done run is not
 retrained; a non-finite loss fails the run; learned absolute positions beyond their table; the CLI
 (config from the run dir, mismatch error, exit codes, --help listing every field).
 Run: pytest tests/test_train_run.py
@@ -111,6 +112,20 @@ def test_resume_continues_the_steps_and_keeps_earlier_metrics(tmp_path, stop, st
     assert sorted(seen.seen) == list(range(30))
     for step, first_row in seen.seen.items():  # resumed steps train the segment they would have
         assert torch.equal(first_row, streams[step % 12][0][0])
+
+
+@pytest.mark.parametrize("stop", [crash, sigterm])
+def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(tmp_path, stop):
+    """Dropout and randomized positions draw from the random state the checkpoint keeps."""
+    cfg = short("model.dropout=0.2", "model.attention.positions=randomized", "model.attention.max_position=64")
+    assert train_run(cfg, tmp_path / "whole") == "done"
+    assert train_run(cfg, tmp_path / "cut", callbacks=(At(17, stop),)) in ("failed", "interrupted")
+    assert train_run(cfg, tmp_path / "cut") == "done"
+    weights = [torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+               for run in ("whole", "cut")]
+    for name, value in weights[0].items():
+        assert torch.equal(value, weights[1][name]), name
+    assert read(tmp_path / "whole", "eval.json")["settings"] == read(tmp_path / "cut", "eval.json")["settings"]
 
 
 def test_a_done_run_is_not_retrained_and_a_lost_eval_is_redone(tmp_path):

@@ -4,6 +4,9 @@
   model returns for batch t is the context of batch t + 1. It is reset when the streams restart and
   at the start of every evaluation setting. Memory is not part of a checkpoint: after a resume it
   starts empty, like at the start of a stream. Each row group of gradient accumulation keeps its own.
+- A checkpoint keeps every process's random state (dropout masks, randomized position draws), so a run
+  resumed on as many processes draws what the uninterrupted run would have; the data order needs none
+  (the loader resumes from the step).
 - Data parallel: each process trains and evaluates its own streams (train/data/streams.py). The step's
   loss is the token mean over the whole global batch, and evaluation adds every process's token sums
   before dividing, so the numbers do not depend on the number of processes (up to rounding).
@@ -34,6 +37,21 @@ from relpos_ablate.train.data.streams import TrainBatch, loss_mask
 from relpos_ablate.train.data.protocols import log_bins
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
 from relpos_ablate.model.position import BiasScheme, RopeScaling
+
+
+RNG_STATES = "relpos_rng_states"
+"""Checkpoint key: one random state per process, in rank order."""
+
+
+def random_state(device: torch.device) -> dict:
+    """This process's torch random state: the CPU generator and, on CUDA, its device's."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_random_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -172,6 +190,7 @@ class LitLM(L.LightningModule):
         self._step_sums = torch.zeros(2)  # this process's share of the step's (loss, accuracy)
         self._eval_mems: list[Tensor] | None = None
         self._pending_loss: tuple[int, Tensor] | None = None
+        self._resumed_random_state: dict | None = None
 
     def on_fit_start(self) -> None:
         self.train_segments = self.trainer.datamodule.train_segments
@@ -276,6 +295,28 @@ class LitLM(L.LightningModule):
         gathered: list = [None] * self.trainer.world_size
         torch.distributed.all_gather_object(gathered, [(i.cpu(), loss.cpu()) for i, loss in pairs])
         return [pair for share in gathered for pair in share]
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Every process's random state, gathered (all processes write a checkpoint at the same step)."""
+        states = [random_state(self.device)]
+        if self.trainer.world_size > 1:
+            states = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(states, random_state(self.device))
+        checkpoint[RNG_STATES] = states
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Resuming a fit: this process's random state, when the checkpoint has one per process now running
+        (a run resumed on another number of processes keeps the seeded draws instead). It is set at the
+        first training batch: Lightning draws from the generator while it sets up the loop (the loader's
+        base seed), which the uninterrupted run did before the checkpoint."""
+        trainer, states = self._trainer, checkpoint.get(RNG_STATES)
+        if trainer is not None and states is not None and len(states) == trainer.world_size:
+            self._resumed_random_state = states[trainer.global_rank]
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if self._resumed_random_state is not None:
+            set_random_state(self._resumed_random_state, self.device)
+            self._resumed_random_state = None
 
     def optimizer_step(self, *args, **kwargs) -> None:
         super().optimizer_step(*args, **kwargs)
