@@ -12,6 +12,7 @@ Run: pytest tests/test_loggers.py -q   (about 10 s)
 import csv
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,7 @@ def test_wandb_offline_run_is_named_by_the_run_id_and_holds_every_step(tmp_path,
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_dir = run_dir_with_info(tmp_path)
     assert train_run(config("csv", "wandb"), run_dir, callbacks=(At(6, sigterm),)) == "interrupted"
+    time.sleep(1.1)  # W&B names an offline attempt's directory by the second it starts in
     assert train_run(config("csv", "wandb"), run_dir) == "done"
     logs = sorted(run_dir.glob("wandb/offline-run-*-abc123/run-abc123.wandb"))
     assert len(logs) == 2  # one per attempt, both of W&B run abc123 (resume="allow" joins them on sync)
