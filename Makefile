@@ -1,7 +1,7 @@
 # make test  — create .venv (torch CPU wheel first), install the project, run the test suite
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
-# make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions"): ~1 h,
-#   ~30 min and ~25 min on 2 CPU cores
+# make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions"): 51 min,
+#   48 min and 22 min measured on 2 CPU cores
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c  # a failed grid fails its target even when piped through tee
 PY ?= python3
