@@ -114,10 +114,14 @@ def test_resume_continues_the_steps_and_keeps_earlier_metrics(tmp_path, stop, st
         assert torch.equal(first_row, streams[step % 12][0][0])
 
 
-@pytest.mark.parametrize("stop", [crash, sigterm])
-def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(tmp_path, stop):
-    """Dropout and randomized positions draw from the random state the checkpoint keeps."""
-    cfg = short("model.dropout=0.2", "model.attention.positions=randomized", "model.attention.max_position=64")
+@pytest.mark.parametrize("stop, overrides", [
+    (crash, ("model.attention.positions=randomized", "model.attention.max_position=64")),
+    (sigterm, ("model.attention.positions=randomized", "model.attention.max_position=64")),
+    (crash, ("model.mem_len=8",)),  # resumed at step 10, between the stream restarts at 0 and 12
+])
+def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(tmp_path, stop, overrides):
+    """Dropout and randomized positions draw from the random state the checkpoint keeps; memory continues."""
+    cfg = short("model.dropout=0.2", *overrides)
     assert train_run(cfg, tmp_path / "whole") == "done"
     assert train_run(cfg, tmp_path / "cut", callbacks=(At(17, stop),)) in ("failed", "interrupted")
     assert train_run(cfg, tmp_path / "cut") == "done"

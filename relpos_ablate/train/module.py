@@ -2,11 +2,11 @@
 
 - Recurrence as in Transformer-XL: every batch row is a contiguous stream, so the (detached) memory the
   model returns for batch t is the context of batch t + 1. It is reset when the streams restart and
-  at the start of every evaluation setting. Memory is not part of a checkpoint: after a resume it
-  starts empty, like at the start of a stream. Each row group of gradient accumulation keeps its own.
-- A checkpoint keeps every process's random state (dropout masks, randomized position draws), so a run
-  resumed on as many processes draws what the uninterrupted run would have; the data order needs none
-  (the loader resumes from the step).
+  at the start of every evaluation setting. Each row group of gradient accumulation keeps its own.
+- A checkpoint keeps every process's training memory and random state (dropout masks, randomized
+  position draws), so a run resumed on as many processes trains exactly what the uninterrupted run
+  would have; the data order needs nothing (the loader resumes from the step). Resumed on another
+  number of processes, memory starts empty (like at the start of a stream) and the draws are seeded.
 - Data parallel: each process trains and evaluates its own streams (train/data/streams.py). The step's
   loss is the token mean over the whole global batch, and evaluation adds every process's token sums
   before dividing, so the numbers do not depend on the number of processes (up to rounding).
@@ -39,8 +39,8 @@ from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_dista
 from relpos_ablate.model.position import BiasScheme, RopeScaling
 
 
-RNG_STATES = "relpos_rng_states"
-"""Checkpoint key: one random state per process, in rank order."""
+RESUME_STATES = "relpos_resume_states"
+"""Checkpoint key: per process, in rank order, its random state and training memory."""
 
 
 def random_state(device: torch.device) -> dict:
@@ -52,6 +52,11 @@ def set_random_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
     if state["cuda"] is not None and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _moved(mems: list[Tensor] | None, device) -> list[Tensor] | None:
+    """A row group's memory (None without memory) on `device`."""
+    return None if mems is None else [m.to(device) for m in mems]
 
 
 class NonFiniteLoss(RuntimeError):
@@ -190,7 +195,7 @@ class LitLM(L.LightningModule):
         self._step_sums = torch.zeros(2)  # this process's share of the step's (loss, accuracy)
         self._eval_mems: list[Tensor] | None = None
         self._pending_loss: tuple[int, Tensor] | None = None
-        self._resumed_random_state: dict | None = None
+        self._resumed_state: dict | None = None
 
     def on_fit_start(self) -> None:
         self.train_segments = self.trainer.datamodule.train_segments
@@ -297,26 +302,30 @@ class LitLM(L.LightningModule):
         return [pair for share in gathered for pair in share]
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Every process's random state, gathered (all processes write a checkpoint at the same step)."""
-        states = [random_state(self.device)]
+        """Every process's random state and training memory, gathered (all processes write a checkpoint
+        at the same step)."""
+        mine = {"random": random_state(self.device),
+                "memory": {group: _moved(mems, "cpu") for group, mems in self._train_mems.items()}}
+        states = [mine]
         if self.trainer.world_size > 1:
             states = [None] * self.trainer.world_size
-            torch.distributed.all_gather_object(states, random_state(self.device))
-        checkpoint[RNG_STATES] = states
+            torch.distributed.all_gather_object(states, mine)
+        checkpoint[RESUME_STATES] = states
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Resuming a fit: this process's random state, when the checkpoint has one per process now running
-        (a run resumed on another number of processes keeps the seeded draws instead). It is set at the
-        first training batch: Lightning draws from the generator while it sets up the loop (the loader's
-        base seed), which the uninterrupted run did before the checkpoint."""
-        trainer, states = self._trainer, checkpoint.get(RNG_STATES)
+        """Resuming a fit: this process's random state and memory, when the checkpoint has them for as
+        many processes as now run. Set at the first training batch: Lightning draws from the generator
+        while it sets up the loop (the loader's base seed), which the uninterrupted run did before."""
+        trainer, states = self._trainer, checkpoint.get(RESUME_STATES)
         if trainer is not None and states is not None and len(states) == trainer.world_size:
-            self._resumed_random_state = states[trainer.global_rank]
+            self._resumed_state = states[trainer.global_rank]
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        if self._resumed_random_state is not None:
-            set_random_state(self._resumed_random_state, self.device)
-            self._resumed_random_state = None
+        if self._resumed_state is not None:
+            set_random_state(self._resumed_state["random"], self.device)
+            memory = self._resumed_state["memory"]
+            self._train_mems = {group: _moved(mems, self.device) for group, mems in memory.items()}
+            self._resumed_state = None
 
     def optimizer_step(self, *args, **kwargs) -> None:
         super().optimizer_step(*args, **kwargs)
