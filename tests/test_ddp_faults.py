@@ -88,7 +88,7 @@ def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_finish_it_once(t
 
     proc = start(run_dir)
     # status.json shows the step the killed attempt reached (its checkpoint may be up to
-    # checkpoint_every steps behind) until the rerun starts training: wait for steps it trained
+    # checkpoint_every steps behind) until the rerun reads its checkpoint: wait for steps it trained
     stopped_at = wait_for_step(run_dir, max(killed_at, status["step"]) + 2, proc)
     assert stop(proc, grace_s=60) is not None
     status = record_exit(run_dir, proc.returncode)

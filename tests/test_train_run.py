@@ -101,7 +101,14 @@ def test_resume_continues_the_steps_and_keeps_earlier_metrics(tmp_path, stop, st
     assert resume_step == (10 if stop is crash else 17)  # SIGTERM saves the batch it finished
     before = {int(r["step"]): r for r in read_metrics(tmp_path)}
 
-    assert train_run(cfg, tmp_path, callbacks=(seen,)) == "done"
+    class StatusAtStart(L.Callback):  # before Lightning restores the checkpoint and starts training
+        def setup(self, trainer, pl_module, stage):
+            if stage == "fit":
+                self.status = read(tmp_path, "status.json")
+
+    at_start = StatusAtStart()
+    assert train_run(cfg, tmp_path, callbacks=(seen, at_start)) == "done"
+    assert at_start.status["state"] == "running" and at_start.status["step"] == resume_step  # not 17
     rows = read_metrics(tmp_path)
     steps = [int(r["step"]) for r in rows]
     assert steps == list(range(30))  # nothing lost, nothing twice

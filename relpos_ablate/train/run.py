@@ -136,8 +136,11 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
     # TensorBoard / W&B show the run's id and variant next to its config (Lightning logs the hyperparameters)
     module.save_hyperparameters({**module.hparams, "run": {"id": name, "variant": variant}})
     resume = usable_checkpoint(run_dir, tidy=status is not None)
+    first_step = checkpoint_step(run_dir) if resume else 0
+    if status is not None:  # not the step an earlier attempt reached: this one starts from its checkpoint
+        status.update(step=first_step)
     metrics = MetricsCSV(run_dir)
-    loggers = [metrics, *make_loggers(config, run_dir, checkpoint_step(run_dir) if resume else 0)]
+    loggers = [metrics, *make_loggers(config, run_dir, first_step)]
     checkpoints = AtomicCheckpointIO()
     recorders = [RunRecorder(status, metrics, checkpoints, config.train.log_every)] if status is not None else []
     trainer = make_trainer(config, run_dir, loggers, [*recorders, *callbacks], checkpoints)
