@@ -8,6 +8,7 @@ Run: pytest tests/test_runner_faults.py -q   (about 30 s)
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -19,6 +20,7 @@ from fixtures.runner import fake_env, read_log, tiny_base, write_spec
 from relpos_ablate.cli import main
 from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
+from relpos_ablate.runner.worker import record_exit
 
 MAX_STEPS = 8
 FORK = multiprocessing.get_context("fork")
@@ -221,3 +223,16 @@ def test_rerun_redoes_exactly_the_runs_with_broken_files(tmp_path):
     assert sorted(e["run"] for e in second) == sorted([truncated.name, no_eval.name])
     assert all(e["start_step"] == MAX_STEPS for e in second)  # resumed from their checkpoints
     assert all(read_status(results / "g" / run.run_id)["state"] == "done" for run in spec.runs)
+
+
+@pytest.mark.parametrize("sig, hint", [(signal.SIGKILL, "out of memory"), (signal.SIGTERM, "before it could save"),
+                                       (signal.SIGSEGV, "by hand or by the system")])
+def test_a_worker_killed_by_a_signal_is_interrupted_with_that_signals_likely_cause(tmp_path, sig, hint):
+    """A real process ended by the signal, recorded as the runner records a worker that wrote no final state."""
+    proc = subprocess.Popen([sys.executable, "-c", "import os, signal, time; os.kill(os.getpid(), %d); time.sleep(5)"
+                             % int(sig)])
+    assert proc.wait(timeout=30) == -int(sig)
+    status = record_exit(tmp_path, proc.returncode)
+    assert status["state"] == "interrupted" and status["exit_code"] == -int(sig)
+    assert status["reason"].startswith(f"worker killed by {sig.name} (") and hint in status["reason"]
+    assert "out of memory" not in status["reason"] or sig == signal.SIGKILL  # SIGTERM is not the OOM killer's

@@ -143,13 +143,22 @@ def log_tail(run_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
+SIGNAL_HINTS = {
+    "SIGKILL": "out of memory (the OOM killer), or killed by hand?",
+    "SIGTERM": "stopped by a scheduler or by hand before it could save; it saves when stopped after it starts",
+    "SIGINT": "interrupted by hand?",
+}
+"""Likely causes named in an interrupted run's reason, by the signal that ended its worker."""
+
+
 def exit_reason(returncode: int, stopped: str | None = None) -> tuple[str, str]:
     """(state, reason) for a worker that ended without writing a final state."""
     if stopped:
         return "interrupted", stopped
     if returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
-        return "interrupted", f"worker killed by {name} (out of memory or killed by hand?); rerun to resume"
+        hint = SIGNAL_HINTS.get(name, "killed by hand or by the system?")
+        return "interrupted", f"worker killed by {name} ({hint}); rerun to resume"
     return "failed", f"worker exited with status {returncode} without recording a result"
 
 
