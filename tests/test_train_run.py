@@ -2,8 +2,9 @@
 
 Covers: the run-dir contract (config.yaml with vocab filled in, status.json, metrics.csv, eval.json,
 checkpoints/last.ckpt, log.txt); resume after a crash and after SIGTERM (step count continues, every
-step trains the segment it should, earlier metrics kept, no duplicated steps, with dropout and randomized
-positions the weights of the uninterrupted run bit for bit); a done run is not
+step trains the segment it should, earlier metrics kept, no duplicated steps, status.json at the
+checkpoint's step from the start; with dropout, randomized positions or memory the weights of the
+uninterrupted run bit for bit); a done run is not
 retrained; a non-finite loss fails the run; learned absolute positions beyond their table; the CLI
 (config from the run dir, mismatch error, exit codes, --help listing every field).
 Run: pytest tests/test_train_run.py

@@ -30,8 +30,9 @@ class DataConfig:
     Synthetic examples `<bos> prompt <sep> answer`, loss and accuracy on the answer only, of length n:
     copy, reverse, sort (n symbols) | addition (two n-digit numbers, their n+1-digit sum) | parity (n
     bits, answer their parity) | mqar (n key-value pairs, then mqar_queries keys to answer) | flip_flop (a
-    write, then n instructions write/ignore/read with a bit, the last a read; a read repeats the last written bit) | passkey (n filler
-    tokens with a passkey_digits-digit key hidden at a depth, asked for at the end)."""
+    write, then n instructions write/ignore/read with a bit, the last a read; a read repeats the last
+    written bit) | passkey (n filler tokens with a passkey_digits-digit key hidden at a depth, asked for at
+    the end)."""
     num_symbols: int = 16
     """synthetic: size of the random symbol alphabet (recall: number of values per key)."""
     offset: int = 8

@@ -297,20 +297,24 @@ class LitLM(L.LightningModule):
         """Every process's (layout index, loss) pairs: each evaluated its own streams (one process: its own)."""
         if self.trainer.world_size == 1:
             return pairs
+        shares = self._from_every_process([(i.cpu(), loss.cpu()) for i, loss in pairs])
+        return [pair for share in shares for pair in share]
+
+    def _from_every_process(self, value) -> list:
+        """`value` (picklable, on the CPU) of every process, in rank order: a collective, so every process
+        calls it at the same point; one process: [value]."""
+        if self.trainer.world_size == 1:
+            return [value]
         gathered: list = [None] * self.trainer.world_size
-        torch.distributed.all_gather_object(gathered, [(i.cpu(), loss.cpu()) for i, loss in pairs])
-        return [pair for share in gathered for pair in share]
+        torch.distributed.all_gather_object(gathered, value)
+        return gathered
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Every process's random state and training memory, gathered (all processes write a checkpoint
-        at the same step)."""
-        mine = {"random": random_state(self.device),
-                "memory": {group: _moved(mems, "cpu") for group, mems in self._train_mems.items()}}
-        states = [mine]
-        if self.trainer.world_size > 1:
-            states = [None] * self.trainer.world_size
-            torch.distributed.all_gather_object(states, mine)
-        checkpoint[RESUME_STATES] = states
+        """Every process's random state and training memory (all processes write a checkpoint at the
+        same step)."""
+        checkpoint[RESUME_STATES] = self._from_every_process({
+            "random": random_state(self.device),
+            "memory": {group: _moved(mems, "cpu") for group, mems in self._train_mems.items()}})
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Resuming a fit: this process's random state and memory, when the checkpoint has them for as
