@@ -19,7 +19,8 @@ from relpos_ablate.analysis.collect import SETTING_FIELDS
 from relpos_ablate.analysis.tables import spec_options
 from relpos_ablate.config import RunConfig, load_run_config
 from relpos_ablate.config.base import load_yaml
-from relpos_ablate.runner.grid import check_key_path, is_grid_spec, load_grid
+from relpos_ablate.runner.axes import check_key_path
+from relpos_ablate.runner.grid import is_grid_spec, load_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
