@@ -10,7 +10,7 @@ from relpos_ablate.config.registry import register_bias
 
 __all__ = [
     "AttentionConfig", "ConfigError", "ModelConfig", "RelPosAttention", "RunConfig", "TransformerLM", "collect",
-    "register_bias",
+    "load_run", "register_bias",
 ]
 __version__ = "0.1.0"
 
@@ -18,6 +18,7 @@ _LAZY = {
     "RelPosAttention": "relpos_ablate.model.attention",
     "TransformerLM": "relpos_ablate.model.lm",
     "collect": "relpos_ablate.analysis.collect",
+    "load_run": "relpos_ablate.train.run",
 }
 
 

@@ -75,6 +75,19 @@ def read_token_losses(run_dir: str | Path) -> dict | None:
         return None
 
 
+RECORD_DEFAULTS = {"max_targets": 0}
+"""Values of setting fields that eval.json files written before those fields existed leave out (any other
+missing field reads as None; protocol: record_value)."""
+
+
+def record_value(record: dict, name: str):
+    """Field `name` of an eval.json setting record, as a current file would write it: a missing protocol
+    is xl for same_length (files written before protocols existed), else non_overlapping."""
+    if name == "protocol":
+        return record.get("protocol") or ("xl" if record.get("same_length") else "non_overlapping")
+    return record.get(name, RECORD_DEFAULTS.get(name))
+
+
 def read_status(run_dir: str | Path) -> dict | None:
     """status.json as a dict, or None when it is missing, truncated or not a status."""
     status = read_json(Path(run_dir) / STATUS)

@@ -13,7 +13,7 @@ from relpos_ablate.config import load_run_config
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.model.diagnostics import AttentionStatistics
 from relpos_ablate.train.data import build_datamodule
-from relpos_ablate.train.example_eval import evaluate_examples
+from relpos_ablate.train.evaluation import evaluate_examples
 from relpos_ablate.train.run import load_run, train_run
 
 TINY = ["model.d_model=16", "model.n_layers=2", "model.n_heads=2", "model.d_head=8", "model.d_inner=32",

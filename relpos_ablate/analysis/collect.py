@@ -24,9 +24,6 @@ SETTING_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "
                   "rope_scaling", "rope_scale")
 """Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol; rope_scale:
 the factor s of the setting's RoPE context extension, resolved)."""
-SETTING_DEFAULTS = {"max_targets": 0}
-"""Values of fields that eval.json files written before they existed leave out (protocol: _protocol; any
-other missing field, rope_scaling and rope_scale among them, reads as None)."""
 NOT_SETTING_FIELDS = ("metrics", "error", "diagnostics", "position_loss", "token_losses")
 """Keys of a setting record that are not plain setting columns (diagnostics: analysis/diagnostics.py reads them)."""
 RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps")
@@ -116,8 +113,7 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
         if not isinstance(metrics, dict):
             problems.append(f"{path}: settings[{k}] has no 'metrics' mapping; ignored")
             continue
-        row = {name: setting.get(name, SETTING_DEFAULTS.get(name)) for name in SETTING_FIELDS}
-        row["protocol"] = _protocol(setting)
+        row = {name: rundir.record_value(setting, name) for name in SETTING_FIELDS}  # older files: defaults
         row["eval_setting"] = k  # its place in eval.json: loss by position and token losses are found by it
         row["token_losses"] = setting.get("token_losses")
         # fields a setting record adds (e.g. an example task's length_min, length_max, depth), as written
@@ -130,11 +126,6 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
         row["_metrics"] = list(metrics)
         rows.append(row)
     return rows, {"main_metric": data.get("main_metric"), **_reference_fields(data.get("reference"))}
-
-
-def _protocol(setting: dict) -> str:
-    """The setting's protocol; files written before protocols existed: same_length was the xl protocol."""
-    return setting.get("protocol") or ("xl" if setting.get("same_length") else "non_overlapping")
 
 
 def _reference_fields(reference) -> dict[str, Any]:

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "relpos_ablate.cli.train",
     "relpos_ablate.cli.grid",
     "relpos_ablate.cli.report",
+    "relpos_ablate.cli.evaluate",
 )
 
 

@@ -119,7 +119,7 @@ def _visible(devices: list[int], visible: int) -> list[int]:
     return devices
 
 
-def _slots(args: argparse.Namespace) -> list:
+def slots_for(args: argparse.Namespace) -> list:
     """The slots the flags ask for. Counting GPUs imports torch (seconds), so call it only when a run
     is to be launched: the rerun of a finished grid stays torch-free."""
     from relpos_ablate.runner.local import cpu_slots, gpu_slots
@@ -183,7 +183,7 @@ def _run_local(spec, args: argparse.Namespace) -> int:
     from relpos_ablate.runner.store import plan_grid
 
     pending = [plan for plan in plan_grid(spec, args.results, args.retry_failed) if plan.action != "skip"]
-    slots = _slots(args) if pending else []
+    slots = slots_for(args) if pending else []
     _check_runs_fit(pending, max((len(slot.gpu.split(",")) for slot in slots if slot.gpu), default=1),
                     "--gpus-per-run")
     console = make_console()

@@ -5,12 +5,11 @@ from relpos_ablate.config.data import DataConfig
 from relpos_ablate.config.model import BIAS_TYPES, AttentionConfig, ModelConfig
 from relpos_ablate.config.run import (
     HOW_TO_RUN, EvalConfig, EvalSetting, RunConfig, TrainConfig, check_streams_split, check_world_size,
-    load_run_config, run_id,
-    what_to_run,
+    load_run_config, run_id, unsupported_reason, what_to_run,
 )
 
 __all__ = [
     "AttentionConfig", "BIAS_TYPES", "ConfigError", "HOW_TO_RUN", "DataConfig", "EvalConfig", "EvalSetting", "ModelConfig",
     "RunConfig", "TrainConfig", "apply_overrides", "describe", "from_dict", "load_run_config", "read_yaml",
-    "check_streams_split", "check_world_size", "run_id", "to_plain", "what_to_run",
+    "check_streams_split", "check_world_size", "run_id", "to_plain", "unsupported_reason", "what_to_run",
 ]

@@ -222,6 +222,20 @@ class RunConfig:
         return settings + self.eval.recl_settings()
 
 
+def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:
+    """Why the model cannot be evaluated at `setting` (None when it can): learned absolute tables end;
+    a RoPE context extension needs RoPE (and has no published form for xPos). Training records such a
+    setting in eval.json with this reason; `evaluate` reports it before computing anything."""
+    a = config.model.attention
+    if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
+        return (f"learned absolute positions cover {a.max_position} tokens (model.attention.max_position); "
+                f"segment_len {setting.segment_len} does not fit")
+    if setting.rope_scaling is not None and (a.absolute != "rope" or a.xpos_scale_base is not None):
+        return (f"rope_scaling {setting.rope_scaling!r} extends RoPE; this model has absolute={a.absolute!r}"
+                + (" with xPos" if a.xpos_scale_base is not None else ""))
+    return None
+
+
 def _non_default(config: Any) -> Any:
     """The parts of a config that differ from their declared defaults, as plain data: a dataclass keeps
     the fields that differ (recursively), and so does every dataclass inside a list (eval.settings items:
@@ -277,5 +291,6 @@ def load_run_config(path: str | Path | None = None, overrides: Iterable[str] = (
 
 __all__ = [
     "HOW_TO_RUN", "PROTOCOLS", "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig",
-    "check_streams_split", "check_world_size", "load_run_config", "resolve_log_n_length", "run_id", "what_to_run",
+    "check_streams_split", "check_world_size", "load_run_config", "resolve_log_n_length", "run_id", "unsupported_reason",
+    "what_to_run",
 ]

@@ -52,7 +52,7 @@ def worker_env(gpu: str | None, threads: int) -> dict[str, str]:
     return env
 
 
-def _die_with_parent(parent_pid: int):
+def die_with_parent(parent_pid: int):
     """preexec_fn: the worker gets SIGTERM when the runner dies (Linux), so a killed runner leaves no
     orphan training on its GPU; the rerun resumes those runs from their checkpoints."""
     libc_name = ctypes.util.find_library("c")
@@ -88,7 +88,7 @@ def start_worker(run_dir: Path, threads: int, settings: tuple[str, ...], *, gpu:
         worker_command(run_dir, threads, settings), env=worker_env(gpu, threads), stdin=subprocess.DEVNULL,
         stdout=output, stderr=subprocess.STDOUT if output is not None else None,
         pass_fds=(lock.fd,) if lock is not None else (), start_new_session=True,
-        preexec_fn=_die_with_parent(os.getpid()),
+        preexec_fn=die_with_parent(os.getpid()),
     )
 
 

@@ -194,6 +194,9 @@ class LitLM(L.LightningModule):
         self._train_mems: dict[int, list[Tensor]] = {}  # row group -> its memory
         self._step_sums = torch.zeros(2)  # this process's share of the step's (loss, accuracy)
         self._eval_mems: list[Tensor] | None = None
+        self.eval_seed: int | None = None
+        """Set by the final evaluation (train/evaluation.py): each setting starts from this random state, so
+        randomized positions at evaluation draw the same positions whichever settings come before."""
         self._pending_loss: tuple[int, Tensor] | None = None
         self._resumed_state: dict | None = None
 
@@ -264,6 +267,8 @@ class LitLM(L.LightningModule):
         inputs, targets, mask, layout_index = batch
         if batch_idx == 0 or not setting.uses_memory:  # a new setting starts with empty memory; windows have none
             self._eval_mems = None
+        if batch_idx == 0 and self.eval_seed is not None:
+            torch.manual_seed(self.eval_seed)
         statistics = None if self.eval_diagnostics is None else self.eval_diagnostics[index].for_batch(mask)
         logits, self._eval_mems = self.model(inputs, self._eval_mems, mem_len=setting.memory(self.config.model.mem_len),
                                              clamp_len=setting.clamp_len, same_length=setting.protocol == "xl",

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import logging
-import math
 import os
 import signal
 import sys
@@ -23,22 +21,20 @@ import zipfile
 from pathlib import Path
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.plugins.environments import ClusterEnvironment, LightningEnvironment, SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from relpos_ablate import rundir
-from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, TrainConfig, check_world_size, to_plain
+from relpos_ablate.config import ConfigError, RunConfig, TrainConfig, check_world_size, to_plain
 from relpos_ablate.config.run import resolve_log_n_length
-from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
+from relpos_ablate.io import atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
-from relpos_ablate.train.data import SegmentDataModule, build_datamodule
-from relpos_ablate.train.data.protocols import unigram_loss
-from relpos_ablate.train.example_eval import evaluate_examples
+from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
-from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric, rope_scale
+from relpos_ablate.train.evaluation import evaluate, write_token_losses
+from relpos_ablate.train.module import LitLM, NonFiniteLoss
 from relpos_ablate.train.records import AtomicCheckpointIO, MetricsCSV, RunRecorder, RunStatus, close_log, open_log
 
 log = logging.getLogger("relpos_ablate.train")
@@ -54,19 +50,6 @@ def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
         raise ConfigError("model.vocab_size", f"{config.model.vocab_size} but the data has {data_vocab} tokens; "
                           "use 0 to take it from the data")
     return config
-
-
-def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:
-    """Why the model cannot be evaluated at `setting` (None when it can): learned absolute tables end;
-    a RoPE context extension needs RoPE (and has no published form for xPos)."""
-    a = config.model.attention
-    if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
-        return (f"learned absolute positions cover {a.max_position} tokens (model.attention.max_position); "
-                f"segment_len {setting.segment_len} does not fit")
-    if setting.rope_scaling is not None and (a.absolute != "rope" or a.xpos_scale_base is not None):
-        return (f"rope_scaling {setting.rope_scaling!r} extends RoPE; this model has absolute={a.absolute!r}"
-                + (" with xPos" if a.xpos_scale_base is not None else ""))
-    return None
 
 
 def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callback, ...] = ()) -> str:
@@ -150,7 +133,7 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
     log.info("run %s: %d parameters, %s, %d process(es)", run_dir, sum(p.numel() for p in module.model.parameters()),
              describe_device(config.train), trainer.world_size)
     with warnings.catch_warnings(), _lost_process_interrupts(trainer):
-        _quiet_known_warnings()
+        quiet_known_warnings()
         trainer.fit(module, datamodule=datamodule, ckpt_path="last" if resume else None)
         log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
         results, token_losses = evaluate(trainer, module, datamodule, config)
@@ -294,7 +277,7 @@ def _stop_lightning(trainer: L.Trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
-def _quiet_known_warnings() -> None:
+def quiet_known_warnings() -> None:
     """Warnings that do not apply to this layout: batches are slices of in-memory tensors (no workers
     needed) and the training loader resumes from the global step itself."""
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -303,86 +286,23 @@ def _quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
 
 
-def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule,
-             config: RunConfig) -> tuple[dict, dict[str, np.ndarray]]:
-    """(eval.json, token_losses.npz arrays). eval.json: one record per setting (protocol, lengths, attention
-    length, metrics, loss by position, attention diagnostics with eval.diagnostics), the layout every
-    protocol scored and the reference (unigram or chance); the arrays: each target's loss for the settings
-    that ask for it. Example tasks: one record per test set (example_eval.py)."""
-    if config.data.example_task:
-        return evaluate_examples(module.model, datamodule, config, trainer.global_step,
-                                 trainer.precision_plugin.forward_context), {}
-    settings = config.eval_settings()
-    usable = [i for i, s in enumerate(settings) if unsupported_reason(config, s) is None]
-    module.eval_indices = usable
-    loaders = {i: datamodule.eval_dataloader(settings[i]) for i in usable}
-    if usable:
-        trainer.validate(module, dataloaders=list(loaders.values()), verbose=False)
-    records, token_losses = [], {}
-    for i, setting in enumerate(settings):
-        result = module.eval_results.get(i, {})
-        record = {**setting_record(config, setting), "metrics": result.get("metrics", {})}
-        if "position_loss" in result:
-            record["position_loss"] = result["position_loss"]
-        if "token_losses" in result:
-            record["token_losses"] = rundir.token_losses_key(i)
-            token_losses[record["token_losses"]] = layout_array(loaders[i].dataset.layout, *result["token_losses"])
-        if i in module.diagnostics_results:
-            record["diagnostics"] = module.diagnostics_results[i]
-        reason = unsupported_reason(config, setting)
-        if reason:
-            record["error"] = reason
-            log.warning("eval setting %d skipped: %s", i, reason)
-        records.append(record)
-    streams = datamodule.streams("eval", settings[0].segment_len)
-    return {"main_metric": main_metric(config), "step": trainer.global_step,
-            "layout": {"split": config.eval.split, "streams": streams.rows, "targets_per_stream": streams.inputs.shape[1]},
-            "reference": reference(config, datamodule, streams), "settings": records}, token_losses
-
-
-def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
-    """The resolved setting as eval.json writes it (attn_len: the keys a query sees, EvalSetting.attn_len)."""
-    clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
-    return {"protocol": setting.protocol, "segment_len": setting.segment_len, "stride": setting.stride,
-            "mem_len": setting.memory(config.model.mem_len), "clamp_len": clamp_len,
-            "same_length": setting.protocol == "xl", "max_targets": setting.max_targets, "token_losses": None,
-            "attn_len": setting.attn_len(config.model.mem_len), "rope_scaling": setting.rope_scaling,
-            "rope_scale": rope_scale(config, setting)}
-
-
-def layout_array(layout, index: torch.Tensor, losses: torch.Tensor) -> np.ndarray:
-    """Per-target losses as a [B, T] float32 array of the evaluation layout (NaN: not scored)."""
-    array = np.full(layout.streams * layout.length, np.nan, dtype=np.float32)
-    array[index.numpy()] = losses.float().numpy()
-    return array.reshape(layout.streams, layout.length)
-
-
-def write_token_losses(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **arrays)
-    atomic_write_bytes(path, buffer.getvalue())
-
-
-def reference(config: RunConfig, datamodule: SegmentDataModule, streams) -> dict:
-    """What a model must beat: chance accuracy for synthetic tasks (every task's target is one of
-    num_symbols), the add-one-smoothed unigram of the training targets for text."""
-    if config.data.source == "synthetic":
-        return {"name": "chance", "metrics": {"acc": 1.0 / config.data.num_symbols}}
-    train = datamodule.streams("train", config.train.segment_len).targets
-    loss = unigram_loss(train, streams.targets, datamodule.vocab_size)
-    metrics = {"loss": loss, "ppl": math.exp(loss)}
-    if config.data.character_level:
-        metrics["bpc"] = loss / math.log(2)
-    return {"name": "unigram", "metrics": metrics}
-
-
 def load_run(run_dir: str | Path) -> tuple[RunConfig, TransformerLM]:
-    """The run's resolved config and its model with the weights of checkpoints/last.ckpt, in eval mode."""
+    """The run's resolved config (config.yaml) and its model with the trained weights of
+    checkpoints/last.ckpt, in eval mode: a trained model to analyse in Python (`from relpos_ablate import
+    load_run`). The config imports the modules its `imports:` lists first."""
     config = rundir.stored_config(run_dir)
     if config is None:
         raise FileNotFoundError(f"{Path(run_dir) / rundir.CONFIG} not found: not a run directory")
-    checkpoint = torch.load(rundir.last_checkpoint(run_dir), map_location="cpu", weights_only=True)
     model = TransformerLM(config.model)
+    load_weights(run_dir, model)
+    return config, model.eval()
+
+
+def load_weights(run_dir: str | Path, model: TransformerLM) -> None:
+    """Load the weights of the run's checkpoints/last.ckpt into `model` (built from the run's config)."""
+    path = rundir.last_checkpoint(run_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: the run has no trained weights yet")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     prefix = "model."
     model.load_state_dict({k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)})
-    return config, model.eval()

@@ -58,16 +58,26 @@ class ExampleDataModule(SegmentDataModule):
             raise ConfigError("eval.settings", f"segment_len {segment_len} is shorter than the shortest {data.task} "
                               f"example ({data.input_length(1)} tokens)")
         return examples.generate(data, self.config.seed, "eval", max(count, data.eval_examples), (fits[-1], fits[-1]),
-                                 stream=(len(data.test_lengths),))
+                                 stream=(0,))  # test sets use (lo, hi[, depth])
 
-    def test_sets(self) -> list[TestSet]:
-        """One set per test-length bin (per bin and depth for passkey), data.eval_examples each."""
-        data, sets = self.config.data, []
-        depths = data.passkey_depths if data.task == "passkey" else (None,)
-        for k, (lo, hi) in enumerate(data.test_lengths):
-            for d, depth in enumerate(depths):
-                found = examples.generate(data, self.config.seed, "eval", data.eval_examples, (lo, hi), depth,
-                                          stream=(k, d))
-                fields = {"length_min": lo, "length_max": hi, **({} if depth is None else {"depth": depth})}
-                sets.append(TestSet(fields, found))
+    def test_sets(self, wanted: list[dict[str, Any]] | None = None) -> list[TestSet]:
+        """One set per test-length bin (per bin and depth for passkey), data.eval_examples each; `wanted`:
+        only these (test_set_fields entries). A set's examples depend on its bin and depth alone, not on
+        the other bins listed, so a bin evaluated later (`relpos-ablate evaluate`) gets the same examples."""
+        data = self.config.data
+        sets = []
+        for fields in test_set_fields(data) if wanted is None else wanted:
+            depth = fields.get("depth")
+            stream = (fields["length_min"], fields["length_max"], *(() if depth is None else (round(depth * 1e6),)))
+            found = examples.generate(data, self.config.seed, "eval", data.eval_examples,
+                                      (fields["length_min"], fields["length_max"]), depth, stream=stream)
+            sets.append(TestSet(fields, found))
         return sets
+
+
+def test_set_fields(data) -> list[dict[str, Any]]:
+    """What identifies each test set in eval.json, in evaluation order: length_min, length_max (and
+    depth for passkey), one per bin of data.test_lengths (and passkey depth)."""
+    depths = data.passkey_depths if data.task == "passkey" else (None,)
+    return [{"length_min": lo, "length_max": hi, **({} if depth is None else {"depth": depth})}
+            for lo, hi in data.test_lengths for depth in depths]
