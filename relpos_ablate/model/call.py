@@ -31,17 +31,14 @@ from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from relpos_ablate.model.geometry import BlockView, ContextualScores, QueryBlock, StatisticsSink, Visibility
 from relpos_ablate.model.position import BiasScheme, RopeScaling
 from relpos_ablate.model.shift import descending_distances, rel_shift, toeplitz
-
-if TYPE_CHECKING:
-    from relpos_ablate.model.cope import ContextualPositions
-    from relpos_ablate.model.diagnostics import LayerStatistics
 
 MIN_BLOCK = 16  # fewest queries in a block when long key ranges shrink the blocks
 
@@ -61,7 +58,7 @@ class AttentionOptions:
     """[M + L] positions of the keys (memory first, then this segment; the queries are the last L),
     shared by the batch, as the encodings read them: RoPE's angles, every bias and terms b/d at the
     distance q_pos - k_pos. Visibility stays by index. None: consecutive, 0 .. M + L - 1."""
-    statistics: LayerStatistics | None = None
+    statistics: StatisticsSink | None = None
     """Where this call adds its attention statistics (entropy, sink mass, distances: diagnostics.py);
     the probabilities are then computed per query block (no fused kernel). None: no statistics."""
     rope_scaling: RopeScaling | None = None
@@ -82,57 +79,6 @@ class SharedParameters:
     content_bias_u: nn.Parameter | None = None
     position_bias_v: nn.Parameter | None = None
     bias_scheme: BiasScheme | None = None
-
-
-@dataclass(frozen=True)
-class Visibility:
-    """Which keys each query sees, by index: causal (j <= i'), within the window (i' - j < W)."""
-
-    n_mem: int
-    causal: bool
-    window: int | None = None
-
-    def __call__(self, query_index: Tensor, key_index: Tensor) -> Tensor:
-        """Bool, broadcast over the two index tensors (flex.py calls it with scalars as its mask_mod)."""
-        distance = self.n_mem + query_index - key_index
-        if not self.causal:
-            return torch.ones_like(distance, dtype=torch.bool)
-        seen = distance >= 0
-        return seen if self.window is None else seen & (distance < self.window)
-
-
-@dataclass(frozen=True)
-class QueryBlock:
-    """Queries i0 .. i1 - 1 against keys k0 .. n_keys - 1 (k0 > 0: the keys before lie outside every
-    window of the block); rel_cols / distance_cols: the columns of rel_keys and distance_scores this block
-    reads; n_sinks: learned sink slots the kernels' keys start with."""
-
-    i0: int
-    i1: int
-    n_keys: int
-    rel_cols: slice
-    distance_cols: slice
-    n_sinks: int = 0
-    k0: int = 0
-
-    @property
-    def rows(self) -> slice:
-        return slice(self.i0, self.i1)
-
-    @property
-    def width(self) -> int:
-        """K_b: the block's keys of the stream, k0 .. n_keys - 1."""
-        return self.n_keys - self.k0
-
-    @property
-    def keys(self) -> slice | list[int]:
-        """The block's columns of the kernels' keys and values, [sinks; keys k0 .. n_keys - 1]: a slice
-        (a view) unless both sinks and skipped keys make it two ranges."""
-        if not self.k0:
-            return slice(0, self.n_sinks + self.n_keys)
-        if not self.n_sinks:
-            return slice(self.k0, self.n_keys)
-        return [*range(self.n_sinks), *range(self.n_sinks + self.k0, self.n_sinks + self.n_keys)]
 
 
 class ScoreInputs(NamedTuple):
@@ -195,7 +141,7 @@ class AttentionCall:
     bias_scale: float = 1.0  # s_B
     query_chunk: int = 0  # queries per block (0: one block)
     log_decay: Tensor | None = None  # [B, H, K] FoX's Λ (fox.py), float64
-    contextual: ContextualPositions | None = None  # CoPE (cope.py): scores from the block's queries and keys
+    contextual: ContextualScores | None = None  # CoPE (cope.py): scores from the block's queries and keys
     query_scale: Tensor | None = None  # [B or 1, H or 1, L, 1]: every score of query i multiplied by it
     n_sinks: int = 0  # learned sink slots at the front of the kernels' keys and values (no position)
     dtype: torch.dtype = torch.float32  # the kernels' dtype (FoX's decay is built in at least fp32)
@@ -231,6 +177,13 @@ class AttentionCall:
         if self.key_padding_mask is None:
             return seen
         return seen[None, None] & ~self.key_padding_mask[:, None, None, block.k0: block.n_keys]
+
+    def view(self, block: QueryBlock) -> BlockView:
+        """What the statistics read of a block: who sees whom, key indices and positions (geometry.py)."""
+        device = self.query_positions.device
+        return BlockView(block.rows, self.visible(block), torch.arange(self.n_mem + block.i0, self.n_mem + block.i1, device=device),
+                         torch.arange(block.k0, block.n_keys, device=device), self.query_positions[block.rows],
+                         self.key_positions[block.k0: block.n_keys])
 
     def with_sinks(self, block_map: Tensor, fill: float | bool) -> Tensor:
         """A block's [..., L_b, K_b] mask or scores with the sink columns in front, filled with `fill`
@@ -310,7 +263,7 @@ class AttentionCall:
         for scores in unscaled:
             total = _plus(total, scores)
         if self.contextual is not None:
-            total = _plus(total, self.contextual.block_scores(self, block, q_content, k))
+            total = _plus(total, self.contextual.scores(q_content, k, self.scale, self.visible(block)))
         return total
 
     def decay(self, block: QueryBlock, log_decay: Tensor) -> Tensor:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from relpos_ablate.model.call import AttentionCall, QueryBlock
-
 
 class ContextualPositions(nn.Module):
     """The table e [p_max, d_head] and the CoPE scores of a block of queries."""
@@ -37,7 +35,8 @@ class ContextualPositions(nn.Module):
         return counted.clamp(max=self.embeddings.shape[0] - 1)
 
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
-        """s·q_i·e[p_ij], e interpolated between ⌊p⌋ and ⌈p⌉: [B, H, L, K]."""
+        """s·q_i·e[p_ij], e interpolated between ⌊p⌋ and ⌈p⌉: [B, H, L, K] (geometry.ContextualScores: a
+        block's queries, the kernels' content query, and its keys, without sinks)."""
         p = self.positions(q, k, scale, visible)
         per_position = (q @ self.embeddings.to(q.dtype).T) * scale  # (B, H, L, p_max): s·q_i·e[n]
         below = p.floor()
@@ -45,7 +44,3 @@ class ContextualPositions(nn.Module):
         low = per_position.gather(-1, below.long())
         high = per_position.gather(-1, p.ceil().long())
         return high * weight + low * (1 - weight)
-
-    def block_scores(self, call: AttentionCall, block: QueryBlock, q: Tensor, k: Tensor) -> Tensor:
-        """The scores of a query block: q [B, H, L_b, dh] (the kernels' content query), k [B, H, K_b, dh]."""
-        return self.scores(q, k, call.scale, call.visible(block))

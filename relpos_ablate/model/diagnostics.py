@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from relpos_ablate.model.call import AttentionCall, QueryBlock
+from relpos_ablate.model.geometry import BlockView
 
 STATISTICS = ("entropy", "sink", "distance", "unseen")
 
@@ -59,13 +59,13 @@ class LayerStatistics:
     target: AttentionStatistics
     layer: int
 
-    def add(self, call: AttentionCall, block: QueryBlock, probs: Tensor) -> None:
-        """Add the statistics of one query block's probabilities [B, H, L_b, K_b] (module docstring)."""
+    def add(self, view: BlockView, probs: Tensor) -> None:
+        """Add the statistics of one query block's probabilities [B, H, L_b, K_b] (module docstring;
+        geometry.StatisticsSink)."""
         p = probs.detach().to(torch.promote_types(probs.dtype, torch.float32))  # bf16/fp16 -> fp32
-        device, rows = p.device, torch.arange(block.i0, block.i1, device=p.device)
-        first = call.visible(block).int().argmax(-1, keepdim=True)  # the first key each query sees
-        token_distance = ((call.n_mem + rows)[:, None] - torch.arange(block.n_keys, device=device)[None]).abs()
-        position_distance = (call.query_positions[block.rows, None] - call.key_positions[None, : block.n_keys]).abs()
+        first = view.visible.int().argmax(-1, keepdim=True)  # the first key each query sees
+        token_distance = (view.query_index[:, None] - view.key_index[None]).abs()
+        position_distance = (view.query_positions[:, None] - view.key_positions[None]).abs()
         # distance and unseen weigh each key; one product over the keys gives both: (L_b, K_b, 2)
         weights = torch.stack([token_distance, position_distance > self.target.max_seen_distance], -1).to(p.dtype)
         weighted = torch.einsum("bhlk,lkc->cbhl", p, weights)  # (2, B, H, L_b)
@@ -74,5 +74,5 @@ class LayerStatistics:
             p.gather(-1, first.expand(*p.shape[:-1], 1)).squeeze(-1)[None],
             weighted,
         ])  # (4, B, H, L_b)
-        weight = self.target.query_weight[:, block.rows].double()  # (B, L_b)
+        weight = self.target.query_weight[:, view.rows].double()  # (B, L_b)
         self.target.sums[:, self.layer] += torch.einsum("sbhl,bl->sh", per_query.double(), weight)

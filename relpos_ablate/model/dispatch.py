@@ -26,7 +26,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.model import AttentionConfig
 from relpos_ablate.model.call import AttentionCall, ScoreInputs
-from relpos_ablate.model.diagnostics import LayerStatistics
+from relpos_ablate.model.geometry import StatisticsSink
 from relpos_ablate.model.kernels import BlockwiseBiasedAttention, masked_softmax
 
 # Score entries per head in one query block: blocks whose maps are stored for backward can be large;
@@ -36,7 +36,7 @@ REBUILT_BLOCK_SCORES = 64 * 1024
 
 
 def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
-           config: AttentionConfig, dropout_p: float, statistics: LayerStatistics | None = None) -> Tensor:
+           config: AttentionConfig, dropout_p: float, statistics: StatisticsSink | None = None) -> Tensor:
     """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring)."""
     rel_keys = call.rel_keys if q_position is not None else None  # without term b nothing reads it
     # one dtype for the kernels: under autocast q + u is fp32 (u is) while k is bf16; take autocast's.
@@ -120,7 +120,7 @@ def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posi
 
 
 def _observed(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
-              dropout_p: float, statistics: LayerStatistics) -> Tensor:
+              dropout_p: float, statistics: StatisticsSink) -> Tensor:
     """Probabilities per query block, handed to `statistics` (the stream's keys, sinks left out) before
     the product with v."""
     inputs, outs = call.score_inputs(q_position), []
@@ -131,6 +131,6 @@ def _observed(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_po
         if additive is not None:
             scores = scores.add_(call.with_sinks(additive, 0.0))
         probs = masked_softmax(scores, call.with_sinks(call.visible(blk), True))
-        statistics.add(call, blk, probs[..., blk.n_sinks:])
+        statistics.add(call.view(blk), probs[..., blk.n_sinks:])
         outs.append((F.dropout(probs, dropout_p) if dropout_p else probs) @ v_b)
     return torch.cat(outs, dim=2)  # (B, H, L, dh)

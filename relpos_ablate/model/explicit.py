@@ -34,7 +34,7 @@ def explicit_attention(attn: RelPosAttention, q: Tensor, k: Tensor, v: Tensor, c
     with_sinks = masked_softmax(scores, visible)
     probs = with_sinks[..., call.n_sinks:]
     if options.statistics is not None:
-        options.statistics.add(call, call.all_queries, probs)
+        options.statistics.add(call.view(call.all_queries), probs)
     dropped = F.dropout(with_sinks, attn.dropout, attn.training)
     out = dropped[..., call.n_sinks:] @ v
     if attn.sinks is not None:

@@ -24,7 +24,7 @@ from relpos_ablate.config.model import ModelConfig
 from relpos_ablate.model.attention import RelPosAttention, init_vector
 from relpos_ablate.model.call import AttentionOptions, SharedParameters
 from relpos_ablate.model.diagnostics import AttentionStatistics
-from relpos_ablate.model.position import BiasScheme, RopeScaling, build_bias, sinusoid
+from relpos_ablate.model.position import RopeScaling, bias_schemes, build_bias, sinusoid
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -137,7 +137,7 @@ class TransformerLM(nn.Module):
         except inside bias schemes, which keep their own published init: FIRE's and the dynamic MLP's
         PyTorch default Linear init (zero biases would put every first-layer kink at distance 0, leaving
         the MLP linear in its input for all causal distances)."""
-        own_init = {id(m) for scheme in self.modules() if isinstance(scheme, BiasScheme) for m in scheme.modules()}
+        own_init = {id(m) for scheme in bias_schemes(self) for m in scheme.modules()}
         for module in self.modules():
             if id(module) in own_init:
                 continue

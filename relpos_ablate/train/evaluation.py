@@ -31,7 +31,7 @@ from relpos_ablate import rundir
 from relpos_ablate.config import EvalSetting, RunConfig, unsupported_reason
 from relpos_ablate.io import atomic_write_bytes
 from relpos_ablate.model import TransformerLM
-from relpos_ablate.train.data import SegmentDataModule
+from relpos_ablate.train.data.datamodule import SegmentDataModule
 from relpos_ablate.train.data.example_module import ExampleDataModule, TestSet
 from relpos_ablate.train.data.examples import PAD
 from relpos_ablate.train.data.protocols import unigram_loss

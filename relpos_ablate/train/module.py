@@ -36,7 +36,7 @@ from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data.streams import TrainBatch, loss_mask
 from relpos_ablate.train.data.protocols import log_bins
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
-from relpos_ablate.model.position import BiasScheme, RopeScaling
+from relpos_ablate.model.position import RopeScaling, bias_schemes
 
 
 RESUME_STATES = "relpos_resume_states"
@@ -87,7 +87,7 @@ def build_optimizer(model: nn.Module, train: TrainConfig, device: torch.device):
     """(optimizer, LambdaLR scheduler). Weight decay applies to Linear weights (incl. a tied embedding
     and W_R, a projection like W_k) outside bias schemes only: norms, biases, u/v, position tables and
     every parameter of a bias scheme (FIRE's and the dynamic MLPs too) are not pulled towards zero."""
-    in_schemes = {id(p) for m in model.modules() if isinstance(m, BiasScheme) for p in m.parameters()}
+    in_schemes = {id(p) for scheme in bias_schemes(model) for p in scheme.parameters()}
     decay = {id(m.weight): m.weight for m in model.modules()
              if isinstance(m, nn.Linear) and id(m.weight) not in in_schemes}
     rest = [p for p in model.parameters() if id(p) not in decay]
@@ -101,9 +101,8 @@ def build_optimizer(model: nn.Module, train: TrainConfig, device: torch.device):
 
 def after_optimizer_step(model: nn.Module) -> None:
     """Every bias scheme restores its parameters' range once they moved (KERPLE clamps a, p in place)."""
-    for module in model.modules():
-        if isinstance(module, BiasScheme):
-            module.after_optimizer_step()
+    for scheme in bias_schemes(model):
+        scheme.after_optimizer_step()
 
 
 class MaskedMean(Metric):

@@ -68,3 +68,9 @@ class BiasScheme(nn.Module):
     def boundaries(self) -> list[float]:
         """Distances where the scheme changes regime (clamps, bucket edges): marked in bias plots."""
         return []
+
+
+def bias_schemes(model: nn.Module) -> list[BiasScheme]:
+    """Every bias scheme inside `model`, each once (one shared by all layers is one module): the one walk
+    the model's init, the optimizer's groups and the after-step range restoration take."""
+    return [module for module in model.modules() if isinstance(module, BiasScheme)]

@@ -1,124 +1,22 @@
-"""Data for one run: a LightningDataModule over contiguous streams (synthetic task or text corpus).
+"""Data for one run: a LightningDataModule over contiguous streams (synthetic task or text corpus:
+datamodule.py), or over whole examples (example tasks: example_module.py).
 
 `build_datamodule(config)` is the entry point; `sample_inputs` gives the analysis layer a fixed input.
 """
 
 from __future__ import annotations
 
-import functools
-
-import lightning as L
-import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 
-from relpos_ablate.config import ConfigError, EvalSetting, RunConfig
-from relpos_ablate.train.data import synthetic, text
-from relpos_ablate.train.data.protocols import eval_loader
-from relpos_ablate.train.data.streams import (
-    Batch, ResumeSampler, SegmentStreams, TrainBatch, TrainingSegments, batchify, shard_rows,
-)
-
-
-class SegmentDataModule(L.LightningDataModule):
-    """Training streams (train.batch_size rows) and one evaluation loader per eval setting (eval.batch_size rows).
-
-    Training is one pass of train.max_steps steps; step i trains segment i mod train_segments of the
-    streams, so the streams restart (and memory is reset) every train_segments steps. Resuming
-    starts at the restored global step. Under data parallelism each process loads its own share of
-    the streams (streams.py), for training and evaluation alike.
-    """
-
-    def __init__(self, config: RunConfig):
-        super().__init__()
-        self.config = config
-        self._tasks: dict[str, synthetic.TaskStreams] = {}
-
-    def prepare_data(self) -> None:
-        if self.config.data.source == "text":
-            self._corpus  # downloads and tokenizes once; later runs hit the cache
-
-    @functools.cached_property
-    def _corpus(self) -> text.Corpus:
-        return text.load_corpus(self.config.data)
-
-    def _task(self, split: str) -> synthetic.TaskStreams:
-        if split not in self._tasks:
-            data = self.config.data
-            length = data.train_tokens if split == "train" else data.eval_tokens
-            self._tasks[split] = synthetic.generate(data, self.config.seed, split, self._rows(split), length)
-        return self._tasks[split]
-
-    def _rows(self, split: str) -> int:
-        return self.config.train.batch_size if split == "train" else self.config.eval.batch_size
-
-    @property
-    def vocab_size(self) -> int:
-        if self.config.data.source == "synthetic":
-            return synthetic.vocab_size(self.config.data)
-        return len(self._corpus.vocab)
-
-    @property
-    def vocab(self) -> list[str] | None:
-        """Token strings for text corpora (None for synthetic tasks, whose tokens are plain symbols)."""
-        return self._corpus.vocab if self.config.data.source == "text" else None
-
-    def streams(self, split: str, segment_len: int) -> SegmentStreams:
-        """The 'train' or 'eval' streams cut into segments of `segment_len`."""
-        if self.config.data.source == "synthetic":
-            return self._task(split).segments(segment_len)
-        name = "train" if split == "train" else self.config.eval.split
-        field = "train.batch_size" if split == "train" else "eval.batch_size"
-        tokens = self._corpus.splits.get(name)
-        if tokens is None or tokens.numel() < self._rows(split) * (segment_len + 1):
-            size = 0 if tokens is None else tokens.numel()
-            raise ConfigError(field, f"the {name} split has {size} tokens, too few for {self._rows(split)} "
-                              f"streams of segment length {segment_len}")
-        inputs, targets = batchify(tokens, self._rows(split))
-        return SegmentStreams(inputs, targets, torch.ones(1, 1, dtype=torch.bool).expand_as(inputs), segment_len)
-
-    @property
-    def train_segments(self) -> int:
-        """Segments per training stream: the memory is reset every this many steps."""
-        return len(self.streams("train", self.config.train.segment_len))
-
-    def _process(self) -> tuple[int, int]:
-        """(rank, world size) of this process in the run; (0, 1) outside a Trainer."""
-        trainer = self.trainer
-        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-
-    def train_dataloader(self) -> DataLoader:
-        t = self.config.train
-        rank, world = self._process()
-        segments = TrainingSegments(self.streams("train", t.segment_len), t.max_steps, t.loss_on, rank, world,
-                                    t.accumulate)
-        sampler = ResumeSampler(len(segments), start=self._resume_position)
-        return DataLoader(segments, sampler=sampler, batch_size=None)
-
-    def _resume_position(self) -> int:
-        """The first micro-batch to train: the restored global step's first."""
-        step = self.trainer.global_step if self.trainer is not None else 0
-        return step * self.config.train.accumulate
-
-    def val_dataloader(self) -> list[DataLoader]:
-        """Validation during training (train.val_every > 0): the first evaluation setting; else none."""
-        if not self.config.train.val_every:
-            return []
-        return [self.eval_dataloader(self.config.eval_settings()[0])]
-
-    def eval_dataloader(self, setting: EvalSetting) -> DataLoader:
-        """`setting`'s protocol (train/data/protocols.py) over this process's share of the evaluation streams;
-        shares may differ by one stream (the metrics add token sums across processes, so the result is exact)."""
-        rank, world = self._process()
-        streams = self.streams("eval", setting.segment_len)
-        return eval_loader(streams, setting, self.config.eval.sliding_batch_tokens, shard_rows(streams.rows, rank, world))
+from relpos_ablate.config import RunConfig
+from relpos_ablate.train.data.datamodule import SegmentDataModule
+from relpos_ablate.train.data.example_module import ExampleDataModule
+from relpos_ablate.train.data.streams import Batch, SegmentStreams, TrainBatch
 
 
 def build_datamodule(config: RunConfig) -> SegmentDataModule:
     """The data of a run: contiguous streams, or whole examples for example tasks (example_module.py)."""
     if config.data.example_task:
-        from relpos_ablate.train.data.example_module import ExampleDataModule
-
         return ExampleDataModule(config)
     return SegmentDataModule(config)
 

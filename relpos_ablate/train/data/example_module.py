@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from relpos_ablate.config import ConfigError
-from relpos_ablate.train.data import SegmentDataModule
 from relpos_ablate.train.data import examples
+from relpos_ablate.train.data.datamodule import SegmentDataModule
 from relpos_ablate.train.data.streams import SegmentStreams
 
 
