@@ -8,6 +8,7 @@ from pathlib import Path
 
 from relpos_ablate import rundir
 from relpos_ablate.config import ConfigError, RunConfig, apply_overrides, describe, from_dict, read_yaml, what_to_run
+from relpos_ablate.config.base import raise_all
 
 EXIT_CODES = {"done": 0, "failed": 1, "interrupted": 1}
 
@@ -83,7 +84,10 @@ def resolve_config(config_file: Path | None, run_dir: Path, overrides: list[str]
     source = stored_path if config_file is None else config_file
     data = read_yaml(source)
     check_not_a_grid_spec(source, data)
-    config = from_dict(RunConfig, apply_overrides(data, overrides))
+    try:
+        config = from_dict(RunConfig, apply_overrides(data, overrides))
+    except ConfigError as err:
+        raise_all([explain_grid_words(problem, data) for problem in err.errors])
     if stored is not None and not rundir.same_run(config, stored):
         key, old, new = first_difference(what_to_run(stored), what_to_run(config))
         raise UsageError(f"{stored_path} holds another run ({key}: {old!r} there, {new!r} here); "
@@ -97,6 +101,15 @@ def check_not_a_grid_spec(path: Path, data: dict) -> None:
 
     if is_grid_spec(data):
         raise ConfigError(str(path), f"a grid spec, not a run config; run it with: relpos-ablate grid {path}")
+
+
+def explain_grid_words(problem: ConfigError, data: dict) -> ConfigError:
+    """`encoding` (a grid axis) given to train is unknown as a run config key; say what it would set."""
+    if problem.field != "encoding" or not problem.message.startswith("unknown key"):
+        return problem
+    from relpos_ablate.runner.presets import not_a_run_key
+
+    return ConfigError("encoding", not_a_run_key(data.get("encoding")))
 
 
 def first_difference(a: dict, b: dict, prefix: str = "") -> tuple[str, object, object]:

@@ -312,13 +312,34 @@ def set_path(data: dict, dotted: str, value: Any) -> None:
 
 
 def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
-    """Apply `key.path=value` strings (values parsed as YAML: `3`, `true`, `[1, 2]`, `ac`)."""
+    """Apply `key.path=value` strings (values parsed as YAML: `3`, `true`, `[1, 2]`, `ac`); every malformed
+    one is reported, one line each."""
+    errors = []
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError("--set", f"expected KEY=VALUE, got {item!r}")
-        key, raw = item.split("=", 1)
-        set_path(data, key.strip(), load_yaml(raw))
+        try:
+            key, value = _parse_override(item)
+            set_path(data, key, value)
+        except ConfigError as err:
+            errors.append(err)
+    raise_all(errors)
     return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    """(dotted key, value) of one `KEY=VALUE`, or a one-line ConfigError naming what is malformed."""
+    if "=" not in item:
+        raise ConfigError("--set", f"expected KEY=VALUE, got {item!r}")
+    key, raw = (part.strip() for part in item.split("=", 1))
+    if not key or "" in key.split("."):
+        what = "an empty key" if not key else f"an empty part in the key {key!r}"
+        raise ConfigError("--set", f"{item!r} has {what}; expected KEY=VALUE with a dotted field path as KEY, "
+                          "e.g. model.d_model=64")
+    try:
+        return key, load_yaml(raw)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise ConfigError(key, f"{raw!r} is not valid YAML ({problem}); write a list as [a, b], a mapping as "
+                          "{key: value}, and quote a value that is meant as text") from None
 
 
 def read_yaml(path: str | Path) -> dict:
