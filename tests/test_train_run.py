@@ -195,14 +195,45 @@ def test_cli_runs_from_the_run_dir_config_and_exits_by_state(tmp_path, capsys):
     assert err.startswith("error: ") and "seed: 0 there, 5 here" in err and "\n" not in err
 
 
-def test_cli_failed_run_exits_1_with_the_reason(tmp_path, capsys):
-    (tmp_path / "train.txt").write_text("tiny\n")
+def text_run(tmp_path, *overrides):
+    """`train` argv of a char-level run on local files: a train split of 2,000 characters, a valid split of 600."""
+    (tmp_path / "train.txt").write_text("to be or not to be\n" * 105)
+    (tmp_path / "valid.txt").write_text("abcdefghi\n" * 60)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(to_plain(short("data.source=text", f"data.train_file={tmp_path / 'train.txt'}",
-                                                 f"data.cache_dir={tmp_path / 'cache'}"))))
-    assert main(["train", "--config", str(cfg), "--run-dir", str(tmp_path / "run")]) == 1
-    assert "train.batch_size: the train split has" in capsys.readouterr().out
+                                                 f"data.valid_file={tmp_path / 'valid.txt'}",
+                                                 f"data.cache_dir={tmp_path / 'cache'}", *overrides))))
+    return ["train", "--config", str(cfg), "--run-dir", str(tmp_path / "run")]
+
+
+def test_cli_failed_run_exits_1_with_the_reason(tmp_path, capsys, monkeypatch):
+    import relpos_ablate.train.run
+
+    monkeypatch.setattr(relpos_ablate.train.run, "train_run",
+                        lambda config, run_dir: train_run(config, run_dir, callbacks=(At(2, crash),)))
+    assert main(text_run(tmp_path)) == 1
+    assert "failed: RuntimeError: boom" in capsys.readouterr().out
     assert read(tmp_path / "run", "status.json")["state"] == "failed"
+
+
+def test_an_evaluation_the_text_split_cannot_feed_is_bad_input_before_any_training_step(tmp_path, capsys):
+    """600 valid tokens in 8 streams leave 74 targets per stream: segment_len 128 is named before training."""
+    argv = text_run(tmp_path, "eval.settings=[{segment_len: 16}, {segment_len: 128}]", "eval.batch_size=8")
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # besides the progress of datasets reading the files
+    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("error")] == [
+        "error: eval.settings[1].segment_len: 128 does not fit the valid split: its 600 tokens cut into "
+        "eval.batch_size=8 streams leave 74 targets per stream; use segment_len <= 74 (or fewer streams)"]
+    assert not (tmp_path / "run" / "metrics.csv").exists() and not (tmp_path / "run" / "checkpoints").exists()
+    assert read(tmp_path / "run", "status.json")["state"] == "failed"
+    assert main(text_run(tmp_path, "eval.settings=[{segment_len: 16}, {segment_len: 74}]", "eval.batch_size=8")) == 0
+
+
+def test_a_training_split_too_short_is_bad_input_too(tmp_path, capsys):
+    (tmp_path / "short.txt").write_text("tiny\n")
+    argv = text_run(tmp_path, f"data.train_file={tmp_path / 'short.txt'}")
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("error: train.batch_size: the train split has")
 
 
 def test_cli_without_any_config_is_a_usage_error(tmp_path, capsys):

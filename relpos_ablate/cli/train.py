@@ -61,8 +61,19 @@ def run_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(max(1, args.threads // cpu_processes(config.train, torch.cuda.is_available())))
     state = train_run(config, args.run_dir)
     if launched_as_rank_zero():  # the other processes of a multi-process run stay quiet
+        check_config_accepted(args.run_dir, state)
         print_outcome(args.run_dir, state)
     return EXIT_CODES[state]
+
+
+def check_config_accepted(run_dir: Path, state: str) -> None:
+    """A run failed by its config (found once the data is there, before training) is bad input: its
+    problems become the command's one-line errors (exit 2), as those found before the run started."""
+    from relpos_ablate.train.records import CONFIG_ERRORS
+
+    problems = (rundir.read_status(run_dir) or {}).get(CONFIG_ERRORS) if state == "failed" else None
+    if problems:
+        raise_all([ConfigError("", line) for line in problems])
 
 
 def cpu_processes(train, cuda: bool) -> int:

@@ -213,6 +213,15 @@ class RunConfig:
         and of RoPE context extension)."""
         return self.train.segment_len + self.model.mem_len
 
+    def eval_setting_field(self, i: int, name: str = "segment_len") -> str:
+        """The key a problem with field `name` of eval_settings()[i] is reported under: its eval.settings
+        entry, eval.settings itself for the default settings, or the RECL context it comes from."""
+        configured = len(self.eval.settings)
+        if i < configured:
+            return f"eval.settings[{i}].{name}"
+        defaults = 0 if configured else len(self.eval_settings()) - len(self.eval.recl_contexts)
+        return "eval.settings" if i < defaults else f"eval.recl_contexts[{i - configured - defaults}]"
+
     def eval_settings(self) -> tuple[EvalSetting, ...]:
         """The configured settings (or the documented default: 1x, 2x, 4x the training length), then the
         RECL ladder's. Example tasks: one per bin of data.test_lengths, as long as its longest example."""

@@ -39,7 +39,9 @@ from relpos_ablate.train.data.protocols import unigram_loss
 from relpos_ablate.train.example_eval import evaluate_examples
 from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
 from relpos_ablate.train.module import LitLM, NonFiniteLoss, main_metric, rope_scale
-from relpos_ablate.train.records import AtomicCheckpointIO, MetricsCSV, RunRecorder, RunStatus, close_log, open_log
+from relpos_ablate.train.records import (
+    CONFIG_ERRORS, AtomicCheckpointIO, MetricsCSV, RunRecorder, RunStatus, close_log, open_log,
+)
 
 log = logging.getLogger("relpos_ablate.train")
 # Lightning advertises a hosted logger on every run; keep run logs to what concerns the run.
@@ -102,7 +104,8 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
         reason = str(err) if isinstance(err, (NonFiniteLoss, ConfigError)) else f"{type(err).__name__}: {err}"
         reason = " ".join(reason.split())
         log.error("failed: %s\n%s", reason, traceback.format_exc())
-        status.finish("failed", reason=reason, traceback=traceback.format_exc())
+        bad_input = {CONFIG_ERRORS: [str(e) for e in err.errors]} if isinstance(err, ConfigError) else {}
+        status.finish("failed", reason=reason, traceback=traceback.format_exc(), **bad_input)
         return "failed"
     finally:
         close_log(handler)
@@ -127,6 +130,7 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
     """The run itself; `status` is None on ranks > 0, which write no records."""
     datamodule = build_datamodule(config)
     datamodule.prepare_data()
+    datamodule.check_evaluation()
     config = resolve_log_n_length(resolve_vocab(config, datamodule.vocab_size))
     if status is not None:
         atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(config))
