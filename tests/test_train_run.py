@@ -216,6 +216,24 @@ def test_cli_failed_run_exits_1_with_the_reason(tmp_path, capsys, monkeypatch):
     assert read(tmp_path / "run", "status.json")["state"] == "failed"
 
 
+def test_cli_ctrl_c_says_the_run_is_interrupted_and_how_to_resume(tmp_path, capsys, monkeypatch):
+    def ctrl_c(trainer, module):
+        raise KeyboardInterrupt
+
+    import relpos_ablate.train.run
+
+    monkeypatch.setattr(relpos_ablate.train.run, "train_run",
+                        lambda config, run_dir: train_run(config, run_dir, callbacks=(At(2, ctrl_c),)))
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores further Ctrl-C while it shuts down
+    try:
+        assert main(text_run(tmp_path)) == 1
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert "interrupted: interrupted by the user; rerun the same command to resume" in capsys.readouterr().out
+    monkeypatch.undo()
+    assert main(text_run(tmp_path)) == 0 and read(tmp_path / "run", "status.json")["state"] == "done"
+
+
 def test_an_evaluation_the_text_split_cannot_feed_is_bad_input_before_any_training_step(tmp_path, capsys):
     """600 valid tokens in 8 streams leave 74 targets per stream: segment_len 128 is named before training."""
     argv = text_run(tmp_path, "eval.settings=[{segment_len: 16}, {segment_len: 128}]", "eval.batch_size=8")

@@ -96,8 +96,9 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
         return "done"
     except (KeyboardInterrupt, SystemExit, LostProcess) as err:  # Lightning turns Ctrl-C into SystemExit(1)
         reason = str(err) if isinstance(err, LostProcess) else (
-            "stopped by SIGTERM" if isinstance(err, SIGTERMException) else "interrupted by the user")
-        log.warning("%s at step %s; rerun to resume", reason, status.fields.get("step"))
+            "stopped by SIGTERM" if isinstance(err, SIGTERMException) else "interrupted by the user"
+        ) + "; rerun the same command to resume"
+        log.warning("%s (at step %s)", reason, status.fields.get("step"))
         status.finish("interrupted", reason=reason)
         return "interrupted"
     except Exception as err:  # the run failed: record why, for the runner and the collector
