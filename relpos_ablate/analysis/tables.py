@@ -22,7 +22,7 @@ import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,9 @@ import yaml
 from scipy import stats
 
 from relpos_ablate.analysis.collect import SETTING_FIELDS
-from relpos_ablate.analysis.settings import evaluation_note, table_settings
+from relpos_ablate.analysis.settings import (
+    column_label, evaluation_note, label, normalized, short_name, table_settings,
+)
 from relpos_ablate.analysis.render import FORMATS, STAR_LEGEND, Cell, Table
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice, load_yaml
@@ -41,11 +43,6 @@ HIGHER_IS_BETTER = ("acc", "accuracy", "exact_match")
 DECIMALS = {"ppl": 2, "acc": 3, "loss": 3, "bpc": 3}
 ALIASES = {"eval_len": "segment_len", "eval_length": "segment_len"}
 """Short names accepted for --rows/--cols (besides any unique last component of a dotted field)."""
-SETTING_LABELS = {"segment_len": "eval len", "mem_len": "mem", "clamp_len": "clamp", "same_length": "same len",
-                  "attn_len": "attn len", "protocol": "", "max_targets": "targets"}
-OPTIONAL_SETTINGS = ("stride", "rope_scaling")
-"""Setting columns left out of a label where unset (stride belongs to sliding settings only; rope_scaling
-to RoPE context extension)."""
 MIN_WELCH_SEEDS = 3
 """Welch's t-test is run (and starred) only where both cells have at least this many seeds."""
 
@@ -83,28 +80,9 @@ def metric_direction(metric: str) -> str:
     return "max" if metric.lower().startswith(HIGHER_IS_BETTER) else "min"
 
 
-def normalized(value: Any) -> Any:
-    """A hashable group key: NaN and None are the same missing value."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return value.item() if isinstance(value, np.generic) else value
-
-
 def row_key(record: pd.Series, keys: list[str]) -> tuple:
     """The group key of one collected row for `keys` (missing values as None)."""
     return tuple(normalized(record.get(k)) for k in keys)
-
-
-def label(value: Any) -> str:
-    """A key value as shown in a table: YAML spelling for booleans and missing values."""
-    value = normalized(value)
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
 
 
 # ---------------------------------------------------------------- options from the spec and the data
@@ -344,18 +322,6 @@ def grid_table(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] 
         decimals=DECIMALS.get(metric, 3),
         show_n=len({c.n for c in cells}) > 1,
     )
-
-
-def short_name(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
-
-
-def column_label(cols: list[str], key: tuple, metric: str) -> str:
-    if not cols:
-        return metric
-    parts = [(SETTING_LABELS.get(name, short_name(name)), v) for name, v in zip(cols, key)
-             if not (name in OPTIONAL_SETTINGS and v is None)]
-    return ", ".join(f"{name} {label(v)}".strip() for name, v in parts)
 
 
 def seed_caption(metric: str, cells: list[Cell], baseline: str | None) -> str:
