@@ -254,6 +254,21 @@ def test_a_training_split_too_short_is_bad_input_too(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines()[-1].startswith("error: train.batch_size: the train split has")
 
 
+def test_cli_summary_labels_settings_as_tables_do(tmp_path, capsys):
+    """A sliding and an xl setting of the same length are told apart, by the labels `table` uses."""
+    from fixtures.report_runs import make_run
+    from relpos_ablate.cli.train import print_outcome
+
+    run_dir = make_run(tmp_path, ["model.mem_len=64"], results=[
+        ({"segment_len": 64, "protocol": "sliding", "stride": 32, "mem_len": 0}, {"ppl": 3.0}),
+        ({"segment_len": 64, "protocol": "xl"}, {"ppl": 4.0})])
+    (run_dir / "eval.json").write_text(json.dumps({**read(run_dir, "eval.json"), "step": 300}))
+    print_outcome(run_dir, "done")
+    lines = capsys.readouterr().out.splitlines()
+    assert any("sliding, eval len 64, stride 32, mem 0" in line and "3" in line for line in lines), lines
+    assert any("xl, eval len 64, mem 64" in line and "4" in line for line in lines), lines
+
+
 def test_cli_without_any_config_is_a_usage_error(tmp_path, capsys):
     assert main(["train", "--run-dir", str(tmp_path)]) == 2
     assert "--config: not given" in capsys.readouterr().err

@@ -6,12 +6,10 @@ sentence on how each protocol counts the attention length and how many tokens we
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:  # the labels serve `train`'s summary too, which need not load pandas
-    import pandas as pd
+import pandas as pd
 
 ATTN_LEN = {
     "non_overlapping": "segment_len + mem_len, the most keys a query sees (at a segment's end)",
@@ -55,6 +53,20 @@ def column_label(cols: list[str], key: tuple, metric: str) -> str:
     parts = [(SETTING_LABELS.get(name, short_name(name)), v) for name, v in zip(cols, key)
              if not (name in OPTIONAL_SETTINGS and v is None)]
     return ", ".join(f"{name} {label(v)}".strip() for name, v in parts)
+
+
+SUMMARY_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "max_targets", "rope_scaling",
+                  "rope_scale", "length_min", "length_max", "depth")
+"""Fields of an eval.json setting record that can tell one evaluation of a run from another."""
+
+
+def setting_labels(records: list[dict]) -> list[str]:
+    """A label per eval.json setting record of one run, as table columns name settings: the protocol and
+    length always (a stride, a RoPE extension where set), any other field where the records differ."""
+    always = ("protocol", "segment_len", *OPTIONAL_SETTINGS)
+    shown = [name for name in SUMMARY_FIELDS if any(name in r for r in records)
+             and (name in always or len({normalized(r.get(name)) for r in records}) > 1)]
+    return [column_label(shown, tuple(r.get(name) for name in shown), "") for r in records]
 
 
 def table_settings(df: pd.DataFrame) -> pd.DataFrame:

@@ -141,6 +141,8 @@ def print_outcome(run_dir: Path, state: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from relpos_ablate.analysis.settings import setting_labels
+
     status = rundir.read_status(run_dir) or {}
     if state != "done":
         print(f"{run_dir}: {state}: {status.get('reason', '')}")
@@ -149,9 +151,10 @@ def print_outcome(run_dir: Path, state: str) -> None:
     names = sorted({name for s in results["settings"] for name in s["metrics"]} - {"tokens"})
     table = Table(title=f"{run_dir}  (step {results['step']}, main metric {results['main_metric']}, "
                         f"{status.get('wall_time_s', 0):.1f} s)")
-    for column in ("segment_len", "mem_len", "attn_len", *names):
+    table.add_column("setting")
+    for column in ("attn len", *names):
         table.add_column(column, justify="right")
-    for s in results["settings"]:
+    for s, setting in zip(results["settings"], setting_labels(results["settings"])):
         values = [f"{s['metrics'][n]:.4g}" if n in s["metrics"] else s.get("error", "-")[:40] for n in names]
-        table.add_row(str(s["segment_len"]), str(s["mem_len"]), str(s["attn_len"]), *values)
+        table.add_row(setting, str(s["attn_len"]), *values)
     Console().print(table)
