@@ -77,6 +77,17 @@ def test_extrapolation_lines_are_seed_means_with_std_bands(tmp_path):
     assert "ppl" in ax.get_ylabel() and "evaluation length" in ax.get_xlabel()
 
 
+def test_a_run_trained_by_train_alone_is_named_by_its_dir_not_its_folder(tmp_path):
+    run = make_run(tmp_path, ["train.segment_len=32"], results=[({"segment_len": 32}, {"ppl": 3.0}),
+                                                                  ({"segment_len": 64}, {"ppl": 4.0})])
+    (run / "run.json").unlink()
+    (tmp_path / "runs").mkdir()
+    run = run.rename(tmp_path / "runs" / "mine")
+    ax = plots.extrapolation_figure(collect(tmp_path / "runs")).axes[0]
+    assert "mine" in [line.get_label() for line in ax.get_lines()] and ax.get_title().startswith("mine: ppl")
+    assert plots.variant_label(collect(run).iloc[0], []) == "mine"
+
+
 def test_save_extrapolation_writes_png_and_pdf(tmp_path):
     make_grid(tmp_path / "res", PPL, lengths=(32, 64))
     written, notes = plots.save_extrapolation(collect(tmp_path / "res"), tmp_path / "figs")

@@ -21,6 +21,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import ScalarFormatter
 
 from relpos_ablate.analysis import figures
+from relpos_ablate.analysis.collect import run_name, run_names
 from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
     TableOptions, axis_orders, column_label, default_cols, default_rows, finished, label, metric_direction,
@@ -129,8 +130,7 @@ def _format_extrapolation_axes(ax, data: pd.DataFrame, metric: str, x: str, valu
     ax.set_xlabel(X_LABELS.get(x, x))
     ax.set_ylabel(f"{metric} ({better} is better)")
     ax.grid(alpha=0.3)
-    experiments = sorted(data["experiment"].astype(str).unique())
-    ax.set_title(f"{', '.join(experiments)}: {metric} vs {X_LABELS.get(x, x).split(' (')[0]}")
+    ax.set_title(f"{run_names(data)}: {metric} vs {X_LABELS.get(x, x).split(' (')[0]}")
 
 
 def save_extrapolation(df, out: Path, metric: str | None = None, x: str = "segment_len",
@@ -168,7 +168,7 @@ def finished_runs(df: pd.DataFrame) -> pd.DataFrame:
 def variant_label(run: pd.Series, keys: list[str]) -> str:
     """`encoding=xl, mem_len=64`: the fields that tell the runs apart (seed excluded)."""
     parts = [f"{k.rsplit('.', 1)[-1]}={label(run[k])}" for k in keys if k in run.index and k != "experiment"]
-    return ", ".join(parts) or str(run.get("experiment", ""))
+    return ", ".join(parts) or run_name(run)
 
 
 def run_title(run: pd.Series, keys: list[str]) -> str:

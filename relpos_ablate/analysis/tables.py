@@ -29,6 +29,7 @@ import pandas as pd
 import yaml
 from scipy import stats
 
+from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import SETTING_FIELDS
 from relpos_ablate.analysis.settings import (
     column_label, evaluation_note, label, normalized, short_name, table_settings,
@@ -184,14 +185,36 @@ def varies(frame: pd.DataFrame, column: str) -> bool:
 
 
 def default_rows(df: pd.DataFrame) -> list[str]:
-    """What varies between runs, seed excluded: the variant axes, else the flattened config fields."""
+    """What varies between runs, seed excluded: the variant axes, else the flattened config fields (of the
+    runs whose config.yaml could be read); the experiment first when there are several. When nothing
+    varies: the experiment, or the run (its dir name) for a run trained by `train` alone (no experiment).
+    Pass every run, not only the finished ones: a run without results must not take a label away."""
     runs = run_level(df)
     axes = [a for a in df.attrs.get("variant_axes", []) if a in df and a != "seed"]
     config = [c for c in df.columns if isinstance(c, str) and "." in c and not c.startswith("eval.")]
-    keys = [c for c in axes if varies(runs, c)] or [c for c in config if varies(runs, c)]
-    if "experiment" in runs and varies(runs, "experiment"):
+    configured = runs[runs[config].notna().any(axis=1)] if config else runs
+    keys = [c for c in axes if varies(runs, c)] or [c for c in config if varies(configured, c)]
+    named = runs.dropna(subset=["experiment"]) if "experiment" in runs else runs
+    if "experiment" in named and varies(named, "experiment"):
         keys.insert(0, "experiment")
-    return keys or ["experiment"]
+    return keys or (["experiment"] if len(named) == len(runs) else ["run_id"])
+
+
+def left_out_runs(df: pd.DataFrame, metric: str, rows: Iterable[str]) -> list[str]:
+    """One line per run without a value of `metric` (so left out of a table): its id, its row label and why."""
+    scored = df.assign(_scored=np.isfinite(pd.to_numeric(df[metric], errors="coerce"))).groupby("run_dir")["_scored"]
+    lines = []
+    for _, run in run_level(df[~df["run_dir"].map(scored.any())]).iterrows():
+        status, reason = run.get("status"), normalized(run.get("reason"))
+        if status == "done" or status == "unknown":
+            why = (f"{rundir.STATUS} missing or unreadable; " if status == "unknown" else "") + (
+                f"{rundir.EVAL} missing or unreadable" if rundir.read_eval(run["run_dir"]) is None
+                else f"no {metric} in its {rundir.EVAL}")
+        else:
+            why = f"{status}" + (f": {reason}" if reason else "")
+        variant = ", ".join(f"{short_name(k)}={label(run.get(k))}" for k in rows if k != "run_id")
+        lines.append(f"left out run {run['run_id']}" + (f" ({variant})" if variant else "") + f": {why}")
+    return lines
 
 
 def default_cols(df: pd.DataFrame, rows: list[str]) -> list[str]:
@@ -209,7 +232,7 @@ def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> Tabl
     opts = options.merged(spec_options(spec))
     metric = check_metric(df, opts.metric or default_metric(df))
     data = finished(df, metric)
-    rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(data)
+    rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(df)
     cols = [resolve_column(df, c, "cols") for c in opts.cols] if opts.cols is not None else default_cols(data, rows)
     overlap = set(rows) & set(cols)
     if overlap:
