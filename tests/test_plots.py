@@ -307,6 +307,20 @@ def test_cli_plot(tmp_path, capsys, monkeypatch):
     assert "no finished runs with metrics (1 running)" in capsys.readouterr().err
 
 
+def test_plot_names_a_module_the_runs_import_that_cannot_be_imported_here(tmp_path, capsys):
+    runs = make_grid(tmp_path, PPL)
+    for run in runs:
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        (run / "config.yaml").write_text(yaml.safe_dump({**config, "imports": ["my_missing_schemes"]}))
+    ids = ", ".join(sorted(run.name for run in runs))
+    for target, which in ((tmp_path, f"runs {ids}"), (runs[0], f"run {runs[0].name}")):
+        assert main(["plot", str(target), "--kind", "bias"]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            "error: imports: cannot import 'my_missing_schemes' (ModuleNotFoundError: No module named "
+            f"'my_missing_schemes'), listed under imports: by {which}; run plot from the folder that holds "
+            "my_missing_schemes (where the runs were trained), or add that folder to PYTHONPATH"]
+
+
 def test_trained_runs_through_load_run_and_a_corrupt_checkpoint(tmp_path):
     from relpos_ablate.train.data import sample_inputs
     from relpos_ablate.train.run import load_run

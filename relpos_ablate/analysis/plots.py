@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import math
-import pickle
 import re
 import textwrap
 from pathlib import Path
@@ -22,6 +21,7 @@ from matplotlib.ticker import ScalarFormatter
 
 from relpos_ablate.analysis import figures
 from relpos_ablate.analysis.collect import run_name, run_names
+from relpos_ablate.analysis.trained import check_imports, load_drawable
 from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
     TableOptions, axis_orders, column_label, default_cols, default_rows, finished, label, metric_direction,
@@ -32,9 +32,6 @@ from relpos_ablate.io import atomic_write_bytes
 
 FIGURE_FORMATS = ("png", "pdf", "svg")
 MODEL_KINDS = ("bias", "attention", "terms")
-UNLOADABLE = (ConfigError, OSError, ValueError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError)
-"""What loading a trained run can raise (no or a corrupt checkpoint, a config the code rejects): that
-run is skipped in a grid, and a one-line error for a single run."""
 LINE_STYLES = ("-", "--", ":", "-.", (0, (6, 2, 1, 2, 1, 2)), (0, (1, 4)))
 X_LABELS = {"segment_len": "evaluation length (tokens per segment)", "attn_len": "attention length (keys per query)"}
 LENGTH_FIELDS = {"segment_len": ("segment_len", "attn_len", "rope_scale"),
@@ -327,21 +324,6 @@ def _layer_name(layer: int) -> str:
     return "the last layer" if layer == -1 else f"layer {layer}"
 
 
-def _load_drawable(run_dir: Path, kind: str, loader: Callable):
-    """(config, model) of a run that can be drawn as `kind`, else a one-line ConfigError naming the run."""
-    try:
-        config, model = loader(run_dir)
-    except UNLOADABLE as err:
-        first_sentence = str(err).split(". ")[0]
-        raise ConfigError(str(run_dir), f"cannot load the trained model: {first_sentence}") from None
-    if kind == "bias":
-        try:
-            figures.check_has_bias(model, "this run")
-        except ConfigError as err:
-            raise ConfigError(str(run_dir), err.message) from None
-    return config, model
-
-
 def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
                        formats: tuple[str, ...] = ("png", "pdf"), loader: Callable | None = None,
                        sampler: Callable | None = None) -> tuple[list[Path], list[str]]:
@@ -357,6 +339,7 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
         raise ConfigError("kind", f"{kind!r} is not allowed; choose one of {', '.join(MODEL_KINDS)}")
     loader, sampler = loader or load_trained, sampler or sample_tokens
     runs = finished_runs(df)
+    check_imports(runs)
     single = len(runs) == 1
     keys = default_rows(runs)
     order = [*keys, "seed"]
@@ -365,7 +348,7 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
     written, notes, drawn, left_out = [], [], [], []
     for run in ordered:
         try:
-            config, model = _load_drawable(Path(run["run_dir"]), kind, loader)
+            config, model = load_drawable(Path(run["run_dir"]), kind, loader)
         except ConfigError as err:
             if single:
                 raise
