@@ -14,6 +14,7 @@ import csv
 import json
 import os
 import signal
+import time
 
 import lightning as L
 import pytest
@@ -210,7 +211,7 @@ def test_cli_failed_run_exits_1_with_the_reason(tmp_path, capsys, monkeypatch):
     import relpos_ablate.train.run
 
     monkeypatch.setattr(relpos_ablate.train.run, "train_run",
-                        lambda config, run_dir: train_run(config, run_dir, callbacks=(At(2, crash),)))
+                        lambda config, run_dir, **kw: train_run(config, run_dir, callbacks=(At(2, crash),), **kw))
     assert main(text_run(tmp_path)) == 1
     assert "failed: RuntimeError: boom" in capsys.readouterr().out
     assert read(tmp_path / "run", "status.json")["state"] == "failed"
@@ -223,7 +224,7 @@ def test_cli_ctrl_c_says_the_run_is_interrupted_and_how_to_resume(tmp_path, caps
     import relpos_ablate.train.run
 
     monkeypatch.setattr(relpos_ablate.train.run, "train_run",
-                        lambda config, run_dir: train_run(config, run_dir, callbacks=(At(2, ctrl_c),)))
+                        lambda config, run_dir, **kw: train_run(config, run_dir, callbacks=(At(2, ctrl_c),), **kw))
     handler = signal.getsignal(signal.SIGINT)  # Lightning ignores further Ctrl-C while it shuts down
     try:
         assert main(text_run(tmp_path)) == 1
@@ -247,11 +248,25 @@ def test_an_evaluation_the_text_split_cannot_feed_is_bad_input_before_any_traini
     assert main(text_run(tmp_path, "eval.settings=[{segment_len: 16}, {segment_len: 74}]", "eval.batch_size=8")) == 0
 
 
-def test_a_training_split_too_short_is_bad_input_too(tmp_path, capsys):
+def test_a_training_split_too_short_is_bad_input_too_and_the_wall_time_counts_the_start_up(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """status.json's wall time (status's elapsed) runs from the command's start, its start-up included
+    (here a slow config read stands for importing torch and reading the data)."""
+    import relpos_ablate.cli.train as cli_train
+
+    def slow(*args):
+        time.sleep(0.5)
+        return resolve(*args)
+
+    resolve = cli_train.resolve_config
+    monkeypatch.setattr(cli_train, "resolve_config", slow)
     (tmp_path / "short.txt").write_text("tiny\n")
     argv = text_run(tmp_path, f"data.train_file={tmp_path / 'short.txt'}")
+    began = time.monotonic()
     assert main(argv) == 2
+    took = time.monotonic() - began
     assert capsys.readouterr().err.splitlines()[-1].startswith("error: train.batch_size: the train split has")
+    assert took - 0.25 < read(tmp_path / "run", "status.json")["wall_time_s"] <= took
 
 
 def test_cli_summary_labels_settings_as_tables_do(tmp_path, capsys):

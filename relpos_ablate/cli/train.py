@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+import time
 from pathlib import Path
 
 from relpos_ablate import rundir
@@ -42,6 +43,7 @@ def config_help() -> str:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    started = time.monotonic()  # before torch loads: the run's wall time counts the command's start-up
     from relpos_ablate.cli import UsageError, check_dir_arg
 
     if args.threads is not None and args.threads < 1:
@@ -59,7 +61,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(max(1, args.threads // cpu_processes(config.train, torch.cuda.is_available())))
-    state = train_run(config, args.run_dir)
+    state = train_run(config, args.run_dir, started=started)
     if launched_as_rank_zero():  # the other processes of a multi-process run stay quiet
         check_config_accepted(args.run_dir, state)
         print_outcome(args.run_dir, state)

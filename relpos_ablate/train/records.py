@@ -52,15 +52,16 @@ class RunStatus:
         self.fields.update(fields)
         atomic_write_json(self.path, self.fields)
 
-    def start(self, device: str, max_steps: int) -> None:
+    def start(self, device: str, max_steps: int, since: float | None = None) -> None:
+        """`since`: time.monotonic() when the attempt began, if before now (the command's start-up counts)."""
         for key in STALE_FIELDS:
             self.fields.pop(key, None)
-        self._t0 = time.monotonic()
+        self._t0 = time.monotonic() if since is None else since
         self.update(state="running", pid=os.getpid(), host=socket.gethostname(), device=device,
-                    started_at=now_iso(), max_steps=max_steps)
+                    started_at=now_iso(time.monotonic() - self._t0), max_steps=max_steps)
 
     def finish(self, state: str, **fields: Any) -> None:
-        """done | failed | interrupted, with the end time and this attempt's wall time."""
+        """done | failed | interrupted, with the end time and this attempt's wall time (from `since`)."""
         self.update(state=state, finished_at=now_iso(), wall_time_s=round(time.monotonic() - self._t0, 3), **fields)
 
 

@@ -71,13 +71,15 @@ def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:
     return None
 
 
-def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callback, ...] = ()) -> str:
+def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callback, ...] = (),
+              started: float | None = None) -> str:
     """Train, evaluate and record one run; returns its final state: done | failed | interrupted.
 
     A done run is left alone. Anything else resumes from checkpoints/last.ckpt when it exists.
     `callbacks` are extra Lightning callbacks (tests use one to interrupt a run). With several
     processes every one of them calls this; only rank 0 writes the run's records, the others let
-    their errors end their process (Lightning then stops the whole run).
+    their errors end their process (Lightning then stops the whole run). `started`: time.monotonic() when
+    the command began, so the attempt's wall time counts its start-up (imports, data) too; default now.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +90,7 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
         return "done"
     handler = open_log(run_dir)
     status = RunStatus(run_dir)
-    status.start(device=describe_device(config.train), max_steps=config.train.max_steps)
+    status.start(device=describe_device(config.train), max_steps=config.train.max_steps, since=started)
     try:
         with wandb_run_ends_with_the_attempt(config):
             _train_and_evaluate(config, run_dir, status, callbacks)
