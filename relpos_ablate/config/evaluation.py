@@ -22,7 +22,8 @@ class EvalSetting:
     sliding: windows of segment_len moved by `stride`, each scoring only its last `stride` targets (the
     first window all of its own), no memory (ALiBi's evaluation) | xl: consecutive segments with memory
     carried and same_length, every query seeing the mem_len most recent keys (Transformer-XL's evaluation).
-    Every protocol scores the same targets of the split."""
+    Every protocol goes over the same targets of the split (offset_copy and recall count those determined
+    inside the segment or window, so their counts depend on the protocol and length)."""
     stride: int | None = None
     """sliding: targets scored per window, 1..segment_len (each then has segment_len - stride + 1 to
     segment_len tokens of context; stride = segment_len is non_overlapping without memory)."""
