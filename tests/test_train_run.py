@@ -11,6 +11,7 @@ Run: pytest tests/test_train_run.py
 """
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import torch
 import yaml
 
 from relpos_ablate.cli import main
-from relpos_ablate.config import RunConfig, describe, from_dict, to_plain
+from relpos_ablate.config import EvalSetting, RunConfig, describe, from_dict, to_plain
 from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.run import train_run
 from test_train_module import tiny
@@ -295,3 +296,5 @@ def test_help_lists_every_config_field_with_its_default(capsys):
     text = capsys.readouterr().out
     for path, default, _doc in describe(RunConfig):
         assert f"{path} = {default}" in text
+    for field in dataclasses.fields(EvalSetting):  # every field of an evaluation setting, none left out
+        assert f"eval.settings[i].{field.name} = " in text, field.name

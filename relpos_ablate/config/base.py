@@ -134,19 +134,27 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(key path, default, doc) for every leaf field of a (nested) config class."""
+    """(key path, default, doc) for every leaf field of a (nested) config class; a list of configs
+    (eval.settings) is followed by the fields of one item (`eval.settings[i].segment_len`), read from
+    its class, so the help cannot leave one out."""
     rows = []
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     choices = getattr(cls, "field_choices", lambda name: None)  # lists that live in a registry, not the source
     for f in dataclasses.fields(cls):
-        path = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(hints[f.name]):
-            rows.extend(describe(hints[f.name], path + "."))
+        path, tp = f"{prefix}{f.name}", hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, path + "."))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            default = repr(to_plain(f.default if f.default is not dataclasses.MISSING else f.default_factory()))
+        else:
+            default = "(required)"
         doc, allowed = docs.get(f.name, ""), choices(f.name)
-        rows.append((path, repr(to_plain(default)), f"{doc} Allowed: {' | '.join(allowed)}." if allowed else doc))
+        rows.append((path, default, f"{doc} Allowed: {' | '.join(allowed)}." if allowed else doc))
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
+        if dataclasses.is_dataclass(item):
+            rows.extend(describe(item, f"{path}[i]."))
     return rows
 
 

@@ -108,9 +108,9 @@ class EvalConfig:
     """Evaluation at many lengths (extrapolation), protocols, and RECL's context ladder."""
 
     settings: tuple[EvalSetting, ...] = ()
-    """Evaluation settings, each {segment_len, protocol: non_overlapping | sliding | xl, stride (sliding),
-    mem_len, clamp_len, max_targets, token_losses} (docs/formulas.md#evaluation-protocols); empty means
-    1x, 2x and 4x the training segment length, non_overlapping, with the training mem_len."""
+    """Evaluation settings, a list of mappings with the fields eval.settings[i].*
+    (docs/formulas.md#evaluation-protocols); empty means 1x, 2x and 4x the training segment length,
+    non_overlapping, with the training mem_len."""
     split: str = "valid"
     """Which split to evaluate: valid | test."""
     batch_size: int = 8
