@@ -174,8 +174,8 @@ def collect_run(run_dir: Path, problems: list[str]) -> list[dict]:
 def collect(results_dir: str | Path) -> pd.DataFrame:
     """One row per (run, evaluation setting) for every run dir at or below `results_dir`.
 
-    Columns: run_id, experiment (None for a run trained by `train` alone, without run.json), status, reason, seed, wall_time_s, step, max_steps, the variant axes
-    from run.json, the evaluation setting (protocol, segment_len, stride, mem_len, clamp_len,
+    Columns: run_id, experiment (None for a run trained by `train` alone, without run.json), status,
+    reason, seed, wall_time_s, step, max_steps, the variant axes from run.json, the evaluation setting (protocol, segment_len, stride, mem_len, clamp_len,
     same_length, attn_len, max_targets, rope_scaling, rope_scale), the metrics (ppl, acc, loss, bpc,
     tokens, ... as eval.json has them), main_metric, eval_setting (the setting's index in eval.json),
     token_losses (its array in token_losses.npz, if saved), reference and reference_<metric> (the

@@ -38,9 +38,9 @@ def check_imports(runs: pd.DataFrame) -> None:
     if not failed or len({rid for module in failed for rid in needs[module]}) < len(runs):
         return
     raise_all([ConfigError("imports", f"cannot import {module!r} ({why}), listed under imports: by run"
-                           f"{'s' if len(needs[module]) > 1 else ''} {', '.join(needs[module])}; run plot from the folder "
-                           f"that holds {module.split('.')[0]} (where the runs were trained), or add that folder to "
-                           "PYTHONPATH") for module, why in failed.items()])
+                           f"{'s' if len(needs[module]) > 1 else ''} {', '.join(needs[module])}; run plot from the "
+                           f"folder that holds {module.split('.')[0]} (where the runs were trained), or add that "
+                           "folder to PYTHONPATH") for module, why in failed.items()])
 
 
 def _imports(run: pd.Series) -> list[str]:

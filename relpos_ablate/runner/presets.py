@@ -61,7 +61,8 @@ def not_a_run_key(value: Any) -> str:
                          for name, v in table[value].items())
         what = f"`encoding: {value}` sets {sets}; with train use those --set keys"
     else:
-        what = f"`encoding:` picks one of {', '.join(table)}, each a set of model.attention fields; with train set those fields"
+        what = (f"`encoding:` picks one of {', '.join(table)}, each a set of model.attention fields; with train "
+                "set those fields")
     return f"a grid spec word, not a run config key: in a grid spec {what}"
 
 
