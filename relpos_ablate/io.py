@@ -12,9 +12,10 @@ from typing import Any
 import yaml
 
 
-def now_iso() -> str:
-    """The current UTC time as ISO 8601 to the second: the timestamps in status.json."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+def now_iso(ago_s: float = 0.0) -> str:
+    """The current UTC time (or `ago_s` seconds before it) as ISO 8601 to the second: the timestamps in status.json."""
+    stamp = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=ago_s)
+    return stamp.isoformat(timespec="seconds")
 
 
 def _umask() -> int:

@@ -164,6 +164,32 @@ def test_score_terms_sum_to_the_scores():
     torch.testing.assert_close(probs, ref_probs, rtol=1e-6, atol=1e-9)
 
 
+SCALED_CASES = [dict(terms="abcd", bias="t5", bias_scaled=True, score_scale="log_n", log_n_length=8),
+                dict(terms="ab", score_scale="none", learned_temperature=True),
+                dict(terms="a", forget_gate=True, cope_positions=3)]
+
+
+@pytest.mark.parametrize("fields", SCALED_CASES, ids=["log_n-t5-scaled", "unscaled-temperature", "fox-cope"])
+def test_score_term_maps_are_the_softmax_input_as_they_enter_it(fields):
+    """The README's promise: the maps already carry every scale (1/sqrt(d_head), log-n, temperature), so
+    their sum with the mask, softmaxed, is the attention's own probabilities."""
+    attn = make(seed=3, **fields)
+    x, mems = inputs(10, MEM)
+    maps = attn.score_terms(x, mems)
+    total = sum(value for name, value in maps.items() if name != "visible")
+    _, probs = attn(x, mems, need_weights=True)
+    torch.testing.assert_close(total.masked_fill(~maps["visible"], float("-inf")).softmax(-1), probs,
+                               rtol=1e-6, atol=1e-9)
+
+
+def test_score_term_maps_include_the_one_over_sqrt_d_head_scale():
+    scaled, plain = make(seed=4, terms="abcd"), make(seed=4, terms="abcd", score_scale="none")
+    x, mems = inputs(11, MEM)
+    for name, value in plain.score_terms(x, mems).items():
+        if name != "visible":
+            torch.testing.assert_close(scaled.score_terms(x, mems)[name] * D_HEAD**0.5, value)
+
+
 GRAD_CASES = [(terms, bias) for bias in BIAS_TYPES for terms in ("a", "abcd", "bd", "c")]
 
 

@@ -87,6 +87,11 @@ BAD_INPUTS = [
     (sets("foo=1"), "foo: unknown key; allowed: model, data, train, eval, seed"),
     (sets("model=3"), "model: expected a mapping of fields, got 3"),
     (sets("nokey"), "--set: expected KEY=VALUE, got 'nokey'"),
+    (sets("=3"), "--set: '=3' has an empty key"),
+    (sets("train.loggers=[csv,", "eval.settings=[{segment_len: 32"),
+     ("train.loggers: '[csv,' is not valid YAML", "eval.settings: '[{segment_len: 32' is not valid YAML")),
+    (sets("encoding=alibi"), "encoding: a grid spec word, not a run config key: in a grid spec `encoding: alibi` sets "
+     "model.attention.terms=a, model.attention.absolute=none, model.attention.bias=alibi; with train use those"),
     (sets("data.offset=100"), "data.offset: 100 leaves no target inside a segment; use < train.segment_len (16)"),
     (sets("data.source=text"), "data.corpus: source='text' needs a corpus name or a train_file"),
     (sets("data.source=text", "data.corpus=text8", "data.train_file=x.txt"), "corpus: set either a corpus name or a train_file"),

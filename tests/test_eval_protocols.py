@@ -8,6 +8,7 @@ Run: .venv/bin/python -m pytest tests/test_eval_protocols.py -q
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from relpos_ablate.config import ConfigError, EvalSetting, load_run_config
+from relpos_ablate.config.data import STREAM_TASKS
 from relpos_ablate.train.data import SegmentStreams, build_datamodule
 from relpos_ablate.train.data.protocols import (
     EvalLayout, SegmentBatches, WindowBatches, log_bins, protocol_batches, unigram_loss, window_ends,
@@ -97,6 +99,26 @@ def test_every_protocol_and_length_scores_every_target_exactly_once(protocol, le
     setting = EvalSetting(segment_len=length, protocol=protocol, stride=stride, mem_len=4 if protocol == "xl" else None)
     indices = torch.cat([batch[3][batch[2]] for batch in protocol_batches(grid, setting, sliding_batch_tokens=20)])
     assert sorted(indices.tolist()) == list(range(3 * 23))
+
+
+def test_token_counts_match_across_settings_exactly_for_the_tasks_the_readme_says():
+    """Counts differ for the tasks with a per-segment rule (what determines a target must lie in its
+    segment or window), and only for them; the README's Evaluation section names them."""
+    settings = [EvalSetting(segment_len=16), EvalSetting(segment_len=32),
+                EvalSetting(segment_len=32, protocol="sliding", stride=8)]
+    matching, differing = set(), set()
+    for task in STREAM_TASKS:
+        datamodule = build_datamodule(load_run_config(None, [f"data.task={task}", "data.eval_tokens=256",
+                                                             "data.period=8", "eval.batch_size=2"]))
+        streams = datamodule.streams("eval", 16)
+        counts = {sum(int(batch[2].sum()) for batch in protocol_batches(EvalLayout(streams), s, 64)) for s in settings}
+        (matching if len(counts) == 1 else differing).add(task)
+        assert (len(counts) == 1) == (streams.segment_mask is None), task
+    assert matching == {"repeat"} and differing == {"offset_copy", "recall"}
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = " ".join(readme.split("\n## Evaluation\n")[1].split("\n## ")[0].split())
+    assert "For text and the `repeat` task every one of them counts, so token counts match across settings" in section
+    assert "`offset_copy` and `recall` count a target only when" in section
 
 
 def test_max_targets_keeps_the_first_targets_of_every_stream():

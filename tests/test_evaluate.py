@@ -207,6 +207,8 @@ def test_bad_input_is_one_line_before_anything_is_computed(text_runs, tmp_path, 
         (str(run), "--set", "eval.settings=[{segment_len: 0}]"): f"{run}: eval.settings[0].segment_len",
         (str(run), "--set", "eval.settings=[{segment_len: 16, protocol: sliding}]"): "needs a stride",
         (str(run), "--slots", "0"): "--slots: 0 is out of range",
+        (str(run), "--set", "eval.settings=[{segment_len: 4000}]"): "eval.settings[0].segment_len: 4000 does not fit",
+        (str(run), "--set", "eval.settings=[{segment_len: 32"): "is not valid YAML",
     }
     for argv, message in cases.items():
         assert evaluate(*argv) == 2, argv
@@ -235,14 +237,14 @@ def test_a_setting_the_model_cannot_take_names_the_run_and_the_field(tmp_path, c
     assert f"{shaw}: eval.settings[0].clamp_len: 9 exceeds the learned position table" in capsys.readouterr().err
     assert evaluate(shaw, "--set", "eval.settings=[{segment_len: 32, rope_scaling: pi}]") == 2
     err = capsys.readouterr().err
-    assert f"{shaw}: eval.settings[0]: this run cannot take it: rope_scaling 'pi' extends RoPE" in err
+    assert f"{shaw}: eval.settings[0].rope_scaling: this run cannot take it: rope_scaling 'pi' extends RoPE" in err
     rope = make_run(tmp_path, ["model.attention.terms=a", "model.attention.absolute=rope"],
                     results=[({"segment_len": 32}, {"ppl": 9.0})])
     rundir.last_checkpoint(rope).parent.mkdir()
     rundir.last_checkpoint(rope).write_bytes(b"weights")
     plans, errors = evaluate_run.plan_all([shaw, rope], ["eval.settings=[{segment_len: 32, rope_scaling: pi}]"])
     assert not errors
-    assert [plan.unsupported for plan in plans] == [[("eval.settings[0]", pytest.approx(plans[0].unsupported[0][1]))], []]
+    assert [[key for key, _ in plan.unsupported] for plan in plans] == [["eval.settings[0].rope_scaling"], []]
     assert all(len(plan.todo) == 1 for plan in plans)
 
 
@@ -274,3 +276,14 @@ def test_evaluate_a_grid_on_slots_then_the_grid_rerun_trains_nothing(tmp_path):
     frame = collect(results / "tiny")
     assert len(frame) == 6 and sorted(frame["protocol"].tolist()) == ["non_overlapping"] * 4 + ["sliding"] * 2
     assert main(["table", str(results / "tiny")]) == 0
+
+
+def test_the_bias_plot_reaches_the_longest_setting_evaluate_added(tmp_path):
+    from fixtures.report_runs import make_run
+    from relpos_ablate.analysis.plots import attention_lengths
+
+    run = make_run(tmp_path, ["train.segment_len=32", "eval.settings=[{segment_len: 64}]"],
+                   results=[({"segment_len": 64}, {"ppl": 9.0}), ({"segment_len": 512, "attn_len": 512}, {"ppl": 9.5})])
+    config = rundir.stored_config(run)
+    assert attention_lengths(config) == (32, 64)
+    assert attention_lengths(config, run) == (32, 512)

@@ -77,6 +77,17 @@ def test_extrapolation_lines_are_seed_means_with_std_bands(tmp_path):
     assert "ppl" in ax.get_ylabel() and "evaluation length" in ax.get_xlabel()
 
 
+def test_a_run_trained_by_train_alone_is_named_by_its_dir_not_its_folder(tmp_path):
+    run = make_run(tmp_path, ["train.segment_len=32"], results=[({"segment_len": 32}, {"ppl": 3.0}),
+                                                                  ({"segment_len": 64}, {"ppl": 4.0})])
+    (run / "run.json").unlink()
+    (tmp_path / "runs").mkdir()
+    run = run.rename(tmp_path / "runs" / "mine")
+    ax = plots.extrapolation_figure(collect(tmp_path / "runs")).axes[0]
+    assert "mine" in [line.get_label() for line in ax.get_lines()] and ax.get_title().startswith("mine: ppl")
+    assert plots.variant_label(collect(run).iloc[0], []) == "mine"
+
+
 def test_save_extrapolation_writes_png_and_pdf(tmp_path):
     make_grid(tmp_path / "res", PPL, lengths=(32, 64))
     written, notes = plots.save_extrapolation(collect(tmp_path / "res"), tmp_path / "figs")
@@ -294,6 +305,20 @@ def test_cli_plot(tmp_path, capsys, monkeypatch):
     make_run(tmp_path / "none", [*TINY], state="running")
     assert main(["plot", str(tmp_path / "none"), "--kind", "bias"]) == 2
     assert "no finished runs with metrics (1 running)" in capsys.readouterr().err
+
+
+def test_plot_names_a_module_the_runs_import_that_cannot_be_imported_here(tmp_path, capsys):
+    runs = make_grid(tmp_path, PPL)
+    for run in runs:
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        (run / "config.yaml").write_text(yaml.safe_dump({**config, "imports": ["my_missing_schemes"]}))
+    ids = ", ".join(sorted(run.name for run in runs))
+    for target, which in ((tmp_path, f"runs {ids}"), (runs[0], f"run {runs[0].name}")):
+        assert main(["plot", str(target), "--kind", "bias"]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            "error: imports: cannot import 'my_missing_schemes' (ModuleNotFoundError: No module named "
+            f"'my_missing_schemes'), listed under imports: by {which}; run plot from the folder that holds "
+            "my_missing_schemes (where the runs were trained), or add that folder to PYTHONPATH"]
 
 
 def test_trained_runs_through_load_run_and_a_corrupt_checkpoint(tmp_path):

@@ -1,6 +1,7 @@
 """Runner faults with real processes and signals (fake worker, tests/fixtures/runner.py):
 SIGKILL of the runner while launching and mid-training (its workers die with it; the rerun resumes
-every run, each ends done exactly once), SIGTERM (workers stopped, recorded interrupted, exit 130),
+every run, each ends done exactly once), SIGTERM or Ctrl-C (workers stopped, recorded interrupted with
+the runner's reason, exit 130),
 two runners on one results dir (no run executed twice), a results dir that cannot be written.
 Run: pytest tests/test_runner_faults.py -q   (about 30 s)
 """
@@ -137,15 +138,20 @@ def test_sigkill_runner_then_rerun_finishes_every_run_once(tmp_path, moment):
     assert moment == "launching" or resumed
 
 
-def test_sigterm_stops_workers_and_marks_them_interrupted(tmp_path):
+@pytest.mark.parametrize("sig, reason", [(signal.SIGTERM, "grid stopped by SIGTERM; rerun the same command"),
+                                         (signal.SIGINT, "interrupted by the user (Ctrl-C on grid); rerun the same")])
+def test_sigterm_or_ctrl_c_stops_workers_and_marks_them_interrupted_saying_why(tmp_path, sig, reason):
+    """The workers only see the runner's SIGTERM; each run's reason says why the runner stopped."""
     spec_path = write_spec(tmp_path, encodings=("xl", "alibi"), seeds=(0,), max_steps=MAX_STEPS)
     spec, results, log = load_grid(spec_path), tmp_path / "results", tmp_path / "log.jsonl"
     proc = runner(spec_path, results, log, step_s=0.25)
     wait_for(lambda: all((read_status(results / "g" / r.run_id) or {}).get("step", 0) >= 1 for r in spec.runs))
-    proc.terminate()
+    os.kill(proc.pid, sig)
     assert finish(proc) == 130
     assert sorted(ends(log, "interrupted")) == sorted(r.run_id for r in spec.runs)
-    assert all(read_status(results / "g" / r.run_id)["state"] == "interrupted" for r in spec.runs)
+    for run in spec.runs:
+        status = read_status(results / "g" / run.run_id)
+        assert status["state"] == "interrupted" and status["reason"].startswith(reason), status
     assert finish(runner(spec_path, results, log)) == 0
     assert_each_run_done_once(spec, results, log)
 

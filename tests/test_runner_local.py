@@ -199,23 +199,29 @@ def test_runs_locked_by_another_process_wait_for_it(tmp_path, fake):
 
 def test_status_reports_broken_and_stale_runs(tmp_path, fake, capsys):
     fake({1: "fail"})
-    spec_path = write_spec(tmp_path, encodings=("xl",), seeds=(0, 1, 2))
+    spec_path = write_spec(tmp_path, encodings=("xl",), seeds=(0, 1, 2, 3))
     spec = load_grid(spec_path)
     results = tmp_path / "results"
     main(["grid", str(spec_path), "--results", str(results), "--slots", "2"])
     capsys.readouterr()
-    d0, d1, d2 = (results / "g" / run.run_id for run in spec.runs)
+    d0, d1, d2, d3 = (results / "g" / run.run_id for run in spec.runs)
     (d0 / "status.json").write_text('{"state": "do')  # truncated
+    (d3 / "eval.json").write_text('{"main_metric": "ac')  # truncated: the run is marked done, but is not
     atomic_write_json(d2 / "status.json", {"state": "running", "step": 3, "max_steps": 6})  # its process is gone
     (results / "g" / "notes.txt").write_text("foreign file")
     (results / "g" / "empty_dir").mkdir()
 
     assert main(["status", str(results / "g")]) == 0
     out = capsys.readouterr().out
-    row = {d.name: next(line for line in out.splitlines() if d.name in line) for d in (d0, d1, d2)}
+    row = {d.name: next(line for line in out.splitlines() if d.name in line) for d in (d0, d1, d2, d3)}
     assert "unreadable" in row[d0.name]
     assert "failed" in row[d1.name] and "loss is nan" in row[d1.name]
     assert "stale" in row[d2.name] and "3/6" in row[d2.name]
+    assert [cell.strip() for cell in row[d3.name].split("│")][3] == "incomplete"  # the state column, not done
+    assert "eval.json is missing or unreadable; a rerun resumes it" in out.replace("\n", " ")
+    assert main(["grid", str(spec_path), "--results", str(results), "--dry-run"]) == 0
+    planned = next(line for line in capsys.readouterr().out.splitlines() if d3.name in line)
+    assert "resume" in planned.split()  # the runner does what status says
     assert main(["status", str(tmp_path / "nowhere")]) == 2
 
 

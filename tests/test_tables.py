@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from fixtures.report_runs import make_grid, make_run
+from fixtures.report_runs import ENCODINGS, make_grid, make_run
 from relpos_ablate.analysis import collect
 from relpos_ablate.analysis.render import latex_escape, render
 from relpos_ablate.analysis.tables import TableOptions, make_table
@@ -298,6 +298,34 @@ def test_cli_table(tmp_path, capsys):
     empty.mkdir()
     assert main(["table", str(empty)]) == 2
     assert "no finished runs" in capsys.readouterr().err
+
+
+def test_an_unreadable_eval_json_leaves_its_run_out_by_name_and_keeps_the_labels(tmp_path, capsys):
+    xl, alibi = make_grid(tmp_path, {("xl", 0): [3.0, 4.0], ("alibi", 0): [2.0, 3.0]})
+    (alibi / "eval.json").write_text('{"main_metric": "pp')  # truncated
+    assert main(["table", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("| encoding | eval len 32 | eval len 64 |\n") and "| xl |" in captured.out
+    assert f"warning: left out run {alibi.name} (encoding=alibi): eval.json missing or unreadable" in captured.err
+
+
+def train_alone(root, name, encoding):
+    """A run trained by `train` alone in root/runs/<name>: no run.json, no experiment."""
+    run = make_run(root, ENCODINGS[encoding], results=[({"segment_len": 32}, {"ppl": 3.0})])
+    (run / "run.json").unlink()
+    (root / "runs").mkdir(exist_ok=True)
+    return run.rename(root / "runs" / name)
+
+
+def test_runs_trained_by_train_alone_are_labelled_by_their_dir_or_by_what_differs(tmp_path):
+    """The folder holding such runs ('runs') is no experiment: never a label."""
+    mine = train_alone(tmp_path, "mine", "xl")
+    table, opts = make_table(collect(mine))
+    assert opts.rows == ("run_id",) and [labels for labels, _ in table.rows] == [["mine"]]
+    train_alone(tmp_path, "other", "alibi")
+    table, opts = make_table(collect(tmp_path / "runs"))
+    assert "experiment" not in opts.rows and "runs" not in str(table.rows)
+    assert sorted(labels[0] for labels, _ in table.rows) == ["a", "abcd"]  # model.attention.terms
 
 
 def test_axis_orders_follow_grid_and_zip_columns():

@@ -11,9 +11,11 @@ Run: pytest tests/test_train_run.py
 """
 
 import csv
+import dataclasses
 import json
 import os
 import signal
+import time
 
 import lightning as L
 import pytest
@@ -21,7 +23,7 @@ import torch
 import yaml
 
 from relpos_ablate.cli import main
-from relpos_ablate.config import RunConfig, describe, from_dict, to_plain
+from relpos_ablate.config import EvalSetting, RunConfig, describe, from_dict, to_plain
 from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.run import train_run
 from test_train_module import tiny
@@ -195,14 +197,92 @@ def test_cli_runs_from_the_run_dir_config_and_exits_by_state(tmp_path, capsys):
     assert err.startswith("error: ") and "seed: 0 there, 5 here" in err and "\n" not in err
 
 
-def test_cli_failed_run_exits_1_with_the_reason(tmp_path, capsys):
-    (tmp_path / "train.txt").write_text("tiny\n")
+def text_run(tmp_path, *overrides):
+    """`train` argv of a char-level run on local files: a train split of 2,000 characters, a valid split of 600."""
+    (tmp_path / "train.txt").write_text("to be or not to be\n" * 105)
+    (tmp_path / "valid.txt").write_text("abcdefghi\n" * 60)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(to_plain(short("data.source=text", f"data.train_file={tmp_path / 'train.txt'}",
-                                                 f"data.cache_dir={tmp_path / 'cache'}"))))
-    assert main(["train", "--config", str(cfg), "--run-dir", str(tmp_path / "run")]) == 1
-    assert "train.batch_size: the train split has" in capsys.readouterr().out
+                                                 f"data.valid_file={tmp_path / 'valid.txt'}",
+                                                 f"data.cache_dir={tmp_path / 'cache'}", *overrides))))
+    return ["train", "--config", str(cfg), "--run-dir", str(tmp_path / "run")]
+
+
+def test_cli_failed_run_exits_1_with_the_reason(tmp_path, capsys, monkeypatch):
+    import relpos_ablate.train.run
+
+    monkeypatch.setattr(relpos_ablate.train.run, "train_run",
+                        lambda config, run_dir, **kw: train_run(config, run_dir, callbacks=(At(2, crash),), **kw))
+    assert main(text_run(tmp_path)) == 1
+    assert "failed: RuntimeError: boom" in capsys.readouterr().out
     assert read(tmp_path / "run", "status.json")["state"] == "failed"
+
+
+def test_cli_ctrl_c_says_the_run_is_interrupted_and_how_to_resume(tmp_path, capsys, monkeypatch):
+    def ctrl_c(trainer, module):
+        raise KeyboardInterrupt
+
+    import relpos_ablate.train.run
+
+    monkeypatch.setattr(relpos_ablate.train.run, "train_run",
+                        lambda config, run_dir, **kw: train_run(config, run_dir, callbacks=(At(2, ctrl_c),), **kw))
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores further Ctrl-C while it shuts down
+    try:
+        assert main(text_run(tmp_path)) == 1
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert "interrupted: interrupted by the user; rerun the same command to resume" in capsys.readouterr().out
+    monkeypatch.undo()
+    assert main(text_run(tmp_path)) == 0 and read(tmp_path / "run", "status.json")["state"] == "done"
+
+
+def test_an_evaluation_the_text_split_cannot_feed_is_bad_input_before_any_training_step(tmp_path, capsys):
+    """600 valid tokens in 8 streams leave 74 targets per stream: segment_len 128 is named before training."""
+    argv = text_run(tmp_path, "eval.settings=[{segment_len: 16}, {segment_len: 128}]", "eval.batch_size=8")
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # besides the progress of datasets reading the files
+    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("error")] == [
+        "error: eval.settings[1].segment_len: 128 does not fit the valid split: its 600 tokens cut into "
+        "eval.batch_size=8 streams leave 74 targets per stream; use segment_len <= 74 (or fewer streams)"]
+    assert not (tmp_path / "run" / "metrics.csv").exists() and not (tmp_path / "run" / "checkpoints").exists()
+    assert read(tmp_path / "run", "status.json")["state"] == "failed"
+    assert main(text_run(tmp_path, "eval.settings=[{segment_len: 16}, {segment_len: 74}]", "eval.batch_size=8")) == 0
+
+
+def test_a_training_split_too_short_is_bad_input_too_and_the_wall_time_counts_the_start_up(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """status.json's wall time (status's elapsed) runs from the command's start, its start-up included
+    (here a slow config read stands for importing torch and reading the data)."""
+    import relpos_ablate.cli.train as cli_train
+
+    def slow(*args):
+        time.sleep(0.5)
+        return resolve(*args)
+
+    resolve = cli_train.resolve_config
+    monkeypatch.setattr(cli_train, "resolve_config", slow)
+    (tmp_path / "short.txt").write_text("tiny\n")
+    argv = text_run(tmp_path, f"data.train_file={tmp_path / 'short.txt'}")
+    began = time.monotonic()
+    assert main(argv) == 2
+    took = time.monotonic() - began
+    assert capsys.readouterr().err.splitlines()[-1].startswith("error: train.batch_size: the train split has")
+    assert took - 0.25 < read(tmp_path / "run", "status.json")["wall_time_s"] <= took
+
+
+def test_cli_summary_labels_settings_as_tables_do(tmp_path, capsys):
+    """A sliding and an xl setting of the same length are told apart, by the labels `table` uses."""
+    from fixtures.report_runs import make_run
+    from relpos_ablate.cli.train import print_outcome
+
+    run_dir = make_run(tmp_path, ["model.mem_len=64"], results=[
+        ({"segment_len": 64, "protocol": "sliding", "stride": 32, "mem_len": 0}, {"ppl": 3.0}),
+        ({"segment_len": 64, "protocol": "xl"}, {"ppl": 4.0})])
+    (run_dir / "eval.json").write_text(json.dumps({**read(run_dir, "eval.json"), "step": 300}))
+    print_outcome(run_dir, "done")
+    lines = capsys.readouterr().out.splitlines()
+    assert any("sliding, eval len 64, stride 32, mem 0" in line and "3" in line for line in lines), lines
+    assert any("xl, eval len 64, mem 64" in line and "4" in line for line in lines), lines
 
 
 def test_cli_without_any_config_is_a_usage_error(tmp_path, capsys):
@@ -216,3 +296,5 @@ def test_help_lists_every_config_field_with_its_default(capsys):
     text = capsys.readouterr().out
     for path, default, _doc in describe(RunConfig):
         assert f"{path} = {default}" in text
+    for field in dataclasses.fields(EvalSetting):  # every field of an evaluation setting, none left out
+        assert f"eval.settings[i].{field.name} = " in text, field.name

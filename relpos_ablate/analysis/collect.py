@@ -70,7 +70,7 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
     config = _read_mapping(run_dir / rundir.CONFIG, problems, required=True) or {}
     row: dict[str, Any] = {
         "run_id": meta.get("run_id", run_dir.name),
-        "experiment": meta.get("experiment", run_dir.parent.name),
+        "experiment": meta.get("experiment"),  # none for a run trained by `train` alone: its folder is no experiment
         "status": status.get("state", "unknown"),
         "reason": status.get("reason"),
         "seed": config.get("seed", np.nan),
@@ -144,6 +144,16 @@ def _number(value: Any) -> float:
         return np.nan
 
 
+def run_name(run: pd.Series) -> str:
+    """What a run goes by in a title: its experiment, or its run dir's name (run_id) without one."""
+    return str(run["experiment"]) if isinstance(run.get("experiment"), str) else str(run["run_id"])
+
+
+def run_names(frame: pd.DataFrame) -> str:
+    """The names of a frame's runs for a title: their experiments (and run dir names), sorted, once each."""
+    return ", ".join(sorted({run_name(run) for _, run in frame.drop_duplicates("run_dir").iterrows()}))
+
+
 def collect_run(run_dir: Path, problems: list[str]) -> list[dict]:
     """All rows of one run dir: one per evaluation setting, or one row with NaN metrics."""
     base = _run_fields(run_dir, problems)
@@ -155,8 +165,8 @@ def collect_run(run_dir: Path, problems: list[str]) -> list[dict]:
 def collect(results_dir: str | Path) -> pd.DataFrame:
     """One row per (run, evaluation setting) for every run dir at or below `results_dir`.
 
-    Columns: run_id, experiment, status, reason, seed, wall_time_s, step, max_steps, the variant axes
-    from run.json, the evaluation setting (protocol, segment_len, stride, mem_len, clamp_len,
+    Columns: run_id, experiment (None for a run trained by `train` alone, without run.json), status,
+    reason, seed, wall_time_s, step, max_steps, the variant axes from run.json, the evaluation setting (protocol, segment_len, stride, mem_len, clamp_len,
     same_length, attn_len, max_targets, rope_scaling, rope_scale), the metrics (ppl, acc, loss, bpc,
     tokens, ... as eval.json has them), main_metric, eval_setting (the setting's index in eval.json),
     token_losses (its array in token_losses.npz, if saved), reference and reference_<metric> (the

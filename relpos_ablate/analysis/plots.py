@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import math
-import pickle
 import re
 import textwrap
 from pathlib import Path
@@ -20,7 +19,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import ScalarFormatter
 
+from relpos_ablate import rundir
 from relpos_ablate.analysis import figures
+from relpos_ablate.analysis.collect import run_name, run_names
+from relpos_ablate.analysis.trained import check_imports, load_drawable
 from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
     TableOptions, axis_orders, column_label, default_cols, default_rows, finished, label, metric_direction,
@@ -31,9 +33,6 @@ from relpos_ablate.io import atomic_write_bytes
 
 FIGURE_FORMATS = ("png", "pdf", "svg")
 MODEL_KINDS = ("bias", "attention", "terms")
-UNLOADABLE = (ConfigError, OSError, ValueError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError)
-"""What loading a trained run can raise (no or a corrupt checkpoint, a config the code rejects): that
-run is skipped in a grid, and a one-line error for a single run."""
 LINE_STYLES = ("-", "--", ":", "-.", (0, (6, 2, 1, 2, 1, 2)), (0, (1, 4)))
 X_LABELS = {"segment_len": "evaluation length (tokens per segment)", "attn_len": "attention length (keys per query)"}
 LENGTH_FIELDS = {"segment_len": ("segment_len", "attn_len", "rope_scale"),
@@ -129,8 +128,7 @@ def _format_extrapolation_axes(ax, data: pd.DataFrame, metric: str, x: str, valu
     ax.set_xlabel(X_LABELS.get(x, x))
     ax.set_ylabel(f"{metric} ({better} is better)")
     ax.grid(alpha=0.3)
-    experiments = sorted(data["experiment"].astype(str).unique())
-    ax.set_title(f"{', '.join(experiments)}: {metric} vs {X_LABELS.get(x, x).split(' (')[0]}")
+    ax.set_title(f"{run_names(data)}: {metric} vs {X_LABELS.get(x, x).split(' (')[0]}")
 
 
 def save_extrapolation(df, out: Path, metric: str | None = None, x: str = "segment_len",
@@ -168,7 +166,7 @@ def finished_runs(df: pd.DataFrame) -> pd.DataFrame:
 def variant_label(run: pd.Series, keys: list[str]) -> str:
     """`encoding=xl, mem_len=64`: the fields that tell the runs apart (seed excluded)."""
     parts = [f"{k.rsplit('.', 1)[-1]}={label(run[k])}" for k in keys if k in run.index and k != "experiment"]
-    return ", ".join(parts) or str(run.get("experiment", ""))
+    return ", ".join(parts) or run_name(run)
 
 
 def run_title(run: pd.Series, keys: list[str]) -> str:
@@ -183,11 +181,14 @@ def run_slug(run: pd.Series, keys: list[str]) -> str:
     return "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", part) for part in parts)
 
 
-def attention_lengths(config) -> tuple[int, int]:
-    """(training attention length, longest evaluated attention length): the bias plot's x range."""
+def attention_lengths(config, run_dir: Path | None = None) -> tuple[int, int]:
+    """(training attention length, longest evaluated attention length): the bias plot's x range. With the
+    run dir, the settings its eval.json holds count too (`evaluate` adds settings config.yaml does not list)."""
     mem = config.model.mem_len
     train = config.train.segment_len + mem
-    longest = max(s.attn_len(mem) for s in config.eval_settings())
+    recorded = (rundir.read_eval(run_dir) or {}).get("settings", []) if run_dir is not None else []
+    longest = max([s.attn_len(mem) for s in config.eval_settings()]
+                  + [r["attn_len"] for r in recorded if isinstance(r, dict) and isinstance(r.get("attn_len"), int)])
     return train, max(train, longest)
 
 
@@ -205,9 +206,10 @@ def sample_decays(config, model, sampler: Callable) -> dict | None:
     return figures.decay_curves(model, *inspect_run(config, model, sampler))
 
 
-def run_figure(kind: str, config, model, title: str, layer: int, head: int, sampler: Callable) -> Figure:
+def run_figure(kind: str, config, model, title: str, layer: int, head: int, sampler: Callable,
+               run_dir: Path | None = None) -> Figure:
     if kind == "bias":
-        train, longest = attention_lengths(config)
+        train, longest = attention_lengths(config, run_dir)
         return figures.bias_figure(model, longest, train, title, sample_decays(config, model, sampler))
     details, n_mem = inspect_run(config, model, sampler)
     if kind == "attention":
@@ -272,7 +274,7 @@ def _bias_overview(drawn: list[tuple[pd.Series, object, object]], keys: list[str
         for k, (run, config, model) in enumerate(runs):
             source = figures.bias_sources(model)[0]
             panel, attn = figures.bias_panels(model, source)[0]
-            train, longest = attention_lengths(config)
+            train, longest = attention_lengths(config, Path(run["run_dir"]))
             figures.draw_bias_curves(ax, attn, source, figures.distance_range(attn.config.causal, longest), train,
                                      legend=False, linestyle=LINE_STYLES[k % len(LINE_STYLES)], first=k == 0,
                                      decays=sample_decays(config, model, sampler))
@@ -327,21 +329,6 @@ def _layer_name(layer: int) -> str:
     return "the last layer" if layer == -1 else f"layer {layer}"
 
 
-def _load_drawable(run_dir: Path, kind: str, loader: Callable):
-    """(config, model) of a run that can be drawn as `kind`, else a one-line ConfigError naming the run."""
-    try:
-        config, model = loader(run_dir)
-    except UNLOADABLE as err:
-        first_sentence = str(err).split(". ")[0]
-        raise ConfigError(str(run_dir), f"cannot load the trained model: {first_sentence}") from None
-    if kind == "bias":
-        try:
-            figures.check_has_bias(model, "this run")
-        except ConfigError as err:
-            raise ConfigError(str(run_dir), err.message) from None
-    return config, model
-
-
 def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
                        formats: tuple[str, ...] = ("png", "pdf"), loader: Callable | None = None,
                        sampler: Callable | None = None) -> tuple[list[Path], list[str]]:
@@ -357,6 +344,7 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
         raise ConfigError("kind", f"{kind!r} is not allowed; choose one of {', '.join(MODEL_KINDS)}")
     loader, sampler = loader or load_trained, sampler or sample_tokens
     runs = finished_runs(df)
+    check_imports(runs)
     single = len(runs) == 1
     keys = default_rows(runs)
     order = [*keys, "seed"]
@@ -365,7 +353,7 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
     written, notes, drawn, left_out = [], [], [], []
     for run in ordered:
         try:
-            config, model = _load_drawable(Path(run["run_dir"]), kind, loader)
+            config, model = load_drawable(Path(run["run_dir"]), kind, loader)
         except ConfigError as err:
             if single:
                 raise
@@ -373,7 +361,8 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
             reason = err.message.split("; try")[0].removeprefix("this run has ")
             left_out.append((variant_label(run, keys), label(run.get("seed")), reason))
             continue
-        fig = run_figure(kind, config, model, run_title(run, keys), layer, head, sampler)  # bad --layer/--head: raised
+        fig = run_figure(kind, config, model, run_title(run, keys), layer, head, sampler,  # bad --layer/--head: raised
+                         Path(run["run_dir"]))
         written += save_figure(fig, Path(out) / (kind if single else f"{kind}_{run_slug(run, keys)}"), formats)
         drawn.append((run, config, model))
     if not drawn:

@@ -18,6 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from relpos_ablate import rundir
+from relpos_ablate.analysis.collect import run_names
 from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
     TableOptions, axis_orders, finished, label, read_spec, resolve_options, row_key, sort_key, variant_colors,
@@ -92,8 +93,7 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
     handles.append(Line2D([], [], color="k", ls=":", lw=1, label="training length"))
     fig.legend(handles=handles, fontsize=7, title=", ".join(r.rsplit(".", 1)[-1] for r in rows), title_fontsize=7,
                loc="outside right upper")
-    experiments = ", ".join(sorted(frame["experiment"].astype(str).unique()))
-    fig.suptitle(f"{experiments}: loss by position in the segment / window (log-spaced bins)")
+    fig.suptitle(f"{run_names(frame)}: loss by position in the segment / window (log-spaced bins)")
     return fig
 
 

@@ -1,9 +1,14 @@
 """What the evaluation settings of collected runs mean for a table or a figure: which rows a table
-compares (RECL's ladder scores a subset of the targets and is left out), and the caption sentence on
-how each protocol counts the attention length and how many tokens were scored."""
+compares (RECL's ladder scores a subset of the targets and is left out), how a setting and a key value
+are labelled (tables, figures and the summary `train` prints use the same labels), and the caption
+sentence on how each protocol counts the attention length and how many tokens were scored."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+import numpy as np
 import pandas as pd
 
 ATTN_LEN = {
@@ -12,6 +17,56 @@ ATTN_LEN = {
     "xl": "mem_len, the keys every query sees (same_length)",
 }
 """How each protocol counts the attention length (keys per query), for table captions."""
+SETTING_LABELS = {"segment_len": "eval len", "mem_len": "mem", "clamp_len": "clamp", "same_length": "same len",
+                  "attn_len": "attn len", "protocol": "", "max_targets": "targets"}
+OPTIONAL_SETTINGS = ("stride", "rope_scaling")
+"""Setting columns left out of a label where unset (stride belongs to sliding settings only; rope_scaling
+to RoPE context extension)."""
+
+
+def normalized(value: Any) -> Any:
+    """A hashable group key: NaN and None are the same missing value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def label(value: Any) -> str:
+    """A key value as shown in a table: YAML spelling for booleans and missing values."""
+    value = normalized(value)
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def short_name(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def column_label(cols: list[str], key: tuple, metric: str) -> str:
+    if not cols:
+        return metric
+    parts = [(SETTING_LABELS.get(name, short_name(name)), v) for name, v in zip(cols, key)
+             if not (name in OPTIONAL_SETTINGS and v is None)]
+    return ", ".join(f"{name} {label(v)}".strip() for name, v in parts)
+
+
+SUMMARY_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "max_targets", "rope_scaling",
+                  "rope_scale", "length_min", "length_max", "depth")
+"""Fields of an eval.json setting record that can tell one evaluation of a run from another."""
+
+
+def setting_labels(records: list[dict]) -> list[str]:
+    """A label per eval.json setting record of one run, as table columns name settings: the protocol and
+    length always (a stride, a RoPE extension where set), any other field where the records differ."""
+    always = ("protocol", "segment_len", *OPTIONAL_SETTINGS)
+    shown = [name for name in SUMMARY_FIELDS if any(name in r for r in records)
+             and (name in always or len({normalized(r.get(name)) for r in records}) > 1)]
+    return [column_label(shown, tuple(r.get(name) for name in shown), "") for r in records]
 
 
 def table_settings(df: pd.DataFrame) -> pd.DataFrame:

@@ -22,15 +22,18 @@ import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
 import yaml
 from scipy import stats
 
+from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import SETTING_FIELDS
-from relpos_ablate.analysis.settings import evaluation_note, table_settings
+from relpos_ablate.analysis.settings import (
+    column_label, evaluation_note, label, normalized, short_name, table_settings,
+)
 from relpos_ablate.analysis.render import FORMATS, STAR_LEGEND, Cell, Table
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice, load_yaml
@@ -41,11 +44,6 @@ HIGHER_IS_BETTER = ("acc", "accuracy", "exact_match")
 DECIMALS = {"ppl": 2, "acc": 3, "loss": 3, "bpc": 3}
 ALIASES = {"eval_len": "segment_len", "eval_length": "segment_len"}
 """Short names accepted for --rows/--cols (besides any unique last component of a dotted field)."""
-SETTING_LABELS = {"segment_len": "eval len", "mem_len": "mem", "clamp_len": "clamp", "same_length": "same len",
-                  "attn_len": "attn len", "protocol": "", "max_targets": "targets"}
-OPTIONAL_SETTINGS = ("stride", "rope_scaling")
-"""Setting columns left out of a label where unset (stride belongs to sliding settings only; rope_scaling
-to RoPE context extension)."""
 MIN_WELCH_SEEDS = 3
 """Welch's t-test is run (and starred) only where both cells have at least this many seeds."""
 
@@ -83,28 +81,9 @@ def metric_direction(metric: str) -> str:
     return "max" if metric.lower().startswith(HIGHER_IS_BETTER) else "min"
 
 
-def normalized(value: Any) -> Any:
-    """A hashable group key: NaN and None are the same missing value."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return value.item() if isinstance(value, np.generic) else value
-
-
 def row_key(record: pd.Series, keys: list[str]) -> tuple:
     """The group key of one collected row for `keys` (missing values as None)."""
     return tuple(normalized(record.get(k)) for k in keys)
-
-
-def label(value: Any) -> str:
-    """A key value as shown in a table: YAML spelling for booleans and missing values."""
-    value = normalized(value)
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
 
 
 # ---------------------------------------------------------------- options from the spec and the data
@@ -206,14 +185,36 @@ def varies(frame: pd.DataFrame, column: str) -> bool:
 
 
 def default_rows(df: pd.DataFrame) -> list[str]:
-    """What varies between runs, seed excluded: the variant axes, else the flattened config fields."""
+    """What varies between runs, seed excluded: the variant axes, else the flattened config fields (of the
+    runs whose config.yaml could be read); the experiment first when there are several. When nothing
+    varies: the experiment, or the run (its dir name) for a run trained by `train` alone (no experiment).
+    Pass every run, not only the finished ones: a run without results must not take a label away."""
     runs = run_level(df)
     axes = [a for a in df.attrs.get("variant_axes", []) if a in df and a != "seed"]
     config = [c for c in df.columns if isinstance(c, str) and "." in c and not c.startswith("eval.")]
-    keys = [c for c in axes if varies(runs, c)] or [c for c in config if varies(runs, c)]
-    if "experiment" in runs and varies(runs, "experiment"):
+    configured = runs[runs[config].notna().any(axis=1)] if config else runs
+    keys = [c for c in axes if varies(runs, c)] or [c for c in config if varies(configured, c)]
+    named = runs.dropna(subset=["experiment"]) if "experiment" in runs else runs
+    if "experiment" in named and varies(named, "experiment"):
         keys.insert(0, "experiment")
-    return keys or ["experiment"]
+    return keys or (["experiment"] if len(named) == len(runs) else ["run_id"])
+
+
+def left_out_runs(df: pd.DataFrame, metric: str, rows: Iterable[str]) -> list[str]:
+    """One line per run without a value of `metric` (so left out of a table): its id, its row label and why."""
+    scored = df.assign(_scored=np.isfinite(pd.to_numeric(df[metric], errors="coerce"))).groupby("run_dir")["_scored"]
+    lines = []
+    for _, run in run_level(df[~df["run_dir"].map(scored.any())]).iterrows():
+        status, reason = run.get("status"), normalized(run.get("reason"))
+        if status == "done" or status == "unknown":
+            why = (f"{rundir.STATUS} missing or unreadable; " if status == "unknown" else "") + (
+                f"{rundir.EVAL} missing or unreadable" if rundir.read_eval(run["run_dir"]) is None
+                else f"no {metric} in its {rundir.EVAL}")
+        else:
+            why = f"{status}" + (f": {reason}" if reason else "")
+        variant = ", ".join(f"{short_name(k)}={label(run.get(k))}" for k in rows if k != "run_id")
+        lines.append(f"left out run {run['run_id']}" + (f" ({variant})" if variant else "") + f": {why}")
+    return lines
 
 
 def default_cols(df: pd.DataFrame, rows: list[str]) -> list[str]:
@@ -231,7 +232,7 @@ def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> Tabl
     opts = options.merged(spec_options(spec))
     metric = check_metric(df, opts.metric or default_metric(df))
     data = finished(df, metric)
-    rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(data)
+    rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(df)
     cols = [resolve_column(df, c, "cols") for c in opts.cols] if opts.cols is not None else default_cols(data, rows)
     overlap = set(rows) & set(cols)
     if overlap:
@@ -344,18 +345,6 @@ def grid_table(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] 
         decimals=DECIMALS.get(metric, 3),
         show_n=len({c.n for c in cells}) > 1,
     )
-
-
-def short_name(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
-
-
-def column_label(cols: list[str], key: tuple, metric: str) -> str:
-    if not cols:
-        return metric
-    parts = [(SETTING_LABELS.get(name, short_name(name)), v) for name, v in zip(cols, key)
-             if not (name in OPTIONAL_SETTINGS and v is None)]
-    return ", ".join(f"{name} {label(v)}".strip() for name, v in parts)
 
 
 def seed_caption(metric: str, cells: list[Cell], baseline: str | None) -> str:

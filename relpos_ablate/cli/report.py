@@ -94,7 +94,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def cmd_table(args: argparse.Namespace) -> int:
     from relpos_ablate.analysis.render import render
-    from relpos_ablate.analysis.tables import TableOptions, make_table
+    from relpos_ablate.analysis.tables import TableOptions, left_out_runs, make_table
     from relpos_ablate.io import atomic_write_text
 
     if args.format is None and args.out is not None and args.out.suffix not in SUFFIX_FORMATS:
@@ -105,6 +105,8 @@ def cmd_table(args: argparse.Namespace) -> int:
                            baseline=args.baseline, layout=args.layout, format=fmt)
     frame = _collect(args.dir)
     table, resolved = make_table(frame, options)
+    for line in left_out_runs(frame, resolved.metric, resolved.rows):
+        print(f"warning: {line}", file=sys.stderr)
     text = render(table, resolved.format)
     if resolved.layout == "length_generalization":
         from relpos_ablate.analysis.length_generalization import rank_table

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import textwrap
+import time
 from pathlib import Path
 
 from relpos_ablate import rundir
 from relpos_ablate.config import ConfigError, RunConfig, apply_overrides, describe, from_dict, read_yaml, what_to_run
+from relpos_ablate.config.base import raise_all
 
 EXIT_CODES = {"done": 0, "failed": 1, "interrupted": 1}
 
@@ -41,6 +43,7 @@ def config_help() -> str:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    started = time.monotonic()  # before torch loads: the run's wall time counts the command's start-up
     from relpos_ablate.cli import UsageError, check_dir_arg
 
     if args.threads is not None and args.threads < 1:
@@ -58,10 +61,21 @@ def run_train(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(max(1, args.threads // cpu_processes(config.train, torch.cuda.is_available())))
-    state = train_run(config, args.run_dir)
+    state = train_run(config, args.run_dir, started=started)
     if launched_as_rank_zero():  # the other processes of a multi-process run stay quiet
+        check_config_accepted(args.run_dir, state)
         print_outcome(args.run_dir, state)
     return EXIT_CODES[state]
+
+
+def check_config_accepted(run_dir: Path, state: str) -> None:
+    """A run failed by its config (found once the data is there, before training) is bad input: its
+    problems become the command's one-line errors (exit 2), as those found before the run started."""
+    from relpos_ablate.train.records import CONFIG_ERRORS
+
+    problems = (rundir.read_status(run_dir) or {}).get(CONFIG_ERRORS) if state == "failed" else None
+    if problems:
+        raise_all([ConfigError("", line) for line in problems])
 
 
 def cpu_processes(train, cuda: bool) -> int:
@@ -83,7 +97,10 @@ def resolve_config(config_file: Path | None, run_dir: Path, overrides: list[str]
     source = stored_path if config_file is None else config_file
     data = read_yaml(source)
     check_not_a_grid_spec(source, data)
-    config = from_dict(RunConfig, apply_overrides(data, overrides))
+    try:
+        config = from_dict(RunConfig, apply_overrides(data, overrides))
+    except ConfigError as err:
+        raise_all([explain_grid_words(problem, data) for problem in err.errors])
     if stored is not None and not rundir.same_run(config, stored):
         key, old, new = first_difference(what_to_run(stored), what_to_run(config))
         raise UsageError(f"{stored_path} holds another run ({key}: {old!r} there, {new!r} here); "
@@ -97,6 +114,15 @@ def check_not_a_grid_spec(path: Path, data: dict) -> None:
 
     if is_grid_spec(data):
         raise ConfigError(str(path), f"a grid spec, not a run config; run it with: relpos-ablate grid {path}")
+
+
+def explain_grid_words(problem: ConfigError, data: dict) -> ConfigError:
+    """`encoding` (a grid axis) given to train is unknown as a run config key; say what it would set."""
+    if problem.field != "encoding" or not problem.message.startswith("unknown key"):
+        return problem
+    from relpos_ablate.runner.presets import not_a_run_key
+
+    return ConfigError("encoding", not_a_run_key(data.get("encoding")))
 
 
 def first_difference(a: dict, b: dict, prefix: str = "") -> tuple[str, object, object]:
@@ -117,6 +143,8 @@ def print_outcome(run_dir: Path, state: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from relpos_ablate.analysis.settings import setting_labels
+
     status = rundir.read_status(run_dir) or {}
     if state != "done":
         print(f"{run_dir}: {state}: {status.get('reason', '')}")
@@ -125,9 +153,10 @@ def print_outcome(run_dir: Path, state: str) -> None:
     names = sorted({name for s in results["settings"] for name in s["metrics"]} - {"tokens"})
     table = Table(title=f"{run_dir}  (step {results['step']}, main metric {results['main_metric']}, "
                         f"{status.get('wall_time_s', 0):.1f} s)")
-    for column in ("segment_len", "mem_len", "attn_len", *names):
+    table.add_column("setting")
+    for column in ("attn len", *names):
         table.add_column(column, justify="right")
-    for s in results["settings"]:
+    for s, setting in zip(results["settings"], setting_labels(results["settings"])):
         values = [f"{s['metrics'][n]:.4g}" if n in s["metrics"] else s.get("error", "-")[:40] for n in names]
-        table.add_row(str(s["segment_len"]), str(s["mem_len"]), str(s["attn_len"]), *values)
+        table.add_row(setting, str(s["attn_len"]), *values)
     Console().print(table)

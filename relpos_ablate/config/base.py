@@ -134,19 +134,27 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(key path, default, doc) for every leaf field of a (nested) config class."""
+    """(key path, default, doc) for every leaf field of a (nested) config class; a list of configs
+    (eval.settings) is followed by the fields of one item (`eval.settings[i].segment_len`), read from
+    its class, so the help cannot leave one out."""
     rows = []
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     choices = getattr(cls, "field_choices", lambda name: None)  # lists that live in a registry, not the source
     for f in dataclasses.fields(cls):
-        path = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(hints[f.name]):
-            rows.extend(describe(hints[f.name], path + "."))
+        path, tp = f"{prefix}{f.name}", hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, path + "."))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            default = repr(to_plain(f.default if f.default is not dataclasses.MISSING else f.default_factory()))
+        else:
+            default = "(required)"
         doc, allowed = docs.get(f.name, ""), choices(f.name)
-        rows.append((path, repr(to_plain(default)), f"{doc} Allowed: {' | '.join(allowed)}." if allowed else doc))
+        rows.append((path, default, f"{doc} Allowed: {' | '.join(allowed)}." if allowed else doc))
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
+        if dataclasses.is_dataclass(item):
+            rows.extend(describe(item, f"{path}[i]."))
     return rows
 
 
@@ -312,13 +320,34 @@ def set_path(data: dict, dotted: str, value: Any) -> None:
 
 
 def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
-    """Apply `key.path=value` strings (values parsed as YAML: `3`, `true`, `[1, 2]`, `ac`)."""
+    """Apply `key.path=value` strings (values parsed as YAML: `3`, `true`, `[1, 2]`, `ac`); every malformed
+    one is reported, one line each."""
+    errors = []
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError("--set", f"expected KEY=VALUE, got {item!r}")
-        key, raw = item.split("=", 1)
-        set_path(data, key.strip(), load_yaml(raw))
+        try:
+            key, value = _parse_override(item)
+            set_path(data, key, value)
+        except ConfigError as err:
+            errors.append(err)
+    raise_all(errors)
     return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    """(dotted key, value) of one `KEY=VALUE`, or a one-line ConfigError naming what is malformed."""
+    if "=" not in item:
+        raise ConfigError("--set", f"expected KEY=VALUE, got {item!r}")
+    key, raw = (part.strip() for part in item.split("=", 1))
+    if not key or "" in key.split("."):
+        what = "an empty key" if not key else f"an empty part in the key {key!r}"
+        raise ConfigError("--set", f"{item!r} has {what}; expected KEY=VALUE with a dotted field path as KEY, "
+                          "e.g. model.d_model=64")
+    try:
+        return key, load_yaml(raw)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise ConfigError(key, f"{raw!r} is not valid YAML ({problem}); write a list as [a, b], a mapping as "
+                          "{key: value}, and quote a value that is meant as text") from None
 
 
 def read_yaml(path: str | Path) -> dict:

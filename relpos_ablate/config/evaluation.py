@@ -22,7 +22,8 @@ class EvalSetting:
     sliding: windows of segment_len moved by `stride`, each scoring only its last `stride` targets (the
     first window all of its own), no memory (ALiBi's evaluation) | xl: consecutive segments with memory
     carried and same_length, every query seeing the mem_len most recent keys (Transformer-XL's evaluation).
-    Every protocol scores the same targets of the split."""
+    Every protocol goes over the same targets of the split (offset_copy and recall count those determined
+    inside the segment or window, so their counts depend on the protocol and length)."""
     stride: int | None = None
     """sliding: targets scored per window, 1..segment_len (each then has segment_len - stride + 1 to
     segment_len tokens of context; stride = segment_len is non_overlapping without memory)."""
@@ -107,9 +108,9 @@ class EvalConfig:
     """Evaluation at many lengths (extrapolation), protocols, and RECL's context ladder."""
 
     settings: tuple[EvalSetting, ...] = ()
-    """Evaluation settings, each {segment_len, protocol: non_overlapping | sliding | xl, stride (sliding),
-    mem_len, clamp_len, max_targets, token_losses} (docs/formulas.md#evaluation-protocols); empty means
-    1x, 2x and 4x the training segment length, non_overlapping, with the training mem_len."""
+    """Evaluation settings, a list of mappings with the fields eval.settings[i].*
+    (docs/formulas.md#evaluation-protocols); empty means 1x, 2x and 4x the training segment length,
+    non_overlapping, with the training mem_len."""
     split: str = "valid"
     """Which split to evaluate: valid | test."""
     batch_size: int = 8

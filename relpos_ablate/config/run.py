@@ -213,6 +213,15 @@ class RunConfig:
         and of RoPE context extension)."""
         return self.train.segment_len + self.model.mem_len
 
+    def eval_setting_field(self, i: int, name: str = "segment_len") -> str:
+        """The key a problem with field `name` of eval_settings()[i] is reported under: its eval.settings
+        entry, eval.settings itself for the default settings, or the RECL context it comes from."""
+        configured = len(self.eval.settings)
+        if i < configured:
+            return f"eval.settings[{i}].{name}"
+        defaults = 0 if configured else len(self.eval_settings()) - len(self.eval.recl_contexts)
+        return "eval.settings" if i < defaults else f"eval.recl_contexts[{i - configured - defaults}]"
+
     def eval_settings(self) -> tuple[EvalSetting, ...]:
         """The configured settings (or the documented default: 1x, 2x, 4x the training length), then the
         RECL ladder's. Example tasks: one per bin of data.test_lengths, as long as its longest example."""
@@ -223,16 +232,22 @@ class RunConfig:
 
 
 def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:
-    """Why the model cannot be evaluated at `setting` (None when it can): learned absolute tables end;
-    a RoPE context extension needs RoPE (and has no published form for xPos). Training records such a
+    """Why the model cannot be evaluated at `setting` (None when it can). Training records such a
     setting in eval.json with this reason; `evaluate` reports it before computing anything."""
+    found = unsupported(config, setting)
+    return None if found is None else found[1]
+
+
+def unsupported(config: RunConfig, setting: EvalSetting) -> tuple[str, str] | None:
+    """(the setting's field at fault, why) when the model cannot take `setting`: learned absolute tables
+    end; a RoPE context extension needs RoPE (and has no published form for xPos)."""
     a = config.model.attention
     if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
-        return (f"learned absolute positions cover {a.max_position} tokens (model.attention.max_position); "
-                f"segment_len {setting.segment_len} does not fit")
+        return "segment_len", (f"learned absolute positions cover {a.max_position} tokens "
+                               f"(model.attention.max_position); segment_len {setting.segment_len} does not fit")
     if setting.rope_scaling is not None and (a.absolute != "rope" or a.xpos_scale_base is not None):
-        return (f"rope_scaling {setting.rope_scaling!r} extends RoPE; this model has absolute={a.absolute!r}"
-                + (" with xPos" if a.xpos_scale_base is not None else ""))
+        return "rope_scaling", (f"rope_scaling {setting.rope_scaling!r} extends RoPE; this model has "
+                                f"absolute={a.absolute!r}" + (" with xPos" if a.xpos_scale_base is not None else ""))
     return None
 
 
@@ -291,6 +306,6 @@ def load_run_config(path: str | Path | None = None, overrides: Iterable[str] = (
 
 __all__ = [
     "HOW_TO_RUN", "PROTOCOLS", "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig",
-    "check_streams_split", "check_world_size", "load_run_config", "resolve_log_n_length", "run_id", "unsupported_reason",
-    "what_to_run",
+    "check_streams_split", "check_world_size", "load_run_config", "resolve_log_n_length", "run_id", "unsupported",
+    "unsupported_reason", "what_to_run",
 ]

@@ -21,11 +21,11 @@ from rich.table import Table
 from rich.text import Text
 
 from relpos_ablate import rundir
-from relpos_ablate.runner.store import lock_holder
+from relpos_ablate.runner.store import DONE_WITHOUT_EVAL, lock_holder
 
 STATE_STYLES = {
     "queued": "dim", "running": "cyan", "done": "green", "failed": "bold red", "interrupted": "yellow",
-    "stale": "yellow", "unreadable": "red", "new": "dim",
+    "stale": "yellow", "unreadable": "red", "new": "dim", "incomplete": "yellow",
 }
 
 
@@ -116,6 +116,8 @@ def row_for(run_dir: Path, variant: Any = None, probe_lock: bool = False) -> Run
     row.metric = format_metric(status.get("last_metric"))
     row.elapsed_s = _elapsed(status, time.time())
     row.note = str(status.get("reason") or "")
+    if row.state == "done" and not rundir.is_done(run_dir):
+        row.state, row.note = "incomplete", DONE_WITHOUT_EVAL
     if probe_lock and row.state == "running" and lock_holder(run_dir) is None:
         row.state, row.note = "stale", "marked running but no process holds it; rerun the grid to resume"
     return row

@@ -106,6 +106,13 @@ class GridOutcome:
         return 0 if not self.failed and not self.incomplete else 1
 
 
+STOP_REASONS = {
+    "SIGINT": "interrupted by the user (Ctrl-C on grid); rerun the same command to resume",
+    "SIGTERM": "grid stopped by SIGTERM; rerun the same command to resume",
+}
+"""The reason recorded for each run the runner stops, by the signal that stopped the runner."""
+
+
 class _Stop(Exception):
     """Raised in the loop by SIGTERM, so the runner shuts down like on Ctrl-C."""
 
@@ -164,7 +171,7 @@ class LocalRunner:
                     stopped = "SIGTERM" if isinstance(exc, _Stop) else "SIGINT"
                     if main_thread:  # a second SIGTERM must not cut the shutdown short
                         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                    self._stop_all(f"runner stopped by {stopped}; rerun the grid to resume")
+                    self._stop_all(STOP_REASONS[stopped])
                 self._refresh(force=True)
         finally:
             for active in self.active.values():

@@ -52,6 +52,20 @@ def presets() -> dict[str, dict[str, Any]]:
     return {**BASELINES, **{name: bias_preset(name) for name in biases}}
 
 
+def not_a_run_key(value: Any) -> str:
+    """Why `encoding` is no key of a run config, and what `encoding: <value>` sets in a grid spec (read from
+    the preset table), for a one-line error of `train`."""
+    table = presets()
+    if isinstance(value, str) and value in table:
+        sets = ", ".join(f"model.attention.{name}={str(v).lower() if isinstance(v, bool) else v}"
+                         for name, v in table[value].items())
+        what = f"`encoding: {value}` sets {sets}; with train use those --set keys"
+    else:
+        what = (f"`encoding:` picks one of {', '.join(table)}, each a set of model.attention fields; with train "
+                "set those fields")
+    return f"a grid spec word, not a run config key: in a grid spec {what}"
+
+
 def preset_fields(name: Any, field: str = "encoding") -> dict[str, Any]:
     """The `model.attention` fields preset `name` sets; a one-line error naming the allowed words."""
     table = presets()

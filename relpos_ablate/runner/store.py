@@ -30,6 +30,8 @@ from relpos_ablate.runner.grid import GridSpec, PlannedRun
 #: What the runner does with a run: start/resume/retry run it, skip leaves it, busy waits for its owner.
 ACTIONS = ("start", "resume", "retry", "skip", "busy")
 RUNNABLE = ("start", "resume", "retry")
+DONE_WITHOUT_EVAL = f"marked done but {rundir.EVAL} is missing or unreadable; a rerun resumes it (evaluation only)"
+"""Why a run marked done is not done (rundir.is_done): what `status` shows and the runner does."""
 SLURM_JOB = "slurm_job"
 """status.json field: the id of the SLURM job submitted for the run (runner/slurm.py)."""
 
@@ -102,7 +104,7 @@ def decide(run_dir: Path, retry_failed: bool) -> tuple[str, str]:
     if state == "done":
         if rundir.is_done(run_dir):
             return "skip", "done"
-        return "resume", f"marked done but {rundir.EVAL} is missing or unreadable"
+        return "resume", DONE_WITHOUT_EVAL
     if state == "failed":
         reason = status.get("reason") or "no reason recorded"
         return ("retry", f"failed before: {reason}") if retry_failed else ("skip", f"failed: {reason}")

@@ -165,10 +165,11 @@ def exit_reason(returncode: int, stopped: str | None = None) -> tuple[str, str]:
 def record_exit(run_dir: Path, returncode: int, stopped: str | None = None) -> dict:
     """The run's final status: the worker's own when it wrote one, else one made from its exit.
 
-    `stopped` says why the runner stopped the worker (shutdown, preemption): the run is interrupted."""
+    `stopped` says why the runner stopped the worker (shutdown, preemption): the run is interrupted, for that
+    reason (the worker itself only saw the SIGTERM the runner sent it)."""
     status = rundir.read_status(run_dir)
     if status is not None and status["state"] in rundir.FINAL_STATES:
-        return status
+        return update_status(run_dir, reason=stopped) if stopped and status["state"] == "interrupted" else status
     state, reason = exit_reason(returncode, stopped)
     tail = log_tail(run_dir)
     last_line = next((line for line in reversed(tail.splitlines()) if line.strip()), "")

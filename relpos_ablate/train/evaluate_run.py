@@ -32,7 +32,7 @@ import numpy as np
 from relpos_ablate import rundir
 from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, apply_overrides, from_dict, to_plain
 from relpos_ablate.config.base import ConfigErrors
-from relpos_ablate.config.run import unsupported_reason
+from relpos_ablate.config.run import unsupported
 from relpos_ablate.io import atomic_write_json
 from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.data.example_module import test_set_fields
@@ -73,7 +73,8 @@ class EvaluationPlan:
     skipped: int = 0
     """Settings already evaluated with the same fields (not asked to --replace)."""
     unsupported: list[tuple[str, str]] = field(default_factory=list)
-    """(field, reason) of each setting this model cannot take: recorded with its reason, as training does."""
+    """(key, reason) of each setting this model cannot take (key: its name and the field at fault, e.g.
+    eval.settings[0].rope_scaling): recorded with its reason, as training does."""
     diagnostics: bool = False
     """Collect attention diagnostics (asked now, or kept by a record being replaced)."""
 
@@ -89,12 +90,12 @@ def plan_all(run_dirs: list[Path], overrides: list[str], replace: bool = False) 
             plans.append(plan_evaluation(run_dir, overrides, replace))
         except ConfigError as err:
             errors.extend(err.errors)
-    for name in dict.fromkeys(name for plan in plans for name, _ in plan.unsupported):
-        takers = [plan for plan in plans if name in plan.names and name not in dict(plan.unsupported)]
-        if not takers:
-            plan = next(plan for plan in plans if name in dict(plan.unsupported))
+    for key in dict.fromkeys(key for plan in plans for key, _ in plan.unsupported):
+        setting = key.rsplit(".", 1)[0]
+        if not any(setting in plan.names and key not in dict(plan.unsupported) for plan in plans):
+            plan = next(plan for plan in plans if key in dict(plan.unsupported))
             what = "this run cannot take it" if len(plans) == 1 else f"none of the {len(plans)} runs can take it"
-            errors.append(ConfigError(f"{plan.run_dir}: {name}", f"{what}: {dict(plan.unsupported)[name]}"))
+            errors.append(ConfigError(f"{plan.run_dir}: {key}", f"{what}: {dict(plan.unsupported)[key]}"))
     return plans, errors
 
 
@@ -123,14 +124,18 @@ def _plan(run_dir: Path, overrides: list[str], replace: bool) -> EvaluationPlan:
     records = rundir.read_eval(run_dir)["settings"]
     plan = EvaluationPlan(run_dir, config, diagnostics=config.eval.diagnostics)
     given = any(item.split("=", 1)[0].strip().startswith(SETTINGS_KEYS) for item in overrides)
+    if given and config.data.source == "text":  # every setting fits the evaluation split
+        datamodule = build_datamodule(config)
+        datamodule.prepare_data()
+        datamodule.check_evaluation()
     for name, item, setting, record in _candidates(config) if given else _recorded(config, records):
-        reason = unsupported_reason(config, setting)
+        problem = unsupported(config, setting)
         found = next((k for k, old in enumerate(records) if same_setting(old, record)), None)
-        if found is not None and not replace and (reason or _complete(records[found], setting, config.eval.diagnostics)):
+        if found is not None and not replace and (problem or _complete(records[found], setting, config.eval.diagnostics)):
             plan.skipped += 1
             continue
-        if reason:
-            plan.unsupported.append((name, reason))
+        if problem:
+            plan.unsupported.append((f"{name}.{problem[0]}", problem[1]))
         if found is not None:  # evaluated again: keep what the record had (per-target losses, diagnostics)
             if records[found].get("token_losses") and isinstance(item, EvalSetting):
                 item = dataclasses.replace(item, token_losses=True)
@@ -166,7 +171,8 @@ def _candidates(config: RunConfig) -> list[tuple[str, Any, EvalSetting, dict]]:
     """(config field, what to evaluate, its EvalSetting, its record before results) of every setting the
     config asks for: eval settings, or the test sets of an example task."""
     if not config.data.example_task:
-        return [(_setting_field(config, i), s, s, setting_record(config, s)) for i, s in enumerate(config.eval_settings())]
+        return [(config.eval_setting_field(i, "").rstrip("."), s, s, setting_record(config, s))
+                for i, s in enumerate(config.eval_settings())]
     candidates = []
     for fields in test_set_fields(config.data):
         record = example_record(config, fields)
@@ -187,12 +193,6 @@ def check_keys(overrides: list[str], example_task: bool) -> None:
             what = "eval.* keys" + (f" and {', '.join(EXAMPLE_KEYS)}" if example_task else "")
             raise ConfigError(key or "--set", f"evaluate takes only {what} (the trained model stays as it is); "
                               "to change anything else, train a new run")
-
-
-def _setting_field(config: RunConfig, i: int) -> str:
-    """The config field a setting of eval_settings() comes from: eval.settings[i] or the RECL ladder."""
-    configured = len(config.eval.settings)
-    return f"eval.settings[{i}]" if i < configured or not config.eval.recl_contexts else "eval.recl_contexts"
 
 
 def same_setting(old: dict, new: dict) -> bool:

@@ -29,8 +29,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from relpos_ablate import rundir
 from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_text, now_iso, read_json
 
+CONFIG_ERRORS = "config_errors"
+"""status.json field of a run failed by its config (one line per problem): `train` reports them as bad input."""
 #: Fields of a previous attempt that no longer describe the run once it starts again.
-STALE_FIELDS = ("reason", "traceback", "finished_at", "wall_time_s", "exit_code")
+STALE_FIELDS = ("reason", "traceback", "finished_at", "wall_time_s", "exit_code", CONFIG_ERRORS)
 
 
 class RunStatus:
@@ -50,15 +52,16 @@ class RunStatus:
         self.fields.update(fields)
         atomic_write_json(self.path, self.fields)
 
-    def start(self, device: str, max_steps: int) -> None:
+    def start(self, device: str, max_steps: int, since: float | None = None) -> None:
+        """`since`: time.monotonic() when the attempt began, if before now (the command's start-up counts)."""
         for key in STALE_FIELDS:
             self.fields.pop(key, None)
-        self._t0 = time.monotonic()
+        self._t0 = time.monotonic() if since is None else since
         self.update(state="running", pid=os.getpid(), host=socket.gethostname(), device=device,
-                    started_at=now_iso(), max_steps=max_steps)
+                    started_at=now_iso(time.monotonic() - self._t0), max_steps=max_steps)
 
     def finish(self, state: str, **fields: Any) -> None:
-        """done | failed | interrupted, with the end time and this attempt's wall time."""
+        """done | failed | interrupted, with the end time and this attempt's wall time (from `since`)."""
         self.update(state=state, finished_at=now_iso(), wall_time_s=round(time.monotonic() - self._t0, 3), **fields)
 
 

@@ -35,7 +35,9 @@ from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
 from relpos_ablate.train.evaluation import evaluate, write_token_losses
 from relpos_ablate.train.module import LitLM, NonFiniteLoss
-from relpos_ablate.train.records import AtomicCheckpointIO, MetricsCSV, RunRecorder, RunStatus, close_log, open_log
+from relpos_ablate.train.records import (
+    CONFIG_ERRORS, AtomicCheckpointIO, MetricsCSV, RunRecorder, RunStatus, close_log, open_log,
+)
 
 log = logging.getLogger("relpos_ablate.train")
 # Lightning advertises a hosted logger on every run; keep run logs to what concerns the run.
@@ -52,13 +54,15 @@ def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
     return config
 
 
-def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callback, ...] = ()) -> str:
+def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callback, ...] = (),
+              started: float | None = None) -> str:
     """Train, evaluate and record one run; returns its final state: done | failed | interrupted.
 
     A done run is left alone. Anything else resumes from checkpoints/last.ckpt when it exists.
     `callbacks` are extra Lightning callbacks (tests use one to interrupt a run). With several
     processes every one of them calls this; only rank 0 writes the run's records, the others let
-    their errors end their process (Lightning then stops the whole run).
+    their errors end their process (Lightning then stops the whole run). `started`: time.monotonic() when
+    the command began, so the attempt's wall time counts its start-up (imports, data) too; default now.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -69,7 +73,7 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
         return "done"
     handler = open_log(run_dir)
     status = RunStatus(run_dir)
-    status.start(device=describe_device(config.train), max_steps=config.train.max_steps)
+    status.start(device=describe_device(config.train), max_steps=config.train.max_steps, since=started)
     try:
         with wandb_run_ends_with_the_attempt(config):
             _train_and_evaluate(config, run_dir, status, callbacks)
@@ -77,15 +81,17 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
         return "done"
     except (KeyboardInterrupt, SystemExit, LostProcess) as err:  # Lightning turns Ctrl-C into SystemExit(1)
         reason = str(err) if isinstance(err, LostProcess) else (
-            "stopped by SIGTERM" if isinstance(err, SIGTERMException) else "interrupted by the user")
-        log.warning("%s at step %s; rerun to resume", reason, status.fields.get("step"))
+            "stopped by SIGTERM" if isinstance(err, SIGTERMException) else "interrupted by the user"
+        ) + "; rerun the same command to resume"
+        log.warning("%s (at step %s)", reason, status.fields.get("step"))
         status.finish("interrupted", reason=reason)
         return "interrupted"
     except Exception as err:  # the run failed: record why, for the runner and the collector
         reason = str(err) if isinstance(err, (NonFiniteLoss, ConfigError)) else f"{type(err).__name__}: {err}"
         reason = " ".join(reason.split())
         log.error("failed: %s\n%s", reason, traceback.format_exc())
-        status.finish("failed", reason=reason, traceback=traceback.format_exc())
+        bad_input = {CONFIG_ERRORS: [str(e) for e in err.errors]} if isinstance(err, ConfigError) else {}
+        status.finish("failed", reason=reason, traceback=traceback.format_exc(), **bad_input)
         return "failed"
     finally:
         close_log(handler)
@@ -110,6 +116,7 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
     """The run itself; `status` is None on ranks > 0, which write no records."""
     datamodule = build_datamodule(config)
     datamodule.prepare_data()
+    datamodule.check_evaluation()
     config = resolve_log_n_length(resolve_vocab(config, datamodule.vocab_size))
     if status is not None:
         atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(config))

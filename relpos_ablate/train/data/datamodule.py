@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from relpos_ablate.config import ConfigError, EvalSetting, RunConfig
+from relpos_ablate.config.base import raise_all
 from relpos_ablate.train.data import synthetic, text
 from relpos_ablate.train.data.protocols import eval_loader
 from relpos_ablate.train.data.streams import ResumeSampler, SegmentStreams, TrainingSegments, batchify, shard_rows
@@ -71,6 +72,24 @@ class SegmentDataModule(L.LightningDataModule):
                               f"streams of segment length {segment_len}")
         inputs, targets = batchify(tokens, self._rows(split))
         return SegmentStreams(inputs, targets, torch.ones(1, 1, dtype=torch.bool).expand_as(inputs), segment_len)
+
+    def check_evaluation(self) -> None:
+        """Every evaluation setting fits a text split, checked once the data is prepared: a split too short
+        would otherwise fail the run after all its training steps. One line per setting that does not fit.
+        (Synthetic streams: RunConfig checks data.eval_tokens.)"""
+        if self.config.data.source != "text":
+            return
+        name, rows = self.config.eval.split, self._rows("eval")
+        tokens = self._corpus.splits.get(name)
+        size = 0 if tokens is None else tokens.numel()
+        targets = size // rows - 1  # per stream: batchify's rows, each stream's first token not a target
+        if targets < 1:
+            raise ConfigError("eval.batch_size", f"the {name} split has {size} tokens, too few for {rows} streams "
+                              f"of at least one target; use at most {max(1, size // 2)} streams")
+        raise_all([ConfigError(self.config.eval_setting_field(i), f"{setting.segment_len} does not fit the {name} "
+                               f"split: its {size} tokens cut into eval.batch_size={rows} streams leave {targets} "
+                               f"targets per stream; use segment_len <= {targets} (or fewer streams)")
+                   for i, setting in enumerate(self.config.eval_settings()) if setting.segment_len > targets])
 
     @property
     def train_segments(self) -> int:

@@ -4,8 +4,10 @@
 The layout, the same for every protocol and length: the evaluation split cut into B = eval.batch_size
 contiguous streams, inputs x[b, 0..T-1] and targets x[b, 1..T] (each stream's first token is never a
 target, as in Transformer-XL's evaluation; `max_targets` keeps the first max_targets // B targets of
-each stream). Every protocol scores each of the B·T targets exactly once (for synthetic tasks: those
-the task determines), so token counts match across protocols and lengths:
+each stream). Every protocol scores each of the B·T targets exactly once, so token counts match across
+protocols and lengths; for a task with a per-segment rule (offset_copy, recall: the segment_mask of its
+streams) only the targets the rule finds determined inside their segment or window count, and those
+depend on where segments and windows start:
 
 - non_overlapping / xl: batch t is columns [tL, (t+1)L) of every stream; the last, partial segment is
   padded and the padding masked (not dropped); memory, if any, carries from batch t to t + 1.
