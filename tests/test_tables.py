@@ -18,8 +18,9 @@ from scipy import stats
 
 from fixtures.report_runs import ENCODINGS, make_grid, make_run
 from relpos_ablate.analysis import collect
+from relpos_ablate.analysis.layouts import make_table
 from relpos_ablate.analysis.render import latex_escape, render
-from relpos_ablate.analysis.tables import TableOptions, make_table
+from relpos_ablate.analysis.tables import TableOptions
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
 

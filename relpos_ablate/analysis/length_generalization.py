@@ -21,7 +21,7 @@ import pandas as pd
 
 from relpos_ablate.analysis.render import Cell, Table
 from relpos_ablate.analysis.tables import (
-    DECIMALS, finished, label, mark_best, metric_direction, row_key, seed_cell, sort_key,
+    DECIMALS, TableOptions, finished, label, mark_best, metric_direction, row_key, seed_cell, sort_key,
 )
 from relpos_ablate.config import ConfigError
 
@@ -75,9 +75,10 @@ def _scores(data: pd.DataFrame, rows: list[str], metric: str):
     return cells, order
 
 
-def length_generalization_table(df: pd.DataFrame, metric: str, rows: list[str], orders: dict | None = None) -> Table:
-    """Rows (task, *rows) x test-length bins + OOD mean (module docstring). The columns are fixed."""
-    orders = orders or {}
+def length_generalization_table(df: pd.DataFrame, options: TableOptions, orders: dict | None = None) -> Table:
+    """Rows (task, *options.rows) x test-length bins + OOD mean of options.metric (module docstring). The
+    columns are fixed."""
+    orders, metric, rows = orders or {}, options.metric, list(options.rows)
     data = example_rows(df, metric)
     rows = [r for r in rows if r != TASK] or ["experiment"]
     cells, bins = _scores(data, rows, metric)

@@ -1,11 +1,7 @@
-"""Paper-style tables from `collect`: mean ± std over seeds, best per column in bold, Welch's t-test.
-
-Layouts:
-- `grid`: rows and columns by any config field, variant axis or evaluation setting (here).
-- `xl_table6`, `xl_table8`: Transformer-XL's Table 6 (PPL init / best / Attn Len) and Table 8 (RECL)
-  (xl_tables.py).
-- `length_generalization`: example tasks, one row per (task, encoding), test-length bins and their
-  OOD mean as columns (length_generalization.py, which also has the rank-per-task summary).
+"""Paper-style tables from `collect`: the machinery every layout shares (options, labels, seed cells,
+best in bold, Welch's t-test) and the `grid` layout (rows and columns by any config field, variant axis
+or evaluation setting). The other layouts build on this module and layouts.py, above them all, maps
+`--layout` names to them (`make_table`); this module knows none of them.
 Settings that save per-token losses (RECL's ladder) are left out of the grid and xl_table6 layouts
 and of the extrapolation plot: they score a subset of the targets; xl_table8 reads them.
 
@@ -31,14 +27,11 @@ from scipy import stats
 
 from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import SETTING_FIELDS
-from relpos_ablate.analysis.settings import (
-    column_label, evaluation_note, label, normalized, short_name, table_settings,
-)
+from relpos_ablate.analysis.settings import column_label, evaluation_note, label, normalized, short_name
 from relpos_ablate.analysis.render import FORMATS, STAR_LEGEND, Cell, Table
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice, load_yaml
 
-LAYOUTS = ("grid", "xl_table6", "xl_table8", "length_generalization")
 HIGHER_IS_BETTER = ("acc", "accuracy", "exact_match")
 """Metrics where larger is better; every other metric (ppl, loss, bpc, nll) is lower-is-better."""
 DECIMALS = {"ppl": 2, "acc": 3, "loss": 3, "bpc": 3}
@@ -61,13 +54,12 @@ class TableOptions:
     baseline: str | None = None
     """Row label the other rows are tested against (Welch's t-test); several row keys: 'a,b'."""
     layout: str | None = None
-    """grid (rows x columns), xl_table6 (Transformer-XL's ablation table) or xl_table8 (its RECL table)."""
+    """grid (rows x columns) or a paper's layout (layouts.py: xl_table6, Transformer-XL's ablation table;
+    xl_table8, its RECL table; length_generalization); checked by make_table."""
     format: str | None = None
     """markdown | latex | csv."""
 
     def __post_init__(self):
-        if self.layout is not None:
-            check_choice("layout", self.layout, LAYOUTS)
         if self.format is not None:
             check_choice("format", self.format, FORMATS)
 
@@ -356,26 +348,6 @@ def seed_caption(metric: str, cells: list[Cell], baseline: str | None) -> str:
         text += (f" Welch's t-test vs {baseline} where both cells have >= {MIN_WELCH_SEEDS} seeds: {STAR_LEGEND}"
                  f"{'' if counts[0] >= MIN_WELCH_SEEDS else ' (none here: too few seeds)'}.")
     return text
-
-
-def make_table(df: pd.DataFrame, options: TableOptions = TableOptions()) -> tuple[Table, TableOptions]:
-    """The table the options ask for, and the resolved options (format, layout, ...) it used."""
-    from relpos_ablate.analysis import xl_tables  # builds on this module
-
-    spec = read_spec(df)
-    recl = options.merged(spec_options(spec)).layout == "xl_table8"
-    data = df if recl else table_settings(df)
-    resolved = resolve_options(data, options, spec)
-    orders = axis_orders(spec)
-    if recl:
-        return xl_tables.xl_table8(data, orders), resolved
-    if resolved.layout == "xl_table6":
-        return xl_tables.xl_table6(data, resolved.metric, orders), resolved
-    if resolved.layout == "length_generalization":  # its rank summary: length_generalization.rank_table
-        from relpos_ablate.analysis.length_generalization import length_generalization_table
-
-        return length_generalization_table(data, resolved.metric, list(resolved.rows), orders), resolved
-    return grid_table(data, resolved, orders), resolved
 
 
 def variant_colors(count: int) -> list:

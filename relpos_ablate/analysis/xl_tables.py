@@ -19,7 +19,7 @@ from relpos_ablate.analysis.recl import R_VALUES, THRESHOLD, ladder_rows, recl, 
 from relpos_ablate.analysis.render import Cell, Table
 from relpos_ablate.analysis.settings import ATTN_LEN
 from relpos_ablate.analysis.tables import (
-    DECIMALS, default_rows, finished, label, mark_best, metric_direction, normalized, run_level,
+    DECIMALS, TableOptions, default_rows, finished, label, mark_best, metric_direction, normalized, run_level,
     seed_caption, seed_cell, short_name, sort_key, values_by_key, varies,
 )
 
@@ -90,8 +90,10 @@ def _init_and_best(runs: pd.DataFrame, metric: str) -> tuple[Cell | None, Cell, 
     return (at_train[0][1] if at_train else None), best, label(best_setting.get("attn_len"))
 
 
-def xl_table6(df: pd.DataFrame, metric: str, orders: dict[str, list] | None = None) -> Table:
-    """Transformer-XL Table 6: one row per configuration (seeds pooled), best init/best in bold."""
+def xl_table6(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] | None = None) -> Table:
+    """Transformer-XL Table 6: one row per configuration (seeds pooled), best init/best in bold, in
+    options.metric."""
+    metric = options.metric
     data, protocol = one_protocol(finished(df, metric))
     index, models = model_rows(data, orders or {})
     lines = [(labels, list(_init_and_best(part, metric))) for labels, part in models]
@@ -113,9 +115,10 @@ def xl_table6(df: pd.DataFrame, metric: str, orders: dict[str, list] | None = No
 # ---------------------------------------------------------------- Table 8
 
 
-def xl_table8(df: pd.DataFrame, orders: dict[str, list] | None = None) -> Table:
+def xl_table8(df: pd.DataFrame, options: TableOptions | None = None, orders: dict[str, list] | None = None) -> Table:
     """Transformer-XL Table 8: RECL at each r in R_VALUES per model, the group being every model shown;
-    with several seeds, RECL within each seed's group, then mean ± std."""
+    with several seeds, RECL within each seed's group, then mean ± std (the metric is RECL: options
+    choose nothing here)."""
     losses = token_loss_frame(df)
     rows = ladder_rows(df)
     index, models = model_rows(rows, orders or {})

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     p.add_argument("--metric", help="metric in the cells (default: the task's main metric)")
     p.add_argument("--format", choices=("markdown", "latex", "csv"), help="default: from --out's suffix, else markdown")
     p.add_argument("--baseline", help="row label to test the others against (Welch's t-test); several keys: 'a,b'")
-    p.add_argument("--layout", choices=("grid", "xl_table6", "xl_table8", "length_generalization"),
+    p.add_argument("--layout", metavar="NAME",
                    help="grid (default), Transformer-XL's Table 6 (PPL init / best / Attn Len) or Table 8 (RECL at "
                         "r = 0.1, 0.5, 1.0; needs eval.recl_contexts), or length_generalization (example tasks: "
                         "test-length bins + OOD mean per task and encoding, then a rank-per-task summary)")
@@ -94,7 +94,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def cmd_table(args: argparse.Namespace) -> int:
     from relpos_ablate.analysis.render import render
-    from relpos_ablate.analysis.tables import TableOptions, left_out_runs, make_table
+    from relpos_ablate.analysis.layouts import make_table
+    from relpos_ablate.analysis.tables import TableOptions, left_out_runs
     from relpos_ablate.io import atomic_write_text
 
     if args.format is None and args.out is not None and args.out.suffix not in SUFFIX_FORMATS:
