@@ -220,10 +220,12 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     n_keys = cat.shape[1]
     n_mem = n_keys - lq
     pos = list(range(n_keys)) if positions is None else [int(p) for p in positions]
-    wq = attn.q_net.weight.detach().double()
-    wk, wv = attn.kv_net.weight.detach().double().chunk(2, dim=0)
-    q = (x @ wq.T).view(b, lq, h, dh)
-    k = (cat @ wk.T).view(b, n_keys, h, dh)
+    # q and k are 0 where the module builds no projection for them (no enabled term reads them)
+    q = torch.zeros(b, lq, h, dh, dtype=torch.float64)
+    if attn.q_net is not None:
+        q = (x @ attn.q_net.weight.detach().double().T).view(b, lq, h, dh)
+    *wk, wv = attn.kv_net.weight.detach().double().split(h * dh)  # [W_k;] W_v
+    k = (cat @ wk[0].T).view(b, n_keys, h, dh) if wk else torch.zeros(b, n_keys, h, dh, dtype=torch.float64)
     v = (cat @ wv.T).view(b, n_keys, h, dh)
     if cfg.absolute == "rope":
         d_rot = int(cfg.rope_fraction * dh) // 2 * 2

@@ -189,6 +189,16 @@ class AttentionConfig:
         """Terms b or d need the relative position vectors R."""
         return "b" in self.terms or "d" in self.terms
 
+    @property
+    def reads_queries(self) -> bool:
+        """Terms a or b read the query q_i (CoPE and RoPE need term a); c and d use u and v instead."""
+        return "a" in self.terms or "b" in self.terms
+
+    @property
+    def reads_keys(self) -> bool:
+        """Terms a or c read the key k_j (CoPE needs term a); b and d read W_R R instead."""
+        return "a" in self.terms or "c" in self.terms
+
 
 @dataclass(frozen=True)
 class ModelConfig:
