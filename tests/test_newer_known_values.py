@@ -5,6 +5,8 @@ computed here by hand or quoted from the paper / reference code, never read back
 Run: pytest tests/test_newer_known_values.py -q"""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -220,6 +222,19 @@ def test_cope_interpolates_the_table_linearly():
     scores = attn.contextual.scores(q, zero_keys, 0.5, visible)[0, 0]
     p = ((torch.arange(3)[:, None] - torch.arange(3)[None, :] + 1) / 2).clamp(min=0) * visible
     torch.testing.assert_close(scores, 0.5 * p * (q[0, 0] @ c)[:, None])
+
+
+def test_the_documented_cope_interpolation_is_e_itself_at_whole_positions():
+    """docs/formulas.md#cope's e[p], evaluated as written: e[n] at every whole n (the authors' code:
+    (p - ⌊p⌋)·e[⌈p⌉] + (1 - p + ⌊p⌋)·e[⌊p⌋]; a weight ⌈p⌉ - p would give 0 there), linear between."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "formulas.md").read_text()
+    written = re.search(r"e\[p\] = (.+?),$", text[text.index("### CoPE"):], flags=re.M).group(1)
+    python = written.replace("⌈p⌉", "ceil(p)").replace("⌊p⌋", "floor(p)").replace("·", "*").replace("−", "-")
+    python = re.sub(r"e\[([^]]*)\]", r"table[\1]", python)
+    table = [10.0, 20.0, 40.0, 80.0]
+    for p, expected in ((0, 10.0), (1, 20.0), (2, 40.0), (3, 80.0), (1.25, 25.0), (2.5, 60.0)):
+        got = eval(python, {"ceil": math.ceil, "floor": math.floor, "table": table, "p": p})  # noqa: S307
+        assert got == pytest.approx(expected), (written, p)
 
 
 # ------------------------------------------------------------------ Sandwich
