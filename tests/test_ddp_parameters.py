@@ -141,10 +141,9 @@ def test_a_run_resumes_from_a_checkpoint_with_unread_projections(tmp_path):
     terms-d run at its step."""
     from test_train_module import tiny
 
-    saved = tiny("model.attention.terms=ad", "train.max_steps=2", "train.log_every=1", "eval.settings=[{segment_len: 16}]")
-    assert train_run(saved, tmp_path / "saved") == "done"
+    short = ("train.log_every=1", "eval.settings=[{segment_len: 16}]")
+    assert train_run(tiny("model.attention.terms=ad", "train.max_steps=2", *short), tmp_path / "saved") == "done"
     shutil.copytree(tmp_path / "saved" / "checkpoints", tmp_path / "run" / "checkpoints")
-    config = tiny("model.attention.terms=d", "train.max_steps=4", "train.log_every=1", "eval.settings=[{segment_len: 16}]")
-    assert train_run(config, tmp_path / "run") == "done"
+    assert train_run(tiny("model.attention.terms=d", "train.max_steps=4", *short), tmp_path / "run") == "done"
     with open(tmp_path / "run" / "metrics.csv") as f:
         assert [row.split(",")[0] for row in f.read().split()[1:]] == ["2", "3"]  # resumed at step 2

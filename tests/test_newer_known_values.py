@@ -114,6 +114,17 @@ def test_bad_rope_scalings_are_one_line_errors(kind, factor, phrase):
         RopeScaling(kind, factor, 8)
 
 
+@pytest.mark.parametrize("fields, model", [(dict(absolute="rope", xpos_scale_base=512.0), "absolute='rope' with xPos"),
+                                           (dict(bias="alibi"), "absolute='none'")], ids=["xpos", "alibi"])
+def test_rope_scaling_of_a_model_without_plain_rope_is_a_one_line_error(fields, model):
+    """xPos has no published context extension, a model without RoPE nothing to extend: the call is refused
+    (it was ignored), as evaluation skips such settings (train/run.py unsupported_reason)."""
+    attn = attention(terms="a", **fields)
+    x, mems = inputs(1, 3)
+    with pytest.raises(ValueError, match=rf"^rope_scaling: yarn extends RoPE; this model has {re.escape(model)}"):
+        attn(x, mems, AttentionOptions(rope_scaling=RopeScaling("yarn", 4.0, 8)))
+
+
 # ------------------------------------------------------------------ partial rotary and xPos
 @pytest.mark.parametrize("scaling, rates, factor", [
     (None, (1.0, 0.01), 1.0),

@@ -291,6 +291,16 @@ def check_randomized_range(attention: AttentionConfig, lengths: dict[str, tuple[
                               f"from [0, max_position)")
 
 
+def rope_scaling_conflict(attention: AttentionConfig) -> str | None:
+    """Why a RoPE context extension (an evaluation setting's rope_scaling: PI, NTK, YaRN) cannot apply to this
+    attention, or None when it can: it rescales RoPE's frequencies, and xPos has no published extension.
+    The model refuses such a call; an evaluation skips such a setting and records this reason."""
+    if attention.absolute == "rope" and attention.xpos_scale_base is None:
+        return None
+    xpos = "" if attention.xpos_scale_base is None else " with xPos (xpos_scale_base), which has no published extension"
+    return f"extends RoPE; this model has absolute={attention.absolute!r}{xpos}"
+
+
 def rotary_width(attention: AttentionConfig, d_head: int) -> int:
     """d_rot: how many of a head's dimensions RoPE rotates, int(rope_fraction·d_head) rounded down to even."""
     return int(attention.rope_fraction * d_head) // 2 * 2

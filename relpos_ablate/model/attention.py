@@ -29,7 +29,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from relpos_ablate.config.model import AttentionConfig, check_widths, rotary_width
+from relpos_ablate.config.model import AttentionConfig, check_widths, rope_scaling_conflict, rotary_width
 from relpos_ablate.model.call import AttentionCall, AttentionOptions, SharedParameters, Visibility, place
 from relpos_ablate.model.cope import ContextualPositions
 from relpos_ablate.model.dispatch import attend
@@ -176,6 +176,9 @@ class RelPosAttention(nn.Module):
         k = k[0] if k else torch.zeros_like(v)
         q = v.new_zeros(b, self.n_heads, lq, self.d_head) if self.q_net is None else \
             self.q_net(x).view(b, lq, self.n_heads, self.d_head).transpose(1, 2)  # (B, L, H, dh) -> (B, H, L, dh)
+        conflict = None if rope_scaling is None else rope_scaling_conflict(self.config)
+        if conflict:
+            raise ValueError(f"rope_scaling: {rope_scaling.kind} {conflict}")
         if self.config.absolute == "rope":
             cfg = self.config
             q, k = rotate_queries_keys(q, k, call.query_positions, call.key_positions, rotary_width(cfg, self.d_head),

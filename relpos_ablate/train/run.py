@@ -31,6 +31,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from relpos_ablate import rundir
 from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, TrainConfig, check_world_size, to_plain
+from relpos_ablate.config.model import rope_scaling_conflict
 from relpos_ablate.config.run import resolve_log_n_length
 from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
@@ -63,9 +64,8 @@ def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:
     if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
         return (f"learned absolute positions cover {a.max_position} tokens (model.attention.max_position); "
                 f"segment_len {setting.segment_len} does not fit")
-    if setting.rope_scaling is not None and (a.absolute != "rope" or a.xpos_scale_base is not None):
-        return (f"rope_scaling {setting.rope_scaling!r} extends RoPE; this model has absolute={a.absolute!r}"
-                + (" with xPos" if a.xpos_scale_base is not None else ""))
+    if setting.rope_scaling is not None and rope_scaling_conflict(a):
+        return f"rope_scaling {setting.rope_scaling!r} {rope_scaling_conflict(a)}"
     return None
 
 
