@@ -135,23 +135,30 @@ def rope_rate(k: int, d_rot: int, base: float, scaling=None) -> float:
         return theta / s
     if scaling.kind == "ntk":
         return (base * s ** (d_rot / (d_rot - 2))) ** (-2 * k / d_rot)
-    turns = scaling.original_length * theta / (2 * math.pi)  # L / wavelength
-    ramp = min(max((turns - 1) / (32 - 1), 0.0), 1.0)
-    return (1 - ramp) * theta / s + ramp * theta
+    # yarn, as its authors' code: pairs up to the one that turns 32 times within L keep θ, from the one that
+    # turns once they get θ/s, linear in the pair index between (the ends rounded outwards, kept in range)
+    def pair_turning(turns):
+        return d_rot * math.log(scaling.original_length / (2 * math.pi * turns)) / (2 * math.log(base))
+
+    first, last = max(math.floor(pair_turning(32)), 0), min(math.ceil(pair_turning(1)), d_rot - 1)
+    interpolated = min(max((k - first) / ((last - first) or 0.001), 0.0), 1.0)
+    return (1 - interpolated) * theta + interpolated * theta / s
 
 
 def rope_reference(x: Tensor, pos: float, base: float, d_rot: int | None = None, scaling=None,
                    xpos_base: float | None = None, sign: int = 1) -> Tensor:
     """Rotate pairs (k, k + d_rot/2) of the first d_rot dims of x [..., d] by angle pos·θ_k, one 2x2
-    rotation at a time; xPos scales pair k by ζ_k^(sign·pos/B), ζ_k = (2k + 0.4·d_rot)/(1.4·d_rot)
-    (no centring: it cancels in q·k)."""
+    rotation at a time; YaRN multiplies the rotated dims by 0.1 ln s + 1; xPos scales pair k by
+    ζ_k^(sign·pos/B), ζ_k = (2k + 0.4·d_rot)/(1.4·d_rot) (no centring: it cancels in q·k)."""
     d_rot = x.shape[-1] if d_rot is None else d_rot
     half = d_rot // 2
     out = x.clone()
+    temperature = 0.1 * math.log(scaling.factor) + 1 if scaling is not None and scaling.kind == "yarn" else 1.0
     for k in range(half):
         angle = pos * rope_rate(k, d_rot, base, scaling)
         c, s = math.cos(angle), math.sin(angle)
-        scale = 1.0 if xpos_base is None else ((2 * k + 0.4 * d_rot) / (1.4 * d_rot)) ** (sign * pos / xpos_base)
+        scale = temperature if xpos_base is None else \
+            temperature * ((2 * k + 0.4 * d_rot) / (1.4 * d_rot)) ** (sign * pos / xpos_base)
         out[..., k] = (x[..., k] * c - x[..., k + half] * s) * scale
         out[..., k + half] = (x[..., k] * s + x[..., k + half] * c) * scale
     return out
@@ -220,18 +227,18 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     n_keys = cat.shape[1]
     n_mem = n_keys - lq
     pos = list(range(n_keys)) if positions is None else [int(p) for p in positions]
-    wq = attn.q_net.weight.detach().double()
-    wk, wv = attn.kv_net.weight.detach().double().chunk(2, dim=0)
-    q = (x @ wq.T).view(b, lq, h, dh)
-    k = (cat @ wk.T).view(b, n_keys, h, dh)
+    # q and k are 0 where the module builds no projection for them (no enabled term reads them)
+    q = torch.zeros(b, lq, h, dh, dtype=torch.float64)
+    if attn.q_net is not None:
+        q = (x @ attn.q_net.weight.detach().double().T).view(b, lq, h, dh)
+    *wk, wv = attn.kv_net.weight.detach().double().split(h * dh)  # [W_k;] W_v
+    k = (cat @ wk[0].T).view(b, n_keys, h, dh) if wk else torch.zeros(b, n_keys, h, dh, dtype=torch.float64)
     v = (cat @ wv.T).view(b, n_keys, h, dh)
     if cfg.absolute == "rope":
         d_rot = int(cfg.rope_fraction * dh) // 2 * 2
         turn = dict(d_rot=d_rot, scaling=rope_scaling, xpos_base=cfg.xpos_scale_base)
         q = torch.stack([rope_reference(q[:, i], pos[n_mem + i], cfg.rope_base, sign=1, **turn) for i in range(lq)], 1)
         k = torch.stack([rope_reference(k[:, j], pos[j], cfg.rope_base, sign=-1, **turn) for j in range(n_keys)], 1)
-        if rope_scaling is not None and rope_scaling.kind == "yarn":  # the temperature: q·k × (0.1 ln s + 1)²
-            q = q * (0.1 * math.log(rope_scaling.factor) + 1) ** 2
     s = dh**-0.5 if cfg.score_scale in ("sqrt_d", "log_n") else 1.0
     s_bias = s if cfg.bias_scaled else 1.0
     scores = torch.zeros(b, h, lq, n_keys, dtype=torch.float64)

@@ -5,6 +5,8 @@ computed here by hand or quoted from the paper / reference code, never read back
 Run: pytest tests/test_newer_known_values.py -q"""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from conftest import randomize
 from test_attention_reference import inputs
 from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
 from relpos_ablate.model import AttentionOptions
+from relpos_ablate.config.model import rotary_width
 from relpos_ablate.model.position import RopeScaling, alibi_slopes, build_bias, rope_frequencies, xpos_decay
 
 
@@ -37,23 +40,53 @@ def test_ntk_keeps_the_fastest_pair_and_interpolates_the_slowest():
     torch.testing.assert_close(ntk[1], torch.tensor(41829.36592889948, dtype=torch.float64) ** (-2 / 64))
 
 
-def test_yarn_keeps_fast_pairs_interpolates_slow_ones_and_ramps_between():
-    """Pairs turning more than 32 times within L keep θ, fewer than once get θ/s, linear in between."""
+def test_yarn_ramps_linearly_in_the_pair_index_between_its_correction_pairs():
+    """As YaRN's authors' code and Hugging Face: d = 16, base 10^4, L = 1000. Pair p turns L·θ_p/2π times
+    within L, so the pair that turns r times is p(r) = d·ln(L/(2πr))/(2 ln base): p(32) = 1.393 and
+    p(1) = 4.404, rounded outwards to 1 and 5. Pairs 0-1 keep θ, pairs 5-7 get θ/s, pairs 2-4 keep
+    3/4, 1/2, 1/4 of θ (linear in p). The paper's Eq. 18, linear in the turns (159, 50, 15.9, 5.0, ...),
+    would keep 48%, 13% and 2% of them."""
     length, s = 1000, 8.0
+    assert 16 * math.log(length / (2 * math.pi * 32)) / (2 * math.log(10000)) == pytest.approx(1.393, abs=1e-3)
+    assert 16 * math.log(length / (2 * math.pi)) / (2 * math.log(10000)) == pytest.approx(4.404, abs=1e-3)
+    kept = [1, 1, 0.75, 0.5, 0.25, 0, 0, 0]
     theta = [10000 ** (-2 * p / 16) for p in range(8)]
-    turns = [length * t / (2 * math.pi) for t in theta]  # 159, 50, 15.9, 5.0, 1.6, 0.5, 0.16, 0.05
-    ramp = [min(max((r - 1) / 31, 0.0), 1.0) for r in turns]
-    expected = [(1 - g) * t / s + g * t for g, t in zip(ramp, theta)]
+    expected = [g * t + (1 - g) * t / s for g, t in zip(kept, theta)]
     got = rope_frequencies(16, 10000.0, RopeScaling("yarn", s, length))
-    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64))
-    assert got[0] == theta[0] and got[1] == theta[1] and got[-1] == theta[-1] / s and got[-2] == theta[-2] / s
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("head, fraction, base, s, length", [
+    (64, 1.0, 10000.0, 4.0, 64),  # alibi_extrapolation_cpu's RoPE at 4x
+    (16, 1.0, 10000.0, 8.0, 1000),
+    (128, 1.0, 500000.0, 8.0, 8192),  # Llama-3-like
+    (32, 1.0, 50.0, 3.0, 6),  # both ends at pair 0: the code's 0.001 guard
+    (64, 0.25, 10000.0, 16.0, 2048),  # partial rotary: the ramp over the 16 rotated dimensions
+])
+def test_yarn_equals_hugging_faces_compute_yarn_parameters(head, fraction, base, s, length):
+    """Frequencies and attention factor equal transformers' `_compute_yarn_parameters` (float32 there)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import _compute_yarn_parameters
+
+    sizes = dict(hidden_size=2 * head, num_attention_heads=2, head_dim=head, max_position_embeddings=length)
+    yarn = {"rope_type": "yarn", "factor": s}
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        config = transformers.LlamaConfig(**sizes, rope_parameters={**yarn, "rope_theta": base,
+                                                                    "partial_rotary_factor": fraction})
+    else:
+        config = transformers.LlamaConfig(**sizes, rope_theta=base, rope_scaling=yarn, partial_rotary_factor=fraction)
+    inv_freq, attention_factor = _compute_yarn_parameters(config, "cpu")
+    scaling = RopeScaling("yarn", s, length)
+    d_rot = rotary_width(AttentionConfig(absolute="rope", terms="a", rope_fraction=fraction), head)
+    torch.testing.assert_close(rope_frequencies(d_rot, base, scaling), inv_freq.double(), rtol=1e-6, atol=0)
+    assert scaling.attention_factor == pytest.approx(attention_factor, rel=1e-12)
 
 
 @pytest.mark.parametrize("s, root", [(4, 1.139), (8, 1.208), (16, 1.277), (32, 1.347)])
 def test_yarn_temperature(s, root):
-    """√(1/t) = 0.1 ln s + 1 on q and on k: q·k grows by its square; 1 for pi and ntk."""
-    assert RopeScaling("yarn", s, 64).query_factor == pytest.approx(root**2, abs=3e-3)
-    assert RopeScaling("pi", s, 64).query_factor == RopeScaling("ntk", s, 64).query_factor == 1.0
+    """√(1/t) = 0.1 ln s + 1 on the rotated dimensions of q and of k; 1 for pi and ntk."""
+    assert RopeScaling("yarn", s, 64).attention_factor == pytest.approx(root, abs=5e-4)
+    assert RopeScaling("pi", s, 64).attention_factor == RopeScaling("ntk", s, 64).attention_factor == 1.0
 
 
 @pytest.mark.parametrize("kind", ["pi", "ntk", "yarn"])
@@ -81,20 +114,40 @@ def test_bad_rope_scalings_are_one_line_errors(kind, factor, phrase):
         RopeScaling(kind, factor, 8)
 
 
+@pytest.mark.parametrize("fields, model", [(dict(absolute="rope", xpos_scale_base=512.0), "absolute='rope' with xPos"),
+                                           (dict(bias="alibi"), "absolute='none'")], ids=["xpos", "alibi"])
+def test_rope_scaling_of_a_model_without_plain_rope_is_a_one_line_error(fields, model):
+    """xPos has no published context extension, a model without RoPE nothing to extend: the call is refused
+    (it was ignored), as evaluation skips such settings (train/run.py unsupported_reason)."""
+    attn = attention(terms="a", **fields)
+    x, mems = inputs(1, 3)
+    with pytest.raises(ValueError, match=rf"^rope_scaling: yarn extends RoPE; this model has {re.escape(model)}"):
+        attn(x, mems, AttentionOptions(rope_scaling=RopeScaling("yarn", 4.0, 8)))
+
+
 # ------------------------------------------------------------------ partial rotary and xPos
-def test_partial_rotary_turns_only_the_first_dimensions():
-    """rope_fraction 0.5 of d_head 8: dimensions 4..7 score as NoPE, 0..3 as RoPE over a width of 4."""
+@pytest.mark.parametrize("scaling, rates, factor", [
+    (None, (1.0, 0.01), 1.0),
+    # d_rot 4, L 8: p(32) < 0 and p(1) = 4·ln(8/2π)/(2 ln 10^4) = 0.05, so the ramp runs from pair 0 to
+    # pair 1: pair 0 keeps its rate, pair 1 gets 0.01/s; the rotated dimensions of q and of k are
+    # multiplied by 0.1 ln 2 + 1 each (as HF's partial rotary), the others are not
+    (RopeScaling("yarn", 2.0, 8), (1.0, 0.01 / 2), 0.1 * math.log(2) + 1),
+], ids=["rope", "yarn"])
+def test_partial_rotary_turns_only_the_first_dimensions(scaling, rates, factor):
+    """rope_fraction 0.5 of d_head 8: dimensions 4..7 score as NoPE, 0..3 as RoPE over a width of 4 (a
+    context extension changes only those)."""
     attn = attention(terms="a", absolute="rope", rope_fraction=0.5)
     x, _ = inputs(3, 0)
-    maps = attn.score_terms(x)["a"]  # (B, H, L, K), s·q_rot·k_rot
+    maps = attn.score_terms(x, options=AttentionOptions(rope_scaling=scaling))["a"]  # (B, H, L, K), s·q_rot·k_rot
     q = attn.q_net(x).view(2, 5, 2, 8).transpose(1, 2)
     k = attn.kv_net(x)[..., :16].view(2, 5, 2, 8).transpose(1, 2)
     i, j = 4, 1  # pair (0, 2): rate 1; pair (1, 3): rate 10000^(-1/2)
     expected = (q[:, :, i, 4:] * k[:, :, j, 4:]).sum(-1)  # the dimensions that carry no position
-    for p, rate in ((0, 1.0), (1, 0.01)):
+    for p, rate in zip((0, 1), rates):
         a_i, b_i, a_j, b_j = q[:, :, i, p], q[:, :, i, p + 2], k[:, :, j, p], k[:, :, j, p + 2]
         r = (i - j) * rate  # Su et al. Eq. 16: (a_i a_j + b_i b_j) cos rθ - (b_i a_j - a_i b_j) sin rθ
-        expected = expected + (a_i * a_j + b_i * b_j) * math.cos(r) - (b_i * a_j - a_i * b_j) * math.sin(r)
+        pair = (a_i * a_j + b_i * b_j) * math.cos(r) - (b_i * a_j - a_i * b_j) * math.sin(r)
+        expected = expected + factor**2 * pair
     torch.testing.assert_close(maps[:, :, i, j], expected / math.sqrt(8), rtol=1e-10, atol=1e-12)
 
 
@@ -180,6 +233,19 @@ def test_cope_interpolates_the_table_linearly():
     scores = attn.contextual.scores(q, zero_keys, 0.5, visible)[0, 0]
     p = ((torch.arange(3)[:, None] - torch.arange(3)[None, :] + 1) / 2).clamp(min=0) * visible
     torch.testing.assert_close(scores, 0.5 * p * (q[0, 0] @ c)[:, None])
+
+
+def test_the_documented_cope_interpolation_is_e_itself_at_whole_positions():
+    """docs/formulas.md#cope's e[p], evaluated as written: e[n] at every whole n (the authors' code:
+    (p - ⌊p⌋)·e[⌈p⌉] + (1 - p + ⌊p⌋)·e[⌊p⌋]; a weight ⌈p⌉ - p would give 0 there), linear between."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "formulas.md").read_text()
+    written = re.search(r"e\[p\] = (.+?),$", text[text.index("### CoPE"):], flags=re.M).group(1)
+    python = written.replace("⌈p⌉", "ceil(p)").replace("⌊p⌋", "floor(p)").replace("·", "*").replace("−", "-")
+    python = re.sub(r"e\[([^]]*)\]", r"table[\1]", python)
+    table = [10.0, 20.0, 40.0, 80.0]
+    for p, expected in ((0, 10.0), (1, 20.0), (2, 40.0), (3, 80.0), (1.25, 25.0), (2.5, 60.0)):
+        got = eval(python, {"ceil": math.ceil, "floor": math.floor, "table": table, "p": p})  # noqa: S307
+        assert got == pytest.approx(expected), (written, p)
 
 
 # ------------------------------------------------------------------ Sandwich

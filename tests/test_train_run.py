@@ -4,9 +4,9 @@ Covers: the run-dir contract (config.yaml with vocab filled in, status.json, met
 checkpoints/last.ckpt, log.txt); resume after a crash and after SIGTERM (step count continues, every
 step trains the segment it should, earlier metrics kept, no duplicated steps, status.json at the
 checkpoint's step from the start; with dropout, randomized positions or memory the weights of the
-uninterrupted run bit for bit); a done run is not
-retrained; a non-finite loss fails the run; learned absolute positions beyond their table; the CLI
-(config from the run dir, mismatch error, exit codes, --help listing every field).
+uninterrupted run bit for bit); a rerun with the same thread count evaluates bit for bit the same; a
+done run is not retrained; a non-finite loss fails the run; learned absolute positions beyond their
+table; the CLI (config from the run dir, mismatch error, exit codes, --help listing every field).
 Run: pytest tests/test_train_run.py
 """
 
@@ -15,6 +15,8 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import lightning as L
@@ -22,6 +24,7 @@ import pytest
 import torch
 import yaml
 
+from fixtures.runner import REPO
 from relpos_ablate.cli import main
 from relpos_ablate.config import EvalSetting, RunConfig, describe, from_dict, to_plain
 from relpos_ablate.train.data import build_datamodule
@@ -173,6 +176,19 @@ def test_learned_positions_beyond_their_table_are_recorded_not_fatal(tmp_path):
     fits, too_long = read(tmp_path, "eval.json")["settings"]
     assert "acc" in fits["metrics"] and "error" not in fits
     assert too_long["metrics"] == {} and "max_position" in too_long["error"]
+
+
+def test_a_rerun_with_the_same_thread_count_evaluates_bit_for_bit_the_same(tmp_path):
+    """The README's promise for the same machine, torch and thread count: one training in this process and
+    one through `train` in a fresh process, 1 thread each, write identical eval.json files (with dropout)."""
+    cfg = short("model.dropout=0.1", "train.max_steps=10")
+    assert train_run(cfg, tmp_path / "here") == "done"
+    (tmp_path / "again.yaml").write_text(yaml.safe_dump(to_plain(cfg)))
+    argv = [sys.executable, "-m", "relpos_ablate", "train", "--config", str(tmp_path / "again.yaml"),
+            "--run-dir", str(tmp_path / "again"), "--threads", "1"]
+    done = subprocess.run(argv, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert read(tmp_path / "again", "eval.json") == read(tmp_path / "here", "eval.json")
 
 
 def test_validation_during_training_is_logged(tmp_path):

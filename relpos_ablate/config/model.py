@@ -189,6 +189,16 @@ class AttentionConfig:
         """Terms b or d need the relative position vectors R."""
         return "b" in self.terms or "d" in self.terms
 
+    @property
+    def reads_queries(self) -> bool:
+        """Terms a or b read the query q_i (CoPE and RoPE need term a); c and d use u and v instead."""
+        return "a" in self.terms or "b" in self.terms
+
+    @property
+    def reads_keys(self) -> bool:
+        """Terms a or c read the key k_j (CoPE needs term a); b and d read W_R R instead."""
+        return "a" in self.terms or "c" in self.terms
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -279,6 +289,16 @@ def check_randomized_range(attention: AttentionConfig, lengths: dict[str, tuple[
             raise ConfigError("model.attention.max_position", f"{attention.max_position} is below the {segment_len} "
                               f"tokens of {field_name}: randomized positions draw that many distinct positions "
                               f"from [0, max_position)")
+
+
+def rope_scaling_conflict(attention: AttentionConfig) -> str | None:
+    """Why a RoPE context extension (an evaluation setting's rope_scaling: PI, NTK, YaRN) cannot apply to this
+    attention, or None when it can: it rescales RoPE's frequencies, and xPos has no published extension.
+    The model refuses such a call; an evaluation skips such a setting and records this reason."""
+    if attention.absolute == "rope" and attention.xpos_scale_base is None:
+        return None
+    xpos = "" if attention.xpos_scale_base is None else " with xPos (xpos_scale_base), which has no published extension"
+    return f"extends RoPE; this model has absolute={attention.absolute!r}{xpos}"
 
 
 def rotary_width(attention: AttentionConfig, d_head: int) -> int:

@@ -14,7 +14,7 @@ from relpos_ablate.config.base import (
 )
 from relpos_ablate.config.data import DataConfig, check_example_run
 from relpos_ablate.config.evaluation import PROTOCOLS, EvalConfig, EvalSetting
-from relpos_ablate.config.model import ModelConfig, check_randomized_range
+from relpos_ablate.config.model import ModelConfig, check_randomized_range, rope_scaling_conflict
 from relpos_ablate.config.registry import import_modules
 
 OPTIMIZERS = ("adamw", "adam")
@@ -245,9 +245,8 @@ def unsupported(config: RunConfig, setting: EvalSetting) -> tuple[str, str] | No
     if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
         return "segment_len", (f"learned absolute positions cover {a.max_position} tokens "
                                f"(model.attention.max_position); segment_len {setting.segment_len} does not fit")
-    if setting.rope_scaling is not None and (a.absolute != "rope" or a.xpos_scale_base is not None):
-        return "rope_scaling", (f"rope_scaling {setting.rope_scaling!r} extends RoPE; this model has "
-                                f"absolute={a.absolute!r}" + (" with xPos" if a.xpos_scale_base is not None else ""))
+    if setting.rope_scaling is not None and rope_scaling_conflict(a):
+        return "rope_scaling", f"rope_scaling {setting.rope_scaling!r} {rope_scaling_conflict(a)}"
     return None
 
 

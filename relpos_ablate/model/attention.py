@@ -29,7 +29,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from relpos_ablate.config.model import AttentionConfig, check_widths, rotary_width
+from relpos_ablate.config.model import AttentionConfig, check_widths, rope_scaling_conflict, rotary_width
 from relpos_ablate.model.call import AttentionCall, AttentionOptions, SharedParameters, Visibility, place
 from relpos_ablate.model.cope import ContextualPositions
 from relpos_ablate.model.dispatch import attend
@@ -64,8 +64,10 @@ class RelPosAttention(nn.Module):
         self.scale = d_head**-0.5 if config.score_scale in ("sqrt_d", "log_n") else 1.0
         self.bias_scale = self.scale if config.bias_scaled else 1.0
         inner = n_heads * d_head
-        self.q_net = nn.Linear(d_model, inner, bias=False)
-        self.kv_net = nn.Linear(d_model, 2 * inner, bias=False)
+        # Only what a score term reads is built (terms c, d alone read neither q nor k): DDP with its default
+        # find_unused_parameters=False stops at a parameter that gets no gradient.
+        self.q_net = nn.Linear(d_model, inner, bias=False) if config.reads_queries else None
+        self.kv_net = nn.Linear(d_model, (2 if config.reads_keys else 1) * inner, bias=False)  # [W_k;] W_v
         self.out_net = nn.Linear(inner, d_model, bias=False)
         self.r_net = nn.Linear(d_model, inner, bias=False) if config.uses_r else None  # W_R (paper's W_{k,R})
         rows = table_rows(config.clamp_len, config.causal) if config.rel == "learned" else 0
@@ -80,6 +82,7 @@ class RelPosAttention(nn.Module):
         self.sinks = Sinks(n_heads, config.sinks, d_head) if config.sinks else None
         scaled = config.score_scale == "log_n" or config.learned_temperature
         self.temperature = Temperature(n_heads, config) if scaled else None
+        self.register_load_state_dict_pre_hook(_without_unread_projections)
 
     # ------------------------------------------------------------------ per-distance tensors
     def table_row(self, distances: Tensor, clamp: int) -> Tensor:
@@ -96,7 +99,7 @@ class RelPosAttention(nn.Module):
         if self.config.rel == "learned":
             return self.r_table[self.table_row(distances, clamp)]
         d = distances if clamp is None else distances.clamp(-clamp, clamp)
-        return sinusoid(d, self.d_model).to(self.q_net.weight.dtype)
+        return sinusoid(d, self.d_model).to(self.out_net.weight.dtype)
 
     def projected_relative(self, distances: Tensor, clamp_len: int | None = None) -> Tensor:
         """W_R R_d per head: [n] -> [H, n, dh]."""
@@ -112,7 +115,7 @@ class RelPosAttention(nn.Module):
 
         source='bias': the bias-type encoding (as added to the scores); source='d': term d, s·v·W_R R_d.
         """
-        distances = torch.as_tensor(distances, device=self.q_net.weight.device)
+        distances = torch.as_tensor(distances, device=self.out_net.weight.device)
         if source == "bias":
             if self.bias_scheme is None:
                 raise ValueError("this attention has no bias (bias='none'); try source='d' for term d")
@@ -164,12 +167,18 @@ class RelPosAttention(nn.Module):
     # ------------------------------------------------------------------ the equation
     def _project(self, x: Tensor, keys_input: Tensor, call: AttentionCall, rope_scaling: RopeScaling | None
                  ) -> tuple[Tensor, Tensor, Tensor]:
-        """q [B, H, L, dh] from x; k, v [B, H, K, dh] from keys_input = [mems; x]; RoPE rotates q and k."""
+        """q [B, H, L, dh] from x; k, v [B, H, K, dh] from keys_input = [mems; x]; RoPE rotates q and k. A
+        query or key that no enabled term reads is not projected: zeros stand in (they add 0 to every score)."""
         b, lq, _ = x.shape
-        q = self.q_net(x).view(b, lq, self.n_heads, self.d_head).transpose(1, 2)  # (B, L, H, dh) -> (B, H, L, dh)
-        kv = self.kv_net(keys_input).view(b, call.n_keys, 2, self.n_heads, self.d_head)  # (B, K, 2, H, dh)
+        kv = self.kv_net(keys_input).view(b, call.n_keys, -1, self.n_heads, self.d_head)  # (B, K, 2 or 1, H, dh)
         # contiguous once, so that the key prefix each query block reads is a view, not a copy
-        k, v = kv.permute(2, 0, 3, 1, 4).contiguous()  # 2 x (B, H, K, dh)
+        *k, v = kv.permute(2, 0, 3, 1, 4).contiguous()  # [k,] v: (B, H, K, dh)
+        k = k[0] if k else torch.zeros_like(v)
+        q = v.new_zeros(b, self.n_heads, lq, self.d_head) if self.q_net is None else \
+            self.q_net(x).view(b, lq, self.n_heads, self.d_head).transpose(1, 2)  # (B, L, H, dh) -> (B, H, L, dh)
+        conflict = None if rope_scaling is None else rope_scaling_conflict(self.config)
+        if conflict:
+            raise ValueError(f"rope_scaling: {rope_scaling.kind} {conflict}")
         if self.config.absolute == "rope":
             cfg = self.config
             q, k = rotate_queries_keys(q, k, call.query_positions, call.key_positions, rotary_width(cfg, self.d_head),
@@ -258,3 +267,14 @@ class RelPosAttention(nn.Module):
         shape = (q.shape[0], self.n_heads, call.n_queries, call.n_keys)
         maps = {name: t.expand(shape).contiguous() for name, t in self.scores(q, k, call).items()}
         return {**maps, "visible": call.visible(call.all_queries)}
+
+
+def _without_unread_projections(attn: RelPosAttention, state_dict: dict, prefix: str, *args) -> None:
+    """Loads checkpoints written while every attention built q_net and both halves of kv_net: the weights
+    no enabled term read (q_net without terms a and b, W_k without a and c) are dropped. They never
+    changed the output, so the loaded model computes what the saved one did."""
+    if attn.q_net is None:
+        state_dict.pop(prefix + "q_net.weight", None)
+    kv, rows = state_dict.get(prefix + "kv_net.weight"), attn.kv_net.weight.shape[0]
+    if kv is not None and kv.shape[0] == 2 * rows and not attn.config.reads_keys:
+        state_dict[prefix + "kv_net.weight"] = kv[rows:]  # [W_k; W_v] -> W_v

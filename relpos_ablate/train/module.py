@@ -87,16 +87,43 @@ def build_optimizer(model: nn.Module, train: TrainConfig, device: torch.device):
     """(optimizer, LambdaLR scheduler). Weight decay applies to Linear weights (incl. a tied embedding
     and W_R, a projection like W_k) outside bias schemes only: norms, biases, u/v, position tables and
     every parameter of a bias scheme (FIRE's and the dynamic MLPs too) are not pulled towards zero."""
-    in_schemes = {id(p) for scheme in bias_schemes(model) for p in scheme.parameters()}
-    decay = {id(m.weight): m.weight for m in model.modules()
-             if isinstance(m, nn.Linear) and id(m.weight) not in in_schemes}
-    rest = [p for p in model.parameters() if id(p) not in decay]
+    decay, rest = parameter_groups(model)
     decay_wd = train.weight_decay if train.optimizer == "adamw" else 0.0
-    groups = [{"params": list(decay.values()), "weight_decay": decay_wd}, {"params": rest, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": decay_wd}, {"params": rest, "weight_decay": 0.0}]
     optim_cls = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
     optimizer = optim_cls(groups, lr=train.lr, fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, train))
     return optimizer, scheduler
+
+
+def parameter_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(decayed, not decayed), each in the order the optimizer holds them (build_optimizer says which)."""
+    in_schemes = {id(p) for scheme in bias_schemes(model) for p in scheme.parameters()}
+    decay = {id(m.weight): m.weight for m in model.modules()
+             if isinstance(m, nn.Linear) and id(m.weight) not in in_schemes}
+    return list(decay.values()), [p for p in model.parameters() if id(p) not in decay]
+
+
+def without_unread_projections(model: TransformerLM, state: dict) -> dict:
+    """The optimizer state of a checkpoint for this model's optimizer, also when the checkpoint was written
+    while every attention built q_net and both halves of kv_net (attention.py loads such weights): q_net's
+    entries (decayed, each just before its layer's kv_net) left out where q_net is not built, the keys' half of
+    kv_net's moments where W_k is not. Those weights never changed the output: the run resumes as it was."""
+    decay, rest = parameter_groups(model)
+    unbuilt_q = {id(a.kv_net.weight) for a in model.attention_layers() if a.q_net is None}
+    old = iter(i for group in state["param_groups"] for i in group["params"])
+    legacy = sum(len(group["params"]) for group in state["param_groups"]) > len(decay) + len(rest)
+    moments = {}
+    for index, p in enumerate(decay + rest):
+        if legacy and id(p) in unbuilt_q:
+            next(old)  # that layer's q_net
+        entry = state["state"].get(next(old))
+        if entry is not None:  # [W_k; W_v] moments -> W_v's where only the value rows are built
+            moments[index] = {k: v[-p.shape[0]:] if torch.is_tensor(v) and v.dim() and v.shape != p.shape else v
+                              for k, v in entry.items()}
+    first = [0, len(decay), len(decay) + len(rest)]
+    groups = [{**group, "params": list(range(a, b))} for group, a, b in zip(state["param_groups"], first, first[1:])]
+    return {"state": moments, "param_groups": groups}
 
 
 def after_optimizer_step(model: nn.Module) -> None:
@@ -323,10 +350,14 @@ class LitLM(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Resuming a fit: this process's random state and memory, when the checkpoint has them for as
         many processes as now run. Set at the first training batch: Lightning draws from the generator
-        while it sets up the loop (the loader's base seed), which the uninterrupted run did before."""
+        while it sets up the loop (the loader's base seed), which the uninterrupted run did before. The
+        optimizer state is laid out for this model (a checkpoint may hold projections it no longer builds)."""
         trainer, states = self._trainer, checkpoint.get(RESUME_STATES)
         if trainer is not None and states is not None and len(states) == trainer.world_size:
             self._resumed_state = states[trainer.global_rank]
+        if "optimizer_states" in checkpoint:
+            checkpoint["optimizer_states"] = [without_unread_projections(self.model, optimizer)
+                                              for optimizer in checkpoint["optimizer_states"]]
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if self._resumed_state is not None:

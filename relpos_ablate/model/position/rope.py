@@ -16,7 +16,7 @@ from torch import Tensor
 from relpos_ablate.model.position.sinusoid import inverse_frequencies
 
 XPOS_GAMMA = 0.4  # ζ_p = (2p/d + γ)/(1 + γ) (Sun et al. 2022, the authors' code)
-YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN's ramp: pairs turning < α times in L are interpolated, > β kept
+YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN's ramp ends: pairs turning > β times within L keep θ, < α get θ/s
 
 
 @dataclass(frozen=True)
@@ -36,17 +36,31 @@ class RopeScaling:
             raise ValueError(f"rope_scale: {self.factor} is out of range; allowed [1, inf]")
 
     @property
-    def query_factor(self) -> float:
-        """What q·k is multiplied by: YaRN's temperature (0.1 ln s + 1)², i.e. √(1/t) on q and on k; 1 else."""
-        return (0.1 * math.log(self.factor) + 1.0) ** 2 if self.kind == "yarn" else 1.0
+    def attention_factor(self) -> float:
+        """What the rotated dimensions of q and of k are multiplied by: YaRN's √(1/t) = 0.1 ln s + 1 (their
+        product, by its square); 1 for pi and ntk."""
+        return 0.1 * math.log(self.factor) + 1.0 if self.kind == "yarn" else 1.0
+
+
+def yarn_ramp(d_rot: int, base: float, original_length: int, device=None) -> Tensor:
+    """YaRN's γ_p per rotary pair, 1: θ_p kept, 0: θ_p/s, as the authors' code (jquesnelle/yarn) and Hugging
+    Face compute it: linear in the pair index p from the pair that turns β times within L to the one that
+    turns α times (pair p(r) = d_rot·ln(L/(2πr))/(2 ln base) turns r times; the ends rounded outwards and
+    clipped to [0, d_rot - 1]). The paper's Eq. 18 is linear in the turns instead (docs/formulas.md). [d_rot/2]."""
+    def turning(turns: float) -> float:
+        return d_rot * math.log(original_length / (2 * math.pi * turns)) / (2 * math.log(base))
+
+    low, high = max(math.floor(turning(YARN_BETA)), 0), min(math.ceil(turning(YARN_ALPHA)), d_rot - 1)
+    width = high - low if high != low else 0.001  # their code's guard: one pair is a step, not 0/0
+    pairs = torch.arange(d_rot // 2, dtype=torch.float64, device=device)
+    return 1 - ((pairs - low) / width).clamp(0.0, 1.0)
 
 
 def rope_frequencies(d_rot: int, base: float, scaling: RopeScaling | None = None, device=None) -> Tensor:
     """θ_p = base^(-2p/d_rot), p = 0 .. d_rot/2 - 1, as `scaling` changes them: [d_rot/2] float64.
 
-    pi: θ_p / s. ntk: the base becomes base·s^(d_rot/(d_rot - 2)). yarn: θ_p/s for pairs that turn less
-    than α = 1 times within L, θ_p for those that turn more than β = 32 times, linear in between (in
-    ρ_p = L/λ_p, λ_p = 2π/θ_p)."""
+    pi: θ_p / s. ntk: the base becomes base·s^(d_rot/(d_rot - 2)). yarn: γ_p·θ_p + (1 - γ_p)·θ_p/s with
+    γ the ramp of `yarn_ramp`."""
     if scaling is not None and scaling.kind == "ntk":
         if d_rot <= 2:
             raise ValueError("rope_scaling: ntk rescales the base by s^(d/(d-2)); it needs at least 2 rotary pairs")
@@ -56,9 +70,8 @@ def rope_frequencies(d_rot: int, base: float, scaling: RopeScaling | None = None
         return theta
     if scaling.kind == "pi":
         return theta / scaling.factor
-    turns = scaling.original_length * theta / (2 * math.pi)  # ρ_p: how often pair p turns within L
-    ramp = ((turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0.0, 1.0)  # γ(ρ_p)
-    return (1 - ramp) * theta / scaling.factor + ramp * theta
+    ramp = yarn_ramp(d_rot, base, scaling.original_length, device)
+    return ramp * theta + (1 - ramp) * theta / scaling.factor
 
 
 def xpos_decay(d_rot: int, device=None) -> Tensor:
@@ -69,12 +82,14 @@ def xpos_decay(d_rot: int, device=None) -> Tensor:
 
 def rotate(x: Tensor, positions: Tensor, d_rot: int, base: float, *, scaling: RopeScaling | None = None,
            xpos_scale_base: float | None = None, xpos_sign: float = 1.0, xpos_centre: Tensor | float = 0.0) -> Tensor:
-    """x [..., n, d] with its first d_rot dimensions rotated by angle position·θ_p per pair (p, p + d_rot/2);
-    the others unchanged. xPos also scales pair p by ζ_p^(sign·(position - centre)/B): sign +1 for
+    """x [..., n, d] with its first d_rot dimensions rotated by angle position·θ_p per pair (p, p + d_rot/2)
+    and multiplied by the scaling's attention factor (YaRN's; as Hugging Face's partial rotary, the others
+    are left as they are). xPos also scales pair p by ζ_p^(sign·(position - centre)/B): sign +1 for
     queries, -1 for keys, one centre for both (it cancels in their product and keeps the scales in range)."""
     pos = positions.to(torch.float64)[:, None]  # (n, 1)
     angles = pos * rope_frequencies(d_rot, base, scaling, x.device)[None]  # (n, d_rot/2)
-    cos, sin = angles.cos(), angles.sin()
+    factor = 1.0 if scaling is None else scaling.attention_factor
+    cos, sin = angles.cos() * factor, angles.sin() * factor
     if xpos_scale_base is not None:
         scale = xpos_decay(d_rot, x.device)[None] ** (xpos_sign * (pos - xpos_centre) / xpos_scale_base)
         cos, sin = cos * scale, sin * scale
@@ -89,10 +104,10 @@ def rotate_queries_keys(q: Tensor, k: Tensor, query_positions: Tensor, key_posit
                         base: float, scaling: RopeScaling | None = None,
                         xpos_scale_base: float | None = None) -> tuple[Tensor, Tensor]:
     """RoPE of one attention call: q [B, H, L, d] at query_positions [L], k [B, H, K, d] at key_positions
-    [K]; xPos centred once for both (the middle of the keys' positions), YaRN's temperature on q."""
+    [K]; xPos centred once for both (the middle of the keys' positions)."""
     centre = (key_positions.amin() + key_positions.amax()).double() / 2
     q = rotate(q, query_positions, d_rot, base, scaling=scaling, xpos_scale_base=xpos_scale_base, xpos_sign=1.0,
                xpos_centre=centre)
     k = rotate(k, key_positions, d_rot, base, scaling=scaling, xpos_scale_base=xpos_scale_base, xpos_sign=-1.0,
                xpos_centre=centre)
-    return (q if scaling is None or scaling.query_factor == 1.0 else q * scaling.query_factor), k
+    return q, k
