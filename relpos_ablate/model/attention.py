@@ -242,17 +242,29 @@ class RelPosAttention(nn.Module):
         call = self._geometry(x, keys_input, options)
         q, k, v = self._project(x, keys_input, call, options.rope_scaling)
         call = self._per_distance(call, options.clamp_len)
+        dropout_p = self.dropout if self.training else 0.0
         if need_weights or self.value_table is not None or self.config.backend == "explicit":
-            out, probs = explicit_attention(self, q, k, v, call, options)
+            out, probs = self._explicit(q, k, v, call, options, dropout_p)
         else:
             q_content, q_position = self.folded_queries(q, call)
             if self.sinks is not None:
                 k, v = self.sinks.prepend(k, v)
-            dropout_p = self.dropout if self.training else 0.0
             out, probs = attend(call, q_content, k, v, q_position, self.config, dropout_p, options.statistics), None
         b, _, lq, _ = out.shape
         out = out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head)  # (B, H, L, dh) -> (B, L, H·dh)
         return self.out_net(out), probs if need_weights else None
+
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, call: AttentionCall, options: AttentionOptions,
+                  dropout_p: float) -> tuple[Tensor, Tensor]:
+        """The materialised path (explicit.py) on this layer's summed scores, sinks and Shaw value rows."""
+        sinks, values = self.sinks, None
+        if self.value_table is not None:
+            clamp = options.clamp_len if options.clamp_len is not None else self.config.clamp_len
+            values = self.value_table[self.table_row(call.distances, clamp)]  # (n, dh)
+        return explicit_attention(
+            sum(self.scores(q, k, call).values()), v, call, dropout_p=dropout_p, statistics=options.statistics,
+            sink_logits=None if sinks is None else sinks.logits(self.folded_queries(q, call)[0], call.scale),
+            sink_values=None if sinks is None else sinks.values, value_rows=values)
 
     @torch.no_grad()
     def score_terms(self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None

@@ -2,54 +2,55 @@
 every score of the equation summed into one [B, H, L, K] map, the softmax over it, then the values.
 
 Slow and memory-hungry by design: the readable reference the fast kernels (dispatch.py) are tested
-against, and the only path that returns probabilities or adds Shaw et al.'s value term.
+against, and the only path that returns probabilities or adds Shaw et al.'s value term. A function of
+tensors: the attention computes its equation (RelPosAttention.scores) and hands the summed map down
+with the values and the call; this module knows nothing of the module that computed them.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relpos_ablate.model.call import AttentionCall, AttentionOptions
+from relpos_ablate.model.call import AttentionCall
+from relpos_ablate.model.geometry import StatisticsSink
 from relpos_ablate.model.kernels import masked_softmax
 from relpos_ablate.model.shift import rel_shift
 
-if TYPE_CHECKING:
-    from relpos_ablate.model.attention import RelPosAttention
 
-
-def explicit_attention(attn: RelPosAttention, q: Tensor, k: Tensor, v: Tensor, call: AttentionCall,
-                       options: AttentionOptions) -> tuple[Tensor, Tensor]:
+def explicit_attention(scores: Tensor, v: Tensor, call: AttentionCall, *, dropout_p: float = 0.0,
+                       statistics: StatisticsSink | None = None, sink_logits: Tensor | None = None,
+                       sink_values: Tensor | None = None, value_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(output [B, H, L, dh], probabilities [B, H, L, K] of the stream's keys: with sinks a row sums to 1
-    minus the sinks' share)."""
-    b, h, lq, _ = q.shape
-    scores = sum(attn.scores(q, k, call).values()).expand(b, h, lq, call.n_keys)  # terms broadcast: (B, H, L, K)
+    minus the sinks' share).
+
+    scores: every score of the equation summed, broadcastable to [B, H, L, K]; v [B, H, K, dh]; the learned
+    sinks' logits [B, H, L, S] and values [H, S, dh]; value_rows [n, dh]: Shaw et al.'s a^V at each of the
+    call's distances."""
+    b, h = v.shape[:2]
+    scores = scores.expand(b, h, call.n_queries, call.n_keys)  # terms broadcast: (B, H, L, K)
     visible = call.visible(call.all_queries)
-    if attn.sinks is not None:  # the slots' logits in front: (B, H, L, S + K)
-        scores = torch.cat([attn.sinks.logits(attn.folded_queries(q, call)[0], call.scale), scores], dim=-1)
+    if sink_logits is not None:  # the slots' logits in front: (B, H, L, S + K)
+        scores = torch.cat([sink_logits, scores], dim=-1)
         visible = call.with_sinks(visible, True)
     with_sinks = masked_softmax(scores, visible)
     probs = with_sinks[..., call.n_sinks:]
-    if options.statistics is not None:
-        options.statistics.add(call.view(call.all_queries), probs)
-    dropped = F.dropout(with_sinks, attn.dropout, attn.training)
+    if statistics is not None:
+        statistics.add(call.view(call.all_queries), probs)
+    dropped = F.dropout(with_sinks, dropout_p) if dropout_p else with_sinks
     out = dropped[..., call.n_sinks:] @ v
-    if attn.sinks is not None:
-        out = out + dropped[..., : call.n_sinks] @ attn.sinks.values.to(out.dtype)
-    if attn.value_table is not None:
-        out = out + shaw_values(attn, dropped[..., call.n_sinks:], call, options.clamp_len)
+    if sink_values is not None:
+        out = out + dropped[..., : call.n_sinks] @ sink_values.to(out.dtype)
+    if value_rows is not None:
+        out = out + shaw_values(dropped[..., call.n_sinks:], value_rows, call)
     return out, probs
 
 
-def shaw_values(attn: RelPosAttention, probs: Tensor, call: AttentionCall, clamp_len: int | None) -> Tensor:
-    """Shaw et al. value term Σ_j p_ij a^V_{clip(i'-j)}, clipped as the keys are: probabilities
-    regrouped by distance (the inverse of rel_shift), then one product with the table; at explicit
-    positions, the table's row gathered per pair. [B, H, L, K] -> [B, H, L, dh]."""
-    clamp = clamp_len if clamp_len is not None else attn.config.clamp_len
-    values = attn.value_table[attn.table_row(call.distances, clamp)]  # (n, dh)
+def shaw_values(probs: Tensor, values: Tensor, call: AttentionCall) -> Tensor:
+    """Shaw et al. value term Σ_j p_ij a^V_{clip(i'-j)}: values [n, dh] per distance of the call (clipped as
+    the keys are), probabilities regrouped by distance (the inverse of rel_shift), then one product; at
+    explicit positions, the row gathered per pair. [B, H, L, K] -> [B, H, L, dh]."""
     if not call.consecutive:
         return torch.einsum("bhlk,lkd->bhld", probs, values[call.distance_index])  # (L, K, dh) per pair
     b, h, lq, n_keys = probs.shape

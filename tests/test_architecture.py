@@ -1,0 +1,99 @@
+"""The package's import rules (docs/architecture.md, "Import rules"): no two modules import each other,
+counting imports inside functions and under TYPE_CHECKING, and a package's __init__ counts as a module
+(a submodule that imports its own package while the package imports it back is a knot too). The check
+reads every module's imports with `ast`, so it sees what a function-level import would hide at run time.
+
+Run: .venv/bin/python -m pytest tests/test_architecture.py -q
+"""
+
+import ast
+from pathlib import Path
+
+from torch import nn
+
+from relpos_ablate import AttentionConfig, ModelConfig, TransformerLM
+from relpos_ablate.model.position import BiasScheme, bias_schemes
+
+PACKAGE = Path(__file__).resolve().parents[1] / "relpos_ablate"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports anywhere in its file. `from pkg import name` points at
+    pkg.name when that is a module, else at pkg (its __init__)."""
+    files = {module_name(path, root): path for path in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in files else node.module
+                           for alias in node.names]
+            else:
+                continue
+            graph[name] |= {target for target in targets if target in files and target != name}
+    return graph
+
+
+def knots(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of modules that reach each other through imports (strongly connected, more than one)."""
+    order, low, stack, found = {}, {}, [], []
+
+    def visit(node: str) -> None:
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in order:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], order[nxt])
+        if low[node] == order[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in order:
+            visit(node)
+    return found
+
+
+def test_no_two_modules_of_the_package_import_each_other():
+    assert knots(import_graph(PACKAGE)) == []
+
+
+def test_the_check_finds_a_knot_hidden_in_a_function(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "low.py").write_text("def helper():\n    from pkg.high import thing  # hidden from import time\n")
+    (package / "high.py").write_text("from pkg import low\n\nthing = low\n")
+    (package / "alone.py").write_text("import pkg.low\n")
+    assert knots(import_graph(package)) == [["pkg.high", "pkg.low"]]
+
+
+def test_the_check_finds_a_package_and_its_submodule_importing_each_other(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("def build():\n    from pkg.part import Part\n")
+    (package / "part.py").write_text("from pkg import build\n")
+    assert knots(import_graph(package)) == [["pkg", "pkg.part"]]
+
+
+def test_bias_schemes_lists_each_scheme_once_shared_or_per_layer():
+    for share, expected in ((True, 1), (False, 3)):
+        config = ModelConfig(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_head=8, d_inner=16,
+                             attention=AttentionConfig(terms="a", bias="kerple_log", share_bias=share))
+        model = TransformerLM(config)
+        schemes = bias_schemes(model)
+        assert len(schemes) == expected and all(isinstance(s, BiasScheme) for s in schemes)
+        assert {id(s) for s in schemes} == {id(m) for m in model.modules() if isinstance(m, BiasScheme)}
+    assert bias_schemes(nn.Linear(2, 2)) == []
