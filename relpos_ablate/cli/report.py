@@ -36,6 +36,14 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, help="write the table to FILE instead of printing it")
     p.set_defaults(func=cmd_table)
 
+    p = subparsers.add_parser("report", help="a study's derived numbers (trends, the tests behind orderings) as Markdown",
+                              description="The report function registered for the experiment the runs belong to "
+                                          "(relpos_ablate/analysis/reports.py), from DIR (a results dir) or a "
+                                          "committed summary.csv.")
+    p.add_argument("source", type=Path, metavar="DIR|summary.csv", help="an experiment's results dir or its summary.csv")
+    p.add_argument("--out", type=Path, help="write the report to FILE instead of printing it")
+    p.set_defaults(func=cmd_report)
+
     p = subparsers.add_parser("plot", help="bias curves, attention / term heatmaps, extrapolation and loss-by-position "
                                            "curves, attention diagnostics, passkey retrieval",
                               description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
@@ -89,6 +97,22 @@ def cmd_collect(args: argparse.Namespace) -> int:
         raise UsageError(f"--out: {args.out.suffix or args.out.name!r} is not supported; use .csv or .parquet")
     where = f" -> {args.out}" if args.out else ""
     print(f"{len(runs)} runs ({states}), {len(frame)} rows{where}", file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from relpos_ablate.analysis.reports import make_report, read_summary
+    from relpos_ablate.io import atomic_write_text
+
+    if args.source.suffix == ".csv" and not args.source.is_file():
+        raise UsageError(f"{args.source}: not found; give a results dir or a summary.csv that `collect` wrote")
+    frame = read_summary(args.source) if args.source.suffix == ".csv" else _collect(args.source)
+    text = make_report(frame)
+    if args.out:
+        atomic_write_text(args.out, text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(text, end="")
     return 0
 
 

@@ -1,0 +1,58 @@
+"""`relpos-ablate report`: a study's report function, picked by the experiment its runs belong to, reads
+the collected frame or the committed summary.csv alike; `ordering` states an ordering only when Welch's
+t-test supports it.
+
+Run: .venv/bin/python -m pytest tests/test_reports.py -q
+"""
+
+import pandas as pd
+import pytest
+from scipy import stats
+
+from fixtures.report_runs import make_grid
+from relpos_ablate.analysis import collect
+from relpos_ablate.analysis import reports
+from relpos_ablate.cli import main
+from relpos_ablate.config import ConfigError
+
+
+def mean_ppl(df: pd.DataFrame) -> str:
+    return "".join(f"{enc}: {ppl:.3f}\n" for enc, ppl in df.groupby("encoding")["ppl"].mean().items())
+
+
+@pytest.fixture
+def grid(tmp_path, monkeypatch):
+    monkeypatch.setitem(reports.REPORTS, "demo", mean_ppl)
+    make_grid(tmp_path, {("xl", 0): [6.0, 6.2], ("xl", 1): [6.2, 6.4], ("alibi", 0): [7.0, 7.0]})
+    return tmp_path
+
+
+def test_the_report_reads_the_results_dir_and_its_summary_csv_alike(grid, capsys):
+    assert main(["report", str(grid / "demo")]) == 0
+    from_runs = capsys.readouterr().out
+    assert from_runs == "alibi: 7.000\nxl: 6.200\n"  # (6.0 + 6.2 + 6.2 + 6.4) / 4
+    assert main(["collect", str(grid / "demo"), "--out", str(grid / "summary.csv")]) == 0
+    assert main(["report", str(grid / "summary.csv"), "--out", str(grid / "report.md")]) == 0
+    assert (grid / "report.md").read_text() == from_runs
+
+
+def test_an_experiment_without_a_report_is_one_line(grid, monkeypatch, capsys):
+    monkeypatch.delitem(reports.REPORTS, "demo")
+    assert main(["report", str(grid / "demo")]) == 2
+    assert "no report for experiment 'demo'" in capsys.readouterr().err
+    assert main(["report", str(grid / "missing.csv")]) == 2
+    with pytest.raises(ConfigError, match="one experiment"):
+        reports.make_report(pd.concat([collect(grid), collect(grid).assign(experiment="other")]))
+
+
+def test_ordering_is_stated_only_when_welch_supports_it():
+    low, high = [6.0, 6.1, 5.9], [7.0, 7.2, 6.9]
+    p = stats.ttest_ind(low, high, equal_var=False).pvalue
+    assert p < 0.05
+    assert reports.ordering("xl", low, "alibi", high) == f"xl 6.00, alibi 7.03: xl better (Welch p = {p:.2g})"
+    assert reports.ordering("acc_a", low, "acc_b", high, lower_is_better=False).endswith(f"acc_b better (Welch p = {p:.2g})")
+    close = [6.0, 6.3, 5.8], [6.1, 5.9, 6.2]
+    p = stats.ttest_ind(*close, equal_var=False).pvalue
+    assert p > 0.05
+    assert reports.ordering("a", close[0], "b", close[1]).endswith(f"not significant (Welch p = {p:.2g})")
+    assert reports.ordering("a", [6.0, 6.1], "b", [7.0, 7.1]).endswith("n too small to test")
