@@ -57,8 +57,11 @@ def register(subparsers) -> None:
                                           "per task; passkey: one panel per variant).")
     p.add_argument("target", type=Path, help="a run dir or a results dir")
     p.add_argument("--kind", required=True,
-                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "diagnostics", "passkey"),
-                   help="position-loss: mean loss by position in the segment / window, one panel per evaluation setting")
+                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "diagnostics", "passkey",
+                            "lr-sweep"),
+                   help="position-loss: mean loss by position in the segment / window, one panel per evaluation "
+                        "setting; lr-sweep: the fair-baselines study, valid ppl against train.lr per encoding and "
+                        "each one's test ppl at its best lr over the best encoding's")
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
     p.add_argument("--metric", help="extrapolation, passkey: the metric shown (default: the main metric)")
     p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
@@ -179,6 +182,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
     elif args.kind == "extrapolation":
         written, notes = plots.save_extrapolation(_collect(args.target), out, metric=args.metric, x=args.x,
                                                   formats=formats)
+    elif args.kind == "lr-sweep":
+        from relpos_ablate.analysis.baselines_report import save_lr_figure
+        from relpos_ablate.analysis.tables import axis_orders, read_spec
+
+        frame = _collect(args.target)
+        written, notes = save_lr_figure(frame, out, formats, axis_orders(read_spec(frame)))
     elif args.kind == "position-loss":
         from relpos_ablate.analysis.positions import save_position_loss
 
