@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from relpos_ablate.analysis.best_over import pick_values
-from relpos_ablate.analysis.settings import normalized
+from relpos_ablate.analysis.settings import normalized, table_settings
 from relpos_ablate.analysis.stats import ordering
 from relpos_ablate.analysis.tables import sort_key, variant_colors
 from relpos_ablate.config import ConfigError
@@ -38,18 +38,17 @@ DEFAULT_LR = TrainConfig().lr
 
 
 def at_training_length(df: pd.DataFrame) -> pd.DataFrame:
-    """The finished rows evaluated at the training length, non_overlapping, on every target: what the study
-    compares (one line naming what is missing otherwise)."""
+    """The finished rows evaluated at the training length, non_overlapping, without RECL's ladder (a subset of
+    the targets): what the study compares (one line naming what is missing otherwise)."""
     missing = [c for c in (ROW, KEY, "split", "segment_len", "train.segment_len", METRIC) if c not in df]
     if missing:
         raise ConfigError("report", f"fair_baselines needs the columns {', '.join(missing)} (runs of "
                           "experiments/fair_baselines.yaml, collected)")
+    df = table_settings(df)
     data = df[np.isfinite(pd.to_numeric(df[METRIC], errors="coerce"))
               & (df["segment_len"] == df["train.segment_len"])]
     if "protocol" in data:
         data = data[data["protocol"].fillna("non_overlapping") == "non_overlapping"]
-    if "max_targets" in data:
-        data = data[data["max_targets"].fillna(0) == 0]
     if data.empty:
         raise ConfigError("report", f"no {METRIC} at the training length in these runs")
     return data
@@ -96,40 +95,54 @@ def report(df: pd.DataFrame) -> str:
     summary = preset_summary(df).sort_values(["mean", "preset"]).reset_index(drop=True)  # display order only
     data = at_training_length(df)
     lrs = sorted({float(v) for v in data[KEY]})
-    seeds = sorted({int(s) for s in data["seed"].dropna()}) if "seed" in data else []
+    seeds = data["seed"].nunique() if "seed" in data else 0
     best = summary.loc[summary["mean"].idxmin()]
-    judged = summary[~summary["preset"].isin(UNJUDGED)]
+    default = f"lr {DEFAULT_LR:g}"
     lines = [
         "# Fair baselines: each preset at its own best learning rate", "",
-        f"Every preset trained at L = {int(data['train.segment_len'].iloc[0])} and evaluated there (non_overlapping); "
-        f"learning rates {', '.join(f'{lr:g}' for lr in lrs)}; {len(seeds)} seeds. Per preset, the rate with the "
-        f"lowest mean {SELECT} ppl over seeds (`best lr`); {REPORT} ppl at that rate, mean ± std over its seeds; "
-        f"`/ best`: over the best preset's {REPORT} mean ({best['preset']}, {best['mean']:.2f}). The last two columns "
-        f"give every preset the default rate {DEFAULT_LR:g}, untuned. Rows by {REPORT} mean: a display order, not "
-        "a ranking (the tests below say which gaps hold).", "",
-        f"| preset | best lr | {SELECT} ppl | {REPORT} ppl | / best | {REPORT} ppl at lr {DEFAULT_LR:g} | / best at lr {DEFAULT_LR:g} |",
+        f"Every preset trained at L = {int(data['train.segment_len'].iloc[0])} and evaluated there "
+        f"(non_overlapping); learning rates {', '.join(f'{lr:g}' for lr in lrs)}; {seeds} seeds. Per preset, the "
+        f"rate with the lowest mean {SELECT} ppl over seeds (`best lr`); {REPORT} ppl at that rate, mean ± std over "
+        f"its seeds; `/ best`: over the best preset's {REPORT} mean ({best['preset']}, {best['mean']:.2f}). The last "
+        f"two columns give every preset the default {default}, untuned. Rows by {REPORT} mean: a display order, "
+        "not a ranking (the tests below say which gaps hold).", "",
+        f"| preset | best lr | {SELECT} ppl | {REPORT} ppl | / best | {REPORT} ppl at {default} | / best at {default} |",
         "|:---|---:|---:|---:|---:|---:|---:|",
+        *(_table_row(row) for row in summary.itertuples()), "",
+        *_findings(summary, lrs), "",
+        f"## Each preset against the best ({REPORT} ppl of the seeds at each one's best rate; Welch's t-test, "
+        "p < 0.05)", "",
+        *(f"- {ordering(best['preset'], best['test'], row.preset, row.test)}"
+          for row in summary.itertuples() if row.preset != best["preset"]),
     ]
-    for row in summary.itertuples():
-        spread = f" ± {row.std:.2f}" if not math.isnan(row.std) else ""
-        name = f"{row.preset} (no position)" if row.preset in UNJUDGED else row.preset
-        lines.append(f"| {name} | {row.best_lr:g} | {row.valid:.2f} | {row.mean:.2f}{spread} | {row.ratio:.3f} | "
-                     f"{_number(row.default_mean)} | {_number(row.default_ratio, 3)} |")
-    over, untuned = over_tolerance(summary), over_tolerance(summary, "default_ratio")
-    edges = {edge: summary[np.isclose(summary["best_lr"].astype(float), edge)]["preset"].tolist()
-             for edge in (lrs[0], lrs[-1])}
-    lines += ["", f"- Presets that encode position more than {TOLERANCE:.0%} above the best at their best rate: "
-              f"{len(over)} of {len(judged)}" + (f" ({', '.join(over)})." if over else "."),
-              f"- At lr {DEFAULT_LR:g} for every preset (untuned): {len(untuned)} of {len(judged)}"
-              + (f" ({', '.join(untuned)})." if untuned else ".") if summary["default_mean"].notna().all() else
-              f"- The sweep has no lr {DEFAULT_LR:g}: no untuned comparison.",
-              f"- Best rate at the edge of the sweep (the optimum may lie beyond it): lowest {lrs[0]:g}: "
-              f"{', '.join(edges[lrs[0]]) or 'none'}; highest {lrs[-1]:g}: {', '.join(edges[lrs[-1]]) or 'none'}.",
-              "", f"## Each preset against the best ({REPORT} ppl of the seeds at each one's best rate; Welch's "
-              "t-test, p < 0.05)", ""]
-    lines += [f"- {ordering(best['preset'], best['test'], row.preset, row.test)}"
-              for row in summary.itertuples() if row.preset != best["preset"]]
     return "\n".join(lines) + "\n"
+
+
+def _table_row(row) -> str:
+    spread = f" ± {row.std:.2f}" if not math.isnan(row.std) else ""
+    name = f"{row.preset} (no position)" if row.preset in UNJUDGED else row.preset
+    return (f"| {name} | {row.best_lr:g} | {row.valid:.2f} | {row.mean:.2f}{spread} | {row.ratio:.3f} | "
+            f"{_number(row.default_mean)} | {_number(row.default_ratio, 3)} |")
+
+
+def _findings(summary: pd.DataFrame, lrs: list[float]) -> list[str]:
+    """The counts beyond the tolerance (tuned, and at the default rate) and the picks at the sweep's edges."""
+    judged = (~summary["preset"].isin(UNJUDGED)).sum()
+
+    def count(presets: list[str]) -> str:
+        return f"{len(presets)} of {judged}" + (f" ({', '.join(presets)})." if presets else ".")
+
+    lines = [f"- Presets that encode position more than {TOLERANCE:.0%} above the best at their best rate: "
+             f"{count(over_tolerance(summary))}"]
+    if summary["default_mean"].notna().all():
+        lines.append(f"- At lr {DEFAULT_LR:g} for every preset (untuned): {count(over_tolerance(summary, 'default_ratio'))}")
+    else:
+        lines.append(f"- The sweep lacks lr {DEFAULT_LR:g} for some preset: no untuned comparison.")
+    edges = [", ".join(summary[np.isclose(summary["best_lr"].astype(float), lr)]["preset"]) or "none"
+             for lr in (lrs[0], lrs[-1])]
+    lines.append(f"- Best rate at the edge of the sweep (the optimum may lie beyond it): lowest {lrs[0]:g}: "
+                 f"{edges[0]}; highest {lrs[-1]:g}: {edges[1]}.")
+    return lines
 
 
 def _number(value: float, decimals: int = 2) -> str:
