@@ -2,7 +2,7 @@
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
 # make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions"): 51 min,
 #   48 min and 22 min measured on 2 CPU cores
-# make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines"): ~85 min
+# make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines"): ~90 min
 #   on 2 CPU cores (estimated)
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c  # a failed grid fails its target even when piped through tee
