@@ -8,6 +8,7 @@ Run: .venv/bin/python -m pytest tests/test_experiments.py -q   (about a second, 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import shutil
 import subprocess
@@ -24,13 +25,13 @@ from relpos_ablate.runner.grid import is_grid_spec, load_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
-SHIPPED_SPECS = ("alibi_extrapolation_cpu", "alibi_table2", "bias_types", "demo", "length_generalization", "smoke",
-                 "xl_table6", "xl_table6_cpu", "xl_terms")
+SHIPPED_SPECS = ("alibi_extrapolation_cpu", "alibi_table2", "bias_types", "demo", "fair_baselines",
+                 "length_generalization", "smoke", "xl_table6", "xl_table6_cpu", "xl_terms")
 """The grid specs this project ships, by name: a spec of the user's own in experiments/ is not held to
 these tests (add a new shipped spec here)."""
 SHIPPED_RUN_CONFIGS = ("tiny_run",)
 REQUIRED = {"demo", "xl_terms", "bias_types", "xl_table6", "xl_table6_cpu", "alibi_table2", "length_generalization",
-            "alibi_extrapolation_cpu"}
+            "alibi_extrapolation_cpu", "fair_baselines"}
 DEMO_BUDGET_STEPS = 12_000
 """Upper bound on training steps summed over the demo's runs (18 x 500 today: ~2.5 min on 2 cores)."""
 
@@ -237,6 +238,31 @@ def test_length_generalization_is_the_issues_suite_on_equal_footing():
     assert len(shared) == 1, "every encoding and task gets the same model, budget and evaluation"
 
 
+def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would():
+    """Every encoding preset, 3 layers of d_model 128 on segments of 64 characters of the shipped corpus and
+    every other field at its default, but the learning rate: a sweep that holds the default; 3 seeds; each
+    run scored at L on valid and on test, the table picking the rate on valid."""
+    from relpos_ablate.config import ModelConfig, TrainConfig
+    from relpos_ablate.runner.presets import presets
+
+    raw = _raw(EXPERIMENTS / "fair_baselines.yaml")
+    runs = load_grid(EXPERIMENTS / "fair_baselines.yaml").runs
+    configs = [run.config for run in runs]
+    assert {run.variant["encoding"] for run in runs} == set(presets())
+    lrs = sorted({c.train.lr for c in configs})
+    assert len(lrs) >= 3 and TrainConfig().lr in lrs
+    assert len({c.seed for c in configs}) >= 3 and len(configs) == len(presets()) * len(lrs) * 3
+    for c in configs:
+        assert (c.data.corpus, c.data.tokenizer, c.model.n_layers, c.model.d_model) == ("tinyshakespeare", "char", 3, 128)
+        assert dataclasses.replace(c.model, n_layers=ModelConfig().n_layers, attention=ModelConfig().attention) == ModelConfig()
+        assert dataclasses.replace(c.train, lr=TrainConfig().lr, max_steps=TrainConfig().max_steps, log_every=TrainConfig().log_every,
+                                   checkpoint_every=TrainConfig().checkpoint_every) == TrainConfig()
+        assert [(s.segment_len, s.protocol, s.split) for s in c.eval_settings()] == [
+            (64, "non_overlapping", "valid"), (64, "non_overlapping", "test")]
+    options = spec_options(raw)
+    assert (options.best_over, options.select_split, options.report_split) == ("train.lr", "valid", "test")
+
+
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
 @pytest.mark.parametrize("path, ignored", [
     ("results/demo/0123456789/checkpoints/last.ckpt", True),
@@ -267,6 +293,12 @@ def test_length_generalization_is_the_issues_suite_on_equal_footing():
     ("results/length_generalization/grid.txt", False),
     ("results/length_generalization/figures/diagnostics_copy.png", False),
     ("results/length_generalization/figures/passkey.pdf", False),
+    ("results/fair_baselines/0123456789/checkpoints/last.ckpt", True),
+    ("results/fair_baselines/summary.csv", False),
+    ("results/fair_baselines/table.md", False),
+    ("results/fair_baselines/report.md", False),
+    ("results/fair_baselines/grid.txt", False),
+    ("results/fair_baselines/figures/lr_sweep.png", False),
 ])
 def test_only_the_reports_are_committed(path, ignored):
     result = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)

@@ -16,12 +16,14 @@ from typing import Callable
 
 import pandas as pd
 
+from relpos_ablate.analysis.baselines_report import report as fair_baselines_report
 from relpos_ablate.analysis.xl_report import context_report, table6_report
 from relpos_ablate.config import ConfigError
 
 REPORTS: dict[str, Callable[[pd.DataFrame], str]] = {
     "xl_table6_cpu": table6_report,
     "xl_context_cpu": context_report,
+    "fair_baselines": fair_baselines_report,
 }
 """Experiment name -> its report function (the frame of its runs -> Markdown)."""
 

@@ -31,6 +31,7 @@ from relpos_ablate.analysis.settings import column_label, evaluation_note, label
 from relpos_ablate.analysis.render import FORMATS, STAR_LEGEND, Cell, Table
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice, load_yaml
+from relpos_ablate.config.evaluation import SPLITS
 
 HIGHER_IS_BETTER = ("acc", "accuracy", "exact_match")
 """Metrics where larger is better; every other metric (ppl, loss, bpc, nll) is lower-is-better."""
@@ -58,10 +59,20 @@ class TableOptions:
     xl_table8, its RECL table; length_generalization); checked by make_table."""
     format: str | None = None
     """markdown | latex | csv."""
+    best_over: str | None = None
+    """A key (e.g. train.lr) tuned per row, as papers tune each baseline: every cell reports the value of
+    the key whose select_split metric is best (analysis/best_over.py); none: off (over the spec's block)."""
+    select_split: str | None = None
+    """best_over: the split the value is picked on (default valid)."""
+    report_split: str | None = None
+    """best_over: the split the cells report (default test)."""
 
     def __post_init__(self):
         if self.format is not None:
             check_choice("format", self.format, FORMATS)
+        for name in ("select_split", "report_split"):
+            if getattr(self, name) is not None:
+                check_choice(name, getattr(self, name), SPLITS)
 
     def merged(self, fallback: "TableOptions") -> "TableOptions":
         """These options, with unset fields taken from `fallback`."""
@@ -176,16 +187,18 @@ def varies(frame: pd.DataFrame, column: str) -> bool:
     return frame[column].map(normalized).nunique(dropna=False) > 1
 
 
-def default_rows(df: pd.DataFrame) -> list[str]:
+def default_rows(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
     """What varies between runs, seed excluded: the variant axes, else the flattened config fields (of the
     runs whose config.yaml could be read); the experiment first when there are several. When nothing
     varies: the experiment, or the run (its dir name) for a run trained by `train` alone (no experiment).
-    Pass every run, not only the finished ones: a run without results must not take a label away."""
+    Pass every run, not only the finished ones: a run without results must not take a label away.
+    `exclude`: fields that are no row key (best_over's tuned key)."""
     runs = run_level(df)
     axes = [a for a in df.attrs.get("variant_axes", []) if a in df and a != "seed"]
     config = [c for c in df.columns if isinstance(c, str) and "." in c and not c.startswith("eval.")]
     configured = runs[runs[config].notna().any(axis=1)] if config else runs
-    keys = [c for c in axes if varies(runs, c)] or [c for c in config if varies(configured, c)]
+    keys = [c for c in axes if c not in exclude and varies(runs, c)] or [
+        c for c in config if c not in exclude and varies(configured, c)]
     named = runs.dropna(subset=["experiment"]) if "experiment" in runs else runs
     if "experiment" in named and varies(named, "experiment"):
         keys.insert(0, "experiment")
@@ -224,12 +237,17 @@ def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> Tabl
     opts = options.merged(spec_options(spec))
     metric = check_metric(df, opts.metric or default_metric(df))
     data = finished(df, metric)
-    rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(df)
-    cols = [resolve_column(df, c, "cols") for c in opts.cols] if opts.cols is not None else default_cols(data, rows)
+    # best_over: the tuned key and the split are chosen per cell, so neither is a default row or column
+    tuned = resolve_column(df, opts.best_over, "best_over") if opts.best_over not in (None, "none") else None
+    rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(df, exclude=(tuned,))
+    cols = [resolve_column(df, c, "cols") for c in opts.cols] if opts.cols is not None else [
+        c for c in default_cols(data, rows) if not (tuned and c in (tuned, "split"))]
     overlap = set(rows) & set(cols)
     if overlap:
         raise ConfigError("cols", f"{', '.join(sorted(overlap))} cannot be both a row and a column key")
-    return TableOptions(tuple(rows), tuple(cols), metric, opts.baseline, opts.layout or "grid", opts.format or "markdown")
+    splits = (opts.select_split or "valid", opts.report_split or "test") if tuned else (None, None)
+    return TableOptions(tuple(rows), tuple(cols), metric, opts.baseline, opts.layout or "grid", opts.format or "markdown",
+                        tuned, *splits)
 
 
 # ---------------------------------------------------------------- grid layout

@@ -33,6 +33,12 @@ def register(subparsers) -> None:
                    help="grid (default), Transformer-XL's Table 6 (PPL init / best / Attn Len) or Table 8 (RECL at "
                         "r = 0.1, 0.5, 1.0; needs eval.recl_contexts), or length_generalization (example tasks: "
                         "test-length bins + OOD mean per task and encoding, then a rank-per-task summary)")
+    p.add_argument("--best-over", metavar="KEY",
+                   help="tune KEY per row as papers tune each baseline (e.g. train.lr): each cell reports the "
+                        "--report-split metric at the KEY value whose --select-split metric (seed mean, same "
+                        "evaluation setting) is best, and shows that value; none: off")
+    p.add_argument("--select-split", choices=("valid", "test"), help="--best-over: the split that picks (default valid)")
+    p.add_argument("--report-split", choices=("valid", "test"), help="--best-over: the split reported (default test)")
     p.add_argument("--out", type=Path, help="write the table to FILE instead of printing it")
     p.set_defaults(func=cmd_table)
 
@@ -51,8 +57,11 @@ def register(subparsers) -> None:
                                           "per task; passkey: one panel per variant).")
     p.add_argument("target", type=Path, help="a run dir or a results dir")
     p.add_argument("--kind", required=True,
-                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "diagnostics", "passkey"),
-                   help="position-loss: mean loss by position in the segment / window, one panel per evaluation setting")
+                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "diagnostics", "passkey",
+                            "lr-sweep"),
+                   help="position-loss: mean loss by position in the segment / window, one panel per evaluation "
+                        "setting; lr-sweep: the fair-baselines study, valid ppl against train.lr per encoding and "
+                        "each one's test ppl at its best lr over the best encoding's")
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
     p.add_argument("--metric", help="extrapolation, passkey: the metric shown (default: the main metric)")
     p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
@@ -119,7 +128,8 @@ def cmd_table(args: argparse.Namespace) -> int:
                          f"use {', '.join(SUFFIX_FORMATS)} or give --format")
     fmt = args.format or (SUFFIX_FORMATS.get(args.out.suffix) if args.out else None)
     options = TableOptions(rows=_keys(args.rows), cols=_keys(args.cols), metric=args.metric,
-                           baseline=args.baseline, layout=args.layout, format=fmt)
+                           baseline=args.baseline, layout=args.layout, format=fmt, best_over=args.best_over,
+                           select_split=args.select_split, report_split=args.report_split)
     frame = _collect(args.dir)
     table, resolved = make_table(frame, options)
     for line in left_out_runs(frame, resolved.metric, resolved.rows):
@@ -172,6 +182,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
     elif args.kind == "extrapolation":
         written, notes = plots.save_extrapolation(_collect(args.target), out, metric=args.metric, x=args.x,
                                                   formats=formats)
+    elif args.kind == "lr-sweep":
+        from relpos_ablate.analysis.baselines_report import save_lr_figure
+        from relpos_ablate.analysis.tables import axis_orders, read_spec
+
+        frame = _collect(args.target)
+        written, notes = save_lr_figure(frame, out, formats, axis_orders(read_spec(frame)))
     elif args.kind == "position-loss":
         from relpos_ablate.analysis.positions import save_position_loss
 

@@ -10,6 +10,8 @@ from relpos_ablate.config.base import ConfigError, check_choice, check_range
 ROPE_SCALINGS = ("pi", "ntk", "yarn")
 PROTOCOLS = ("non_overlapping", "sliding", "xl")
 RECL_PROTOCOLS = ("auto", "sliding", "xl")
+SPLITS = ("valid", "test")
+"""The text splits an evaluation can score (eval.split, and eval.settings[i].split)."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,17 @@ class EvalSetting:
     length (attn_len: the keys a query sees under its protocol) / the training one, train.segment_len +
     model.mem_len; at least 1.
     Fixed per setting: the same (i, j) pair always gets the same score."""
+    split: str | None = None
+    """The text split this setting scores: valid | test | null (eval.split). One run can so be scored on
+    both (papers pick a learning rate on valid and report test: `table --best-over`); eval.json records
+    the resolved split. Text only: a synthetic task draws one evaluation stream from the seed, so it
+    leaves split unset."""
 
     def __post_init__(self):
         check_range("segment_len", self.segment_len, low=1)
         check_choice("protocol", self.protocol, PROTOCOLS)
+        if self.split is not None:
+            check_choice("split", self.split, SPLITS)
         if self.mem_len is not None:
             check_range("mem_len", self.mem_len, low=0)
         if self.clamp_len is not None:
@@ -99,6 +108,10 @@ class EvalSetting:
         memory = self.memory(model_mem_len)
         return {"non_overlapping": self.segment_len + memory, "sliding": self.segment_len, "xl": memory}[self.protocol]
 
+    def split_of(self, default: str) -> str:
+        """The split this setting scores: its own, else `default` (eval.split)."""
+        return self.split or default
+
     def rope_factor(self, train_attn_len: int, attn_len: int) -> float:
         """s: rope_scale, or auto: attn_len / train_attn_len (at least 1)."""
         return max(1.0, attn_len / train_attn_len) if self.rope_scale == "auto" else float(self.rope_scale)
@@ -113,7 +126,7 @@ class EvalConfig:
     (docs/formulas.md#evaluation-protocols); empty means 1x, 2x and 4x the training segment length,
     non_overlapping, with the training mem_len."""
     split: str = "valid"
-    """Which split to evaluate: valid | test."""
+    """Which split to evaluate: valid | test; a setting's own `split` overrides it for that setting."""
     batch_size: int = 8
     """Evaluation streams: the split is cut into this many contiguous streams (the remainder dropped; each
     stream's first token is never a target); non_overlapping and xl evaluate one segment of each per forward."""
@@ -137,7 +150,7 @@ class EvalConfig:
     probabilities are then computed per query block instead of by fused kernels."""
 
     def __post_init__(self):
-        check_choice("split", self.split, ("valid", "test"))
+        check_choice("split", self.split, SPLITS)
         check_range("batch_size", self.batch_size, low=1)
         check_range("sliding_batch_tokens", self.sliding_batch_tokens, low=1)
         check_range("recl_targets", self.recl_targets, low=1)

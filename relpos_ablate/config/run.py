@@ -193,8 +193,22 @@ class RunConfig:
                                   "setting's mem_len, else model.mem_len, > 0): each query sees its mem_len most "
                                   "recent keys")
         self._check_eval_subsets()
+        self._check_splits()
+
+    def _check_splits(self) -> None:
+        """Every split asked for exists: local files have a test split only with data.test_file; a synthetic
+        task has one evaluation stream, drawn from the seed, so its settings name no split."""
+        data = self.data
         if data.source == "text" and data.train_file and self.eval.split == "test" and not data.test_file:
             raise ConfigError("eval.split", "'test' with local files needs data.test_file")
+        for i, setting in enumerate(self.eval.settings):
+            if setting.split is None:
+                continue
+            if data.source == "synthetic":
+                raise ConfigError(f"eval.settings[{i}].split", "synthetic tasks have one evaluation stream (drawn "
+                                  "from the seed), no valid/test splits; leave split unset")
+            if data.train_file and setting.split == "test" and not data.test_file:
+                raise ConfigError(f"eval.settings[{i}].split", "'test' with local files needs data.test_file")
 
     def _check_eval_subsets(self) -> None:
         """A target subset leaves each stream at least one target, and RECL some with its longest context."""

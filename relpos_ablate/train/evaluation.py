@@ -47,9 +47,9 @@ EXAMPLE_METRIC = "exact_match"
 def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule,
              config: RunConfig) -> tuple[dict, dict[str, np.ndarray]]:
     """(eval.json, token_losses.npz arrays) at the end of training. eval.json: one record per setting
-    (protocol, lengths, attention length, metrics, loss by position, attention diagnostics with
-    eval.diagnostics), the layout every protocol scored and the reference (unigram or chance); the
-    arrays: each target's loss for the settings that ask for it. Example tasks: one record per test set."""
+    (protocol, lengths, attention length, split, metrics, loss by position, attention diagnostics with
+    eval.diagnostics), the layout of eval.split's streams and the reference (unigram or chance) on them
+    (a setting with a split of its own scores that split's streams); the arrays: each target's loss for the settings that ask for it. Example tasks: one record per test set."""
     if config.data.example_task:
         return evaluate_examples(module.model, datamodule, config, trainer.global_step,
                                  trainer.precision_plugin.forward_context), {}
@@ -98,13 +98,14 @@ def _cuda_devices(device: torch.device) -> list:
 
 
 def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
-    """The resolved setting as eval.json writes it (attn_len: the keys a query sees, EvalSetting.attn_len)."""
+    """The resolved setting as eval.json writes it (attn_len: the keys a query sees, EvalSetting.attn_len;
+    split: the setting's own, else eval.split, so a record says which split it scored)."""
     clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
     return {"protocol": setting.protocol, "segment_len": setting.segment_len, "stride": setting.stride,
             "mem_len": setting.memory(config.model.mem_len), "clamp_len": clamp_len,
             "same_length": setting.protocol == "xl", "max_targets": setting.max_targets, "token_losses": None,
             "attn_len": setting.attn_len(config.model.mem_len), "rope_scaling": setting.rope_scaling,
-            "rope_scale": rope_scale(config, setting)}
+            "rope_scale": rope_scale(config, setting), "split": setting.split_of(config.eval.split)}
 
 
 def example_record(config: RunConfig, fields: dict[str, Any]) -> dict:
