@@ -55,3 +55,16 @@ def test_ordering_is_stated_only_when_welch_supports_it():
     assert p > 0.05
     assert stats.ordering("a", close[0], "b", close[1]).endswith(f"not significant (Welch p = {p:.2g})")
     assert stats.ordering("a", [6.0, 6.1], "b", [7.0, 7.1]).endswith("n too small to test")
+
+
+def test_a_paired_ordering_tests_the_per_seed_differences():
+    """Seeds far apart, each gaining about 0.1: Welch's test sees the spread between seeds, the paired one the gain."""
+    short, long = [6.0, 7.0, 8.0], [5.9, 6.92, 7.88]
+    assert stats.ordering("long", long, "short", short).endswith("not significant (Welch p = "
+                                                                 f"{scipy_stats.ttest_ind(long, short, equal_var=False).pvalue:.2g})")
+    p = scipy_stats.ttest_rel(long, short).pvalue
+    assert p < 0.05 and stats.ordering("long", long, "short", short, paired=True).endswith(
+        f"long better (paired t-test p = {p:.2g})")
+    with pytest.raises(ValueError, match="one value per seed"):
+        stats.ordering("a", [1.0, 2.0, 3.0], "b", [1.0, 2.0, 3.0, 4.0], paired=True)
+

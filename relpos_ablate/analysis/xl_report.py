@@ -100,12 +100,12 @@ def table6_report(df: pd.DataFrame) -> str:
                             ladders[b].get(cb, []), decimals=3)
             lines.append(f"- {question}: {text}")
     lines += ["", "Longer attention at evaluation than in training (each model: its training attention length against "
-              "its best):", ""]
+              "its best; a paired t-test over its seeds):", ""]
     for key in keys:
         init, best = _init(key, segment), _best(ladders[key])
         if best != init and init in ladders[key]:
             lines.append(f"- {_label(key)}: " + ordering(f"c = {best}", ladders[key][best], f"c = {init}",
-                                                         ladders[key][init], decimals=3))
+                                                         ladders[key][init], decimals=3, paired=True))
         elif best == init:
             lines.append(f"- {_label(key)}: best at its training attention length, c = {init}")
     return "\n".join(lines) + "\n"
@@ -136,7 +136,8 @@ def context_report(df: pd.DataFrame) -> str:
              f"mean ± std over {_seeds(seeds)} seeds:", "",
              "| " + " | ".join(f"c = {c}" for c in contexts) + " |", "|" + "---:|" * len(contexts),
              "| " + " | ".join(_cell(by_c[c]) for c in contexts) + " |", "",
-             "Does doubling the context still help (Welch's t-test over seeds; an ordering only where p < 0.05)?", ""]
+             "Does doubling the context still help? The same models at two windows: a paired t-test over the seeds "
+             "(an ordering only where p < 0.05).", ""]
     for short, long in zip(contexts, contexts[1:]):
-        lines.append(f"- {ordering(f'c = {long}', by_c[long], f'c = {short}', by_c[short], decimals=3)}")
+        lines.append(f"- {ordering(f'c = {long}', by_c[long], f'c = {short}', by_c[short], decimals=3, paired=True)}")
     return "\n".join(lines) + "\n"
