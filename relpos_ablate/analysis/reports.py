@@ -12,20 +12,26 @@ when Welch's t-test supports it.
 
 from __future__ import annotations
 
+import importlib
 import math
+from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
 
+from relpos_ablate.analysis.collect import RUN_COLUMNS, SETTING_FIELDS
 from relpos_ablate.analysis.tables import MIN_WELCH_SEEDS, welch_p
 from relpos_ablate.config import ConfigError
 
 ALPHA = 0.05
 """Significance level of the orderings a report states."""
 
-REPORTS: dict[str, Callable[[pd.DataFrame], str]] = {}
-"""Experiment name -> its report function (the frame of its runs -> Markdown)."""
+REPORTS: dict[str, Callable[[pd.DataFrame], str] | str] = {
+    "alibi_extrapolation_cpu": "relpos_ablate.analysis.extrapolation_report:report",
+}
+"""Experiment name -> its report function (the frame of its runs -> Markdown), or the function's
+"module:name", imported when asked (a study's report module imports this one for `ordering`)."""
 
 
 def make_report(df: pd.DataFrame) -> str:
@@ -36,12 +42,26 @@ def make_report(df: pd.DataFrame) -> str:
     if names[0] not in REPORTS:
         raise ConfigError("report", f"no report for experiment {names[0]!r}; reports exist for: "
                           f"{', '.join(sorted(REPORTS)) or 'none'}")
-    return REPORTS[names[0]](df)
+    function = REPORTS[names[0]]
+    if isinstance(function, str):
+        module, _, name = function.partition(":")
+        function = getattr(importlib.import_module(module), name)
+    return function(df)
 
 
 def read_summary(path) -> pd.DataFrame:
-    """A committed summary.csv as the frame `collect` gave (what the report functions read)."""
-    return pd.read_csv(path)
+    """A committed summary.csv as the frame `collect` gave (what the report functions and the extrapolation
+    figure read), its attrs restored from collect's column order: run columns, variant axes, setting fields,
+    metrics, then main_metric (analysis/collect.py, _column_order)."""
+    frame = pd.read_csv(path)
+    columns = list(frame.columns)
+    first_setting = min((columns.index(f) for f in SETTING_FIELDS if f in columns), default=len(columns))
+    last_setting = max((columns.index(f) for f in SETTING_FIELDS if f in columns), default=-1)
+    end = columns.index("main_metric") if "main_metric" in columns else last_setting + 1
+    frame.attrs.update(problems=[], results_dir=str(Path(path).parent),
+                       variant_axes=[c for c in columns[:first_setting] if c not in RUN_COLUMNS],
+                       metrics=columns[last_setting + 1:end])
+    return frame
 
 
 def ordering(name_a: str, a: Iterable[float], name_b: str, b: Iterable[float], lower_is_better: bool = True,
