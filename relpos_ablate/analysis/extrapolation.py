@@ -76,7 +76,7 @@ def build_extrapolation(df: pd.DataFrame, metric: str | None = None, x: str = "s
                     ", ".join(f for f in FAMILIES if any(ln.family == f for ln in mine)) if len(groups) > 1 else "")
             title = ", ".join(filter(None, [label(v) for v in panel] + [panel_setting(layout, panel)]))
             ax.set_title(" — ".join(filter(None, [title, what])), fontsize=9)
-        handles = _legend_handles(layout, group, mine, colors, merged)
+        handles = _legend_handles(layout, group, mine, colors, merged, limits)
         if len(groups) == 1:
             fig.legend(handles=handles, loc="outside right center", fontsize=7, title=heading, title_fontsize=7)
         else:  # a legend per row, beside its last panel
@@ -106,8 +106,8 @@ def _limits(layout: Layout, lines: list[Line]) -> tuple[float, float, bool]:
     means = np.concatenate([ln.mean for ln in lines]) if lines else np.array([1.0])
     means = means[np.isfinite(means)]
     low, high = float(means.min()), float(means.max())
-    extra = [1.0] if layout.y == "ratio" else [v for v in _reference_levels(layout) if
-                                                 min(abs(v - low), abs(v - high)) <= max(high - low, 1e-9)]
+    extra = [1.0] if layout.y == "ratio" else [v for v in _reference_levels(layout)
+                                               if min(abs(v - low), abs(v - high)) <= max(high - low, 1e-9)]
     low, high = min([low, *extra]), max([high, *extra])
     log = low > 0 and (high / low > 2 if layout.y == "ratio" else layout.metric == "ppl" and high / low > 10)
     if log:
@@ -118,6 +118,9 @@ def _limits(layout: Layout, lines: list[Line]) -> tuple[float, float, bool]:
 
 
 def _reference_levels(layout: Layout) -> list[float]:
+    """The runs' shared reference level (unigram, chance) in the metric's units: none for a ratio."""
+    if layout.y == "ratio":
+        return []
     column = f"reference_{layout.metric}"
     values = layout.data[column].dropna().unique() if column in layout.data else []
     return [float(values[0])] if len(values) == 1 else []
@@ -230,8 +233,10 @@ def _name(layout: Layout, identity: tuple) -> str:
     return layout.names[identity]
 
 
-def _legend_handles(layout: Layout, group: list[tuple], lines: list[Line], colors: dict, merged: list[tuple]):
-    """A legend entry per identity of the row (coinciding ones as one, 'A / B (overlap)'), then the marks."""
+def _legend_handles(layout: Layout, group: list[tuple], lines: list[Line], colors: dict, merged: list[tuple],
+                    limits: tuple[float, float, bool]):
+    """A legend entry per identity of the row (coinciding ones as one, 'A / B (overlap)'), then the marks the
+    row's panels draw (the training length when the runs share one, the reference level within the y range)."""
     families = {ln.identity: ln.family for ln in lines}
     hidden = {identity for g in merged for identity in g[1:]}
     handles = []
@@ -242,8 +247,9 @@ def _legend_handles(layout: Layout, group: list[tuple], lines: list[Line], color
         name = _overlap_name(layout, members) if len(members) > 1 else _name(layout, identity)
         handles.append(Line2D([], [], color=colors[identity], ls=FAMILY_STYLES[families[identity]], marker="o",
                               ms=3.5, label=name))
-    handles.append(Line2D([], [], color="k", ls=":", lw=1, label="training length"))
-    for level in _reference_levels(layout) if layout.y == "value" else ():
+    if layout.data["_train"].nunique() == 1:
+        handles.append(Line2D([], [], color="k", ls=":", lw=1, label="training length"))
+    for level in (v for v in _reference_levels(layout) if limits[0] <= v <= limits[1]):
         name = label(layout.data["reference"].dropna().iloc[0]) if "reference" in layout.data else "reference"
         handles.append(Line2D([], [], color="0.4", ls="--", lw=1, label=f"{name} ({level:.3g})"))
     return handles
