@@ -78,8 +78,10 @@ def test_t5_against_rope_and_the_buckets_it_was_trained_with(frame):
     assert cell(text, "| 2L |") == ["2L", f"{statistics.mean(t5):.3f}", f"{statistics.mean(rope):.3f}", verdict]
     # 16 causal buckets (8 exact), max_distance 16: 8 + floor(log(n / 8) / log(2) * 8) reaches 15 at n = 15
     far = min(n for n in range(8, 64) if 8 + int(math.log(n / 8) / math.log(2) * 8) >= 15)
-    assert f"num_buckets 16, max_distance 16 (causal): the far bucket 15 starts at distance {far}; at L = 64, " \
-           f"distances {far}..63 train it." in text
+    assert f"num_buckets 16, max_distance 16 (0.25 L): the far bucket 15 starts at distance {far} " \
+           f"({far / 64:.2f} L); at L = 64, distances {far}..63 train it." in text
+    paper = min(n for n in range(16, 512) if 16 + int(math.log(n / 16) / math.log(8) * 16) >= 31)  # 32 buckets, 128
+    assert f"starts at distance {paper} ({paper / 512:.2f} L); max_distance = 0.25 L." in text
     assert "num_buckets 32" not in text.split("## T5's buckets")[1].split("##")[0]  # only t5's own runs
 
 

@@ -104,16 +104,21 @@ def far_bucket_start(num_buckets: int, max_distance: int) -> int:
 
 
 def t5_section(df: pd.DataFrame, train: int) -> str:
-    """Where T5's far bucket starts, from the bucket formula and the runs' own num_buckets / max_distance."""
+    """Where T5's far bucket starts, from the model's bucket function and the runs' own num_buckets /
+    max_distance, next to the paper's (HuggingFace's defaults, 32 and 128, at L = 512)."""
     t5 = df[df["encoding"] == "t5"]
     if t5.empty:
         return ""
-    lines = ["## T5's buckets\n"]
+    paper = far_bucket_start(32, 128)
+    lines = ["## T5's buckets\n", f"- The paper (HuggingFace's T5 bias: 32 buckets, max_distance 128, causal) at "
+             f"L = 512: the far bucket 31 starts at distance {paper} ({paper / 512:.2f} L); max_distance = "
+             f"{128 / 512:g} L."]
     for (buckets, distance), _ in t5.groupby(["model.attention.num_buckets", "model.attention.max_distance"]):
         start = far_bucket_start(int(buckets), int(distance))
         trained = f"distances {start}..{train - 1} train it" if start < train else "no training distance reaches it"
-        lines.append(f"- num_buckets {int(buckets)}, max_distance {int(distance)} (causal): the far bucket "
-                     f"{int(buckets) - 1} starts at distance {start}; at L = {train}, {trained}.")
+        lines.append(f"- These runs: num_buckets {int(buckets)}, max_distance {int(distance)} ({distance / train:g} L): "
+                     f"the far bucket {int(buckets) - 1} starts at distance {start} ({start / train:.2f} L); at "
+                     f"L = {train}, {trained}.")
     return "\n".join(lines) + "\n"
 
 
