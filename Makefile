@@ -1,9 +1,8 @@
 # make test  — create .venv (torch CPU wheel first), install the project, run the test suite
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
-# make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions"): 51 min,
-#   48 min and 22 min measured on 2 CPU cores
-# make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines"): ~90 min
-#   on 2 CPU cores (estimated)
+# make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions": their measured
+#   costs on 2 CPU cores)
+# make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines")
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c  # a failed grid fails its target even when piped through tee
 PY ?= python3
@@ -71,11 +70,29 @@ lengthgen: install
 	for kind in diagnostics passkey; do \
 		$(BIN)/relpos-ablate plot $(LENGTHGEN) --kind $$kind --out $(LENGTHGEN)/figures || exit 1; done
 
+# ALiBi App. B on the trained runs (no retraining): windows of L = 64 moved by 1 ... 64 tokens, and non-overlapping
+# segments of 2L and 4L, all on the first APPB_TARGETS targets (stride 1 costs one forward per target); appb.txt
+# records its wall time when it evaluated something. table.md keeps the full-target settings (the spec's
+# `table: where`), table_appb.md the sweep.
+APPB_TARGETS := 2048
+APPB_SETTINGS := [$(foreach s,1 2 4 8 16 32 64,{segment_len: 64, protocol: sliding, stride: $(s), \
+	max_targets: $(APPB_TARGETS)},) {segment_len: 128, max_targets: $(APPB_TARGETS)}, \
+	{segment_len: 256, max_targets: $(APPB_TARGETS)}]
+
 repro-extrapolation: install
 	$(call repro_grid,alibi_extrapolation_cpu)
+	start=$$(date +%s); $(BIN)/relpos-ablate evaluate $(EXTRAP) --slots 2 --set 'eval.settings=$(APPB_SETTINGS)' \
+		| tee $(EXTRAP)/.appb.out; \
+	if grep -q "evaluated [1-9]" $(EXTRAP)/.appb.out; then \
+		echo "evaluate (App. B, max_targets $(APPB_TARGETS)): $$(grep -c "evaluated [1-9]" $(EXTRAP)/.appb.out) runs in $$(( $$(date +%s) - start )) s on 2 slot(s); machine: $$(nproc) CPU cores, $$(date -u +%F)" \
+			> $(EXTRAP)/appb.txt; fi; rm -f $(EXTRAP)/.appb.out
+	$(BIN)/relpos-ablate collect $(EXTRAP) --out $(EXTRAP)/summary.csv
 	$(BIN)/relpos-ablate table $(EXTRAP) --out $(EXTRAP)/table.md
-	for kind in extrapolation position-loss; do \
-		$(BIN)/relpos-ablate plot $(EXTRAP) --kind $$kind --out $(EXTRAP)/figures || exit 1; done
+	$(BIN)/relpos-ablate table $(EXTRAP) --where max_targets=$(APPB_TARGETS) --cols protocol segment_len stride \
+		--out $(EXTRAP)/table_appb.md
+	$(BIN)/relpos-ablate report $(EXTRAP)/summary.csv --out $(EXTRAP)/report.md
+	$(BIN)/relpos-ablate plot $(EXTRAP) --kind extrapolation --y ratio --out $(EXTRAP)/figures
+	$(BIN)/relpos-ablate plot $(EXTRAP) --kind position-loss --out $(EXTRAP)/figures
 
 # repro-xl: first how much context a model without memory uses at this budget (xl_context_cpu), which sets
 # the Table 6 study's segment length, then Tables 6 and 8 and the report of their comparisons.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -203,7 +204,40 @@ def test_alibi_extrapolation_cpu_evaluates_1x_to_16x_with_both_protocols():
         assert plain == {(p, 64 * k) for p in ("non_overlapping", "sliding") for k in (1, 2, 4, 8, 16)}
         extended = {(s.protocol, s.segment_len, s.rope_scaling) for s in c.eval_settings() if s.rope_scaling}
         assert extended == {("non_overlapping", 64 * k, kind) for k in (4, 8) for kind in ("pi", "ntk", "yarn")}
-    assert len({run.config.seed for run in runs}) >= 2, "seeds as a band"
+    assert len({run.config.seed for run in runs}) >= 3, "an ordering needs Welch's test over >= 3 seeds a side"
+
+
+def causal_t5_bucket(distance: int, num_buckets: int, max_distance: int) -> int:
+    """T5's unidirectional bucket of a distance i - j >= 0 (Mesh TensorFlow / HuggingFace `_relative_position_bucket`,
+    bidirectional=False), written here from that definition."""
+    exact = num_buckets // 2
+    if distance < exact:
+        return distance
+    return min(num_buckets - 1, exact + int(math.log(distance / exact) / math.log(max_distance / exact) * (num_buckets - exact)))
+
+
+def far_bucket_start(num_buckets: int, max_distance: int) -> int:
+    return next(d for d in range(10 * max_distance) if causal_t5_bucket(d, num_buckets, max_distance) == num_buckets - 1)
+
+
+def test_alibi_extrapolation_cpus_t5_trains_its_far_bucket_as_the_paper_did():
+    """The ALiBi paper's T5 bias is HuggingFace's (32 buckets, max_distance 128) trained at L = 512: every distance
+    from 113 on shares the far bucket, and training reaches it. Here max_distance / L is the paper's 1/4 and the
+    far bucket starts at about the same share of L, well inside the training length; the other rows keep the
+    defaults (their run ids unchanged)."""
+    runs = load_grid(EXPERIMENTS / "alibi_extrapolation_cpu.yaml").runs
+    (t5,) = {(r.config.model.attention.num_buckets, r.config.model.attention.max_distance, r.config.train.segment_len)
+             for r in runs if r.variant["encoding"] == "t5"}
+    buckets, distance, train = t5
+    paper = far_bucket_start(32, 128)
+    assert paper == 113 and paper < 512
+    assert distance / train == 128 / 512
+    assert far_bucket_start(buckets, distance) < train
+    assert far_bucket_start(buckets, distance) / train == pytest.approx(paper / 512, abs=0.02)
+    assert far_bucket_start(32, 128) >= 64, "the defaults at L = 64 never train the far bucket"
+    others = {(r.config.model.attention.num_buckets, r.config.model.attention.max_distance)
+              for r in runs if r.variant["encoding"] != "t5"}
+    assert others == {(32, 128)}
 
 
 def test_alibi_table2_trains_at_l_and_evaluates_up_to_about_30x():
@@ -283,6 +317,10 @@ def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would
     ("results/xl_table6_cpu/figures/extrapolation.png", False),
     ("results/alibi_extrapolation_cpu/0123456789/checkpoints/last.ckpt", True),
     ("results/alibi_extrapolation_cpu/table.md", False),
+    ("results/alibi_extrapolation_cpu/table_appb.md", False),
+    ("results/alibi_extrapolation_cpu/report.md", False),
+    ("results/alibi_extrapolation_cpu/appb.txt", False),
+    ("results/alibi_extrapolation_cpu/.appb.out", True),
     ("results/alibi_extrapolation_cpu/summary.csv", False),
     ("results/alibi_extrapolation_cpu/figures/position_loss.png", False),
     ("results/length_generalization/0123456789/eval.json", True),

@@ -84,11 +84,16 @@ def test_extrapolation_report(root):
     assert len(table.columns) == 16 and table.columns[-1] == "sliding, eval len 1024, stride 64"
     assert table.columns[3:6] == [f"non_overlapping, eval len 256, rope_scaling {k}" for k in ("ntk", "pi", "yarn")]
     assert "Tokens scored per setting: 600." in table.caption
-    figure = extrapolation_figure(df)
-    rope_lines = {line.get_label() for line in figure.axes[0].get_lines() if line.get_label().startswith("rope")}
-    assert rope_lines == {"rope, non_overlapping", "rope, sliding, stride 64",  # rope_scale (auto) moves with x
-                          *(f"rope, non_overlapping, rope_scaling {kind}" for kind in ("ntk", "pi", "yarn"))}
-    assert any(line.get_label().startswith("unigram") for line in figure.axes[0].get_lines())
+    figure = extrapolation_figure(df, y="ratio")  # as make repro-extrapolation draws it
+    panels = [ax for ax in figure.axes if ax.get_visible()]
+    assert [ax.get_title().split(" — ")[0] for ax in panels[:2]] == ["non_overlapping", "sliding, stride 64"]
+    drawn = [{line.get_label() for line in ax.get_lines() if line.get_marker() == "o"} for ax in panels]
+    legends = [legend for legend in [*figure.legends, *(ax.get_legend() for ax in panels)] if legend]
+    named = " | ".join(text.get_text() for legend in legends for text in legend.get_texts())  # "a / b (overlap)"
+    extended = {f"rope, rope_scaling {kind}" for kind in ("ntk", "pi", "yarn")}  # rope_scale (auto) moves with x
+    assert all(name in named for name in extended) and not extended & drawn[1]  # extensions: non-overlapping only
+    assert all(name in named for name in ("vaswani", "rope", "alibi", "xl"))
+    assert "alibi_extrapolation_cpu: derived numbers" in make_report(df)
     positions = position_loss_figure(df)
     panels = [ax for ax in positions.axes if ax.get_visible()]
     assert len(panels) == 10
@@ -114,5 +119,7 @@ def test_xl_tables_report(root):
     assert all(re.fullmatch(r"≥?\d+", value) for _, values in table8.rows for value in values[:3])  # one seed
     report = make_report(df)
     assert "| xl, memory 48, full loss |" in report and "recurrence, XL encoding (full loss)" in report
-    curves = [line for line in extrapolation_figure(df, x="attn_len").axes[0].get_lines() if line.get_marker() == "o"]
-    assert len(curves) == 4  # a line per model: the evaluation memory moves with the attention length
+    figure = extrapolation_figure(df, x="attn_len")
+    entries = [t.get_text() for t in figure.legends[0].get_texts() if t.get_text().startswith("encoding=")]
+    assert sum(1 + e.count(" / ") for e in entries) == 4  # a line per model (coinciding ones named together): the
+    # evaluation memory moves with the attention length

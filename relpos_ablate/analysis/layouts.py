@@ -23,7 +23,7 @@ from relpos_ablate.analysis.length_generalization import length_generalization_t
 from relpos_ablate.analysis.render import Table
 from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
-    TableOptions, axis_orders, grid_table, read_spec, resolve_options, spec_options,
+    TableOptions, apply_where, axis_orders, grid_table, read_spec, resolve_options, spec_options,
 )
 from relpos_ablate.analysis.xl_tables import xl_table6, xl_table8
 from relpos_ablate.config import ConfigError
@@ -45,9 +45,10 @@ computes RECL from them, Table 6 reads them as the evaluations at each attention
 def make_table(df: pd.DataFrame, options: TableOptions = TableOptions()) -> tuple[Table, TableOptions]:
     """The table the options ask for, and the resolved options (format, layout, ...) it used."""
     spec = read_spec(df)
-    name = options.merged(spec_options(spec)).layout or "grid"
+    merged = options.merged(spec_options(spec))
+    name = merged.layout or "grid"
     check_choice("layout", name, LAYOUTS)
-    data = df if name in READS_TOKEN_LOSSES else table_settings(df)
+    data = apply_where(df if name in READS_TOKEN_LOSSES else table_settings(df), merged.where)
     resolved = resolve_options(data, options, spec)
     if resolved.best_over:  # each row at its own best value of a key: a grid table of the chosen runs
         if name != "grid":

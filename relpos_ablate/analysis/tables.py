@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields, replace
@@ -66,6 +67,10 @@ class TableOptions:
     """best_over: the split the value is picked on (default valid)."""
     report_split: str | None = None
     """best_over: the split the cells report (default test)."""
+    where: tuple[str, ...] | None = None
+    """Keep only the collected rows whose field has (`FIELD=VALUE`) or has not (`FIELD!=VALUE`) this value, e.g.
+    `protocol=sliding`; several must all hold. E.g. a stride sweep on a max_targets subset (ALiBi App. B) in a
+    table of its own (`max_targets=2048`) and out of the main one (`max_targets!=2048`)."""
 
     def __post_init__(self):
         if self.format is not None:
@@ -97,8 +102,10 @@ def read_spec(df: pd.DataFrame) -> dict:
     root = Path(df.attrs.get("results_dir", "."))
     pairs = df[["run_dir", "spec"]].dropna().drop_duplicates().itertuples(index=False) if "spec" in df else ()
     for run_dir, raw in pairs:
-        # run.json stores the spec relative to the run dir (older runs: absolute or relative to the cwd)
-        for path in (Path(run_dir) / raw, Path(raw), root / raw, root / Path(raw).name):
+        # run.json stores the spec relative to the run dir (older runs: absolute or relative to the cwd); for a
+        # committed summary.csv the run dir is gone, so its '..' are resolved by name
+        for path in (Path(run_dir) / raw, Path(os.path.normpath(Path(run_dir) / raw)), Path(raw), root / raw,
+                     root / Path(raw).name):
             if path.is_file():
                 try:
                     spec = load_yaml(path.read_text())
@@ -113,7 +120,7 @@ def spec_options(spec: dict) -> TableOptions:
     """The spec's `table:` block as options (unknown keys and wrong types are one-line errors)."""
     block = spec.get("table") or {}
     if isinstance(block, dict):
-        block = {k: [v] if k in ("rows", "cols") and isinstance(v, str) else v for k, v in block.items()}
+        block = {k: [v] if k in ("rows", "cols", "where") and isinstance(v, str) else v for k, v in block.items()}
     return from_dict(TableOptions, block, "table")
 
 
@@ -247,7 +254,27 @@ def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> Tabl
         raise ConfigError("cols", f"{', '.join(sorted(overlap))} cannot be both a row and a column key")
     splits = (opts.select_split or "valid", opts.report_split or "test") if tuned else (None, None)
     return TableOptions(tuple(rows), tuple(cols), metric, opts.baseline, opts.layout or "grid", opts.format or "markdown",
-                        tuned, *splits)
+                        tuned, *splits, opts.where)
+
+
+def apply_where(df: pd.DataFrame, where: Iterable[str] | None) -> pd.DataFrame:
+    """The rows whose fields have (`FIELD=VALUE`) or do not have (`FIELD!=VALUE`) the values `where` asks for,
+    values compared as a table labels them (`max_targets!=2048`, `protocol=sliding`); a field that is no column,
+    a malformed condition or a condition no row meets is a one-line error."""
+    kept = df
+    for condition in where or ():
+        field, sep, value = str(condition).partition("=")
+        negate = field.endswith("!")
+        field, value = field.removesuffix("!").strip(), value.strip()
+        if not sep or not field:
+            raise ConfigError("where", f"{condition!r}: write FIELD=VALUE or FIELD!=VALUE, e.g. max_targets=0")
+        column = resolve_column(df, field, "where")
+        match = (kept[column].map(label) == value) != negate
+        if not match.any():
+            seen = ", ".join(sorted({label(v) for v in kept[column]})) or "none"
+            raise ConfigError("where", f"no row has {column}{'!=' if negate else '='}{value}; values here: {seen}")
+        kept = kept[match]
+    return kept
 
 
 # ---------------------------------------------------------------- grid layout

@@ -29,6 +29,9 @@ def register(subparsers) -> None:
     p.add_argument("--metric", help="metric in the cells (default: the task's main metric)")
     p.add_argument("--format", choices=("markdown", "latex", "csv"), help="default: from --out's suffix, else markdown")
     p.add_argument("--baseline", help="row label to test the others against (Welch's t-test); several keys: 'a,b'")
+    p.add_argument("--where", nargs="+", metavar="FIELD=VALUE",
+                   help="keep only the evaluations whose field has (FIELD=VALUE) or has not (FIELD!=VALUE) this value, "
+                        "e.g. max_targets=2048 or protocol=sliding (default: the spec's table: where)")
     p.add_argument("--layout", metavar="NAME",
                    help="grid (default), Transformer-XL's Table 6 (PPL init / best / Attn Len) or Table 8 (RECL at "
                         "r = 0.1, 0.5, 1.0; needs eval.recl_contexts), or length_generalization (example tasks: "
@@ -55,7 +58,8 @@ def register(subparsers) -> None:
                               description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
                                           "(extrapolation and position-loss: one figure of every run; diagnostics: one "
                                           "per task; passkey: one panel per variant).")
-    p.add_argument("target", type=Path, help="a run dir or a results dir")
+    p.add_argument("target", type=Path, help="a run dir or a results dir (extrapolation: also a summary.csv that "
+                                             "collect wrote)")
     p.add_argument("--kind", required=True,
                    choices=("bias", "attention", "terms", "extrapolation", "position-loss", "diagnostics", "passkey",
                             "lr-sweep"),
@@ -65,6 +69,16 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
     p.add_argument("--metric", help="extrapolation, passkey: the metric shown (default: the main metric)")
     p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
+    p.add_argument("--y", default="value", choices=("value", "ratio"),
+                   help="extrapolation: the metric, or its ratio to each run's metric at its training length")
+    p.add_argument("--panels", metavar="FIELD", help="extrapolation: a panel per value of this field (default: "
+                                                     "the protocol, when it varies)")
+    p.add_argument("--family-rows", action="store_true",
+                   help="extrapolation: a row of panels per encoding family (absolute, rotary, bias, data-dependent, "
+                        "other), each with its own y range; without it, families share a row unless a panel would "
+                        "hold more than 10 lines")
+    p.add_argument("--where", nargs="+", metavar="FIELD=VALUE",
+                   help="extrapolation: keep only these evaluations (default: the spec's table: where)")
     p.add_argument("--layer", type=int, default=-1, help="terms: layer index (default: the last)")
     p.add_argument("--head", type=int, default=0, help="terms: head index")
     p.add_argument("--formats", default="png,pdf", help="comma-separated figure formats (png, pdf, svg)")
@@ -129,7 +143,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     fmt = args.format or (SUFFIX_FORMATS.get(args.out.suffix) if args.out else None)
     options = TableOptions(rows=_keys(args.rows), cols=_keys(args.cols), metric=args.metric,
                            baseline=args.baseline, layout=args.layout, format=fmt, best_over=args.best_over,
-                           select_split=args.select_split, report_split=args.report_split)
+                           select_split=args.select_split, report_split=args.report_split, where=_keys(args.where))
     frame = _collect(args.dir)
     table, resolved = make_table(frame, options)
     for line in left_out_runs(frame, resolved.metric, resolved.rows):
@@ -153,7 +167,6 @@ def _emit(text: str, out: Path | None) -> int:
         print(f"wrote {out}", file=sys.stderr)
     else:
         print(text, end="")
-    return 0
 
 
 def _keys(values: list[str] | None) -> tuple[str, ...] | None:
@@ -170,17 +183,22 @@ def cmd_plot(args: argparse.Namespace) -> int:
     bad = [f for f in formats if f not in plots.FIGURE_FORMATS]
     if bad or not formats:
         raise UsageError(f"--formats: {','.join(bad) or 'nothing'} not allowed; choose from {', '.join(plots.FIGURE_FORMATS)}")
-    if not args.target.is_dir():
-        raise UsageError(f"{args.target}: not a directory")
-    out = args.out or args.target / "figures"
+    from_csv = args.kind == "extrapolation" and args.target.suffix == ".csv"
+    if not (args.target.is_file() if from_csv else args.target.is_dir()):
+        raise UsageError(f"{args.target}: not {'found' if from_csv else 'a directory'}")
+    out = args.out or (args.target.parent if from_csv else args.target) / "figures"
     if args.kind in ("diagnostics", "passkey"):
         from relpos_ablate.analysis import length_figures
 
         frame = _collect(args.target)
         written, notes = (length_figures.save_diagnostics(frame, out, formats) if args.kind == "diagnostics" else
                           length_figures.save_passkey(frame, out, args.metric, formats)), []
-    elif args.kind == "extrapolation":
-        written, notes = plots.save_extrapolation(_collect(args.target), out, metric=args.metric, x=args.x,
+    elif args.kind == "extrapolation":  # from the runs, or from the summary.csv collect wrote of them
+        from relpos_ablate.analysis.reports import read_summary
+
+        frame = read_summary(args.target) if from_csv else _collect(args.target)
+        written, notes = plots.save_extrapolation(frame, out, metric=args.metric, x=args.x, y=args.y, panels=args.panels,
+                                                  split_families=args.family_rows, where=_keys(args.where),
                                                   formats=formats)
     elif args.kind == "lr-sweep":
         from relpos_ablate.analysis.baselines_report import save_lr_figure
