@@ -47,11 +47,29 @@ def train_max(run: pd.Series) -> int:
 
 def per_run_bins(data: pd.DataFrame, metric: str) -> pd.DataFrame:
     """One row per (run, bin): the run's metric in that bin (passkey: the mean over its depths), the
-    bin's bounds, and whether the bin lies beyond the run's training lengths."""
+    bin's bounds, and whether the bin lies beyond the run's training lengths (`ood`) or within them (`iid`)."""
     grouped = data.groupby(["run_dir", *BIN_FIELDS], sort=False)[metric].mean().reset_index()
-    limits = data.drop_duplicates("run_dir").set_index("run_dir").apply(train_max, axis=1)
-    grouped["ood"] = grouped["length_min"] > grouped["run_dir"].map(limits)
+    limits = grouped["run_dir"].map(data.drop_duplicates("run_dir").set_index("run_dir").apply(train_max, axis=1))
+    grouped["ood"] = grouped["length_min"] > limits
+    grouped["iid"] = grouped["length_max"] <= limits
     return grouped
+
+
+ENCODING_NAMES = {"nope": "NoPE", "vaswani": "sinusoid", "learned": "learned absolute", "rope": "RoPE", "t5": "T5",
+                  "alibi": "ALiBi", "kerple_log": "KERPLE", "fire": "FIRE", "xl": "Transformer-XL"}
+"""The study's encodings (runner presets) in words, in the order its tables and figures list them."""
+
+
+def variant_name(encoding, positions=None) -> str:
+    """An encoding in words, `(randomized)` after it when its positions are: e.g. 'RoPE (randomized)'."""
+    name = ENCODING_NAMES.get(encoding, label(encoding))
+    return f"{name} (randomized)" if positions == "randomized" else name
+
+
+def variant_order(encoding, positions=None) -> tuple:
+    """Sort key: the study's encodings in ENCODING_NAMES order, others after by name; sequential first."""
+    names = list(ENCODING_NAMES)
+    return (names.index(encoding) if encoding in names else len(names), str(encoding), positions == "randomized")
 
 
 def _bin_label(bounds: tuple[int, int]) -> str:

@@ -6,12 +6,14 @@ the committed summary.csv alone (tests/test_results_numbers.py), and a results R
 that a committed table, report or summary.csv holds: none is typed by hand, none can drift.
 
 A study registers its report function under its experiment name (the grid spec's `name:`) in REPORTS:
-one function of the frame, returning Markdown. Orderings go through `ordering`, which states one only
-when Welch's t-test supports it.
+one function of the frame, returning Markdown, given as "module:function" (imported when its report is
+made: the study's module imports `ordering` from here, so this module cannot import it) or as the function.
+Orderings go through `ordering`, which states one only when Welch's t-test supports it.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Callable, Iterable
 
@@ -24,8 +26,10 @@ from relpos_ablate.config import ConfigError
 ALPHA = 0.05
 """Significance level of the orderings a report states."""
 
-REPORTS: dict[str, Callable[[pd.DataFrame], str]] = {}
-"""Experiment name -> its report function (the frame of its runs -> Markdown)."""
+REPORTS: dict[str, str | Callable[[pd.DataFrame], str]] = {
+    "length_generalization": "relpos_ablate.analysis.length_report:length_generalization_report",
+}
+"""Experiment name -> its report function (the frame of its runs -> Markdown), or where it lives."""
 
 
 def make_report(df: pd.DataFrame) -> str:
@@ -36,7 +40,11 @@ def make_report(df: pd.DataFrame) -> str:
     if names[0] not in REPORTS:
         raise ConfigError("report", f"no report for experiment {names[0]!r}; reports exist for: "
                           f"{', '.join(sorted(REPORTS)) or 'none'}")
-    return REPORTS[names[0]](df)
+    report = REPORTS[names[0]]
+    if isinstance(report, str):
+        module, _, function = report.partition(":")
+        report = getattr(importlib.import_module(module), function)
+    return report(df)
 
 
 def read_summary(path) -> pd.DataFrame:
