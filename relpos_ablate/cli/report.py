@@ -45,16 +45,20 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser("plot", help="bias curves, attention / term heatmaps, extrapolation and loss-by-position "
-                                           "curves, attention diagnostics, passkey retrieval",
+                                           "curves, length generalization, attention diagnostics, passkey retrieval",
                               description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
-                                          "(extrapolation and position-loss: one figure of every run; diagnostics: one "
-                                          "per task; passkey: one panel per variant).")
+                                          "(extrapolation and position-loss: one figure of every run; lengthgen: exact "
+                                          "match against task length, one panel per task; diagnostics: one per task; "
+                                          "passkey: one panel per variant).")
     p.add_argument("target", type=Path, help="a run dir or a results dir")
     p.add_argument("--kind", required=True,
-                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "diagnostics", "passkey"),
-                   help="position-loss: mean loss by position in the segment / window, one panel per evaluation setting")
+                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "lengthgen", "diagnostics",
+                            "passkey"),
+                   help="position-loss: mean loss by position in the segment / window, one panel per evaluation setting; "
+                        "lengthgen: example tasks, a line per variant (mean over seeds, min-max band), training lengths "
+                        "shaded")
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
-    p.add_argument("--metric", help="extrapolation, passkey: the metric shown (default: the main metric)")
+    p.add_argument("--metric", help="extrapolation, lengthgen, passkey: the metric shown (default: the main metric)")
     p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
     p.add_argument("--layer", type=int, default=-1, help="terms: layer index (default: the last)")
     p.add_argument("--head", type=int, default=0, help="terms: head index")
@@ -170,6 +174,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         frame = _collect(args.target)
         written, notes = (length_figures.save_diagnostics(frame, out, formats) if args.kind == "diagnostics" else
                           length_figures.save_passkey(frame, out, args.metric, formats)), []
+    elif args.kind == "lengthgen":
+        from relpos_ablate.analysis.length_curves import save_lengthgen
+
+        written, notes = save_lengthgen(_collect(args.target), out, args.metric, formats), []
     elif args.kind == "extrapolation":
         written, notes = plots.save_extrapolation(_collect(args.target), out, metric=args.metric, x=args.x,
                                                   formats=formats)
