@@ -107,6 +107,22 @@ def test_ranks_and_mean_reciprocal_rank(results):
     assert "| RoPE (randomized) | 2 | 1 | 1.50 | 0.75 |" in report
 
 
+def test_the_trend_table_puts_each_claim_beside_these_runs(results):
+    report = make_report(collect(results))
+    trends = report.split("## Trends: the papers' and ours")[1].split("##")[0]
+    # ID: copy's randomized RoPE (0.800) and reverse's NoPE (0.943) stay below 0.99
+    assert "6 of 8 (task, variant) pairs reach a mean ID exact match of 0.99; below it: RoPE (randomized) on copy " \
+           "(0.800); NoPE on reverse (0.943)" in trends
+    # among the sequential encodings: copy NoPE 1, T5 2, RoPE 3; reverse T5 1, NoPE 2, RoPE 3
+    assert "NoPE 0.75, T5 0.75, RoPE 0.33." in trends
+    over = [[statistics.mean([ood(("copy", e, "sequential"))[s], ood(("reverse", e, "sequential"))[s]]) for s in range(3)]
+            for e in ("t5", "rope")]
+    assert f"T5 vs RoPE: T5 {statistics.mean(over[0]):.3f}, RoPE {statistics.mean(over[1]):.3f}: T5 better " \
+           f"(Welch p = {welch(*over):.2g})" in trends
+    assert "by 12.0 points on average over 15 tasks (abstract); RoPE | OOD RoPE (randomized) 0.367, RoPE 0.033: " \
+           "RoPE (randomized) better" in trends
+
+
 def welch(a, b):
     with warnings.catch_warnings():  # T5's reverse OOD means are 0.2 three times, to rounding
         warnings.simplefilter("ignore", RuntimeWarning)

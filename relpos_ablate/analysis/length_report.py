@@ -10,6 +10,8 @@ threshold of train.stop_at_exact_match or the max_steps cap). From those:
 - Kazemnejad et al.'s summary: each variant's rank per task by its mean OOD exact match (1 = best, ties
   share their mean rank) and its mean reciprocal rank over the tasks (their Fig. 1 ranks encodings by it);
   a rank is a description of means, not a tested ordering;
+- the trend table of the README: each paper's claim (its numbers as the paper gives them) beside the
+  numbers of these runs;
 - orderings, each through reports.ordering (Welch's t-test over seeds, p < ALPHA, else "not significant"):
   their order NoPE > T5 > ALiBi > RoPE > sinusoid pair by pair, per task and over tasks, and randomized
   against sequential positions for RoPE and ALiBi (Ruoss et al.), ID and OOD. "Over tasks" compares the
@@ -74,7 +76,7 @@ def length_generalization_report(df: pd.DataFrame) -> str:
         f"{', '.join(tasks)}). Per run, ID is its mean over the test bins within its training lengths and "
         "OOD its mean over the bins that start beyond them (passkey: each bin first averaged over its depths); "
         "cells are mean ± std over seeds (n).", "",
-        *_training(scores, tasks), *_ranks(scores, tasks), *_orderings(scores, tasks)]
+        *_trends(scores, tasks), *_training(scores, tasks), *_ranks(scores, tasks), *_orderings(scores, tasks)]
     return "\n".join(lines) + "\n"
 
 
@@ -164,20 +166,66 @@ def _orderings(scores: pd.DataFrame, tasks: list[str]) -> list[str]:
 
 def _compare(scores: pd.DataFrame, a: tuple[str, str], b: tuple[str, str], column: str, tasks: list[str]) -> list[str]:
     """One line per task and one over the tasks: variant a against variant b on `column` (id or ood)."""
-    sides = [scores[scores[field] == value] for field, value in (a, b)]
-    names = [side["variant"].iloc[0] if len(side) else value for side, (_, value) in zip(sides, (a, b))]
+    sides, names = _sides(scores, a, b)
     what = "ID" if column == "id" else "OOD"
     lines = []
     for task in tasks:
         values = [side.loc[side["task"] == task, column].dropna().tolist() for side in sides]
         if all(values):
             lines.append(f"- {task}, {what}: {ordering(names[0], values[0], names[1], values[1], lower_is_better=False, decimals=3)}")
+    over = _over_tasks(scores, a, b, column, tasks)
+    return lines + ([f"- {over[0]}, {what}: {over[1]}"] if over else [])
+
+
+def _sides(scores: pd.DataFrame, a: tuple[str, str], b: tuple[str, str]) -> tuple[list[pd.DataFrame], list[str]]:
+    sides = [scores[scores[field] == value] for field, value in (a, b)]
+    return sides, [side["variant"].iloc[0] if len(side) else value for side, (_, value) in zip(sides, (a, b))]
+
+
+def _over_tasks(scores: pd.DataFrame, a: tuple[str, str], b: tuple[str, str], column: str,
+                tasks: list[str]) -> tuple[str, str] | None:
+    """("over <tasks> (per-seed mean)", the ordering of a against b) on each seed's mean over the tasks both
+    have (a seed counts where it has every one of them, so each task weighs the same), or None."""
+    sides, names = _sides(scores, a, b)
     shared = [t for t in tasks if all(t in set(side["task"]) for side in sides)]
-    if len(shared) > 1:
-        # a seed counts where it has every shared task: its mean then weighs each task once
-        per_seed = [side.pivot_table(index="seed", columns="task", values=column)[shared].dropna().mean(axis=1).tolist()
-                    for side in sides]
-        lines.append(f"- over {', '.join(shared)} (per-seed mean), {what}: "
-                     f"{ordering(names[0], per_seed[0], names[1], per_seed[1], lower_is_better=False, decimals=3)}")
-    return lines
+    if len(shared) < 2:
+        return None
+    per_seed = [side.pivot_table(index="seed", columns="task", values=column)[shared].dropna().mean(axis=1).tolist()
+                for side in sides]
+    return (f"over {', '.join(shared)} (per-seed mean)",
+            ordering(names[0], per_seed[0], names[1], per_seed[1], lower_is_better=False, decimals=3))
+
+
+def _trends(scores: pd.DataFrame, tasks: list[str]) -> list[str]:
+    """The trend table the README quotes: each paper's claim beside what these runs give, every number of the
+    right column computed here."""
+    rows = []
+    fitted = scores.groupby(["task", "variant"])["id"].mean()
+    below = [f"{variant} on {task} ({value:.3f})" for (task, variant), value in fitted.items() if value < 0.99]
+    rows.append(("Kazemnejad et al.: in most tasks every model is perfect or nearly so at the training lengths "
+                 "(their Section 4, Fig. 3)",
+                 f"{len(fitted) - len(below)} of {len(fitted)} (task, variant) pairs reach a mean ID exact match of "
+                 f"0.99" + (f"; below it: {'; '.join(below)}" if below else "")))
+    sequential = scores[scores["positions"] != "randomized"]
+    means = sequential.groupby(["task", "encoding"])["ood"].mean().unstack("task")
+    reciprocal = (1 / means.rank(ascending=False)).mean(axis=1)  # over the tasks each encoding has
+    five = [e for e in KAZEMNEJAD_ORDER if e in reciprocal.index]
+    if five:
+        ours = ", ".join(f"{variant_name(e)} {reciprocal[e]:.2f}" for e in sorted(five, key=lambda e: -reciprocal[e]))
+        tested = [f"{variant_name(x)} vs {variant_name(y)}: {over[1]}" for x, y in zip(five, five[1:])
+                  if (over := _over_tasks(sequential, ("encoding", x), ("encoding", y), "ood", tasks))]
+        rows.append(("Kazemnejad et al.: mean reciprocal rank over 10 tasks NoPE 0.69, T5 0.55, ALiBi 0.50, Rotary 0.33, "
+                     "APE 0.22 (their Fig. 1)",
+                     f"MRR of these over {', '.join(tasks)} (ranks among the sequential encodings run here): "
+                     f"{ours}. Over the tasks (per-seed mean OOD): " + "; ".join(tested)))
+    for encoding in RANDOMIZED:
+        mine = scores[scores["encoding"] == encoding]
+        if set(mine["positions"]) >= {"sequential", "randomized"}:
+            pair = ("positions", "randomized"), ("positions", "sequential")
+            ood, iid = (_over_tasks(mine, *pair, column, tasks) for column in ("ood", "id"))
+            rows.append((f"Ruoss et al.: randomized positions raise test accuracy on longer inputs, by 12.0 points on "
+                         f"average over 15 tasks (abstract); {variant_name(encoding)}",
+                         f"OOD {ood[1] if ood else '-'}; ID {iid[1] if iid else '-'}"))
+    return ["## Trends: the papers' and ours", "", "| trend in the paper | these runs |", "|---|---|",
+            *(f"| {claim} | {ours} |" for claim, ours in rows), ""]
 
