@@ -60,6 +60,7 @@ endef
 LENGTHGEN := results/length_generalization
 EXTRAP := results/alibi_extrapolation_cpu
 XL6 := results/xl_table6_cpu
+XLCTX := results/xl_context_cpu
 
 # lengthgen: report.md from the summary.csv it commits, so the report regenerates from committed data alone
 lengthgen: install
@@ -76,10 +77,16 @@ repro-extrapolation: install
 	for kind in extrapolation position-loss; do \
 		$(BIN)/relpos-ablate plot $(EXTRAP) --kind $$kind --out $(EXTRAP)/figures || exit 1; done
 
+# repro-xl: first how much context a model without memory uses at this budget (xl_context_cpu), which sets
+# the Table 6 study's segment length, then Tables 6 and 8 and the report of their comparisons.
 repro-xl: install
+	$(call repro_grid,xl_context_cpu)
+	$(BIN)/relpos-ablate table $(XLCTX) --out $(XLCTX)/table.md
+	$(BIN)/relpos-ablate report $(XLCTX) --out $(XLCTX)/report.md
 	$(call repro_grid,xl_table6_cpu)
 	$(BIN)/relpos-ablate table $(XL6) --layout xl_table6 --out $(XL6)/table6.md
 	$(BIN)/relpos-ablate table $(XL6) --layout xl_table8 --out $(XL6)/table8.md
+	$(BIN)/relpos-ablate report $(XL6) --out $(XL6)/report.md
 	$(BIN)/relpos-ablate plot $(XL6) --kind extrapolation --x attn_len --out $(XL6)/figures
 
 bench: install

@@ -157,9 +157,10 @@ def _table6_encoding(config: RunConfig) -> str:
 
 @pytest.mark.parametrize("name", ["xl_table6", "xl_table6_cpu"])
 def test_xl_table6_specs_have_exactly_the_papers_nine_rows(name):
-    configs = [run.config for run in load_grid(EXPERIMENTS / f"{name}.yaml").runs]
+    spec = load_grid(EXPERIMENTS / f"{name}.yaml")
+    configs = [run.config for run in spec.runs]
     rows = [(c.model.mem_len > 0, _table6_encoding(c), c.train.loss_on) for c in configs]
-    assert sorted(rows) == sorted(TABLE6_ROWS)
+    assert set(rows) == TABLE6_ROWS and len(rows) == len(TABLE6_ROWS) * len({c.seed for c in configs})
     attn_lens = {s.segment_len + (s.mem_len or 0) for c in configs for s in c.eval_settings()}
     assert len(attn_lens) >= 4, "PPL best needs several evaluation attention lengths"
 
@@ -179,12 +180,15 @@ def test_xl_table6_cpu_reads_the_shipped_corpus_fits_a_cpu_and_asks_for_the_recl
         config = run.config
         assert config.data.corpus == "tinyshakespeare" and config.data.tokenizer == "char"
         assert config.model.d_model <= 128 and config.train.max_steps <= 5000
-        table6 = [s for s in config.eval_settings() if not s.token_losses]
-        assert {s.protocol for s in table6} == {"xl"}
-        attn = {s.attn_len(config.model.mem_len) for s in table6}
-        assert {config.train.segment_len, config.train.segment_len + config.model.mem_len} <= attn  # PPL init
-        ladder = config.eval.recl_contexts
-        assert len(ladder) >= 4 and len({b - a for a, b in zip(ladder, ladder[1:])}) == 1  # one step Δ
+        ladder = [s for s in config.eval_settings() if s.token_losses]
+        own = {("xl" if config.model.mem_len else "sliding")}  # measured the way it was trained
+        assert {s.protocol for s in ladder} == own and all(s.max_targets == config.eval.recl_targets for s in ladder)
+        attn = [s.attn_len(config.model.mem_len) for s in ladder]
+        assert config.train.segment_len + config.model.mem_len in attn  # PPL init: the training attention length
+        assert max(attn) >= 4 * (config.train.segment_len + config.model.mem_len)  # room for PPL best beyond it
+        assert len(attn) >= 4 and len({b - a for a, b in zip(attn, attn[1:])}) == 1  # RECL: one step Δ
+    seeds = {run.config.seed for run in load_grid(EXPERIMENTS / "xl_table6_cpu.yaml").runs}
+    assert len(seeds) >= 3
 
 
 def test_alibi_extrapolation_cpu_evaluates_1x_to_16x_with_both_protocols():

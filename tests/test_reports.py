@@ -7,11 +7,10 @@ Run: .venv/bin/python -m pytest tests/test_reports.py -q
 
 import pandas as pd
 import pytest
-from scipy import stats
+from scipy import stats as scipy_stats
 
 from fixtures.report_runs import make_grid
-from relpos_ablate.analysis import collect
-from relpos_ablate.analysis import reports
+from relpos_ablate.analysis import collect, reports, stats
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
 
@@ -47,12 +46,12 @@ def test_an_experiment_without_a_report_is_one_line(grid, monkeypatch, capsys):
 
 def test_ordering_is_stated_only_when_welch_supports_it():
     low, high = [6.0, 6.1, 5.9], [7.0, 7.2, 6.9]
-    p = stats.ttest_ind(low, high, equal_var=False).pvalue
+    p = scipy_stats.ttest_ind(low, high, equal_var=False).pvalue
     assert p < 0.05
-    assert reports.ordering("xl", low, "alibi", high) == f"xl 6.00, alibi 7.03: xl better (Welch p = {p:.2g})"
-    assert reports.ordering("acc_a", low, "acc_b", high, lower_is_better=False).endswith(f"acc_b better (Welch p = {p:.2g})")
+    assert stats.ordering("xl", low, "alibi", high) == f"xl 6.00, alibi 7.03: xl better (Welch p = {p:.2g})"
+    assert stats.ordering("acc_a", low, "acc_b", high, lower_is_better=False).endswith(f"acc_b better (Welch p = {p:.2g})")
     close = [6.0, 6.3, 5.8], [6.1, 5.9, 6.2]
-    p = stats.ttest_ind(*close, equal_var=False).pvalue
+    p = scipy_stats.ttest_ind(*close, equal_var=False).pvalue
     assert p > 0.05
-    assert reports.ordering("a", close[0], "b", close[1]).endswith(f"not significant (Welch p = {p:.2g})")
-    assert reports.ordering("a", [6.0, 6.1], "b", [7.0, 7.1]).endswith("n too small to test")
+    assert stats.ordering("a", close[0], "b", close[1]).endswith(f"not significant (Welch p = {p:.2g})")
+    assert stats.ordering("a", [6.0, 6.1], "b", [7.0, 7.1]).endswith("n too small to test")

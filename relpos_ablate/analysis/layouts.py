@@ -33,8 +33,9 @@ LAYOUTS: dict[str, Layout] = {
     "xl_table8": xl_table8,
     "length_generalization": length_generalization_table,
 }
-READS_TOKEN_LOSSES = ("xl_table8",)
-"""Layouts that read the RECL ladder's settings, which the others leave out (tables.py docstring)."""
+READS_TOKEN_LOSSES = ("xl_table6", "xl_table8")
+"""Layouts that read the RECL ladder's settings, which the others leave out (tables.py docstring): Table 8
+computes RECL from them, Table 6 reads them as the evaluations at each attention length they are."""
 
 
 def make_table(df: pd.DataFrame, options: TableOptions = TableOptions()) -> tuple[Table, TableOptions]:

@@ -12,7 +12,7 @@ threshold of train.stop_at_exact_match or the max_steps cap). From those:
   a rank is a description of means, not a tested ordering;
 - the trend table of the README: each paper's claim (its numbers as the paper gives them) beside the
   numbers of these runs;
-- orderings, each through reports.ordering (Welch's t-test over seeds, p < ALPHA, else "not significant"):
+- orderings, each through stats.ordering (Welch's t-test over seeds, p < ALPHA, else "not significant"):
   their order NoPE > T5 > ALiBi > RoPE > sinusoid pair by pair, per task and over tasks, and randomized
   against sequential positions for RoPE and ALiBi (Ruoss et al.), ID and OOD. "Over tasks" compares the
   per-seed means over the tasks (seed s's runs of every task, averaged), so each side has one value per seed.
@@ -28,7 +28,7 @@ import pandas as pd
 from relpos_ablate.analysis.length_generalization import (
     TASK, example_rows, per_run_bins, task_order, variant_name, variant_order,
 )
-from relpos_ablate.analysis.reports import ordering
+from relpos_ablate.analysis.stats import ordering
 from relpos_ablate.config import ConfigError
 
 METRIC = "exact_match"

@@ -106,25 +106,17 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from relpos_ablate.analysis.reports import make_report, read_summary
-    from relpos_ablate.io import atomic_write_text
 
     if args.source.suffix == ".csv" and not args.source.is_file():
         raise UsageError(f"{args.source}: not found; give a results dir or a summary.csv that `collect` wrote")
     frame = read_summary(args.source) if args.source.suffix == ".csv" else _collect(args.source)
-    text = make_report(frame)
-    if args.out:
-        atomic_write_text(args.out, text)
-        print(f"wrote {args.out}", file=sys.stderr)
-    else:
-        print(text, end="")
-    return 0
+    return _emit(make_report(frame), args.out)
 
 
 def cmd_table(args: argparse.Namespace) -> int:
     from relpos_ablate.analysis.render import render
     from relpos_ablate.analysis.layouts import make_table
     from relpos_ablate.analysis.tables import TableOptions, left_out_runs
-    from relpos_ablate.io import atomic_write_text
 
     if args.format is None and args.out is not None and args.out.suffix not in SUFFIX_FORMATS:
         raise UsageError(f"--out: {args.out.suffix or 'no suffix'!r} does not say the format; "
@@ -143,9 +135,16 @@ def cmd_table(args: argparse.Namespace) -> int:
 
         text += "\n" + render(rank_table(frame, resolved.metric, list(resolved.rows), axis_orders(read_spec(frame))),
                               resolved.format)
-    if args.out:
-        atomic_write_text(args.out, text)
-        print(f"wrote {args.out}", file=sys.stderr)
+    return _emit(text, args.out)
+
+
+def _emit(text: str, out: Path | None) -> int:
+    """Print the text, or write it to `out` atomically."""
+    from relpos_ablate.io import atomic_write_text
+
+    if out:
+        atomic_write_text(out, text)
+        print(f"wrote {out}", file=sys.stderr)
     else:
         print(text, end="")
     return 0

@@ -9,6 +9,7 @@ from relpos_ablate.config.base import ConfigError, check_choice, check_range
 
 ROPE_SCALINGS = ("pi", "ntk", "yarn")
 PROTOCOLS = ("non_overlapping", "sliding", "xl")
+RECL_PROTOCOLS = ("auto", "sliding", "xl")
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,15 @@ class EvalConfig:
     windows are independent, so the result does not depend on it."""
     recl_contexts: tuple[int, ...] = ()
     """RECL's ladder (docs/formulas.md#recl): for each context length c, an extra setting that scores every
-    target with exactly c tokens of context (sliding, segment_len c, stride 1) and saves each target's loss."""
+    target with exactly c tokens of context (recl_protocol: a sliding window of c, or memory of c keys) and
+    saves each target's loss."""
     recl_targets: int = 4096
     """max_targets of the RECL settings: sliding with stride 1 costs one forward per target."""
+    recl_protocol: str = "auto"
+    """How the RECL ladder gives a target exactly c tokens of context: sliding (a window of c tokens, stride 1:
+    the context is in the input) | xl (memory with same_length, mem_len c: every query sees c keys, and the
+    memory supplies them, as the paper measures recurrent models) | auto: xl for a model with memory
+    (model.mem_len > 0), sliding without (docs/formulas.md#recl)."""
     diagnostics: bool = False
     """Also record per layer and head the attention's entropy, sink mass, mean attended distance and mass
     on distances unseen in training (docs/formulas.md#attention-diagnostics), from the same forward:
@@ -134,13 +141,19 @@ class EvalConfig:
         check_range("batch_size", self.batch_size, low=1)
         check_range("sliding_batch_tokens", self.sliding_batch_tokens, low=1)
         check_range("recl_targets", self.recl_targets, low=1)
+        check_choice("recl_protocol", self.recl_protocol, RECL_PROTOCOLS)
         for i, context in enumerate(self.recl_contexts):
             check_range(f"recl_contexts[{i}]", context, low=1)
         if list(self.recl_contexts) != sorted(set(self.recl_contexts)):
             raise ConfigError("recl_contexts", f"{list(self.recl_contexts)}: list each context length once, "
                               "in increasing order (the search steps from one to the next)")
 
-    def recl_settings(self) -> tuple[EvalSetting, ...]:
-        """The ladder's settings: exactly c tokens of context for every target used by RECL."""
+    def recl_settings(self, recurrent: bool, segment_len: int) -> tuple[EvalSetting, ...]:
+        """The ladder's settings: exactly c tokens of context for every target used by RECL, by recl_protocol
+        (`recurrent`: the model has memory; xl evaluates segments of `segment_len`, the training one)."""
+        memory = self.recl_protocol == "xl" or (self.recl_protocol == "auto" and recurrent)
+        if memory:
+            return tuple(EvalSetting(segment_len=segment_len, protocol="xl", mem_len=c, max_targets=self.recl_targets,
+                                     token_losses=True) for c in self.recl_contexts)
         return tuple(EvalSetting(segment_len=c, protocol="sliding", stride=1, max_targets=self.recl_targets,
                                  token_losses=True) for c in self.recl_contexts)

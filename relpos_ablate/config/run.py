@@ -245,7 +245,7 @@ class RunConfig:
         if self.data.example_task:
             return tuple(EvalSetting(segment_len=self.data.input_length(hi)) for _, hi in self.data.test_lengths)
         settings = self.eval.settings or tuple(EvalSetting(segment_len=self.train.segment_len * k) for k in (1, 2, 4))
-        return settings + self.eval.recl_settings()
+        return settings + self.eval.recl_settings(self.model.mem_len > 0, self.train.segment_len)
 
 
 def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:
