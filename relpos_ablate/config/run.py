@@ -84,7 +84,7 @@ class TrainConfig:
     the end, where every setting is evaluated)."""
     stop_at_exact_match: float | None = None
     """Example tasks: stop training once exact match on a held-out set of in-distribution examples
-    (stop_examples of them, n drawn from data.train_lengths, none of them a test example) reaches this
+    (stop_examples of them, n drawn from data.train_lengths, a draw of their own) reaches this
     share, checked every stop_check_every steps; max_steps stays the cap. status.json and eval.json
     record the step training stopped at and why (`stopped`). null: train max_steps."""
     stop_check_every: int = 100

@@ -6,7 +6,8 @@ callback measures exact match on a held-out set of in-distribution examples and 
 reaches the threshold.
 
 - The held-out set: `stop_examples` examples with n drawn from data.train_lengths, from a stream of its
-  own (STOP_STREAM), so none of them is a training example or an example of a test bin.
+  own (STOP_STREAM), apart from the training examples and the test bins (only short examples, of
+  which there are few distinct ones, coincide with some of those by chance).
 - Deterministic: each check runs in eval mode, without gradients, from a fixed random state (randomized
   positions draw the same positions at every check) inside a forked generator, so training draws exactly
   what it would without checks: a run that never reaches the threshold trains the same weights as one
