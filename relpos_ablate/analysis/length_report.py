@@ -115,7 +115,8 @@ def _training(scores: pd.DataFrame, tasks: list[str]) -> list[str]:
               f"{len(scores)}" + (": " + "; ".join(f"{t}: {', '.join(_counted(below.loc[below['task'] == t, 'variant']))}"
                                                   for t in tasks if t in set(below["task"])) if len(below) else "")
               + ". Their OOD numbers measure a task not learnt at the training lengths as much as length "
-              "generalization.", ""]
+              "generalization. (ID here is the test bin; a run stops on its own held-out check, so one that reached "
+              "the threshold there can read a little below it here.)", ""]
     return lines
 
 
