@@ -115,7 +115,7 @@ def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tupl
             blocks.append(block.reindex(heads))
         grids[statistic] = pd.concat(blocks)
     rows = len(heads) * len(variants)
-    fig = Figure(figsize=(2.7 * len(statistics) + 2.0, 0.07 * rows + 1.5), layout="constrained")
+    fig = Figure(figsize=(2.7 * len(statistics) + 2.0, 0.05 * rows + 1.5), layout="constrained")
     axes = fig.subplots(1, len(statistics), squeeze=False)[0]
     for ax, statistic in zip(axes, statistics):
         grid = grids[statistic]
