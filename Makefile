@@ -1,6 +1,6 @@
 # make test  — create .venv (torch CPU wheel first), install the project, run the test suite
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
-# make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions"): ~1.5 h
+# make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions"): ~1.3 h
 #   (an estimate; TODO(lead): the measured time), 48 min and 22 min measured on 2 CPU cores
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c  # a failed grid fails its target even when piped through tee
