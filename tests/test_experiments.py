@@ -251,8 +251,10 @@ def test_alibi_table2_trains_at_l_and_evaluates_up_to_about_30x():
 
 
 def test_length_generalization_is_the_issues_suite_on_equal_footing():
-    """9 encodings (+ randomized RoPE and ALiBi) x example tasks x 3 seeds; trained on short examples, tested
-    up to 2x longer; every variant with the same model, budget and evaluation."""
+    """9 encodings (+ randomized RoPE and ALiBi) x example tasks x 3 seeds; trained on short examples until
+    they are learnt (or the cap), tested up to 3x longer with the in-distribution bin kept, enough examples
+    per bin for a standard error of a seed's exact match <= 0.02; every variant with the same model, budget
+    and evaluation."""
     configs = [run.config for run in load_grid(EXPERIMENTS / "length_generalization.yaml").runs]
     assert len({c.seed for c in configs}) == 3
     assert all(c.data.example_task for c in configs) and len({c.data.task for c in configs}) >= 4
@@ -263,10 +265,13 @@ def test_length_generalization_is_the_issues_suite_on_equal_footing():
             ("abcd", "none", "none")}
     assert schemes == {(*s, "sequential") for s in nine} | {("a", "rope", "none", "randomized"),
                                                              ("a", "none", "alibi", "randomized")}
+    assert {"copy", "reverse"} <= {c.data.task for c in configs}, "Kazemnejad et al.'s primitive tasks"
     for c in configs:
         trained = c.data.train_lengths[1]
-        assert c.data.test_lengths[0][1] <= trained < c.data.test_lengths[-1][0] <= c.data.test_lengths[-1][1] >= 2 * trained
+        assert c.data.test_lengths[0][1] <= trained < c.data.test_lengths[-1][0] <= c.data.test_lengths[-1][1] >= 3 * trained
         assert c.eval.diagnostics and c.model.attention.max_position > c.data.input_length(c.data.test_lengths[-1][1])
+        assert (0.25 / c.data.eval_examples) ** 0.5 <= 0.02, "a seed's exact match in a bin: standard error <= 0.02"
+        assert c.train.stop_at_exact_match == 0.99 and c.train.max_steps > c.train.stop_check_every
     shared = {(c.model.d_model, c.model.n_layers, c.train.max_steps, c.train.lr, c.data.test_lengths, c.eval)
               for c in configs}
     assert len(shared) == 1, "every encoding and task gets the same model, budget and evaluation"
@@ -327,6 +332,8 @@ def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would
     ("results/length_generalization/0123456789/checkpoints/last.ckpt", True),
     ("results/length_generalization/README.md", False),
     ("results/length_generalization/table.md", False),
+    ("results/length_generalization/report.md", False),
+    ("results/length_generalization/figures/lengthgen.png", False),
     ("results/length_generalization/summary.csv", False),
     ("results/length_generalization/grid.txt", False),
     ("results/length_generalization/figures/diagnostics_copy.png", False),

@@ -20,6 +20,7 @@ import pandas as pd
 from relpos_ablate.analysis.baselines_report import report as fair_baselines_report
 from relpos_ablate.analysis.collect import RUN_COLUMNS, SETTING_FIELDS
 from relpos_ablate.analysis.extrapolation_report import report as extrapolation_report
+from relpos_ablate.analysis.length_report import length_generalization_report
 from relpos_ablate.analysis.xl_report import context_report, table6_report
 from relpos_ablate.config import ConfigError
 
@@ -28,6 +29,7 @@ REPORTS: dict[str, Callable[[pd.DataFrame], str]] = {
     "xl_context_cpu": context_report,
     "fair_baselines": fair_baselines_report,
     "alibi_extrapolation_cpu": extrapolation_report,
+    "length_generalization": length_generalization_report,
 }
 """Experiment name -> its report function (the frame of its runs -> Markdown)."""
 

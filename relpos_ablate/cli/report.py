@@ -54,20 +54,22 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser("plot", help="bias curves, attention / term heatmaps, extrapolation and loss-by-position "
-                                           "curves, attention diagnostics, passkey retrieval",
+                                           "curves, length generalization, attention diagnostics, passkey retrieval",
                               description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
-                                          "(extrapolation and position-loss: one figure of every run; diagnostics: one "
-                                          "per task; passkey: one panel per variant).")
+                                          "(extrapolation and position-loss: one figure of every run; lengthgen: exact "
+                                          "match against task length, one panel per task; diagnostics: one per task; "
+                                          "passkey: one panel per variant).")
     p.add_argument("target", type=Path, help="a run dir or a results dir (extrapolation: also a summary.csv that "
                                              "collect wrote)")
     p.add_argument("--kind", required=True,
-                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "diagnostics", "passkey",
-                            "lr-sweep"),
+                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "lengthgen", "diagnostics",
+                            "passkey", "lr-sweep"),
                    help="position-loss: mean loss by position in the segment / window, one panel per evaluation "
-                        "setting; lr-sweep: the fair-baselines study, valid ppl against train.lr per encoding and "
+                        "setting; lengthgen: example tasks, a line per variant (mean over seeds, min-max band), training "
+                        "lengths shaded; lr-sweep: the fair-baselines study, valid ppl against train.lr per encoding and "
                         "each one's test ppl at its best lr over the best encoding's")
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
-    p.add_argument("--metric", help="extrapolation, passkey: the metric shown (default: the main metric)")
+    p.add_argument("--metric", help="extrapolation, lengthgen, passkey: the metric shown (default: the main metric)")
     p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
     p.add_argument("--y", default="value", choices=("value", "ratio"),
                    help="extrapolation: the metric, or its ratio to each run's metric at its training length")
@@ -193,6 +195,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         frame = _collect(args.target)
         written, notes = (length_figures.save_diagnostics(frame, out, formats) if args.kind == "diagnostics" else
                           length_figures.save_passkey(frame, out, args.metric, formats)), []
+    elif args.kind == "lengthgen":
+        from relpos_ablate.analysis.length_curves import save_lengthgen
+
+        written, notes = save_lengthgen(_collect(args.target), out, args.metric, formats), []
     elif args.kind == "extrapolation":  # from the runs, or from the summary.csv collect wrote of them
         from relpos_ablate.analysis.reports import read_summary
 
