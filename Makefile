@@ -106,7 +106,7 @@ repro-xl: install
 	$(BIN)/relpos-ablate table $(XL6) --layout xl_table6 --out $(XL6)/table6.md
 	$(BIN)/relpos-ablate table $(XL6) --layout xl_table8 --out $(XL6)/table8.md
 	$(BIN)/relpos-ablate report $(XL6) --out $(XL6)/report.md
-	$(BIN)/relpos-ablate plot $(XL6) --kind extrapolation --x attn_len --out $(XL6)/figures
+	$(BIN)/relpos-ablate plot $(XL6) --kind context --out $(XL6)/figures
 
 # fair-baselines: table.md is the spec's best_over table (test ppl at each preset's best-validation lr); report.md
 # the counts and Welch's tests, from summary.csv alone (so the committed one regenerates it)

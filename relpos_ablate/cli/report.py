@@ -63,11 +63,12 @@ def register(subparsers) -> None:
                                              "collect wrote)")
     p.add_argument("--kind", required=True,
                    choices=("bias", "attention", "terms", "extrapolation", "position-loss", "lengthgen", "diagnostics",
-                            "passkey", "lr-sweep"),
+                            "passkey", "lr-sweep", "context"),
                    help="position-loss: mean loss by position in the segment / window, one panel per evaluation "
                         "setting; lengthgen: example tasks, a line per variant (mean over seeds, min-max band), training "
                         "lengths shaded; lr-sweep: the fair-baselines study, valid ppl against train.lr per encoding and "
-                        "each one's test ppl at its best lr over the best encoding's")
+                        "each one's test ppl at its best lr over the best encoding's; context: the Transformer-XL study, "
+                        "each model's ppl against the context it sees on its RECL ladder (memory or sliding windows)")
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
     p.add_argument("--metric", help="extrapolation, lengthgen, passkey: the metric shown (default: the main metric)")
     p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
@@ -212,6 +213,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
         frame = _collect(args.target)
         written, notes = save_lr_figure(frame, out, formats, axis_orders(read_spec(frame)))
+    elif args.kind == "context":
+        from relpos_ablate.analysis.xl_figures import save_context_figure
+
+        written, notes = save_context_figure(_collect(args.target), out, formats), []
     elif args.kind == "position-loss":
         from relpos_ablate.analysis.positions import save_position_loss
 

@@ -1,0 +1,89 @@
+"""The Transformer-XL study's figure (`plot --kind context`): each model's perplexity against the context c it
+sees, measured the way it was trained (the RECL ladder: memory for a recurrent model, sliding windows of c for
+one without; analysis/recl.ladder_rows), so the comparison Table 6 is about -- does recurrence let a model use
+more context? -- is a curve per model rather than one cell.
+
+Left: every model on a log axis (the absolute encodings jump by 3x past their training length); right: the
+relative encodings alone on a linear axis, its range set by the recurrent models and by every model up to its
+training length, where recurrence's effect is a few percent. Colour: encoding and
+loss; solid: with memory, dashed: without; band: the seeds' min-max; a ring: the training attention length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from relpos_ablate.analysis.xl_report import ENCODINGS, _label, ladder_ppl
+from relpos_ablate.config import ConfigError
+
+RELATIVE = ("xl", "shaw")
+"""The encodings of the zoomed panel."""
+COLORS = {("xl", "full"): "#1f4e99", ("xl", "half"): "#7ea6e0", ("shaw", "full"): "#b2182b",
+          ("shaw", "half"): "#f4a582", ("vaswani", "half"): "#1b7837", ("vaswani", "full"): "#5aae61",
+          ("al_rfou", "half"): "#762a83", ("al_rfou", "full"): "#9970ab"}
+
+
+def _order(key: tuple) -> tuple:
+    encoding, memory, loss = key
+    return (ENCODINGS.index(encoding) if encoding in ENCODINGS else len(ENCODINGS), -memory, loss != "full")
+
+
+def context_figure(df: pd.DataFrame, train_segment: int):
+    """The figure (matplotlib Figure) of every model's ladder; train_segment: the training segment length."""
+    from matplotlib.figure import Figure  # figures only: `report` needs no matplotlib
+
+    ladders = ladder_ppl(df)
+    if not ladders:
+        raise ConfigError("kind", "context: these runs hold no RECL ladder (set eval.recl_contexts)")
+    fig = Figure(figsize=(12, 5.2), layout="constrained")
+    panels = fig.subplots(1, 2)
+    for panel, keys in zip(panels, (sorted(ladders, key=_order),
+                                    sorted((k for k in ladders if k[0] in RELATIVE), key=_order))):
+        for key in keys:
+            by_c = ladders[key]
+            cs = np.array(sorted(by_c))
+            values = [np.asarray(by_c[c]) for c in cs]
+            mean = np.array([v.mean() for v in values])
+            color = COLORS.get((key[0], key[2]), "grey")
+            style = "-" if key[1] else "--"
+            n = min(len(v) for v in values)
+            panel.plot(cs, mean, style, color=color, marker="o", markersize=3, label=f"{_label(key)} (n={n})")
+            panel.fill_between(cs, [v.min() for v in values], [v.max() for v in values], color=color, alpha=0.15,
+                               linewidth=0)
+            trained = train_segment + key[1]
+            if trained in by_c:
+                panel.plot([trained], [np.mean(by_c[trained])], "o", markersize=10, markerfacecolor="none",
+                           markeredgecolor=color, markeredgewidth=1.5)
+        panel.set(xlabel="context c: keys every query sees (memory, or a sliding window of c)",
+                  ylabel="validation ppl (lower is better)")
+        panel.grid(alpha=0.3)
+    panels[0].set_yscale("log")
+    panels[0].set_title("every model (log scale)")
+    zoomed = [np.mean(v) for k, by_c in ladders.items() if k[0] in RELATIVE
+              for c, v in by_c.items() if k[1] or c <= train_segment]  # with memory: all c; without: up to training
+    if zoomed:
+        low, high = min(zoomed), max(zoomed)
+        panels[1].set_ylim(low - 0.05 * (high - low), high + 0.25 * (high - low))
+    panels[1].set_title("XL and Shaw, linear scale (lines leaving the top rise on: left)")
+    handles, labels = panels[0].get_legend_handles_labels()
+    ring = panels[0].plot([], [], "o", markersize=10, markerfacecolor="none", markeredgecolor="black")[0]
+    fig.legend(handles + [ring], labels + ["training attention length (segment + memory)"],
+               loc="outside lower center", ncol=3, fontsize=8)
+    fig.suptitle("Perplexity against context, each model measured the way it was trained (mean over seeds, "
+                 "band: min-max)", fontsize=11)
+    return fig
+
+
+def save_context_figure(df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
+    """context.<fmt> in `out`."""
+    from relpos_ablate.analysis.plots import save_figure
+
+    done = df[df["status"] == "done"] if "status" in df else df
+    segments = pd.to_numeric(done["train.segment_len"], errors="coerce").dropna().unique()
+    if len(segments) != 1:
+        raise ConfigError("train.segment_len", f"context: the runs must share one training segment length, "
+                                               f"found {sorted(segments)}")
+    return save_figure(context_figure(df, int(segments[0])), Path(out) / "context", formats)
