@@ -154,7 +154,11 @@ class RelPosAttention(nn.Module):
             rel_keys = (self.projected_relative(distances, clamp_len) * self.scale).contiguous()  # (H, n, dh)
             if "d" in terms and "b" not in terms:  # with b, term d rides on the position query q + v
                 distance_scores = self._term_d(rel_keys)
-        if scheme is not None and scheme.distance_only:
+        # a query-dependent bias (FIRE) is a curve over distances too while every query of the call is within
+        # its distance-only range (consecutive positions: the query positions are M .. K - 1)
+        curve = scheme is not None and (scheme.distance_only or (
+            call.consecutive and call.n_keys - 1 <= scheme.distance_only_until()))
+        if curve:
             bias = scheme.curve(distances) * self.bias_scale  # (H, n)
             distance_scores = bias if distance_scores is None else distance_scores + bias
         elif scheme is not None:

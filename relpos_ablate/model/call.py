@@ -169,6 +169,12 @@ class AttentionCall:
         return any(t is not None for t in (self.rel_keys, self.distance_scores, self.pair_bias, self.log_decay,
                                            self.contextual))
 
+    def hidden_distances(self, like: Tensor) -> Tensor:
+        """[n] additive mask per distance of the call, 0 where a key at that distance is visible and -inf where
+        not, in like's dtype and device: with consecutive positions visibility is a function of the distance."""
+        hidden = ~self.visibility.at_distance(self.distances)
+        return torch.zeros(hidden.shape, dtype=like.dtype, device=like.device).masked_fill_(hidden, float("-inf"))
+
     def visible(self, block: QueryBlock) -> Tensor:
         """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j (sinks not included)."""
         device = self.query_positions.device

@@ -4,8 +4,8 @@
 q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without term b):
 - nothing beyond causal attention: one SDPA call (flash kernels);
 - FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout;
-- the block kernel that rebuilds each block's map in backward (kernels.py) for backend 'blocks',
-  and 'auto' once the stored maps would exceed max_stored_scores_mb;
+- the block kernel that rebuilds each block's map in backward (kernels.py) for backend 'blocks', and
+  'auto' without attention dropout unless the maps fit in max_stored_scores_mb (default 0: never);
 - else SDPA per query block, each with its additive map (stored for backward);
 - with statistics to collect (evaluation diagnostics), explicit probabilities per query block, each
   block's handed to the statistics before it is multiplied by v (no fused kernel has them);
@@ -27,12 +27,14 @@ from torch.nn.attention.bias import causal_lower_right
 from relpos_ablate.config.model import AttentionConfig
 from relpos_ablate.model.call import AttentionCall, ScoreInputs
 from relpos_ablate.model.geometry import StatisticsSink
-from relpos_ablate.model.kernels import BlockwiseBiasedAttention, masked_softmax
+from relpos_ablate.model.kernels import BlockScores, BlockwiseBiasedAttention, masked_softmax
 
 # Score entries per head in one query block: blocks whose maps are stored for backward can be large;
-# blocks rebuilt in backward are kept small, as their transients are the peak memory.
+# blocks rebuilt in backward are kept small, as their transients are the peak memory (64K entries:
+# 4 MB per [B, H, L_b, K_b] buffer at B·H = 16; larger blocks were no faster on 2 cores). A block whose map
+# is a view (kernels.BlockScores.viewed) holds no such buffer in forward: query_chunk bounds it.
 STORED_BLOCK_SCORES = 256 * 1024
-REBUILT_BLOCK_SCORES = 64 * 1024
+REBUILT_BLOCK_SCORES = BlockScores(built=64 * 1024, viewed=1024 * 1024)
 
 
 def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
@@ -66,12 +68,12 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
 
 
 def _rebuild_in_backward(call: AttentionCall, q_content: Tensor, config: AttentionConfig) -> bool:
-    """Always for backend 'blocks'; for 'auto' only when training would otherwise store score maps
-    larger than max_stored_scores_mb."""
+    """Always for backend 'blocks'; for 'auto' unless training would store score maps no larger than
+    max_stored_scores_mb."""
     if config.backend != "auto":
         return config.backend == "blocks"
     if not torch.is_grad_enabled():
-        return False
+        return True  # nothing is stored without backward
     lq = call.n_queries
     per_head = lq * call.n_mem + lq * (lq + 1) // 2 if call.causal else lq * call.n_keys
     stored = q_content.shape[0] * q_content.shape[1] * per_head * q_content.element_size()
@@ -97,8 +99,7 @@ def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_pos
                            for t in call.score_inputs(q_position)))
     params = [] if call.pair_bias is None else list(call.pair_bias.parameters())
     call = dataclasses.replace(call, dtype=wide)
-    return BlockwiseBiasedAttention.apply(call, call.blocks(REBUILT_BLOCK_SCORES, windowed=True), *widen, *inputs,
-                                          *params)
+    return BlockwiseBiasedAttention.apply(call, REBUILT_BLOCK_SCORES, *widen, *inputs, *params)
 
 
 def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,

@@ -27,7 +27,10 @@ class Visibility:
 
     def __call__(self, query_index: Tensor, key_index: Tensor) -> Tensor:
         """Bool, broadcast over the two index tensors (flex.py calls it with scalars as its mask_mod)."""
-        distance = self.n_mem + query_index - key_index
+        return self.at_distance(self.n_mem + query_index - key_index)
+
+    def at_distance(self, distance: Tensor) -> Tensor:
+        """Bool: is a key at index distance i' - j visible (the rule depends on nothing else)."""
         if not self.causal:
             return torch.ones_like(distance, dtype=torch.bool)
         seen = distance >= 0

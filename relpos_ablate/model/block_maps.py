@@ -1,0 +1,167 @@
+"""How the block kernel (kernels.py) hands a query block's additive map to a fused attention kernel, and
+takes the map's gradient back onto the tensors it was built from.
+
+The CPU flash kernel (`aten::_scaled_dot_product_flash_attention_for_cpu` and its backward) adds an
+`attn_mask` to each tile of scores it computes, reading the mask through its strides (any row stride, unit
+column stride). So a map that is a function of the distance need not exist as an [L_b, K_b] tensor:
+- `StridedMaps`, consecutive positions: the mask's -inf (causal, window) is a function of the distance too
+  and joins the curve (`AttentionCall.hidden_distances`). Without term b, with the block's queries taken in
+  reverse order, entry (r, j) of the map is curve[t0 + r + j]: a Hankel view of the per-distance curve
+  (strides 1, 1), O(H·n) memory and no pass over the map. With term b, the product (q + v)·s·W_R R over the
+  block's L_b + K_b - 1 distances with the curve added per distance, laid out per key by rel_shift's view
+  (strides n - 1, 1). Gradients are reduced by hand: along the map's anti-diagonals onto the curve, and
+  through the per-distance layout onto (q + v) and W_R R.
+- `MaterialisedMaps`: everything else (key padding, explicit positions, FIRE past its threshold, FoX's
+  decay, the query scale, sink columns): `AttentionCall.additive_scores` per block, masked, and its
+  gradient by autograd through a rebuild of the block's map.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from relpos_ablate.model.call import AttentionCall, QueryBlock, ScoreInputs
+
+
+def block_maps(call: AttentionCall, inputs: ScoreInputs) -> "StridedMaps | MaterialisedMaps":
+    """The layout of this call's maps: strided views when they depend on the distance alone."""
+    per_distance = inputs.distance_scores is not None or inputs.rel_keys is not None
+    strided = (per_distance and call.consecutive and call.key_padding_mask is None and not call.n_sinks
+               and call.pair_bias is None and call.contextual is None and inputs.log_decay is None
+               and inputs.query_scale is None)
+    return StridedMaps(call, inputs) if strided else MaterialisedMaps(call, inputs)
+
+
+class _Layout:
+    buffers = 1  # [B, H, L_b, K_b]-sized tensors a backward block holds besides the probabilities and dS
+
+    def block_scores(self, scores: int) -> int:
+        """Score entries per head in a block that builds its map, so that the block's transients stay those
+        of `scores` entries with two buffers."""
+        return scores * 2 // (2 + self.buffers)
+
+
+def _columns(t: Tensor, cols: slice) -> Tensor:
+    return t.narrow(-2 if t.dim() == 3 else -1, cols.start, cols.stop - cols.start)
+
+
+class StridedMaps(_Layout):
+    """Maps of distance-only scores and term b as views of per-distance tensors (module docstring).
+
+    `reversed`: the block's queries are taken last to first (the Hankel layout, used without term b)."""
+
+    def __init__(self, call: AttentionCall, inputs: ScoreInputs):
+        self.call, self.inputs = call, inputs
+        hidden = call.hidden_distances(inputs.rel_keys if inputs.rel_keys is not None else inputs.distance_scores)
+        self.curve = hidden if inputs.distance_scores is None else (inputs.distance_scores + hidden).contiguous()
+        self.reversed = inputs.rel_keys is None
+        self.buffers = 0 if self.reversed else 1  # term b's gradient per distance
+
+    def mask(self, block: QueryBlock) -> Tensor:
+        """The block's map with -inf where a key is hidden: [1 or B, H, L_b, K_b], a view."""
+        lq, width, cols = block.i1 - block.i0, block.width, block.distance_cols
+        if self.reversed:  # entry (r, j) is the curve at column t0 + r + j
+            heads, n = self.curve.shape
+            return self.curve.as_strided((1, heads, lq, width), (0, n, 1, 1), self.curve.storage_offset() + cols.start)
+        product = self._term_b(block)  # (H, B, L_b, m), m = L_b + K_b - 1 distances
+        curve = _columns(self.curve, cols)  # the curve (and the -inf) per distance, for every query and batch row
+        product += curve.view(curve.shape[0], 1, 1, -1) if curve.dim() == 2 else curve
+        return _per_key(product, width)
+
+    def _term_b(self, block: QueryBlock) -> Tensor:
+        """(q + v)·s·W_R R for the block's queries and distances: [H, B, L_b, m] (the batch folded into the
+        rows of one product per head, so that W_R R is read once)."""
+        q_position = self._queries(block)  # (H, B·L_b, dh)
+        product = q_position @ _columns(self.inputs.rel_keys, block.distance_cols).transpose(1, 2)  # (H, B·L_b, m)
+        return product.view(q_position.shape[0], -1, block.i1 - block.i0, product.shape[-1])
+
+    def _queries(self, block: QueryBlock) -> Tensor:
+        q_position = self.inputs.q_position[:, :, block.rows]  # (B, H, L_b, dh)
+        return q_position.transpose(0, 1).reshape(q_position.shape[1], -1, q_position.shape[-1])
+
+    def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None]):
+        """(the block's mask, a function adding a map gradient onto `grads`); no parameters read here."""
+        return self.mask(block), lambda grad_scores: self._backward(block, grad_scores, grads)
+
+    def _backward(self, block: QueryBlock, grad_scores: Tensor, grads: ScoreInputs) -> None:
+        """Add the block's map gradient grad_scores [B, H, L_b, K_b] (rows in the order of `mask`) onto the
+        whole-call gradients in `grads` (None: not wanted)."""
+        cols = block.distance_cols
+        if self.reversed:
+            if grads.distance_scores is not None:
+                _columns(grads.distance_scores, cols).add_(_antidiagonal_sums(grad_scores.sum(0)))
+            return
+        lq, width = block.i1 - block.i0, block.width
+        heads, batch = grad_scores.shape[1], grad_scores.shape[0]
+        per_distance = grad_scores.new_zeros(heads, batch, lq, lq + width - 1)  # (H, B, L_b, m)
+        _per_key(per_distance, width).copy_(grad_scores)  # key j of row r -> distance column L_b - 1 - r + j
+        if grads.distance_scores is not None:
+            _columns(grads.distance_scores, cols).add_(per_distance.sum((1, 2)))
+        folded = per_distance.view(heads, batch * lq, -1)  # (H, B·L_b, m)
+        if grads.rel_keys is not None:
+            _columns(grads.rel_keys, cols).add_(folded.transpose(1, 2) @ self._queries(block))  # (H, m, dh)
+        if grads.q_position is not None:
+            grad_q = (folded @ _columns(self.inputs.rel_keys, cols)).view(heads, batch, lq, -1)  # (H, B, L_b, dh)
+            grads.q_position[:, :, block.rows] += grad_q.transpose(0, 1)
+
+
+def _per_key(per_distance: Tensor, width: int) -> Tensor:
+    """[H, B, L_b, m] per distance -> [B, H, L_b, K_b] per key, a view: entry (r, j) is column
+    L_b - 1 - r + j (rel_shift's layout, exact with m = L_b + K_b - 1 columns)."""
+    heads, batch, lq, m = per_distance.shape
+    stride_h, stride_b = per_distance.stride()[:2]
+    return per_distance.as_strided((batch, heads, lq, width), (stride_b, stride_h, m - 1, 1),
+                                   per_distance.storage_offset() + lq - 1)
+
+
+def _antidiagonal_sums(grad: Tensor) -> Tensor:
+    """[H, L_b, K_b] -> [H, L_b + K_b - 1]: entry t sums grad[r, j] over r + j = t (the Hankel layout's
+    columns): each row placed t = r columns further into a zero buffer, then the rows summed."""
+    heads, lq, width = grad.shape
+    m = lq + width - 1
+    buffer = grad.new_zeros(heads, lq, m)
+    buffer.as_strided((heads, lq, width), (lq * m, m + 1, 1)).copy_(grad)
+    return buffer.sum(1)
+
+
+class MaterialisedMaps(_Layout):
+    """Each block's map as a tensor: `call.additive_scores`, the sink columns in front, -inf where hidden."""
+
+    reversed = False
+
+    def __init__(self, call: AttentionCall, inputs: ScoreInputs):
+        self.call, self.inputs = call, inputs
+
+    def mask(self, block: QueryBlock) -> Tensor:
+        """[B or 1, H, L_b, S + K_b]."""
+        return self._masked(block, self.call.additive_scores(block, self.call.block_inputs(block, self.inputs)))
+
+    def _masked(self, block: QueryBlock, additive: Tensor) -> Tensor:
+        visible = self.call.with_sinks(self.call.visible(block), True)
+        return self.call.with_sinks(additive, 0.0).masked_fill(~visible, float("-inf"))
+
+    def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None]):
+        """(the block's mask, a function adding the gradient of a map gradient [B, H, L_b, S + K_b] onto
+        `grads` and `param_grads`): the map rebuilt under autograd from leaves of the block's slices."""
+        call = self.call
+        with torch.enable_grad():
+            leaves = ScoreInputs(*(None if t is None else t.detach().requires_grad_(g is not None)
+                                   for t, g in zip(call.block_inputs(block, self.inputs), grads)))
+            additive = call.additive_scores(block, leaves)
+        wanted = [(view, leaf) for view, leaf in zip(call.block_inputs(block, grads), leaves) if view is not None]
+        wanted += [(g, p) for g, p in zip(param_grads, params) if g is not None]
+
+        def add_gradients(grad_scores: Tensor) -> None:
+            if not wanted:
+                return
+            # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient; sinks have no map
+            grad_scores = grad_scores[..., block.n_sinks:]
+            if additive.shape[0] == 1 < grad_scores.shape[0]:
+                grad_scores = grad_scores.sum(0, keepdim=True)
+            for (target, _), g in zip(wanted, torch.autograd.grad(additive, [t for _, t in wanted], grad_scores,
+                                                                   allow_unused=True)):
+                if g is not None:
+                    target.add_(g)
+
+        return self._masked(block, additive.detach()), add_gradients
