@@ -11,7 +11,7 @@ import torch
 
 from conftest import fast_and_explicit_gradients, randomize
 from relpos_ablate import AttentionConfig, RelPosAttention
-from relpos_ablate.model import AttentionOptions, kernels
+from relpos_ablate.model import AttentionOptions, block_maps as layouts, kernels
 from relpos_ablate.model.block_maps import MaterialisedMaps, StridedMaps, block_maps
 
 LAYOUTS = {  # fields -> the layout the call gets
@@ -104,3 +104,22 @@ def test_strided_layout_only_where_the_map_depends_on_the_distance_alone():
     assert isinstance(block_maps(padded, inputs), MaterialisedMaps)
     scaled = inputs._replace(query_scale=torch.ones(1, 1, 5, 1, dtype=torch.float64))
     assert isinstance(block_maps(call, scaled), MaterialisedMaps)
+
+
+@pytest.mark.parametrize("name", ["t5", "term_d_window", "xl_abcd", "xl_kerple_bidir"])
+def test_several_key_tiles_per_block(name, monkeypatch):
+    """Tiles of 3 keys: forward merges each block's tiles by their log-sum-exp (every query sees a key of
+    every tile, windows included), backward adds their gradients; both equal the explicit scores'."""
+    monkeypatch.setattr(layouts, "tile_scores", lambda call, d_head: 4)
+    fields, _ = LAYOUTS[name]
+    attn = attention(fields, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    x, mems = torch.randn(2, 7, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
+                                                                                         dtype=torch.float64)
+    call, inputs = call_and_inputs(attn, x, mems)
+    maps = block_maps(call, inputs)
+    assert max(len(tiles) for tiles in maps.backward_blocks(call, 8)) > 1
+    if not maps.reversed:
+        assert max(len(tiles) for tiles in maps.forward_blocks(call, 8)) > 1
+    for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, AttentionOptions())):
+        torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)

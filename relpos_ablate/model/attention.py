@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_ablate.config.model import AttentionConfig, check_widths, rope_scaling_conflict, rotary_width
@@ -101,9 +102,11 @@ class RelPosAttention(nn.Module):
         d = distances if clamp is None else distances.clamp(-clamp, clamp)
         return sinusoid(d, self.d_model).to(self.out_net.weight.dtype)
 
-    def projected_relative(self, distances: Tensor, clamp_len: int | None = None) -> Tensor:
-        """W_R R_d per head: [n] -> [H, n, dh]."""
-        r = self.r_net(self.relative_vectors(distances, clamp_len))  # (n, H·dh)
+    def projected_relative(self, distances: Tensor, clamp_len: int | None = None, scale: float = 1.0) -> Tensor:
+        """scale·W_R R_d per head: [n] -> [H, n, dh], a view of the [n, H·dh] product (the scale multiplies
+        W_R, not the product: one [n, H·dh] tensor in memory, and its transposed view is what the kernels'
+        products read)."""
+        r = F.linear(self.relative_vectors(distances, clamp_len), self.r_net.weight * scale)  # (n, H·dh)
         return r.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # (n, H, dh) -> (H, n, dh)
 
     def _term_d(self, rel_keys: Tensor) -> Tensor:
@@ -123,7 +126,7 @@ class RelPosAttention(nn.Module):
         if source == "d":
             if self.position_bias_v is None:
                 raise ValueError(f"term d is off (terms={self.config.terms!r}); no v·W_R R curve to show")
-            return self._term_d(self.projected_relative(distances, clamp_len) * self.scale)
+            return self._term_d(self.projected_relative(distances, clamp_len, self.scale))
         raise ValueError(f"source: {source!r} is not allowed; choose 'bias' or 'd'")
 
     def _geometry(self, x: Tensor, keys_input: Tensor, options: AttentionOptions) -> AttentionCall:
@@ -150,14 +153,14 @@ class RelPosAttention(nn.Module):
         terms, scheme, distances = self.config.terms, self.bias_scheme, call.distances  # (n,) descending
         rel_keys = distance_scores = pair_bias = None
         if self.config.uses_r:
-            # contiguous once: every query block multiplies by a slice of it
-            rel_keys = (self.projected_relative(distances, clamp_len) * self.scale).contiguous()  # (H, n, dh)
+            rel_keys = self.projected_relative(distances, clamp_len, self.scale)  # (H, n, dh)
             if "d" in terms and "b" not in terms:  # with b, term d rides on the position query q + v
                 distance_scores = self._term_d(rel_keys)
         # a query-dependent bias (FIRE) is a curve over distances too while every query of the call is within
-        # its distance-only range (consecutive positions: the query positions are M .. K - 1)
+        # its distance-only range (consecutive positions: the query positions are M .. K - 1); strictly below
+        # its end, where a query at the end would send part of the gradient to it (FIRE's max(i, L))
         curve = scheme is not None and (scheme.distance_only or (
-            call.consecutive and call.n_keys - 1 <= scheme.distance_only_until()))
+            call.consecutive and call.n_keys - 1 < scheme.distance_only_until()))
         if curve:
             bias = scheme.curve(distances) * self.bias_scale  # (H, n)
             distance_scores = bias if distance_scores is None else distance_scores + bias

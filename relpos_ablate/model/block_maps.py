@@ -33,13 +33,44 @@ def block_maps(call: AttentionCall, inputs: ScoreInputs) -> "StridedMaps | Mater
     return StridedMaps(call, inputs) if strided else MaterialisedMaps(call, inputs)
 
 
-class _Layout:
-    buffers = 1  # [B, H, L_b, K_b]-sized tensors a backward block holds besides the probabilities and dS
+# How the kernel walks a call (README "Speed and memory"). Each backward tile holds [B, H, L_b, K_t] buffers
+# (probabilities, dS, term b's gradient per distance) of `tile_scores` entries per head: half as many as the
+# keys have numbers (K·d_head / 2), so that the kernel's transients stay O(L·d) like FlashAttention's (peak
+# memory at most 2x attention without positions at L = 1024 and 4096), in few tiles: on a loaded machine
+# every tensor op costs a thread barrier, and a few thousand of them cost more than the products. The CPU flash kernel pays per call for packing its keys, so forward blocks keep
+# query_chunk queries (256: within ~20% of one causal call; 16 cost ~4x), and its tiles may be 4 times
+# larger (forward keeps no gradients).
+FORWARD_TILES = 4
+MIN_TILE_SCORES = 4096
 
-    def block_scores(self, scores: int) -> int:
-        """Score entries per head in a block that builds its map, so that the block's transients stay those
-        of `scores` entries with two buffers."""
-        return scores * 2 // (2 + self.buffers)
+
+def tile_scores(call: AttentionCall, d_head: int) -> int:
+    """Score entries per head of a backward tile."""
+    return max(MIN_TILE_SCORES, call.n_keys * d_head // 2)
+
+
+class _Layout:
+    buffers = 1  # [B, H, L_b, K_b]-sized tensors a backward tile holds besides the probabilities and dS
+    rows = 0  # queries per backward tile (0: blocks shrink with their keys, each block one tile)
+    forward_tiles = False  # forward splits a block's keys into tiles (term b's product per tile)
+
+    def forward_blocks(self, call: AttentionCall, d_head: int) -> list[list[QueryBlock]]:
+        """The query blocks of forward, each as its key tiles (merged by their log-sum-exp)."""
+        scores = FORWARD_TILES * tile_scores(call, d_head)
+        if not self.rows:  # the map is built per block: its size bounds the block
+            return [[blk] for blk in call.blocks(scores, windowed=True)]
+        blocks = call.blocks(scores, windowed=True, rows=call.query_chunk or call.n_queries)
+        if not self.forward_tiles:  # a view: the whole block in one call
+            return [[blk] for blk in blocks]
+        return [call.key_tiles(blk, max(lq, scores // lq - lq)) for blk in blocks for lq in [blk.i1 - blk.i0]]
+
+    def backward_blocks(self, call: AttentionCall, d_head: int) -> list[list[QueryBlock]]:
+        """The query blocks of backward, each as its key tiles."""
+        scores = tile_scores(call, d_head) * 2 // (2 + self.buffers)
+        if not self.rows:
+            return [[blk] for blk in call.blocks(scores, windowed=True)]
+        blocks = call.blocks(scores, windowed=True, rows=self.rows)
+        return [call.key_tiles(blk, max(lq, scores // lq)) for blk in blocks for lq in [blk.i1 - blk.i0]]
 
 
 def _columns(t: Tensor, cols: slice) -> Tensor:
@@ -56,7 +87,9 @@ class StridedMaps(_Layout):
         hidden = call.hidden_distances(inputs.rel_keys if inputs.rel_keys is not None else inputs.distance_scores)
         self.curve = hidden if inputs.distance_scores is None else (inputs.distance_scores + hidden).contiguous()
         self.reversed = inputs.rel_keys is None
-        self.buffers = 0 if self.reversed else 1  # term b's gradient per distance
+        # term b: its gradient per distance is a third buffer; its product per tile covers L_b + K_t - 1
+        # distances, so its tiles are long and have few queries
+        self.buffers, self.rows, self.forward_tiles = (0, 128, False) if self.reversed else (1, 64, True)
 
     def mask(self, block: QueryBlock) -> Tensor:
         """The block's map with -inf where a key is hidden: [1 or B, H, L_b, K_b], a view."""

@@ -137,7 +137,7 @@ class AttentionCall:
     rel_keys: Tensor | None = None  # [H, n, dh]: s·W_R R_d per distance (term b's keys)
     distance_scores: Tensor | None = None  # [H, n]: additive scores of distance alone (term d without b, a bias)
     pair_bias: BiasScheme | None = None  # a bias that also depends on the query position (FIRE)
-    pair_bias_curve_until: float = float("inf")  # up to this query position pair_bias is a curve over i' - j
+    pair_bias_curve_until: float = float("inf")  # below this query position pair_bias is a curve over i' - j
     bias_scale: float = 1.0  # s_B
     query_chunk: int = 0  # queries per block (0: one block)
     log_decay: Tensor | None = None  # [B, H, K] FoX's Λ (fox.py), float64
@@ -206,10 +206,14 @@ class AttentionCall:
     def block(self, i0: int, i1: int, windowed: bool = False) -> QueryBlock:
         """Queries i0 .. i1 - 1: causal ones see keys up to the last of them, and `windowed`, none before
         the window of the first of them; the columns they read."""
-        lq, window = i1 - i0, self.visibility.window
+        window = self.visibility.window
         n_keys = self.n_mem + i1 if self.causal else self.n_keys
         k0 = max(0, self.n_mem + i0 - window + 1) if windowed and self.causal and window is not None else 0
-        width = n_keys - k0
+        return self._block(i0, i1, k0, n_keys)
+
+    def _block(self, i0: int, i1: int, k0: int, n_keys: int) -> QueryBlock:
+        """Queries i0 .. i1 - 1 against keys k0 .. n_keys - 1, with the per-distance columns they read."""
+        lq, width = i1 - i0, n_keys - k0
         if not self.consecutive:  # distance_index picks the columns: every block reads them all
             every = slice(0, self.distances.numel())
             return QueryBlock(i0, i1, n_keys, every, every, self.n_sinks, k0)
@@ -218,11 +222,12 @@ class AttentionCall:
         n_rel = min(width + 1, lq + width - 1) if self.causal else lq + width - 1
         return QueryBlock(i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + width - 1), self.n_sinks, k0)
 
-    def blocks(self, block_scores: int, windowed: bool = False) -> list[QueryBlock]:
+    def blocks(self, block_scores: int, windowed: bool = False, rows: int | None = None) -> list[QueryBlock]:
         """Blocks of query_chunk queries, shrunk for long key ranges so that one block's score map
-        stays near `block_scores` entries per head (bounded transient memory). Term b at explicit
-        positions gathers a d_head-wide key per pair, so its blocks hold d_head times fewer pairs.
-        `windowed`: each block skips the keys before its window (O(L·W) work for a window W)."""
+        stays near `block_scores` entries per head (bounded transient memory), or of `rows` queries (at most
+        query_chunk) whatever their keys. Term b at explicit positions gathers a d_head-wide key per pair, so
+        its blocks hold d_head times fewer pairs. `windowed`: each block skips the keys before its window
+        (O(L·W) work for a window W)."""
         if not self.query_chunk:
             return [self.block(0, self.n_queries, windowed)]
         if self.rel_keys is not None and not self.consecutive:
@@ -233,10 +238,19 @@ class AttentionCall:
             keys = self.n_mem + i0 + self.query_chunk if self.causal else self.n_keys
             if window is not None:
                 keys = min(keys, window + self.query_chunk)
-            i1 = min(i0 + max(MIN_BLOCK, min(self.query_chunk, block_scores // keys)), self.n_queries)
+            size = rows or max(MIN_BLOCK, block_scores // keys)
+            i1 = min(i0 + min(self.query_chunk, size), self.n_queries)
             blocks.append(self.block(i0, i1, windowed))
             i0 = i1
         return blocks
+
+    def key_tiles(self, block: QueryBlock, width: int) -> list[QueryBlock]:
+        """The block's keys in tiles of `width` or more (as even as they come), each a QueryBlock of the same
+        queries; no sinks (consecutive positions only). With width >= the block's queries every query sees a
+        key of every tile: causal rows see the last tile's first key, windowed rows the first tile's last one."""
+        n_tiles = max(1, block.width // width)
+        edges = [block.k0 + block.width * t // n_tiles for t in range(n_tiles + 1)]
+        return [self._block(block.i0, block.i1, a, b) for a, b in zip(edges, edges[1:])]
 
     def score_inputs(self, q_position: Tensor | None) -> ScoreInputs:
         """This call's inputs of the additive scores, with the kernels' position query."""
@@ -300,7 +314,7 @@ class AttentionCall:
         and every query of the block is within the scheme's distance-only range, one curve over the
         block's L_b + K_b - 1 distances replaces the evaluation at every (i, j) pair."""
         q_offset, lq = self.n_mem + block.i0, block.i1 - block.i0
-        if self.consecutive and q_offset + lq - 1 <= self.pair_bias_curve_until:
+        if self.consecutive and q_offset + lq - 1 < self.pair_bias_curve_until:  # (strictly: see attention.py)
             # the block's queries against keys k0 .. are the same distances as from q_offset - k0 against 0 ..
             distances = descending_distances(q_offset - block.k0, lq, block.width, self.query_positions.device)
             scores = toeplitz(self.pair_bias.curve(distances), lq, block.width)

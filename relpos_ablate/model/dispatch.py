@@ -27,14 +27,11 @@ from torch.nn.attention.bias import causal_lower_right
 from relpos_ablate.config.model import AttentionConfig
 from relpos_ablate.model.call import AttentionCall, ScoreInputs
 from relpos_ablate.model.geometry import StatisticsSink
-from relpos_ablate.model.kernels import BlockScores, BlockwiseBiasedAttention, masked_softmax
+from relpos_ablate.model.kernels import BlockwiseBiasedAttention, masked_softmax
 
-# Score entries per head in one query block: blocks whose maps are stored for backward can be large;
-# blocks rebuilt in backward are kept small, as their transients are the peak memory (64K entries:
-# 4 MB per [B, H, L_b, K_b] buffer at B·H = 16; larger blocks were no faster on 2 cores). A block whose map
-# is a view (kernels.BlockScores.viewed) holds no such buffer in forward: query_chunk bounds it.
+# Score entries per head in one query block whose map is stored for backward (the block kernel sizes its
+# own blocks: block_maps.py)
 STORED_BLOCK_SCORES = 256 * 1024
-REBUILT_BLOCK_SCORES = BlockScores(built=64 * 1024, viewed=1024 * 1024)
 
 
 def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
@@ -99,7 +96,7 @@ def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_pos
                            for t in call.score_inputs(q_position)))
     params = [] if call.pair_bias is None else list(call.pair_bias.parameters())
     call = dataclasses.replace(call, dtype=wide)
-    return BlockwiseBiasedAttention.apply(call, REBUILT_BLOCK_SCORES, *widen, *inputs, *params)
+    return BlockwiseBiasedAttention.apply(call, *widen, *inputs, *params)
 
 
 def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,

@@ -16,8 +16,6 @@ dK = s·dSᵀ·Q), dS then reduced onto the map's inputs (block_maps.py). A map 
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
 
@@ -40,14 +38,15 @@ def _fused(q: Tensor) -> bool:
     return q.device.type == "cpu"
 
 
-def _probabilities(q_scaled: Tensor, k: Tensor, mask: Tensor, lse: Tensor) -> Tensor:
+def _probabilities(q: Tensor, k: Tensor, mask: Tensor, lse: Tensor, scale: float) -> Tensor:
     """exp(s·q·kᵀ + mask - lse) in one [B, H, L_b, K_b] buffer: the mask minus the row log-sum-exp written
-    once, the product added onto it (q_scaled = s·q; lse [B, H, L_b, 1])."""
-    b, h, lq, dh = q_scaled.shape
+    once, the product added onto it (lse [B, H, L_b, 1])."""
+    b, h, lq, dh = q.shape
     # written into a row-major buffer: from the strided views of block_maps.py alone, broadcasting would
     # lay the result out column by column
-    scores = torch.sub(mask, lse, out=q_scaled.new_empty(b, h, lq, k.shape[2]))
-    scores.view(b * h, lq, -1).baddbmm_(q_scaled.reshape(b * h, lq, dh), k.transpose(-1, -2).reshape(b * h, dh, -1))
+    scores = torch.sub(mask, lse, out=q.new_empty(b, h, lq, k.shape[2]))
+    scores.view(b * h, lq, -1).baddbmm_(q.reshape(b * h, lq, dh), k.transpose(-1, -2).reshape(b * h, dh, -1),
+                                        alpha=scale)
     return scores.exp_()
 
 
@@ -64,17 +63,18 @@ def _attend_block(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -
     return scores.sub_(lse).exp_() @ v, lse
 
 
-class BlockScores(NamedTuple):
-    """Score entries per head in one query block (AttentionCall.blocks): `built` where the block's map or
-    scores are written out (forward with a materialised map or term b, every backward block), `viewed`
-    where the fused kernel reads the map as a view (it keeps its tiles in cache)."""
-
-    built: int
-    viewed: int
-
-
 def _flip(t: Tensor, flipped: bool) -> Tensor:
     return t.flip(2) if flipped else t
+
+
+def _merged(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """(out, lse) of a block from those of its key tiles: lse = log Σ e^lse_t, out = Σ e^(lse_t - lse)·out_t
+    (every query sees a key of every tile: call.key_tiles)."""
+    if len(parts) == 1:
+        return parts[0]
+    lse = torch.logsumexp(torch.stack([lse_t for _, lse_t in parts]), dim=0)
+    out = sum(out_t * (lse_t - lse).exp() for out_t, lse_t in parts)
+    return out, lse
 
 
 class BlockwiseBiasedAttention(torch.autograd.Function):
@@ -88,45 +88,51 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, call: AttentionCall, block_scores: BlockScores, q_content: Tensor, k: Tensor, v: Tensor,
-                *inputs_and_params: Tensor | None):
+    def forward(ctx, call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, *inputs_and_params: Tensor | None):
         inputs, params = ScoreInputs(*inputs_and_params[:N_INPUTS]), inputs_and_params[N_INPUTS:]
-        b, h, lq, _ = q_content.shape
+        b, h, lq, d_head = q_content.shape
         out = v.new_empty(b, h, lq, v.shape[-1])
         lse = q_content.new_empty(b, h, lq, 1)
         with torch.autocast(q_content.device.type, enabled=False):
             maps = block_maps(call, inputs)
-            for blk in call.blocks(block_scores.viewed if maps.reversed else maps.block_scores(block_scores.built),
-                                   windowed=True):
-                q_b = _flip(q_content[:, :, blk.rows], maps.reversed)
-                out_b, lse_b = _attend_block(q_b, k[:, :, blk.keys], v[:, :, blk.keys], maps.mask(blk), call.scale)
-                out[:, :, blk.rows], lse[:, :, blk.rows] = _flip(out_b, maps.reversed), _flip(lse_b, maps.reversed)
-        ctx.call, ctx.blocks, ctx.params = call, call.blocks(maps.block_scores(block_scores.built), windowed=True), params
+            for tiles in maps.forward_blocks(call, d_head):
+                rows = tiles[0].rows
+                q_b = _flip(q_content[:, :, rows], maps.reversed)
+                out_b, lse_b = _merged([_attend_block(q_b, k[:, :, t.keys], v[:, :, t.keys], maps.mask(t), call.scale)
+                                        for t in tiles])
+                out[:, :, rows], lse[:, :, rows] = _flip(out_b, maps.reversed), _flip(lse_b, maps.reversed)
+        ctx.call, ctx.params = call, params
         ctx.save_for_backward(q_content, k, v, *inputs, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         with torch.autocast(grad_out.device.type, enabled=False):
-            return (None, None, *_backward(ctx, grad_out.contiguous()))
+            return (None, *_backward(ctx, grad_out))
 
 
 N_INPUTS = len(ScoreInputs._fields)
 
 
+def _add_product(target: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> None:
+    """target += alpha·a @ b for [B, H, ., .] tensors (target often a slice along dim 2, which baddbmm_ would
+    update one matrix at a time)."""
+    target.add_(a @ b, alpha=alpha)
+
+
 def _backward(ctx, grad_out: Tensor):
-    """Gradients of q_content, k, v, the score inputs and the params, block by block."""
-    call, first_param = ctx.call, 5 + N_INPUTS  # forward's inputs: call, block_scores, q_content, k, v, score inputs, params
+    """Gradients of q_content, k, v, the score inputs and the params, block by block, tile by tile."""
+    call, first_param = ctx.call, 4 + N_INPUTS  # forward's inputs: call, q_content, k, v, score inputs, params
     q_content, k, v, *score_inputs, out, lse = ctx.saved_tensors
-    inputs = ScoreInputs(*score_inputs)
-    grad_q, grad_k, grad_v = torch.zeros_like(q_content), torch.zeros_like(k), torch.zeros_like(v)
+    inputs, d_head = ScoreInputs(*score_inputs), q_content.shape[-1]
+    grad_q, grad_k, grad_v = (t.new_zeros(t.shape) for t in (q_content, k, v))
     grads = ScoreInputs(*(None if t is None or not need else torch.zeros_like(t)
-                          for t, need in zip(inputs, ctx.needs_input_grad[5:first_param])))
+                          for t, need in zip(inputs, ctx.needs_input_grad[4:first_param])))
     param_grads = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])]
-    maps = block_maps(call, inputs)
+    maps, flip = block_maps(call, inputs), block_maps(call, inputs).reversed
     if _fused(q_content) and all(g is None for g in (*grads, *param_grads)):
-        for blk in ctx.blocks:  # nothing to reduce the map's gradient onto: the fused backward does it all
-            rows, keys, flip = blk.rows, blk.keys, maps.reversed
+        for blk in (t for tiles in maps.forward_blocks(call, d_head) for t in tiles):  # the fused backward does it all
+            rows, keys = blk.rows, blk.keys
             grads_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 _flip(grad_out[:, :, rows], flip), _flip(q_content[:, :, rows], flip), k[:, :, keys], v[:, :, keys],
                 _flip(out[:, :, rows], flip), _flip(lse[:, :, rows, 0], flip), 0.0, False, attn_mask=maps.mask(blk),
@@ -135,18 +141,29 @@ def _backward(ctx, grad_out: Tensor):
             grad_k[:, :, keys] += grads_b[1]
             grad_v[:, :, keys] += grads_b[2]
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
-    delta = (grad_out * out).sum(dim=-1, keepdim=True)  # rowsum(dP ∘ P) = rowsum(dO ∘ O)
-    q_scaled = q_content * call.scale
-    for blk in ctx.blocks:
-        rows, keys, flip = blk.rows, blk.keys, maps.reversed
-        mask, add_map_gradient = maps.rebuilt(blk, grads, ctx.params, param_grads)
-        with torch.no_grad():
-            q_b, go = _flip(q_scaled[:, :, rows], flip), _flip(grad_out[:, :, rows], flip)
-            k_b, v_b = k[:, :, keys], v[:, :, keys]
-            probs = _probabilities(q_b, k_b, mask, _flip(lse[:, :, rows], flip))
-            grad_v[:, :, keys] += probs.transpose(-1, -2) @ go  # (B, H, K_b, L_b) @ (B, H, L_b, dh)
-            grad_scores = probs.mul_((go @ v_b.transpose(-1, -2)).sub_(_flip(delta[:, :, rows], flip)))  # dS
-            grad_q[:, :, rows] += _flip((grad_scores @ k_b).mul_(call.scale), flip)
-            grad_k[:, :, keys] += grad_scores.transpose(-1, -2) @ q_b
-            add_map_gradient(grad_scores)
+    minus_delta = (grad_out * out).sum(dim=-1, keepdim=True).neg_()  # -rowsum(dP ∘ P) = -rowsum(dO ∘ O)
+    for tiles in maps.backward_blocks(call, d_head):
+        rows = tiles[0].rows
+        q_b, go, lse_b, minus_delta_b = (_flip(t[:, :, rows], flip) for t in (q_content, grad_out, lse, minus_delta))
+        grad_q_b = grad_q[:, :, rows] if not flip else torch.zeros_like(q_b)
+        for tile in tiles:
+            keys = tile.keys
+            mask, add_map_gradient = maps.rebuilt(tile, grads, ctx.params, param_grads)
+            with torch.no_grad():
+                k_t, v_t = k[:, :, keys], v[:, :, keys]
+                probs = _probabilities(q_b, k_t, mask, lse_b, call.scale)
+                grad_v_t = grad_v[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(v_t)
+                _add_product(grad_v_t, probs.transpose(-1, -2), go)  # dV += Pᵀ·dO
+                grad_probs = torch.baddbmm(minus_delta_b.flatten(0, 1).expand(-1, -1, probs.shape[-1]),
+                                           go.flatten(0, 1), v_t.transpose(-1, -2).flatten(0, 1))  # dO·Vᵀ - delta
+                grad_scores = probs.mul_(grad_probs.view_as(probs))  # dS = P ∘ (dP - delta)
+                _add_product(grad_q_b, grad_scores, k_t, alpha=call.scale)
+                grad_k_t = grad_k[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(k_t)
+                _add_product(grad_k_t, grad_scores.transpose(-1, -2), q_b, alpha=call.scale)
+                if not isinstance(keys, slice):  # sinks in front of skipped keys: two ranges, a copy
+                    grad_k[:, :, keys] += grad_k_t
+                    grad_v[:, :, keys] += grad_v_t
+                add_map_gradient(grad_scores)
+        if flip:
+            grad_q[:, :, rows] += grad_q_b.flip(2)
     return (grad_q, grad_k, grad_v, *grads, *param_grads)
