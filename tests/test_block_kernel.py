@@ -106,20 +106,30 @@ def test_strided_layout_only_where_the_map_depends_on_the_distance_alone():
     assert isinstance(block_maps(call, scaled), MaterialisedMaps)
 
 
-@pytest.mark.parametrize("name", ["t5", "term_d_window", "xl_abcd", "xl_kerple_bidir"])
-def test_several_key_tiles_per_block(name, monkeypatch):
-    """Tiles of 3 keys: forward merges each block's tiles by their log-sum-exp (every query sees a key of
-    every tile, windows included), backward adds their gradients; both equal the explicit scores'."""
+TILED = {**{name: LAYOUTS[name][0] for name in ("t5", "term_d_window", "xl_abcd", "xl_kerple_bidir", "fox")},
+         "fire_pairs": dict(terms="ab", bias="fire"), "cope_fox": dict(terms="a", cope_positions=3, forget_gate=True)}
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["", "padded"])
+@pytest.mark.parametrize("name", TILED)
+def test_several_key_tiles_per_block(name, padded, monkeypatch):
+    """Tiles of 2-3 keys: forward merges each block's tiles by their log-sum-exp (every query sees a key of
+    every tile, windows included), backward adds their gradients (materialised maps: key padding, FIRE past
+    its threshold, FoX; CoPE keeps whole rows); both equal the explicit scores'."""
     monkeypatch.setattr(layouts, "tile_scores", lambda call, d_head: 4)
-    fields, _ = LAYOUTS[name]
-    attn = attention(fields, seed=5)
+    attn = attention(TILED[name], seed=5)
     gen = torch.Generator().manual_seed(6)
     x, mems = torch.randn(2, 7, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
                                                                                          dtype=torch.float64)
     call, inputs = call_and_inputs(attn, x, mems)
     maps = block_maps(call, inputs)
-    assert max(len(tiles) for tiles in maps.backward_blocks(call, 8)) > 1
-    if not maps.reversed:
+    if not TILED[name].get("cope_positions"):
+        assert max(len(tiles) for tiles in maps.backward_blocks(call, 8)) > 1
+    if maps.forward_tiles:
         assert max(len(tiles) for tiles in maps.forward_blocks(call, 8)) > 1
-    for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, AttentionOptions())):
+    padding = torch.zeros(2, 11, dtype=torch.bool)
+    padding[0, :5] = padded  # the first query sees no key of the first two tiles
+    padding[1, 8] = padded
+    options = AttentionOptions(key_padding_mask=padding)
+    for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, options)):
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)

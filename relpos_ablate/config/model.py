@@ -171,9 +171,9 @@ class AttentionConfig:
         if self.cope_positions and "a" not in self.terms:
             raise ConfigError("cope_positions", "CoPE's gates read the content score; include term a "
                               f"(terms={self.terms!r})")
-        if self.cope_positions and self.backend in ("blocks", "flex"):
-            raise ConfigError("backend", f"{self.backend!r} cannot run CoPE (its positions sum gates over a query's "
-                              "whole row of keys before the softmax); use auto, sdpa or explicit")
+        if self.cope_positions and self.backend == "flex":
+            raise ConfigError("backend", "'flex' cannot run CoPE (its positions sum gates over a query's whole row of "
+                              "keys before the softmax); use auto, blocks, sdpa or explicit")
 
     @staticmethod
     def field_choices(name: str) -> tuple[str, ...] | None:

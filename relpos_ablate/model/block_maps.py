@@ -19,6 +19,7 @@ column stride). So a map that is a function of the distance need not exist as an
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from relpos_ablate.model.call import AttentionCall, QueryBlock, ScoreInputs
@@ -34,12 +35,13 @@ def block_maps(call: AttentionCall, inputs: ScoreInputs) -> "StridedMaps | Mater
 
 
 # How the kernel walks a call (README "Speed and memory"). Each backward tile holds [B, H, L_b, K_t] buffers
-# (probabilities, dS, term b's gradient per distance) of `tile_scores` entries per head: half as many as the
-# keys have numbers (K·d_head / 2), so that the kernel's transients stay O(L·d) like FlashAttention's (peak
-# memory at most 2x attention without positions at L = 1024 and 4096), in few tiles: on a loaded machine
-# every tensor op costs a thread barrier, and a few thousand of them cost more than the products. The CPU flash kernel pays per call for packing its keys, so forward blocks keep
-# query_chunk queries (256: within ~20% of one causal call; 16 cost ~4x), and its tiles may be 4 times
-# larger (forward keeps no gradients).
+# (probabilities, dS, the map and its gradient) of `tile_scores` entries per head: half as many as the keys
+# have numbers (K·d_head / 2), so that the kernel's transients stay O(L·d) like FlashAttention's (peak memory
+# at most 2x attention without positions at L = 1024 and 4096), in few tiles: on a loaded machine every
+# tensor op costs a thread barrier, and a few thousand of them cost more than the products. The CPU flash
+# kernel pays per call for packing its keys, so forward blocks keep query_chunk queries where the map is a
+# view (256: within ~20% of one causal call; 16 cost ~4x), and a built map may be 4 times larger in forward
+# (which keeps no gradients).
 FORWARD_TILES = 4
 MIN_TILE_SCORES = 4096
 
@@ -51,13 +53,14 @@ def tile_scores(call: AttentionCall, d_head: int) -> int:
 
 class _Layout:
     buffers = 1  # [B, H, L_b, K_b]-sized tensors a backward tile holds besides the probabilities and dS
-    rows = 0  # queries per backward tile (0: blocks shrink with their keys, each block one tile)
+    rows = 0  # queries per backward block, its keys in tiles (0: blocks shrink with their keys, one tile each)
+    forward_rows = False  # forward blocks of query_chunk queries (else they shrink with their keys)
     forward_tiles = False  # forward splits a block's keys into tiles (term b's product per tile)
 
     def forward_blocks(self, call: AttentionCall, d_head: int) -> list[list[QueryBlock]]:
         """The query blocks of forward, each as its key tiles (merged by their log-sum-exp)."""
         scores = FORWARD_TILES * tile_scores(call, d_head)
-        if not self.rows:  # the map is built per block: its size bounds the block
+        if not self.forward_rows:  # the map is built per block: its size bounds the block
             return [[blk] for blk in call.blocks(scores, windowed=True)]
         blocks = call.blocks(scores, windowed=True, rows=call.query_chunk or call.n_queries)
         if not self.forward_tiles:  # a view: the whole block in one call
@@ -90,8 +93,9 @@ class StridedMaps(_Layout):
         # term b: its gradient per distance is a third buffer; its product per tile covers L_b + K_t - 1
         # distances, so its tiles are long and have few queries
         self.buffers, self.rows, self.forward_tiles = (0, 128, False) if self.reversed else (1, 64, True)
+        self.forward_rows = True
 
-    def mask(self, block: QueryBlock) -> Tensor:
+    def mask(self, block: QueryBlock, q_content: Tensor | None = None, k: Tensor | None = None) -> Tensor:
         """The block's map with -inf where a key is hidden: [1 or B, H, L_b, K_b], a view."""
         lq, width, cols = block.i1 - block.i0, block.width, block.distance_cols
         if self.reversed:  # entry (r, j) is the curve at column t0 + r + j
@@ -113,8 +117,9 @@ class StridedMaps(_Layout):
         q_position = self.inputs.q_position[:, :, block.rows]  # (B, H, L_b, dh)
         return q_position.transpose(0, 1).reshape(q_position.shape[1], -1, q_position.shape[-1])
 
-    def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None]):
-        """(the block's mask, a function adding a map gradient onto `grads`); no parameters read here."""
+    def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None],
+                content: tuple[Tensor, Tensor, Tensor, Tensor] | None = None):
+        """(the block's mask, a function adding a map gradient onto `grads`); no parameters nor content read."""
         return self.mask(block), lambda grad_scores: self._backward(block, grad_scores, grads)
 
     def _backward(self, block: QueryBlock, grad_scores: Tensor, grads: ScoreInputs) -> None:
@@ -159,31 +164,45 @@ def _antidiagonal_sums(grad: Tensor) -> Tensor:
 
 
 class MaterialisedMaps(_Layout):
-    """Each block's map as a tensor: `call.additive_scores`, the sink columns in front, -inf where hidden."""
+    """Each block's map as a tensor: `call.additive_scores`, the sink columns in front, -inf where hidden.
+
+    Backward splits a block's keys into tiles, but for sinks (in front of the first tile only) and CoPE (whose
+    positions count over a query's whole row)."""
 
     reversed = False
+    buffers = 3  # the map, the mask, and what autograd keeps to differentiate the map
 
     def __init__(self, call: AttentionCall, inputs: ScoreInputs):
         self.call, self.inputs = call, inputs
+        self.rows = 0 if call.n_sinks or call.contextual is not None else 64
 
-    def mask(self, block: QueryBlock) -> Tensor:
-        """[B or 1, H, L_b, S + K_b]."""
-        return self._masked(block, self.call.additive_scores(block, self.call.block_inputs(block, self.inputs)))
+    def mask(self, block: QueryBlock, q_content: Tensor | None = None, k: Tensor | None = None) -> Tensor:
+        """[B or 1, H, L_b, S + K_b]; q_content [B, H, L_b, dh] and the block's keys k [B, H, K_b, dh] (no
+        sinks) for a map that reads them (CoPE)."""
+        inputs = self.call.block_inputs(block, self.inputs)
+        return self._masked(block, self.call.additive_scores(block, inputs, q_content, k))
 
     def _masked(self, block: QueryBlock, additive: Tensor) -> Tensor:
-        visible = self.call.with_sinks(self.call.visible(block), True)
-        return self.call.with_sinks(additive, 0.0).masked_fill(~visible, float("-inf"))
+        visible = self.call.visible(block)
+        if not visible.all():  # causal: only tiles on the diagonal hide keys
+            additive = additive.masked_fill(~visible, float("-inf"))
+        return F.pad(additive, (block.n_sinks, 0)) if block.n_sinks else additive  # sinks carry no position: 0
 
-    def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None]):
+    def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None],
+                content: tuple[Tensor, Tensor, Tensor, Tensor] | None = None):
         """(the block's mask, a function adding the gradient of a map gradient [B, H, L_b, S + K_b] onto
-        `grads` and `param_grads`): the map rebuilt under autograd from leaves of the block's slices."""
+        `grads`, `param_grads` and, for a map that reads them, `content`'s gradients (q_content rows, their
+        gradient, the block's keys without sinks, theirs)): the map rebuilt under autograd from leaves."""
         call = self.call
         with torch.enable_grad():
             leaves = ScoreInputs(*(None if t is None else t.detach().requires_grad_(g is not None)
                                    for t, g in zip(call.block_inputs(block, self.inputs), grads)))
-            additive = call.additive_scores(block, leaves)
+            q_leaf, k_leaf = (None, None) if content is None else (t.detach().requires_grad_() for t in content[::2])
+            additive = call.additive_scores(block, leaves, q_leaf, k_leaf)
         wanted = [(view, leaf) for view, leaf in zip(call.block_inputs(block, grads), leaves) if view is not None]
         wanted += [(g, p) for g, p in zip(param_grads, params) if g is not None]
+        if content is not None:
+            wanted += [(content[1], q_leaf), (content[3], k_leaf)]
 
         def add_gradients(grad_scores: Tensor) -> None:
             if not wanted:

@@ -218,8 +218,10 @@ class AttentionCall:
             every = slice(0, self.distances.numel())
             return QueryBlock(i0, i1, n_keys, every, every, self.n_sinks, k0)
         t0 = self.n_queries - i1 + k0  # column of this block's largest distance in the descending layout
-        # causal: K_b + 1 columns suffice for rel_shift (the rest would only fill masked entries)
-        n_rel = min(width + 1, lq + width - 1) if self.causal else lq + width - 1
+        # causal up to the block's last query: K_b + 1 columns suffice for rel_shift (the rest would only fill
+        # masked entries); a tile of keys before the diagonal sees every entry
+        diagonal = self.causal and n_keys == self.n_mem + i1
+        n_rel = min(width + 1, lq + width - 1) if diagonal else lq + width - 1
         return QueryBlock(i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + width - 1), self.n_sinks, k0)
 
     def blocks(self, block_scores: int, windowed: bool = False, rows: int | None = None) -> list[QueryBlock]:
@@ -261,7 +263,7 @@ class AttentionCall:
         """The block's slices (views) of each input; None stays None."""
         return ScoreInputs(_narrow(inputs.q_position, 2, block.rows), _narrow(inputs.rel_keys, 1, block.rel_cols),
                            _narrow(inputs.distance_scores, 1, block.distance_cols),
-                           _narrow(inputs.log_decay, 2, slice(0, block.n_keys)),
+                           _narrow(inputs.log_decay, 2, slice(0, max(block.n_keys, self.n_mem + block.i1))),
                            _narrow(inputs.query_scale, 2, block.rows))
 
     def additive_scores(self, block: QueryBlock, inputs: ScoreInputs, q_content: Tensor | None = None,
@@ -291,8 +293,12 @@ class AttentionCall:
         The difference is taken in float64 and then cast: |Λ| grows with the context, and a difference of
         two large fp32 numbers would lose the near keys' decays (docs/formulas.md#fox)."""
         rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
-        decay = log_decay[..., rows, None] - log_decay[..., None, block.k0:]  # (B, H, L_b, K_b) float64
-        return decay.to(torch.promote_types(self.dtype, torch.float32))
+        query, key = log_decay[..., rows, None], log_decay[..., None, block.k0: block.n_keys]
+        dtype = torch.promote_types(self.dtype, torch.float32)
+        if torch.is_grad_enabled() and log_decay.requires_grad:
+            return (query - key).to(dtype)  # (B, H, L_b, K_b), the difference in float64
+        # without autograd in one pass: computed in float64, written in the kernels' dtype
+        return torch.sub(query, key, out=log_decay.new_empty((*query.shape[:-1], key.shape[-1]), dtype=dtype))
 
     def per_key(self, block: QueryBlock, values: Tensor) -> Tensor:
         """[..., n] values per distance (the block's columns, block_inputs) -> [..., L_b, K_b]: the value

@@ -9,7 +9,8 @@ q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without 
 - else SDPA per query block, each with its additive map (stored for backward);
 - with statistics to collect (evaluation diagnostics), explicit probabilities per query block, each
   block's handed to the statistics before it is multiplied by v (no fused kernel has them);
-- CoPE (call.contextual) on SDPA per query block: its positions need each block's whole score rows.
+- CoPE (call.contextual) never on FlexAttention: its positions need each block's whole score rows before
+  the softmax (the block kernel builds its blocks with whole rows of keys).
 k and v start with the call's learned sink slots (call.n_sinks; none: plain keys).
 A new kernel is one function of (call, q_content, k, v, q_position) and one branch in `attend`.
 """
@@ -50,9 +51,8 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
                                dtype=dtype)
     if statistics is not None:
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
-    if call.contextual is not None:
-        return _stored(call, q_content, k, v, q_position, dropout_p)
-    if config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0):
+    flex = config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0)
+    if flex and call.contextual is None:
         from relpos_ablate.model.flex import flex_attend
 
         return flex_attend(call, q_content, k, v, q_position, compiled=q_content.is_cuda)
@@ -94,7 +94,7 @@ def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_pos
     widen = [None if t is None else t.to(wide) for t in (q_content, k, v)]
     inputs = ScoreInputs(*(t if t is None or t.dtype == torch.float64 else t.to(wide)
                            for t in call.score_inputs(q_position)))
-    params = [] if call.pair_bias is None else list(call.pair_bias.parameters())
+    params = [p for scheme in (call.pair_bias, call.contextual) if scheme is not None for p in scheme.parameters()]
     call = dataclasses.replace(call, dtype=wide)
     return BlockwiseBiasedAttention.apply(call, *widen, *inputs, *params)
 

@@ -11,7 +11,7 @@ i' = M + i; a query block covers queries i0 .. i1 - 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Iterator, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -87,6 +87,9 @@ class ContextualScores(Protocol):
 
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """q [B, H, L_b, dh], k [B, H, K_b, dh], visible as BlockView.visible -> additive scores [B, H, L_b, K_b]."""
+
+    def parameters(self) -> Iterator[Tensor]:
+        """Its learned tensors (the block kernel differentiates each block's rebuilt scores with respect to them)."""
 
 
 class StatisticsSink(Protocol):

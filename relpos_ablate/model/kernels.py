@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from relpos_ablate.model.block_maps import block_maps
-from relpos_ablate.model.call import AttentionCall, ScoreInputs
+from relpos_ablate.model.call import AttentionCall, QueryBlock, ScoreInputs
 
 
 def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:
@@ -98,8 +98,8 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
             for tiles in maps.forward_blocks(call, d_head):
                 rows = tiles[0].rows
                 q_b = _flip(q_content[:, :, rows], maps.reversed)
-                out_b, lse_b = _merged([_attend_block(q_b, k[:, :, t.keys], v[:, :, t.keys], maps.mask(t), call.scale)
-                                        for t in tiles])
+                out_b, lse_b = _merged([_attend_block(q_b, k[:, :, t.keys], v[:, :, t.keys],
+                                                      maps.mask(t, q_b, k[:, :, _stream(t)]), call.scale) for t in tiles])
                 out[:, :, rows], lse[:, :, rows] = _flip(out_b, maps.reversed), _flip(lse_b, maps.reversed)
         ctx.call, ctx.params = call, params
         ctx.save_for_backward(q_content, k, v, *inputs, out, lse)
@@ -112,6 +112,11 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
 
 
 N_INPUTS = len(ScoreInputs._fields)
+
+
+def _stream(block: QueryBlock) -> slice:
+    """The block's keys of the stream among the kernels' keys (after the sinks)."""
+    return slice(block.n_sinks + block.k0, block.n_sinks + block.n_keys)
 
 
 def _add_product(target: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> None:
@@ -148,7 +153,9 @@ def _backward(ctx, grad_out: Tensor):
         grad_q_b = grad_q[:, :, rows] if not flip else torch.zeros_like(q_b)
         for tile in tiles:
             keys = tile.keys
-            mask, add_map_gradient = maps.rebuilt(tile, grads, ctx.params, param_grads)
+            content = None if call.contextual is None else (
+                q_content[:, :, rows], grad_q_b, k[:, :, _stream(tile)], grad_k[:, :, _stream(tile)])
+            mask, add_map_gradient = maps.rebuilt(tile, grads, ctx.params, param_grads, content)
             with torch.no_grad():
                 k_t, v_t = k[:, :, keys], v[:, :, keys]
                 probs = _probabilities(q_b, k_t, mask, lse_b, call.scale)
