@@ -180,12 +180,14 @@ class MaterialisedMaps(_Layout):
         """[B or 1, H, L_b, S + K_b]; q_content [B, H, L_b, dh] and the block's keys k [B, H, K_b, dh] (no
         sinks) for a map that reads them (CoPE)."""
         inputs = self.call.block_inputs(block, self.inputs)
-        return self._masked(block, self.call.additive_scores(block, inputs, q_content, k))
+        return self._masked(block, self.call.additive_scores(block, inputs, q_content, k), own=True)
 
-    def _masked(self, block: QueryBlock, additive: Tensor) -> Tensor:
+    def _masked(self, block: QueryBlock, additive: Tensor, own: bool) -> Tensor:
+        """`own`: the map is this call's to overwrite (no other tensor or autograd reads it)."""
         visible = self.call.visible(block)
         if not visible.all():  # causal: only tiles on the diagonal hide keys
-            additive = additive.masked_fill(~visible, float("-inf"))
+            in_place = own and visible.dim() == 2  # (key padding broadcasts a shared map over the batch)
+            additive = (additive.masked_fill_ if in_place else additive.masked_fill)(~visible, float("-inf"))
         return F.pad(additive, (block.n_sinks, 0)) if block.n_sinks else additive  # sinks carry no position: 0
 
     def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None],
@@ -194,21 +196,26 @@ class MaterialisedMaps(_Layout):
         `grads`, `param_grads` and, for a map that reads them, `content`'s gradients (q_content rows, their
         gradient, the block's keys without sinks, theirs)): the map rebuilt under autograd from leaves."""
         call = self.call
+        block_grads = call.block_inputs(block, grads)
         with torch.enable_grad():
-            leaves = ScoreInputs(*(None if t is None else t.detach().requires_grad_(g is not None)
-                                   for t, g in zip(call.block_inputs(block, self.inputs), grads)))
+            # FoX's Λ gets its gradient by hand (decay_gradient): the decay is built without autograd
+            leaves = ScoreInputs(*(None if t is None else t.detach().requires_grad_(g is not None and name != "log_decay")
+                                   for name, t, g in zip(ScoreInputs._fields, call.block_inputs(block, self.inputs),
+                                                         block_grads)))
             q_leaf, k_leaf = (None, None) if content is None else (t.detach().requires_grad_() for t in content[::2])
             additive = call.additive_scores(block, leaves, q_leaf, k_leaf)
-        wanted = [(view, leaf) for view, leaf in zip(call.block_inputs(block, grads), leaves) if view is not None]
+        wanted = [(view, leaf) for view, leaf in zip(block_grads, leaves) if view is not None and leaf.requires_grad]
         wanted += [(g, p) for g, p in zip(param_grads, params) if g is not None]
         if content is not None:
             wanted += [(content[1], q_leaf), (content[3], k_leaf)]
 
         def add_gradients(grad_scores: Tensor) -> None:
+            grad_scores = grad_scores[..., block.n_sinks:]  # sinks have no map
+            if grads.log_decay is not None:
+                self._decay_gradient(block, grad_scores, grads.log_decay)
             if not wanted:
                 return
-            # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient; sinks have no map
-            grad_scores = grad_scores[..., block.n_sinks:]
+            # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient
             if additive.shape[0] == 1 < grad_scores.shape[0]:
                 grad_scores = grad_scores.sum(0, keepdim=True)
             for (target, _), g in zip(wanted, torch.autograd.grad(additive, [t for _, t in wanted], grad_scores,
@@ -216,4 +223,12 @@ class MaterialisedMaps(_Layout):
                 if g is not None:
                     target.add_(g)
 
-        return self._masked(block, additive.detach()), add_gradients
+        return self._masked(block, additive.detach(), own=not wanted), add_gradients
+
+    def _decay_gradient(self, block: QueryBlock, grad_scores: Tensor, grad_log_decay: Tensor) -> None:
+        """FoX's D_ij = Λ_i' - Λ_j (times the query scale, if any): Λ_i' gets the row sums of the map's
+        gradient [B, H, L_b, K_b], Λ_j minus the column sums."""
+        scale = self.inputs.query_scale
+        grad_decay = grad_scores if scale is None else grad_scores * scale[:, :, block.rows]
+        grad_log_decay[..., self.call.n_mem + block.i0: self.call.n_mem + block.i1] += grad_decay.sum(-1)
+        grad_log_decay[..., block.k0: block.n_keys] -= grad_decay.sum(-2)
