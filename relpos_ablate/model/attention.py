@@ -136,7 +136,8 @@ class RelPosAttention(nn.Module):
         cfg = self.config
         if options.window is not None and not cfg.causal:
             raise ValueError("window (same_length) applies to causal attention only")
-        window = min((w for w in (cfg.window, options.window) if w is not None), default=None)
+        windows = [w for w in (cfg.window, options.window) if w is not None]
+        window = min(windows) if windows else None  # (min's default= breaks torch.compile's graph)
         lq, padding = x.shape[1], options.key_padding_mask
         visibility = Visibility(keys_input.shape[1] - lq, cfg.causal, window)
         log_decay = None if self.forget_gate is None else self.forget_gate.log_decay(keys_input, padding)

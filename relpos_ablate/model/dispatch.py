@@ -87,6 +87,10 @@ def _plain(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, dropout
     return F.scaled_dot_product_attention(q_content, k, v, attn_mask=mask, dropout_p=dropout_p, scale=call.scale)
 
 
+# torch.compile (train.compile) does not trace into the block kernel: its Python loop over blocks and tiles,
+# the strides of its views and the host checks of its masks would break the graph in every block; one break
+# around it leaves the rest of the layer compiled
+@torch.compiler.disable
 def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None) -> Tensor:
     """BlockwiseBiasedAttention: O(L·d) memory. bf16/fp16 inputs are widened to fp32, so that scores and
     softmax statistics stay in fp32 as FlashAttention keeps them (FoX's float64 Λ is left as it is)."""
