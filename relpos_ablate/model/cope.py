@@ -30,7 +30,9 @@ class ContextualPositions(nn.Module):
     def positions(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t), clamped to p_max - 1: q [B, H, L, dh], k [B, H, K, dh]
         -> [B, H, L, K]."""
-        gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale) * visible  # (B, H, L, K); unseen keys count 0
+        logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
+        # counted in at least fp32: a bf16 sum of a hundred gates would be off by a quarter of a position
+        gates = torch.sigmoid(logits * scale) * visible  # (B, H, L, K); unseen keys count 0
         counted = gates.flip(-1).cumsum(-1).flip(-1)  # from key j to the last key (later ones are unseen: 0)
         return counted.clamp(max=self.embeddings.shape[0] - 1)
 

@@ -93,7 +93,9 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None):
     distance_scores, scheme, pair_map = call.distance_scores, call.pair_bias, None
     if scheme is not None and not scheme.pointwise:  # a scheme of one's own: its [H, L, K] map, precomputed
         pair_map = scheme.bias(call.query_positions, call.key_positions) * call.bias_scale
-    decay = None if call.log_decay is None else (call.log_decay - call.log_decay[..., n_mem, None]).to(call.dtype)
+    # Λ restarted at the first query, in at least fp32 (in bf16 a Λ of 100 would be off by 0.25)
+    wide = torch.promote_types(call.dtype, torch.float32)
+    decay = None if call.log_decay is None else (call.log_decay - call.log_decay[..., n_mem, None]).to(wide)
     scale = None if call.query_scale is None else call.query_scale[..., 0]  # (B or 1, H or 1, L)
     largest = int(call.distances[0]) if not call.consecutive else 0
     query_positions, key_positions = call.query_positions, call.key_positions
