@@ -178,9 +178,12 @@ class MaterialisedMaps(_Layout):
 
     def mask(self, block: QueryBlock, q_content: Tensor | None = None, k: Tensor | None = None) -> Tensor:
         """[B or 1, H, L_b, S + K_b]; q_content [B, H, L_b, dh] and the block's keys k [B, H, K_b, dh] (no
-        sinks) for a map that reads them (CoPE)."""
-        inputs = self.call.block_inputs(block, self.inputs)
-        return self._masked(block, self.call.additive_scores(block, inputs, q_content, k), own=True)
+        sinks) for CoPE."""
+        additive = self.call.additive_scores(block, self.call.block_inputs(block, self.inputs))
+        if self.call.contextual is not None:
+            cope, _ = self.call.contextual.block_scores(q_content, k, self.call.scale, self.call.visible(block))
+            additive = cope if additive is None else cope.add_(additive)
+        return self._masked(block, additive, own=True)
 
     def _masked(self, block: QueryBlock, additive: Tensor, own: bool) -> Tensor:
         """`own`: the map is this call's to overwrite (no other tensor or autograd reads it)."""
@@ -191,39 +194,48 @@ class MaterialisedMaps(_Layout):
         return F.pad(additive, (block.n_sinks, 0)) if block.n_sinks else additive  # sinks carry no position: 0
 
     def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None],
-                content: tuple[Tensor, Tensor, Tensor, Tensor] | None = None):
+                content: tuple[Tensor, Tensor, Tensor] | None = None):
         """(the block's mask, a function adding the gradient of a map gradient [B, H, L_b, S + K_b] onto
-        `grads`, `param_grads` and, for a map that reads them, `content`'s gradients (q_content rows, their
-        gradient, the block's keys without sinks, theirs)): the map rebuilt under autograd from leaves."""
+        `grads` and `param_grads`): the map rebuilt under autograd from leaves, FoX's decay and CoPE's scores
+        differentiated by hand. `content` for CoPE: (q_content rows, their gradient, the block's keys without
+        sinks); the gates' gradient is added to the map gradient itself (the kernel's dS: it then reaches q
+        and k through the products that carry s·q·kᵀ's)."""
         call = self.call
         block_grads = call.block_inputs(block, grads)
         with torch.enable_grad():
-            # FoX's Λ gets its gradient by hand (decay_gradient): the decay is built without autograd
             leaves = ScoreInputs(*(None if t is None else t.detach().requires_grad_(g is not None and name != "log_decay")
                                    for name, t, g in zip(ScoreInputs._fields, call.block_inputs(block, self.inputs),
                                                          block_grads)))
-            q_leaf, k_leaf = (None, None) if content is None else (t.detach().requires_grad_() for t in content[::2])
-            additive = call.additive_scores(block, leaves, q_leaf, k_leaf)
+            rest = call.additive_scores(block, leaves)
         wanted = [(view, leaf) for view, leaf in zip(block_grads, leaves) if view is not None and leaf.requires_grad]
-        wanted += [(g, p) for g, p in zip(param_grads, params) if g is not None]
-        if content is not None:
-            wanted += [(content[1], q_leaf), (content[3], k_leaf)]
+        wanted += [(g, p) for g, p in zip(param_grads, params) if g is not None and not _is_table(call, p)]
+        cope = state = None
+        if call.contextual is not None:
+            cope, state = call.contextual.block_scores(content[0], content[2], call.scale, call.visible(block))
 
         def add_gradients(grad_scores: Tensor) -> None:
-            grad_scores = grad_scores[..., block.n_sinks:]  # sinks have no map
+            stream = grad_scores[..., block.n_sinks:]  # sinks have no map
             if grads.log_decay is not None:
-                self._decay_gradient(block, grad_scores, grads.log_decay)
-            if not wanted:
-                return
-            # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient
-            if additive.shape[0] == 1 < grad_scores.shape[0]:
-                grad_scores = grad_scores.sum(0, keepdim=True)
-            for (target, _), g in zip(wanted, torch.autograd.grad(additive, [t for _, t in wanted], grad_scores,
-                                                                   allow_unused=True)):
-                if g is not None:
-                    target.add_(g)
+                self._decay_gradient(block, stream, grads.log_decay)
+            if rest is not None and wanted:
+                # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient
+                shared = stream.sum(0, keepdim=True) if rest.shape[0] == 1 < stream.shape[0] else stream
+                for (target, _), g in zip(wanted, torch.autograd.grad(rest, [t for _, t in wanted], shared,
+                                                                       allow_unused=True)):
+                    if g is not None:
+                        target.add_(g)
+            if state is not None:
+                grad_logits, grad_q, grad_table = call.contextual.block_backward(state, stream, content[0], call.scale)
+                content[1].add_(grad_q)
+                for target, p in zip(param_grads, params):
+                    if target is not None and _is_table(call, p):
+                        target.add_(grad_table)
+                stream.add_(grad_logits)  # last: the map's other gradients read dS without it
 
-        return self._masked(block, additive.detach(), own=not wanted), add_gradients
+        additive = rest.detach() if rest is not None else None
+        if cope is not None:
+            additive = cope if additive is None else cope.add_(additive)
+        return self._masked(block, additive, own=not wanted), add_gradients
 
     def _decay_gradient(self, block: QueryBlock, grad_scores: Tensor, grad_log_decay: Tensor) -> None:
         """FoX's D_ij = Λ_i' - Λ_j (times the query scale, if any): Λ_i' gets the row sums of the map's
@@ -232,3 +244,8 @@ class MaterialisedMaps(_Layout):
         grad_decay = grad_scores if scale is None else grad_scores * scale[:, :, block.rows]
         grad_log_decay[..., self.call.n_mem + block.i0: self.call.n_mem + block.i1] += grad_decay.sum(-1)
         grad_log_decay[..., block.k0: block.n_keys] -= grad_decay.sum(-2)
+
+
+def _is_table(call: AttentionCall, parameter: Tensor) -> bool:
+    """Whether `parameter` is one CoPE's block_backward differentiates (its table)."""
+    return call.contextual is not None and any(parameter is p for p in call.contextual.parameters())

@@ -284,7 +284,7 @@ class AttentionCall:
             unscaled = [functools.reduce(operator.add, unscaled) * inputs.query_scale]
         for scores in unscaled:
             total = _plus(total, scores)
-        if self.contextual is not None:
+        if self.contextual is not None and q_content is not None:
             total = _plus(total, self.contextual.scores(q_content, k, self.scale, self.visible(block)))
         return total
 

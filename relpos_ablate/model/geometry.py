@@ -11,7 +11,7 @@ i' = M + i; a query block covers queries i0 .. i1 - 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple, Protocol
+from typing import Any, Iterator, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -88,8 +88,15 @@ class ContextualScores(Protocol):
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """q [B, H, L_b, dh], k [B, H, K_b, dh], visible as BlockView.visible -> additive scores [B, H, L_b, K_b]."""
 
+    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> tuple[Tensor, Any]:
+        """`scores` without autograd, and what `block_backward` needs (the block kernel)."""
+
+    def block_backward(self, state: Any, grad: Tensor, q: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+        """(the gradient to add to that of the block's s·q·kᵀ, divided by s; q's other gradient; the gradient of
+        its one parameter) of the scores' sum against grad."""
+
     def parameters(self) -> Iterator[Tensor]:
-        """Its learned tensors (the block kernel differentiates each block's rebuilt scores with respect to them)."""
+        """Its learned tensors (block_backward's third result is the gradient of the one it has)."""
 
 
 class StatisticsSink(Protocol):

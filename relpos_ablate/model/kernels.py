@@ -160,8 +160,7 @@ def _backward(ctx, grad_out: Tensor):
         grad_q_b = grad_q[:, :, rows] if not flip else torch.zeros_like(q_b)
         for tile in tiles:
             keys = tile.keys
-            content = None if call.contextual is None else (
-                q_content[:, :, rows], grad_q_b, k[:, :, _stream(tile)], grad_k[:, :, _stream(tile)])
+            content = None if call.contextual is None else (q_content[:, :, rows], grad_q_b, k[:, :, _stream(tile)])
             mask, add_map_gradient = maps.rebuilt(tile, grads, ctx.params, param_grads, content)
             with torch.no_grad():
                 k_t, v_t = k[:, :, keys], v[:, :, keys]
@@ -171,13 +170,13 @@ def _backward(ctx, grad_out: Tensor):
                 grad_probs = torch.baddbmm(minus_delta_b.flatten(0, 1).expand(-1, -1, probs.shape[-1]),
                                            go.flatten(0, 1), v_t.transpose(-1, -2).flatten(0, 1))  # dO·Vᵀ - delta
                 grad_scores = probs.mul_(grad_probs.view_as(probs))  # dS = P ∘ (dP - delta)
+                add_map_gradient(grad_scores)  # (CoPE adds its gates' gradient to dS)
                 _add_product(grad_q_b, grad_scores, k_t, alpha=call.scale)
                 grad_k_t = grad_k[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(k_t)
                 _add_product(grad_k_t, grad_scores.transpose(-1, -2), q_b, alpha=call.scale)
                 if not isinstance(keys, slice):  # sinks in front of skipped keys: two ranges, a copy
                     grad_k[:, :, keys] += grad_k_t
                     grad_v[:, :, keys] += grad_v_t
-                add_map_gradient(grad_scores)
         if flip:
             grad_q[:, :, rows] += grad_q_b.flip(2)
     return (grad_q, grad_k, grad_v, *grads, *param_grads)
