@@ -2,8 +2,9 @@
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
 # make gpu-check — on a CUDA machine: every fast path against the explicit one, a DDP run, timing against
 #   FlashAttention (benchmarks/gpu_check.py; ~8 min on one H200); without a GPU it says so in one line
-# make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions"): 51 min,
-#   48 min and 22 min measured on 2 CPU cores
+# make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions": their measured
+#   costs on 2 CPU cores)
+# make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines")
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c  # a failed grid fails its target even when piped through tee
 PY ?= python3
@@ -12,7 +13,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench gpu-check clean lengthgen repro-extrapolation repro-xl
+.PHONY: install test demo bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -62,25 +63,62 @@ endef
 LENGTHGEN := results/length_generalization
 EXTRAP := results/alibi_extrapolation_cpu
 XL6 := results/xl_table6_cpu
+XLCTX := results/xl_context_cpu
 
+# lengthgen: report.md from the summary.csv it commits, so the report regenerates from committed data alone
 lengthgen: install
 	$(call repro_grid,length_generalization)
 	$(BIN)/relpos-ablate table $(LENGTHGEN) --out $(LENGTHGEN)/table.md
 	$(BIN)/relpos-ablate table $(LENGTHGEN) --out $(LENGTHGEN)/table.tex
-	for kind in diagnostics passkey; do \
+	$(BIN)/relpos-ablate report $(LENGTHGEN)/summary.csv --out $(LENGTHGEN)/report.md
+	for kind in lengthgen diagnostics passkey; do \
 		$(BIN)/relpos-ablate plot $(LENGTHGEN) --kind $$kind --out $(LENGTHGEN)/figures || exit 1; done
+
+# ALiBi App. B on the trained runs (no retraining): windows of L = 64 moved by 1 ... 64 tokens, and non-overlapping
+# segments of 2L and 4L, all on the first APPB_TARGETS targets (stride 1 costs one forward per target); appb.txt
+# records its wall time when it evaluated something. table.md keeps the full-target settings (the spec's
+# `table: where`), table_appb.md the sweep.
+APPB_TARGETS := 2048
+APPB_SETTINGS := [$(foreach s,1 2 4 8 16 32 64,{segment_len: 64, protocol: sliding, stride: $(s), \
+	max_targets: $(APPB_TARGETS)},) {segment_len: 128, max_targets: $(APPB_TARGETS)}, \
+	{segment_len: 256, max_targets: $(APPB_TARGETS)}]
 
 repro-extrapolation: install
 	$(call repro_grid,alibi_extrapolation_cpu)
+	start=$$(date +%s); $(BIN)/relpos-ablate evaluate $(EXTRAP) --slots 2 --set 'eval.settings=$(APPB_SETTINGS)' \
+		| tee $(EXTRAP)/.appb.out; \
+	if grep -q "evaluated [1-9]" $(EXTRAP)/.appb.out; then \
+		echo "evaluate (App. B, max_targets $(APPB_TARGETS)): $$(grep -c "evaluated [1-9]" $(EXTRAP)/.appb.out) runs in $$(( $$(date +%s) - start )) s on 2 slot(s); machine: $$(nproc) CPU cores, $$(date -u +%F)" \
+			> $(EXTRAP)/appb.txt; fi; rm -f $(EXTRAP)/.appb.out
+	$(BIN)/relpos-ablate collect $(EXTRAP) --out $(EXTRAP)/summary.csv
 	$(BIN)/relpos-ablate table $(EXTRAP) --out $(EXTRAP)/table.md
-	for kind in extrapolation position-loss; do \
-		$(BIN)/relpos-ablate plot $(EXTRAP) --kind $$kind --out $(EXTRAP)/figures || exit 1; done
+	$(BIN)/relpos-ablate table $(EXTRAP) --where max_targets=$(APPB_TARGETS) --cols protocol segment_len stride \
+		--out $(EXTRAP)/table_appb.md
+	$(BIN)/relpos-ablate report $(EXTRAP)/summary.csv --out $(EXTRAP)/report.md
+	$(BIN)/relpos-ablate plot $(EXTRAP) --kind extrapolation --y ratio --out $(EXTRAP)/figures
+	$(BIN)/relpos-ablate plot $(EXTRAP) --kind position-loss --out $(EXTRAP)/figures
 
+# repro-xl: first how much context a model without memory uses at this budget (xl_context_cpu), which sets
+# the Table 6 study's segment length, then Tables 6 and 8 and the report of their comparisons.
 repro-xl: install
+	$(call repro_grid,xl_context_cpu)
+	$(BIN)/relpos-ablate table $(XLCTX) --out $(XLCTX)/table.md
+	$(BIN)/relpos-ablate report $(XLCTX) --out $(XLCTX)/report.md
 	$(call repro_grid,xl_table6_cpu)
 	$(BIN)/relpos-ablate table $(XL6) --layout xl_table6 --out $(XL6)/table6.md
 	$(BIN)/relpos-ablate table $(XL6) --layout xl_table8 --out $(XL6)/table8.md
+	$(BIN)/relpos-ablate report $(XL6) --out $(XL6)/report.md
 	$(BIN)/relpos-ablate plot $(XL6) --kind extrapolation --x attn_len --out $(XL6)/figures
+
+# fair-baselines: table.md is the spec's best_over table (test ppl at each preset's best-validation lr); report.md
+# the counts and Welch's tests, from summary.csv alone (so the committed one regenerates it)
+FAIR := results/fair_baselines
+
+fair-baselines: install
+	$(call repro_grid,fair_baselines)
+	$(BIN)/relpos-ablate table $(FAIR) --out $(FAIR)/table.md
+	$(BIN)/relpos-ablate report $(FAIR)/summary.csv --out $(FAIR)/report.md
+	$(BIN)/relpos-ablate plot $(FAIR) --kind lr-sweep --out $(FAIR)/figures
 
 bench: install
 	$(BIN)/python benchmarks/attention.py

@@ -77,14 +77,19 @@ def read_token_losses(run_dir: str | Path) -> dict | None:
 
 RECORD_DEFAULTS = {"max_targets": 0}
 """Values of setting fields that eval.json files written before those fields existed leave out (any other
-missing field reads as None; protocol: record_value)."""
+missing field reads as None; protocol and split: record_value)."""
 
 
-def record_value(record: dict, name: str):
+def record_value(record: dict, name: str, document: dict | None = None):
     """Field `name` of an eval.json setting record, as a current file would write it: a missing protocol
-    is xl for same_length (files written before protocols existed), else non_overlapping."""
+    is xl for same_length (files written before protocols existed), else non_overlapping; a missing split
+    is the run's eval.split, which `document` (the eval.json holding the record) keeps in its layout
+    (records written before settings named their split all scored it; example tasks have none)."""
     if name == "protocol":
         return record.get("protocol") or ("xl" if record.get("same_length") else "non_overlapping")
+    if name == "split" and "split" not in record:
+        layout = (document or {}).get("layout")
+        return layout.get("split") if isinstance(layout, dict) else None
     return record.get(name, RECORD_DEFAULTS.get(name))
 
 

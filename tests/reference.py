@@ -211,13 +211,15 @@ def reference_mask(n_queries: int, n_mem: int, causal: bool, window: int | None 
 
 
 def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_len=None, positions=None,
-                        rope_scaling=None):
+                        rope_scaling=None, distances=None):
     """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of docs/formulas.md.
 
     positions [M + L]: where the keys sit (queries: the last L), as every encoding reads them; the mask
-    stays by index. Default 0 .. M + L - 1. window: the call's (the config's applies too, the narrower
-    wins). rope_scaling: kind, factor, original_length of a RoPE context extension. With sinks, probs
-    are those of the stream's keys (rows sum to 1 minus the sinks' share)."""
+    stays by index. Default 0 .. M + L - 1. distances [M + L]: d_r for offsets r >= 0; the bias, terms b/d
+    and Shaw's values then read sign(i' - j)·d_|i' - j| instead of a difference of positions (RoPE still
+    reads the positions). window: the call's (the config's applies too, the narrower wins). rope_scaling:
+    kind, factor, original_length of a RoPE context extension. With sinks, probs are those of the stream's
+    keys (rows sum to 1 minus the sinks' share)."""
     cfg = attn.config
     terms = cfg.terms
     h, dh = attn.n_heads, attn.d_head
@@ -227,6 +229,13 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     n_keys = cat.shape[1]
     n_mem = n_keys - lq
     pos = list(range(n_keys)) if positions is None else [int(p) for p in positions]
+
+    def dist(i: int, j: int) -> int:  # what the relative encodings read for query i (index n_mem + i), key j
+        if distances is None:
+            return pos[n_mem + i] - pos[j]
+        r = n_mem + i - j
+        return int(distances[abs(r)]) * (1 if r >= 0 else -1)
+
     # q and k are 0 where the module builds no projection for them (no enabled term reads them)
     q = torch.zeros(b, lq, h, dh, dtype=torch.float64)
     if attn.q_net is not None:
@@ -250,7 +259,7 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     if cfg.uses_r:
         wr = attn.r_net.weight.detach().double()
         r_pairs = torch.stack([
-            torch.stack([relative_vector(attn, pos[n_mem + i] - pos[j], clamp_len) for j in range(n_keys)])
+            torch.stack([relative_vector(attn, dist(i, j), clamp_len) for j in range(n_keys)])
             for i in range(lq)
         ])  # (L, K, d_model): materialised on purpose
         wr_r = (r_pairs @ wr.T).view(lq, n_keys, h, dh)
@@ -262,7 +271,8 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     scores = scores * s
     if attn.bias_scheme is not None:
         bias = torch.stack([
-            torch.stack([bias_value(attn, pos[n_mem + i], pos[j]) for j in range(n_keys)], dim=-1) for i in range(lq)
+            torch.stack([bias_value(attn, *((pos[n_mem + i], pos[j]) if distances is None else (dist(i, j), 0)))
+                         for j in range(n_keys)], dim=-1) for i in range(lq)
         ], dim=1)  # (H, L, K)
         scores = scores + s_bias * bias[None]
     if cfg.forget_gate:
@@ -298,7 +308,7 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
         c = clamp_len if clamp_len is not None else cfg.clamp_len  # the same clipped distance as the keys'
         for i in range(lq):
             for j in range(n_keys):
-                d = pos[n_mem + i] - pos[j]
+                d = dist(i, j)
                 row = min(max(d, 0), c) if cfg.causal else min(max(d, -c), c) + cfg.clamp_len
                 out[:, i] += probs[:, :, i, j, None] * table[row]
     out = out.reshape(b, lq, h * dh) @ attn.out_net.weight.detach().double().T

@@ -4,7 +4,9 @@ With positions p (one per key, shared by the batch), every encoding is the float
 (tests/reference.py) evaluated at p: RoPE rotates by p, every bias type and terms b/d take the
 distance p_query - p_key, Shaw's values too; the mask stays by index. Checked for term subsets that
 take every path x bias type x causal/bidirectional x memory on the explicit, SDPA-per-block, rebuild-in-backward and
-FlexAttention (CPU eager, forward) kernels, forward and backward. That consecutive positions leave
+FlexAttention (CPU eager, forward) kernels, forward and backward. Explicit distances
+(AttentionOptions.distances, Ruoss et al.'s randomized relative encodings): every distance-only scheme and
+terms b/d read d_(i'-j), against the same reference one pair at a time. That consecutive positions leave
 the fast path bit for bit unchanged was checked against the previous revision with
 benchmarks/compare_revisions.py (the suite cannot hold the old code).
 Run: pytest tests/test_attention_positions.py -q"""
@@ -55,7 +57,7 @@ def on_backend(attn, backend):
 def check_every_backend(attn, x, mems, positions, **kw):
     ref_out, ref_probs = reference_attention(attn, x, mems, positions=positions, **kw)
     options = AttentionOptions(positions=positions, window=kw.get("window"), key_padding_mask=kw.get("padding"),
-                               clamp_len=kw.get("clamp_len"))
+                               clamp_len=kw.get("clamp_len"), distances=kw.get("distances"))
     for backend in BACKENDS:
         if backend == "flex" and attn.value_table is not None:
             continue  # Shaw values need the probabilities: the explicit path serves every backend
@@ -88,6 +90,44 @@ def test_rope_shaw_and_clamped_r_at_explicit_positions(fields, causal):
     attn = make(causal=causal, **fields)
     x, mems = inputs(3, MEM)
     check_every_backend(attn, x, mems, drawn(MEM + LQ, seed=3))
+
+
+def drawn_distances(n_keys, seed, spread=SPREAD):
+    """0, then sorted distinct distances from [1, spread), as randomized relative encodings draw them."""
+    return torch.cat([torch.zeros(1, dtype=torch.long), drawn(n_keys - 1, seed, spread - 1) + 1])
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("bias", [b for b in BIAS_TYPES if b != "fire"])  # FIRE reads the query position too
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_every_distance_scheme_reads_drawn_distances_on_every_kernel(bias, causal):
+    """Ruoss et al.'s randomized relative encodings: offset r = i' - j reads d_r (mirrored for r < 0), in
+    the reference one pair at a time, in the kernels through the strided layout (term b per distance, term
+    d alone and beside a bias as curves)."""
+    for i, terms in enumerate(("b", "d", "ad", "abcd")):
+        attn = make(seed=i, terms=terms, bias=bias, causal=causal)
+        x, mems = inputs(i, MEM)
+        check_every_backend(attn, x, mems, None, distances=drawn_distances(MEM + LQ, seed=i))
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("fields", [dict(terms="a", absolute="rope", bias="alibi"),
+                                    dict(terms="ab", rel="learned", clamp_len=6, shaw_values=True)],
+                         ids=["rope+alibi", "shaw_values"])
+def test_rope_reads_positions_while_the_relative_encodings_read_drawn_distances(fields):
+    attn = make(**fields)
+    x, mems = inputs(3, MEM)
+    check_every_backend(attn, x, mems, drawn(MEM + LQ, seed=3), distances=drawn_distances(MEM + LQ, seed=4))
+
+
+def test_drawn_distances_0_to_k_minus_1_are_the_default():
+    attn = make(terms="abcd", bias="t5")
+    x, mems = inputs(6, MEM)
+    default, _ = attn(x, mems)
+    drawn_as_offsets, _ = attn(x, mems, AttentionOptions(distances=torch.arange(MEM + LQ)))
+    torch.testing.assert_close(drawn_as_offsets, default, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"distances: expected \[M \+ L\] = \[8\] distances"):
+        attn(x, mems, AttentionOptions(distances=torch.arange(LQ)))
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -123,6 +163,17 @@ def test_fast_backward_at_explicit_positions_equals_autograd_of_explicit_scores(
             assert fast is None or fast.abs().max() == 0
             continue
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("terms, bias", [("abcd", "t5"), ("ab", "alibi_learned")])
+@pytest.mark.parametrize("backend", ["blocks", "sdpa"])
+def test_fast_backward_at_drawn_distances_equals_autograd_of_explicit_scores(terms, bias, backend):
+    attn = make(seed=13, terms=terms, bias=bias, backend=backend)
+    x, mems = inputs(14, MEM)
+    grads = fast_and_explicit_gradients(attn, x, mems, AttentionOptions(distances=drawn_distances(MEM + LQ, seed=14)))
+    for fast, slow in zip(*grads):
+        if slow is not None:
+            torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
 
 
 @pytest.mark.parametrize("fields", [dict(terms="abcd", bias="alibi"), dict(terms="a", absolute="rope"),

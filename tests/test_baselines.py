@@ -7,12 +7,12 @@
   keeps learning (both training loops call the schemes' `after_optimizer_step`).
 - FIRE's and the dynamic MLP keep their own (PyTorch default Linear) init inside TransformerLM, and
   no position parameter gets weight decay.
-- benchmarks/baselines.py runs end to end and reports every preset (its 10% goal is the benchmark's
-  to check, on real text; see the README's "Fair baselines").
+- The fair-baselines study (experiments/fair_baselines.yaml, `make fair-baselines`) runs end to end for
+  every preset, a tiny version of it (its 10% goal is the study's to check, on real text; see the README's
+  "Fair baselines").
 Run: pytest tests/test_baselines.py -q
 """
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from relpos_ablate.config import ConfigError
 from relpos_ablate.model.lm import LearnedPositions
 from relpos_ablate.model.position import BiasScheme, build_bias
 from relpos_ablate.model.position.kerple import MIN_PARAM
+from relpos_ablate.cli import main
 from relpos_ablate.runner.presets import presets
 from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.module import build_optimizer
@@ -188,30 +189,36 @@ def test_no_position_parameter_gets_weight_decay(attention):
     assert any(p is model.layers[0].attn.q_net.weight for p in decayed["params"])  # projections still decay
 
 
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("baselines_benchmark", ROOT / "benchmarks" / "baselines.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def test_the_fair_baselines_study_runs_every_preset_end_to_end(tmp_path, capsys):
+    """A tiny version of experiments/fair_baselines.yaml (test_reproductions.tiny: 2 steps of a 1-layer d_model
+    16 model, 600 targets a setting), trained in process on the shipped corpus: every preset at the default
+    lr, xl also at a second one, seed 0; then the report `make fair-baselines` writes: the best-over table
+    from the spec's block (a row per preset, each valid-picked lr shown), report.md and the figure."""
+    from test_reproductions import tiny as shrink
 
+    from relpos_ablate.analysis import collect, make_table
+    from relpos_ablate.analysis.baselines_report import save_lr_figure
+    from relpos_ablate.io import atomic_write_json
+    from relpos_ablate.runner.grid import load_grid
 
-def test_baselines_benchmark_runs_every_preset_end_to_end(tmp_path, capsys):
-    """A tiny version (2 steps of a 1-layer d_model 16 model on a generated corpus): the real training
-    path runs for every preset and the table has one row per preset with a finite perplexity."""
-    words = ["the", "king", "and", "queen", "of", "a", "castle", "sang", "to", "night"]
-    gen = torch.Generator().manual_seed(0)
-    lines = [" ".join(words[i] for i in torch.randint(0, len(words), (12,), generator=gen).tolist())
-             for _ in range(200)]
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(lines) + "\n")
-    results = load_benchmark().main([
-        str(corpus), "--steps", "2", "--results", str(tmp_path / "runs"),
-        "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.n_heads=2",
-        "--set", "model.d_head=8", "--set", "model.d_inner=32", "--set", "train.batch_size=2",
-        "--set", "eval.batch_size=2", "--set", f"data.cache_dir={tmp_path / 'cache'}"])
-    assert [r["preset"] for r in results] == list(presets())
-    assert all(math.isfinite(r["ppl"]) and r["ppl"] > 1 for r in results)
-    table = capsys.readouterr().out
-    for name in presets():
-        assert f"| {name} |" in table
-    assert (tmp_path / "runs" / "baselines.json").exists()
+    spec_path = ROOT / "experiments" / "fair_baselines.yaml"
+    kept = [run for run in load_grid(spec_path).runs if run.variant["seed"] == 0 and (
+        run.variant["train.lr"] == 1e-3 or (run.variant["encoding"] == "xl" and run.variant["train.lr"] == 2e-3))]
+    results = tmp_path / "fair_baselines"
+    for run in kept:
+        atomic_write_json(results / run.run_id / "run.json", {"run_id": run.run_id, "experiment": "fair_baselines",
+                                                              "variant": run.variant, "spec": str(spec_path)})
+        assert train_run(shrink(run.config, tmp_path / "cache"), results / run.run_id) == "done"
+    frame = collect(results)
+    assert set(frame["split"]) == {"valid", "test"} and frame["ppl"].gt(1).all()
+    table, options = make_table(frame)
+    assert options.best_over == "train.lr" and table.index == ["encoding", "lr"]
+    assert [labels[0] for labels, _ in table.rows] == list(presets())  # the spec's order
+    picks = {labels[0]: labels[1] for labels, _ in table.rows}
+    xl = frame[(frame["encoding"] == "xl") & (frame["split"] == "valid")].set_index("train.lr")["ppl"]
+    assert picks["xl"] == f"{xl.idxmin():g}" and set(picks.values()) <= {"0.001", "0.002"}
+    assert main(["report", str(results), "--out", str(tmp_path / "report.md")]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert text.count("\n| ") == len(presets()) + 1  # header and a row per preset
+    written, _ = save_lr_figure(frame, tmp_path / "figures", ("png",))
+    assert [path.name for path in written] == ["lr_sweep.png"]

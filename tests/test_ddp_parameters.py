@@ -70,6 +70,7 @@ def test_a_projection_is_built_exactly_when_a_term_reads_it():
 
 def _two_steps_of_every_config(rank: int, world: int, port: int) -> None:
     """One process of the DDP check: every configuration, wrapped as Lightning's DDP wraps it, 2 SGD steps."""
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it can hang there)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:

@@ -113,9 +113,9 @@ def test_evaluate_adds_the_records_training_would_have_written(text_runs, tmp_pa
     assert {r["rope_scaling"] for r in got} == {None, "yarn", "ntk"}
     losses, twin_losses = rundir.read_token_losses(run), rundir.read_token_losses(every)
     ladder = [r for r in got if r["token_losses"]]
-    assert [r["segment_len"] for r in ladder] == [4, 8]
+    assert [(r["protocol"], r["attn_len"]) for r in ladder] == [("xl", 4), ("xl", 8)]  # memory supplies the context
     for record in ladder:
-        twin = next(r for r in expected if r["token_losses"] and r["segment_len"] == record["segment_len"])
+        twin = next(r for r in expected if r["token_losses"] and r["attn_len"] == record["attn_len"])
         np.testing.assert_array_equal(losses[record["token_losses"]], twin_losses[twin["token_losses"]])
     # nothing else of the run changed
     assert {name: (run / name).read_bytes() for name in before} == before

@@ -8,7 +8,9 @@ Run: .venv/bin/python -m pytest tests/test_experiments.py -q   (about a second, 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,13 +26,13 @@ from relpos_ablate.runner.grid import is_grid_spec, load_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
-SHIPPED_SPECS = ("alibi_extrapolation_cpu", "alibi_table2", "bias_types", "demo", "length_generalization", "smoke",
-                 "xl_table6", "xl_table6_cpu", "xl_terms")
+SHIPPED_SPECS = ("alibi_extrapolation_cpu", "alibi_table2", "bias_types", "demo", "fair_baselines",
+                 "length_generalization", "smoke", "xl_table6", "xl_table6_cpu", "xl_terms")
 """The grid specs this project ships, by name: a spec of the user's own in experiments/ is not held to
 these tests (add a new shipped spec here)."""
 SHIPPED_RUN_CONFIGS = ("tiny_run",)
 REQUIRED = {"demo", "xl_terms", "bias_types", "xl_table6", "xl_table6_cpu", "alibi_table2", "length_generalization",
-            "alibi_extrapolation_cpu"}
+            "alibi_extrapolation_cpu", "fair_baselines"}
 DEMO_BUDGET_STEPS = 12_000
 """Upper bound on training steps summed over the demo's runs (18 x 500 today: ~2.5 min on 2 cores)."""
 
@@ -157,9 +159,10 @@ def _table6_encoding(config: RunConfig) -> str:
 
 @pytest.mark.parametrize("name", ["xl_table6", "xl_table6_cpu"])
 def test_xl_table6_specs_have_exactly_the_papers_nine_rows(name):
-    configs = [run.config for run in load_grid(EXPERIMENTS / f"{name}.yaml").runs]
+    spec = load_grid(EXPERIMENTS / f"{name}.yaml")
+    configs = [run.config for run in spec.runs]
     rows = [(c.model.mem_len > 0, _table6_encoding(c), c.train.loss_on) for c in configs]
-    assert sorted(rows) == sorted(TABLE6_ROWS)
+    assert set(rows) == TABLE6_ROWS and len(rows) == len(TABLE6_ROWS) * len({c.seed for c in configs})
     attn_lens = {s.segment_len + (s.mem_len or 0) for c in configs for s in c.eval_settings()}
     assert len(attn_lens) >= 4, "PPL best needs several evaluation attention lengths"
 
@@ -179,12 +182,15 @@ def test_xl_table6_cpu_reads_the_shipped_corpus_fits_a_cpu_and_asks_for_the_recl
         config = run.config
         assert config.data.corpus == "tinyshakespeare" and config.data.tokenizer == "char"
         assert config.model.d_model <= 128 and config.train.max_steps <= 5000
-        table6 = [s for s in config.eval_settings() if not s.token_losses]
-        assert {s.protocol for s in table6} == {"xl"}
-        attn = {s.attn_len(config.model.mem_len) for s in table6}
-        assert {config.train.segment_len, config.train.segment_len + config.model.mem_len} <= attn  # PPL init
-        ladder = config.eval.recl_contexts
-        assert len(ladder) >= 4 and len({b - a for a, b in zip(ladder, ladder[1:])}) == 1  # one step Δ
+        ladder = [s for s in config.eval_settings() if s.token_losses]
+        own = {("xl" if config.model.mem_len else "sliding")}  # measured the way it was trained
+        assert {s.protocol for s in ladder} == own and all(s.max_targets == config.eval.recl_targets for s in ladder)
+        attn = [s.attn_len(config.model.mem_len) for s in ladder]
+        assert config.train.segment_len + config.model.mem_len in attn  # PPL init: the training attention length
+        assert max(attn) >= 4 * (config.train.segment_len + config.model.mem_len)  # room for PPL best beyond it
+        assert len(attn) >= 4 and len({b - a for a, b in zip(attn, attn[1:])}) == 1  # RECL: one step Δ
+    seeds = {run.config.seed for run in load_grid(EXPERIMENTS / "xl_table6_cpu.yaml").runs}
+    assert len(seeds) >= 3
 
 
 def test_alibi_extrapolation_cpu_evaluates_1x_to_16x_with_both_protocols():
@@ -198,7 +204,40 @@ def test_alibi_extrapolation_cpu_evaluates_1x_to_16x_with_both_protocols():
         assert plain == {(p, 64 * k) for p in ("non_overlapping", "sliding") for k in (1, 2, 4, 8, 16)}
         extended = {(s.protocol, s.segment_len, s.rope_scaling) for s in c.eval_settings() if s.rope_scaling}
         assert extended == {("non_overlapping", 64 * k, kind) for k in (4, 8) for kind in ("pi", "ntk", "yarn")}
-    assert len({run.config.seed for run in runs}) >= 2, "seeds as a band"
+    assert len({run.config.seed for run in runs}) >= 3, "an ordering needs Welch's test over >= 3 seeds a side"
+
+
+def causal_t5_bucket(distance: int, num_buckets: int, max_distance: int) -> int:
+    """T5's unidirectional bucket of a distance i - j >= 0 (Mesh TensorFlow / HuggingFace `_relative_position_bucket`,
+    bidirectional=False), written here from that definition."""
+    exact = num_buckets // 2
+    if distance < exact:
+        return distance
+    return min(num_buckets - 1, exact + int(math.log(distance / exact) / math.log(max_distance / exact) * (num_buckets - exact)))
+
+
+def far_bucket_start(num_buckets: int, max_distance: int) -> int:
+    return next(d for d in range(10 * max_distance) if causal_t5_bucket(d, num_buckets, max_distance) == num_buckets - 1)
+
+
+def test_alibi_extrapolation_cpus_t5_trains_its_far_bucket_as_the_paper_did():
+    """The ALiBi paper's T5 bias is HuggingFace's (32 buckets, max_distance 128) trained at L = 512: every distance
+    from 113 on shares the far bucket, and training reaches it. Here max_distance / L is the paper's 1/4 and the
+    far bucket starts at about the same share of L, well inside the training length; the other rows keep the
+    defaults (their run ids unchanged)."""
+    runs = load_grid(EXPERIMENTS / "alibi_extrapolation_cpu.yaml").runs
+    (t5,) = {(r.config.model.attention.num_buckets, r.config.model.attention.max_distance, r.config.train.segment_len)
+             for r in runs if r.variant["encoding"] == "t5"}
+    buckets, distance, train = t5
+    paper = far_bucket_start(32, 128)
+    assert paper == 113 and paper < 512
+    assert distance / train == 128 / 512
+    assert far_bucket_start(buckets, distance) < train
+    assert far_bucket_start(buckets, distance) / train == pytest.approx(paper / 512, abs=0.02)
+    assert far_bucket_start(32, 128) >= 64, "the defaults at L = 64 never train the far bucket"
+    others = {(r.config.model.attention.num_buckets, r.config.model.attention.max_distance)
+              for r in runs if r.variant["encoding"] != "t5"}
+    assert others == {(32, 128)}
 
 
 def test_alibi_table2_trains_at_l_and_evaluates_up_to_about_30x():
@@ -212,8 +251,10 @@ def test_alibi_table2_trains_at_l_and_evaluates_up_to_about_30x():
 
 
 def test_length_generalization_is_the_issues_suite_on_equal_footing():
-    """9 encodings (+ randomized RoPE and ALiBi) x example tasks x 3 seeds; trained on short examples, tested
-    up to 2x longer; every variant with the same model, budget and evaluation."""
+    """9 encodings (+ randomized RoPE and ALiBi) x example tasks x 3 seeds; trained on short examples until
+    they are learnt (or the cap), tested up to 3x longer with the in-distribution bin kept, enough examples
+    per bin for a standard error of a seed's exact match <= 0.02; every variant with the same model, budget
+    and evaluation."""
     configs = [run.config for run in load_grid(EXPERIMENTS / "length_generalization.yaml").runs]
     assert len({c.seed for c in configs}) == 3
     assert all(c.data.example_task for c in configs) and len({c.data.task for c in configs}) >= 4
@@ -224,13 +265,41 @@ def test_length_generalization_is_the_issues_suite_on_equal_footing():
             ("abcd", "none", "none")}
     assert schemes == {(*s, "sequential") for s in nine} | {("a", "rope", "none", "randomized"),
                                                              ("a", "none", "alibi", "randomized")}
+    assert {"copy", "reverse"} <= {c.data.task for c in configs}, "Kazemnejad et al.'s primitive tasks"
     for c in configs:
         trained = c.data.train_lengths[1]
-        assert c.data.test_lengths[0][1] <= trained < c.data.test_lengths[-1][0] <= c.data.test_lengths[-1][1] >= 2 * trained
+        assert c.data.test_lengths[0][1] <= trained < c.data.test_lengths[-1][0] <= c.data.test_lengths[-1][1] >= 3 * trained
         assert c.eval.diagnostics and c.model.attention.max_position > c.data.input_length(c.data.test_lengths[-1][1])
+        assert (0.25 / c.data.eval_examples) ** 0.5 <= 0.02, "a seed's exact match in a bin: standard error <= 0.02"
+        assert c.train.stop_at_exact_match == 0.99 and c.train.max_steps > c.train.stop_check_every
     shared = {(c.model.d_model, c.model.n_layers, c.train.max_steps, c.train.lr, c.data.test_lengths, c.eval)
               for c in configs}
     assert len(shared) == 1, "every encoding and task gets the same model, budget and evaluation"
+
+
+def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would():
+    """Every encoding preset, 3 layers of d_model 128 on segments of 64 characters of the shipped corpus and
+    every other field at its default, but the learning rate: a sweep that holds the default; 3 seeds; each
+    run scored at L on valid and on test, the table picking the rate on valid."""
+    from relpos_ablate.config import ModelConfig, TrainConfig
+    from relpos_ablate.runner.presets import presets
+
+    raw = _raw(EXPERIMENTS / "fair_baselines.yaml")
+    runs = load_grid(EXPERIMENTS / "fair_baselines.yaml").runs
+    configs = [run.config for run in runs]
+    assert {run.variant["encoding"] for run in runs} == set(presets())
+    lrs = sorted({c.train.lr for c in configs})
+    assert len(lrs) >= 3 and TrainConfig().lr in lrs
+    assert len({c.seed for c in configs}) >= 3 and len(configs) == len(presets()) * len(lrs) * 3
+    for c in configs:
+        assert (c.data.corpus, c.data.tokenizer, c.model.n_layers, c.model.d_model) == ("tinyshakespeare", "char", 3, 128)
+        assert dataclasses.replace(c.model, n_layers=ModelConfig().n_layers, attention=ModelConfig().attention) == ModelConfig()
+        assert dataclasses.replace(c.train, lr=TrainConfig().lr, max_steps=TrainConfig().max_steps, log_every=TrainConfig().log_every,
+                                   checkpoint_every=TrainConfig().checkpoint_every) == TrainConfig()
+        assert [(s.segment_len, s.protocol, s.split) for s in c.eval_settings()] == [
+            (64, "non_overlapping", "valid"), (64, "non_overlapping", "test")]
+    options = spec_options(raw)
+    assert (options.best_over, options.select_split, options.report_split) == ("train.lr", "valid", "test")
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
@@ -253,16 +322,28 @@ def test_length_generalization_is_the_issues_suite_on_equal_footing():
     ("results/xl_table6_cpu/figures/extrapolation.png", False),
     ("results/alibi_extrapolation_cpu/0123456789/checkpoints/last.ckpt", True),
     ("results/alibi_extrapolation_cpu/table.md", False),
+    ("results/alibi_extrapolation_cpu/table_appb.md", False),
+    ("results/alibi_extrapolation_cpu/report.md", False),
+    ("results/alibi_extrapolation_cpu/appb.txt", False),
+    ("results/alibi_extrapolation_cpu/.appb.out", True),
     ("results/alibi_extrapolation_cpu/summary.csv", False),
     ("results/alibi_extrapolation_cpu/figures/position_loss.png", False),
     ("results/length_generalization/0123456789/eval.json", True),
     ("results/length_generalization/0123456789/checkpoints/last.ckpt", True),
     ("results/length_generalization/README.md", False),
     ("results/length_generalization/table.md", False),
+    ("results/length_generalization/report.md", False),
+    ("results/length_generalization/figures/lengthgen.png", False),
     ("results/length_generalization/summary.csv", False),
     ("results/length_generalization/grid.txt", False),
     ("results/length_generalization/figures/diagnostics_copy.png", False),
     ("results/length_generalization/figures/passkey.pdf", False),
+    ("results/fair_baselines/0123456789/checkpoints/last.ckpt", True),
+    ("results/fair_baselines/summary.csv", False),
+    ("results/fair_baselines/table.md", False),
+    ("results/fair_baselines/report.md", False),
+    ("results/fair_baselines/grid.txt", False),
+    ("results/fair_baselines/figures/lr_sweep.png", False),
 ])
 def test_only_the_reports_are_committed(path, ignored):
     result = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)

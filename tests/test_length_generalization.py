@@ -92,8 +92,12 @@ def test_rank_per_task_and_mean_rank(grid):
     table = rank_table(grid, "exact_match", ["encoding"], {"encoding": ["nope", "alibi"], "data.task": ["copy", "reverse"]})
     assert table.columns == ["copy", "reverse", "mean rank"]
     rows = {labels[0]: values for labels, values in table.rows}
-    # copy: nope's OOD mean (0.292) beats alibi's (0.083); reverse: alibi (0.233) beats nope (0.017)
-    assert rows["nope"][:2] == ["1", "2"] and rows["alibi"][:2] == ["2", "1"]
+    # copy: nope's OOD mean (0.292) beats alibi's (0.083); reverse: alibi (0.233) beats nope (0.017); in
+    # brackets the mean over seeds of the in-distribution bin n=1-4
+    iid = {(t, e): statistics.mean(s[0] for s in runs(t, e)) for t in ("copy", "reverse") for e in ("nope", "alibi")}
+    assert rows["nope"][:2] == [f"1 (ID {iid['copy', 'nope']:.2f})", f"2 (ID {iid['reverse', 'nope']:.2f})"]
+    assert rows["alibi"][:2] == [f"2 (ID {iid['copy', 'alibi']:.2f})", f"1 (ID {iid['reverse', 'alibi']:.2f})"]
+    assert rows["nope"][:2] == ["1 (ID 0.97)", "2 (ID 0.80)"]
     assert rows["nope"][2].mean == rows["alibi"][2].mean == 1.5 and rows["nope"][2].best and rows["alibi"][2].best
 
 
@@ -101,7 +105,7 @@ def test_ties_share_their_mean_rank(tmp_path):
     for encoding in ("nope", "alibi"):
         example_run(tmp_path, "copy", encoding, 0, [1.0, 0.5, 0.5])
     table = rank_table(collect(tmp_path), "exact_match", ["encoding"])
-    assert [values[0] for _, values in table.rows] == ["1.5", "1.5"]
+    assert [values[0] for _, values in table.rows] == ["1.5 (ID 1.00)", "1.5 (ID 1.00)"]
 
 
 def test_passkey_depths_are_averaged_per_bin_and_drawn_as_a_depth_by_length_map(tmp_path):
@@ -115,7 +119,7 @@ def test_passkey_depths_are_averaged_per_bin_and_drawn_as_a_depth_by_length_map(
     assert cells[1].mean == pytest.approx(statistics.mean([0.0, 0.2]) + 0.05)
     fig = passkey_figure(frame)
     panels = [ax for ax in fig.axes if ax.get_images()]
-    assert [ax.get_title() for ax in panels] == ["alibi", "nope"]  # no spec: sorted
+    assert [ax.get_title() for ax in panels] == ["ALiBi", "NoPE"]  # no spec: sorted; named in words
     image = panels[0].get_images()[0].get_array()
     expected = np.array([[0.5 + d / 10, 0.1 + d / 10, 0.1 + d / 10] for d in (0.0, 0.5, 1.0)])  # seeds 0, 1 averaged
     np.testing.assert_allclose(np.asarray(image), expected)
@@ -157,11 +161,12 @@ def test_diagnostics_are_collected_per_layer_and_head_and_drawn_per_statistic(tm
     long, keys, variants = with_variants(long, frame)
     assert keys == ["encoding"] and variants == [("nope",), ("alibi",)]
     fig = diagnostics_figure(long, keys, variants, "t")
-    images = [ax.get_images()[0] for ax in fig.axes if ax.get_images()]
-    assert len(images) == 2 * 4  # variants x statistics
-    entropy = np.asarray(images[0].get_array())  # nope, entropy: rows (layer, head), columns bins
-    np.testing.assert_allclose(entropy, [[hi / 10 + layer + head / 100 for _, hi in BINS]
-                                         for layer in range(2) for head in range(3)])
+    panels = [ax for ax in fig.axes if ax.get_images()]
+    assert len(panels) == 4 and len(fig.axes) == 8  # a panel per statistic, each with its own colour bar
+    entropy = np.asarray(panels[0].get_images()[0].get_array())  # rows: nope's (layer, head), then alibi's
+    one_variant = [[hi / 10 + layer + head / 100 for _, hi in BINS] for layer in range(2) for head in range(3)]
+    np.testing.assert_allclose(entropy, one_variant + one_variant)
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["NoPE", "ALiBi"]  # the variants in words
     written = save_diagnostics(frame, tmp_path / "figures", formats=("png",))
     assert sorted(p.name for p in written) == ["diagnostics_copy.png", "diagnostics_summary_copy.png"]
 

@@ -1,7 +1,7 @@
 """A tiny version of experiments/length_generalization.yaml, end to end as `make lengthgen` runs it:
 every task of the spec with a sequential and a randomized encoding, one seed, a few steps, a small
-model; then collect, `table` (bins + OOD mean and the rank summary, from the spec's table block) and
-`plot --kind diagnostics` and `--kind passkey` on the results.
+model; then collect, `table` (bins + OOD mean and the rank summary, from the spec's table block), `report`
+from summary.csv and `plot --kind lengthgen | diagnostics | passkey` on the results.
 Run: pytest tests/test_length_generalization_spec.py -q   (about half a minute)"""
 
 from pathlib import Path
@@ -59,12 +59,16 @@ def test_every_run_of_the_tiny_spec_is_evaluated_bin_by_bin(results):
     assert set(passkey["depth"]) == {0.0, 0.25, 0.5, 0.75, 1.0}
 
 
-def test_the_report_commands_work_on_the_results(results, capsys):
+def test_the_report_commands_work_on_the_results(results, tmp_path, capsys):
     assert main(["table", str(results)]) == 0
     out = capsys.readouterr().out
-    assert "| task | encoding | positions | n=1-10 | n=11-15 | n=16-20 | OOD mean |" in out
+    assert "| task | encoding | positions | n=1-10 | n=11-15 | n=16-20 | n=21-25 | n=26-30 | OOD mean |" in out
     assert "| encoding | positions | copy | reverse | flip_flop | passkey | mean rank |" in out
-    for kind in ("diagnostics", "passkey"):
+    assert main(["collect", str(results), "--out", str(tmp_path / "summary.csv")]) == 0
+    assert main(["report", str(tmp_path / "summary.csv")]) == 0  # as the Makefile writes report.md
+    report = capsys.readouterr().out
+    assert "| copy | ALiBi (randomized) | 0/1 |" in report and "## Orderings" in report
+    for kind in ("lengthgen", "diagnostics", "passkey"):
         assert main(["plot", str(results), "--kind", kind, "--formats", "png"]) == 0
     written = {Path(line).name for line in capsys.readouterr().out.split()}
-    assert {"passkey.png", "diagnostics_copy.png", "diagnostics_summary_passkey.png"} <= written
+    assert {"lengthgen.png", "passkey.png", "diagnostics_copy.png", "diagnostics_summary_passkey.png"} <= written

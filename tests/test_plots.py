@@ -83,8 +83,8 @@ def test_a_run_trained_by_train_alone_is_named_by_its_dir_not_its_folder(tmp_pat
     (run / "run.json").unlink()
     (tmp_path / "runs").mkdir()
     run = run.rename(tmp_path / "runs" / "mine")
-    ax = plots.extrapolation_figure(collect(tmp_path / "runs")).axes[0]
-    assert "mine" in [line.get_label() for line in ax.get_lines()] and ax.get_title().startswith("mine: ppl")
+    fig = plots.extrapolation_figure(collect(tmp_path / "runs"))
+    assert "mine" in [line.get_label() for line in fig.axes[0].get_lines()] and fig.get_suptitle().startswith("mine: ppl")
     assert plots.variant_label(collect(run).iloc[0], []) == "mine"
 
 
@@ -246,13 +246,13 @@ def test_grid_gets_one_figure_per_run_plus_an_overview_and_skips_runs_without_bi
     done = df[df["status"] == "done"].set_index("encoding")["run_id"]
     assert sorted(p.name for p in written) == sorted([f"bias_encoding-alibi_seed-0_{done['alibi']}.png",
                                                       f"bias_encoding-xl_seed-0_{done['xl']}.png", "bias_overview.png"])
-    assert len(notes) == 1 and notes[0].startswith(f"{nope}: skipped") and "no bias curve" in notes[0]
-    overview = saved["bias_overview"]
-    title, note = overview.get_suptitle().split("\n", 1)
-    assert title.startswith("bias: 2 runs")
-    assert note.replace("\n", " ") == "left out: encoding=nope (seed 0): no bias curve: bias='none' and term d is off " \
-                                      "(terms='a'), no FoX gate, no xPos."
-    assert saved[f"bias_encoding-xl_seed-0_{done['xl']}"].get_suptitle() == f"encoding=xl, seed=0 ({done['xl']})"
+    assert len(notes) == 2 and notes[0].startswith(f"{nope}: skipped") and "no bias curve" in notes[0]
+    overview = saved["bias_overview"]  # the runs left out are counted in the title and listed in the log (notes)
+    assert overview.get_suptitle() == ("bias: 2 runs (layer 0 or the shared module; seeds overlaid, one y scale per "
+                                       "scheme); 1 left out (no bias curve: listed in the log)")
+    assert notes[1] == "bias_overview: left out: encoding=nope (seed 0): no bias curve: bias='none' and term d is off " \
+                       "(terms='a'), no FoX gate, no xPos."
+    assert saved[f"bias_encoding-xl_seed-0_{done['xl']}"].get_suptitle() == "encoding=xl, seed=0"  # no run id
     with pytest.raises(ConfigError, match=r"has no bias curve"):
         plots.save_model_figures(collect(nope), "bias", tmp_path / "one", loader=fake_loader, sampler=fake_sampler)
     written, _ = plots.save_model_figures(collect(nope), "attention", tmp_path / "one", formats=("png",),
@@ -277,6 +277,8 @@ def test_bias_overview_overlays_seeds_and_shares_one_y_scale_per_scheme(tmp_path
         assert ax.get_title().endswith("seeds 0, 1")
     assert panels[1].get_ylim() == panels[2].get_ylim()  # both t5: one scale
     assert panels[0].get_ylim() != panels[1].get_ylim()
+    legend = [text.get_text() for text in saved["bias_overview"].legends[0].get_texts()]
+    assert legend == ["head 0", "head 1", "head 2", "head 3", "training attention length", "bucket / clamp edge"]
 
 
 def test_cli_plot(tmp_path, capsys, monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 from fixtures.report_runs import make_run
 from relpos_ablate.analysis import collect
 from relpos_ablate.analysis.layouts import make_table
-from relpos_ablate.analysis.recl import recl, relative_gain, token_loss_frame, top_fraction
+from relpos_ablate.analysis.recl import own_gain, recl, relative_gain, token_loss_frame, top_fraction
 from relpos_ablate.analysis.tables import TableOptions
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
@@ -75,6 +75,18 @@ def test_the_token_set_is_chosen_again_for_every_context():
     assert recl(tidy(losses), r=0.25).to_dict("records")[0] == {"model": "A", "recl": 30, "censored": True}
 
 
+def test_a_model_whose_own_loss_rises_earns_no_recl_from_a_lucky_target():
+    """V is far above the group's best A; from 10 to 20 it beats b on target 0 (1.0 < 2.0) but its own
+    mean loss rises (3.0 -> 3.5). The paper's gain alone: f_V(10, 20) = (1.0 + 2.0) / 2 = 1.5 against
+    f(10, 10) = 2.0, g = 1 - e^-0.5 = 39% (RECL >= 20); the guard stops V at 10."""
+    losses = {"A": {10: [2.0, 2.0], 20: [2.0, 2.0]}, "V": {10: [3.0, 3.0], 20: [1.0, 6.0]}}
+    values = np.array([[losses[m][c] for c in (10, 20)] for m in "AV"])
+    assert relative_gain(values, 1, 0, 1, 1.0) == pytest.approx(gain(2.0, 1.5))
+    assert own_gain(values, 1, 0, 1, 1.0) == pytest.approx(3.0 - 3.5)
+    assert recl(tidy(losses), r=1.0).to_dict("records") == [{"model": "A", "recl": 10, "censored": False},
+                                                             {"model": "V", "recl": 10, "censored": False}]
+
+
 def test_top_fraction_rounds_keeps_one_and_breaks_ties_by_order():
     assert len(top_fraction(np.arange(30.0), 0.1)) == 3  # 0.1 · 30 is 3.0000000000000004 in floating point
     assert top_fraction(np.array([1.0, 5.0, 2.0, 9.0]), 0.1).tolist() == [3]  # round(0.4) = 0 -> at least one
@@ -104,16 +116,27 @@ JUNK = 50.0
 """Losses of targets without the ladder's longest context in their stream: never used by RECL."""
 
 
-def write_ladder_run(root, encoding, mem, seed, usable: dict[int, list[float]]):
+def ladder_setting(c: int, mem: int, k: int) -> dict:
+    """Context c as the run's kind gets it: memory of c keys (xl) with memory, else a sliding window of c."""
+    own = {"segment_len": 16, "protocol": "xl", "mem_len": c} if mem else \
+        {"segment_len": c, "protocol": "sliding", "stride": 1, "mem_len": 0}
+    return {**own, "attn_len": c, "max_targets": 33, "token_losses": f"setting_{k + 1}"}
+
+
+def write_ladder_run(root, encoding, mem, seed, usable: dict[int, list[float]], other_kind: bool = False):
     """A done run with the RECL ladder 10, 20, 30 on one stream of 33 targets: positions 29..32 carry
-    `usable[c]`, the first 29 carry JUNK (they have less than 30 tokens of context)."""
-    ladder = [({"segment_len": c, "protocol": "sliding", "stride": 1, "max_targets": 33,
-                "token_losses": f"setting_{k + 1}", "mem_len": 0}, {"ppl": 5.0, "loss": 1.6}) for k, c in enumerate(usable)]
+    `usable[c]`, the first 29 carry JUNK (they have less than 30 tokens of context). `other_kind`: the
+    ladder of the other kind too (sliding for a model with memory), with JUNK everywhere."""
+    ladder = [(ladder_setting(c, mem, k), {"ppl": 5.0, "loss": 1.6}) for k, c in enumerate(usable)]
+    if other_kind:
+        ladder += [(ladder_setting(c, not mem, k + len(usable)), {"ppl": 9.0, "loss": 2.2}) for k, c in enumerate(usable)]
     run_dir = make_run(root, [*MODELS[(encoding, mem)], f"seed={seed}", "train.segment_len=16"],
                        experiment="xl_table6", variant={"encoding": encoding, "model.mem_len": mem, "seed": seed},
                        results=[({"segment_len": 16}, {"ppl": 6.0, "loss": 1.8}), *ladder])
     arrays = {f"setting_{k + 1}": np.array([[JUNK] * 29 + list(values)], dtype=np.float32)
               for k, values in enumerate(usable.values())}
+    if other_kind:
+        arrays.update({f"setting_{k + 1 + len(usable)}": np.full((1, 33), JUNK, dtype=np.float32) for k in range(len(usable))})
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)
     atomic_write_bytes(run_dir / "token_losses.npz", buffer.getvalue())
@@ -133,20 +156,26 @@ def test_xl_table8_layout(tmp_path):
     c_losses = {c: [v + 1.0 for v in LOSSES["A"][10]] for c in (10, 20, 30)}
     for seed in (0, 1):
         a = {**LOSSES["A"], **({30: [1.5, 1.0, 2.0, 0.5]} if seed else {})}
-        write_ladder_run(tmp_path, "ours", 16, seed, a)
+        write_ladder_run(tmp_path, "ours", 16, seed, a, other_kind=True)  # its sliding ladder is not its own
         write_ladder_run(tmp_path, "shaw", 16, seed, LOSSES["B"])
         write_ladder_run(tmp_path, "ours", 0, seed, c_losses)
     table, options = make_table(collect(tmp_path), TableOptions(layout="xl_table8"))
     assert options.layout == "xl_table8"
-    assert table.index == ["Recurrence", "Encoding", "Loss"] and table.columns == ["r = 0.1", "r = 0.5", "r = 1.0"]
+    assert table.index == ["Recurrence", "Encoding", "Loss"]
+    assert table.columns == ["r = 0.1", "r = 0.5", "r = 1.0", "ppl c=10", "ppl c=20", "ppl c=30"]
     rows = {tuple(labels): values for labels, values in table.rows}
     # r = 0.5 and 1.0: seed 0 gives A >= 30 (censored), seed 1 gives 20; B stops at 10; C gains nothing over b
-    assert rows[("✓", "ours", "Full")][1:] == ["≥25 ± 7", "≥25 ± 7"]
-    assert rows[("✓", "shaw", "Full")][1:] == ["10 ± 0", "10 ± 0"]
-    assert rows[("✗", "ours", "Full")] == ["10 ± 0"] * 3
+    assert rows[("✓", "ours", "Full")][1:3] == ["≥25 ± 7", "≥25 ± 7"]
+    assert rows[("✓", "shaw", "Full")][1:3] == ["10 ± 0", "10 ± 0"]
+    assert rows[("✗", "ours", "Full")][:3] == ["10 ± 0"] * 3
+    # each model's perplexity at c on the 4 targets used: exp of the mean loss, per seed, then mean ± std
+    assert rows[("✗", "ours", "Full")][3:] == [f"{math.exp(np.mean([3.0, 2.0, 4.0, 1.5])):.2f} ± 0.00"] * 3
+    a30 = [math.exp(np.mean(LOSSES["A"][30])), math.exp(np.mean([1.5, 1.0, 2.0, 0.5]))]
+    assert rows[("✓", "ours", "Full")][5] == f"{np.mean(a30):.2f} ± {np.std(a30, ddof=1):.2f}"
     for text in ("r: the fraction of hardest targets", "threshold: relative gain 1%", "contexts c = 10, 20, 30",
                  "start c = 10, Δ = 10", "exactly c tokens of context", "first 33 targets", "the 4 with 30 tokens",
-                 "group of these 3 models, per seed, then mean ± std over 2 seeds"):
+                 "group of these 3 models, per seed, then mean ± std over 2 seeds",
+                 "models with memory: memory + same_length", "models without: a sliding window"):
         assert text in table.caption
 
 

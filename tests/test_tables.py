@@ -281,7 +281,27 @@ def test_xl_table6_compares_the_xl_protocol_settings(tmp_path):
     assert rows["✓"][0].mean == 8.0 and rows["✓"][1].mean == 8.0 and rows["✓"][2] == "32"  # init at attn 16 + 16
     assert rows["✗"][0].mean == 10.0  # init: its training attention length, 16
     assert rows["✗"][1].mean == 9.5 and rows["✗"][2] == "32"  # never the non_overlapping 1.0
-    assert "Protocol: xl" in table.caption and "mem_len, the keys every query sees" in table.caption
+    assert "Protocol xl (2 rows)" in table.caption and "mem_len, the keys every query sees" in table.caption
+
+
+def test_xl_table6_measures_each_row_the_way_it_was_trained(tmp_path):
+    """With memory: the xl settings (init at attention length 16 + 16 = 32); without: the sliding windows of
+    stride 1 (init at the training window, 16), never the xl settings that feed it memory it never had,
+    nor a sliding window of another stride."""
+    for mem, xl, sliding in ((16, (9.0, 8.0), (7.0, 6.0)), (0, (1.0, 1.0), (10.0, 9.5))):
+        make_run(tmp_path, ["model.attention.terms=abcd", f"model.mem_len={mem}", "train.segment_len=16"],
+                 variant={"encoding": "xl", "model.mem_len": mem},
+                 results=[*(({"segment_len": 16, "protocol": "xl", "mem_len": m, "attn_len": m}, {"ppl": v})
+                            for m, v in zip((16, 32), xl)),
+                          *(({"segment_len": w, "protocol": "sliding", "stride": 1, "mem_len": 0, "attn_len": w},
+                             {"ppl": v}) for w, v in zip((16, 32), sliding)),
+                          ({"segment_len": 32, "protocol": "sliding", "stride": 8, "mem_len": 0, "attn_len": 32},
+                           {"ppl": 0.5})])
+    table, _ = make_table(collect(tmp_path), TableOptions(layout="xl_table6"))
+    rows = {labels[0]: values for labels, values in table.rows}
+    assert (rows["✓"][0].mean, rows["✓"][1].mean, rows["✓"][2]) == (8.0, 8.0, "32")
+    assert (rows["✗"][0].mean, rows["✗"][1].mean, rows["✗"][2]) == (10.0, 9.5, "32")
+    assert "Protocol xl (1 row)" in table.caption and "sliding (1 row)" in table.caption
 
 
 def test_cli_table(tmp_path, capsys):

@@ -21,13 +21,13 @@ from relpos_ablate.config.base import load_yaml
 from relpos_ablate.io import read_json
 
 SETTING_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "same_length", "attn_len", "max_targets",
-                  "rope_scaling", "rope_scale")
+                  "rope_scaling", "rope_scale", "split")
 """Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol; rope_scale:
-the factor s of the setting's RoPE context extension, resolved)."""
+the factor s of the setting's RoPE context extension, resolved; split: the text split scored, valid or test)."""
 NOT_SETTING_FIELDS = ("metrics", "error", "diagnostics", "position_loss", "token_losses")
 """Keys of a setting record that are not plain setting columns (diagnostics: analysis/diagnostics.py reads them)."""
-RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps")
-"""Per-run columns first in every collected frame."""
+RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps", "stopped")
+"""Per-run columns first in every collected frame (stopped: why training ended, with train.stop_at_exact_match)."""
 
 
 def flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
@@ -77,6 +77,7 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
         "wall_time_s": status.get("wall_time_s", np.nan),
         "step": status.get("step", np.nan),
         "max_steps": status.get("max_steps", np.nan),
+        "stopped": status.get("stopped"),
         "run_dir": str(run_dir),
         "spec": meta.get("spec"),
     }
@@ -113,7 +114,7 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
         if not isinstance(metrics, dict):
             problems.append(f"{path}: settings[{k}] has no 'metrics' mapping; ignored")
             continue
-        row = {name: rundir.record_value(setting, name) for name in SETTING_FIELDS}  # older files: defaults
+        row = {name: rundir.record_value(setting, name, data) for name in SETTING_FIELDS}  # older files: defaults
         row["eval_setting"] = k  # its place in eval.json: loss by position and token losses are found by it
         row["token_losses"] = setting.get("token_losses")
         # fields a setting record adds (e.g. an example task's length_min, length_max, depth), as written
@@ -166,8 +167,9 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
     """One row per (run, evaluation setting) for every run dir at or below `results_dir`.
 
     Columns: run_id, experiment (None for a run trained by `train` alone, without run.json), status,
-    reason, seed, wall_time_s, step, max_steps, the variant axes from run.json, the evaluation setting (protocol, segment_len, stride, mem_len, clamp_len,
-    same_length, attn_len, max_targets, rope_scaling, rope_scale), the metrics (ppl, acc, loss, bpc,
+    reason, seed, wall_time_s, step, max_steps, stopped (exact_match or max_steps: why training ended, when
+    train.stop_at_exact_match is set), the variant axes from run.json, the evaluation setting (protocol, segment_len, stride, mem_len, clamp_len,
+    same_length, attn_len, max_targets, rope_scaling, rope_scale, split), the metrics (ppl, acc, loss, bpc,
     tokens, ... as eval.json has them), main_metric, eval_setting (the setting's index in eval.json),
     token_losses (its array in token_losses.npz, if saved), reference and reference_<metric> (the
     unigram or chance baseline), eval_error (why a setting was not evaluated, if so), run_dir, spec (the

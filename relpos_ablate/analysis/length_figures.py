@@ -2,13 +2,15 @@
 
 - `plot --kind diagnostics`: the attention diagnostics of every evaluation setting (entropy, sink
   mass, mean attended distance, mass on unseen distances; docs/formulas.md#attention-diagnostics) as
-  heatmaps of (layer, head) x evaluation length, one panel per statistic: one figure for a run; for a
-  grid, per task, one row of panels per variant (its lowest seed: heads are not comparable across
-  seeds) and a summary of the head means against length, one line per variant (mean over seeds);
+  heatmaps of (layer, head) x evaluation length, one panel per statistic with its colour bar beside it:
+  one figure for a run; for a grid, per task, the appendix figure (each panel stacks every variant's
+  heads, its lowest seed: heads are not comparable across seeds) and a summary of the head means
+  against length, one line per variant (mean over seeds);
 - `plot --kind passkey`: passkey accuracy as a depth x length heatmap, one panel per variant (mean
   over seeds).
 Evaluation length is the test-length bin of n for example tasks (passkey depths averaged), else
-segment_len.
+segment_len. Variants are named in words (`variant_words`). The study's main figure, exact match against
+n: length_curves.py.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from matplotlib.figure import Figure
 
 from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import RUN_COLUMNS
+from relpos_ablate.analysis.length_generalization import variant_name
 from relpos_ablate.analysis.plots import save_figure
 from relpos_ablate.analysis.tables import (
     axis_orders, default_metric, default_rows, finished, label, read_spec, row_key, sort_key, variant_colors,
@@ -29,6 +32,7 @@ from relpos_ablate.analysis.tables import (
 from relpos_ablate.config import ConfigError
 
 TASK = "data.task"
+POSITIONS = "model.attention.positions"
 STATISTIC_LABELS = {"entropy": "entropy (nats)", "sink": "mass on the first key", "distance": "mean distance (tokens)",
                     "unseen": "mass on unseen distances"}
 
@@ -86,35 +90,46 @@ def _variant_label(keys: list[str], value: tuple) -> str:
         f"{k.rsplit('.', 1)[-1]}={label(v)}" for k, v in zip(keys, value))
 
 
-def _heatmap(ax, grid: pd.DataFrame, vmin: float, vmax: float, labels: bool):
-    """grid: rows (layer, head), columns (order, length)."""
-    image = ax.imshow(grid.to_numpy(), aspect="auto", interpolation="nearest", cmap="viridis", vmin=vmin, vmax=vmax)
-    ax.set_xticks(range(grid.shape[1]), [length for _, length in grid.columns], rotation=45, fontsize=6, ha="right")
-    ax.set_yticks(range(grid.shape[0]), [f"L{layer} H{head}" if labels else "" for layer, head in grid.index], fontsize=6)
-    return image
+def variant_words(keys: list[str], value: tuple) -> str:
+    """A variant as titles and legends name it: the study's (encoding, positions) in words ('RoPE
+    (randomized)'), other fields as field=value."""
+    fields = dict(zip(keys, value))
+    if "encoding" in fields and set(keys) <= {"encoding", POSITIONS}:
+        return variant_name(fields["encoding"], fields.get(POSITIONS))
+    return _variant_label(keys, value)
 
 
 def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str) -> Figure:
-    """Rows: variants (lowest seed); columns: statistics; panels: (layer, head) x evaluation length."""
+    """The appendix figure of a task: one heatmap per statistic, its rows every (layer, head) of every variant
+    (the variant's lowest seed: heads are not comparable across seeds), grouped by variant (named at the
+    left, separated by white lines), its columns the evaluation lengths, its colour bar beside it."""
     statistics = [s for s in STATISTIC_LABELS if s in frame]
-    height = 1.6 + 0.25 * frame["head"].nunique() * frame["layer"].nunique() * len(variants) + 0.6 * len(variants)
-    fig = Figure(figsize=(3.2 * len(statistics) + 1, height), layout="constrained")
-    axes = fig.subplots(len(variants), len(statistics), squeeze=False)
-    means = {}  # variant -> (layer, head, order, length) x statistic, passkey depths averaged
-    for value in variants:
-        mine = frame[frame["variant"] == value]
-        part = mine[mine["seed"] == mine["seed"].min()] if "seed" in mine else mine
-        means[value] = part.groupby(["layer", "head", "order", "length"])[statistics].mean()
-    for c, statistic in enumerate(statistics):
-        vmin, vmax = float(frame[statistic].min()), float(frame[statistic].max())
-        for r, value in enumerate(variants):
-            grid = means[value][statistic].unstack(["order", "length"])
-            image = _heatmap(axes[r][c], grid, vmin, vmax, labels=c == 0)
-            axes[r][c].set_title(f"{_variant_label(keys, value)}\n{STATISTIC_LABELS[statistic]}" if c == 0
-                                 else STATISTIC_LABELS[statistic], fontsize=7)
-        fig.colorbar(image, ax=axes[:, c], location="bottom", shrink=0.9, fraction=0.5 / height,
-                     label=STATISTIC_LABELS[statistic])
-    fig.suptitle(title)
+    grids = {}  # statistic -> [variant rows stacked] x (order, length)
+    heads = sorted(set(zip(frame["layer"], frame["head"])))
+    for statistic in statistics:
+        blocks = []
+        for value in variants:
+            mine = frame[frame["variant"] == value]
+            part = mine[mine["seed"] == mine["seed"].min()] if "seed" in mine else mine
+            block = part.groupby(["layer", "head", "order", "length"])[statistic].mean().unstack(["order", "length"])
+            blocks.append(block.reindex(heads))
+        grids[statistic] = pd.concat(blocks)
+    rows = len(heads) * len(variants)
+    fig = Figure(figsize=(2.7 * len(statistics) + 2.0, 0.05 * rows + 1.5), layout="constrained")
+    axes = fig.subplots(1, len(statistics), squeeze=False)[0]
+    for ax, statistic in zip(axes, statistics):
+        grid = grids[statistic]
+        image = ax.imshow(grid.to_numpy(), aspect="auto", interpolation="nearest", cmap="viridis")
+        for k in range(1, len(variants)):
+            ax.axhline(k * len(heads) - 0.5, color="white", lw=1.2)
+        ax.set_xticks(range(grid.shape[1]), [length for _, length in grid.columns], rotation=45, fontsize=6, ha="right")
+        centers = [(k + 0.5) * len(heads) - 0.5 for k in range(len(variants))]
+        ax.set_yticks(centers, [variant_words(keys, v) for v in variants] if ax is axes[0] else [], fontsize=7)
+        ax.tick_params(axis="y", length=0)
+        ax.set_title(STATISTIC_LABELS[statistic], fontsize=8)
+        fig.colorbar(image, ax=ax, location="right", fraction=0.08, pad=0.02).ax.tick_params(labelsize=6)
+    fig.suptitle(f"{title}\nrows within a variant: layer 0 head 0 to layer {heads[-1][0]} head {heads[-1][1]}, top "
+                 "to bottom", fontsize=9)
     return fig
 
 
@@ -129,7 +144,7 @@ def summary_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], 
         means = mine.groupby("length")[statistics].mean()
         for ax, statistic in zip(axes, statistics):
             ax.plot(range(len(lengths)), [means[statistic].get(x, math.nan) for x in lengths], marker="o",
-                    color=color, label=_variant_label(keys, value))
+                    color=color, label=variant_words(keys, value))
     for ax, statistic in zip(axes, statistics):
         ax.set_xticks(range(len(lengths)), lengths, rotation=45, fontsize=7, ha="right")
         ax.set_title(STATISTIC_LABELS[statistic], fontsize=9)
@@ -144,9 +159,12 @@ def save_diagnostics(df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("p
     frame = collect_diagnostics(finished_runs_frame(df))
     if frame["run_dir"].nunique() == 1:
         run = frame.iloc[0]
-        title = f"attention diagnostics: {run['run_id']}" + (f" ({run[TASK]})" if TASK in frame else "")
-        figure = diagnostics_figure(frame.assign(variant=[(run["run_id"],)] * len(frame)), ["run_id"],
-                                    [(run["run_id"],)], title)
+        named = isinstance(run.get("encoding"), str)  # the run in words; its id only when nothing else names it
+        keys, value = (["encoding", POSITIONS], (run["encoding"], run.get(POSITIONS))) if named else \
+            (["run_id"], (run["run_id"],))
+        title = f"attention diagnostics: {variant_words(keys, value)}" + (f" on {run[TASK]}" if TASK in frame else "") \
+            + (f", seed {run['seed']}" if "seed" in frame else "")
+        figure = diagnostics_figure(frame.assign(variant=[value] * len(frame)), keys, [value], title)
         return save_figure(figure, Path(out) / "diagnostics", formats)
     frame, keys, variants = with_variants(frame, df)
     written = []
@@ -183,7 +201,7 @@ def passkey_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
         ax.set_yticks(range(grid.shape[0]), [f"{d:g}" for d in grid.index], fontsize=7)
         for (i, j), v in np.ndenumerate(grid.to_numpy()):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.5 else "k")
-        ax.set_title(_variant_label(keys, value), fontsize=8)
+        ax.set_title(variant_words(keys, value), fontsize=8)
         ax.set_xlabel("filler length n", fontsize=8)
         ax.set_ylabel("depth of the key", fontsize=8)
     for ax in axes[len(variants):]:

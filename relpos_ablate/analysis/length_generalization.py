@@ -5,8 +5,9 @@
   the bins that start beyond the longest training length); a cell is the mean ± std over seeds of
   each run's metric in that bin (passkey: first averaged over its depths); best per task and column
   in bold;
-- `rank_table`: each encoding's rank per task by its OOD mean (1 = best, ties share their mean rank)
-  and its mean rank over the tasks, as Kazemnejad et al.'s Figs. 1-2 summarise their tasks.
+- `rank_table`: each encoding's rank per task by its OOD mean (1 = best, ties share their mean rank),
+  its ID mean beside it (a rank of a task not learnt at the training lengths says little), and its mean
+  rank over the tasks, as Kazemnejad et al.'s Figs. 1-2 summarise their tasks.
 Rows are the run's varying fields other than the task (e.g. encoding and model.attention.positions).
 """
 
@@ -24,10 +25,13 @@ from relpos_ablate.analysis.tables import (
     DECIMALS, TableOptions, finished, label, mark_best, metric_direction, row_key, seed_cell, sort_key,
 )
 from relpos_ablate.config import ConfigError
+from relpos_ablate.config.data import EXAMPLE_TASKS
 
 TASK = "data.task"
 BIN_FIELDS = ("length_min", "length_max")
 OOD = "OOD mean"
+IID = "ID mean"
+"""A run's mean over the bins within its training lengths (the rank summary shows it beside each rank)."""
 
 
 def example_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -39,19 +43,48 @@ def example_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     return data[data["length_min"].notna()]
 
 
-def train_max(run: pd.Series) -> int:
-    """The longest training task length of a run (data.train_lengths, flattened by collect as JSON)."""
+def train_range(run: pd.Series) -> tuple[int, int]:
+    """A run's training task lengths [min, max] (data.train_lengths, flattened by collect as JSON)."""
     value = run.get("data.train_lengths")
-    return int((json.loads(value) if isinstance(value, str) else value)[1])
+    low, high = json.loads(value) if isinstance(value, str) else value
+    return int(low), int(high)
+
+
+def train_max(run: pd.Series) -> int:
+    """The longest training task length of a run."""
+    return train_range(run)[1]
 
 
 def per_run_bins(data: pd.DataFrame, metric: str) -> pd.DataFrame:
     """One row per (run, bin): the run's metric in that bin (passkey: the mean over its depths), the
-    bin's bounds, and whether the bin lies beyond the run's training lengths."""
+    bin's bounds, and whether the bin lies beyond the run's training lengths (`ood`) or within them (`iid`)."""
     grouped = data.groupby(["run_dir", *BIN_FIELDS], sort=False)[metric].mean().reset_index()
-    limits = data.drop_duplicates("run_dir").set_index("run_dir").apply(train_max, axis=1)
-    grouped["ood"] = grouped["length_min"] > grouped["run_dir"].map(limits)
+    limits = grouped["run_dir"].map(data.drop_duplicates("run_dir").set_index("run_dir").apply(train_max, axis=1))
+    grouped["ood"] = grouped["length_min"] > limits
+    grouped["iid"] = grouped["length_max"] <= limits
     return grouped
+
+
+ENCODING_NAMES = {"nope": "NoPE", "vaswani": "sinusoid", "learned": "learned absolute", "rope": "RoPE", "t5": "T5",
+                  "alibi": "ALiBi", "kerple_log": "KERPLE", "fire": "FIRE", "xl": "Transformer-XL"}
+"""The study's encodings (runner presets) in words, in the order its tables and figures list them."""
+
+
+def variant_name(encoding, positions=None) -> str:
+    """An encoding in words, `(randomized)` after it when its positions are: e.g. 'RoPE (randomized)'."""
+    name = ENCODING_NAMES.get(encoding, label(encoding))
+    return f"{name} (randomized)" if positions == "randomized" else name
+
+
+def task_order(task) -> tuple:
+    """Sort key: the tasks in the config's order (data.EXAMPLE_TASKS), others after by name."""
+    return (EXAMPLE_TASKS.index(task) if task in EXAMPLE_TASKS else len(EXAMPLE_TASKS), str(task))
+
+
+def variant_order(encoding, positions=None) -> tuple:
+    """Sort key: the study's encodings in ENCODING_NAMES order, others after by name; sequential first."""
+    names = list(ENCODING_NAMES)
+    return (names.index(encoding) if encoding in names else len(names), str(encoding), positions == "randomized")
 
 
 def _bin_label(bounds: tuple[int, int]) -> str:
@@ -69,9 +102,10 @@ def _scores(data: pd.DataFrame, rows: list[str], metric: str):
         key = (run.get(TASK), row_key(run, rows))
         for record in part.itertuples(index=False):
             cells[key][(int(record.length_min), int(record.length_max))].append(float(getattr(record, metric)))
-        if part["ood"].any():
-            cells[key][OOD].append(float(part.loc[part["ood"], metric].mean()))
-    order = sorted({b for values in cells.values() for b in values if b != OOD})
+        for flag, name in (("ood", OOD), ("iid", IID)):
+            if part[flag].any():
+                cells[key][name].append(float(part.loc[part[flag], metric].mean()))
+    order = sorted({b for values in cells.values() for b in values if b not in (OOD, IID)})
     return cells, order
 
 
@@ -120,11 +154,18 @@ def rank_table(df: pd.DataFrame, metric: str, rows: list[str], orders: dict | No
         mine = [ranks[t].get(encoding, math.nan) for t in tasks]
         known = [r for r in mine if not math.isnan(r)]
         mean = Cell(mean=float(np.mean(known)), std=math.nan, n=len(known)) if known else None
-        lines.append(([label(v) for v in encoding], [*(None if math.isnan(r) else f"{r:g}" for r in mine), mean]))
+        shown = [None if math.isnan(r) else f"{r:g}{_in_distribution(cells.get((t, encoding), {}))}"
+                 for r, t in zip(mine, tasks)]
+        lines.append(([label(v) for v in encoding], [*shown, mean]))
     mark_best([line[1][-1] for line in lines], "rank")  # a lower rank is better
     return Table(index=[r.rsplit(".", 1)[-1] for r in rows], columns=[*map(label, tasks), "mean rank"], rows=lines,
-                 caption=f"Rank by {OOD} of {metric} per task (1 = best; ties share their mean rank), and the mean "
-                         "rank over the tasks (best in bold).", decimals=2)
+                 caption=f"Rank by {OOD} of {metric} per task (1 = best; ties share their mean rank), in brackets the "
+                         f"{IID} of {metric} over seeds (a low one: the task not learnt at the training lengths), and "
+                         "the mean rank over the tasks (best in bold).", decimals=2)
+
+
+def _in_distribution(cell: dict) -> str:
+    return f" (ID {np.mean(cell[IID]):.2f})" if cell.get(IID) else ""
 
 
 def _seeds(counts: list[int]) -> str:

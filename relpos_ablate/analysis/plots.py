@@ -9,36 +9,26 @@ from __future__ import annotations
 import io
 import math
 import re
-import textwrap
+from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import ScalarFormatter
 
 from relpos_ablate import rundir
 from relpos_ablate.analysis import figures
-from relpos_ablate.analysis.collect import run_name, run_names
+from relpos_ablate.analysis.collect import run_name
+from relpos_ablate.analysis.extrapolation import build_extrapolation, extrapolation_figure  # noqa: F401 (API)
 from relpos_ablate.analysis.trained import check_imports, load_drawable
-from relpos_ablate.analysis.settings import table_settings
-from relpos_ablate.analysis.tables import (
-    TableOptions, axis_orders, column_label, default_cols, default_rows, finished, label, metric_direction,
-    no_finished_runs, read_spec, resolve_options, row_key, sort_key, values_by_key, variant_colors,
-)
+from relpos_ablate.analysis.tables import axis_orders, default_rows, label, no_finished_runs, read_spec, row_key, sort_key
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_bytes
 
 FIGURE_FORMATS = ("png", "pdf", "svg")
 MODEL_KINDS = ("bias", "attention", "terms")
 LINE_STYLES = ("-", "--", ":", "-.", (0, (6, 2, 1, 2, 1, 2)), (0, (1, 4)))
-X_LABELS = {"segment_len": "evaluation length (tokens per segment)", "attn_len": "attention length (keys per query)"}
-LENGTH_FIELDS = {"segment_len": ("segment_len", "attn_len", "rope_scale"),
-                 "attn_len": ("attn_len", "segment_len", "mem_len", "rope_scale")}
-"""Setting fields that move with the x axis (attn_len: a protocol's segment_len and memory; rope_scale: auto
-follows the length): not a line each."""
 
 
 def save_figure(fig: Figure, stem: Path, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
@@ -57,84 +47,12 @@ def save_figure(fig: Figure, stem: Path, formats: tuple[str, ...] = ("png", "pdf
 # ---------------------------------------------------------------- extrapolation (collect only)
 
 
-def extrapolation_figure(df: pd.DataFrame, metric: str | None = None, x: str = "segment_len") -> Figure:
-    """Metric against evaluation length, one line per variant (mean over seeds, ± std as a band), the
-    chance / unigram reference when the runs recorded one. Settings that differ in more than x (the
-    protocol, a stride, a memory) get a line each: a colour per variant, a line style per setting."""
-    df = table_settings(df)
-    spec = read_spec(df)
-    options = resolve_options(df, TableOptions(metric=metric, cols=(x,)), spec)
-    rows, metric = list(options.rows), options.metric
-    data = finished(df, metric)
-    split = [f for f in default_cols(data, rows) if f not in LENGTH_FIELDS.get(x, (x, "attn_len", "rope_scale"))]
-    values = values_by_key(data, rows + split + [x], metric)
-    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
-    ax = fig.subplots()
-    orders = axis_orders(spec)
-    variants = sorted({k[: len(rows)] for k in values}, key=lambda k: sort_key(k, rows, orders))
-    settings = sorted({k[len(rows):-1] for k in values}, key=lambda k: sort_key(k, split, {}))
-    colors = variant_colors(len(variants))
-    for line_key in sorted({k[:-1] for k in values}, key=lambda k: sort_key(k, rows + split, orders)):
-        variant, setting = line_key[: len(rows)], line_key[len(rows):]
-        xs = sorted(k[-1] for k in values if k[:-1] == line_key)
-        samples = [np.asarray(values[line_key + (v,)]) for v in xs]
-        mean = np.array([s.mean() for s in samples])
-        std = np.array([s.std(ddof=1) if s.size > 1 else 0.0 for s in samples])
-        name = ", ".join(filter(None, [_row_label(rows, variant), column_label(split, setting, "") if split else ""]))
-        color = colors[variants.index(variant)]
-        ax.plot(xs, mean, marker="o", color=color, ls=LINE_STYLES[settings.index(setting) % len(LINE_STYLES)], label=name)
-        if any(s.size > 1 for s in samples):
-            ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.2, lw=0)
-    _format_extrapolation_axes(ax, data, metric, x, values)
-    _reference_line(ax, data, metric)
-    lines = len(variants) * len(settings)
-    title = ", ".join(r.rsplit(".", 1)[-1] for r in rows)
-    if lines > 8:  # beside the axes, not over the curves
-        fig.set_figwidth(6.4 + 3.2 * (1 + lines // 24))
-        fig.legend(fontsize=7, title=title, title_fontsize=8, loc="outside right upper", ncol=1 + lines // 24)
-    else:
-        ax.legend(fontsize=7, title=title, title_fontsize=8)
-    return fig
-
-
-def _reference_line(ax, data: pd.DataFrame, metric: str) -> None:
-    """The runs' shared reference (eval.json `reference`: unigram for text, chance for synthetic tasks)."""
-    column = f"reference_{metric}"
-    values = data[column].dropna().unique() if column in data else []
-    if len(values) == 1:
-        name = label(data["reference"].dropna().iloc[0]) if "reference" in data else "reference"
-        ax.axhline(float(values[0]), color="0.4", ls="--", lw=1, label=f"{name} ({float(values[0]):.3g})")
-
-
-def _row_label(rows: list[str], key: tuple) -> str:
-    return ", ".join(label(v) for v in key) if len(rows) <= 1 else ", ".join(
-        f"{r.rsplit('.', 1)[-1]}={label(v)}" for r, v in zip(rows, key))
-
-
-def _format_extrapolation_axes(ax, data: pd.DataFrame, metric: str, x: str, values: dict) -> None:
-    """Log-2 x axis for length sweeps, log y when perplexities blow up, the training length marked."""
-    xs = sorted({k[-1] for k in values})
-    if xs and xs[0] > 0 and xs[-1] / xs[0] >= 4:
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [label(v) for v in xs])
-    means = [np.mean(v) for v in values.values()]
-    if metric == "ppl" and min(means) > 0 and max(means) / min(means) > 10:  # perplexity blowing up
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-    train = data["train.segment_len"] + (data["model.mem_len"] if x == "attn_len" else 0)
-    if train.nunique() == 1:
-        ax.axvline(float(train.iloc[0]), color="k", ls=":", lw=1, label="training length")
-    better = "higher" if metric_direction(metric) == "max" else "lower"
-    ax.set_xlabel(X_LABELS.get(x, x))
-    ax.set_ylabel(f"{metric} ({better} is better)")
-    ax.grid(alpha=0.3)
-    ax.set_title(f"{run_names(data)}: {metric} vs {X_LABELS.get(x, x).split(' (')[0]}")
-
-
-def save_extrapolation(df, out: Path, metric: str | None = None, x: str = "segment_len",
+def save_extrapolation(df, out: Path, metric: str | None = None, x: str = "segment_len", y: str = "value",
+                       panels: str | None = None, split_families: bool = False, where: tuple[str, ...] | None = None,
                        formats: tuple[str, ...] = ("png", "pdf")) -> tuple[list[Path], list[str]]:
-    """extrapolation.<fmt> in `out`; returns (written files, notes)."""
-    return save_figure(extrapolation_figure(df, metric, x), Path(out) / "extrapolation", formats), []
+    """extrapolation.<fmt> in `out` (analysis/extrapolation.py); returns (written files, notes)."""
+    fig, notes = build_extrapolation(df, metric, x, y, panels, split_families, where)
+    return save_figure(fig, Path(out) / "extrapolation", formats), notes
 
 
 # ---------------------------------------------------------------- figures of trained runs
@@ -163,15 +81,34 @@ def finished_runs(df: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-def variant_label(run: pd.Series, keys: list[str]) -> str:
-    """`encoding=xl, mem_len=64`: the fields that tell the runs apart (seed excluded)."""
-    parts = [f"{k.rsplit('.', 1)[-1]}={label(run[k])}" for k in keys if k in run.index and k != "experiment"]
+def variant_label(run: pd.Series, keys: list[str], axes: Iterable[str] = ()) -> str:
+    """The run's variant in words: `encoding=xl, mem_len=64`, the fields that tell the runs apart (seed excluded);
+    for a run with nothing to tell apart, every axis of its variant (run.json), else its attention as far as it
+    differs from the defaults (`terms=a, bias=alibi`), else its name."""
+    shown = [k for k in keys if k in run.index and k not in ("experiment", "run_id")]
+    shown = shown or [a for a in axes if a in run.index and a not in ("seed", "experiment")]
+    parts = [f"{k.rsplit('.', 1)[-1]}={label(run[k])}" for k in shown] or attention_words(run)
     return ", ".join(parts) or run_name(run)
 
 
-def run_title(run: pd.Series, keys: list[str]) -> str:
-    """`encoding=xl, seed=0 (fa7211269c)`: the varying fields, the seed, the run id last."""
-    return f"{variant_label(run, keys)}, seed={label(run.get('seed'))} ({run['run_id']})"
+def attention_words(run: pd.Series) -> list[str]:
+    """`field=value` for each attention field of the run's config that differs from AttentionConfig's default."""
+    from dataclasses import fields
+
+    from relpos_ablate.config import AttentionConfig
+
+    words = []
+    for f in fields(AttentionConfig):
+        value = run.get(f"model.attention.{f.name}")
+        if value is not None and not (isinstance(value, float) and math.isnan(value)) and value != f.default:
+            words.append(f"{f.name}={label(value)}")
+    return words
+
+
+def run_title(run: pd.Series, keys: list[str], axes: Iterable[str] = ()) -> str:
+    """`encoding=xl, terms=abcd, seed=0`: the variant in words and the seed (a run id only where save_model_figures
+    finds two runs with the same title)."""
+    return f"{variant_label(run, keys, axes)}, seed={label(run.get('seed'))}"
 
 
 def run_slug(run: pd.Series, keys: list[str]) -> str:
@@ -219,21 +156,25 @@ def run_figure(kind: str, config, model, title: str, layer: int, head: int, samp
 
 
 def overview_figure(kind: str, drawn: list[tuple[pd.Series, object, object]], keys: list[str], layer: int, head: int,
-                    sampler, left_out: list[tuple[str, str, str]] = ()) -> Figure:
+                    sampler, left_out: list[tuple[str, str, str]] = (), titles: dict | None = None) -> Figure:
     """All drawn runs together: bias curves per variant (seeds overlaid, one y scale per scheme family),
-    head-mean last-layer attention per run, or the enabled terms per run; left-out runs named."""
+    head-mean last-layer attention per run, or the enabled terms per run. The runs left out are named in the
+    notes save_model_figures returns (the log), and counted in the title."""
+    titles = titles or {}
+    named = [(titles.get(run["run_dir"]) or run_title(run, keys), config, model) for run, config, model in drawn]
     if kind == "bias":
         fig = _bias_overview(drawn, keys, sampler)
         where = "layer 0 or the shared module; seeds overlaid, one y scale per scheme"
     elif kind == "terms":
-        fig = _terms_overview([(run_title(run, keys), config, model) for run, config, model in drawn], layer, head, sampler)
+        fig = _terms_overview(named, layer, head, sampler)
         where = f"{_layer_name(layer)}, head {head}"
     else:
-        fig = _attention_overview([(run_title(run, keys), config, model) for run, config, model in drawn], layer, sampler)
+        fig = _attention_overview(named, layer, sampler)
         where = f"{_layer_name(layer)}, mean over heads"
     title = f"{kind}: {len(drawn)} runs ({where})"
-    if left_out:  # wrapped to the figure's width: about 13 characters of 9-point text per inch
-        title += "\n" + textwrap.fill(left_out_note(left_out), int(fig.get_figwidth() * 13))
+    if left_out:
+        reasons = sorted({reason.split(":")[0] for _, _, reason in left_out})
+        title += f"; {len(left_out)} left out ({'; '.join(reasons)}: listed in the log)"
     fig.suptitle(title, fontsize=9)
     return fig
 
@@ -290,8 +231,13 @@ def _bias_overview(drawn: list[tuple[pd.Series, object, object]], keys: list[str
         high = max(ax.get_ylim()[1] for ax in members)
         for ax in members:
             ax.set_ylim(low, high)
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=min(8, len(names)), fontsize=7)
+    entries: dict[str, object] = {}  # every panel's heads and marks (a bucket edge in one panel only), once each
+    for ax in axes:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            if not name.startswith("seed "):
+                entries.setdefault(name, handle)
+    fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncol=min(8, len(entries)),
+               fontsize=7)
     return fig
 
 
@@ -350,6 +296,7 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
     order = [*keys, "seed"]
     orders = axis_orders(read_spec(df))
     ordered = sorted((run for _, run in runs.iterrows()), key=lambda r: sort_key(row_key(r, order), order, orders))
+    titles = unique_titles(ordered, keys, df.attrs.get("variant_axes", ()))
     written, notes, drawn, left_out = [], [], [], []
     for run in ordered:
         try:
@@ -361,13 +308,23 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
             reason = err.message.split("; try")[0].removeprefix("this run has ")
             left_out.append((variant_label(run, keys), label(run.get("seed")), reason))
             continue
-        fig = run_figure(kind, config, model, run_title(run, keys), layer, head, sampler,  # bad --layer/--head: raised
+        fig = run_figure(kind, config, model, titles[run["run_dir"]], layer, head, sampler,  # bad --layer/--head: raised
                          Path(run["run_dir"]))
         written += save_figure(fig, Path(out) / (kind if single else f"{kind}_{run_slug(run, keys)}"), formats)
         drawn.append((run, config, model))
     if not drawn:
         raise ConfigError("kind", f"no run could be drawn as {kind!r}: {notes[0] if notes else ''}")
     if len(drawn) > 1:
-        overview = overview_figure(kind, drawn, keys, layer, head, sampler, left_out)
+        overview = overview_figure(kind, drawn, keys, layer, head, sampler, left_out, titles)
         written += save_figure(overview, Path(out) / f"{kind}_overview", formats)
+        if left_out:
+            notes.append(f"{kind}_overview: {left_out_note(left_out)}")
     return written, notes
+
+
+def unique_titles(runs: list[pd.Series], keys: list[str], axes: Iterable[str] = ()) -> dict[str, str]:
+    """run_dir -> run_title; the run id is added only to titles two runs share (runs otherwise identical)."""
+    titles = {run["run_dir"]: run_title(run, keys, axes) for run in runs}
+    counts = Counter(titles.values())
+    return {run["run_dir"]: titles[run["run_dir"]] + (f" ({run['run_id']})" if counts[titles[run["run_dir"]]] > 1 else "")
+            for run in runs}

@@ -21,7 +21,8 @@ from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import run_names
 from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.tables import (
-    TableOptions, axis_orders, finished, label, read_spec, resolve_options, row_key, sort_key, variant_colors,
+    TableOptions, apply_where, axis_orders, finished, label, read_spec, resolve_options, row_key, sort_key,
+    variant_colors,
 )
 from relpos_ablate.config import ConfigError
 
@@ -64,8 +65,9 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
     """One panel per evaluation setting (rows: protocols, columns: lengths), one line per variant (mean
     over seeds, ± std as a band), the training segment length marked; y shared by every panel."""
     spec = read_spec(df)
-    data = table_settings(df)
-    rows = list(resolve_options(data, TableOptions(metric="loss"), spec).rows)
+    options = resolve_options(table_settings(df), TableOptions(metric="loss"), spec)
+    data = apply_where(table_settings(df), options.where)  # the spec's table: where (e.g. full-target settings)
+    rows = list(options.rows)
     frame = position_frame(finished(data, "loss")).dropna(subset=["position_loss"])
     if frame.empty:
         raise ConfigError("kind", f"no loss by position in these runs' {rundir.EVAL} (evaluated before it was recorded?)")

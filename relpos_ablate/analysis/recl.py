@@ -2,16 +2,18 @@
 group of models, from per-token losses at a ladder of context lengths (docs/formulas.md#recl).
 
 For each context c of the ladder, l_i(c, t) is model i's loss on target t with exactly c tokens of
-context (runs evaluate it with `eval.recl_contexts`: sliding windows of c tokens, stride 1, saving
-every target's loss). With b(c, t) = min_i l_i(c, t) the group's best loss and T the top-r fraction of
-targets by b(c, t) (re-chosen for every c):
+context (runs evaluate it with `eval.recl_contexts`, saving every target's loss: a model with memory
+through its memory, every query seeing c keys, as the paper measures recurrent models; one without
+through sliding windows of c tokens, stride 1). With b(c, t) = min_i l_i(c, t) the group's best loss and
+T the top-r fraction of targets by b(c, t) (re-chosen for every c):
 
     f_i(c, c') = mean over t in T of min(b(c, t), l_i(c', t))
     g_i(c, c') = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c)
 
 Starting at the ladder's first c with c' the next one, RECL_i is the first c whose gain g_i(c, c')
-falls below the threshold (1%); c then steps to c'. A model still gaining at the last step gets the
-last context, marked as a lower bound (censored).
+falls below the threshold (1%), or (our guard, not the paper's) whose own mean loss on T does not fall
+from c to c'; c then steps to c'. A model still gaining at the last step gets the last context, marked as
+a lower bound (censored).
 """
 
 from __future__ import annotations
@@ -56,11 +58,21 @@ def relative_gain(losses: np.ndarray, i: int, short: int, long: int, r: float) -
     return float((math.exp(f_short) - math.exp(f_long)) / math.exp(f_short))
 
 
+def own_gain(losses: np.ndarray, i: int, short: int, long: int, r: float) -> float:
+    """How much model i's own mean loss on T (the targets relative_gain uses) falls from c to c'."""
+    hardest = top_fraction(losses[:, short].min(0), r)
+    return float(losses[i, short, hardest].mean() - losses[i, long, hardest].mean())
+
+
 def recl_search(losses: np.ndarray, contexts: list[int], r: float, threshold: float = THRESHOLD) -> list[Recl]:
-    """RECL of every model of the group; losses [models, contexts, targets] on the same targets."""
+    """RECL of every model of the group; losses [models, contexts, targets] on the same targets. A step
+    counts only while the model's own loss on T falls too (own_gain > 0; our guard, not the paper's):
+    the gain g compares against the group's best loss at c, so a model far above it could otherwise
+    collect gains from a few noisy targets while its own loss rises with context."""
     found = []
     for i in range(losses.shape[0]):
-        step = next((k for k in range(len(contexts) - 1) if relative_gain(losses, i, k, k + 1, r) < threshold), None)
+        step = next((k for k in range(len(contexts) - 1) if relative_gain(losses, i, k, k + 1, r) < threshold
+                     or own_gain(losses, i, k, k + 1, r) <= 0), None)
         found.append(Recl(contexts[-1], censored=True) if step is None else Recl(contexts[step]))
     return found
 
@@ -83,10 +95,16 @@ def recl(frame: pd.DataFrame, r: float, threshold: float = THRESHOLD) -> pd.Data
 
 
 def ladder_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Collected rows of RECL's ladder: sliding settings with stride 1 that saved their token losses."""
+    """Collected rows of each run's RECL ladder: the settings that saved their token losses with a fixed
+    context, of the run's own kind (config.evaluation.recl_settings): memory with same_length (protocol
+    xl) for a model trained with memory, sliding windows with stride 1 for one without. Context c is the
+    setting's attn_len (the keys every query sees: the window, or mem_len)."""
     if "token_losses" not in df:
         return df.iloc[0:0]
-    mask = df["token_losses"].notna() & (df["protocol"] == "sliding") & (df["stride"] == 1)
+    recurrent = pd.to_numeric(df.get("model.mem_len", pd.Series(0, index=df.index)), errors="coerce").fillna(0) > 0
+    own = np.where(recurrent, "xl", "sliding")
+    fixed_context = (df["protocol"] == "xl") | ((df["protocol"] == "sliding") & (df["stride"] == 1))
+    mask = df["token_losses"].notna() & fixed_context & (df["protocol"] == own)
     return df[mask & (df["status"] == "done")]
 
 
@@ -97,9 +115,9 @@ def token_loss_frame(df: pd.DataFrame) -> pd.DataFrame:
     evaluation layout, the same for every run evaluated on the same split and streams."""
     rows = ladder_rows(df)
     if rows.empty:
-        raise ConfigError("layout", "no RECL ladder in these runs (set eval.recl_contexts: sliding evaluations "
-                          "with stride 1 that save every target's loss)")
-    ladders = rows.groupby("run_dir")["segment_len"].apply(lambda s: tuple(sorted(s.astype(int))))
+        raise ConfigError("layout", "no RECL ladder in these runs (set eval.recl_contexts: evaluations at a fixed "
+                          "context that save every target's loss)")
+    ladders = rows.groupby("run_dir")["attn_len"].apply(lambda s: tuple(sorted(s.astype(int))))
     if ladders.nunique() > 1:
         raise ConfigError("layout", f"runs evaluated different RECL ladders: {sorted(set(ladders))}")
     longest = max(ladders.iloc[0])
@@ -112,7 +130,7 @@ def token_loss_frame(df: pd.DataFrame) -> pd.DataFrame:
             losses = arrays[record.token_losses]  # (B, T)
             shapes.add(losses.shape)
             targets = np.arange(losses.size).reshape(losses.shape)[:, longest - 1:]
-            parts.append(pd.DataFrame({"run_dir": run_dir, "context": int(record.segment_len),
+            parts.append(pd.DataFrame({"run_dir": run_dir, "context": int(record.attn_len),
                                        "target": targets.ravel(), "loss": losses[:, longest - 1:].ravel()}))
     if len(shapes) > 1:
         raise ConfigError("layout", f"runs scored different evaluation layouts (streams, targets): {sorted(shapes)}; "

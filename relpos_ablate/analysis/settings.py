@@ -56,7 +56,7 @@ def column_label(cols: list[str], key: tuple, metric: str) -> str:
 
 
 SUMMARY_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "max_targets", "rope_scaling",
-                  "rope_scale", "length_min", "length_max", "depth")
+                  "rope_scale", "split", "length_min", "length_max", "depth")
 """Fields of an eval.json setting record that can tell one evaluation of a run from another."""
 
 

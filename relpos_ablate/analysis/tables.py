@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields, replace
@@ -31,6 +32,7 @@ from relpos_ablate.analysis.settings import column_label, evaluation_note, label
 from relpos_ablate.analysis.render import FORMATS, STAR_LEGEND, Cell, Table
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice, load_yaml
+from relpos_ablate.config.evaluation import SPLITS
 
 HIGHER_IS_BETTER = ("acc", "accuracy", "exact_match")
 """Metrics where larger is better; every other metric (ppl, loss, bpc, nll) is lower-is-better."""
@@ -58,10 +60,24 @@ class TableOptions:
     xl_table8, its RECL table; length_generalization); checked by make_table."""
     format: str | None = None
     """markdown | latex | csv."""
+    best_over: str | None = None
+    """A key (e.g. train.lr) tuned per row, as papers tune each baseline: every cell reports the value of
+    the key whose select_split metric is best (analysis/best_over.py); none: off (over the spec's block)."""
+    select_split: str | None = None
+    """best_over: the split the value is picked on (default valid)."""
+    report_split: str | None = None
+    """best_over: the split the cells report (default test)."""
+    where: tuple[str, ...] | None = None
+    """Keep only the collected rows whose field has (`FIELD=VALUE`) or has not (`FIELD!=VALUE`) this value, e.g.
+    `protocol=sliding`; several must all hold. E.g. a stride sweep on a max_targets subset (ALiBi App. B) in a
+    table of its own (`max_targets=2048`) and out of the main one (`max_targets!=2048`)."""
 
     def __post_init__(self):
         if self.format is not None:
             check_choice("format", self.format, FORMATS)
+        for name in ("select_split", "report_split"):
+            if getattr(self, name) is not None:
+                check_choice(name, getattr(self, name), SPLITS)
 
     def merged(self, fallback: "TableOptions") -> "TableOptions":
         """These options, with unset fields taken from `fallback`."""
@@ -86,8 +102,10 @@ def read_spec(df: pd.DataFrame) -> dict:
     root = Path(df.attrs.get("results_dir", "."))
     pairs = df[["run_dir", "spec"]].dropna().drop_duplicates().itertuples(index=False) if "spec" in df else ()
     for run_dir, raw in pairs:
-        # run.json stores the spec relative to the run dir (older runs: absolute or relative to the cwd)
-        for path in (Path(run_dir) / raw, Path(raw), root / raw, root / Path(raw).name):
+        # run.json stores the spec relative to the run dir (older runs: absolute or relative to the cwd); for a
+        # committed summary.csv the run dir is gone, so its '..' are resolved by name
+        for path in (Path(run_dir) / raw, Path(os.path.normpath(Path(run_dir) / raw)), Path(raw), root / raw,
+                     root / Path(raw).name):
             if path.is_file():
                 try:
                     spec = load_yaml(path.read_text())
@@ -102,7 +120,7 @@ def spec_options(spec: dict) -> TableOptions:
     """The spec's `table:` block as options (unknown keys and wrong types are one-line errors)."""
     block = spec.get("table") or {}
     if isinstance(block, dict):
-        block = {k: [v] if k in ("rows", "cols") and isinstance(v, str) else v for k, v in block.items()}
+        block = {k: [v] if k in ("rows", "cols", "where") and isinstance(v, str) else v for k, v in block.items()}
     return from_dict(TableOptions, block, "table")
 
 
@@ -176,16 +194,18 @@ def varies(frame: pd.DataFrame, column: str) -> bool:
     return frame[column].map(normalized).nunique(dropna=False) > 1
 
 
-def default_rows(df: pd.DataFrame) -> list[str]:
+def default_rows(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
     """What varies between runs, seed excluded: the variant axes, else the flattened config fields (of the
     runs whose config.yaml could be read); the experiment first when there are several. When nothing
     varies: the experiment, or the run (its dir name) for a run trained by `train` alone (no experiment).
-    Pass every run, not only the finished ones: a run without results must not take a label away."""
+    Pass every run, not only the finished ones: a run without results must not take a label away.
+    `exclude`: fields that are no row key (best_over's tuned key)."""
     runs = run_level(df)
     axes = [a for a in df.attrs.get("variant_axes", []) if a in df and a != "seed"]
     config = [c for c in df.columns if isinstance(c, str) and "." in c and not c.startswith("eval.")]
     configured = runs[runs[config].notna().any(axis=1)] if config else runs
-    keys = [c for c in axes if varies(runs, c)] or [c for c in config if varies(configured, c)]
+    keys = [c for c in axes if c not in exclude and varies(runs, c)] or [
+        c for c in config if c not in exclude and varies(configured, c)]
     named = runs.dropna(subset=["experiment"]) if "experiment" in runs else runs
     if "experiment" in named and varies(named, "experiment"):
         keys.insert(0, "experiment")
@@ -224,12 +244,37 @@ def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> Tabl
     opts = options.merged(spec_options(spec))
     metric = check_metric(df, opts.metric or default_metric(df))
     data = finished(df, metric)
-    rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(df)
-    cols = [resolve_column(df, c, "cols") for c in opts.cols] if opts.cols is not None else default_cols(data, rows)
+    # best_over: the tuned key and the split are chosen per cell, so neither is a default row or column
+    tuned = resolve_column(df, opts.best_over, "best_over") if opts.best_over not in (None, "none") else None
+    rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(df, exclude=(tuned,))
+    cols = [resolve_column(df, c, "cols") for c in opts.cols] if opts.cols is not None else [
+        c for c in default_cols(data, rows) if not (tuned and c in (tuned, "split"))]
     overlap = set(rows) & set(cols)
     if overlap:
         raise ConfigError("cols", f"{', '.join(sorted(overlap))} cannot be both a row and a column key")
-    return TableOptions(tuple(rows), tuple(cols), metric, opts.baseline, opts.layout or "grid", opts.format or "markdown")
+    splits = (opts.select_split or "valid", opts.report_split or "test") if tuned else (None, None)
+    return TableOptions(tuple(rows), tuple(cols), metric, opts.baseline, opts.layout or "grid", opts.format or "markdown",
+                        tuned, *splits, opts.where)
+
+
+def apply_where(df: pd.DataFrame, where: Iterable[str] | None) -> pd.DataFrame:
+    """The rows whose fields have (`FIELD=VALUE`) or do not have (`FIELD!=VALUE`) the values `where` asks for,
+    values compared as a table labels them (`max_targets!=2048`, `protocol=sliding`); a field that is no column,
+    a malformed condition or a condition no row meets is a one-line error."""
+    kept = df
+    for condition in where or ():
+        field, sep, value = str(condition).partition("=")
+        negate = field.endswith("!")
+        field, value = field.removesuffix("!").strip(), value.strip()
+        if not sep or not field:
+            raise ConfigError("where", f"{condition!r}: write FIELD=VALUE or FIELD!=VALUE, e.g. max_targets=0")
+        column = resolve_column(df, field, "where")
+        match = (kept[column].map(label) == value) != negate
+        if not match.any():
+            seen = ", ".join(sorted({label(v) for v in kept[column]})) or "none"
+            raise ConfigError("where", f"no row has {column}{'!=' if negate else '='}{value}; values here: {seen}")
+        kept = kept[match]
+    return kept
 
 
 # ---------------------------------------------------------------- grid layout

@@ -1,10 +1,15 @@
 """Transformer-XL's tables (Dai et al. 2019) from `collect`, one row per model as the paper labels it
 (Recurrence, Encoding, Loss; seeds pooled, recurrence first):
 
-- `xl_table6`: PPL init (at the training attention length), PPL best (best over the evaluation
-  settings of one protocol: xl when there is one) and Attn Len (the shortest attention length
-  reaching PPL best, counted as that protocol counts it).
-- `xl_table8`: RECL at r = 0.1, 0.5, 1.0 within the group of every model in the table (recl.py).
+- `xl_table6`: PPL init (at the training attention length), PPL best (best over the row's settings) and
+  Attn Len (the shortest attention length reaching PPL best). Each row is measured the way it was
+  trained: a model with memory by the xl protocol (memory + same_length: every query sees mem_len keys),
+  one without by sliding windows (stride 1 where evaluated so: every target sees the window), as the
+  paper evaluates its vanilla Transformer. The RECL ladder's settings count (they are these evaluations,
+  on a shared subset of targets).
+- `xl_table8`: RECL at r = 0.1, 0.5, 1.0 within the group of every model in the table (recl.py), and each
+  model's perplexity at every context of the ladder on the targets RECL uses, so a RECL can be read
+  against the losses it comes from.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from relpos_ablate.analysis.tables import (
     seed_caption, seed_cell, short_name, sort_key, values_by_key, varies,
 )
 
-TABLE6_PROTOCOLS = ("xl", "non_overlapping", "sliding")
-"""Table 6 compares the settings of one protocol, the first of these the runs were evaluated with."""
+TABLE6_PROTOCOLS = ("xl", "sliding", "non_overlapping")
+"""The protocols a Table 6 row falls back on, in this order, when it was not evaluated the way it was trained."""
 
 
 def model_rows(data: pd.DataFrame, orders: dict[str, list]) -> tuple[list[str], list[tuple[list[str], pd.DataFrame]]]:
@@ -62,13 +67,18 @@ def _encoding_label(run: pd.Series, attention_fields: list[str]) -> str:
 # ---------------------------------------------------------------- Table 6
 
 
-def one_protocol(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The rows of the protocol Table 6 compares (xl, else non_overlapping, else sliding)."""
-    if "protocol" not in data:
-        return data, "non_overlapping"
-    present = set(data["protocol"].dropna())
-    chosen = next((p for p in TABLE6_PROTOCOLS if p in present), "non_overlapping")
-    return data[data["protocol"] == chosen], chosen
+def row_protocol(runs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The settings a Table 6 row is compared on, and their protocol: the row's training condition, xl
+    (memory) for a model trained with memory, sliding (stride 1 where evaluated so) for one without."""
+    if "protocol" not in runs:
+        return runs, "non_overlapping"
+    recurrent = (normalized(runs.iloc[0].get("model.mem_len")) or 0) > 0
+    present = set(runs["protocol"].dropna())
+    chosen = next((p for p in ("xl" if recurrent else "sliding", *TABLE6_PROTOCOLS) if p in present), "non_overlapping")
+    part = runs[runs["protocol"] == chosen]
+    if chosen == "sliding" and (part["stride"] == 1).any():
+        part = part[part["stride"] == 1]
+    return part, chosen
 
 
 def _setting_cells(runs: pd.DataFrame, metric: str) -> list[tuple[dict, Cell]]:
@@ -94,22 +104,33 @@ def xl_table6(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] |
     """Transformer-XL Table 6: one row per configuration (seeds pooled), best init/best in bold, in
     options.metric."""
     metric = options.metric
-    data, protocol = one_protocol(finished(df, metric))
-    index, models = model_rows(data, orders or {})
-    lines = [(labels, list(_init_and_best(part, metric))) for labels, part in models]
+    index, models = model_rows(finished(df, metric), orders or {})
+    lines, protocols = [], {}
+    for labels, part in models:
+        settings, protocol = row_protocol(part)
+        protocols[protocol] = protocols.get(protocol, 0) + 1
+        lines.append((labels, list(_init_and_best(settings, metric))))
     for j in (0, 1):
         mark_best([values[j] for _, values in lines], metric)
     name = metric.upper() if metric == "ppl" else metric
     cells = [c for _, values in lines for c in values[:2] if c is not None]
+    measured = "; ".join(f"{protocol} ({n} row{'s' * (n > 1)}): attn len = {ATTN_LEN.get(protocol, 'segment_len + mem_len')}"
+                         for protocol, n in protocols.items())
     return Table(
         index=index,
         columns=[f"{name} init", f"{name} best", "Attn Len"],
         rows=lines,
-        caption=seed_caption(metric, cells, None) + f" Protocol: {protocol}. init: at the training attention length; "
-                f"Attn Len: the shortest reaching the best, counted as {ATTN_LEN.get(protocol, 'segment_len + mem_len')}.",
+        caption=seed_caption(metric, cells, None) + " Each row measured the way it was trained (memory: protocol xl; "
+                f"none: sliding windows). Protocol {measured}. init: at the training attention length (segment + "
+                f"memory); Attn Len: the shortest reaching the best.{_targets_note(df)}",
         decimals=DECIMALS.get(metric, 3),
         show_n=len({c.n for c in cells}) > 1,
     )
+
+
+def _targets_note(df: pd.DataFrame) -> str:
+    tokens = sorted(set(df["tokens"].dropna().astype(int))) if "tokens" in df else []
+    return f" Tokens scored per setting: {tokens[0]:,}." if len(tokens) == 1 else ""
 
 
 # ---------------------------------------------------------------- Table 8
@@ -130,9 +151,27 @@ def xl_table8(df: pd.DataFrame, options: TableOptions | None = None, orders: dic
         for r in R_VALUES:
             for record in recl(group, r).itertuples(index=False):
                 found[(record.model, r)].append((record.recl, record.censored))
-    lines = [(labels, [_recl_label(found[(k, r)]) for r in R_VALUES]) for k, (labels, _) in enumerate(models)]
-    return Table(index=index, columns=[f"r = {r}" for r in R_VALUES], rows=lines,
+    contexts = sorted(losses["context"].unique())
+    ppl = _ppl_by_context(losses)
+    lines = [(labels, [_recl_label(found[(k, r)]) for r in R_VALUES] + [_ppl_label(ppl.get((k, c), [])) for c in contexts])
+             for k, (labels, _) in enumerate(models)]
+    return Table(index=index, columns=[f"r = {r}" for r in R_VALUES] + [f"ppl c={c}" for c in contexts], rows=lines,
                  caption=_table8_caption(rows, losses, len(models)))
+
+
+def _ppl_by_context(losses: pd.DataFrame) -> dict[tuple[int, int], list[float]]:
+    """(model, context) -> the perplexity of each seed on the targets RECL uses (exp of the mean loss)."""
+    means = losses.groupby(["model", "context", "seed"])["loss"].mean()
+    found: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for (model, context, _seed), loss in means.items():
+        found[(int(model), int(context))].append(float(np.exp(loss)))
+    return found
+
+
+def _ppl_label(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{values[0]:.2f}" if len(values) == 1 else f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f}"
 
 
 def _recl_label(values: list[tuple[int, bool]]) -> str:
@@ -145,7 +184,7 @@ def _recl_label(values: list[tuple[int, bool]]) -> str:
 
 
 def _table8_caption(rows: pd.DataFrame, losses: pd.DataFrame, n_models: int) -> str:
-    contexts = sorted(int(c) for c in rows["segment_len"].unique())
+    contexts = sorted(int(c) for c in rows["attn_len"].unique())
     steps = sorted({b - a for a, b in zip(contexts, contexts[1:])})
     step = f"Δ = {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
     seeds = losses["seed"].nunique()
@@ -156,7 +195,15 @@ def _table8_caption(rows: pd.DataFrame, losses: pd.DataFrame, n_models: int) -> 
     return (f"RECL (Transformer-XL, Dai et al. 2019, App. C) within the group of these {n_models} models{per_seed}. "
             f"r: the fraction of hardest targets (largest group-best loss b(c, t), re-chosen for every c); "
             f"threshold: relative gain {THRESHOLD:.0%}; contexts c = {', '.join(map(str, contexts))} "
-            f"(start c = {contexts[0]}, {step}). Each target's loss at exactly c tokens of context (sliding "
-            f"window of c tokens, stride 1) on the first {max_targets:,} targets of the {split} split; the "
-            f"{targets:,} with {contexts[-1]} tokens of context in their stream are used. ≥: still gaining at the "
-            f"longest context.")
+            f"(start c = {contexts[0]}, {step}). Each target's loss at exactly c tokens of context ({_how(rows)}) on "
+            f"the first {max_targets:,} targets of the {split} split; the {targets:,} with {contexts[-1]} tokens of "
+            f"context in their stream are used. A step counts only while the model's own loss on those targets "
+            f"falls (our guard against gains from noise). ≥: still gaining at the longest context. ppl c: each "
+            f"model's perplexity at context c on the targets used.")
+
+
+def _how(rows: pd.DataFrame) -> str:
+    """How the ladder gave each kind of model its context (recl.ladder_rows)."""
+    kinds = {"xl": "models with memory: memory + same_length, every query sees c keys",
+             "sliding": "models without: a sliding window of c tokens, stride 1"}
+    return "; ".join(kinds[p] for p in kinds if p in set(rows["protocol"]))

@@ -29,25 +29,58 @@ def register(subparsers) -> None:
     p.add_argument("--metric", help="metric in the cells (default: the task's main metric)")
     p.add_argument("--format", choices=("markdown", "latex", "csv"), help="default: from --out's suffix, else markdown")
     p.add_argument("--baseline", help="row label to test the others against (Welch's t-test); several keys: 'a,b'")
+    p.add_argument("--where", nargs="+", metavar="FIELD=VALUE",
+                   help="keep only the evaluations whose field has (FIELD=VALUE) or has not (FIELD!=VALUE) this value, "
+                        "e.g. max_targets=2048 or protocol=sliding (default: the spec's table: where)")
     p.add_argument("--layout", metavar="NAME",
                    help="grid (default), Transformer-XL's Table 6 (PPL init / best / Attn Len) or Table 8 (RECL at "
                         "r = 0.1, 0.5, 1.0; needs eval.recl_contexts), or length_generalization (example tasks: "
                         "test-length bins + OOD mean per task and encoding, then a rank-per-task summary)")
+    p.add_argument("--best-over", metavar="KEY",
+                   help="tune KEY per row as papers tune each baseline (e.g. train.lr): each cell reports the "
+                        "--report-split metric at the KEY value whose --select-split metric (seed mean, same "
+                        "evaluation setting) is best, and shows that value; none: off")
+    p.add_argument("--select-split", choices=("valid", "test"), help="--best-over: the split that picks (default valid)")
+    p.add_argument("--report-split", choices=("valid", "test"), help="--best-over: the split reported (default test)")
     p.add_argument("--out", type=Path, help="write the table to FILE instead of printing it")
     p.set_defaults(func=cmd_table)
 
+    p = subparsers.add_parser("report", help="a study's derived numbers (trends, the tests behind orderings) as Markdown",
+                              description="The report function registered for the experiment the runs belong to "
+                                          "(relpos_ablate/analysis/reports.py), from DIR (a results dir) or a "
+                                          "committed summary.csv.")
+    p.add_argument("source", type=Path, metavar="DIR|summary.csv", help="an experiment's results dir or its summary.csv")
+    p.add_argument("--out", type=Path, help="write the report to FILE instead of printing it")
+    p.set_defaults(func=cmd_report)
+
     p = subparsers.add_parser("plot", help="bias curves, attention / term heatmaps, extrapolation and loss-by-position "
-                                           "curves, attention diagnostics, passkey retrieval",
+                                           "curves, length generalization, attention diagnostics, passkey retrieval",
                               description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
-                                          "(extrapolation and position-loss: one figure of every run; diagnostics: one "
-                                          "per task; passkey: one panel per variant).")
-    p.add_argument("target", type=Path, help="a run dir or a results dir")
+                                          "(extrapolation and position-loss: one figure of every run; lengthgen: exact "
+                                          "match against task length, one panel per task; diagnostics: one per task; "
+                                          "passkey: one panel per variant).")
+    p.add_argument("target", type=Path, help="a run dir or a results dir (extrapolation: also a summary.csv that "
+                                             "collect wrote)")
     p.add_argument("--kind", required=True,
-                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "diagnostics", "passkey"),
-                   help="position-loss: mean loss by position in the segment / window, one panel per evaluation setting")
+                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "lengthgen", "diagnostics",
+                            "passkey", "lr-sweep"),
+                   help="position-loss: mean loss by position in the segment / window, one panel per evaluation "
+                        "setting; lengthgen: example tasks, a line per variant (mean over seeds, min-max band), training "
+                        "lengths shaded; lr-sweep: the fair-baselines study, valid ppl against train.lr per encoding and "
+                        "each one's test ppl at its best lr over the best encoding's")
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
-    p.add_argument("--metric", help="extrapolation, passkey: the metric shown (default: the main metric)")
+    p.add_argument("--metric", help="extrapolation, lengthgen, passkey: the metric shown (default: the main metric)")
     p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
+    p.add_argument("--y", default="value", choices=("value", "ratio"),
+                   help="extrapolation: the metric, or its ratio to each run's metric at its training length")
+    p.add_argument("--panels", metavar="FIELD", help="extrapolation: a panel per value of this field (default: "
+                                                     "the protocol, when it varies)")
+    p.add_argument("--family-rows", action="store_true",
+                   help="extrapolation: a row of panels per encoding family (absolute, rotary, bias, data-dependent, "
+                        "other), each with its own y range; without it, families share a row unless a panel would "
+                        "hold more than 10 lines")
+    p.add_argument("--where", nargs="+", metavar="FIELD=VALUE",
+                   help="extrapolation: keep only these evaluations (default: the spec's table: where)")
     p.add_argument("--layer", type=int, default=-1, help="terms: layer index (default: the last)")
     p.add_argument("--head", type=int, default=0, help="terms: head index")
     p.add_argument("--formats", default="png,pdf", help="comma-separated figure formats (png, pdf, svg)")
@@ -92,18 +125,27 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from relpos_ablate.analysis.reports import make_report, read_summary
+
+    if args.source.suffix == ".csv" and not args.source.is_file():
+        raise UsageError(f"{args.source}: not found; give a results dir or a summary.csv that `collect` wrote")
+    frame = read_summary(args.source) if args.source.suffix == ".csv" else _collect(args.source)
+    return _emit(make_report(frame), args.out)
+
+
 def cmd_table(args: argparse.Namespace) -> int:
     from relpos_ablate.analysis.render import render
     from relpos_ablate.analysis.layouts import make_table
     from relpos_ablate.analysis.tables import TableOptions, left_out_runs
-    from relpos_ablate.io import atomic_write_text
 
     if args.format is None and args.out is not None and args.out.suffix not in SUFFIX_FORMATS:
         raise UsageError(f"--out: {args.out.suffix or 'no suffix'!r} does not say the format; "
                          f"use {', '.join(SUFFIX_FORMATS)} or give --format")
     fmt = args.format or (SUFFIX_FORMATS.get(args.out.suffix) if args.out else None)
     options = TableOptions(rows=_keys(args.rows), cols=_keys(args.cols), metric=args.metric,
-                           baseline=args.baseline, layout=args.layout, format=fmt)
+                           baseline=args.baseline, layout=args.layout, format=fmt, best_over=args.best_over,
+                           select_split=args.select_split, report_split=args.report_split, where=_keys(args.where))
     frame = _collect(args.dir)
     table, resolved = make_table(frame, options)
     for line in left_out_runs(frame, resolved.metric, resolved.rows):
@@ -115,12 +157,18 @@ def cmd_table(args: argparse.Namespace) -> int:
 
         text += "\n" + render(rank_table(frame, resolved.metric, list(resolved.rows), axis_orders(read_spec(frame))),
                               resolved.format)
-    if args.out:
-        atomic_write_text(args.out, text)
-        print(f"wrote {args.out}", file=sys.stderr)
+    return _emit(text, args.out)
+
+
+def _emit(text: str, out: Path | None) -> int:
+    """Print the text, or write it to `out` atomically."""
+    from relpos_ablate.io import atomic_write_text
+
+    if out:
+        atomic_write_text(out, text)
+        print(f"wrote {out}", file=sys.stderr)
     else:
         print(text, end="")
-    return 0
 
 
 def _keys(values: list[str] | None) -> tuple[str, ...] | None:
@@ -137,18 +185,33 @@ def cmd_plot(args: argparse.Namespace) -> int:
     bad = [f for f in formats if f not in plots.FIGURE_FORMATS]
     if bad or not formats:
         raise UsageError(f"--formats: {','.join(bad) or 'nothing'} not allowed; choose from {', '.join(plots.FIGURE_FORMATS)}")
-    if not args.target.is_dir():
-        raise UsageError(f"{args.target}: not a directory")
-    out = args.out or args.target / "figures"
+    from_csv = args.kind == "extrapolation" and args.target.suffix == ".csv"
+    if not (args.target.is_file() if from_csv else args.target.is_dir()):
+        raise UsageError(f"{args.target}: not {'found' if from_csv else 'a directory'}")
+    out = args.out or (args.target.parent if from_csv else args.target) / "figures"
     if args.kind in ("diagnostics", "passkey"):
         from relpos_ablate.analysis import length_figures
 
         frame = _collect(args.target)
         written, notes = (length_figures.save_diagnostics(frame, out, formats) if args.kind == "diagnostics" else
                           length_figures.save_passkey(frame, out, args.metric, formats)), []
-    elif args.kind == "extrapolation":
-        written, notes = plots.save_extrapolation(_collect(args.target), out, metric=args.metric, x=args.x,
+    elif args.kind == "lengthgen":
+        from relpos_ablate.analysis.length_curves import save_lengthgen
+
+        written, notes = save_lengthgen(_collect(args.target), out, args.metric, formats), []
+    elif args.kind == "extrapolation":  # from the runs, or from the summary.csv collect wrote of them
+        from relpos_ablate.analysis.reports import read_summary
+
+        frame = read_summary(args.target) if from_csv else _collect(args.target)
+        written, notes = plots.save_extrapolation(frame, out, metric=args.metric, x=args.x, y=args.y, panels=args.panels,
+                                                  split_families=args.family_rows, where=_keys(args.where),
                                                   formats=formats)
+    elif args.kind == "lr-sweep":
+        from relpos_ablate.analysis.baselines_report import save_lr_figure
+        from relpos_ablate.analysis.tables import axis_orders, read_spec
+
+        frame = _collect(args.target)
+        written, notes = save_lr_figure(frame, out, formats, axis_orders(read_spec(frame)))
     elif args.kind == "position-loss":
         from relpos_ablate.analysis.positions import save_position_loss
 

@@ -9,6 +9,9 @@ from relpos_ablate.config.base import ConfigError, check_choice, check_range
 
 ROPE_SCALINGS = ("pi", "ntk", "yarn")
 PROTOCOLS = ("non_overlapping", "sliding", "xl")
+RECL_PROTOCOLS = ("auto", "sliding", "xl")
+SPLITS = ("valid", "test")
+"""The text splits an evaluation can score (eval.split, and eval.settings[i].split)."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +53,17 @@ class EvalSetting:
     length (attn_len: the keys a query sees under its protocol) / the training one, train.segment_len +
     model.mem_len; at least 1.
     Fixed per setting: the same (i, j) pair always gets the same score."""
+    split: str | None = None
+    """The text split this setting scores: valid | test | null (eval.split). One run can so be scored on
+    both (papers pick a learning rate on valid and report test: `table --best-over`); eval.json records
+    the resolved split. Text only: a synthetic task draws one evaluation stream from the seed, so it
+    leaves split unset."""
 
     def __post_init__(self):
         check_range("segment_len", self.segment_len, low=1)
         check_choice("protocol", self.protocol, PROTOCOLS)
+        if self.split is not None:
+            check_choice("split", self.split, SPLITS)
         if self.mem_len is not None:
             check_range("mem_len", self.mem_len, low=0)
         if self.clamp_len is not None:
@@ -98,6 +108,10 @@ class EvalSetting:
         memory = self.memory(model_mem_len)
         return {"non_overlapping": self.segment_len + memory, "sliding": self.segment_len, "xl": memory}[self.protocol]
 
+    def split_of(self, default: str) -> str:
+        """The split this setting scores: its own, else `default` (eval.split)."""
+        return self.split or default
+
     def rope_factor(self, train_attn_len: int, attn_len: int) -> float:
         """s: rope_scale, or auto: attn_len / train_attn_len (at least 1)."""
         return max(1.0, attn_len / train_attn_len) if self.rope_scale == "auto" else float(self.rope_scale)
@@ -112,7 +126,7 @@ class EvalConfig:
     (docs/formulas.md#evaluation-protocols); empty means 1x, 2x and 4x the training segment length,
     non_overlapping, with the training mem_len."""
     split: str = "valid"
-    """Which split to evaluate: valid | test."""
+    """Which split to evaluate: valid | test; a setting's own `split` overrides it for that setting."""
     batch_size: int = 8
     """Evaluation streams: the split is cut into this many contiguous streams (the remainder dropped; each
     stream's first token is never a target); non_overlapping and xl evaluate one segment of each per forward."""
@@ -121,26 +135,38 @@ class EvalConfig:
     windows are independent, so the result does not depend on it."""
     recl_contexts: tuple[int, ...] = ()
     """RECL's ladder (docs/formulas.md#recl): for each context length c, an extra setting that scores every
-    target with exactly c tokens of context (sliding, segment_len c, stride 1) and saves each target's loss."""
+    target with exactly c tokens of context (recl_protocol: a sliding window of c, or memory of c keys) and
+    saves each target's loss."""
     recl_targets: int = 4096
     """max_targets of the RECL settings: sliding with stride 1 costs one forward per target."""
+    recl_protocol: str = "auto"
+    """How the RECL ladder gives a target exactly c tokens of context: sliding (a window of c tokens, stride 1:
+    the context is in the input) | xl (memory with same_length, mem_len c: every query sees c keys, and the
+    memory supplies them, as the paper measures recurrent models) | auto: xl for a model with memory
+    (model.mem_len > 0), sliding without (docs/formulas.md#recl)."""
     diagnostics: bool = False
     """Also record per layer and head the attention's entropy, sink mass, mean attended distance and mass
     on distances unseen in training (docs/formulas.md#attention-diagnostics), from the same forward:
     probabilities are then computed per query block instead of by fused kernels."""
 
     def __post_init__(self):
-        check_choice("split", self.split, ("valid", "test"))
+        check_choice("split", self.split, SPLITS)
         check_range("batch_size", self.batch_size, low=1)
         check_range("sliding_batch_tokens", self.sliding_batch_tokens, low=1)
         check_range("recl_targets", self.recl_targets, low=1)
+        check_choice("recl_protocol", self.recl_protocol, RECL_PROTOCOLS)
         for i, context in enumerate(self.recl_contexts):
             check_range(f"recl_contexts[{i}]", context, low=1)
         if list(self.recl_contexts) != sorted(set(self.recl_contexts)):
             raise ConfigError("recl_contexts", f"{list(self.recl_contexts)}: list each context length once, "
                               "in increasing order (the search steps from one to the next)")
 
-    def recl_settings(self) -> tuple[EvalSetting, ...]:
-        """The ladder's settings: exactly c tokens of context for every target used by RECL."""
+    def recl_settings(self, recurrent: bool, segment_len: int) -> tuple[EvalSetting, ...]:
+        """The ladder's settings: exactly c tokens of context for every target used by RECL, by recl_protocol
+        (`recurrent`: the model has memory; xl evaluates segments of `segment_len`, the training one)."""
+        memory = self.recl_protocol == "xl" or (self.recl_protocol == "auto" and recurrent)
+        if memory:
+            return tuple(EvalSetting(segment_len=segment_len, protocol="xl", mem_len=c, max_targets=self.recl_targets,
+                                     token_losses=True) for c in self.recl_contexts)
         return tuple(EvalSetting(segment_len=c, protocol="sliding", stride=1, max_targets=self.recl_targets,
                                  token_losses=True) for c in self.recl_contexts)

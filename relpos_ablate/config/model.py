@@ -16,8 +16,11 @@ REL_SOURCES = ("sinusoid", "learned")
 SCORE_SCALES = ("sqrt_d", "none", "log_n")
 BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit")
 POSITIONS = ("sequential", "randomized")
+RANDOMIZED_DRAWS = ("per_layer", "shared_positions")
 NORMS = ("pre", "post")
 EMBED_SCALES = ("auto", "sqrt_d_model", "none")
+#: Built-in bias types that read the query position besides the distance (FIRE's normaliser).
+QUERY_DEPENDENT_BIASES = ("fire",)
 #: Absolute baselines whose published code multiplies the token embedding by sqrt(d_model) ('auto').
 SCALED_EMBEDDING_BY_DEFAULT = ("sinusoid", "learned_per_layer")
 
@@ -53,12 +56,19 @@ class AttentionConfig:
     positions are drawn from [0, max_position) (it must exceed the longest evaluated segment)."""
     positions: str = "sequential"
     """Positions every encoding reads in training: sequential (0 .. L - 1) | randomized (Ruoss et al.
-    2023: each forward draws L distinct positions from [0, max_position), sorted, shared by the batch and
-    by queries and keys; RoPE, the absolute tables, every bias and terms b/d read them, so training
-    meets the distances of longer tests; needs mem_len 0). Attention masks stay by token order."""
+    2023: every forward draws them from [0, max_position), so training meets the positions and distances
+    of longer tests; how: randomized_draw; needs mem_len 0). Attention masks stay by token order."""
     eval_positions: str | None = None
     """Positions at evaluation: sequential | randomized (a fresh draw per batch, as Ruoss et al.'s
     code evaluates) | null: as in training."""
+    randomized_draw: str = "per_layer"
+    """randomized: per_layer (Ruoss et al.'s code, models/transformer.py: the absolute tables and sinusoid
+    read one draw of L sorted distinct positions from [0, max_position); every attention layer draws its own:
+    RoPE L sorted positions for q and k, the relative encodings (every bias, terms b/d, Shaw's tables) the
+    distance d_r each offset r = i - j reads, d_0 = 0 and d_1 < ... < d_(K-1) distinct from [1, max_position),
+    mirrored for r < 0; docs/formulas.md#explicit-and-randomized-positions) | shared_positions (one draw of
+    positions for the whole forward, every layer and encoding reads it, the relative ones at p_i - p_j).
+    Draws are shared by the batch."""
     rope_base: float = 10000.0
     """rope: base of the inverse frequencies."""
     rope_fraction: float = 1.0
@@ -133,6 +143,10 @@ class AttentionConfig:
         check_choice("positions", self.positions, POSITIONS)
         if self.eval_positions is not None:
             check_choice("eval_positions", self.eval_positions, POSITIONS)
+        check_choice("randomized_draw", self.randomized_draw, RANDOMIZED_DRAWS)
+        if self.randomized and self.randomized_draw == "per_layer" and self.bias in QUERY_DEPENDENT_BIASES:
+            raise ConfigError("randomized_draw", f"per_layer draws the distances of relative encodings, and "
+                              f"{self.bias!r} also reads the query position; use shared_positions")
         check_range("rope_base", self.rope_base, low=1.0)
         if self.absolute == "rope" and self.terms != "a":
             raise ConfigError("absolute", f"'rope' rotates q and k of term a; use terms='a' (got {self.terms!r})")

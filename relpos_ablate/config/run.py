@@ -89,11 +89,25 @@ class TrainConfig:
     val_every: int = 0
     """Evaluate the first eval setting every N steps during training, logged as val_* (0: only at
     the end, where every setting is evaluated)."""
+    stop_at_exact_match: float | None = None
+    """Example tasks: stop training once exact match on a held-out set of in-distribution examples
+    (stop_examples of them, n drawn from data.train_lengths, a draw of their own) reaches this
+    share, checked every stop_check_every steps; max_steps stays the cap. status.json and eval.json
+    record the step training stopped at and why (`stopped`). null: train max_steps."""
+    stop_check_every: int = 100
+    """stop_at_exact_match: steps between two checks (each check is a no-grad pass over stop_examples)."""
+    stop_examples: int = 512
+    """stop_at_exact_match: held-out in-distribution examples per check (standard error of a share p:
+    sqrt(p(1-p)/stop_examples), 0.004 at p = 0.99 with 512)."""
 
     def __post_init__(self):
         for name in ("segment_len", "batch_size", "max_steps", "log_every", "checkpoint_every"):
             check_range(name, getattr(self, name), low=1)
         check_range("val_every", self.val_every, low=0)
+        if self.stop_at_exact_match is not None and not 0 < self.stop_at_exact_match <= 1:
+            reject("stop_at_exact_match", f"{self.stop_at_exact_match!r} is out of range; give a share in (0, 1]")
+        check_range("stop_check_every", self.stop_check_every, low=1)
+        check_range("stop_examples", self.stop_examples, low=1)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_range("lr", self.lr, low=0.0)
         check_range("weight_decay", self.weight_decay, low=0.0)
@@ -172,6 +186,9 @@ class RunConfig:
         import_modules(self.imports)
         data = self.data
         check_example_run(data, self.model, self.train.segment_len, self.eval.settings)
+        if self.train.stop_at_exact_match is not None and not data.example_task:
+            raise ConfigError("train.stop_at_exact_match", f"needs an example task (data.task one of copy, reverse, "
+                              f"sort, addition, parity, mqar, flip_flop, passkey): {data.task!r} has no exact match")
         streams = data.source == "synthetic" and not data.example_task
         if streams and data.task == "offset_copy" and data.offset >= self.train.segment_len:
             raise ConfigError(
@@ -200,8 +217,22 @@ class RunConfig:
                                   "setting's mem_len, else model.mem_len, > 0): each query sees its mem_len most "
                                   "recent keys")
         self._check_eval_subsets()
+        self._check_splits()
+
+    def _check_splits(self) -> None:
+        """Every split asked for exists: local files have a test split only with data.test_file; a synthetic
+        task has one evaluation stream, drawn from the seed, so its settings name no split."""
+        data = self.data
         if data.source == "text" and data.train_file and self.eval.split == "test" and not data.test_file:
             raise ConfigError("eval.split", "'test' with local files needs data.test_file")
+        for i, setting in enumerate(self.eval.settings):
+            if setting.split is None:
+                continue
+            if data.source == "synthetic":
+                raise ConfigError(f"eval.settings[{i}].split", "synthetic tasks have one evaluation stream (drawn "
+                                  "from the seed), no valid/test splits; leave split unset")
+            if data.train_file and setting.split == "test" and not data.test_file:
+                raise ConfigError(f"eval.settings[{i}].split", "'test' with local files needs data.test_file")
 
     def _check_eval_subsets(self) -> None:
         """A target subset leaves each stream at least one target, and RECL some with its longest context."""
@@ -235,7 +266,7 @@ class RunConfig:
         if self.data.example_task:
             return tuple(EvalSetting(segment_len=self.data.input_length(hi)) for _, hi in self.data.test_lengths)
         settings = self.eval.settings or tuple(EvalSetting(segment_len=self.train.segment_len * k) for k in (1, 2, 4))
-        return settings + self.eval.recl_settings()
+        return settings + self.eval.recl_settings(self.model.mem_len > 0, self.train.segment_len)
 
 
 def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:

@@ -19,7 +19,9 @@ alone and every distance-only bias are one per-head curve over distances, laid o
 
 Positions: the encodings read where queries and keys sit, by default their key indices (query i at
 M + i). Explicit positions (`AttentionOptions.positions`, e.g. randomized ones) replace them for RoPE,
-the bias and terms b/d, which then see d = pos(i) - pos(j); the mask stays by index (call.py).
+the bias and terms b/d, which then see d = pos(i) - pos(j); explicit distances (`AttentionOptions.distances`,
+Ruoss et al.'s randomized relative encodings) give the bias and terms b/d the drawn d_(i'-j) instead. The
+mask stays by index (call.py).
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ class RelPosAttention(nn.Module):
         lq, padding = x.shape[1], options.key_padding_mask
         visibility = Visibility(keys_input.shape[1] - lq, cfg.causal, window)
         log_decay = None if self.forget_gate is None else self.forget_gate.log_decay(keys_input, padding)
-        call = AttentionCall(visibility, lq, self.scale, **place(visibility, lq, options.positions, x.device),
+        call = AttentionCall(visibility, lq, self.scale, **place(visibility, lq, options.positions, x.device, options.distances),
                              key_padding_mask=padding, bias_scale=self.bias_scale, query_chunk=cfg.query_chunk,
                              log_decay=log_decay, contextual=self.contextual, n_sinks=cfg.sinks)
         if self.temperature is None:
@@ -166,6 +168,9 @@ class RelPosAttention(nn.Module):
             bias = scheme.curve(distances) * self.bias_scale  # (H, n)
             distance_scores = bias if distance_scores is None else distance_scores + bias
         elif scheme is not None:
+            if call.drawn_distances:  # its query position has no meaning where distances are drawn per offset
+                raise ValueError(f"model.attention.randomized_draw: {self.config.bias!r} reads the query position "
+                                 "besides the distance; per_layer draws distances only (use shared_positions)")
             pair_bias = scheme
         return dataclasses.replace(
             call, rel_keys=rel_keys, distance_scores=distance_scores, pair_bias=pair_bias,

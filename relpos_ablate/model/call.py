@@ -45,7 +45,7 @@ MIN_BLOCK = 16  # fewest queries in a block when long key ranges shrink the bloc
 
 @dataclass(frozen=True, eq=False)
 class AttentionOptions:
-    """Options of one forward call, the same for every layer (e.g. an evaluation setting)."""
+    """Options of one forward call (e.g. an evaluation setting); randomized draws differ by layer."""
 
     clamp_len: int | None = None
     """Distances beyond this share R_clamp in terms b/d (None: the config's clamp_len)."""
@@ -58,6 +58,11 @@ class AttentionOptions:
     """[M + L] positions of the keys (memory first, then this segment; the queries are the last L),
     shared by the batch, as the encodings read them: RoPE's angles, every bias and terms b/d at the
     distance q_pos - k_pos. Visibility stays by index. None: consecutive, 0 .. M + L - 1."""
+    distances: Tensor | None = None
+    """[M + L] d_0 .. d_(M+L-1): the distance the relative encodings (every bias, terms b/d, Shaw's tables)
+    read at key-index offset r = i' - j, d_r for r >= 0 and -d_(-r) for r < 0 (Ruoss et al.'s randomized
+    relative encodings draw them); the per-distance tensors keep their strided layout. RoPE and the
+    absolute tables still read `positions`. None: the distance of the positions."""
     statistics: StatisticsSink | None = None
     """Where this call adds its attention statistics (entropy, sink mass, distances: diagnostics.py);
     the probabilities are then computed per query block (no fused kernel). None: no statistics."""
@@ -96,23 +101,32 @@ def _narrow(t: Tensor | None, dim: int, cols: slice) -> Tensor | None:
     return None if t is None else t.narrow(dim, cols.start, cols.stop - cols.start)
 
 
-def place(visibility: Visibility, n_queries: int, positions: Tensor | None, device) -> dict[str, Tensor | None]:
+def place(visibility: Visibility, n_queries: int, positions: Tensor | None, device,
+          distances: Tensor | None = None) -> dict[str, Tensor | None]:
     """Where the queries and keys of a call sit, and the distances its per-distance tensors list.
 
     Consecutive positions (None): keys 0 .. K - 1, queries M .. K - 1, the K + L - 1 distances in
     shift.py's descending order, no index (strided views lay them out). Explicit positions [K]: the
     distances q_pos - k_pos of the visible pairs, from the largest to the smallest, and
     distance_index [L, K], the column of each pair (pairs no query sees are clamped into range: the
-    mask hides them). Reading the range costs one host sync per call."""
+    mask hides them). Reading the range costs one host sync per call. Explicit distances [K]
+    (AttentionOptions.distances): the descending offsets of the consecutive layout, each read as its
+    drawn distance, so the strided views still lay them out; positions, if given, only place RoPE."""
     n_keys = visibility.n_mem + n_queries
+    if distances is not None:
+        if distances.shape != (n_keys,):
+            raise ValueError(f"distances: expected [M + L] = [{n_keys}] distances d_0 .. d_(M+L-1), "
+                             f"got {list(distances.shape)}")
+        keys = torch.arange(n_keys, device=device) if positions is None else _checked(positions, n_keys, device)
+        offsets = descending_distances(visibility.n_mem, n_queries, n_keys, device)
+        drawn = distances.to(device=device, dtype=torch.long)[offsets.abs()] * offsets.sign()
+        return dict(query_positions=keys[visibility.n_mem:], key_positions=keys, distances=drawn, distance_index=None,
+                    drawn_distances=True)
     if positions is None:
         consecutive = torch.arange(n_keys, device=device)
         return dict(query_positions=consecutive[visibility.n_mem:], key_positions=consecutive,
                     distances=descending_distances(visibility.n_mem, n_queries, n_keys, device), distance_index=None)
-    if positions.shape != (n_keys,):
-        raise ValueError(f"positions: expected [M + L] = [{n_keys}] key positions shared by the batch, "
-                         f"got {list(positions.shape)}")
-    positions = positions.to(device=device, dtype=torch.long)
+    positions = _checked(positions, n_keys, device)
     query_positions = positions[visibility.n_mem:]
     pair_distances = query_positions[:, None] - positions[None, :]  # (L, K)
     seen = visibility(torch.arange(n_queries, device=device)[:, None], torch.arange(n_keys, device=device)[None, :])
@@ -120,6 +134,13 @@ def place(visibility: Visibility, n_queries: int, positions: Tensor | None, devi
     return dict(query_positions=query_positions, key_positions=positions,
                 distances=torch.arange(largest, smallest - 1, -1, device=device),
                 distance_index=(largest - pair_distances).clamp(0, largest - smallest))
+
+
+def _checked(positions: Tensor, n_keys: int, device) -> Tensor:
+    if positions.shape != (n_keys,):
+        raise ValueError(f"positions: expected [M + L] = [{n_keys}] key positions shared by the batch, "
+                         f"got {list(positions.shape)}")
+    return positions.to(device=device, dtype=torch.long)
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,6 +154,7 @@ class AttentionCall:
     key_positions: Tensor  # [K]
     distances: Tensor  # [n] the distances the per-distance tensors list, descending (their column order)
     distance_index: Tensor | None = None  # [L, K] column of each pair; None: consecutive positions (strided views)
+    drawn_distances: bool = False  # distances are drawn per offset (AttentionOptions.distances), not the positions'
     key_padding_mask: Tensor | None = None  # [B, K]
     rel_keys: Tensor | None = None  # [H, n, dh]: s·W_R R_d per distance (term b's keys)
     distance_scores: Tensor | None = None  # [H, n]: additive scores of distance alone (term d without b, a bias)

@@ -68,6 +68,16 @@ def randomized_positions(n_tokens: int, max_position: int, device=None, generato
     return torch.randperm(max_position, device=device, generator=generator)[:n_tokens].sort().values
 
 
+def randomized_distances(n_keys: int, max_position: int, device=None, generator=None) -> Tensor:
+    """Ruoss et al.'s code for relative encodings: d_0 = 0, then n - 1 distinct distances drawn from
+    [1, max_position) without replacement, sorted: d_r is what offset r reads. [n]"""
+    if n_keys > max_position:
+        raise ValueError(f"model.attention.max_position: randomized distances draw {n_keys - 1} distinct distances "
+                         f"from [1, {max_position}); raise max_position to at least {n_keys}")
+    drawn = torch.randperm(max_position - 1, device=device, generator=generator)[: n_keys - 1].sort().values + 1
+    return torch.cat([drawn.new_zeros(1), drawn])
+
+
 class Layer(nn.Module):
     """One transformer layer: attention over [memory; input] then feed-forward, each with a residual."""
 
@@ -162,37 +172,52 @@ class TransformerLM(nn.Module):
 
     def _options(self, tokens: Tensor, mems: list[Tensor] | None, mem_len: int | None, clamp_len: int | None,
                  same_length: bool, positions: Tensor | None, rope_scaling: RopeScaling | None = None
-                 ) -> tuple[int, AttentionOptions]:
-        """This call's memory length M (the argument, else the config's) and the options every layer gets."""
+                 ) -> tuple[int, Tensor | None, list[AttentionOptions]]:
+        """This call's memory length M (the argument, else the config's), the positions of its tokens as the
+        input's absolute encodings read them (None: 0 .. L - 1 of the segment) and each layer's options."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
         if same_length and mem_len == 0:
             raise ValueError("same_length: every query sees the last mem_len keys, and mem_len is 0; set mem_len > 0")
-        if positions is None:
-            positions = self._drawn_positions(tokens.shape[1], 0 if not mems else mems[0].shape[1], tokens.device)
         # Transformer-XL's same_length: each query sees its mem_len most recent keys, itself included
-        return mem_len, AttentionOptions(clamp_len=clamp_len, window=mem_len if same_length else None,
-                                         positions=positions, rope_scaling=rope_scaling)
+        options = AttentionOptions(clamp_len=clamp_len, window=mem_len if same_length else None, positions=positions,
+                                   rope_scaling=rope_scaling)
+        if positions is not None:
+            return mem_len, positions[-tokens.shape[1]:], [options] * len(self.layers)
+        at_input, draws = self._draws(tokens.shape[1], 0 if not mems else mems[0].shape[1], tokens.device)
+        return mem_len, at_input, [dataclasses.replace(options, **draw) for draw in draws]
 
-    def _drawn_positions(self, n_tokens: int, n_mem: int, device) -> Tensor | None:
+    def _draws(self, n_tokens: int, n_mem: int, device) -> tuple[Tensor | None, list[dict[str, Tensor | None]]]:
         """Randomized positions when the config asks for them in this mode (training, or evaluation:
-        `eval_positions`), else None (0 .. M + L - 1)."""
+        `eval_positions`), else none (0 .. M + L - 1): (the input's, each layer's positions and distances).
+        randomized_draw per_layer (Ruoss et al.'s code, models/transformer.py): one draw of positions for the
+        absolute encodings at the input, then every layer its own RoPE positions and relative distances;
+        shared_positions: one draw of positions for every encoding of every layer."""
         a = self.config.attention
         mode = a.positions if self.training else (a.eval_positions or a.positions)
         if mode == "sequential":
-            return None
+            return None, [{}] * len(self.layers)
         if n_mem:
             raise ValueError("model.attention.positions: randomized positions are drawn per segment, and memory "
                              "keys would keep another draw's; use mem_len 0")
-        return randomized_positions(n_tokens, a.max_position, device)
+        if a.randomized_draw == "shared_positions":
+            shared = randomized_positions(n_tokens, a.max_position, device)
+            return shared, [{"positions": shared}] * len(self.layers)
+        absolute = a.absolute in ("sinusoid", "learned", "learned_per_layer")
+        at_input = randomized_positions(n_tokens, a.max_position, device) if absolute else None
+        relative = a.bias != "none" or a.uses_r or a.shaw_values  # what reads per-distance tensors
+        return at_input, [
+            {"positions": randomized_positions(n_tokens, a.max_position, device) if a.absolute == "rope" else None,
+             "distances": randomized_distances(n_tokens, a.max_position, device) if relative else None}
+            for _ in self.layers]
 
-    def _run(self, tokens: Tensor, mems: list[Tensor] | None, mem_len: int, options: AttentionOptions, *,
-             record_maps: bool = False, statistics: AttentionStatistics | None = None):
+    def _run(self, tokens: Tensor, mems: list[Tensor] | None, mem_len: int, token_positions: Tensor | None,
+             layer_options: list[AttentionOptions], *, record_maps: bool = False,
+             statistics: AttentionStatistics | None = None):
         if mems is not None and len(mems) != len(self.layers):
             raise ValueError(f"mems: expected {len(self.layers)} tensors (one per layer), got {len(mems)}")
-        token_positions = None if options.positions is None else options.positions[-tokens.shape[1]:]
         h = self._embed(tokens, token_positions)
         new_mems, probs, terms = [], [], []
-        for i, layer in enumerate(self.layers):
+        for i, (layer, options) in enumerate(zip(self.layers, layer_options)):
             mem = None if mems is None else mems[i].detach()
             h = layer.layer_input(h, token_positions)
             if mem_len > 0:
@@ -200,8 +225,9 @@ class TransformerLM(nn.Module):
                 new_mems.append(kept[:, -mem_len:].detach())
             if record_maps:  # every layer's term maps and probabilities, for inspect
                 terms.append(layer.attn.score_terms(*layer.attention_inputs(h, mem), options))
-            layer_options = options if statistics is None else dataclasses.replace(options, statistics=statistics.layer(i))
-            h, p = layer(h, mem, layer_options, need_weights=record_maps)
+            if statistics is not None:
+                options = dataclasses.replace(options, statistics=statistics.layer(i))
+            h, p = layer(h, mem, options, need_weights=record_maps)
             probs.append(p)
         logits = self.head(self.final_norm(h))
         return logits, (new_mems if mem_len > 0 else None), probs, terms
@@ -227,8 +253,9 @@ class TransformerLM(nn.Module):
         every layer's attention statistics there (diagnostics.py); rope_scaling: RoPE extended to a
         longer context (an evaluation setting's PI / NTK / YaRN).
         """
-        mem_len, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling)
-        logits, new_mems, _, _ = self._run(tokens, mems, mem_len, options, statistics=statistics)
+        mem_len, at_input, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions,
+                                                   rope_scaling)
+        logits, new_mems, _, _ = self._run(tokens, mems, mem_len, at_input, options, statistics=statistics)
         return logits, new_mems
 
     @torch.no_grad()
@@ -245,8 +272,9 @@ class TransformerLM(nn.Module):
     ) -> dict:
         """Everything the plots need: logits, new mems, per-layer probabilities [B, H, L, M+L] and
         per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', 'decay', 'cope', 'visible'} (enabled ones only)."""
-        mem_len, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling)
-        logits, new_mems, probs, terms = self._run(tokens, mems, mem_len, options, record_maps=True)
+        mem_len, at_input, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions,
+                                                   rope_scaling)
+        logits, new_mems, probs, terms = self._run(tokens, mems, mem_len, at_input, options, record_maps=True)
         return {"logits": logits, "mems": new_mems, "probs": probs, "terms": terms}
 
     def loss(self, logits: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -52,7 +52,8 @@ EXAMPLE_KEYS = ("data.test_lengths", "data.eval_examples", "data.passkey_depths"
 SETTINGS_KEYS = ("eval.settings", "eval.recl_contexts", "data.test_lengths", "data.passkey_depths")
 """Keys that give the settings to evaluate; without any of them, every setting eval.json holds is."""
 FIXED_KEYS = ("eval.batch_size", "eval.split")
-"""The evaluation streams every record of one eval.json shares (its `layout`): fixed by training."""
+"""The evaluation streams of one eval.json (its `layout`, and the split of every setting that names none):
+fixed by training. A setting's own `split` scores another split."""
 RESULT_KEYS = ("metrics", "position_loss", "token_losses", "diagnostics", "error")
 """Record keys that hold what an evaluation found, not which setting it was."""
 
@@ -121,16 +122,17 @@ def _plan(run_dir: Path, overrides: list[str], replace: bool) -> EvaluationPlan:
     stored = rundir.stored_config(run_dir)
     check_keys(overrides, stored.data.example_task)
     config = from_dict(RunConfig, apply_overrides(to_plain(stored), overrides))
-    records = rundir.read_eval(run_dir)["settings"]
+    document = rundir.read_eval(run_dir)
+    records = document["settings"]
     plan = EvaluationPlan(run_dir, config, diagnostics=config.eval.diagnostics)
     given = any(item.split("=", 1)[0].strip().startswith(SETTINGS_KEYS) for item in overrides)
     if given and config.data.source == "text":  # every setting fits the evaluation split
         datamodule = build_datamodule(config)
         datamodule.prepare_data()
         datamodule.check_evaluation()
-    for name, item, setting, record in _candidates(config) if given else _recorded(config, records):
+    for name, item, setting, record in _candidates(config) if given else _recorded(config, document):
         problem = unsupported(config, setting)
-        found = next((k for k, old in enumerate(records) if same_setting(old, record)), None)
+        found = next((k for k, old in enumerate(records) if same_setting(old, record, document)), None)
         if found is not None and not replace and (problem or _complete(records[found], setting, config.eval.diagnostics)):
             plan.skipped += 1
             continue
@@ -146,11 +148,11 @@ def _plan(run_dir: Path, overrides: list[str], replace: bool) -> EvaluationPlan:
     return plan
 
 
-def _recorded(config: RunConfig, records: list[dict]) -> list[tuple[str, Any, EvalSetting, dict]]:
-    """The candidates (as _candidates) of every setting eval.json holds: what a run is evaluated at when
-    --set gives no settings (e.g. --set eval.diagnostics=true, or --replace alone)."""
+def _recorded(config: RunConfig, document: dict) -> list[tuple[str, Any, EvalSetting, dict]]:
+    """The candidates (as _candidates) of every setting eval.json (`document`) holds: what a run is evaluated
+    at when --set gives no settings (e.g. --set eval.diagnostics=true, or --replace alone)."""
     candidates = []
-    for k, old in enumerate(records):
+    for k, old in enumerate(document["settings"]):
         name = f"{rundir.EVAL} settings[{k}]"
         if config.data.example_task:
             fields = {key: old[key] for key in ("length_min", "length_max", "depth") if key in old}
@@ -158,11 +160,13 @@ def _recorded(config: RunConfig, records: list[dict]) -> list[tuple[str, Any, Ev
             candidates.append((name, fields, EvalSetting(segment_len=record["segment_len"]), record))
             continue
         scaling = rundir.record_value(old, "rope_scaling")
+        split = rundir.record_value(old, "split", document)
         setting = EvalSetting(
             segment_len=old["segment_len"], protocol=rundir.record_value(old, "protocol"), stride=old.get("stride"),
             mem_len=old.get("mem_len"), clamp_len=old.get("clamp_len"), max_targets=rundir.record_value(old, "max_targets"),
             token_losses=bool(old.get("token_losses")), rope_scaling=scaling,
-            rope_scale=old.get("rope_scale") if scaling else "auto")
+            rope_scale=old.get("rope_scale") if scaling else "auto",
+            split=None if split == config.eval.split else split)  # eval.split's: as written (synthetic: no split)
         candidates.append((name, setting, setting, setting_record(config, setting)))
     return candidates
 
@@ -187,18 +191,20 @@ def check_keys(overrides: list[str], example_task: bool) -> None:
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if key in FIXED_KEYS:
-            raise ConfigError(key, f"is fixed by training (every record of a run's {rundir.EVAL} scores the same "
-                              "evaluation streams); evaluate changes the settings, not the streams")
+            raise ConfigError(key, f"is fixed by training (the evaluation streams of a run's {rundir.EVAL}); "
+                              "evaluate changes the settings: score another split with a setting's own split "
+                              "(eval.settings=[{segment_len: 64, split: test}])")
         if not key.startswith(allowed) or key in ("eval", "eval."):
             what = "eval.* keys" + (f" and {', '.join(EXAMPLE_KEYS)}" if example_task else "")
             raise ConfigError(key or "--set", f"evaluate takes only {what} (the trained model stays as it is); "
                               "to change anything else, train a new run")
 
 
-def same_setting(old: dict, new: dict) -> bool:
-    """Whether eval.json record `old` is the setting of record `new`: equal in every field of a setting
-    (not in what was found; a field an older eval.json lacks reads as its default, rundir.record_value)."""
-    return all(rundir.record_value(old, k) == v for k, v in new.items() if k not in RESULT_KEYS)
+def same_setting(old: dict, new: dict, document: dict | None = None) -> bool:
+    """Whether eval.json record `old` is the setting of record `new`: equal in every field of a setting, its
+    split included (not in what was found; a field an older eval.json lacks reads as its default,
+    rundir.record_value, the split as the run's eval.split kept in `document`, the eval.json of `old`)."""
+    return all(rundir.record_value(old, k, document) == v for k, v in new.items() if k not in RESULT_KEYS)
 
 
 def _complete(record: dict, setting: EvalSetting, diagnostics: bool) -> bool:

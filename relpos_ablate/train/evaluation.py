@@ -33,7 +33,7 @@ from relpos_ablate.io import atomic_write_bytes
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data.datamodule import SegmentDataModule
 from relpos_ablate.train.data.example_module import ExampleDataModule, TestSet
-from relpos_ablate.train.data.examples import PAD
+from relpos_ablate.train.data.examples import PAD, Examples
 from relpos_ablate.train.data.protocols import unigram_loss
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
 from relpos_ablate.train.module import LitLM, main_metric, rope_scale, token_stats
@@ -47,9 +47,9 @@ EXAMPLE_METRIC = "exact_match"
 def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule,
              config: RunConfig) -> tuple[dict, dict[str, np.ndarray]]:
     """(eval.json, token_losses.npz arrays) at the end of training. eval.json: one record per setting
-    (protocol, lengths, attention length, metrics, loss by position, attention diagnostics with
-    eval.diagnostics), the layout every protocol scored and the reference (unigram or chance); the
-    arrays: each target's loss for the settings that ask for it. Example tasks: one record per test set."""
+    (protocol, lengths, attention length, split, metrics, loss by position, attention diagnostics with
+    eval.diagnostics), the layout of eval.split's streams and the reference (unigram or chance) on them
+    (a setting with a split of its own scores that split's streams); the arrays: each target's loss for the settings that ask for it. Example tasks: one record per test set."""
     if config.data.example_task:
         return evaluate_examples(module.model, datamodule, config, trainer.global_step,
                                  trainer.precision_plugin.forward_context), {}
@@ -98,13 +98,14 @@ def _cuda_devices(device: torch.device) -> list:
 
 
 def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
-    """The resolved setting as eval.json writes it (attn_len: the keys a query sees, EvalSetting.attn_len)."""
+    """The resolved setting as eval.json writes it (attn_len: the keys a query sees, EvalSetting.attn_len;
+    split: the setting's own, else eval.split, so a record says which split it scored)."""
     clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
     return {"protocol": setting.protocol, "segment_len": setting.segment_len, "stride": setting.stride,
             "mem_len": setting.memory(config.model.mem_len), "clamp_len": clamp_len,
             "same_length": setting.protocol == "xl", "max_targets": setting.max_targets, "token_losses": None,
             "attn_len": setting.attn_len(config.model.mem_len), "rope_scaling": setting.rope_scaling,
-            "rope_scale": rope_scale(config, setting)}
+            "rope_scale": rope_scale(config, setting), "split": setting.split_of(config.eval.split)}
 
 
 def example_record(config: RunConfig, fields: dict[str, Any]) -> dict:
@@ -153,17 +154,17 @@ def evaluate_examples(model: TransformerLM, datamodule: ExampleDataModule, confi
     return {"main_metric": EXAMPLE_METRIC, "step": step, "settings": records}
 
 
-def _evaluate_set(model: TransformerLM, test_set: TestSet, config: RunConfig, forward_context: Callable) -> dict:
-    examples, device = test_set.examples, next(model.parameters()).device
-    record = example_record(config, test_set.fields)
-    reason = unsupported_reason(config, EvalSetting(segment_len=record["segment_len"]))
-    if reason:
-        return {**record, "error": reason}
-    diagnostics = AttentionDiagnostics(model.config.n_layers, model.config.n_heads, max_seen_distance(config)).to(device) \
-        if config.eval.diagnostics else None
-    totals = torch.zeros(5, dtype=torch.float64, device=device)  # nll, right tokens, tokens, exact examples, examples
+@torch.no_grad()
+def example_totals(model: TransformerLM, examples: Examples, config: RunConfig,
+                   forward_context: Callable = contextlib.nullcontext,
+                   diagnostics: AttentionDiagnostics | None = None) -> torch.Tensor:
+    """Sums over `examples` in batches of eval.batch_size, float64 [5]: answer-token loss, answer tokens right,
+    answer tokens, examples exactly right, examples. The model's mode is the caller's (eval for evaluation).
+    From a fixed random state (the run's seed), so randomized positions draw the same whatever ran before."""
+    device = next(model.parameters()).device
+    totals = torch.zeros(5, dtype=torch.float64, device=device)
     with torch.random.fork_rng(devices=_cuda_devices(device)):
-        torch.manual_seed(config.seed)  # randomized positions: the same draws whichever sets come before
+        torch.manual_seed(config.seed)
         for start in range(0, len(examples), config.eval.batch_size):
             rows = slice(start, start + config.eval.batch_size)
             inputs, targets, mask = (t[rows].to(device) for t in (examples.inputs, examples.targets, examples.mask))
@@ -174,7 +175,18 @@ def _evaluate_set(model: TransformerLM, test_set: TestSet, config: RunConfig, fo
             nll, correct = token_stats(logits, targets)
             totals += torch.stack([(nll * mask).sum(), (correct * mask).sum(), mask.sum(),
                                    ((correct.bool() | ~mask).all(1) & mask.any(1)).sum(), mask.any(1).sum()]).double()
-    nll, right, tokens, exact, count = totals.tolist()
+    return totals
+
+
+def _evaluate_set(model: TransformerLM, test_set: TestSet, config: RunConfig, forward_context: Callable) -> dict:
+    examples, device = test_set.examples, next(model.parameters()).device
+    record = example_record(config, test_set.fields)
+    reason = unsupported_reason(config, EvalSetting(segment_len=record["segment_len"]))
+    if reason:
+        return {**record, "error": reason}
+    diagnostics = AttentionDiagnostics(model.config.n_layers, model.config.n_heads, max_seen_distance(config)).to(device) \
+        if config.eval.diagnostics else None
+    nll, right, tokens, exact, count = example_totals(model, examples, config, forward_context, diagnostics).tolist()
     record["metrics"] = {EXAMPLE_METRIC: exact / count, "acc": right / tokens, "loss": nll / tokens, "tokens": int(tokens),
                          "examples": int(count)}
     if diagnostics is not None:

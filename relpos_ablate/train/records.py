@@ -32,7 +32,7 @@ from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write
 CONFIG_ERRORS = "config_errors"
 """status.json field of a run failed by its config (one line per problem): `train` reports them as bad input."""
 #: Fields of a previous attempt that no longer describe the run once it starts again.
-STALE_FIELDS = ("reason", "traceback", "finished_at", "wall_time_s", "exit_code", CONFIG_ERRORS)
+STALE_FIELDS = ("reason", "traceback", "finished_at", "wall_time_s", "exit_code", "stopped", CONFIG_ERRORS)
 
 
 class RunStatus:

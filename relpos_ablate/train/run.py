@@ -35,6 +35,7 @@ from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
 from relpos_ablate.train.evaluation import evaluate, write_token_losses
 from relpos_ablate.train.module import LitLM, NonFiniteLoss
+from relpos_ablate.train.stopping import StopAtExactMatch
 from relpos_ablate.train.records import (
     CONFIG_ERRORS, AtomicCheckpointIO, MetricsCSV, RunRecorder, RunStatus, close_log, open_log,
 )
@@ -133,7 +134,10 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
     loggers = [metrics, *make_loggers(config, run_dir, first_step)]
     checkpoints = AtomicCheckpointIO()
     recorders = [RunRecorder(status, metrics, checkpoints, config.train.log_every)] if status is not None else []
-    trainer = make_trainer(config, run_dir, loggers, [*recorders, *callbacks], checkpoints)
+    stopper = StopAtExactMatch(config, rundir.last_checkpoint(run_dir)) \
+        if config.train.stop_at_exact_match is not None else None
+    trainer = make_trainer(config, run_dir, loggers, [*recorders, *([stopper] if stopper else []), *callbacks],
+                           checkpoints)
     check_world_size(config, trainer.world_size)
     if trainer.world_size > 1:  # same initial weights everywhere, but each process its own dropout draws
         torch.manual_seed(config.seed + DROPOUT_SEED_STRIDE * trainer.global_rank)
@@ -144,7 +148,11 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
         trainer.fit(module, datamodule=datamodule, ckpt_path="last" if resume else None)
         log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
         results, token_losses = evaluate(trainer, module, datamodule, config)
+    if stopper is not None:
+        results["stopped"] = stopper.record(trainer.global_step)
     if status is not None:  # one process writes the records
+        if stopper is not None:
+            status.update(step=trainer.global_step, stopped=results["stopped"]["reason"])
         if token_losses:
             write_token_losses(run_dir / rundir.TOKEN_LOSSES, token_losses)
         atomic_write_json(run_dir / rundir.EVAL, results)

@@ -60,10 +60,12 @@ class SegmentDataModule(L.LightningDataModule):
         return self._corpus.vocab if self.config.data.source == "text" else None
 
     def streams(self, split: str, segment_len: int) -> SegmentStreams:
-        """The 'train' or 'eval' streams cut into segments of `segment_len`."""
+        """The 'train' or 'eval' streams cut into segments of `segment_len`. For text, 'eval' is eval.split's
+        streams, and 'valid' or 'test' names a split (a setting's own: eval_split); a synthetic task has one
+        evaluation stream, 'eval'."""
         if self.config.data.source == "synthetic":
             return self._task(split).segments(segment_len)
-        name = "train" if split == "train" else self.config.eval.split
+        name = self.config.eval.split if split == "eval" else split
         field = "train.batch_size" if split == "train" else "eval.batch_size"
         tokens = self._corpus.splits.get(name)
         if tokens is None or tokens.numel() < self._rows(split) * (segment_len + 1):
@@ -73,23 +75,39 @@ class SegmentDataModule(L.LightningDataModule):
         inputs, targets = batchify(tokens, self._rows(split))
         return SegmentStreams(inputs, targets, torch.ones(1, 1, dtype=torch.bool).expand_as(inputs), segment_len)
 
+    def eval_split(self, setting: EvalSetting) -> str:
+        """The streams `setting` scores (a name for `streams`): its text split, else eval.split's; 'eval' for
+        a synthetic task's one evaluation stream."""
+        if self.config.data.source != "text":
+            return "eval"
+        return setting.split_of(self.config.eval.split)
+
     def check_evaluation(self) -> None:
-        """Every evaluation setting fits a text split, checked once the data is prepared: a split too short
-        would otherwise fail the run after all its training steps. One line per setting that does not fit.
-        (Synthetic streams: RunConfig checks data.eval_tokens.)"""
+        """Every evaluation setting fits its text split, checked once the data is prepared: a split missing or
+        too short would otherwise fail the run after all its training steps. One line per setting that does
+        not fit. (Synthetic streams: RunConfig checks data.eval_tokens.)"""
         if self.config.data.source != "text":
             return
-        name, rows = self.config.eval.split, self._rows("eval")
-        tokens = self._corpus.splits.get(name)
-        size = 0 if tokens is None else tokens.numel()
-        targets = size // rows - 1  # per stream: batchify's rows, each stream's first token not a target
-        if targets < 1:
-            raise ConfigError("eval.batch_size", f"the {name} split has {size} tokens, too few for {rows} streams "
-                              f"of at least one target; use at most {max(1, size // 2)} streams")
-        raise_all([ConfigError(self.config.eval_setting_field(i), f"{setting.segment_len} does not fit the {name} "
-                               f"split: its {size} tokens cut into eval.batch_size={rows} streams leave {targets} "
-                               f"targets per stream; use segment_len <= {targets} (or fewer streams)")
-                   for i, setting in enumerate(self.config.eval_settings()) if setting.segment_len > targets])
+        rows, problems = self._rows("eval"), []
+        settings = self.config.eval_settings()
+        for name in dict.fromkeys([self.config.eval.split, *(self.eval_split(s) for s in settings)]):
+            tokens = self._corpus.splits.get(name)
+            if tokens is None:  # e.g. a hub corpus published without a test split
+                missing = f"{name!r}: this corpus has no {name} split (it has {', '.join(self._corpus.splits)})"
+                fields = ([self.config.eval_setting_field(i, "split") for i, s in enumerate(settings) if s.split == name]
+                          if name != self.config.eval.split else ["eval.split"])
+                problems += [ConfigError(field, missing) for field in fields]
+                continue
+            size = tokens.numel()
+            targets = size // rows - 1  # per stream: batchify's rows, each stream's first token not a target
+            if targets < 1:
+                raise ConfigError("eval.batch_size", f"the {name} split has {size} tokens, too few for {rows} "
+                                  f"streams of at least one target; use at most {max(1, size // 2)} streams")
+            problems += [ConfigError(self.config.eval_setting_field(i), f"{s.segment_len} does not fit the {name} "
+                                     f"split: its {size} tokens cut into eval.batch_size={rows} streams leave "
+                                     f"{targets} targets per stream; use segment_len <= {targets} (or fewer streams)")
+                         for i, s in enumerate(settings) if self.eval_split(s) == name and s.segment_len > targets]
+        raise_all(problems)
 
     @property
     def train_segments(self) -> int:
@@ -121,8 +139,8 @@ class SegmentDataModule(L.LightningDataModule):
         return [self.eval_dataloader(self.config.eval_settings()[0])]
 
     def eval_dataloader(self, setting: EvalSetting) -> DataLoader:
-        """`setting`'s protocol (train/data/protocols.py) over this process's share of the evaluation streams;
+        """`setting`'s protocol (train/data/protocols.py) over this process's share of its split's streams;
         shares may differ by one stream (the metrics add token sums across processes, so the result is exact)."""
         rank, world = self._process()
-        streams = self.streams("eval", setting.segment_len)
+        streams = self.streams(self.eval_split(setting), setting.segment_len)
         return eval_loader(streams, setting, self.config.eval.sliding_batch_tokens, shard_rows(streams.rows, rank, world))

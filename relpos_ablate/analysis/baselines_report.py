@@ -1,0 +1,194 @@
+"""The fair-baselines study (experiments/fair_baselines.yaml): every encoding preset at its own best
+learning rate, as papers tune each baseline before comparing them.
+
+From the collected frame (or the committed summary.csv) at the training length L: per preset, the
+learning rate whose mean valid perplexity over seeds is lowest (best_over.pick_values, as `table
+--best-over train.lr` picks it), the test perplexity of its seeds at that rate, its ratio to the best
+preset's, and how many presets that encode position end more than TOLERANCE above the best (`nope`,
+which encodes none, is reported, not judged); the same count at the default learning rate for every
+preset, which is what an untuned comparison gets; the presets whose best rate is at an edge of the sweep
+(their optimum may lie beyond it); and each preset against the best by Welch's t-test (stats.ordering).
+`report` gives the Markdown (registered in reports.REPORTS), `lr_figure` the figure (`plot --kind
+lr-sweep`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from relpos_ablate.analysis.best_over import pick_values
+from relpos_ablate.analysis.settings import normalized, table_settings
+from relpos_ablate.analysis.stats import ordering
+from relpos_ablate.analysis.tables import sort_key, variant_colors
+from relpos_ablate.config import ConfigError
+from relpos_ablate.config.run import TrainConfig
+
+TOLERANCE = 0.10
+"""A preset more than this above the best preset's test perplexity (ratio > 1.10) is not a fair baseline."""
+UNJUDGED = ("nope",)
+"""Presets that encode no position: reported, not held to the tolerance."""
+KEY, ROW, METRIC = "train.lr", "encoding", "ppl"
+SELECT, REPORT = "valid", "test"
+DEFAULT_LR = TrainConfig().lr
+"""The learning rate every preset gets untuned (TrainConfig's default)."""
+
+
+def at_training_length(df: pd.DataFrame) -> pd.DataFrame:
+    """The finished rows evaluated at the training length, non_overlapping, without RECL's ladder (a subset of
+    the targets): what the study compares (one line naming what is missing otherwise)."""
+    missing = [c for c in (ROW, KEY, "split", "segment_len", "train.segment_len", METRIC) if c not in df]
+    if missing:
+        raise ConfigError("report", f"fair_baselines needs the columns {', '.join(missing)} (runs of "
+                          "experiments/fair_baselines.yaml, collected)")
+    df = table_settings(df)
+    data = df[np.isfinite(pd.to_numeric(df[METRIC], errors="coerce"))
+              & (df["segment_len"] == df["train.segment_len"])]
+    if "protocol" in data:
+        data = data[data["protocol"].fillna("non_overlapping") == "non_overlapping"]
+    if data.empty:
+        raise ConfigError("report", f"no {METRIC} at the training length in these runs")
+    return data
+
+
+def preset_summary(df: pd.DataFrame, orders: dict[str, list] | None = None) -> pd.DataFrame:
+    """One row per preset (in `orders`' order, else by name): best_lr (valid's pick), valid (its mean valid
+    ppl), test (its seeds' test ppl, a list), mean, std, n, ratio (mean / the best preset's mean), and the
+    same at DEFAULT_LR: default_mean, default_ratio (NaN where the sweep lacks it)."""
+    orders = orders or {}
+    data = at_training_length(df)
+    split = data["split"].map(normalized)
+    select, report = data[split == SELECT], data[split == REPORT]
+    picks = pick_values(select, KEY, [ROW], [], METRIC, orders)
+    lines = []
+    for (preset,), lr in picks.items():
+        test = _values(report, preset, lr)
+        valid = _values(select, preset, lr)
+        default = _values(report, preset, DEFAULT_LR)
+        lines.append({"preset": preset, "best_lr": lr, "valid": np.mean(valid), "test": test,
+                      "mean": np.mean(test) if test else math.nan, "std": np.std(test, ddof=1) if len(test) > 1 else math.nan,
+                      "n": len(test), "default_mean": np.mean(default) if default else math.nan})
+    table = pd.DataFrame(lines)
+    table["ratio"] = table["mean"] / table["mean"].min()
+    table["default_ratio"] = table["default_mean"] / table["default_mean"].min()
+    rank = table["preset"].map(lambda p: sort_key((p,), [ROW], orders))
+    return table.assign(_rank=rank).sort_values("_rank").drop(columns="_rank").reset_index(drop=True)
+
+
+def _values(frame: pd.DataFrame, preset: str, lr: float) -> list[float]:
+    """The metric of every seed of `preset` at learning rate `lr` in `frame`."""
+    rows = frame[(frame[ROW] == preset) & np.isclose(frame[KEY].astype(float), lr)]
+    return rows[METRIC].astype(float).tolist()
+
+
+def over_tolerance(summary: pd.DataFrame, column: str = "ratio") -> list[str]:
+    """The judged presets (UNJUDGED aside) whose `column` ratio is above 1 + TOLERANCE, worst first."""
+    judged = summary[~summary["preset"].isin(UNJUDGED) & (summary[column] > 1 + TOLERANCE)]
+    return judged.sort_values(column, ascending=False)["preset"].tolist()
+
+
+def report(df: pd.DataFrame) -> str:
+    """The study's Markdown (module docstring)."""
+    summary = preset_summary(df).sort_values(["mean", "preset"]).reset_index(drop=True)  # display order only
+    data = at_training_length(df)
+    lrs = sorted({float(v) for v in data[KEY]})
+    seeds = data["seed"].nunique() if "seed" in data else 0
+    best = summary.loc[summary["mean"].idxmin()]
+    default = f"lr {DEFAULT_LR:g}"
+    lines = [
+        "# Fair baselines: each preset at its own best learning rate", "",
+        f"Every preset trained at L = {int(data['train.segment_len'].iloc[0])} and evaluated there "
+        f"(non_overlapping); learning rates {', '.join(f'{lr:g}' for lr in lrs)}; {seeds} seeds. Per preset, the "
+        f"rate with the lowest mean {SELECT} ppl over seeds (`best lr`); {REPORT} ppl at that rate, mean ± std over "
+        f"its seeds; `/ best`: over the best preset's {REPORT} mean ({best['preset']}, {best['mean']:.2f}). The last "
+        f"two columns give every preset the default {default}, untuned. Rows by {REPORT} mean: a display order, "
+        "not a ranking (the tests below say which gaps hold).", "",
+        f"| preset | best lr | {SELECT} ppl | {REPORT} ppl | / best | {REPORT} ppl at {default} | / best at {default} |",
+        "|:---|---:|---:|---:|---:|---:|---:|",
+        *(_table_row(row) for row in summary.itertuples()), "",
+        *_findings(summary, lrs), "",
+        f"## Each preset against the best ({REPORT} ppl of the seeds at each one's best rate; Welch's t-test, "
+        "p < 0.05)", "",
+        *(f"- {ordering(best['preset'], best['test'], row.preset, row.test)}"
+          for row in summary.itertuples() if row.preset != best["preset"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _table_row(row) -> str:
+    spread = f" ± {row.std:.2f}" if not math.isnan(row.std) else ""
+    name = f"{row.preset} (no position)" if row.preset in UNJUDGED else row.preset
+    return (f"| {name} | {row.best_lr:g} | {row.valid:.2f} | {row.mean:.2f}{spread} | {row.ratio:.3f} | "
+            f"{_number(row.default_mean)} | {_number(row.default_ratio, 3)} |")
+
+
+def _findings(summary: pd.DataFrame, lrs: list[float]) -> list[str]:
+    """The counts beyond the tolerance (tuned, and at the default rate) and the picks at the sweep's edges."""
+    judged = (~summary["preset"].isin(UNJUDGED)).sum()
+
+    def count(presets: list[str]) -> str:
+        return f"{len(presets)} of {judged}" + (f" ({', '.join(presets)})." if presets else ".")
+
+    lines = [f"- Presets that encode position more than {TOLERANCE:.0%} above the best at their best rate: "
+             f"{count(over_tolerance(summary))}"]
+    if summary["default_mean"].notna().all():
+        lines.append(f"- At lr {DEFAULT_LR:g} for every preset (untuned): {count(over_tolerance(summary, 'default_ratio'))}")
+    else:
+        lines.append(f"- The sweep lacks lr {DEFAULT_LR:g} for some preset: no untuned comparison.")
+    edges = [", ".join(summary[np.isclose(summary["best_lr"].astype(float), lr)]["preset"]) or "none"
+             for lr in (lrs[0], lrs[-1])]
+    lines.append(f"- Best rate at the edge of the sweep (the optimum may lie beyond it): lowest {lrs[0]:g}: "
+                 f"{edges[0]}; highest {lrs[-1]:g}: {edges[1]}.")
+    return lines
+
+
+def _number(value: float, decimals: int = 2) -> str:
+    return "—" if math.isnan(value) else f"{value:.{decimals}f}"
+
+
+def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
+    """Left: each preset's mean valid ppl against the learning rate, over its own best (1 at its pick: where
+    the minimum sits in the sweep). Right: each preset's test ppl at its best rate over the best preset's,
+    mean ± std, against the tolerance; the default rate's ratio as a mark."""
+    from matplotlib.figure import Figure  # figures only: `report` needs no matplotlib
+
+    summary = preset_summary(df, orders)
+    data = at_training_length(df)
+    valid = data[data["split"].map(normalized) == SELECT]
+    fig = Figure(figsize=(11, 6), layout="constrained")
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.15]})
+    colors = dict(zip(summary["preset"], variant_colors(len(summary))))
+    for row in summary.itertuples():
+        means = valid[valid[ROW] == row.preset].groupby(KEY)[METRIC].mean()
+        left.plot(means.index.astype(float), means.values / row.valid, marker="o", color=colors[row.preset],
+                  label=row.preset, linestyle=":" if row.preset in UNJUDGED else "-")
+    left.set_xscale("log", base=2)
+    lrs = sorted({float(v) for v in data[KEY]})
+    left.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+    left.minorticks_off()
+    left.set(xlabel="learning rate", ylabel=f"mean {SELECT} ppl / the preset's best",
+             title=f"{SELECT} ppl against the learning rate (1 = the pick)")
+    fig.legend(*left.get_legend_handles_labels(), loc="outside lower center", ncol=min(len(summary), 10), fontsize=8)
+    order = summary.sort_values("ratio").reset_index(drop=True)
+    ys = np.arange(len(order))
+    right.barh(ys, order["ratio"] - 1, left=1, xerr=order["std"] / order["mean"].min(),
+               color=[colors[p] for p in order["preset"]], alpha=0.85, error_kw={"elinewidth": 0.8})
+    right.scatter(order["default_ratio"], ys, marker="x", color="black", zorder=3, label=f"at lr {DEFAULT_LR:g} (untuned)")
+    right.axvline(1 + TOLERANCE, color="grey", linestyle="--", linewidth=1, label=f"best + {TOLERANCE:.0%}")
+    right.set_yticks(ys, [f"{p}  (lr {lr:g})" for p, lr in zip(order["preset"], order["best_lr"])], fontsize=8)
+    right.invert_yaxis()
+    right.set(xlabel=f"{REPORT} ppl / the best preset's", title=f"{REPORT} ppl at each preset's best rate")
+    right.legend(fontsize=8, loc="upper right")
+    return fig
+
+
+def save_lr_figure(df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "pdf"),
+                   orders: dict[str, list] | None = None) -> tuple[list[Path], list[str]]:
+    """lr_sweep.<fmt> in `out`; returns (written files, notes)."""
+    from relpos_ablate.analysis.plots import save_figure  # plots pulls in the trained-model figures
+
+    return save_figure(lr_figure(df, orders), Path(out) / "lr_sweep", formats), []
+

@@ -1,0 +1,108 @@
+"""The length-generalization study's main figure, `plot --kind lengthgen`: exact match against the task
+length n, one panel per task, a line per variant (its mean over seeds, the seeds' min-max as a band) and
+the training lengths shaded, so that in-distribution and out-of-distribution accuracy read at a glance
+(Kazemnejad et al.'s Fig. 3 draws their tasks so). A colour per encoding, solid for sequential and dashed
+for randomized positions; each test bin is drawn at its middle n (passkey: averaged over its depths).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from relpos_ablate.analysis.length_figures import POSITIONS, TASK, variant_words, with_variants
+from relpos_ablate.analysis.length_generalization import (
+    example_rows, per_run_bins, task_order, train_range, variant_order,
+)
+from relpos_ablate.analysis.plots import save_figure
+from relpos_ablate.analysis.tables import default_metric, variant_colors
+
+SHADE = "0.9"
+"""Grey of the training lengths."""
+
+
+def curves(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str], list[tuple]]:
+    """One row per (run, bin): task, variant, seed, the bin's bounds and middle n, the run's metric there and
+    its training lengths; the variant keys and the variants in order."""
+    data = example_rows(df, metric)
+    bins = per_run_bins(data, metric)
+    runs = data.drop_duplicates("run_dir").set_index("run_dir")
+    lengths = runs.apply(train_range, axis=1)
+    bins["train_min"], bins["train_max"] = (bins["run_dir"].map(lengths.str[k]) for k in (0, 1))
+    keys = [k for k in runs.columns if k in (TASK, "seed", *df.attrs.get("variant_axes", []), "encoding", POSITIONS)]
+    frame = bins.join(runs[keys], on="run_dir")
+    frame["n"] = (frame["length_min"] + frame["length_max"]) / 2
+    frame, variant_keys, variants = with_variants(frame, df)
+    if set(variant_keys) <= {"encoding", POSITIONS} and "encoding" in variant_keys:  # the study's order, spec or not
+        variants.sort(key=lambda v: variant_order(*(dict(zip(variant_keys, v)).get(k) for k in ("encoding", POSITIONS))))
+    return frame, variant_keys, variants
+
+
+def lengthgen_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
+    metric = metric or default_metric(df)
+    frame, keys, variants = curves(df, metric)
+    tasks = sorted(set(frame[TASK]), key=task_order) if TASK in frame else [None]
+    ncols = min(2, len(tasks))
+    nrows = math.ceil(len(tasks) / ncols)
+    fig = Figure(figsize=(4.6 * ncols + 2.6, 3.3 * nrows + 0.5), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    styles = _styles(keys, variants)
+    for ax, task in zip(axes, tasks):
+        part = frame if task is None else frame[frame[TASK] == task]
+        lo, hi = part["train_min"].min(), part["train_max"].max()
+        ax.axvspan(lo - 0.5, hi + 0.5, color=SHADE, zorder=0)
+        for value in variants:
+            runs = part[part["variant"] == value]
+            if runs.empty:
+                continue
+            by_bin = runs.groupby("n")[metric]
+            xs, mean, low, high = by_bin.mean().index, by_bin.mean(), by_bin.min(), by_bin.max()
+            color, dashes = styles[value]
+            ax.plot(xs, mean, color=color, ls=dashes, marker="o", ms=3, lw=1.3)
+            if runs["seed"].nunique() > 1:
+                ax.fill_between(xs, low, high, color=color, alpha=0.12, lw=0)
+        edges = sorted(set(zip(part["length_min"], part["length_max"])))
+        ax.set_xticks([(a + b) / 2 for a, b in edges], [f"{a}-{b}" if a != b else f"{a}" for a, b in edges],
+                      fontsize=7, rotation=30)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(task or "", fontsize=10)
+        ax.set_xlabel("task length n (test bin)", fontsize=8)
+        ax.set_ylabel(metric, fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(tasks):]:
+        ax.set_visible(False)
+    seeds = frame.groupby("variant")["seed"].nunique()
+    handles = [Line2D([], [], color=styles[v][0], ls=styles[v][1], marker="o", ms=3, label=variant_words(keys, v))
+               for v in variants]
+    handles.append(Patch(color=SHADE, label="training lengths"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8,
+               title=f"mean over {_seeds(seeds)}\nband: min-max over seeds", title_fontsize=8)
+    fig.suptitle(f"Length generalization: {metric} against task length, trained on the shaded lengths", fontsize=11)
+    return fig
+
+
+def _styles(keys: list[str], variants: list[tuple]) -> dict[tuple, tuple]:
+    """(colour, line style) per variant: a colour per encoding and dashes for randomized positions when the
+    variants are (encoding, positions); else a colour each."""
+    if keys and keys[0] == "encoding":
+        encodings = list(dict.fromkeys(v[0] for v in variants))
+        colors = variant_colors(len(encodings))
+        randomized = [dict(zip(keys, v)).get(POSITIONS) == "randomized" for v in variants]
+        return {v: (colors[encodings.index(v[0])], "--" if r else "-") for v, r in zip(variants, randomized)}
+    return dict(zip(variants, ((c, "-") for c in variant_colors(len(variants)))))
+
+
+def _seeds(counts: pd.Series) -> str:
+    low, high = int(counts.min()), int(counts.max())
+    return f"{low} seed{'s' if high > 1 else ''}" if low == high else f"{low}-{high} seeds"
+
+
+def save_lengthgen(df: pd.DataFrame, out: Path, metric: str | None = None,
+                   formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
+    return save_figure(lengthgen_figure(df, metric), Path(out) / "lengthgen", formats)
+

@@ -1,0 +1,143 @@
+"""The reports of the Transformer-XL study at CPU scale (`relpos-ablate report`, analysis/reports.py): every
+number its README quotes besides Tables 6 and 8 themselves, from the collected frame or summary.csv.
+
+- `xl_table6_cpu`: each model's perplexity at every attention length of the ladder, measured the way it
+  was trained (recl.ladder_rows: memory for the recurrent rows, sliding windows for the others), its PPL
+  init and PPL best, and the comparisons Table 6 is about, each with Welch's t-test over seeds.
+- `xl_context_cpu`: how much context a model without memory uses (perplexity at sliding windows of c).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from relpos_ablate.analysis.recl import ladder_rows
+from relpos_ablate.analysis.stats import ordering
+from relpos_ablate.config import ConfigError
+
+ROW = ("encoding", "model.mem_len", "train.loss_on")
+"""What tells the study's models apart (seeds pooled)."""
+ENCODINGS = ("xl", "shaw", "vaswani", "al_rfou")
+"""Table 6's order of encodings."""
+COMPARISONS = (  # (what the comparison asks, row a, row b, context of a, context of b: "init" | "best" | c)
+    ("recurrence, XL encoding (full loss), each at its training attention length", ("xl", 48, "full"),
+     ("xl", 0, "full"), "init", "init"),
+    ("recurrence, XL encoding (full loss), each at its best attention length", ("xl", 48, "full"), ("xl", 0, "full"),
+     "best", "best"),
+    ("recurrence at equal attention length 64 (memory vs a 64-character window)", ("xl", 48, "full"),
+     ("xl", 0, "full"), 64, 64),
+    ("recurrence, Shaw encoding (full loss), at the training attention length", ("shaw", 48, "full"),
+     ("shaw", 0, "full"), "init", "init"),
+    ("XL vs Shaw encoding with recurrence, at the training attention length", ("xl", 48, "full"), ("shaw", 48, "full"),
+     "init", "init"),
+    ("XL vs Shaw encoding without recurrence, at the training attention length", ("xl", 0, "full"),
+     ("shaw", 0, "full"), "init", "init"),
+    ("relative (XL) vs absolute (Vaswani) without recurrence, half loss", ("xl", 0, "half"), ("vaswani", 0, "half"),
+     "init", "init"),
+    ("relative (XL) vs absolute (Al-Rfou) without recurrence, half loss", ("xl", 0, "half"), ("al_rfou", 0, "half"),
+     "init", "init"),
+    ("full vs half loss, XL with recurrence", ("xl", 48, "full"), ("xl", 48, "half"), "init", "init"),
+)
+
+
+def _key(run: pd.Series) -> tuple:
+    return (str(run["encoding"]), int(run["model.mem_len"]), str(run["train.loss_on"]))
+
+
+def _label(key: tuple) -> str:
+    encoding, memory, loss = key
+    return f"{encoding}, {'memory ' + str(memory) if memory else 'no memory'}, {loss} loss"
+
+
+def ladder_ppl(df: pd.DataFrame) -> dict[tuple, dict[int, list[float]]]:
+    """row key -> {attention length c: the ppl of each seed} on the ladder's shared targets."""
+    found: dict[tuple, dict[int, list[float]]] = {}
+    for _, run in ladder_rows(df).sort_values("seed").iterrows():
+        found.setdefault(_key(run), {}).setdefault(int(run["attn_len"]), []).append(float(run["ppl"]))
+    return found
+
+
+def _init(key: tuple, train_segment: int) -> int:
+    """The training attention length: segment + memory."""
+    return train_segment + key[1]
+
+
+def _best(by_c: dict[int, list[float]]) -> int:
+    """The shortest c reaching the lowest mean ppl."""
+    return min(by_c, key=lambda c: (np.mean(by_c[c]), c))
+
+
+def _cell(values: list[float]) -> str:
+    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
+
+
+def table6_report(df: pd.DataFrame) -> str:
+    """Markdown: the ladder per model, PPL init / best, and the comparisons (module docstring)."""
+    ladders = ladder_ppl(df)
+    if not ladders:
+        raise ConfigError("report", "no RECL ladder in these runs (eval.recl_contexts): nothing to compare")
+    segment = int(df["train.segment_len"].dropna().iloc[0])
+    contexts = sorted({c for by_c in ladders.values() for c in by_c})
+    keys = sorted(ladders, key=lambda k: (k[1] == 0, ENCODINGS.index(k[0]) if k[0] in ENCODINGS else 99, k[2]))
+    seeds = sorted({len(v) for by_c in ladders.values() for v in by_c.values()})
+    lines = [f"Perplexity on the ladder's {_targets(df)} validation targets, mean ± std over {_seeds(seeds)} seeds; "
+             "each model measured the way it was trained (with memory: protocol xl, every query sees c keys; "
+             "without: sliding windows of c characters, stride 1).", "",
+             "| model | " + " | ".join(f"c = {c}" for c in contexts) + " | init (c) | best (c) |",
+             "|:---|" + "---:|" * (len(contexts) + 2)]
+    for key in keys:
+        by_c = ladders[key]
+        init, best = _init(key, segment), _best(by_c)
+        cells = [_cell(by_c[c]) if c in by_c else "-" for c in contexts]
+        lines.append(f"| {_label(key)} | " + " | ".join(cells) +
+                     f" | {_cell(by_c[init]) if init in by_c else '-'} ({init}) | {_cell(by_c[best])} ({best}) |")
+    lines += ["", "Comparisons (Welch's t-test over seeds; an ordering only where p < 0.05):", ""]
+    for question, a, b, at_a, at_b in COMPARISONS:
+        if a in ladders and b in ladders:
+            ca, cb = (_context(ladders[key], at, key, segment) for key, at in ((a, at_a), (b, at_b)))
+            text = ordering(f"{_label(a)} (c = {ca})", ladders[a].get(ca, []), f"{_label(b)} (c = {cb})",
+                            ladders[b].get(cb, []), decimals=3)
+            lines.append(f"- {question}: {text}")
+    lines += ["", "Longer attention at evaluation than in training (each model: its training attention length against "
+              "its best; a paired t-test over its seeds):", ""]
+    for key in keys:
+        init, best = _init(key, segment), _best(ladders[key])
+        if best != init and init in ladders[key]:
+            lines.append(f"- {_label(key)}: " + ordering(f"c = {best}", ladders[key][best], f"c = {init}",
+                                                         ladders[key][init], decimals=3, paired=True))
+        elif best == init:
+            lines.append(f"- {_label(key)}: best at its training attention length, c = {init}")
+    return "\n".join(lines) + "\n"
+
+
+def _context(by_c: dict[int, list[float]], at, key: tuple, segment: int) -> int:
+    return _init(key, segment) if at == "init" else _best(by_c) if at == "best" else int(at)
+
+
+def _targets(df: pd.DataFrame) -> str:
+    tokens = sorted(set(ladder_rows(df)["tokens"].dropna().astype(int)))
+    return f"{tokens[0]:,}" if len(tokens) == 1 else " to ".join(f"{t:,}" for t in (tokens[0], tokens[-1]))
+
+
+def _seeds(counts: list[int]) -> str:
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+
+def context_report(df: pd.DataFrame) -> str:
+    """Markdown: the perplexity of a model without memory at sliding windows of c, and whether each doubling
+    of c still lowers it (module docstring)."""
+    rows = df[(df["status"] == "done") & (df["protocol"] == "sliding") & (df["stride"] == 1)]
+    by_c = {int(c): part.sort_values("seed")["ppl"].astype(float).tolist() for c, part in rows.groupby("segment_len")}
+    contexts = sorted(by_c)
+    seeds = sorted({len(v) for v in by_c.values()})
+    tokens = sorted(set(rows["tokens"].dropna().astype(int)))
+    lines = [f"Perplexity at sliding windows of c characters (stride 1) on {tokens[0]:,} validation targets, "
+             f"mean ± std over {_seeds(seeds)} seeds:", "",
+             "| " + " | ".join(f"c = {c}" for c in contexts) + " |", "|" + "---:|" * len(contexts),
+             "| " + " | ".join(_cell(by_c[c]) for c in contexts) + " |", "",
+             "Does doubling the context still help? The same models at two windows: a paired t-test over the seeds "
+             "(an ordering only where p < 0.05).", ""]
+    for short, long in zip(contexts, contexts[1:]):
+        lines.append(f"- {ordering(f'c = {long}', by_c[long], f'c = {short}', by_c[short], decimals=3, paired=True)}")
+    return "\n".join(lines) + "\n"

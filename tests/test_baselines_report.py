@@ -1,0 +1,110 @@
+"""The fair-baselines report (analysis/baselines_report.py): each preset's best learning rate picked on
+valid, its test perplexity there, the ratio to the best preset, the presets more than 10% above it (tuned
+and untuned), the picks at the sweep's edges and each preset against the best by Welch's t-test, all
+checked against numbers computed here from the fixture; from the runs and from summary.csv alike.
+
+Run: .venv/bin/python -m pytest tests/test_baselines_report.py -q
+"""
+
+import statistics
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fixtures.report_runs import make_run
+from relpos_ablate.analysis import collect, reports
+from relpos_ablate.analysis.baselines_report import lr_figure, preset_summary, report
+from relpos_ablate.cli import main
+from relpos_ablate.runner.presets import preset_fields
+
+LRS = (0.0005, 0.001, 0.002)
+OFFSETS = (-0.1, 0.0, 0.1)
+"""Seed s of a cell is its mean + OFFSETS[s]."""
+# preset -> ([valid mean per lr], [test mean per lr])
+MEANS = {
+    "xl": ([6.0, 5.6, 5.5], [6.1, 5.9, 5.6]),        # best at the highest lr (an edge)
+    "alibi": ([6.5, 5.9, 6.1], [6.6, 6.1, 6.3]),     # best inside the sweep
+    "t5": ([7.5, 6.9, 6.0], [7.6, 7.1, 6.1]),        # within 10% only when tuned
+    "vaswani": ([9.0, 8.5, 8.0], [9.1, 8.5, 7.1]),   # beyond 10% tuned or not
+    "nope": ([8.0, 7.8, 7.9], [8.1, 8.0, 8.0]),      # no position: not judged
+}
+
+
+def seeds(mean):
+    return [mean + d for d in OFFSETS]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fair")
+    for preset, (valid, test) in MEANS.items():
+        fields = [f"model.attention.{k}={v}" for k, v in preset_fields(preset).items()]
+        for k, lr in enumerate(LRS):
+            for seed, d in enumerate(OFFSETS):
+                make_run(root, [*fields, f"train.lr={lr}", f"seed={seed}", "train.segment_len=64"],
+                         experiment="fair_baselines", variant={"encoding": preset, "train.lr": lr, "seed": seed},
+                         results=[({"segment_len": 64, "split": "valid"}, {"ppl": valid[k] + d}),
+                                  ({"segment_len": 64, "split": "test"}, {"ppl": test[k] + d}),
+                                  ({"segment_len": 128, "split": "test"}, {"ppl": 1.0})])  # not at L: ignored
+    return root / "fair_baselines"
+
+
+def expected():
+    """Picks, test means and ratios computed from MEANS."""
+    picks = {p: LRS[int(np.argmin(valid))] for p, (valid, _) in MEANS.items()}
+    tuned = {p: MEANS[p][1][LRS.index(lr)] for p, lr in picks.items()}
+    default = {p: test[LRS.index(0.001)] for p, (_, test) in MEANS.items()}
+    return picks, tuned, default
+
+
+def test_summary_picks_on_valid_and_reports_test(results):
+    picks, tuned, default = expected()
+    summary = preset_summary(collect(results)).set_index("preset")
+    assert picks == {"xl": 0.002, "alibi": 0.001, "t5": 0.002, "vaswani": 0.002, "nope": 0.001}
+    for preset in MEANS:
+        row = summary.loc[preset]
+        assert row["best_lr"] == picks[preset]
+        assert row["mean"] == pytest.approx(statistics.mean(seeds(tuned[preset])))
+        assert row["std"] == pytest.approx(statistics.stdev(seeds(tuned[preset]))) and row["n"] == 3
+        assert row["ratio"] == pytest.approx(tuned[preset] / min(tuned.values()))
+        assert row["default_ratio"] == pytest.approx(default[preset] / min(default.values()))
+
+
+def test_report_counts_edges_and_orderings(results):
+    picks, tuned, default = expected()
+    text = report(collect(results))
+    judged = [p for p in MEANS if p != "nope"]
+    over = [p for p in judged if tuned[p] / min(tuned.values()) > 1.10]
+    untuned = sorted((p for p in judged if default[p] / min(default.values()) > 1.10),
+                     key=lambda p: -default[p])
+    assert (over, untuned) == (["vaswani"], ["vaswani", "t5"])
+    assert (f"- Presets that encode position more than 10% above the best at their best rate: {len(over)} of "
+            f"{len(judged)} (vaswani).") in text
+    assert f"- At lr 0.001 for every preset (untuned): {len(untuned)} of {len(judged)} (vaswani, t5)." in text
+    assert ("- Best rate at the edge of the sweep (the optimum may lie beyond it): lowest 0.0005: none; highest "
+            "0.002: xl, t5, vaswani.") in text
+    assert "| nope (no position) | 0.001 | 7.80 | 8.00 ± 0.10 | 1.429 | 8.00 | 1.356 |" in text
+    for preset in ("alibi", "t5", "vaswani", "nope"):
+        p = stats.ttest_ind(seeds(tuned["xl"]), seeds(tuned[preset]), equal_var=False).pvalue
+        verdict = f"xl better (Welch p = {p:.2g})" if p < 0.05 else f"not significant (Welch p = {p:.2g})"
+        assert f"- xl {tuned['xl']:.2f}, {preset} {tuned[preset]:.2f}: {verdict}" in text
+
+
+def test_the_report_reads_summary_csv_as_the_runs(results, tmp_path, capsys):
+    assert main(["report", str(results)]) == 0
+    from_runs = capsys.readouterr().out
+    assert from_runs.startswith("# Fair baselines")
+    assert main(["collect", str(results), "--out", str(tmp_path / "summary.csv")]) == 0
+    assert reports.make_report(reports.read_summary(tmp_path / "summary.csv")) == from_runs
+
+
+def test_the_figure_draws_each_ratio(results, tmp_path):
+    _, tuned, _ = expected()
+    fig = lr_figure(collect(results))
+    left, right = fig.axes
+    assert len(left.lines) == len(MEANS)
+    widths = sorted(bar.get_width() for bar in right.patches)
+    assert widths == pytest.approx(sorted(t / min(tuned.values()) - 1 for t in tuned.values()))
+    assert main(["plot", str(results), "--kind", "lr-sweep", "--out", str(tmp_path), "--formats", "png"]) == 0
+    assert (tmp_path / "lr_sweep.png").stat().st_size > 0

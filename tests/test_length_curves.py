@@ -1,0 +1,55 @@
+"""The length-generalization study's main figure (`plot --kind lengthgen`, analysis/length_curves.py) on the
+hand-made runs of tests/test_length_report.py: a panel per task in the config's order, a line per variant at
+the bins' middle n with its mean over seeds, the seeds' min-max as its band, the training lengths shaded,
+a colour per encoding and dashes for randomized positions, the variants named in words.
+Run: pytest tests/test_length_curves.py -q"""
+
+import statistics
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_rgba
+
+from test_length_report import SCORES, build
+from relpos_ablate.analysis import collect
+from relpos_ablate.analysis.length_curves import lengthgen_figure
+from relpos_ablate.cli import main
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("curves"))
+
+
+def test_a_panel_per_task_a_line_per_variant_with_its_seed_band(results):
+    fig = lengthgen_figure(collect(results))
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["copy", "reverse"]
+    for ax, task in zip(panels, ("copy", "reverse")):
+        lines = ax.get_lines()
+        keys = [k for k in SCORES if k[0] == task]  # nope, t5, rope, rope randomized
+        order = [("nope", "sequential"), ("rope", "sequential"), ("rope", "randomized"), ("t5", "sequential")]
+        assert len(lines) == 4
+        for line, variant in zip(lines, order):
+            seeds = np.array(SCORES[(task, *variant)])
+            np.testing.assert_allclose(line.get_xdata(), [2.5, 5.5, 7.5])  # bins 1-4, 5-6, 7-8 at their middle
+            np.testing.assert_allclose(line.get_ydata(), seeds.mean(0))
+        assert {k[1:] for k in keys} == set(order)
+        bands = ax.collections
+        assert len(bands) == 4
+        np.testing.assert_allclose(bands[0].get_paths()[0].vertices[:, 1].min(),
+                                   np.array(SCORES[(task, "nope", "sequential")]).min(0).min())
+        span = ax.patches[0]  # the shaded training lengths, n = 1-4
+        assert (span.get_x(), span.get_x() + span.get_width()) == (0.5, 4.5)
+    rope, randomized = panels[0].get_lines()[1:3]
+    assert to_rgba(rope.get_color()) == to_rgba(randomized.get_color())
+    assert rope.get_linestyle() == "-" and randomized.get_linestyle() == "--"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["NoPE", "RoPE", "RoPE (randomized)", "T5", "training lengths"]
+    assert fig.legends[0].get_title().get_text() == "mean over 3 seeds\nband: min-max over seeds"
+    assert panels[0].get_lines()[0].get_ydata()[1] == pytest.approx(statistics.mean([0.6, 0.5, 0.7]))  # by hand
+
+
+def test_plot_command_writes_the_figure(results, tmp_path, capsys):
+    assert main(["plot", str(results), "--kind", "lengthgen", "--formats", "png", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "lengthgen.png")]
