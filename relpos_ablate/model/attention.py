@@ -162,15 +162,16 @@ class RelPosAttention(nn.Module):
         # a query-dependent bias (FIRE) is a curve over distances too while every query of the call is within
         # its distance-only range (consecutive positions: the query positions are M .. K - 1); strictly below
         # its end, where a query at the end would send part of the gradient to it (FIRE's max(i, L))
+        if scheme is not None and not scheme.distance_only and call.drawn_distances:
+            # its query position has no meaning where distances are drawn per offset
+            raise ValueError(f"model.attention.randomized_draw: {self.config.bias!r} reads the query position "
+                             "besides the distance; per_layer draws distances only (use shared_positions)")
         curve = scheme is not None and (scheme.distance_only or (
             call.consecutive and call.n_keys - 1 < scheme.distance_only_until()))
         if curve:
             bias = scheme.curve(distances) * self.bias_scale  # (H, n)
             distance_scores = bias if distance_scores is None else distance_scores + bias
         elif scheme is not None:
-            if call.drawn_distances:  # its query position has no meaning where distances are drawn per offset
-                raise ValueError(f"model.attention.randomized_draw: {self.config.bias!r} reads the query position "
-                                 "besides the distance; per_layer draws distances only (use shared_positions)")
             pair_bias = scheme
         return dataclasses.replace(
             call, rel_keys=rel_keys, distance_scores=distance_scores, pair_bias=pair_bias,
