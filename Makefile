@@ -1,5 +1,7 @@
 # make test  — create .venv (torch CPU wheel first), install the project, run the test suite
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
+# make gpu-check — on a CUDA machine: every fast path against the explicit one, a DDP run, timing against
+#   FlashAttention (benchmarks/gpu_check.py; ~8 min on one H200); without a GPU it says so in one line
 # make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions": their measured
 #   costs on 2 CPU cores)
 # make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines")
@@ -11,7 +13,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench clean lengthgen repro-extrapolation repro-xl fair-baselines
+.PHONY: install test demo bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -120,6 +122,9 @@ fair-baselines: install
 
 bench: install
 	$(BIN)/python benchmarks/attention.py
+
+gpu-check: install
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -26,10 +26,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# the package of this tree, or of another revision's (benchmarks/compare_revisions.py --time): only what
+# every revision has is imported here, the rest where a scheme needs it
+sys.path.insert(0, os.environ.get("RELPOS_PACKAGE_ROOT", str(Path(__file__).resolve().parent.parent)))
 from relpos_ablate import AttentionConfig, RelPosAttention  # noqa: E402
-from relpos_ablate.model import AttentionOptions  # noqa: E402
-from relpos_ablate.model.position import RopeScaling, sinusoid  # noqa: E402
+from relpos_ablate.model.position import sinusoid  # noqa: E402
 
 B, H, D_HEAD, D_MODEL = 2, 8, 64, 512
 TERM_SUBSETS = ["".join(c) for n in (1, 2, 3, 4) for c in __import__("itertools").combinations("abcd", n)]
@@ -98,6 +99,9 @@ class YaRNRoPE(RelPosAttention):
         super().__init__(D_MODEL, H, D_HEAD, AttentionConfig(terms="a", absolute="rope"))
 
     def forward(self, x, mems=None, **_):
+        from relpos_ablate.model import AttentionOptions
+        from relpos_ablate.model.position import RopeScaling
+
         return super().forward(x, mems, AttentionOptions(rope_scaling=RopeScaling("yarn", 4.0, 512)))
 
 

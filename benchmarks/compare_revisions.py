@@ -7,12 +7,19 @@ with memory; all on fixed seeds in float64. The other revision's package is expo
 into a temporary folder, and each side runs in its own process. Prints the tensors that differ.
 
     python benchmarks/compare_revisions.py HEAD~1        # exit 1 when anything differs
+
+With --time it compares speed instead: benchmarks/attention.py of this tree times the attention of each
+revision (the same benchmark, the other revision's package: RELPOS_PACKAGE_ROOT), the two alternating
+round by round, each ratio to SDPA without positions measured in its own process:
+
+    python benchmarks/compare_revisions.py ea3d084 --time --schemes t5,xl_table,xl_abcd --lengths 1024 --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -80,9 +87,47 @@ def run_probe(package_root: Path, path: Path) -> None:
                    env={**os.environ, "PYTHONPATH": str(package_root)}, cwd=package_root)
 
 
+def export(revision: str, tmp: str) -> Path:
+    """The revision's package, extracted into tmp/old."""
+    old_root = Path(tmp) / "old"
+    old_root.mkdir()
+    archive = subprocess.run(["git", "archive", revision, "relpos_ablate"], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old_root)], input=archive, check=True)
+    return old_root
+
+
+def compare_speed(args: argparse.Namespace) -> int:
+    """Rounds of (revision, this tree) timings; prints each scheme's ratio to SDPA per round and side."""
+    sides = {args.revision: None, "this tree": ROOT}
+    ratios: dict[tuple[str, str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        sides[args.revision] = export(args.revision, tmp)
+        for round_ in range(args.rounds):
+            for side, root in sides.items():
+                out = Path(tmp) / f"{round_}.json"
+                cmd = [sys.executable, str(ROOT / "benchmarks" / "attention.py"), "--schemes", args.schemes, "--lengths",
+                       args.lengths, "--pairs", str(args.pairs), "--memory", "none", "--out", str(out)]
+                subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "RELPOS_PACKAGE_ROOT": str(root)})
+                for row in json.loads(out.read_text())["rows"]:
+                    for length in args.lengths.split(","):
+                        ratios.setdefault((row["scheme"], length, side), []).append(row[length]["ratio"])
+    print(f"| scheme | L | {args.revision}: ratio per round | this tree: ratio per round |\n|---|---|---|---|")
+    for scheme in args.schemes.split(","):
+        for length in args.lengths.split(","):
+            cells = [" / ".join(f"{r:.2f}x" for r in ratios[(scheme, length, side)]) for side in sides]
+            print(f"| {scheme} | {length} | {cells[0]} | {cells[1]} |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("revision", nargs="?", help="git revision to compare the working tree against")
+    parser.add_argument("--time", action="store_true", help="compare attention speed (benchmarks/attention.py)")
+    parser.add_argument("--schemes", default="t5,xl_table,xl_abcd", help="--time: schemes of benchmarks/attention.py")
+    parser.add_argument("--lengths", default="1024", help="--time: comma-separated lengths")
+    parser.add_argument("--pairs", type=int, default=5, help="--time: alternating timing pairs per measurement")
+    parser.add_argument("--rounds", type=int, default=2, help="--time: alternating rounds of the two sides")
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
@@ -90,12 +135,10 @@ def main() -> int:
         return 0
     if not args.revision:
         parser.error("give a git revision, e.g. HEAD~1")
+    if args.time:
+        return compare_speed(args)
     with tempfile.TemporaryDirectory() as tmp:
-        old_root = Path(tmp) / "old"
-        old_root.mkdir()
-        archive = subprocess.run(["git", "archive", args.revision, "relpos_ablate"], cwd=ROOT, check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old_root)], input=archive, check=True)
+        old_root = export(args.revision, tmp)
         run_probe(old_root, Path(tmp) / "old.pt")
         run_probe(ROOT, Path(tmp) / "new.pt")
         old, new = torch.load(Path(tmp) / "old.pt"), torch.load(Path(tmp) / "new.pt")

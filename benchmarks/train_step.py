@@ -7,11 +7,16 @@ synchronised at both ends; the runs alternate and the median of `--repeats` is r
 
     python benchmarks/train_step.py                     # CPU, a small model
     python benchmarks/train_step.py --device cuda --set model.d_model=512 --set model.n_layers=8
+    python benchmarks/train_step.py --compile           # also Lightning with train.compile: true
+
+With --compile a third run, the LightningModule with `train.compile: true`, alternates with the other two;
+its warm-up steps hold the compilation (with memory the first steps have other shapes: warm up past them).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -74,6 +79,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--compile", action="store_true", help="also time Lightning with train.compile: true")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -83,10 +89,13 @@ def main() -> None:
                                     f"train.checkpoint_every={args.warmup + args.steps + 1}", *args.overrides])
     config = resolve_vocab(config, build_datamodule(config).vocab_size)
     tokens = args.steps * config.train.batch_size * config.train.segment_len
-    lightning_s, plain_s = [], []
+    compiled_config = dataclasses.replace(config, train=dataclasses.replace(config.train, compile=True))
+    lightning_s, plain_s, compiled_s = [], [], []
     for _ in range(args.repeats):
         plain_s.append(time_plain(config, args.device, args.warmup, args.steps))
         lightning_s.append(time_lightning(config, args.warmup, args.steps))
+        if args.compile:
+            compiled_s.append(time_lightning(compiled_config, args.warmup, args.steps))
     plain, lightning = statistics.median(plain_s), statistics.median(lightning_s)
     print(f"device {args.device}, d_model {config.model.d_model}, layers {config.model.n_layers}, "
           f"segment {config.train.segment_len} x batch {config.train.batch_size}, mem {config.model.mem_len}, "
@@ -94,6 +103,10 @@ def main() -> None:
     print(f"plain PyTorch : {tokens / plain:10.0f} tokens/s  ({1000 * plain / args.steps:.2f} ms/step)")
     print(f"Lightning     : {tokens / lightning:10.0f} tokens/s  ({1000 * lightning / args.steps:.2f} ms/step)")
     print(f"Lightning / plain throughput: {plain / lightning:.3f}")
+    if compiled_s:
+        compiled = statistics.median(compiled_s)
+        print(f"compiled      : {tokens / compiled:10.0f} tokens/s  ({1000 * compiled / args.steps:.2f} ms/step)")
+        print(f"Lightning compiled / Lightning throughput: {lightning / compiled:.3f}")
 
 
 if __name__ == "__main__":

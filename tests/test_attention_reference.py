@@ -215,13 +215,15 @@ def test_fast_backward_equals_autograd_of_explicit_scores(terms, bias, causal, b
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
 
 
+@pytest.mark.parametrize("threshold", [2.5, 100.0])
 @pytest.mark.parametrize("backend", ["blocks", "sdpa", "explicit"])
-def test_fire_curve_shortcut_and_pairwise_blocks_both_match(backend):
+def test_fire_curve_shortcut_and_pairwise_blocks_both_match(backend, threshold):
     """Blocks whose queries all sit below FIRE's threshold use a per-distance curve, later blocks the
-    full (i, j) evaluation: with the threshold at 2.5 and blocks of 2 queries, both kinds occur."""
+    full (i, j) evaluation: with the threshold at 2.5 and blocks of 2 queries, both kinds occur. With every
+    query below it (100) the whole call's bias is one curve over distances, as a distance-only bias's."""
     attn = make(terms="a", bias="fire", backend=backend)
     with torch.no_grad():
-        attn.bias_scheme.threshold.fill_(2.5)
+        attn.bias_scheme.threshold.fill_(threshold)
     x, _ = inputs(13, 0)
     x.requires_grad_(True)
     assert_matches_reference(attn, x, None)

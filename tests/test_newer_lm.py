@@ -80,7 +80,7 @@ INVALID = [
     (dict(forget_gate=True, causal=False), "forget_gate", "causal attention only"),
     (dict(cope_positions=4, causal=False), "cope_positions", "causal attention only"),
     (dict(cope_positions=4, terms="cd"), "cope_positions", "include term a"),
-    (dict(cope_positions=4, backend="blocks"), "backend", "use auto, sdpa or explicit"),
+    (dict(cope_positions=4, backend="flex"), "backend", "use auto, blocks, sdpa or explicit"),
     (dict(cope_positions=-1), "cope_positions", "out of range"),
     (dict(window=0), "window", "out of range"),
     (dict(window=4, causal=False), "window", "causal attention only"),

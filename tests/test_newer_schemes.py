@@ -52,8 +52,8 @@ def make(fields, backend="auto", seed=0, **extra):
 
 
 def runs_on(fields, backend):
-    """CoPE needs each query's whole row before the softmax: no rebuild kernel, no FlexAttention."""
-    return not (fields.get("cope_positions") and backend in ("blocks", "flex"))
+    """CoPE needs each query's whole row before the softmax: no FlexAttention."""
+    return not (fields.get("cope_positions") and backend == "flex")
 
 
 def check(attn, x, mems, **kw):
@@ -74,7 +74,7 @@ def check(attn, x, mems, **kw):
 def test_every_scheme_matches_the_reference_on_every_kernel(name, backend):
     fields = SCHEMES[name]
     if not runs_on(fields, backend):
-        pytest.skip("CoPE runs on the explicit path and SDPA per query block (dispatch.py)")
+        pytest.skip("CoPE does not run on FlexAttention (dispatch.py)")
     for i, n_mem in enumerate((0, MEM)):
         attn = make(fields, backend, seed=i)
         check(attn, *inputs(i, n_mem))
@@ -88,7 +88,7 @@ def test_every_scheme_with_padding_window_and_explicit_positions(name, backend):
     window (narrowed by the config's) and padded keys, on every kernel."""
     fields = SCHEMES[name]
     if not runs_on(fields, backend):
-        pytest.skip("CoPE runs on the explicit path and SDPA per query block (dispatch.py)")
+        pytest.skip("CoPE does not run on FlexAttention (dispatch.py)")
     attn = make(fields, backend, seed=3)
     x, mems = inputs(3, MEM)
     padding = torch.zeros(2, MEM + LQ, dtype=torch.bool)
@@ -176,7 +176,7 @@ def test_windowed_blocks_skip_the_keys_before_their_window(fields, backend):
     keys from its first query's window on (k0 > 0, with the sinks in front: two ranges); forward and
     every gradient equal the explicit scores, which read every key."""
     if not runs_on(fields, backend):
-        pytest.skip("CoPE runs on the explicit path and SDPA per query block (dispatch.py)")
+        pytest.skip("CoPE does not run on FlexAttention (dispatch.py)")
     attn = make(fields, backend, seed=11, window=5, query_chunk=16)
     if "fire" in fields.get("bias", ""):
         with torch.no_grad():
@@ -202,7 +202,7 @@ def test_attention_statistics_of_every_scheme_match_their_definitions(name, back
 
     fields = SCHEMES[name]
     if not runs_on(fields, backend):
-        pytest.skip("CoPE runs on the explicit path and SDPA per query block (dispatch.py)")
+        pytest.skip("CoPE does not run on FlexAttention (dispatch.py)")
     attn = make(fields, backend, seed=12)
     x, mems = inputs(12, MEM)
     weight = (torch.rand(2, LQ, generator=torch.Generator().manual_seed(12)) > 0.3).double()

@@ -113,9 +113,10 @@ class AttentionConfig:
     O(L·d) memory) | sdpa (SDPA per block with the additive map stored) | flex | explicit (materialised)."""
     query_chunk: int = 256
     """Queries per block; causal blocks skip keys no query of theirs can see (0: one block)."""
-    max_stored_scores_mb: int = 256
-    """backend 'auto' without a GPU: while the score maps of one layer fit in this many MB they are
-    stored for backward (SDPA, fastest); above it the bias is rebuilt in backward ('blocks')."""
+    max_stored_scores_mb: int = 0
+    """backend 'auto' without a GPU: while the score maps of one layer fit in this many MB they are stored for
+    backward (SDPA per block); above it they are rebuilt in backward ('blocks', O(L·d) memory). 0: always
+    rebuilt, which on CPU is as fast or faster from L = 1024 on (README, Speed and memory)."""
 
     def __post_init__(self):
         if not isinstance(self.terms, str) or not self.terms:
@@ -184,9 +185,9 @@ class AttentionConfig:
         if self.cope_positions and "a" not in self.terms:
             raise ConfigError("cope_positions", "CoPE's gates read the content score; include term a "
                               f"(terms={self.terms!r})")
-        if self.cope_positions and self.backend in ("blocks", "flex"):
-            raise ConfigError("backend", f"{self.backend!r} cannot run CoPE (its positions sum gates over a query's "
-                              "whole row of keys before the softmax); use auto, sdpa or explicit")
+        if self.cope_positions and self.backend == "flex":
+            raise ConfigError("backend", "'flex' cannot run CoPE (its positions sum gates over a query's whole row of "
+                              "keys before the softmax); use auto, blocks, sdpa or explicit")
 
     @staticmethod
     def field_choices(name: str) -> tuple[str, ...] | None:

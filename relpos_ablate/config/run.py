@@ -70,6 +70,13 @@ class TrainConfig:
     run.)"""
     deterministic: bool = False
     """torch deterministic algorithms (slower). (How to run.)"""
+    compile: bool = False
+    """torch.compile the model's training forward (and so its backward): fused kernels around the attention,
+    the same numbers up to rounding. Evaluation runs uncompiled (its lengths would each compile again).
+    Inductor traces what it can and runs the rest eagerly: on CPU the attention's block kernel (a Python loop
+    over blocks in an autograd.Function) and randomized positions (read on the host) break the graph, so the
+    gain there is the layers around the attention (README, Speed and memory). The first steps pay the
+    compilation (tens of seconds). (How to run: not part of the run id.)"""
     loggers: tuple[str, ...] = ("csv",)
     """Where training metrics go, from rank 0: csv (metrics.csv, always written: the run's record that
     collect and plots read) | tensorboard (RUN_DIR/tensorboard/, pip install relpos-ablate[tensorboard]) |
@@ -123,12 +130,12 @@ class TrainConfig:
             check_streams_split("batch_size", self.batch_size, self.devices * self.num_nodes, self.accumulate)
 
 
-HOW_TO_RUN = ("accelerator", "devices", "num_nodes", "strategy", "accumulate", "deterministic", "loggers")
+HOW_TO_RUN = ("accelerator", "devices", "num_nodes", "strategy", "accumulate", "deterministic", "loggers", "compile")
 """TrainConfig fields that say how a run executes, not what it computes: the hardware, how one optimizer
 step's streams are spread over it, and where metrics are shown. Changing them changes the numbers at most
 by floating-point rounding (summation order, different kernels; with dropout, each process draws its own
 masks: the same distribution, other draws), so they are not part of the run id: the
-same run on more devices is the same run, and a run may resume on other hardware. Precision stays part of
+same run on more devices (or compiled) is the same run, and a run may resume on other hardware. Precision stays part of
 the id (bf16 arithmetic changes results beyond rounding), and so do log_every / checkpoint_every /
 val_every (they shape what the run records)."""
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_ablate.config.model import AttentionConfig, check_widths, rope_scaling_conflict, rotary_width
@@ -103,9 +104,11 @@ class RelPosAttention(nn.Module):
         d = distances if clamp is None else distances.clamp(-clamp, clamp)
         return sinusoid(d, self.d_model).to(self.out_net.weight.dtype)
 
-    def projected_relative(self, distances: Tensor, clamp_len: int | None = None) -> Tensor:
-        """W_R R_d per head: [n] -> [H, n, dh]."""
-        r = self.r_net(self.relative_vectors(distances, clamp_len))  # (n, H·dh)
+    def projected_relative(self, distances: Tensor, clamp_len: int | None = None, scale: float = 1.0) -> Tensor:
+        """scale·W_R R_d per head: [n] -> [H, n, dh], a view of the [n, H·dh] product (the scale multiplies
+        W_R, not the product: one [n, H·dh] tensor in memory, and its transposed view is what the kernels'
+        products read)."""
+        r = F.linear(self.relative_vectors(distances, clamp_len), self.r_net.weight * scale)  # (n, H·dh)
         return r.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # (n, H, dh) -> (H, n, dh)
 
     def _term_d(self, rel_keys: Tensor) -> Tensor:
@@ -125,7 +128,7 @@ class RelPosAttention(nn.Module):
         if source == "d":
             if self.position_bias_v is None:
                 raise ValueError(f"term d is off (terms={self.config.terms!r}); no v·W_R R curve to show")
-            return self._term_d(self.projected_relative(distances, clamp_len) * self.scale)
+            return self._term_d(self.projected_relative(distances, clamp_len, self.scale))
         raise ValueError(f"source: {source!r} is not allowed; choose 'bias' or 'd'")
 
     def _geometry(self, x: Tensor, keys_input: Tensor, options: AttentionOptions) -> AttentionCall:
@@ -135,7 +138,8 @@ class RelPosAttention(nn.Module):
         cfg = self.config
         if options.window is not None and not cfg.causal:
             raise ValueError("window (same_length) applies to causal attention only")
-        window = min((w for w in (cfg.window, options.window) if w is not None), default=None)
+        windows = [w for w in (cfg.window, options.window) if w is not None]
+        window = min(windows) if windows else None  # (min's default= breaks torch.compile's graph)
         lq, padding = x.shape[1], options.key_padding_mask
         visibility = Visibility(keys_input.shape[1] - lq, cfg.causal, window)
         log_decay = None if self.forget_gate is None else self.forget_gate.log_decay(keys_input, padding)
@@ -152,17 +156,22 @@ class RelPosAttention(nn.Module):
         terms, scheme, distances = self.config.terms, self.bias_scheme, call.distances  # (n,) descending
         rel_keys = distance_scores = pair_bias = None
         if self.config.uses_r:
-            # contiguous once: every query block multiplies by a slice of it
-            rel_keys = (self.projected_relative(distances, clamp_len) * self.scale).contiguous()  # (H, n, dh)
+            rel_keys = self.projected_relative(distances, clamp_len, self.scale)  # (H, n, dh)
             if "d" in terms and "b" not in terms:  # with b, term d rides on the position query q + v
                 distance_scores = self._term_d(rel_keys)
-        if scheme is not None and scheme.distance_only:
+        # a query-dependent bias (FIRE) is a curve over distances too while every query of the call is within
+        # its distance-only range (consecutive positions: the query positions are M .. K - 1); strictly below
+        # its end, where a query at the end would send part of the gradient to it (FIRE's max(i, L))
+        if scheme is not None and not scheme.distance_only and call.drawn_distances:
+            # its query position has no meaning where distances are drawn per offset
+            raise ValueError(f"model.attention.randomized_draw: {self.config.bias!r} reads the query position "
+                             "besides the distance; per_layer draws distances only (use shared_positions)")
+        curve = scheme is not None and (scheme.distance_only or (
+            call.consecutive and call.n_keys - 1 < scheme.distance_only_until()))
+        if curve:
             bias = scheme.curve(distances) * self.bias_scale  # (H, n)
             distance_scores = bias if distance_scores is None else distance_scores + bias
         elif scheme is not None:
-            if call.drawn_distances:  # its query position has no meaning where distances are drawn per offset
-                raise ValueError(f"model.attention.randomized_draw: {self.config.bias!r} reads the query position "
-                                 "besides the distance; per_layer draws distances only (use shared_positions)")
             pair_bias = scheme
         return dataclasses.replace(
             call, rel_keys=rel_keys, distance_scores=distance_scores, pair_bias=pair_bias,

@@ -159,7 +159,7 @@ class AttentionCall:
     rel_keys: Tensor | None = None  # [H, n, dh]: s·W_R R_d per distance (term b's keys)
     distance_scores: Tensor | None = None  # [H, n]: additive scores of distance alone (term d without b, a bias)
     pair_bias: BiasScheme | None = None  # a bias that also depends on the query position (FIRE)
-    pair_bias_curve_until: float = float("inf")  # up to this query position pair_bias is a curve over i' - j
+    pair_bias_curve_until: float = float("inf")  # below this query position pair_bias is a curve over i' - j
     bias_scale: float = 1.0  # s_B
     query_chunk: int = 0  # queries per block (0: one block)
     log_decay: Tensor | None = None  # [B, H, K] FoX's Λ (fox.py), float64
@@ -190,6 +190,12 @@ class AttentionCall:
         """Whether anything is added to s·q_content·kᵀ (otherwise plain SDPA can do it all)."""
         return any(t is not None for t in (self.rel_keys, self.distance_scores, self.pair_bias, self.log_decay,
                                            self.contextual))
+
+    def hidden_distances(self, like: Tensor) -> Tensor:
+        """[n] additive mask per distance of the call, 0 where a key at that distance is visible and -inf where
+        not, in like's dtype and device: with consecutive positions visibility is a function of the distance."""
+        hidden = ~self.visibility.at_distance(self.distances)
+        return torch.zeros(hidden.shape, dtype=like.dtype, device=like.device).masked_fill_(hidden, float("-inf"))
 
     def visible(self, block: QueryBlock) -> Tensor:
         """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j (sinks not included)."""
@@ -222,23 +228,30 @@ class AttentionCall:
     def block(self, i0: int, i1: int, windowed: bool = False) -> QueryBlock:
         """Queries i0 .. i1 - 1: causal ones see keys up to the last of them, and `windowed`, none before
         the window of the first of them; the columns they read."""
-        lq, window = i1 - i0, self.visibility.window
+        window = self.visibility.window
         n_keys = self.n_mem + i1 if self.causal else self.n_keys
         k0 = max(0, self.n_mem + i0 - window + 1) if windowed and self.causal and window is not None else 0
-        width = n_keys - k0
+        return self._block(i0, i1, k0, n_keys)
+
+    def _block(self, i0: int, i1: int, k0: int, n_keys: int) -> QueryBlock:
+        """Queries i0 .. i1 - 1 against keys k0 .. n_keys - 1, with the per-distance columns they read."""
+        lq, width = i1 - i0, n_keys - k0
         if not self.consecutive:  # distance_index picks the columns: every block reads them all
             every = slice(0, self.distances.numel())
             return QueryBlock(i0, i1, n_keys, every, every, self.n_sinks, k0)
         t0 = self.n_queries - i1 + k0  # column of this block's largest distance in the descending layout
-        # causal: K_b + 1 columns suffice for rel_shift (the rest would only fill masked entries)
-        n_rel = min(width + 1, lq + width - 1) if self.causal else lq + width - 1
+        # causal up to the block's last query: K_b + 1 columns suffice for rel_shift (the rest would only fill
+        # masked entries); a tile of keys before the diagonal sees every entry
+        diagonal = self.causal and n_keys == self.n_mem + i1
+        n_rel = min(width + 1, lq + width - 1) if diagonal else lq + width - 1
         return QueryBlock(i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + width - 1), self.n_sinks, k0)
 
-    def blocks(self, block_scores: int, windowed: bool = False) -> list[QueryBlock]:
+    def blocks(self, block_scores: int, windowed: bool = False, rows: int | None = None) -> list[QueryBlock]:
         """Blocks of query_chunk queries, shrunk for long key ranges so that one block's score map
-        stays near `block_scores` entries per head (bounded transient memory). Term b at explicit
-        positions gathers a d_head-wide key per pair, so its blocks hold d_head times fewer pairs.
-        `windowed`: each block skips the keys before its window (O(L·W) work for a window W)."""
+        stays near `block_scores` entries per head (bounded transient memory), or of `rows` queries (at most
+        query_chunk) whatever their keys. Term b at explicit positions gathers a d_head-wide key per pair, so
+        its blocks hold d_head times fewer pairs. `windowed`: each block skips the keys before its window
+        (O(L·W) work for a window W)."""
         if not self.query_chunk:
             return [self.block(0, self.n_queries, windowed)]
         if self.rel_keys is not None and not self.consecutive:
@@ -249,10 +262,19 @@ class AttentionCall:
             keys = self.n_mem + i0 + self.query_chunk if self.causal else self.n_keys
             if window is not None:
                 keys = min(keys, window + self.query_chunk)
-            i1 = min(i0 + max(MIN_BLOCK, min(self.query_chunk, block_scores // keys)), self.n_queries)
+            size = rows or max(MIN_BLOCK, block_scores // keys)
+            i1 = min(i0 + min(self.query_chunk, size), self.n_queries)
             blocks.append(self.block(i0, i1, windowed))
             i0 = i1
         return blocks
+
+    def key_tiles(self, block: QueryBlock, width: int) -> list[QueryBlock]:
+        """The block's keys in tiles of `width` or more (as even as they come), each a QueryBlock of the same
+        queries; no sinks (consecutive positions only). With width >= the block's queries every query sees a
+        key of every tile: causal rows see the last tile's first key, windowed rows the first tile's last one."""
+        n_tiles = max(1, block.width // width)
+        edges = [block.k0 + block.width * t // n_tiles for t in range(n_tiles + 1)]
+        return [self._block(block.i0, block.i1, a, b) for a, b in zip(edges, edges[1:])]
 
     def score_inputs(self, q_position: Tensor | None) -> ScoreInputs:
         """This call's inputs of the additive scores, with the kernels' position query."""
@@ -263,7 +285,7 @@ class AttentionCall:
         """The block's slices (views) of each input; None stays None."""
         return ScoreInputs(_narrow(inputs.q_position, 2, block.rows), _narrow(inputs.rel_keys, 1, block.rel_cols),
                            _narrow(inputs.distance_scores, 1, block.distance_cols),
-                           _narrow(inputs.log_decay, 2, slice(0, block.n_keys)),
+                           _narrow(inputs.log_decay, 2, slice(0, max(block.n_keys, self.n_mem + block.i1))),
                            _narrow(inputs.query_scale, 2, block.rows))
 
     def additive_scores(self, block: QueryBlock, inputs: ScoreInputs, q_content: Tensor | None = None,
@@ -284,7 +306,7 @@ class AttentionCall:
             unscaled = [functools.reduce(operator.add, unscaled) * inputs.query_scale]
         for scores in unscaled:
             total = _plus(total, scores)
-        if self.contextual is not None:
+        if self.contextual is not None and q_content is not None:
             total = _plus(total, self.contextual.scores(q_content, k, self.scale, self.visible(block)))
         return total
 
@@ -293,8 +315,12 @@ class AttentionCall:
         The difference is taken in float64 and then cast: |Λ| grows with the context, and a difference of
         two large fp32 numbers would lose the near keys' decays (docs/formulas.md#fox)."""
         rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
-        decay = log_decay[..., rows, None] - log_decay[..., None, block.k0:]  # (B, H, L_b, K_b) float64
-        return decay.to(torch.promote_types(self.dtype, torch.float32))
+        query, key = log_decay[..., rows, None], log_decay[..., None, block.k0: block.n_keys]
+        dtype = torch.promote_types(self.dtype, torch.float32)
+        if torch.is_grad_enabled() and log_decay.requires_grad:
+            return (query - key).to(dtype)  # (B, H, L_b, K_b), the difference in float64
+        # without autograd in one pass: computed in float64, written in the kernels' dtype
+        return torch.sub(query, key, out=log_decay.new_empty((*query.shape[:-1], key.shape[-1]), dtype=dtype))
 
     def per_key(self, block: QueryBlock, values: Tensor) -> Tensor:
         """[..., n] values per distance (the block's columns, block_inputs) -> [..., L_b, K_b]: the value
@@ -316,7 +342,7 @@ class AttentionCall:
         and every query of the block is within the scheme's distance-only range, one curve over the
         block's L_b + K_b - 1 distances replaces the evaluation at every (i, j) pair."""
         q_offset, lq = self.n_mem + block.i0, block.i1 - block.i0
-        if self.consecutive and q_offset + lq - 1 <= self.pair_bias_curve_until:
+        if self.consecutive and q_offset + lq - 1 < self.pair_bias_curve_until:  # (strictly: see attention.py)
             # the block's queries against keys k0 .. are the same distances as from q_offset - k0 against 0 ..
             distances = descending_distances(q_offset - block.k0, lq, block.width, self.query_positions.device)
             scores = toeplitz(self.pair_bias.curve(distances), lq, block.width)

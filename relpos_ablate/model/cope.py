@@ -10,14 +10,30 @@ initialised at 0. docs/formulas.md#cope.
 
 Here q is the content query the kernels use (q + u with term c, times the query scale when there is
 one), so the gates read the content score as it enters the softmax. The gates need each query's whole
-row of keys before the softmax (a cumulative sum over keys): CoPE runs on the explicit path or SDPA per
-query block, storing O(B·H·L·K) gates and positions for backward.
+row of keys before the softmax (a cumulative sum over keys): the kernels run it on whole rows of keys per
+query block. `scores` is the formula under autograd (explicit path, SDPA per block); the block kernel
+(kernels.py) calls `block_scores` and `block_backward`, the same scores and their gradient by hand, so that
+nothing of a block is kept for backward and the gates' gradient joins the attention's own dS (the gates read
+the same product s·q·kᵀ).
 """
 
 from __future__ import annotations
 
 import torch
+from typing import NamedTuple
+
 from torch import Tensor, nn
+
+
+class BlockPositions(NamedTuple):
+    """What block_backward needs of a block's forward: the gates, the unclamped counts, ⌊p⌋, the fraction and
+    the table's step e[n + 1] - e[n] read at ⌊p⌋ (all [B, H, L_b, K_b])."""
+
+    gates: Tensor
+    counted: Tensor
+    below: Tensor
+    weight: Tensor
+    step: Tensor
 
 
 class ContextualPositions(nn.Module):
@@ -30,7 +46,9 @@ class ContextualPositions(nn.Module):
     def positions(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t), clamped to p_max - 1: q [B, H, L, dh], k [B, H, K, dh]
         -> [B, H, L, K]."""
-        gates = torch.sigmoid((q @ k.transpose(-1, -2)) * scale) * visible  # (B, H, L, K); unseen keys count 0
+        logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
+        # counted in at least fp32: a bf16 sum of a hundred gates would be off by a quarter of a position
+        gates = torch.sigmoid(logits * scale) * visible  # (B, H, L, K); unseen keys count 0
         counted = gates.flip(-1).cumsum(-1).flip(-1)  # from key j to the last key (later ones are unseen: 0)
         return counted.clamp(max=self.embeddings.shape[0] - 1)
 
@@ -44,3 +62,37 @@ class ContextualPositions(nn.Module):
         low = per_position.gather(-1, below.long())
         high = per_position.gather(-1, p.ceil().long())
         return high * weight + low * (1 - weight)
+
+    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> tuple[Tensor, BlockPositions]:
+        """`scores` without autograd, as s·q·e[⌊p⌋] + (p - ⌊p⌋)·s·q·(e[⌊p⌋ + 1] - e[⌊p⌋]) (one index for both
+        reads), and what its backward needs."""
+        wide = torch.promote_types(q.dtype, torch.float32)
+        gates = torch.sigmoid_((q @ k.transpose(-1, -2)).to(wide).mul_(scale)).masked_fill_(~visible, 0.0)
+        counted = gates.flip(-1).cumsum_(-1).flip(-1)  # (B, H, L_b, K_b)
+        p = counted.clamp(max=self.embeddings.shape[0] - 1)
+        below = p.floor()
+        weight = p.sub_(below)
+        below = below.long()
+        per_position = (q @ self.embeddings.to(q.dtype).T).to(wide).mul_(scale)  # (B, H, L_b, p_max)
+        steps = torch.nn.functional.pad(per_position.diff(dim=-1), (0, 1))  # e[n + 1] - e[n]; 0 after the last
+        step = steps.gather(-1, below)
+        return per_position.gather(-1, below).addcmul_(weight, step), BlockPositions(gates, counted, below, weight, step)
+
+    def block_backward(self, state: BlockPositions, grad: Tensor, q: Tensor, scale: float
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+        """The gradient of the scores' sum against grad [B, H, L_b, K_b]: (its part through the gates, to add to
+        the gradient of the product s·q·kᵀ, i.e. dS, divided by s; q's gradient through the table; the
+        table's gradient)."""
+        n_positions = self.embeddings.shape[0]
+        grad_above = grad * state.weight  # to s·q·e[⌊p⌋ + 1]
+        grad_per_position = torch.zeros(*grad.shape[:-1], n_positions, dtype=grad.dtype, device=grad.device)
+        grad_per_position.scatter_add_(-1, state.below, grad - grad_above)
+        grad_per_position.scatter_add_(-1, (state.below + 1).clamp_(max=n_positions - 1), grad_above)
+        # through the fraction: p = counted clamped at p_max - 1, passing where counted <= p_max - 1 (torch.clamp)
+        grad_counted = torch.where(state.counted <= n_positions - 1, state.step, 0.0).mul_(grad)
+        grad_gates = grad_counted.cumsum_(-1)  # counted_j = Σ_{t >= j} gates_t: gates_t collects Σ_{j <= t}
+        grad_logits = grad_gates.mul_(state.gates).mul_(1 - state.gates)  # σ' = σ(1 - σ); hidden keys have σ = 0
+        grad_per_position.mul_(scale)
+        grad_q = grad_per_position @ self.embeddings.to(grad.dtype)
+        grad_table = torch.einsum("bhlp,bhld->pd", grad_per_position, q.to(grad.dtype))
+        return grad_logits, grad_q, grad_table

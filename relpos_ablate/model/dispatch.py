@@ -4,12 +4,13 @@
 q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without term b):
 - nothing beyond causal attention: one SDPA call (flash kernels);
 - FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout;
-- the block kernel that rebuilds each block's map in backward (kernels.py) for backend 'blocks',
-  and 'auto' once the stored maps would exceed max_stored_scores_mb;
+- the block kernel that rebuilds each block's map in backward (kernels.py) for backend 'blocks', and
+  'auto' without attention dropout unless the maps fit in max_stored_scores_mb (default 0: never);
 - else SDPA per query block, each with its additive map (stored for backward);
 - with statistics to collect (evaluation diagnostics), explicit probabilities per query block, each
   block's handed to the statistics before it is multiplied by v (no fused kernel has them);
-- CoPE (call.contextual) on SDPA per query block: its positions need each block's whole score rows.
+- CoPE (call.contextual) never on FlexAttention: its positions need each block's whole score rows before
+  the softmax (the block kernel builds its blocks with whole rows of keys).
 k and v start with the call's learned sink slots (call.n_sinks; none: plain keys).
 A new kernel is one function of (call, q_content, k, v, q_position) and one branch in `attend`.
 """
@@ -29,10 +30,9 @@ from relpos_ablate.model.call import AttentionCall, ScoreInputs
 from relpos_ablate.model.geometry import StatisticsSink
 from relpos_ablate.model.kernels import BlockwiseBiasedAttention, masked_softmax
 
-# Score entries per head in one query block: blocks whose maps are stored for backward can be large;
-# blocks rebuilt in backward are kept small, as their transients are the peak memory.
+# Score entries per head in one query block whose map is stored for backward (the block kernel sizes its
+# own blocks: block_maps.py)
 STORED_BLOCK_SCORES = 256 * 1024
-REBUILT_BLOCK_SCORES = 64 * 1024
 
 
 def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
@@ -51,9 +51,8 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
                                dtype=dtype)
     if statistics is not None:
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
-    if call.contextual is not None:
-        return _stored(call, q_content, k, v, q_position, dropout_p)
-    if config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0):
+    flex = config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0)
+    if flex and call.contextual is None:
         from relpos_ablate.model.flex import flex_attend
 
         return flex_attend(call, q_content, k, v, q_position, compiled=q_content.is_cuda)
@@ -66,12 +65,12 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
 
 
 def _rebuild_in_backward(call: AttentionCall, q_content: Tensor, config: AttentionConfig) -> bool:
-    """Always for backend 'blocks'; for 'auto' only when training would otherwise store score maps
-    larger than max_stored_scores_mb."""
+    """Always for backend 'blocks'; for 'auto' unless training would store score maps no larger than
+    max_stored_scores_mb."""
     if config.backend != "auto":
         return config.backend == "blocks"
     if not torch.is_grad_enabled():
-        return False
+        return True  # nothing is stored without backward
     lq = call.n_queries
     per_head = lq * call.n_mem + lq * (lq + 1) // 2 if call.causal else lq * call.n_keys
     stored = q_content.shape[0] * q_content.shape[1] * per_head * q_content.element_size()
@@ -88,6 +87,10 @@ def _plain(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, dropout
     return F.scaled_dot_product_attention(q_content, k, v, attn_mask=mask, dropout_p=dropout_p, scale=call.scale)
 
 
+# torch.compile (train.compile) does not trace into the block kernel: its Python loop over blocks and tiles,
+# the strides of its views and the host checks of its masks would break the graph in every block; one break
+# around it leaves the rest of the layer compiled
+@torch.compiler.disable
 def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None) -> Tensor:
     """BlockwiseBiasedAttention: O(L·d) memory. bf16/fp16 inputs are widened to fp32, so that scores and
     softmax statistics stay in fp32 as FlashAttention keeps them (FoX's float64 Λ is left as it is)."""
@@ -95,10 +98,9 @@ def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_pos
     widen = [None if t is None else t.to(wide) for t in (q_content, k, v)]
     inputs = ScoreInputs(*(t if t is None or t.dtype == torch.float64 else t.to(wide)
                            for t in call.score_inputs(q_position)))
-    params = [] if call.pair_bias is None else list(call.pair_bias.parameters())
+    params = [p for scheme in (call.pair_bias, call.contextual) if scheme is not None for p in scheme.parameters()]
     call = dataclasses.replace(call, dtype=wide)
-    return BlockwiseBiasedAttention.apply(call, call.blocks(REBUILT_BLOCK_SCORES, windowed=True), *widen, *inputs,
-                                          *params)
+    return BlockwiseBiasedAttention.apply(call, *widen, *inputs, *params)
 
 
 def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,

@@ -1,17 +1,25 @@
-"""FlexAttention path (CUDA): the same scores as the block kernel, as a `score_mod` + `block_mask`.
+"""FlexAttention path (CUDA; compiled on CPU in the tests): the same scores as the block kernel, as a
+`score_mod` + `block_mask`.
 
-score_mod reads per-distance tensors by the descending-distance column t = (L - 1 - q_idx) + kv_idx
-(see shift.py): distance_scores [H, n] (term d without b, distance-only biases), and for term b the
-precomputed [B, H, L, n] product (q + v)·W_R R. A bias that depends on the query position (FIRE) is
-precomputed as [H, L, K]; FoX's decay is Λ_i' - Λ_j read from Λ [B, H, K] (restarted at the first query,
-in fp32 like the authors' kernel); the query scale multiplies what does not come from the (scaled)
-queries. At explicit positions (call.distance_index) the call's whole additive map [B or 1, H, L, K] is
-precomputed and read per pair. The block mask is the call's Visibility (causal, window), with the learned
-sink slots (the first n_sinks keys) visible to every query and free of position; key padding is applied
-in score_mod. CoPE does not run here (dispatch.py). On CPU, FlexAttention has no backward; there it is
-used for forward parity tests only.
+score_mod reads per-distance tensors at the pair's column t in the descending-distance order (shift.py):
+t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at explicit ones.
+It reads distance_scores [H, n] (term d without b, distance-only biases and FIRE below its threshold),
+FoX's Λ [B, H, K] (D = Λ_i' - Λ_j, restarted at the first query, in fp32 like the authors' kernel), the query
+scale [B or 1, H or 1, L], and evaluates FIRE's MLP per pair (`BiasScheme.pair_score`): memory O(L·d) for all
+of them. Term b is the exception: (q + v)·s·W_R R is precomputed for every query and distance, a
+[B, H, L, M + 2L - 1] tensor (O(L²): 8.6 GB at B = 1, H = 8, L = 16384 in bf16, as much as the scores
+themselves; a product of d_head numbers per pair has no pointwise form, and its bilinear form through the
+sinusoid's angle sums costs d_model / d_head times the q·kᵀ work); backend 'blocks' keeps it O(L·d). A
+bias scheme of one's own that depends on the query position (no pointwise `pair_score`) is precomputed as
+[H, L, K]. The block mask is the call's Visibility (causal, window), with the learned sink slots (the first
+n_sinks keys) visible to every query and free of position; key padding is applied in score_mod. CoPE does
+not run here (dispatch.py). On CPU FlexAttention has no backward: forward only.
+
+Compilation: `dynamic=False` (torch 2.13's CPU code generation of FlexAttention fails with dynamic shapes),
+so every new shape of q, k (batch, L, M + L) compiles once more, and torch falls back to eager after its
+recompile limit (torch._dynamo.config.recompile_limit, 8 by default). A repeated shape does not recompile,
+nor does a new call of the same scheme (tests/test_flex_compiled.py).
 """
-
 from __future__ import annotations
 
 import functools
@@ -48,7 +56,7 @@ def flex_attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_
     """softmax(s·q_content·kᵀ + terms b, d, the bias and FoX's decay, masked)·v with FlexAttention:
     [B, H, L, dh]."""
     n_queries, padding = call.n_queries, call.key_padding_mask
-    score_mod = _per_distance_mod(call, q_position) if call.consecutive else _per_pair_mod(call, q_position)
+    score_mod = _per_distance_mod(call, q_position)
     if padding is not None:
         score_mod = _padded(score_mod, padding)
     if call.n_sinks:
@@ -77,23 +85,37 @@ def _after_sinks(score_mod, n_sinks: int):
 
 
 def _per_distance_mod(call: AttentionCall, q_position: Tensor | None):
-    """score_mod reading per-distance tensors at column t = (L - 1 - q_idx) + kv_idx (consecutive positions)."""
-    n_queries, n_mem = call.n_queries, call.n_mem
-    term_b = None if q_position is None else q_position @ call.rel_keys.transpose(1, 2)  # (B, H, L, K + L - 1)
-    distance_scores = call.distance_scores
-    pair_bias = None if call.pair_bias is None else call.pair_bias_scores(call.all_queries)[0]  # (H, L, K)
-    decay = None if call.log_decay is None else (call.log_decay - call.log_decay[..., n_mem, None]).to(call.dtype)
+    """score_mod reading per-distance tensors at column t of the pair's distance: t = (L - 1 - q_idx) + kv_idx
+    for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at explicit ones."""
+    n_queries, n_mem, n_distances = call.n_queries, call.n_mem, call.distances.numel()
+    # the one O(L²) tensor of this path: (q + v)·s·W_R R for every query and distance, [B, H, L, M + 2L - 1]
+    term_b = None if q_position is None else q_position @ call.rel_keys.transpose(1, 2)
+    distance_scores, scheme, pair_map = call.distance_scores, call.pair_bias, None
+    if scheme is not None and not scheme.pointwise:  # a scheme of one's own: its [H, L, K] map, precomputed
+        pair_map = scheme.bias(call.query_positions, call.key_positions) * call.bias_scale
+    # Λ restarted at the first query, in at least fp32 (in bf16 a Λ of 100 would be off by 0.25)
+    wide = torch.promote_types(call.dtype, torch.float32)
+    decay = None if call.log_decay is None else (call.log_decay - call.log_decay[..., n_mem, None]).to(wide)
     scale = None if call.query_scale is None else call.query_scale[..., 0]  # (B or 1, H or 1, L)
+    largest = int(call.distances[0]) if not call.consecutive else 0
+    query_positions, key_positions = call.query_positions, call.key_positions
+
+    def column(q_idx, kv_idx):
+        if call.consecutive:
+            return n_queries - 1 - q_idx + kv_idx
+        # pairs no query sees may fall outside the listed distances: clamped, the mask hides them
+        return torch.clamp(largest - (query_positions[q_idx] - key_positions[kv_idx]), 0, n_distances - 1)
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        t = n_queries - 1 - q_idx + kv_idx
+        t = column(q_idx, kv_idx)
         if term_b is not None:
             score = score + term_b[b, h, q_idx, t]
         unscaled = []  # what does not come from the queries
         if distance_scores is not None:
             unscaled.append(distance_scores[h, t])
-        if pair_bias is not None:
-            unscaled.append(pair_bias[h, q_idx, kv_idx])
+        if scheme is not None:  # FIRE evaluates its MLP here, per pair: no [H, L, K] map
+            unscaled.append(scheme.pair_score(query_positions[q_idx], key_positions[kv_idx], h) * call.bias_scale
+                            if scheme.pointwise else pair_map[h, q_idx, kv_idx])
         if decay is not None:  # FoX: D = Λ_i' - Λ_j (Λ restarted at the first query)
             unscaled.append(decay[b, h, n_mem + q_idx] - decay[b, h, kv_idx])
         if unscaled and scale is not None:
@@ -102,18 +124,5 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None):
         for added in unscaled:
             score = score + added
         return score
-
-    return score_mod
-
-
-def _per_pair_mod(call: AttentionCall, q_position: Tensor | None):
-    """score_mod reading the whole additive map, precomputed at explicit positions."""
-    additive = call.additive_scores(call.all_queries, call.score_inputs(q_position))
-    if additive is None:
-        return lambda score, b, h, q_idx, kv_idx: score
-    batched = additive.shape[0] > 1  # (B or 1, H, L, K)
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score + additive[b if batched else 0, h, q_idx, kv_idx]
 
     return score_mod

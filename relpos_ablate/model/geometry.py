@@ -11,7 +11,7 @@ i' = M + i; a query block covers queries i0 .. i1 - 1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, Iterator, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -27,7 +27,10 @@ class Visibility:
 
     def __call__(self, query_index: Tensor, key_index: Tensor) -> Tensor:
         """Bool, broadcast over the two index tensors (flex.py calls it with scalars as its mask_mod)."""
-        distance = self.n_mem + query_index - key_index
+        return self.at_distance(self.n_mem + query_index - key_index)
+
+    def at_distance(self, distance: Tensor) -> Tensor:
+        """Bool: is a key at index distance i' - j visible (the rule depends on nothing else)."""
         if not self.causal:
             return torch.ones_like(distance, dtype=torch.bool)
         seen = distance >= 0
@@ -84,6 +87,16 @@ class ContextualScores(Protocol):
 
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """q [B, H, L_b, dh], k [B, H, K_b, dh], visible as BlockView.visible -> additive scores [B, H, L_b, K_b]."""
+
+    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> tuple[Tensor, Any]:
+        """`scores` without autograd, and what `block_backward` needs (the block kernel)."""
+
+    def block_backward(self, state: Any, grad: Tensor, q: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+        """(the gradient to add to that of the block's s·q·kᵀ, divided by s; q's other gradient; the gradient of
+        its one parameter) of the scores' sum against grad."""
+
+    def parameters(self) -> Iterator[Tensor]:
+        """Its learned tensors (block_backward's third result is the gradient of the one it has)."""
 
 
 class StatisticsSink(Protocol):

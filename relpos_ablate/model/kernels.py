@@ -1,19 +1,27 @@
-"""Block-wise attention with an additive map that is rebuilt, not stored, for backward.
+"""Block-wise attention with an additive map: FlashAttention's memory, the map rebuilt in backward.
 
-`F.scaled_dot_product_attention` with a learned additive mask falls back to its math kernel, which
-keeps the [B, H, L, K] probabilities for backward: at L = 4096 that is ~10x the memory of attention
-without positions. `BlockwiseBiasedAttention` keeps what FlashAttention keeps (q, k, v, the output,
-the row log-sum-exp: O(L·d)) plus the per-distance tensors the map is built from, walks the query
-blocks again in backward, and rebuilds each block's scores and map there.
+`F.scaled_dot_product_attention` with a learned additive mask falls back to its math kernel, which keeps
+the [B, H, L, K] probabilities for backward: at L = 4096 that is ~10x the memory of attention without
+positions. `BlockwiseBiasedAttention` keeps what FlashAttention keeps (q, k, v, the output, the row
+log-sum-exp: O(L·d)) plus the tensors the map is built from.
+
+Forward: per query block, the map as block_maps.py lays it out (a strided view of per-distance tensors
+where the map depends on the distance alone, else materialised) and one call of the CPU flash kernel,
+which adds it to each tile of scores and never writes scores or probabilities out (other devices: the
+same in tensor ops). Backward: per block, scores and map rebuilt and FlashAttention-2's gradients in five
+products (P = exp(s·q·kᵀ + map - lse); dV = Pᵀ·dO; dS = P ∘ (dO·Vᵀ - rowsum(dO ∘ O)); dQ = s·dS·K;
+dK = s·dSᵀ·Q), dS then reduced onto the map's inputs (block_maps.py). A map whose inputs need no gradient
+(fixed ALiBi, Sandwich) leaves dQ, dK, dV to the CPU flash kernel's own backward.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
 
 import torch
 from torch import Tensor
 
+from relpos_ablate.model.block_maps import block_maps
 from relpos_ablate.model.call import AttentionCall, QueryBlock, ScoreInputs
 
 
@@ -27,92 +35,148 @@ def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:
     return scores.masked_fill(sees_none, 0.0).softmax(dim=-1).masked_fill(sees_none, 0.0)
 
 
-def block_probabilities(call: AttentionCall, block: QueryBlock, q_content: Tensor, k: Tensor, additive: Tensor | None,
-                        lse: Tensor | None = None):
-    """Softmax of s·q_content·kᵀ + additive over visible keys (k: the block's sinks and keys), computed in
-    place in one [B, H, L_b, S + K_b] buffer. Returns (probs, lse) with lse the row log-sum-exp [B, H, L_b, 1]."""
-    scores = (q_content @ k.transpose(-1, -2)).mul_(call.scale)  # (B, H, L_b, dh) @ (B, H, dh, S + K_b)
-    if additive is not None:
-        scores.add_(call.with_sinks(additive, 0.0))
-    scores.masked_fill_(~call.with_sinks(call.visible(block), True), float("-inf"))
-    if lse is None:
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-        # a query that sees no key has lse = -inf: 0 instead makes its probabilities exp(-inf) = 0, not NaN
-        lse.masked_fill_(lse == float("-inf"), 0.0)
-    return scores.sub_(lse).exp_(), lse
+LOG2_E = 1 / math.log(2)
+
+
+def _fused(q: Tensor) -> bool:
+    """Whether the CPU flash kernel takes these blocks (it runs on CPU tensors only)."""
+    return q.device.type == "cpu"
+
+
+def _probabilities(q: Tensor, k: Tensor, mask: Tensor, lse: Tensor, scale: float) -> Tensor:
+    """exp(s·q·kᵀ + mask - lse) in one [B, H, L_b, K_b] buffer: the mask minus the row log-sum-exp written
+    once, the product added onto it (lse [B, H, L_b, 1])."""
+    b, h, lq, dh = q.shape
+    # written into a row-major buffer: from the strided views of block_maps.py alone, broadcasting would
+    # lay the result out column by column
+    scores = torch.sub(mask, lse, out=q.new_empty(b, h, lq, k.shape[2]))
+    scores.view(b * h, lq, -1).baddbmm_(q.reshape(b * h, lq, dh), k.transpose(-1, -2).reshape(b * h, dh, -1),
+                                        alpha=scale)
+    # as 2^(x·log2 e): torch's exp takes a slow path below about -87 (4-10x slower there, and FoX's decay puts
+    # most of a row there), its exp2 does not
+    return torch.exp2(scores.mul_(LOG2_E), out=scores)
+
+
+def _attend_block(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """(out [B, H, L_b, dh], lse [B, H, L_b, 1]) of softmax(s·q·kᵀ + mask)·v; a query whose keys are all
+    -inf gets output 0 and lse 0."""
+    if _fused(q):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
+                                                                              scale=scale)
+        return out, lse[..., None]
+    scores = (q @ k.transpose(-1, -2)).mul_(scale).add_(mask)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    lse.masked_fill_(lse == float("-inf"), 0.0)  # exp(-inf - 0) = 0, not NaN
+    return scores.sub_(lse).exp_() @ v, lse
+
+
+def _flip(t: Tensor, flipped: bool) -> Tensor:
+    return t.flip(2) if flipped else t
+
+
+def _merged(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """(out, lse) of a block from those of its key tiles: lse = log Σ e^lse_t, out = Σ e^(lse_t - lse)·out_t
+    (every query sees a key of every tile: call.key_tiles)."""
+    if len(parts) == 1:
+        return parts[0]
+    lse = torch.logsumexp(torch.stack([lse_t for _, lse_t in parts]), dim=0)
+    out = sum(out_t * (lse_t - lse).exp() for out_t, lse_t in parts)
+    return out, lse
 
 
 class BlockwiseBiasedAttention(torch.autograd.Function):
-    """out = softmax(s·q_content·kᵀ + additive, masked)·v, block by block (see module docstring).
+    """out = softmax(s·q_content·kᵀ + map, masked)·v, block by block (see module docstring).
 
-    The additive map of each block is `call.additive_scores` of the block's slices of the score inputs
-    (ScoreInputs: q_position, rel_keys, distance_scores, log_decay, query_scale). `params` are module
-    parameters it reads directly (FIRE's MLP); they get gradients through a rebuild of each block's map
-    under autograd. Autocast is off inside, so that forward and the rebuild in backward compute the
-    same thing in the inputs' dtype. k and v start with the call's sink slots.
+    The map of each block is built from the score inputs (ScoreInputs: q_position, rel_keys,
+    distance_scores, log_decay, query_scale). `params` are module parameters it reads directly (FIRE's
+    MLP); they get gradients through a rebuild of each block's map under autograd. Autocast is off inside,
+    so that forward and the rebuild in backward compute the same thing in the inputs' dtype. k and v start
+    with the call's sink slots.
     """
 
     @staticmethod
-    def forward(ctx, call: AttentionCall, blocks: Sequence[QueryBlock], q_content: Tensor, k: Tensor, v: Tensor,
-                *inputs_and_params: Tensor | None):
+    def forward(ctx, call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, *inputs_and_params: Tensor | None):
         inputs, params = ScoreInputs(*inputs_and_params[:N_INPUTS]), inputs_and_params[N_INPUTS:]
-        b, h, lq, _ = q_content.shape
+        b, h, lq, d_head = q_content.shape
         out = v.new_empty(b, h, lq, v.shape[-1])
         lse = q_content.new_empty(b, h, lq, 1)
         with torch.autocast(q_content.device.type, enabled=False):
-            for blk in blocks:
-                additive = call.additive_scores(blk, call.block_inputs(blk, inputs))
-                probs, lse[:, :, blk.rows] = block_probabilities(
-                    call, blk, q_content[:, :, blk.rows], k[:, :, blk.keys], additive)
-                out[:, :, blk.rows] = probs @ v[:, :, blk.keys]
-        ctx.call, ctx.blocks, ctx.params = call, blocks, params
+            maps = block_maps(call, inputs)
+            for tiles in maps.forward_blocks(call, d_head):
+                rows = tiles[0].rows
+                q_b = _flip(q_content[:, :, rows], maps.reversed)
+                out_b, lse_b = _merged([_attend_block(q_b, k[:, :, t.keys], v[:, :, t.keys],
+                                                      maps.mask(t, q_b, k[:, :, _stream(t)]), call.scale) for t in tiles])
+                out[:, :, rows], lse[:, :, rows] = _flip(out_b, maps.reversed), _flip(lse_b, maps.reversed)
+        ctx.call, ctx.params = call, params
         ctx.save_for_backward(q_content, k, v, *inputs, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         with torch.autocast(grad_out.device.type, enabled=False):
-            return (None, None, *_backward(ctx, grad_out))
+            return (None, *_backward(ctx, grad_out))
 
 
 N_INPUTS = len(ScoreInputs._fields)
 
 
+def _stream(block: QueryBlock) -> slice:
+    """The block's keys of the stream among the kernels' keys (after the sinks)."""
+    return slice(block.n_sinks + block.k0, block.n_sinks + block.n_keys)
+
+
+def _add_product(target: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> None:
+    """target += alpha·a @ b for [B, H, ., .] tensors (target often a slice along dim 2, which baddbmm_ would
+    update one matrix at a time)."""
+    target.add_(a @ b, alpha=alpha)
+
+
 def _backward(ctx, grad_out: Tensor):
-    """Gradients of q_content, k, v, the score inputs and the params, block by block."""
-    call, first_param = ctx.call, 5 + N_INPUTS  # forward's inputs: call, blocks, q_content, k, v, score inputs, params
-    q_content, k, v, *position_inputs, out, lse = ctx.saved_tensors
-    grad_q, grad_k, grad_v = torch.zeros_like(q_content), torch.zeros_like(k), torch.zeros_like(v)
-    position_grads = ScoreInputs(*(None if t is None or not need else torch.zeros_like(t)
-                                   for t, need in zip(position_inputs, ctx.needs_input_grad[5:first_param])))
-    param_grads = [torch.zeros_like(p) if need else None
-                   for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])]
-    delta = (grad_out * out).sum(dim=-1, keepdim=True)  # rowsum(dP ∘ P) = rowsum(dO ∘ O)
-    for blk in ctx.blocks:
-        rows, keys = blk.rows, blk.keys
-        sliced = call.block_inputs(blk, ScoreInputs(*position_inputs))
-        with torch.enable_grad():
-            leaves = ScoreInputs(*(None if t is None else t.detach().requires_grad_(g is not None)
-                                   for t, g in zip(sliced, position_grads)))
-            additive = call.additive_scores(blk, leaves)
-        with torch.no_grad():
-            q_b, k_b, v_b, go = q_content[:, :, rows], k[:, :, keys], v[:, :, keys], grad_out[:, :, rows]
-            detached = None if additive is None else additive.detach()
-            probs, _ = block_probabilities(call, blk, q_b, k_b, detached, lse[:, :, rows])
-            grad_v[:, :, keys] += probs.transpose(-1, -2) @ go  # (B, H, K_b, L_b) @ (B, H, L_b, dh)
-            grad_scores = probs.mul_((go @ v_b.transpose(-1, -2)).sub_(delta[:, :, rows]))  # P ∘ (dP - delta)
-            grad_q[:, :, rows] += (grad_scores @ k_b).mul_(call.scale)
-            grad_k[:, :, keys] += (grad_scores.transpose(-1, -2) @ q_b).mul_(call.scale)
-        grad_views = call.block_inputs(blk, position_grads)  # the block's places in the whole gradients
-        wanted = [(view, leaf) for view, leaf in zip(grad_views, leaves) if view is not None]
-        wanted += [(g, p) for g, p in zip(param_grads, ctx.params) if g is not None]
-        if additive is None or not wanted:
-            continue
-        # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient; sinks have no map
-        grad_scores = grad_scores[..., blk.n_sinks:]
-        reduced = grad_scores.sum(0, keepdim=True) if additive.shape[0] == 1 < grad_scores.shape[0] else grad_scores
-        block_grads = torch.autograd.grad(additive, [t for _, t in wanted], reduced, allow_unused=True)
-        for (target, _), g in zip(wanted, block_grads):
-            if g is not None:
-                target.add_(g)
-    return (grad_q, grad_k, grad_v, *position_grads, *param_grads)
+    """Gradients of q_content, k, v, the score inputs and the params, block by block, tile by tile."""
+    call, first_param = ctx.call, 4 + N_INPUTS  # forward's inputs: call, q_content, k, v, score inputs, params
+    q_content, k, v, *score_inputs, out, lse = ctx.saved_tensors
+    inputs, d_head = ScoreInputs(*score_inputs), q_content.shape[-1]
+    grad_q, grad_k, grad_v = (t.new_zeros(t.shape) for t in (q_content, k, v))
+    grads = ScoreInputs(*(None if t is None or not need else torch.zeros_like(t)
+                          for t, need in zip(inputs, ctx.needs_input_grad[4:first_param])))
+    param_grads = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])]
+    maps, flip = block_maps(call, inputs), block_maps(call, inputs).reversed
+    if _fused(q_content) and all(g is None for g in (*grads, *param_grads)):
+        for blk in (t for tiles in maps.forward_blocks(call, d_head) for t in tiles):  # the fused backward does it all
+            rows, keys = blk.rows, blk.keys
+            grads_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                _flip(grad_out[:, :, rows], flip), _flip(q_content[:, :, rows], flip), k[:, :, keys], v[:, :, keys],
+                _flip(out[:, :, rows], flip), _flip(lse[:, :, rows, 0], flip), 0.0, False, attn_mask=maps.mask(blk),
+                scale=call.scale)
+            grad_q[:, :, rows] += _flip(grads_b[0], flip)
+            grad_k[:, :, keys] += grads_b[1]
+            grad_v[:, :, keys] += grads_b[2]
+        return (grad_q, grad_k, grad_v, *grads, *param_grads)
+    minus_delta = (grad_out * out).sum(dim=-1, keepdim=True).neg_()  # -rowsum(dP ∘ P) = -rowsum(dO ∘ O)
+    for tiles in maps.backward_blocks(call, d_head):
+        rows = tiles[0].rows
+        q_b, go, lse_b, minus_delta_b = (_flip(t[:, :, rows], flip) for t in (q_content, grad_out, lse, minus_delta))
+        grad_q_b = grad_q[:, :, rows] if not flip else torch.zeros_like(q_b)
+        for tile in tiles:
+            keys = tile.keys
+            content = None if call.contextual is None else (q_content[:, :, rows], grad_q_b, k[:, :, _stream(tile)])
+            mask, add_map_gradient = maps.rebuilt(tile, grads, ctx.params, param_grads, content)
+            with torch.no_grad():
+                k_t, v_t = k[:, :, keys], v[:, :, keys]
+                probs = _probabilities(q_b, k_t, mask, lse_b, call.scale)
+                grad_v_t = grad_v[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(v_t)
+                _add_product(grad_v_t, probs.transpose(-1, -2), go)  # dV += Pᵀ·dO
+                grad_probs = torch.baddbmm(minus_delta_b.flatten(0, 1).expand(-1, -1, probs.shape[-1]),
+                                           go.flatten(0, 1), v_t.transpose(-1, -2).flatten(0, 1))  # dO·Vᵀ - delta
+                grad_scores = probs.mul_(grad_probs.view_as(probs))  # dS = P ∘ (dP - delta)
+                add_map_gradient(grad_scores)  # (CoPE adds its gates' gradient to dS)
+                _add_product(grad_q_b, grad_scores, k_t, alpha=call.scale)
+                grad_k_t = grad_k[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(k_t)
+                _add_product(grad_k_t, grad_scores.transpose(-1, -2), q_b, alpha=call.scale)
+                if not isinstance(keys, slice):  # sinks in front of skipped keys: two ranges, a copy
+                    grad_k[:, :, keys] += grad_k_t
+                    grad_v[:, :, keys] += grad_v_t
+        if flip:
+            grad_q[:, :, rows] += grad_q_b.flip(2)
+    return (grad_q, grad_k, grad_v, *grads, *param_grads)

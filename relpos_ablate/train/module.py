@@ -225,6 +225,9 @@ class LitLM(L.LightningModule):
         randomized positions at evaluation draw the same positions whichever settings come before."""
         self._pending_loss: tuple[int, Tensor] | None = None
         self._resumed_state: dict | None = None
+        # train.compile: the training forward compiled (a function, not a module: the state dict and the
+        # checkpoints keep their keys, and evaluation calls the model uncompiled)
+        self._compiled_forward = torch.compile(self.model.forward) if config.train.compile else None
 
     def on_fit_start(self) -> None:
         self.train_segments = self.trainer.datamodule.train_segments
@@ -261,7 +264,8 @@ class LitLM(L.LightningModule):
         `counted_in_step` (default: the targets counted here, i.e. this segment's own token means)."""
         if restart:
             self._train_mems.pop(group, None)
-        logits, self._train_mems[group] = self.model(inputs, self._train_mems.get(group))
+        forward = self._compiled_forward or self.model
+        logits, self._train_mems[group] = forward(inputs, self._train_mems.get(group))
         nll, correct = token_stats(logits, targets)
         counted = loss_mask(mask, self.config.train.loss_on).to(nll.dtype)
         total = counted.sum().clamp(min=1) if counted_in_step is None else counted_in_step

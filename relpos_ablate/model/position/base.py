@@ -41,6 +41,9 @@ class BiasScheme(nn.Module):
 
     #: True when B depends on i - j alone; the attention then builds the [H, Lq, K] map from a curve.
     distance_only: ClassVar[bool] = True
+    #: True when `pair_score` gives B of one pair in pointwise tensor ops (FlexAttention then evaluates it
+    #: inside its kernel instead of reading a precomputed [H, Lq, K] map).
+    pointwise: ClassVar[bool] = False
 
     def __init__(self, n_heads: int, config: AttentionConfig):
         super().__init__()
@@ -56,6 +59,10 @@ class BiasScheme(nn.Module):
         """Bias for every (query, key) pair: q_pos [Lq], k_pos [K] -> [H, Lq, K]."""
         dist = q_pos[:, None] - k_pos[None, :]  # (Lq, K)
         return self.curve(dist.flatten()).view(self.n_heads, *dist.shape)
+
+    def pair_score(self, q_pos: Tensor, k_pos: Tensor, head: Tensor) -> Tensor:
+        """B_head(q_pos, k_pos) for scalar tensors, in pointwise ops only (see `pointwise`)."""
+        raise NotImplementedError
 
     def distance_only_until(self) -> float:
         """Largest query position up to which B depends on i - j alone (there `curve` gives it)."""

@@ -17,6 +17,7 @@ class FIREBias(BiasScheme):
     """
 
     distance_only = False
+    pointwise = True
 
     def __init__(self, n_heads, config, hidden: int = 32):
         super().__init__(n_heads, config)
@@ -39,6 +40,16 @@ class FIREBias(BiasScheme):
         dist = q[:, None] - k_pos.to(self.c.dtype)[None, :]  # (Lq, K)
         x = self.normalised(dist, q[:, None])
         return self.mlp(x[..., None]).permute(2, 0, 1)  # (H, Lq, K)
+
+    def pair_score(self, q_pos, k_pos, head):
+        """The MLP unit by unit on scalars (FlexAttention's score_mod evaluates it per pair: no [H, Lq, K] map)."""
+        q = q_pos.to(self.c.dtype)
+        x = self.normalised(q - k_pos.to(self.c.dtype), q)
+        first, _, second = self.mlp
+        out = second.bias[head]
+        for unit in range(first.out_features):
+            out = out + second.weight[head, unit] * torch.relu(first.weight[unit, 0] * x + first.bias[unit])
+        return out
 
     def curve(self, distances, query_position: float | None = None):
         """Bias at distances for a query at `query_position` (default: the threshold L, where the

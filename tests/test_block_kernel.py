@@ -1,0 +1,135 @@
+"""The block kernel (model/kernels.py) and the layouts of its maps (model/block_maps.py): the strided views
+equal the materialised map of every block, hold no [L_b, K_b] tensor of their own, and the tensor-op
+forward used off CPU gives what the fused CPU flash kernel gives, gradients included. Parity with the
+float64 reference on every scheme: test_attention_reference.py, test_newer_schemes.py.
+Run: pytest tests/test_block_kernel.py -q"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import fast_and_explicit_gradients, randomize
+from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.model import AttentionOptions, block_maps as layouts, kernels
+from relpos_ablate.model.block_maps import MaterialisedMaps, StridedMaps, block_maps
+
+LAYOUTS = {  # fields -> the layout the call gets
+    "t5": (dict(terms="a", bias="t5", num_buckets=8, max_distance=6), "hankel"),
+    "term_d_window": (dict(terms="ad", window=4, bias="alibi"), "hankel"),
+    "xl_abcd": (dict(terms="abcd"), "term_b"),
+    "xl_kerple_bidir": (dict(terms="ab", bias="kerple_log", causal=False), "term_b"),
+    "fox": (dict(terms="a", forget_gate=True), "materialised"),
+    "sinks_t5": (dict(terms="a", bias="t5", sinks=2, num_buckets=8, max_distance=6), "materialised"),
+}
+
+
+def attention(fields, seed=0):
+    attn = RelPosAttention(16, 2, 8, AttentionConfig(backend="blocks", query_chunk=3, **fields)).double()
+    randomize(attn, seed)
+    return attn
+
+
+def call_and_inputs(attn, x, mems):
+    keys_input = torch.cat([mems, x], 1)
+    call = attn._geometry(x, keys_input, AttentionOptions())
+    q, _, _ = attn._project(x, keys_input, call, None)
+    call = attn._per_distance(call, None)
+    q_content, q_position = attn.folded_queries(q, call)
+    return call, call.score_inputs(q_position)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_every_block_map_equals_the_materialised_one(name):
+    """Each block's mask as the kernel reads it (rows in its order) equals call.additive_scores with -inf
+    where a key is hidden; the Hankel layout is a view of the curve (no map in memory)."""
+    fields, layout = LAYOUTS[name]
+    attn = attention(fields)
+    gen = torch.Generator().manual_seed(1)
+    x, mems = torch.randn(2, 7, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
+                                                                                         dtype=torch.float64)
+    call, inputs = call_and_inputs(attn, x, mems)
+    maps, reference = block_maps(call, inputs), MaterialisedMaps(call, inputs)
+    kind = "materialised" if isinstance(maps, MaterialisedMaps) else "hankel" if maps.reversed else "term_b"
+    assert kind == layout
+    for blk in call.blocks(64, windowed=True):
+        mask = maps.mask(blk)
+        expected = reference.mask(blk).expand_as(mask)
+        if kind == "hankel":
+            assert mask.untyped_storage().data_ptr() == maps.curve.untyped_storage().data_ptr()
+            mask = mask.flip(2)
+        torch.testing.assert_close(mask.expand_as(expected), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_tensor_op_forward_equals_the_fused_kernel(name, monkeypatch):
+    """Off CPU the kernel's forward is tensor ops (and its backward always is, but for maps nobody
+    differentiates): outputs and every gradient equal the fused CPU kernel's and the explicit scores'."""
+    fields, _ = LAYOUTS[name]
+    attn = attention(fields, seed=2)
+    gen = torch.Generator().manual_seed(3)
+    x, mems = torch.randn(2, 7, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
+                                                                                         dtype=torch.float64)
+    fused, explicit = fast_and_explicit_gradients(attn, x, mems, AttentionOptions())
+    monkeypatch.setattr(kernels, "_fused", lambda q: False)
+    unfused, _ = fast_and_explicit_gradients(attn, x, mems, AttentionOptions())
+    for a, b, c in zip(fused, unfused, explicit):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(a, c, rtol=1e-7, atol=1e-10)
+
+
+def test_a_map_nobody_differentiates_takes_the_fused_backward():
+    """Fixed ALiBi on term a: no input of the map needs a gradient, so the CPU flash kernel's own backward
+    computes dQ, dK, dV (the hand-written one is not called), equal to the explicit scores' gradients."""
+    attn = attention(dict(terms="a", bias="alibi"), seed=4)
+    x, mems = torch.randn(2, 7, 16, dtype=torch.float64), torch.randn(2, 4, 16, dtype=torch.float64)
+    called = []
+    original = kernels._probabilities
+    kernels._probabilities = lambda *a: called.append(1) or original(*a)
+    try:
+        fast, slow = fast_and_explicit_gradients(attn, x, mems, AttentionOptions())
+    finally:
+        kernels._probabilities = original
+    assert not called
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10)
+
+
+def test_strided_layout_only_where_the_map_depends_on_the_distance_alone():
+    attn = attention(dict(terms="ab", bias="t5", num_buckets=8, max_distance=6))
+    x, mems = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 3, 16, dtype=torch.float64)
+    call, inputs = call_and_inputs(attn, x, mems)
+    assert isinstance(block_maps(call, inputs), StridedMaps)
+    padded = dataclasses.replace(call, key_padding_mask=torch.zeros(2, 8, dtype=torch.bool))
+    assert isinstance(block_maps(padded, inputs), MaterialisedMaps)
+    scaled = inputs._replace(query_scale=torch.ones(1, 1, 5, 1, dtype=torch.float64))
+    assert isinstance(block_maps(call, scaled), MaterialisedMaps)
+
+
+TILED = {**{name: LAYOUTS[name][0] for name in ("t5", "term_d_window", "xl_abcd", "xl_kerple_bidir", "fox")},
+         "fire_pairs": dict(terms="ab", bias="fire"), "cope_fox": dict(terms="a", cope_positions=3, forget_gate=True)}
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["", "padded"])
+@pytest.mark.parametrize("name", TILED)
+def test_several_key_tiles_per_block(name, padded, monkeypatch):
+    """Tiles of 2-3 keys: forward merges each block's tiles by their log-sum-exp (every query sees a key of
+    every tile, windows included), backward adds their gradients (materialised maps: key padding, FIRE past
+    its threshold, FoX; CoPE keeps whole rows); both equal the explicit scores'."""
+    monkeypatch.setattr(layouts, "tile_scores", lambda call, d_head: 4)
+    attn = attention(TILED[name], seed=5)
+    gen = torch.Generator().manual_seed(6)
+    x, mems = torch.randn(2, 7, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
+                                                                                         dtype=torch.float64)
+    call, inputs = call_and_inputs(attn, x, mems)
+    maps = block_maps(call, inputs)
+    if not TILED[name].get("cope_positions"):
+        assert max(len(tiles) for tiles in maps.backward_blocks(call, 8)) > 1
+    if maps.forward_tiles:
+        assert max(len(tiles) for tiles in maps.forward_blocks(call, 8)) > 1
+    padding = torch.zeros(2, 11, dtype=torch.bool)
+    padding[0, :5] = padded  # the first query sees no key of the first two tiles
+    padding[1, 8] = padded
+    options = AttentionOptions(key_padding_mask=padding)
+    for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, options)):
+        torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)

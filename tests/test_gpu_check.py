@@ -1,0 +1,49 @@
+"""benchmarks/gpu_check.py (`make gpu-check`) without a GPU: its one-line answer, and its parity logic on CPU
+(the CUDA parts, DDP and timing, skipped): every fast path against the explicit path in fp32 and bf16, and a
+wrong kernel fails the check. Its run on CPU found FlexAttention's FoX decay and CoPE's gate counts rounded
+to bf16 under autocast (both now in fp32). Run: pytest tests/test_gpu_check.py -q"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from relpos_ablate.model import kernels
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import gpu_check  # noqa: E402
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0
+    assert done.stdout.strip().splitlines() == [done.stdout.strip()] and "no GPU present" in done.stdout
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_the_parity_part_runs_on_cpu(tmp_path):
+    schemes = "xl_abcd,bias_fire,fox,cope,window_sinks_fox"
+    assert gpu_check.main(["--device", "cpu", "--schemes", schemes, "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "gpu_check.json").read_text())["parity"]
+    assert {(r["scheme"], r["backend"], r["dtype"]) for r in rows} == {
+        (s, b, d) for s in schemes.split(",") for b in gpu_check.BACKENDS for d in ("fp32", "bf16")
+        if gpu_check.runs_on(gpu_check.PARITY[s], b)}
+    assert all(r["ok"] for r in rows)
+    assert all(r["grad_error"] is not None for r in rows if r["backend"] != "flex")  # (no CPU flex backward)
+    assert "| fox | flex | bf16 |" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
+    merged = kernels._merged
+    monkeypatch.setattr(kernels, "_merged", lambda parts: (lambda out, lse: (out * 1.01, lse))(*merged(parts)))
+    assert gpu_check.main(["--device", "cpu", "--schemes", "bias_t5", "--out", str(tmp_path)]) == 1
+    rows = json.loads((tmp_path / "gpu_check.json").read_text())["parity"]
+    assert {r["backend"] for r in rows if not r["ok"]} == {"blocks"}
