@@ -70,7 +70,7 @@ def test_a_projection_is_built_exactly_when_a_term_reads_it():
 
 def _two_steps_of_every_config(rank: int, world: int, port: int) -> None:
     """One process of the DDP check: every configuration, wrapped as Lightning's DDP wraps it, 2 SGD steps."""
-    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it can hang there)
+    torch.set_num_threads(1)  # two processes on a 2-core machine
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
@@ -98,16 +98,18 @@ def free_port() -> int:
 
 
 def test_every_config_trains_under_ddp_on_two_gloo_processes():
-    """Forked, so the test costs the configurations (~3 s), not two fresh imports of torch (~20 s on a
-    loaded 2-core machine); a process that hangs fails the test after 2 minutes instead of pytest's 10."""
+    """Spawned, not forked: a child forked from a test process that has compiled something (inductor's
+    worker pool) or started OpenMP threads can inherit a held lock and hang; a fresh interpreter costs an
+    import of torch (a few seconds). A process that hangs fails the test after 4 minutes instead of
+    pytest's 10."""
     processes = mp.start_processes(_two_steps_of_every_config, args=(2, free_port()), nprocs=2, join=False,
-                                   start_method="fork")
-    deadline = time.monotonic() + 120
+                                   start_method="spawn")
+    deadline = time.monotonic() + 240
     while not processes.join(timeout=max(0.0, deadline - time.monotonic())):  # raises a process's error
         if time.monotonic() >= deadline:
             for process in processes.processes:
                 process.kill()
-            pytest.fail("the DDP check was still running after 120 s")
+            pytest.fail("the DDP check was still running after 240 s")
 
 
 @pytest.mark.parametrize("saved, built", [("ad", "d"), ("ab", "b"), ("ac", "c")])
