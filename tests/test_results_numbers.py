@@ -1,0 +1,82 @@
+"""Numbers that cannot drift: every decimal number a results README (and the top-level README's summary of
+the reproductions) quotes appears in a committed table or report of that study, or in its summary.csv; and
+every committed report.md is what `relpos-ablate report` computes from the committed summary.csv today.
+
+Run metadata is exempt (lines about wall time and the machine, software versions), and so are integers
+(counts, lengths, seeds): the test is about measured values.
+
+Run: .venv/bin/python -m pytest tests/test_results_numbers.py -q
+"""
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from relpos_ablate.analysis.reports import make_report, read_summary
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+README = RESULTS.parent / "README.md"
+NUMBER = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.]*\d)")
+EXEMPT_LINE = re.compile(r"wall time|machine|measured on|torch \d|lightning \d|python \d|version", re.I)
+TABLE_FILES = ("*.md", "*.tex", "grid.txt", "appb.txt")
+LINKED = re.compile(r"\]\(\.\./([\w-]+)/")
+STUDIES = sorted(p.parent for p in RESULTS.glob("*/README.md"))
+
+
+def quoted(text: str) -> list[str]:
+    """The decimal numbers of the prose and tables, outside code blocks and exempt lines."""
+    found, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not (fenced or line.startswith("    ") or EXEMPT_LINE.search(line)):
+            found += NUMBER.findall(line)
+    return found
+
+
+def committed_numbers(study: Path) -> tuple[set[str], pd.DataFrame | None]:
+    """Every decimal number in the study's committed tables and reports (as written), and its summary."""
+    texts = [p.read_text() for pattern in TABLE_FILES for p in study.glob(pattern) if p.name != "README.md"]
+    summary = study / "summary.csv"
+    return {n for text in texts for n in NUMBER.findall(text)}, read_summary(summary) if summary.exists() else None
+
+
+def in_summary(number: str, summary: pd.DataFrame | None) -> bool:
+    """Whether a value of the summary's numeric columns rounds to the number as written."""
+    if summary is None:
+        return False
+    decimals = len(number.split(".")[1])
+    values = summary.select_dtypes("number").to_numpy().ravel()
+    return bool(((abs(values - float(number)) <= 0.5 * 10 ** -decimals + 1e-12)).any())
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=lambda p: p.name)
+def test_every_number_in_a_results_readme_comes_from_its_committed_data(study):
+    """From its own folder, or from a study it links to (../<name>/...)."""
+    text = (study / "README.md").read_text()
+    pools = [committed_numbers(study)] + [committed_numbers(RESULTS / name)
+                                          for name in sorted(set(LINKED.findall(text))) if (RESULTS / name).is_dir()]
+    missing = [n for n in quoted(text) if not any(n in numbers or in_summary(n, summary) for numbers, summary in pools)]
+    assert missing == [], f"{study.name}/README.md quotes numbers no committed table, report or summary holds"
+
+
+def test_the_top_level_summary_quotes_only_committed_numbers():
+    section = README.read_text().split("## Reproductions", 1)[1].split("\n## ", 1)[0]
+    pools = [committed_numbers(study) for study in RESULTS.iterdir() if study.is_dir()]
+    missing = [n for n in quoted(section)
+               if not any(n in numbers or in_summary(n, summary) for numbers, summary in pools)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("report", sorted(RESULTS.glob("*/report.md")), ids=lambda p: p.parent.name)
+def test_a_committed_report_is_what_its_summary_gives_today(report):
+    assert make_report(read_summary(report.parent / "summary.csv")) == report.read_text()
+
+
+def test_the_checks_see_a_typed_number(tmp_path):
+    """Not vacuous: a number typed into prose that no table holds is found; metadata and code are not."""
+    text = "ALiBi reaches 6.45 at 4L.\n**Wall time:** 47.6 min\n```\nmake 1.5\n```\ntorch 2.13, 3 seeds\n"
+    assert quoted(text) == ["6.45"]
+    assert not in_summary("6.45", pd.DataFrame({"ppl": [6.4649]})) and in_summary("6.46", pd.DataFrame({"ppl": [6.4649]}))
