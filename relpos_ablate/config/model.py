@@ -116,7 +116,7 @@ class AttentionConfig:
     max_stored_scores_mb: int = 0
     """backend 'auto' without a GPU: while the score maps of one layer fit in this many MB they are stored for
     backward (SDPA per block); above it they are rebuilt in backward ('blocks', O(L·d) memory). 0: always
-    rebuilt, which on CPU is as fast or faster from L = 1024 on (README, Speed and memory)."""
+    rebuilt, the memory-safe default (storing trades memory for the rebuild: README, Speed and memory)."""
 
     def __post_init__(self):
         if not isinstance(self.terms, str) or not self.terms:
