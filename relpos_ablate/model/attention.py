@@ -159,13 +159,13 @@ class RelPosAttention(nn.Module):
             rel_keys = self.projected_relative(distances, clamp_len, self.scale)  # (H, n, dh)
             if "d" in terms and "b" not in terms:  # with b, term d rides on the position query q + v
                 distance_scores = self._term_d(rel_keys)
-        # a query-dependent bias (FIRE) is a curve over distances too while every query of the call is within
-        # its distance-only range (consecutive positions: the query positions are M .. K - 1); strictly below
-        # its end, where a query at the end would send part of the gradient to it (FIRE's max(i, L))
         if scheme is not None and not scheme.distance_only and call.drawn_distances:
             # its query position has no meaning where distances are drawn per offset
             raise ValueError(f"model.attention.randomized_draw: {self.config.bias!r} reads the query position "
                              "besides the distance; per_layer draws distances only (use shared_positions)")
+        # a query-dependent bias (FIRE) is a curve over distances too while every query of the call is within
+        # its distance-only range (consecutive positions: the query positions are M .. K - 1); strictly below
+        # its end, where a query at the end would send part of the gradient to it (FIRE's max(i, L))
         curve = scheme is not None and (scheme.distance_only or (
             call.consecutive and call.n_keys - 1 < scheme.distance_only_until()))
         if curve:

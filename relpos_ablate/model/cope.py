@@ -19,9 +19,9 @@ the same product s·q·kᵀ).
 
 from __future__ import annotations
 
-import torch
 from typing import NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 

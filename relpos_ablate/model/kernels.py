@@ -141,7 +141,8 @@ def _backward(ctx, grad_out: Tensor):
     grads = ScoreInputs(*(None if t is None or not need else torch.zeros_like(t)
                           for t, need in zip(inputs, ctx.needs_input_grad[4:first_param])))
     param_grads = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])]
-    maps, flip = block_maps(call, inputs), block_maps(call, inputs).reversed
+    maps = block_maps(call, inputs)
+    flip = maps.reversed
     if _fused(q_content) and all(g is None for g in (*grads, *param_grads)):
         for blk in (t for tiles in maps.forward_blocks(call, d_head) for t in tiles):  # the fused backward does it all
             rows, keys = blk.rows, blk.keys
