@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from relpos_ablate.analysis.xl_report import ENCODINGS, _label, ladder_ppl
+from relpos_ablate.analysis.xl_report import ENCODINGS, ladder_ppl, row_label
 from relpos_ablate.config import ConfigError
 
 RELATIVE = ("xl", "shaw")
@@ -50,7 +50,7 @@ def context_figure(df: pd.DataFrame, train_segment: int):
             color = COLORS.get((key[0], key[2]), "grey")
             style = "-" if key[1] else "--"
             n = min(len(v) for v in values)
-            panel.plot(cs, mean, style, color=color, marker="o", markersize=3, label=f"{_label(key)} (n={n})")
+            panel.plot(cs, mean, style, color=color, marker="o", markersize=3, label=f"{row_label(key)} (n={n})")
             panel.fill_between(cs, [v.min() for v in values], [v.max() for v in values], color=color, alpha=0.15,
                                linewidth=0)
             trained = train_segment + key[1]

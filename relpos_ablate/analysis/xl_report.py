@@ -45,7 +45,8 @@ def _key(run: pd.Series) -> tuple:
     return (str(run["encoding"]), int(run["model.mem_len"]), str(run["train.loss_on"]))
 
 
-def _label(key: tuple) -> str:
+def row_label(key: tuple) -> str:
+    """(encoding, memory, loss) -> "xl, memory 48, full loss"; the figure names its lines the same way."""
     encoding, memory, loss = key
     return f"{encoding}, {'memory ' + str(memory) if memory else 'no memory'}, {loss} loss"
 
@@ -90,13 +91,13 @@ def table6_report(df: pd.DataFrame) -> str:
         by_c = ladders[key]
         init, best = _init(key, segment), _best(by_c)
         cells = [_cell(by_c[c]) if c in by_c else "-" for c in contexts]
-        lines.append(f"| {_label(key)} | " + " | ".join(cells) +
+        lines.append(f"| {row_label(key)} | " + " | ".join(cells) +
                      f" | {_cell(by_c[init]) if init in by_c else '-'} ({init}) | {_cell(by_c[best])} ({best}) |")
     lines += ["", "Comparisons (Welch's t-test over seeds; an ordering only where p < 0.05):", ""]
     for question, a, b, at_a, at_b in COMPARISONS:
         if a in ladders and b in ladders:
             ca, cb = (_context(ladders[key], at, key, segment) for key, at in ((a, at_a), (b, at_b)))
-            text = ordering(f"{_label(a)} (c = {ca})", ladders[a].get(ca, []), f"{_label(b)} (c = {cb})",
+            text = ordering(f"{row_label(a)} (c = {ca})", ladders[a].get(ca, []), f"{row_label(b)} (c = {cb})",
                             ladders[b].get(cb, []), decimals=3)
             lines.append(f"- {question}: {text}")
     lines += ["", "Longer attention at evaluation than in training (each model: its training attention length against "
@@ -104,10 +105,10 @@ def table6_report(df: pd.DataFrame) -> str:
     for key in keys:
         init, best = _init(key, segment), _best(ladders[key])
         if best != init and init in ladders[key]:
-            lines.append(f"- {_label(key)}: " + ordering(f"c = {best}", ladders[key][best], f"c = {init}",
+            lines.append(f"- {row_label(key)}: " + ordering(f"c = {best}", ladders[key][best], f"c = {init}",
                                                          ladders[key][init], decimals=3, paired=True))
         elif best == init:
-            lines.append(f"- {_label(key)}: best at its training attention length, c = {init}")
+            lines.append(f"- {row_label(key)}: best at its training attention length, c = {init}")
     return "\n".join(lines) + "\n"
 
 
