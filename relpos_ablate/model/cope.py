@@ -43,14 +43,18 @@ class ContextualPositions(nn.Module):
         super().__init__()
         self.embeddings = nn.Parameter(torch.zeros(n_positions, d_head))  # (p_max, dh), zeros as the authors
 
-    def positions(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
-        """p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t), clamped to p_max - 1: q [B, H, L, dh], k [B, H, K, dh]
-        -> [B, H, L, K]."""
+    @staticmethod
+    def gates_and_counts(q: Tensor, k: Tensor, scale: float, visible: Tensor) -> tuple[Tensor, Tensor]:
+        """g_ij = σ(s·q_i·k_j) (0 for unseen keys) and Σ_{t >= j} g_it, unclamped: q [B, H, L, dh],
+        k [B, H, K, dh] -> two [B, H, L, K]."""
         logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
         # counted in at least fp32: a bf16 sum of a hundred gates would be off by a quarter of a position
         gates = torch.sigmoid(logits * scale) * visible  # (B, H, L, K); unseen keys count 0
-        counted = gates.flip(-1).cumsum(-1).flip(-1)  # from key j to the last key (later ones are unseen: 0)
-        return counted.clamp(max=self.embeddings.shape[0] - 1)
+        return gates, gates.flip(-1).cumsum(-1).flip(-1)  # from key j to the last key (later ones are unseen: 0)
+
+    def positions(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
+        """p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t), clamped to p_max - 1: [B, H, L, K]."""
+        return self.gates_and_counts(q, k, scale, visible)[1].clamp(max=self.embeddings.shape[0] - 1)
 
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """s·q_i·e[p_ij], e interpolated between ⌊p⌋ and ⌈p⌉: [B, H, L, K] (geometry.ContextualScores: a
@@ -67,8 +71,7 @@ class ContextualPositions(nn.Module):
         """`scores` without autograd, as s·q·e[⌊p⌋] + (p - ⌊p⌋)·s·q·(e[⌊p⌋ + 1] - e[⌊p⌋]) (one index for both
         reads), and what its backward needs."""
         wide = torch.promote_types(q.dtype, torch.float32)
-        gates = torch.sigmoid_((q @ k.transpose(-1, -2)).to(wide).mul_(scale)).masked_fill_(~visible, 0.0)
-        counted = gates.flip(-1).cumsum_(-1).flip(-1)  # (B, H, L_b, K_b)
+        gates, counted = self.gates_and_counts(q, k, scale, visible)  # (B, H, L_b, K_b)
         p = counted.clamp(max=self.embeddings.shape[0] - 1)
         below = p.floor()
         weight = p.sub_(below)
