@@ -15,7 +15,7 @@ from fixtures.report_runs import ENCODINGS, make_run
 from relpos_ablate.analysis import collect
 from relpos_ablate.analysis.layouts import make_table
 from relpos_ablate.analysis.render import render
-from relpos_ablate.analysis.tables import TableOptions
+from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
 

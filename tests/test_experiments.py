@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from relpos_ablate.analysis.collect import SETTING_FIELDS
-from relpos_ablate.analysis.tables import spec_options
+from relpos_ablate.analysis.table_options import spec_options
 from relpos_ablate.config import RunConfig, load_run_config
 from relpos_ablate.config.base import load_yaml
 from relpos_ablate.runner.axes import check_key_path

@@ -15,7 +15,7 @@ from relpos_ablate.analysis.length_figures import collect_diagnostics, diagnosti
     save_diagnostics, summary_figure, with_variants
 from relpos_ablate.analysis.layouts import make_table
 from relpos_ablate.analysis.length_generalization import rank_table
-from relpos_ablate.analysis.tables import TableOptions
+from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_json, atomic_write_yaml

@@ -164,7 +164,7 @@ def test_a_table_splits_the_settings_by_rope_scaling(tmp_path):
     from relpos_ablate.analysis import collect
     from relpos_ablate.analysis.render import render
     from relpos_ablate.analysis.layouts import make_table
-    from relpos_ablate.analysis.tables import TableOptions
+    from relpos_ablate.analysis.table_options import TableOptions
 
     settings = [(32, None, 0.9), (64, None, 0.5), (64, "pi", 0.7), (64, "yarn", 0.8)]
     for encoding, overrides in (("rope", ["model.attention.terms=a", "model.attention.absolute=rope"]),

@@ -15,7 +15,7 @@ from fixtures.report_runs import make_run
 from relpos_ablate.analysis import collect
 from relpos_ablate.analysis.layouts import make_table
 from relpos_ablate.analysis.recl import own_gain, recl, relative_gain, token_loss_frame, top_fraction
-from relpos_ablate.analysis.tables import TableOptions
+from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_bytes

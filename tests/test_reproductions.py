@@ -19,7 +19,7 @@ from relpos_ablate.analysis import collect, make_table
 from relpos_ablate.analysis.positions import position_loss_figure
 from relpos_ablate.analysis.reports import make_report
 from relpos_ablate.analysis.plots import extrapolation_figure
-from relpos_ablate.analysis.tables import TableOptions
+from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.config import RunConfig, apply_overrides, from_dict, to_plain
 from relpos_ablate.io import atomic_write_json
 from relpos_ablate.runner.grid import load_grid

@@ -20,7 +20,7 @@ from fixtures.report_runs import ENCODINGS, make_grid, make_run
 from relpos_ablate.analysis import collect
 from relpos_ablate.analysis.layouts import make_table
 from relpos_ablate.analysis.render import latex_escape, render
-from relpos_ablate.analysis.tables import TableOptions
+from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
 
@@ -350,7 +350,7 @@ def test_runs_trained_by_train_alone_are_labelled_by_their_dir_or_by_what_differ
 
 
 def test_axis_orders_follow_grid_and_zip_columns():
-    from relpos_ablate.analysis.tables import axis_orders
+    from relpos_ablate.analysis.table_options import axis_orders
 
     spec = {"grid": {"model.mem_len": [64, 0]},
             "zip": {"encoding": ["xl", "xl", "t5", "alibi"], "model.attention.terms": ["abcd", "ab", "a", "a"]}}

@@ -2,6 +2,6 @@
 
 from relpos_ablate.analysis.collect import collect
 from relpos_ablate.analysis.layouts import make_table
-from relpos_ablate.analysis.tables import TableOptions
+from relpos_ablate.analysis.table_options import TableOptions
 
 __all__ = ["TableOptions", "collect", "make_table"]

@@ -23,9 +23,8 @@ import pandas as pd
 
 from relpos_ablate.analysis.render import Table
 from relpos_ablate.analysis.settings import column_label, label, normalized, short_name
-from relpos_ablate.analysis.tables import (
-    TableOptions, finished, grid_table, metric_direction, sort_key, values_by_key,
-)
+from relpos_ablate.analysis.table_options import TableOptions, finished, metric_direction
+from relpos_ablate.analysis.tables import grid_table, sort_key, values_by_key
 from relpos_ablate.config import ConfigError
 
 

@@ -24,7 +24,7 @@ from relpos_ablate.analysis.extrapolation_lines import (
     FAMILIES, ZOOM, Layout, Line, extrapolation_lines, group_rows, panel_setting, set_identities, zoomed,
 )
 from relpos_ablate.analysis.settings import label, short_name
-from relpos_ablate.analysis.tables import metric_direction
+from relpos_ablate.analysis.table_options import metric_direction
 
 FAMILY_STYLES = {"absolute": ":", "rotary": "--", "bias": "-", "data-dependent": "-.",
                  "other": (0, (5, 1.5, 1, 1.5, 1, 1.5))}

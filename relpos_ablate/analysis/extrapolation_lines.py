@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 
 from relpos_ablate.analysis.settings import column_label, label, normalized, short_name, table_settings
-from relpos_ablate.analysis.tables import (
-    TableOptions, apply_where, axis_orders, default_cols, finished, read_spec, resolve_column, resolve_options, row_key,
-    sort_key,
+from relpos_ablate.analysis.table_options import (
+    TableOptions, apply_where, axis_orders, default_cols, finished, read_spec, resolve_column, resolve_options,
 )
+from relpos_ablate.analysis.tables import row_key, sort_key
 from relpos_ablate.config.base import check_choice
 
 FAMILIES = ("absolute", "rotary", "bias", "data-dependent", "other")

@@ -16,7 +16,8 @@ import pandas as pd
 
 from relpos_ablate.analysis.stats import ordering
 from relpos_ablate.analysis.settings import normalized
-from relpos_ablate.analysis.tables import axis_orders, read_spec, sort_key
+from relpos_ablate.analysis.table_options import axis_orders, read_spec
+from relpos_ablate.analysis.tables import sort_key
 from relpos_ablate.config import ConfigError
 
 EXTENSIONS = {"pi": "PI", "ntk": "NTK", "yarn": "YaRN"}

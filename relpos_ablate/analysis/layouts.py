@@ -22,9 +22,10 @@ from relpos_ablate.analysis.best_over import best_over_table
 from relpos_ablate.analysis.length_generalization import length_generalization_table
 from relpos_ablate.analysis.render import Table
 from relpos_ablate.analysis.settings import table_settings
-from relpos_ablate.analysis.tables import (
-    TableOptions, apply_where, axis_orders, grid_table, read_spec, resolve_options, spec_options,
+from relpos_ablate.analysis.table_options import (
+    TableOptions, apply_where, axis_orders, read_spec, resolve_options, spec_options,
 )
+from relpos_ablate.analysis.tables import grid_table
 from relpos_ablate.analysis.xl_tables import xl_table6, xl_table8
 from relpos_ablate.config import ConfigError
 from relpos_ablate.config.base import check_choice

@@ -20,7 +20,8 @@ from relpos_ablate.analysis.length_generalization import (
     example_rows, per_run_bins, task_order, train_range, variant_order,
 )
 from relpos_ablate.analysis.plots import save_figure
-from relpos_ablate.analysis.tables import default_metric, variant_colors
+from relpos_ablate.analysis.table_options import default_metric
+from relpos_ablate.analysis.tables import variant_colors
 
 SHADE = "0.9"
 """Grey of the training lengths."""

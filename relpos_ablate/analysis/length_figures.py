@@ -26,9 +26,9 @@ from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import RUN_COLUMNS
 from relpos_ablate.analysis.length_generalization import variant_name
 from relpos_ablate.analysis.plots import save_figure
-from relpos_ablate.analysis.tables import (
-    axis_orders, default_metric, default_rows, finished, label, read_spec, row_key, sort_key, variant_colors,
-)
+from relpos_ablate.analysis.settings import label
+from relpos_ablate.analysis.table_options import axis_orders, default_metric, default_rows, finished, read_spec
+from relpos_ablate.analysis.tables import row_key, sort_key, variant_colors
 from relpos_ablate.config import ConfigError
 
 TASK = "data.task"

@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 
 from relpos_ablate.analysis.render import Cell, Table
-from relpos_ablate.analysis.tables import (
-    DECIMALS, TableOptions, finished, label, mark_best, metric_direction, row_key, seed_cell, sort_key,
-)
+from relpos_ablate.analysis.settings import label
+from relpos_ablate.analysis.table_options import TableOptions, finished, metric_direction
+from relpos_ablate.analysis.tables import DECIMALS, mark_best, row_key, seed_cell, sort_key
 from relpos_ablate.config import ConfigError
 from relpos_ablate.config.data import EXAMPLE_TASKS
 

@@ -22,7 +22,9 @@ from relpos_ablate.analysis import figures
 from relpos_ablate.analysis.collect import run_name
 from relpos_ablate.analysis.extrapolation import build_extrapolation, extrapolation_figure  # noqa: F401 (API)
 from relpos_ablate.analysis.trained import check_imports, load_drawable
-from relpos_ablate.analysis.tables import axis_orders, default_rows, label, no_finished_runs, read_spec, row_key, sort_key
+from relpos_ablate.analysis.settings import label
+from relpos_ablate.analysis.table_options import axis_orders, default_rows, no_finished_runs, read_spec
+from relpos_ablate.analysis.tables import row_key, sort_key
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_bytes
 

@@ -19,11 +19,11 @@ from matplotlib.ticker import FuncFormatter
 
 from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import run_names
-from relpos_ablate.analysis.settings import table_settings
-from relpos_ablate.analysis.tables import (
-    TableOptions, apply_where, axis_orders, finished, label, read_spec, resolve_options, row_key, sort_key,
-    variant_colors,
+from relpos_ablate.analysis.settings import label, table_settings
+from relpos_ablate.analysis.table_options import (
+    TableOptions, apply_where, axis_orders, finished, read_spec, resolve_options,
 )
+from relpos_ablate.analysis.tables import row_key, sort_key, variant_colors
 from relpos_ablate.config import ConfigError
 
 BIN_COLUMNS = ("bin_lo", "bin_hi", "position_loss", "position_tokens")

@@ -22,10 +22,12 @@ import pandas as pd
 from relpos_ablate.analysis.collect import SETTING_FIELDS
 from relpos_ablate.analysis.recl import R_VALUES, THRESHOLD, ladder_rows, recl, token_loss_frame
 from relpos_ablate.analysis.render import Cell, Table
-from relpos_ablate.analysis.settings import ATTN_LEN
+from relpos_ablate.analysis.settings import ATTN_LEN, label
+from relpos_ablate.analysis.table_options import (
+    TableOptions, default_rows, finished, metric_direction, run_level, varies,
+)
 from relpos_ablate.analysis.tables import (
-    DECIMALS, TableOptions, default_rows, finished, label, mark_best, metric_direction, normalized, run_level,
-    seed_caption, seed_cell, short_name, sort_key, values_by_key, varies,
+    DECIMALS, mark_best, normalized, seed_caption, seed_cell, short_name, sort_key, values_by_key,
 )
 
 TABLE6_PROTOCOLS = ("xl", "sliding", "non_overlapping")

@@ -138,7 +138,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_table(args: argparse.Namespace) -> int:
     from relpos_ablate.analysis.render import render
     from relpos_ablate.analysis.layouts import make_table
-    from relpos_ablate.analysis.tables import TableOptions, left_out_runs
+    from relpos_ablate.analysis.table_options import TableOptions, left_out_runs
 
     if args.format is None and args.out is not None and args.out.suffix not in SUFFIX_FORMATS:
         raise UsageError(f"--out: {args.out.suffix or 'no suffix'!r} does not say the format; "
@@ -154,7 +154,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     text = render(table, resolved.format)
     if resolved.layout == "length_generalization":
         from relpos_ablate.analysis.length_generalization import rank_table
-        from relpos_ablate.analysis.tables import axis_orders, read_spec
+        from relpos_ablate.analysis.table_options import axis_orders, read_spec
 
         text += "\n" + render(rank_table(frame, resolved.metric, list(resolved.rows), axis_orders(read_spec(frame))),
                               resolved.format)
@@ -209,7 +209,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
                                                   formats=formats)
     elif args.kind == "lr-sweep":
         from relpos_ablate.analysis.baselines_report import save_lr_figure
-        from relpos_ablate.analysis.tables import axis_orders, read_spec
+        from relpos_ablate.analysis.table_options import axis_orders, read_spec
 
         frame = _collect(args.target)
         written, notes = save_lr_figure(frame, out, formats, axis_orders(read_spec(frame)))
