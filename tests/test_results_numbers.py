@@ -1,6 +1,6 @@
-"""Numbers that cannot drift: every decimal number a results README (and the top-level README's summary of
-the reproductions) quotes appears in a committed table or report of that study, or in its summary.csv; and
-every committed report.md is what `relpos-ablate report` computes from the committed summary.csv today.
+"""Numbers that cannot drift: every decimal number a results README (and the top-level README's summaries of
+the reproductions and of the fair baselines) quotes appears in a committed table or report of that study, or
+in its summary.csv; and every committed report.md is what `relpos-ablate report` computes from the committed summary.csv today.
 
 Run metadata is exempt (lines about wall time and the machine, software versions), and so are integers
 (counts, lengths, seeds): the test is about measured values.
@@ -62,10 +62,14 @@ def test_every_number_in_a_results_readme_comes_from_its_committed_data(study):
     assert missing == [], f"{study.name}/README.md quotes numbers no committed table, report or summary holds"
 
 
-def test_the_top_level_summary_quotes_only_committed_numbers():
-    section = README.read_text().split("## Reproductions", 1)[1].split("\n## ", 1)[0]
+def section(title: str) -> str:
+    return README.read_text().split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("title", ["Reproductions", "Fair baselines"])
+def test_the_top_level_summaries_quote_only_committed_numbers(title):
     pools = [committed_numbers(study) for study in RESULTS.iterdir() if study.is_dir()]
-    missing = [n for n in quoted(section)
+    missing = [n for n in quoted(section(title))
                if not any(n in numbers or in_summary(n, summary) for numbers, summary in pools)]
     assert missing == []
 
