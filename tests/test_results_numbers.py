@@ -1,6 +1,7 @@
 """Numbers that cannot drift: every decimal number a results README (and the top-level README's summaries of
 the reproductions and of the fair baselines) quotes appears in a committed table or report of that study, or
-in its summary.csv; and every committed report.md is what `relpos-ablate report` computes from the committed summary.csv today.
+in its summary.csv; and every committed report.md is what `relpos-ablate report` computes from the committed
+summary.csv today.
 
 Run metadata is exempt (lines about wall time and the machine, software versions), and so are integers
 (counts, lengths, seeds): the test is about measured values.
