@@ -102,8 +102,11 @@ def test_the_report_reads_summary_csv_as_the_runs(results, tmp_path, capsys):
 def test_the_figure_draws_each_ratio(results, tmp_path):
     _, tuned, _ = expected()
     fig = lr_figure(collect(results))
-    left, right = fig.axes
-    assert len(left.lines) == len(MEANS)
+    *lefts, right = fig.axes
+    # a panel for the presets without a bias table, one for the bias types: a line per preset
+    assert [sorted(line.get_label() for line in left.lines) for left in lefts] == [["nope", "vaswani", "xl"],
+                                                                                 ["alibi", "t5"]]
+    assert [left.get_title().rsplit(": ", 1)[1] for left in lefts] == ["baselines", "bias types"]
     widths = sorted(bar.get_width() for bar in right.patches)
     assert widths == pytest.approx(sorted(t / min(tuned.values()) - 1 for t in tuned.values()))
     assert main(["plot", str(results), "--kind", "lr-sweep", "--out", str(tmp_path), "--formats", "png"]) == 0

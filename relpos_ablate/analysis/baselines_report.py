@@ -151,27 +151,35 @@ def _number(value: float, decimals: int = 2) -> str:
 
 def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
     """Left: each preset's mean valid ppl against the learning rate, over its own best (1 at its pick: where
-    the minimum sits in the sweep). Right: each preset's test ppl at its best rate over the best preset's,
-    mean ± std, against the tolerance; the default rate's ratio as a mark."""
+    the minimum sits in the sweep), a panel for the presets without a bias table (the baselines) and one for
+    the bias types (at most ~10 lines a panel). Right: each preset's test ppl at its best rate over the best
+    preset's, mean ± std, against the tolerance; the default rate's ratio as a mark."""
     from matplotlib.figure import Figure  # figures only: `report` needs no matplotlib
 
     summary = preset_summary(df, orders)
     data = at_training_length(df)
     valid = data[data["split"].map(normalized) == SELECT]
-    fig = Figure(figsize=(11, 6), layout="constrained")
-    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.15]})
+    groups = preset_groups(data, list(summary["preset"]))
+    fig = Figure(figsize=(12, 3.5 + 2.6 * len(groups)), layout="constrained")
+    grid = fig.add_gridspec(len(groups), 2, width_ratios=[1, 1.1])
     colors = dict(zip(summary["preset"], variant_colors(len(summary))))
-    for row in summary.itertuples():
-        means = valid[valid[ROW] == row.preset].groupby(KEY)[METRIC].mean()
-        left.plot(means.index.astype(float), means.values / row.valid, marker="o", color=colors[row.preset],
-                  label=row.preset, linestyle=":" if row.preset in UNJUDGED else "-")
-    left.set_xscale("log", base=2)
     lrs = sorted({float(v) for v in data[KEY]})
-    left.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
-    left.minorticks_off()
-    left.set(xlabel="learning rate", ylabel=f"mean {SELECT} ppl / the preset's best",
-             title=f"{SELECT} ppl against the learning rate (1 = the pick)")
-    fig.legend(*left.get_legend_handles_labels(), loc="outside lower center", ncol=min(len(summary), 10), fontsize=8)
+    lefts = []
+    for k, (title, names) in enumerate(groups):
+        left = fig.add_subplot(grid[k, 0], sharex=lefts[0] if lefts else None)
+        lefts.append(left)
+        for row in summary[summary["preset"].isin(names)].itertuples():
+            means = valid[valid[ROW] == row.preset].groupby(KEY)[METRIC].mean()
+            left.plot(means.index.astype(float), means.values / row.valid, marker="o", color=colors[row.preset],
+                      label=row.preset, linestyle=":" if row.preset in UNJUDGED else "-")
+        left.set(ylabel=f"mean {SELECT} ppl / the preset's best", title=f"{SELECT} ppl against the learning rate "
+                 f"(1 = the pick){': ' + title if title else ''}")
+        left.legend(fontsize=8, ncol=2, loc="upper center")
+    lefts[0].set_xscale("log", base=2)
+    lefts[0].set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+    lefts[0].minorticks_off()
+    lefts[-1].set_xlabel("learning rate")
+    right = fig.add_subplot(grid[:, 1])
     order = summary.sort_values("ratio").reset_index(drop=True)
     ys = np.arange(len(order))
     right.barh(ys, order["ratio"] - 1, left=1, xerr=order["std"] / order["mean"].min(),
@@ -181,8 +189,19 @@ def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
     right.set_yticks(ys, [f"{p}  (lr {lr:g})" for p, lr in zip(order["preset"], order["best_lr"])], fontsize=8)
     right.invert_yaxis()
     right.set(xlabel=f"{REPORT} ppl / the best preset's", title=f"{REPORT} ppl at each preset's best rate")
-    right.legend(fontsize=8, loc="upper right")
+    right.legend(fontsize=8, loc="lower right")
     return fig
+
+
+def preset_groups(data: pd.DataFrame, names: list[str]) -> list[tuple[str, list[str]]]:
+    """The presets without a bias table (the baselines) and those with one (the bias types), in `names`' order,
+    when the runs record model.attention.bias and both groups are there; else one group of all."""
+    if "model.attention.bias" not in data:
+        return [("", names)]
+    bias = data.groupby(ROW)["model.attention.bias"].first().map(normalized)
+    baselines = [n for n in names if bias.get(n) in (None, "none")]
+    tables = [n for n in names if n not in baselines]
+    return [("baselines", baselines), ("bias types", tables)] if baselines and tables else [("", names)]
 
 
 def save_lr_figure(df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "pdf"),
