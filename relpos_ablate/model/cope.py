@@ -49,8 +49,12 @@ class ContextualPositions(nn.Module):
         k [B, H, K, dh] -> two [B, H, L, K]."""
         logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
         # counted in at least fp32: a bf16 sum of a hundred gates would be off by a quarter of a position
-        gates = torch.sigmoid(logits * scale) * visible  # (B, H, L, K); unseen keys count 0
-        return gates, gates.flip(-1).cumsum(-1).flip(-1)  # from key j to the last key (later ones are unseen: 0)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+            gates = torch.sigmoid(logits * scale) * visible  # (B, H, L, K); unseen keys count 0
+            return gates, gates.flip(-1).cumsum(-1).flip(-1)  # from key j to the last key (later ones: 0)
+        # no graph (the block kernel's forward): the same in the product's own buffer, per block on a hot path
+        gates = torch.sigmoid_(logits.mul_(scale)).masked_fill_(~visible, 0.0)
+        return gates, gates.flip(-1).cumsum_(-1).flip(-1)
 
     def positions(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t), clamped to p_max - 1: [B, H, L, K]."""
