@@ -53,13 +53,18 @@ def in_summary(number: str, summary: pd.DataFrame | None) -> bool:
     return bool(((abs(values - float(number)) <= 0.5 * 10 ** -decimals + 1e-12)).any())
 
 
+def unsourced(text: str, pools: list[tuple[set[str], pd.DataFrame | None]]) -> list[str]:
+    """The numbers `text` quotes that no pool (committed_numbers of a study) holds."""
+    return [n for n in quoted(text) if not any(n in numbers or in_summary(n, summary) for numbers, summary in pools)]
+
+
 @pytest.mark.parametrize("study", STUDIES, ids=lambda p: p.name)
 def test_every_number_in_a_results_readme_comes_from_its_committed_data(study):
     """From its own folder, or from a study it links to (../<name>/...)."""
     text = (study / "README.md").read_text()
     pools = [committed_numbers(study)] + [committed_numbers(RESULTS / name)
                                           for name in sorted(set(LINKED.findall(text))) if (RESULTS / name).is_dir()]
-    missing = [n for n in quoted(text) if not any(n in numbers or in_summary(n, summary) for numbers, summary in pools)]
+    missing = unsourced(text, pools)
     assert missing == [], f"{study.name}/README.md quotes numbers no committed table, report or summary holds"
 
 
@@ -69,10 +74,7 @@ def section(title: str) -> str:
 
 @pytest.mark.parametrize("title", ["Reproductions", "Fair baselines"])
 def test_the_top_level_summaries_quote_only_committed_numbers(title):
-    pools = [committed_numbers(study) for study in RESULTS.iterdir() if study.is_dir()]
-    missing = [n for n in quoted(section(title))
-               if not any(n in numbers or in_summary(n, summary) for numbers, summary in pools)]
-    assert missing == []
+    assert unsourced(section(title), [committed_numbers(study) for study in RESULTS.iterdir() if study.is_dir()]) == []
 
 
 @pytest.mark.parametrize("report", sorted(RESULTS.glob("*/report.md")), ids=lambda p: p.parent.name)
