@@ -1,6 +1,5 @@
 # make test  — create .venv (torch CPU wheel first), install the project, run the test suite on PYTEST_WORKERS
-#   pytest-xdist processes (default 2, one torch thread each: the CI machine has 2 cores; the multi-process
-#   DDP tests share one worker, xdist_group "processes", so two gloo groups never start at once)
+#   pytest-xdist processes (default 2, one torch thread each: the CI machine has 2 cores)
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
 # make gpu-check — on a CUDA machine: every fast path against the explicit one, a DDP run, timing against
 #   FlashAttention (benchmarks/gpu_check.py; ~8 min on one H200); without a GPU it says so in one line
@@ -30,7 +29,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 install: $(VENV)/.installed
 
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # demo: train the grid (done runs are skipped, so a rerun only redraws), then write the report files
 # results/demo/{summary.csv,table.md,table.tex,figures/}. Only those are committed (.gitignore): the run

@@ -32,8 +32,6 @@ from relpos_ablate.train.data.streams import TrainingSegments, loss_mask
 from relpos_ablate.train.module import LitLM, token_stats
 from relpos_ablate.train.run import cluster_environment, resolve_vocab, train_run
 
-pytestmark = pytest.mark.xdist_group("processes")  # the multi-process tests share one xdist worker (make test)
-
 #: Recall counts a content-dependent number of targets per stream, so shares of the streams count
 #: different numbers of tokens and a mean of per-process means would differ from the token mean.
 RECALL = {

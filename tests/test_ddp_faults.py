@@ -13,7 +13,6 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 
@@ -22,8 +21,6 @@ from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.store import RunLock
 from relpos_ablate.runner.worker import launch, record_exit, stop
 from test_ddp import RECALL
-
-pytestmark = pytest.mark.xdist_group("processes")  # the multi-process tests share one xdist worker (make test)
 
 MAX_STEPS = 150
 
