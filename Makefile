@@ -1,5 +1,4 @@
-# make test  — create .venv (torch CPU wheel first), install the project, run the test suite on PYTEST_WORKERS
-#   pytest-xdist processes (default 2, one torch thread each: the CI machine has 2 cores)
+# make test  — create .venv (torch CPU wheel first), install the project, run the test suite
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
 # make gpu-check — on a CUDA machine: every fast path against the explicit one, a DDP run, timing against
 #   FlashAttention (benchmarks/gpu_check.py; ~8 min on one H200); without a GPU it says so in one line
@@ -13,7 +12,6 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
-PYTEST_WORKERS ?= 2
 
 .PHONY: install test demo bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines
 
@@ -29,7 +27,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 install: $(VENV)/.installed
 
 test: install
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # demo: train the grid (done runs are skipped, so a rerun only redraws), then write the report files
 # results/demo/{summary.csv,table.md,table.tex,figures/}. Only those are committed (.gitignore): the run
