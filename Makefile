@@ -1,4 +1,5 @@
-# make test  — create .venv (torch CPU wheel first), install the project, run the test suite
+# make test  — create .venv (torch CPU wheel first), install the project, run the test suite (2 pytest-xdist
+#   workers, then the multi-process DDP tests alone; PYTEST_WORKERS, PYTEST_ARGS)
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
 # make gpu-check — on a CUDA machine: every fast path against the explicit one, a DDP run, timing against
 #   FlashAttention (benchmarks/gpu_check.py; ~8 min on one H200); without a GPU it says so in one line
@@ -12,6 +13,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 
 .PHONY: install test demo bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines
 
@@ -26,8 +28,15 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 
 install: $(VENV)/.installed
 
+# test: the suite on PYTEST_WORKERS pytest-xdist workers (one torch thread each), then the tests that start a
+# process group (marker process_group) alone: their ranks wait on each other every step and stall when other
+# tests share the cores. A pytest that selects no test (exit 5, e.g. PYTEST_ARGS names one file) is fine as
+# long as the other one ran tests.
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --process-groups=skip $(PYTEST_ARGS); \
+		rest=$$?; [ $$rest = 0 ] || [ $$rest = 5 ] || exit $$rest; \
+	$(BIN)/python -m pytest --process-groups=only $(PYTEST_ARGS); \
+		groups=$$?; [ $$groups = 5 ] && exit $$rest; exit $$groups
 
 # demo: train the grid (done runs are skipped, so a rerun only redraws), then write the report files
 # results/demo/{summary.csv,table.md,table.tex,figures/}. Only those are committed (.gitignore): the run

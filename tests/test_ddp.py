@@ -80,6 +80,7 @@ def weights(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
 
+@pytest.mark.process_group
 def test_two_processes_train_and_evaluate_the_same_run_as_one(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     assert train_run(config(), one) == "done"
@@ -147,6 +148,7 @@ def test_gradient_accumulation_trains_the_same_steps(tmp_path):
     assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "acc"))
 
 
+@pytest.mark.process_group
 def test_a_run_whose_terms_read_no_query_trains_on_two_processes(tmp_path):
     """Terms d alone read neither q nor k: Lightning's DDP (find_unused_parameters off) stopped at step 1
     while the model still built their projections. Every configuration under DDP: tests/test_ddp_parameters.py."""

@@ -13,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -21,6 +22,8 @@ from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.store import RunLock
 from relpos_ablate.runner.worker import launch, record_exit, stop
 from test_ddp import RECALL
+
+pytestmark = pytest.mark.process_group  # make test runs these alone (tests/conftest.py)
 
 MAX_STEPS = 150
 

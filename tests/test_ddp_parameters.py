@@ -97,6 +97,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.process_group
 def test_every_config_trains_under_ddp_on_two_gloo_processes():
     """Spawned, not forked: a child forked from a test process that has compiled something (inductor's
     worker pool) or started OpenMP threads can inherit a held lock and hang; a fresh interpreter costs an

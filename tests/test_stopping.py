@@ -115,6 +115,7 @@ def test_a_run_that_had_stopped_stops_again_at_once(tmp_path, every):
     assert again["step"] == 2 and again["stopped"] == first["stopped"] and again["settings"] == first["settings"]
 
 
+@pytest.mark.process_group
 def test_two_processes_stop_at_the_step_one_process_stops_at(tmp_path):
     config_path = tmp_path / "easy.yaml"
     config_path.write_text(yaml.safe_dump({}))
