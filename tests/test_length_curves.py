@@ -1,7 +1,8 @@
 """The length-generalization study's main figure (`plot --kind lengthgen`, analysis/length_curves.py) on the
 hand-made runs of tests/test_length_report.py: a panel per task in the config's order, a line per variant at
 the bins' middle n with its mean over seeds, the seeds' min-max as its band, the training lengths shaded,
-a colour per encoding and dashes for randomized positions, the variants named in words.
+a colour per encoding and dashes for randomized positions, the variants named in words, and the lines that
+lie on each other at zero past the training lengths named in their panel.
 Run: pytest tests/test_length_curves.py -q"""
 
 import statistics
@@ -48,6 +49,35 @@ def test_a_panel_per_task_a_line_per_variant_with_its_seed_band(results):
     assert legend == ["NoPE", "RoPE", "RoPE (randomized)", "T5", "training lengths"]
     assert fig.legends[0].get_title().get_text() == "mean over 3 seeds\nband: min-max over seeds"
     assert panels[0].get_lines()[0].get_ydata()[1] == pytest.approx(statistics.mean([0.6, 0.5, 0.7]))  # by hand
+    assert [t.get_text() for t in panels[0].get_xticklabels()] == ["1-4", "5-6", "7-8"]
+    assert panels[0].get_ylabel() == "exact match"
+    assert panels[0].get_xlabel() == "task length n (test bin)"  # no two lines lie on zero past n = 4 here
+
+
+def test_lines_on_the_zero_line_past_training_are_named_in_their_panel(tmp_path):
+    """RoPE and T5 are 0 in every bin past n = 4 on copy (in every seed): their lines hide each other, and
+    the panel says which they are; NoPE (above zero) is not named."""
+    from fixtures.report_runs import make_run
+    from relpos_ablate.io import atomic_write_json
+    from test_length_report import BINS, VARIANTS
+
+    for encoding in ("nope", "t5", "rope"):
+        for seed in range(2):
+            overrides = ["data.task=copy", "data.train_lengths=[1, 4]", "train.segment_len=9",
+                         f"data.test_lengths={[list(b) for b in BINS]}", f"seed={seed}", *VARIANTS[(encoding, "sequential")]]
+            run_dir = make_run(tmp_path, overrides, experiment="length_generalization",
+                               variant={"data.task": "copy", "encoding": encoding,
+                                        "model.attention.positions": "sequential", "seed": seed})
+            scores = [1.0, 0.3, 0.1] if encoding == "nope" else [1.0, 0.0, 0.004 * seed]
+            atomic_write_json(run_dir / "status.json", {"state": "done", "step": 10, "max_steps": 10})
+            atomic_write_json(run_dir / "eval.json", {"main_metric": "exact_match", "step": 10, "settings": [
+                {"segment_len": 2 * hi + 1, "mem_len": 0, "clamp_len": None, "same_length": False,
+                 "attn_len": 2 * hi + 1, "length_min": lo, "length_max": hi, "metrics": {"exact_match": score}}
+                for (lo, hi), score in zip(BINS, scores)]})
+    (panel,) = [ax for ax in lengthgen_figure(collect(tmp_path / "length_generalization")).axes if ax.get_title()]
+    first, *note = panel.get_xlabel().split("\n")
+    assert first == "task length n (test bin)"
+    assert " ".join(note) == "below 0.01 past the training lengths, lines under each other: RoPE, T5"
 
 
 def test_plot_command_writes_the_figure(results, tmp_path, capsys):

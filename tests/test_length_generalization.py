@@ -186,6 +186,21 @@ def test_the_summary_draws_each_variant_in_its_own_colour_with_its_head_mean():
     np.testing.assert_allclose(lines[3].get_ydata(), [3 + 0.25, 3 + 1 + 0.25])  # mean over the two heads
 
 
+def test_the_summary_styles_variants_as_the_main_figure_does():
+    """(encoding, positions) variants: randomized RoPE takes RoPE's colour, dashed (a colour each would pair
+    unrelated encodings in tab20's light and dark shades)."""
+    import pandas as pd
+    from matplotlib.colors import to_rgba
+
+    keys = ["encoding", "model.attention.positions"]
+    variants = [("nope", "sequential"), ("rope", "sequential"), ("rope", "randomized")]
+    frame = pd.DataFrame([{"variant": v, "length": "n=1-4", "order": 0, "layer": 0, "head": 0, "entropy": 1.0}
+                          for v in variants])
+    nope, rope, randomized = summary_figure(frame, keys, variants, "t").axes[0].get_lines()
+    assert to_rgba(rope.get_color()) == to_rgba(randomized.get_color()) != to_rgba(nope.get_color())
+    assert (nope.get_linestyle(), rope.get_linestyle(), randomized.get_linestyle()) == ("-", "-", "--")
+
+
 def test_plot_command_draws_diagnostics_and_passkey(tmp_path, capsys):
     example_run(tmp_path, "passkey", "nope", 0, [1.0, 0.5, 0.2], depths=(0.0, 1.0), diagnostics=statistics_of)
     run_dir = next((tmp_path / "lengthgen").iterdir())

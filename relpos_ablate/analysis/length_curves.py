@@ -8,6 +8,7 @@ for randomized positions; each test bin is drawn at its middle n (passkey: avera
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -15,16 +16,18 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from relpos_ablate.analysis.length_figures import POSITIONS, TASK, variant_words, with_variants
+from relpos_ablate.analysis.length_figures import POSITIONS, TASK, variant_styles, variant_words, with_variants
 from relpos_ablate.analysis.length_generalization import (
     example_rows, per_run_bins, task_order, train_range, variant_order,
 )
 from relpos_ablate.analysis.plots import save_figure
 from relpos_ablate.analysis.table_options import default_metric
-from relpos_ablate.analysis.tables import variant_colors
 
 SHADE = "0.9"
 """Grey of the training lengths."""
+FLAT = 0.01
+"""A variant whose mean stays below this in every bin past the training lengths draws a line on the zero
+line, under the others there: each panel names those variants, since their lines hide each other."""
 
 
 def curves(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str], list[tuple]]:
@@ -52,7 +55,8 @@ def lengthgen_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
     nrows = math.ceil(len(tasks) / ncols)
     fig = Figure(figsize=(4.6 * ncols + 2.6, 3.3 * nrows + 0.5), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    styles = _styles(keys, variants)
+    styles = variant_styles(keys, variants)
+    words = metric.replace("_", " ")
     for ax, task in zip(axes, tasks):
         part = frame if task is None else frame[frame[TASK] == task]
         lo, hi = part["train_min"].min(), part["train_max"].max()
@@ -68,12 +72,17 @@ def lengthgen_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
             if runs["seed"].nunique() > 1:
                 ax.fill_between(xs, low, high, color=color, alpha=0.12, lw=0)
         edges = sorted(set(zip(part["length_min"], part["length_max"])))
-        ax.set_xticks([(a + b) / 2 for a, b in edges], [f"{a}-{b}" if a != b else f"{a}" for a, b in edges],
+        ax.set_xticks([(a + b) / 2 for a, b in edges], [f"{a:g}-{b:g}" if a != b else f"{a:g}" for a, b in edges],
                       fontsize=7, rotation=30)
+        flat = _flat(part, metric, hi, variants)
+        hidden = "".join("\n" + line for line in textwrap.wrap(
+            f"below {FLAT:g} past the training lengths, lines under each other: "
+            + ", ".join(variant_words(keys, v) for v in flat),
+            width=62)) if len(flat) > 1 else ""
         ax.set_ylim(-0.03, 1.03)
         ax.set_title(task or "", fontsize=10)
-        ax.set_xlabel("task length n (test bin)", fontsize=8)
-        ax.set_ylabel(metric, fontsize=8)
+        ax.set_xlabel("task length n (test bin)" + hidden, fontsize=8)
+        ax.set_ylabel(words, fontsize=8)
         ax.grid(alpha=0.3)
     for ax in axes[len(tasks):]:
         ax.set_visible(False)
@@ -83,19 +92,15 @@ def lengthgen_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
     handles.append(Patch(color=SHADE, label="training lengths"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8,
                title=f"mean over {_seeds(seeds)}\nband: min-max over seeds", title_fontsize=8)
-    fig.suptitle(f"Length generalization: {metric} against task length, trained on the shaded lengths", fontsize=11)
+    fig.suptitle(f"Length generalization: {words} against task length, trained on the shaded lengths", fontsize=11)
     return fig
 
 
-def _styles(keys: list[str], variants: list[tuple]) -> dict[tuple, tuple]:
-    """(colour, line style) per variant: a colour per encoding and dashes for randomized positions when the
-    variants are (encoding, positions); else a colour each."""
-    if keys and keys[0] == "encoding":
-        encodings = list(dict.fromkeys(v[0] for v in variants))
-        colors = variant_colors(len(encodings))
-        randomized = [dict(zip(keys, v)).get(POSITIONS) == "randomized" for v in variants]
-        return {v: (colors[encodings.index(v[0])], "--" if r else "-") for v, r in zip(variants, randomized)}
-    return dict(zip(variants, ((c, "-") for c in variant_colors(len(variants)))))
+def _flat(part: pd.DataFrame, metric: str, train_max: float, variants: list[tuple]) -> list[tuple]:
+    """The variants (in drawing order) whose mean over seeds is below FLAT in every bin past train_max."""
+    beyond = part[part["length_min"] > train_max]
+    means = beyond.groupby(["variant", "n"])[metric].mean()
+    return [v for v in variants if v in means.index.get_level_values(0) and (means.loc[v] < FLAT).all()]
 
 
 def _seeds(counts: pd.Series) -> str:

@@ -99,6 +99,17 @@ def variant_words(keys: list[str], value: tuple) -> str:
     return _variant_label(keys, value)
 
 
+def variant_styles(keys: list[str], variants: list[tuple]) -> dict[tuple, tuple]:
+    """(colour, line style) per variant: a colour per encoding and dashes for randomized positions when the
+    variants are (encoding, positions); else a colour each."""
+    if keys and keys[0] == "encoding":
+        encodings = list(dict.fromkeys(v[0] for v in variants))
+        colors = variant_colors(len(encodings))
+        randomized = [dict(zip(keys, v)).get(POSITIONS) == "randomized" for v in variants]
+        return {v: (colors[encodings.index(v[0])], "--" if r else "-") for v, r in zip(variants, randomized)}
+    return dict(zip(variants, ((c, "-") for c in variant_colors(len(variants)))))
+
+
 def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str) -> Figure:
     """The appendix figure of a task: one heatmap per statistic, its rows every (layer, head) of every variant
     (the variant's lowest seed: heads are not comparable across seeds), grouped by variant (named at the
@@ -134,17 +145,20 @@ def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tupl
 
 
 def summary_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str) -> Figure:
-    """Each statistic's mean over layers, heads and seeds against evaluation length, one line per variant."""
+    """Each statistic's mean over layers, heads and seeds against evaluation length, one line per variant
+    (styled as the main figure: a colour per encoding, dashed for randomized positions)."""
     statistics = [s for s in STATISTIC_LABELS if s in frame]
     fig = Figure(figsize=(3.4 * len(statistics) + 2.5, 3.4), layout="constrained")
     axes = fig.subplots(1, len(statistics), squeeze=False)[0]
     lengths = frame.drop_duplicates("length").sort_values("order")["length"].tolist()
-    for value, color in zip(variants, variant_colors(len(variants))):
+    styles = variant_styles(keys, variants)
+    for value in variants:
         mine = frame[frame["variant"] == value]
         means = mine.groupby("length")[statistics].mean()
+        color, dashes = styles[value]
         for ax, statistic in zip(axes, statistics):
-            ax.plot(range(len(lengths)), [means[statistic].get(x, math.nan) for x in lengths], marker="o",
-                    color=color, label=variant_words(keys, value))
+            ax.plot(range(len(lengths)), [means[statistic].get(x, math.nan) for x in lengths], marker="o", ms=4,
+                    color=color, ls=dashes, label=variant_words(keys, value))
     for ax, statistic in zip(axes, statistics):
         ax.set_xticks(range(len(lengths)), lengths, rotation=45, fontsize=7, ha="right")
         ax.set_title(STATISTIC_LABELS[statistic], fontsize=9)
