@@ -10,10 +10,9 @@ half of kv_net) loads and resumes. The real 2-process Lightning run with terms d
 Run: pytest tests/test_ddp_parameters.py -q   (about 10 s)
 """
 
+import faulthandler
 import itertools
-import os
 import shutil
-import socket
 import time
 from datetime import timedelta
 
@@ -42,6 +41,9 @@ AXES = {
 }
 CONFIGS = {**{f"terms_{t}": {"terms": t} for t in TERM_SUBSETS}, **presets(), **AXES}
 VOCAB = 11
+DEADLINE, DUMP_AFTER = 240, 200
+"""Seconds: the DDP check fails at DEADLINE; each of its processes still running at DUMP_AFTER prints its
+threads' stacks first (alone the check takes ~10 s)."""
 
 
 def model_config(fields: dict, *extra: str):
@@ -68,11 +70,13 @@ def test_a_projection_is_built_exactly_when_a_term_reads_it():
         assert attn.kv_net.weight.shape == (16 * (2 if set(terms) & set("ac") else 1), 16), terms
 
 
-def _two_steps_of_every_config(rank: int, world: int, port: int) -> None:
+def _two_steps_of_every_config(rank: int, world: int, store: str) -> None:
     """One process of the DDP check: every configuration, wrapped as Lightning's DDP wraps it, 2 SGD steps."""
     torch.set_num_threads(1)  # two processes on a 2-core machine
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    faulthandler.dump_traceback_later(DUMP_AFTER)  # a process that hangs says where before the deadline kills it
+    # a file store, not a TCP port picked free before the processes start: nothing else can take it meanwhile
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
     try:
         for name, fields in CONFIGS.items():
             torch.manual_seed(0)
@@ -89,28 +93,23 @@ def _two_steps_of_every_config(rank: int, world: int, port: int) -> None:
                 optimizer.zero_grad()
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.mark.process_group
-def test_every_config_trains_under_ddp_on_two_gloo_processes():
+def test_every_config_trains_under_ddp_on_two_gloo_processes(tmp_path):
     """Spawned, not forked: a child forked from a test process that has compiled something (inductor's
     worker pool) or started OpenMP threads can inherit a held lock and hang; a fresh interpreter costs an
-    import of torch (a few seconds). A process that hangs fails the test after 4 minutes instead of
-    pytest's 10."""
-    processes = mp.start_processes(_two_steps_of_every_config, args=(2, free_port()), nprocs=2, join=False,
-                                   start_method="spawn")
-    deadline = time.monotonic() + 240
+    import of torch (a few seconds). A process that hangs prints its stacks, then fails the test after 4 minutes
+    instead of pytest's 10."""
+    processes = mp.start_processes(_two_steps_of_every_config, args=(2, str(tmp_path / "store")), nprocs=2,
+                                   join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE
     while not processes.join(timeout=max(0.0, deadline - time.monotonic())):  # raises a process's error
         if time.monotonic() >= deadline:
             for process in processes.processes:
                 process.kill()
-            pytest.fail("the DDP check was still running after 240 s")
+            pytest.fail(f"the DDP check was still running after {DEADLINE} s (stacks above, from {DUMP_AFTER} s)")
 
 
 @pytest.mark.parametrize("saved, built", [("ad", "d"), ("ab", "b"), ("ac", "c")])
