@@ -1,6 +1,6 @@
 """The fair-baselines report (analysis/baselines_report.py): each preset's best learning rate picked on
 valid, its test perplexity there, the ratio to the best preset, the presets more than 10% above it (tuned
-and untuned), the picks at the sweep's edges and each preset against the best by Welch's t-test, all
+and untuned), the picks at an edge of each preset's own sweep and each preset against the best by Welch's t-test, all
 checked against numbers computed here from the fixture; from the runs and from summary.csv alike.
 
 Run: .venv/bin/python -m pytest tests/test_baselines_report.py -q
@@ -10,6 +10,7 @@ import statistics
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgba
 from scipy import stats
 
 from fixtures.report_runs import make_run
@@ -82,13 +83,31 @@ def test_report_counts_edges_and_orderings(results):
     assert (f"- Presets that encode position more than 10% above the best at their best rate: {len(over)} of "
             f"{len(judged)} (vaswani).") in text
     assert f"- At lr 0.001 for every preset (untuned): {len(untuned)} of {len(judged)} (vaswani, t5)." in text
-    assert ("- Best rate at the edge of the sweep (the optimum may lie beyond it): lowest 0.0005: none; highest "
-            "0.002: xl, t5, vaswani.") in text
+    assert ("- Best rate at the edge of its own sweep (the optimum may lie beyond it): at the lowest rate: none; "
+            "at the highest: xl (0.002), t5 (0.002), vaswani (0.002).") in text
+    assert "learning rates 0.0005, 0.001, 0.002; 3 seeds" in text
     assert "| nope (no position) | 0.001 | 7.80 | 8.00 ± 0.10 | 1.429 | 8.00 | 1.356 |" in text
     for preset in ("alibi", "t5", "vaswani", "nope"):
         p = stats.ttest_ind(seeds(tuned["xl"]), seeds(tuned[preset]), equal_var=False).pvalue
         verdict = f"xl better (Welch p = {p:.2g})" if p < 0.05 else f"not significant (Welch p = {p:.2g})"
         assert f"- xl {tuned['xl']:.2f}, {preset} {tuned[preset]:.2f}: {verdict}" in text
+
+
+def test_a_rate_only_some_presets_ran_is_named_and_edges_are_each_presets_own(tmp_path):
+    """The sweep extended below 0.001 for xl only (its pick sat there): alibi's lowest rate is 0.001, its pick,
+    so alibi is at its own sweep's edge; xl, best at 0.001 with 0.0005 run, is not."""
+    for preset, valid in {"xl": {0.0005: 6.2, 0.001: 5.6, 0.002: 5.9}, "alibi": {0.001: 5.9, 0.002: 6.1}}.items():
+        fields = [f"model.attention.{k}={v}" for k, v in preset_fields(preset).items()]
+        for lr, value in valid.items():
+            for seed, d in enumerate(OFFSETS):
+                make_run(tmp_path, [*fields, f"train.lr={lr}", f"seed={seed}", "train.segment_len=64"],
+                         experiment="fair_baselines", variant={"encoding": preset, "train.lr": lr, "seed": seed},
+                         results=[({"segment_len": 64, "split": "valid"}, {"ppl": value + d}),
+                                  ({"segment_len": 64, "split": "test"}, {"ppl": value + d})])
+    text = report(collect(tmp_path / "fair_baselines"))
+    assert "learning rates 0.001, 0.002 (and 0.0005: xl); 3 seeds" in text
+    assert ("- Best rate at the edge of its own sweep (the optimum may lie beyond it): at the lowest rate: "
+            "alibi (0.001); at the highest: none.") in text
 
 
 def test_the_report_reads_summary_csv_as_the_runs(results, tmp_path, capsys):
@@ -109,5 +128,13 @@ def test_the_figure_draws_each_ratio(results, tmp_path):
     assert [left.get_title().rsplit(": ", 1)[1] for left in lefts] == ["baselines", "bias types"]
     widths = sorted(bar.get_width() for bar in right.patches)
     assert widths == pytest.approx(sorted(t / min(tuned.values()) - 1 for t in tuned.values()))
+    for left in lefts:  # a colour each within a panel (the legend beside it tells them apart)
+        assert len({to_rgba(line.get_color()) for line in left.lines}) == len(left.lines)
+    # a bar's colour says its panel: baselines (xl, vaswani, nope) alike, bias types (alibi, t5) alike, not both
+    order = [t.get_text().split()[0] for t in right.get_yticklabels()]
+    colour = {name: to_rgba(bar.get_facecolor()) for name, bar in zip(order, right.patches)}
+    assert colour["xl"] == colour["vaswani"] == colour["nope"] != colour["alibi"] == colour["t5"]
+    assert [t.get_text() for t in right.get_legend().get_texts()][-2:] == ["baselines (left panel)",
+                                                                          "bias types (left panel)"]
     assert main(["plot", str(results), "--kind", "lr-sweep", "--out", str(tmp_path), "--formats", "png"]) == 0
     assert (tmp_path / "lr_sweep.png").stat().st_size > 0

@@ -288,9 +288,13 @@ def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would
     runs = load_grid(EXPERIMENTS / "fair_baselines.yaml").runs
     configs = [run.config for run in runs]
     assert {run.variant["encoding"] for run in runs} == set(presets())
-    lrs = sorted({c.train.lr for c in configs})
-    assert len(lrs) >= 3 and TrainConfig().lr in lrs
-    assert len({c.seed for c in configs}) >= 3 and len(configs) == len(presets()) * len(lrs) * 3
+    rates = {p: sorted({r.config.train.lr for r in runs if r.variant["encoding"] == p}) for p in presets()}
+    every = set.intersection(*(set(r) for r in rates.values()))
+    assert len(every) >= 3 and TrainConfig().lr in every  # a sweep every preset runs, the default in it
+    # rates beyond it only below the default, for the presets whose pick sat at 1e-3 (the lower edge)
+    assert {p: sorted(set(r) - every) for p, r in rates.items() if set(r) - every} == {"kerple_power": [5e-4],
+                                                                                      "fox": [5e-4]}
+    assert len({c.seed for c in configs}) >= 3 and len(configs) == sum(len(r) for r in rates.values()) * 3
     for c in configs:
         assert (c.data.corpus, c.data.tokenizer, c.model.n_layers, c.model.d_model) == ("tinyshakespeare", "char", 3, 128)
         assert dataclasses.replace(c.model, n_layers=ModelConfig().n_layers, attention=ModelConfig().attention) == ModelConfig()

@@ -6,7 +6,7 @@ learning rate whose mean valid perplexity over seeds is lowest (best_over.pick_v
 --best-over train.lr` picks it), the test perplexity of its seeds at that rate, its ratio to the best
 preset's, and how many presets that encode position end more than TOLERANCE above the best (`nope`,
 which encodes none, is reported, not judged); the same count at the default learning rate for every
-preset, which is what an untuned comparison gets; the presets whose best rate is at an edge of the sweep
+preset, which is what an untuned comparison gets; the presets whose best rate is at an edge of their own sweep
 (their optimum may lie beyond it); and each preset against the best by Welch's t-test (stats.ordering).
 `report` gives the Markdown (registered in reports.REPORTS), `lr_figure` the figure (`plot --kind
 lr-sweep`).
@@ -94,14 +94,14 @@ def report(df: pd.DataFrame) -> str:
     """The study's Markdown (module docstring)."""
     summary = preset_summary(df).sort_values(["mean", "preset"]).reset_index(drop=True)  # display order only
     data = at_training_length(df)
-    lrs = sorted({float(v) for v in data[KEY]})
+    rates = {preset: sorted({float(v) for v in part[KEY]}) for preset, part in data.groupby(ROW)}
     seeds = data["seed"].nunique() if "seed" in data else 0
     best = summary.loc[summary["mean"].idxmin()]
     default = f"lr {DEFAULT_LR:g}"
     lines = [
         "# Fair baselines: each preset at its own best learning rate", "",
         f"Every preset trained at L = {int(data['train.segment_len'].iloc[0])} and evaluated there "
-        f"(non_overlapping); learning rates {', '.join(f'{lr:g}' for lr in lrs)}; {seeds} seeds. Per preset, the "
+        f"(non_overlapping); learning rates {_sweep(rates)}; {seeds} seeds. Per preset, the "
         f"rate with the lowest mean {SELECT} ppl over seeds (`best lr`); {REPORT} ppl at that rate, mean ± std over "
         f"its seeds; `/ best`: over the best preset's {REPORT} mean ({best['preset']}, {best['mean']:.2f}). The last "
         f"two columns give every preset the default {default}, untuned. Rows by {REPORT} mean: a display order, "
@@ -109,7 +109,7 @@ def report(df: pd.DataFrame) -> str:
         f"| preset | best lr | {SELECT} ppl | {REPORT} ppl | / best | {REPORT} ppl at {default} | / best at {default} |",
         "|:---|---:|---:|---:|---:|---:|---:|",
         *(_table_row(row) for row in summary.itertuples()), "",
-        *_findings(summary, lrs), "",
+        *_findings(summary, rates), "",
         f"## Each preset against the best ({REPORT} ppl of the seeds at each one's best rate; Welch's t-test, "
         "p < 0.05)", "",
         *(f"- {ordering(best['preset'], best['test'], row.preset, row.test)}"
@@ -125,8 +125,18 @@ def _table_row(row) -> str:
             f"{_number(row.default_mean)} | {_number(row.default_ratio, 3)} |")
 
 
-def _findings(summary: pd.DataFrame, lrs: list[float]) -> list[str]:
-    """The counts beyond the tolerance (tuned, and at the default rate) and the picks at the sweep's edges."""
+def _sweep(rates: dict[str, list[float]]) -> str:
+    """The rates every preset ran, then each rate only some ran, naming them: '0.001, 0.002 (and 0.0005:
+    fox, kerple_power)'."""
+    every = sorted(set.intersection(*(set(r) for r in rates.values())))
+    some = sorted({lr for r in rates.values() for lr in r} - set(every))
+    extra = [f"{lr:g}: {', '.join(sorted(p for p, r in rates.items() if lr in r))}" for lr in some]
+    return ", ".join(f"{lr:g}" for lr in every) + (f" (and {'; '.join(extra)})" if extra else "")
+
+
+def _findings(summary: pd.DataFrame, rates: dict[str, list[float]]) -> list[str]:
+    """The counts beyond the tolerance (tuned, and at the default rate) and the picks at an edge of the preset's
+    own sweep (its lowest or highest rate)."""
     judged = (~summary["preset"].isin(UNJUDGED)).sum()
 
     def count(presets: list[str]) -> str:
@@ -138,10 +148,10 @@ def _findings(summary: pd.DataFrame, lrs: list[float]) -> list[str]:
         lines.append(f"- At lr {DEFAULT_LR:g} for every preset (untuned): {count(over_tolerance(summary, 'default_ratio'))}")
     else:
         lines.append(f"- The sweep lacks lr {DEFAULT_LR:g} for some preset: no untuned comparison.")
-    edges = [", ".join(summary[np.isclose(summary["best_lr"].astype(float), lr)]["preset"]) or "none"
-             for lr in (lrs[0], lrs[-1])]
-    lines.append(f"- Best rate at the edge of the sweep (the optimum may lie beyond it): lowest {lrs[0]:g}: "
-                 f"{edges[0]}; highest {lrs[-1]:g}: {edges[1]}.")
+    edges = [[f"{row.preset} ({row.best_lr:g})" for row in summary.itertuples()
+              if np.isclose(float(row.best_lr), rates[row.preset][end])] for end in (0, -1)]
+    lines.append(f"- Best rate at the edge of its own sweep (the optimum may lie beyond it): at the lowest rate: "
+                 f"{', '.join(edges[0]) or 'none'}; at the highest: {', '.join(edges[1]) or 'none'}.")
     return lines
 
 
@@ -152,29 +162,32 @@ def _number(value: float, decimals: int = 2) -> str:
 def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
     """Left: each preset's mean valid ppl against the learning rate, over its own best (1 at its pick: where
     the minimum sits in the sweep), a panel for the presets without a bias table (the baselines) and one for
-    the bias types (at most ~10 lines a panel). Right: each preset's test ppl at its best rate over the best
-    preset's, mean ± std, against the tolerance; the default rate's ratio as a mark."""
+    the bias types (at most ~10 lines a panel, a colour each within the panel, the legend beside it). Right:
+    each preset's test ppl at its best rate over the best preset's, mean ± std, a bar colour per panel,
+    against the tolerance; the default rate's ratio as a mark."""
     from matplotlib.figure import Figure  # figures only: `report` needs no matplotlib
+    from matplotlib.patches import Patch
 
     summary = preset_summary(df, orders)
     data = at_training_length(df)
     valid = data[data["split"].map(normalized) == SELECT]
     groups = preset_groups(data, list(summary["preset"]))
-    fig = Figure(figsize=(12, 3.5 + 2.6 * len(groups)), layout="constrained")
-    grid = fig.add_gridspec(len(groups), 2, width_ratios=[1, 1.1])
-    colors = dict(zip(summary["preset"], variant_colors(len(summary))))
+    fig = Figure(figsize=(13, 3.5 + 2.6 * len(groups)), layout="constrained")
+    grid = fig.add_gridspec(len(groups), 2, width_ratios=[1, 1.05])
     lrs = sorted({float(v) for v in data[KEY]})
-    lefts = []
+    lefts, bar_colors = [], {}
     for k, (title, names) in enumerate(groups):
         left = fig.add_subplot(grid[k, 0], sharex=lefts[0] if lefts else None)
         lefts.append(left)
-        for row in summary[summary["preset"].isin(names)].itertuples():
+        rows = list(summary[summary["preset"].isin(names)].itertuples())
+        for row, color in zip(rows, variant_colors(len(rows))):
             means = valid[valid[ROW] == row.preset].groupby(KEY)[METRIC].mean()
-            left.plot(means.index.astype(float), means.values / row.valid, marker="o", color=colors[row.preset],
+            left.plot(means.index.astype(float), means.values / row.valid, marker="o", color=color,
                       label=row.preset, linestyle=":" if row.preset in UNJUDGED else "-")
+            bar_colors[row.preset] = ("0.45", "tab:orange")[k % 2] if len(groups) > 1 else "0.45"
         left.set(ylabel=f"mean {SELECT} ppl / the preset's best", title=f"{SELECT} ppl against the learning rate "
                  f"(1 = the pick){': ' + title if title else ''}")
-        left.legend(fontsize=8, ncol=2, loc="upper center")
+        left.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     lefts[0].set_xscale("log", base=2)
     lefts[0].set_xticks(lrs, [f"{lr:g}" for lr in lrs])
     lefts[0].minorticks_off()
@@ -183,13 +196,15 @@ def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
     order = summary.sort_values("ratio").reset_index(drop=True)
     ys = np.arange(len(order))
     right.barh(ys, order["ratio"] - 1, left=1, xerr=order["std"] / order["mean"].min(),
-               color=[colors[p] for p in order["preset"]], alpha=0.85, error_kw={"elinewidth": 0.8})
+               color=[bar_colors[p] for p in order["preset"]], alpha=0.85, error_kw={"elinewidth": 0.8})
     right.scatter(order["default_ratio"], ys, marker="x", color="black", zorder=3, label=f"at lr {DEFAULT_LR:g} (untuned)")
     right.axvline(1 + TOLERANCE, color="grey", linestyle="--", linewidth=1, label=f"best + {TOLERANCE:.0%}")
     right.set_yticks(ys, [f"{p}  (lr {lr:g})" for p, lr in zip(order["preset"], order["best_lr"])], fontsize=8)
     right.invert_yaxis()
     right.set(xlabel=f"{REPORT} ppl / the best preset's", title=f"{REPORT} ppl at each preset's best rate")
-    right.legend(fontsize=8, loc="lower right")
+    handles = [Patch(color=color, alpha=0.85, label=f"{title} (left panel)")
+               for (title, _), color in zip(groups, ("0.45", "tab:orange")) if title]
+    right.legend(handles=[*right.get_legend_handles_labels()[0], *handles], fontsize=8, loc="upper right")
     return fig
 
 
