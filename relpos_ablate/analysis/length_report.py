@@ -220,7 +220,7 @@ def _trends(scores: pd.DataFrame, tasks: list[str]) -> list[str]:
                   if (over := _over_tasks(sequential, ("encoding", nope), ("encoding", y), "ood", tasks))]
         rows.append(("Kazemnejad et al.: NoPE outperforms the explicit encodings (T5's relative bias, ALiBi, Rotary, "
                      "APE), and ALiBi, Rotary and APE are not well suited for length generalization (abstract); "
-                     "their Fig. 1 ranks the five by mean reciprocal rank over 10 tasks",
+                     "their Fig. 1 ranks the five by mean reciprocal rank over their tasks",
                      f"MRR of these over {', '.join(tasks)} (ranks among the sequential encodings run here): "
                      f"{ours}. Over the tasks (per-seed mean OOD): " + "; ".join(tested)))
     for encoding in RANDOMIZED:
