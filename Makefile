@@ -29,9 +29,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 install: $(VENV)/.installed
 
 # test: the suite on PYTEST_WORKERS pytest-xdist workers (one torch thread each), then the tests that start a
-# process group (marker process_group) alone: their ranks wait on each other every step and stall when other
-# tests share the cores. A pytest that selects no test (exit 5, e.g. PYTEST_ARGS names one file) is fine as
-# long as the other one ran tests.
+# process group (marker process_group) alone: their ranks wait on each other every step and slow down many
+# times over when other tests share the cores. A pytest that selects no test (exit 5, e.g. PYTEST_ARGS names
+# one file) is fine as long as the other one ran tests.
 test: install
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --process-groups=skip $(PYTEST_ARGS); \
 		rest=$$?; [ $$rest = 0 ] || [ $$rest = 5 ] || exit $$rest; \

@@ -95,9 +95,14 @@ def _two_steps_of_every_config(rank: int, world: int, store: str) -> None:
                 logits.square().mean().backward()
                 optimizer.step()
                 optimizer.zero_grad()
-        Path(f"{store}.done{rank}").write_text("every configuration trained")
+        trained_marker(store, rank).write_text("every configuration trained")
     finally:
         dist.destroy_process_group()
+
+
+def trained_marker(store: str, rank: int) -> Path:
+    """The file a process of the DDP check writes once it has trained every configuration."""
+    return Path(f"{store}.done{rank}")
 
 
 @pytest.mark.process_group
@@ -107,12 +112,13 @@ def test_every_config_trains_under_ddp_on_two_gloo_processes(tmp_path):
     import of torch (a few seconds). A process that hangs prints its stacks, then fails the test after 4 minutes
     instead of pytest's 10; processes that trained every configuration and hang only on exit are killed
     (EXIT_GRACE) with a warning."""
-    processes = mp.start_processes(_two_steps_of_every_config, args=(2, str(tmp_path / "store")), nprocs=2,
-                                   join=False, start_method="spawn")
+    store = str(tmp_path / "store")
+    processes = mp.start_processes(_two_steps_of_every_config, args=(2, store), nprocs=2, join=False,
+                                   start_method="spawn")
     deadline, trained = time.monotonic() + DEADLINE, None
     while not processes.join(timeout=1.0):  # True once both have exited; raises a process's error
         now = time.monotonic()
-        if trained is None and all(Path(f"{tmp_path / 'store'}.done{rank}").exists() for rank in range(2)):
+        if trained is None and all(trained_marker(store, rank).exists() for rank in range(2)):
             trained = now
         if now >= deadline or (trained is not None and now - trained > EXIT_GRACE):
             for process in processes.processes:

@@ -35,6 +35,8 @@ KEY, ROW, METRIC = "train.lr", "encoding", "ppl"
 SELECT, REPORT = "valid", "test"
 DEFAULT_LR = TrainConfig().lr
 """The learning rate every preset gets untuned (TrainConfig's default)."""
+GROUP_COLORS = ("0.45", "tab:orange")
+"""lr-sweep figure: the bar colour of the presets of each left panel (baselines, bias types)."""
 
 
 def at_training_length(df: pd.DataFrame) -> pd.DataFrame:
@@ -184,7 +186,7 @@ def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
             means = valid[valid[ROW] == row.preset].groupby(KEY)[METRIC].mean()
             left.plot(means.index.astype(float), means.values / row.valid, marker="o", color=color,
                       label=row.preset, linestyle=":" if row.preset in UNJUDGED else "-")
-            bar_colors[row.preset] = ("0.45", "tab:orange")[k % 2] if len(groups) > 1 else "0.45"
+            bar_colors[row.preset] = GROUP_COLORS[k % 2]
         left.set(ylabel=f"mean {SELECT} ppl / the preset's best", title=f"{SELECT} ppl against the learning rate "
                  f"(1 = the pick){': ' + title if title else ''}")
         left.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
@@ -203,7 +205,7 @@ def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
     right.invert_yaxis()
     right.set(xlabel=f"{REPORT} ppl / the best preset's", title=f"{REPORT} ppl at each preset's best rate")
     handles = [Patch(color=color, alpha=0.85, label=f"{title} (left panel)")
-               for (title, _), color in zip(groups, ("0.45", "tab:orange")) if title]
+               for (title, _), color in zip(groups, GROUP_COLORS) if title]
     right.legend(handles=[*right.get_legend_handles_labels()[0], *handles], fontsize=8, loc="upper right")
     return fig
 
