@@ -120,7 +120,7 @@ repro-xl: install
 	$(BIN)/relpos-ablate plot $(XL6) --kind context --out $(XL6)/figures
 
 # fair-baselines: table.md is the spec's best_over table (test ppl at each preset's best-validation lr); report.md
-# the counts and Welch's tests, from summary.csv alone (so the committed one regenerates it)
+# the counts and the tests (one Holm-corrected family), from summary.csv alone (so the committed one regenerates it)
 FAIR := results/fair_baselines
 
 fair-baselines: install

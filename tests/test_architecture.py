@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest tests/test_architecture.py -q
 """
 
 import ast
+import re
 from pathlib import Path
 
 from torch import nn
@@ -97,3 +98,19 @@ def test_bias_schemes_lists_each_scheme_once_shared_or_per_layer():
         assert len(schemes) == expected and all(isinstance(s, BiasScheme) for s in schemes)
         assert {id(s) for s in schemes} == {id(m) for m in model.modules() if isinstance(m, BiasScheme)}
     assert bias_schemes(nn.Linear(2, 2)) == []
+
+
+def test_the_analysis_layer_names_no_study():
+    """analysis/ is generic (collect, tables, statistics, rendering, plot primitives): it imports nothing of
+    relpos_ablate/studies/ and names no study's experiment or layout; the studies build on it."""
+    from relpos_ablate import studies
+
+    graph = import_graph(PACKAGE)
+    assert not {target for module, targets in graph.items() if module.startswith("relpos_ablate.analysis")
+                for target in targets if target.startswith("relpos_ablate.studies")}
+    names = [*(e for s in studies.STUDIES for e in s.experiments), *studies.LAYOUT_NAMES]
+    for path in (PACKAGE / "analysis").rglob("*.py"):
+        text = path.read_text()
+        assert not [n for n in names if re.search(rf"\b{n}\b", text)], path
+    assert any(target.startswith("relpos_ablate.analysis") for module, targets in graph.items()
+               if module.startswith("relpos_ablate.studies") for target in targets)

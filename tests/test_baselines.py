@@ -196,8 +196,9 @@ def test_the_fair_baselines_study_runs_every_preset_end_to_end(tmp_path, capsys)
     from the spec's block (a row per preset, each valid-picked lr shown), report.md and the figure."""
     from test_reproductions import tiny as shrink
 
-    from relpos_ablate.analysis import collect, make_table
-    from relpos_ablate.analysis.baselines_report import save_lr_figure
+    from relpos_ablate.analysis import collect
+    from relpos_ablate.studies import make_table
+    from relpos_ablate.studies.fair_baselines import save_lr_figure
     from relpos_ablate.io import atomic_write_json
     from relpos_ablate.runner.grid import load_grid
 

@@ -1,7 +1,8 @@
-"""The fair-baselines report (analysis/baselines_report.py): each preset's best learning rate picked on
+"""The fair-baselines report (relpos_ablate/studies/fair_baselines.py): each preset's best learning rate picked on
 valid, its test perplexity there, the ratio to the best preset, the presets more than 10% above it (tuned
-and untuned), the picks at an edge of each preset's own sweep and each preset against the best by Welch's t-test, all
-checked against numbers computed here from the fixture; from the runs and from summary.csv alike.
+and untuned), the picks at an edge of each preset's own sweep and each preset against the best by Welch's t-test
+(different models), the four tests one Holm-corrected family, all checked against numbers computed here from the
+fixture (scipy's test, statsmodels' correction); from the runs and from summary.csv alike.
 
 Run: .venv/bin/python -m pytest tests/test_baselines_report.py -q
 """
@@ -12,11 +13,14 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgba
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
 from fixtures.report_runs import make_run
-from relpos_ablate.analysis import collect, reports
-from relpos_ablate.analysis.baselines_report import lr_figure, preset_summary, report
+from relpos_ablate.analysis import collect
+from relpos_ablate.analysis.collect import read_summary
 from relpos_ablate.cli import main
+from relpos_ablate.studies import make_report
+from relpos_ablate.studies.fair_baselines import lr_figure, preset_summary, report
 from relpos_ablate.runner.presets import preset_fields
 
 LRS = (0.0005, 0.001, 0.002)
@@ -87,10 +91,19 @@ def test_report_counts_edges_and_orderings(results):
             "at the highest: xl (0.002), t5 (0.002), vaswani (0.002).") in text
     assert "learning rates 0.0005, 0.001, 0.002; 3 seeds" in text
     assert "| nope (no position) | 0.001 | 7.80 | 8.00 ± 0.10 | 1.429 | 8.00 | 1.356 |" in text
-    for preset in ("alibi", "t5", "vaswani", "nope"):
-        p = stats.ttest_ind(seeds(tuned["xl"]), seeds(tuned[preset]), equal_var=False).pvalue
-        verdict = f"xl better (Welch p = {p:.2g})" if p < 0.05 else f"not significant (Welch p = {p:.2g})"
-        assert f"- xl {tuned['xl']:.2f}, {preset} {tuned[preset]:.2f}: {verdict}" in text
+    others = ("alibi", "t5", "vaswani", "nope")
+    tests = {p: stats.ttest_ind(seeds(tuned["xl"]), seeds(tuned[p]), equal_var=False) for p in others}
+    adjusted = dict(zip(others, multipletests([tests[p].pvalue for p in others], alpha=0.05, method="holm")[1]))
+    for preset in others:
+        p, ci = tests[preset].pvalue, tests[preset].confidence_interval(0.95)
+        difference = statistics.mean(seeds(tuned["xl"])) - statistics.mean(seeds(tuned[preset]))
+        said = "xl better" if adjusted[preset] < 0.05 else \
+            "not significant after correction" if p < 0.05 else "not significant"
+        assert (f"- xl {tuned['xl']:.2f}, {preset} {tuned[preset]:.2f}: {said} (Welch's t-test, difference "
+                f"{difference:.3f}, 95% CI [{ci.low:.3f}, {ci.high:.3f}], n = 3; p = {p:.2g}, Holm-adjusted p = "
+                f"{adjusted[preset]:.2g})") in text
+    assert all(a < 0.05 for a in adjusted.values())  # gaps of 0.5 or more, a spread of 0.1: all survive Holm
+    assert 'Family "every preset vs the best (xl)": 4 tests (Welch\'s t-test), Holm-corrected at α = 0.05' in text
 
 
 def test_a_rate_only_some_presets_ran_is_named_and_edges_are_each_presets_own(tmp_path):
@@ -115,7 +128,7 @@ def test_the_report_reads_summary_csv_as_the_runs(results, tmp_path, capsys):
     from_runs = capsys.readouterr().out
     assert from_runs.startswith("# Fair baselines")
     assert main(["collect", str(results), "--out", str(tmp_path / "summary.csv")]) == 0
-    assert reports.make_report(reports.read_summary(tmp_path / "summary.csv")) == from_runs
+    assert make_report(read_summary(tmp_path / "summary.csv")) == from_runs
 
 
 def test_the_figure_draws_each_ratio(results, tmp_path):

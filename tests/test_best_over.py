@@ -13,7 +13,7 @@ import pytest
 
 from fixtures.report_runs import ENCODINGS, make_run
 from relpos_ablate.analysis import collect
-from relpos_ablate.analysis.layouts import make_table
+from relpos_ablate.studies import make_table
 from relpos_ablate.analysis.render import render
 from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main

@@ -1,5 +1,7 @@
-"""The alibi_extrapolation_cpu report (relpos_ablate/analysis/extrapolation_report.py) on a fixture frame, its
-numbers checked against values computed here by hand; `table --where` and summary.csv's restored attrs.
+"""The alibi_extrapolation_cpu report (relpos_ablate/studies/extrapolation.py) on a fixture frame, its
+numbers checked against values computed here by hand: each test by scipy (paired for the same runs measured
+two ways, Welch's for two encodings), each section's adjusted p by statsmodels' Holm over the raw p-values
+of that section computed here; `table --where` and summary.csv's restored attrs.
 
 Run: .venv/bin/python -m pytest tests/test_extrapolation_report.py -q
 """
@@ -10,11 +12,14 @@ import statistics
 import pandas as pd
 import pytest
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
 from fixtures.report_runs import make_run
-from relpos_ablate.analysis import collect, reports
-from relpos_ablate.analysis.extrapolation_report import report
+from relpos_ablate.analysis import collect
+from relpos_ablate.analysis.collect import read_summary
 from relpos_ablate.cli import main
+from relpos_ablate.studies import make_report
+from relpos_ablate.studies.extrapolation import report
 
 PPL = {  # (encoding, seed) -> ppl at L, 2L under non_overlapping, and at 2L under sliding (stride L)
     ("alibi", 0): (6.50, 6.40, 6.35), ("alibi", 1): (6.60, 6.52, 6.45), ("alibi", 2): (6.55, 6.47, 6.41),
@@ -22,6 +27,13 @@ PPL = {  # (encoding, seed) -> ppl at L, 2L under non_overlapping, and at 2L und
     ("rope", 0): (6.10, 6.70, 7.20), ("rope", 1): (6.20, 6.75, 7.10), ("rope", 2): (6.15, 6.60, 7.15),
 }
 APPB = {"alibi": {1: 6.20, 64: 6.40, "2L": 6.21}, "t5": {1: 6.50, 64: 6.45, "2L": 6.60}, "rope": {1: 6.0, 64: 6.1, "2L": 6.3}}
+APPB_SEEDS = {1: (0.0, 0.01, 0.02), 64: (0.0, 0.02, 0.01), "2L": (0.02, 0.0, 0.01)}
+"""Seed s of an App. B setting is APPB's value + APPB_SEEDS[setting][s]: the same runs, their differences
+between settings varying by seed (a paired test needs a spread of differences)."""
+
+
+def appb(encoding, setting):
+    return [APPB[encoding][setting] + d for d in APPB_SEEDS[setting]]
 
 
 def record(encoding, seed, protocol, length, ppl, stride=None, max_targets=0, buckets=(32, 128)):
@@ -41,10 +53,10 @@ def frame():
                  record(encoding, seed, "sliding", 64, at_l, stride=64, buckets=buckets),
                  record(encoding, seed, "sliding", 128, sliding, stride=64, buckets=buckets)]
         sweep = APPB[encoding]
-        rows += [record(encoding, seed, "sliding", 64, sweep[s] + 0.01 * seed, stride=s, max_targets=2048,
+        rows += [record(encoding, seed, "sliding", 64, sweep[s] + APPB_SEEDS[s][seed], stride=s, max_targets=2048,
                         buckets=buckets) for s in (1, 64)]
-        rows.append(record(encoding, seed, "non_overlapping", 128, sweep["2L"] + 0.01 * seed, max_targets=2048,
-                           buckets=buckets))
+        rows.append(record(encoding, seed, "non_overlapping", 128, sweep["2L"] + APPB_SEEDS["2L"][seed],
+                           max_targets=2048, buckets=buckets))
     return pd.DataFrame(rows)
 
 
@@ -53,29 +65,74 @@ def cell(text: str, row_start: str) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")]
 
 
-def test_ratios_to_l_and_sliding_minus_non_overlapping_with_welch(frame):
+def t_test(a, b, paired):
+    """(mean difference a - b, its 95% CI, two-sided p) by scipy: paired over the seeds, or Welch's."""
+    result = stats.ttest_rel(a, b) if paired else stats.ttest_ind(a, b, equal_var=False)
+    ci = result.confidence_interval(0.95)
+    return statistics.mean(a) - statistics.mean(b), (ci.low, ci.high), result.pvalue
+
+
+def holm(p_values):
+    """The family's Holm-adjusted p-values (statsmodels)."""
+    return list(multipletests(p_values, alpha=0.05, method="holm")[1])
+
+
+def said(name_a, name_b, difference, p, adjusted):
+    """The verdict's first words for lower-is-better values."""
+    if adjusted < 0.05:
+        return f"{name_a if difference < 0 else name_b} better"
+    return "not significant after correction" if p < 0.05 else "not significant"
+
+
+def short(name_a, name_b, test, adjusted, decimals=2):
+    """A table cell's verdict: `A better; 95% CI [lo, hi]; p = raw, adj. adjusted` (CI to decimals + 1)."""
+    difference, (lo, hi), p = test
+    d = decimals + 1
+    return f"{said(name_a, name_b, difference, p, adjusted)}; 95% CI [{lo:.{d}f}, {hi:.{d}f}]; p = {p:.2g}, adj. {adjusted:.2g}"
+
+
+def sentence(name_a, a, name_b, b, test, kind, adjusted, decimals=2):
+    """A stated comparison: `A 6.41, B 6.52: A better (paired t-test, difference ..., 95% CI [...], n = 3; p = ...,
+    Holm-adjusted p = ...)`."""
+    difference, (lo, hi), p = test
+    d = decimals + 1
+    return (f"{name_a} {statistics.mean(a):.{decimals}f}, {name_b} {statistics.mean(b):.{decimals}f}: "
+            f"{said(name_a, name_b, difference, p, adjusted)} ({kind}, difference {difference:.{d}f}, 95% CI "
+            f"[{lo:.{d}f}, {hi:.{d}f}], n = {len(a)}; p = {p:.2g}, Holm-adjusted p = {adjusted:.2g})")
+
+
+def test_ratios_to_l_and_sliding_minus_non_overlapping_paired_on_the_runs(frame):
+    """Sliding and non-overlapping scores of one encoding are the same runs: a paired t-test over them, the
+    section's three tests (one per encoding at 2L) Holm-corrected together."""
     text = report(frame)
     alibi = [PPL[("alibi", s)] for s in range(3)]
     ratio = statistics.mean(p[1] / p[0] for p in alibi)
     assert cell(text, "| alibi | non_overlapping |")[2:] == [f"{statistics.mean(p[0] for p in alibi):.2f} (1.000)",
                                                              f"{statistics.mean(p[1] for p in alibi):.2f} ({ratio:.3f})"]
-    for encoding in ("alibi", "t5"):
-        values = [PPL[(encoding, s)] for s in range(3)]
-        delta = statistics.mean(v[2] for v in values) - statistics.mean(v[1] for v in values)
-        p = stats.ttest_ind([v[2] for v in values], [v[1] for v in values], equal_var=False).pvalue
-        winner = "sliding" if delta < 0 else "non-overlapping"
-        verdict = f"{winner} better (Welch p = {p:.2g})" if p < 0.05 else f"not significant (Welch p = {p:.2g})"
+    encodings = ("alibi", "t5", "rope")
+    sliding = {e: [PPL[(e, s)][2] for s in range(3)] for e in encodings}
+    plain = {e: [PPL[(e, s)][1] for s in range(3)] for e in encodings}
+    tests = {e: t_test(sliding[e], plain[e], paired=True) for e in encodings}
+    adjusted = dict(zip(encodings, holm([tests[e][2] for e in encodings])))
+    for encoding in encodings:
+        delta = statistics.mean(sliding[encoding]) - statistics.mean(plain[encoding])
+        verdict = short("sliding", "non-overlapping", tests[encoding], adjusted[encoding])
         assert cell(text, f"| {encoding} | {'+' if delta > 0 else '-'}")[1] == f"{delta:+.2f} ({verdict})"
-        assert (p < 0.05) == (encoding == "t5")  # alibi's 0.06 lower is within its seeds' spread
+    assert 'Family "sliding vs non-overlapping, each encoding at each length": 3 tests (paired t-test)' in text
+    # alibi's 0.06 lower is within its seeds' spread (Welch's test, for different models, would not see it), but
+    # every run is 0.05 to 0.07 lower: paired on the runs it holds, after the correction too
+    assert stats.ttest_ind(sliding["alibi"], plain["alibi"], equal_var=False).pvalue > 0.05
+    assert adjusted["alibi"] < 0.05 and "| alibi | -0.06 (sliding better; " in text
 
 
 def test_t5_against_rope_and_the_buckets_it_was_trained_with(frame):
     text = report(frame)
     t5 = [PPL[("t5", s)][1] / PPL[("t5", s)][0] for s in range(3)]
     rope = [PPL[("rope", s)][1] / PPL[("rope", s)][0] for s in range(3)]
-    p = stats.ttest_ind(t5, rope, equal_var=False).pvalue
-    verdict = f"t5 better (Welch p = {p:.2g})" if p < 0.05 else f"not significant (Welch p = {p:.2g})"
+    test = t_test(t5, rope, paired=False)  # two encodings: Welch's; the section's only test, so Holm leaves p
+    verdict = short("t5", "rope", test, holm([test[2]])[0], decimals=3)
     assert cell(text, "| 2L |") == ["2L", f"{statistics.mean(t5):.3f}", f"{statistics.mean(rope):.3f}", verdict]
+    assert 'Family "T5 vs rotary, ppl at nL over ppl at L, each length": 1 test (Welch\'s t-test)' in text
     # 16 causal buckets (8 exact), max_distance 16: 8 + floor(log(n / 8) / log(2) * 8) reaches 15 at n = 15
     far = min(n for n in range(8, 64) if 8 + int(math.log(n / 8) / math.log(2) * 8) >= 15)
     assert f"num_buckets 16, max_distance 16 (0.25 L): the far bucket 15 starts at distance {far} " \
@@ -86,27 +143,49 @@ def test_t5_against_rope_and_the_buckets_it_was_trained_with(frame):
 
 
 def test_app_b_compares_strides_and_2l_on_the_same_targets(frame):
+    """Every App. B column scores the same runs: paired t-tests, the section's six (stride 1 vs stride L and vs
+    non-overlapping 2L, each encoding) Holm-corrected together."""
     text = report(frame)
     assert "ppl on the first 2,048 targets" in text
     row = cell(text, "| alibi | 6.4")  # stride 64, then 1, then non-overlapping 2L
-    one = [APPB["alibi"][1] + 0.01 * s for s in range(3)]
-    full = [APPB["alibi"][64] + 0.01 * s for s in range(3)]
-    assert row[1:4] == [f"{statistics.mean(full):.3f}", f"{statistics.mean(one):.3f}",
-                        f"{APPB['alibi']['2L'] + 0.01:.3f}"]
-    p = stats.ttest_ind(one, full, equal_var=False).pvalue
-    assert row[4] == f"stride 1 better (Welch p = {p:.2g})"
-    assert row[5].startswith("not significant")  # stride 1 and non-overlapping at 2L: 6.21 vs 6.22, same spread
+    one, full, two = appb("alibi", 1), appb("alibi", 64), appb("alibi", "2L")
+    assert row[1:4] == [f"{statistics.mean(full):.3f}", f"{statistics.mean(one):.3f}", f"{statistics.mean(two):.3f}"]
+    tests = [t_test(appb(e, 1), appb(e, other), paired=True) for e in APPB for other in (64, "2L")]
+    adjusted = holm([t[2] for t in tests])
+    assert row[4] == short("stride 1", "stride 64", tests[0], adjusted[0], decimals=3)
+    assert row[5] == short("stride 1", "non-overlapping", tests[1], adjusted[1], decimals=3)
+    assert row[4].startswith("stride 1 better; ")
+    assert row[5].startswith("not significant; ")  # stride 1 and non-overlapping at 2L: 6.21 vs 6.22
+    assert 'Family "App. B: stride 1 vs stride L and vs the longest non-overlapping segment, each encoding": ' \
+           "6 tests (paired t-test), Holm-corrected at α = 0.05" in text
+
+
+def test_the_trends_pair_one_encoding_at_two_lengths_and_welch_two_encodings(frame):
+    """One family mixing both tests: alibi at 2L against the same runs at L (paired), t5's ratio against rope's
+    (Welch's); alibi at 2L against itself at the longest length (also 2L here) has no spread: not tested."""
+    text = report(frame).split("## The papers' trends, tested")[1]
+    t5 = [PPL[("t5", s)][1] / PPL[("t5", s)][0] for s in range(3)]
+    rope = [PPL[("rope", s)][1] / PPL[("rope", s)][0] for s in range(3)]
+    at_2l, at_l = [PPL[("alibi", s)][1] for s in range(3)], [PPL[("alibi", s)][0] for s in range(3)]
+    ratio, alibi = t_test(t5, rope, paired=False), t_test(at_2l, at_l, paired=True)
+    adjusted = holm([ratio[2], alibi[2]])
+    welch = sentence("t5 2L/L", t5, "rope 2L/L", rope, ratio, "Welch's t-test", adjusted[0], decimals=3)
+    paired = sentence("alibi at 2L", at_2l, "at L", at_l, alibi, "paired t-test", adjusted[1])
+    assert f"| T5 degrades later than rotary | {welch} |" in text
+    assert f"| ALiBi improves up to ~2L | {paired} |" in text
+    assert "ALiBi degrades slowly after ~2L" not in text  # the runs stop at 2L: nothing after it to compare
+    assert 'Family "the papers\' trends": 2 tests (Welch\'s t-test, paired t-test), Holm-corrected' in text
 
 
 def test_the_report_is_registered_and_reads_summary_csv_with_its_attrs(frame, tmp_path):
     path = tmp_path / "summary.csv"
     frame.to_csv(path, index=False)
-    assert reports.make_report(reports.read_summary(path)) == report(frame)
+    assert make_report(read_summary(path)) == report(frame)
     make_run(tmp_path / "res", ["model.attention.terms=a", "model.attention.bias=alibi"], variant={"encoding": "alibi"},
              results=[({"segment_len": 8}, {"ppl": 3.0, "loss": 1.1})])
     collected = collect(tmp_path / "res")
     collected.to_csv(tmp_path / "collected.csv", index=False)
-    restored = reports.read_summary(tmp_path / "collected.csv")
+    restored = read_summary(tmp_path / "collected.csv")
     assert restored.attrs["variant_axes"] == collected.attrs["variant_axes"] == ["encoding"]
     assert restored.attrs["metrics"] == collected.attrs["metrics"] == ["ppl", "loss"]
 

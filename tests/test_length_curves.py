@@ -1,4 +1,4 @@
-"""The length-generalization study's main figure (`plot --kind lengthgen`, analysis/length_curves.py) on the
+"""The length-generalization study's main figure (`plot --kind lengthgen`, relpos_ablate/studies/length_generalization/curves.py) on the
 hand-made runs of tests/test_length_report.py: a panel per task in the config's order, a line per variant at
 the bins' middle n with its mean over seeds, the seeds' min-max as its band, the training lengths shaded,
 a colour per encoding and dashes for randomized positions, the variants named in words, and the lines that
@@ -13,7 +13,7 @@ from matplotlib.colors import to_rgba
 
 from test_length_report import SCORES, build
 from relpos_ablate.analysis import collect
-from relpos_ablate.analysis.length_curves import lengthgen_figure
+from relpos_ablate.studies.length_generalization.curves import lengthgen_figure
 from relpos_ablate.cli import main
 
 

@@ -11,10 +11,10 @@ from matplotlib.image import AxesImage
 
 from fixtures.report_runs import make_run
 from relpos_ablate.analysis import collect
-from relpos_ablate.analysis.length_figures import collect_diagnostics, diagnostics_figure, passkey_figure, \
+from relpos_ablate.studies.length_generalization.figures import collect_diagnostics, diagnostics_figure, passkey_figure, \
     save_diagnostics, summary_figure, with_variants
-from relpos_ablate.analysis.layouts import make_table
-from relpos_ablate.analysis.length_generalization import rank_table
+from relpos_ablate.studies import make_table
+from relpos_ablate.studies.length_generalization.table import rank_table
 from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError

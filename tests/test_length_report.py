@@ -1,19 +1,23 @@
-"""The length-generalization report (analysis/length_report.py, `relpos-ablate report`): on hand-made run
+"""The length-generalization report (relpos_ablate/studies/length_generalization/report.py, `relpos-ablate report`): on hand-made run
 dirs whose every number is known, each derived number (ID and OOD means per run, steps and runs that
-reached the threshold, rank per task and mean reciprocal rank, the Welch test behind each ordering) is
-computed here by hand; the report reads the results dir and its summary.csv alike.
+reached the threshold, rank per task and mean reciprocal rank, the Welch test behind each ordering and its
+Holm-adjusted p over the report's one family of orderings, per task and over tasks) is computed here by hand
+(scipy's Welch test, statsmodels' multipletests); the report reads the results dir and its summary.csv alike.
 Run: pytest tests/test_length_report.py -q"""
 
 import statistics
 import warnings
 
+import numpy as np
 import pytest
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
 from fixtures.report_runs import make_run
 from relpos_ablate.analysis import collect
-from relpos_ablate.analysis.length_report import run_scores
-from relpos_ablate.analysis.reports import make_report, read_summary
+from relpos_ablate.studies.length_generalization.report import run_scores
+from relpos_ablate.analysis.collect import read_summary
+from relpos_ablate.studies import make_report
 from relpos_ablate.cli import main
 from relpos_ablate.io import atomic_write_json
 
@@ -75,7 +79,10 @@ def fmt(values):
 
 
 def test_per_run_id_and_ood_means(results):
-    scores = run_scores(collect(results)).set_index(["task", "encoding", "positions", "seed"])
+    scores = run_scores(collect(results))
+    # one row per run, named by its run dir (what a test's sample is keyed by)
+    assert sorted(scores["run_dir"]) == sorted(str(run) for run in results.iterdir() if run.is_dir())
+    scores = scores.set_index(["task", "encoding", "positions", "seed"])
     for (task, encoding, positions), per_seed in SCORES.items():
         for seed, values in enumerate(per_seed):
             row = scores.loc[(task, encoding, positions, seed)]
@@ -107,6 +114,62 @@ def test_ranks_and_mean_reciprocal_rank(results):
     assert "| RoPE (randomized) | 2 | 1 | 1.50 | 0.75 |" in report
 
 
+TASKS = ("copy", "reverse")
+NAMES = {("nope", "sequential"): "NoPE", ("t5", "sequential"): "T5", ("rope", "sequential"): "RoPE",
+         ("rope", "randomized"): "RoPE (randomized)"}
+NOPE, T5, ROPE = ("nope", "sequential"), ("t5", "sequential"), ("rope", "sequential")
+RANDOMIZED = ("rope", "randomized")
+# the report's orderings: NoPE against each explicit encoding run here (OOD), randomized against sequential RoPE
+# (ID and OOD); never the explicit encodings among themselves
+ORDERINGS = [(NOPE, T5, "ood"), (NOPE, ROPE, "ood"), (RANDOMIZED, ROPE, "id"), (RANDOMIZED, ROPE, "ood")]
+
+
+def over(variant, column):
+    """Each seed's mean over the tasks of its runs' ID or OOD exact match."""
+    pick = ood if column == "ood" else iid
+    return [statistics.mean(pick((task, *variant))[s] for task in TASKS) for s in range(3)]
+
+
+def samples():
+    """(variant a, variant b, task or "over", column) -> (a's values, b's values), seeds in order: every
+    comparison of the report's orderings, per task and over the tasks."""
+    found = {}
+    for a, b, column in ORDERINGS:
+        pick = ood if column == "ood" else iid
+        for task in TASKS:
+            found[(a, b, task, column)] = (pick((task, *a)), pick((task, *b)))
+        found[(a, b, "over", column)] = (over(a, column), over(b, column))
+    return found
+
+
+def family():
+    """The family the report corrects together: every ordering that has a test (two sides that do not vary at
+    all have no t statistic), each key -> (raw Welch p, Holm-adjusted p over the family)."""
+    tested = {key: pair for key, pair in samples().items() if not (np.ptp(pair[0]) == 0 and np.ptp(pair[1]) == 0)}
+    raw = [welch(*pair) for pair in tested.values()]
+    return dict(zip(tested, zip(raw, multipletests(raw, alpha=0.05, method="holm")[1])))
+
+
+def line(key, corrected=True):
+    """The ordering as the report states it (higher is better; 3 decimals for the means, 4 for the difference),
+    every number computed here: means, the verdict the (adjusted) p supports, difference and 95% CI, n, p."""
+    a_variant, b_variant, _, _ = key
+    a, b = samples()[key]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = stats.ttest_ind(a, b, equal_var=False)
+    p, p_adjusted = family()[key]
+    (low, high), difference = result.confidence_interval(0.95), statistics.mean(a) - statistics.mean(b)
+    name_a, name_b = NAMES[a_variant], NAMES[b_variant]
+    if (p_adjusted if corrected else p) < 0.05:
+        said = f"{name_a if difference > 0 else name_b} better"
+    else:
+        said = "not significant after correction" if p < 0.05 else "not significant"
+    adjusted = f", Holm-adjusted p = {p_adjusted:.2g}" if corrected else ""
+    return (f"{name_a} {statistics.mean(a):.3f}, {name_b} {statistics.mean(b):.3f}: {said} (Welch's t-test, "
+            f"difference {difference:.4f}, 95% CI [{low:.4f}, {high:.4f}], n = 3; p = {p:.2g}{adjusted})")
+
+
 def test_the_trend_table_puts_each_claim_beside_these_runs(results):
     report = make_report(collect(results))
     trends = report.split("## Trends: the papers' and ours")[1].split("##")[0]
@@ -115,15 +178,17 @@ def test_the_trend_table_puts_each_claim_beside_these_runs(results):
            "(0.800); NoPE on reverse (0.943)" in trends
     # among the sequential encodings: copy NoPE 1, T5 2, RoPE 3; reverse T5 1, NoPE 2, RoPE 3
     assert "NoPE 0.75, T5 0.75, RoPE 0.33." in trends
-    over = {e: [statistics.mean([ood(("copy", e, "sequential"))[s], ood(("reverse", e, "sequential"))[s]])
-                for s in range(3)] for e in ("nope", "t5", "rope")}
-    # the abstract's claim: NoPE against each explicit encoding, not the explicit ones among themselves
-    assert f"NoPE vs RoPE: NoPE {statistics.mean(over['nope']):.3f}, RoPE {statistics.mean(over['rope']):.3f}: " \
-           f"NoPE better (Welch p = {welch(over['nope'], over['rope']):.2g})" in trends
-    assert f"NoPE vs T5: NoPE {statistics.mean(over['nope']):.3f}, T5 {statistics.mean(over['t5']):.3f}" in trends
+    # the abstract's claim: NoPE against each explicit encoding, not the explicit ones among themselves; the
+    # tests are the orderings' over-tasks ones, with their p adjusted over the whole family of orderings
+    assert f"NoPE vs RoPE: {line((NOPE, ROPE, 'over', 'ood'))}" in trends
+    assert f"NoPE vs T5: {line((NOPE, T5, 'over', 'ood'))}" in trends
+    p, p_adjusted = family()[(NOPE, ROPE, "over", "ood")]
+    assert p < 0.05 <= p_adjusted  # NoPE 0.283 against RoPE 0.033 over the tasks: not once corrected
+    assert "NoPE vs RoPE: NoPE 0.283, RoPE 0.033: not significant after correction" in trends
     assert "T5 vs RoPE" not in trends and "0.69" not in trends  # Fig. 1's values are not in the paper's text
-    assert "by 12.0% on average over 15 tasks (abstract), and leave in-domain accuracy unaffected (Section 1); RoPE | OOD RoPE (randomized) 0.367, RoPE 0.033: " \
-           "RoPE (randomized) better" in trends
+    assert ("by 12.0% on average over 15 tasks (abstract), and leave in-domain accuracy unaffected (Section 1); RoPE | "
+            f"OOD {line((RANDOMIZED, ROPE, 'over', 'ood'))}; ID {line((RANDOMIZED, ROPE, 'over', 'id'))} |") in trends
+    assert "OOD RoPE (randomized) 0.367, RoPE 0.033: RoPE (randomized) better" in trends  # p ~ 1e-5 survives
 
 
 def welch(a, b):
@@ -132,26 +197,45 @@ def welch(a, b):
         return stats.ttest_ind(a, b, equal_var=False).pvalue
 
 
-def test_orderings_state_welchs_test(results):
+def test_orderings_state_welchs_test_corrected_over_the_family(results):
+    """Every ordering, per task and over the tasks, is Welch's t-test (two variants are different models)
+    and the whole list is one family: each line's adjusted p is Holm's over all of its tests, and an ordering
+    is stated only where that adjusted p is below 0.05."""
     report = make_report(collect(results))
-    a, b = ood(("copy", "nope", "sequential")), ood(("copy", "t5", "sequential"))
-    p = welch(a, b)
-    assert p < 0.05  # NoPE 0.500 against T5 0.200 on copy
-    assert f"- copy, OOD: NoPE 0.500, T5 0.083: NoPE better (Welch p = {p:.2g})" in report
-    a, b = ood(("reverse", "nope", "sequential")), ood(("reverse", "t5", "sequential"))
-    assert f"- reverse, OOD: NoPE 0.067, T5 0.200: not significant (Welch p = {welch(a, b):.2g})" in report
-    over = [[statistics.mean([ood(("copy", e, "sequential"))[s], ood(("reverse", e, "sequential"))[s]]) for s in range(3)]
-            for e in ("nope", "t5")]  # each seed's mean over the two tasks
-    p = welch(*over)
-    assert (f"- over copy, reverse (per-seed mean), OOD: NoPE {statistics.mean(over[0]):.3f}, "
-            f"T5 {statistics.mean(over[1]):.3f}: ") in report and f"(Welch p = {p:.2g})" in report
-    a, b = iid(("copy", "rope", "randomized")), iid(("copy", "rope", "sequential"))
-    assert f"- copy, ID: RoPE (randomized) 0.800, RoPE 1.000: RoPE better (Welch p = {welch(a, b):.2g})" in report
-    assert "- reverse, ID: RoPE (randomized) 1.000, RoPE 1.000: no test (no spread)" in report
-    a, b = ood(("copy", "nope", "sequential")), ood(("copy", "rope", "sequential"))
-    assert f"- copy, OOD: NoPE 0.500, RoPE 0.050: NoPE better (Welch p = {welch(a, b):.2g})" in report
+    orderings = report.split("## Orderings")[1]
+    tests = family()
+    assert len(tests) == len(samples()) - 1  # reverse's RoPE ID: 1.0 on every run of both sides, no test
+    for key in tests:
+        _, _, task, column = key
+        where = "over copy, reverse (per-seed mean)" if task == "over" else task
+        assert f"- {where}, {column.upper()}: {line(key)}" in orderings
+    assert (f'Family "the orderings (per task and over tasks)": {len(tests)} tests (Welch\'s t-test), Holm-corrected '
+            "at α = 0.05; an ordering is stated only where the adjusted p < 0.05.") in orderings
+    p, p_adjusted = tests[(NOPE, T5, "copy", "ood")]
+    assert p < 0.05 <= p_adjusted  # NoPE 0.500 against T5 0.083 on copy: p ~ 0.013 alone, not over the family
+    assert "- copy, OOD: NoPE 0.500, T5 0.083: not significant after correction (Welch's t-test" in orderings
+    assert tests[(NOPE, T5, "reverse", "ood")][0] >= 0.05
+    assert "- reverse, OOD: NoPE 0.067, T5 0.200: not significant (Welch's t-test" in orderings
+    assert "- copy, ID: RoPE (randomized) 0.800, RoPE 1.000: not significant after correction" in orderings
+    assert "- reverse, ID: RoPE (randomized) 1.000, RoPE 1.000: no test (no spread)" in orderings
+    assert tests[(RANDOMIZED, ROPE, "copy", "ood")][1] < 0.05
+    assert "- copy, OOD: RoPE (randomized) 0.467, RoPE 0.050: RoPE (randomized) better (Welch's t-test" in orderings
     assert "- copy, OOD: T5" not in report  # the explicit encodings are not ordered among themselves
-    assert "ALiBi" not in report.split("## Orderings")[1]  # no ALiBi runs: no ALiBi line
+    assert "ALiBi" not in orderings  # no ALiBi runs: no ALiBi line
+
+
+def test_uncorrected_orderings_read_the_raw_p(results):
+    """--correction none: the same tests, each ordering stated where its own Welch p is below 0.05."""
+    report = make_report(collect(results), correction="none")
+    orderings = report.split("## Orderings")[1]
+    for key in family():
+        _, _, task, column = key
+        where = "over copy, reverse (per-seed mean)" if task == "over" else task
+        assert f"- {where}, {column.upper()}: {line(key, corrected=False)}" in orderings
+    assert "- copy, OOD: NoPE 0.500, T5 0.083: NoPE better (Welch's t-test" in orderings
+    assert "- copy, ID: RoPE (randomized) 0.800, RoPE 1.000: RoPE better (Welch's t-test" in orderings
+    assert "- copy, OOD: NoPE 0.500, RoPE 0.050: NoPE better (Welch's t-test" in orderings
+    assert "adjusted p =" not in orderings and "tests (Welch's t-test), uncorrected at α = 0.05" in orderings
 
 
 def test_the_report_reads_the_committed_summary_csv_as_the_results_dir(results, tmp_path, capsys):

@@ -163,7 +163,7 @@ def test_a_table_splits_the_settings_by_rope_scaling(tmp_path):
     from fixtures.report_runs import make_run
     from relpos_ablate.analysis import collect
     from relpos_ablate.analysis.render import render
-    from relpos_ablate.analysis.layouts import make_table
+    from relpos_ablate.studies import make_table
     from relpos_ablate.analysis.table_options import TableOptions
 
     settings = [(32, None, 0.9), (64, None, 0.5), (64, "pi", 0.7), (64, "yarn", 0.8)]

@@ -13,7 +13,7 @@ import pytest
 
 from fixtures.report_runs import make_run
 from relpos_ablate.analysis import collect
-from relpos_ablate.analysis.layouts import make_table
+from relpos_ablate.studies import make_table
 from relpos_ablate.analysis.recl import own_gain, recl, relative_gain, token_loss_frame, top_fraction
 from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main

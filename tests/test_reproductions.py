@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from relpos_ablate.analysis import collect, make_table
+from relpos_ablate.analysis import collect
+from relpos_ablate.studies import make_table
 from relpos_ablate.analysis.positions import position_loss_figure
-from relpos_ablate.analysis.reports import make_report
+from relpos_ablate.studies import make_report
 from relpos_ablate.analysis.plots import extrapolation_figure
 from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.config import RunConfig, apply_overrides, from_dict, to_plain

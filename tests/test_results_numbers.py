@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from relpos_ablate.analysis.reports import make_report, read_summary
+from relpos_ablate.analysis.collect import read_summary
+from relpos_ablate.studies import make_report
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 README = RESULTS.parent / "README.md"
@@ -87,3 +88,29 @@ def test_the_checks_see_a_typed_number(tmp_path):
     text = "ALiBi reaches 6.45 at 4L.\n**Wall time:** 47.6 min\n```\nmake 1.5\n```\ntorch 2.13, 3 seeds\n"
     assert quoted(text) == ["6.45"]
     assert not in_summary("6.45", pd.DataFrame({"ppl": [6.4649]})) and in_summary("6.46", pd.DataFrame({"ppl": [6.4649]}))
+
+
+NOT_SIGNIFICANT = re.compile(r"not significant|not significantly|n\.s\.|no significant|no ordering", re.I)
+SAMENESS = re.compile(r"\b(ties|tied|tie with|matches|matched|(?<!exact )match|matching|equally|unaffected|"
+                      r"indistinguishable|alike|no different|as good as|on par)\b|\bsame\b(?! (runs?|targets?|seeds?|"
+                      r"models?|data|settings?|lengths?|spec|rates?|shares?|way|first|budget|steps|characters|tokens|"
+                      r"validation|preset|configuration|threshold|examples?|task))", re.I)
+RANK_TIE = re.compile(r"\bties (share|averaged|all bold)")
+WORDED = sorted({*RESULTS.glob("*/report.md"), *RESULTS.glob("*/README.md"), README})
+
+
+def clauses(text: str) -> list[str]:
+    """Table cells, lines, sentences and semicolon-separated parts: the span a verdict speaks for."""
+    return [c for line in text.splitlines() for cell in line.split("|") for c in re.split(r";|\. ", cell)]
+
+
+@pytest.mark.parametrize("path", WORDED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_not_significant_is_never_worded_as_sameness(path):
+    """A test that finds no difference is no evidence of sameness: with n = 3 seeds it is mostly low power. Such a
+    result is written "not significant (difference, 95% CI)", never "ties", "matches", "the same", "unaffected"
+    (a claim of equivalence needs a margin and a TOST: analysis/stats.py)."""
+    text = path.read_text()
+    worded = [c.strip() for c in clauses(text) if NOT_SIGNIFICANT.search(c) and SAMENESS.search(c)]
+    assert worded == [], f"{path}: a non-significant result worded as sameness"
+    ties = [line for line in text.splitlines() if re.search(r"\bties\b", line) and not RANK_TIE.search(line)]
+    assert ties == [], f"{path}: 'ties' for results"

@@ -1,6 +1,7 @@
-"""Tables from collect(): mean ± std over seeds, best in bold, Welch's t-test, defaults (data and the
-spec's `table:` block), the XL-Table-6 layout, Markdown / LaTeX / CSV output and the `table` command.
-Every number is checked against statistics / the Welch formula computed here.
+"""Tables from collect(): mean ± std over seeds, best in bold, Welch's t-test against a baseline row (different
+models) with the table's tests one Holm-corrected family, defaults (data and the spec's `table:` block), the
+XL-Table-6 layout, Markdown / LaTeX / CSV output and the `table` command.
+Every number is checked against statistics / the Welch formula / statsmodels' Holm correction computed here.
 
 Run: .venv/bin/python -m pytest tests/test_tables.py -q
 """
@@ -15,10 +16,11 @@ import subprocess
 import pandas as pd
 import pytest
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
 from fixtures.report_runs import ENCODINGS, make_grid, make_run
 from relpos_ablate.analysis import collect
-from relpos_ablate.analysis.layouts import make_table
+from relpos_ablate.studies import make_table
 from relpos_ablate.analysis.render import latex_escape, render
 from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main
@@ -31,12 +33,27 @@ PPL = {
 }
 
 
-def welch(a, b):
-    """Welch's two-sided p-value from its textbook formula (Welch–Satterthwaite degrees of freedom)."""
+def welch_test(a, b):
+    """Welch's test of a - b from its textbook formula (Welch–Satterthwaite degrees of freedom): the difference
+    of the means, its 95% CI and the two-sided p-value."""
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    t = (statistics.mean(a) - statistics.mean(b)) / math.sqrt(va + vb)
+    difference = statistics.mean(a) - statistics.mean(b)
+    t = difference / math.sqrt(va + vb)
     dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return 2 * stats.t.sf(abs(t), dof)
+    half = stats.t.ppf(0.975, dof) * math.sqrt(va + vb)
+    return difference, (difference - half, difference + half), 2 * stats.t.sf(abs(t), dof)
+
+
+def welch(a, b):
+    """Welch's two-sided p-value (welch_test)."""
+    return welch_test(a, b)[2]
+
+
+def baseline_family():
+    """The `--baseline xl` table's family on PPL: alibi against xl in each column (different runs: Welch's),
+    both tests Holm-corrected together; (raw p per column, adjusted p per column)."""
+    raw = [welch([PPL[("alibi", s)][k] for s in range(3)], [PPL[("xl", s)][k] for s in range(3)]) for k in range(2)]
+    return raw, list(multipletests(raw, alpha=0.05, method="holm")[1])
 
 
 def cells_by_label(table):
@@ -64,16 +81,16 @@ def test_defaults_mean_std_count_best_and_welch(grid):
             assert cell.n == 3  # the failed seed 9 has no metrics and is not counted
     assert [cells["xl"][0].best, cells["alibi"][0].best] == [True, False]  # lower ppl is better
     assert [cells["xl"][1].best, cells["alibi"][1].best] == [False, True]
+    raw, adjusted = baseline_family()
     for k in range(2):
-        a = [PPL[("alibi", s)][k] for s in range(3)]
-        b = [PPL[("xl", s)][k] for s in range(3)]
-        assert cells["alibi"][k].p == pytest.approx(welch(a, b))
-        assert math.isnan(cells["xl"][k].p)  # the baseline is not tested against itself
-    for k in range(2):
-        p = welch([PPL[("alibi", s)][k] for s in range(3)], [PPL[("xl", s)][k] for s in range(3)])
+        assert cells["alibi"][k].p_raw == pytest.approx(raw[k])
+        assert cells["alibi"][k].p == pytest.approx(adjusted[k])  # corrected over both columns' tests
+        assert math.isnan(cells["xl"][k].p) and math.isnan(cells["xl"][k].p_raw)  # the baseline is not tested
+    for k in range(2):  # stars read the adjusted p
+        p = adjusted[k]
         expected = "***" if p < 0.001 else "**" if p < 0.01 else "*" if p < 0.05 else ""
         assert cells["alibi"][k].stars == expected
-    assert cells["alibi"][0].stars  # the fixture is built so that length 32 is significant
+    assert cells["alibi"][0].stars  # the fixture is built so that length 32 is significant, after the correction
 
 
 def test_no_welch_star_below_three_seeds(tmp_path):
@@ -83,7 +100,10 @@ def test_no_welch_star_below_three_seeds(tmp_path):
     table, _ = make_table(collect(tmp_path), TableOptions(baseline="xl"))
     cells = cells_by_label(table)
     assert math.isnan(cells["alibi"][0].p) and cells["alibi"][0].stars == ""
-    assert "where both cells have >= 3 seeds" in table.caption and "(none here: too few seeds)" in table.caption
+    assert "Welch's t-test where they hold different models (here: none, fewer than 3 seeds)" in table.caption
+    assert 'Family "every row vs xl, column by column": 0 tests (none run)' in table.caption
+    means = [f"{statistics.mean(v):.2f}" for v in ([20.0, 20.01], [10.0, 10.01])]
+    assert table.tests == [f"alibi (ppl) {means[0]}, xl (ppl) {means[1]}: n too small to test"]
     assert "\\*" not in render(table, "markdown").split("\n\n")[0]
 
 
@@ -122,7 +142,23 @@ def test_markdown_renders_bold_stars_and_seed_count(grid):
     assert "**10.10 ± 0.10**" in xl_row
     alibi_row = next(line for line in lines if line.startswith("| alibi "))
     assert re.search(r"12\.13 ± 0\.15(\\\*)+ \|", alibi_row)
-    assert "n=3 seeds" in text and "Welch" in text
+    assert "n=3 seeds" in text and "Welch's t-test" in text
+    assert ('Family "every row vs xl, column by column": 2 tests (Welch\'s t-test), Holm-corrected at α = 0.05'
+            in text)
+    # each test listed under the table: means, the difference with its 95% CI, raw and Holm-adjusted p
+    raw, adjusted = baseline_family()
+    expected = []
+    for k, column in enumerate(("eval len 32", "eval len 64")):
+        a, b = [PPL[("alibi", s)][k] for s in range(3)], [PPL[("xl", s)][k] for s in range(3)]
+        difference, (lo, hi), p = welch_test(a, b)
+        assert p == pytest.approx(raw[k])
+        said = (f"alibi ({column}) better" if difference < 0 else f"xl ({column}) better") if adjusted[k] < 0.05 \
+            else "not significant after correction" if p < 0.05 else "not significant"
+        expected.append(f"- alibi ({column}) {statistics.mean(a):.2f}, xl ({column}) {statistics.mean(b):.2f}: {said} "
+                        f"(Welch's t-test, difference {difference:.3f}, 95% CI [{lo:.3f}, {hi:.3f}], n = 3; "
+                        f"p = {p:.2g}, Holm-adjusted p = {adjusted[k]:.2g})")
+    tests = text.split("\nTests:\n", 1)[1].strip().splitlines()
+    assert tests[:2] == expected and tests[3].startswith("Power: with n = 3 per side")
 
 
 def test_higher_is_better_for_accuracy_and_unequal_seed_counts(tmp_path):
@@ -224,6 +260,11 @@ def test_csv_has_numbers(grid):
     assert frame.loc["alibi", "eval len 64 std"] == pytest.approx(statistics.stdev([12.4, 12.2, 12.9]))
     assert frame.loc["alibi", "eval len 32 n"] == 3 and bool(frame.loc["xl", "eval len 32 best"])
     assert pd.isna(frame.loc["xl", "eval len 32 p"]) and frame.loc["alibi", "eval len 32 p"] < 0.01
+    raw, adjusted = baseline_family()
+    for k, column in enumerate(("eval len 32", "eval len 64")):
+        assert frame.loc["alibi", f"{column} p"] == pytest.approx(adjusted[k])  # the family-adjusted p
+        assert frame.loc["alibi", f"{column} p raw"] == pytest.approx(raw[k])
+        assert pd.isna(frame.loc["xl", f"{column} p raw"])
 
 
 def xl_runs(root):

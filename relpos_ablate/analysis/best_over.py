@@ -4,7 +4,7 @@ learning rate before comparing them.
 For every row (the row keys, KEY not among them) and column (an evaluation setting), the cell reads the
 runs of the KEY value whose metric on the selection split (valid) is best: the mean over seeds of the
 same row, the same column and that value, scored on the selection split. It then reports the metric of
-those runs on the report split (test): mean ± std over their seeds, bold and Welch's t-test as in any
+those runs on the report split (test): mean ± std over their seeds, bold and the tests against a baseline as in any
 grid table (tables.grid_table, on the chosen runs). The picked value is shown next to the cell: one
 label column when the table has one column, else a column after each value column. Ties go to the
 value first in the spec's axis order (else the smaller number).

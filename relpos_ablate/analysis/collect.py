@@ -200,3 +200,18 @@ def _column_order(rows: list[dict], axes: list[str], metrics: list[str]) -> list
             "eval_error", "run_dir", "spec"]
     rest = list(dict.fromkeys(k for row in rows for k in row if k not in head))
     return head + rest
+
+
+def read_summary(path) -> pd.DataFrame:
+    """A committed summary.csv as the frame `collect` gave (what the report functions and the extrapolation
+    figure read), its attrs restored from collect's column order: run columns, variant axes, setting fields,
+    metrics, then main_metric (analysis/collect.py, _column_order)."""
+    frame = pd.read_csv(path)
+    columns = list(frame.columns)
+    first_setting = min((columns.index(f) for f in SETTING_FIELDS if f in columns), default=len(columns))
+    last_setting = max((columns.index(f) for f in SETTING_FIELDS if f in columns), default=-1)
+    end = columns.index("main_metric") if "main_metric" in columns else last_setting + 1
+    frame.attrs.update(problems=[], results_dir=str(Path(path).parent) if isinstance(path, (str, Path)) else "",
+                       variant_axes=[c for c in columns[:first_setting] if c not in RUN_COLUMNS],
+                       metrics=columns[last_setting + 1:end])
+    return frame

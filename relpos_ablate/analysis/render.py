@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 FORMATS = ("markdown", "latex", "csv")
 STAR_LEVELS = ((0.001, "***"), (0.01, "**"), (0.05, "*"))
-"""Welch's t-test p-value thresholds for the significance stars."""
+"""Adjusted p-value thresholds for the significance stars (the family's correction applied: stats.py)."""
 STAR_LEGEND = "* p<0.05, ** p<0.01, *** p<0.001"
 
 
@@ -26,7 +26,9 @@ class Cell:
     n: int
     best: bool = False
     p: float = math.nan
-    """Welch's t-test p-value against the baseline row (NaN: no test)."""
+    """The test's p-value against the baseline row, adjusted for the table's family (NaN: no test)."""
+    p_raw: float = math.nan
+    """The same test's p-value before the correction."""
 
     @property
     def stars(self) -> str:
@@ -49,6 +51,13 @@ class Table:
     show_n: bool = False
     """Print the seed count in every cell (when counts differ between cells)."""
     notes: list[str] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)
+    """One line per test the table states (its means, difference, 95% CI, raw and adjusted p); Markdown lists
+    them under the caption, CSV carries the p-values per cell."""
+    power: str = ""
+    """The tests' power line (stats.Family.power_line), under the list."""
+    appendix: "Table | None" = None
+    """A second table of the same data (a layout's summary), written after this one in the same format."""
 
 
 def format_stat(cell: Cell, decimals: int, show_n: bool, pm: str = "±") -> str:
@@ -64,7 +73,8 @@ def to_markdown(table: Table) -> str:
     lines = [_md_row(header), "|" + "|".join(":---" if k < len(table.index) else "---:" for k in range(len(header))) + "|"]
     for labels, values in table.rows:
         lines.append(_md_row([*labels, *(_md_value(v, table) for v in values)]))
-    return "\n".join(lines) + f"\n\n{table.caption}\n"
+    tests = "".join(f"\n- {line}" for line in table.tests) + (f"\n\n{table.power}" if table.power else "")
+    return "\n".join(lines) + f"\n\n{table.caption}\n" + (f"\nTests:\n{tests}\n" if table.tests else "")
 
 
 def _md_row(cells: list[str]) -> str:
@@ -115,13 +125,15 @@ def _latex_value(value: Value, table: Table) -> str:
 
 
 def to_csv(table: Table) -> str:
-    """Numbers, not strings: per value column `<col>`, `<col> std`, `<col> n`, `<col> best`, `<col> p`."""
+    """Numbers, not strings: per value column `<col>`, `<col> std`, `<col> n`, `<col> best`, `<col> p` (adjusted
+    for the table's family), `<col> p raw`."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     stat_cols = [k for k, _ in enumerate(table.columns) if any(isinstance(r[1][k], Cell) for r in table.rows)]
     header = list(table.index)
     for k, name in enumerate(table.columns):
-        header += [name, f"{name} std", f"{name} n", f"{name} best", f"{name} p"] if k in stat_cols else [name]
+        header += [name, f"{name} std", f"{name} n", f"{name} best", f"{name} p", f"{name} p raw"] if k in stat_cols \
+            else [name]
     writer.writerow(header)
     for labels, values in table.rows:
         line = list(labels)
@@ -133,8 +145,8 @@ def to_csv(table: Table) -> str:
 
 def _csv_value(value: Value) -> list:
     if not isinstance(value, Cell):
-        return ["", "", "", "", ""]
-    return [value.mean, _blank(value.std), value.n, value.best, _blank(value.p)]
+        return ["", "", "", "", "", ""]
+    return [value.mean, _blank(value.std), value.n, value.best, _blank(value.p), _blank(value.p_raw)]
 
 
 def _blank(x: float) -> float | str:
@@ -143,10 +155,8 @@ def _blank(x: float) -> float | str:
 
 
 def render(table: Table, fmt: str) -> str:
-    if fmt == "markdown":
-        return to_markdown(table)
-    if fmt == "latex":
-        return to_latex(table)
-    if fmt == "csv":
-        return to_csv(table)
-    raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    """The table (and its appendix after a blank line) in one of FORMATS."""
+    writers = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv}
+    if fmt not in writers:
+        raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    return writers[fmt](table) + ("" if table.appendix is None else "\n" + render(table.appendix, fmt))

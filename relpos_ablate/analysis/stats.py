@@ -1,46 +1,330 @@
-"""The test behind every ordering a report states: Welch's t-test over seeds at ALPHA."""
+"""The statistics behind every star in a table and every ordering in a report.
+
+- **The test is chosen from the data, never by the caller.** A sample is a mapping unit -> value, where a
+  unit names the runs a value comes from (a run dir, or a tuple of run dirs for a value averaged over
+  several runs). Two samples that share units are the same runs measured two ways (another length,
+  protocol, stride, RoPE scaling, memory length at evaluation): a paired t-test over the matched units
+  (`scipy.stats.ttest_rel`). Samples with no unit in common come from different models: Welch's t-test
+  (`scipy.stats.ttest_ind(equal_var=False)`). There is no switch that runs Welch on same-run values.
+- **Every set of tests a table or a report states is one family**, corrected together: Holm (1979) by
+  default, Benjamini-Hochberg, or none (`statsmodels.stats.multitest.multipletests`). Stars and every
+  sentence that states an ordering read the adjusted p; the raw p stands beside it.
+- **A difference comes with its 95% confidence interval** (t-based over seeds: the paired one for a paired
+  test, Welch's otherwise; scipy's `confidence_interval`). A result that is not significant is written as
+  such, with the difference and its interval; it is never evidence that two things are the same. A claim
+  of equivalence needs its margin and a TOST (`statsmodels.stats.weightstats.ttost_paired` / `ttost_ind`).
+- **Power**: per family, the smallest difference each test could detect at 80% power given the observed
+  spread (statsmodels' `TTestPower` / `TTestIndPower`), so a reader sees what "not significant" can mean.
+
+Agarwal et al., "Deep RL at the Edge of the Statistical Precipice" (NeurIPS 2021) argue for the same:
+interval estimates, not bare p-values.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+import warnings
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable, Mapping
 
 import numpy as np
 from scipy import stats
-
-from relpos_ablate.analysis.tables import MIN_WELCH_SEEDS, welch_p
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestIndPower, TTestPower
+from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
 ALPHA = 0.05
-"""Significance level of the orderings a report states."""
+"""Significance level of every family (after correction)."""
+POWER = 0.8
+"""The power at which the smallest detectable difference is stated."""
+MIN_SEEDS = 3
+"""A test is run only with at least this many values a side (pairs, for a paired test): two seeds give one
+degree of freedom, a p-value but not one to star."""
+CORRECTIONS = {"holm": "holm", "bh": "fdr_bh", "none": None}
+"""`--correction` names -> statsmodels' multipletests method."""
+CORRECTION_WORDS = {"holm": "Holm-corrected", "bh": "Benjamini-Hochberg (FDR) corrected", "none": "uncorrected"}
+PAIRED, WELCH, TOST = "paired t-test", "Welch's t-test", "TOST"
+
+Sample = Mapping[Hashable, float]
+"""unit -> value; a unit names the run(s) the value comes from."""
 
 
-def ordering(name_a: str, a: Iterable[float], name_b: str, b: Iterable[float], lower_is_better: bool = True,
-             decimals: int = 2, paired: bool = False) -> str:
-    """`A 6.41, B 6.52: A better (Welch p = 0.003)` when a t-test on the seeds supports the ordering at ALPHA,
-    else `...: not significant (Welch p = 0.41)`; fewer than MIN_WELCH_SEEDS values a side: `n too small to
-    test`; no spread: `no test (no spread)`. Welch's test compares different models; `paired`: the same
-    runs measured two ways (a[k] and b[k] from seed k), a paired t-test on the per-seed differences, which
-    the seed-to-seed spread of the models does not swamp."""
-    a, b = [float(x) for x in a], [float(x) for x in b]
-    if not paired:
-        a, b = [x for x in a if not math.isnan(x)], [x for x in b if not math.isnan(x)]
-    means = ", ".join(f"{name} {np.nanmean(v):.{decimals}f}" if v else f"{name} -" for name, v in ((name_a, a), (name_b, b)))
-    if min(len(a), len(b)) < MIN_WELCH_SEEDS:
-        return f"{means}: n too small to test"
-    test, p = ("paired t-test", paired_p(a, b)) if paired else ("Welch", welch_p(a, b))
-    if math.isnan(p):
-        return f"{means}: no test (no spread)"
-    if not p < ALPHA:
-        return f"{means}: not significant ({test} p = {p:.2g})"
-    winner = name_a if (np.mean(a) < np.mean(b)) == lower_is_better else name_b
-    return f"{means}: {winner} better ({test} p = {p:.2g})"
+@dataclass
+class Test:
+    """One two-sided test of a - b (or a TOST against a margin); `p_adjusted` is filled by its family."""
+
+    kind: str
+    n_a: int
+    n_b: int
+    difference: float
+    """mean(a) - mean(b); for a paired test the mean of the per-unit differences (the same number)."""
+    ci: tuple[float, float]
+    p: float
+    spread: float
+    """The standard deviation the test divides by: of the differences (paired), the pooled one (Welch)."""
+    margin: float = math.nan
+    p_adjusted: float = math.nan
+
+    @property
+    def n(self) -> int:
+        """Matched pairs (paired) or the smaller side (Welch)."""
+        return min(self.n_a, self.n_b)
+
+    def detectable(self, alpha: float = ALPHA, power: float = POWER) -> float:
+        """The smallest |difference| this test would find at `power` (two-sided, level alpha), given the
+        observed spread; NaN where no sample size of this design reaches it or the spread is zero."""
+        if not self.spread > 0:
+            return math.nan
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if self.kind == WELCH:
+                    effect = TTestIndPower().solve_power(nobs1=self.n_a, ratio=self.n_b / self.n_a, alpha=alpha,
+                                                         power=power)
+                else:
+                    effect = TTestPower().solve_power(nobs=self.n, alpha=alpha, power=power)
+        except (ValueError, RuntimeError):
+            return math.nan
+        effect = float(np.squeeze(effect))
+        return effect * self.spread if math.isfinite(effect) and effect > 0 else math.nan
 
 
-def paired_p(a: list[float], b: list[float]) -> float:
-    """Two-sided paired t-test p-value of a[k] - b[k]; NaN when the differences do not vary (or NaN appears)."""
-    if len(a) != len(b):
-        raise ValueError(f"a paired test needs one value per seed on each side; got {len(a)} and {len(b)}")
-    differences = np.asarray(a) - np.asarray(b)
-    if np.isnan(differences).any() or np.ptp(differences) == 0:
-        return math.nan
-    return float(stats.ttest_rel(a, b).pvalue)
+def matched(a: Sample, b: Sample) -> list[Hashable]:
+    """The units both samples measured, in a's order: non-empty means the same runs (a paired test)."""
+    return [unit for unit in a if unit in b]
+
+
+def _finite(sample: Sample) -> dict:
+    return {unit: float(v) for unit, v in sample.items() if v is not None and not math.isnan(float(v))}
+
+
+def compare(a: Sample, b: Sample) -> Test | None:
+    """The t-test of a against b the data calls for (module docstring); None when a side has fewer than
+    MIN_SEEDS values (pairs) or the values do not vary (no spread: no t statistic)."""
+    with warnings.catch_warnings():  # near-identical seeds: scipy warns of precision loss, the test stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _compare(_finite(a), _finite(b))
+
+
+def _compare(a: dict, b: dict) -> Test | None:
+    units = matched(a, b)
+    if units:
+        x, y = np.array([a[u] for u in units]), np.array([b[u] for u in units])
+        if len(units) < MIN_SEEDS or _constant(x - y):
+            return None
+        result = stats.ttest_rel(x, y)
+        ci = result.confidence_interval(1 - ALPHA)
+        return Test(PAIRED, len(units), len(units), float(np.mean(x - y)), (float(ci.low), float(ci.high)),
+                    float(result.pvalue), float(np.std(x - y, ddof=1)))
+    x, y = np.array(list(a.values())), np.array(list(b.values()))
+    if min(len(x), len(y)) < MIN_SEEDS or (_constant(x) and _constant(y)):
+        return None
+    result = stats.ttest_ind(x, y, equal_var=False)
+    ci = result.confidence_interval(1 - ALPHA)
+    return Test(WELCH, len(x), len(y), float(x.mean() - y.mean()), (float(ci.low), float(ci.high)),
+                float(result.pvalue), float(math.sqrt((x.var(ddof=1) + y.var(ddof=1)) / 2)))
+
+
+def _constant(values: np.ndarray) -> bool:
+    """No spread up to rounding (a t statistic would divide by a rounding error)."""
+    return bool(np.ptp(values) <= 1e-12 * max(1.0, float(np.max(np.abs(values)))))
+
+
+def equivalence(a: Sample, b: Sample, margin: float) -> Test | None:
+    """TOST of |mean(a) - mean(b)| < margin (paired over matched units, else Welch's form): a small p says
+    the difference lies within ±margin. The interval is the difference's 90% CI, the one TOST inverts."""
+    if not margin > 0:
+        raise ValueError(f"margin: an equivalence test needs a margin > 0; got {margin}")
+    base = compare(a, b)
+    if base is None:
+        return None
+    a, b = _finite(a), _finite(b)
+    units = matched(a, b)
+    if base.kind == PAIRED:
+        x, y = np.array([a[u] for u in units]), np.array([b[u] for u in units])
+        p = ttost_paired(x, y, -margin, margin)[0]
+        ci = stats.ttest_rel(x, y).confidence_interval(1 - 2 * ALPHA)
+    else:
+        x, y = np.array(list(a.values())), np.array(list(b.values()))
+        p = ttost_ind(x, y, -margin, margin, usevar="unequal")[0]
+        ci = stats.ttest_ind(x, y, equal_var=False).confidence_interval(1 - 2 * ALPHA)
+    return Test(TOST, base.n_a, base.n_b, base.difference, (float(ci.low), float(ci.high)), float(p), base.spread,
+                margin=margin)
+
+
+def adjust(p_values: Iterable[float], correction: str = "holm") -> list[float]:
+    """The family's adjusted p-values (NaN stays NaN and does not count as a test)."""
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction: {correction!r} is not allowed; choose one of {', '.join(CORRECTIONS)}")
+    p = np.asarray(list(p_values), dtype=float)
+    out = np.full(p.shape, math.nan)
+    tested = ~np.isnan(p)
+    if tested.any():
+        method = CORRECTIONS[correction]
+        out[tested] = p[tested] if method is None else multipletests(p[tested], alpha=ALPHA, method=method)[1]
+    return [float(x) for x in out]
+
+
+def fmt_p(p: float) -> str:
+    return "-" if math.isnan(p) else f"{p:.2g}"
+
+
+def _num(x: float, decimals: int) -> str:
+    return f"{x:.{decimals}f}"
+
+
+@dataclass
+class Comparison:
+    """One stated comparison of a family: its means, its test and, once the family is adjusted, its verdict."""
+
+    family: "Family"
+    name_a: str
+    name_b: str
+    mean_a: float
+    mean_b: float
+    test: Test | None
+    reason: str
+    """Why there is no test (n too small, no spread); empty when there is one."""
+    lower_is_better: bool
+    decimals: int
+
+    @property
+    def significant(self) -> bool:
+        self.family.close()
+        return self.test is not None and self.test.p_adjusted < self.family.alpha
+
+    @property
+    def winner(self) -> str | None:
+        """The better side's name when the adjusted test supports it, else None (never for a TOST)."""
+        if not self.significant or self.test.kind == TOST:
+            return None
+        return self.name_a if (self.test.difference < 0) == self.lower_is_better else self.name_b
+
+    def evidence(self) -> str:
+        """`paired t-test, difference -0.11, 95% CI [-0.15, -0.07]; p = 0.003, Holm-adjusted p = 0.012`."""
+        self.family.close()
+        t, d = self.test, self.decimals + 1
+        level = "90%" if t.kind == TOST else "95%"
+        what = f"{t.kind}, margin ±{_num(t.margin, d)}, " if t.kind == TOST else f"{t.kind}, "
+        adjusted = "" if self.family.correction == "none" else f", {self.family.adjusted_word} p = {fmt_p(t.p_adjusted)}"
+        return (f"{what}difference {_num(t.difference, d)}, {level} CI [{_num(t.ci[0], d)}, {_num(t.ci[1], d)}], "
+                f"n = {t.n_a}{'' if t.n_a == t.n_b or t.kind != WELCH else ' and ' + str(t.n_b)}; "
+                f"p = {fmt_p(t.p)}{adjusted}")
+
+    def verdict(self) -> str:
+        """The part after the means: `A better (...)`, `not significant (...)`, `equivalent within ±m (...)`."""
+        if self.test is None:
+            return self.reason
+        if self.test.kind == TOST:
+            said = f"equivalent within ±{_num(self.test.margin, self.decimals + 1)}" if self.significant else \
+                "equivalence not shown"
+            return f"{said} ({self.evidence()})"
+        if self.significant:
+            return f"{self.winner} better ({self.evidence()})"
+        raw = self.test.p < self.family.alpha and self.family.correction != "none"
+        return f"not significant{' after correction' if raw else ''} ({self.evidence()})"
+
+    def short(self) -> str:
+        """The verdict for a table cell whose row already names the test: `A better; 95% CI [lo, hi]; p = 0.003,
+        adj. 0.012` or `not significant; ...`."""
+        if self.test is None:
+            return self.reason
+        t, d = self.test, self.decimals + 1
+        said = self.verdict().split(" (", 1)[0]
+        level = "90%" if t.kind == TOST else "95%"
+        adjusted = "" if self.family.correction == "none" else f", adj. {fmt_p(t.p_adjusted)}"
+        return f"{said}; {level} CI [{_num(t.ci[0], d)}, {_num(t.ci[1], d)}]; p = {fmt_p(t.p)}{adjusted}"
+
+    def __str__(self) -> str:
+        means = ", ".join(f"{name} {'-' if math.isnan(m) else _num(m, self.decimals)}"
+                          for name, m in ((self.name_a, self.mean_a), (self.name_b, self.mean_b)))
+        return f"{means}: {self.verdict()}"
+
+
+@dataclass
+class Family:
+    """A set of tests stated together, corrected together (module docstring). Add comparisons first; the
+    first time a verdict is read the family closes and adjusts, and adding to it after that is an error."""
+
+    name: str
+    correction: str = "holm"
+    alpha: float = ALPHA
+    comparisons: list[Comparison] = field(default_factory=list)
+    closed: bool = False
+
+    def __post_init__(self):
+        if self.correction not in CORRECTIONS:
+            raise ValueError(f"correction: {self.correction!r} is not allowed; choose one of {', '.join(CORRECTIONS)}")
+
+    @property
+    def adjusted_word(self) -> str:
+        return {"holm": "Holm-adjusted", "bh": "BH-adjusted", "none": "unadjusted"}[self.correction]
+
+    def compare(self, name_a: str, a: Sample, name_b: str, b: Sample, lower_is_better: bool = True,
+                decimals: int = 2) -> Comparison:
+        """Add the test of a against b that the data calls for (paired for shared units, else Welch)."""
+        return self._add(name_a, a, name_b, b, compare(a, b), lower_is_better, decimals)
+
+    def equivalent(self, name_a: str, a: Sample, name_b: str, b: Sample, margin: float, decimals: int = 2) -> Comparison:
+        """Add a TOST of |a - b| < margin (a claim that two things are equivalent needs one)."""
+        return self._add(name_a, a, name_b, b, equivalence(a, b, margin), True, decimals)
+
+    def _add(self, name_a, a, name_b, b, test, lower_is_better, decimals) -> Comparison:
+        if self.closed:
+            raise RuntimeError(f"family {self.name!r} was already corrected; add every comparison before reading one")
+        a, b = _finite(a), _finite(b)
+        reason = "" if test is not None else (
+            "n too small to test" if min(len(a), len(b)) < MIN_SEEDS or (matched(a, b) and len(matched(a, b)) < MIN_SEEDS)
+            else "no test (no spread)")
+        comparison = Comparison(self, name_a, name_b, float(np.mean(list(a.values()))) if a else math.nan,
+                                float(np.mean(list(b.values()))) if b else math.nan, test, reason, lower_is_better,
+                                decimals)
+        self.comparisons.append(comparison)
+        return comparison
+
+    @property
+    def tests(self) -> list[Test]:
+        return [c.test for c in self.comparisons if c.test is not None]
+
+    def close(self) -> None:
+        """Adjust every test's p for the family (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        for test, p in zip(self.tests, adjust([t.p for t in self.tests], self.correction)):
+            test.p_adjusted = p
+
+    def heading(self) -> str:
+        """`Family "NAME": 12 tests, Holm-corrected at α = 0.05 (...)`: the line that names the family."""
+        self.close()
+        kinds = sorted({t.kind for t in self.tests})
+        return (f'Family "{self.name}": {len(self.tests)} test{"s" if len(self.tests) != 1 else ""} '
+                f"({', '.join(kinds) or 'none run'}), {CORRECTION_WORDS[self.correction]} at α = {self.alpha}; "
+                f"an ordering is stated only where the {'' if self.correction == 'none' else 'adjusted '}"
+                f"p < {self.alpha}.")
+
+    def power_line(self) -> str:
+        """The smallest differences the family's t-tests could detect at 80% power (observed spread)."""
+        self.close()
+        tests = [t for t in self.tests if t.kind != TOST]
+        if not tests:
+            return "Power: no test was run."
+        m = len(self.tests)
+        plain = [t.detectable(self.alpha) for t in tests]
+        strict = [t.detectable(self.alpha / m) for t in tests] if self.correction != "none" and m > 1 else []
+        ns = sorted({t.n for t in tests})
+        text = (f"Power: with n = {'/'.join(map(str, ns))} per side, the smallest difference a test of this family "
+                f"could detect at {POWER:.0%} power is {_spread(plain)} at α = {self.alpha}")
+        if strict:
+            text += f", {_spread(strict)} at α/{m} (the strictest step of the correction)"
+        return text + " (in the compared values' units; from each test's observed spread)."
+
+
+def _spread(values: list[float]) -> str:
+    finite = sorted(v for v in values if math.isfinite(v))
+    if not finite:
+        return "not reachable at this n"
+    median = float(np.median(finite))
+    unreachable = len(values) - len(finite)
+    text = f"median {median:.3g} (range {finite[0]:.3g}-{finite[-1]:.3g})" if len(finite) > 1 else f"{median:.3g}"
+    return text + (f", not reachable for {unreachable}" if unreachable else "")

@@ -2,7 +2,7 @@
 `table:` block), the spec the runs came from, and the defaults the data suggests (rows = what varies between
 runs, seed excluded; columns = the evaluation settings that vary within a run; metric = the task's main
 metric), resolved and checked by `resolve_options`; plus the `--where` filter. Every table layout
-(tables.py's grid, xl_tables, length_generalization, best_over) and the plots read their options here.
+(tables.py's grid, best_over, a study's own layouts) and the plots read their options here.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import SETTING_FIELDS
 from relpos_ablate.analysis.render import FORMATS
 from relpos_ablate.analysis.settings import label, normalized, short_name
+from relpos_ablate.analysis.stats import CORRECTIONS
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice, load_yaml
 from relpos_ablate.config.evaluation import SPLITS
@@ -43,10 +44,16 @@ class TableOptions:
     metric: str | None = None
     """Metric in the cells (ppl, acc, loss, bpc, ...); default: the task's main metric."""
     baseline: str | None = None
-    """Row label the other rows are tested against (Welch's t-test); several row keys: 'a,b'."""
+    """Row label the other rows are tested against, column by column; several row keys: 'a,b'. The test is
+    chosen from the data (analysis/stats.py): a paired t-test over the matched runs where a cell and the
+    baseline's come from the same runs (another evaluation length, protocol, ...), Welch's t-test where they
+    come from different models."""
+    correction: str | None = None
+    """How the table's tests against the baseline, one family, are corrected for multiple comparisons: holm
+    (default), bh (Benjamini-Hochberg, false discovery rate) or none. Stars read the adjusted p."""
     layout: str | None = None
-    """grid (rows x columns) or a paper's layout (layouts.py: xl_table6, Transformer-XL's ablation table;
-    xl_table8, its RECL table; length_generalization); checked by make_table."""
+    """grid (rows x columns) or a study's paper layout (relpos_ablate/studies/: Transformer-XL's Table 6 and
+    Table 8, the length-generalization table); checked by make_table."""
     format: str | None = None
     """markdown | latex | csv."""
     best_over: str | None = None
@@ -64,6 +71,8 @@ class TableOptions:
     def __post_init__(self):
         if self.format is not None:
             check_choice("format", self.format, FORMATS)
+        if self.correction is not None:
+            check_choice("correction", self.correction, CORRECTIONS)
         for name in ("select_split", "report_split"):
             if getattr(self, name) is not None:
                 check_choice(name, getattr(self, name), SPLITS)
@@ -234,8 +243,8 @@ def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> Tabl
     if overlap:
         raise ConfigError("cols", f"{', '.join(sorted(overlap))} cannot be both a row and a column key")
     splits = (opts.select_split or "valid", opts.report_split or "test") if tuned else (None, None)
-    return TableOptions(tuple(rows), tuple(cols), metric, opts.baseline, opts.layout or "grid", opts.format or "markdown",
-                        tuned, *splits, opts.where)
+    return TableOptions(tuple(rows), tuple(cols), metric, opts.baseline, opts.correction or "holm", opts.layout or "grid",
+                        opts.format or "markdown", tuned, *splits, opts.where)
 
 
 def apply_where(df: pd.DataFrame, where: Iterable[str] | None) -> pd.DataFrame:

@@ -8,10 +8,13 @@ import sys
 from pathlib import Path
 
 from relpos_ablate.cli import UsageError
+from relpos_ablate.studies import FIGURE_KINDS as STUDY_FIGURES, LAYOUT_NAMES
 
 SUFFIX_FORMATS = {".md": "markdown", ".tex": "latex", ".csv": "csv"}
 SUMMARY_COLUMNS = ("run_id", "status", "seed", "segment_len", "mem_len", "attn_len")
 MAX_PROBLEMS = 20
+CORRECTION_CHOICES = ("holm", "bh", "none")
+"""Multiple-comparison corrections (analysis/stats.py CORRECTIONS; text here so --help needs no scipy)."""
 
 
 def register(subparsers) -> None:
@@ -28,11 +31,18 @@ def register(subparsers) -> None:
     p.add_argument("--cols", nargs="+", help="column keys, e.g. segment_len (alias eval_len), attn_len, mem_len")
     p.add_argument("--metric", help="metric in the cells (default: the task's main metric)")
     p.add_argument("--format", choices=("markdown", "latex", "csv"), help="default: from --out's suffix, else markdown")
-    p.add_argument("--baseline", help="row label to test the others against (Welch's t-test); several keys: 'a,b'")
+    p.add_argument("--baseline", help="row label to test the others against, column by column; several keys: 'a,b'. "
+                                      "The test is chosen from the data: a paired t-test over the matched runs where "
+                                      "a cell holds the same runs as the baseline's (another length, protocol, "
+                                      "stride, ...), Welch's t-test where it holds other models")
+    p.add_argument("--correction", choices=CORRECTION_CHOICES,
+                   help="the table's tests against the baseline are one family, corrected together: holm (default), "
+                        "bh (Benjamini-Hochberg false discovery rate) or none; stars read the adjusted p, the "
+                        "Markdown test list and the CSV give the raw p beside it (spec: table: {correction: ...})")
     p.add_argument("--where", nargs="+", metavar="FIELD=VALUE",
                    help="keep only the evaluations whose field has (FIELD=VALUE) or has not (FIELD!=VALUE) this value, "
                         "e.g. max_targets=2048 or protocol=sliding (default: the spec's table: where)")
-    p.add_argument("--layout", metavar="NAME",
+    p.add_argument("--layout", metavar="NAME", choices=("grid", *LAYOUT_NAMES),
                    help="grid (default), Transformer-XL's Table 6 (PPL init / best / Attn Len) or Table 8 (RECL at "
                         "r = 0.1, 0.5, 1.0; needs eval.recl_contexts), or length_generalization (example tasks: "
                         "test-length bins + OOD mean per task and encoding, then a rank-per-task summary)")
@@ -47,9 +57,13 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("report", help="a study's derived numbers (trends, the tests behind orderings) as Markdown",
                               description="The report function registered for the experiment the runs belong to "
-                                          "(relpos_ablate/analysis/reports.py), from DIR (a results dir) or a "
+                                          "(relpos_ablate/studies/), from DIR (a results dir) or a "
                                           "committed summary.csv.")
     p.add_argument("source", type=Path, metavar="DIR|summary.csv", help="an experiment's results dir or its summary.csv")
+    p.add_argument("--correction", choices=CORRECTION_CHOICES, default="holm",
+                   help="each family of tests the report states (named in its heading) is corrected together: holm "
+                        "(default), bh (Benjamini-Hochberg false discovery rate) or none; orderings read the "
+                        "adjusted p, the raw p stands beside it")
     p.add_argument("--out", type=Path, help="write the report to FILE instead of printing it")
     p.set_defaults(func=cmd_report)
 
@@ -62,8 +76,7 @@ def register(subparsers) -> None:
     p.add_argument("target", type=Path, help="a run dir or a results dir (extrapolation: also a summary.csv that "
                                              "collect wrote)")
     p.add_argument("--kind", required=True,
-                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", "lengthgen", "diagnostics",
-                            "passkey", "lr-sweep", "context"),
+                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", *STUDY_FIGURES),
                    help="position-loss: mean loss by position in the segment / window, one panel per evaluation "
                         "setting; lengthgen: example tasks, a line per variant (mean over seeds, min-max band), training "
                         "lengths shaded; lr-sweep: the fair-baselines study, valid ppl against train.lr per encoding and "
@@ -127,38 +140,32 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from relpos_ablate.analysis.reports import make_report, read_summary
+    from relpos_ablate.analysis.collect import read_summary
+    from relpos_ablate.studies import make_report
 
     if args.source.suffix == ".csv" and not args.source.is_file():
         raise UsageError(f"{args.source}: not found; give a results dir or a summary.csv that `collect` wrote")
     frame = read_summary(args.source) if args.source.suffix == ".csv" else _collect(args.source)
-    return _emit(make_report(frame), args.out)
+    return _emit(make_report(frame, args.correction), args.out)
 
 
 def cmd_table(args: argparse.Namespace) -> int:
     from relpos_ablate.analysis.render import render
-    from relpos_ablate.analysis.layouts import make_table
     from relpos_ablate.analysis.table_options import TableOptions, left_out_runs
+    from relpos_ablate.studies import make_table
 
     if args.format is None and args.out is not None and args.out.suffix not in SUFFIX_FORMATS:
         raise UsageError(f"--out: {args.out.suffix or 'no suffix'!r} does not say the format; "
                          f"use {', '.join(SUFFIX_FORMATS)} or give --format")
     fmt = args.format or (SUFFIX_FORMATS.get(args.out.suffix) if args.out else None)
     options = TableOptions(rows=_keys(args.rows), cols=_keys(args.cols), metric=args.metric,
-                           baseline=args.baseline, layout=args.layout, format=fmt, best_over=args.best_over,
+                           baseline=args.baseline, correction=args.correction, layout=args.layout, format=fmt, best_over=args.best_over,
                            select_split=args.select_split, report_split=args.report_split, where=_keys(args.where))
     frame = _collect(args.dir)
     table, resolved = make_table(frame, options)
     for line in left_out_runs(frame, resolved.metric, resolved.rows):
         print(f"warning: {line}", file=sys.stderr)
-    text = render(table, resolved.format)
-    if resolved.layout == "length_generalization":
-        from relpos_ablate.analysis.length_generalization import rank_table
-        from relpos_ablate.analysis.table_options import axis_orders, read_spec
-
-        text += "\n" + render(rank_table(frame, resolved.metric, list(resolved.rows), axis_orders(read_spec(frame))),
-                              resolved.format)
-    return _emit(text, args.out)
+    return _emit(render(table, resolved.format), args.out)
 
 
 def _emit(text: str, out: Path | None) -> int:
@@ -190,33 +197,17 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if not (args.target.is_file() if from_csv else args.target.is_dir()):
         raise UsageError(f"{args.target}: not {'found' if from_csv else 'a directory'}")
     out = args.out or (args.target.parent if from_csv else args.target) / "figures"
-    if args.kind in ("diagnostics", "passkey"):
-        from relpos_ablate.analysis import length_figures
+    if args.kind in STUDY_FIGURES:
+        from relpos_ablate.studies import figure
 
-        frame = _collect(args.target)
-        written, notes = (length_figures.save_diagnostics(frame, out, formats) if args.kind == "diagnostics" else
-                          length_figures.save_passkey(frame, out, args.metric, formats)), []
-    elif args.kind == "lengthgen":
-        from relpos_ablate.analysis.length_curves import save_lengthgen
-
-        written, notes = save_lengthgen(_collect(args.target), out, args.metric, formats), []
+        written, notes = figure(args.kind)(_collect(args.target), out, formats, args)
     elif args.kind == "extrapolation":  # from the runs, or from the summary.csv collect wrote of them
-        from relpos_ablate.analysis.reports import read_summary
+        from relpos_ablate.analysis.collect import read_summary
 
         frame = read_summary(args.target) if from_csv else _collect(args.target)
         written, notes = plots.save_extrapolation(frame, out, metric=args.metric, x=args.x, y=args.y, panels=args.panels,
                                                   split_families=args.family_rows, where=_keys(args.where),
                                                   formats=formats)
-    elif args.kind == "lr-sweep":
-        from relpos_ablate.analysis.baselines_report import save_lr_figure
-        from relpos_ablate.analysis.table_options import axis_orders, read_spec
-
-        frame = _collect(args.target)
-        written, notes = save_lr_figure(frame, out, formats, axis_orders(read_spec(frame)))
-    elif args.kind == "context":
-        from relpos_ablate.analysis.xl_figures import save_context_figure
-
-        written, notes = save_context_figure(_collect(args.target), out, formats), []
     elif args.kind == "position-loss":
         from relpos_ablate.analysis.positions import save_position_loss
 

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 
 from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import RUN_COLUMNS
-from relpos_ablate.analysis.length_generalization import variant_name
+from relpos_ablate.studies.length_generalization.table import variant_name
 from relpos_ablate.analysis.plots import save_figure
 from relpos_ablate.analysis.settings import label
 from relpos_ablate.analysis.table_options import axis_orders, default_metric, default_rows, finished, read_spec

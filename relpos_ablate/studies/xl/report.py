@@ -1,10 +1,12 @@
-"""The reports of the Transformer-XL study at CPU scale (`relpos-ablate report`, analysis/reports.py): every
+"""The reports of the Transformer-XL study at CPU scale (`relpos-ablate report`, the studies registry): every
 number its README quotes besides Tables 6 and 8 themselves, from the collected frame or summary.csv.
 
 - `xl_table6_cpu`: each model's perplexity at every attention length of the ladder, measured the way it
   was trained (recl.ladder_rows: memory for the recurrent rows, sliding windows for the others), its PPL
-  init and PPL best, and the comparisons Table 6 is about, each with Welch's t-test over seeds.
+  init and PPL best, and the comparisons Table 6 is about (two models: Welch's t-test over seeds), then each
+  model at its best attention length against its training one (the same runs: a paired t-test).
 - `xl_context_cpu`: how much context a model without memory uses (perplexity at sliding windows of c).
+Each list of tests is one family, corrected together (analysis/stats.py), each difference with its 95% CI.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from relpos_ablate.analysis.recl import ladder_rows
-from relpos_ablate.analysis.stats import ordering
+from relpos_ablate.analysis.stats import Family
 from relpos_ablate.config import ConfigError
 
 ROW = ("encoding", "model.mem_len", "train.loss_on")
@@ -51,12 +53,17 @@ def row_label(key: tuple) -> str:
     return f"{encoding}, {'memory ' + str(memory) if memory else 'no memory'}, {loss} loss"
 
 
+def ladder_samples(df: pd.DataFrame) -> dict[tuple, dict[int, dict[str, float]]]:
+    """row key -> {attention length c: {run dir: ppl}} on the ladder's shared targets, seeds in order."""
+    found: dict[tuple, dict[int, dict[str, float]]] = {}
+    for _, run in ladder_rows(df).sort_values("seed").iterrows():
+        found.setdefault(_key(run), {}).setdefault(int(run["attn_len"]), {})[run["run_dir"]] = float(run["ppl"])
+    return found
+
+
 def ladder_ppl(df: pd.DataFrame) -> dict[tuple, dict[int, list[float]]]:
     """row key -> {attention length c: the ppl of each seed} on the ladder's shared targets."""
-    found: dict[tuple, dict[int, list[float]]] = {}
-    for _, run in ladder_rows(df).sort_values("seed").iterrows():
-        found.setdefault(_key(run), {}).setdefault(int(run["attn_len"]), []).append(float(run["ppl"]))
-    return found
+    return {key: {c: list(runs.values()) for c, runs in by_c.items()} for key, by_c in ladder_samples(df).items()}
 
 
 def _init(key: tuple, train_segment: int) -> int:
@@ -64,18 +71,26 @@ def _init(key: tuple, train_segment: int) -> int:
     return train_segment + key[1]
 
 
-def _best(by_c: dict[int, list[float]]) -> int:
+def _best(by_c: dict[int, dict[str, float]]) -> int:
     """The shortest c reaching the lowest mean ppl."""
-    return min(by_c, key=lambda c: (np.mean(by_c[c]), c))
+    return min(by_c, key=lambda c: (np.mean(list(by_c[c].values())), c))
 
 
-def _cell(values: list[float]) -> str:
+def _cell(values) -> str:
+    values = list(values.values()) if isinstance(values, dict) else list(values)
     return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}" if len(values) > 1 else f"{values[0]:.3f}"
 
 
-def table6_report(df: pd.DataFrame) -> str:
+def _tested(family: Family, items: list) -> list[str]:
+    """The lines of a family's list (text, or a comparison read once the family is complete), then its
+    heading and power line."""
+    return [*(str(item) if isinstance(item, str) else f"- {item[0]}{item[1]}" for item in items), "",
+            family.heading(), "", family.power_line()]
+
+
+def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
     """Markdown: the ladder per model, PPL init / best, and the comparisons (module docstring)."""
-    ladders = ladder_ppl(df)
+    ladders = ladder_samples(df)
     if not ladders:
         raise ConfigError("report", "no RECL ladder in these runs (eval.recl_contexts): nothing to compare")
     segment = int(df["train.segment_len"].dropna().iloc[0])
@@ -93,26 +108,35 @@ def table6_report(df: pd.DataFrame) -> str:
         cells = [_cell(by_c[c]) if c in by_c else "-" for c in contexts]
         lines.append(f"| {row_label(key)} | " + " | ".join(cells) +
                      f" | {_cell(by_c[init]) if init in by_c else '-'} ({init}) | {_cell(by_c[best])} ({best}) |")
-    lines += ["", "Comparisons (Welch's t-test over seeds; an ordering only where p < 0.05):", ""]
+    family = Family("Table 6's comparisons", correction)
+    items, asked = [], {}
     for question, a, b, at_a, at_b in COMPARISONS:
         if a in ladders and b in ladders:
             ca, cb = (_context(ladders[key], at, key, segment) for key, at in ((a, at_a), (b, at_b)))
-            text = ordering(f"{row_label(a)} (c = {ca})", ladders[a].get(ca, []), f"{row_label(b)} (c = {cb})",
-                            ladders[b].get(cb, []), decimals=3)
-            lines.append(f"- {question}: {text}")
-    lines += ["", "Longer attention at evaluation than in training (each model: its training attention length against "
-              "its best; a paired t-test over its seeds):", ""]
+            if (a, ca, b, cb) in asked:  # e.g. both rows best at their training attention length: one test, once
+                items.append(f"- {question}: the cells of \"{asked[(a, ca, b, cb)]}\" above, not tested twice")
+                continue
+            asked[(a, ca, b, cb)] = question
+            items.append((f"{question}: ", family.compare(f"{row_label(a)} (c = {ca})", ladders[a].get(ca, {}),
+                                                           f"{row_label(b)} (c = {cb})", ladders[b].get(cb, {}),
+                                                           decimals=3)))
+    lines += ["", "Comparisons (two models: Welch's t-test over seeds; first minus second):", "",
+              *_tested(family, items)]
+    family = Family("each model at its best attention length vs its training one", correction)
+    items = []
     for key in keys:
         init, best = _init(key, segment), _best(ladders[key])
         if best != init and init in ladders[key]:
-            lines.append(f"- {row_label(key)}: " + ordering(f"c = {best}", ladders[key][best], f"c = {init}",
-                                                         ladders[key][init], decimals=3, paired=True))
+            items.append((f"{row_label(key)}: ", family.compare(f"c = {best}", ladders[key][best], f"c = {init}",
+                                                                 ladders[key][init], decimals=3)))
         elif best == init:
-            lines.append(f"- {row_label(key)}: best at its training attention length, c = {init}")
+            items.append(f"- {row_label(key)}: best at its training attention length, c = {init}")
+    lines += ["", "Longer attention at evaluation than in training (each model: its best attention length against "
+              "its training one; the same runs: a paired t-test):", "", *_tested(family, items)]
     return "\n".join(lines) + "\n"
 
 
-def _context(by_c: dict[int, list[float]], at, key: tuple, segment: int) -> int:
+def _context(by_c: dict[int, dict[str, float]], at, key: tuple, segment: int) -> int:
     return _init(key, segment) if at == "init" else _best(by_c) if at == "best" else int(at)
 
 
@@ -125,11 +149,12 @@ def _seeds(counts: list[int]) -> str:
     return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
 
 
-def context_report(df: pd.DataFrame) -> str:
+def context_report(df: pd.DataFrame, correction: str = "holm") -> str:
     """Markdown: the perplexity of a model without memory at sliding windows of c, and whether each doubling
     of c still lowers it (module docstring)."""
     rows = df[(df["status"] == "done") & (df["protocol"] == "sliding") & (df["stride"] == 1)]
-    by_c = {int(c): part.sort_values("seed")["ppl"].astype(float).tolist() for c, part in rows.groupby("segment_len")}
+    by_c = {int(c): dict(zip(part["run_dir"], part["ppl"].astype(float))) for c, part in
+            rows.sort_values("seed").groupby("segment_len")}
     contexts = sorted(by_c)
     seeds = sorted({len(v) for v in by_c.values()})
     tokens = sorted(set(rows["tokens"].dropna().astype(int)))
@@ -137,8 +162,9 @@ def context_report(df: pd.DataFrame) -> str:
              f"mean ± std over {_seeds(seeds)} seeds:", "",
              "| " + " | ".join(f"c = {c}" for c in contexts) + " |", "|" + "---:|" * len(contexts),
              "| " + " | ".join(_cell(by_c[c]) for c in contexts) + " |", "",
-             "Does doubling the context still help? The same models at two windows: a paired t-test over the seeds "
-             "(an ordering only where p < 0.05).", ""]
-    for short, long in zip(contexts, contexts[1:]):
-        lines.append(f"- {ordering(f'c = {long}', by_c[long], f'c = {short}', by_c[short], decimals=3, paired=True)}")
-    return "\n".join(lines) + "\n"
+             "Does doubling the context still help? The same models at two windows: a paired t-test over the runs "
+             "(first minus second).", ""]
+    family = Family("each doubling of the window", correction)
+    items = [("", family.compare(f"c = {long}", by_c[long], f"c = {short}", by_c[short], decimals=3))
+             for short, long in zip(contexts, contexts[1:])]
+    return "\n".join(lines + _tested(family, items)) + "\n"

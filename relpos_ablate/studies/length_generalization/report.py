@@ -1,6 +1,6 @@
 """The length-generalization study's report (`relpos-ablate report results/length_generalization`,
 report.md of `make lengthgen`): every derived number its README quotes, from the collected frame or the
-committed summary.csv alike (registered in reports.REPORTS).
+committed summary.csv alike (the studies registry).
 
 Per run (`run_scores`): exact match averaged over its in-distribution bins (ID: n within
 data.train_lengths) and over its out-of-distribution bins (OOD: bins that start beyond them), passkey
@@ -12,10 +12,11 @@ threshold of train.stop_at_exact_match or the max_steps cap). From those:
   a rank is a description of means, not a tested ordering;
 - the trend table of the README: each paper's claim (only what its text says; numbers read off its
   figures are left out) beside the numbers of these runs;
-- orderings, each through stats.ordering (Welch's t-test over seeds, p < ALPHA, else "not significant"):
-  their abstract's claim, NoPE against each of T5, ALiBi, RoPE and sinusoid, per task and over tasks, and randomized
-  against sequential positions for RoPE and ALiBi (Ruoss et al.), ID and OOD. "Over tasks" compares the
-  per-seed means over the tasks (seed s's runs of every task, averaged), so each side has one value per seed.
+- orderings, one family corrected together (analysis/stats.py; two variants are different models: Welch's
+  t-test, each difference with its 95% CI): their abstract's claim, NoPE against each of T5, ALiBi, RoPE and
+  sinusoid, per task and over tasks, and randomized against sequential positions for RoPE and ALiBi (Ruoss et
+  al.), ID and OOD. "Over tasks" compares the per-seed means over the tasks (seed s's runs of every task,
+  averaged), so each side has one value per seed. The trend table quotes the same tests.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from relpos_ablate.analysis.length_generalization import (
+from relpos_ablate.studies.length_generalization.table import (
     TASK, example_rows, per_run_bins, task_order, variant_name, variant_order,
 )
-from relpos_ablate.analysis.stats import ordering
+from relpos_ablate.analysis.stats import Comparison, Family
 from relpos_ablate.config import ConfigError
 
 METRIC = "exact_match"
@@ -61,15 +62,16 @@ def run_scores(df: pd.DataFrame, metric: str = METRIC) -> pd.DataFrame:
     })
     scores["variant"] = [variant_name(e, p) for e, p in zip(scores["encoding"], scores["positions"])]
     scores["order"] = [variant_order(e, p) for e, p in zip(scores["encoding"], scores["positions"])]
-    return scores.reset_index(drop=True)
+    return scores.rename_axis("run_dir").reset_index()
 
 
 def _numbers(runs: pd.DataFrame, column: str) -> pd.Series | float:
     return pd.to_numeric(runs[column], errors="coerce") if column in runs else math.nan
 
 
-def length_generalization_report(df: pd.DataFrame) -> str:
+def length_generalization_report(df: pd.DataFrame, correction: str = "holm") -> str:
     scores = run_scores(df)
+    family = Family("the orderings (per task and over tasks)", correction)
     tasks = sorted(set(scores["task"]), key=task_order)  # not the spec's: summary.csv alone gives the same report
     lines = [
         "# Length generalization: derived numbers", "",
@@ -77,7 +79,11 @@ def length_generalization_report(df: pd.DataFrame) -> str:
         f"{', '.join(tasks)}). Per run, ID is its mean over the test bins within its training lengths and "
         "OOD its mean over the bins that start beyond them (passkey: each bin first averaged over its depths); "
         "cells are mean ± std over seeds (n).", "",
-        *_trends(scores, tasks), *_training(scores, tasks), *_ranks(scores, tasks), *_orderings(scores, tasks)]
+    ]
+    orderings, over = _orderings(scores, tasks, family)  # first: the trend table quotes its tests
+    lines += [*_trends(scores, tasks, over), *_training(scores, tasks), *_ranks(scores, tasks),
+              *(line if isinstance(line, str) else f"- {line[0]}{line[1]}" for line in orderings),
+              family.heading(), "", family.power_line(), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -149,35 +155,51 @@ def _ranks(scores: pd.DataFrame, tasks: list[str]) -> list[str]:
     return [*lines, ""]
 
 
-def _orderings(scores: pd.DataFrame, tasks: list[str]) -> list[str]:
+Over = dict[tuple, Comparison]
+"""(variant a, variant b, id|ood) -> the over-tasks comparison, for the trend table."""
+
+
+def _orderings(scores: pd.DataFrame, tasks: list[str], family: Family) -> tuple[list, Over]:
+    """The lines of the orderings section (text, or (prefix, comparison) read once the family is complete)
+    and the over-tasks comparisons by (a, b, column)."""
     lines = ["## Orderings", "",
-             "Each line: the two means and Welch's t-test over seeds (p < 0.05 states an ordering; higher is better).",
+             "Each line: the two means and the test (two variants are different models: Welch's t-test over seeds; "
+             "higher is better; the difference is the first minus the second, with its 95% CI).",
              "", "Kazemnejad et al.: NoPE against each explicit encoding (OOD exact match):", ""]
+    over: Over = {}
     sequential = scores[scores["positions"] != "randomized"]
     present = set(sequential["encoding"])
     if KAZEMNEJAD[0] in present:
         for other in [e for e in KAZEMNEJAD[1:] if e in present]:
-            lines += _compare(sequential, ("encoding", KAZEMNEJAD[0]), ("encoding", other), "ood", tasks)
+            lines += _compare(sequential, ("encoding", KAZEMNEJAD[0]), ("encoding", other), "ood", tasks, family, over)
     lines += ["", "Randomized against sequential positions (Ruoss et al.), ID and OOD exact match:", ""]
     for encoding in RANDOMIZED:
         mine = scores[scores["encoding"] == encoding]
         if set(mine["positions"]) >= {"sequential", "randomized"}:
             for column in ("id", "ood"):
-                lines += _compare(mine, ("positions", "randomized"), ("positions", "sequential"), column, tasks)
-    return [*lines, ""]
+                lines += _compare(mine, ("positions", "randomized"), ("positions", "sequential"), column, tasks,
+                                  family, over)
+    return [*lines, ""], over
 
 
-def _compare(scores: pd.DataFrame, a: tuple[str, str], b: tuple[str, str], column: str, tasks: list[str]) -> list[str]:
+def _compare(scores: pd.DataFrame, a: tuple[str, str], b: tuple[str, str], column: str, tasks: list[str],
+             family: Family, over: Over) -> list:
     """One line per task and one over the tasks: variant a against variant b on `column` (id or ood)."""
     sides, names = _sides(scores, a, b)
     what = "ID" if column == "id" else "OOD"
     lines = []
     for task in tasks:
-        values = [side.loc[side["task"] == task, column].dropna().tolist() for side in sides]
-        if all(values):
-            lines.append(f"- {task}, {what}: {ordering(names[0], values[0], names[1], values[1], lower_is_better=False, decimals=3)}")
-    over = _over_tasks(scores, a, b, column, tasks)
-    return lines + ([f"- {over[0]}, {what}: {over[1]}"] if over else [])
+        samples = [_sample(side[side["task"] == task], column) for side in sides]
+        if all(samples):
+            lines.append((f"{task}, {what}: ", family.compare(names[0], samples[0], names[1], samples[1],
+                                                              lower_is_better=False, decimals=3)))
+    shared = [t for t in tasks if all(t in set(side["task"]) for side in sides)]
+    if len(shared) >= 2:
+        samples = [_per_seed(side, column, shared) for side in sides]
+        comparison = family.compare(names[0], samples[0], names[1], samples[1], lower_is_better=False, decimals=3)
+        over[(names[0], names[1], column)] = comparison
+        lines.append((f"over {', '.join(shared)} (per-seed mean), {what}: ", comparison))
+    return lines
 
 
 def _sides(scores: pd.DataFrame, a: tuple[str, str], b: tuple[str, str]) -> tuple[list[pd.DataFrame], list[str]]:
@@ -185,23 +207,25 @@ def _sides(scores: pd.DataFrame, a: tuple[str, str], b: tuple[str, str]) -> tupl
     return sides, [side["variant"].iloc[0] if len(side) else value for side, (_, value) in zip(sides, (a, b))]
 
 
-def _over_tasks(scores: pd.DataFrame, a: tuple[str, str], b: tuple[str, str], column: str,
-                tasks: list[str]) -> tuple[str, str] | None:
-    """("over <tasks> (per-seed mean)", the ordering of a against b) on each seed's mean over the tasks both
-    have (a seed counts where it has every one of them, so each task weighs the same), or None."""
-    sides, names = _sides(scores, a, b)
-    shared = [t for t in tasks if all(t in set(side["task"]) for side in sides)]
-    if len(shared) < 2:
-        return None
-    per_seed = [side.pivot_table(index="seed", columns="task", values=column)[shared].dropna().mean(axis=1).tolist()
-                for side in sides]
-    return (f"over {', '.join(shared)} (per-seed mean)",
-            ordering(names[0], per_seed[0], names[1], per_seed[1], lower_is_better=False, decimals=3))
+def _sample(runs: pd.DataFrame, column: str) -> dict[str, float]:
+    """{run dir: value} of the runs that have one."""
+    runs = runs.dropna(subset=[column])
+    return dict(zip(runs["run_dir"], runs[column].astype(float)))
 
 
-def _trends(scores: pd.DataFrame, tasks: list[str]) -> list[str]:
+def _per_seed(side: pd.DataFrame, column: str, shared: list[str]) -> dict[tuple, float]:
+    """Each seed's mean over the `shared` tasks, keyed by the runs it averages (a seed counts where it has every
+    one of them, so each task weighs the same)."""
+    found = {}
+    for _, runs in side[side["task"].isin(shared)].dropna(subset=[column]).groupby("seed"):
+        if set(runs["task"]) == set(shared) and len(runs) == len(shared):
+            found[tuple(sorted(runs["run_dir"]))] = float(runs[column].mean())
+    return found
+
+
+def _trends(scores: pd.DataFrame, tasks: list[str], over: Over) -> list[str]:
     """The trend table the README quotes: each paper's claim beside what these runs give, every number of the
-    right column computed here."""
+    right column computed here; the tests are the orderings' over-tasks ones (`over`), not run again."""
     rows = []
     fitted = scores.groupby(["task", "variant"])["id"].mean()
     below = [f"{variant} on {task} ({value:.3f})" for (task, variant), value in fitted.items() if value < 0.99]
@@ -216,8 +240,8 @@ def _trends(scores: pd.DataFrame, tasks: list[str]) -> list[str]:
     if five:
         ours = ", ".join(f"{variant_name(e)} {reciprocal[e]:.2f}" for e in sorted(five, key=lambda e: -reciprocal[e]))
         nope = KAZEMNEJAD[0]
-        tested = [f"{variant_name(nope)} vs {variant_name(y)}: {over[1]}" for y in five if y != nope
-                  if (over := _over_tasks(sequential, ("encoding", nope), ("encoding", y), "ood", tasks))]
+        tested = [f"{variant_name(nope)} vs {variant_name(y)}: {comparison}" for y in five if y != nope
+                  if (comparison := over.get((variant_name(nope), variant_name(y), "ood")))]
         rows.append(("Kazemnejad et al.: NoPE outperforms the explicit encodings (T5's relative bias, ALiBi, Rotary, "
                      "APE), and ALiBi, Rotary and APE are not well suited for length generalization (abstract); "
                      "their Fig. 1 ranks the five by mean reciprocal rank over their tasks",
@@ -226,12 +250,12 @@ def _trends(scores: pd.DataFrame, tasks: list[str]) -> list[str]:
     for encoding in RANDOMIZED:
         mine = scores[scores["encoding"] == encoding]
         if set(mine["positions"]) >= {"sequential", "randomized"}:
-            pair = ("positions", "randomized"), ("positions", "sequential")
-            ood, iid = (_over_tasks(mine, *pair, column, tasks) for column in ("ood", "id"))
+            names = _sides(mine, ("positions", "randomized"), ("positions", "sequential"))[1]
+            ood, iid = (over.get((*names, column)) for column in ("ood", "id"))
             rows.append((f"Ruoss et al.: randomized positions raise test accuracy on longer inputs, by 12.0% on "
                          f"average over 15 tasks (abstract), and leave in-domain accuracy unaffected (Section 1); "
                          f"{variant_name(encoding)}",
-                         f"OOD {ood[1] if ood else '-'}; ID {iid[1] if iid else '-'}"))
+                         f"OOD {ood or '-'}; ID {iid or '-'}"))
     return ["## Trends: the papers' and ours", "", "| trend in the paper | these runs |", "|---|---|",
             *(f"| {claim} | {ours} |" for claim, ours in rows), ""]
 

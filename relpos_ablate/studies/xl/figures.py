@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from relpos_ablate.analysis.xl_report import ENCODINGS, ladder_ppl, row_label
+from relpos_ablate.studies.xl.report import ENCODINGS, ladder_ppl, row_label
 from relpos_ablate.config import ConfigError
 
 RELATIVE = ("xl", "shaw")

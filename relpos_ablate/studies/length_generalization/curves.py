@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from relpos_ablate.analysis.length_figures import POSITIONS, TASK, variant_styles, variant_words, with_variants
-from relpos_ablate.analysis.length_generalization import (
+from relpos_ablate.studies.length_generalization.figures import POSITIONS, TASK, variant_styles, variant_words, with_variants
+from relpos_ablate.studies.length_generalization.table import (
     example_rows, per_run_bins, task_order, train_range, variant_order,
 )
 from relpos_ablate.analysis.plots import save_figure

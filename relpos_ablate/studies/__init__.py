@@ -1,0 +1,76 @@
+"""The committed studies, one module (or small package) each, found by the grid spec's `name:` through
+STUDIES, the one registry. The generic analysis layer (relpos_ablate/analysis/: collect, tables, the
+statistics, rendering, plot primitives) names no study; a study builds on it, never the other way.
+
+A study module exposes up to three maps, and its entry here names what they hold, so that the command
+line can list a study's layouts and figure kinds without importing pandas:
+- `REPORTS`: experiment name -> report function (frame, correction) -> Markdown (`relpos-ablate report`);
+- `LAYOUTS`: layout name -> analysis.layouts.LayoutSpec (`table --layout NAME`);
+- `FIGURES`: plot kind -> function (collected frame, out dir, formats, parsed args) -> (written, notes).
+A new study is one module plus its spec, and one entry below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from relpos_ablate.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Study:
+    module: str
+    """Where its code lives."""
+    experiments: tuple[str, ...]
+    """The grid specs' names whose report it writes."""
+    layouts: tuple[str, ...] = ()
+    figures: tuple[str, ...] = ()
+
+    def load(self):
+        return importlib.import_module(self.module)
+
+
+STUDIES = (
+    Study("relpos_ablate.studies.xl", ("xl_table6_cpu", "xl_context_cpu"), ("xl_table6", "xl_table8"), ("context",)),
+    Study("relpos_ablate.studies.extrapolation", ("alibi_extrapolation_cpu",)),
+    Study("relpos_ablate.studies.fair_baselines", ("fair_baselines",), figures=("lr-sweep",)),
+    Study("relpos_ablate.studies.length_generalization", ("length_generalization",), ("length_generalization",),
+          ("lengthgen", "diagnostics", "passkey")),
+)
+LAYOUT_NAMES = tuple(name for study in STUDIES for name in study.layouts)
+FIGURE_KINDS = tuple(kind for study in STUDIES for kind in study.figures)
+
+
+def make_report(df, correction: str = "holm") -> str:
+    """The report of the one experiment the frame holds (one line naming what is wrong otherwise); every
+    family of tests in it corrected by `correction` (analysis/stats.py)."""
+    names = sorted(str(name) for name in df["experiment"].dropna().unique()) if "experiment" in df else []
+    if len(names) != 1:
+        raise ConfigError("report", f"needs the runs of one experiment; found {names or 'none'}")
+    study = next((s for s in STUDIES if names[0] in s.experiments), None)
+    if study is None:
+        known = sorted(name for s in STUDIES for name in s.experiments)
+        raise ConfigError("report", f"no report for experiment {names[0]!r}; reports exist for: {', '.join(known)}")
+    return study.load().REPORTS[names[0]](df, correction)
+
+
+def layouts() -> dict:
+    """Every study's table layouts by name (analysis.layouts.LayoutSpec)."""
+    return {name: study.load().LAYOUTS[name] for study in STUDIES for name in study.layouts}
+
+
+def make_table(df, options=None):
+    """analysis.layouts.make_table with every study's layouts beside the generic ones."""
+    from relpos_ablate.analysis.layouts import make_table as generic  # pandas and scipy only when a table is made
+    from relpos_ablate.analysis.table_options import TableOptions
+
+    return generic(df, options or TableOptions(), layouts())
+
+
+def figure(kind: str):
+    """The figure function of a study's plot kind."""
+    study = next((s for s in STUDIES if kind in s.figures), None)
+    if study is None:
+        raise ConfigError("kind", f"{kind!r} is no study's figure; studies draw: {', '.join(FIGURE_KINDS)}")
+    return study.load().FIGURES[kind]

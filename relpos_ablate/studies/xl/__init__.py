@@ -1,0 +1,16 @@
+"""Transformer-XL at CPU scale: Table 6 (the ablation, PPL init / best / Attn Len) and Table 8 (RECL), the
+context probe of a model without memory (`xl_context_cpu`), their reports and the context figure."""
+
+from relpos_ablate.analysis.layouts import LayoutSpec
+from relpos_ablate.studies.xl.figures import save_context_figure
+from relpos_ablate.studies.xl.report import context_report, table6_report
+from relpos_ablate.studies.xl.tables import xl_table6, xl_table8
+
+REPORTS = {"xl_table6_cpu": table6_report, "xl_context_cpu": context_report}
+LAYOUTS = {
+    # Table 6 reads the RECL ladder's settings as the evaluations at each attention length they are;
+    # Table 8 computes RECL from their per-target losses
+    "xl_table6": LayoutSpec(xl_table6, reads_token_losses=True),
+    "xl_table8": LayoutSpec(xl_table8, reads_token_losses=True),
+}
+FIGURES = {"context": lambda frame, out, formats, args: (save_context_figure(frame, out, formats), [])}
