@@ -10,6 +10,7 @@ Run: .venv/bin/python -m pytest tests/test_baselines_report.py -q
 import statistics
 
 import numpy as np
+from matplotlib.collections import PathCollection
 import pytest
 from matplotlib.colors import to_rgba
 from scipy import stats
@@ -132,22 +133,33 @@ def test_the_report_reads_summary_csv_as_the_runs(results, tmp_path, capsys):
 
 
 def test_the_figure_draws_each_ratio(results, tmp_path):
-    _, tuned, _ = expected()
+    picks, tuned, default = expected()
     fig = lr_figure(collect(results))
     *lefts, right = fig.axes
-    # a panel for the presets without a bias table, one for the bias types: a line per preset
-    assert [sorted(line.get_label() for line in left.lines) for left in lefts] == [["nope", "vaswani", "xl"],
-                                                                                 ["alibi", "t5"]]
+    # a panel for the presets without a bias table, one for the bias types: a line per preset, and its pick starred
+    named = [[line for line in left.lines if not line.get_label().startswith("_")] for left in lefts]
+    assert [sorted(line.get_label() for line in lines) for lines in named] == [["nope", "vaswani", "xl"],
+                                                                               ["alibi", "t5"]]
+    best_valid = min(min(valid) for valid, _ in MEANS.values())  # one denominator for every line
+    for line in (line for lines in named for line in lines):
+        assert list(line.get_ydata()) == pytest.approx([v / best_valid for v in MEANS[line.get_label()][0]])
+    stars = [line for left in lefts for line in left.lines if line.get_marker() == "*"]
+    drawn = sorted((float(s.get_xdata()[0]), float(s.get_ydata()[0])) for s in stars)
+    wanted = sorted((picks[p], min(valid) / best_valid) for p, (valid, _) in MEANS.items())
+    assert [x for pair in drawn for x in pair] == pytest.approx([x for pair in wanted for x in pair])
+    scatter = next(c for c in right.collections if isinstance(c, PathCollection))
+    crosses = scatter.get_offsets()[:, 0]  # untuned test ppl over the same best as the bars
+    order = [t.get_text().split()[0] for t in right.get_yticklabels()]
+    assert list(crosses) == pytest.approx([default[p] / min(tuned.values()) for p in order])
     assert [left.get_title().rsplit(": ", 1)[1] for left in lefts] == ["baselines", "bias types"]
     widths = sorted(bar.get_width() for bar in right.patches)
     assert widths == pytest.approx(sorted(t / min(tuned.values()) - 1 for t in tuned.values()))
-    for left in lefts:  # a colour each within a panel (the legend beside it tells them apart)
-        assert len({to_rgba(line.get_color()) for line in left.lines}) == len(left.lines)
+    for lines in named:  # a colour each within a panel (the legend beside it tells them apart)
+        assert len({to_rgba(line.get_color()) for line in lines}) == len(lines)
     # a bar's colour says its panel: baselines (xl, vaswani, nope) alike, bias types (alibi, t5) alike, not both
-    order = [t.get_text().split()[0] for t in right.get_yticklabels()]
     colour = {name: to_rgba(bar.get_facecolor()) for name, bar in zip(order, right.patches)}
     assert colour["xl"] == colour["vaswani"] == colour["nope"] != colour["alibi"] == colour["t5"]
-    assert [t.get_text() for t in right.get_legend().get_texts()][-2:] == ["baselines (left panel)",
-                                                                          "bias types (left panel)"]
+    assert [t.get_text() for t in right.get_legend().get_texts()][-2:] == ["baselines (upper left panel)",
+                                                                          "bias types (lower left panel)"]
     assert main(["plot", str(results), "--kind", "lr-sweep", "--out", str(tmp_path), "--formats", "png"]) == 0
     assert (tmp_path / "lr_sweep.png").stat().st_size > 0

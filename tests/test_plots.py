@@ -134,7 +134,9 @@ def test_t5_bidirectional_curves_and_bucket_edges():
     for h, line in enumerate(lines(ax)):
         assert list(line.get_xdata()) == list(distances)
         assert line.get_ydata() == pytest.approx(table[buckets, h])
-    positive = [d for d in range(1, 25) if t5_bucket_reference(-d, 16, 20) != t5_bucket_reference(-(d - 1), 16, 20)]
+    # the logarithmic buckets' edges, from where the exact ones (one distance each: 8 a side, 4 of them exact) end
+    positive = [d for d in range(4, 25) if t5_bucket_reference(-d, 16, 20) != t5_bucket_reference(-(d - 1), 16, 20)]
+    assert positive[0] == 4
     assert vlines(ax, "--") == sorted([float(d) for d in positive] + [-float(d) for d in positive])
     assert vlines(ax, ":") == [-8.0, 8.0]  # training attention length, both directions
 
@@ -247,9 +249,9 @@ def test_grid_gets_one_figure_per_run_plus_an_overview_and_skips_runs_without_bi
     assert sorted(p.name for p in written) == sorted([f"bias_encoding-alibi_seed-0_{done['alibi']}.png",
                                                       f"bias_encoding-xl_seed-0_{done['xl']}.png", "bias_overview.png"])
     assert len(notes) == 2 and notes[0].startswith(f"{nope}: skipped") and "no bias curve" in notes[0]
-    overview = saved["bias_overview"]  # the runs left out are counted in the title and listed in the log (notes)
+    overview = saved["bias_overview"]  # the runs left out are counted in the title, their variants named under it
     assert overview.get_suptitle() == ("bias: 2 runs (layer 0 or the shared module; seeds overlaid, one y scale per "
-                                       "scheme); 1 left out (no bias curve: listed in the log)")
+                                       "scheme); 1 not drawn\nno bias curve: encoding=nope")
     assert notes[1] == "bias_overview: left out: encoding=nope (seed 0): no bias curve: bias='none' and term d is off " \
                        "(terms='a'), no FoX gate, no xPos."
     assert saved[f"bias_encoding-xl_seed-0_{done['xl']}"].get_suptitle() == "encoding=xl, seed=0"  # no run id

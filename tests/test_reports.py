@@ -58,3 +58,18 @@ def test_help_documents_the_correction(capsys):
             main([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "--correction {holm,bh,none}" in text and "Benjamini" in text and "holm (default)" in text
+
+
+def test_table_and_figures_read_a_summary_csv_as_the_runs(grid, capsys, tmp_path):
+    """A committed study keeps its summary.csv, not its run dirs: `table` and the figures drawn from the frame
+    alone take it and give what the results dir gives; the figures that read run files say so in one line."""
+    assert main(["collect", str(grid / "demo"), "--out", str(grid / "summary.csv")]) == 0
+    capsys.readouterr()
+    assert main(["table", str(grid / "demo"), "--baseline", "xl"]) == 0
+    from_runs = capsys.readouterr().out
+    assert main(["table", str(grid / "summary.csv"), "--baseline", "xl"]) == 0
+    assert capsys.readouterr().out == from_runs
+    assert main(["plot", str(grid / "summary.csv"), "--kind", "diagnostics"]) == 2
+    assert "reads the run dirs" in capsys.readouterr().err
+    assert main(["plot", str(grid / "summary.csv"), "--kind", "extrapolation", "--out", str(tmp_path),
+                 "--formats", "png"]) == 0

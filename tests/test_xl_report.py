@@ -179,24 +179,26 @@ def test_no_ladder_no_numbers():
 
 def test_the_context_figure_draws_each_model_the_way_it_was_trained(tmp_path):
     """plot --kind context: a line per model at its seeds' mean on its own ladder (never the other kind's 99),
-    the ring at the training attention length, the relative encodings alone in the right panel."""
+    the ring at the training attention length, a panel per kind of model (with memory; without, relative;
+    without, absolute), each on its own scale."""
     from relpos_ablate.studies.xl.figures import context_figure, save_context_figure
 
     fig = context_figure(ladder_frame(), train_segment=16)
-    left, right = fig.axes[:2]
-    curves = {line.get_label(): line for line in left.get_lines() if not line.get_label().startswith("_")}
-    assert set(curves) == {"xl, memory 48, full loss (n=3)", "xl, no memory, full loss (n=3)",
-                           "vaswani, no memory, half loss (n=3)"}
+    panels = fig.axes[:3]  # with memory; no memory, relative; no memory, absolute: each on its own linear scale
+    where = {line.get_label(): k for k, panel in enumerate(panels) for line in panel.get_lines()
+             if not line.get_label().startswith("_")}
+    assert where == {"xl, memory 48, full loss (n=3)": 0, "xl, no memory, full loss (n=3)": 1,
+                     "vaswani, no memory, half loss (n=3)": 2}
+    curves = {line.get_label(): line for panel in panels for line in panel.get_lines()}
     for (encoding, memory, loss), by_c in PPL.items():
         line = curves[f"{encoding}, {'memory 48' if memory else 'no memory'}, {loss} loss (n=3)"]
         assert list(line.get_xdata()) == [16, 64]
         np.testing.assert_allclose(line.get_ydata(), [np.mean(by_c[16]), np.mean(by_c[64])])
         assert line.get_linestyle() == ("-" if memory else "--")
-    rings = [(float(r.get_xdata()[0]), round(float(r.get_ydata()[0]), 9)) for r in left.get_lines()
+    rings = [(float(r.get_xdata()[0]), round(float(r.get_ydata()[0]), 9)) for panel in panels for r in panel.get_lines()
              if r.get_label().startswith("_") and len(r.get_xdata()) == 1]
     assert sorted(rings) == sorted([(64.0, 5.1), (16.0, 6.6), (16.0, 8.1)])
-    assert not any("vaswani" in line.get_label() for line in right.get_lines())
-    assert left.get_yscale() == "log" and right.get_yscale() == "linear"
+    assert all(panel.get_yscale() == "linear" for panel in panels)
     assert [p.name for p in save_context_figure(ladder_frame(), tmp_path, ("png",))] == ["context.png"]
     with pytest.raises(ConfigError, match="kind"):
         context_figure(ladder_frame().drop(columns="token_losses"), train_segment=16)

@@ -160,8 +160,8 @@ def run_figure(kind: str, config, model, title: str, layer: int, head: int, samp
 def overview_figure(kind: str, drawn: list[tuple[pd.Series, object, object]], keys: list[str], layer: int, head: int,
                     sampler, left_out: list[tuple[str, str, str]] = (), titles: dict | None = None) -> Figure:
     """All drawn runs together: bias curves per variant (seeds overlaid, one y scale per scheme family),
-    head-mean last-layer attention per run, or the enabled terms per run. The runs left out are named in the
-    notes save_model_figures returns (the log), and counted in the title."""
+    head-mean last-layer attention per run, or the enabled terms per run. The runs left out are counted in the
+    title and their variants named under it by reason (the notes save_model_figures returns give the seeds)."""
     titles = titles or {}
     named = [(titles.get(run["run_dir"]) or run_title(run, keys), config, model) for run, config, model in drawn]
     if kind == "bias":
@@ -175,8 +175,12 @@ def overview_figure(kind: str, drawn: list[tuple[pd.Series, object, object]], ke
         where = f"{_layer_name(layer)}, mean over heads"
     title = f"{kind}: {len(drawn)} runs ({where})"
     if left_out:
-        reasons = sorted({reason.split(":")[0] for _, _, reason in left_out})
-        title += f"; {len(left_out)} left out ({'; '.join(reasons)}: listed in the log)"
+        by_reason: dict[str, list[str]] = {}
+        for variant, _, reason in left_out:
+            variants = by_reason.setdefault(reason.split(":")[0], [])
+            variants += [] if variant in variants else [variant]
+        title += f"; {len(left_out)} not drawn\n" + "; ".join(
+            f"{reason}: {' | '.join(variants)}" for reason, variants in sorted(by_reason.items()))
     fig.suptitle(title, fontsize=9)
     return fig
 

@@ -8,11 +8,13 @@ import sys
 from pathlib import Path
 
 from relpos_ablate.cli import UsageError
-from relpos_ablate.studies import FIGURE_KINDS as STUDY_FIGURES, LAYOUT_NAMES
+from relpos_ablate.studies import FIGURE_KINDS as STUDY_FIGURES, LAYOUT_NAMES, SUMMARY_FIGURES as STUDY_SUMMARY_FIGURES
 
 SUFFIX_FORMATS = {".md": "markdown", ".tex": "latex", ".csv": "csv"}
 SUMMARY_COLUMNS = ("run_id", "status", "seed", "segment_len", "mem_len", "attn_len")
 MAX_PROBLEMS = 20
+SUMMARY_FIGURES = ("extrapolation", *STUDY_SUMMARY_FIGURES)
+"""Plot kinds drawn from the collected frame alone, so also from a committed summary.csv."""
 CORRECTION_CHOICES = ("holm", "bh", "none")
 """Multiple-comparison corrections (analysis/stats.py CORRECTIONS; text here so --help needs no scipy)."""
 
@@ -26,7 +28,9 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("table", help="paper-style table: mean ± std over seeds, best in bold",
                               description="Defaults come from the grid spec's `table:` block, else from the data.")
-    p.add_argument("dir", type=Path, help="results dir")
+    p.add_argument("dir", type=Path, metavar="DIR|summary.csv",
+                   help="results dir, or the summary.csv `collect` wrote of one (a layout that reads per-target "
+                        "losses, xl_table8, needs the run dirs)")
     p.add_argument("--rows", nargs="+", help="row keys: config fields (terms or model.attention.terms), variant axes")
     p.add_argument("--cols", nargs="+", help="column keys, e.g. segment_len (alias eval_len), attn_len, mem_len")
     p.add_argument("--metric", help="metric in the cells (default: the task's main metric)")
@@ -73,8 +77,9 @@ def register(subparsers) -> None:
                                           "(extrapolation and position-loss: one figure of every run; lengthgen: exact "
                                           "match against task length, one panel per task; diagnostics: one per task; "
                                           "passkey: one panel per variant).")
-    p.add_argument("target", type=Path, help="a run dir or a results dir (extrapolation: also a summary.csv that "
-                                             "collect wrote)")
+    p.add_argument("target", type=Path, help="a run dir or a results dir; for the kinds drawn from the collected "
+                                             f"frame alone ({', '.join(SUMMARY_FIGURES)}) also a summary.csv that "
+                                             "collect wrote")
     p.add_argument("--kind", required=True,
                    choices=("bias", "attention", "terms", "extrapolation", "position-loss", *STUDY_FIGURES),
                    help="position-loss: mean loss by position in the segment / window, one panel per evaluation "
@@ -116,6 +121,18 @@ def _collect(directory: Path):
     return frame
 
 
+def _frame(source: Path):
+    """The collected frame of a results dir, or of the summary.csv `collect` wrote of one (the committed
+    studies' data: their run dirs stay local)."""
+    from relpos_ablate.analysis.collect import read_summary
+
+    if source.suffix == ".csv":
+        if not source.is_file():
+            raise UsageError(f"{source}: not found; give a results dir or a summary.csv that `collect` wrote")
+        return read_summary(source)
+    return _collect(source)
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     from relpos_ablate.io import atomic_write_bytes, atomic_write_text
 
@@ -143,10 +160,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from relpos_ablate.analysis.collect import read_summary
     from relpos_ablate.studies import make_report
 
-    if args.source.suffix == ".csv" and not args.source.is_file():
-        raise UsageError(f"{args.source}: not found; give a results dir or a summary.csv that `collect` wrote")
-    frame = read_summary(args.source) if args.source.suffix == ".csv" else _collect(args.source)
-    return _emit(make_report(frame, args.correction), args.out)
+    return _emit(make_report(_frame(args.source), args.correction), args.out)
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -161,7 +175,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     options = TableOptions(rows=_keys(args.rows), cols=_keys(args.cols), metric=args.metric,
                            baseline=args.baseline, correction=args.correction, layout=args.layout, format=fmt, best_over=args.best_over,
                            select_split=args.select_split, report_split=args.report_split, where=_keys(args.where))
-    frame = _collect(args.dir)
+    frame = _frame(args.dir)
     table, resolved = make_table(frame, options)
     for line in left_out_runs(frame, resolved.metric, resolved.rows):
         print(f"warning: {line}", file=sys.stderr)
@@ -193,19 +207,21 @@ def cmd_plot(args: argparse.Namespace) -> int:
     bad = [f for f in formats if f not in plots.FIGURE_FORMATS]
     if bad or not formats:
         raise UsageError(f"--formats: {','.join(bad) or 'nothing'} not allowed; choose from {', '.join(plots.FIGURE_FORMATS)}")
-    from_csv = args.kind == "extrapolation" and args.target.suffix == ".csv"
+    from_csv = args.target.suffix == ".csv"
+    if from_csv and args.kind not in SUMMARY_FIGURES:
+        raise UsageError(f"--kind {args.kind} reads the run dirs (trained models, evaluation records), not a summary.csv; "
+                         f"from a summary.csv: {', '.join(SUMMARY_FIGURES)}")
     if not (args.target.is_file() if from_csv else args.target.is_dir()):
         raise UsageError(f"{args.target}: not {'found' if from_csv else 'a directory'}")
     out = args.out or (args.target.parent if from_csv else args.target) / "figures"
     if args.kind in STUDY_FIGURES:
         from relpos_ablate.studies import figure
 
-        written, notes = figure(args.kind)(_collect(args.target), out, formats, args)
+        written, notes = figure(args.kind)(_frame(args.target), out, formats, args)
     elif args.kind == "extrapolation":  # from the runs, or from the summary.csv collect wrote of them
         from relpos_ablate.analysis.collect import read_summary
 
-        frame = read_summary(args.target) if from_csv else _collect(args.target)
-        written, notes = plots.save_extrapolation(frame, out, metric=args.metric, x=args.x, y=args.y, panels=args.panels,
+        written, notes = plots.save_extrapolation(_frame(args.target), out, metric=args.metric, x=args.x, y=args.y, panels=args.panels,
                                                   split_families=args.family_rows, where=_keys(args.where),
                                                   formats=formats)
     elif args.kind == "position-loss":

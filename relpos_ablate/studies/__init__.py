@@ -26,6 +26,8 @@ class Study:
     """The grid specs' names whose report it writes."""
     layouts: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()
+    run_figures: tuple[str, ...] = ()
+    """Those of its figures that read the run dirs (eval.json, checkpoints): not drawable from a summary.csv."""
 
     def load(self):
         return importlib.import_module(self.module)
@@ -36,10 +38,11 @@ STUDIES = (
     Study("relpos_ablate.studies.extrapolation", ("alibi_extrapolation_cpu",)),
     Study("relpos_ablate.studies.fair_baselines", ("fair_baselines",), figures=("lr-sweep",)),
     Study("relpos_ablate.studies.length_generalization", ("length_generalization",), ("length_generalization",),
-          ("lengthgen", "diagnostics", "passkey")),
+          ("lengthgen", "diagnostics", "passkey"), run_figures=("diagnostics",)),
 )
 LAYOUT_NAMES = tuple(name for study in STUDIES for name in study.layouts)
 FIGURE_KINDS = tuple(kind for study in STUDIES for kind in study.figures)
+SUMMARY_FIGURES = tuple(kind for study in STUDIES for kind in study.figures if kind not in study.run_figures)
 
 
 def make_report(df, correction: str = "holm") -> str:

@@ -167,11 +167,13 @@ def _number(value: float, decimals: int = 2) -> str:
 
 
 def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
-    """Left: each preset's mean valid ppl against the learning rate, over its own best (1 at its pick: where
-    the minimum sits in the sweep), a panel for the presets without a bias table (the baselines) and one for
-    the bias types (at most ~10 lines a panel, a colour each within the panel, the legend beside it). Right:
-    each preset's test ppl at its best rate over the best preset's, mean ± std, a bar colour per panel,
-    against the tolerance; the default rate's ratio as a mark."""
+    """Left: each preset's mean valid ppl against the learning rate over the best preset's valid ppl at its
+    pick (one denominator for every line, so the lines show both level and shape; each pick starred), a panel
+    for the presets without a bias table (the baselines) and one for the bias types (at most ~10 lines a
+    panel, a colour each within the panel, the legend beside it). Right: each preset's test ppl at its best
+    rate over the best preset's, mean ± std, a bar colour per panel, against the tolerance; each preset's test
+    ppl at the default rate over the same denominator as a cross (so a cross on its bar's end: tuning did not
+    change it)."""
     from matplotlib.figure import Figure  # figures only: `report` needs no matplotlib
     from matplotlib.patches import Patch
 
@@ -182,6 +184,7 @@ def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
     fig = Figure(figsize=(13, 3.5 + 2.6 * len(groups)), layout="constrained")
     grid = fig.add_gridspec(len(groups), 2, width_ratios=[1, 1.05])
     lrs = sorted({float(v) for v in data[KEY]})
+    best_valid = summary["valid"].min()
     lefts, bar_colors = [], {}
     for k, (title, names) in enumerate(groups):
         left = fig.add_subplot(grid[k, 0], sharex=lefts[0] if lefts else None)
@@ -189,11 +192,13 @@ def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
         rows = list(summary[summary["preset"].isin(names)].itertuples())
         for row, color in zip(rows, variant_colors(len(rows))):
             means = valid[valid[ROW] == row.preset].groupby(KEY)[METRIC].mean()
-            left.plot(means.index.astype(float), means.values / row.valid, marker="o", color=color,
+            left.plot(means.index.astype(float), means.values / best_valid, marker="o", markersize=4, color=color,
                       label=row.preset, linestyle=":" if row.preset in UNJUDGED else "-")
+            left.plot([row.best_lr], [row.valid / best_valid], marker="*", markersize=11, color=color,
+                      markeredgecolor="black", markeredgewidth=0.5, linestyle="none")
             bar_colors[row.preset] = GROUP_COLORS[k % 2]
-        left.set(ylabel=f"mean {SELECT} ppl / the preset's best", title=f"{SELECT} ppl against the learning rate "
-                 f"(1 = the pick){': ' + title if title else ''}")
+        left.set(ylabel=f"mean {SELECT} ppl / the best preset's", title=f"{SELECT} ppl against the learning rate "
+                 f"(★ each preset's pick){': ' + title if title else ''}")
         left.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     lefts[0].set_xscale("log", base=2)
     lefts[0].set_xticks(lrs, [f"{lr:g}" for lr in lrs])
@@ -204,13 +209,15 @@ def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
     ys = np.arange(len(order))
     right.barh(ys, order["ratio"] - 1, left=1, xerr=order["std"] / order["mean"].min(),
                color=[bar_colors[p] for p in order["preset"]], alpha=0.85, error_kw={"elinewidth": 0.8})
-    right.scatter(order["default_ratio"], ys, marker="x", color="black", zorder=3, label=f"at lr {DEFAULT_LR:g} (untuned)")
+    right.scatter(order["default_mean"] / order["mean"].min(), ys, marker="x", color="black", zorder=3,
+                  label=f"at lr {DEFAULT_LR:g} (untuned), over the same best")
     right.axvline(1 + TOLERANCE, color="grey", linestyle="--", linewidth=1, label=f"best + {TOLERANCE:.0%}")
     right.set_yticks(ys, [f"{p}  (lr {lr:g})" for p, lr in zip(order["preset"], order["best_lr"])], fontsize=8)
     right.invert_yaxis()
     right.set(xlabel=f"{REPORT} ppl / the best preset's", title=f"{REPORT} ppl at each preset's best rate")
-    handles = [Patch(color=color, alpha=0.85, label=f"{title} (left panel)")
-               for (title, _), color in zip(groups, GROUP_COLORS) if title]
+    where = ("upper left", "lower left") if len(groups) == 2 else ("left",)
+    handles = [Patch(color=color, alpha=0.85, label=f"{title} ({place} panel)")
+               for (title, _), color, place in zip(groups, GROUP_COLORS, where) if title]
     right.legend(handles=[*right.get_legend_handles_labels()[0], *handles], fontsize=8, loc="upper right")
     return fig
 

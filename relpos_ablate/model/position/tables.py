@@ -67,8 +67,10 @@ class T5Bias(BiasScheme):
         return self.table[t5_bucket(distances, self.causal, self.num_buckets, self.max_distance)].T
 
     def boundaries(self):
-        """Distances where a new bucket starts (one side; mirrored when bidirectional)."""
+        """Distances where a logarithmic bucket starts, the first of them where the exact buckets (one distance
+        each, which a plot need not mark one by one) end (one side; mirrored when bidirectional)."""
+        buckets = self.num_buckets if self.causal else self.num_buckets // 2
         d = torch.arange(0, 2 * self.max_distance + 1)
-        b = t5_bucket(d, True, self.num_buckets if self.causal else self.num_buckets // 2, self.max_distance)
-        edges = [float(x) for x in d[1:][b[1:] != b[:-1]]]
+        b = t5_bucket(d, True, buckets, self.max_distance)
+        edges = [float(x) for x in d[1:][b[1:] != b[:-1]] if x >= buckets // 2]
         return edges + ([] if self.causal else [-e for e in edges])

@@ -3,10 +3,10 @@ sees, measured the way it was trained (the RECL ladder: memory for a recurrent m
 one without; analysis/recl.ladder_rows), so the comparison Table 6 is about -- does recurrence let a model use
 more context? -- is a curve per model rather than one cell.
 
-Left: every model on a log axis (the absolute encodings jump by 3x past their training length); right: the
-relative encodings alone on a linear axis, its range set by the recurrent models and by every model up to its
-training length, where recurrence's effect is a few percent. Colour: encoding and
-loss; solid: with memory, dashed: without; band: the seeds' min-max; a ring: the training attention length.
+A panel per kind of model (PANELS), each on its own linear scale: with memory; without memory, relative
+encodings; without memory, absolute encodings (which jump by about 3x past their training length). Colour:
+encoding and loss; solid: with memory, dashed: without; band: the seeds' min-max; a ring: the training
+attention length.
 """
 
 from __future__ import annotations
@@ -31,6 +31,15 @@ def _order(key: tuple) -> tuple:
     return (ENCODINGS.index(encoding) if encoding in ENCODINGS else len(ENCODINGS), -memory, loss != "full")
 
 
+PANELS = (
+    ("with memory (protocol xl: c = segment + memory)", lambda key: key[1] > 0),
+    ("no memory, relative encodings (sliding windows of c)", lambda key: key[1] == 0 and key[0] in RELATIVE),
+    ("no memory, absolute encodings (sliding windows of c)", lambda key: key[1] == 0 and key[0] not in RELATIVE),
+)
+"""A panel per kind of model, each on its own linear scale: recurrence's effect is a few percent, the
+absolute encodings' jump past their training length about 3x; one axis for all hid the first under the second."""
+
+
 def context_figure(df: pd.DataFrame, train_segment: int):
     """The figure (matplotlib Figure) of every model's ladder; train_segment: the training segment length."""
     from matplotlib.figure import Figure  # figures only: `report` needs no matplotlib
@@ -38,10 +47,11 @@ def context_figure(df: pd.DataFrame, train_segment: int):
     ladders = ladder_ppl(df)
     if not ladders:
         raise ConfigError("kind", "context: these runs hold no RECL ladder (set eval.recl_contexts)")
-    fig = Figure(figsize=(12, 5.2), layout="constrained")
-    panels = fig.subplots(1, 2)
-    for panel, keys in zip(panels, (sorted(ladders, key=_order),
-                                    sorted((k for k in ladders if k[0] in RELATIVE), key=_order))):
+    groups = [(title, sorted((k for k in ladders if belongs(k)), key=_order)) for title, belongs in PANELS]
+    groups = [(title, keys) for title, keys in groups if keys]
+    fig = Figure(figsize=(5.2 * len(groups), 5.4), layout="constrained")
+    panels = np.atleast_1d(fig.subplots(1, len(groups)))
+    for panel, (title, keys) in zip(panels, groups):
         for key in keys:
             by_c = ladders[key]
             cs = np.array(sorted(by_c))
@@ -57,23 +67,16 @@ def context_figure(df: pd.DataFrame, train_segment: int):
             if trained in by_c:
                 panel.plot([trained], [np.mean(by_c[trained])], "o", markersize=10, markerfacecolor="none",
                            markeredgecolor=color, markeredgewidth=1.5)
-        panel.set(xlabel="context c: keys every query sees (memory, or a sliding window of c)",
-                  ylabel="validation ppl (lower is better)")
+        panel.set(xlabel="context c: keys every query sees", ylabel="validation ppl (lower is better)")
+        panel.set_title(title, fontsize=10)
         panel.grid(alpha=0.3)
-    panels[0].set_yscale("log")
-    panels[0].set_title("every model (log scale)")
-    zoomed = [np.mean(v) for k, by_c in ladders.items() if k[0] in RELATIVE
-              for c, v in by_c.items() if k[1] or c <= train_segment]  # with memory: all c; without: up to training
-    if zoomed:
-        low, high = min(zoomed), max(zoomed)
-        panels[1].set_ylim(low - 0.05 * (high - low), high + 0.25 * (high - low))
-    panels[1].set_title("XL and Shaw, linear scale (lines leaving the top rise on: left)")
-    handles, labels = panels[0].get_legend_handles_labels()
+    handles = [h for panel in panels for h in panel.get_legend_handles_labels()[0]]
+    labels = [label for panel in panels for label in panel.get_legend_handles_labels()[1]]
     ring = panels[0].plot([], [], "o", markersize=10, markerfacecolor="none", markeredgecolor="black")[0]
     fig.legend(handles + [ring], labels + ["training attention length (segment + memory)"],
                loc="outside lower center", ncol=3, fontsize=8)
     fig.suptitle("Perplexity against context, each model measured the way it was trained (mean over seeds, "
-                 "band: min-max)", fontsize=11)
+                 "band: min-max; each panel its own scale)", fontsize=11)
     return fig
 
 
