@@ -203,3 +203,13 @@ def test_correction_is_checked_and_taken_from_the_spec(lengths, tmp_path, capsys
     assert main(["table", str(tmp_path), "--rows", "segment_len", "--cols", "encoding", "--baseline", "32",
                  "--correction", "bh"]) == 0
     assert "Benjamini-Hochberg (FDR) corrected" in capsys.readouterr().out
+
+
+def test_a_single_ordering_chooses_its_test_from_the_data_too():
+    p = sp.ttest_rel(LONG, SHORT).pvalue
+    assert stats.ordering("long", runs(LONG), "short", runs(SHORT)).startswith("long 6.90, short 7.00: long better "
+                                                                              "(paired t-test, difference -0.100")
+    assert stats.ordering("long", runs(LONG), "short", runs(SHORT)).endswith(f"p = {p:.2g})")
+    welch = sp.ttest_ind(LONG, SHORT, equal_var=False).pvalue
+    assert stats.ordering("long", runs(LONG, "a"), "short", runs(SHORT, "b")).endswith(f"p = {welch:.2g})")
+    assert "not significant (Welch's t-test" in stats.ordering("long", runs(LONG, "a"), "short", runs(SHORT, "b"))

@@ -328,3 +328,11 @@ def _spread(values: list[float]) -> str:
     unreachable = len(values) - len(finite)
     text = f"median {median:.3g} (range {finite[0]:.3g}-{finite[-1]:.3g})" if len(finite) > 1 else f"{median:.3g}"
     return text + (f", not reachable for {unreachable}" if unreachable else "")
+
+
+def ordering(name_a: str, a: Sample, name_b: str, b: Sample, lower_is_better: bool = True, decimals: int = 2) -> str:
+    """One comparison stated on its own (a family of one test: no correction to make), the test chosen from the
+    data as in `compare`: `A 6.41, B 6.52: A better (paired t-test, difference ..., 95% CI [...]; p = ...)`.
+    A report that states several tests puts them in one Family instead."""
+    family = Family(f"{name_a} vs {name_b}", correction="none")
+    return str(family.compare(name_a, a, name_b, b, lower_is_better, decimals))

@@ -31,6 +31,9 @@ from relpos_ablate.config.run import TrainConfig
 TOLERANCE = 0.10
 """A preset more than this above the best preset's test perplexity (ratio > 1.10) is not a fair baseline."""
 UNJUDGED = ("nope",)
+NEAR_TIE = 0.005
+"""A pick whose runner-up rate's mean valid ppl lies within this fraction of its own is marked: on validation
+the pick is not clearly better than that rate."""
 """Presets that encode no position: reported, not held to the tolerance."""
 KEY, ROW, METRIC = "train.lr", "encoding", "ppl"
 SELECT, REPORT = "valid", "test"
@@ -60,7 +63,8 @@ def at_training_length(df: pd.DataFrame) -> pd.DataFrame:
 def preset_summary(df: pd.DataFrame, orders: dict[str, list] | None = None) -> pd.DataFrame:
     """One row per preset (in `orders`' order, else by name): best_lr (valid's pick), valid (its mean valid
     ppl), test (its seeds' test ppl, {run dir: ppl}), mean, std, n, ratio (mean / the best preset's mean), and the
-    same at DEFAULT_LR: default_mean, default_ratio (NaN where the sweep lacks it)."""
+    same at DEFAULT_LR: default_mean, default_ratio (NaN where the sweep lacks it); runner_up: how far the
+    second-best rate's mean valid ppl lies above the pick's (a fraction; NaN with one rate)."""
     orders = orders or {}
     data = at_training_length(df)
     split = data["split"].map(normalized)
@@ -72,10 +76,13 @@ def preset_summary(df: pd.DataFrame, orders: dict[str, list] | None = None) -> p
         valid = _values(select, preset, lr)
         default = _values(report, preset, DEFAULT_LR)
         values = list(test.values())
+        rates = select[select[ROW] == preset].groupby(KEY)[METRIC].mean().sort_values()
+        runner_up = rates.iloc[1] / rates.iloc[0] - 1 if len(rates) > 1 else math.nan
         lines.append({"preset": preset, "best_lr": lr, "valid": np.mean(list(valid.values())), "test": test,
                       "mean": np.mean(values) if values else math.nan,
                       "std": np.std(values, ddof=1) if len(values) > 1 else math.nan,
-                      "n": len(values), "default_mean": np.mean(list(default.values())) if default else math.nan})
+                      "n": len(values), "default_mean": np.mean(list(default.values())) if default else math.nan,
+                      "runner_up": runner_up})
     table = pd.DataFrame(lines)
     table["ratio"] = table["mean"] / table["mean"].min()
     table["default_ratio"] = table["default_mean"] / table["default_mean"].min()
@@ -128,7 +135,8 @@ def report(df: pd.DataFrame, correction: str = "holm") -> str:
 def _table_row(row) -> str:
     spread = f" ± {row.std:.2f}" if not math.isnan(row.std) else ""
     name = f"{row.preset} (no position)" if row.preset in UNJUDGED else row.preset
-    return (f"| {name} | {row.best_lr:g} | {row.valid:.2f} | {row.mean:.2f}{spread} | {row.ratio:.3f} | "
+    tie = " †" if row.runner_up < NEAR_TIE else ""
+    return (f"| {name} | {row.best_lr:g}{tie} | {row.valid:.2f} | {row.mean:.2f}{spread} | {row.ratio:.3f} | "
             f"{_number(row.default_mean)} | {_number(row.default_ratio, 3)} |")
 
 
@@ -159,6 +167,9 @@ def _findings(summary: pd.DataFrame, rates: dict[str, list[float]]) -> list[str]
               if np.isclose(float(row.best_lr), rates[row.preset][end])] for end in (0, -1)]
     lines.append(f"- Best rate at the edge of its own sweep (the optimum may lie beyond it): at the lowest rate: "
                  f"{', '.join(edges[0]) or 'none'}; at the highest: {', '.join(edges[1]) or 'none'}.")
+    ties = [f"{row.preset} (+{row.runner_up:.1%})" for row in summary.itertuples() if row.runner_up < NEAR_TIE]
+    lines.append(f"- † Close calls on {SELECT} (the second-best rate's mean {SELECT} ppl within "
+                 f"{NEAR_TIE:.1%} of the pick's, so the pick is not clearly better): {', '.join(ties) or 'none'}.")
     return lines
 
 

@@ -14,8 +14,8 @@ threshold of train.stop_at_exact_match or the max_steps cap). From those:
   figures are left out) beside the numbers of these runs;
 - orderings, one family corrected together (analysis/stats.py; two variants are different models: Welch's
   t-test, each difference with its 95% CI): their abstract's claim, NoPE against each of T5, ALiBi, RoPE and
-  sinusoid, per task and over tasks, and randomized against sequential positions for RoPE and ALiBi (Ruoss et
-  al.), ID and OOD. "Over tasks" compares the per-seed means over the tasks (seed s's runs of every task,
+  sinusoid, then against every other encoding run here, per task and over tasks, and randomized against
+  sequential positions for RoPE and ALiBi (Ruoss et al.), ID and OOD. "Over tasks" compares the per-seed means over the tasks (seed s's runs of every task,
   averaged), so each side has one value per seed. The trend table quotes the same tests.
 """
 
@@ -135,9 +135,14 @@ def _counted(variants: pd.Series) -> list[str]:
     return [f"{name} ({count})" for name, count in variants.value_counts(sort=False).items()]
 
 
+def _ranking(scores: pd.DataFrame) -> pd.DataFrame:
+    """variant x task: the rank of its mean OOD exact match among every variant run (1 = best, ties share their
+    mean rank). The one definition behind the rank table and the MRR the trend table quotes."""
+    return scores.groupby(["task", "variant"])["ood"].mean().unstack("task").rank(ascending=False)
+
+
 def _ranks(scores: pd.DataFrame, tasks: list[str]) -> list[str]:
-    means = scores.groupby(["task", "variant"])["ood"].mean().unstack("task")
-    ranks = means.rank(ascending=False)  # per task: 1 = the highest mean OOD exact match, ties share
+    ranks = _ranking(scores)
     variants = [v for v in _variants(scores) if v in ranks.index]
     lines = ["## Rank per task and mean reciprocal rank", "",
              "Rank of each variant's mean OOD exact match within a task (1 = best; ties share their mean rank), "
@@ -165,12 +170,15 @@ def _orderings(scores: pd.DataFrame, tasks: list[str], family: Family) -> tuple[
     lines = ["## Orderings", "",
              "Each line: the two means and the test (two variants are different models: Welch's t-test over seeds; "
              "higher is better; the difference is the first minus the second, with its 95% CI).",
-             "", "Kazemnejad et al.: NoPE against each explicit encoding (OOD exact match):", ""]
+             "", "NoPE against each encoding run here with sequential positions (OOD exact match): Kazemnejad et "
+             "al.'s four first, then the others:", ""]
     over: Over = {}
     sequential = scores[scores["positions"] != "randomized"]
     present = set(sequential["encoding"])
     if KAZEMNEJAD[0] in present:
-        for other in [e for e in KAZEMNEJAD[1:] if e in present]:
+        others = [e for e in KAZEMNEJAD[1:] if e in present] + sorted(
+            (e for e in present if e not in KAZEMNEJAD), key=lambda e: variant_order(e, "sequential"))
+        for other in others:
             lines += _compare(sequential, ("encoding", KAZEMNEJAD[0]), ("encoding", other), "ood", tasks, family, over)
     lines += ["", "Randomized against sequential positions (Ruoss et al.), ID and OOD exact match:", ""]
     for encoding in RANDOMIZED:
@@ -233,19 +241,19 @@ def _trends(scores: pd.DataFrame, tasks: list[str], over: Over) -> list[str]:
                  "(their Section 4, Fig. 3)",
                  f"{len(fitted) - len(below)} of {len(fitted)} (task, variant) pairs reach a mean ID exact match of "
                  f"0.99" + (f"; below it: {'; '.join(below)}" if below else "")))
-    sequential = scores[scores["positions"] != "randomized"]
-    means = sequential.groupby(["task", "encoding"])["ood"].mean().unstack("task")
-    reciprocal = (1 / means.rank(ascending=False)).mean(axis=1)  # over the tasks each encoding has
-    five = [e for e in KAZEMNEJAD if e in reciprocal.index]
+    reciprocal = (1 / _ranking(scores)).mean(axis=1)  # over the tasks each variant has
+    five = [e for e in KAZEMNEJAD if variant_name(e) in reciprocal.index]
     if five:
-        ours = ", ".join(f"{variant_name(e)} {reciprocal[e]:.2f}" for e in sorted(five, key=lambda e: -reciprocal[e]))
+        ours = ", ".join(f"{variant_name(e)} {reciprocal[variant_name(e)]:.2f}"
+                         for e in sorted(five, key=lambda e: -reciprocal[variant_name(e)]))
         nope = KAZEMNEJAD[0]
         tested = [f"{variant_name(nope)} vs {variant_name(y)}: {comparison}" for y in five if y != nope
                   if (comparison := over.get((variant_name(nope), variant_name(y), "ood")))]
         rows.append(("Kazemnejad et al.: NoPE outperforms the explicit encodings (T5's relative bias, ALiBi, Rotary, "
                      "APE), and ALiBi, Rotary and APE are not well suited for length generalization (abstract); "
                      "their Fig. 1 ranks the five by mean reciprocal rank over their tasks",
-                     f"MRR of these over {', '.join(tasks)} (ranks among the sequential encodings run here): "
+                     f"MRR of these over {', '.join(tasks)} (ranks among all {len(reciprocal)} variants run here, "
+                     f"as in the rank table): "
                      f"{ours}. Over the tasks (per-seed mean OOD): " + "; ".join(tested)))
     for encoding in RANDOMIZED:
         mine = scores[scores["encoding"] == encoding]
