@@ -94,6 +94,7 @@ LATEX_ESCAPES = {
     "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
     "±": r"$\pm$", "✓": r"\checkmark", "✗": r"$\times$", "—": "---",
     "<": r"$<$", ">": r"$>$", "|": r"\textbar{}",  # OT1 text fonts print < > | as other glyphs
+    "α": r"$\alpha$",  # a family's level in a caption (stats.Family.heading)
 }
 
 
