@@ -397,3 +397,10 @@ def test_axis_orders_follow_grid_and_zip_columns():
             "zip": {"encoding": ["xl", "xl", "t5", "alibi"], "model.attention.terms": ["abcd", "ab", "a", "a"]}}
     assert axis_orders(spec) == {"model.mem_len": [64, 0], "encoding": ["xl", "t5", "alibi"],
                                  "model.attention.terms": ["abcd", "ab", "a"]}
+
+
+def test_latex_output_is_plain_ascii(grid):
+    """pdflatex without extra packages rejects characters like α (the family's level in a baseline caption):
+    checked here even where pdflatex is not installed."""
+    text = render(make_table(grid, TableOptions(baseline="xl"))[0], "latex")
+    assert "$\\alpha$" in text and text.isascii(), [c for c in text if not c.isascii()]
