@@ -100,7 +100,9 @@ def _finite(sample: Sample) -> dict:
 
 def compare(a: Sample, b: Sample) -> Test | None:
     """The t-test of a against b the data calls for (module docstring); None when a side has fewer than
-    MIN_SEEDS values (pairs) or the values do not vary (no spread: no t statistic)."""
+    MIN_SEEDS values (pairs) or the values do not vary (no spread: no t statistic). Samples that share only
+    some units (a run missing one of the two measurements) are paired over the units they share; NaN values
+    count as missing."""
     with warnings.catch_warnings():  # near-identical seeds: scipy warns of precision loss, the test stands
         warnings.simplefilter("ignore", RuntimeWarning)
         return _compare(_finite(a), _finite(b))
