@@ -53,6 +53,10 @@ def test_every_study_entry_names_what_its_module_holds():
 
 
 def test_help_documents_the_correction(capsys):
+    from relpos_ablate.analysis.stats import CORRECTIONS
+    from relpos_ablate.cli.report import CORRECTION_CHOICES
+
+    assert CORRECTION_CHOICES == tuple(CORRECTIONS)  # the CLI's text copy (no scipy at start-up) stays in step
     for command in ("table", "report"):
         with pytest.raises(SystemExit):
             main([command, "--help"])

@@ -33,6 +33,8 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestIndPower, TTestPower
 from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
+from relpos_ablate.config.base import check_choice
+
 ALPHA = 0.05
 """Significance level of every family (after correction)."""
 POWER = 0.8
@@ -156,8 +158,7 @@ def equivalence(a: Sample, b: Sample, margin: float) -> Test | None:
 
 def adjust(p_values: Iterable[float], correction: str = "holm") -> list[float]:
     """The family's adjusted p-values (NaN stays NaN and does not count as a test)."""
-    if correction not in CORRECTIONS:
-        raise ValueError(f"correction: {correction!r} is not allowed; choose one of {', '.join(CORRECTIONS)}")
+    check_choice("correction", correction, CORRECTIONS)
     p = np.asarray(list(p_values), dtype=float)
     out = np.full(p.shape, math.nan)
     tested = ~np.isnan(p)
@@ -202,40 +203,46 @@ class Comparison:
             return None
         return self.name_a if (self.test.difference < 0) == self.lower_is_better else self.name_b
 
+    def said(self) -> str:
+        """What the test says, in words: `A better`, `not significant (after correction)`, `equivalent within
+        ±m`, `equivalence not shown`; why there is no test where there is none."""
+        if self.test is None:
+            return self.reason
+        if self.test.kind == TOST:
+            return f"equivalent within ±{_num(self.test.margin, self.decimals + 1)}" if self.significant else \
+                "equivalence not shown"
+        if self.significant:
+            return f"{self.winner} better"
+        raw = self.test.p < self.family.alpha and self.family.correction != "none"
+        return f"not significant{' after correction' if raw else ''}"
+
+    def _interval(self) -> str:
+        """`95% CI [lo, hi]` (TOST: the 90% interval it inverts)."""
+        t, d = self.test, self.decimals + 1
+        return f"{'90%' if t.kind == TOST else '95%'} CI [{_num(t.ci[0], d)}, {_num(t.ci[1], d)}]"
+
     def evidence(self) -> str:
         """`paired t-test, difference -0.11, 95% CI [-0.15, -0.07]; p = 0.003, Holm-adjusted p = 0.012`."""
         self.family.close()
         t, d = self.test, self.decimals + 1
-        level = "90%" if t.kind == TOST else "95%"
         what = f"{t.kind}, margin ±{_num(t.margin, d)}, " if t.kind == TOST else f"{t.kind}, "
         adjusted = "" if self.family.correction == "none" else f", {self.family.adjusted_word} p = {fmt_p(t.p_adjusted)}"
-        return (f"{what}difference {_num(t.difference, d)}, {level} CI [{_num(t.ci[0], d)}, {_num(t.ci[1], d)}], "
+        return (f"{what}difference {_num(t.difference, d)}, {self._interval()}, "
                 f"n = {t.n_a}{'' if t.n_a == t.n_b or t.kind != WELCH else ' and ' + str(t.n_b)}; "
                 f"p = {fmt_p(t.p)}{adjusted}")
 
     def verdict(self) -> str:
         """The part after the means: `A better (...)`, `not significant (...)`, `equivalent within ±m (...)`."""
-        if self.test is None:
-            return self.reason
-        if self.test.kind == TOST:
-            said = f"equivalent within ±{_num(self.test.margin, self.decimals + 1)}" if self.significant else \
-                "equivalence not shown"
-            return f"{said} ({self.evidence()})"
-        if self.significant:
-            return f"{self.winner} better ({self.evidence()})"
-        raw = self.test.p < self.family.alpha and self.family.correction != "none"
-        return f"not significant{' after correction' if raw else ''} ({self.evidence()})"
+        return self.said() if self.test is None else f"{self.said()} ({self.evidence()})"
 
     def short(self) -> str:
         """The verdict for a table cell whose row already names the test: `A better; 95% CI [lo, hi]; p = 0.003,
         adj. 0.012` or `not significant; ...`."""
+        self.family.close()
         if self.test is None:
             return self.reason
-        t, d = self.test, self.decimals + 1
-        said = self.verdict().split(" (", 1)[0]
-        level = "90%" if t.kind == TOST else "95%"
-        adjusted = "" if self.family.correction == "none" else f", adj. {fmt_p(t.p_adjusted)}"
-        return f"{said}; {level} CI [{_num(t.ci[0], d)}, {_num(t.ci[1], d)}]; p = {fmt_p(t.p)}{adjusted}"
+        adjusted = "" if self.family.correction == "none" else f", adj. {fmt_p(self.test.p_adjusted)}"
+        return f"{self.said()}; {self._interval()}; p = {fmt_p(self.test.p)}{adjusted}"
 
     def __str__(self) -> str:
         means = ", ".join(f"{name} {'-' if math.isnan(m) else _num(m, self.decimals)}"
@@ -255,8 +262,7 @@ class Family:
     closed: bool = False
 
     def __post_init__(self):
-        if self.correction not in CORRECTIONS:
-            raise ValueError(f"correction: {self.correction!r} is not allowed; choose one of {', '.join(CORRECTIONS)}")
+        check_choice("correction", self.correction, CORRECTIONS)
 
     @property
     def adjusted_word(self) -> str:
@@ -305,6 +311,10 @@ class Family:
                 f"an ordering is stated only where the {'' if self.correction == 'none' else 'adjusted '}"
                 f"p < {self.alpha}.")
 
+    def summary(self) -> str:
+        """The lines under a family's list or table: its heading, a blank line, its power line."""
+        return f"{self.heading()}\n\n{self.power_line()}"
+
     def power_line(self) -> str:
         """The smallest differences the family's t-tests could detect at 80% power (observed spread)."""
         self.close()
@@ -320,6 +330,12 @@ class Family:
         if strict:
             text += f", {_spread(strict)} at α/{m} (the strictest step of the correction)"
         return text + " (in the compared values' units; from each test's observed spread)."
+
+
+def listed(items: list) -> list[str]:
+    """A report's lines once their families are complete: text as it is, (prefix, comparison) as a list item
+    `- prefix` + the comparison (its means and verdict)."""
+    return [item if isinstance(item, str) else f"- {item[0]}{item[1]}" for item in items]
 
 
 def _spread(values: list[float]) -> str:

@@ -12,8 +12,7 @@ layouts.LayoutSpec.reads_token_losses).
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
-from typing import Iterable
+from collections import defaultdict
 
 import numpy as np
 import pandas as pd

@@ -157,7 +157,6 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from relpos_ablate.analysis.collect import read_summary
     from relpos_ablate.studies import make_report
 
     return _emit(make_report(_frame(args.source), args.correction), args.out)
@@ -219,11 +218,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
         written, notes = figure(args.kind)(_frame(args.target), out, formats, args)
     elif args.kind == "extrapolation":  # from the runs, or from the summary.csv collect wrote of them
-        from relpos_ablate.analysis.collect import read_summary
-
-        written, notes = plots.save_extrapolation(_frame(args.target), out, metric=args.metric, x=args.x, y=args.y, panels=args.panels,
-                                                  split_families=args.family_rows, where=_keys(args.where),
-                                                  formats=formats)
+        written, notes = plots.save_extrapolation(_frame(args.target), out, metric=args.metric, x=args.x, y=args.y,
+                                                  panels=args.panels, split_families=args.family_rows,
+                                                  where=_keys(args.where), formats=formats)
     elif args.kind == "position-loss":
         from relpos_ablate.analysis.positions import save_position_loss
 

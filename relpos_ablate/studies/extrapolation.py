@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from relpos_ablate.analysis.stats import Family
+from relpos_ablate.analysis.stats import Comparison, Family
 from relpos_ablate.analysis.settings import normalized
 from relpos_ablate.analysis.table_options import axis_orders, read_spec
 from relpos_ablate.analysis.tables import sort_key
@@ -59,12 +59,14 @@ def ratios(data: pd.DataFrame, encoding: str, protocol: str, length: int, train:
 
 def family_note(family: Family) -> str:
     """The lines under a section's table that name its family, its correction and its power."""
-    return f"\n{family.heading()}\n\n{family.power_line()}\n"
+    return f"\n{family.summary()}\n"
 
 
 def verdicts(row: list) -> str:
-    """A table row's cells: text as it is, a comparison as its verdict (read once its family is complete)."""
-    return " | ".join(cell.short() if hasattr(cell, "short") else str(cell) for cell in row)
+    """A table row's cells, read once their family is complete: text as it is, a comparison as its short
+    verdict, (text, comparison) as `text (short verdict)`."""
+    return " | ".join(f"{cell[0]} ({cell[1].short()})" if isinstance(cell, tuple) else
+                      cell.short() if isinstance(cell, Comparison) else str(cell) for cell in row)
 
 
 def mean(values) -> float:
@@ -154,7 +156,7 @@ def ratio_section(data, encodings, lengths, train) -> str:
 def sliding_section(data, encodings, lengths, train, correction) -> str:
     longer = [n for n in lengths if n > train]
     family = Family("sliding vs non-overlapping, each encoding at each length", correction)
-    rows = [["| encoding", *(label_length(n, train) for n in longer)]]
+    rows = []
     for encoding in encodings:
         cells = []
         for n in longer:
@@ -164,27 +166,14 @@ def sliding_section(data, encodings, lengths, train, correction) -> str:
                 cells.append("—")
                 continue
             delta = mean(sliding.values()) - mean(plain.values())
-            cells.extend([f"{delta:+.2f} (", family.compare("sliding", sliding, "non-overlapping", plain), ")"])
+            cells.append((f"{delta:+.2f}", family.compare("sliding", sliding, "non-overlapping", plain)))
         rows.append([f"| {encoding}", *cells])
-    lines = [rows[0][0] + " | " + " | ".join(rows[0][1:]) + " |", "|:---|" + "---:|" * len(longer)]
-    lines += [_joined(row) for row in rows[1:]]
+    lines = ["| encoding | " + " | ".join(label_length(n, train) for n in longer) + " |",
+             "|:---|" + "---:|" * len(longer), *(verdicts(row) + " |" for row in rows)]
     return ("## Sliding minus non-overlapping\n\nppl under sliding evaluation (windows of nL moved by L: every scored "
             "token sees at least nL − L + 1 tokens) minus ppl under non-overlapping segments of nL; negative: sliding "
             "is better. In brackets the paired t-test over the runs (each run scored both ways).\n\n" +
             "\n".join(lines) + "\n" + family_note(family))
-
-
-def _joined(row: list) -> str:
-    """`| enc | +0.01 (verdict) | ...`: a row whose cells are built from text and comparisons (a comparison
-    between '(' and ')' belongs to the cell before it)."""
-    cells, current = [row[0]], ""
-    for part in row[1:]:
-        text = part.short() if hasattr(part, "short") else str(part)
-        current += text
-        if text == "—" or text == ")":
-            cells.append(current)
-            current = ""
-    return " | ".join(cells) + " |"
 
 
 def appb_section(data, encodings, train, correction) -> str:

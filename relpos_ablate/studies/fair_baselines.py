@@ -127,7 +127,7 @@ def report(df: pd.DataFrame, correction: str = "holm") -> str:
         *_findings(summary, rates), "",
         f"## Each preset against the best ({REPORT} ppl of the seeds at each one's best rate; two models: Welch's "
         "t-test; the best is the lowest mean, picked from the same data, so its gaps are if anything overstated)", "",
-        *(f"- {test}" for test in tests), "", family.heading(), "", family.power_line(),
+        *(f"- {test}" for test in tests), "", family.summary(),
     ]
     return "\n".join(lines) + "\n"
 

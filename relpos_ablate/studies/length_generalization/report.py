@@ -29,7 +29,7 @@ import pandas as pd
 from relpos_ablate.studies.length_generalization.table import (
     TASK, example_rows, per_run_bins, task_order, variant_name, variant_order,
 )
-from relpos_ablate.analysis.stats import Comparison, Family
+from relpos_ablate.analysis.stats import Comparison, Family, listed
 from relpos_ablate.config import ConfigError
 
 METRIC = "exact_match"
@@ -82,8 +82,7 @@ def length_generalization_report(df: pd.DataFrame, correction: str = "holm") -> 
     ]
     orderings, over = _orderings(scores, tasks, family)  # first: the trend table quotes its tests
     lines += [*_trends(scores, tasks, over), *_training(scores, tasks), *_ranks(scores, tasks),
-              *(line if isinstance(line, str) else f"- {line[0]}{line[1]}" for line in orderings),
-              family.heading(), "", family.power_line(), ""]
+              *listed(orderings), family.summary(), ""]
     return "\n".join(lines) + "\n"
 
 

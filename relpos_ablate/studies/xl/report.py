@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from relpos_ablate.analysis.recl import ladder_rows
-from relpos_ablate.analysis.stats import Family
+from relpos_ablate.analysis.stats import Family, listed
 from relpos_ablate.config import ConfigError
 
 ROW = ("encoding", "model.mem_len", "train.loss_on")
@@ -82,10 +82,8 @@ def _cell(values) -> str:
 
 
 def _tested(family: Family, items: list) -> list[str]:
-    """The lines of a family's list (text, or a comparison read once the family is complete), then its
-    heading and power line."""
-    return [*(str(item) if isinstance(item, str) else f"- {item[0]}{item[1]}" for item in items), "",
-            family.heading(), "", family.power_line()]
+    """The lines of a family's list (stats.listed), then its heading and power line."""
+    return [*listed(items), "", family.summary()]
 
 
 def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
