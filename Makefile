@@ -57,29 +57,35 @@ demo: install
 
 # Reproductions (README "Reproductions"): train a spec's grid on 2 CPU slots (done runs are skipped), then
 # write its report into results/<name>/: summary.csv, the tables, figures/ and grid.txt (the grid's last
-# line, with its wall time, and the machine; written only when the grid trained something). Only the
-# report files are committed (.gitignore).
+# line, with its wall time, and the machine, appended when the grid trained something: one part per invocation). Only the
+# report files are committed (.gitignore): summary.csv keeps the committed rows of the runs this machine has
+# no run dir of (`collect --merge`) and drops those the spec (and the extra specs of argument 2) no longer
+# plans (`--spec`), so adding seeds to a study trains only the new runs.
 define repro_grid
 	mkdir -p results/$(1)
 	$(BIN)/relpos-ablate grid experiments/$(1).yaml --slots 2 --results results 2>&1 | tee results/$(1)/.grid.out
 	if ! grep -q "ran 0 in" results/$(1)/.grid.out; then \
 		{ grep "^grid $(1):" results/$(1)/.grid.out | tail -n 1; \
 		  echo "machine: $$(nproc) CPU cores, $$(lscpu | sed -n 's/^Model name: *//p'), $$(date -u +%F)"; \
-		} > results/$(1)/grid.txt; fi
+		} >> results/$(1)/grid.txt; fi
 	rm -f results/$(1)/.grid.out
-	$(BIN)/relpos-ablate collect results/$(1) --out results/$(1)/summary.csv
+	$(BIN)/relpos-ablate collect results/$(1) $$(test -f results/$(1)/summary.csv && echo --merge results/$(1)/summary.csv) \
+		--spec experiments/$(1).yaml $(2) --out results/$(1)/summary.csv
 endef
 LENGTHGEN := results/length_generalization
+LENGTHCAP := results/length_generalization_cap
 EXTRAP := results/alibi_extrapolation_cpu
 XL6 := results/xl_table6_cpu
 XLCTX := results/xl_context_cpu
 
-# lengthgen: report.md from the summary.csv it commits, so the report regenerates from committed data alone
+# lengthgen: report.md from the summary.csvs it commits, so the report regenerates from committed data alone;
+# length_generalization_cap trains the slow learners again with the step cap doubled (the report's last section)
 lengthgen: install
 	$(call repro_grid,length_generalization)
-	$(BIN)/relpos-ablate table $(LENGTHGEN) --out $(LENGTHGEN)/table.md
-	$(BIN)/relpos-ablate table $(LENGTHGEN) --out $(LENGTHGEN)/table.tex
-	$(BIN)/relpos-ablate report $(LENGTHGEN)/summary.csv --out $(LENGTHGEN)/report.md
+	$(call repro_grid,length_generalization_cap)
+	$(BIN)/relpos-ablate table $(LENGTHGEN)/summary.csv --out $(LENGTHGEN)/table.md
+	$(BIN)/relpos-ablate table $(LENGTHGEN)/summary.csv --out $(LENGTHGEN)/table.tex
+	$(BIN)/relpos-ablate report $(LENGTHGEN)/summary.csv $(LENGTHCAP)/summary.csv --out $(LENGTHGEN)/report.md
 	for kind in lengthgen diagnostics passkey; do \
 		$(BIN)/relpos-ablate plot $(LENGTHGEN) --kind $$kind --out $(LENGTHGEN)/figures || exit 1; done
 
@@ -88,9 +94,12 @@ lengthgen: install
 # records its wall time when it evaluated something. table.md keeps the full-target settings (the spec's
 # `table: where`), table_appb.md the sweep.
 APPB_TARGETS := 2048
-APPB_SETTINGS := [$(foreach s,1 2 4 8 16 32 64,{segment_len: 64, protocol: sliding, stride: $(s), \
+# The exact-context ladder beside it (windows of c = 16 ... 64 moved by 1, every target's loss saved): the
+# report's "loss at an exact context" compares them on the targets all of them score in full (collect's ladder_loss).
+APPB_SETTINGS := [$(foreach s,2 4 8 16 32 64,{segment_len: 64, protocol: sliding, stride: $(s), \
 	max_targets: $(APPB_TARGETS)},) {segment_len: 128, max_targets: $(APPB_TARGETS)}, \
-	{segment_len: 256, max_targets: $(APPB_TARGETS)}]
+	{segment_len: 256, max_targets: $(APPB_TARGETS)}, $(foreach c,16 24 32 40 48 56 64,{segment_len: $(c), \
+	protocol: sliding, stride: 1, max_targets: $(APPB_TARGETS), token_losses: true},)]
 
 repro-extrapolation: install
 	$(call repro_grid,alibi_extrapolation_cpu)
@@ -99,9 +108,10 @@ repro-extrapolation: install
 	if grep -q "evaluated [1-9]" $(EXTRAP)/.appb.out; then \
 		echo "evaluate (App. B, max_targets $(APPB_TARGETS)): $$(grep -c "evaluated [1-9]" $(EXTRAP)/.appb.out) runs in $$(( $$(date +%s) - start )) s on 2 slot(s); machine: $$(nproc) CPU cores, $$(date -u +%F)" \
 			> $(EXTRAP)/appb.txt; fi; rm -f $(EXTRAP)/.appb.out
-	$(BIN)/relpos-ablate collect $(EXTRAP) --out $(EXTRAP)/summary.csv
-	$(BIN)/relpos-ablate table $(EXTRAP) --out $(EXTRAP)/table.md
-	$(BIN)/relpos-ablate table $(EXTRAP) --where max_targets=$(APPB_TARGETS) --cols protocol segment_len stride \
+	$(BIN)/relpos-ablate collect $(EXTRAP) --merge $(EXTRAP)/summary.csv --spec experiments/alibi_extrapolation_cpu.yaml \
+		--out $(EXTRAP)/summary.csv
+	$(BIN)/relpos-ablate table $(EXTRAP)/summary.csv --out $(EXTRAP)/table.md
+	$(BIN)/relpos-ablate table $(EXTRAP)/summary.csv --where max_targets=$(APPB_TARGETS) --cols protocol segment_len stride \
 		--out $(EXTRAP)/table_appb.md
 	$(BIN)/relpos-ablate report $(EXTRAP)/summary.csv --out $(EXTRAP)/report.md
 	$(BIN)/relpos-ablate plot $(EXTRAP) --kind extrapolation --y ratio --out $(EXTRAP)/figures
@@ -111,23 +121,26 @@ repro-extrapolation: install
 # the Table 6 study's segment length, then Tables 6 and 8 and the report of their comparisons.
 repro-xl: install
 	$(call repro_grid,xl_context_cpu)
-	$(BIN)/relpos-ablate table $(XLCTX) --out $(XLCTX)/table.md
-	$(BIN)/relpos-ablate report $(XLCTX) --out $(XLCTX)/report.md
+	$(BIN)/relpos-ablate table $(XLCTX)/summary.csv --out $(XLCTX)/table.md
+	$(BIN)/relpos-ablate report $(XLCTX)/summary.csv --out $(XLCTX)/report.md
 	$(call repro_grid,xl_table6_cpu)
-	$(BIN)/relpos-ablate table $(XL6) --layout xl_table6 --out $(XL6)/table6.md
+	$(BIN)/relpos-ablate table $(XL6)/summary.csv $(XLCTX)/summary.csv --layout xl_table6 --out $(XL6)/table6.md
 	$(BIN)/relpos-ablate table $(XL6) --layout xl_table8 --out $(XL6)/table8.md
-	$(BIN)/relpos-ablate report $(XL6) --out $(XL6)/report.md
-	$(BIN)/relpos-ablate plot $(XL6) --kind context --out $(XL6)/figures
+	$(BIN)/relpos-ablate table $(XL6) --layout xl_table8 --where model.mem_len=48 --out $(XL6)/table8_memory.md
+	$(BIN)/relpos-ablate report $(XL6)/summary.csv $(XLCTX)/summary.csv --out $(XL6)/report.md
+	$(BIN)/relpos-ablate plot $(XL6)/summary.csv --kind context --out $(XL6)/figures
 
 # fair-baselines: table.md is the spec's best_over table (test ppl at each preset's best-validation lr); report.md
-# the counts and the tests (one Holm-corrected family), from summary.csv alone (so the committed one regenerates it)
+# the counts and the tests (Holm-corrected families), from the committed summary.csvs alone: the sweep's, then
+# fair_baselines_2000's (some presets at their pick for 2000 steps: the report's last section)
 FAIR := results/fair_baselines
 
 fair-baselines: install
 	$(call repro_grid,fair_baselines)
-	$(BIN)/relpos-ablate table $(FAIR) --out $(FAIR)/table.md
-	$(BIN)/relpos-ablate report $(FAIR)/summary.csv --out $(FAIR)/report.md
-	$(BIN)/relpos-ablate plot $(FAIR) --kind lr-sweep --out $(FAIR)/figures
+	$(call repro_grid,fair_baselines_2000)
+	$(BIN)/relpos-ablate table $(FAIR)/summary.csv --out $(FAIR)/table.md
+	$(BIN)/relpos-ablate report $(FAIR)/summary.csv $(FAIR)_2000/summary.csv --out $(FAIR)/report.md
+	$(BIN)/relpos-ablate plot $(FAIR)/summary.csv --kind lr-sweep --out $(FAIR)/figures
 
 bench: install
 	$(BIN)/python benchmarks/attention.py

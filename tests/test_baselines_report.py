@@ -180,3 +180,62 @@ def test_near_tie_picks_are_marked(results):
     assert "| alibi | 0.001 † |" in text and "| xl | 0.002 |" in text
     assert f"(+{5.91 / 5.9 - 1:.1%})" in text and text.count(" † |") == 1
     assert "so the pick is not clearly better): alibi (+0.2%)." in text and "† Close calls on valid" in text
+
+
+LONGER = {  # preset -> (valid per lr, test per lr) of the sweep, then the test mean at the longer budget
+    "xl": (([6.0, 5.5], [6.1, 5.6]), 5.0),
+    "vaswani": (([9.0, 8.0], [9.1, 8.1]), 5.4),
+    "al_rfou": (([9.5, 9.6], [9.6, 9.7]), 6.0),
+    "nope": (([9.2, 9.3], [9.3, 9.4]), 7.0),
+}
+
+
+@pytest.fixture(scope="module")
+def budgets(tmp_path_factory):
+    """A two-rate sweep at the default budget, then every preset at its pick for 2000 steps."""
+    root = tmp_path_factory.mktemp("budgets")
+    for preset, ((valid, test), longer) in LONGER.items():
+        fields = [f"model.attention.{k}={v}" for k, v in preset_fields(preset).items()]
+        for k, lr in enumerate(LRS[1:]):
+            for seed, d in enumerate(OFFSETS):
+                make_run(root, [*fields, f"train.lr={lr}", f"seed={seed}", "train.segment_len=64"],
+                         experiment="fair_baselines", variant={"encoding": preset, "train.lr": lr, "seed": seed},
+                         results=[({"segment_len": 64, "split": "valid"}, {"ppl": valid[k] + d}),
+                                  ({"segment_len": 64, "split": "test"}, {"ppl": test[k] + d})])
+        pick = LRS[1:][int(np.argmin(valid))]
+        for seed, d in enumerate(OFFSETS):
+            make_run(root, [*fields, f"train.lr={pick}", f"seed={seed}", "train.segment_len=64", "train.max_steps=2000"],
+                     experiment="fair_baselines", variant={"encoding": preset, "train.lr": pick, "seed": seed},
+                     results=[({"segment_len": 64, "split": "valid"}, {"ppl": longer + d}),
+                              ({"segment_len": 64, "split": "test"}, {"ppl": longer + 2 * d})])
+    return collect(root / "fair_baselines")
+
+
+def test_a_longer_budget_is_its_own_section_and_leaves_the_sweep_alone(budgets):
+    text = report(budgets)
+    sweep, longer = text.split("## A longer budget: 2000 steps")
+    sweep_only = budgets[budgets["train.max_steps"] != 2000]
+    assert sweep == report(sweep_only).rstrip("\n") + "\n\n"  # the sweep's report does not see the 2000-step runs
+    test_at = {p: [m + 2 * d for d in OFFSETS] for p, (_, m) in LONGER.items()}
+    best = min(test_at, key=lambda p: np.mean(test_at[p]))
+    assert best == "xl" and f"(at 2000 steps: xl, {np.mean(test_at['xl']):.2f}," in longer
+    # each row: the sweep's test ppl at the pick and its ratio, then the longer budget's and its ratio
+    sweep_means = {p: min(zip(v, t))[1] for p, ((v, t), _) in LONGER.items()}
+    for preset in ("vaswani", "al_rfou"):
+        ratio_short = sweep_means[preset] / min(sweep_means.values())
+        ratio_long = np.mean(test_at[preset]) / np.mean(test_at["xl"])
+        assert (f"| {preset} | {0.002 if preset == 'vaswani' else 0.001:g} | {sweep_means[preset]:.2f} ± 0.10 | "
+                f"{ratio_short:.3f} | {np.mean(test_at[preset]):.2f} ± 0.20 | {ratio_long:.3f} |") in longer
+    # judged: xl, vaswani, al_rfou (nope encodes no position); vaswani 1.08, al_rfou 1.20 over the best
+    assert "more than 10% above the best at 2000 steps: 1 of 3 (al_rfou)." in longer
+    p_values = [stats.ttest_ind(test_at["xl"], test_at[p], equal_var=False).pvalue for p in ("vaswani", "al_rfou", "nope")]
+    adjusted = multipletests(p_values, method="holm")[1]
+    assert f"Holm-adjusted p = {adjusted[0]:.2g})" in longer.split("- xl ")[1].split("\n")[0]
+    # al_rfou against nope at both budgets: one family of two Welch tests
+    short_p = stats.ttest_ind([9.6 + d for d in OFFSETS], [9.3 + d for d in OFFSETS], equal_var=False).pvalue
+    long_p = stats.ttest_ind(test_at["al_rfou"], test_at["nope"], equal_var=False).pvalue
+    pair = longer.split("Al-Rfou's per-layer")[1]
+    assert f"p = {short_p:.2g}, Holm-adjusted p = {multipletests([short_p, long_p], method='holm')[1][0]:.2g}" in pair
+    assert "al_rfou, 2000 steps 6.00, nope, 2000 steps 7.00: al_rfou, 2000 steps better" in pair
+    # the lr figure draws the sweep alone
+    assert len(lr_figure(budgets).axes) == len(lr_figure(sweep_only).axes)

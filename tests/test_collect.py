@@ -6,6 +6,7 @@ Run: .venv/bin/python -m pytest tests/test_collect.py -q
 
 import json
 import math
+import shutil
 
 import pandas as pd
 import pytest
@@ -142,3 +143,68 @@ def test_cli_collect_bad_inputs_are_one_line_errors(tmp_path, capsys):
     assert main(["collect", str(tmp_path), "--out", str(tmp_path / "x.xlsx")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: --out:") and ".csv or .parquet" in err[-1]
+
+
+def test_cli_collect_merges_an_earlier_summary_and_keeps_only_planned_runs(tmp_path, capsys):
+    """A committed study keeps summary.csv, not run dirs: runs added later merge with it (the run dirs win for a
+    run in both), and --spec drops the runs a changed spec no longer plans."""
+    runs = make_grid(tmp_path / "res", PPL, lengths=(32, 64))
+    summary = tmp_path / "summary.csv"
+    assert main(["collect", str(tmp_path / "res"), "--out", str(summary)]) == 0
+    earlier = pd.read_csv(summary)
+    stale = earlier.copy()
+    kept_id = runs[0].name
+    stale.loc[stale["run_id"] == kept_id, "ppl"] = 999.0  # the run dir's values must win
+    stale.to_csv(summary, index=False)
+    shutil.rmtree(runs[1])  # its rows now live only in the summary
+    added = make_grid(tmp_path / "res", {("xl", 2): [9.0, 9.5]}, lengths=(32, 64))[0]
+    assert main(["collect", str(tmp_path / "res"), "--merge", str(summary), "--out", str(summary)]) == 0
+    assert "4 runs (4 done), 8 rows" in capsys.readouterr().err
+    merged = pd.read_csv(summary)
+    assert list(merged.columns[:len(earlier.columns)]) == list(earlier.columns)
+    by_run = merged.groupby("run_id")["ppl"].apply(sorted).to_dict()
+    assert by_run[kept_id] == [10.0, 12.0] and by_run[runs[1].name] == [11.0, 13.0]
+    assert by_run[added.name] == [9.0, 9.5] and by_run[runs[2].name] == [12.0, 12.5]
+    spec = tmp_path / "xl_only.yaml"
+    spec.write_text("name: demo\nbase: {model: {vocab_size: 16, attention: {terms: abcd}}, train: {segment_len: 32}}\n"
+                    "seeds: [0, 1, 2]\n")
+    out = tmp_path / "xl.csv"
+    assert main(["collect", str(tmp_path / "res"), "--merge", str(summary), "--spec", str(spec), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"dropped 1 runs no spec plans ({runs[2].name})" in err and "3 runs (3 done), 6 rows" in err
+    assert set(pd.read_csv(out)["encoding"]) == {"xl"}
+
+
+def test_cli_collect_merge_and_spec_bad_inputs_are_one_line_errors(tmp_path, capsys):
+    make_grid(tmp_path, PPL)
+    assert main(["collect", str(tmp_path), "--merge", str(tmp_path / "none.csv")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --merge:")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: demo\nbase: {train: {segment_len: -3}}\n")
+    assert main(["collect", str(tmp_path), "--spec", str(bad)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: --spec:") and "segment_len" in last
+
+
+def test_ladder_loss_is_the_mean_on_the_targets_every_fixed_context_scores_in_full(tmp_path):
+    """ladder_loss: on each fixed-context setting with token losses, the mean over the targets at stream
+    position >= longest context - 1 (the same targets for every context), computed here by hand."""
+    import numpy as np
+
+    from relpos_ablate import rundir
+
+    rng = np.random.default_rng(0)
+    short, long_ = rng.uniform(0, 3, (2, 12)), rng.uniform(0, 3, (2, 12))
+    settings = [({"segment_len": 4, "protocol": "sliding", "stride": 1, "token_losses": "c4"}, {"ppl": 9.0}),
+                ({"segment_len": 8, "protocol": "sliding", "stride": 1, "token_losses": "c8"}, {"ppl": 8.0}),
+                ({"segment_len": 8, "protocol": "sliding", "stride": 4}, {"ppl": 8.5})]
+    run = make_run(tmp_path, ["seed=0"], results=settings)
+    np.savez(run / rundir.TOKEN_LOSSES, c4=short.astype(np.float32), c8=long_.astype(np.float32))
+    df = collect(tmp_path).sort_values("eval_setting")
+    expected = [sum(float(v) for row in a for v in row[7:]) / 10 for a in (short.astype(np.float32),
+                                                                           long_.astype(np.float32))]
+    assert df["ladder_loss"].tolist()[:2] == pytest.approx(expected, rel=1e-6)
+    assert df["ladder_targets"].tolist()[:2] == [10, 10] and math.isnan(df["ladder_loss"].tolist()[2])
+    (run / rundir.TOKEN_LOSSES).unlink()
+    df = collect(tmp_path)
+    assert "ladder_loss" not in df and any("no ladder_loss" in line for line in df.attrs["problems"])

@@ -206,3 +206,36 @@ def test_table_where_keeps_the_settings_asked_for(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[0] == "| encoding | non_overlapping | sliding, stride 8 |"
     assert main(["table", str(tmp_path / "demo"), "--where", "max_targets=7"]) == 2
     assert "error: where: no row has max_targets=7; values here: 0, 64" in capsys.readouterr().err
+
+
+LADDER = {"alibi": {32: (1.80, 1.81, 1.79), 64: (1.84, 1.86, 1.83)}, "rope": {32: (1.90, 1.92, 1.91), 64: (1.85, 1.86, 1.86)}}
+"""ladder_loss (nats) per seed at an exact context c, on the targets every window scores in full: ALiBi's is lowest
+at 32 (the puzzle App. B's strides show), RoPE's at L."""
+
+
+def test_exact_context_explains_a_stride_beating_stride_1(frame):
+    """ppl = exp(ladder_loss) at each c, mean over seeds; the best c against c = L and App. B's best stride against
+    stride 1, both paired over the runs, one Holm family; encodings without a ladder are left out."""
+    rows = [{**record(e, seed, "sliding", c, 9.9, stride=1, max_targets=2048), "ladder_loss": losses[seed],
+             "ladder_targets": 1544} for e, by_c in LADDER.items() for c, losses in by_c.items() for seed in range(3)
+            if c != 64]
+    data = frame.copy()
+    data["ladder_loss"], data["ladder_targets"] = math.nan, math.nan
+    for e, by_c in LADDER.items():  # c = L is App. B's stride-1 setting itself: its rows get the ladder loss
+        for seed in range(3):
+            at = (data["encoding"] == e) & (data["seed"] == seed) & (data["stride"] == 1)
+            data.loc[at, ["ladder_loss", "ladder_targets"]] = [by_c[64][seed], 1544]
+    text = report(pd.concat([data, pd.DataFrame(rows)], ignore_index=True))
+    section = text.split("## Loss at an exact context")[1].split("\n## ")[0]
+    ppl = {e: {c: [math.exp(v) for v in losses] for c, losses in by_c.items()} for e, by_c in LADDER.items()}
+    alibi = cell(section, "| alibi")
+    assert alibi[1:3] == [f"{statistics.mean(ppl['alibi'][c]):.3f}" for c in (32, 64)]
+    at_c = t_test(ppl["alibi"][32], ppl["alibi"][64], paired=True)
+    # App. B's sweep at L (stride 1 and 64, APPB): ALiBi and RoPE are best at stride 1, so the family holds the one
+    # test of ALiBi's best c (T5, best at stride 64, has no ladder and no row here)
+    assert alibi[3] == short("c = 32", "c = 64", at_c, holm([at_c[2]])[0], decimals=3)
+    assert alibi[4] == "best at stride 1"
+    rope = cell(section, "| rope")
+    assert rope[3] == "best at c = L" and rope[4] == "best at stride 1"
+    assert "| t5" not in section  # no ladder: not in this section
+    assert "on the 1,544 targets" in section and 'Family "exact context' in section

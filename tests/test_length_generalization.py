@@ -162,11 +162,19 @@ def test_diagnostics_are_collected_per_layer_and_head_and_drawn_per_statistic(tm
     assert keys == ["encoding"] and variants == [("nope",), ("alibi",)]
     fig = diagnostics_figure(long, keys, variants, "t")
     panels = [ax for ax in fig.axes if ax.get_images()]
-    assert len(panels) == 4 and len(fig.axes) == 8  # a panel per statistic, each with its own colour bar
-    entropy = np.asarray(panels[0].get_images()[0].get_array())  # rows: nope's (layer, head), then alibi's
-    one_variant = [[hi / 10 + layer + head / 100 for _, hi in BINS] for layer in range(2) for head in range(3)]
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(panels) == 4 and len(bars) == 4  # a panel per statistic, each with its own colour bar
+    entropy = np.asarray(panels[0].get_images()[0].get_array())  # rows: nope's layers, then alibi's
+    # a row per layer: the mean over its 3 heads (head / 100: 0, 0.01, 0.02) and the 2 seeds (equal here)
+    one_variant = [[hi / 10 + layer + 0.01 for _, hi in BINS] for layer in range(2)]
     np.testing.assert_allclose(entropy, one_variant + one_variant)
     assert [t.get_text() for t in panels[0].get_yticklabels()] == ["NoPE", "ALiBi"]  # the variants in words
+    right = panels[-1].child_axes[0]  # the layer names at the right of the last panel
+    assert [t.get_text() for t in right.get_yticklabels()] == ["L0", "L1", "L0", "L1"]
+    # a single run keeps its heads: a row per (layer, head)
+    one = long[long["run_dir"] == long["run_dir"].iloc[0]]
+    by_head = diagnostics_figure(one.assign(variant=[variants[0]] * len(one)), keys, variants[:1], "t", by_head=True)
+    assert np.asarray([ax for ax in by_head.axes if ax.get_images()][0].get_images()[0].get_array()).shape == (6, 3)
     written = save_diagnostics(frame, tmp_path / "figures", formats=("png",))
     assert sorted(p.name for p in written) == ["diagnostics_copy.png", "diagnostics_summary_copy.png"]
 

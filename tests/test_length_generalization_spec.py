@@ -28,7 +28,7 @@ def tiny_spec(directory: Path) -> Path:
     raw = yaml.safe_load(SPEC.read_text())
     for section, fields in SHRUNK.items():
         raw["base"][section].update(fields)
-    raw["grid"]["encoding"] = ["nope", "alibi"]
+    raw["zip"] = {"encoding": ["nope", "alibi"]}  # the spec zips the encoding with T5's bucket fields
     raw["exclude"] = [{"encoding": "nope", "model.attention.positions": "randomized"}]
     raw["seeds"] = [0]
     path = directory / "length_generalization.yaml"

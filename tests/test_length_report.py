@@ -243,3 +243,48 @@ def test_the_report_reads_the_committed_summary_csv_as_the_results_dir(results, 
     assert main(["report", str(tmp_path / "summary.csv"), "--out", str(tmp_path / "report.md")]) == 0
     assert (tmp_path / "report.md").read_text() == make_report(collect(results))
     assert make_report(read_summary(tmp_path / "summary.csv")) == make_report(collect(results))
+
+
+def test_t5_buckets_line_names_the_untrained_test_distances(results):
+    """T5 with the default 32 buckets / max_distance 128, trained on inputs of 9 tokens (distances <= 8), tested
+    to 17 (distances <= 16): bucket(d) = d below 16 exact buckets, and bucket 16 = 16 + floor(log(16/16) /
+    log(128/16) * 16) at d = 16, worked out here; distances 9..16 read buckets no training distance reached."""
+    text = make_report(collect(results))
+    assert ("- num_buckets 32, max_distance 128 (causal): the far bucket 31 starts at distance 113; training distances "
+            "reach 8 (buckets up to 8): test distances 9..16 read buckets 9..16, never trained.") in text
+
+
+CAPPED = [[1.0, 0.5, 0.4], [1.0, 0.6, 0.3], [1.0, 0.4, 0.4]]
+"""reverse, randomized RoPE, trained again with the cap at 1800: exact match per bin and seed."""
+
+
+def test_the_step_cap_section_compares_the_higher_cap_with_the_study(tmp_path):
+    root = build(tmp_path)
+    for seed, scores in enumerate(CAPPED):
+        overrides = ["data.task=reverse", "data.train_lengths=[1, 4]", "train.segment_len=9",
+                     f"data.test_lengths={[list(b) for b in BINS]}", "train.max_steps=1800",
+                     "train.stop_at_exact_match=0.99", f"seed={seed}", *VARIANTS[("rope", "randomized")]]
+        run_dir = make_run(tmp_path, overrides, experiment="length_generalization_cap",
+                           variant={"encoding": "rope", "model.attention.positions": "randomized", "seed": seed})
+        atomic_write_json(run_dir / "status.json", {"state": "done", "step": 1000 + 100 * seed, "max_steps": 1800,
+                                                    "stopped": "exact_match"})
+        settings = [{"segment_len": 2 * hi + 1, "mem_len": 0, "clamp_len": None, "same_length": False,
+                     "attn_len": 2 * hi + 1, "length_min": lo, "length_max": hi, "metrics": {"exact_match": score}}
+                    for (lo, hi), score in zip(BINS, scores)]
+        atomic_write_json(run_dir / "eval.json", {"main_metric": "exact_match", "step": 1000, "settings": settings})
+    frame = collect(tmp_path)
+    text = make_report(frame)
+    main_only = make_report(frame[frame["experiment"] == "length_generalization"])
+    assert text.startswith(main_only)  # the study's report unchanged, the cap section after it
+    section = text.split("## The step cap")[1]
+    capped_ood = [statistics.mean(s[1:]) for s in CAPPED]
+    assert (f"| reverse | RoPE (randomized) | 1800 | 3/3 | 1100 (1000-1200) | 1.000 ± 0.000 (3) | {fmt(capped_ood)} |"
+            in section)
+    key = ("reverse", "rope", "randomized")
+    assert f"| reverse | RoPE (randomized) | 900 | " in section and fmt(ood(key)) in section
+    # three Welch tests, one family: ID at the higher cap vs the study's runs; randomized vs sequential, ID and OOD
+    # (ID: both sides 1.0 at every seed there is no spread to test)
+    sequential = ("reverse", "rope", "sequential")
+    p_ood = stats.ttest_ind(capped_ood, ood(sequential), equal_var=False).pvalue
+    assert f"reverse, RoPE (randomized) at cap 1800 vs RoPE, OOD: " in section
+    assert f"p = {p_ood:.2g}" in section.split("vs RoPE, OOD: ")[1].split("\n")[0]

@@ -404,3 +404,15 @@ def test_latex_output_is_plain_ascii(grid):
     checked here even where pdflatex is not installed."""
     text = render(make_table(grid, TableOptions(baseline="xl"))[0], "latex")
     assert "$\\alpha$" in text and text.isascii(), [c for c in text if not c.isascii()]
+
+
+def test_table_settings_leaves_out_recl_ladders_only():
+    """Settings saving token losses are RECL's ladder (a subset of targets) in a run with eval.recl_contexts, left
+    out of plain tables; in a run without, they are settings the user asked to keep the losses of, and stay."""
+    import pandas as pd
+
+    from relpos_ablate.analysis.settings import table_settings
+
+    frame = pd.DataFrame({"token_losses": [None, "setting_1", "setting_2", None],
+                          "eval.recl_contexts": ["[16,32]", "[16,32]", "[]", "[]"]})
+    assert table_settings(frame).index.tolist() == [0, 2, 3]

@@ -129,6 +129,27 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
     return rows, {"main_metric": data.get("main_metric"), **_reference_fields(data.get("reference"))}
 
 
+def _add_ladder_losses(run_dir: Path, rows: list[dict], problems: list[str]) -> None:
+    """ladder_loss and ladder_targets on each of a run's fixed-context settings that saved their token losses
+    (sliding windows at stride 1, or memory with protocol xl: every target sees exactly attn_len tokens) when
+    it has two or more: the mean loss on the targets with the longest such context in their stream, which
+    every one of them scores with its full context (RECL's shared targets; analysis/recl.py). Unlike ppl,
+    these compare contexts on the same targets, without each stream's first window; kept in summary.csv,
+    they outlive the token-loss files."""
+    ladder = [row for row in rows if isinstance(row.get("token_losses"), str) and isinstance(row.get("attn_len"), int)
+              and (row.get("protocol") == "xl" or (row.get("protocol") == "sliding" and row.get("stride") == 1))]
+    if len(ladder) < 2:
+        return
+    arrays = rundir.read_token_losses(run_dir)
+    if arrays is None or any(row["token_losses"] not in arrays for row in ladder):
+        problems.append(f"{run_dir / rundir.TOKEN_LOSSES}: missing or unreadable; no ladder_loss")
+        return
+    longest = max(row["attn_len"] for row in ladder)
+    for row in ladder:
+        shared = np.asarray(arrays[row["token_losses"]], dtype=np.float64)[:, longest - 1:]
+        row["ladder_loss"], row["ladder_targets"] = float(shared.mean()), int(shared.size)
+
+
 def _reference_fields(reference) -> dict[str, Any]:
     """eval.json's reference (unigram or chance) as columns: reference, reference_<metric>."""
     if not isinstance(reference, dict) or not isinstance(reference.get("metrics"), dict):
@@ -159,6 +180,7 @@ def collect_run(run_dir: Path, problems: list[str]) -> list[dict]:
     """All rows of one run dir: one per evaluation setting, or one row with NaN metrics."""
     base = _run_fields(run_dir, problems)
     settings, run_level = _setting_rows(run_dir, base["status"], problems)
+    _add_ladder_losses(run_dir, settings, problems)
     base.update({"main_metric": None, **run_level})
     return [{**base, **setting} for setting in settings] or [base]
 
@@ -215,3 +237,21 @@ def read_summary(path) -> pd.DataFrame:
                        variant_axes=[c for c in columns[:first_setting] if c not in RUN_COLUMNS],
                        metrics=columns[last_setting + 1:end])
     return frame
+
+
+def merge_frames(found: pd.DataFrame, earlier: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `found` plus those of `earlier` (a summary.csv read back) for the runs `found` lacks.
+
+    A committed study keeps its summary.csv, not its run dirs: seeds or runs added later are collected from
+    their run dirs and merged with it. A run in both takes its rows from `found` (the run dirs are the
+    source). Columns: `found`'s order, then those only `earlier` has; attrs: the union of both."""
+    kept = earlier[~earlier["run_id"].isin(set(found["run_id"]))]
+    axes, metrics = ([*dict.fromkeys([*earlier.attrs.get(key, []), *found.attrs.get(key, [])])]
+                     for key in ("variant_axes", "metrics"))
+    present = [row for part in (kept, found) if len(part) for row in [dict.fromkeys(part.columns)]]
+    columns = [c for c in _column_order(present, axes, metrics) if any(c in row for row in present)]
+    parts = [part.reindex(columns=columns) for part in (kept, found) if len(part)]
+    merged = pd.concat(parts, ignore_index=True).copy() if parts else pd.DataFrame(columns=list(RUN_COLUMNS))
+    merged.attrs.update(problems=list(found.attrs.get("problems", [])), results_dir=found.attrs.get("results_dir", ""),
+                        variant_axes=axes, metrics=metrics)
+    return merged

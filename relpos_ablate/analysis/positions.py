@@ -23,7 +23,7 @@ from relpos_ablate.analysis.settings import label, table_settings
 from relpos_ablate.analysis.table_options import (
     TableOptions, apply_where, axis_orders, finished, read_spec, resolve_options,
 )
-from relpos_ablate.analysis.tables import row_key, sort_key, variant_colors
+from relpos_ablate.analysis.tables import row_key, sort_key, variant_styles
 from relpos_ablate.config import ConfigError
 
 BIN_COLUMNS = ("bin_lo", "bin_hi", "position_loss", "position_tokens")
@@ -61,14 +61,31 @@ def bin_centre(lo: float, hi: float) -> float:
     return math.sqrt((lo + 1) * hi)
 
 
+def first_window_only(frame: pd.DataFrame) -> pd.Series:
+    """The bins of a sliding setting that only each stream's first window reaches: a window moved by `stride`
+    scores its last `stride` positions, so positions below segment_len - stride are scored in the first
+    window alone (a few targets per stream, the stream's opening characters): left out of the figure."""
+    if "protocol" not in frame or "stride" not in frame:
+        return pd.Series(False, index=frame.index)
+    sliding = (frame["protocol"] == "sliding") & frame["stride"].notna()
+    first = pd.to_numeric(frame["segment_len"], errors="coerce") - pd.to_numeric(frame["stride"], errors="coerce")
+    return sliding & (frame["bin_hi"] <= first)
+
+
 def position_loss_figure(df: pd.DataFrame) -> Figure:
     """One panel per evaluation setting (rows: protocols, columns: lengths), one line per variant (mean
-    over seeds, ± std as a band), the training segment length marked; y shared by every panel."""
+    over seeds, ± std as a band; distinct colour and line style each), the training segment length marked; y
+    shared by every panel. Sliding panels start where every window scores (first_window_only)."""
     spec = read_spec(df)
     options = resolve_options(table_settings(df), TableOptions(metric="loss"), spec)
     data = apply_where(table_settings(df), options.where)  # the spec's table: where (e.g. full-target settings)
     rows = list(options.rows)
     frame = position_frame(finished(data, "loss")).dropna(subset=["position_loss"])
+    frame = frame[~first_window_only(frame)]
+    # a panel whose remaining positions fall in one log bin draws points, not curves: left out (its loss by
+    # position is that of non_overlapping at the same length, past its first window)
+    spans = frame.groupby([*[k for k in PANEL_KEYS if k in frame]], dropna=False)["bin_lo"].transform("nunique")
+    frame = frame[spans > 1]
     if frame.empty:
         raise ConfigError("kind", f"no loss by position in these runs' {rundir.EVAL} (evaluated before it was recorded?)")
     frame["_panel"] = [row_key(r, list(PANEL_KEYS)) for _, r in frame.iterrows()]
@@ -78,11 +95,11 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
     panels = sorted(set(frame["_panel"]), key=lambda k: sort_key(k, list(PANEL_KEYS), {}))
     protocols = list(dict.fromkeys(p[0] for p in panels))
     ncols = max(sum(p[0] == name for p in panels) for name in protocols)
-    fig = Figure(figsize=(3.6 * ncols + 1.8, 3.0 * len(protocols) + 0.6), layout="constrained")  # + the legend
+    fig = Figure(figsize=(4.2 * ncols + 2.2, 3.6 * len(protocols) + 0.8), layout="constrained")  # + the legend
     axes = fig.subplots(len(protocols), ncols, squeeze=False, sharey=True)
     orders = axis_orders(spec)
     variants = sorted(set(frame["_variant"]), key=lambda k: sort_key(k, rows, orders))
-    colors = dict(zip(variants, variant_colors(len(variants))))
+    colors = dict(zip(variants, variant_styles(len(variants))))
     for r, protocol in enumerate(protocols):
         mine = [p for p in panels if p[0] == protocol]
         for c in range(ncols):
@@ -91,11 +108,14 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
                 continue
             _draw_panel(axes[r][c], frame[frame["_panel"] == mine[c]], rows, orders, colors)
             axes[r][c].set_title(_panel_title(mine[c]), fontsize=9)
-    handles = [Line2D([], [], color=color, marker=".", label=_variant_label(key)) for key, color in colors.items()]
+    handles = [Line2D([], [], color=color, ls=style, marker=".", label=_variant_label(key))
+               for key, (color, style) in colors.items()]
     handles.append(Line2D([], [], color="k", ls=":", lw=1, label="training length"))
     fig.legend(handles=handles, fontsize=7, title=", ".join(r.rsplit(".", 1)[-1] for r in rows), title_fontsize=7,
                loc="outside right upper")
-    fig.suptitle(f"{run_names(frame)}: loss by position in the segment / window (log-spaced bins)")
+    sliding = " (sliding: the positions every window scores, L - stride and up)" if "sliding" in protocols else ""
+    fig.suptitle(f"{run_names(frame)}: loss by position in the segment / window, log-spaced bins, mean ± std over "
+                 f"seeds{sliding}")
     return fig
 
 
@@ -118,7 +138,8 @@ def _draw_panel(ax, part: pd.DataFrame, rows: list[str], orders: dict, colors: d
         mine = part[part["_variant"] == key]
         stats = mine.groupby(["bin_lo", "bin_hi"])["position_loss"].agg(["mean", "std", "count"]).reset_index()
         xs = [bin_centre(lo, hi) for lo, hi in zip(stats["bin_lo"], stats["bin_hi"])]
-        (line,) = ax.plot(xs, stats["mean"], marker=".", color=colors[key], label=_variant_label(key))
+        color, style = colors[key]
+        (line,) = ax.plot(xs, stats["mean"], marker=".", color=color, ls=style, label=_variant_label(key))
         if (stats["count"] > 1).any():
             spread = stats["std"].fillna(0.0)
             ax.fill_between(xs, stats["mean"] - spread, stats["mean"] + spread, color=line.get_color(), alpha=0.2, lw=0)

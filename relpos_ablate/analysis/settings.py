@@ -70,10 +70,15 @@ def setting_labels(records: list[dict]) -> list[str]:
 
 
 def table_settings(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows of settings that score every target: RECL's ladder (settings saving token losses) is left out."""
+    """The rows of settings that score every target: RECL's ladder (the settings saving token losses of a run
+    with eval.recl_contexts) is left out; a setting the user asked to save its token losses (an exact-context
+    ladder of App. B) stays a setting like any other."""
     if "token_losses" not in df:
         return df
-    return df[df["token_losses"].isna()]
+    ladder = df["token_losses"].notna()
+    if "eval.recl_contexts" in df:
+        ladder &= ~df["eval.recl_contexts"].map(lambda v: normalized(v) in (None, "[]", ()) or v == [])
+    return df[~ladder]
 
 
 def evaluation_note(data: pd.DataFrame, keys: list[str]) -> str:

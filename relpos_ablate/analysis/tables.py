@@ -166,6 +166,13 @@ def seed_caption(metric: str, cells: list[Cell], family: Family | None) -> str:
     return text
 
 
+def variant_styles(count: int) -> list[tuple]:
+    """(colour, line style) per variant of a line figure: the 10 distinct colours of matplotlib's cycle, solid,
+    then again dashed, then dotted, so that no two variants share a look and none is a paler shade of another."""
+    styles = ("-", "--", ":", "-.")
+    return [(f"C{k % 10}", styles[(k // 10) % len(styles)]) for k in range(count)]
+
+
 def variant_colors(count: int) -> list:
     """A colour per variant of a figure: matplotlib's cycle up to 10, tab20 beyond (distinct to 20)."""
     if count <= 10:

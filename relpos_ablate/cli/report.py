@@ -24,13 +24,20 @@ def register(subparsers) -> None:
                               description="One row per (run, evaluation setting); broken runs are kept and reported.")
     p.add_argument("dir", type=Path, help="results dir (results/<experiment> or results/)")
     p.add_argument("--out", type=Path, help="write the frame to FILE (.csv or .parquet); default: print a summary")
+    p.add_argument("--merge", type=Path, metavar="SUMMARY.csv",
+                   help="keep the rows of this earlier summary.csv for the runs the dir lacks (a committed study "
+                        "keeps its summary, not its run dirs: merge the runs added since); --out may be the same file")
+    p.add_argument("--spec", type=Path, nargs="+", metavar="SPEC",
+                   help="keep only the runs these grid specs plan (drops the rows of runs a changed spec no longer "
+                        "has, e.g. after a fix to one encoding's settings); the dropped runs are counted")
     p.set_defaults(func=cmd_collect)
 
     p = subparsers.add_parser("table", help="paper-style table: mean ± std over seeds, best in bold",
                               description="Defaults come from the grid spec's `table:` block, else from the data.")
-    p.add_argument("dir", type=Path, metavar="DIR|summary.csv",
+    p.add_argument("dir", type=Path, nargs="+", metavar="DIR|summary.csv",
                    help="results dir, or the summary.csv `collect` wrote of one (a layout that reads per-target "
-                        "losses, xl_table8, needs the run dirs)")
+                        "losses, xl_table8, needs the run dirs); several: their runs together (e.g. a study and its "
+                        "control experiment)")
     p.add_argument("--rows", nargs="+", help="row keys: config fields (terms or model.attention.terms), variant axes")
     p.add_argument("--cols", nargs="+", help="column keys, e.g. segment_len (alias eval_len), attn_len, mem_len")
     p.add_argument("--metric", help="metric in the cells (default: the task's main metric)")
@@ -63,7 +70,9 @@ def register(subparsers) -> None:
                               description="The report function registered for the experiment the runs belong to "
                                           "(relpos_ablate/studies/), from DIR (a results dir) or a "
                                           "committed summary.csv.")
-    p.add_argument("source", type=Path, metavar="DIR|summary.csv", help="an experiment's results dir or its summary.csv")
+    p.add_argument("source", type=Path, nargs="+", metavar="DIR|summary.csv",
+                   help="an experiment's results dir or its summary.csv; several: a report that reads more than one "
+                        "experiment (xl_table6_cpu with xl_context_cpu, its no-memory control)")
     p.add_argument("--correction", choices=CORRECTION_CHOICES, default="holm",
                    help="each family of tests the report states (named in its heading) is corrected together: holm "
                         "(default), bh (Benjamini-Hochberg false discovery rate) or none; orderings read the "
@@ -121,11 +130,17 @@ def _collect(directory: Path):
     return frame
 
 
-def _frame(source: Path):
+def _frame(source: Path | list[Path]):
     """The collected frame of a results dir, or of the summary.csv `collect` wrote of one (the committed
-    studies' data: their run dirs stay local)."""
-    from relpos_ablate.analysis.collect import read_summary
+    studies' data: their run dirs stay local); of several, their runs together."""
+    from relpos_ablate.analysis.collect import merge_frames, read_summary
 
+    if isinstance(source, list):
+        frames = [_frame(one) for one in source]
+        merged = frames[0]
+        for frame in frames[1:]:
+            merged = merge_frames(frame, merged)
+        return merged
     if source.suffix == ".csv":
         if not source.is_file():
             raise UsageError(f"{source}: not found; give a results dir or a summary.csv that `collect` wrote")
@@ -137,7 +152,15 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from relpos_ablate.io import atomic_write_bytes, atomic_write_text
 
     frame = _collect(args.dir)
-    runs = frame.drop_duplicates("run_dir") if "run_dir" in frame else frame
+    if args.merge is not None:
+        from relpos_ablate.analysis.collect import merge_frames, read_summary
+
+        if not args.merge.is_file():
+            raise UsageError(f"--merge: {args.merge}: not found; give a summary.csv that `collect` wrote")
+        frame = merge_frames(frame, read_summary(args.merge))
+    if args.spec:
+        frame = _planned_only(frame, args.spec)
+    runs = frame.drop_duplicates("run_id") if "run_id" in frame else frame
     states = ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().items()) if len(runs) else "none"
     if args.out is None:
         shown = [c for c in (*SUMMARY_COLUMNS[:2], *frame.attrs["variant_axes"], *SUMMARY_COLUMNS[2:],
@@ -154,6 +177,26 @@ def cmd_collect(args: argparse.Namespace) -> int:
     where = f" -> {args.out}" if args.out else ""
     print(f"{len(runs)} runs ({states}), {len(frame)} rows{where}", file=sys.stderr)
     return 0
+
+
+def _planned_only(frame, specs: list[Path]):
+    """The rows of the runs the grid specs plan; the others are dropped with a one-line note."""
+    from relpos_ablate.config import ConfigError
+    from relpos_ablate.runner.grid import load_grid
+
+    planned: set[str] = set()
+    for spec in specs:
+        try:
+            planned |= {run.run_id for run in load_grid(spec).runs}
+        except (OSError, ConfigError) as err:
+            raise UsageError(f"--spec: {spec}: {err}") from None
+    kept = frame[frame["run_id"].isin(planned)]
+    dropped = sorted(set(frame["run_id"]) - planned)
+    if dropped:
+        print(f"--spec: dropped {len(dropped)} runs no spec plans ({', '.join(dropped[:5])}"
+              f"{', ...' if len(dropped) > 5 else ''})", file=sys.stderr)
+    kept.attrs.update(frame.attrs)
+    return kept
 
 
 def cmd_report(args: argparse.Namespace) -> int:

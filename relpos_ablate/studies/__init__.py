@@ -4,7 +4,8 @@ statistics, rendering, plot primitives) names no study; a study builds on it, ne
 
 A study module exposes up to three maps, and its entry here names what they hold, so that the command
 line can list a study's layouts and figure kinds without importing pandas:
-- `REPORTS`: experiment name -> report function (frame, correction) -> Markdown (`relpos-ablate report`);
+- `REPORTS`: experiment name (or a sorted tuple of names: a report that reads several experiments' runs
+  together) -> report function (frame, correction) -> Markdown (`relpos-ablate report`);
 - `LAYOUTS`: layout name -> analysis.layouts.LayoutSpec (`table --layout NAME`);
 - `FIGURES`: plot kind -> function (collected frame, out dir, formats, parsed args) -> (written, notes).
 A new study is one module plus its spec, and one entry below.
@@ -36,8 +37,9 @@ class Study:
 STUDIES = (
     Study("relpos_ablate.studies.xl", ("xl_table6_cpu", "xl_context_cpu"), ("xl_table6", "xl_table8"), ("context",)),
     Study("relpos_ablate.studies.extrapolation", ("alibi_extrapolation_cpu",)),
-    Study("relpos_ablate.studies.fair_baselines", ("fair_baselines",), figures=("lr-sweep",)),
-    Study("relpos_ablate.studies.length_generalization", ("length_generalization",), ("length_generalization",),
+    Study("relpos_ablate.studies.fair_baselines", ("fair_baselines", "fair_baselines_2000"), figures=("lr-sweep",)),
+    Study("relpos_ablate.studies.length_generalization", ("length_generalization", "length_generalization_cap"),
+          ("length_generalization",),
           ("lengthgen", "diagnostics", "passkey"), run_figures=("diagnostics",)),
 )
 LAYOUT_NAMES = tuple(name for study in STUDIES for name in study.layouts)
@@ -49,13 +51,16 @@ def make_report(df, correction: str = "holm") -> str:
     """The report of the one experiment the frame holds (one line naming what is wrong otherwise); every
     family of tests in it corrected by `correction` (analysis/stats.py)."""
     names = sorted(str(name) for name in df["experiment"].dropna().unique()) if "experiment" in df else []
-    if len(names) != 1:
-        raise ConfigError("report", f"needs the runs of one experiment; found {names or 'none'}")
-    study = next((s for s in STUDIES if names[0] in s.experiments), None)
-    if study is None:
-        known = sorted(name for s in STUDIES for name in s.experiments)
-        raise ConfigError("report", f"no report for experiment {names[0]!r}; reports exist for: {', '.join(known)}")
-    return study.load().REPORTS[names[0]](df, correction)
+    if not names:
+        raise ConfigError("report", "needs the runs of an experiment; found none")
+    key = names[0] if len(names) == 1 else tuple(names)
+    study = next((s for s in STUDIES if set(names) <= set(s.experiments)), None)
+    reports = study.load().REPORTS if study else {}
+    if key not in reports:
+        known = sorted(" + ".join(k) if isinstance(k, tuple) else k for s in STUDIES for k in s.load().REPORTS)
+        what = f"experiment {names[0]!r}" if len(names) == 1 else f"the experiments {' + '.join(names)} together"
+        raise ConfigError("report", f"no report for {what}; reports exist for: {', '.join(known)}")
+    return reports[key](df, correction)
 
 
 def layouts() -> dict:

@@ -97,6 +97,7 @@ def report(df: pd.DataFrame, correction: str = "holm") -> str:
         ratio_section(data, encodings, lengths, train),
         sliding_section(data, encodings, lengths, train, correction),
         appb_section(data, encodings, train, correction),
+        context_section(data, encodings, train, correction),
         t5_rope_section(data, lengths, train, correction),
         trends_section(data, lengths, train, correction),
     ]
@@ -109,23 +110,14 @@ def label_length(length: int, train: int) -> str:
     return f"{length // train}L" if length % train == 0 else str(length)
 
 
-def far_bucket_start(num_buckets: int, max_distance: int) -> int:
-    """The smallest distance in T5's last (far) causal bucket, by the model's own bucket function."""
-    import torch
-
-    from relpos_ablate.model.position.tables import t5_bucket
-
-    distances = torch.arange(0, 2 * max_distance + 1)
-    buckets = t5_bucket(distances, True, num_buckets, max_distance)
-    return int(distances[buckets == num_buckets - 1][0])
-
-
 def t5_section(df: pd.DataFrame, train: int) -> str:
     """Where T5's far bucket starts, from the model's bucket function and the runs' own num_buckets /
     max_distance, next to the paper's (HuggingFace's defaults, 32 and 128, at L = 512)."""
     t5 = df[df["encoding"] == "t5"]
     if t5.empty:
         return ""
+    from relpos_ablate.model.position.tables import far_bucket_start  # torch: only where a T5 run is reported
+
     paper = far_bucket_start(32, 128)
     lines = ["## T5's buckets\n", f"- The paper (HuggingFace's T5 bias: 32 buckets, max_distance 128, causal) at "
              f"L = 512: the far bucket 31 starts at distance {paper} ({paper / 512:.2f} L); max_distance = "
@@ -209,6 +201,58 @@ def appb_section(data, encodings, train, correction) -> str:
             "token curse), stride 1 at L would come as close as non-overlapping at 4L; if it uses more than L tokens "
             "of context, non-overlapping at 4L is better. Every column scores the same runs: paired t-tests.\n\n" +
             "\n".join(head) + "\n" + family_note(family))
+
+
+def exact_context(data: pd.DataFrame, encoding: str) -> dict[int, dict[str, float]]:
+    """context c -> run dir -> ppl with exactly c tokens of context (sliding windows of c at stride 1) on the
+    targets every such window scores in full (collect's ladder_loss: no stream's first window)."""
+    if "ladder_loss" not in data:
+        return {}
+    rows = data[(data["encoding"] == encoding) & (data["protocol"] == "sliding") & (data["max_targets"] > 0)
+                & data["stride"].map(lambda v: v == 1) & np.isfinite(pd.to_numeric(data["ladder_loss"], errors="coerce"))]
+    found: dict[int, dict[str, float]] = {}
+    for run, c, loss in zip(rows["run_dir"], rows["segment_len"], rows["ladder_loss"]):
+        found.setdefault(int(c), {})[run] = float(np.exp(float(loss)))
+    return found
+
+
+def context_section(data, encodings, train, correction) -> str:
+    """Perplexity at an exact context c <= L, on targets every window scores in full, per encoding; the best c
+    against c = L, and the best stride of App. B against stride 1 (the same runs: paired)."""
+    curves = {e: exact_context(data, e) for e in encodings}
+    curves = {e: by_c for e, by_c in curves.items() if len(by_c) > 1}
+    if not curves:
+        return ""
+    contexts = sorted({c for by_c in curves.values() for c in by_c})
+    targets = sorted(set(pd.to_numeric(data.loc[data["ladder_loss"].notna(), "ladder_targets"]).astype(int)))
+    subset = data[data["max_targets"] > 0]
+    strides = sorted({s for s in subset.loc[(subset["protocol"] == "sliding") & (subset["segment_len"] == train),
+                                             "stride"] if s is not None})
+    family = Family("exact context: the best context vs L, and the best stride vs stride 1, each encoding", correction)
+    head = ["| encoding | " + " | ".join(f"c = {c}" for c in contexts) + " | best c vs c = L | best stride vs stride 1 |",
+            "|:---|" + "---:|" * len(contexts) + ":---|:---|"]
+    rows = []
+    for encoding, by_c in curves.items():
+        best = min(by_c, key=lambda c: (mean(by_c[c].values()), -c))
+        cells = [f"{mean(by_c[c].values()):.3f}" if c in by_c else "—" for c in contexts]
+        at_context = (family.compare(f"c = {best}", by_c[best], f"c = {train}", by_c.get(train, {}), decimals=3)
+                      if best != train else "best at c = L")
+        sweep = {st: per_seed(data, encoding, "sliding", train, stride=st, max_targets=int(subset["max_targets"].iloc[0]))
+                 for st in strides}
+        sweep = {st: v for st, v in sweep.items() if v}
+        fastest = min(sweep, key=lambda st: (mean(sweep[st].values()), st)) if sweep else None
+        at_stride = (family.compare(f"stride {fastest}", sweep[fastest], "stride 1", sweep.get(1, {}), decimals=3)
+                     if fastest not in (None, 1) else "best at stride 1")
+        rows.append([f"| {encoding}", *cells, at_context, at_stride])
+    head += [verdicts(row) + " |" for row in rows]
+    return ("## Loss at an exact context: why a stride can beat stride 1\n\n"
+            f"ppl with exactly c tokens of context (sliding windows of c moved by 1) on the {targets[0]:,} targets "
+            f"of App. B's that every window scores in full (each stream's first {contexts[-1] - 1} targets left out: "
+            "the first window scores them with fewer tokens), the same targets in every column and run. Stride 1 "
+            f"gives every target c = L = {train} tokens; stride S gives a target between L − S + 1 and L. If the loss "
+            "is lowest below c = L, a stride above 1 scores targets at those shorter contexts and beats stride 1. "
+            "best c: the lowest mean; best stride: App. B's lowest mean at L (its columns, on all of App. B's "
+            "targets). Each comparison: the same runs, a paired t-test.\n\n" + "\n".join(head) + "\n" + family_note(family))
 
 
 def t5_rope_section(data, lengths, train, correction) -> str:

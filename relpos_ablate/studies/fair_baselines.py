@@ -31,10 +31,10 @@ from relpos_ablate.config.run import TrainConfig
 TOLERANCE = 0.10
 """A preset more than this above the best preset's test perplexity (ratio > 1.10) is not a fair baseline."""
 UNJUDGED = ("nope",)
+"""Presets that encode no position: reported, not held to the tolerance."""
 NEAR_TIE = 0.005
 """A pick whose runner-up rate's mean valid ppl lies within this fraction of its own is marked: on validation
 the pick is not clearly better than that rate."""
-"""Presets that encode no position: reported, not held to the tolerance."""
 KEY, ROW, METRIC = "train.lr", "encoding", "ppl"
 SELECT, REPORT = "valid", "test"
 DEFAULT_LR = TrainConfig().lr
@@ -58,6 +58,21 @@ def at_training_length(df: pd.DataFrame) -> pd.DataFrame:
     if data.empty:
         raise ConfigError("report", f"no {METRIC} at the training length in these runs")
     return data
+
+
+STEPS = "train.max_steps"
+
+
+def by_budget(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, pd.DataFrame]]:
+    """The learning-rate sweep's runs (the training budget most runs have) and, per other budget, its runs
+    (experiments/fair_baselines_2000.yaml: some presets at their pick, trained longer)."""
+    if STEPS not in df or df[STEPS].isna().all():
+        return df, {}
+    steps = pd.to_numeric(df[STEPS], errors="coerce")
+    sweep = int(steps[df.drop_duplicates("run_dir").index].value_counts().idxmax()) if "run_dir" in df else \
+        int(steps.value_counts().idxmax())
+    others = {int(n): df[steps == n] for n in sorted(set(steps.dropna().astype(int))) if n != sweep}
+    return df[steps == sweep], others
 
 
 def preset_summary(df: pd.DataFrame, orders: dict[str, list] | None = None) -> pd.DataFrame:
@@ -103,7 +118,8 @@ def over_tolerance(summary: pd.DataFrame, column: str = "ratio") -> list[str]:
 
 
 def report(df: pd.DataFrame, correction: str = "holm") -> str:
-    """The study's Markdown (module docstring)."""
+    """The study's Markdown (module docstring), then a section per longer budget (longer_budget)."""
+    df, longer = by_budget(df)
     summary = preset_summary(df).sort_values(["mean", "preset"]).reset_index(drop=True)  # display order only
     data = at_training_length(df)
     rates = {preset: sorted({float(v) for v in part[KEY]}) for preset, part in data.groupby(ROW)}
@@ -129,7 +145,68 @@ def report(df: pd.DataFrame, correction: str = "holm") -> str:
         "t-test; the best is the lowest mean, picked from the same data, so its gaps are if anything overstated)", "",
         *(f"- {test}" for test in tests), "", family.summary(),
     ]
+    sweep_steps = int(pd.to_numeric(data[STEPS]).iloc[0]) if STEPS in data else None
+    for steps, runs in longer.items():
+        lines += ["", *longer_budget(summary, runs, steps, sweep_steps, correction)]
     return "\n".join(lines) + "\n"
+
+
+def longer_budget(summary: pd.DataFrame, runs: pd.DataFrame, steps: int, sweep_steps: int | None,
+                  correction: str) -> list[str]:
+    """Markdown lines: the presets trained for `steps` at their sweep pick, their test ppl and ratio to the best
+    at both budgets, the count beyond the tolerance at the longer one, each against its best (Welch), and
+    al_rfou against nope at both budgets (the sweep found the per-layer absolute embeddings behind no position)."""
+    data = at_training_length(runs)
+    report = data[data["split"].map(normalized) == REPORT]
+    picks = dict(zip(summary["preset"], summary["best_lr"]))
+    rows = []
+    for preset, part in report.groupby(ROW):
+        rates = sorted({float(v) for v in part[KEY]})
+        lr = rates[0]
+        values = _values(report, preset, lr)
+        rows.append({"preset": preset, "lr": lr, "test": values, "mean": np.mean(list(values.values())),
+                     "std": np.std(list(values.values()), ddof=1) if len(values) > 1 else math.nan,
+                     "picked": preset in picks and np.isclose(lr, picks[preset])})
+    if not rows:
+        return []
+    table = pd.DataFrame(rows).sort_values(["mean", "preset"]).reset_index(drop=True)
+    table["ratio"] = table["mean"] / table["mean"].min()
+    short = summary.set_index("preset")
+    best = table.iloc[0]
+    seeds = data["seed"].nunique() if "seed" in data else 0
+    before = f"{sweep_steps} steps" if sweep_steps else "the sweep's budget"
+    lines = [f"## A longer budget: {steps} steps", "",
+             f"{len(table)} presets trained for {steps} steps at the rate each picked at {before} "
+             f"(experiments/fair_baselines_{steps}.yaml), {seeds} seeds, evaluated as above; `/ best`: over the best "
+             f"preset's {REPORT} mean at that budget (at {steps} steps: {best['preset']}, {best['mean']:.2f}, among "
+             "the presets run there). Rows by the longer budget's mean: a display order.", "",
+             f"| preset | lr | {REPORT} ppl, {before} | / best | {REPORT} ppl, {steps} steps | / best |",
+             "|:---|---:|---:|---:|---:|---:|"]
+    for row in table.itertuples():
+        name = f"{row.preset} (no position)" if row.preset in UNJUDGED else row.preset
+        lr = f"{row.lr:g}" + ("" if row.picked else " (not its pick)")
+        early = short.loc[row.preset] if row.preset in short.index else None
+        first = f"{early['mean']:.2f} ± {early['std']:.2f} | {early['ratio']:.3f}" if early is not None else "— | —"
+        lines.append(f"| {name} | {lr} | {first} | {row.mean:.2f} ± {row.std:.2f} | {row.ratio:.3f} |")
+    judged = table[~table["preset"].isin(UNJUDGED)]
+    over = judged[judged["ratio"] > 1 + TOLERANCE].sort_values("ratio", ascending=False)["preset"].tolist()
+    lines += ["", f"- Presets that encode position more than {TOLERANCE:.0%} above the best at {steps} steps: "
+              f"{len(over)} of {len(judged)}" + (f" ({', '.join(over)})." if over else ".")]
+    family = Family(f"every preset vs the best ({best['preset']}) at {steps} steps", correction)
+    tests = [family.compare(best["preset"], best["test"], row.preset, row.test)
+             for row in table.itertuples() if row.preset != best["preset"]]
+    lines += ["", f"Each against the best at {steps} steps ({REPORT} ppl; two models: Welch's t-test):", "",
+              *(f"- {test}" for test in tests), "", family.summary()]
+    pair = ("al_rfou", "nope")
+    if all(p in set(table["preset"]) for p in pair) and all(p in short.index for p in pair):
+        family = Family("al_rfou against nope, each budget", correction)
+        at = {p: table.set_index("preset").loc[p, "test"] for p in pair}
+        tests = [family.compare(f"al_rfou, {before}", short.loc["al_rfou", "test"], f"nope, {before}",
+                                short.loc["nope", "test"]),
+                 family.compare(f"al_rfou, {steps} steps", at["al_rfou"], f"nope, {steps} steps", at["nope"])]
+        lines += ["", "Al-Rfou's per-layer learned absolute embeddings against no position at all (two models: "
+                  "Welch's t-test):", "", *(f"- {test}" for test in tests), "", family.summary()]
+    return lines
 
 
 def _table_row(row) -> str:
@@ -188,6 +265,7 @@ def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
     from matplotlib.figure import Figure  # figures only: `report` needs no matplotlib
     from matplotlib.patches import Patch
 
+    df = by_budget(df)[0]  # the sweep: a longer budget's few runs have no curve over the rates
     summary = preset_summary(df, orders)
     data = at_training_length(df)
     valid = data[data["split"].map(normalized) == SELECT]
@@ -257,5 +335,5 @@ def _lr_sweep(frame: pd.DataFrame, out: Path, formats: tuple[str, ...], args) ->
     return save_lr_figure(frame, out, formats, axis_orders(read_spec(frame)))
 
 
-REPORTS = {"fair_baselines": report}
+REPORTS = {"fair_baselines": report, ("fair_baselines", "fair_baselines_2000"): report}  # with the longer budget
 FIGURES = {"lr-sweep": _lr_sweep}

@@ -74,3 +74,11 @@ class T5Bias(BiasScheme):
         b = t5_bucket(d, True, buckets, self.max_distance)
         edges = [float(x) for x in d[1:][b[1:] != b[:-1]] if x >= buckets // 2]
         return edges + ([] if self.causal else [-e for e in edges])
+
+
+def far_bucket_start(num_buckets: int, max_distance: int) -> int:
+    """The smallest distance in T5's last (far) causal bucket, by t5_bucket itself: every longer distance
+    shares it, so a model whose training distances stop below it never trains it."""
+    distances = torch.arange(0, 2 * max_distance + num_buckets + 1)
+    buckets = t5_bucket(distances, True, num_buckets, max_distance)
+    return int(distances[buckets == num_buckets - 1][0])

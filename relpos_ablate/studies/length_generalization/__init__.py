@@ -7,7 +7,8 @@ from relpos_ablate.studies.length_generalization.figures import save_diagnostics
 from relpos_ablate.studies.length_generalization.report import length_generalization_report
 from relpos_ablate.studies.length_generalization.table import length_generalization_table, rank_table
 
-REPORTS = {"length_generalization": length_generalization_report}
+REPORTS = {"length_generalization": length_generalization_report,
+           ("length_generalization", "length_generalization_cap"): length_generalization_report}  # with the step-cap runs
 LAYOUTS = {"length_generalization": LayoutSpec(
     length_generalization_table,
     appendix=lambda data, options, orders: rank_table(data, options.metric, list(options.rows), orders))}

@@ -2,10 +2,10 @@
 
 - `plot --kind diagnostics`: the attention diagnostics of every evaluation setting (entropy, sink
   mass, mean attended distance, mass on unseen distances; docs/formulas.md#attention-diagnostics) as
-  heatmaps of (layer, head) x evaluation length, one panel per statistic with its colour bar beside it:
+  heatmaps of (layer, head) x evaluation length, one panel per statistic with its colour bar under it:
   one figure for a run; for a grid, per task, the appendix figure (each panel stacks every variant's
-  heads, its lowest seed: heads are not comparable across seeds) and a summary of the head means
-  against length, one line per variant (mean over seeds);
+  layers, each the mean over its heads and the seeds: heads are not comparable across seeds, layers are)
+  and a summary of the head means against length, one line per variant (mean over seeds);
 - `plot --kind passkey`: passkey accuracy as a depth x length heatmap, one panel per variant (mean
   over seeds).
 Evaluation length is the test-length bin of n for example tasks (passkey depths averaged), else
@@ -72,7 +72,13 @@ def _order(setting: dict) -> float:
 def with_variants(frame: pd.DataFrame, df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], list[tuple]]:
     """`frame` with a `variant` column (the values of the fields that tell runs apart, the task
     excluded), those fields, and the variants in the spec's order."""
-    keys = [k for k in default_rows(finished_runs_frame(df)) if k not in (TASK, "experiment")] or ["experiment"]
+    runs = finished_runs_frame(df).drop_duplicates("run_dir")
+    keys = [k for k in default_rows(runs) if k not in (TASK, "experiment")] or \
+        [k for k in ("encoding", POSITIONS) if k in runs] or ["experiment"]  # one variant: named by its encoding
+    if "encoding" in keys:  # fields an encoding fixes (T5's buckets, zipped with it) name no variant of their own
+        keys = [k for k in keys if k in ("encoding", POSITIONS) or k not in runs
+                or runs.groupby("encoding")[k].nunique(dropna=False).max() > 1]
+        keys = [k for k in ("encoding", POSITIONS) if k in keys] + [k for k in keys if k not in ("encoding", POSITIONS)]
     frame = frame.assign(variant=[row_key(r, keys) for _, r in frame[[k for k in keys if k in frame]].iterrows()])
     orders = axis_orders(read_spec(df))
     return frame, keys, sorted(set(frame["variant"]), key=lambda v: sort_key(v, keys, orders))
@@ -110,37 +116,46 @@ def variant_styles(keys: list[str], variants: list[tuple]) -> dict[tuple, tuple]
     return dict(zip(variants, ((c, "-") for c in variant_colors(len(variants)))))
 
 
-def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str) -> Figure:
-    """The appendix figure of a task: one heatmap per statistic, its rows every (layer, head) of every variant
-    (the variant's lowest seed: heads are not comparable across seeds), grouped by variant (named at the
-    left, separated by white lines), its columns the evaluation lengths, its colour bar beside it."""
+def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str,
+                       by_head: bool = False) -> Figure:
+    """The appendix figure of a task: one heatmap per statistic, its columns the evaluation lengths, its rows
+    every layer of every variant (mean over the layer's heads and the variant's seeds: a head is not the same
+    head across seeds, a layer is), grouped by variant (named at the left, white lines between, layers
+    numbered at the right); `by_head`: a row per (layer, head) instead (one run). Each statistic has its own
+    units, so its own colour bar, under its panel."""
     statistics = [s for s in STATISTIC_LABELS if s in frame]
+    unit = ["layer", "head"] if by_head else ["layer"]
+    rows_of = sorted(set(zip(*(frame[u] for u in unit)))) if by_head else sorted(set(frame["layer"]))
     grids = {}  # statistic -> [variant rows stacked] x (order, length)
-    heads = sorted(set(zip(frame["layer"], frame["head"])))
     for statistic in statistics:
         blocks = []
         for value in variants:
             mine = frame[frame["variant"] == value]
-            part = mine[mine["seed"] == mine["seed"].min()] if "seed" in mine else mine
-            block = part.groupby(["layer", "head", "order", "length"])[statistic].mean().unstack(["order", "length"])
-            blocks.append(block.reindex(heads))
+            block = mine.groupby([*unit, "order", "length"])[statistic].mean().unstack(["order", "length"])
+            blocks.append(block.reindex(rows_of))
         grids[statistic] = pd.concat(blocks)
-    rows = len(heads) * len(variants)
-    fig = Figure(figsize=(2.7 * len(statistics) + 2.0, 0.05 * rows + 1.5), layout="constrained")
+    per = len(rows_of)
+    fig = Figure(figsize=(2.9 * len(statistics) + 1.6, 0.16 * per * len(variants) + 2.4), layout="constrained")
     axes = fig.subplots(1, len(statistics), squeeze=False)[0]
     for ax, statistic in zip(axes, statistics):
         grid = grids[statistic]
         image = ax.imshow(grid.to_numpy(), aspect="auto", interpolation="nearest", cmap="viridis")
         for k in range(1, len(variants)):
-            ax.axhline(k * len(heads) - 0.5, color="white", lw=1.2)
-        ax.set_xticks(range(grid.shape[1]), [length for _, length in grid.columns], rotation=45, fontsize=6, ha="right")
-        centers = [(k + 0.5) * len(heads) - 0.5 for k in range(len(variants))]
-        ax.set_yticks(centers, [variant_words(keys, v) for v in variants] if ax is axes[0] else [], fontsize=7)
+            ax.axhline(k * per - 0.5, color="white", lw=1.5)
+        ax.set_xticks(range(grid.shape[1]), [length for _, length in grid.columns], rotation=45, fontsize=7, ha="right")
+        centers = [(k + 0.5) * per - 0.5 for k in range(len(variants))]
+        ax.set_yticks(centers, [variant_words(keys, v) for v in variants] if ax is axes[0] else [], fontsize=8)
         ax.tick_params(axis="y", length=0)
-        ax.set_title(STATISTIC_LABELS[statistic], fontsize=8)
-        fig.colorbar(image, ax=ax, location="right", fraction=0.08, pad=0.02).ax.tick_params(labelsize=6)
-    fig.suptitle(f"{title}\nrows within a variant: layer 0 head 0 to layer {heads[-1][0]} head {heads[-1][1]}, top "
-                 "to bottom", fontsize=9)
+        if ax is axes[-1]:  # the layer (and head) of each row, at the right
+            right = ax.secondary_yaxis("right")
+            names = [f"L{u[0]} h{u[1]}" if by_head else f"L{u}" for u in rows_of] * len(variants)
+            right.set_yticks(range(len(names)), names, fontsize=5 if by_head else 6)
+            right.tick_params(length=0)
+        ax.set_title(STATISTIC_LABELS[statistic], fontsize=9)
+        bar = fig.colorbar(image, ax=ax, location="bottom", fraction=0.04, pad=0.01, aspect=30)
+        bar.ax.tick_params(labelsize=6)
+    what = "each (layer, head)" if by_head else "each layer, mean over its heads and the seeds"
+    fig.suptitle(f"{title}\nrows: {what}; a colour scale per statistic, under its panel", fontsize=9)
     return fig
 
 
@@ -178,7 +193,7 @@ def save_diagnostics(df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("p
             (["run_id"], (run["run_id"],))
         title = f"attention diagnostics: {variant_words(keys, value)}" + (f" on {run[TASK]}" if TASK in frame else "") \
             + (f", seed {run['seed']}" if "seed" in frame else "")
-        figure = diagnostics_figure(frame.assign(variant=[value] * len(frame)), keys, [value], title)
+        figure = diagnostics_figure(frame.assign(variant=[value] * len(frame)), keys, [value], title, by_head=True)
         return save_figure(figure, Path(out) / "diagnostics", formats)
     frame, keys, variants = with_variants(frame, df)
     written = []
@@ -188,7 +203,7 @@ def save_diagnostics(df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("p
         mine = [v for v in variants if v in set(part["variant"])]
         name = "" if task is None else f"_{task}"
         what = "" if task is None else f" on {task}"
-        written += save_figure(diagnostics_figure(part, keys, mine, f"attention diagnostics{what} (lowest seed)"),
+        written += save_figure(diagnostics_figure(part, keys, mine, f"attention diagnostics{what}"),
                                Path(out) / f"diagnostics{name}", formats)
         written += save_figure(summary_figure(part, keys, mine, f"attention diagnostics{what}: mean over layers, "
                                                                 f"heads and seeds"),

@@ -69,7 +69,16 @@ def _numbers(runs: pd.DataFrame, column: str) -> pd.Series | float:
     return pd.to_numeric(runs[column], errors="coerce") if column in runs else math.nan
 
 
+CAP_EXPERIMENT = "length_generalization_cap"
+"""experiments/length_generalization_cap.yaml: the slow learners again with the step cap doubled."""
+
+
 def length_generalization_report(df: pd.DataFrame, correction: str = "holm") -> str:
+    """The study's Markdown (module docstring); with the cap experiment's runs in the frame, its section last."""
+    if "experiment" in df and (df["experiment"] == CAP_EXPERIMENT).any():
+        capped = df[df["experiment"] == CAP_EXPERIMENT]
+        main = df[df["experiment"] != CAP_EXPERIMENT]
+        return length_generalization_report(main, correction) + "\n".join(cap_section(main, capped, correction)) + "\n"
     scores = run_scores(df)
     family = Family("the orderings (per task and over tasks)", correction)
     tasks = sorted(set(scores["task"]), key=task_order)  # not the spec's: summary.csv alone gives the same report
@@ -81,9 +90,82 @@ def length_generalization_report(df: pd.DataFrame, correction: str = "holm") -> 
         "cells are mean ± std over seeds (n).", "",
     ]
     orderings, over = _orderings(scores, tasks, family)  # first: the trend table quotes its tests
-    lines += [*_trends(scores, tasks, over), *_training(scores, tasks), *_ranks(scores, tasks),
+    lines += [*_trends(scores, tasks, over), *_t5_buckets(df), *_training(scores, tasks), *_ranks(scores, tasks),
               *listed(orderings), family.summary(), ""]
     return "\n".join(lines) + "\n"
+
+
+def _t5_buckets(df: pd.DataFrame) -> list[str]:
+    """Where T5's far bucket starts (the model's bucket function, the runs' num_buckets / max_distance) against
+    the longest distance in training (train.segment_len - 1) and in the test bins."""
+    t5 = df[(df[ENCODING] == "t5") & (df["status"] == "done")] if ENCODING in df else df.iloc[0:0]
+    fields = ("model.attention.num_buckets", "model.attention.max_distance", "train.segment_len")
+    if t5.empty or any(f not in t5 for f in fields):
+        return []
+    import torch  # only where a T5 run is reported
+
+    from relpos_ablate.model.position.tables import far_bucket_start, t5_bucket
+
+    tested = int(pd.to_numeric(t5["segment_len"], errors="coerce").max()) - 1
+    lines = ["## T5's buckets", ""]
+    for (buckets, distance, segment), _ in t5.groupby(list(fields)):
+        start, trained = far_bucket_start(int(buckets), int(distance)), int(segment) - 1
+        bucket = t5_bucket(torch.arange(tested + 1), True, int(buckets), int(distance)).tolist()
+        unseen = [d for d in range(trained + 1, tested + 1) if bucket[d] not in set(bucket[:trained + 1])]
+        verdict = (f"training distances reach {trained}, so every bucket a test distance (up to {tested}) reads "
+                   "was trained" if not unseen else
+                   f"training distances reach {trained} (buckets up to {max(bucket[:trained + 1])}): test distances "
+                   f"{unseen[0]}..{unseen[-1]} read buckets {bucket[unseen[0]]}..{bucket[unseen[-1]]}, never trained")
+        lines.append(f"- num_buckets {int(buckets)}, max_distance {int(distance)} (causal): the far bucket "
+                     f"{int(buckets) - 1} starts at distance {start}; {verdict}.")
+    return lines + [""]
+
+
+def cap_section(main: pd.DataFrame, capped: pd.DataFrame, correction: str) -> list[str]:
+    """The same task and variants trained again with a higher step cap: runs reaching the threshold, steps, ID
+    and OOD at each cap; each variant's ID at the higher cap against the lower one (different runs: Welch), and
+    a randomized variant at the higher cap against its sequential twin of the main study (whose runs stopped at
+    the threshold long before either cap)."""
+    scores, more = run_scores(main), run_scores(capped)
+    family = Family("the step cap", correction)
+    caps = sorted({int(v) for v in more["max_steps"].dropna()})
+    lines = ["## The step cap", "",
+             f"The variants below, on the same task, trained again with the cap at {_values(caps, int)} steps "
+             f"(experiments/{CAP_EXPERIMENT}.yaml; the cosine schedule runs to the cap, so these are new runs) "
+             "beside their runs in the study above.", "",
+             "| task | variant | cap | reached | steps: mean (min-max) | ID | OOD |", "|:---|:---|---:|---:|---:|---:|---:|"]
+    items = []
+    for (task, variant), mine in more.groupby(["task", "variant"], sort=False):
+        before = scores[(scores["task"] == task) & (scores["variant"] == variant)]
+        for part in (before, mine):
+            if part.empty:
+                continue
+            steps = part["step"].dropna()
+            lines.append(f"| {task} | {variant} | {_values(part['max_steps'].dropna().unique(), int)} | "
+                         f"{int((part['stopped'] == 'exact_match').sum())}/{len(part)} | "
+                         f"{steps.mean():.0f} ({steps.min():.0f}-{steps.max():.0f}) | {_stat(part['id'])} | "
+                         f"{_stat(part['ood'])} |")
+        cap = _values(mine["max_steps"].dropna().unique(), int)
+        if not before.empty:
+            earlier = _values(before["max_steps"].dropna().unique(), int)
+            for measure in ("id", "ood"):
+                items.append((f"{task}, {variant}, {measure.upper()}, cap {cap} vs {earlier}: ",
+                              family.compare(f"cap {cap}", _by_run(mine, measure), f"cap {earlier}",
+                                             _by_run(before, measure), lower_is_better=False, decimals=3)))
+        encoding = mine["encoding"].iloc[0]
+        twin = scores[(scores["task"] == task) & (scores["encoding"] == encoding) & (scores["positions"] == "sequential")]
+        if set(mine["positions"]) == {"randomized"} and not twin.empty:
+            for measure in ("id", "ood"):
+                items.append((f"{task}, {variant} at cap {cap} vs {twin['variant'].iloc[0]}, {measure.upper()}: ",
+                              family.compare(variant, _by_run(mine, measure), twin["variant"].iloc[0],
+                                             _by_run(twin, measure), lower_is_better=False, decimals=3)))
+    lines += ["", "Tests (two sets of runs: Welch's t-test; first minus second, exact match, higher is better):", "",
+              *listed(items), "", family.summary(), ""]
+    return lines
+
+
+def _by_run(scores: pd.DataFrame, measure: str) -> dict[str, float]:
+    return {run: float(v) for run, v in zip(scores["run_dir"], scores[measure]) if not math.isnan(float(v))}
 
 
 def _stat(values) -> str:

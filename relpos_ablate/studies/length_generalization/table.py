@@ -114,7 +114,7 @@ def length_generalization_table(df: pd.DataFrame, options: TableOptions, orders:
     columns are fixed."""
     orders, metric, rows = orders or {}, options.metric, list(options.rows)
     data = example_rows(df, metric)
-    rows = [r for r in rows if r != TASK] or ["experiment"]
+    rows = study_order([r for r in rows if r != TASK]) or ["experiment"]
     cells, bins = _scores(data, rows, metric)
     columns = [*bins, OOD] if any(OOD in v for v in cells.values()) else list(bins)
     keys = sorted(cells, key=lambda k: sort_key((k[0], *k[1]), [TASK, *rows], orders))
@@ -134,12 +134,19 @@ def length_generalization_table(df: pd.DataFrame, options: TableOptions, orders:
                  caption=caption, decimals=DECIMALS.get(metric, 3), show_n=len(counts) > 1)
 
 
+def study_order(rows: list[str]) -> list[str]:
+    """The variant fields as the study names a variant: the encoding, then its positions, then the rest (a spec
+    may list them in another order, e.g. the encoding in a zip after the grid's fields)."""
+    first = [key for key in ("encoding", "model.attention.positions") if key in rows]
+    return first + [key for key in rows if key not in first]
+
+
 def rank_table(df: pd.DataFrame, metric: str, rows: list[str], orders: dict | None = None) -> Table:
     """Each encoding's rank per task by its mean OOD score over seeds (1 = best, ties averaged), and its
     mean rank over the tasks; best mean rank in bold."""
     orders = orders or {}
     data = example_rows(df, metric)
-    rows = [r for r in rows if r != TASK] or ["experiment"]
+    rows = study_order([r for r in rows if r != TASK]) or ["experiment"]
     cells, _ = _scores(data, rows, metric)
     ood = {k: float(np.mean(v[OOD])) for k, v in cells.items() if v.get(OOD)}
     if not ood:

@@ -27,8 +27,6 @@ COMPARISONS = (  # (what the comparison asks, row a, row b, context of a, contex
      ("xl", 0, "full"), "init", "init"),
     ("recurrence, XL encoding (full loss), each at its best attention length", ("xl", 48, "full"), ("xl", 0, "full"),
      "best", "best"),
-    ("recurrence at equal attention length 64 (memory vs a 64-character window)", ("xl", 48, "full"),
-     ("xl", 0, "full"), 64, 64),
     ("recurrence, Shaw encoding (full loss), at the training attention length", ("shaw", 48, "full"),
      ("shaw", 0, "full"), "init", "init"),
     ("XL vs Shaw encoding with recurrence, at the training attention length", ("xl", 48, "full"), ("shaw", 48, "full"),
@@ -42,15 +40,37 @@ COMPARISONS = (  # (what the comparison asks, row a, row b, context of a, contex
     ("full vs half loss, XL with recurrence", ("xl", 48, "full"), ("xl", 48, "half"), "init", "init"),
 )
 
+CONTROL = "xl_context_cpu"
+"""The experiment of the fair no-memory control: XL attention without memory trained on 64-character segments
+(as many characters per step), scored by sliding windows of c characters on the same validation targets."""
+CONTROL_KEY = ("xl", 0, "full", 64)
+CONTROL_QUESTION = ("memory vs no memory at equal keys and equal training context (the fair control: no memory, "
+                    "trained on 64-character segments, its window 64)")
+
 
 def _key(run: pd.Series) -> tuple:
     return (str(run["encoding"]), int(run["model.mem_len"]), str(run["train.loss_on"]))
 
 
 def row_label(key: tuple) -> str:
-    """(encoding, memory, loss) -> "xl, memory 48, full loss"; the figure names its lines the same way."""
-    encoding, memory, loss = key
-    return f"{encoding}, {'memory ' + str(memory) if memory else 'no memory'}, {loss} loss"
+    """(encoding, memory, loss[, training segment]) -> "xl, memory 48, full loss"; the figure names its lines
+    the same way. The fair control (CONTROL_KEY) names its training segments."""
+    encoding, memory, loss = key[:3]
+    trained = f", trained on {key[3]}" if len(key) > 3 else ""
+    return f"{encoding}, {'memory ' + str(memory) if memory else 'no memory'}, {loss} loss{trained}"
+
+
+def control_samples(df: pd.DataFrame) -> dict[int, dict[str, float]]:
+    """The fair control's {window c: {run dir: ppl}} (sliding windows, stride 1), from CONTROL's runs in the
+    frame; empty when the frame has none."""
+    if "experiment" not in df:
+        return {}
+    rows = df[(df["experiment"] == CONTROL) & (df["status"] == "done") & (df["protocol"] == "sliding")
+              & (df["stride"] == 1)]
+    found: dict[int, dict[str, float]] = {}
+    for _, run in rows.sort_values("seed").iterrows():
+        found.setdefault(int(run["segment_len"]), {})[run["run_dir"]] = float(run["ppl"])
+    return found
 
 
 def ladder_samples(df: pd.DataFrame) -> dict[tuple, dict[int, dict[str, float]]]:
@@ -88,6 +108,8 @@ def _tested(family: Family, items: list) -> list[str]:
 
 def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
     """Markdown: the ladder per model, PPL init / best, and the comparisons (module docstring)."""
+    control = control_samples(df)
+    df = df[df["experiment"] != CONTROL] if "experiment" in df else df
     ladders = ladder_samples(df)
     if not ladders:
         raise ConfigError("report", "no RECL ladder in these runs (eval.recl_contexts): nothing to compare")
@@ -106,6 +128,17 @@ def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
         cells = [_cell(by_c[c]) if c in by_c else "-" for c in contexts]
         lines.append(f"| {row_label(key)} | " + " | ".join(cells) +
                      f" | {_cell(by_c[init]) if init in by_c else '-'} ({init}) | {_cell(by_c[best])} ({best}) |")
+    if control:
+        init, best = CONTROL_KEY[3], _best(control)
+        cells = [_cell(control[c]) if c in control else "-" for c in contexts]
+        lines.append(f"| {row_label(CONTROL_KEY)} ({CONTROL}) | " + " | ".join(cells) +
+                     f" | {_cell(control[init]) if init in control else '-'} ({init}) | {_cell(control[best])} ({best}) |")
+        lines += ["", f"The last row is the fair control for memory ({CONTROL}, results/{CONTROL}): the same model "
+                  "without memory, trained on 64-character segments (16 x 64 characters per step, as many as the "
+                  "rows above), scored by sliding windows of c characters, stride 1, on the same validation "
+                  f"targets; evaluated at c = {', '.join(map(str, sorted(control)))}. A row above without memory "
+                  f"was trained on {segment} characters: at c > {segment} it extrapolates, so comparing memory with it "
+                  "at an equal c measures extrapolation as much as memory."]
     family = Family("Table 6's comparisons", correction)
     items, asked = [], {}
     for question, a, b, at_a, at_b in COMPARISONS:
@@ -118,8 +151,14 @@ def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
             items.append((f"{question}: ", family.compare(f"{row_label(a)} (c = {ca})", ladders[a].get(ca, {}),
                                                            f"{row_label(b)} (c = {cb})", ladders[b].get(cb, {}),
                                                            decimals=3)))
+    memory = ("xl", 48, "full")
+    if control and memory in ladders:
+        c = CONTROL_KEY[3]
+        items.insert(2, (f"{CONTROL_QUESTION}: ", family.compare(f"{row_label(memory)} (c = {c})", ladders[memory].get(c, {}),
+                                                            f"{row_label(CONTROL_KEY)} (c = {c})", control.get(c, {}),
+                                                            decimals=3)))
     lines += ["", "Comparisons (two models: Welch's t-test over seeds; first minus second):", "",
-              *_tested(family, items)]
+              *_tested(family, items), *_detectable_share(family, ladders.get(memory, {}).get(segment + 48))]
     family = Family("each model at its best attention length vs its training one", correction)
     items = []
     for key in keys:
@@ -132,6 +171,19 @@ def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
     lines += ["", "Longer attention at evaluation than in training (each model: its best attention length against "
               "its training one; the same runs: a paired t-test):", "", *_tested(family, items)]
     return "\n".join(lines) + "\n"
+
+
+def _detectable_share(family: Family, reference: dict[str, float] | None) -> list[str]:
+    """The family's smallest detectable difference as a share of XL-with-memory's perplexity (the power line
+    gives it in ppl): what a gain from memory must be, relative, for these seeds to show it."""
+    found = [t.detectable() for t in family.tests]
+    found = [d for d in found if np.isfinite(d)]
+    if not found or not reference:
+        return []
+    base = float(np.mean(list(reference.values())))
+    return ["", f"Relative to the perplexity of XL with memory ({base:.3f}), that smallest detectable difference is "
+            f"{np.median(found) / base:.1%} (median; range {min(found) / base:.1%}-{max(found) / base:.1%}) at "
+            "α = 0.05 before correction."]
 
 
 def _context(by_c: dict[int, dict[str, float]], at, key: tuple, segment: int) -> int:

@@ -26,6 +26,7 @@ from relpos_ablate.analysis.settings import ATTN_LEN, label
 from relpos_ablate.analysis.table_options import (
     TableOptions, default_rows, finished, metric_direction, run_level, varies,
 )
+from relpos_ablate.config import ConfigError
 from relpos_ablate.analysis.tables import (
     DECIMALS, mark_best, normalized, seed_caption, seed_cell, short_name, sort_key, values_by_key,
 )
@@ -55,14 +56,26 @@ def model_rows(data: pd.DataFrame, orders: dict[str, list]) -> tuple[list[str], 
     index = ["Recurrence", "Encoding", "Loss"]
     if len({tuple(labels) for labels, _, _ in lines}) < len(lines):  # other fields vary too: show them
         index.append("Other")
-        for labels, key, _ in lines:
-            labels.append(" ".join(f"{short_name(k)}={label(v)}" for k, v in zip(keys, key) if k != "encoding"))
+        shown = ("encoding", "model.mem_len", "train.loss_on")  # in the three columns already
+        segment = ["train.segment_len"] if "train.segment_len" in runs and varies(runs, "train.segment_len") else []
+        for labels, key, part in lines:
+            other = [f"{short_name(k)}={label(v)}" for k, v in zip(keys, key) if k not in shown]
+            other += [f"{short_name(k)}={label(part.iloc[0][k])}" for k in segment if k not in keys]
+            labels.append(" ".join(other))
     return index, [(labels, part) for labels, _, part in lines]
 
 
 def _encoding_label(run: pd.Series, attention_fields: list[str]) -> str:
+    """The run's `encoding` word; for a run configured by its attention fields (no `encoding` axis), the one
+    preset those fields match, else the fields themselves."""
     if "encoding" in run.index and normalized(run["encoding"]) is not None:
         return label(run["encoding"])
+    from relpos_ablate.runner.presets import presets
+
+    matches = [name for name, fields in presets().items()
+               if all(str(normalized(run.get(f"model.attention.{key}"))) == str(value) for key, value in fields.items())]
+    if len(matches) == 1:
+        return matches[0]
     return " ".join(f"{short_name(f)}={label(run[f])}" for f in attention_fields)
 
 
@@ -148,6 +161,12 @@ def xl_table8(df: pd.DataFrame, options: TableOptions | None = None, orders: dic
     model_of = {run_dir: k for k, (_, part) in enumerate(models) for run_dir in part["run_dir"]}
     seed_of = run_level(rows).set_index("run_dir")["seed"]
     losses = losses.assign(model=losses["run_dir"].map(model_of), seed=losses["run_dir"].map(seed_of))
+    # RECL is relative to the group: only the seeds at which every model of the table ran make one
+    complete = losses.groupby("seed")["model"].nunique()
+    losses = losses[losses["seed"].isin(complete[complete == len(models)].index)]
+    if losses.empty:
+        raise ConfigError("layout", f"no seed at which all {len(models)} models of the table ran; RECL compares a "
+                          "group (narrow the table with --where)")
     found: dict[tuple[int, float], list] = defaultdict(list)
     for _, group in losses.groupby("seed"):
         for r in R_VALUES:
@@ -190,10 +209,12 @@ def _table8_caption(rows: pd.DataFrame, losses: pd.DataFrame, n_models: int) -> 
     steps = sorted({b - a for a, b in zip(contexts, contexts[1:])})
     step = f"Δ = {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
     seeds = losses["seed"].nunique()
+    used = ", ".join(str(int(v)) for v in sorted(losses["seed"].unique()))
     targets = losses.groupby("run_dir")["target"].nunique().min()
     split = label(rows["eval.split"].iloc[0]) if "eval.split" in rows else "evaluation"
     max_targets = int(rows["max_targets"].iloc[0])
-    per_seed = f", per seed, then mean ± std over {seeds} seeds" if seeds > 1 else ""
+    per_seed = (f", per seed, then mean ± std over {seeds} seeds (those at which every model ran: {used})"
+                if seeds > 1 else f" (seed {used})")
     return (f"RECL (Transformer-XL, Dai et al. 2019, App. C) within the group of these {n_models} models{per_seed}. "
             f"r: the fraction of hardest targets (largest group-best loss b(c, t), re-chosen for every c); "
             f"threshold: relative gain {THRESHOLD:.0%}; contexts c = {', '.join(map(str, contexts))} "
