@@ -111,7 +111,8 @@ def protocol_runs(root):
     """Two seeds of one run evaluated non_overlapping at 32 and 64, sliding (stride 16) at 64, and a RECL
     ladder setting (sliding, stride 1, a subset of the targets) that grid tables leave out."""
     for seed, ppl in enumerate((10.0, 12.0)):
-        make_run(root, ["model.attention.terms=abcd", f"seed={seed}"], variant={"encoding": "xl", "seed": seed},
+        make_run(root, ["model.attention.terms=abcd", f"seed={seed}", "eval.recl_contexts=[16]"],
+                 variant={"encoding": "xl", "seed": seed},
                  results=[({"segment_len": 32, "protocol": "non_overlapping"}, {"ppl": ppl, "tokens": 800}),
                           ({"segment_len": 64, "protocol": "non_overlapping"}, {"ppl": ppl + 1, "tokens": 800}),
                           ({"segment_len": 64, "protocol": "sliding", "stride": 16, "attn_len": 64},
