@@ -244,7 +244,7 @@ def merge_frames(found: pd.DataFrame, earlier: pd.DataFrame) -> pd.DataFrame:
 
     A committed study keeps its summary.csv, not its run dirs: seeds or runs added later are collected from
     their run dirs and merged with it. A run in both takes its rows from `found` (the run dirs are the
-    source). Columns: `found`'s order, then those only `earlier` has; attrs: the union of both."""
+    source). Columns in collect's order (_column_order) over the union of both; attrs: the union of both."""
     kept = earlier[~earlier["run_id"].isin(set(found["run_id"]))]
     axes, metrics = ([*dict.fromkeys([*earlier.attrs.get(key, []), *found.attrs.get(key, [])])]
                      for key in ("variant_axes", "metrics"))
