@@ -408,12 +408,17 @@ def test_latex_output_is_plain_ascii(grid):
 
 
 def test_table_settings_leaves_out_recl_ladders_only():
-    """Settings saving token losses are RECL's ladder (a subset of targets) in a run with eval.recl_contexts, left
-    out of plain tables; in a run without, they are settings the user asked to keep the losses of, and stay."""
+    """Settings saving token losses at a fixed context that is one of the run's eval.recl_contexts are RECL's ladder
+    (a subset of targets), left out of plain tables; any other (a run without recl_contexts, or a setting of the
+    user's at another context or protocol, in the same run) stays."""
     import pandas as pd
 
     from relpos_ablate.analysis.settings import table_settings
 
-    frame = pd.DataFrame({"token_losses": [None, "setting_1", "setting_2", None],
-                          "eval.recl_contexts": ["[16,32]", "[16,32]", "[]", "[]"]})
-    assert table_settings(frame).index.tolist() == [0, 2, 3]
+    frame = pd.DataFrame({"token_losses": [None, "setting_1", "setting_2", None, "setting_4", "setting_5", "setting_6"],
+                          "eval.recl_contexts": ["[16,32]", "[16,32]", "[]", "[]", "[16,32]", "[16,32]", "[16, 32]"],
+                          "protocol": ["non_overlapping", "sliding", "sliding", "sliding", "sliding", "xl", "sliding"],
+                          "stride": [None, 1, 1, 1, 1, None, 8],
+                          "attn_len": [64, 16, 16, 16, 40, 32, 32]})
+    assert table_settings(frame).index.tolist() == [0, 2, 3, 4, 6]
+    assert table_settings(frame.drop(columns=["protocol", "stride", "attn_len"])).index.tolist() == [0, 2, 3]

@@ -17,6 +17,7 @@ import pandas as pd
 import yaml
 
 from relpos_ablate import rundir
+from relpos_ablate.analysis import recl
 from relpos_ablate.config.base import load_yaml
 from relpos_ablate.io import read_json
 
@@ -137,7 +138,7 @@ def _add_ladder_losses(run_dir: Path, rows: list[dict], problems: list[str]) -> 
     these compare contexts on the same targets, without each stream's first window; kept in summary.csv,
     they outlive the token-loss files."""
     ladder = [row for row in rows if isinstance(row.get("token_losses"), str) and isinstance(row.get("attn_len"), int)
-              and (row.get("protocol") == "xl" or (row.get("protocol") == "sliding" and row.get("stride") == 1))]
+              and recl.fixed_context(row.get("protocol"), row.get("stride"))]
     if len(ladder) < 2:
         return
     arrays = rundir.read_token_losses(run_dir)
@@ -146,7 +147,7 @@ def _add_ladder_losses(run_dir: Path, rows: list[dict], problems: list[str]) -> 
         return
     longest = max(row["attn_len"] for row in ladder)
     for row in ladder:
-        shared = np.asarray(arrays[row["token_losses"]], dtype=np.float64)[:, longest - 1:]
+        shared = recl.shared_targets(np.asarray(arrays[row["token_losses"]], dtype=np.float64), longest)
         row["ladder_loss"], row["ladder_targets"] = float(shared.mean()), int(shared.size)
 
 

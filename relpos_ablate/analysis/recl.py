@@ -94,6 +94,19 @@ def recl(frame: pd.DataFrame, r: float, threshold: float = THRESHOLD) -> pd.Data
     return pd.DataFrame({"model": models, "recl": [f.context for f in found], "censored": [f.censored for f in found]})
 
 
+def fixed_context(protocol, stride):
+    """Whether an evaluation setting gives every target exactly its attn_len tokens of context: memory with
+    same_length (protocol xl), or sliding windows moved by one token. Works on one setting's values (a bool)
+    and on a frame's columns (a boolean Series)."""
+    return (protocol == "xl") | ((protocol == "sliding") & (stride == 1))
+
+
+def shared_targets(losses: np.ndarray, longest: int) -> np.ndarray:
+    """The part of a (streams, targets) token-loss array that every setting of a ladder scores with its full
+    context: the targets at stream position p >= longest - 1, longest being the ladder's longest context."""
+    return losses[:, longest - 1:]
+
+
 def ladder_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Collected rows of each run's RECL ladder: the settings that saved their token losses with a fixed
     context, of the run's own kind (config.evaluation.recl_settings): memory with same_length (protocol
@@ -103,8 +116,7 @@ def ladder_rows(df: pd.DataFrame) -> pd.DataFrame:
         return df.iloc[0:0]
     recurrent = pd.to_numeric(df.get("model.mem_len", pd.Series(0, index=df.index)), errors="coerce").fillna(0) > 0
     own = np.where(recurrent, "xl", "sliding")
-    fixed_context = (df["protocol"] == "xl") | ((df["protocol"] == "sliding") & (df["stride"] == 1))
-    mask = df["token_losses"].notna() & fixed_context & (df["protocol"] == own)
+    mask = df["token_losses"].notna() & fixed_context(df["protocol"], df["stride"]) & (df["protocol"] == own)
     return df[mask & (df["status"] == "done")]
 
 
@@ -129,9 +141,9 @@ def token_loss_frame(df: pd.DataFrame) -> pd.DataFrame:
         for record in run.itertuples(index=False):
             losses = arrays[record.token_losses]  # (B, T)
             shapes.add(losses.shape)
-            targets = np.arange(losses.size).reshape(losses.shape)[:, longest - 1:]
+            targets = shared_targets(np.arange(losses.size).reshape(losses.shape), longest)
             parts.append(pd.DataFrame({"run_dir": run_dir, "context": int(record.attn_len),
-                                       "target": targets.ravel(), "loss": losses[:, longest - 1:].ravel()}))
+                                       "target": targets.ravel(), "loss": shared_targets(losses, longest).ravel()}))
     if len(shapes) > 1:
         raise ConfigError("layout", f"runs scored different evaluation layouts (streams, targets): {sorted(shapes)}; "
                           "RECL compares models on the same targets")

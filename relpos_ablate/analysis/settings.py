@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
+
+from relpos_ablate.analysis.recl import fixed_context
 
 ATTN_LEN = {
     "non_overlapping": "segment_len + mem_len, the most keys a query sees (at a segment's end)",
@@ -70,15 +73,26 @@ def setting_labels(records: list[dict]) -> list[str]:
 
 
 def table_settings(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows of settings that score every target: RECL's ladder (the settings saving token losses of a run
-    with eval.recl_contexts) is left out; a setting the user asked to save its token losses (an exact-context
-    ladder of App. B) stays a setting like any other."""
-    if "token_losses" not in df:
+    """The rows of settings that score every target: RECL's ladder (the settings of a run with
+    eval.recl_contexts that save token losses at one of those contexts, fixed for every target:
+    recl.fixed_context) is left out; any other setting, one the user asked to save its token losses (an
+    exact-context ladder of App. B) included, stays a setting like any other."""
+    if "token_losses" not in df or "eval.recl_contexts" not in df:
         return df
-    ladder = df["token_losses"].notna()
-    if "eval.recl_contexts" in df:
-        ladder &= ~df["eval.recl_contexts"].map(lambda v: normalized(v) in (None, "[]", ()) or v == [])
+    contexts = df["eval.recl_contexts"].map(_contexts)
+    ladder = df["token_losses"].notna() & contexts.map(bool)
+    if {"protocol", "stride", "attn_len"} <= set(df.columns):
+        at_context = [normalized(c) is not None and int(c) in cs for c, cs in zip(df["attn_len"], contexts)]
+        ladder &= fixed_context(df["protocol"], df["stride"]) & pd.Series(at_context, index=df.index)
     return df[~ladder]
+
+
+def _contexts(value: Any) -> set[int]:
+    """A run's eval.recl_contexts as collected (a list, or its text '[16, 32]'): the set of contexts."""
+    value = normalized(value)
+    if isinstance(value, str):
+        value = yaml.safe_load(value)
+    return {int(c) for c in value} if isinstance(value, (list, tuple)) else set()
 
 
 def evaluation_note(data: pd.DataFrame, keys: list[str]) -> str:
