@@ -42,6 +42,7 @@ SCHEMES: dict[str, dict | None] = {
                                             "kerple_power", "fire", "dynamic", "sandwich")},
     "rope": dict(terms="a", absolute="rope"),
     "rope_partial": dict(terms="a", absolute="rope", rope_fraction=0.25),  # Pythia's rotary_pct
+    "p_rope": dict(terms="a", absolute="rope", rope_p=0.75),
     "rope_xpos": dict(terms="a", absolute="rope", xpos_scale_base=512.0),
     "rope_yarn": "yarn",  # RoPE evaluated with YaRN at s = 4 (an evaluation setting's rope_scaling)
     "fox": dict(terms="a", forget_gate=True),
@@ -49,6 +50,7 @@ SCHEMES: dict[str, dict | None] = {
     "window_256": dict(terms="a", window=256),
     "sinks_4": dict(terms="a", sinks=4),
     "log_n": dict(terms="a", score_scale="log_n", log_n_length=512),
+    "ssmax": dict(terms="a", score_scale="ssmax", log_n_length=512),
     "temperature": dict(terms="a", learned_temperature=True),
     "shaw": dict(terms="ab", rel="learned", clamp_len=20),
     "seed000_abcd": "seed000",  # materialises R for every (i, j): [L, K, d_model]

@@ -124,13 +124,24 @@ def relative_vector(attn, d: int, clamp_len: int | None) -> Tensor:
     return torch.tensor(sinusoid_row(d, attn.d_model), dtype=torch.float64)
 
 
-def rope_rate(k: int, d_rot: int, base: float, scaling=None) -> float:
+def rope_rate(k: int, d_rot: int, base: float, scaling=None, p: float = 1.0) -> float:
     """θ_k of rotary pair k (docs/formulas.md#rope), as a context extension changes it (#rope-context-extension;
-    scaling: anything with kind, factor, original_length)."""
+    scaling: anything with kind, factor, original_length). p-RoPE (#p-rope): pairs k >= int(p·d_rot/2), the
+    lowest frequencies, do not turn."""
+    if k >= int(p * d_rot // 2):
+        return 0.0
     theta = base ** (-2 * k / d_rot)
     if scaling is None:
         return theta
     s = scaling.factor
+    if scaling.kind == "llama3":  # Llama 3.1: wavelength 2π/θ against L/1 (θ/s above) and L/4 (θ below)
+        wavelength, length = 2 * math.pi / theta, scaling.original_length
+        if wavelength < length / 4:
+            return theta
+        if wavelength > length / 1:
+            return theta / s
+        smooth = (length / wavelength - 1) / (4 - 1)
+        return (1 - smooth) * theta / s + smooth * theta
     if scaling.kind == "pi":
         return theta / s
     if scaling.kind == "ntk":
@@ -146,7 +157,7 @@ def rope_rate(k: int, d_rot: int, base: float, scaling=None) -> float:
 
 
 def rope_reference(x: Tensor, pos: float, base: float, d_rot: int | None = None, scaling=None,
-                   xpos_base: float | None = None, sign: int = 1) -> Tensor:
+                   xpos_base: float | None = None, sign: int = 1, p: float = 1.0) -> Tensor:
     """Rotate pairs (k, k + d_rot/2) of the first d_rot dims of x [..., d] by angle pos·θ_k, one 2x2
     rotation at a time; YaRN multiplies the rotated dims by 0.1 ln s + 1; xPos scales pair k by
     ζ_k^(sign·pos/B), ζ_k = (2k + 0.4·d_rot)/(1.4·d_rot) (no centring: it cancels in q·k)."""
@@ -155,7 +166,7 @@ def rope_reference(x: Tensor, pos: float, base: float, d_rot: int | None = None,
     out = x.clone()
     temperature = 0.1 * math.log(scaling.factor) + 1 if scaling is not None and scaling.kind == "yarn" else 1.0
     for k in range(half):
-        angle = pos * rope_rate(k, d_rot, base, scaling)
+        angle = pos * rope_rate(k, d_rot, base, scaling, p)
         c, s = math.cos(angle), math.sin(angle)
         scale = temperature if xpos_base is None else \
             temperature * ((2 * k + 0.4 * d_rot) / (1.4 * d_rot)) ** (sign * pos / xpos_base)
@@ -245,10 +256,10 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     v = (cat @ wv.T).view(b, n_keys, h, dh)
     if cfg.absolute == "rope":
         d_rot = int(cfg.rope_fraction * dh) // 2 * 2
-        turn = dict(d_rot=d_rot, scaling=rope_scaling, xpos_base=cfg.xpos_scale_base)
+        turn = dict(d_rot=d_rot, scaling=rope_scaling, xpos_base=cfg.xpos_scale_base, p=cfg.rope_p)
         q = torch.stack([rope_reference(q[:, i], pos[n_mem + i], cfg.rope_base, sign=1, **turn) for i in range(lq)], 1)
         k = torch.stack([rope_reference(k[:, j], pos[j], cfg.rope_base, sign=-1, **turn) for j in range(n_keys)], 1)
-    s = dh**-0.5 if cfg.score_scale in ("sqrt_d", "log_n") else 1.0
+    s = dh**-0.5 if cfg.score_scale in ("sqrt_d", "log_n", "ssmax") else 1.0
     s_bias = s if cfg.bias_scaled else 1.0
     scores = torch.zeros(b, h, lq, n_keys, dtype=torch.float64)
     if "a" in terms:
@@ -283,9 +294,13 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     if padding is not None:
         visible = visible & ~padding[:, None, None, :]
     temperature = torch.ones(b, h, lq, 1, dtype=torch.float64)  # λ: log_n and the learned τ_h
-    if cfg.score_scale == "log_n":
+    if cfg.score_scale in ("log_n", "ssmax"):
         seen = visible.sum(-1, keepdim=True).double() + cfg.sinks  # keys each query sees, sinks included
-        temperature = temperature * seen.clamp(min=1).log() / math.log(cfg.log_n_length)
+        if cfg.score_scale == "log_n":  # log_{L_train}(n)
+            temperature = temperature * seen.clamp(min=1).log() / math.log(cfg.log_n_length)
+        else:  # SSMax: s_h·log(n), s_h learned per head
+            s_h = attn.temperature.ssmax_scale.detach().double()[None, :, None, None]
+            temperature = temperature * s_h * seen.clamp(min=1).log()
     if cfg.learned_temperature:
         temperature = temperature * attn.temperature.log_tau.detach().double().exp()[None, :, None, None]
     scores = scores * temperature

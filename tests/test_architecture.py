@@ -114,3 +114,20 @@ def test_the_analysis_layer_names_no_study():
         assert not [n for n in names if re.search(rf"\b{n}\b", text)], path
     assert any(target.startswith("relpos_ablate.analysis") for module, targets in graph.items()
                if module.startswith("relpos_ablate.studies") for target in targets)
+
+
+SCHEME_MODULES = ("relpos_ablate.model.position", "relpos_ablate.model.fox", "relpos_ablate.model.cope",
+                  "relpos_ablate.model.sinks", "relpos_ablate.model.temperature")
+
+
+def test_the_schemes_import_nothing_of_the_kernels():
+    """model/kernels/ holds how a call is computed (its contract in kernels/__init__.py); the schemes say what
+    the scores are and import nothing from it, so a kernel can change without touching a scheme."""
+    graph = import_graph(PACKAGE)
+    schemes = [module for module in graph if module.startswith(SCHEME_MODULES)]
+    assert len(schemes) >= 10
+    reached = {(module, target) for module in schemes for target in graph[module]
+               if target.startswith("relpos_ablate.model.kernels")}
+    assert not reached
+    kernels = [module for module in graph if module.startswith("relpos_ablate.model.kernels.")]
+    assert len(kernels) == 8

@@ -1,4 +1,4 @@
-"""The block kernel (model/kernels.py) and the layouts of its maps (model/block_maps.py): the strided views
+"""The block kernel (model/kernels/blockwise.py) and the layouts of its maps (model/kernels/block_maps.py): the strided views
 equal the materialised map of every block, hold no [L_b, K_b] tensor of their own, and the tensor-op
 forward used off CPU gives what the fused CPU flash kernel gives, gradients included. Parity with the
 float64 reference on every scheme: test_attention_reference.py, test_newer_schemes.py.
@@ -11,8 +11,9 @@ import torch
 
 from conftest import fast_and_explicit_gradients, randomize
 from relpos_ablate import AttentionConfig, RelPosAttention
-from relpos_ablate.model import AttentionOptions, block_maps as layouts, kernels
-from relpos_ablate.model.block_maps import MaterialisedMaps, StridedMaps, block_maps
+from relpos_ablate.model import AttentionOptions
+from relpos_ablate.model.kernels import block_maps as layouts, blockwise as kernels
+from relpos_ablate.model.kernels.block_maps import MaterialisedMaps, StridedMaps, block_maps
 
 LAYOUTS = {  # fields -> the layout the call gets
     "t5": (dict(terms="a", bias="t5", num_buckets=8, max_distance=6), "hankel"),

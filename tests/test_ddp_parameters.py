@@ -41,7 +41,10 @@ AXES = {
     "cd_window_fire": {"terms": "cd", "window": 4, "bias": "fire"},
     "ac_cope_sinks": {"terms": "ac", "cope_positions": 6, "sinks": 1},
 }
-CONFIGS = {**{f"terms_{t}": {"terms": t} for t in TERM_SUBSETS}, **presets(), **AXES}
+# a model built outside a run gives log-n scaling its training length itself (a run fills it in: resolve_log_n_length)
+RUNNABLE_PRESETS = {name: {**fields, **({"log_n_length": 8} if fields.get("score_scale") in ("log_n", "ssmax") else {})}
+                    for name, fields in presets().items()}
+CONFIGS = {**{f"terms_{t}": {"terms": t} for t in TERM_SUBSETS}, **RUNNABLE_PRESETS, **AXES}
 VOCAB = 11
 DEADLINE, DUMP_AFTER, EXIT_GRACE = 240, 200, 30
 """Seconds: the DDP check fails at DEADLINE unless both processes have trained every configuration; each

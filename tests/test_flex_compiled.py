@@ -18,7 +18,8 @@ from conftest import randomize
 from test_attention_positions import drawn
 from relpos_ablate import AttentionConfig, RelPosAttention
 from relpos_ablate.config.model import BIAS_TYPES
-from relpos_ablate.model import AttentionOptions, flex
+from relpos_ablate.model import AttentionOptions
+from relpos_ablate.model.kernels import flex
 from relpos_ablate.model.position import RopeScaling
 
 pytest.importorskip("torch.nn.attention.flex_attention")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relpos_ablate.model import kernels
+from relpos_ablate.model.kernels import blockwise as kernels
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
 sys.path.insert(0, str(SCRIPT.parent))

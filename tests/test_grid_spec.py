@@ -28,9 +28,11 @@ CONTRACT = {
     "al_rfou": {"terms": "a", "absolute": "learned_per_layer", "bias": "none"},
     "nope": {"terms": "a", "absolute": "none", "bias": "none"},
     "rope": {"terms": "a", "absolute": "rope", "bias": "none"},
+    "p_rope": {"terms": "a", "absolute": "rope", "rope_p": 0.75, "bias": "none"},
     "rope_xpos": {"terms": "a", "absolute": "rope", "xpos_scale_base": 512.0, "bias": "none"},
     "fox": {"terms": "a", "absolute": "none", "bias": "none", "forget_gate": True},
     "cope": {"terms": "a", "absolute": "none", "bias": "none", "cope_positions": 64},
+    "ssmax": {"terms": "a", "absolute": "none", "bias": "none", "score_scale": "ssmax"},
     **{name: {"terms": "a", "absolute": "none", "bias": name} for name in BUILTIN_BIASES},
 }
 

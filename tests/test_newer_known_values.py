@@ -318,3 +318,113 @@ def test_a_learned_temperature_starts_at_one_and_learns():
 def test_log_n_needs_the_training_length():
     with pytest.raises(ConfigError, match="^log_n_length: score_scale log_n needs the training attention length"):
         RelPosAttention(16, 2, 8, AttentionConfig(score_scale="log_n"))
+
+
+# ------------------------------------------------------------------ p-RoPE, Llama 3 scaling, SSMax
+def test_p_rope_keeps_the_highest_frequencies_and_stops_the_lowest():
+    """p = 0.75 of d_rot = 16 (8 pairs): int(0.75·16 // 2) = 6 pairs turn at RoPE's own θ_p = 10^4^(-2p/16);
+    pairs 6 and 7 get frequency 0 (Barbero et al.'s apply_p_rope: timescale padded with inf)."""
+    cfg = AttentionConfig(terms="a", absolute="rope", rope_p=0.75)
+    from relpos_ablate.config.model import rotating_pairs
+
+    assert rotating_pairs(cfg, 16) == 6
+    expected = [10000 ** (-2 * p / 16) for p in range(6)] + [0.0, 0.0]
+    got = rope_frequencies(16, 10000.0, rotating=6)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0)
+
+
+def test_p_rope_is_not_gpt_neox_partial_rotary():
+    """rope_fraction 0.75 (GPT-NeoX) rotates dims 0-11 with θ_p = 10^4^(-2p/12), p < 6, and leaves dims 12-15;
+    rope_p 0.75 rotates pairs (p, p + 8), p < 6, at 10^4^(-2p/16) and leaves pairs (6, 14) and (7, 15). So a
+    query and key that live on dims 6 and 14 carry position under partial rotary and none under p-RoPE; on
+    dims 12 and 13 the other way round."""
+    def score(fields, dims, distance):
+        attn = attention(seed=0, d_model=16, heads=1, d_head=16, **fields)
+        q = torch.zeros(1, 1, 1, 16, dtype=torch.float64)
+        q[..., dims] = 1.0
+        from relpos_ablate.model.position import rotate_queries_keys
+        from relpos_ablate.config.model import rotary_width, rotating_pairs
+        d_rot = rotary_width(attn.config, 16)
+        rotating = rotating_pairs(attn.config, d_rot) if attn.config.rope_p != 1 else None
+        qr, kr = rotate_queries_keys(q, q.clone(), torch.tensor([distance]), torch.tensor([0]), d_rot, 10000.0,
+                                     rotating=rotating)
+        return float((qr * kr).sum())
+
+    p_rope, neox = dict(terms="a", absolute="rope", rope_p=0.75), dict(terms="a", absolute="rope", rope_fraction=0.75)
+    assert score(p_rope, [6, 14], 0) == score(p_rope, [6, 14], 37) == pytest.approx(2.0, abs=1e-12)
+    assert score(neox, [6, 14], 37) != pytest.approx(2.0, abs=1e-3)
+    assert score(neox, [12, 13], 37) == pytest.approx(2.0, abs=1e-12)
+    assert score(p_rope, [12, 13], 37) != pytest.approx(2.0, abs=1e-3)
+    # the pairs both rotate (pair 1: dims 1 and 9 under p-RoPE, 1 and 7 under NeoX) turn at different rates
+    assert score(p_rope, [1, 9], 5) == pytest.approx(2 * math.cos(5 * 10000 ** (-2 / 16)), abs=1e-12)
+    assert score(neox, [1, 7], 5) == pytest.approx(2 * math.cos(5 * 10000 ** (-2 / 12)), abs=1e-12)
+
+
+def test_p_rope_needs_a_rotating_pair_and_is_refused_with_xpos():
+    with pytest.raises(ConfigError, match="rope_p"):
+        RelPosAttention(16, 2, 8, AttentionConfig(terms="a", absolute="rope", rope_p=0.2))  # int(0.2·8 // 2) = 0
+    with pytest.raises(ConfigError, match="rope_p"):
+        AttentionConfig(terms="a", absolute="rope", rope_p=0.5, xpos_scale_base=512.0)
+    with pytest.raises(ConfigError, match="rope_p"):
+        AttentionConfig(terms="a", absolute="none", rope_p=0.5)
+
+
+def test_llama3_scaling_by_hand():
+    """d_rot 16, base 10^4, L = 1000, s = 8. Wavelengths 2π/θ_p = 2π·10^(p/2): 6.3, 19.9, 62.8, 198.7 (below L/4 =
+    250: θ kept), 628.3 (between: γ = (1000/628.3 - 1)/(4 - 1) = 0.197, θ·(γ + (1 - γ)/8)), then 1987, 6283,
+    19869 (above L: θ/8), as Llama 3.1's rope_scaling (low_freq_factor 1, high_freq_factor 4)."""
+    theta = [10000 ** (-2 * p / 16) for p in range(8)]
+    gamma = (1000 / (2 * math.pi / theta[4]) - 1) / 3
+    assert gamma == pytest.approx(0.19718, abs=1e-5)
+    expected = theta[:4] + [theta[4] * (gamma + (1 - gamma) / 8)] + [t / 8 for t in theta[5:]]
+    got = rope_frequencies(16, 10000.0, RopeScaling("llama3", 8.0, 1000))
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-13, atol=0)
+    assert RopeScaling("llama3", 8.0, 1000).attention_factor == 1.0
+
+
+@pytest.mark.parametrize("head, base, s, length", [(128, 500000.0, 8.0, 8192), (64, 10000.0, 4.0, 512), (16, 10000.0, 8.0, 1000)])
+def test_llama3_equals_hugging_faces_compute_llama3_parameters(head, base, s, length):
+    """Frequencies equal transformers' `_compute_llama3_parameters` (float32 there) at Llama 3.1's factors."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import _compute_llama3_parameters
+
+    sizes = dict(hidden_size=2 * head, num_attention_heads=2, head_dim=head, max_position_embeddings=4 * length)
+    llama3 = {"rope_type": "llama3", "factor": s, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": length}
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        config = transformers.LlamaConfig(**sizes, rope_parameters={**llama3, "rope_theta": base})
+    else:
+        config = transformers.LlamaConfig(**sizes, rope_theta=base, rope_scaling=llama3)
+    inv_freq, attention_factor = _compute_llama3_parameters(config, "cpu")
+    torch.testing.assert_close(rope_frequencies(head, base, RopeScaling("llama3", s, length)), inv_freq.double(),
+                               rtol=1e-6, atol=0)
+    assert attention_factor == 1.0
+
+
+def test_ssmax_starts_as_log_n_and_scales_by_s_log_n():
+    """At s_h = 1/log(L_train) SSMax is log_n; with s_h = c/log(L_train) it is log_n with a temperature of c;
+    the score of a query that sees n keys is s_h·log(n) times the sqrt_d one."""
+    ssmax = attention(seed=11, terms="a", bias="alibi", score_scale="ssmax", log_n_length=6)
+    log_n = attention(seed=11, terms="a", bias="alibi", score_scale="log_n", log_n_length=6)
+    plain = attention(seed=11, terms="a", bias="alibi")
+    x, mems = inputs(11, 3)
+    with torch.no_grad():
+        ssmax.temperature.ssmax_scale.fill_(1 / math.log(6))
+    torch.testing.assert_close(ssmax(x, mems)[0], log_n(x, mems)[0], rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        ssmax.temperature.ssmax_scale.copy_(torch.tensor([0.3, -0.7], dtype=torch.float64))
+    got, ref = ssmax.score_terms(x, mems), plain.score_terms(x, mems)
+    for i in range(5):  # query i sees 3 + i + 1 keys
+        for h, s_h in enumerate((0.3, -0.7)):
+            factor = s_h * math.log(3 + i + 1)
+            for name in ("a", "bias"):
+                torch.testing.assert_close(got[name][:, h, i], ref[name][:, h, i] * factor)
+    (grad,) = torch.autograd.grad(ssmax(x, mems)[0].square().sum(), [ssmax.temperature.ssmax_scale])
+    assert grad.abs().min() > 0
+
+
+def test_ssmax_starts_at_one_over_log_of_the_training_length():
+    attn = RelPosAttention(16, 2, 8, AttentionConfig(terms="a", score_scale="ssmax", log_n_length=64))
+    torch.testing.assert_close(attn.temperature.ssmax_scale, torch.full((2,), 1 / math.log(64)))
+    with pytest.raises(ConfigError, match="log_n_length"):
+        RelPosAttention(16, 2, 8, AttentionConfig(terms="a", score_scale="ssmax"))

@@ -1,6 +1,6 @@
 """The schemes of 2022-2025 against the float64 reference (tests/reference.py, written from docs/formulas.md):
-partial rotary, xPos, RoPE context extension, FoX, CoPE, sliding windows, learned sinks, log-n scaling and
-a learned temperature, alone and combined, on every kernel (explicit, SDPA per block, the block kernel
+partial rotary, p-RoPE, xPos, RoPE context extension (Llama 3's too), FoX, CoPE, sliding windows, learned sinks,
+log-n scaling, SSMax and a learned temperature, alone and combined, on every kernel (explicit, SDPA per block, the block kernel
 that rebuilds in backward, FlexAttention forward on CPU), with memory, key padding and explicit
 (randomized) positions; their fast backward equals autograd through the explicit scores.
 Run: pytest tests/test_newer_schemes.py -q"""
@@ -20,6 +20,8 @@ from relpos_ablate.model.position import RopeScaling
 
 SCHEMES = {
     "rope_partial": dict(terms="a", absolute="rope", rope_fraction=0.5),
+    "p_rope": dict(terms="a", absolute="rope", rope_p=0.5),  # 2 of the 4 rotary pairs turn
+    "p_rope_partial_alibi": dict(terms="a", absolute="rope", rope_fraction=0.75, rope_p=0.4, bias="alibi"),
     "rope_xpos": dict(terms="a", absolute="rope", xpos_scale_base=6.0),  # small B: the decay shows at these lengths
     "xpos_partial_alibi": dict(terms="a", absolute="rope", rope_fraction=0.75, xpos_scale_base=9.0, bias="alibi"),
     "fox": dict(terms="a", forget_gate=True),
@@ -34,6 +36,9 @@ SCHEMES = {
     "log_n": dict(terms="a", score_scale="log_n", log_n_length=4),
     "log_n_alibi_tau": dict(terms="abcd", score_scale="log_n", log_n_length=3, learned_temperature=True, bias="alibi"),
     "tau_sandwich": dict(terms="ab", learned_temperature=True, bias="sandwich"),
+    "ssmax": dict(terms="a", score_scale="ssmax", log_n_length=4),
+    "ssmax_xl_t5_tau": dict(terms="abcd", score_scale="ssmax", log_n_length=6, learned_temperature=True, bias="t5",
+                            num_buckets=8, max_distance=6),
     "everything": dict(terms="a", absolute="rope", rope_fraction=0.5, forget_gate=True,
                        cope_positions=5, window=4, sinks=2, score_scale="log_n", log_n_length=5,
                        learned_temperature=True),
@@ -116,11 +121,13 @@ def test_fast_backward_equals_autograd_of_explicit_scores(name, backend):
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize("kind, factor", [("pi", 2.0), ("ntk", 4.0), ("yarn", 3.0), ("yarn", 1.0)])
+@pytest.mark.parametrize("kind, factor", [("pi", 2.0), ("ntk", 4.0), ("yarn", 3.0), ("yarn", 1.0), ("llama3", 3.0)])
 @pytest.mark.parametrize("backend", KERNELS)
 def test_rope_context_extension_matches_the_reference(kind, factor, backend):
-    scaling = RopeScaling(kind, factor, original_length=6)
-    for fields in (SCHEMES["rope_partial"], dict(terms="a", absolute="rope", rope_base=50.0)):
+    """Llama 3 at L = 40, base 50: pair 0 (wavelength 6.3 < L/4) keeps θ, pair 1 (16.7) is blended, the rest
+    (> L) get θ/s; at L = 6 every pair would be beyond L (position interpolation)."""
+    scaling = RopeScaling(kind, factor, original_length=40 if kind == "llama3" else 6)
+    for fields in (SCHEMES["rope_partial"], dict(terms="a", absolute="rope", rope_base=50.0), SCHEMES["p_rope"]):
         attn = make(fields, backend, seed=7)
         x, mems = inputs(7, MEM)
         check(attn, x, mems, rope_scaling=scaling)

@@ -11,7 +11,7 @@ import torch
 from reference import alibi_slopes_reference, sinusoid_row
 from relpos_ablate import AttentionConfig, RelPosAttention
 from relpos_ablate.model.position import alibi_slopes, build_bias, sinusoid, t5_bucket
-from relpos_ablate.model.shift import rel_shift, toeplitz
+from relpos_ablate.model.kernels.shift import rel_shift, toeplitz
 
 # docs/formulas.md#t5: the check vector, rp = j - i (HF T5's relative_position)
 RP = [-200, -128, -127, -100, -64, -63, -32, -31, -16, -15, -12, -11, -9, -8, -7, -1, 0, 1, 2, 7, 8, 9, 11, 12, 15,

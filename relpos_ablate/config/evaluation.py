@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from relpos_ablate.config.base import ConfigError, check_choice, check_range
 
-ROPE_SCALINGS = ("pi", "ntk", "yarn")
+ROPE_SCALINGS = ("pi", "ntk", "yarn", "llama3")
 PROTOCOLS = ("non_overlapping", "sliding", "xl")
 RECL_PROTOCOLS = ("auto", "sliding", "xl")
 SPLITS = ("valid", "test")
@@ -45,7 +45,9 @@ class EvalSetting:
     """Save every scored target's loss in the run dir (token_losses.npz): what RECL reads."""
     rope_scaling: str | None = None
     """RoPE context extension at this evaluation: pi (position interpolation, Chen et al. 2023) | ntk
-    (NTK-aware base) | yarn (Peng et al. 2023: per-frequency ramp and attention temperature) | null: the
+    (NTK-aware base) | yarn (Peng et al. 2023: per-frequency ramp and attention temperature) | llama3 (Llama
+    3.1's NTK-by-parts: θ/s for wavelengths above the training context, θ kept below a quarter of it, a
+    blend between; no temperature) | null: the
     trained RoPE (docs/formulas.md#rope-context-extension). A model without RoPE (or with xPos) skips the
     setting, with the reason in eval.json."""
     rope_scale: float | str = "auto"
@@ -89,7 +91,7 @@ class EvalSetting:
             check_range("rope_scale", self.rope_scale, low=1.0)
             if self.rope_scaling is None:
                 raise ConfigError("rope_scale", f"{self.rope_scale} scales RoPE only with rope_scaling: "
-                                  "pi | ntk | yarn")
+                                  "pi | ntk | yarn | llama3")
 
     @property
     def uses_memory(self) -> bool:

@@ -13,7 +13,8 @@ from relpos_ablate.config.registry import BUILTIN_BIASES, bias_types, check_bias
 BIAS_TYPES = ("none", *BUILTIN_BIASES)
 ABSOLUTE_TYPES = ("none", "sinusoid", "learned", "learned_per_layer", "rope")
 REL_SOURCES = ("sinusoid", "learned")
-SCORE_SCALES = ("sqrt_d", "none", "log_n")
+SCORE_SCALES = ("sqrt_d", "none", "log_n", "ssmax")
+LENGTH_AWARE_SCALES = ("log_n", "ssmax")  # the scales that read log_n_length
 BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit")
 POSITIONS = ("sequential", "randomized")
 RANDOMIZED_DRAWS = ("per_layer", "shared_positions")
@@ -75,6 +76,12 @@ class AttentionConfig:
     """rope: fraction of each head's dimensions that rotate (partial rotary, GPT-NeoX `rotary_pct`): the first
     int(fraction·d_head) dimensions (an even number), with frequencies over that width; the others carry
     no position."""
+    rope_p: float = 1.0
+    """rope: p-RoPE (Barbero et al. 2025, "Round and Round We Go!"): the fraction p of the rotary pairs that
+    rotate. The first int(p·d_rot/2) pairs, those of the highest frequencies, keep RoPE's θ_i = base^(-2i/d_rot);
+    the other (lowest-frequency) pairs get frequency 0 and are not rotated. Unlike rope_fraction (GPT-NeoX's
+    partial rotary, which spreads the whole frequency schedule over fewer dimensions) the schedule is cut, not
+    squeezed (docs/formulas.md#p-rope). 1: plain RoPE; the `p_rope` preset: 0.75."""
     xpos_scale_base: float | None = None
     """rope: xPos (Sun et al. 2022) with this scale base B (the paper's 512): rotary pair p of a query at
     position n is scaled by ζ_p^(n/B), of a key at m by ζ_p^(-m/B), so its part of the score decays as
@@ -98,9 +105,11 @@ class AttentionConfig:
     score_scale: str = "sqrt_d"
     """Scale of terms a-d: 'sqrt_d' multiplies their sum by 1/sqrt(d_head) (XL); 'none' leaves them
     unscaled (T5); 'log_n' is sqrt_d with the whole score of a query that sees n keys multiplied by
-    log(n)/log(log_n_length) (scalable softmax; docs/formulas.md#length-aware-scaling)."""
+    log(n)/log(log_n_length) (scalable softmax with a fixed s; docs/formulas.md#length-aware-scaling); 'ssmax'
+    is sqrt_d with it multiplied by s_h·log(n), s_h learned per head and layer (Nakanishi 2025's SSMax),
+    initialised at 1/log(log_n_length) so that a query seeing L_train keys starts at a multiplier of 1."""
     log_n_length: int = 0
-    """score_scale log_n: the length L_train with log_{L_train}(n) = 1 (0: the run's training attention
+    """score_scale log_n / ssmax: the length L_train with log_{L_train}(n) = 1 (0: the run's training attention
     length, train.segment_len + model.mem_len, filled in when the run starts)."""
     learned_temperature: bool = False
     """Multiply the whole score of head h by a learned τ_h = exp(t_h), t_h initialised at 0 (τ = 1)."""
@@ -161,6 +170,7 @@ class AttentionConfig:
     def _check_newer_schemes(self) -> None:
         """RoPE variants, FoX, CoPE, windows, sinks and length-aware scaling (docs/formulas.md)."""
         check_range("rope_fraction", self.rope_fraction, low=1e-9, high=1.0)
+        check_range("rope_p", self.rope_p, low=1e-9, high=1.0)
         if self.xpos_scale_base is not None:
             check_range("xpos_scale_base", self.xpos_scale_base, low=1e-9)
         check_range("cope_positions", self.cope_positions, low=0)
@@ -169,7 +179,8 @@ class AttentionConfig:
         check_range("sinks", self.sinks, low=0)
         if self.log_n_length:
             check_range("log_n_length", self.log_n_length, low=2)
-        for name, on in (("rope_fraction", self.rope_fraction != 1.0), ("xpos_scale_base", self.xpos_scale_base)):
+        for name, on in (("rope_fraction", self.rope_fraction != 1.0), ("rope_p", self.rope_p != 1.0),
+                         ("xpos_scale_base", self.xpos_scale_base)):
             if on and self.absolute != "rope":
                 raise ConfigError(name, f"is a RoPE variant; set absolute='rope' (got {self.absolute!r})")
         causal_only = (("xpos_scale_base", self.xpos_scale_base is not None), ("forget_gate", self.forget_gate),
@@ -178,6 +189,9 @@ class AttentionConfig:
             if on and not self.causal:
                 raise ConfigError(name, "is defined for causal attention only (keys up to the query); "
                                   "set causal=true")
+        if self.xpos_scale_base is not None and self.rope_p != 1.0:
+            raise ConfigError("rope_p", "p-RoPE leaves its lowest-frequency pairs unrotated, and xPos's decay is "
+                              "defined per rotating pair; use one of rope_p and xpos_scale_base")
         if self.xpos_scale_base is not None and (self.sinks or self.cope_positions):
             raise ConfigError("xpos_scale_base", "xPos scales a query and a key by ζ^(±position/B), which means "
                               "something only in their product; sinks and CoPE's q·e[p] have no key position to "
@@ -287,6 +301,9 @@ def check_widths(attention: AttentionConfig, d_model: int, d_head: int) -> None:
     if attention.absolute == "rope" and rotary_width(attention, d_head) < 2:
         raise ConfigError("rope_fraction", f"{attention.rope_fraction} of d_head {d_head} rotates no pair of "
                           "dimensions")
+    if attention.absolute == "rope" and rotating_pairs(attention, rotary_width(attention, d_head)) < 1:
+        raise ConfigError("rope_p", f"{attention.rope_p} of the {rotary_width(attention, d_head) // 2} rotary pairs "
+                          "rotates none of them")
     if attention.uses_r and attention.rel == "sinusoid" and d_model % 2:
         raise ConfigError("d_model", f"sinusoid R needs an even d_model (got {d_model})")
 
@@ -319,3 +336,8 @@ def rope_scaling_conflict(attention: AttentionConfig) -> str | None:
 def rotary_width(attention: AttentionConfig, d_head: int) -> int:
     """d_rot: how many of a head's dimensions RoPE rotates, int(rope_fraction·d_head) rounded down to even."""
     return int(attention.rope_fraction * d_head) // 2 * 2
+
+
+def rotating_pairs(attention: AttentionConfig, d_rot: int) -> int:
+    """How many of the d_rot/2 rotary pairs p-RoPE rotates: int(rope_p·d_rot/2) (all of them at rope_p 1)."""
+    return int(attention.rope_p * d_rot // 2)

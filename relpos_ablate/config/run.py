@@ -14,7 +14,7 @@ from relpos_ablate.config.base import (
 )
 from relpos_ablate.config.data import DataConfig, check_example_run
 from relpos_ablate.config.evaluation import PROTOCOLS, EvalConfig, EvalSetting
-from relpos_ablate.config.model import ModelConfig, check_randomized_range, rope_scaling_conflict
+from relpos_ablate.config.model import LENGTH_AWARE_SCALES, ModelConfig, check_randomized_range, rope_scaling_conflict
 from relpos_ablate.config.registry import import_modules
 
 OPTIMIZERS = ("adamw", "adam")
@@ -319,9 +319,9 @@ def what_to_run(config: RunConfig) -> dict:
         del plain["train"][name]
     return plain
 def resolve_log_n_length(config: RunConfig) -> RunConfig:
-    """score_scale log_n with log_n_length 0: fill in the training attention length (when the run starts)."""
+    """score_scale log_n or ssmax with log_n_length 0: fill in the training attention length (when the run starts)."""
     attention = config.model.attention
-    if attention.score_scale != "log_n" or attention.log_n_length:
+    if attention.score_scale not in LENGTH_AWARE_SCALES or attention.log_n_length:
         return config
     attention = dataclasses.replace(attention, log_n_length=max(2, config.train_attn_len))
     return dataclasses.replace(config, model=dataclasses.replace(config.model, attention=attention))

@@ -1,7 +1,7 @@
 """The model layer: RelPosAttention (one module for every scheme) and TransformerLM around it."""
 
 from relpos_ablate.model.attention import RelPosAttention
-from relpos_ablate.model.call import AttentionOptions, SharedParameters
+from relpos_ablate.model.kernels.call import AttentionOptions, SharedParameters
 from relpos_ablate.model.lm import TransformerLM
 from relpos_ablate.model.position import BiasScheme, alibi_slopes, build_bias, register_bias, t5_bucket
 

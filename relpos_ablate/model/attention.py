@@ -2,14 +2,14 @@
 
 Notation: B batch, H heads, dh head width, L queries (this segment), M memory keys, K = M + L keys.
 Query i sits at key index i' = M + i; key j; d = i' - j is the distance (query minus key); n = K + L - 1
-distances occur, kept in descending order (shift.py). s = 1/sqrt(dh) (score_scale 'sqrt_d' or 'log_n',
+distances occur, kept in descending order (shift.py). s = 1/sqrt(dh) (score_scale 'sqrt_d', 'log_n', 'ssmax',
 else 1), s_B = s when bias_scaled else 1. The score of query i for key j is
 
     score_ij = λ_hi·( s·[ (a) q_i·k_j + (b) q_i·W_R R_d + (c) u·k_j + (d) v·W_R R_d ] + s_B·B_h(i', j)
                       + D_ij (FoX) ) + s·q̃_i·e[p_ij] (CoPE)
 
 followed by the mask (applied after everything is summed) and a softmax over keys and the learned sink
-slots (sinks.py). λ is 1 unless score_scale is log_n or the temperature is learned (temperature.py);
+slots (sinks.py). λ is 1 unless score_scale is log_n or ssmax or the temperature is learned (temperature.py);
 q̃_i is the kernels' content query λ·(q_i + u). RoPE and its variants rotate q and k first
 (position/rope.py). Only enabled terms are computed. `scores` is this equation term by term
 (need_weights, score_terms, Shaw values, backend='explicit'). The fast kernels (dispatch.py) fold
@@ -32,14 +32,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from relpos_ablate.config.model import AttentionConfig, check_widths, rope_scaling_conflict, rotary_width
-from relpos_ablate.model.call import AttentionCall, AttentionOptions, SharedParameters, Visibility, place
+from relpos_ablate.config.model import (AttentionConfig, check_widths, rope_scaling_conflict, rotary_width,
+                                        rotating_pairs)
+from relpos_ablate.model.kernels.call import AttentionCall, AttentionOptions, SharedParameters, Visibility, place
 from relpos_ablate.model.cope import ContextualPositions
-from relpos_ablate.model.dispatch import attend
-from relpos_ablate.model.explicit import explicit_attention
+from relpos_ablate.model.kernels.dispatch import attend
+from relpos_ablate.model.kernels.explicit import explicit_attention
 from relpos_ablate.model.fox import ForgetGate, decay_map
 from relpos_ablate.model.position import RopeScaling, build_bias, rotate_queries_keys, sinusoid
-from relpos_ablate.model.shift import table_row, table_rows
+from relpos_ablate.model.position.tables import table_row, table_rows
 from relpos_ablate.model.sinks import Sinks
 from relpos_ablate.model.temperature import Temperature
 
@@ -64,7 +65,7 @@ class RelPosAttention(nn.Module):
         check_widths(config, d_model, d_head)
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
         self.dropout = dropout
-        self.scale = d_head**-0.5 if config.score_scale in ("sqrt_d", "log_n") else 1.0
+        self.scale = d_head**-0.5 if config.score_scale != "none" else 1.0
         self.bias_scale = self.scale if config.bias_scaled else 1.0
         inner = n_heads * d_head
         # Only what a score term reads is built (terms c, d alone read neither q nor k): DDP with its default
@@ -83,7 +84,7 @@ class RelPosAttention(nn.Module):
         self.forget_gate = ForgetGate(d_model, n_heads) if config.forget_gate else None
         self.contextual = ContextualPositions(config.cope_positions, d_head) if config.cope_positions else None
         self.sinks = Sinks(n_heads, config.sinks, d_head) if config.sinks else None
-        scaled = config.score_scale == "log_n" or config.learned_temperature
+        scaled = config.score_scale in ("log_n", "ssmax") or config.learned_temperature
         self.temperature = Temperature(n_heads, config) if scaled else None
         self.register_load_state_dict_pre_hook(_without_unread_projections)
 
@@ -148,7 +149,10 @@ class RelPosAttention(nn.Module):
                              log_decay=log_decay, contextual=self.contextual, n_sinks=cfg.sinks)
         if self.temperature is None:
             return call
-        return dataclasses.replace(call, query_scale=self.temperature.query_scale(call, x.dtype))
+        # n: the keys each query sees by index (padding excluded), learned sinks included
+        seen = call.visible(call.all_queries).sum(-1) + call.n_sinks if self.temperature.counts_keys else None
+        scale = self.temperature.query_scale(seen, call.n_queries, x.dtype, x.device)
+        return dataclasses.replace(call, query_scale=scale)
 
     def _per_distance(self, call: AttentionCall, clamp_len: int | None) -> AttentionCall:
         """The call with the tensors every query block reads: s·W_R R_d (term b's keys), the scores of
@@ -195,8 +199,10 @@ class RelPosAttention(nn.Module):
             raise ValueError(f"rope_scaling: {rope_scaling.kind} {conflict}")
         if self.config.absolute == "rope":
             cfg = self.config
-            q, k = rotate_queries_keys(q, k, call.query_positions, call.key_positions, rotary_width(cfg, self.d_head),
-                                       cfg.rope_base, rope_scaling, cfg.xpos_scale_base)
+            d_rot = rotary_width(cfg, self.d_head)
+            rotating = rotating_pairs(cfg, d_rot) if cfg.rope_p != 1.0 else None
+            q, k = rotate_queries_keys(q, k, call.query_positions, call.key_positions, d_rot, cfg.rope_base,
+                                       rope_scaling, cfg.xpos_scale_base, rotating)
         return q, k, v
 
     def scores(self, q: Tensor, k: Tensor, call: AttentionCall) -> dict[str, Tensor]:

@@ -12,7 +12,7 @@ Here q is the content query the kernels use (q + u with term c, times the query 
 one), so the gates read the content score as it enters the softmax. The gates need each query's whole
 row of keys before the softmax (a cumulative sum over keys): the kernels run it on whole rows of keys per
 query block. `scores` is the formula under autograd (explicit path, SDPA per block); the block kernel
-(kernels.py) calls `block_scores` and `block_backward`, the same scores and their gradient by hand, so that
+(kernels/blockwise.py) calls `block_scores` and `block_backward`, the same scores and their gradient by hand, so that
 nothing of a block is kept for backward and the gates' gradient joins the attention's own dS (the gates read
 the same product s·q·kᵀ).
 """

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from relpos_ablate.model.geometry import BlockView
+from relpos_ablate.model.kernels.geometry import BlockView
 
 STATISTICS = ("entropy", "sink", "distance", "unseen")
 

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from relpos_ablate.config.base import ConfigError
 from relpos_ablate.config.model import ModelConfig
 from relpos_ablate.model.attention import RelPosAttention, init_vector
-from relpos_ablate.model.call import AttentionOptions, SharedParameters
+from relpos_ablate.model.kernels.call import AttentionOptions, SharedParameters
 from relpos_ablate.model.diagnostics import AttentionStatistics
 from relpos_ablate.model.position import RopeScaling, bias_schemes, build_bias, sinusoid
 

@@ -15,7 +15,8 @@ from typing import Any
 from relpos_ablate.config import ConfigError
 from relpos_ablate.config.registry import bias_types
 
-#: Encodings that are not one bias type: Transformer-XL, Shaw, absolute and rotary baselines, xPos, FoX, CoPE.
+#: Encodings that are not one bias type: Transformer-XL, Shaw, absolute and rotary baselines, p-RoPE, xPos, FoX,
+#: CoPE, SSMax.
 BASELINES: dict[str, dict[str, Any]] = {
     # Transformer-XL (Dai et al. 2019): all four terms, sinusoidal R, no absolute positions.
     "xl": {"terms": "abcd", "rel": "sinusoid", "bias": "none", "absolute": "none"},
@@ -27,6 +28,8 @@ BASELINES: dict[str, dict[str, Any]] = {
     "al_rfou": {"terms": "a", "absolute": "learned_per_layer", "bias": "none"},
     "nope": {"terms": "a", "absolute": "none", "bias": "none"},
     "rope": {"terms": "a", "absolute": "rope", "bias": "none"},
+    # p-RoPE (Barbero et al. 2025): RoPE whose lowest-frequency quarter of pairs does not turn (p = 0.75).
+    "p_rope": {"terms": "a", "absolute": "rope", "rope_p": 0.75, "bias": "none"},
     # xPos (Sun et al. 2022): RoPE with a per-pair exponential decay, scale base 512 as the paper.
     "rope_xpos": {"terms": "a", "absolute": "rope", "xpos_scale_base": 512.0, "bias": "none"},
     # FoX (Lin et al. 2025): a data-dependent forget gate on NoPE, as the paper's default model.
@@ -34,6 +37,8 @@ BASELINES: dict[str, dict[str, Any]] = {
     # CoPE (Golovneva et al. 2024): contextual positions on NoPE, 64 of them (the authors' code default
     # is the training block size + 1: set model.attention.cope_positions for that).
     "cope": {"terms": "a", "absolute": "none", "bias": "none", "cope_positions": 64},
+    # SSMax (Nakanishi 2025): every score × s_h·log n, s_h learned per head, on NoPE (the scheme alone).
+    "ssmax": {"terms": "a", "absolute": "none", "bias": "none", "score_scale": "ssmax"},
 }
 
 

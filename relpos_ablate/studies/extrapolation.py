@@ -22,7 +22,7 @@ from relpos_ablate.analysis.table_options import axis_orders, read_spec
 from relpos_ablate.analysis.tables import sort_key
 from relpos_ablate.config import ConfigError
 
-EXTENSIONS = {"pi": "PI", "ntk": "NTK", "yarn": "YaRN"}
+EXTENSIONS = {"pi": "PI", "ntk": "NTK", "yarn": "YaRN", "llama3": "Llama 3"}
 
 
 def frame(df: pd.DataFrame) -> pd.DataFrame:
@@ -305,7 +305,7 @@ def trends_section(data, lengths, train, correction) -> str:
     ]
     if longest == two:  # runs evaluated up to 2L only: "after 2L" has nothing to compare
         checks = [check for check in checks if check[0] != "ALiBi degrades slowly after ~2L"]
-    for kind in ("pi", "ntk", "yarn"):
+    for kind in EXTENSIONS:
         for n in (n for n in lengths if per_seed(data, "rope", "non_overlapping", n, rope_scaling=kind)):
             checks.append((f"RoPE + {EXTENSIONS[kind]} beats plain RoPE at {name[n]} (zero-shot)", {"rope"},
                            lambda kind=kind, n=n: ordering(f"{kind} at {name[n]}", plain("rope", n, rope_scaling=kind),

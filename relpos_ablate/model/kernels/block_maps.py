@@ -1,4 +1,4 @@
-"""How the block kernel (kernels.py) hands a query block's additive map to a fused attention kernel, and
+"""How the block kernel (blockwise.py) hands a query block's additive map to a fused attention kernel, and
 takes the map's gradient back onto the tensors it was built from.
 
 The CPU flash kernel (`aten::_scaled_dot_product_flash_attention_for_cpu` and its backward) adds an
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relpos_ablate.model.call import AttentionCall, QueryBlock, ScoreInputs
+from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock, ScoreInputs
 
 
 def block_maps(call: AttentionCall, inputs: ScoreInputs) -> "StridedMaps | MaterialisedMaps":

@@ -21,8 +21,8 @@ import math
 import torch
 from torch import Tensor
 
-from relpos_ablate.model.block_maps import block_maps
-from relpos_ablate.model.call import AttentionCall, QueryBlock, ScoreInputs
+from relpos_ablate.model.kernels.block_maps import block_maps
+from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock, ScoreInputs
 
 
 def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:

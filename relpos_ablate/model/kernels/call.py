@@ -36,9 +36,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from relpos_ablate.model.geometry import BlockView, ContextualScores, QueryBlock, StatisticsSink, Visibility
+from relpos_ablate.model.kernels.geometry import BlockView, ContextualScores, QueryBlock, StatisticsSink, Visibility
 from relpos_ablate.model.position import BiasScheme, RopeScaling
-from relpos_ablate.model.shift import descending_distances, rel_shift, toeplitz
+from relpos_ablate.model.kernels.shift import descending_distances, rel_shift, toeplitz
 
 MIN_BLOCK = 16  # fewest queries in a block when long key ranges shrink the blocks
 

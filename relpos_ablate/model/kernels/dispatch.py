@@ -4,7 +4,7 @@
 q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without term b):
 - nothing beyond causal attention: one SDPA call (flash kernels);
 - FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout;
-- the block kernel that rebuilds each block's map in backward (kernels.py) for backend 'blocks', and
+- the block kernel that rebuilds each block's map in backward (blockwise.py) for backend 'blocks', and
   'auto' without attention dropout unless the maps fit in max_stored_scores_mb (default 0: never);
 - else SDPA per query block, each with its additive map (stored for backward);
 - with statistics to collect (evaluation diagnostics), explicit probabilities per query block, each
@@ -26,9 +26,9 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.model import AttentionConfig
-from relpos_ablate.model.call import AttentionCall, ScoreInputs
-from relpos_ablate.model.geometry import StatisticsSink
-from relpos_ablate.model.kernels import BlockwiseBiasedAttention, masked_softmax
+from relpos_ablate.model.kernels.call import AttentionCall, ScoreInputs
+from relpos_ablate.model.kernels.geometry import StatisticsSink
+from relpos_ablate.model.kernels.blockwise import BlockwiseBiasedAttention, masked_softmax
 
 # Score entries per head in one query block whose map is stored for backward (the block kernel sizes its
 # own blocks: block_maps.py)
@@ -53,7 +53,7 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
     flex = config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0)
     if flex and call.contextual is None:
-        from relpos_ablate.model.flex import flex_attend
+        from relpos_ablate.model.kernels.flex import flex_attend
 
         return flex_attend(call, q_content, k, v, q_position, compiled=q_content.is_cuda)
     if not call.has_additive:

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relpos_ablate.model.call import AttentionCall
-from relpos_ablate.model.geometry import StatisticsSink
-from relpos_ablate.model.kernels import masked_softmax
-from relpos_ablate.model.shift import rel_shift
+from relpos_ablate.model.kernels.call import AttentionCall
+from relpos_ablate.model.kernels.geometry import StatisticsSink
+from relpos_ablate.model.kernels.blockwise import masked_softmax
+from relpos_ablate.model.kernels.shift import rel_shift
 
 
 def explicit_attention(scores: Tensor, v: Tensor, call: AttentionCall, *, dropout_p: float = 0.0,

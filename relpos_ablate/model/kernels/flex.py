@@ -28,7 +28,7 @@ import operator
 import torch
 from torch import Tensor
 
-from relpos_ablate.model.call import AttentionCall, Visibility
+from relpos_ablate.model.kernels.call import AttentionCall, Visibility
 
 
 @functools.cache

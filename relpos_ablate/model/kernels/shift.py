@@ -1,4 +1,4 @@
-"""Per-distance tensors: their column order, their layout per key, and learned tables indexed by distance.
+"""Per-distance tensors: their column order and their layout per key.
 
 Every per-distance tensor lists *descending* distances: column t belongs to distance dmax - t, where
 dmax = q_offset + Lq - 1 is the largest distance a query of the block has (its last query looking at
@@ -44,14 +44,3 @@ def toeplitz(curve: Tensor, n_queries: int, n_keys: int) -> Tensor:
         raise ValueError(f"toeplitz needs Lq + K - 1 = {n_queries + n_keys - 1} values, got {curve.shape[-1]}")
     windows = curve.unfold(-1, n_keys, 1)  # (..., Lq, K): window s holds curve[s : s + K]
     return windows.flip(-2)  # row r is window Lq - 1 - r
-
-
-def table_rows(max_distance: int, causal: bool) -> int:
-    """Rows of a learned table with one row per distance up to max_distance: causal attention never
-    sees a negative distance (0 .. max_distance), bidirectional sees both signs."""
-    return max_distance + 1 if causal else 2 * max_distance + 1
-
-
-def table_row(distances: Tensor, clamp: int, max_distance: int, causal: bool) -> Tensor:
-    """Row of that table for each distance, distances beyond clamp (<= max_distance) sharing clamp's row."""
-    return distances.clamp(0, clamp) if causal else distances.clamp(-clamp, clamp) + max_distance

@@ -1,4 +1,4 @@
-"""Rotary position embedding (RoPE, Su et al. 2021) and its variants: partial rotary, xPos, and the
+"""Rotary position embedding (RoPE, Su et al. 2021) and its variants: partial rotary, p-RoPE, xPos, and the
 evaluation-time context extensions (position interpolation, NTK-aware base, YaRN).
 
 Formulas, defaults and papers: docs/formulas.md#rope and the sections after it. Pairs are (p, p + d_rot/2)
@@ -17,21 +17,25 @@ from relpos_ablate.model.position.sinusoid import inverse_frequencies
 
 XPOS_GAMMA = 0.4  # ζ_p = (2p/d + γ)/(1 + γ) (Sun et al. 2022, the authors' code)
 YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN's ramp ends: pairs turning > β times within L keep θ, < α get θ/s
+# Llama 3's ramp ends (Llama 3.1's rope_scaling low_freq_factor, high_freq_factor): pairs whose wavelength exceeds
+# L/low get θ/s, below L/high keep θ, in between a blend linear in L/wavelength (Hugging Face, rope_type llama3)
+LLAMA3_LOW, LLAMA3_HIGH = 1.0, 4.0
+SCALINGS = ("pi", "ntk", "yarn", "llama3")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE extended to a context s times the training one, at evaluation: `kind` pi | ntk | yarn,
-    `factor` s >= 1, `original_length` L the training context (YaRN's ramp reads it). A pure function
-    of these three: nothing is carried from one call to the next."""
+    """RoPE extended to a context s times the training one, at evaluation: `kind` pi | ntk | yarn | llama3,
+    `factor` s >= 1, `original_length` L the training context (YaRN's and Llama 3's ramps read it). A pure
+    function of these three: nothing is carried from one call to the next."""
 
     kind: str
     factor: float
     original_length: int
 
     def __post_init__(self):
-        if self.kind not in ("pi", "ntk", "yarn"):
-            raise ValueError(f"rope_scaling: {self.kind!r} is not allowed; choose one of pi, ntk, yarn")
+        if self.kind not in SCALINGS:
+            raise ValueError(f"rope_scaling: {self.kind!r} is not allowed; choose one of {', '.join(SCALINGS)}")
         if self.factor < 1.0:
             raise ValueError(f"rope_scale: {self.factor} is out of range; allowed [1, inf]")
 
@@ -56,11 +60,32 @@ def yarn_ramp(d_rot: int, base: float, original_length: int, device=None) -> Ten
     return 1 - ((pairs - low) / width).clamp(0.0, 1.0)
 
 
-def rope_frequencies(d_rot: int, base: float, scaling: RopeScaling | None = None, device=None) -> Tensor:
+def llama3_ramp(theta: Tensor, original_length: int) -> Tensor:
+    """Llama 3's γ per rotary pair (Hugging Face's `_compute_llama3_parameters`, rope_type llama3): with
+    wavelength λ_p = 2π/θ_p and the training context L, γ = 1 (θ kept) where λ_p < L/high, 0 (θ/s) where
+    λ_p > L/low, else (L/λ_p - low)/(high - low): linear in the turns L/λ_p.
+    [d_rot/2] float64."""
+    turns = original_length * theta / (2 * math.pi)  # L/λ_p
+    wavelength = 2 * math.pi / theta
+    ramp = ((turns - LLAMA3_LOW) / (LLAMA3_HIGH - LLAMA3_LOW)).to(torch.float64)
+    ramp = torch.where(wavelength > original_length / LLAMA3_LOW, torch.zeros_like(ramp), ramp)
+    return torch.where(wavelength < original_length / LLAMA3_HIGH, torch.ones_like(ramp), ramp)
+
+
+def rope_frequencies(d_rot: int, base: float, scaling: RopeScaling | None = None, device=None,
+                     rotating: int | None = None) -> Tensor:
     """θ_p = base^(-2p/d_rot), p = 0 .. d_rot/2 - 1, as `scaling` changes them: [d_rot/2] float64.
 
     pi: θ_p / s. ntk: the base becomes base·s^(d_rot/(d_rot - 2)). yarn: γ_p·θ_p + (1 - γ_p)·θ_p/s with
-    γ the ramp of `yarn_ramp`."""
+    γ the ramp of `yarn_ramp`. llama3: the same blend with Llama 3's ramp (`llama3_ramp`). rotating (p-RoPE): only the first `rotating` pairs, the highest frequencies,
+    keep theirs; the others get θ_p = 0 (not rotated), before any scaling (which leaves 0 at 0)."""
+    theta = _scaled_frequencies(d_rot, base, scaling, device)
+    if rotating is not None:
+        theta[rotating:] = 0.0
+    return theta
+
+
+def _scaled_frequencies(d_rot: int, base: float, scaling: RopeScaling | None, device) -> Tensor:
     if scaling is not None and scaling.kind == "ntk":
         if d_rot <= 2:
             raise ValueError("rope_scaling: ntk rescales the base by s^(d/(d-2)); it needs at least 2 rotary pairs")
@@ -70,6 +95,9 @@ def rope_frequencies(d_rot: int, base: float, scaling: RopeScaling | None = None
         return theta
     if scaling.kind == "pi":
         return theta / scaling.factor
+    if scaling.kind == "llama3":
+        ramp = llama3_ramp(theta, scaling.original_length)
+        return ramp * theta + (1 - ramp) * theta / scaling.factor
     ramp = yarn_ramp(d_rot, base, scaling.original_length, device)
     return ramp * theta + (1 - ramp) * theta / scaling.factor
 
@@ -81,13 +109,15 @@ def xpos_decay(d_rot: int, device=None) -> Tensor:
 
 
 def rotate(x: Tensor, positions: Tensor, d_rot: int, base: float, *, scaling: RopeScaling | None = None,
-           xpos_scale_base: float | None = None, xpos_sign: float = 1.0, xpos_centre: Tensor | float = 0.0) -> Tensor:
+           xpos_scale_base: float | None = None, xpos_sign: float = 1.0, xpos_centre: Tensor | float = 0.0,
+           rotating: int | None = None) -> Tensor:
     """x [..., n, d] with its first d_rot dimensions rotated by angle position·θ_p per pair (p, p + d_rot/2)
     and multiplied by the scaling's attention factor (YaRN's; as Hugging Face's partial rotary, the others
     are left as they are). xPos also scales pair p by ζ_p^(sign·(position - centre)/B): sign +1 for
-    queries, -1 for keys, one centre for both (it cancels in their product and keeps the scales in range)."""
+    queries, -1 for keys, one centre for both (it cancels in their product and keeps the scales in range).
+    rotating: p-RoPE's rotating pairs (rope_frequencies)."""
     pos = positions.to(torch.float64)[:, None]  # (n, 1)
-    angles = pos * rope_frequencies(d_rot, base, scaling, x.device)[None]  # (n, d_rot/2)
+    angles = pos * rope_frequencies(d_rot, base, scaling, x.device, rotating)[None]  # (n, d_rot/2)
     factor = 1.0 if scaling is None else scaling.attention_factor
     cos, sin = angles.cos() * factor, angles.sin() * factor
     if xpos_scale_base is not None:
@@ -102,12 +132,12 @@ def rotate(x: Tensor, positions: Tensor, d_rot: int, base: float, *, scaling: Ro
 
 def rotate_queries_keys(q: Tensor, k: Tensor, query_positions: Tensor, key_positions: Tensor, d_rot: int,
                         base: float, scaling: RopeScaling | None = None,
-                        xpos_scale_base: float | None = None) -> tuple[Tensor, Tensor]:
+                        xpos_scale_base: float | None = None, rotating: int | None = None) -> tuple[Tensor, Tensor]:
     """RoPE of one attention call: q [B, H, L, d] at query_positions [L], k [B, H, K, d] at key_positions
-    [K]; xPos centred once for both (the middle of the keys' positions)."""
+    [K]; xPos centred once for both (the middle of the keys' positions); rotating: p-RoPE's pairs."""
     centre = (key_positions.amin() + key_positions.amax()).double() / 2
     q = rotate(q, query_positions, d_rot, base, scaling=scaling, xpos_scale_base=xpos_scale_base, xpos_sign=1.0,
-               xpos_centre=centre)
+               xpos_centre=centre, rotating=rotating)
     k = rotate(k, key_positions, d_rot, base, scaling=scaling, xpos_scale_base=xpos_scale_base, xpos_sign=-1.0,
-               xpos_centre=centre)
+               xpos_centre=centre, rotating=rotating)
     return q, k

@@ -1,4 +1,5 @@
-"""Learned bias tables indexed by distance: Transformer-XL-style clamped table and T5 buckets."""
+"""Learned tables indexed by distance: their rows (also term b/d's R table and Shaw's value table), the
+Transformer-XL-style clamped bias table and T5 buckets."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ import torch
 from torch import Tensor, nn
 
 from relpos_ablate.model.position.base import BiasScheme
-from relpos_ablate.model.shift import table_row
+
+
+def table_rows(max_distance: int, causal: bool) -> int:
+    """Rows of a learned table with one row per distance up to max_distance: causal attention never
+    sees a negative distance (0 .. max_distance), bidirectional sees both signs."""
+    return max_distance + 1 if causal else 2 * max_distance + 1
+
+
+def table_row(distances: Tensor, clamp: int, max_distance: int, causal: bool) -> Tensor:
+    """Row of that table for each distance, distances beyond clamp (<= max_distance) sharing clamp's row."""
+    return distances.clamp(0, clamp) if causal else distances.clamp(-clamp, clamp) + max_distance
 
 
 class XLTableBias(BiasScheme):

@@ -1,0 +1,19 @@
+"""The kernel machinery: how one attention call is computed, apart from what its schemes mean.
+
+The contract, for every backend here: given the folded content queries q̃ [B, H, L, dh], keys k and values v
+[B, H, S + K, dh] (S learned sink slots first), the scale s and one `AttentionCall` (call.py),
+
+    out = softmax_over_visible_keys( s·q̃·kᵀ + map ) · v        [B, H, L, dh]
+
+where `map` [B or 1, H, L, K] is everything the call adds to the content scores (term b, term d, the bias,
+FoX's decay, CoPE; times the query scale), built block by block by `AttentionCall.additive_scores`, and the
+visible keys are the call's `Visibility` (causal, memory, window) and key padding. A query that sees no key
+gets 0. The backends (dispatch.py picks one): plain SDPA (no map), SDPA per query block with the stored map,
+the block kernel that rebuilds each block's map in backward (blockwise.py with block_maps.py), FlexAttention
+(flex.py, the map as a point-wise `score_mod`), explicit probabilities per block (statistics), and the
+materialised path (explicit.py, which takes the summed score map itself). shift.py lays per-distance
+tensors out per key; geometry.py holds the types call.py, cope.py and diagnostics.py share.
+
+The schemes (`model/position/`, fox.py, cope.py, sinks.py, temperature.py) import nothing from here: the
+attention module (attention.py) hands their tensors to the call.
+"""
