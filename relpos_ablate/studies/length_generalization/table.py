@@ -66,7 +66,8 @@ def per_run_bins(data: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 ENCODING_NAMES = {"nope": "NoPE", "vaswani": "sinusoid", "learned": "learned absolute", "rope": "RoPE", "t5": "T5",
-                  "alibi": "ALiBi", "kerple_log": "KERPLE", "fire": "FIRE", "xl": "Transformer-XL"}
+                  "alibi": "ALiBi", "kerple_log": "KERPLE", "fire": "FIRE", "xl": "Transformer-XL", "p_rope": "p-RoPE",
+                  "ssmax": "SSMax"}
 """The study's encodings (runner presets) in words, in the order its tables and figures list them."""
 
 
