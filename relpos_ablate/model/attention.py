@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from relpos_ablate.config.model import (AttentionConfig, check_widths, rope_scaling_conflict, rotary_width,
-                                        rotating_pairs)
+from relpos_ablate.config.model import (LENGTH_AWARE_SCALES, AttentionConfig, check_widths, rope_scaling_conflict,
+                                        rotary_width, rotating_pairs)
 from relpos_ablate.model.kernels.call import AttentionCall, AttentionOptions, SharedParameters, Visibility, place
 from relpos_ablate.model.cope import ContextualPositions
 from relpos_ablate.model.kernels.dispatch import attend
@@ -84,7 +84,7 @@ class RelPosAttention(nn.Module):
         self.forget_gate = ForgetGate(d_model, n_heads) if config.forget_gate else None
         self.contextual = ContextualPositions(config.cope_positions, d_head) if config.cope_positions else None
         self.sinks = Sinks(n_heads, config.sinks, d_head) if config.sinks else None
-        scaled = config.score_scale in ("log_n", "ssmax") or config.learned_temperature
+        scaled = config.score_scale in LENGTH_AWARE_SCALES or config.learned_temperature
         self.temperature = Temperature(n_heads, config) if scaled else None
         self.register_load_state_dict_pre_hook(_without_unread_projections)
 
@@ -200,9 +200,8 @@ class RelPosAttention(nn.Module):
         if self.config.absolute == "rope":
             cfg = self.config
             d_rot = rotary_width(cfg, self.d_head)
-            rotating = rotating_pairs(cfg, d_rot) if cfg.rope_p != 1.0 else None
             q, k = rotate_queries_keys(q, k, call.query_positions, call.key_positions, d_rot, cfg.rope_base,
-                                       rope_scaling, cfg.xpos_scale_base, rotating)
+                                       rope_scaling, cfg.xpos_scale_base, rotating_pairs(cfg, d_rot))
         return q, k, v
 
     def scores(self, q: Tensor, k: Tensor, call: AttentionCall) -> dict[str, Tensor]:

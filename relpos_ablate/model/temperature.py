@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_ablate.config import ConfigError
-from relpos_ablate.config.model import AttentionConfig
+from relpos_ablate.config.model import LENGTH_AWARE_SCALES, AttentionConfig
 
 
 class Temperature(nn.Module):
@@ -29,10 +29,10 @@ class Temperature(nn.Module):
 
     def __init__(self, n_heads: int, config: AttentionConfig):
         super().__init__()
-        self.log_n_length = config.log_n_length if config.score_scale in ("log_n", "ssmax") else None
+        self.log_n_length = config.log_n_length if config.score_scale in LENGTH_AWARE_SCALES else None
         if self.log_n_length == 0:
-            raise ConfigError("log_n_length", f"score_scale {config.score_scale} needs the training attention length L_train "
-                              "(run configs fill it in; set it for a model of your own)")
+            raise ConfigError("log_n_length", f"score_scale {config.score_scale} needs the training attention length "
+                              "L_train (run configs fill it in; set it for a model of your own)")
         self.log_tau = nn.Parameter(torch.zeros(n_heads)) if config.learned_temperature else None  # (H,): t_h
         self.ssmax_scale = nn.Parameter(torch.full((n_heads,), 1 / math.log(self.log_n_length))) \
             if config.score_scale == "ssmax" else None  # (H,): s_h

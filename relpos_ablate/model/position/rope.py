@@ -67,7 +67,7 @@ def llama3_ramp(theta: Tensor, original_length: int) -> Tensor:
     [d_rot/2] float64."""
     turns = original_length * theta / (2 * math.pi)  # L/λ_p
     wavelength = 2 * math.pi / theta
-    ramp = ((turns - LLAMA3_LOW) / (LLAMA3_HIGH - LLAMA3_LOW)).to(torch.float64)
+    ramp = (turns - LLAMA3_LOW) / (LLAMA3_HIGH - LLAMA3_LOW)
     ramp = torch.where(wavelength > original_length / LLAMA3_LOW, torch.zeros_like(ramp), ramp)
     return torch.where(wavelength < original_length / LLAMA3_HIGH, torch.ones_like(ramp), ramp)
 
@@ -77,8 +77,9 @@ def rope_frequencies(d_rot: int, base: float, scaling: RopeScaling | None = None
     """θ_p = base^(-2p/d_rot), p = 0 .. d_rot/2 - 1, as `scaling` changes them: [d_rot/2] float64.
 
     pi: θ_p / s. ntk: the base becomes base·s^(d_rot/(d_rot - 2)). yarn: γ_p·θ_p + (1 - γ_p)·θ_p/s with
-    γ the ramp of `yarn_ramp`. llama3: the same blend with Llama 3's ramp (`llama3_ramp`). rotating (p-RoPE): only the first `rotating` pairs, the highest frequencies,
-    keep theirs; the others get θ_p = 0 (not rotated), before any scaling (which leaves 0 at 0)."""
+    γ the ramp of `yarn_ramp`. llama3: the same blend with Llama 3's ramp (`llama3_ramp`). rotating (p-RoPE):
+    only the first `rotating` pairs, the highest frequencies, keep theirs; the others get θ_p = 0 (not
+    rotated; scaling leaves 0 at 0). None or d_rot/2: every pair turns."""
     theta = _scaled_frequencies(d_rot, base, scaling, device)
     if rotating is not None:
         theta[rotating:] = 0.0
