@@ -209,6 +209,92 @@ def cope_scores(attn, q_content: Tensor, k: Tensor, visible: Tensor, s: float) -
     return out
 
 
+def path_logits_reference(attn, q: Tensor, k: Tensor, cat: Tensor, padding: Tensor | None, n_mem: int) -> Tensor:
+    """PaTH (docs/formulas.md#path) pair by pair: q_i·(H_i' ··· H_(j+1)) k_j with every H_t = I - β_t w_t w_tᵀ a
+    dense d×d matrix and the product multiplied out. w_t: the l2-normalised SiLU of a causal depthwise conv
+    (kernel 3) of W_up W_down x_t; β_t = 2σ(W_β x_t + b), 0 at padded keys. q [B, L, H, dh], k [B, K, H, dh],
+    cat [B, K, d_model] -> [B, H, L, K] (entries j > i' left 0)."""
+    p = {name: t.detach().double() for name, t in attn.path.named_parameters()}
+    b, n_keys, _ = cat.shape
+    h, dh = attn.n_heads, attn.d_head
+    raw = cat @ p["w_down.weight"].T @ p["w_up.weight"].T  # (B, K, H·dh)
+    conv = p["w_conv.weight"][:, 0]  # (H·dh, 3): tap m reads token t - 2 + m
+    w = torch.zeros_like(raw)
+    for t in range(n_keys):
+        for m in range(3):
+            if t - 2 + m >= 0:
+                w[:, t] += conv[:, m] * raw[:, t - 2 + m]
+    w = torch.nn.functional.silu(w).view(b, n_keys, h, dh)
+    w = w / w.norm(dim=-1, keepdim=True)
+    beta = 2 * torch.sigmoid(cat @ p["beta.weight"].T + p["beta.bias"])  # (B, K, H)
+    if padding is not None:
+        beta = beta.masked_fill(padding[..., None], 0.0)
+    eye = torch.eye(dh, dtype=torch.float64)
+    out = torch.zeros(b, h, q.shape[1], n_keys, dtype=torch.float64)
+    for bb in range(b):
+        for hh in range(h):
+            for i in range(q.shape[1]):
+                for j in range(n_mem + i + 1):
+                    product = eye.clone()
+                    for t in range(j + 1, n_mem + i + 1):  # H_t applied after the earlier ones
+                        wt = w[bb, t, hh]
+                        product = (eye - beta[bb, t, hh] * torch.outer(wt, wt)) @ product
+                    out[bb, hh, i, j] = q[bb, i, hh] @ product @ k[bb, j, hh]
+    return out
+
+
+def dape_reference(attn, other: Tensor, bias: Tensor, visible: Tensor) -> Tensor:
+    """DAPE (docs/formulas.md#dape) entry by entry: X + B + f([X; B]); v1: the MLP 2H -> width -> H (LeakyReLU
+    0.01) of each pair's 2H numbers; v2: two 1×k convolutions along the keys written as sums over taps, inputs
+    0 where a query sees no key and beyond the map's ends. other, bias [B, H, L, K]; visible [B, 1, L, K]."""
+    p = {name: t.detach().double() for name, t in attn.dape.named_parameters()}
+    leaky = torch.nn.functional.leaky_relu
+    features = torch.cat([other, bias], dim=1)  # (B, 2H, L, K)
+    b, _, lq, n_keys = features.shape
+    if attn.config.dape == "v1":
+        adjust = torch.zeros_like(other)
+        for i in range(lq):
+            for j in range(n_keys):
+                f = features[:, :, i, j]  # (B, 2H)
+                adjust[:, :, i, j] = leaky(f @ p["net.0.weight"].T + p["net.0.bias"], 0.01) @ p["net.2.weight"].T \
+                    + p["net.2.bias"]
+        return other + bias + adjust
+
+    def conv(x: Tensor, weight: Tensor, b_: Tensor) -> Tensor:  # x (B, C, L, K), weight (C_out, C, 1, k)
+        taps = weight.shape[-1]
+        y = b_[None, :, None, None].expand(x.shape[0], -1, lq, n_keys).clone()
+        for j in range(n_keys):
+            for m in range(taps):
+                src = j + m - taps // 2
+                if 0 <= src < n_keys:
+                    y[:, :, :, j] += torch.einsum("oc,bcl->bol", weight[:, :, 0, m], x[:, :, :, src])
+        return y
+
+    hidden = leaky(conv(features * visible, p["net.0.weight"], p["net.0.bias"]), 0.01)
+    return other + bias + conv(hidden, p["net.2.weight"], p["net.2.bias"])
+
+
+def stick_breaking_reference(scores: Tensor, visible: Tensor, n_mem: int) -> Tensor:
+    """Stick-breaking (docs/formulas.md#stick-breaking) as a literal product: A_ij = σ(z_ij)·∏(1 - σ(z_ik)) over
+    the visible keys k with j < k < i'; the remainder 1 - Σ_j A_ij on the query's own key i' when it is
+    visible. scores [B, H, L, K], visible [B, 1, L, K] -> weights [B, H, L, K]."""
+    b, h, lq, n_keys = scores.shape
+    beta = torch.sigmoid(scores)
+    out = torch.zeros_like(scores)
+    for i in range(lq):
+        own = n_mem + i
+        for j in range(n_keys):
+            if j == own:
+                continue
+            rest = torch.ones(b, h, dtype=torch.float64)
+            for k_ in range(j + 1, n_keys):
+                if k_ != own:
+                    rest = rest * torch.where(visible[:, :, i, k_], 1 - beta[:, :, i, k_], torch.ones_like(rest))
+            out[:, :, i, j] = torch.where(visible[:, :, i, j], beta[:, :, i, j] * rest, torch.zeros_like(rest))
+        out[:, :, i, own] = torch.where(visible[:, :, i, own], 1 - out[:, :, i].sum(-1), torch.zeros(b, h, dtype=torch.float64))
+    return out
+
+
 def reference_mask(n_queries: int, n_mem: int, causal: bool, window: int | None = None) -> Tensor:
     """Bool [L, M + L], True where query i (at key position i' = M + i) may see key j: causal
     attention sees j <= i'; a window W keeps the W most recent of those, i' - W < j (itself included)."""
@@ -262,7 +348,9 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     s = dh**-0.5 if cfg.score_scale in ("sqrt_d", "log_n", "ssmax") else 1.0
     s_bias = s if cfg.bias_scaled else 1.0
     scores = torch.zeros(b, h, lq, n_keys, dtype=torch.float64)
-    if "a" in terms:
+    if "a" in terms and cfg.path:
+        scores += path_logits_reference(attn, q, k, cat, padding, n_mem)
+    elif "a" in terms:
         scores += torch.einsum("bihd,bjhd->bhij", q, k)
     if "c" in terms:
         u = attn.content_bias_u.detach().double()
@@ -280,12 +368,14 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
             vv = attn.position_bias_v.detach().double()
             scores += torch.einsum("hd,ijhd->hij", vv, wr_r)[None]
     scores = scores * s
+    bias_part = torch.zeros(1, h, lq, n_keys, dtype=torch.float64)  # s_B·B, kept apart for DAPE
     if attn.bias_scheme is not None:
         bias = torch.stack([
             torch.stack([bias_value(attn, *((pos[n_mem + i], pos[j]) if distances is None else (dist(i, j), 0)))
                          for j in range(n_keys)], dim=-1) for i in range(lq)
         ], dim=1)  # (H, L, K)
-        scores = scores + s_bias * bias[None]
+        bias_part = s_bias * bias[None]
+        scores = scores + bias_part
     if cfg.forget_gate:
         scores = scores + fox_decay(attn, cat, padding, n_mem)
     windows = [w for w in (window, cfg.window) if w is not None]
@@ -308,11 +398,17 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     q_content = q_content * temperature  # (B, H, L, dh): the content query as the kernels scale it
     if cfg.cope_positions:
         scores = scores + cope_scores(attn, q_content, k, visible, s)
+    if cfg.dape != "none":  # X: every term but the bias, as they enter the sum (temperature included)
+        bias_part = bias_part * temperature
+        scores = dape_reference(attn, scores - bias_part, bias_part.expand_as(scores), visible)
     if cfg.sinks:  # the slots first: logits s·q̃·k_s, visible to every query
         sink_keys, sink_values = attn.sinks.keys.detach().double(), attn.sinks.values.detach().double()
         scores = torch.cat([s * torch.einsum("bhid,hsd->bhis", q_content, sink_keys), scores], dim=-1)
         visible = torch.cat([torch.ones(b, 1, lq, cfg.sinks, dtype=torch.bool), visible], dim=-1)
-    probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+    if cfg.normaliser == "stick_breaking":
+        probs = stick_breaking_reference(scores, visible, n_mem)
+    else:
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
     probs = probs.nan_to_num(0.0)  # a query that sees no key (all padded) attends to nothing: 0, not NaN
     out = torch.einsum("bhij,bjhd->bihd", probs[..., cfg.sinks:], v)
     if cfg.sinks:

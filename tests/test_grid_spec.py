@@ -33,6 +33,10 @@ CONTRACT = {
     "fox": {"terms": "a", "absolute": "none", "bias": "none", "forget_gate": True},
     "cope": {"terms": "a", "absolute": "none", "bias": "none", "cope_positions": 64},
     "ssmax": {"terms": "a", "absolute": "none", "bias": "none", "score_scale": "ssmax"},
+    "stick_breaking": {"terms": "a", "absolute": "none", "bias": "none", "normaliser": "stick_breaking"},
+    "path": {"terms": "a", "absolute": "none", "bias": "none", "path": True},
+    "dape": {"terms": "a", "absolute": "none", "bias": "kerple_log", "dape": "v1"},
+    "dape_v2": {"terms": "a", "absolute": "none", "bias": "kerple_log", "dape": "v2"},
     **{name: {"terms": "a", "absolute": "none", "bias": name} for name in BUILTIN_BIASES},
 }
 

@@ -42,6 +42,16 @@ SCHEMES = {
     "everything": dict(terms="a", absolute="rope", rope_fraction=0.5, forget_gate=True,
                        cope_positions=5, window=4, sinks=2, score_scale="log_n", log_n_length=5,
                        learned_temperature=True),
+    "stick_breaking": dict(terms="a", normaliser="stick_breaking"),
+    "stick_breaking_xl_alibi": dict(terms="abcd", normaliser="stick_breaking", bias="alibi"),
+    "path": dict(terms="a", path=True),
+    "path_fox_sinks": dict(terms="a", path=True, forget_gate=True, sinks=2),  # PaTH-FoX
+    "dape": dict(terms="a", bias="kerple_log", dape="v1", dape_width=6),
+    "dape_v2": dict(terms="a", bias="kerple_log", dape="v2", dape_width=5),
+    "dape_v2_xl_t5_log_n_fox": dict(terms="abcd", bias="t5", num_buckets=8, max_distance=6, dape="v2", dape_width=4,
+                                    dape_kernel=5, score_scale="log_n", log_n_length=4, forget_gate=True),
+    "materialised_everything": dict(terms="a", path=True, normaliser="stick_breaking", dape="v2", dape_width=4,
+                                    bias="alibi_learned", forget_gate=True, window=4, learned_temperature=True),
 }
 KERNELS = ("explicit", "sdpa", "blocks", "flex")
 
@@ -57,7 +67,10 @@ def make(fields, backend="auto", seed=0, **extra):
 
 
 def runs_on(fields, backend):
-    """CoPE needs each query's whole row before the softmax: no FlexAttention."""
+    """CoPE needs each query's whole row before the softmax: no FlexAttention; stick-breaking, PaTH and DAPE
+    need the materialised scores: the explicit and per-block paths only."""
+    if AttentionConfig(**fields).needs_scores:
+        return backend in ("explicit", "sdpa", "auto")
     return not (fields.get("cope_positions") and backend == "flex")
 
 
@@ -79,7 +92,7 @@ def check(attn, x, mems, **kw):
 def test_every_scheme_matches_the_reference_on_every_kernel(name, backend):
     fields = SCHEMES[name]
     if not runs_on(fields, backend):
-        pytest.skip("CoPE does not run on FlexAttention (dispatch.py)")
+        pytest.skip("not a kernel of this scheme (runs_on)")
     for i, n_mem in enumerate((0, MEM)):
         attn = make(fields, backend, seed=i)
         check(attn, *inputs(i, n_mem))
@@ -93,7 +106,7 @@ def test_every_scheme_with_padding_window_and_explicit_positions(name, backend):
     window (narrowed by the config's) and padded keys, on every kernel."""
     fields = SCHEMES[name]
     if not runs_on(fields, backend):
-        pytest.skip("CoPE does not run on FlexAttention (dispatch.py)")
+        pytest.skip("not a kernel of this scheme (runs_on)")
     attn = make(fields, backend, seed=3)
     x, mems = inputs(3, MEM)
     padding = torch.zeros(2, MEM + LQ, dtype=torch.bool)
@@ -183,7 +196,7 @@ def test_windowed_blocks_skip_the_keys_before_their_window(fields, backend):
     keys from its first query's window on (k0 > 0, with the sinks in front: two ranges); forward and
     every gradient equal the explicit scores, which read every key."""
     if not runs_on(fields, backend):
-        pytest.skip("CoPE does not run on FlexAttention (dispatch.py)")
+        pytest.skip("not a kernel of this scheme (runs_on)")
     attn = make(fields, backend, seed=11, window=5, query_chunk=16)
     if "fire" in fields.get("bias", ""):
         with torch.no_grad():
@@ -209,7 +222,7 @@ def test_attention_statistics_of_every_scheme_match_their_definitions(name, back
 
     fields = SCHEMES[name]
     if not runs_on(fields, backend):
-        pytest.skip("CoPE does not run on FlexAttention (dispatch.py)")
+        pytest.skip("not a kernel of this scheme (runs_on)")
     attn = make(fields, backend, seed=12)
     x, mems = inputs(12, MEM)
     weight = (torch.rand(2, LQ, generator=torch.Generator().manual_seed(12)) > 0.3).double()

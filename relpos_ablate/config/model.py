@@ -16,6 +16,8 @@ REL_SOURCES = ("sinusoid", "learned")
 SCORE_SCALES = ("sqrt_d", "none", "log_n", "ssmax")
 LENGTH_AWARE_SCALES = ("log_n", "ssmax")  # the scales that read log_n_length
 BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit")
+NORMALISERS = ("softmax", "stick_breaking")
+DAPE_VERSIONS = ("none", "v1", "v2")
 POSITIONS = ("sequential", "randomized")
 RANDOMIZED_DRAWS = ("per_layer", "shared_positions")
 NORMS = ("pre", "post")
@@ -102,6 +104,24 @@ class AttentionConfig:
     keys, whatever the window; they carry no position (docs/formulas.md#sinks); memory does not count them."""
     shaw_values: bool = False
     """Shaw et al. value embeddings: add Σ_j p_ij a^V_{clip(i-j)} to the output (needs rel='learned')."""
+    normaliser: str = "softmax"
+    """What turns a query's scores into weights: softmax | stick_breaking (Tan et al. 2025: key j takes a share
+    σ(z_ij) of what the nearer keys left, the rest goes to the query's own key; docs/formulas.md#stick-breaking;
+    causal, no sinks). stick_breaking needs the scores themselves: backend auto, sdpa (per query block) or
+    explicit."""
+    path: bool = False
+    """PaTH (Yang et al. 2025): term a's q_i·k_j becomes q_iᵀ H_i'···H_(j+1) k_j, through data-dependent
+    transforms H_t = I - β_t·w_t·w_tᵀ of the tokens between (docs/formulas.md#path); terms 'a', no RoPE,
+    causal. Needs the scores themselves: backend auto, sdpa (per query block) or explicit."""
+    dape: str = "none"
+    """DAPE (Zheng et al. 2024): the bias B adjusted by a network of the other scores X and B,
+    X + B + f([X; B]): v1 a per-pair MLP over the heads, v2 two 1×dape_kernel convolutions along the keys
+    (docs/formulas.md#dape); needs a bias. Needs the scores themselves: backend auto, sdpa (per query block)
+    or explicit. none: off."""
+    dape_width: int = 32
+    """dape: hidden width of f (the authors' mlp_width, 32)."""
+    dape_kernel: int = 3
+    """dape v2: width of the convolutions along the keys (odd; the authors' 3)."""
     score_scale: str = "sqrt_d"
     """Scale of terms a-d: 'sqrt_d' multiplies their sum by 1/sqrt(d_head) (XL); 'none' leaves them
     unscaled (T5); 'log_n' is sqrt_d with the whole score of a query that sees n keys multiplied by
@@ -166,6 +186,7 @@ class AttentionConfig:
         check_range("query_chunk", self.query_chunk, low=0)
         check_range("max_stored_scores_mb", self.max_stored_scores_mb, low=0)
         self._check_newer_schemes()
+        self._check_materialised_schemes()
 
     def _check_newer_schemes(self) -> None:
         """RoPE variants, FoX, CoPE, windows, sinks and length-aware scaling (docs/formulas.md)."""
@@ -202,6 +223,37 @@ class AttentionConfig:
         if self.cope_positions and self.backend == "flex":
             raise ConfigError("backend", "'flex' cannot run CoPE (its positions sum gates over a query's whole row of "
                               "keys before the softmax); use auto, blocks, sdpa or explicit")
+
+    def _check_materialised_schemes(self) -> None:
+        """Stick-breaking, PaTH and DAPE (docs/formulas.md)."""
+        check_choice("normaliser", self.normaliser, NORMALISERS)
+        check_choice("dape", self.dape, DAPE_VERSIONS)
+        check_range("dape_width", self.dape_width, low=1)
+        check_range("dape_kernel", self.dape_kernel, low=1)
+        if self.dape_kernel % 2 == 0:
+            raise ConfigError("dape_kernel", f"{self.dape_kernel}: must be odd (a centred convolution along the keys)")
+        for name, on in (("normaliser", self.normaliser != "softmax"), ("path", self.path)):
+            if on and not self.causal:
+                raise ConfigError(name, "is defined for causal attention only (keys up to the query); set causal=true")
+        if self.normaliser == "stick_breaking" and self.sinks:
+            raise ConfigError("sinks", "stick-breaking breaks the stick over the stream's keys by distance; sink "
+                              "slots have no place in that order (set sinks=0)")
+        if self.path and (self.terms != "a" or self.absolute == "rope"):
+            raise ConfigError("path", "PaTH replaces term a's product and carries the positions itself; use "
+                              f"terms='a' and no RoPE (got terms={self.terms!r}, absolute={self.absolute!r})")
+        if self.path and self.cope_positions:
+            raise ConfigError("path", "CoPE's gates read the plain content score q·k, which PaTH replaces; use one "
+                              "of path and cope_positions")
+        if self.dape != "none" and self.bias == "none":
+            raise ConfigError("dape", "adjusts a bias-type encoding; set bias (the `dape` presets use kerple_log)")
+        if self.needs_scores and self.backend in ("blocks", "flex"):
+            raise ConfigError("backend", f"{self.backend!r} never materialises the scores that stick-breaking, PaTH "
+                              "and DAPE read; use auto, sdpa (per query block) or explicit")
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether a scheme reads the materialised scores (stick-breaking, PaTH, DAPE): the per-block path."""
+        return self.normaliser != "softmax" or self.path or self.dape != "none"
 
     @staticmethod
     def field_choices(name: str) -> tuple[str, ...] | None:

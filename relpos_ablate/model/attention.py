@@ -34,14 +34,18 @@ from torch import Tensor, nn
 
 from relpos_ablate.config.model import (LENGTH_AWARE_SCALES, AttentionConfig, check_widths, rope_scaling_conflict,
                                         rotary_width, rotating_pairs)
-from relpos_ablate.model.kernels.call import AttentionCall, AttentionOptions, SharedParameters, Visibility, place
+from relpos_ablate.model.kernels.call import (AttentionCall, AttentionOptions, QueryBlock, SharedParameters, Visibility,
+                                              place)
 from relpos_ablate.model.cope import ContextualPositions
-from relpos_ablate.model.kernels.dispatch import attend
+from relpos_ablate.model.dape import DataAdaptive
+from relpos_ablate.model.kernels.dispatch import STORED_BLOCK_SCORES, attend
 from relpos_ablate.model.kernels.explicit import explicit_attention
-from relpos_ablate.model.fox import ForgetGate, decay_map
+from relpos_ablate.model.fox import ForgetGate
+from relpos_ablate.model.path import PathTransforms
 from relpos_ablate.model.position import RopeScaling, build_bias, rotate_queries_keys, sinusoid
 from relpos_ablate.model.position.tables import table_row, table_rows
 from relpos_ablate.model.sinks import Sinks
+from relpos_ablate.model.stick_breaking import stick_breaking
 from relpos_ablate.model.temperature import Temperature
 
 
@@ -86,6 +90,9 @@ class RelPosAttention(nn.Module):
         self.sinks = Sinks(n_heads, config.sinks, d_head) if config.sinks else None
         scaled = config.score_scale in LENGTH_AWARE_SCALES or config.learned_temperature
         self.temperature = Temperature(n_heads, config) if scaled else None
+        self.path = PathTransforms(d_model, n_heads, d_head) if config.path else None
+        self.dape = DataAdaptive(n_heads, config.dape, config.dape_width, config.dape_kernel) \
+            if config.dape != "none" else None
         self.register_load_state_dict_pre_hook(_without_unread_projections)
 
     # ------------------------------------------------------------------ per-distance tensors
@@ -204,32 +211,47 @@ class RelPosAttention(nn.Module):
                                        rope_scaling, cfg.xpos_scale_base, rotating_pairs(cfg, d_rot))
         return q, k, v
 
-    def scores(self, q: Tensor, k: Tensor, call: AttentionCall) -> dict[str, Tensor]:
-        """The module docstring's equation, term by term: each enabled term of 'a', 'b', 'c', 'd', 'bias',
-        'decay' (FoX), 'cope', scaled as it enters the sum, broadcastable to [B, H, L, K] (sinks: explicit.py)."""
-        terms, s, every = self.config.terms, self.scale, call.all_queries
-        k_t = k.transpose(-1, -2)  # (B, H, dh, K)
+    def scores(self, q: Tensor, k: Tensor, call: AttentionCall, block: QueryBlock | None = None,
+               product: Tensor | None = None) -> dict[str, Tensor]:
+        """The module docstring's equation, term by term, for the block's queries and keys (default: the
+        whole call): each enabled term of 'a', 'b', 'c', 'd', 'bias', 'decay' (FoX), 'cope', scaled as it
+        enters the sum, broadcastable to [B, H, L_b, K_b] (sinks: explicit.py). product: PaTH's q·k through
+        its transforms, [B, H, L, K] for the whole call, in place of term a's q·k."""
+        blk = block or call.all_queries
+        terms, s, rows, keys = self.config.terms, self.scale, blk.rows, slice(blk.k0, blk.n_keys)
+        q_b, k_b = q[:, :, rows], k[:, :, keys]
+        k_t = k_b.transpose(-1, -2)  # (B, H, dh, K_b)
         out = {}
-        if "a" in terms:
-            out["a"] = (q * s) @ k_t  # s·q_i·k_j: (B, H, L, K)
-        if "b" in terms:
-            out["b"] = call.term_b(every, q, call.rel_keys)  # s·q_i·W_R R_d: (B, H, L, K)
+        if "a" in terms:  # s·q_i·k_j: (B, H, L_b, K_b)
+            out["a"] = (q_b * s) @ k_t if product is None else product[:, :, rows, keys] * s
+        if "b" in terms:  # s·q_i·W_R R_d: (B, H, L_b, K_b)
+            out["b"] = call.term_b(blk, q_b, call.rel_keys[:, blk.rel_cols])
         if "c" in terms:
-            out["c"] = (self.content_bias_u[None, :, None] * s) @ k_t  # s·u·k_j: (B, H, 1, K)
-        if "d" in terms:
-            out["d"] = call.per_key(every, self._term_d(call.rel_keys))[None]  # s·v·W_R R_d: (1, H, L, K)
+            out["c"] = (self.content_bias_u[None, :, None] * s) @ k_t  # s·u·k_j: (B, H, 1, K_b)
+        if "d" in terms:  # s·v·W_R R_d: (1, H, L_b, K_b)
+            out["d"] = call.per_key(blk, self._term_d(call.rel_keys)[:, blk.distance_cols])[None]
         scheme = self.bias_scheme
-        if scheme is not None:  # B_h(i', j): (H, L, K), from a curve over distances when it is one
-            bias = call.per_key(every, scheme.curve(call.distances)) if scheme.distance_only else \
-                scheme.bias(call.query_positions, call.key_positions)
+        if scheme is not None:  # B_h(i', j): (H, L_b, K_b), from a curve over distances when it is one
+            bias = call.per_key(blk, scheme.curve(call.distances)[:, blk.distance_cols]) if scheme.distance_only \
+                else scheme.bias(call.query_positions[rows], call.key_positions[keys])
             out["bias"] = bias[None] * self.bias_scale
-        if call.log_decay is not None:
-            out["decay"] = decay_map(call.log_decay, call.n_mem).to(q.dtype)  # D_ij = Λ_i' - Λ_j: (B, H, L, K)
+        if call.log_decay is not None:  # D_ij = Λ_i' - Λ_j: (B, H, L_b, K_b), differenced in float64
+            queries = slice(call.n_mem + blk.i0, call.n_mem + blk.i1)
+            out["decay"] = (call.log_decay[..., queries, None] - call.log_decay[..., None, keys]).to(q.dtype)
         if call.query_scale is not None:
-            out = {name: t * call.query_scale for name, t in out.items()}
-        if self.contextual is not None:  # from the content query the kernels use: (B, H, L, K)
-            out["cope"] = self.contextual.scores(self.folded_queries(q, call)[0], k, s, call.visible(every))
+            out = {name: t * call.query_scale[:, :, rows] for name, t in out.items()}
+        if self.contextual is not None:  # from the content query the kernels use: (B, H, L_b, K_b)
+            q_content = self.folded_queries(q, call)[0][:, :, rows]
+            out["cope"] = self.contextual.scores(q_content, k_b, s, call.visible(blk))
         return out
+
+    def score_sum(self, maps: dict[str, Tensor], visible: Tensor) -> Tensor:
+        """The scores of the equation: the terms summed, or with DAPE X + B + f([X; B]) (X: every term but
+        the bias B)."""
+        if self.dape is None:
+            return sum(maps.values())
+        other = sum(t for name, t in maps.items() if name != "bias")
+        return self.dape(other, maps["bias"], visible)
 
     def folded_queries(self, q: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
         """The fast kernels' queries: content q + u (terms a, c) and position q + v (terms b, d; None
@@ -262,8 +284,11 @@ class RelPosAttention(nn.Module):
         q, k, v = self._project(x, keys_input, call, options.rope_scaling)
         call = self._per_distance(call, options.clamp_len)
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights or self.value_table is not None or self.config.backend == "explicit":
-            out, probs = self._explicit(q, k, v, call, options, dropout_p)
+        cfg = self.config
+        if need_weights or self.value_table is not None or cfg.backend == "explicit" or cfg.needs_scores:
+            product = None if self.path is None else self.path.logits(q, k, keys_input, options.key_padding_mask)
+            whole = need_weights or self.value_table is not None or cfg.backend == "explicit"
+            out, probs = self._explicit(q, k, v, call, options, dropout_p, product, whole)
         else:
             q_content, q_position = self.folded_queries(q, call)
             if self.sinks is not None:
@@ -274,16 +299,31 @@ class RelPosAttention(nn.Module):
         return self.out_net(out), probs if need_weights else None
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, call: AttentionCall, options: AttentionOptions,
-                  dropout_p: float) -> tuple[Tensor, Tensor]:
-        """The materialised path (explicit.py) on this layer's summed scores, sinks and Shaw value rows."""
+                  dropout_p: float, product: Tensor | None = None, whole: bool = True) -> tuple[Tensor, Tensor | None]:
+        """The materialised path (explicit.py) on this layer's summed scores, sinks and Shaw value rows: for the
+        whole call at once (`whole`: probabilities returned), else per query block (the schemes that read the
+        scores: probabilities None). DAPE v2 reads neighbouring keys: its blocks keep whole rows of keys."""
         sinks, values = self.sinks, None
         if self.value_table is not None:
             clamp = options.clamp_len if options.clamp_len is not None else self.config.clamp_len
             values = self.value_table[self.table_row(call.distances, clamp)]  # (n, dh)
-        return explicit_attention(
-            sum(self.scores(q, k, call).values()), v, call, dropout_p=dropout_p, statistics=options.statistics,
-            sink_logits=None if sinks is None else sinks.logits(self.folded_queries(q, call)[0], call.scale),
-            sink_values=None if sinks is None else sinks.values, value_rows=values)
+        if whole:
+            blocks = [call.all_queries]
+        elif self.dape is not None and self.dape.reach:
+            blocks = [call.block(b.i0, b.i1, whole_rows=True) for b in call.blocks(STORED_BLOCK_SCORES)]
+        else:
+            blocks = call.blocks(STORED_BLOCK_SCORES, windowed=True)
+        normaliser = stick_breaking if self.config.normaliser == "stick_breaking" else None
+        q_content = self.folded_queries(q, call)[0] if sinks is not None else None
+        outs, probs = [], None
+        for blk in blocks:
+            scores = self.score_sum(self.scores(q, k, call, blk, product), call.visible(blk))
+            out, probs = explicit_attention(
+                scores, v[:, :, blk.k0: blk.n_keys], call, blk, dropout_p=dropout_p, statistics=options.statistics,
+                sink_logits=None if sinks is None else sinks.logits(q_content[:, :, blk.rows], call.scale),
+                sink_values=None if sinks is None else sinks.values, value_rows=values, normaliser=normaliser)
+            outs.append(out)
+        return torch.cat(outs, dim=2), probs if whole else None
 
     @torch.no_grad()
     def score_terms(self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None
@@ -296,7 +336,8 @@ class RelPosAttention(nn.Module):
         q, k, _ = self._project(x, keys_input, call, options.rope_scaling)
         call = self._per_distance(call, options.clamp_len)
         shape = (q.shape[0], self.n_heads, call.n_queries, call.n_keys)
-        maps = {name: t.expand(shape).contiguous() for name, t in self.scores(q, k, call).items()}
+        product = None if self.path is None else self.path.logits(q, k, keys_input, options.key_padding_mask)
+        maps = {name: t.expand(shape).contiguous() for name, t in self.scores(q, k, call, product=product).items()}
         return {**maps, "visible": call.visible(call.all_queries)}
 
 

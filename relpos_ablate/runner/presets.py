@@ -16,7 +16,7 @@ from relpos_ablate.config import ConfigError
 from relpos_ablate.config.registry import bias_types
 
 #: Encodings that are not one bias type: Transformer-XL, Shaw, absolute and rotary baselines, p-RoPE, xPos, FoX,
-#: CoPE, SSMax.
+#: CoPE, SSMax, stick-breaking, PaTH, DAPE.
 BASELINES: dict[str, dict[str, Any]] = {
     # Transformer-XL (Dai et al. 2019): all four terms, sinusoidal R, no absolute positions.
     "xl": {"terms": "abcd", "rel": "sinusoid", "bias": "none", "absolute": "none"},
@@ -39,6 +39,13 @@ BASELINES: dict[str, dict[str, Any]] = {
     "cope": {"terms": "a", "absolute": "none", "bias": "none", "cope_positions": 64},
     # SSMax (Nakanishi 2025): every score × s_h·log n, s_h learned per head, on NoPE (the scheme alone).
     "ssmax": {"terms": "a", "absolute": "none", "bias": "none", "score_scale": "ssmax"},
+    # Stick-breaking attention (Tan et al. 2025): no softmax and no position encoding, as the paper's model.
+    "stick_breaking": {"terms": "a", "absolute": "none", "bias": "none", "normaliser": "stick_breaking"},
+    # PaTH (Yang et al. 2025): data-dependent Householder transforms in place of RoPE, no forget gate.
+    "path": {"terms": "a", "absolute": "none", "bias": "none", "path": True},
+    # DAPE (Zheng et al. 2024) on KERPLE (log), with the authors' mlp_width 32; DAPE v2 with their 1×3 kernel.
+    "dape": {"terms": "a", "absolute": "none", "bias": "kerple_log", "dape": "v1"},
+    "dape_v2": {"terms": "a", "absolute": "none", "bias": "kerple_log", "dape": "v2"},
 }
 
 

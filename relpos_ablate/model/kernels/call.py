@@ -225,11 +225,11 @@ class AttentionCall:
     def all_queries(self) -> QueryBlock:
         return self.block(0, self.n_queries)
 
-    def block(self, i0: int, i1: int, windowed: bool = False) -> QueryBlock:
+    def block(self, i0: int, i1: int, windowed: bool = False, whole_rows: bool = False) -> QueryBlock:
         """Queries i0 .. i1 - 1: causal ones see keys up to the last of them, and `windowed`, none before
-        the window of the first of them; the columns they read."""
+        the window of the first of them; `whole_rows`: every key of the call; the columns they read."""
         window = self.visibility.window
-        n_keys = self.n_mem + i1 if self.causal else self.n_keys
+        n_keys = self.n_mem + i1 if self.causal and not whole_rows else self.n_keys
         k0 = max(0, self.n_mem + i0 - window + 1) if windowed and self.causal and window is not None else 0
         return self._block(i0, i1, k0, n_keys)
 

@@ -1,5 +1,7 @@
-"""The materialised path of RelPosAttention (`backend: explicit`, `need_weights`, Shaw value embeddings):
-every score of the equation summed into one [B, H, L, K] map, the softmax over it, then the values.
+"""The materialised path of RelPosAttention (`backend: explicit`, `need_weights`, Shaw value embeddings, and
+per query block for the schemes that need the scores themselves: stick-breaking, PaTH, DAPE): every score
+of the equation summed into one [B, H, L_b, K_b] map, the normaliser over it (softmax, or stick-breaking),
+then the values.
 
 Slow and memory-hungry by design: the readable reference the fast kernels (dispatch.py) are tested
 against, and the only path that returns probabilities or adds Shaw et al.'s value term. A function of
@@ -9,41 +11,56 @@ with the values and the call; this module knows nothing of the module that compu
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relpos_ablate.model.kernels.call import AttentionCall
+from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock
 from relpos_ablate.model.kernels.geometry import StatisticsSink
 from relpos_ablate.model.kernels.blockwise import masked_softmax
 from relpos_ablate.model.kernels.shift import rel_shift
 
+#: (scores [B, H, L_b, K_b], visible, own [L_b, K_b]) -> weights: the normaliser seam (default: softmax)
+Normaliser = Callable[[Tensor, Tensor, Tensor], Tensor]
 
-def explicit_attention(scores: Tensor, v: Tensor, call: AttentionCall, *, dropout_p: float = 0.0,
-                       statistics: StatisticsSink | None = None, sink_logits: Tensor | None = None,
-                       sink_values: Tensor | None = None, value_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(output [B, H, L, dh], probabilities [B, H, L, K] of the stream's keys: with sinks a row sums to 1
-    minus the sinks' share).
 
-    scores: every score of the equation summed, broadcastable to [B, H, L, K]; v [B, H, K, dh]; the learned
-    sinks' logits [B, H, L, S] and values [H, S, dh]; value_rows [n, dh]: Shaw et al.'s a^V at each of the
-    call's distances."""
+def explicit_attention(scores: Tensor, v: Tensor, call: AttentionCall, block: QueryBlock | None = None, *,
+                       dropout_p: float = 0.0, statistics: StatisticsSink | None = None,
+                       sink_logits: Tensor | None = None, sink_values: Tensor | None = None,
+                       value_rows: Tensor | None = None, normaliser: Normaliser | None = None) -> tuple[Tensor, Tensor]:
+    """(output [B, H, L_b, dh], probabilities [B, H, L_b, K_b] of the stream's keys: with sinks a row sums to 1
+    minus the sinks' share) of the block's queries (default: the whole call).
+
+    scores: every score of the equation summed, broadcastable to [B, H, L_b, K_b]; v [B, H, K_b, dh], the
+    block's keys' values; the learned sinks' logits [B, H, L_b, S] and values [H, S, dh]; value_rows [n, dh]:
+    Shaw et al.'s a^V at each of the call's distances (whole call only). normaliser: what turns the scores into
+    weights, (scores, visible, own) -> weights, own True at each query's own key (default: the softmax over
+    the visible keys; stick_breaking.py replaces it)."""
+    blk = block or call.all_queries
     b, h = v.shape[:2]
-    scores = scores.expand(b, h, call.n_queries, call.n_keys)  # terms broadcast: (B, H, L, K)
-    visible = call.visible(call.all_queries)
-    if sink_logits is not None:  # the slots' logits in front: (B, H, L, S + K)
-        scores = torch.cat([sink_logits, scores], dim=-1)
-        visible = call.with_sinks(visible, True)
-    with_sinks = masked_softmax(scores, visible)
-    probs = with_sinks[..., call.n_sinks:]
+    scores = scores.expand(b, h, blk.i1 - blk.i0, blk.width)  # terms broadcast: (B, H, L_b, K_b)
+    visible = call.visible(blk)
+    view = call.view(blk)
+    if normaliser is not None:
+        own = view.query_index[:, None] == view.key_index[None, :]  # (L_b, K_b)
+        with_sinks = normaliser(scores, visible, own)
+    else:
+        if sink_logits is not None:  # the slots' logits in front: (B, H, L_b, S + K_b)
+            scores = torch.cat([sink_logits, scores], dim=-1)
+            visible = call.with_sinks(visible, True)
+        with_sinks = masked_softmax(scores, visible)
+    n_sinks = call.n_sinks if sink_logits is not None else 0
+    probs = with_sinks[..., n_sinks:]
     if statistics is not None:
-        statistics.add(call.view(call.all_queries), probs)
+        statistics.add(view, probs)
     dropped = F.dropout(with_sinks, dropout_p) if dropout_p else with_sinks
-    out = dropped[..., call.n_sinks:] @ v
+    out = dropped[..., n_sinks:] @ v
     if sink_values is not None:
-        out = out + dropped[..., : call.n_sinks] @ sink_values.to(out.dtype)
+        out = out + dropped[..., :n_sinks] @ sink_values.to(out.dtype)
     if value_rows is not None:
-        out = out + shaw_values(dropped[..., call.n_sinks:], value_rows, call)
+        out = out + shaw_values(dropped[..., n_sinks:], value_rows, call)
     return out, probs
 
 

@@ -1,0 +1,106 @@
+"""PaTH attention (Yang et al., NeurIPS 2025, "PaTH Attention: Position Encoding via Accumulating Householder
+Transformations"): the content product q_i·k_j replaced by a product through data-dependent transforms,
+
+    logit_ij = q_iᵀ (H_i' H_(i'-1) ··· H_(j+1)) k_j,      H_t = I - β_t·w_t·w_tᵀ,
+
+one transform per token t of [memory; x] and head, applied to the key from the one after it up to the
+query's own (j = i': no transform). As the reference code (fla-org/flash-linear-attention, `PaTHAttention`
+with its defaults): w_t = l2-normalised SiLU(causal depthwise conv, kernel 3, of a rank-32 projection
+W_2 W_1 x_t), β_t = 2·σ(W_β x_t + b) in (0, 2) (negative eigenvalues allowed), the score s·logit with
+s = 1/sqrt(d_head). It replaces term a (terms 'a' only) and carries the positions itself (no RoPE).
+With memory the transforms are recomputed from the memory's layer inputs, as FoX's gates are; the conv
+starts afresh at the first memory token. A padded key gets β = 0 (H = I). PaTH-FoX: `forget_gate: true`.
+
+Exact, O(K²·d) work and O(K²) memory (the logits are materialised), in chunks of C tokens: within a chunk
+a sweep of C steps transforms the chunk's keys token by token (the logits between a chunk's own tokens);
+the chunk's product T_c = H_(a+C-1) ··· H_a is a d×d matrix; the keys of earlier chunks are carried
+forward chunk by chunk through T_c, and each query meets them after the transforms of its own chunk up to
+itself. docs/formulas.md#path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+W_RANK = 32  # the reference's low-rank w projection
+CONV = 3  # the reference's short convolution
+
+
+class PathTransforms(nn.Module):
+    """w_t and β_t per token and head, and the logits through their products."""
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int):
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_head
+        self.w_down = nn.Linear(d_model, W_RANK, bias=False)
+        self.w_up = nn.Linear(W_RANK, n_heads * d_head, bias=False)
+        self.w_conv = nn.Conv1d(n_heads * d_head, n_heads * d_head, CONV, groups=n_heads * d_head, bias=False)
+        self.beta = nn.Linear(d_model, n_heads, bias=True)
+
+    def transforms(self, keys_input: Tensor, key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(w [B, H, K, dh] unit vectors, β [B, H, K]) from the keys' layer inputs [B, K, d_model]."""
+        b, n_keys, _ = keys_input.shape
+        w = self.w_up(self.w_down(keys_input)).transpose(1, 2)  # (B, H·dh, K)
+        w = F.silu(self.w_conv(F.pad(w, (CONV - 1, 0))))  # causal: token t reads t-2 .. t
+        w = F.normalize(w.view(b, self.n_heads, self.d_head, n_keys).transpose(-1, -2), dim=-1)
+        beta = 2 * torch.sigmoid(self.beta(keys_input)).transpose(1, 2)  # (B, H, K)
+        if key_padding_mask is not None:
+            beta = beta.masked_fill(key_padding_mask[:, None, :], 0.0)
+        return w, beta
+
+    def logits(self, q: Tensor, k: Tensor, keys_input: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """q_iᵀ H_i' ··· H_(j+1) k_j (unscaled): q [B, H, L, dh] (queries at key indices K - L ..), k [B, H, K, dh]
+        -> [B, H, L, K]; entries with j > i' are left 0 (the causal mask hides them)."""
+        wide = torch.promote_types(k.dtype, torch.float32)  # bf16 products of many transforms would drift
+        with torch.autocast(k.device.type, enabled=False):
+            w, beta = self.transforms(keys_input.to(wide), key_padding_mask)
+            return path_logits(q.to(wide), k.to(wide), w.to(wide), beta.to(wide)).to(q.dtype)
+
+
+def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int | None = None) -> Tensor:
+    """The module docstring's algorithm: q [B, H, L, dh], k and w [B, H, K, dh], β [B, H, K] -> [B, H, L, K]."""
+    b, h, n_queries, dh = q.shape
+    n_keys = k.shape[2]
+    c = chunk or max(2, math.ceil(math.sqrt(n_keys / 3)))  # C steps within + K/C across: about equal
+    n_chunks = -(-n_keys // c)
+    pad = n_chunks * c - n_keys
+    queries = F.pad(q, (0, 0, n_keys - n_queries, pad))  # a query row for every key index (memory rows: 0)
+    keys, w, beta = F.pad(k, (0, 0, 0, pad)), F.pad(w, (0, 0, 0, pad)), F.pad(beta, (0, pad))  # β 0: H = I
+    shape = (b, h, n_chunks, c)
+    queries, keys, w = (t.view(*shape, dh) for t in (queries, keys, w))
+    beta = beta.view(shape)
+
+    def householder(x: Tensor, t: int, rows: Tensor | None = None) -> Tensor:
+        """H_t of each chunk (its t-th token) applied to the rows of x [B, H, n, r, dh] (only `rows`, if given)."""
+        w_t, beta_t = w[:, :, :, t, None], beta[:, :, :, t, None, None]  # (B, H, n, 1, dh), (B, H, n, 1, 1)
+        step = beta_t * (x * w_t).sum(-1, keepdim=True) * w_t
+        return x - (step if rows is None else step * rows)
+
+    offsets = torch.arange(c, device=q.device)
+    # within each chunk: keys transformed token by token; row t of the logits meets them after H_t
+    state, intra = keys, []
+    for t in range(c):
+        if t:
+            state = householder(state, t, (offsets < t).to(state.dtype)[:, None])
+        intra.append((queries[:, :, :, t, None] * state).sum(-1))  # (B, H, n, C): token t against the chunk
+    intra = torch.stack(intra, dim=3)  # (B, H, n, C, C)
+    ends = state  # k_j through the transforms after it up to its chunk's end
+    # queries through the transforms of their own chunk, from their own token down to the chunk's first
+    starts = queries
+    for t in reversed(range(c)):
+        starts = householder(starts, t, (offsets >= t).to(starts.dtype)[:, None])
+    chunk_product = torch.eye(dh, dtype=q.dtype, device=q.device).expand(b, h, n_chunks, dh, dh)
+    for t in range(c):  # T_c = H_(a+C-1) ··· H_a, built as H_t·T (its rows: H applied to T's columns)
+        chunk_product = householder(chunk_product.transpose(-1, -2), t).transpose(-1, -2)
+    rows = []
+    carried = keys.new_zeros(b, h, 0, dh)  # earlier chunks' keys, through every transform up to this chunk
+    for n in range(n_chunks):
+        across = starts[:, :, n] @ carried.transpose(-1, -2)  # (B, H, C, n·C)
+        rows.append(F.pad(torch.cat([across, intra[:, :, n]], dim=-1), (0, (n_chunks - n - 1) * c)))
+        carried = torch.cat([carried @ chunk_product[:, :, n].transpose(-1, -2), ends[:, :, n]], dim=2)
+    full = torch.cat(rows, dim=2)  # (B, H, n·C, n·C)
+    return full[:, :, n_keys - n_queries: n_keys, :n_keys]
