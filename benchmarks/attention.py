@@ -52,6 +52,11 @@ SCHEMES: dict[str, dict | None] = {
     "log_n": dict(terms="a", score_scale="log_n", log_n_length=512),
     "ssmax": dict(terms="a", score_scale="ssmax", log_n_length=512),
     "temperature": dict(terms="a", learned_temperature=True),
+    # the schemes that read the scores themselves: the materialised path per query block (their floor on CPU)
+    "stick_breaking": dict(terms="a", normaliser="stick_breaking"),
+    "path": dict(terms="a", path=True),
+    "dape": dict(terms="a", bias="kerple_log", dape="v1"),
+    "dape_v2": dict(terms="a", bias="kerple_log", dape="v2"),
     "shaw": dict(terms="ab", rel="learned", clamp_len=20),
     "seed000_abcd": "seed000",  # materialises R for every (i, j): [L, K, d_model]
 }

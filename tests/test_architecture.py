@@ -117,7 +117,8 @@ def test_the_analysis_layer_names_no_study():
 
 
 SCHEME_MODULES = ("relpos_ablate.model.position", "relpos_ablate.model.fox", "relpos_ablate.model.cope",
-                  "relpos_ablate.model.sinks", "relpos_ablate.model.temperature")
+                  "relpos_ablate.model.sinks", "relpos_ablate.model.temperature", "relpos_ablate.model.stick_breaking",
+                  "relpos_ablate.model.path", "relpos_ablate.model.dape")
 
 
 def test_the_schemes_import_nothing_of_the_kernels():

@@ -11,16 +11,16 @@ s = 1/sqrt(d_head). It replaces term a (terms 'a' only) and carries the position
 With memory the transforms are recomputed from the memory's layer inputs, as FoX's gates are; the conv
 starts afresh at the first memory token. A padded key gets β = 0 (H = I). PaTH-FoX: `forget_gate: true`.
 
-Exact, O(K²·d) work and O(K²) memory (the logits are materialised), in chunks of C tokens: within a chunk
-a sweep of C steps transforms the chunk's keys token by token (the logits between a chunk's own tokens);
-the chunk's product T_c = H_(a+C-1) ··· H_a is a d×d matrix; the keys of earlier chunks are carried
-forward chunk by chunk through T_c, and each query meets them after the transforms of its own chunk up to
-itself. docs/formulas.md#path.
+Exact, O(K²·d + K·C²) work and O(K²) memory (the logits are materialised), in chunks of C = 64 tokens:
+within a chunk the products of its transforms come from one unit-triangular solve (the compact form of a
+product of Householder-like matrices, `_within_chunks`): the logits between the chunk's own tokens, its
+queries taken back to its first token, its keys forward to its last, and the chunk's product
+T_c = H_(a+C-1) ··· H_a as a d×d matrix; the keys of earlier chunks are carried forward chunk by chunk
+through T_c (K/C steps), and each query meets them after the transforms of its own chunk up to itself.
+docs/formulas.md#path.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -61,41 +61,19 @@ class PathTransforms(nn.Module):
             return path_logits(q.to(wide), k.to(wide), w.to(wide), beta.to(wide)).to(q.dtype)
 
 
-def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int | None = None) -> Tensor:
+def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = 64) -> Tensor:
     """The module docstring's algorithm: q [B, H, L, dh], k and w [B, H, K, dh], β [B, H, K] -> [B, H, L, K]."""
     b, h, n_queries, dh = q.shape
     n_keys = k.shape[2]
-    c = chunk or max(2, math.ceil(math.sqrt(n_keys / 3)))  # C steps within + K/C across: about equal
+    c = min(chunk, n_keys)
     n_chunks = -(-n_keys // c)
     pad = n_chunks * c - n_keys
     queries = F.pad(q, (0, 0, n_keys - n_queries, pad))  # a query row for every key index (memory rows: 0)
     keys, w, beta = F.pad(k, (0, 0, 0, pad)), F.pad(w, (0, 0, 0, pad)), F.pad(beta, (0, pad))  # β 0: H = I
     shape = (b, h, n_chunks, c)
     queries, keys, w = (t.view(*shape, dh) for t in (queries, keys, w))
-    beta = beta.view(shape)
-
-    def householder(x: Tensor, t: int, rows: Tensor | None = None) -> Tensor:
-        """H_t of each chunk (its t-th token) applied to the rows of x [B, H, n, r, dh] (only `rows`, if given)."""
-        w_t, beta_t = w[:, :, :, t, None], beta[:, :, :, t, None, None]  # (B, H, n, 1, dh), (B, H, n, 1, 1)
-        step = beta_t * (x * w_t).sum(-1, keepdim=True) * w_t
-        return x - (step if rows is None else step * rows)
-
-    offsets = torch.arange(c, device=q.device)
-    # within each chunk: keys transformed token by token; row t of the logits meets them after H_t
-    state, intra = keys, []
-    for t in range(c):
-        if t:
-            state = householder(state, t, (offsets < t).to(state.dtype)[:, None])
-        intra.append((queries[:, :, :, t, None] * state).sum(-1))  # (B, H, n, C): token t against the chunk
-    intra = torch.stack(intra, dim=3)  # (B, H, n, C, C)
-    ends = state  # k_j through the transforms after it up to its chunk's end
-    # queries through the transforms of their own chunk, from their own token down to the chunk's first
-    starts = queries
-    for t in reversed(range(c)):
-        starts = householder(starts, t, (offsets >= t).to(starts.dtype)[:, None])
-    chunk_product = torch.eye(dh, dtype=q.dtype, device=q.device).expand(b, h, n_chunks, dh, dh)
-    for t in range(c):  # T_c = H_(a+C-1) ··· H_a, built as H_t·T (its rows: H applied to T's columns)
-        chunk_product = householder(chunk_product.transpose(-1, -2), t).transpose(-1, -2)
+    beta = beta.view(*shape, 1)
+    intra, starts, ends, chunk_product = _within_chunks(queries, keys, w, beta)
     rows = []
     carried = keys.new_zeros(b, h, 0, dh)  # earlier chunks' keys, through every transform up to this chunk
     for n in range(n_chunks):
@@ -104,3 +82,27 @@ def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int | None
         carried = torch.cat([carried @ chunk_product[:, :, n].transpose(-1, -2), ends[:, :, n]], dim=2)
     full = torch.cat(rows, dim=2)  # (B, H, n·C, n·C)
     return full[:, :, n_keys - n_queries: n_keys, :n_keys]
+
+
+def _within_chunks(q: Tensor, k: Tensor, w: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per chunk of C tokens a..e (every tensor [B, H, n, C, ·]): the logits between its own tokens, its queries
+    through its transforms back to a (H_a ··· H_i q_i), its keys through them up to e (H_e ··· H_(j+1) k_j), and
+    T = H_e ··· H_a [.., d, d]. Expanding H_i ··· H_(j+1) = I - Σ_{s=j+1..i} z_s w_sᵀ from the right gives
+    z_s = β_s (w_s - Σ_{r=s+1..i} (w_r·w_s) z_r), a unit upper-triangular system in s (the compact form of a
+    product of Householder-like matrices): its solution for a query's coefficients a_s = q_i·z_s and for the
+    chunk's end (the z_s with i = e) is one triangular solve per chunk."""
+    c, dh = q.shape[-2], q.shape[-1]
+    offsets = torch.arange(c, device=q.device)
+    upper = torch.triu(w @ w.transpose(-1, -2), diagonal=1)  # (.., C, C): w_s·w_r for r > s
+    system = torch.eye(c, dtype=q.dtype, device=q.device) + beta * upper  # row s scaled by β_s
+    seen = (offsets[:, None] <= offsets[None, :]).to(q.dtype)  # [s, i]: s <= i
+    rhs = torch.cat([beta * (w @ q.transpose(-1, -2)) * seen, beta * w], dim=-1)  # (.., C, C + d)
+    solved = torch.linalg.solve_triangular(system, rhs, upper=True, unitriangular=True)
+    a, z = solved[..., :c], solved[..., c:]  # a[s, i] = q_i·z_s (0 for s > i); z[s] for the chunk's end
+    before = (offsets[None, :] < offsets[:, None]).to(q.dtype)  # [s, j]: j < s
+    key_weights = (w @ k.transpose(-1, -2)) * before  # [s, j]: w_s·k_j where H_s acts on key j
+    intra = q @ k.transpose(-1, -2) - a.transpose(-1, -2) @ key_weights  # [i, j]
+    starts = q - a.transpose(-1, -2) @ w
+    ends = k - key_weights.transpose(-1, -2) @ z
+    chunk_product = torch.eye(dh, dtype=q.dtype, device=q.device) - z.transpose(-1, -2) @ w
+    return intra, starts, ends, chunk_product

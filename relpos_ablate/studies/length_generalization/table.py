@@ -67,7 +67,8 @@ def per_run_bins(data: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 ENCODING_NAMES = {"nope": "NoPE", "vaswani": "sinusoid", "learned": "learned absolute", "rope": "RoPE", "t5": "T5",
                   "alibi": "ALiBi", "kerple_log": "KERPLE", "fire": "FIRE", "xl": "Transformer-XL", "p_rope": "p-RoPE",
-                  "ssmax": "SSMax"}
+                  "ssmax": "SSMax", "stick_breaking": "stick-breaking", "path": "PaTH", "dape": "DAPE",
+                  "dape_v2": "DAPE v2"}
 """The study's encodings (runner presets) in words, in the order its tables and figures list them."""
 
 
