@@ -10,6 +10,7 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
 from torch import nn
 
 from relpos_ablate import AttentionConfig, ModelConfig, TransformerLM
@@ -132,3 +133,29 @@ def test_the_schemes_import_nothing_of_the_kernels():
     assert not reached
     kernels = [module for module in graph if module.startswith("relpos_ablate.model.kernels.")]
     assert len(kernels) == 8
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "blocks", "explicit"])
+def test_a_forward_builds_its_attention_call_once(backend, autocast, monkeypatch):
+    """One description of a call per forward, on every CPU backend and under autocast: nothing rebuilds it
+    (no dataclasses.replace of the call on the way to the kernels)."""
+    import torch
+
+    from relpos_ablate import AttentionConfig, RelPosAttention
+    from relpos_ablate.model.kernels.call import AttentionCall
+
+    built = []
+    init = AttentionCall.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(AttentionCall, "__init__", counted)
+    attn = RelPosAttention(16, 2, 8, AttentionConfig(terms="abcd", bias="t5", forget_gate=True, score_scale="log_n",
+                                                     log_n_length=8, sinks=1, backend=backend, query_chunk=4))
+    x, mems = torch.randn(2, 9, 16), torch.randn(2, 3, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        attn(x, mems)[0].float().sum().backward()
+    assert len(built) == 1

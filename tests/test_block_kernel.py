@@ -32,11 +32,7 @@ def attention(fields, seed=0):
 
 
 def call_and_inputs(attn, x, mems):
-    keys_input = torch.cat([mems, x], 1)
-    call = attn._geometry(x, keys_input, AttentionOptions())
-    q, _, _ = attn._project(x, keys_input, call, None)
-    call = attn._per_distance(call, None)
-    q_content, q_position = attn.folded_queries(q, call)
+    call, _, q_position = attn.kernel_call(x, mems, AttentionOptions())
     return call, call.score_inputs(q_position)
 
 

@@ -203,8 +203,7 @@ def test_windowed_blocks_skip_the_keys_before_their_window(fields, backend):
             attn.bias_scheme.threshold.fill_(30.0)  # blocks below and beyond it
     gen = torch.Generator().manual_seed(11)
     x, mems = (torch.randn(2, n, D_MODEL, generator=gen, dtype=torch.float64) for n in (48, 7))
-    blocks = attn._per_distance(attn._geometry(x, torch.cat([mems, x], 1), AttentionOptions()), None).blocks(
-        256 * 1024, windowed=True)
+    blocks = attn.kernel_call(x, mems)[0].blocks(256 * 1024, windowed=True)
     assert [b.k0 for b in blocks] == [3, 19, 35]
     torch.testing.assert_close(attn(x, mems)[0], attn(x, mems, need_weights=True)[0], rtol=1e-7, atol=1e-10)
     for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, AttentionOptions())):

@@ -26,7 +26,7 @@ mask stays by index (call.py).
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -139,63 +139,90 @@ class RelPosAttention(nn.Module):
             return self._term_d(self.projected_relative(distances, clamp_len, self.scale))
         raise ValueError(f"source: {source!r} is not allowed; choose 'bias' or 'd'")
 
-    def _geometry(self, x: Tensor, keys_input: Tensor, options: AttentionOptions) -> AttentionCall:
-        """Where this call's queries and keys sit, which keys each query sees (the config's window and
-        the call's, the narrower), and what the data-dependent schemes read: FoX's Λ from the keys'
-        layer inputs [memory; x], CoPE's table, the sinks, the query scale."""
+    def _placement(self, x: Tensor, keys_input: Tensor, options: AttentionOptions) -> tuple[Visibility, dict]:
+        """Which keys each query sees (the config's window and the call's, the narrower), where queries and
+        keys sit (call.place: what RoPE reads before the call is built) and FoX's Λ from the keys' layer
+        inputs [memory; x] (before the projections, so that autograd sums the input's gradient in the same
+        order as ever: a table computed before and after the call was built once is the same to the bit)."""
         cfg = self.config
         if options.window is not None and not cfg.causal:
             raise ValueError("window (same_length) applies to causal attention only")
         windows = [w for w in (cfg.window, options.window) if w is not None]
         window = min(windows) if windows else None  # (min's default= breaks torch.compile's graph)
-        lq, padding = x.shape[1], options.key_padding_mask
+        lq = x.shape[1]
         visibility = Visibility(keys_input.shape[1] - lq, cfg.causal, window)
-        log_decay = None if self.forget_gate is None else self.forget_gate.log_decay(keys_input, padding)
-        call = AttentionCall(visibility, lq, self.scale, **place(visibility, lq, options.positions, x.device, options.distances),
-                             key_padding_mask=padding, bias_scale=self.bias_scale, query_chunk=cfg.query_chunk,
-                             log_decay=log_decay, contextual=self.contextual, n_sinks=cfg.sinks)
-        if self.temperature is None:
-            return call
-        # n: the keys each query sees by index (padding excluded), learned sinks included
-        seen = call.visible(call.all_queries).sum(-1) + call.n_sinks if self.temperature.counts_keys else None
-        scale = self.temperature.query_scale(seen, call.n_queries, x.dtype, x.device)
-        return dataclasses.replace(call, query_scale=scale)
+        placed = place(visibility, lq, options.positions, x.device, options.distances)
+        if self.forget_gate is not None:
+            placed["log_decay"] = self.forget_gate.log_decay(keys_input, options.key_padding_mask)
+        return visibility, placed
 
-    def _per_distance(self, call: AttentionCall, clamp_len: int | None) -> AttentionCall:
-        """The call with the tensors every query block reads: s·W_R R_d (term b's keys), the scores of
-        distance alone (term d without b, a distance-only bias), or a query-dependent bias."""
-        terms, scheme, distances = self.config.terms, self.bias_scheme, call.distances  # (n,) descending
+    def _call(self, x: Tensor, options: AttentionOptions, visibility: Visibility, placed: dict,
+              dtype: torch.dtype | None = None) -> AttentionCall:
+        """The call, built once: its geometry and positions (`placed`, FoX's Λ with them), what the other
+        data-dependent schemes read (CoPE's table, the sinks, the query scale) and the
+        per-distance tensors every query block reads. dtype: the fast kernels' (their per-distance tensors and
+        query scale are cast to it, and term b's keys left out where no kernel reads them); None: the explicit
+        path's (everything in its own dtype)."""
+        cfg, lq, padding = self.config, x.shape[1], options.key_padding_mask
+        query_scale = None
+        if self.temperature is not None:
+            # n: the keys each query sees by index (padding excluded), learned sinks included
+            seen = _visible_counts(visibility, lq, padding, x.device) + cfg.sinks if self.temperature.counts_keys else None
+            query_scale = self.temperature.query_scale(seen, lq, dtype or x.dtype, x.device)
+        per_distance = self._per_distance(visibility, lq, placed, options.clamp_len, dtype)
+        return AttentionCall(visibility, lq, self.scale, **placed, key_padding_mask=padding, bias_scale=self.bias_scale,
+                             query_chunk=cfg.query_chunk, contextual=self.contextual,
+                             n_sinks=cfg.sinks, query_scale=query_scale, dtype=dtype or x.dtype, **per_distance)
+
+    def _per_distance(self, visibility: Visibility, n_queries: int, placed: dict, clamp_len: int | None,
+                      dtype: torch.dtype | None) -> dict:
+        """The tensors every query block reads: s·W_R R_d (term b's keys), the scores of distance alone (term d
+        without b, a distance-only bias), or a query-dependent bias."""
+        terms, scheme, distances = self.config.terms, self.bias_scheme, placed["distances"]  # (n,) descending
         rel_keys = distance_scores = pair_bias = None
         if self.config.uses_r:
             rel_keys = self.projected_relative(distances, clamp_len, self.scale)  # (H, n, dh)
             if "d" in terms and "b" not in terms:  # with b, term d rides on the position query q + v
                 distance_scores = self._term_d(rel_keys)
-        if scheme is not None and not scheme.distance_only and call.drawn_distances:
+        if scheme is not None and not scheme.distance_only and placed.get("drawn_distances"):
             # its query position has no meaning where distances are drawn per offset
             raise ValueError(f"model.attention.randomized_draw: {self.config.bias!r} reads the query position "
                              "besides the distance; per_layer draws distances only (use shared_positions)")
         # a query-dependent bias (FIRE) is a curve over distances too while every query of the call is within
         # its distance-only range (consecutive positions: the query positions are M .. K - 1); strictly below
         # its end, where a query at the end would send part of the gradient to it (FIRE's max(i, L))
+        n_keys = visibility.n_mem + n_queries
         curve = scheme is not None and (scheme.distance_only or (
-            call.consecutive and call.n_keys - 1 < scheme.distance_only_until()))
+            placed["distance_index"] is None and n_keys - 1 < scheme.distance_only_until()))
         if curve:
             bias = scheme.curve(distances) * self.bias_scale  # (H, n)
             distance_scores = bias if distance_scores is None else distance_scores + bias
         elif scheme is not None:
             pair_bias = scheme
-        return dataclasses.replace(
-            call, rel_keys=rel_keys, distance_scores=distance_scores, pair_bias=pair_bias,
-            pair_bias_curve_until=scheme.distance_only_until() if pair_bias is not None else float("inf"),
-        )
+        if dtype is not None:  # the fast kernels: their dtype; term b's keys only where term b reads them
+            rel_keys = rel_keys.to(dtype) if rel_keys is not None and "b" in terms else None
+            distance_scores = None if distance_scores is None else distance_scores.to(dtype)
+        return dict(rel_keys=rel_keys, distance_scores=distance_scores, pair_bias=pair_bias,
+                    pair_bias_curve_until=scheme.distance_only_until() if pair_bias is not None else float("inf"))
+
+    def kernel_call(self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None
+                    ) -> tuple[AttentionCall, Tensor, Tensor | None]:
+        """What a forward on the fast kernels hands them: (the call, the content queries q + u, the position
+        queries q + v or None), for tools and tests that drive a kernel directly."""
+        options = options or AttentionOptions()
+        keys_input = x if mems is None or mems.shape[1] == 0 else torch.cat([mems.to(x.dtype), x], dim=1)
+        visibility, placed = self._placement(x, keys_input, options)
+        q, k, v = self._project(x, keys_input, placed, options.rope_scaling)
+        call = self._call(x, options, visibility, placed, _kernel_dtype(q, k, v, self.out_net.weight))
+        return (call, *self.folded_queries(q, call))
 
     # ------------------------------------------------------------------ the equation
-    def _project(self, x: Tensor, keys_input: Tensor, call: AttentionCall, rope_scaling: RopeScaling | None
+    def _project(self, x: Tensor, keys_input: Tensor, placed: dict, rope_scaling: RopeScaling | None
                  ) -> tuple[Tensor, Tensor, Tensor]:
         """q [B, H, L, dh] from x; k, v [B, H, K, dh] from keys_input = [mems; x]; RoPE rotates q and k. A
         query or key that no enabled term reads is not projected: zeros stand in (they add 0 to every score)."""
         b, lq, _ = x.shape
-        kv = self.kv_net(keys_input).view(b, call.n_keys, -1, self.n_heads, self.d_head)  # (B, K, 2 or 1, H, dh)
+        kv = self.kv_net(keys_input).view(b, keys_input.shape[1], -1, self.n_heads, self.d_head)  # (B, K, 2 or 1, H, dh)
         # contiguous once, so that the key prefix each query block reads is a view, not a copy
         *k, v = kv.permute(2, 0, 3, 1, 4).contiguous()  # [k,] v: (B, H, K, dh)
         k = k[0] if k else torch.zeros_like(v)
@@ -207,7 +234,7 @@ class RelPosAttention(nn.Module):
         if self.config.absolute == "rope":
             cfg = self.config
             d_rot = rotary_width(cfg, self.d_head)
-            q, k = rotate_queries_keys(q, k, call.query_positions, call.key_positions, d_rot, cfg.rope_base,
+            q, k = rotate_queries_keys(q, k, placed["query_positions"], placed["key_positions"], d_rot, cfg.rope_base,
                                        rope_scaling, cfg.xpos_scale_base, rotating_pairs(cfg, d_rot))
         return q, k, v
 
@@ -280,16 +307,17 @@ class RelPosAttention(nn.Module):
         options = options or AttentionOptions()
         mems = None if mems is None or mems.shape[1] == 0 else mems.detach()
         keys_input = x if mems is None else torch.cat([mems.to(x.dtype), x], dim=1)  # (B, M + L, D)
-        call = self._geometry(x, keys_input, options)
-        q, k, v = self._project(x, keys_input, call, options.rope_scaling)
-        call = self._per_distance(call, options.clamp_len)
+        visibility, placed = self._placement(x, keys_input, options)
+        q, k, v = self._project(x, keys_input, placed, options.rope_scaling)
         dropout_p = self.dropout if self.training else 0.0
         cfg = self.config
-        if need_weights or self.value_table is not None or cfg.backend == "explicit" or cfg.needs_scores:
+        whole = need_weights or self.value_table is not None or cfg.backend == "explicit"
+        if whole or cfg.needs_scores:
+            call = self._call(x, options, visibility, placed)
             product = None if self.path is None else self.path.logits(q, k, keys_input, options.key_padding_mask)
-            whole = need_weights or self.value_table is not None or cfg.backend == "explicit"
             out, probs = self._explicit(q, k, v, call, options, dropout_p, product, whole)
         else:
+            call = self._call(x, options, visibility, placed, _kernel_dtype(q, k, v, self.out_net.weight))
             q_content, q_position = self.folded_queries(q, call)
             if self.sinks is not None:
                 k, v = self.sinks.prepend(k, v)
@@ -332,13 +360,32 @@ class RelPosAttention(nn.Module):
         scaled as it enters the scores, plus 'visible' (bool [L, M + L], or [B, 1, L, M + L] with key padding)."""
         options = options or AttentionOptions()
         keys_input = x if mems is None or mems.shape[1] == 0 else torch.cat([mems.to(x.dtype), x], dim=1)
-        call = self._geometry(x, keys_input, options)
-        q, k, _ = self._project(x, keys_input, call, options.rope_scaling)
-        call = self._per_distance(call, options.clamp_len)
+        visibility, placed = self._placement(x, keys_input, options)
+        q, k, _ = self._project(x, keys_input, placed, options.rope_scaling)
+        call = self._call(x, options, visibility, placed)
         shape = (q.shape[0], self.n_heads, call.n_queries, call.n_keys)
         product = None if self.path is None else self.path.logits(q, k, keys_input, options.key_padding_mask)
         maps = {name: t.expand(shape).contiguous() for name, t in self.scores(q, k, call, product=product).items()}
         return {**maps, "visible": call.visible(call.all_queries)}
+
+
+def _kernel_dtype(*tensors: Tensor) -> torch.dtype:
+    """One dtype for the fast kernels: autocast's where it is on (q + u is fp32 there, as u is, while k is
+    bf16), else the widest of the tensors. FoX's Λ stays float64: each block forms D_ij = Λ_i - Λ_j in float64
+    before the cast (AttentionCall.decay)."""
+    device = tensors[0].device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return functools.reduce(torch.promote_types, [t.dtype for t in tensors])
+
+
+def _visible_counts(visibility: Visibility, n_queries: int, padding: Tensor | None, device) -> Tensor:
+    """The keys each query sees by index ([L], or [B, 1, L] with key padding: padded keys not counted)."""
+    rows = torch.arange(n_queries, device=device)
+    seen = visibility(rows[:, None], torch.arange(visibility.n_mem + n_queries, device=rows.device)[None, :])
+    if padding is None:
+        return seen.sum(-1)
+    return (seen[None, None] & ~padding[:, None, None, :]).sum(-1)
 
 
 def _without_unread_projections(attn: RelPosAttention, state_dict: dict, prefix: str, *args) -> None:

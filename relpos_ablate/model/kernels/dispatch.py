@@ -17,9 +17,6 @@ A new kernel is one function of (call, q_content, k, v, q_position) and one bran
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -38,17 +35,10 @@ STORED_BLOCK_SCORES = 256 * 1024
 def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
            config: AttentionConfig, dropout_p: float, statistics: StatisticsSink | None = None) -> Tensor:
     """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring)."""
-    rel_keys = call.rel_keys if q_position is not None else None  # without term b nothing reads it
-    # one dtype for the kernels: under autocast q + u is fp32 (u is) while k is bf16; take autocast's.
-    # FoX's Λ stays float64: each block forms D_ij = Λ_i - Λ_j in float64 before the cast (AttentionCall.decay)
-    tensors = (q_content, k, v, q_position, rel_keys, call.distance_scores, call.query_scale)
-    device = q_content.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else \
-        functools.reduce(torch.promote_types, [t.dtype for t in tensors if t is not None])
-    q_content, k, v, q_position, rel_keys, distance_scores, query_scale = (
-        None if t is None else t.to(dtype) for t in tensors)
-    call = dataclasses.replace(call, rel_keys=rel_keys, distance_scores=distance_scores, query_scale=query_scale,
-                               dtype=dtype)
+    # the call's tensors are in the kernels' dtype (call.dtype, autocast's under autocast); so are the queries,
+    # keys and values from here. FoX's Λ stays float64 (AttentionCall.decay)
+    dtype = call.dtype
+    q_content, k, v, q_position = (None if t is None else t.to(dtype) for t in (q_content, k, v, q_position))
     if statistics is not None:
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
     flex = config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0)
@@ -99,7 +89,6 @@ def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_pos
     inputs = ScoreInputs(*(t if t is None or t.dtype == torch.float64 else t.to(wide)
                            for t in call.score_inputs(q_position)))
     params = [p for scheme in (call.pair_bias, call.contextual) if scheme is not None for p in scheme.parameters()]
-    call = dataclasses.replace(call, dtype=wide)
     return BlockwiseBiasedAttention.apply(call, *widen, *inputs, *params)
 
 
