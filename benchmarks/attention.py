@@ -52,7 +52,9 @@ SCHEMES: dict[str, dict | None] = {
     "log_n": dict(terms="a", score_scale="log_n", log_n_length=512),
     "ssmax": dict(terms="a", score_scale="ssmax", log_n_length=512),
     "temperature": dict(terms="a", learned_temperature=True),
-    # the schemes that read the scores themselves: the materialised path per query block (their floor on CPU)
+    # the schemes that read the scores themselves: the materialised path per query block (their floor on CPU),
+    # next to that path with a plain softmax and no position (explicit_nope: what no fused kernel costs)
+    "explicit_nope": dict(terms="a", backend="explicit"),
     "stick_breaking": dict(terms="a", normaliser="stick_breaking"),
     "path": dict(terms="a", path=True),
     "dape": dict(terms="a", bias="kerple_log", dape="v1"),
@@ -185,13 +187,27 @@ def peak_memory(name: str, length: int, args) -> float | None:
     cmd = [sys.executable, __file__, "--child-memory", name, "--lengths", str(length), "--device", args.device,
            "--dtype", args.dtype, "--threads", str(args.threads)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
+    if done.returncode != 0:  # reported, not hidden: the cell shows — and the reason goes to stderr
+        reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        print(f"memory of {name} at L={length} not measured: {reason}", file=sys.stderr, flush=True)
         return None
     return float(done.stdout.strip().splitlines()[-1])
 
 
 def fmt(value, suffix="x") -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}{suffix}"
+
+
+def machine() -> dict:
+    """What the timings belong to: the processor's model name, the instruction sets that pick the kernels
+    (AVX2, AVX-512, AMX), the cores this process may use and the UTC date (Linux: /proc/cpuinfo)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    field = lambda key: next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(key)), "")
+    flags = set(field("flags").split())
+    return {"processor": field("model name") or "unknown",
+            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in flags],
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
 def main() -> None:
@@ -219,7 +235,7 @@ def main() -> None:
         parser.error(f"--schemes: unknown {unknown}; allowed: {', '.join(SCHEMES)}")
     mem_lengths = set(lengths if args.memory == "all" else [] if args.memory == "none" else map(int, args.memory.split(",")))
     results = {"device": args.device, "dtype": args.dtype, "threads": torch.get_num_threads(), "batch": B,
-               "heads": H, "d_head": D_HEAD, "d_model": D_MODEL, "torch": torch.__version__, "rows": []}
+               "heads": H, "d_head": D_HEAD, "d_model": D_MODEL, "torch": torch.__version__, **machine(), "rows": []}
     baseline_mem = {n: peak_memory("sdpa_nope", n, args) for n in lengths if n in mem_lengths}
     for name in names:
         row = {"scheme": name}

@@ -159,3 +159,71 @@ def test_a_forward_builds_its_attention_call_once(backend, autocast, monkeypatch
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         attn(x, mems)[0].float().sum().backward()
     assert len(built) == 1
+
+
+# Where each backend sums the score terms: `sum_terms` (call.py) on every dense path, StridedMaps.mask on the
+# per-distance layout (term b and the curves added per distance, then laid out as a view), FlexAttention's
+# point-wise twin, built by `_per_distance_mod` (flex.py: FlexAttention traces the score_mod it returns rather
+# than calling it, so the builder is what a profile sees)
+SUM_SITES = {("call.py", "sum_terms"), ("block_maps.py", "mask"), ("flex.py", "_per_distance_mod")}
+HOP_CASES = {  # name: (config fields, forward options, the sum site the case reaches)
+    "explicit": (dict(terms="abcd", bias="t5", backend="explicit"), {}, "sum_terms"),
+    "stored_sdpa": (dict(terms="abcd", bias="alibi", backend="sdpa"), {}, "sum_terms"),
+    "blocks_strided": (dict(terms="a", bias="alibi", backend="blocks"), {}, "mask"),
+    "blocks_materialised": (dict(terms="a", forget_gate=True, backend="blocks"), {}, "sum_terms"),
+    "statistics": (dict(terms="abcd", bias="t5"), {"statistics": True}, "sum_terms"),
+    "materialised_seam": (dict(terms="a", normaliser="stick_breaking", bias="none"), {}, "sum_terms"),
+    "flex_eager": (dict(terms="a", bias="alibi", backend="flex", sinks=1), {}, "_per_distance_mod"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("case", list(HOP_CASES))
+def test_at_most_four_calls_from_forward_to_the_score_sum(case):
+    """The issue's measure of the attention core: from RelPosAttention.forward to where the score terms are
+    summed, at most 4 calls of the package's own functions on every backend (torch's frames in between, such
+    as autograd.Function.apply or FlexAttention's vmap, and comprehensions are not counted)."""
+    import sys
+
+    import torch
+
+    from relpos_ablate import RelPosAttention
+    from relpos_ablate.model.kernels.call import AttentionOptions
+
+    class Statistics:  # a StatisticsSink that keeps nothing
+        def add(self, view, probs):
+            pass
+
+    fields, options, site = HOP_CASES[case]
+    attn = RelPosAttention(16, 2, 8, AttentionConfig(query_chunk=4, **fields))
+    if options.get("statistics"):
+        options = {"statistics": Statistics()}
+    x, mems = torch.randn(2, 9, 16), torch.randn(2, 3, 16)
+    forward, package = RelPosAttention.forward.__code__, str(PACKAGE)
+    reached = []
+
+    def hops(frame) -> int | None:
+        count = 0
+        while frame is not None:
+            if frame.f_code is forward:
+                return count
+            # a comprehension's frame (<listcomp>, <genexpr>) is no call a reader follows
+            count += frame.f_code.co_filename.startswith(package) and not frame.f_code.co_name.startswith("<")
+            frame = frame.f_back
+        return None
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and (Path(code.co_filename).name, code.co_name) in SUM_SITES:
+            reached.append((code.co_name, hops(frame)))
+
+    flex = fields.get("backend") == "flex"
+    sys.setprofile(profile)
+    try:
+        with torch.no_grad() if flex else torch.enable_grad():  # FlexAttention has no backward on CPU
+            attn(x, None if flex else mems, AttentionOptions(**options))
+    finally:
+        sys.setprofile(None)
+    at_site = [n for name, n in reached if name == site and n is not None]
+    assert at_site, f"{case} never reached {site}: {reached}"
+    assert max(at_site) <= 4, reached

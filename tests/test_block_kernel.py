@@ -38,7 +38,7 @@ def call_and_inputs(attn, x, mems):
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_every_block_map_equals_the_materialised_one(name):
-    """Each block's mask as the kernel reads it (rows in its order) equals call.additive_scores with -inf
+    """Each block's mask as the kernel reads it (rows in its order) equals the sum of call.additive_terms with -inf
     where a key is hidden; the Hankel layout is a view of the curve (no map in memory)."""
     fields, layout = LAYOUTS[name]
     attn = attention(fields)

@@ -200,7 +200,7 @@ def test_alibi_extrapolation_cpu_evaluates_1x_to_16x_with_both_protocols():
     runs = load_grid(EXPERIMENTS / "alibi_extrapolation_cpu.yaml").runs
     assert {run.variant["encoding"] for run in runs} == {
         "vaswani", "learned", "rope", "rope_xpos", "t5", "alibi", "kerple_log", "fire", "sandwich", "fox", "cope",
-        "xl", "nope", "p_rope", "ssmax"}
+        "xl", "nope", "p_rope", "ssmax", "stick_breaking", "path", "dape", "dape_v2"}
     for c in (run.config for run in runs):
         assert c.data.corpus == "tinyshakespeare" and c.model.mem_len == 0 and c.train.segment_len == 64
         plain = {(s.protocol, s.segment_len) for s in c.eval_settings() if s.rope_scaling is None}

@@ -34,8 +34,8 @@ from torch import Tensor, nn
 
 from relpos_ablate.config.model import (LENGTH_AWARE_SCALES, AttentionConfig, check_widths, rope_scaling_conflict,
                                         rotary_width, rotating_pairs)
-from relpos_ablate.model.kernels.call import (AttentionCall, AttentionOptions, QueryBlock, SharedParameters, Visibility,
-                                              place)
+from relpos_ablate.model.kernels.call import (AttentionCall, AttentionOptions, QueryBlock, ScoreInputs,
+                                              SharedParameters, Visibility, place, sum_terms)
 from relpos_ablate.model.cope import ContextualPositions
 from relpos_ablate.model.dape import DataAdaptive
 from relpos_ablate.model.kernels.dispatch import STORED_BLOCK_SCORES, attend
@@ -47,6 +47,9 @@ from relpos_ablate.model.position.tables import table_row, table_rows
 from relpos_ablate.model.sinks import Sinks
 from relpos_ablate.model.stick_breaking import stick_breaking
 from relpos_ablate.model.temperature import Temperature
+
+
+TERM_ORDER = ("a", "b", "c", "d", "bias", "decay", "cope")  # the score terms as the module docstring sums them
 
 
 def init_vector(n_heads: int, d_head: int) -> nn.Parameter:
@@ -169,21 +172,27 @@ class RelPosAttention(nn.Module):
             # n: the keys each query sees by index (padding excluded), learned sinks included
             seen = _visible_counts(visibility, lq, padding, x.device) + cfg.sinks if self.temperature.counts_keys else None
             query_scale = self.temperature.query_scale(seen, lq, dtype or x.dtype, x.device)
-        per_distance = self._per_distance(visibility, lq, placed, options.clamp_len, dtype)
-        return AttentionCall(visibility, lq, self.scale, **placed, key_padding_mask=padding, bias_scale=self.bias_scale,
-                             query_chunk=cfg.query_chunk, contextual=self.contextual,
-                             n_sinks=cfg.sinks, query_scale=query_scale, dtype=dtype or x.dtype, **per_distance)
+        placed = dict(placed)
+        log_decay = placed.pop("log_decay", None)
+        tensors, pair_bias = self._per_distance(visibility, lq, placed, options.clamp_len, dtype)
+        inputs = ScoreInputs(**tensors, log_decay=log_decay, query_scale=query_scale)
+        return AttentionCall(visibility, lq, self.scale, **placed, key_padding_mask=padding, query_chunk=cfg.query_chunk,
+                             n_sinks=cfg.sinks, dtype=dtype or x.dtype, inputs=inputs, bias_scale=self.bias_scale,
+                             decay=self.forget_gate, contextual=self.contextual, **pair_bias)
 
     def _per_distance(self, visibility: Visibility, n_queries: int, placed: dict, clamp_len: int | None,
-                      dtype: torch.dtype | None) -> dict:
-        """The tensors every query block reads: s·W_R R_d (term b's keys), the scores of distance alone (term d
-        without b, a distance-only bias), or a query-dependent bias."""
+                      dtype: torch.dtype | None) -> tuple[dict, dict]:
+        """The tensors every query block reads — s·W_R R_d (term b's keys), term d, the scores of distance alone
+        (a distance-only bias; on the kernels with term d without b) — and a query-dependent bias
+        (pair_bias: the scheme, its curve's end)."""
         terms, scheme, distances = self.config.terms, self.bias_scheme, placed["distances"]  # (n,) descending
-        rel_keys = distance_scores = pair_bias = None
+        rel_keys = term_d = distance_scores = pair_bias = None
         if self.config.uses_r:
             rel_keys = self.projected_relative(distances, clamp_len, self.scale)  # (H, n, dh)
-            if "d" in terms and "b" not in terms:  # with b, term d rides on the position query q + v
-                distance_scores = self._term_d(rel_keys)
+            # its own term on the explicit path; on the kernels only without b (with b it rides on the position
+            # query q + v), and then added to the bias's curve where there is one
+            if "d" in terms and (dtype is None or "b" not in terms):
+                term_d = self._term_d(rel_keys)
         if scheme is not None and not scheme.distance_only and placed.get("drawn_distances"):
             # its query position has no meaning where distances are drawn per offset
             raise ValueError(f"model.attention.randomized_draw: {self.config.bias!r} reads the query position "
@@ -195,15 +204,18 @@ class RelPosAttention(nn.Module):
         curve = scheme is not None and (scheme.distance_only or (
             placed["distance_index"] is None and n_keys - 1 < scheme.distance_only_until()))
         if curve:
-            bias = scheme.curve(distances) * self.bias_scale  # (H, n)
-            distance_scores = bias if distance_scores is None else distance_scores + bias
+            distance_scores = scheme.curve(distances) * self.bias_scale  # (H, n)
         elif scheme is not None:
             pair_bias = scheme
+        if dtype is not None and term_d is not None and pair_bias is None:  # the kernels: one curve per distance
+            distance_scores, term_d = term_d if distance_scores is None else term_d + distance_scores, None
         if dtype is not None:  # the fast kernels: their dtype; term b's keys only where term b reads them
             rel_keys = rel_keys.to(dtype) if rel_keys is not None and "b" in terms else None
             distance_scores = None if distance_scores is None else distance_scores.to(dtype)
-        return dict(rel_keys=rel_keys, distance_scores=distance_scores, pair_bias=pair_bias,
-                    pair_bias_curve_until=scheme.distance_only_until() if pair_bias is not None else float("inf"))
+            term_d = None if term_d is None else term_d.to(dtype)
+        return (dict(rel_keys=rel_keys, term_d=term_d, distance_scores=distance_scores),
+                dict(pair_bias=pair_bias,
+                     pair_bias_curve_until=scheme.distance_only_until() if pair_bias is not None else float("inf")))
 
     def kernel_call(self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None
                     ) -> tuple[AttentionCall, Tensor, Tensor | None]:
@@ -243,41 +255,33 @@ class RelPosAttention(nn.Module):
         """The module docstring's equation, term by term, for the block's queries and keys (default: the
         whole call): each enabled term of 'a', 'b', 'c', 'd', 'bias', 'decay' (FoX), 'cope', scaled as it
         enters the sum, broadcastable to [B, H, L_b, K_b] (sinks: explicit.py). product: PaTH's q·k through
-        its transforms, [B, H, L, K] for the whole call, in place of term a's q·k."""
+        its transforms for the block's queries and every key, [B, H, L_b, K], in place of term a's q·k."""
         blk = block or call.all_queries
         terms, s, rows, keys = self.config.terms, self.scale, blk.rows, slice(blk.k0, blk.n_keys)
         q_b, k_b = q[:, :, rows], k[:, :, keys]
         k_t = k_b.transpose(-1, -2)  # (B, H, dh, K_b)
+        scale = None if call.query_scale is None else call.query_scale[:, :, rows]  # λ
         out = {}
         if "a" in terms:  # s·q_i·k_j: (B, H, L_b, K_b)
-            out["a"] = (q_b * s) @ k_t if product is None else product[:, :, rows, keys] * s
-        if "b" in terms:  # s·q_i·W_R R_d: (B, H, L_b, K_b)
-            out["b"] = call.term_b(blk, q_b, call.rel_keys[:, blk.rel_cols])
+            out["a"] = (q_b * s) @ k_t if product is None else product[..., keys] * s
         if "c" in terms:
             out["c"] = (self.content_bias_u[None, :, None] * s) @ k_t  # s·u·k_j: (B, H, 1, K_b)
-        if "d" in terms:  # s·v·W_R R_d: (1, H, L_b, K_b)
-            out["d"] = call.per_key(blk, self._term_d(call.rel_keys)[:, blk.distance_cols])[None]
-        scheme = self.bias_scheme
-        if scheme is not None:  # B_h(i', j): (H, L_b, K_b), from a curve over distances when it is one
-            bias = call.per_key(blk, scheme.curve(call.distances)[:, blk.distance_cols]) if scheme.distance_only \
-                else scheme.bias(call.query_positions[rows], call.key_positions[keys])
-            out["bias"] = bias[None] * self.bias_scale
-        if call.log_decay is not None:  # D_ij = Λ_i' - Λ_j: (B, H, L_b, K_b), differenced in float64
-            queries = slice(call.n_mem + blk.i0, call.n_mem + blk.i1)
-            out["decay"] = (call.log_decay[..., queries, None] - call.log_decay[..., None, keys]).to(q.dtype)
-        if call.query_scale is not None:
-            out = {name: t * call.query_scale[:, :, rows] for name, t in out.items()}
-        if self.contextual is not None:  # from the content query the kernels use: (B, H, L_b, K_b)
-            q_content = self.folded_queries(q, call)[0][:, :, rows]
-            out["cope"] = self.contextual.scores(q_content, k_b, s, call.visible(blk))
-        return out
+        if scale is not None:
+            out = {name: t * scale for name, t in out.items()}
+        # the additive terms (b: s·q_i·W_R R_d, d: s·v·W_R R_d, the bias, FoX's decay, CoPE), as every kernel
+        # builds them: term b's query is λ·q (not q + v: d is its own term here)
+        q_position = None if "b" not in terms else q if scale is None else q * call.query_scale
+        q_content = self.folded_queries(q, call)[0][:, :, rows] if self.contextual is not None else None
+        inputs = call.block_inputs(blk, call.inputs._replace(q_position=q_position))
+        out.update(call.additive_terms(blk, inputs, q_content, k_b))
+        return {name: out[name] for name in TERM_ORDER if name in out}  # the equation's order: a, b, c, d, ...
 
     def score_sum(self, maps: dict[str, Tensor], visible: Tensor) -> Tensor:
         """The scores of the equation: the terms summed, or with DAPE X + B + f([X; B]) (X: every term but
         the bias B)."""
         if self.dape is None:
-            return sum(maps.values())
-        other = sum(t for name, t in maps.items() if name != "bias")
+            return sum_terms(maps)
+        other = sum_terms({name: t for name, t in maps.items() if name != "bias"})
         return self.dape(other, maps["bias"], visible)
 
     def folded_queries(self, q: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
@@ -343,9 +347,12 @@ class RelPosAttention(nn.Module):
             blocks = call.blocks(STORED_BLOCK_SCORES, windowed=True)
         normaliser = stick_breaking if self.config.normaliser == "stick_breaking" else None
         q_content = self.folded_queries(q, call)[0] if sinks is not None else None
+        # PaTH's product split into the blocks' rows at once: slicing it per block would give each block's
+        # backward a zero-filled gradient of the whole [B, H, L, K] product (O(L³) work over the blocks)
+        products = [None] * len(blocks) if product is None else product.split([b.i1 - b.i0 for b in blocks], dim=2)
         outs, probs = [], None
-        for blk in blocks:
-            scores = self.score_sum(self.scores(q, k, call, blk, product), call.visible(blk))
+        for blk, block_product in zip(blocks, products):
+            scores = self.score_sum(self.scores(q, k, call, blk, block_product), call.visible(blk))
             out, probs = explicit_attention(
                 scores, v[:, :, blk.k0: blk.n_keys], call, blk, dropout_p=dropout_p, statistics=options.statistics,
                 sink_logits=None if sinks is None else sinks.logits(q_content[:, :, blk.rows], call.scale),

@@ -38,7 +38,26 @@ class ForgetGate(nn.Module):
         """Λ_j = Σ_{l<=j} log f_l over the key frame: [B, H, K] float64."""
         return self.log_gates(keys_input, key_padding_mask).double().cumsum(-1)
 
+    # The score term D_ij = Λ_i' - Λ_j, in the three forms the kernels ask for (kernels/geometry.DecayScores)
+    @staticmethod
+    def block_scores(log_decay: Tensor, queries: slice, keys: slice, dtype: torch.dtype) -> Tensor:
+        """D for the queries' key indices against the keys: [B, H, K] (float64) -> [B, H, L_b, K_b] in dtype.
+        The difference is taken in float64 and then cast: |Λ| grows with the context, and a difference of two
+        large fp32 numbers would lose the near keys' decays (docs/formulas.md#fox)."""
+        query, key = log_decay[..., queries, None], log_decay[..., None, keys]
+        if torch.is_grad_enabled() and log_decay.requires_grad:
+            return (query - key).to(dtype)  # the difference in float64, under autograd
+        # without autograd in one pass: computed in float64, written in dtype
+        return torch.sub(query, key, out=log_decay.new_empty((*query.shape[:-1], key.shape[-1]), dtype=dtype))
 
-def decay_map(log_decay: Tensor, n_mem: int) -> Tensor:
-    """D_ij = Λ_i' - Λ_j for every query i (key index i' = M + i) and key j: [B, H, L, K] float64."""
-    return log_decay[..., n_mem:, None] - log_decay[..., None, :]
+    @staticmethod
+    def point(log_decay: Tensor, b: Tensor, h: Tensor, query: Tensor, key: Tensor) -> Tensor:
+        """D of one pair (FlexAttention's score_mod): Λ as the caller holds it (restarted, fp32), key indices."""
+        return log_decay[b, h, query] - log_decay[b, h, key]
+
+    @staticmethod
+    def block_gradient(grad: Tensor, grad_log_decay: Tensor, queries: slice, keys: slice) -> None:
+        """∂/∂Λ of Σ grad ∘ D for a block's grad [B, H, L_b, K_b]: Λ_i' gets the row sums, Λ_j minus the
+        column sums (added onto grad_log_decay [B, H, K])."""
+        grad_log_decay[..., queries] += grad.sum(-1)
+        grad_log_decay[..., keys] -= grad.sum(-2)

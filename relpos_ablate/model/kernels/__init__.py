@@ -6,7 +6,8 @@ The contract, for every backend here: given the folded content queries q̃ [B, H
     out = softmax_over_visible_keys( s·q̃·kᵀ + map ) · v        [B, H, L, dh]
 
 where `map` [B or 1, H, L, K] is everything the call adds to the content scores (term b, term d, the bias,
-FoX's decay, CoPE; times the query scale), built block by block by `AttentionCall.additive_scores`, and the
+FoX's decay, CoPE; times the query scale): block by block, `call.sum_terms` of `AttentionCall.additive_terms`
+(each term's dense block, built from the call's one carrier of tensors, `ScoreInputs`), and the
 visible keys are the call's `Visibility` (causal, memory, window) and key padding. A query that sees no key
 gets 0. The backends (dispatch.py picks one): plain SDPA (no map), SDPA per query block with the stored map,
 the block kernel that rebuilds each block's map in backward (blockwise.py with block_maps.py), FlexAttention

@@ -12,8 +12,9 @@ column stride). So a map that is a function of the distance need not exist as an
   (strides n - 1, 1). Gradients are reduced by hand: along the map's anti-diagonals onto the curve, and
   through the per-distance layout onto (q + v) and W_R R.
 - `MaterialisedMaps`: everything else (key padding, explicit positions, FIRE past its threshold, FoX's
-  decay, the query scale, sink columns): `AttentionCall.additive_scores` per block, masked, and its
-  gradient by autograd through a rebuild of the block's map.
+  decay, the query scale, sink columns): `sum_terms` of `AttentionCall.additive_terms` per block (the one sum of the
+  terms), masked, and its gradient by autograd through a rebuild of the block's map, but for the terms that
+  give their gradient by hand (FoX's decay: fox.py; CoPE: cope.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock, ScoreInputs
+from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock, ScoreInputs, sum_terms
 
 
 def block_maps(call: AttentionCall, inputs: ScoreInputs) -> "StridedMaps | MaterialisedMaps":
@@ -164,7 +165,7 @@ def _antidiagonal_sums(grad: Tensor) -> Tensor:
 
 
 class MaterialisedMaps(_Layout):
-    """Each block's map as a tensor: `call.additive_scores`, the sink columns in front, -inf where hidden.
+    """Each block's map as a tensor: the sum of `call.additive_terms`, the sink columns in front, -inf where hidden.
 
     Backward splits a block's keys into tiles, but for sinks (in front of the first tile only) and CoPE (whose
     positions count over a query's whole row)."""
@@ -179,7 +180,7 @@ class MaterialisedMaps(_Layout):
     def mask(self, block: QueryBlock, q_content: Tensor | None = None, k: Tensor | None = None) -> Tensor:
         """[B or 1, H, L_b, S + K_b]; q_content [B, H, L_b, dh] and the block's keys k [B, H, K_b, dh] (no
         sinks) for CoPE."""
-        additive = self.call.additive_scores(block, self.call.block_inputs(block, self.inputs))
+        additive = sum_terms(self.call.additive_terms(block, self.call.block_inputs(block, self.inputs)))
         if self.call.contextual is not None:
             cope, _ = self.call.contextual.block_scores(q_content, k, self.call.scale, self.call.visible(block))
             additive = cope if additive is None else cope.add_(additive)
@@ -206,7 +207,7 @@ class MaterialisedMaps(_Layout):
             leaves = ScoreInputs(*(None if t is None else t.detach().requires_grad_(g is not None and name != "log_decay")
                                    for name, t, g in zip(ScoreInputs._fields, call.block_inputs(block, self.inputs),
                                                          block_grads)))
-            rest = call.additive_scores(block, leaves)
+            rest = sum_terms(call.additive_terms(block, leaves))
         wanted = [(view, leaf) for view, leaf in zip(block_grads, leaves) if view is not None and leaf.requires_grad]
         wanted += [(g, p) for g, p in zip(param_grads, params) if g is not None and not _is_table(call, p)]
         cope = state = None
@@ -238,12 +239,13 @@ class MaterialisedMaps(_Layout):
         return self._masked(block, additive, own=not wanted), add_gradients
 
     def _decay_gradient(self, block: QueryBlock, grad_scores: Tensor, grad_log_decay: Tensor) -> None:
-        """FoX's D_ij = Λ_i' - Λ_j (times the query scale, if any): Λ_i' gets the row sums of the map's
-        gradient [B, H, L_b, K_b], Λ_j minus the column sums."""
+        """FoX's term (times the query scale, if any) differentiated by its own hand (fox.py) from the
+        map's gradient [B, H, L_b, K_b]."""
         scale = self.inputs.query_scale
         grad_decay = grad_scores if scale is None else grad_scores * scale[:, :, block.rows]
-        grad_log_decay[..., self.call.n_mem + block.i0: self.call.n_mem + block.i1] += grad_decay.sum(-1)
-        grad_log_decay[..., block.k0: block.n_keys] -= grad_decay.sum(-2)
+        self.call.decay.block_gradient(grad_decay, grad_log_decay, slice(self.call.n_mem + block.i0,
+                                                                         self.call.n_mem + block.i1),
+                                       slice(block.k0, block.n_keys))
 
 
 def _is_table(call: AttentionCall, parameter: Tensor) -> bool:

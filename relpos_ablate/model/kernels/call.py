@@ -19,9 +19,12 @@ Two things are kept apart on purpose:
   the scores through these two methods, so a scheme that needs other positions sets them here and
   every backend follows, without new arguments.
 
-Schemes that read the content travel the same way: FoX's cumulative log-gates (`log_decay`, summed
-into the block's decay by `decay`), CoPE's module (`contextual`, scored from a block's queries and
-keys), a per-query multiplier of the whole score (`query_scale`: log-n, a learned temperature), and
+The per-call tensors travel in one carrier, `ScoreInputs` (`AttentionCall.inputs`); the schemes that are
+objects are handed to the call as such, each with its dense, point-wise and gradient forms in its own file:
+FoX (`decay`: fox.ForgetGate, D_ij = Λ_i' - Λ_j from `log_decay`), CoPE (`contextual`, scored from a block's
+queries and keys), a bias that reads the query position (`pair_bias`: FIRE). `additive_terms` builds each
+additive term of a block and `sum_terms` adds them: the one sum every dense path uses. A per-query multiplier
+of the whole score (`query_scale`: log-n, a learned temperature), and
 learned sink slots at the front of the kernels' keys (`n_sinks`: `with_sinks` pads a block's mask and
 scores). A block may skip the keys before its window (`block(..., windowed=True)`, `QueryBlock.k0`).
 """
@@ -36,7 +39,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from relpos_ablate.model.kernels.geometry import BlockView, ContextualScores, QueryBlock, StatisticsSink, Visibility
+from relpos_ablate.model.kernels.geometry import (BlockView, ContextualScores, DecayScores, QueryBlock, StatisticsSink,
+                                                  Visibility)
 from relpos_ablate.model.position import BiasScheme, RopeScaling
 from relpos_ablate.model.kernels.shift import descending_distances, rel_shift, toeplitz
 
@@ -87,14 +91,17 @@ class SharedParameters:
 
 
 class ScoreInputs(NamedTuple):
-    """The tensors a block's additive scores are built from (None: not used by this call). Passed
-    explicitly, so that the block kernel's backward can rebuild the scores and differentiate them."""
+    """The one carrier of a call's per-call tensors: what its additive terms are built from (None: not used
+    by this call). The call holds them (`AttentionCall.inputs`) and every kernel reads them from here; the
+    block kernel passes them to autograd explicitly, so that its backward can rebuild a block's map and
+    differentiate it."""
 
-    q_position: Tensor | None = None  # [B, H, L, dh] (q + v)·s, term b's query
+    q_position: Tensor | None = None  # [B, H, L, dh] term b's query: (q + v)·λ on the kernels, q·λ on the explicit path
     rel_keys: Tensor | None = None  # [H, n, dh] s·W_R R_d per distance (term b's keys)
-    distance_scores: Tensor | None = None  # [H, n] scores of distance alone (term d without b, a bias)
+    term_d: Tensor | None = None  # [H, n] s·v·W_R R_d where term d is its own term (explicit path; kernels fold it)
+    distance_scores: Tensor | None = None  # [H, n] scores of distance alone (the bias; the kernels add term d without b)
     log_decay: Tensor | None = None  # [B, H, K] FoX's Λ_j = Σ_{l<=j} log f_l, float64
-    query_scale: Tensor | None = None  # [B or 1, H or 1, L, 1] temperature × log_{L_train}(n) per query
+    query_scale: Tensor | None = None  # [B or 1, H or 1, L, 1] λ: temperature × log_{L_train}(n) per query
 
 
 def _narrow(t: Tensor | None, dim: int, cols: slice) -> Tensor | None:
@@ -156,17 +163,22 @@ class AttentionCall:
     distance_index: Tensor | None = None  # [L, K] column of each pair; None: consecutive positions (strided views)
     drawn_distances: bool = False  # distances are drawn per offset (AttentionOptions.distances), not the positions'
     key_padding_mask: Tensor | None = None  # [B, K]
-    rel_keys: Tensor | None = None  # [H, n, dh]: s·W_R R_d per distance (term b's keys)
-    distance_scores: Tensor | None = None  # [H, n]: additive scores of distance alone (term d without b, a bias)
+    query_chunk: int = 0  # queries per block (0: one block)
+    n_sinks: int = 0  # learned sink slots at the front of the kernels' keys and values (no position)
+    dtype: torch.dtype = torch.float32  # the kernels' dtype (FoX's decay is built in at least fp32)
+    inputs: ScoreInputs = ScoreInputs()  # the per-call tensors (term b's query left out until a kernel adds it)
+    # the score terms that are objects, each in its scheme's file with its dense, point-wise and gradient forms
     pair_bias: BiasScheme | None = None  # a bias that also depends on the query position (FIRE)
     pair_bias_curve_until: float = float("inf")  # below this query position pair_bias is a curve over i' - j
     bias_scale: float = 1.0  # s_B
-    query_chunk: int = 0  # queries per block (0: one block)
-    log_decay: Tensor | None = None  # [B, H, K] FoX's Λ (fox.py), float64
+    decay: DecayScores | None = None  # FoX (fox.py): D_ij = Λ_i' - Λ_j from inputs.log_decay
     contextual: ContextualScores | None = None  # CoPE (cope.py): scores from the block's queries and keys
-    query_scale: Tensor | None = None  # [B or 1, H or 1, L, 1]: every score of query i multiplied by it
-    n_sinks: int = 0  # learned sink slots at the front of the kernels' keys and values (no position)
-    dtype: torch.dtype = torch.float32  # the kernels' dtype (FoX's decay is built in at least fp32)
+
+    # the carrier's tensors by name (read-only)
+    rel_keys = property(lambda self: self.inputs.rel_keys)
+    distance_scores = property(lambda self: self.inputs.distance_scores)
+    log_decay = property(lambda self: self.inputs.log_decay)
+    query_scale = property(lambda self: self.inputs.query_scale)
 
     @property
     def n_mem(self) -> int:
@@ -188,8 +200,8 @@ class AttentionCall:
     @property
     def has_additive(self) -> bool:
         """Whether anything is added to s·q_content·kᵀ (otherwise plain SDPA can do it all)."""
-        return any(t is not None for t in (self.rel_keys, self.distance_scores, self.pair_bias, self.log_decay,
-                                           self.contextual))
+        return any(t is not None for t in (self.rel_keys, self.inputs.term_d, self.distance_scores, self.pair_bias,
+                                           self.log_decay, self.contextual))
 
     def hidden_distances(self, like: Tensor) -> Tensor:
         """[n] additive mask per distance of the call, 0 where a key at that distance is visible and -inf where
@@ -277,50 +289,43 @@ class AttentionCall:
         return [self._block(block.i0, block.i1, a, b) for a, b in zip(edges, edges[1:])]
 
     def score_inputs(self, q_position: Tensor | None) -> ScoreInputs:
-        """This call's inputs of the additive scores, with the kernels' position query."""
-        return ScoreInputs(q_position, self.rel_keys if q_position is not None else None, self.distance_scores,
-                           self.log_decay, self.query_scale)
+        """This call's per-call tensors with the kernels' position query (term b's keys only with it)."""
+        return self.inputs._replace(q_position=q_position, rel_keys=self.rel_keys if q_position is not None else None)
 
     def block_inputs(self, block: QueryBlock, inputs: ScoreInputs) -> ScoreInputs:
         """The block's slices (views) of each input; None stays None."""
         return ScoreInputs(_narrow(inputs.q_position, 2, block.rows), _narrow(inputs.rel_keys, 1, block.rel_cols),
+                           _narrow(inputs.term_d, 1, block.distance_cols),
                            _narrow(inputs.distance_scores, 1, block.distance_cols),
                            _narrow(inputs.log_decay, 2, slice(0, max(block.n_keys, self.n_mem + block.i1))),
                            _narrow(inputs.query_scale, 2, block.rows))
 
-    def additive_scores(self, block: QueryBlock, inputs: ScoreInputs, q_content: Tensor | None = None,
-                        k: Tensor | None = None) -> Tensor | None:
-        """Everything added to s·q_content·kᵀ for the block (terms b, d, the bias, FoX's decay, CoPE):
-        [B or 1, H, L_b, K_b], or None when there is none. `inputs` are the block's slices (block_inputs),
-        passed in so that backward can rebuild this; q_content [B, H, L_b, dh] and k [B, H, K_b, dh] (no
-        sinks) only for CoPE. The query scale multiplies what does not come from the (already scaled) queries."""
-        total = None if inputs.rel_keys is None else self.term_b(block, inputs.q_position, inputs.rel_keys)
-        unscaled = []  # (B or 1, H, L_b, K_b) each
+    def additive_terms(self, block: QueryBlock, inputs: ScoreInputs, q_content: Tensor | None = None,
+                       k: Tensor | None = None) -> dict[str, Tensor]:
+        """Each additive score term of the block as it enters the sum, [B or 1, H, L_b, K_b]: 'b' (from the
+        position query, which carries the query scale λ already), 'd' and 'bias' (per distance, or FIRE per
+        pair) and 'decay' (FoX), each times λ, and 'cope' (from the content query, λ included). `inputs` are
+        the block's slices (block_inputs), passed in so that backward can rebuild them; q_content
+        [B, H, L_b, dh] and k [B, H, K_b, dh] (no sinks) only for CoPE (without them, no 'cope')."""
+        terms = {}
+        if inputs.rel_keys is not None and inputs.q_position is not None:
+            terms["b"] = self.term_b(block, inputs.q_position, inputs.rel_keys)
+        if inputs.term_d is not None:
+            terms["d"] = self.per_key(block, inputs.term_d)[None]
         if inputs.distance_scores is not None:
-            unscaled.append(self.per_key(block, inputs.distance_scores)[None])
+            terms["bias"] = self.per_key(block, inputs.distance_scores)[None]
         if self.pair_bias is not None:
-            unscaled.append(self.pair_bias_scores(block))
+            terms["bias"] = self.pair_bias_scores(block)
         if inputs.log_decay is not None:
-            unscaled.append(self.decay(block, inputs.log_decay))
-        if unscaled and inputs.query_scale is not None:
-            unscaled = [functools.reduce(operator.add, unscaled) * inputs.query_scale]
-        for scores in unscaled:
-            total = _plus(total, scores)
+            rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
+            terms["decay"] = self.decay.block_scores(inputs.log_decay, rows, slice(block.k0, block.n_keys),
+                                                     torch.promote_types(self.dtype, torch.float32))
+        if inputs.query_scale is not None:
+            terms = {name: t if name == "b" else t * inputs.query_scale for name, t in terms.items()}
         if self.contextual is not None and q_content is not None:
-            total = _plus(total, self.contextual.scores(q_content, k, self.scale, self.visible(block)))
-        return total
+            terms["cope"] = self.contextual.scores(q_content, k, self.scale, self.visible(block))
+        return terms
 
-    def decay(self, block: QueryBlock, log_decay: Tensor) -> Tensor:
-        """FoX's D_ij = Λ_i' - Λ_j for the block: log_decay [B, H, K_b] (float64) -> [B, H, L_b, K_b].
-        The difference is taken in float64 and then cast: |Λ| grows with the context, and a difference of
-        two large fp32 numbers would lose the near keys' decays (docs/formulas.md#fox)."""
-        rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
-        query, key = log_decay[..., rows, None], log_decay[..., None, block.k0: block.n_keys]
-        dtype = torch.promote_types(self.dtype, torch.float32)
-        if torch.is_grad_enabled() and log_decay.requires_grad:
-            return (query - key).to(dtype)  # (B, H, L_b, K_b), the difference in float64
-        # without autograd in one pass: computed in float64, written in the kernels' dtype
-        return torch.sub(query, key, out=log_decay.new_empty((*query.shape[:-1], key.shape[-1]), dtype=dtype))
 
     def per_key(self, block: QueryBlock, values: Tensor) -> Tensor:
         """[..., n] values per distance (the block's columns, block_inputs) -> [..., L_b, K_b]: the value
@@ -351,5 +356,8 @@ class AttentionCall:
         return scores[None] * self.bias_scale
 
 
-def _plus(total: Tensor | None, scores: Tensor) -> Tensor:
-    return scores if total is None else total + scores
+def sum_terms(terms: dict[str, Tensor]) -> Tensor | None:
+    """The score map: the terms summed in their order (None: no term). The one sum of the package's score
+    terms; every backend but FlexAttention's point-wise twin (flex.py) and the strided per-distance layout
+    (block_maps.StridedMaps: term b and the curves added per distance, before the layout) reaches it."""
+    return functools.reduce(operator.add, terms.values()) if terms else None

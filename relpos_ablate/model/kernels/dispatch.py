@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.model import AttentionConfig
-from relpos_ablate.model.kernels.call import AttentionCall, ScoreInputs
+from relpos_ablate.model.kernels.call import AttentionCall, sum_terms
 from relpos_ablate.model.kernels.geometry import StatisticsSink
 from relpos_ablate.model.kernels.blockwise import BlockwiseBiasedAttention, masked_softmax
 
@@ -50,7 +50,7 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
         if call.key_padding_mask is None and call.visibility.window is None and not call.n_sinks:
             return _plain(call, q_content, k, v, dropout_p)
     elif dropout_p == 0.0 and _rebuild_in_backward(call, q_content, config):
-        return _rebuilt(call, q_content, k, v, q_position).to(dtype)
+        return _blockwise(call, *_widened(call, q_content, k, v, q_position)).to(dtype)
     return _stored(call, q_content, k, v, q_position, dropout_p)
 
 
@@ -77,19 +77,21 @@ def _plain(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, dropout
     return F.scaled_dot_product_attention(q_content, k, v, attn_mask=mask, dropout_p=dropout_p, scale=call.scale)
 
 
-# torch.compile (train.compile) does not trace into the block kernel: its Python loop over blocks and tiles,
-# the strides of its views and the host checks of its masks would break the graph in every block; one break
-# around it leaves the rest of the layer compiled
-@torch.compiler.disable
-def _rebuilt(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None) -> Tensor:
-    """BlockwiseBiasedAttention: O(L·d) memory. bf16/fp16 inputs are widened to fp32, so that scores and
-    softmax statistics stay in fp32 as FlashAttention keeps them (FoX's float64 Λ is left as it is)."""
+# The block kernel (BlockwiseBiasedAttention: O(L·d) memory). torch.compile (train.compile) does not trace into
+# it: its Python loop over blocks and tiles, the strides of its views and the host checks of its masks would
+# break the graph in every block; one break around it leaves the rest of the layer compiled
+_blockwise = torch.compiler.disable(BlockwiseBiasedAttention.apply)
+
+
+def _widened(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None) -> list:
+    """The block kernel's arguments after the call: q_content, k, v, the score inputs and the parameters the
+    maps read. bf16/fp16 are widened to fp32, so that scores and softmax statistics stay in fp32 as
+    FlashAttention keeps them (FoX's float64 Λ is left as it is)."""
     wide = torch.promote_types(q_content.dtype, torch.float32)
-    widen = [None if t is None else t.to(wide) for t in (q_content, k, v)]
-    inputs = ScoreInputs(*(t if t is None or t.dtype == torch.float64 else t.to(wide)
-                           for t in call.score_inputs(q_position)))
+    widen = [t.to(wide) for t in (q_content, k, v)]
+    inputs = [t if t is None or t.dtype == torch.float64 else t.to(wide) for t in call.score_inputs(q_position)]
     params = [p for scheme in (call.pair_bias, call.contextual) if scheme is not None for p in scheme.parameters()]
-    return BlockwiseBiasedAttention.apply(call, *widen, *inputs, *params)
+    return [*widen, *inputs, *params]
 
 
 def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
@@ -100,7 +102,7 @@ def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posi
     for blk in call.blocks(STORED_BLOCK_SCORES, windowed=True):
         visible = call.with_sinks(call.visible(blk), True)
         q_b, k_b = q_content[:, :, blk.rows], k[:, :, blk.keys]  # k_b: (B, H, S + K_b, dh)
-        additive = call.additive_scores(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks:])
+        additive = sum_terms(call.additive_terms(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks:]))
         if additive is not None:
             additive = call.with_sinks(additive, 0.0).to(q_content.dtype).masked_fill(~visible, float("-inf"))
         outs.append(F.scaled_dot_product_attention(
@@ -118,7 +120,7 @@ def _observed(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_po
     for blk in call.blocks(STORED_BLOCK_SCORES):
         q_b, k_b, v_b = q_content[:, :, blk.rows], k[:, :, blk.keys], v[:, :, blk.keys]
         scores = (q_b @ k_b.transpose(-1, -2)).mul_(call.scale)  # (B, H, L_b, S + K_b)
-        additive = call.additive_scores(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks:])
+        additive = sum_terms(call.additive_terms(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks:]))
         if additive is not None:
             scores = scores.add_(call.with_sinks(additive, 0.0))
         probs = masked_softmax(scores, call.with_sinks(call.visible(blk), True))

@@ -3,7 +3,8 @@
 
 score_mod reads per-distance tensors at the pair's column t in the descending-distance order (shift.py):
 t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at explicit ones.
-It reads distance_scores [H, n] (term d without b, distance-only biases and FIRE below its threshold),
+It reads distance_scores [H, n] (term d without b, distance-only biases and FIRE below its threshold; term d
+its own [H, n] next to FIRE past it),
 FoX's Λ [B, H, K] (D = Λ_i' - Λ_j, restarted at the first query, in fp32 like the authors' kernel), the query
 scale [B or 1, H or 1, L], and evaluates FIRE's MLP per pair (`BiasScheme.pair_score`): memory O(L·d) for all
 of them. Term b is the exception: (q + v)·s·W_R R is precomputed for every query and distance, a
@@ -90,7 +91,7 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None):
     n_queries, n_mem, n_distances = call.n_queries, call.n_mem, call.distances.numel()
     # the one O(L²) tensor of this path: (q + v)·s·W_R R for every query and distance, [B, H, L, M + 2L - 1]
     term_b = None if q_position is None else q_position @ call.rel_keys.transpose(1, 2)
-    distance_scores, scheme, pair_map = call.distance_scores, call.pair_bias, None
+    term_d, distance_scores, scheme, pair_map = call.inputs.term_d, call.distance_scores, call.pair_bias, None
     if scheme is not None and not scheme.pointwise:  # a scheme of one's own: its [H, L, K] map, precomputed
         pair_map = scheme.bias(call.query_positions, call.key_positions) * call.bias_scale
     # Λ restarted at the first query, in at least fp32 (in bf16 a Λ of 100 would be off by 0.25)
@@ -111,13 +112,15 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None):
         if term_b is not None:
             score = score + term_b[b, h, q_idx, t]
         unscaled = []  # what does not come from the queries
+        if term_d is not None:  # term d without b next to a query-dependent bias (else in distance_scores)
+            unscaled.append(term_d[h, t])
         if distance_scores is not None:
             unscaled.append(distance_scores[h, t])
         if scheme is not None:  # FIRE evaluates its MLP here, per pair: no [H, L, K] map
             unscaled.append(scheme.pair_score(query_positions[q_idx], key_positions[kv_idx], h) * call.bias_scale
                             if scheme.pointwise else pair_map[h, q_idx, kv_idx])
-        if decay is not None:  # FoX: D = Λ_i' - Λ_j (Λ restarted at the first query)
-            unscaled.append(decay[b, h, n_mem + q_idx] - decay[b, h, kv_idx])
+        if decay is not None:  # FoX's point-wise form (fox.py), Λ restarted at the first query
+            unscaled.append(call.decay.point(decay, b, h, n_mem + q_idx, kv_idx))
         if unscaled and scale is not None:
             per_query = scale[b if scale.shape[0] > 1 else 0, h if scale.shape[1] > 1 else 0, q_idx]
             unscaled = [functools.reduce(operator.add, unscaled) * per_query]

@@ -99,6 +99,20 @@ class ContextualScores(Protocol):
         """Its learned tensors (block_backward's third result is the gradient of the one it has)."""
 
 
+class DecayScores(Protocol):
+    """A term built from a per-key cumulative sum, D_ij = Λ_i' - Λ_j (FoX: fox.ForgetGate), in the three forms
+    the kernels ask for. Λ is float64 ([B, H, K]); i' and j are key indices."""
+
+    def block_scores(self, log_decay: Tensor, queries: slice, keys: slice, dtype: torch.dtype) -> Tensor:
+        """[B, H, L_b, K_b] in dtype: the queries' key indices (rows of Λ) against the keys (columns)."""
+
+    def point(self, log_decay: Tensor, b: Tensor, h: Tensor, query: Tensor, key: Tensor) -> Tensor:
+        """The same for one pair (FlexAttention's score_mod; indices as tensors)."""
+
+    def block_gradient(self, grad: Tensor, grad_log_decay: Tensor, queries: slice, keys: slice) -> None:
+        """Add the gradient of Σ grad ∘ D (grad [B, H, L_b, K_b]) onto grad_log_decay [B, H, K]."""
+
+
 class StatisticsSink(Protocol):
     """Where a call hands each block's probabilities (AttentionOptions.statistics: diagnostics.LayerStatistics)."""
 
