@@ -270,9 +270,9 @@ class RelPosAttention(nn.Module):
             out = {name: t * scale for name, t in out.items()}
         # the additive terms (b: s·q_i·W_R R_d, d: s·v·W_R R_d, the bias, FoX's decay, CoPE), as every kernel
         # builds them: term b's query is λ·q (not q + v: d is its own term here)
-        q_position = None if "b" not in terms else q if scale is None else q * call.query_scale
+        q_position = None if "b" not in terms else q_b if scale is None else q_b * scale  # the block's rows only
         q_content = self.folded_queries(q, call)[0][:, :, rows] if self.contextual is not None else None
-        inputs = call.block_inputs(blk, call.inputs._replace(q_position=q_position))
+        inputs = call.block_inputs(blk, call.inputs)._replace(q_position=q_position)
         out.update(call.additive_terms(blk, inputs, q_content, k_b))
         return {name: out[name] for name in TERM_ORDER if name in out}  # the equation's order: a, b, c, d, ...
 

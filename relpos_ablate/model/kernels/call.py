@@ -314,7 +314,7 @@ class AttentionCall:
             terms["d"] = self.per_key(block, inputs.term_d)[None]
         if inputs.distance_scores is not None:
             terms["bias"] = self.per_key(block, inputs.distance_scores)[None]
-        if self.pair_bias is not None:
+        elif self.pair_bias is not None:  # (the bias is a curve or a pair bias, never both)
             terms["bias"] = self.pair_bias_scores(block)
         if inputs.log_decay is not None:
             rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
@@ -325,7 +325,6 @@ class AttentionCall:
         if self.contextual is not None and q_content is not None:
             terms["cope"] = self.contextual.scores(q_content, k, self.scale, self.visible(block))
         return terms
-
 
     def per_key(self, block: QueryBlock, values: Tensor) -> Tensor:
         """[..., n] values per distance (the block's columns, block_inputs) -> [..., L_b, K_b]: the value
