@@ -9,6 +9,10 @@ baseline run alternately, ratio = median over pairs of (scheme time / baseline t
 hits both sides. Memory: peak bytes above the inputs during forward + backward, measured in a fresh
 child process per (scheme, L) on CPU (RSS with a fixed malloc mmap threshold, so freed blocks are
 returned, and the peak counter reset first), with torch.cuda.max_memory_allocated on CUDA. Writes a JSON file and prints a table.
+
+Backend 'auto' picks each call's kernel by timing the candidates at first use (kernels/calibration.py): that
+happens in the warm-up step, and the JSON lists the choices (kernel_choices) next to the processor, its
+flags, the cores, the date and whether denormals were flushed (relpos_ablate/model/denormals.py).
 """
 
 from __future__ import annotations
@@ -198,6 +202,25 @@ def fmt(value, suffix="x") -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}{suffix}"
 
 
+def kernel_choices() -> dict:
+    """The kernels calibration chose in this run (kernels/calibration.py: key -> path); {} for a revision
+    without calibration (compare_revisions.py)."""
+    try:
+        from relpos_ablate.model.kernels.calibration import CALIBRATION
+    except ImportError:
+        return {}
+    return dict(CALIBRATION.choices)
+
+
+def denormals() -> str:
+    """Whether denormal floats are flushed to zero (relpos_ablate.model.denormals, from 2026-12-03 on)."""
+    try:
+        from relpos_ablate.model import denormals as setting
+    except ImportError:
+        return "kept (a revision without the setting)"
+    return "flushed" if setting.FLUSHED else "kept"
+
+
 def machine() -> dict:
     """What the timings belong to: the processor's model name, the instruction sets that pick the kernels
     (AVX2, AVX-512, AMX), the cores this process may use and the UTC date (Linux: /proc/cpuinfo)."""
@@ -235,7 +258,8 @@ def main() -> None:
         parser.error(f"--schemes: unknown {unknown}; allowed: {', '.join(SCHEMES)}")
     mem_lengths = set(lengths if args.memory == "all" else [] if args.memory == "none" else map(int, args.memory.split(",")))
     results = {"device": args.device, "dtype": args.dtype, "threads": torch.get_num_threads(), "batch": B,
-               "heads": H, "d_head": D_HEAD, "d_model": D_MODEL, "torch": torch.__version__, **machine(), "rows": []}
+               "heads": H, "d_head": D_HEAD, "d_model": D_MODEL, "torch": torch.__version__, **machine(),
+               "denormals": denormals(), "rows": []}
     baseline_mem = {n: peak_memory("sdpa_nope", n, args) for n in lengths if n in mem_lengths}
     for name in names:
         row = {"scheme": name}
@@ -252,8 +276,12 @@ def main() -> None:
                            for n in lengths)
         print(f"| {name} | {cells} |", flush=True)
     results["baseline_peak_mb"] = baseline_mem
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    results["kernel_choices"] = kernel_choices()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    tmp.replace(out)
     print("\n| scheme | " + " | ".join(f"L={n}: time (mem)" for n in lengths) + " |")
     print("|---|" + "---|" * len(lengths))
     for row in results["rows"]:

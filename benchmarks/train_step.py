@@ -11,6 +11,16 @@ synchronised at both ends; the runs alternate and the median of `--repeats` is r
 
 With --compile a third run, the LightningModule with `train.compile: true`, alternates with the other two;
 its warm-up steps hold the compilation (with memory the first steps have other shapes: warm up past them).
+
+    python benchmarks/train_step.py --spec experiments/demo.yaml              # per variant of a grid
+    python benchmarks/train_step.py --spec experiments/alibi_extrapolation_cpu.yaml --steps 20
+
+With --spec, every variant of the grid (its first seed's run) trains `--steps` timed steps on the plain loop
+with the run's own model, data and batch, alternating with the same model on NoPE (terms 'a', no position:
+the attention config's defaults), median of `--repeats`: seconds per step, steps per second and the ratio
+to NoPE, written to results/<spec name>/train_step.json with the processor, its flags, the cores, torch and
+the date. `relpos-ablate grid SPEC --dry-run` reads it to estimate the grid's wall time where no run of the
+spec has finished yet (training steps only: evaluation and start-up are not in it).
 """
 
 from __future__ import annotations
@@ -72,6 +82,56 @@ def time_plain(config: RunConfig, device: str, warmup: int, steps: int) -> float
     return clock.seconds
 
 
+def time_spec(spec_path: str, steps: int, warmup: int, repeats: int, device: str, out: str | None) -> None:
+    """Seconds per training step of every variant of a grid spec and of its NoPE twin (module docstring)."""
+    import json
+    import platform
+    import sys
+    from pathlib import Path
+
+    from relpos_ablate.config import AttentionConfig
+    from relpos_ablate.runner.grid import format_variant, load_grid
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from attention import machine  # noqa: E402  (the benchmark's record of the processor)
+
+    spec = load_grid(spec_path)
+    variants: dict[str, object] = {}
+    for run in spec.runs:  # the first seed's run of each variant
+        variants.setdefault(format_variant({k: v for k, v in run.variant.items() if k != "seed"}), run)
+    rows = []
+    for name, run in variants.items():
+        config = _timed_config(run.config, steps + warmup, device)
+        nope_model = dataclasses.replace(config.model, attention=AttentionConfig(terms="a", causal=config.model.attention.causal))
+        nope = dataclasses.replace(config, model=nope_model)
+        scheme_s, nope_s = [], []
+        for _ in range(repeats):
+            nope_s.append(time_plain(nope, device, warmup, steps) / steps)
+            scheme_s.append(time_plain(config, device, warmup, steps) / steps)
+        per_step, per_step_nope = statistics.median(scheme_s), statistics.median(nope_s)
+        rows.append({"variant": name, "max_steps": run.config.train.max_steps, "seconds_per_step": per_step,
+                     "steps_per_second": 1 / per_step, "nope_seconds_per_step": per_step_nope,
+                     "ratio_to_nope": per_step / per_step_nope})
+        print(f"| {name} | {1 / per_step:8.2f} steps/s | {per_step / per_step_nope:5.2f}x NoPE |", flush=True)
+    result = {"spec": spec.name, "device": device, "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "python": platform.python_version(), **machine(), "steps": steps, "warmup": warmup, "repeats": repeats,
+              "rows": rows}
+    path = Path(out or Path("results") / spec.name / "train_step.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(path)
+    print(f"wrote {path}")
+
+
+def _timed_config(config: RunConfig, steps: int, device: str) -> RunConfig:
+    """The run's config for a timing: `steps` steps on `device`, vocab resolved."""
+    accelerator = "gpu" if device == "cuda" else "cpu"
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=steps,
+                                                                   accelerator=accelerator))
+    return resolve_vocab(config, build_datamodule(config).vocab_size)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -81,8 +141,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--compile", action="store_true", help="also time Lightning with train.compile: true")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    parser.add_argument("--spec", default=None, help="a grid spec: time every variant against its NoPE twin")
+    parser.add_argument("--out", default=None, help="--spec: the JSON to write (default results/<spec>/train_step.json)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.spec:
+        return time_spec(args.spec, args.steps, args.warmup, args.repeats, args.device, args.out)
     accelerator = "gpu" if args.device == "cuda" else "cpu"
     config = load_run_config(None, [*DEFAULTS, f"train.accelerator={accelerator}",
                                     f"train.max_steps={args.warmup + args.steps}",

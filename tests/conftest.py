@@ -1,7 +1,9 @@
 """Shared test setup: small thread count (the CI machine has 2 cores), repo root on sys.path, and
 --process-groups (make test runs the tests marked process_group alone, after the rest)."""
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)
+# the kernels' fixed order, not a measured choice (kernels/calibration.py): a test's numbers never depend on the
+# machine's load; the calibration tests switch it on with their own cache. Subprocesses inherit both.
+os.environ["RELPOS_ABLATE_CALIBRATE"] = "0"
+os.environ["RELPOS_ABLATE_CACHE"] = tempfile.mkdtemp(prefix="relpos_ablate_cache_")
 
 
 def pytest_addoption(parser):

@@ -132,7 +132,7 @@ def test_the_schemes_import_nothing_of_the_kernels():
                if target.startswith("relpos_ablate.model.kernels")}
     assert not reached
     kernels = [module for module in graph if module.startswith("relpos_ablate.model.kernels.")]
-    assert len(kernels) == 8
+    assert len(kernels) == 10
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])

@@ -164,6 +164,27 @@ def test_dry_run_writes_nothing_and_shows_actions(tmp_path, fake, capsys):
     assert "1 resume, 1 skip" in capsys.readouterr().out
 
 
+def test_dry_run_estimates_the_wall_time(tmp_path, fake, capsys):
+    """From the spec's finished runs (seconds per step of the variant), else from train_step.json; the runs
+    packed on the slots; without either it says what to run."""
+    spec_path = write_spec(tmp_path, encodings=("xl",), seeds=(0, 1, 2))
+    results = tmp_path / "results"
+    spec = load_grid(spec_path)
+    assert main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "1"]) == 0
+    assert "no wall-time estimate" in capsys.readouterr().out
+    atomic_write_json(results / "g" / "train_step.json",
+                      {"rows": [{"variant": "encoding=xl", "seconds_per_step": 10.0}]})
+    assert main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "1"]) == 0
+    assert f"3 run(s) to go on 1 slot(s): 3:00 (from {results / 'g' / 'train_step.json'}" in \
+        capsys.readouterr().out.replace("\n", "")  # 3 runs x 6 steps x 10 s
+    done_dir = results / "g" / spec.runs[0].run_id
+    atomic_write_json(done_dir / "status.json", {"state": "done", "wall_time_s": 12.0, "step": MAX_STEPS})
+    atomic_write_json(done_dir / "eval.json", {"settings": []})
+    assert main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "2"]) == 0
+    out = capsys.readouterr().out.replace("\n", "")
+    assert "2 run(s) to go on 2 slot(s): 0:12 (from 1 finished run(s) of this spec)" in out  # 2 s/step, 6 steps
+
+
 def test_runs_locked_by_another_process_wait_for_it(tmp_path, fake):
     """X and Y are held by 'another runner'; Z has a lock file left by a dead process. The runner runs
     the free runs and Z, never X or Y while held; once released, done X is skipped and Y runs."""

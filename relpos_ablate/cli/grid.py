@@ -161,8 +161,9 @@ def _check_runs_fit(plans, processes: int, flag: str) -> None:
 def _dry_run(spec, args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from relpos_ablate.runner.display import make_console, short_variant
-    from relpos_ablate.runner.store import ACTIONS, plan_grid
+    from relpos_ablate.runner.display import format_elapsed, make_console, short_variant
+    from relpos_ablate.runner.estimate import estimate
+    from relpos_ablate.runner.store import ACTIONS, RUNNABLE, plan_grid
 
     plans = plan_grid(spec, args.results, args.retry_failed)
     table = Table(title=f"grid {spec.name}: dry run ({args.results / spec.name})")
@@ -174,6 +175,15 @@ def _dry_run(spec, args: argparse.Namespace) -> int:
     console.print(table)
     counts = {action: sum(p.action == action for p in plans) for action in ACTIONS}
     console.print(", ".join(f"{n} {action}" for action, n in counts.items() if n) + f" ({len(plans)} runs)")
+    n_slots = len(slots_for(args)) if any(p.action in RUNNABLE for p in plans) else 1
+    guess = estimate(plans, args.results, spec.name, n_slots)
+    if guess is None:
+        console.print(f"no wall-time estimate: no run of this spec has finished and {args.results / spec.name}/"
+                      f"train_step.json is missing (python benchmarks/train_step.py --spec {spec.path or spec.name})",
+                      highlight=False)
+    elif guess.runs:
+        console.print(f"estimated wall time of the {guess.runs} run(s) to go on {n_slots} slot(s): "
+                      f"{format_elapsed(guess.seconds)} (from {guess.source})", highlight=False)
     return 0
 
 

@@ -15,7 +15,7 @@ ABSOLUTE_TYPES = ("none", "sinusoid", "learned", "learned_per_layer", "rope")
 REL_SOURCES = ("sinusoid", "learned")
 SCORE_SCALES = ("sqrt_d", "none", "log_n", "ssmax")
 LENGTH_AWARE_SCALES = ("log_n", "ssmax")  # the scales that read log_n_length
-BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit")
+BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit", "low_rank")
 NORMALISERS = ("softmax", "stick_breaking")
 DAPE_VERSIONS = ("none", "v1", "v2")
 POSITIONS = ("sequential", "randomized")
@@ -138,8 +138,11 @@ class AttentionConfig:
     causal: bool = True
     """Causal (query i sees key j iff j <= i + mem_len) or bidirectional."""
     backend: str = "auto"
-    """Kernel: auto (FlexAttention on CUDA, else blocks) | blocks (query blocks, bias rebuilt in backward:
-    O(L·d) memory) | sdpa (SDPA per block with the additive map stored) | flex | explicit (materialised)."""
+    """Kernel: auto (FlexAttention on CUDA; on CPU the fastest of the kernels that can take the call, measured
+    at first use and cached per machine: kernels/calibration.py) | blocks (query blocks, bias rebuilt in
+    backward: O(L·d) memory) | sdpa (SDPA per block with the additive map stored) | flex | explicit
+    (materialised) | low_rank (ALiBi, learned ALiBi and FoX as one key channel on the flash kernel; calls it
+    cannot take, e.g. with a window, go to blocks)."""
     query_chunk: int = 256
     """Queries per block; causal blocks skip keys no query of theirs can see (0: one block)."""
     max_stored_scores_mb: int = 0
@@ -246,9 +249,22 @@ class AttentionConfig:
                               "of path and cope_positions")
         if self.dape != "none" and self.bias == "none":
             raise ConfigError("dape", "adjusts a bias-type encoding; set bias (the `dape` presets use kerple_log)")
+        if self.backend == "low_rank" and not self.low_rank_form:
+            raise ConfigError("backend", "'low_rank' takes causal attention whose only position term is a key offset "
+                              "(bias alibi or alibi_learned, and/or forget_gate) with terms='a', no CoPE, sinks, "
+                              "window or score scaling; use auto")
         if self.needs_scores and self.backend in ("blocks", "flex"):
             raise ConfigError("backend", f"{self.backend!r} never materialises the scores that stick-breaking, PaTH "
                               "and DAPE read; use auto, sdpa (per query block) or explicit")
+
+    @property
+    def low_rank_form(self) -> bool:
+        """Whether every position term is a key offset up to a per-query constant (kernels/low_rank.py)."""
+        offsets = self.bias in ("alibi", "alibi_learned") or (self.bias == "none" and self.forget_gate)
+        plain = (self.causal and self.terms == "a" and not self.cope_positions
+                 and not self.sinks and self.window is None and self.score_scale in ("sqrt_d", "none")
+                 and not self.learned_temperature and not self.needs_scores and not self.randomized)
+        return offsets and plain
 
     @property
     def needs_scores(self) -> bool:

@@ -1,5 +1,7 @@
 """The model layer: RelPosAttention (one module for every scheme) and TransformerLM around it."""
 
+from relpos_ablate.model import denormals  # noqa: F401  (first: before torch starts its intra-op threads)
+
 from relpos_ablate.model.attention import RelPosAttention
 from relpos_ablate.model.kernels.call import AttentionOptions, SharedParameters
 from relpos_ablate.model.lm import TransformerLM

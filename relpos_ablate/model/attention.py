@@ -207,6 +207,9 @@ class RelPosAttention(nn.Module):
             distance_scores = scheme.curve(distances) * self.bias_scale  # (H, n)
         elif scheme is not None:
             pair_bias = scheme
+        # a bias linear in the distance with nothing folded into its curve: the low-rank kernel's slope
+        linear = scheme.linear_slope() if curve and dtype is not None and term_d is None and \
+            not placed.get("drawn_distances") else None
         if dtype is not None and term_d is not None and pair_bias is None:  # the kernels: one curve per distance
             distance_scores, term_d = term_d if distance_scores is None else term_d + distance_scores, None
         if dtype is not None:  # the fast kernels: their dtype; term b's keys only where term b reads them
@@ -214,7 +217,7 @@ class RelPosAttention(nn.Module):
             distance_scores = None if distance_scores is None else distance_scores.to(dtype)
             term_d = None if term_d is None else term_d.to(dtype)
         return (dict(rel_keys=rel_keys, term_d=term_d, distance_scores=distance_scores),
-                dict(pair_bias=pair_bias,
+                dict(pair_bias=pair_bias, linear_bias=None if linear is None else linear * self.bias_scale,
                      pair_bias_curve_until=scheme.distance_only_until() if pair_bias is not None else float("inf")))
 
     def kernel_call(self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None

@@ -171,6 +171,7 @@ class AttentionCall:
     pair_bias: BiasScheme | None = None  # a bias that also depends on the query position (FIRE)
     pair_bias_curve_until: float = float("inf")  # below this query position pair_bias is a curve over i' - j
     bias_scale: float = 1.0  # s_B
+    linear_bias: Tensor | None = None  # [H] s_B·m_h where inputs.distance_scores is -s_B·m_h·(i' - j) (ALiBi, causal)
     decay: DecayScores | None = None  # FoX (fox.py): D_ij = Λ_i' - Λ_j from inputs.log_decay
     contextual: ContextualScores | None = None  # CoPE (cope.py): scores from the block's queries and keys
 

@@ -17,6 +17,8 @@ A new kernel is one function of (call, q_content, k, v, q_position) and one bran
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -25,6 +27,7 @@ from torch.nn.attention.bias import causal_lower_right
 from relpos_ablate.config.model import AttentionConfig
 from relpos_ablate.model.kernels.call import AttentionCall, sum_terms
 from relpos_ablate.model.kernels.geometry import StatisticsSink
+from relpos_ablate.model.kernels import calibration, low_rank
 from relpos_ablate.model.kernels.blockwise import BlockwiseBiasedAttention, masked_softmax
 
 # Score entries per head in one query block whose map is stored for backward (the block kernel sizes its
@@ -33,8 +36,10 @@ STORED_BLOCK_SCORES = 256 * 1024
 
 
 def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
-           config: AttentionConfig, dropout_p: float, statistics: StatisticsSink | None = None) -> Tensor:
-    """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring)."""
+           config: AttentionConfig, dropout_p: float, statistics: StatisticsSink | None = None,
+           path: str | None = None) -> Tensor:
+    """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring); path:
+    one of `candidates` (calibration times each so)."""
     # the call's tensors are in the kernels' dtype (call.dtype, autocast's under autocast); so are the queries,
     # keys and values from here. FoX's Λ stays float64 (AttentionCall.decay)
     dtype = call.dtype
@@ -46,25 +51,97 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
         from relpos_ablate.model.kernels.flex import flex_attend
 
         return flex_attend(call, q_content, k, v, q_position, compiled=q_content.is_cuda)
-    if not call.has_additive:
+    if not call.has_additive:  # a mask, no map: plain SDPA, or SDPA per block with its mask
         if call.key_padding_mask is None and call.visibility.window is None and not call.n_sinks:
             return _plain(call, q_content, k, v, dropout_p)
-    elif dropout_p == 0.0 and _rebuild_in_backward(call, q_content, config):
-        return _blockwise(call, *_widened(call, q_content, k, v, q_position)).to(dtype)
+        return _stored(call, q_content, k, v, q_position, dropout_p)
+    paths = [path] if path else candidates(call, q_content, config, dropout_p)
+    path = paths[0] if len(paths) == 1 or not calibration.enabled() else _calibrated(
+        call, q_content, k, v, q_position, config, dropout_p, paths)
+    if path == "low_rank":
+        offsets = low_rank.key_offsets(call)
+        return low_rank.attend_low_rank(call, q_content, k, v, offsets, low_rank.block_size(offsets, call.n_queries))
+    if path == "blocks":
+        return _blockwise(call, *_widened(call, q_content, k, v, q_position)).to(call.dtype)
     return _stored(call, q_content, k, v, q_position, dropout_p)
 
 
-def _rebuild_in_backward(call: AttentionCall, q_content: Tensor, config: AttentionConfig) -> bool:
-    """Always for backend 'blocks'; for 'auto' unless training would store score maps no larger than
-    max_stored_scores_mb."""
-    if config.backend != "auto":
-        return config.backend == "blocks"
+def candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float) -> list[str]:
+    """The kernels that may compute this call, the fixed order's choice first: 'low_rank' (every term a key
+    offset: ALiBi, FoX; low_rank.py), 'blocks' (the block kernel: no attention dropout) and 'sdpa' (SDPA per
+    query block with its map: stored for backward, so in training only while the maps fit
+    max_stored_scores_mb). A pinned backend is the only candidate where it can take the call; low_rank
+    otherwise leaves it to the block kernel (its results are the same, by rounding)."""
+    if config.backend == "sdpa" or (config.backend == "blocks" and dropout_p > 0.0):
+        return ["sdpa"]
+    rebuild = "blocks" if dropout_p == 0.0 else "sdpa"
+    if config.backend in ("blocks", "low_rank"):
+        low_rank = config.backend == "low_rank" and _low_rank_block(call, q_content, dropout_p) is not None
+        return ["low_rank"] if low_rank else [rebuild]
+    paths = ["low_rank"] if _low_rank_block(call, q_content, dropout_p) is not None else []
+    if dropout_p > 0.0:
+        return ["sdpa"]
+    if _stores_too_much(call, q_content, config):
+        return [*paths, "blocks"]
+    # storing the maps is allowed: in training it is the fixed order's choice (max_stored_scores_mb's promise)
+    return [*paths, "sdpa", "blocks"] if torch.is_grad_enabled() else [*paths, "blocks", "sdpa"]
+
+
+def _low_rank_block(call: AttentionCall, q_content: Tensor, dropout_p: float) -> int | None:
+    """The low-rank kernel's query block for this call, None where it cannot take it."""
+    if dropout_p > 0.0 or q_content.device.type != "cpu":
+        return None
+    offsets = low_rank.key_offsets(call)
+    return None if offsets is None else low_rank.block_size(offsets, call.n_queries)
+
+
+def _stores_too_much(call: AttentionCall, q_content: Tensor, config: AttentionConfig) -> bool:
+    """Whether training on SDPA per block would store score maps beyond max_stored_scores_mb (never without
+    autograd: nothing is stored)."""
     if not torch.is_grad_enabled():
-        return True  # nothing is stored without backward
+        return False
     lq = call.n_queries
     per_head = lq * call.n_mem + lq * (lq + 1) // 2 if call.causal else lq * call.n_keys
     stored = q_content.shape[0] * q_content.shape[1] * per_head * q_content.element_size()
     return stored > config.max_stored_scores_mb * 2**20
+
+
+def call_key(call: AttentionCall, q_content: Tensor, dropout_p: float) -> str:
+    """The calibration key: scheme class, shape bucket, device, dtype, train/eval (calibration.py)."""
+    inputs = call.inputs
+    terms = [name for name, t in zip(inputs._fields, inputs) if t is not None and name != "q_position"]
+    terms += [name for name, on in (("pair_bias", call.pair_bias is not None), ("cope", call.contextual is not None),
+                                    ("linear", call.linear_bias is not None), ("window", call.visibility.window),
+                                    ("padding", call.key_padding_mask is not None), ("sinks", call.n_sinks),
+                                    ("positions", not call.consecutive), ("causal", call.causal),
+                                    ("dropout", dropout_p > 0.0)) if on]
+    b, h, lq, dh = q_content.shape
+    return (f"{q_content.device.type}/{str(call.dtype).removeprefix('torch.')}/"
+            f"{'train' if torch.is_grad_enabled() else 'eval'}/{'+'.join(terms)}/"
+            f"B{b} H{h} d{dh} L{calibration.bucket(lq)} M{calibration.bucket(call.n_mem)}")
+
+
+@torch.compiler.disable
+def _calibrated(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
+                config: AttentionConfig, dropout_p: float, paths: list[str]) -> str:
+    """The measured choice among `paths` (calibration.CALIBRATION), timed on detached copies of this call's
+    tensors: autograd.grad of their own graph, so no parameter's .grad and no graph of the model is touched."""
+    grad = torch.is_grad_enabled()
+    copies = [None if t is None else t.detach().requires_grad_(grad and t.requires_grad and t.is_floating_point())
+              for t in (q_content, k, v, q_position)]
+    inputs = call.inputs._replace(**{name: None if t is None else t.detach().requires_grad_(
+        grad and t.requires_grad and t.is_floating_point()) for name, t in call.inputs._asdict().items()})
+    linear = None if call.linear_bias is None else call.linear_bias.detach().requires_grad_(
+        grad and call.linear_bias.requires_grad)
+    copy = dataclasses.replace(call, inputs=inputs, linear_bias=linear)
+    leaves = [t for t in (*copies, *inputs, linear) if t is not None and t.requires_grad]
+
+    def run(path: str) -> None:
+        out = attend(copy, *copies, config, dropout_p, path=path)
+        if leaves:
+            torch.autograd.grad(out.float().sum(), leaves, allow_unused=True)
+
+    return calibration.CALIBRATION.choose(call_key(call, q_content, dropout_p), paths, run)
 
 
 def _plain(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> Tensor:

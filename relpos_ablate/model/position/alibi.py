@@ -33,6 +33,9 @@ class ALiBiBias(BiasScheme):
     def slope(self):
         return self.slopes
 
+    def linear_slope(self):
+        return self.slope() if self.causal else None
+
     def curve(self, distances):
         return -self.slope()[:, None] * distances.abs().to(self.slopes.dtype)[None]
 

@@ -64,6 +64,11 @@ class BiasScheme(nn.Module):
         """B_head(q_pos, k_pos) for scalar tensors, in pointwise ops only (see `pointwise`)."""
         raise NotImplementedError
 
+    def linear_slope(self) -> Tensor | None:
+        """[H] m_h where B_h = -m_h·(i - j) on causal pairs (i >= j), else None: such a bias is m_h·j up to a
+        per-query constant, which the low-rank kernel (kernels/low_rank.py) adds as one key channel."""
+        return None
+
     def distance_only_until(self) -> float:
         """Largest query position up to which B depends on i - j alone (there `curve` gives it)."""
         return float("inf")

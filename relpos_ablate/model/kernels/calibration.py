@@ -1,0 +1,133 @@
+"""Which kernel is fastest for a call, measured on this machine at first use and remembered (cuDNN's benchmark
+mode and Triton's autotune are the models).
+
+The fastest path depends on the processor: on one Xeon, SDPA with a float mask costs 2.6x its causal call, on
+one EPYC 1.4x; the CPU flash kernel's speed relative to tensor products differs as much. So where more than
+one kernel can compute a call (dispatch.candidates: the low-rank form, the block kernel, SDPA per query block),
+`Calibration.choose` times each once on the call's own shapes (forward, and backward where autograd is on)
+and keeps the fastest for that key: the scheme class (which score terms, which options), a shape bucket
+(batch, heads, head width, the powers of two at or above the queries and memory keys), device, dtype and
+train/eval. The choices live in memory and in a JSON file under the user's cache directory
+($RELPOS_ABLATE_CACHE or $XDG_CACHE_HOME/relpos_ablate or ~/.cache/relpos_ablate), one section per processor
+and torch version, written atomically. A second call with the same key measures nothing.
+
+Every candidate computes the same attention (the parity tests hold them to the float64 reference), so the
+choice changes results by rounding only. Pin a kernel with `model.attention.backend` (no timing then), or
+set RELPOS_ABLATE_CALIBRATE=0 for the fixed order (`candidates`' first: what the test suite runs, so that
+its numbers never depend on the machine's load).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ENV_CACHE, ENV_SWITCH = "RELPOS_ABLATE_CACHE", "RELPOS_ABLATE_CALIBRATE"
+
+
+def processor() -> str:
+    """The processor's model name (Linux: /proc/cpuinfo), else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_dir() -> Path:
+    if os.environ.get(ENV_CACHE):
+        return Path(os.environ[ENV_CACHE])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "relpos_ablate"
+
+
+def enabled() -> bool:
+    value = os.environ.get(ENV_SWITCH, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV_SWITCH}: {value!r} is not allowed; use 1 (measure the kernels) or 0 (fixed order)")
+    return value == "1"
+
+
+def bucket(n: int) -> int:
+    """The power of two at or above n (0 stays 0)."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+def time_once(run: Callable[[], None], repeats: int = 2) -> float:
+    """Seconds of the fastest of `repeats` runs after one warm-up run."""
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+class Calibration:
+    """The measured choices of this process and machine (module docstring). `timer(path, run) -> seconds`
+    measures one candidate (tests force timings through it); `path` of the cache file (None: cache_dir())."""
+
+    def __init__(self, path: Path | None = None, timer: Callable[[str, Callable[[], None]], float] | None = None):
+        self._path = path
+        self.timer = timer or (lambda name, run: time_once(run))
+        self.choices: dict[str, str] = {}
+        self.measured = 0  # candidates timed by this object (tests read it)
+
+    @property
+    def path(self) -> Path:
+        return self._path or cache_dir() / "kernels.json"
+
+    @staticmethod
+    def section() -> str:
+        return f"{processor()} | torch {torch.__version__}"
+
+    def choose(self, key: str, candidates: list[str], run: Callable[[str], None]) -> str:
+        """The fastest of `candidates` for `key`: remembered, else read from the cache file, else measured by
+        `run(name)` (one forward, and backward where autograd is on) and written there."""
+        if len(candidates) == 1:
+            return candidates[0]
+        choice = self.choices.get(key) or self._stored().get(key, {}).get("choice")
+        if choice in candidates:
+            self.choices[key] = choice
+            return choice
+        times = {}
+        for name in candidates:
+            times[name] = self.timer(name, lambda name=name: run(name))
+            self.measured += 1
+        choice = min(times, key=times.get)
+        self.choices[key] = choice
+        self._store(key, {"choice": choice, "seconds": {name: round(t, 6) for name, t in times.items()}})
+        return choice
+
+    def _read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}  # no file yet, or one another version wrote: measured anew
+
+    def _stored(self) -> dict:
+        return self._read().get(self.section(), {})
+
+    def _store(self, key: str, entry: dict) -> None:
+        """Merges the entry into the file (re-read first: other processes may have written) and replaces it
+        atomically; a cache that cannot be written only costs a measurement next time."""
+        try:
+            data = self._read()
+            data.setdefault(self.section(), {})[key] = entry
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
+CALIBRATION = Calibration()
