@@ -168,8 +168,8 @@ def peak_memory_child(name: str, length: int, device, dtype) -> float:
     """Run in a fresh process: MB of peak memory above the inputs for one forward + backward."""
     torch.manual_seed(0)
     module = build(name, device, dtype)
-    step(module, torch.randn(B, 8, D_MODEL, device=device, dtype=dtype, requires_grad=True))
     x = torch.randn(B, length, D_MODEL, device=device, dtype=dtype, requires_grad=True)
+    step(module, x)  # warm-up at the measured shape: a kernel choice timed at first use is not in the peak
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -203,13 +203,14 @@ def fmt(value, suffix="x") -> str:
 
 
 def kernel_choices() -> dict:
-    """The kernels calibration chose in this run (kernels/calibration.py: key -> path); {} for a revision
-    without calibration (compare_revisions.py)."""
+    """The kernels calibration chose in this run (kernels/calibration.py: key -> {"choice", "seconds" of each
+    candidate as timed at first use on this machine, from the cache where it was timed before}); {} for a
+    revision without calibration (compare_revisions.py)."""
     try:
         from relpos_ablate.model.kernels.calibration import CALIBRATION
     except ImportError:
         return {}
-    return dict(CALIBRATION.choices)
+    return dict(CALIBRATION.entries)
 
 
 def denormals() -> str:

@@ -125,11 +125,14 @@ def time_spec(spec_path: str, steps: int, warmup: int, repeats: int, device: str
 
 
 def _timed_config(config: RunConfig, steps: int, device: str) -> RunConfig:
-    """The run's config for a timing: `steps` steps on `device`, vocab resolved."""
+    """The run's config for a timing: `steps` steps on `device`, what a run fills in filled in (the vocabulary,
+    log-n's training length)."""
+    from relpos_ablate.config.run import resolve_log_n_length
+
     accelerator = "gpu" if device == "cuda" else "cpu"
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=steps,
                                                                    accelerator=accelerator))
-    return resolve_vocab(config, build_datamodule(config).vocab_size)
+    return resolve_log_n_length(resolve_vocab(config, build_datamodule(config).vocab_size))
 
 
 def main() -> None:

@@ -79,6 +79,7 @@ class Calibration:
         self._path = path
         self.timer = timer or (lambda name, run: time_once(run))
         self.choices: dict[str, str] = {}
+        self.entries: dict[str, dict] = {}  # key -> {"choice", "seconds"} of the choices made here (benchmarks)
         self.measured = 0  # candidates timed by this object (tests read it)
 
     @property
@@ -94,9 +95,10 @@ class Calibration:
         `run(name)` (one forward, and backward where autograd is on) and written there."""
         if len(candidates) == 1:
             return candidates[0]
-        choice = self.choices.get(key) or self._stored().get(key, {}).get("choice")
+        stored = self._stored().get(key, {}) if key not in self.choices else self.entries.get(key, {})
+        choice = self.choices.get(key) or stored.get("choice")
         if choice in candidates:
-            self.choices[key] = choice
+            self.choices[key], self.entries[key] = choice, stored
             return choice
         times = {}
         for name in candidates:
@@ -104,7 +106,8 @@ class Calibration:
             self.measured += 1
         choice = min(times, key=times.get)
         self.choices[key] = choice
-        self._store(key, {"choice": choice, "seconds": {name: round(t, 6) for name, t in times.items()}})
+        self.entries[key] = {"choice": choice, "seconds": {name: round(t, 6) for name, t in times.items()}}
+        self._store(key, self.entries[key])
         return choice
 
     def _read(self) -> dict:

@@ -109,9 +109,15 @@ def _stores_too_much(call: AttentionCall, q_content: Tensor, config: AttentionCo
 def call_key(call: AttentionCall, q_content: Tensor, dropout_p: float) -> str:
     """The calibration key: scheme class, shape bucket, device, dtype, train/eval (calibration.py)."""
     inputs = call.inputs
-    terms = [name for name, t in zip(inputs._fields, inputs) if t is not None and name != "q_position"]
+    # a tensor autograd differentiates is its own class: the block kernel's backward is the fused one only where
+    # no map input needs a gradient (fixed ALiBi: yes; learned ALiBi: no)
+    terms = [name + ("'" if t.requires_grad else "") for name, t in zip(inputs._fields, inputs)
+             if t is not None and name != "q_position"]
     terms += [name for name, on in (("pair_bias", call.pair_bias is not None), ("cope", call.contextual is not None),
-                                    ("linear", call.linear_bias is not None), ("window", call.visibility.window),
+                                    ("linear", call.linear_bias is not None),
+                                    ("params", any(p.requires_grad for scheme in (call.pair_bias, call.contextual)
+                                                   if scheme is not None for p in scheme.parameters())),
+                                    ("window", call.visibility.window),
                                     ("padding", call.key_padding_mask is not None), ("sinks", call.n_sinks),
                                     ("positions", not call.consecutive), ("causal", call.causal),
                                     ("dropout", dropout_p > 0.0)) if on]

@@ -1,0 +1,52 @@
+"""The speed benchmarks record what their numbers belong to: benchmarks/attention.py's JSON names the processor,
+its flags, the cores, torch, the date, the denormal setting and the kernels calibration chose; train_step.py
+--spec times every variant of a grid against its NoPE twin and writes what `grid --dry-run` reads."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from fixtures.runner import write_spec
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_attention_benchmark_json_names_the_machine_and_the_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("RELPOS_ABLATE_CALIBRATE", "1")  # its own cache (conftest): the choice is measured here
+    bench = _load("attention")
+    out = tmp_path / "bench.json"
+    monkeypatch.setattr(sys, "argv", ["attention.py", "--lengths", "64", "--schemes", "alibi,t5", "--pairs", "1",
+                                      "--memory", "none", "--out", str(out)])
+    bench.main()
+    result = json.loads(out.read_text())
+    assert result["processor"] and result["cores"] >= 1 and result["torch"] and len(result["date"]) == 10
+    assert set(result["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
+    assert result["denormals"] == "flushed"
+    assert [row["scheme"] for row in result["rows"]] == ["alibi", "t5"]
+    assert all(row["64"]["ratio"] > 0 for row in result["rows"])
+    # ALiBi had two candidates in training (low-rank, block kernel): one measured choice; T5 one candidate
+    alibi = [entry for key, entry in result["kernel_choices"].items() if "linear" in key]
+    assert alibi and all(set(entry["seconds"]) == {"low_rank", "blocks"} for entry in alibi)
+    assert all(entry["choice"] == min(entry["seconds"], key=entry["seconds"].get) for entry in alibi)
+
+
+def test_train_step_times_every_variant_of_a_spec_against_nope(tmp_path, monkeypatch):
+    bench = _load("train_step")
+    spec = write_spec(tmp_path, encodings=("xl", "alibi"), seeds=(0, 1))
+    out = tmp_path / "train_step.json"
+    bench.time_spec(str(spec), steps=2, warmup=1, repeats=1, device="cpu", out=str(out))
+    result = json.loads(out.read_text())
+    assert result["spec"] == "g" and result["processor"] and result["steps"] == 2
+    assert [row["variant"] for row in result["rows"]] == ["encoding=xl", "encoding=alibi"]  # seeds aside
+    for row in result["rows"]:
+        assert row["seconds_per_step"] > 0 and row["nope_seconds_per_step"] > 0
+        assert abs(row["ratio_to_nope"] - row["seconds_per_step"] / row["nope_seconds_per_step"]) < 1e-12
+        assert abs(row["steps_per_second"] * row["seconds_per_step"] - 1) < 1e-12
