@@ -26,7 +26,7 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     """Deselect by --process-groups. A process group's ranks wait on each other at every step, so a rank
     that shares the cores with other tests stalls the rest: test_ddp_parameters' check takes ~9 s alone and
-    took 120 s beside other work on 2 cores. (Its runs past the 240 s deadline were a hang on exit, not this:
+    took 120 s beside other work on 2 cores. (Its runs past the 240 s deadline were a deadlock on exit, not this:
     see that test.)"""
     mode = config.getoption("--process-groups")
     if mode == "with":
