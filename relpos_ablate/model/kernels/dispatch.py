@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.model import AttentionConfig
-from relpos_ablate.model.kernels.call import AttentionCall, sum_terms
+from relpos_ablate.model.kernels.call import AttentionCall, ScoreInputs, sum_terms
 from relpos_ablate.model.kernels.geometry import StatisticsSink
 from relpos_ablate.model.kernels import calibration, low_rank
 from relpos_ablate.model.kernels.blockwise import BlockwiseBiasedAttention, masked_softmax
@@ -78,9 +78,9 @@ def candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig, 
     if config.backend in ("blocks", "low_rank"):
         low_rank = config.backend == "low_rank" and _low_rank_block(call, q_content, dropout_p) is not None
         return ["low_rank"] if low_rank else [rebuild]
-    paths = ["low_rank"] if _low_rank_block(call, q_content, dropout_p) is not None else []
     if dropout_p > 0.0:
         return ["sdpa"]
+    paths = ["low_rank"] if _low_rank_block(call, q_content, dropout_p) is not None else []
     if _stores_too_much(call, q_content, config):
         return [*paths, "blocks"]
     # storing the maps is allowed: in training it is the fixed order's choice (max_stored_scores_mb's promise)
@@ -133,12 +133,13 @@ def _calibrated(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_
     """The measured choice among `paths` (calibration.CALIBRATION), timed on detached copies of this call's
     tensors: autograd.grad of their own graph, so no parameter's .grad and no graph of the model is touched."""
     grad = torch.is_grad_enabled()
-    copies = [None if t is None else t.detach().requires_grad_(grad and t.requires_grad and t.is_floating_point())
-              for t in (q_content, k, v, q_position)]
-    inputs = call.inputs._replace(**{name: None if t is None else t.detach().requires_grad_(
-        grad and t.requires_grad and t.is_floating_point()) for name, t in call.inputs._asdict().items()})
-    linear = None if call.linear_bias is None else call.linear_bias.detach().requires_grad_(
-        grad and call.linear_bias.requires_grad)
+
+    def leaf(t: Tensor | None) -> Tensor | None:  # detached, differentiated as the original would be
+        return None if t is None else t.detach().requires_grad_(grad and t.requires_grad and t.is_floating_point())
+
+    copies = [leaf(t) for t in (q_content, k, v, q_position)]
+    inputs = ScoreInputs(*map(leaf, call.inputs))
+    linear = leaf(call.linear_bias)
     copy = dataclasses.replace(call, inputs=inputs, linear_bias=linear)
     leaves = [t for t in (*copies, *inputs, linear) if t is not None and t.requires_grad]
 
