@@ -295,14 +295,19 @@ def stick_breaking_reference(scores: Tensor, visible: Tensor, n_mem: int) -> Ten
     return out
 
 
-def reference_mask(n_queries: int, n_mem: int, causal: bool, window: int | None = None) -> Tensor:
+def reference_mask(n_queries: int, n_mem: int, causal: bool, window: int | None = None,
+                   chunk: int | None = None) -> Tensor:
     """Bool [L, M + L], True where query i (at key position i' = M + i) may see key j: causal
-    attention sees j <= i'; a window W keeps the W most recent of those, i' - W < j (itself included)."""
+    attention sees j <= i'; a window W keeps the W most recent of those, i' - W < j (itself included);
+    chunks of C (counted from the segment's first token, memory before them) keep the keys of the query's own
+    chunk, floor(i / C) = floor((j - M) / C) with j >= M."""
     visible = torch.ones(n_queries, n_mem + n_queries, dtype=torch.bool)
     for i in range(n_queries):
         for j in range(n_mem + n_queries):
             distance = n_mem + i - j
             if causal and (distance < 0 or (window is not None and distance >= window)):
+                visible[i, j] = False
+            if chunk is not None and (j < n_mem or i // chunk != (j - n_mem) // chunk):
                 visible[i, j] = False
     return visible
 
@@ -345,6 +350,10 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
         turn = dict(d_rot=d_rot, scaling=rope_scaling, xpos_base=cfg.xpos_scale_base, p=cfg.rope_p)
         q = torch.stack([rope_reference(q[:, i], pos[n_mem + i], cfg.rope_base, sign=1, **turn) for i in range(lq)], 1)
         k = torch.stack([rope_reference(k[:, j], pos[j], cfg.rope_base, sign=-1, **turn) for j in range(n_keys)], 1)
+    if cfg.temperature_tuning:  # Llama 4: q times 1 + a·log(floor((p + 1)/f) + 1) at the query's position p
+        tuned = [1 + cfg.temperature_scale * math.log(math.floor((pos[n_mem + i] + 1) / cfg.temperature_floor_scale)
+                                                      + 1) for i in range(lq)]
+        q = q * torch.tensor(tuned, dtype=torch.float64)[None, :, None, None]
     s = dh**-0.5 if cfg.score_scale in ("sqrt_d", "log_n", "ssmax") else 1.0
     s_bias = s if cfg.bias_scaled else 1.0
     scores = torch.zeros(b, h, lq, n_keys, dtype=torch.float64)
@@ -379,7 +388,7 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     if cfg.forget_gate:
         scores = scores + fox_decay(attn, cat, padding, n_mem)
     windows = [w for w in (window, cfg.window) if w is not None]
-    visible = reference_mask(lq, n_mem, cfg.causal, min(windows) if windows else None)
+    visible = reference_mask(lq, n_mem, cfg.causal, min(windows) if windows else None, cfg.chunk)
     visible = visible[None, None].expand(b, 1, lq, n_keys)
     if padding is not None:
         visible = visible & ~padding[:, None, None, :]

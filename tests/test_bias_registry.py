@@ -130,7 +130,7 @@ def test_a_registered_class_must_be_a_bias_scheme(fresh_registry):
 
 def test_a_bias_named_like_a_baseline_preset_is_refused_by_the_grid(fresh_registry):
     register_bias("rope")(type("RopeBias", (BiasScheme,), {}))
-    with pytest.raises(ConfigError, match="^encoding: bias type 'rope' has the name of a baseline preset"):
+    with pytest.raises(ConfigError, match="^encoding: bias type 'rope' has the name of a baseline or schedule preset"):
         presets()
 
 

@@ -7,7 +7,7 @@ import torch
 
 from relpos_ablate.config import ConfigError, DataConfig, load_run_config
 from relpos_ablate.config.data import EXAMPLE_TASKS
-from relpos_ablate.train.data import build_datamodule
+from relpos_ablate.train.data import build_datamodule, solvers
 from relpos_ablate.train.data.examples import (
     BOS, FIRST, PAD, SEP, TrimmedSegments, as_streams, by_length, generate, vocab_size,
 )
@@ -60,7 +60,7 @@ def solve(task, data, tokens):
     if task == "passkey":
         key = prompt.index(FIRST + 10)
         return prompt[key + 1: key + 1 + data.passkey_digits]
-    raise AssertionError(task)
+    return solvers.solve(data, tokens[: tokens.index(SEP) + 1])  # the long-context tasks: tests/test_ruler_tasks.py
 
 
 def assert_solved(task, data, found, full):
@@ -93,7 +93,11 @@ def test_lengths_masks_and_padding_are_what_the_config_says(task):
     torch.testing.assert_close(found.inputs[:, 1:][read], found.targets[:, :-1][read])  # targets: the next tokens
     answer_tokens = {"copy": lambda n: n, "reverse": lambda n: n, "sort": lambda n: n, "addition": lambda n: n + 1,
                      "parity": lambda n: 1, "mqar": lambda n: min(data.mqar_queries, n),
-                     "passkey": lambda n: data.passkey_digits}
+                     "passkey": lambda n: data.passkey_digits, "niah_multikey": lambda n: data.passkey_digits,
+                     "niah_multivalue": lambda n: data.niah_values * data.passkey_digits,
+                     "niah_multiquery": lambda n: data.niah_queries * data.passkey_digits,
+                     "variable_tracking": lambda n: data.variable_hops + 1,
+                     "contextual_counting": lambda n: data.counting_regions * data.counting_digits}
     for row, n in enumerate(found.lengths.tolist()):
         tokens = unpadded(full, row)
         assert len(tokens) == data.sequence_length(n) and tokens[0] == BOS

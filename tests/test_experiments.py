@@ -26,13 +26,14 @@ from relpos_ablate.runner.grid import is_grid_spec, load_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
-SHIPPED_SPECS = ("alibi_extrapolation_cpu", "alibi_table2", "bias_types", "demo", "fair_baselines",
-                 "length_generalization", "smoke", "xl_table6", "xl_table6_cpu", "xl_terms")
+SHIPPED_SPECS = ("alibi_extrapolation_cpu", "alibi_table2", "bias_types", "demo", "fair_baselines", "hybrid_schedules",
+                 "hybrid_schedules_retrieval", "length_generalization", "ruler_tiny", "smoke", "xl_table6",
+                 "xl_table6_cpu", "xl_terms")
 """The grid specs this project ships, by name: a spec of the user's own in experiments/ is not held to
 these tests (add a new shipped spec here)."""
 SHIPPED_RUN_CONFIGS = ("tiny_run",)
 REQUIRED = {"demo", "xl_terms", "bias_types", "xl_table6", "xl_table6_cpu", "alibi_table2", "length_generalization",
-            "alibi_extrapolation_cpu", "fair_baselines"}
+            "alibi_extrapolation_cpu", "fair_baselines", "ruler_tiny", "hybrid_schedules", "hybrid_schedules_retrieval"}
 DEMO_BUDGET_STEPS = 14_000
 """Upper bound on training steps summed over the demo's runs (27 x 500 today: the grid ~4 min on 2 cores)."""
 

@@ -56,7 +56,7 @@ def bias_panels(model, source: str) -> list[tuple[str, object]]:
     if source == "xpos":
         return [("xPos decay per rotary pair, all layers", layers[0])]
     what = {"bias": "bias", "d": "term d", "decay": "FoX decay on a sample"}[source]
-    return [(f"{what}, layer {k}", attn) for k, attn in enumerate(layers)]
+    return [(f"{what}, {name}", attn) for name, attn in zip(model.layer_names(), layers)]
 
 
 def decay_curves(model, details: dict, n_mem: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -198,8 +198,9 @@ def draw_map(ax, values: np.ndarray, n_mem: int, cmap: str, norm=None, labels: b
     return image
 
 
-def attention_figure(details: dict, n_mem: int, title: str = "") -> Figure:
-    """Attention probabilities for sample 0: a layer x head grid, memory columns left of the red line."""
+def attention_figure(details: dict, n_mem: int, title: str = "", names: list[str] | None = None) -> Figure:
+    """Attention probabilities for sample 0: a layer x head grid, memory columns left of the red line; names: each
+    layer's title (TransformerLM.layer_names; default `layer k`)."""
     probs = details["probs"]  # per layer [B, H, L, M + L]
     n_layers, n_heads = len(probs), min(probs[0].shape[1], MAX_HEATMAP_HEADS)
     fig = Figure(figsize=(2.3 * n_heads + 1, 2.1 * n_layers + 0.6), layout="constrained")
@@ -211,7 +212,7 @@ def attention_figure(details: dict, n_mem: int, title: str = "") -> Figure:
             visible = details["terms"][layer].get("visible") if details.get("terms") else None
             image = draw_map(ax, masked(p[0, h], visible), n_mem, "viridis", labels=False)
             image.set_clim(0.0, vmax)
-            ax.set_title(f"layer {layer}, head {h}", fontsize=8)
+            ax.set_title(f"{names[layer] if names else f'layer {layer}'}, head {h}", fontsize=8)
             ax.tick_params(labelsize=6)
             if h == 0:
                 ax.set_ylabel("query i")

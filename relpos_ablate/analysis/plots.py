@@ -152,9 +152,9 @@ def run_figure(kind: str, config, model, title: str, layer: int, head: int, samp
         return figures.bias_figure(model, longest, train, title, sample_decays(config, model, sampler))
     details, n_mem = inspect_run(config, model, sampler)
     if kind == "attention":
-        return figures.attention_figure(details, n_mem, title)
+        return figures.attention_figure(details, n_mem, title, model.layer_names())
     layer = figures.resolve_index(layer, len(details["terms"]), "layer")
-    return figures.terms_figure(details, layer, head, n_mem, f"{title} — layer {layer}, head {head}")
+    return figures.terms_figure(details, layer, head, n_mem, f"{title} — {model.layer_names()[layer]}, head {head}")
 
 
 def overview_figure(kind: str, drawn: list[tuple[pd.Series, object, object]], keys: list[str], layer: int, head: int,

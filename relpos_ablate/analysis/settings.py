@@ -5,6 +5,7 @@ sentence on how each protocol counts the attention length and how many tokens we
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -13,6 +14,7 @@ import pandas as pd
 import yaml
 
 from relpos_ablate.analysis.recl import fixed_context
+from relpos_ablate.config.schedule import pattern_label
 
 ATTN_LEN = {
     "non_overlapping": "segment_len + mem_len, the most keys a query sees (at a segment's end)",
@@ -43,7 +45,19 @@ def label(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value)
+    words = word_list(value)
+    return pattern_label(words) if words else str(value)
+
+
+def word_list(value: Any) -> list[str] | None:
+    """A list of words stored as a JSON column (collect.flatten), e.g. model.layer_pattern; else None."""
+    if not (isinstance(value, str) and value.startswith("[")):
+        return None
+    try:
+        words = json.loads(value)
+    except ValueError:
+        return None
+    return words if isinstance(words, list) and words and all(isinstance(w, str) for w in words) else None
 
 
 def short_name(name: str) -> str:
@@ -106,3 +120,10 @@ def evaluation_note(data: pd.DataFrame, keys: list[str]) -> str:
     if tokens:
         note += f" Tokens scored per setting: {tokens[0]:,}" + (f" to {tokens[-1]:,}." if len(tokens) > 1 else ".")
     return note
+
+
+def layer_names(run: Any, n_layers: int, prefix: str = "layer ") -> list[str]:
+    """`layer k` for each layer, with its kind where the run has a layer pattern (`layer 3 global`): run is a row of
+    collect's frame (model.layer_pattern a JSON column)."""
+    pattern = word_list(run.get("model.layer_pattern")) if hasattr(run, "get") else None
+    return [f"{prefix}{k}" + (f" {pattern[k % len(pattern)]}" if pattern else "") for k in range(n_layers)]

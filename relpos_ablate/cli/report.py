@@ -85,7 +85,8 @@ def register(subparsers) -> None:
                               description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
                                           "(extrapolation and position-loss: one figure of every run; lengthgen: exact "
                                           "match against task length, one panel per task; diagnostics: one per task; "
-                                          "passkey: one panel per variant).")
+                                          "passkey: the depth tasks (passkey, niah_*, variable_tracking), a row of panels per task, one panel "
+                                          "per variant).")
     p.add_argument("target", type=Path, help="a run dir or a results dir; for the kinds drawn from the collected "
                                              f"frame alone ({', '.join(SUMMARY_FIGURES)}) also a summary.csv that "
                                              "collect wrote")

@@ -153,9 +153,22 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
         doc, allowed = docs.get(f.name, ""), choices(f.name)
         rows.append((path, default, f"{doc} Allowed: {' | '.join(allowed)}." if allowed else doc))
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
-        if dataclasses.is_dataclass(item):
+        if named_items(tp):  # a mapping in YAML: its keys are the items' names
+            rows.extend(row for row in describe(item, f"{path}.<name>.") if not row[0].endswith(".<name>.name"))
+        elif dataclasses.is_dataclass(item):
             rows.extend(describe(item, f"{path}[i]."))
     return rows
+
+
+def named_items(tp: Any) -> type | None:
+    """The item class of a `tuple[Item, ...]` annotation whose items have a `name` field (model.layer_kinds), else
+    None. YAML may write such a field as a mapping {name: fields} (key paths then reach into it by name:
+    `model.layer_kinds.local.window`) or as a list of items with their names."""
+    if typing.get_origin(tp) is not tuple:
+        return None
+    item = typing.get_args(tp)[0]
+    named = dataclasses.is_dataclass(item) and "name" in {f.name for f in dataclasses.fields(item)}
+    return item if named else None
 
 
 def to_plain(value: Any) -> Any:
@@ -193,9 +206,14 @@ def _convert(tp: Any, value: Any, field: str) -> Any:
         raise errors[0] if len(errors) == 1 else ConfigError(field, f"expected {_type_name(tp)}, got {value!r}")
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
+        paths = None
+        if named_items(tp) and isinstance(value, dict):
+            paths = [f"{field}.{name}" for name in value]
+            value = [_named(name, fields, path) for (name, fields), path in zip(value.items(), paths)]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(field, f"expected a list, got {value!r}")
-        items, errors = _convert_each({i: (item_tp, v, f"{field}[{i}]") for i, v in enumerate(value)})
+        paths = paths or [f"{field}[{i}]" for i in range(len(value))]
+        items, errors = _convert_each({i: (item_tp, v, paths[i]) for i, v in enumerate(value)})
         raise_all(errors)
         return tuple(items.values())
     if dataclasses.is_dataclass(tp):
@@ -219,6 +237,17 @@ def _convert(tp: Any, value: Any, field: str) -> Any:
             raise ConfigError(field, f"expected a string, got {value!r}")
         return value
     raise TypeError(f"unsupported config annotation {tp!r} for {field}")
+
+
+def _named(name: Any, fields: Any, where: str) -> dict:
+    """One item of a mapping {name: fields}, as the list form writes it: {name, **fields}."""
+    if fields is None:
+        fields = {}
+    if not isinstance(fields, dict):
+        raise ConfigError(where, f"expected a mapping of fields, got {fields!r}")
+    if "name" in fields and fields["name"] != name:
+        raise ConfigError(f"{where}.name", f"{fields['name']!r} differs from its key {name!r}; leave name out")
+    return {"name": name, **fields}
 
 
 def _convert_each(fields: dict[Any, tuple[Any, Any, str]]) -> tuple[dict, list[ConfigError]]:

@@ -8,8 +8,15 @@ from relpos_ablate.config.base import ConfigError, check_choice, check_range
 
 SOURCES = ("synthetic", "text")
 STREAM_TASKS = ("offset_copy", "recall", "repeat")
-#: Tasks made of independent examples `<bos> prompt <sep> answer` (train/data/examples.py).
-EXAMPLE_TASKS = ("copy", "reverse", "sort", "addition", "parity", "mqar", "flip_flop", "passkey")
+#: Tasks made of independent examples `<bos> prompt <sep> answer` (train/data/examples.py). A new task goes last: a
+#: task's index seeds its examples.
+EXAMPLE_TASKS = ("copy", "reverse", "sort", "addition", "parity", "mqar", "flip_flop", "passkey", "niah_multikey",
+                 "niah_multivalue", "niah_multiquery", "variable_tracking", "contextual_counting")
+#: Example tasks with needles in n filler tokens, one of them at a depth (round(depth·n) filler tokens before it),
+#: and the needle it is. Their test bins are evaluated depth by depth (passkey_depths), drawn by
+#: `plot --kind passkey` as depth x length maps.
+DEPTH_TASKS = {"passkey": "the key", "niah_multikey": "the asked needle", "niah_multivalue": "the first value",
+               "niah_multiquery": "the first asked needle", "variable_tracking": "the chain's first assignment"}
 TASKS = STREAM_TASKS + EXAMPLE_TASKS
 TOKENIZERS = ("char", "byte", "word")
 #: Named corpora: one shipped inside the package (offline), the others downloaded by `datasets` (hub ids and the
@@ -32,16 +39,25 @@ class DataConfig:
     bits, answer their parity) | mqar (n key-value pairs, then mqar_queries keys to answer) | flip_flop (a
     write, then n instructions write/ignore/read with a bit, the last a read; a read repeats the last
     written bit) | passkey (n filler tokens with a passkey_digits-digit key hidden at a depth, asked for at
-    the end)."""
+    the end). Long-context tasks in the style of RULER (Hsieh et al. 2024), n filler tokens with needles
+    `<key> name value` (values of passkey_digits digits) at random places: niah_multikey (niah_keys needles,
+    one key asked: its value) | niah_multivalue (one key with niah_values values among niah_keys - 1 other
+    keys' needles: all its values, in order) | niah_multiquery (niah_keys needles, niah_queries keys asked:
+    their values in the asked order) | variable_tracking (chains X1 = v, X2 = X1, ... of variable_hops hops,
+    variable_chains of them, each its own value; a value asked: every name holding it, in chain order) |
+    contextual_counting (Golkar et al. 2024: n bits with counting_regions regions marked by [ ]: the count of
+    ones in each region)."""
     num_symbols: int = 16
-    """synthetic: size of the random symbol alphabet (recall: number of values per key)."""
+    """synthetic: size of the random symbol alphabet (recall: number of values per key; passkey, niah_*,
+    variable_tracking: the filler's)."""
     offset: int = 8
     """offset_copy: how many tokens back the target is (must be below train.segment_len)."""
     period: int = 96
     """repeat: block length = distance between a token and its repetition (above train.segment_len,
     the task needs memory)."""
     num_keys: int = 8
-    """recall: number of distinct keys."""
+    """recall, mqar: number of distinct keys; niah_*: key names; variable_tracking: variable names (distinct
+    names are drawn from them)."""
     rebind_every: int = 256
     """recall: every stream draws a new key -> value map every this many tokens."""
     train_tokens: int = 65536
@@ -72,7 +88,8 @@ class DataConfig:
     train_examples: int = 65536
     """example tasks: distinct training examples, generated once from the seed; batches cycle through them."""
     eval_examples: int = 256
-    """example tasks: examples per test bin (per bin and depth for passkey)."""
+    """example tasks: examples per test bin (per bin and depth for the depth tasks: passkey, niah_*,
+    variable_tracking)."""
     addition_reversed: bool = False
     """addition: write the sum least significant digit first (each digit then follows from the digits
     already written and a carry)."""
@@ -82,9 +99,31 @@ class DataConfig:
     """flip_flop: probability of an ignore instruction (Liu et al. 2023's FFL(0.8)); writes and reads
     share the rest. An opening write comes before the n instructions; the last of them reads."""
     passkey_digits: int = 5
-    """passkey: digits of the key (the answer)."""
+    """passkey: digits of the key (the answer); niah_*, variable_tracking: digits of each value (1 to 18)."""
     passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-    """passkey: depths evaluated (key position / n: 0 = first, 1 = last); training draws depths uniformly."""
+    """depth tasks (passkey, niah_*, variable_tracking): depths evaluated (filler tokens before the depth's
+    needle / n: 0 = first, 1 = last; which needle: data.DEPTH_TASKS); training draws depths uniformly."""
+    niah_keys: int = 4
+    """niah_multikey, niah_multiquery: needles, each under its own key (RULER's num_needle_k); niah_multivalue:
+    keys hidden, the asked one with niah_values values, each other one with one value (distractors)."""
+    niah_values: int = 4
+    """niah_multivalue: distinct values hidden under the asked key, the answer in order of appearance (RULER's
+    num_needle_v)."""
+    niah_queries: int = 4
+    """niah_multiquery: keys asked at once (at most niah_keys), answered by their values in the asked order
+    (RULER's num_needle_q)."""
+    variable_hops: int = 4
+    """variable_tracking: copies X2 = X1, X3 = X2, ... after a chain's X1 = v, so hops + 1 names hold v (RULER's
+    num_hops)."""
+    variable_chains: int = 1
+    """variable_tracking: chains in the filler, each bound to its own value; the first is asked, the others are
+    distractors (RULER's num_chains)."""
+    counting_regions: int = 4
+    """contextual_counting: regions marked by [ ] among the n bits, non-overlapping, maybe empty (Golkar et al.
+    2024 use 4); the answer is their counts of ones, in order."""
+    counting_digits: int = 2
+    """contextual_counting: digits of each count (most significant first, zero-padded); a region can hold all n
+    bits, so 10**counting_digits must exceed the longest n."""
 
     def __post_init__(self):
         check_choice("source", self.source, SOURCES)
@@ -118,26 +157,56 @@ class DataConfig:
         for k, bin_ in enumerate(self.test_lengths):
             if len(bin_) != 2 or not 1 <= bin_[0] <= bin_[1]:
                 raise ConfigError(f"test_lengths[{k}]", f"{list(bin_)}: give [lo, hi] with 1 <= lo <= hi")
-        for name in ("train_examples", "eval_examples", "mqar_queries", "passkey_digits"):
+        for name in ("train_examples", "eval_examples", "mqar_queries", "niah_keys", "niah_values", "niah_queries",
+                     "variable_chains", "counting_regions"):
             check_range(name, getattr(self, name), low=1)
+        check_range("variable_hops", self.variable_hops, low=0)
+        for name in ("passkey_digits", "counting_digits"):  # 18 digits: every value fits an int64
+            check_range(name, getattr(self, name), 1, 18)
         check_range("flip_flop_ignore", self.flip_flop_ignore, 0.0, 0.99)
         for k, depth in enumerate(self.passkey_depths):
             check_range(f"passkey_depths[{k}]", depth, 0.0, 1.0)
-        if self.task == "passkey" and not self.passkey_depths:
+        if self.task in DEPTH_TASKS and not self.passkey_depths:
             raise ConfigError("passkey_depths", "give at least one depth in [0, 1] to evaluate")
         longest = max(self.train_lengths[1], *(hi for _, hi in self.test_lengths))
         if self.task == "mqar" and self.num_keys < longest:
             raise ConfigError("num_keys", f"mqar draws n distinct keys, up to n = {longest} (train_lengths, "
                               f"test_lengths); use num_keys >= {longest}")
+        self._check_needles(longest)
+
+    def _check_needles(self, longest: int) -> None:
+        """The long-context tasks: enough distinct names and values for their needles, counts that fit."""
+        names = {"niah_multikey": self.niah_keys, "niah_multivalue": self.niah_keys, "niah_multiquery": self.niah_keys,
+                 "variable_tracking": self.variable_chains * (self.variable_hops + 1)}.get(self.task, 0)
+        if self.num_keys < names:
+            raise ConfigError("num_keys", f"{self.task} hides {names} distinct names (niah_keys, or variable_chains x "
+                              f"(variable_hops + 1)); use num_keys >= {names}")
+        if self.task == "niah_multiquery":
+            check_range("niah_queries", self.niah_queries, 1, self.niah_keys)  # asks keys that are hidden
+        distinct = {"niah_multivalue": "niah_values", "variable_tracking": "variable_chains"}.get(self.task)
+        if distinct and getattr(self, distinct) > 10 ** self.passkey_digits:
+            raise ConfigError(distinct, f"{getattr(self, distinct)} distinct values of passkey_digits = "
+                              f"{self.passkey_digits} digits do not exist; use at most {10 ** self.passkey_digits}")
+        if self.task == "contextual_counting" and 10 ** self.counting_digits <= longest:
+            raise ConfigError("counting_digits", f"{self.counting_digits} digits cannot write a count of n = {longest} "
+                              f"ones (train_lengths, test_lengths); use counting_digits >= {len(str(longest))}")
 
     @property
     def example_task(self) -> bool:
         """Independent examples (train/data/examples.py) rather than contiguous streams."""
         return self.source == "synthetic" and self.task in EXAMPLE_TASKS
 
+    @property
+    def depth_task(self) -> bool:
+        """An example task with a needle at a depth (DEPTH_TASKS): evaluated depth by depth."""
+        return self.example_task and self.task in DEPTH_TASKS
+
     def sequence_length(self, n: int) -> int:
         """Tokens of one example of task length n, <bos> included (train/data/examples.py lays them out)."""
         queries, digits = min(self.mqar_queries, n), self.passkey_digits
+        needle, keys, values, asked = digits + 2, self.niah_keys, self.niah_values, self.niah_queries  # <key> k v
+        hops, regions = self.variable_hops, self.counting_regions
+        chain = digits + 2 + 3 * hops  # <key> X1 v, then <key> X_i+1 X_i per hop
         return {
             "copy": 2 * n + 2, "reverse": 2 * n + 2, "sort": 2 * n + 2,  # <bos> x <sep> y
             "addition": 3 * n + 4,  # <bos> a + b <sep> (a + b), n + 1 digits
@@ -145,6 +214,12 @@ class DataConfig:
             "mqar": 2 * n + 2 + 2 * queries,  # <bos> (k v)*n <sep> (q a)*queries
             "flip_flop": 2 * n + 3,  # <bos> (instruction bit)*(n + 1): the opening write, then n
             "passkey": n + 2 * digits + 3,  # <bos> filler with <key> digits inside <sep> digits
+            # <bos> filler with the needles inside, the question (<key> and names or a value) <sep> answer
+            "niah_multikey": n + keys * needle + digits + 4,  # <key> k <sep> v
+            "niah_multivalue": n + (values + keys - 1) * needle + values * digits + 4,  # <key> k <sep> v1 .. vV
+            "niah_multiquery": n + keys * needle + asked * (digits + 1) + 3,  # <key> k1 .. kQ <sep> v1 .. vQ
+            "variable_tracking": n + self.variable_chains * chain + digits + hops + 4,  # <key> v <sep> X1 .. X_hops+1
+            "contextual_counting": n + regions * (self.counting_digits + 2) + 2,  # <bos> bits, [ ] <sep> counts
         }[self.task]
 
     def input_length(self, n: int) -> int:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from relpos_ablate.config.base import ConfigError, check_choice, check_range
 from relpos_ablate.config.registry import BUILTIN_BIASES, bias_types, check_bias
+from relpos_ablate.config.scheme_checks import QUERY_DEPENDENT_BIASES, check_materialised_schemes, check_newer_schemes
+from relpos_ablate.config.schedule import INPUT_POSITIONS, LayerKind, check_pattern, layer_overrides
 
 #: The built-in values of `bias`, from the registry (config/registry.py); `bias_types()` adds the
 #: schemes registered at run time with register_bias.
@@ -16,14 +19,10 @@ REL_SOURCES = ("sinusoid", "learned")
 SCORE_SCALES = ("sqrt_d", "none", "log_n", "ssmax")
 LENGTH_AWARE_SCALES = ("log_n", "ssmax")  # the scales that read log_n_length
 BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit", "low_rank")
-NORMALISERS = ("softmax", "stick_breaking")
-DAPE_VERSIONS = ("none", "v1", "v2")
 POSITIONS = ("sequential", "randomized")
 RANDOMIZED_DRAWS = ("per_layer", "shared_positions")
 NORMS = ("pre", "post")
 EMBED_SCALES = ("auto", "sqrt_d_model", "none")
-#: Built-in bias types that read the query position besides the distance (FIRE's normaliser).
-QUERY_DEPENDENT_BIASES = ("fire",)
 #: Absolute baselines whose published code multiplies the token embedding by sqrt(d_model) ('auto').
 SCALED_EMBEDDING_BY_DEFAULT = ("sinusoid", "learned_per_layer")
 
@@ -99,6 +98,18 @@ class AttentionConfig:
     window: int | None = None
     """Causal only: a sliding window, in training and at evaluation: query i' sees key j iff
     0 <= i' - j < window (itself and window - 1 earlier keys, memory keys included). null: no window."""
+    chunk: int | None = None
+    """Causal only: chunked attention (Llama 4's attention_chunk_size): the segment is cut into chunks of this many
+    tokens from its first token, and a query sees only the keys of its own chunk up to itself (memory keys lie in
+    earlier chunks: none). With a window, both hold. null: no chunks."""
+    temperature_tuning: bool = False
+    """Llama 4's attention temperature tuning (Hugging Face modeling_llama4.py, on its NoPE layers): the query at
+    position p is multiplied by 1 + temperature_scale·log(floor((p + 1)/temperature_floor_scale) + 1) after RoPE
+    (terms a and b read it); p as the encodings read it (M + i with memory). docs/formulas.md#temperature-tuning."""
+    temperature_floor_scale: float = 8192.0
+    """temperature_tuning: Llama 4's floor_scale (8192)."""
+    temperature_scale: float = 0.1
+    """temperature_tuning: Llama 4's attn_scale (0.1)."""
     sinks: int = 0
     """Learned sink slots per layer: this many key/value pairs per head that every query sees besides its
     keys, whatever the window; they carry no position (docs/formulas.md#sinks); memory does not count them."""
@@ -188,74 +199,8 @@ class AttentionConfig:
         check_choice("backend", self.backend, BACKENDS)
         check_range("query_chunk", self.query_chunk, low=0)
         check_range("max_stored_scores_mb", self.max_stored_scores_mb, low=0)
-        self._check_newer_schemes()
-        self._check_materialised_schemes()
-
-    def _check_newer_schemes(self) -> None:
-        """RoPE variants, FoX, CoPE, windows, sinks and length-aware scaling (docs/formulas.md)."""
-        check_range("rope_fraction", self.rope_fraction, low=1e-9, high=1.0)
-        check_range("rope_p", self.rope_p, low=1e-9, high=1.0)
-        if self.xpos_scale_base is not None:
-            check_range("xpos_scale_base", self.xpos_scale_base, low=1e-9)
-        check_range("cope_positions", self.cope_positions, low=0)
-        if self.window is not None:
-            check_range("window", self.window, low=1)
-        check_range("sinks", self.sinks, low=0)
-        if self.log_n_length:
-            check_range("log_n_length", self.log_n_length, low=2)
-        for name, on in (("rope_fraction", self.rope_fraction != 1.0), ("rope_p", self.rope_p != 1.0),
-                         ("xpos_scale_base", self.xpos_scale_base)):
-            if on and self.absolute != "rope":
-                raise ConfigError(name, f"is a RoPE variant; set absolute='rope' (got {self.absolute!r})")
-        causal_only = (("xpos_scale_base", self.xpos_scale_base is not None), ("forget_gate", self.forget_gate),
-                       ("cope_positions", self.cope_positions), ("window", self.window is not None))
-        for name, on in causal_only:
-            if on and not self.causal:
-                raise ConfigError(name, "is defined for causal attention only (keys up to the query); "
-                                  "set causal=true")
-        if self.xpos_scale_base is not None and self.rope_p != 1.0:
-            raise ConfigError("rope_p", "p-RoPE leaves its lowest-frequency pairs unrotated, and xPos's decay is "
-                              "defined per rotating pair; use one of rope_p and xpos_scale_base")
-        if self.xpos_scale_base is not None and (self.sinks or self.cope_positions):
-            raise ConfigError("xpos_scale_base", "xPos scales a query and a key by ζ^(±position/B), which means "
-                              "something only in their product; sinks and CoPE's q·e[p] have no key position to "
-                              "pair with")
-        if self.cope_positions and "a" not in self.terms:
-            raise ConfigError("cope_positions", "CoPE's gates read the content score; include term a "
-                              f"(terms={self.terms!r})")
-        if self.cope_positions and self.backend == "flex":
-            raise ConfigError("backend", "'flex' cannot run CoPE (its positions sum gates over a query's whole row of "
-                              "keys before the softmax); use auto, blocks, sdpa or explicit")
-
-    def _check_materialised_schemes(self) -> None:
-        """Stick-breaking, PaTH and DAPE (docs/formulas.md)."""
-        check_choice("normaliser", self.normaliser, NORMALISERS)
-        check_choice("dape", self.dape, DAPE_VERSIONS)
-        check_range("dape_width", self.dape_width, low=1)
-        check_range("dape_kernel", self.dape_kernel, low=1)
-        if self.dape_kernel % 2 == 0:
-            raise ConfigError("dape_kernel", f"{self.dape_kernel}: must be odd (a centred convolution along the keys)")
-        for name, on in (("normaliser", self.normaliser != "softmax"), ("path", self.path)):
-            if on and not self.causal:
-                raise ConfigError(name, "is defined for causal attention only (keys up to the query); set causal=true")
-        if self.normaliser == "stick_breaking" and self.sinks:
-            raise ConfigError("sinks", "stick-breaking breaks the stick over the stream's keys by distance; sink "
-                              "slots have no place in that order (set sinks=0)")
-        if self.path and (self.terms != "a" or self.absolute == "rope"):
-            raise ConfigError("path", "PaTH replaces term a's product and carries the positions itself; use "
-                              f"terms='a' and no RoPE (got terms={self.terms!r}, absolute={self.absolute!r})")
-        if self.path and self.cope_positions:
-            raise ConfigError("path", "CoPE's gates read the plain content score q·k, which PaTH replaces; use one "
-                              "of path and cope_positions")
-        if self.dape != "none" and self.bias == "none":
-            raise ConfigError("dape", "adjusts a bias-type encoding; set bias (the `dape` presets use kerple_log)")
-        if self.backend == "low_rank" and not self.low_rank_form:
-            raise ConfigError("backend", "'low_rank' takes causal attention whose only position term is a key offset "
-                              "(bias alibi or alibi_learned, and/or forget_gate) with terms='a', no CoPE, sinks, "
-                              "window or score scaling; use auto")
-        if self.needs_scores and self.backend in ("blocks", "flex"):
-            raise ConfigError("backend", f"{self.backend!r} never materialises the scores that stick-breaking, PaTH "
-                              "and DAPE read; use auto, sdpa (per query block) or explicit")
+        check_newer_schemes(self)
+        check_materialised_schemes(self)
 
     @property
     def low_rank_form(self) -> bool:
@@ -334,7 +279,15 @@ class ModelConfig:
     mem_len: int = 0
     """Tokens of memory per layer carried from segment to segment (0: no recurrence)."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    """Attention settings (see AttentionConfig)."""
+    """Attention settings (see AttentionConfig); every layer's, unless layer_pattern gives a layer its own."""
+    layer_kinds: tuple[LayerKind, ...] = ()
+    """Named kinds of layer for layer_pattern, written as a mapping {name: fields}: e.g. {local: {encoding: rope,
+    window: 64}, global: {encoding: nope}}. A kind is the model's attention with its encoding preset and its own
+    fields on top (docs/formulas.md#layer-schedules)."""
+    layer_pattern: tuple[str, ...] = ()
+    """Per-layer attention: layer l uses word l mod len(pattern), a layer kind or an encoding preset (e.g. [rope,
+    rope, rope, nope]: NoPE every 4th layer). A grid axis like any field: model.layer_pattern: [[rope], [rope, nope]].
+    []: every layer uses attention."""
 
     def __post_init__(self):
         check_range("vocab_size", self.vocab_size, low=0)
@@ -349,8 +302,41 @@ class ModelConfig:
             raise ConfigError("mem_len", "randomized positions are drawn per segment, and memory would keep another "
                               "draw's positions; use mem_len 0 (or positions: sequential)")
         check_widths(self.attention, self.d_model, self.d_head)
+        self._check_layers()
         if self.attention.absolute == "sinusoid" and self.d_model % 2:
             raise ConfigError("d_model", f"sinusoid positions need an even d_model (got {self.d_model})")
+
+    def _check_layers(self) -> None:
+        """Every layer's attention is valid; positions added at the input are the model's alone."""
+        kinds = check_pattern(self.layer_pattern, self.layer_kinds)
+        for word in dict.fromkeys(self.layer_pattern):
+            where = f"layer_kinds.{word}" if word in kinds else f"layer_pattern[{self.layer_pattern.index(word)}]"
+            try:
+                attention = dataclasses.replace(self.attention, **layer_overrides(word, kinds))
+            except ConfigError as err:
+                raise err.under(where) from None
+            if attention.absolute != self.attention.absolute and INPUT_POSITIONS & {attention.absolute, self.attention.absolute}:
+                raise ConfigError(where, f"absolute {attention.absolute!r}: positions added at the model's input are "
+                                  "the model's (model.attention.absolute), not a layer's; use rope, "
+                                  "learned_per_layer or none in a layer")
+            check_widths(attention, self.d_model, self.d_head)
+
+    def layer_attention(self, index: int) -> AttentionConfig:
+        """The attention settings of layer `index` (the model's without a layer_pattern)."""
+        if not self.layer_pattern:
+            return self.attention
+        word = self.layer_pattern[index % len(self.layer_pattern)]
+        kinds = {kind.name: kind for kind in self.layer_kinds}
+        return dataclasses.replace(self.attention, **layer_overrides(word, kinds))
+
+    def layer_word(self, index: int) -> str | None:
+        """The pattern word (kind or preset) of layer `index`; None without a layer_pattern."""
+        return self.layer_pattern[index % len(self.layer_pattern)] if self.layer_pattern else None
+
+    @property
+    def layer_attentions(self) -> tuple[AttentionConfig, ...]:
+        """Every layer's attention settings, in order."""
+        return tuple(self.layer_attention(i) for i in range(self.n_layers))
 
     @property
     def embedding_multiplier(self) -> float:

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from relpos_ablate.config.base import (
     ConfigError, apply_overrides, check_choice, check_range, from_dict, read_yaml, reject, to_plain,
 )
-from relpos_ablate.config.data import DataConfig, check_example_run
+from relpos_ablate.config.data import EXAMPLE_TASKS, DataConfig, check_example_run
 from relpos_ablate.config.evaluation import PROTOCOLS, EvalConfig, EvalSetting
 from relpos_ablate.config.model import LENGTH_AWARE_SCALES, ModelConfig, check_randomized_range, rope_scaling_conflict
 from relpos_ablate.config.registry import import_modules
@@ -187,8 +187,8 @@ class RunConfig:
         data = self.data
         check_example_run(data, self.model, self.train.segment_len, self.eval.settings)
         if self.train.stop_at_exact_match is not None and not data.example_task:
-            raise ConfigError("train.stop_at_exact_match", f"needs an example task (data.task one of copy, reverse, "
-                              f"sort, addition, parity, mqar, flip_flop, passkey): {data.task!r} has no exact match")
+            raise ConfigError("train.stop_at_exact_match", f"needs an example task (data.task one of "
+                              f"{', '.join(EXAMPLE_TASKS)}): {data.task!r} has no exact match")
         streams = data.source == "synthetic" and not data.example_task
         if streams and data.task == "offset_copy" and data.offset >= self.train.segment_len:
             raise ConfigError(
@@ -283,8 +283,11 @@ def unsupported(config: RunConfig, setting: EvalSetting) -> tuple[str, str] | No
     if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
         return "segment_len", (f"learned absolute positions cover {a.max_position} tokens "
                                f"(model.attention.max_position); segment_len {setting.segment_len} does not fit")
-    if setting.rope_scaling is not None and rope_scaling_conflict(a):
-        return "rope_scaling", f"rope_scaling {setting.rope_scaling!r} {rope_scaling_conflict(a)}"
+    if setting.rope_scaling is not None:  # it extends the RoPE layers; a layer with xPos has no published form
+        conflicts = [rope_scaling_conflict(layer) for layer in config.model.layer_attentions]
+        xpos = [c for c, layer in zip(conflicts, config.model.layer_attentions) if c and layer.absolute == "rope"]
+        if xpos or all(conflicts):
+            return "rope_scaling", f"rope_scaling {setting.rope_scaling!r} {(xpos or conflicts)[0]}"
     return None
 
 
@@ -321,7 +324,8 @@ def what_to_run(config: RunConfig) -> dict:
 def resolve_log_n_length(config: RunConfig) -> RunConfig:
     """score_scale log_n or ssmax with log_n_length 0: fill in the training attention length (when the run starts)."""
     attention = config.model.attention
-    if attention.score_scale not in LENGTH_AWARE_SCALES or attention.log_n_length:
+    scaled = any(layer.score_scale in LENGTH_AWARE_SCALES for layer in config.model.layer_attentions)
+    if not scaled or attention.log_n_length:  # a layer kind takes log_n_length from the model's attention
         return config
     attention = dataclasses.replace(attention, log_n_length=max(2, config.train_attn_len))
     return dataclasses.replace(config, model=dataclasses.replace(config.model, attention=attention))

@@ -36,6 +36,7 @@ from relpos_ablate.config.model import (LENGTH_AWARE_SCALES, AttentionConfig, ch
                                         rotary_width, rotating_pairs)
 from relpos_ablate.model.kernels.call import (AttentionCall, AttentionOptions, QueryBlock, ScoreInputs,
                                               SharedParameters, Visibility, place, sum_terms)
+from relpos_ablate.model.chunks import Chunks
 from relpos_ablate.model.cope import ContextualPositions
 from relpos_ablate.model.dape import DataAdaptive
 from relpos_ablate.model.kernels.dispatch import STORED_BLOCK_SCORES, attend
@@ -46,7 +47,7 @@ from relpos_ablate.model.position import RopeScaling, build_bias, rotate_queries
 from relpos_ablate.model.position.tables import table_row, table_rows
 from relpos_ablate.model.sinks import Sinks
 from relpos_ablate.model.stick_breaking import stick_breaking
-from relpos_ablate.model.temperature import Temperature
+from relpos_ablate.model.temperature import Temperature, tuned_temperature
 
 
 TERM_ORDER = ("a", "b", "c", "d", "bias", "decay", "cope")  # the score terms as the module docstring sums them
@@ -232,9 +233,10 @@ class RelPosAttention(nn.Module):
         return (call, *self.folded_queries(q, call))
 
     # ------------------------------------------------------------------ the equation
-    def _project(self, x: Tensor, keys_input: Tensor, placed: dict, rope_scaling: RopeScaling | None
-                 ) -> tuple[Tensor, Tensor, Tensor]:
-        """q [B, H, L, dh] from x; k, v [B, H, K, dh] from keys_input = [mems; x]; RoPE rotates q and k. A
+    def _project(self, x: Tensor, keys_input: Tensor, placed: dict, rope_scaling: RopeScaling | None,
+                 tuned_positions: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """q [B, H, L, dh] from x; k, v [B, H, K, dh] from keys_input = [mems; x]; RoPE rotates q and k, then
+        Llama 4's temperature tuning scales q (at tuned_positions [B, L], else the queries' positions). A
         query or key that no enabled term reads is not projected: zeros stand in (they add 0 to every score)."""
         b, lq, _ = x.shape
         kv = self.kv_net(keys_input).view(b, keys_input.shape[1], -1, self.n_heads, self.d_head)  # (B, K, 2 or 1, H, dh)
@@ -251,7 +253,17 @@ class RelPosAttention(nn.Module):
             d_rot = rotary_width(cfg, self.d_head)
             q, k = rotate_queries_keys(q, k, placed["query_positions"], placed["key_positions"], d_rot, cfg.rope_base,
                                        rope_scaling, cfg.xpos_scale_base, rotating_pairs(cfg, d_rot))
+        if self.config.temperature_tuning:
+            at = placed["query_positions"][None] if tuned_positions is None else tuned_positions  # (B or 1, L)
+            q = q * tuned_temperature(at, self.config).to(q.dtype)[:, None, :, None]  # (B, H, L, dh) × (B, 1, L, 1)
         return q, k, v
+
+    @staticmethod
+    def _tuned_positions(x: Tensor, n_mem: int) -> Tensor:
+        """[B, L]: the positions temperature tuning reads for a chunked layer's queries, those of the whole call
+        (M .. M + L - 1), split with the queries (chunks.py)."""
+        at = torch.arange(n_mem, n_mem + x.shape[1], device=x.device)
+        return at.expand(x.shape[0], -1)
 
     def scores(self, q: Tensor, k: Tensor, call: AttentionCall, block: QueryBlock | None = None,
                product: Tensor | None = None) -> dict[str, Tensor]:
@@ -305,17 +317,24 @@ class RelPosAttention(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None, *,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, tuned_positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """x [B, L, d_model], mems [B, M, d_model] -> (out [B, L, d_model], probs [B, H, L, M + L] or None).
 
         mems is what this same layer received as input x for the previous M tokens (TransformerLM
         keeps it); no gradient flows into it. options: this call's clamp_len, window, key padding.
+        A chunked layer runs its chunks as the rows of one call (chunks.py), with tuned_positions [B·n, C] the
+        positions temperature tuning reads (None: where the encodings place the queries).
         """
         options = options or AttentionOptions()
         mems = None if mems is None or mems.shape[1] == 0 else mems.detach()
+        if self.config.chunk is not None and tuned_positions is None:  # memory is not seen
+            chunks = Chunks(self.config.chunk, x.shape[1], 0 if mems is None else mems.shape[1])
+            out, probs = self(chunks.split(x), None, chunks.options(options), need_weights=need_weights,
+                              tuned_positions=chunks.split(self._tuned_positions(x, chunks.n_mem)))
+            return chunks.merge(out), None if probs is None else chunks.scatter(probs)
         keys_input = x if mems is None else torch.cat([mems.to(x.dtype), x], dim=1)  # (B, M + L, D)
         visibility, placed = self._placement(x, keys_input, options)
-        q, k, v = self._project(x, keys_input, placed, options.rope_scaling)
+        q, k, v = self._project(x, keys_input, placed, options.rope_scaling, tuned_positions)
         dropout_p = self.dropout if self.training else 0.0
         cfg = self.config
         whole = need_weights or self.value_table is not None or cfg.backend == "explicit"
@@ -369,9 +388,21 @@ class RelPosAttention(nn.Module):
         """Each enabled term of 'a', 'b', 'c', 'd', 'bias', 'decay', 'cope' as its own [B, H, L, M + L] map,
         scaled as it enters the scores, plus 'visible' (bool [L, M + L], or [B, 1, L, M + L] with key padding)."""
         options = options or AttentionOptions()
+        if self.config.chunk is not None:  # per chunk, as forward computes them; nothing outside the chunks
+            chunks = Chunks(self.config.chunk, x.shape[1], 0 if mems is None or mems.shape[1] == 0 else mems.shape[1])
+            maps = self._score_terms(chunks.split(x), None, chunks.options(options),
+                                     chunks.split(self._tuned_positions(x, chunks.n_mem)))
+            visible = maps.pop("visible")
+            visible = chunks.scatter(visible.expand(x.shape[0] * chunks.count, 1, *visible.shape[-2:]), fill=False)
+            return {**{name: chunks.scatter(t) for name, t in maps.items()},  # (B·n, 1, C, C) -> (B, 1, L, M + L)
+                    "visible": visible if options.key_padding_mask is not None else visible[0, 0]}
+        return self._score_terms(x, mems, options)
+
+    def _score_terms(self, x: Tensor, mems: Tensor | None, options: AttentionOptions,
+                     tuned_positions: Tensor | None = None) -> dict[str, Tensor]:
         keys_input = x if mems is None or mems.shape[1] == 0 else torch.cat([mems.to(x.dtype), x], dim=1)
         visibility, placed = self._placement(x, keys_input, options)
-        q, k, _ = self._project(x, keys_input, placed, options.rope_scaling)
+        q, k, _ = self._project(x, keys_input, placed, options.rope_scaling, tuned_positions)
         call = self._call(x, options, visibility, placed)
         shape = (q.shape[0], self.n_heads, call.n_queries, call.n_keys)
         product = None if self.path is None else self.path.logits(q, k, keys_input, options.key_padding_mask)

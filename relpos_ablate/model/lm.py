@@ -20,11 +20,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_ablate.config.base import ConfigError
-from relpos_ablate.config.model import ModelConfig
+from relpos_ablate.config.model import AttentionConfig, ModelConfig
+from relpos_ablate.config.schedule import bias_key
 from relpos_ablate.model.attention import RelPosAttention, init_vector
 from relpos_ablate.model.kernels.call import AttentionOptions, SharedParameters
 from relpos_ablate.model.diagnostics import AttentionStatistics
-from relpos_ablate.model.position import RopeScaling, bias_schemes, build_bias, sinusoid
+from relpos_ablate.model.position import BiasScheme, RopeScaling, bias_schemes, build_bias, sinusoid
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -81,19 +82,17 @@ def randomized_distances(n_keys: int, max_position: int, device=None, generator=
 class Layer(nn.Module):
     """One transformer layer: attention over [memory; input] then feed-forward, each with a residual."""
 
-    def __init__(self, cfg: ModelConfig, shared: SharedParameters):
+    def __init__(self, cfg: ModelConfig, shared: SharedParameters, attention: AttentionConfig | None = None):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.attn = RelPosAttention(
-            cfg.d_model, cfg.n_heads, cfg.d_head, cfg.attention, dropout=cfg.attn_dropout, shared=shared
-        )
+        a = attention or cfg.attention  # this layer's (ModelConfig.layer_attention)
+        self.attn = RelPosAttention(cfg.d_model, cfg.n_heads, cfg.d_head, a, dropout=cfg.attn_dropout, shared=shared)
         self.norm_attn = nn.LayerNorm(cfg.d_model)
         self.norm_ff = nn.LayerNorm(cfg.d_model)
         self.ff = nn.Sequential(
             nn.Linear(cfg.d_model, cfg.d_inner), nn.ReLU(), nn.Dropout(cfg.dropout), nn.Linear(cfg.d_inner, cfg.d_model)
         )
         self.drop = nn.Dropout(cfg.dropout)
-        a = cfg.attention
         self.positions = LearnedPositions(a.max_position, cfg.d_model) if a.absolute == "learned_per_layer" else None
 
     def layer_input(self, h: Tensor, positions: Tensor | None = None) -> Tensor:
@@ -127,20 +126,45 @@ class TransformerLM(nn.Module):
             raise ConfigError("vocab_size", "must be >= 1 (run configs take it from the data)")
         self.config = config
         a = config.attention
+        self.layer_configs = config.layer_attentions  # every layer's attention (layer_pattern, else the model's)
         # registered here once (one state_dict entry each); every layer's attention refers to them
-        self.content_bias_u = init_vector(config.n_heads, config.d_head) if a.share_uv and "c" in a.terms else None
-        self.position_bias_v = init_vector(config.n_heads, config.d_head) if a.share_uv and "d" in a.terms else None
-        self.shared_bias_scheme = build_bias(a, config.n_heads, config.d_head) if a.share_bias else None
-        shared = SharedParameters(self.content_bias_u, self.position_bias_v, self.shared_bias_scheme)
+        uv = [layer for layer in self.layer_configs if layer.share_uv]
+        self.content_bias_u = init_vector(config.n_heads, config.d_head) if any("c" in x.terms for x in uv) else None
+        self.position_bias_v = init_vector(config.n_heads, config.d_head) if any("d" in x.terms for x in uv) else None
+        schemes = self._shared_bias_schemes()
+        self.shared_bias_scheme = schemes[0] if schemes else None
+        self.other_bias_schemes = nn.ModuleList(schemes[1:]) if len(schemes) > 1 else None  # layer kinds' own biases
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.input_positions = LearnedPositions(a.max_position, config.d_model) if a.absolute == "learned" else None
         self.drop = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(Layer(config, shared) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(
+            Layer(config, SharedParameters(self.content_bias_u, self.position_bias_v, self._bias_of(layer)), layer)
+            for layer in self.layer_configs)
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights()
         if config.tie_weights:
             self.head.weight = self.embed.weight
+
+    def _shared_bias_schemes(self) -> list[BiasScheme]:
+        """share_bias: one bias module per distinct bias setting among the layers (layers whose attention differs
+        in a layer kind's own fields only, e.g. their window, share one); the model's attention's first."""
+        self._bias_keys: list = []
+        schemes = []
+        for layer in self.layer_configs:
+            key = bias_key(layer, self.config.attention)
+            if layer.share_bias and layer.bias != "none" and key not in self._bias_keys:
+                self._bias_keys.append(key)
+                schemes.append(build_bias(layer, self.config.n_heads, self.config.d_head))
+        return schemes
+
+    def _bias_of(self, layer: AttentionConfig) -> BiasScheme | None:
+        """The shared bias module of a layer with this attention (None: it builds its own, or has none)."""
+        key = bias_key(layer, self.config.attention)
+        if not layer.share_bias or key not in self._bias_keys:
+            return None
+        index = self._bias_keys.index(key)
+        return self.shared_bias_scheme if index == 0 else self.other_bias_schemes[index - 1]
 
     def _init_weights(self) -> None:
         """Linear and Embedding weights N(0, 0.02), Linear biases 0 (GPT-2; Transformer-XL's init_std),
@@ -158,6 +182,11 @@ class TransformerLM(nn.Module):
 
     def attention_layers(self) -> list[RelPosAttention]:
         return [layer.attn for layer in self.layers]
+
+    def layer_names(self) -> list[str]:
+        """`layer k` per layer, with its pattern word where the config has a layer_pattern (`layer 3 global`)."""
+        words = [self.config.layer_word(k) for k in range(len(self.layers))]
+        return [f"layer {k}" + (f" {word}" if word else "") for k, word in enumerate(words)]
 
     def _embed(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
         h = self.embed(tokens) * self.config.embedding_multiplier  # (B, L, D); see ModelConfig.embed_scale
@@ -181,10 +210,15 @@ class TransformerLM(nn.Module):
         # Transformer-XL's same_length: each query sees its mem_len most recent keys, itself included
         options = AttentionOptions(clamp_len=clamp_len, window=mem_len if same_length else None, positions=positions,
                                    rope_scaling=rope_scaling)
+        per_layer = [options] * len(self.layers)
+        if rope_scaling is not None and any(a.absolute == "rope" for a in self.layer_configs):
+            # a context extension rescales the RoPE layers' frequencies; the others of a layer pattern have none
+            per_layer = [options if a.absolute == "rope" else dataclasses.replace(options, rope_scaling=None)
+                         for a in self.layer_configs]
         if positions is not None:
-            return mem_len, positions[-tokens.shape[1]:], [options] * len(self.layers)
+            return mem_len, positions[-tokens.shape[1]:], per_layer
         at_input, draws = self._draws(tokens.shape[1], 0 if not mems else mems[0].shape[1], tokens.device)
-        return mem_len, at_input, [dataclasses.replace(options, **draw) for draw in draws]
+        return mem_len, at_input, [dataclasses.replace(o, **draw) for o, draw in zip(per_layer, draws)]
 
     def _draws(self, n_tokens: int, n_mem: int, device) -> tuple[Tensor | None, list[dict[str, Tensor | None]]]:
         """Randomized positions when the config asks for them in this mode (training, or evaluation:
@@ -202,13 +236,13 @@ class TransformerLM(nn.Module):
         if a.randomized_draw == "shared_positions":
             shared = randomized_positions(n_tokens, a.max_position, device)
             return shared, [{"positions": shared}] * len(self.layers)
-        absolute = a.absolute in ("sinusoid", "learned", "learned_per_layer")
+        absolute = any(x.absolute in ("sinusoid", "learned", "learned_per_layer") for x in self.layer_configs)
         at_input = randomized_positions(n_tokens, a.max_position, device) if absolute else None
-        relative = a.bias != "none" or a.uses_r or a.shaw_values  # what reads per-distance tensors
         return at_input, [
-            {"positions": randomized_positions(n_tokens, a.max_position, device) if a.absolute == "rope" else None,
-             "distances": randomized_distances(n_tokens, a.max_position, device) if relative else None}
-            for _ in self.layers]
+            {"positions": randomized_positions(n_tokens, a.max_position, device) if x.absolute == "rope" else None,
+             "distances": randomized_distances(n_tokens, a.max_position, device)
+             if x.bias != "none" or x.uses_r or x.shaw_values else None}  # what reads per-distance tensors
+            for x in self.layer_configs]
 
     def _run(self, tokens: Tensor, mems: list[Tensor] | None, mem_len: int, token_positions: Tensor | None,
              layer_options: list[AttentionOptions], *, record_maps: bool = False,

@@ -11,6 +11,9 @@
 - `learned_temperature`: τ_h = exp(t_h) per head, t_h initialised at 0.
 Both multiply every term and the bias (a softmax temperature: an ALiBi slope is scaled too).
 docs/formulas.md#length-aware-scaling.
+- `temperature_tuning` (Llama 4, Hugging Face modeling_llama4.py): the query alone, after RoPE, times
+  1 + a·log(floor((p + 1)/f) + 1) at its position p (a = temperature_scale 0.1, f = temperature_floor_scale 8192),
+  so terms a and b only; 1 below position f - 1. docs/formulas.md#temperature-tuning.
 """
 
 from __future__ import annotations
@@ -55,3 +58,10 @@ class Temperature(nn.Module):
         if self.log_tau is not None:
             scale = scale * self.log_tau.exp().to(dtype)[None, :, None, None]  # (B or 1, H, L, 1)
         return scale
+
+
+def tuned_temperature(positions: Tensor, config: AttentionConfig) -> Tensor:
+    """Llama 4's query multiplier at `positions` (any shape), in float32 or wider."""
+    p = positions.to(torch.promote_types(positions.dtype, torch.float32)) if positions.is_floating_point() else \
+        positions.double()
+    return torch.log(torch.floor((p + 1.0) / config.temperature_floor_scale) + 1.0) * config.temperature_scale + 1.0

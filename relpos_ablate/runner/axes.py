@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from relpos_ablate.config import ConfigError, RunConfig
-from relpos_ablate.runner.presets import preset_fields
+from relpos_ablate.config.base import named_items
+from relpos_ablate.config.presets import encoding_fields
 
 ENCODING = "encoding"
 SEED = "seed"
@@ -44,7 +45,11 @@ def check_key_path(path: str) -> None:
         return
     cls: Any = RunConfig
     parts = path.split(".")
+    named = None  # the item class of a field written as a mapping by name (model.layer_kinds.<name>.window)
     for depth, part in enumerate(parts):
+        if named is not None:  # `part` is an item's name: any name
+            cls, named = named, None
+            continue
         if not dataclasses.is_dataclass(cls):
             raise ConfigError(path, f"'{'.'.join(parts[:depth])}' is a value, not a section")
         names = [f.name for f in dataclasses.fields(cls)]
@@ -54,6 +59,7 @@ def check_key_path(path: str) -> None:
             hint = f"did you mean '{close[0]}'? " if close else ""
             raise ConfigError(path, f"unknown key path; {hint}allowed here: {', '.join(options)}")
         cls = typing.get_type_hints(cls)[part]
+        named = named_items(cls)
 
 
 def _axis_values(where: str, values: Any, errors: list[ConfigError], distinct: bool = True) -> list | None:
@@ -87,7 +93,7 @@ def _checked_axis(prefix: str, key: Any, values: Any, errors: list[ConfigError],
     if key == ENCODING:
         preset_errors: list[ConfigError] = []
         for value in values:
-            collect_error(preset_errors, preset_fields, value, where)
+            collect_error(preset_errors, encoding_fields, value, where)
         errors.extend(preset_errors)
         return None if preset_errors else values
     return values

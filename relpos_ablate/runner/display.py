@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from relpos_ablate import rundir
+from relpos_ablate.config.schedule import shown_value
 from relpos_ablate.runner.store import DONE_WITHOUT_EVAL, lock_holder
 
 STATE_STYLES = {
@@ -65,7 +66,7 @@ def short_variant(variant: Any) -> str:
         return "?"
     leaves = [str(key).rsplit(".", 1)[-1] for key in variant]
     names = [leaf if leaves.count(leaf) == 1 else str(key) for leaf, key in zip(leaves, variant)]
-    return " ".join(f"{name}={value}" for name, value in zip(names, variant.values())) or "(base)"
+    return " ".join(f"{name}={shown_value(value)}" for name, value in zip(names, variant.values())) or "(base)"
 
 
 def format_metric(last_metric: Any, limit: int = 2) -> str:

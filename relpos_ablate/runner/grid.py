@@ -32,12 +32,13 @@ from typing import Any
 
 from relpos_ablate.config import ConfigError, RunConfig, from_dict, read_yaml, run_id
 from relpos_ablate.config.base import ConfigErrors, check_range, set_path
+from relpos_ablate.config.presets import encoding_fields
 from relpos_ablate.config.registry import import_modules
+from relpos_ablate.config.schedule import shown_value
 from relpos_ablate.runner.axes import (
     ENCODING, Axis, check_axis_keys_unique, checked_excludes, collect_error, combinations, declared_axes, grid_axes,
     seed_axes, zip_axes,
 )
-from relpos_ablate.runner.presets import preset_fields
 
 SPEC_KEYS = ("name", "description", "base", "grid", "zip", "exclude", "seeds", "launcher", "table", "plots")
 RUN_CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
@@ -177,8 +178,8 @@ def resolve_variant(base: dict, variant: dict[str, Any]) -> RunConfig:
     """The run config of one combination: base, then the encoding preset, then explicit key paths."""
     data = copy.deepcopy(base)
     if ENCODING in variant:
-        for name, value in preset_fields(variant[ENCODING]).items():
-            set_path(data, f"model.attention.{name}", value)
+        for path, value in encoding_fields(variant[ENCODING]).items():
+            set_path(data, path, value)
     for key, value in variant.items():
         if key != ENCODING:
             set_path(data, key, copy.deepcopy(value))
@@ -186,7 +187,7 @@ def resolve_variant(base: dict, variant: dict[str, Any]) -> RunConfig:
 
 
 def format_variant(variant: dict[str, Any]) -> str:
-    return " ".join(f"{key}={value}" for key, value in variant.items()) or "(base)"
+    return " ".join(f"{key}={shown_value(value)}" for key, value in variant.items()) or "(base)"
 
 
 def _expand(

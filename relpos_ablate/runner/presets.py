@@ -1,86 +1,35 @@
-"""Named encodings for the `encoding:` grid axis: each word sets the attention fields of one scheme.
-
-A preset overrides only the `model.attention` fields it lists; every other field stays as in the
-grid's base config (so `max_position`, `num_buckets`, ... keep the base's values). Explicit key-path
-axes are applied after the preset, so `model.attention.clamp_len: [8, 32]` next to `encoding: [shaw]`
-varies Shaw's clamp. The baselines are written out below; every registered bias type (the registry in
-relpos_ablate/config/registry.py, your own schemes included) is a preset of its own name: term a
-plus that bias, nothing else.
-"""
+"""The `encoding:` grid word as a run config key: why `train` refuses it, and what it would set. The presets
+themselves live one floor down, in config/presets.py (layer kinds read them too)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from relpos_ablate.config import ConfigError
-from relpos_ablate.config.registry import bias_types
+import yaml
 
-#: Encodings that are not one bias type: Transformer-XL, Shaw, absolute and rotary baselines, p-RoPE, xPos, FoX,
-#: CoPE, SSMax, stick-breaking, PaTH, DAPE.
-BASELINES: dict[str, dict[str, Any]] = {
-    # Transformer-XL (Dai et al. 2019): all four terms, sinusoidal R, no absolute positions.
-    "xl": {"terms": "abcd", "rel": "sinusoid", "bias": "none", "absolute": "none"},
-    # Shaw et al. 2018: content + a learned table of relative keys clipped at 20.
-    "shaw": {"terms": "ab", "rel": "learned", "clamp_len": 20, "bias": "none", "absolute": "none"},
-    "vaswani": {"terms": "a", "absolute": "sinusoid", "bias": "none"},
-    "learned": {"terms": "a", "absolute": "learned", "bias": "none"},
-    # Al-Rfou et al. 2019: learned absolute positions added at every layer.
-    "al_rfou": {"terms": "a", "absolute": "learned_per_layer", "bias": "none"},
-    "nope": {"terms": "a", "absolute": "none", "bias": "none"},
-    "rope": {"terms": "a", "absolute": "rope", "bias": "none"},
-    # p-RoPE (Barbero et al. 2025): RoPE whose lowest-frequency quarter of pairs does not turn (p = 0.75).
-    "p_rope": {"terms": "a", "absolute": "rope", "rope_p": 0.75, "bias": "none"},
-    # xPos (Sun et al. 2022): RoPE with a per-pair exponential decay, scale base 512 as the paper.
-    "rope_xpos": {"terms": "a", "absolute": "rope", "xpos_scale_base": 512.0, "bias": "none"},
-    # FoX (Lin et al. 2025): a data-dependent forget gate on NoPE, as the paper's default model.
-    "fox": {"terms": "a", "absolute": "none", "bias": "none", "forget_gate": True},
-    # CoPE (Golovneva et al. 2024): contextual positions on NoPE, 64 of them (the authors' code default
-    # is the training block size + 1: set model.attention.cope_positions for that).
-    "cope": {"terms": "a", "absolute": "none", "bias": "none", "cope_positions": 64},
-    # SSMax (Nakanishi 2025): every score × s_h·log n, s_h learned per head, on NoPE (the scheme alone).
-    "ssmax": {"terms": "a", "absolute": "none", "bias": "none", "score_scale": "ssmax"},
-    # Stick-breaking attention (Tan et al. 2025): no softmax and no position encoding, as the paper's model.
-    "stick_breaking": {"terms": "a", "absolute": "none", "bias": "none", "normaliser": "stick_breaking"},
-    # PaTH (Yang et al. 2025): data-dependent Householder transforms in place of RoPE, no forget gate.
-    "path": {"terms": "a", "absolute": "none", "bias": "none", "path": True},
-    # DAPE (Zheng et al. 2024) on KERPLE (log), with the authors' mlp_width 32; DAPE v2 with their 1×3 kernel.
-    "dape": {"terms": "a", "absolute": "none", "bias": "kerple_log", "dape": "v1"},
-    "dape_v2": {"terms": "a", "absolute": "none", "bias": "kerple_log", "dape": "v2"},
-}
+from relpos_ablate.config.presets import (BASELINES, SCHEDULES, bias_preset, encoding_fields, encoding_words,
+                                          preset_fields, presets)
 
-
-def bias_preset(name: str) -> dict[str, Any]:
-    """The preset of a bias type: content attention (term a) plus that bias, no absolute positions."""
-    return {"terms": "a", "absolute": "none", "bias": name}
-
-
-def presets() -> dict[str, dict[str, Any]]:
-    """Every encoding word: the baselines, then one per registered bias type."""
-    biases = bias_types()[1:]  # without 'none'
-    clash = sorted(set(BASELINES) & set(biases))
-    if clash:
-        raise ConfigError("encoding", f"bias type {clash[0]!r} has the name of a baseline preset; register it "
-                          "under another name")
-    return {**BASELINES, **{name: bias_preset(name) for name in biases}}
+__all__ = ["BASELINES", "SCHEDULES", "bias_preset", "encoding_fields", "encoding_words", "not_a_run_key", "preset_fields",
+           "presets"]
 
 
 def not_a_run_key(value: Any) -> str:
     """Why `encoding` is no key of a run config, and what `encoding: <value>` sets in a grid spec (read from
     the preset table), for a one-line error of `train`."""
-    table = presets()
-    if isinstance(value, str) and value in table:
-        sets = ", ".join(f"model.attention.{name}={str(v).lower() if isinstance(v, bool) else v}"
-                         for name, v in table[value].items())
+    if isinstance(value, str) and value in encoding_words():
+        sets = ", ".join(f"{path}={_word(v)}" for path, v in encoding_fields(value).items())
         what = f"`encoding: {value}` sets {sets}; with train use those --set keys"
     else:
-        what = (f"`encoding:` picks one of {', '.join(table)}, each a set of model.attention fields; with train "
-                "set those fields")
+        what = (f"`encoding:` picks one of {', '.join(encoding_words())}, each a set of model.attention fields or "
+                "(a schedule) model.layer_kinds and model.layer_pattern; with train set those fields")
     return f"a grid spec word, not a run config key: in a grid spec {what}"
 
 
-def preset_fields(name: Any, field: str = "encoding") -> dict[str, Any]:
-    """The `model.attention` fields preset `name` sets; a one-line error naming the allowed words."""
-    table = presets()
-    if not isinstance(name, str) or name not in table:
-        raise ConfigError(field, f"unknown encoding {name!r}; allowed: {', '.join(table)}")
-    return dict(table[name])
+def _word(value: Any) -> str:
+    """A value as --set takes it: YAML booleans, flow-style lists and mappings."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, dict)):
+        return yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip()
+    return str(value)

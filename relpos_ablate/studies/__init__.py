@@ -38,6 +38,7 @@ STUDIES = (
     Study("relpos_ablate.studies.xl", ("xl_table6_cpu", "xl_context_cpu"), ("xl_table6", "xl_table8"), ("context",)),
     Study("relpos_ablate.studies.extrapolation", ("alibi_extrapolation_cpu",)),
     Study("relpos_ablate.studies.fair_baselines", ("fair_baselines", "fair_baselines_2000"), figures=("lr-sweep",)),
+    Study("relpos_ablate.studies.hybrid_schedules", ("hybrid_schedules", "hybrid_schedules_retrieval")),
     Study("relpos_ablate.studies.length_generalization", ("length_generalization", "length_generalization_cap"),
           ("length_generalization",),
           ("lengthgen", "diagnostics", "passkey"), run_figures=("diagnostics",)),

@@ -55,44 +55,49 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
         if call.key_padding_mask is None and call.visibility.window is None and not call.n_sinks:
             return _plain(call, q_content, k, v, dropout_p)
         return _stored(call, q_content, k, v, q_position, dropout_p)
-    paths = [path] if path else candidates(call, q_content, config, dropout_p)
+    plan = _low_rank_plan(call, q_content, dropout_p) if path in (None, "low_rank") else None
+    paths = [path] if path else candidates(call, q_content, config, dropout_p, plan)
     path = paths[0] if len(paths) == 1 or not calibration.enabled() else _calibrated(
         call, q_content, k, v, q_position, config, dropout_p, paths)
     if path == "low_rank":
-        offsets = low_rank.key_offsets(call)
-        return low_rank.attend_low_rank(call, q_content, k, v, offsets, low_rank.block_size(offsets, call.n_queries))
+        return low_rank.attend_low_rank(call, q_content, k, v, *plan)
     if path == "blocks":
         return _blockwise(call, *_widened(call, q_content, k, v, q_position)).to(call.dtype)
     return _stored(call, q_content, k, v, q_position, dropout_p)
 
 
-def candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float) -> list[str]:
+def candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float,
+               plan: tuple[Tensor, int] | None | str = "unknown") -> list[str]:
     """The kernels that may compute this call, the fixed order's choice first: 'low_rank' (every term a key
     offset: ALiBi, FoX; low_rank.py), 'blocks' (the block kernel: no attention dropout) and 'sdpa' (SDPA per
     query block with its map: stored for backward, so in training only while the maps fit
     max_stored_scores_mb). A pinned backend is the only candidate where it can take the call; low_rank
-    otherwise leaves it to the block kernel (its results are the same, by rounding)."""
+    otherwise leaves it to the block kernel (its results are the same, by rounding). plan: the low-rank kernel's
+    (offsets, block) or None, where the caller has it (`_low_rank_plan`)."""
+    if plan == "unknown":
+        plan = _low_rank_plan(call, q_content, dropout_p)
     if config.backend == "sdpa" or (config.backend == "blocks" and dropout_p > 0.0):
         return ["sdpa"]
     rebuild = "blocks" if dropout_p == 0.0 else "sdpa"
     if config.backend in ("blocks", "low_rank"):
-        low_rank = config.backend == "low_rank" and _low_rank_block(call, q_content, dropout_p) is not None
-        return ["low_rank"] if low_rank else [rebuild]
+        return ["low_rank"] if config.backend == "low_rank" and plan is not None else [rebuild]
     if dropout_p > 0.0:
         return ["sdpa"]
-    paths = ["low_rank"] if _low_rank_block(call, q_content, dropout_p) is not None else []
+    paths = ["low_rank"] if plan is not None else []
     if _stores_too_much(call, q_content, config):
         return [*paths, "blocks"]
     # storing the maps is allowed: in training it is the fixed order's choice (max_stored_scores_mb's promise)
     return [*paths, "sdpa", "blocks"] if torch.is_grad_enabled() else [*paths, "blocks", "sdpa"]
 
 
-def _low_rank_block(call: AttentionCall, q_content: Tensor, dropout_p: float) -> int | None:
-    """The low-rank kernel's query block for this call, None where it cannot take it."""
+def _low_rank_plan(call: AttentionCall, q_content: Tensor, dropout_p: float) -> tuple[Tensor, int] | None:
+    """The low-rank kernel's key offsets and query block for this call, computed once a forward; None where it
+    cannot take the call."""
     if dropout_p > 0.0 or q_content.device.type != "cpu":
         return None
     offsets = low_rank.key_offsets(call)
-    return None if offsets is None else low_rank.block_size(offsets, call.n_queries)
+    block = None if offsets is None else low_rank.block_size(offsets, call.n_queries)
+    return None if block is None else (offsets, block)
 
 
 def _stores_too_much(call: AttentionCall, q_content: Tensor, config: AttentionConfig) -> bool:

@@ -2,7 +2,7 @@
 length n, one panel per task, a line per variant (its mean over seeds, the seeds' min-max as a band) and
 the training lengths shaded, so that in-distribution and out-of-distribution accuracy read at a glance
 (Kazemnejad et al.'s Fig. 3 draws their tasks so). A colour per encoding, solid for sequential and dashed
-for randomized positions; each test bin is drawn at its middle n (passkey: averaged over its depths).
+for randomized positions; each test bin is drawn at its middle n (the depth tasks: averaged over their depths).
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@
   one figure for a run; for a grid, per task, the appendix figure (each panel stacks every variant's
   layers, each the mean over its heads and the seeds: heads are not comparable across seeds, layers are)
   and a summary of the head means against length, one line per variant (mean over seeds);
-- `plot --kind passkey`: passkey accuracy as a depth x length heatmap, one panel per variant (mean
-  over seeds).
-Evaluation length is the test-length bin of n for example tasks (passkey depths averaged), else
+- `plot --kind passkey`: the accuracy of passkey and the other depth tasks (niah_*, variable_tracking:
+  data.DEPTH_TASKS) as a depth x length heatmap, one panel per variant (mean over seeds), a row of
+  panels per task.
+Evaluation length is the test-length bin of n for example tasks (depths averaged), else
 segment_len. Variants are named in words (`variant_words`). The study's main figure, exact match against
 n: length_curves.py.
 """
@@ -26,10 +27,11 @@ from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import RUN_COLUMNS
 from relpos_ablate.studies.length_generalization.table import variant_name
 from relpos_ablate.analysis.plots import save_figure
-from relpos_ablate.analysis.settings import label
+from relpos_ablate.analysis.settings import label, layer_names
 from relpos_ablate.analysis.table_options import axis_orders, default_metric, default_rows, finished, read_spec
 from relpos_ablate.analysis.tables import row_key, sort_key, variant_colors
 from relpos_ablate.config import ConfigError
+from relpos_ablate.config.data import DEPTH_TASKS
 
 TASK = "data.task"
 POSITIONS = "model.attention.positions"
@@ -116,6 +118,12 @@ def variant_styles(keys: list[str], variants: list[tuple]) -> dict[tuple, tuple]
     return dict(zip(variants, ((c, "-") for c in variant_colors(len(variants)))))
 
 
+def _row_names(mine: pd.DataFrame, rows_of: list, by_head: bool) -> list[str]:
+    """`L3` (or `L3 h1`) per row, with the layer's kind where the variant has a layer pattern (`L3 global`)."""
+    layers = layer_names(mine.iloc[0], max(u[0] if by_head else u for u in rows_of) + 1, prefix="L")
+    return [f"{layers[u[0]]} h{u[1]}" if by_head else layers[u] for u in rows_of]
+
+
 def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str,
                        by_head: bool = False) -> Figure:
     """The appendix figure of a task: one heatmap per statistic, its columns the evaluation lengths, its rows
@@ -148,7 +156,8 @@ def diagnostics_figure(frame: pd.DataFrame, keys: list[str], variants: list[tupl
         ax.tick_params(axis="y", length=0)
         if ax is axes[-1]:  # the layer (and head) of each row, at the right
             right = ax.secondary_yaxis("right")
-            names = [f"L{u[0]} h{u[1]}" if by_head else f"L{u}" for u in rows_of] * len(variants)
+            names = [name for value in variants for name in _row_names(frame[frame["variant"] == value], rows_of,
+                                                                        by_head)]
             right.set_yticks(range(len(names)), names, fontsize=5 if by_head else 6)
             right.tick_params(length=0)
         ax.set_title(STATISTIC_LABELS[statistic], fontsize=9)
@@ -212,32 +221,48 @@ def save_diagnostics(df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("p
 
 
 def passkey_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
-    """Passkey accuracy, depth x test length, one panel per variant (mean over seeds)."""
-    data = df[(df[TASK] == "passkey") & df["depth"].notna()] if TASK in df and "depth" in df else df.iloc[:0]
+    """Accuracy of the depth tasks (data.DEPTH_TASKS: passkey, niah_*, variable_tracking), depth x test length,
+    one panel per variant (mean over seeds); a row of panels per task when there are several."""
+    data = df[df[TASK].isin(list(DEPTH_TASKS)) & df["depth"].notna()] if TASK in df and "depth" in df else df.iloc[:0]
     if data.empty:
-        raise ConfigError("kind", "no passkey runs with depths: train data.task passkey and evaluate")
+        raise ConfigError("kind", f"no passkey runs with depths (nor of the other depth tasks: "
+                          f"{', '.join(t for t in DEPTH_TASKS if t != 'passkey')}): train one and evaluate")
     metric = metric or default_metric(data)
     data, keys, variants = with_variants(finished(data, metric), df)
+    tasks = [t for t in DEPTH_TASKS if t in set(data[TASK])]
     ncols = min(4, len(variants))
-    nrows = math.ceil(len(variants) / ncols)
-    fig = Figure(figsize=(3.6 * ncols + 1, 3.0 * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for ax, value in zip(axes, variants):
-        mine = data[data["variant"] == value]
-        grid = mine.pivot_table(index="depth", columns=["length_min", "length_max"], values=metric, aggfunc="mean")
-        image = ax.imshow(grid.to_numpy(), aspect="auto", origin="lower", cmap="viridis", vmin=0.0, vmax=1.0)
-        ax.set_xticks(range(grid.shape[1]), [f"{lo}-{hi}" for lo, hi in grid.columns], rotation=45, fontsize=7)
-        ax.set_yticks(range(grid.shape[0]), [f"{d:g}" for d in grid.index], fontsize=7)
-        for (i, j), v in np.ndenumerate(grid.to_numpy()):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.5 else "k")
-        ax.set_title(variant_words(keys, value), fontsize=8)
-        ax.set_xlabel("filler length n", fontsize=8)
-        ax.set_ylabel("depth of the key", fontsize=8)
-    for ax in axes[len(variants):]:
-        ax.set_visible(False)
-    fig.colorbar(image, ax=axes[: len(variants)].tolist(), shrink=0.6, label=metric)
-    fig.suptitle(f"passkey retrieval: {metric}, mean over seeds")
+    per_task = math.ceil(len(variants) / ncols)  # rows of panels
+    fig = Figure(figsize=(3.6 * ncols + 1, 3.0 * per_task * len(tasks)), layout="constrained")
+    grid_axes = fig.subplots(per_task * len(tasks), ncols, squeeze=False)
+    drawn = []
+    for k, task in enumerate(tasks):
+        axes = grid_axes[k * per_task:(k + 1) * per_task].ravel()
+        for ax, value in zip(axes, variants):
+            mine = data[(data["variant"] == value) & (data[TASK] == task)]
+            if mine.empty:
+                continue
+            image = _depth_map(ax, mine, metric)
+            words = variant_words(keys, value)
+            ax.set_title(words if len(tasks) == 1 else f"{task}: {words}", fontsize=8)
+            ax.set_ylabel(f"depth of {DEPTH_TASKS[task]}", fontsize=8)
+            drawn.append(ax)
+    for ax in grid_axes.ravel():
+        ax.set_visible(ax in drawn)
+    fig.colorbar(image, ax=drawn, shrink=0.6, label=metric)
+    fig.suptitle(f"{'passkey' if tasks == ['passkey'] else 'needle'} retrieval: {metric}, mean over seeds")
     return fig
+
+
+def _depth_map(ax, runs: pd.DataFrame, metric: str):
+    """One variant's depth x test-length map of `metric` (mean over its seeds), each cell written in it."""
+    grid = runs.pivot_table(index="depth", columns=["length_min", "length_max"], values=metric, aggfunc="mean")
+    image = ax.imshow(grid.to_numpy(), aspect="auto", origin="lower", cmap="viridis", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(grid.shape[1]), [f"{lo}-{hi}" for lo, hi in grid.columns], rotation=45, fontsize=7)
+    ax.set_yticks(range(grid.shape[0]), [f"{d:g}" for d in grid.index], fontsize=7)
+    for (i, j), v in np.ndenumerate(grid.to_numpy()):
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.5 else "k")
+    ax.set_xlabel("filler length n", fontsize=8)
+    return image
 
 
 def save_passkey(df: pd.DataFrame, out: Path, metric: str | None = None,

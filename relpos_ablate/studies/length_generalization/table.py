@@ -3,7 +3,7 @@
 `table DIR --layout length_generalization`:
 - one row per (task, encoding), columns = the test-length bins of n, then "OOD mean" (the mean over
   the bins that start beyond the longest training length); a cell is the mean ± std over seeds of
-  each run's metric in that bin (passkey: first averaged over its depths); best per task and column
+  each run's metric in that bin (depth tasks: first averaged over their depths); best per task and column
   in bold;
 - `rank_table`: each encoding's rank per task by its OOD mean (1 = best, ties share their mean rank),
   its ID mean beside it (a rank of a task not learnt at the training lengths says little), and its mean
@@ -38,8 +38,8 @@ def example_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The finished rows of example-task runs (those with test-length bins), or a one-line error."""
     data = finished(df, metric)
     if not set(BIN_FIELDS) <= set(data.columns) or data["length_min"].isna().all():
-        raise ConfigError("layout", "length_generalization needs example-task runs (data.task copy, reverse, sort, "
-                          "addition, parity, mqar, flip_flop, passkey): these runs have no test-length bins")
+        raise ConfigError("layout", f"length_generalization needs example-task runs (data.task one of "
+                          f"{', '.join(EXAMPLE_TASKS)}): these runs have no test-length bins")
     return data[data["length_min"].notna()]
 
 
@@ -56,7 +56,7 @@ def train_max(run: pd.Series) -> int:
 
 
 def per_run_bins(data: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """One row per (run, bin): the run's metric in that bin (passkey: the mean over its depths), the
+    """One row per (run, bin): the run's metric in that bin (depth tasks: the mean over the depths), the
     bin's bounds, and whether the bin lies beyond the run's training lengths (`ood`) or within them (`iid`)."""
     grouped = data.groupby(["run_dir", *BIN_FIELDS], sort=False)[metric].mean().reset_index()
     limits = grouped["run_dir"].map(data.drop_duplicates("run_dir").set_index("run_dir").apply(train_max, axis=1))

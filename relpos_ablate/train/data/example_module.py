@@ -6,7 +6,7 @@ examples (the model has no memory: mem_len is 0 for example tasks). The training
 grouped into batches of about one length (batch order shuffled) and each batch is cut after its
 longest example: padding then costs little, without packing several examples into a row (which
 would need per-row positions and a block-diagonal mask). Evaluation goes bin by bin of
-data.test_lengths (and depth by depth for passkey): `test_sets`.
+data.test_lengths (and depth by depth for the depth tasks: data.DEPTH_TASKS): `test_sets`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from relpos_ablate.train.data.streams import SegmentStreams
 
 @dataclass(frozen=True)
 class TestSet:
-    """The examples of one evaluation: a test-length bin (and a passkey depth)."""
+    """The examples of one evaluation: a test-length bin (and a depth of a depth task)."""
 
     fields: dict[str, Any]
     """What identifies it in eval.json: length_min, length_max (and depth)."""
@@ -61,7 +61,7 @@ class ExampleDataModule(SegmentDataModule):
                                  stream=(0,))  # test sets use (lo, hi[, depth])
 
     def test_sets(self, wanted: list[dict[str, Any]] | None = None) -> list[TestSet]:
-        """One set per test-length bin (per bin and depth for passkey), data.eval_examples each; `wanted`:
+        """One set per test-length bin (per bin and depth for depth tasks), data.eval_examples each; `wanted`:
         only these (test_set_fields entries). A set's examples depend on its bin and depth alone, not on
         the other bins listed, so a bin evaluated later (`relpos-ablate evaluate`) gets the same examples."""
         data = self.config.data
@@ -77,7 +77,7 @@ class ExampleDataModule(SegmentDataModule):
 
 def test_set_fields(data) -> list[dict[str, Any]]:
     """What identifies each test set in eval.json, in evaluation order: length_min, length_max (and
-    depth for passkey), one per bin of data.test_lengths (and passkey depth)."""
-    depths = data.passkey_depths if data.task == "passkey" else (None,)
+    depth for depth tasks), one per bin of data.test_lengths (and depth of data.passkey_depths)."""
+    depths = data.passkey_depths if data.depth_task else (None,)
     return [{"length_min": lo, "length_max": hi, **({} if depth is None else {"depth": depth})}
             for lo, hi in data.test_lengths for depth in depths]
