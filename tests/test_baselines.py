@@ -27,7 +27,7 @@ from relpos_ablate.model.lm import LearnedPositions
 from relpos_ablate.model.position import BiasScheme, build_bias
 from relpos_ablate.model.position.kerple import MIN_PARAM
 from relpos_ablate.cli import main
-from relpos_ablate.runner.presets import presets
+from relpos_ablate.config.presets import presets
 from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.module import build_optimizer
 from relpos_ablate.train.plain import train_plain

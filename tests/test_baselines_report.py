@@ -22,7 +22,7 @@ from relpos_ablate.analysis.collect import read_summary
 from relpos_ablate.cli import main
 from relpos_ablate.studies import make_report
 from relpos_ablate.studies.fair_baselines import lr_figure, preset_summary, report
-from relpos_ablate.runner.presets import preset_fields
+from relpos_ablate.config.presets import preset_fields
 
 LRS = (0.0005, 0.001, 0.002)
 OFFSETS = (-0.1, 0.0, 0.1)

@@ -23,7 +23,7 @@ from relpos_ablate.config.model import BIAS_TYPES
 from relpos_ablate.config.registry import BUILTIN_BIASES, bias_class, bias_types, import_modules, register_bias
 from relpos_ablate.model import AttentionOptions
 from relpos_ablate.model.position import BiasScheme, build_bias
-from relpos_ablate.runner.presets import preset_fields, presets
+from relpos_ablate.config.presets import preset_fields, presets
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMES = [*BUILTIN_BIASES, "gaussian"]  # every built-in and the README's scheme of one's own

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from relpos_ablate.config import load_run_config
 from relpos_ablate.model import TransformerLM
-from relpos_ablate.runner.presets import presets
+from relpos_ablate.config.presets import presets
 from relpos_ablate.train.module import build_optimizer, without_unread_projections
 from relpos_ablate.train.run import train_run
 

@@ -286,7 +286,7 @@ def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would
     every other field at its default, but the learning rate: a sweep that holds the default; 3 seeds; each
     run scored at L on valid and on test, the table picking the rate on valid."""
     from relpos_ablate.config import ModelConfig, TrainConfig
-    from relpos_ablate.runner.presets import presets
+    from relpos_ablate.config.presets import presets
 
     raw = _raw(EXPERIMENTS / "fair_baselines.yaml")
     runs = load_grid(EXPERIMENTS / "fair_baselines.yaml").runs

@@ -180,3 +180,30 @@ def test_schedule_presets_train_through_the_cli(tmp_path):
         config = yaml.safe_load((results / "schedules" / run.run_id / "config.yaml").read_text())
         assert config["model"]["layer_pattern"] == encoding_fields(run.variant["encoding"])["model.layer_pattern"]
         assert (results / "schedules" / run.run_id / "eval.json").exists()
+
+
+def test_a_schedule_trains_with_memory_evaluates_again_and_every_plot_names_its_layers(tmp_path):
+    """A 4-layer pattern (T5 with a window, RoPE chunked, NoPE tuned) trained in-process with XL memory and
+    diagnostics; `evaluate` again, and the bias, attention, terms and diagnostics figures, each naming the kinds."""
+    from fixtures.report_runs import TINY_TRAINING
+    from relpos_ablate.analysis import figures
+    from relpos_ablate.config import load_run_config, run_id
+    from relpos_ablate.io import atomic_write_json
+    from relpos_ablate.train.run import load_run, train_run
+
+    kinds = ("{local: {encoding: t5, window: 6}, chunked: {encoding: rope, chunk: 8}, "
+             "global: {encoding: nope, temperature_tuning: true}}")
+    config = load_run_config(None, [*TINY_TRAINING, "model.n_layers=4", "model.mem_len=8", "eval.diagnostics=true",
+                                    f"model.layer_kinds={kinds}", "model.layer_pattern=[local, chunked, local, global]"])
+    run_dir = tmp_path / "sched" / run_id(config)
+    atomic_write_json(run_dir / "run.json", {"run_id": run_id(config), "experiment": "sched", "variant": {}, "spec": None})
+    assert train_run(config, run_dir) == "done"
+    evaluation = json.loads((run_dir / "eval.json").read_text())
+    assert all(len(s["diagnostics"]["entropy"]) == 4 for s in evaluation["settings"])  # one row per layer
+    assert main(["evaluate", str(run_dir), "--replace"]) == 0
+    _, model = load_run(run_dir)
+    assert model.layer_names() == ["layer 0 local", "layer 1 chunked", "layer 2 local", "layer 3 global"]
+    assert [title for title, _ in figures.bias_panels(model, "bias")] == ["bias, layer 0 local, layer 2 local (shared)"]
+    for kind in ("bias", "attention", "terms", "diagnostics"):
+        assert main(["plot", str(run_dir), "--kind", kind, "--out", str(tmp_path / kind), "--formats", "png"]) == 0
+        assert list((tmp_path / kind).glob("*.png")), kind

@@ -195,7 +195,7 @@ def test_every_newer_preset_is_a_row_of_the_benchmark():
     import importlib.util
     from pathlib import Path
 
-    from relpos_ablate.runner.presets import presets
+    from relpos_ablate.config.presets import presets
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "attention.py"
     spec = importlib.util.spec_from_file_location("attention_benchmark", path)

@@ -13,7 +13,7 @@ from test_train_run import short
 from relpos_ablate import AttentionConfig, ConfigError, ModelConfig, TransformerLM
 from relpos_ablate.config import EvalSetting, load_run_config, unsupported_reason
 from relpos_ablate.config.run import resolve_log_n_length
-from relpos_ablate.runner.presets import preset_fields
+from relpos_ablate.config.presets import preset_fields
 from relpos_ablate.train.module import rope_scale, rope_scaling
 from relpos_ablate.train.run import train_run
 

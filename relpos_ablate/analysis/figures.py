@@ -33,9 +33,16 @@ MAX_HEATMAP_HEADS = 8
 def bias_sources(model) -> list[str]:
     """'bias' when the attention adds a bias-type encoding, 'd' when term d is on, 'decay' with FoX's
     forget gate (its curve is read from a sample: `decay_curves`), 'xpos' with xPos."""
-    cfg = model.attention_layers()[0].config
-    return [s for s, on in (("bias", cfg.bias != "none"), ("d", "d" in cfg.terms), ("decay", cfg.forget_gate),
-                            ("xpos", cfg.xpos_scale_base is not None)) if on]
+    return [s for s in SOURCES if any(_has(attn.config, s) for attn in model.attention_layers())]
+
+
+SOURCES = ("bias", "d", "decay", "xpos")
+
+
+def _has(cfg, source: str) -> bool:
+    """Whether one layer's attention has this curve (a layer pattern may give it to some layers only)."""
+    return {"bias": cfg.bias != "none", "d": "d" in cfg.terms, "decay": cfg.forget_gate,
+            "xpos": cfg.xpos_scale_base is not None}[source]
 
 
 def check_has_bias(model, name: str) -> list[str]:
@@ -50,13 +57,15 @@ def check_has_bias(model, name: str) -> list[str]:
 def bias_panels(model, source: str) -> list[tuple[str, object]]:
     """(title, attention layer) per panel: the shared bias module once, else one per layer; xPos's
     parameter-free decay once."""
-    layers = model.attention_layers()
-    if source == "bias" and all(attn.bias_scheme is layers[0].bias_scheme for attn in layers):
-        return [("bias, all layers (shared)", layers[0])]
+    named = [(name, attn) for name, attn in zip(model.layer_names(), model.attention_layers()) if _has(attn.config, source)]
+    every = len(named) == len(model.attention_layers())
+    if source == "bias" and all(attn.bias_scheme is named[0][1].bias_scheme for _, attn in named):
+        where = "all layers" if every else ", ".join(name for name, _ in named)
+        return [(f"bias, {where} (shared)", named[0][1])]
     if source == "xpos":
-        return [("xPos decay per rotary pair, all layers", layers[0])]
+        return [(f"xPos decay per rotary pair, {'all layers' if every else named[0][0]}", named[0][1])]
     what = {"bias": "bias", "d": "term d", "decay": "FoX decay on a sample"}[source]
-    return [(f"{what}, {name}", attn) for name, attn in zip(model.layer_names(), layers)]
+    return [(f"{what}, {name}", attn) for name, attn in named]
 
 
 def decay_curves(model, details: dict, n_mem: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:

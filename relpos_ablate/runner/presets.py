@@ -7,11 +7,7 @@ from typing import Any
 
 import yaml
 
-from relpos_ablate.config.presets import (BASELINES, SCHEDULES, bias_preset, encoding_fields, encoding_words,
-                                          preset_fields, presets)
-
-__all__ = ["BASELINES", "SCHEDULES", "bias_preset", "encoding_fields", "encoding_words", "not_a_run_key", "preset_fields",
-           "presets"]
+from relpos_ablate.config.presets import encoding_fields, encoding_words
 
 
 def not_a_run_key(value: Any) -> str:

@@ -27,6 +27,7 @@ from relpos_ablate.analysis.table_options import (
     TableOptions, default_rows, finished, metric_direction, run_level, varies,
 )
 from relpos_ablate.config import ConfigError
+from relpos_ablate.config.presets import presets
 from relpos_ablate.analysis.tables import (
     DECIMALS, mark_best, normalized, seed_caption, seed_cell, short_name, sort_key, values_by_key,
 )
@@ -70,8 +71,6 @@ def _encoding_label(run: pd.Series, attention_fields: list[str]) -> str:
     preset those fields match, else the fields themselves."""
     if "encoding" in run.index and normalized(run["encoding"]) is not None:
         return label(run["encoding"])
-    from relpos_ablate.runner.presets import presets
-
     matches = [name for name, fields in presets().items()
                if all(str(normalized(run.get(f"model.attention.{key}"))) == str(value) for key, value in fields.items())]
     if len(matches) == 1:
