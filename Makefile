@@ -6,6 +6,7 @@
 # make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions": their measured
 #   costs on 2 CPU cores)
 # make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines")
+# make hybrid-schedules — per-layer schedules (RNoPE, Llama-4-like, Gemma-3-like) on text and a long-context task
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c  # a failed grid fails its target even when piped through tee
 PY ?= python3
@@ -15,7 +16,7 @@ TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test demo bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines
+.PHONY: install test demo bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines hybrid-schedules
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -141,6 +142,17 @@ fair-baselines: install
 	$(BIN)/relpos-ablate table $(FAIR)/summary.csv --out $(FAIR)/table.md
 	$(BIN)/relpos-ablate report $(FAIR)/summary.csv $(FAIR)_2000/summary.csv --out $(FAIR)/report.md
 	$(BIN)/relpos-ablate plot $(FAIR)/summary.csv --kind lr-sweep --out $(FAIR)/figures
+
+# hybrid-schedules: the per-layer schedule study (text and the long-context task), one report over both
+HYBRID := results/hybrid_schedules
+hybrid-schedules: install
+	$(call repro_grid,hybrid_schedules)
+	$(call repro_grid,hybrid_schedules_retrieval)
+	$(BIN)/relpos-ablate table $(HYBRID)/summary.csv --out $(HYBRID)/table.md
+	$(BIN)/relpos-ablate table $(HYBRID)_retrieval/summary.csv --out $(HYBRID)_retrieval/table.md
+	$(BIN)/relpos-ablate report $(HYBRID)/summary.csv $(HYBRID)_retrieval/summary.csv --out $(HYBRID)/report.md
+	$(BIN)/relpos-ablate plot $(HYBRID)/summary.csv --kind extrapolation --out $(HYBRID)/figures
+	$(BIN)/relpos-ablate plot $(HYBRID)_retrieval/summary.csv --kind lengthgen --out $(HYBRID)/figures
 
 bench: install
 	$(BIN)/python benchmarks/attention.py

@@ -79,7 +79,7 @@ def test_the_top_level_summaries_quote_only_committed_numbers(title):
 
 
 READ_WITH = {"xl_table6_cpu": ("xl_context_cpu",), "length_generalization": ("length_generalization_cap",),
-             "fair_baselines": ("fair_baselines_2000",)}
+             "fair_baselines": ("fair_baselines_2000",), "hybrid_schedules": ("hybrid_schedules_retrieval",)}
 """The reports written from more than one study's summary.csv (the Makefile's repro-xl, lengthgen and
 fair-baselines): Table 6 with its fair no-memory control, the length study with its step-cap runs, the fair
 baselines with their longer budget."""
