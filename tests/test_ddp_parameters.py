@@ -6,7 +6,7 @@ DDP stops at the second step when a parameter got no gradient in the first ("par
 used in producing the loss"). Covered here: one backward gives every parameter a gradient (one process);
 2 gloo processes wrap each configuration in DistributedDataParallel and take 2 steps; a checkpoint
 written when the projections no term reads were still built (every attention had q_net and the keys'
-half of kv_net) loads and resumes. The real 2-process Lightning run with terms d is in tests/test_ddp.py.
+half of kv_net) loads and resumes. The real 2-process Lightning runs with terms d are in tests/test_ddp_faults.py.
 Run: pytest tests/test_ddp_parameters.py -q   (about 10 s)
 """
 

@@ -43,8 +43,8 @@ def record(encoding, seed, protocol, length, ppl, stride=None, max_targets=0, bu
             "model.attention.num_buckets": buckets[0], "model.attention.max_distance": buckets[1]}
 
 
-@pytest.fixture
-def frame():
+def ppl_frame() -> pd.DataFrame:
+    """The rows of PPL and APPB as collect() would give them."""
     rows = []
     for (encoding, seed), (at_l, plain, sliding) in PPL.items():
         buckets = (16, 16) if encoding == "t5" else (32, 128)
@@ -58,6 +58,17 @@ def frame():
         rows.append(record(encoding, seed, "non_overlapping", 128, sweep["2L"] + APPB_SEEDS["2L"][seed],
                            max_targets=2048, buckets=buckets))
     return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def frame():
+    return ppl_frame()
+
+
+@pytest.fixture(scope="module")
+def text():
+    """The report on ppl_frame(), written once for the tests that read it (each writing is seconds of tests)."""
+    return report(ppl_frame())
 
 
 def cell(text: str, row_start: str) -> list[str]:
@@ -101,10 +112,9 @@ def sentence(name_a, a, name_b, b, test, kind, adjusted, decimals=2):
             f"[{lo:.{d}f}, {hi:.{d}f}], n = {len(a)}; p = {p:.2g}, Holm-adjusted p = {adjusted:.2g})")
 
 
-def test_ratios_to_l_and_sliding_minus_non_overlapping_paired_on_the_runs(frame):
+def test_ratios_to_l_and_sliding_minus_non_overlapping_paired_on_the_runs(text):
     """Sliding and non-overlapping scores of one encoding are the same runs: a paired t-test over them, the
     section's three tests (one per encoding at 2L) Holm-corrected together."""
-    text = report(frame)
     alibi = [PPL[("alibi", s)] for s in range(3)]
     ratio = statistics.mean(p[1] / p[0] for p in alibi)
     assert cell(text, "| alibi | non_overlapping |")[2:] == [f"{statistics.mean(p[0] for p in alibi):.2f} (1.000)",
@@ -125,8 +135,7 @@ def test_ratios_to_l_and_sliding_minus_non_overlapping_paired_on_the_runs(frame)
     assert adjusted["alibi"] < 0.05 and "| alibi | -0.06 (sliding better; " in text
 
 
-def test_t5_against_rope_and_the_buckets_it_was_trained_with(frame):
-    text = report(frame)
+def test_t5_against_rope_and_the_buckets_it_was_trained_with(text):
     t5 = [PPL[("t5", s)][1] / PPL[("t5", s)][0] for s in range(3)]
     rope = [PPL[("rope", s)][1] / PPL[("rope", s)][0] for s in range(3)]
     test = t_test(t5, rope, paired=False)  # two encodings: Welch's; the section's only test, so Holm leaves p
@@ -142,10 +151,9 @@ def test_t5_against_rope_and_the_buckets_it_was_trained_with(frame):
     assert "num_buckets 32" not in text.split("## T5's buckets")[1].split("##")[0]  # only t5's own runs
 
 
-def test_app_b_compares_strides_and_2l_on_the_same_targets(frame):
+def test_app_b_compares_strides_and_2l_on_the_same_targets(text):
     """Every App. B column scores the same runs: paired t-tests, the section's six (stride 1 vs stride L and vs
     non-overlapping 2L, each encoding) Holm-corrected together."""
-    text = report(frame)
     assert "ppl on the first 2,048 targets" in text
     row = cell(text, "| alibi | 6.4")  # stride 64, then 1, then non-overlapping 2L
     one, full, two = appb("alibi", 1), appb("alibi", 64), appb("alibi", "2L")
@@ -160,10 +168,10 @@ def test_app_b_compares_strides_and_2l_on_the_same_targets(frame):
            "6 tests (paired t-test), Holm-corrected at α = 0.05" in text
 
 
-def test_the_trends_pair_one_encoding_at_two_lengths_and_welch_two_encodings(frame):
+def test_the_trends_pair_one_encoding_at_two_lengths_and_welch_two_encodings(text):
     """One family mixing both tests: alibi at 2L against the same runs at L (paired), t5's ratio against rope's
     (Welch's); alibi at 2L against itself at the longest length (also 2L here) has no spread: not tested."""
-    text = report(frame).split("## The papers' trends, tested")[1]
+    text = text.split("## The papers' trends, tested")[1]
     t5 = [PPL[("t5", s)][1] / PPL[("t5", s)][0] for s in range(3)]
     rope = [PPL[("rope", s)][1] / PPL[("rope", s)][0] for s in range(3)]
     at_2l, at_l = [PPL[("alibi", s)][1] for s in range(3)], [PPL[("alibi", s)][0] for s in range(3)]
@@ -177,10 +185,10 @@ def test_the_trends_pair_one_encoding_at_two_lengths_and_welch_two_encodings(fra
     assert 'Family "the papers\' trends": 2 tests (Welch\'s t-test, paired t-test), Holm-corrected' in text
 
 
-def test_the_report_is_registered_and_reads_summary_csv_with_its_attrs(frame, tmp_path):
+def test_the_report_is_registered_and_reads_summary_csv_with_its_attrs(frame, text, tmp_path):
     path = tmp_path / "summary.csv"
     frame.to_csv(path, index=False)
-    assert make_report(read_summary(path)) == report(frame)
+    assert make_report(read_summary(path)) == text
     make_run(tmp_path / "res", ["model.attention.terms=a", "model.attention.bias=alibi"], variant={"encoding": "alibi"},
              results=[({"segment_len": 8}, {"ppl": 3.0, "loss": 1.1})])
     collected = collect(tmp_path / "res")

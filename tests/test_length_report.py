@@ -5,6 +5,7 @@ Holm-adjusted p over the report's one family of orderings, per task and over tas
 (scipy's Welch test, statsmodels' multipletests); the report reads the results dir and its summary.csv alike.
 Run: pytest tests/test_length_report.py -q"""
 
+import functools
 import statistics
 import warnings
 
@@ -66,6 +67,12 @@ def results(tmp_path_factory):
     return build(tmp_path_factory.mktemp("report"))
 
 
+@pytest.fixture(scope="module")
+def report(results):
+    """The report on `results`, written once for the tests that read it (each writing is seconds of YAML and tests)."""
+    return make_report(collect(results))
+
+
 def ood(key):
     return [statistics.mean(s[1:]) for s in SCORES[key]]
 
@@ -91,8 +98,7 @@ def test_per_run_id_and_ood_means(results):
     assert set(scores["variant"]) == {"NoPE", "T5", "RoPE", "RoPE (randomized)"}
 
 
-def test_training_rows_quote_steps_reached_and_id_ood(results):
-    report = make_report(collect(results))
+def test_training_rows_quote_steps_reached_and_id_ood(report):
     # copy, NoPE: seeds 0 and 1 reached 0.99 before the cap; seed 2 ran to the cap (900) at ID 0.99
     assert (f"| copy | NoPE | 2/3 | 600 (300-900) | {fmt(iid(('copy', 'nope', 'sequential')))} | "
             f"{fmt(ood(('copy', 'nope', 'sequential')))} |") in report
@@ -102,8 +108,7 @@ def test_training_rows_quote_steps_reached_and_id_ood(results):
     assert "Runs below 0.99 ID exact match: 6 of 24: copy: RoPE (randomized) (3); reverse: NoPE (3)." in report
 
 
-def test_ranks_and_mean_reciprocal_rank(results):
-    report = make_report(collect(results))
+def test_ranks_and_mean_reciprocal_rank(report):
     means = {key: statistics.mean(ood(key)) for key in SCORES}
     # copy: NoPE 0.5 > RoPE (randomized) 0.467 > T5 0.083 > RoPE 0.05; reverse: RoPE (rand.) 0.267 > T5 0.2 >
     # NoPE 0.067 > RoPE 0.017
@@ -130,6 +135,7 @@ def over(variant, column):
     return [statistics.mean(pick((task, *variant))[s] for task in TASKS) for s in range(3)]
 
 
+@functools.cache
 def samples():
     """(variant a, variant b, task or "over", column) -> (a's values, b's values), seeds in order: every
     comparison of the report's orderings, per task and over the tasks."""
@@ -142,6 +148,7 @@ def samples():
     return found
 
 
+@functools.cache  # line() asks for it once per ordering
 def family():
     """The family the report corrects together: every ordering that has a test (two sides that do not vary at
     all have no t statistic), each key -> (raw Welch p, Holm-adjusted p over the family)."""
@@ -170,8 +177,7 @@ def line(key, corrected=True):
             f"difference {difference:.4f}, 95% CI [{low:.4f}, {high:.4f}], n = 3; p = {p:.2g}{adjusted})")
 
 
-def test_the_trend_table_puts_each_claim_beside_these_runs(results):
-    report = make_report(collect(results))
+def test_the_trend_table_puts_each_claim_beside_these_runs(report):
     trends = report.split("## Trends: the papers' and ours")[1].split("##")[0]
     # ID: copy's randomized RoPE (0.800) and reverse's NoPE (0.943) stay below 0.99
     assert "6 of 8 (task, variant) pairs reach a mean ID exact match of 0.99; below it: RoPE (randomized) on copy " \
@@ -197,11 +203,10 @@ def welch(a, b):
         return stats.ttest_ind(a, b, equal_var=False).pvalue
 
 
-def test_orderings_state_welchs_test_corrected_over_the_family(results):
+def test_orderings_state_welchs_test_corrected_over_the_family(report):
     """Every ordering, per task and over the tasks, is Welch's t-test (two variants are different models)
     and the whole list is one family: each line's adjusted p is Holm's over all of its tests, and an ordering
     is stated only where that adjusted p is below 0.05."""
-    report = make_report(collect(results))
     orderings = report.split("## Orderings")[1]
     tests = family()
     assert len(tests) == len(samples()) - 1  # reverse's RoPE ID: 1.0 on every run of both sides, no test
@@ -238,20 +243,19 @@ def test_uncorrected_orderings_read_the_raw_p(results):
     assert "adjusted p =" not in orderings and "tests (Welch's t-test), uncorrected at α = 0.05" in orderings
 
 
-def test_the_report_reads_the_committed_summary_csv_as_the_results_dir(results, tmp_path, capsys):
+def test_the_report_reads_the_committed_summary_csv_as_the_results_dir(results, report, tmp_path, capsys):
     assert main(["collect", str(results), "--out", str(tmp_path / "summary.csv")]) == 0
     assert main(["report", str(tmp_path / "summary.csv"), "--out", str(tmp_path / "report.md")]) == 0
-    assert (tmp_path / "report.md").read_text() == make_report(collect(results))
-    assert make_report(read_summary(tmp_path / "summary.csv")) == make_report(collect(results))
+    assert (tmp_path / "report.md").read_text() == report
+    assert make_report(read_summary(tmp_path / "summary.csv")) == report
 
 
-def test_t5_buckets_line_names_the_untrained_test_distances(results):
+def test_t5_buckets_line_names_the_untrained_test_distances(report):
     """T5 with the default 32 buckets / max_distance 128, trained on inputs of 9 tokens (distances <= 8), tested
     to 17 (distances <= 16): bucket(d) = d below 16 exact buckets, and bucket 16 = 16 + floor(log(16/16) /
     log(128/16) * 16) at d = 16, worked out here; distances 9..16 read buckets no training distance reached."""
-    text = make_report(collect(results))
     assert ("- num_buckets 32, max_distance 128 (causal): the far bucket 31 starts at distance 113; training distances "
-            "reach 8 (buckets up to 8): test distances 9..16 read buckets 9..16, never trained.") in text
+            "reach 8 (buckets up to 8): test distances 9..16 read buckets 9..16, never trained.") in report
 
 
 CAPPED = [[1.0, 0.5, 0.4], [1.0, 0.6, 0.3], [1.0, 0.4, 0.4]]

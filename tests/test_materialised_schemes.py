@@ -173,15 +173,16 @@ def test_bad_settings_get_one_line_naming_the_field(fields, field):
 
 
 def test_the_four_presets_train_in_a_tiny_grid_through_the_cli(tmp_path):
-    """`relpos-ablate grid` on a spec of the presets stick_breaking, path, dape, dape_v2 (2 steps each, in
-    process), then `table`: a row per preset with a finite perplexity at both evaluation lengths."""
+    """`relpos-ablate grid` on a spec of the presets stick_breaking, path, dape, dape_v2 (2 steps each, a worker
+    process each, two at a time), then `table`: a row per preset with a finite perplexity at both evaluation
+    lengths."""
     from fixtures.runner import write_spec
     from relpos_ablate.analysis import collect
     from relpos_ablate.cli import main
 
     spec = write_spec(tmp_path, name="materialised", encodings=list(SCHEMES), seeds=(0,), max_steps=2)
     results = tmp_path / "results"
-    assert main(["grid", str(spec), "--results", str(results), "--slots", "1"]) == 0
+    assert main(["grid", str(spec), "--results", str(results), "--slots", "2"]) == 0
     frame = collect(results / "materialised")
     assert set(frame["encoding"]) == set(SCHEMES)
     assert (frame["status"] == "done").all() and len(frame) == 2 * len(SCHEMES)  # two eval lengths a run

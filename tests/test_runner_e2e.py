@@ -1,7 +1,9 @@
 """The runner with the real `relpos-ablate train` worker: experiments/smoke.yaml end to end on 2 CPU
-slots (and a rerun that launches nothing), and a worker SIGKILLed mid-training that the runner
-records as interrupted and the rerun resumes from last.ckpt with a complete, duplicate-free step
-series. Run: pytest tests/test_runner_e2e.py -q   (about a minute; the smoke grid is marked slow)
+slots (its 4 runs at SMOKE_STEPS steps instead of 300: the checks are about the runner and the run
+dirs, not what 300 steps learn) and a rerun that launches nothing, and a worker SIGKILLed mid-training
+that the runner records as interrupted and the rerun resumes from last.ckpt with a complete,
+duplicate-free step series. Run: pytest tests/test_runner_e2e.py -q   (under a minute; the smoke grid is
+marked slow)
 """
 
 import csv
@@ -23,6 +25,7 @@ from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
 
 FORK = multiprocessing.get_context("fork")
+SMOKE_STEPS = 40  # past the spec's 20 warmup steps and 2 log rows; the final checkpoint is written at any step
 
 
 def metric_steps(run_dir):
@@ -46,14 +49,18 @@ def check_finished_run(run_dir, config):
 
 @pytest.mark.slow
 def test_smoke_grid_on_two_cpu_slots_then_rerun_launches_nothing(tmp_path):
+    raw = yaml.safe_load((REPO / "experiments" / "smoke.yaml").read_text())
+    raw["base"]["train"]["max_steps"] = SMOKE_STEPS
+    spec_path = tmp_path / "smoke.yaml"
+    spec_path.write_text(yaml.safe_dump(raw, sort_keys=False))
     results = tmp_path / "results"
-    argv = [sys.executable, "-m", "relpos_ablate", "grid", "experiments/smoke.yaml", "--results", str(results),
-            "--slots", "2"]
+    argv = [sys.executable, "-m", "relpos_ablate", "grid", str(spec_path), "--results", str(results), "--slots", "2"]
     started = time.monotonic()
     first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
     wall = time.monotonic() - started
     assert first.returncode == 0, first.stdout + first.stderr
-    spec = load_grid(REPO / "experiments" / "smoke.yaml")
+    spec = load_grid(spec_path)
+    assert len(spec.runs) == len(load_grid(REPO / "experiments" / "smoke.yaml").runs)
     for run in spec.runs:
         check_finished_run(results / "smoke" / run.run_id, run.config)
     statuses = {run.run_id: (results / "smoke" / run.run_id / "status.json").read_bytes() for run in spec.runs}
@@ -72,7 +79,7 @@ def _run_cli(argv, out_path):
 
 
 def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, capsys):
-    base = tiny_base(max_steps=300)
+    base = tiny_base(max_steps=100)  # killed at step 40 or later: 60 steps of margin for the poll below
     base["train"].update(log_every=5, checkpoint_every=20)
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(yaml.safe_dump({"name": "kill", "base": base, "seeds": [0]}))
@@ -85,7 +92,7 @@ def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, cap
     deadline = time.monotonic() + 120
     while (read_status(run_dir) or {}).get("step", 0) < 40 or not (run_dir / "checkpoints" / "last.ckpt").exists():
         assert time.monotonic() < deadline and runner.is_alive(), (tmp_path / "first.out").read_text()
-        time.sleep(0.1)
+        time.sleep(0.02)
     os.kill(read_status(run_dir)["pid"], signal.SIGKILL)  # e.g. the OOM killer
     runner.join(60)
     assert runner.exitcode == 1
