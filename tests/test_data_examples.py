@@ -11,6 +11,7 @@ from relpos_ablate.train.data import build_datamodule, solvers
 from relpos_ablate.train.data.examples import (
     BOS, FIRST, PAD, SEP, TrimmedSegments, as_streams, by_length, generate, vocab_size,
 )
+from fixtures.sequences import unpadded
 
 LENGTHS = (3, 9)
 
@@ -20,13 +21,6 @@ def sequences(task, count=200, lengths=LENGTHS, **fields):
     found = generate(data, seed=7, split="train", count=count, lengths=lengths)
     full = torch.cat([found.inputs[:, :1], found.targets], dim=1)  # (N, T + 1): the whole padded sequences
     return data, found, full
-
-
-def unpadded(full, row):
-    tokens = full[row].tolist()
-    while tokens and tokens[-1] == PAD:
-        tokens.pop()
-    return tokens
 
 
 def solve(task, data, tokens):

@@ -21,9 +21,10 @@ from relpos_ablate.io import atomic_write_json
 from relpos_ablate.runner.grid import load_grid
 from relpos_ablate.studies.length_generalization.figures import passkey_figure
 from relpos_ablate.train.data import build_datamodule
-from relpos_ablate.train.data.examples import BOS, FILLER, KEY, PAD, SEP, generate, vocab_size
+from relpos_ablate.train.data.examples import BOS, FILLER, KEY, SEP, generate, vocab_size
 from relpos_ablate.train.data.solvers import solve
 from relpos_ablate.train.run import train_run
+from fixtures.sequences import unpadded
 
 TASKS = ("niah_multikey", "niah_multivalue", "niah_multiquery", "variable_tracking", "contextual_counting")
 SPEC = Path(__file__).resolve().parent.parent / "experiments" / "ruler_tiny.yaml"
@@ -41,13 +42,6 @@ def examples(task, seed=0, count=150, lengths=(1, 40), depth=None, **fields):
     found = generate(data, seed=seed, split="eval", count=count, lengths=lengths, depth=depth)
     full = torch.cat([found.inputs[:, :1], found.targets], dim=1)  # (N, T + 1): the whole padded sequences
     return data, found, full
-
-
-def unpadded(full, row):
-    tokens = full[row].tolist()
-    while tokens and tokens[-1] == PAD:
-        tokens.pop()
-    return tokens
 
 
 # Vocabulary of the hand-written examples (examples.py): <pad> 0, <bos> 1, <sep> 2, digits 0-9 are 3-12, <key>
