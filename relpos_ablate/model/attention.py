@@ -258,13 +258,6 @@ class RelPosAttention(nn.Module):
             q = q * tuned_temperature(at, self.config).to(q.dtype)[:, None, :, None]  # (B, H, L, dh) × (B, 1, L, 1)
         return q, k, v
 
-    @staticmethod
-    def _tuned_positions(x: Tensor, n_mem: int) -> Tensor:
-        """[B, L]: the positions temperature tuning reads for a chunked layer's queries, those of the whole call
-        (M .. M + L - 1), split with the queries (chunks.py)."""
-        at = torch.arange(n_mem, n_mem + x.shape[1], device=x.device)
-        return at.expand(x.shape[0], -1)
-
     def scores(self, q: Tensor, k: Tensor, call: AttentionCall, block: QueryBlock | None = None,
                product: Tensor | None = None) -> dict[str, Tensor]:
         """The module docstring's equation, term by term, for the block's queries and keys (default: the
@@ -330,7 +323,7 @@ class RelPosAttention(nn.Module):
         if self.config.chunk is not None and tuned_positions is None:  # memory is not seen
             chunks = Chunks(self.config.chunk, x.shape[1], 0 if mems is None else mems.shape[1])
             out, probs = self(chunks.split(x), None, chunks.options(options), need_weights=need_weights,
-                              tuned_positions=chunks.split(self._tuned_positions(x, chunks.n_mem)))
+                              tuned_positions=chunks.query_positions(x))
             return chunks.merge(out), None if probs is None else chunks.scatter(probs)
         keys_input = x if mems is None else torch.cat([mems.to(x.dtype), x], dim=1)  # (B, M + L, D)
         visibility, placed = self._placement(x, keys_input, options)
@@ -391,7 +384,7 @@ class RelPosAttention(nn.Module):
         if self.config.chunk is not None:  # per chunk, as forward computes them; nothing outside the chunks
             chunks = Chunks(self.config.chunk, x.shape[1], 0 if mems is None or mems.shape[1] == 0 else mems.shape[1])
             maps = self._score_terms(chunks.split(x), None, chunks.options(options),
-                                     chunks.split(self._tuned_positions(x, chunks.n_mem)))
+                                     chunks.query_positions(x))
             visible = maps.pop("visible")
             visible = chunks.scatter(visible.expand(x.shape[0] * chunks.count, 1, *visible.shape[-2:]), fill=False)
             return {**{name: chunks.scatter(t) for name, t in maps.items()},  # (B·n, 1, C, C) -> (B, 1, L, M + L)

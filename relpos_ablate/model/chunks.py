@@ -52,6 +52,12 @@ class Chunks:
         b = t.shape[0] // self.count
         return t.reshape(b, self.count * self.size, *t.shape[2:])[:, : self.n_queries]  # (B, n·C, ...) -> (B, L, ...)
 
+    def query_positions(self, x: Tensor) -> Tensor:
+        """[B·n, C]: where the queries of x [B, L, ...] sit in the whole call (M .. M + L - 1), split like them:
+        what temperature tuning reads."""
+        at = torch.arange(self.n_mem, self.n_mem + self.n_queries, device=x.device)
+        return self.split(at.expand(x.shape[0], -1))
+
     def options(self, options: AttentionOptions) -> AttentionOptions:
         """The chunks' options: key padding and the statistics' query weights split like the queries."""
         if options.positions is not None or options.distances is not None:

@@ -16,7 +16,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from relpos_ablate.analysis.settings import normalized
 from relpos_ablate.analysis.stats import Family, listed
 from relpos_ablate.analysis.table_options import axis_orders, read_spec
 from relpos_ablate.analysis.tables import sort_key
@@ -47,7 +46,6 @@ def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     if "encoding" not in df:
         raise ConfigError("report", "the hybrid schedules report needs the `encoding` axis of its grids")
     done = df[(df["status"] == "done") & np.isfinite(pd.to_numeric(df.get(metric), errors="coerce"))].copy()
-    done["stride"] = [None if normalized(v) is None else int(v) for v in done.get("stride", [None] * len(done))]
     return done
 
 
@@ -131,10 +129,9 @@ def retrieval_sections(df: pd.DataFrame, correction: str) -> list[str]:
         cell = mine.groupby(["encoding", "run_dir", "bin"])["exact_match"].mean()
         rows = ["| schedule | " + " | ".join(bins) + " |", "|:---|" + "---:|" * len(bins)]
         for schedule in schedules:
-            values = [cell.get(schedule, pd.Series(dtype=float)).xs(b, level="bin") if schedule in cell.index.get_level_values(0)
-                      else pd.Series(dtype=float) for b in bins]
-            rows.append(f"| {schedule} | " + " | ".join(f"{v.mean():.3f} ± {v.std(ddof=1):.3f}" if len(v) > 1 else "—"
-                                                       for v in values) + " |")
+            values = [list(_bin(cell, schedule, b).values()) for b in bins]
+            rows.append(f"| {schedule} | " + " | ".join(f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" if len(v) > 1
+                                                       else "—" for v in values) + " |")
         parts.append(f"## Long-context task: {task}, exact match per test-length bin\n\nMean ± std over seeds, each run's "
                      "value the mean over its evaluated depths.\n\n" + "\n".join(rows) + "\n")
         if BASELINE not in schedules:
