@@ -312,7 +312,7 @@ class ModelConfig:
         for word in dict.fromkeys(self.layer_pattern):
             where = f"layer_kinds.{word}" if word in kinds else f"layer_pattern[{self.layer_pattern.index(word)}]"
             try:
-                attention = dataclasses.replace(self.attention, **layer_overrides(word, kinds))
+                attention = self._word_attention(word)
             except ConfigError as err:
                 raise err.under(where) from None
             if attention.absolute != self.attention.absolute and INPUT_POSITIONS & {attention.absolute, self.attention.absolute}:
@@ -321,13 +321,15 @@ class ModelConfig:
                                   "learned_per_layer or none in a layer")
             check_widths(attention, self.d_model, self.d_head)
 
-    def layer_attention(self, index: int) -> AttentionConfig:
-        """The attention settings of layer `index` (the model's without a layer_pattern)."""
-        if not self.layer_pattern:
-            return self.attention
-        word = self.layer_pattern[index % len(self.layer_pattern)]
+    def _word_attention(self, word: str) -> AttentionConfig:
+        """The attention a pattern word stands for: the model's, with the kind's or the preset's fields on top."""
         kinds = {kind.name: kind for kind in self.layer_kinds}
         return dataclasses.replace(self.attention, **layer_overrides(word, kinds))
+
+    def layer_attention(self, index: int) -> AttentionConfig:
+        """The attention settings of layer `index` (the model's without a layer_pattern)."""
+        word = self.layer_word(index)
+        return self.attention if word is None else self._word_attention(word)
 
     def layer_word(self, index: int) -> str | None:
         """The pattern word (kind or preset) of layer `index`; None without a layer_pattern."""
