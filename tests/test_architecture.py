@@ -132,7 +132,7 @@ def test_the_schemes_import_nothing_of_the_kernels():
                if target.startswith("relpos_ablate.model.kernels")}
     assert not reached
     kernels = [module for module in graph if module.startswith("relpos_ablate.model.kernels.")]
-    assert len(kernels) == 10
+    assert len(kernels) == 11
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
@@ -159,6 +159,23 @@ def test_a_forward_builds_its_attention_call_once(backend, autocast, monkeypatch
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         attn(x, mems)[0].float().sum().backward()
     assert len(built) == 1
+
+
+def test_the_band_kernel_derives_one_call_for_its_band(monkeypatch):
+    """The one exception to a call built once: the band kernel's call for its band (band.banded), once a forward."""
+    import torch
+
+    from relpos_ablate import AttentionConfig, RelPosAttention
+    from relpos_ablate.model.kernels.call import AttentionCall
+
+    built = []
+    init = AttentionCall.__init__
+    monkeypatch.setattr(AttentionCall, "__init__", lambda self, *a, **kw: (built.append(kw.get("far_from")),
+                                                                            init(self, *a, **kw))[1])
+    attn = RelPosAttention(16, 2, 8, AttentionConfig(terms="ab", rel="learned", clamp_len=2, backend="band",
+                                                     query_chunk=4))
+    attn(torch.randn(2, 9, 16))[0].sum().backward()
+    assert built == [None, 2]
 
 
 # Where each backend sums the score terms: `sum_terms` (call.py) on every dense path, StridedMaps.mask on the

@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from fixtures.kernels import forced_calibration, assert_candidates_agree, assert_matches_float64
 from reference import reference_attention
 from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
 from relpos_ablate.model.kernels import calibration, dispatch, low_rank
@@ -75,13 +76,7 @@ def test_low_rank_equals_the_float64_reference_at_4096_with_memory(name):
     assert dispatch.candidates(call, q, attn.config, 0.0) == ["low_rank"]
     out, _ = attn(x, mems)
     ref, params = _reference(attn, x, mems)
-    assert (out.double() - ref).abs().max() <= 1e-5
-    grad = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
-    (out * grad.float()).sum().backward()
-    (ref * grad).sum().backward()
-    for pname, p in attn.named_parameters():
-        err = (p.grad.double() - params[pname].grad).abs().max() / params[pname].grad.abs().max()
-        assert err <= _limit(pname), (pname, float(err))
+    assert_matches_float64(attn, out, ref, params, gen, 1e-5, _limit)
 
 
 @pytest.mark.parametrize("name", list(LOW_RANK))
@@ -104,17 +99,7 @@ def test_low_rank_equals_the_loop_reference(name, monkeypatch):
 def test_every_calibration_candidate_agrees():
     """Each kernel calibration can choose computes the same forward and gradients (fp32)."""
     for name in LOW_RANK:
-        results = {}
-        for backend in ("low_rank", "blocks", "sdpa"):
-            attn = _layer(name, backend)
-            x = torch.randn(2, 96, 32, generator=torch.Generator().manual_seed(3), requires_grad=True)
-            out, _ = attn(x, torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(4)))
-            out.square().sum().backward()
-            results[backend] = {"out": out, "x": x.grad, **{n: p.grad for n, p in attn.named_parameters()}}
-        for backend in ("blocks", "sdpa"):
-            for tensor, a in results["low_rank"].items():
-                b = results[backend][tensor]
-                assert (a - b).abs().max() <= _limit(tensor) * b.abs().max(), (name, backend, tensor)
+        assert_candidates_agree(lambda backend: _layer(name, backend), ("low_rank", "blocks", "sdpa"), _limit, name)
 
 
 def test_the_kernel_only_takes_calls_of_key_offsets():
@@ -161,9 +146,7 @@ def test_calibration_measures_once_and_caches_per_machine(tmp_path):
 @pytest.mark.parametrize("fastest", ["low_rank", "blocks", "sdpa"])
 def test_forced_timings_pick_each_path(fastest, tmp_path, monkeypatch):
     """Through the model: with forced timings each candidate is chosen and run (it is the kernel called)."""
-    monkeypatch.setenv(calibration.ENV_SWITCH, "1")
-    cal = calibration.Calibration(tmp_path / "k.json", timer=lambda name, run: (run(), 0.0 if name == fastest else 1.0)[1])
-    monkeypatch.setattr(calibration, "CALIBRATION", cal)
+    cal = forced_calibration(monkeypatch, tmp_path, fastest)
     ran = []
     for name, module, function in (("low_rank", low_rank, "attend_low_rank"), ("blocks", dispatch, "_blockwise"),
                                    ("sdpa", dispatch, "_stored")):

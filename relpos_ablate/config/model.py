@@ -18,7 +18,7 @@ ABSOLUTE_TYPES = ("none", "sinusoid", "learned", "learned_per_layer", "rope")
 REL_SOURCES = ("sinusoid", "learned")
 SCORE_SCALES = ("sqrt_d", "none", "log_n", "ssmax")
 LENGTH_AWARE_SCALES = ("log_n", "ssmax")  # the scales that read log_n_length
-BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit", "low_rank")
+BACKENDS = ("auto", "blocks", "sdpa", "flex", "explicit", "low_rank", "band")
 POSITIONS = ("sequential", "randomized")
 RANDOMIZED_DRAWS = ("per_layer", "shared_positions")
 NORMS = ("pre", "post")
@@ -153,7 +153,9 @@ class AttentionConfig:
     at first use and cached per machine: kernels/calibration.py) | blocks (query blocks, bias rebuilt in
     backward: O(L·d) memory) | sdpa (SDPA per block with the additive map stored) | flex | explicit
     (materialised) | low_rank (ALiBi, learned ALiBi and FoX as one key channel on the flash kernel; calls it
-    cannot take, e.g. with a window, go to blocks)."""
+    cannot take, e.g. with a window, go to blocks) | band (a map constant from a distance on — a clamp_len,
+    xl_table's max_distance, T5's last bucket —: the pairs beyond it on the causal flash kernel, the band on the
+    block kernel; calls it cannot take go to blocks)."""
     query_chunk: int = 256
     """Queries per block; causal blocks skip keys no query of theirs can see (0: one block)."""
     max_stored_scores_mb: int = 0
@@ -210,6 +212,17 @@ class AttentionConfig:
                  and not self.sinks and self.window is None and self.score_scale in ("sqrt_d", "none")
                  and not self.learned_temperature and not self.needs_scores and not self.randomized)
         return offsets and plain
+
+    @property
+    def band_form(self) -> bool:
+        """Whether every position term is constant from a distance on, up to a per-query constant: R clamped at
+        clamp_len for terms b/d, the bias xl_table or t5 (kernels/band.py)."""
+        saturating = (not self.uses_r or self.clamp_len is not None) and self.bias in ("none", "xl_table", "t5")
+        plain = (self.causal and not self.cope_positions and not self.sinks and self.window is None
+                 and self.score_scale in ("sqrt_d", "none") and not self.learned_temperature
+                 and not self.needs_scores and not self.randomized and not self.forget_gate
+                 and not self.shaw_values)
+        return saturating and plain and (self.uses_r or self.bias != "none")
 
     @property
     def needs_scores(self) -> bool:

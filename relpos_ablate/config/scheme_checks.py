@@ -86,6 +86,10 @@ def check_materialised_schemes(config: Any) -> None:
         raise ConfigError("backend", "'low_rank' takes causal attention whose only position term is a key offset "
                           "(bias alibi or alibi_learned, and/or forget_gate) with terms='a', no CoPE, sinks, "
                           "window or score scaling; use auto")
+    if config.backend == "band" and not config.band_form:
+        raise ConfigError("backend", "'band' takes causal attention whose position terms are constant from a "
+                          "distance on (terms b/d with clamp_len set, bias xl_table or t5) with no CoPE, FoX, sinks, "
+                          "window or score scaling; use auto")
     if config.needs_scores and config.backend in ("blocks", "flex"):
         raise ConfigError("backend", f"{config.backend!r} never materialises the scores that stick-breaking, PaTH "
                           "and DAPE read; use auto, sdpa (per query block) or explicit")

@@ -217,9 +217,14 @@ class RelPosAttention(nn.Module):
             rel_keys = rel_keys.to(dtype) if rel_keys is not None and "b" in terms else None
             distance_scores = None if distance_scores is None else distance_scores.to(dtype)
             term_d = None if term_d is None else term_d.to(dtype)
+        # the distance from which every per-distance input is constant (a clamp of R, the bias's saturation)
+        ends = ([clamp_len if clamp_len is not None else self.config.clamp_len] if self.config.uses_r else []) + (
+            [scheme.saturation()] if curve else [])
+        saturation = max(ends) if ends and None not in ends and pair_bias is None else None
         return (dict(rel_keys=rel_keys, term_d=term_d, distance_scores=distance_scores),
                 dict(pair_bias=pair_bias, linear_bias=None if linear is None else linear * self.bias_scale,
-                     pair_bias_curve_until=scheme.distance_only_until() if pair_bias is not None else float("inf")))
+                     pair_bias_curve_until=scheme.distance_only_until() if pair_bias is not None else float("inf"),
+                     saturation=saturation))
 
     def kernel_call(self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None
                     ) -> tuple[AttentionCall, Tensor, Tensor | None]:

@@ -11,7 +11,9 @@ FoX's decay, CoPE; times the query scale): block by block, `call.sum_terms` of `
 visible keys are the call's `Visibility` (causal, memory, window) and key padding. A query that sees no key
 gets 0. The backends (dispatch.py picks one): plain SDPA (no map), SDPA per query block with the stored map,
 the block kernel that rebuilds each block's map in backward (blockwise.py with block_maps.py), the low-rank
-kernel where the map is a key offset up to a per-query constant (low_rank.py: ALiBi, FoX), FlexAttention
+kernel where the map is a key offset up to a per-query constant (low_rank.py: ALiBi, FoX), the band kernel
+where the map is constant from a distance on (band.py: the pairs beyond it on the causal flash kernel, the band on
+the block kernel, whose call band.py derives from the call: the one call described twice), FlexAttention
 (flex.py, the map as a point-wise `score_mod`), explicit probabilities per block (statistics), and the
 materialised path (explicit.py, which takes the summed score map itself, for the whole call or per query block).
 The schemes that read the scores themselves are not bent into `map`: they use the materialised path's three

@@ -11,7 +11,8 @@ which adds it to each tile of scores and never writes scores or probabilities ou
 same in tensor ops). Backward: per block, scores and map rebuilt and FlashAttention-2's gradients in five
 products (P = exp(s·q·kᵀ + map - lse); dV = Pᵀ·dO; dS = P ∘ (dO·Vᵀ - rowsum(dO ∘ O)); dQ = s·dS·K;
 dK = s·dSᵀ·Q), dS then reduced onto the map's inputs (block_maps.py). A map whose inputs need no gradient
-(fixed ALiBi, Sandwich) leaves dQ, dK, dV to the CPU flash kernel's own backward.
+(fixed ALiBi, Sandwich) leaves dQ, dK, dV to the CPU flash kernel's own backward. A band call (`far_from` set:
+band.py) computes its band here and adds the pairs beyond it from the causal flash kernel, forward and backward.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import math
 import torch
 from torch import Tensor
 
+from relpos_ablate.model.kernels import band
 from relpos_ablate.model.kernels.block_maps import block_maps
 from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock, ScoreInputs
 
@@ -108,6 +110,8 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
                 out_b, lse_b = _merged([_attend_block(q_b, k[:, :, t.keys], v[:, :, t.keys],
                                                       maps.mask(t, q_b, k[:, :, _stream(t)]), call.scale) for t in tiles])
                 out[:, :, rows], lse[:, :, rows] = _flip(out_b, maps.reversed), _flip(lse_b, maps.reversed)
+            if call.far_from is not None:  # the pairs the band leaves to the causal flash kernel (band.py)
+                band.add_far(call, q_content, k, v, out, lse)
         ctx.call, ctx.params = call, params
         ctx.save_for_backward(q_content, k, v, *inputs, out, lse)
         return out
@@ -141,6 +145,8 @@ def _backward(ctx, grad_out: Tensor):
     grads = ScoreInputs(*(None if t is None or not need else torch.zeros_like(t)
                           for t, need in zip(inputs, ctx.needs_input_grad[4:first_param])))
     param_grads = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])]
+    if call.far_from is not None:
+        band.far_backward(call, grad_out, q_content, k, v, out, lse, grad_q, grad_k, grad_v)
     maps = block_maps(call, inputs)
     flip = maps.reversed
     if _fused(q_content) and all(g is None for g in (*grads, *param_grads)):

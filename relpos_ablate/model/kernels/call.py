@@ -174,6 +174,11 @@ class AttentionCall:
     linear_bias: Tensor | None = None  # [H] s_B·m_h where inputs.distance_scores is -s_B·m_h·(i' - j) (ALiBi, causal)
     decay: DecayScores | None = None  # FoX (fox.py): D_ij = Λ_i' - Λ_j from inputs.log_decay
     contextual: ContextualScores | None = None  # CoPE (cope.py): scores from the block's queries and keys
+    # every per-distance input is the same at each distance >= saturation (a clamp of R, the bias's last bucket);
+    # None: no such distance. far_from: the band kernel's call (band.py), the pairs at i' - j >= far_from left to
+    # the causal flash kernel on s·q·kᵀ alone, the window far_from the band's
+    saturation: int | None = None
+    far_from: int | None = None
 
     # the carrier's tensors by name (read-only)
     rel_keys = property(lambda self: self.inputs.rel_keys)

@@ -4,6 +4,8 @@
 q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without term b):
 - nothing beyond causal attention: one SDPA call (flash kernels);
 - FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout;
+- on CPU, a map that is a key offset (ALiBi, FoX) on the low-rank kernel (low_rank.py), and one that is constant
+  from a distance on (a clamp, T5's last bucket) on the band kernel (band.py), where calibration finds them fastest;
 - the block kernel that rebuilds each block's map in backward (blockwise.py) for backend 'blocks', and
   'auto' without attention dropout unless the maps fit in max_stored_scores_mb (default 0: never);
 - else SDPA per query block, each with its additive map (stored for backward);
@@ -27,7 +29,7 @@ from torch.nn.attention.bias import causal_lower_right
 from relpos_ablate.config.model import AttentionConfig
 from relpos_ablate.model.kernels.call import AttentionCall, ScoreInputs, sum_terms
 from relpos_ablate.model.kernels.geometry import StatisticsSink
-from relpos_ablate.model.kernels import calibration, low_rank
+from relpos_ablate.model.kernels import band, calibration, low_rank
 from relpos_ablate.model.kernels.blockwise import BlockwiseBiasedAttention, masked_softmax
 
 # Score entries per head in one query block whose map is stored for backward (the block kernel sizes its
@@ -61,7 +63,8 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
         call, q_content, k, v, q_position, config, dropout_p, paths)
     if path == "low_rank":
         return low_rank.attend_low_rank(call, q_content, k, v, *plan)
-    if path == "blocks":
+    if path in ("blocks", "band"):
+        call = band.banded(call) if path == "band" else call
         return _blockwise(call, *_widened(call, q_content, k, v, q_position)).to(call.dtype)
     return _stored(call, q_content, k, v, q_position, dropout_p)
 
@@ -69,21 +72,24 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
 def candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float,
                plan: tuple[Tensor, int] | None | str = "unknown") -> list[str]:
     """The kernels that may compute this call, the fixed order's choice first: 'low_rank' (every term a key
-    offset: ALiBi, FoX; low_rank.py), 'blocks' (the block kernel: no attention dropout) and 'sdpa' (SDPA per
-    query block with its map: stored for backward, so in training only while the maps fit
-    max_stored_scores_mb). A pinned backend is the only candidate where it can take the call; low_rank
-    otherwise leaves it to the block kernel (its results are the same, by rounding). plan: the low-rank kernel's
+    offset: ALiBi, FoX; low_rank.py), 'band' (a map constant from a distance on: its band on the block kernel, the
+    rest on the causal flash kernel; band.py), 'blocks' (the block kernel: no attention dropout) and 'sdpa' (SDPA
+    per query block with its map: stored for backward, so in training only while the maps fit
+    max_stored_scores_mb). A pinned backend is the only candidate where it can take the call; low_rank and band
+    otherwise leave it to the block kernel (its results are the same, by rounding). plan: the low-rank kernel's
     (offsets, block) or None, where the caller has it (`_low_rank_plan`)."""
     if plan == "unknown":
         plan = _low_rank_plan(call, q_content, dropout_p)
     if config.backend == "sdpa" or (config.backend == "blocks" and dropout_p > 0.0):
         return ["sdpa"]
     rebuild = "blocks" if dropout_p == 0.0 else "sdpa"
-    if config.backend in ("blocks", "low_rank"):
-        return ["low_rank"] if config.backend == "low_rank" and plan is not None else [rebuild]
+    banded = band.takes(call, q_content, dropout_p)
+    if config.backend in ("blocks", "low_rank", "band"):
+        pinned = (config.backend == "low_rank" and plan is not None) or (config.backend == "band" and banded)
+        return [config.backend] if pinned else [rebuild]
     if dropout_p > 0.0:
         return ["sdpa"]
-    paths = ["low_rank"] if plan is not None else []
+    paths = (["low_rank"] if plan is not None else []) + (["band"] if banded else [])
     if _stores_too_much(call, q_content, config):
         return [*paths, "blocks"]
     # storing the maps is allowed: in training it is the fixed order's choice (max_stored_scores_mb's promise)
@@ -127,9 +133,11 @@ def call_key(call: AttentionCall, q_content: Tensor, dropout_p: float) -> str:
                                     ("positions", not call.consecutive), ("causal", call.causal),
                                     ("dropout", dropout_p > 0.0)) if on]
     b, h, lq, dh = q_content.shape
+    # the band kernel's cost grows with its band (the saturation distance)
+    band_width = f" S{calibration.bucket(call.saturation)}" if call.saturation is not None else ""
     return (f"{q_content.device.type}/{str(call.dtype).removeprefix('torch.')}/"
             f"{'train' if torch.is_grad_enabled() else 'eval'}/{'+'.join(terms)}/"
-            f"B{b} H{h} d{dh} L{calibration.bucket(lq)} M{calibration.bucket(call.n_mem)}")
+            f"B{b} H{h} d{dh} L{calibration.bucket(lq)} M{calibration.bucket(call.n_mem)}{band_width}")
 
 
 @torch.compiler.disable

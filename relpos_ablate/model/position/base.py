@@ -69,6 +69,12 @@ class BiasScheme(nn.Module):
         per-query constant, which the low-rank kernel (kernels/low_rank.py) adds as one key channel."""
         return None
 
+    def saturation(self) -> int | None:
+        """The distance D from which `curve` is constant on causal distances (every d >= D has the bias of D:
+        a clamp, T5's last bucket), else None. Those pairs then differ from s·q·kᵀ by one constant per query,
+        which the softmax ignores: the band kernel (kernels/band.py) leaves them to the causal flash kernel."""
+        return None
+
     def distance_only_until(self) -> float:
         """Largest query position up to which B depends on i - j alone (there `curve` gives it)."""
         return float("inf")

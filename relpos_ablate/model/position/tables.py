@@ -41,6 +41,9 @@ class XLTableBias(BiasScheme):
     def curve(self, distances):
         return self.table[self.row_index(distances)].T  # (H, n)
 
+    def saturation(self):
+        return self.max_distance if self.causal else None
+
     def boundaries(self):
         return [float(self.max_distance)] + ([] if self.causal else [-float(self.max_distance)])
 
@@ -73,6 +76,9 @@ class T5Bias(BiasScheme):
         self.num_buckets = config.num_buckets
         self.max_distance = config.max_distance
         self.table = nn.Parameter(torch.randn(self.num_buckets, n_heads) * 0.02)  # (buckets, H)
+
+    def saturation(self):
+        return far_bucket_start(self.num_buckets, self.max_distance) if self.causal else None
 
     def curve(self, distances):
         return self.table[t5_bucket(distances, self.causal, self.num_buckets, self.max_distance)].T
