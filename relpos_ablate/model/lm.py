@@ -131,14 +131,16 @@ class TransformerLM(nn.Module):
         uv = [layer for layer in self.layer_configs if layer.share_uv]
         self.content_bias_u = init_vector(config.n_heads, config.d_head) if any("c" in x.terms for x in uv) else None
         self.position_bias_v = init_vector(config.n_heads, config.d_head) if any("d" in x.terms for x in uv) else None
-        schemes = self._shared_bias_schemes()
+        shared = self._shared_bias_schemes()
+        schemes = list(shared.values())
         self.shared_bias_scheme = schemes[0] if schemes else None
         self.other_bias_schemes = nn.ModuleList(schemes[1:]) if len(schemes) > 1 else None  # layer kinds' own biases
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.input_positions = LearnedPositions(a.max_position, config.d_model) if a.absolute == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
-            Layer(config, SharedParameters(self.content_bias_u, self.position_bias_v, self._bias_of(layer)), layer)
+            Layer(config, SharedParameters(self.content_bias_u, self.position_bias_v,
+                                           shared.get(bias_key(layer, a)) if layer.share_bias else None), layer)
             for layer in self.layer_configs)
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -146,25 +148,16 @@ class TransformerLM(nn.Module):
         if config.tie_weights:
             self.head.weight = self.embed.weight
 
-    def _shared_bias_schemes(self) -> list[BiasScheme]:
+    def _shared_bias_schemes(self) -> dict:
         """share_bias: one bias module per distinct bias setting among the layers (layers whose attention differs
-        in a layer kind's own fields only, e.g. their window, share one); the model's attention's first."""
-        self._bias_keys: list = []
-        schemes = []
+        in a layer kind's own fields only, e.g. their window, share one), by `bias_key`, in the layers' order (the
+        model's attention's first); a layer without a bias or with share_bias off is in none."""
+        schemes = {}
         for layer in self.layer_configs:
             key = bias_key(layer, self.config.attention)
-            if layer.share_bias and layer.bias != "none" and key not in self._bias_keys:
-                self._bias_keys.append(key)
-                schemes.append(build_bias(layer, self.config.n_heads, self.config.d_head))
+            if layer.share_bias and layer.bias != "none" and key not in schemes:
+                schemes[key] = build_bias(layer, self.config.n_heads, self.config.d_head)
         return schemes
-
-    def _bias_of(self, layer: AttentionConfig) -> BiasScheme | None:
-        """The shared bias module of a layer with this attention (None: it builds its own, or has none)."""
-        key = bias_key(layer, self.config.attention)
-        if not layer.share_bias or key not in self._bias_keys:
-            return None
-        index = self._bias_keys.index(key)
-        return self.shared_bias_scheme if index == 0 else self.other_bias_schemes[index - 1]
 
     def _init_weights(self) -> None:
         """Linear and Embedding weights N(0, 0.02), Linear biases 0 (GPT-2; Transformer-XL's init_std),

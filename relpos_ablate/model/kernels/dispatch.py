@@ -58,7 +58,7 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
             return _plain(call, q_content, k, v, dropout_p)
         return _stored(call, q_content, k, v, q_position, dropout_p)
     plan = _low_rank_plan(call, q_content, dropout_p) if path in (None, "low_rank") else None
-    paths = [path] if path else candidates(call, q_content, config, dropout_p, plan)
+    paths = [path] if path else _candidates(call, q_content, config, dropout_p, plan)
     path = paths[0] if len(paths) == 1 or not calibration.enabled() else _calibrated(
         call, q_content, k, v, q_position, config, dropout_p, paths)
     if path == "low_rank":
@@ -69,17 +69,19 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
     return _stored(call, q_content, k, v, q_position, dropout_p)
 
 
-def candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float,
-               plan: tuple[Tensor, int] | None | str = "unknown") -> list[str]:
+def candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float) -> list[str]:
     """The kernels that may compute this call, the fixed order's choice first: 'low_rank' (every term a key
     offset: ALiBi, FoX; low_rank.py), 'band' (a map constant from a distance on: its band on the block kernel, the
     rest on the causal flash kernel; band.py), 'blocks' (the block kernel: no attention dropout) and 'sdpa' (SDPA
     per query block with its map: stored for backward, so in training only while the maps fit
     max_stored_scores_mb). A pinned backend is the only candidate where it can take the call; low_rank and band
-    otherwise leave it to the block kernel (its results are the same, by rounding). plan: the low-rank kernel's
-    (offsets, block) or None, where the caller has it (`_low_rank_plan`)."""
-    if plan == "unknown":
-        plan = _low_rank_plan(call, q_content, dropout_p)
+    otherwise leave it to the block kernel (its results are the same, by rounding)."""
+    return _candidates(call, q_content, config, dropout_p, _low_rank_plan(call, q_content, dropout_p))
+
+
+def _candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float,
+                plan: tuple[Tensor, int] | None) -> list[str]:
+    """`candidates`, given the low-rank kernel's plan (`_low_rank_plan`: computed once a forward)."""
     if config.backend == "sdpa" or (config.backend == "blocks" and dropout_p > 0.0):
         return ["sdpa"]
     rebuild = "blocks" if dropout_p == 0.0 else "sdpa"
