@@ -10,8 +10,10 @@ import math
 import pytest
 import torch
 
+from conftest import randomize
 from fixtures.kernels import forced_calibration, assert_candidates_agree, assert_matches_float64
 from reference import reference_attention, t5_bucket_hf
+from test_attention_precision import RTOL, forward_backward, relative_error
 from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
 from relpos_ablate.model.kernels import band, calibration, dispatch
 from relpos_ablate.model.kernels.call import AttentionOptions
@@ -191,6 +193,23 @@ def test_every_calibration_candidate_agrees_with_the_band():
     for name, fields in BANDED.items():
         assert_candidates_agree(lambda backend: _layer(fields, backend=backend, query_chunk=32),
                                 ("band", "blocks", "sdpa"), limit, name)
+
+
+@pytest.mark.parametrize("name", list(BANDED))
+def test_band_under_bf16_autocast_matches_float32(name):
+    """Under torch.autocast("cpu", bf16) the band kernel (both its parts in fp32, as the block kernel widens them)
+    gives the fp32 output and gradients within test_attention_precision's 2.5% of their norm."""
+    attn = _layer(BANDED[name], query_chunk=16)
+    randomize(attn, 0, scale=0.2)
+    gen = torch.Generator().manual_seed(5)
+    x, mems = torch.randn(2, 70, 32, generator=gen), torch.randn(2, 10, 32, generator=gen)
+    with torch.autocast("cpu", torch.bfloat16):
+        call, q, _ = attn.kernel_call(x, mems)
+        assert call.dtype == torch.bfloat16 and dispatch.candidates(call, q, attn.config, 0.0) == ["band"]
+    out32, grads32 = forward_backward(attn, x, mems, autocast=False)
+    out16, grads16 = forward_backward(attn, x, mems, autocast=True)
+    assert relative_error([out16], [out32]) < RTOL
+    assert relative_error(grads16, grads32) < RTOL
 
 
 @pytest.mark.parametrize("fastest", ["band", "blocks", "sdpa"])
