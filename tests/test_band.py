@@ -127,6 +127,29 @@ the largest entry). Memory shorter
     assert_matches_float64(attn, out, ref, params, gen, 1e-5 * top, lambda name: 1e-5)
 
 
+@pytest.mark.parametrize("query_chunk", [0, 1, 7])
+@pytest.mark.parametrize("n_mem,n_queries", [(0, 12), (30, 12), (12, 1), (9, 3)])
+def test_band_edges_equal_the_explicit_path_in_float64(query_chunk, n_mem, n_queries):
+    """One block (query_chunk 0), one query per block, a single query, memory longer than the segment: the band
+    kernel's output and every gradient equal the explicit path's (itself held to tests/reference.py elsewhere) to
+    1e-12 in float64."""
+    for fields in (dict(terms="ab", rel="learned", clamp_len=4), dict(terms="a", bias="xl_table", max_distance=3)):
+        results = []
+        for backend in ("band", "explicit"):
+            attn = _layer(fields, backend=backend, dtype=torch.float64, query_chunk=query_chunk, heads=2, d_head=8)
+            gen = torch.Generator().manual_seed(1)
+            x = torch.randn(2, n_queries, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+            mems = torch.randn(2, n_mem, 16, generator=gen, dtype=torch.float64) if n_mem else None
+            if backend == "band":
+                call, q, _ = attn.kernel_call(x, mems)
+                assert dispatch.candidates(call, q, attn.config, 0.0) == ["band"]
+            out, _ = attn(x, mems)
+            out.square().sum().backward()
+            results.append([out, x.grad, *(p.grad for p in attn.parameters())])
+        for a, b in zip(*results):
+            assert (a - b).abs().max() <= 1e-12 * max(1.0, float(b.detach().abs().max())), fields
+
+
 def test_far_parts_cover_the_far_pairs_once():
     """The flash-kernel calls of band.far_parts, with the band (window D), see every causal pair exactly once."""
     for n_mem, lq, d in ((0, 20, 5), (3, 20, 5), (5, 20, 5), (12, 20, 5), (0, 5, 5), (2, 4, 9)):
