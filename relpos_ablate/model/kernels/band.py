@@ -31,7 +31,7 @@ from relpos_ablate.model.kernels.geometry import Visibility
 def takes(call: AttentionCall, q_content: Tensor, dropout_p: float) -> bool:
     """Whether the band kernel can take the call: CPU (the flash kernel's own entry points), no attention dropout,
     causal, consecutive positions, no window, key padding, sinks or query scale, nothing but per-distance inputs
-    (no query-dependent bias, FoX or CoPE), a saturation distance, and at least as many far keys as band keys."""
+    (no query-dependent bias, FoX or CoPE), a saturation distance D, and at least 2·D keys."""
     inputs, saturation = call.inputs, call.saturation
     return (saturation is not None and q_content.device.type == "cpu" and dropout_p == 0.0 and call.causal
             and call.consecutive and not call.drawn_distances and call.visibility.window is None
