@@ -205,26 +205,6 @@ class AttentionConfig:
         check_materialised_schemes(self)
 
     @property
-    def low_rank_form(self) -> bool:
-        """Whether every position term is a key offset up to a per-query constant (kernels/low_rank.py)."""
-        offsets = self.bias in ("alibi", "alibi_learned") or (self.bias == "none" and self.forget_gate)
-        plain = (self.causal and self.terms == "a" and not self.cope_positions
-                 and not self.sinks and self.window is None and self.score_scale in ("sqrt_d", "none")
-                 and not self.learned_temperature and not self.needs_scores and not self.randomized)
-        return offsets and plain
-
-    @property
-    def band_form(self) -> bool:
-        """Whether every position term is constant from a distance on, up to a per-query constant: R clamped at
-        clamp_len for terms b/d, the bias xl_table or t5 (kernels/band.py)."""
-        saturating = (not self.uses_r or self.clamp_len is not None) and self.bias in ("none", "xl_table", "t5")
-        plain = (self.causal and not self.cope_positions and not self.sinks and self.window is None
-                 and self.score_scale in ("sqrt_d", "none") and not self.learned_temperature
-                 and not self.needs_scores and not self.randomized and not self.forget_gate
-                 and not self.shaw_values)
-        return saturating and plain and (self.uses_r or self.bias != "none")
-
-    @property
     def needs_scores(self) -> bool:
         """Whether a scheme reads the materialised scores (stick-breaking, PaTH, DAPE): the per-block path."""
         return self.normaliser != "softmax" or self.path or self.dape != "none"

@@ -32,12 +32,9 @@ def takes(call: AttentionCall, q_content: Tensor, dropout_p: float) -> bool:
     """Whether the band kernel can take the call: CPU (the flash kernel's own entry points), no attention dropout,
     causal, consecutive positions, no window, key padding, sinks or query scale, nothing but per-distance inputs
     (no query-dependent bias, FoX or CoPE), a saturation distance D, and at least 2·D keys."""
-    inputs, saturation = call.inputs, call.saturation
-    return (saturation is not None and q_content.device.type == "cpu" and dropout_p == 0.0 and call.causal
-            and call.consecutive and not call.drawn_distances and call.visibility.window is None
-            and call.key_padding_mask is None and not call.n_sinks and call.pair_bias is None
-            and call.contextual is None and inputs.log_decay is None and inputs.query_scale is None
-            and inputs.term_d is None and call.far_from is None and call.n_keys >= 2 * saturation)
+    saturation = call.saturation
+    return (saturation is not None and q_content.device.type == "cpu" and dropout_p == 0.0 and call.plain_causal
+            and call.inputs.log_decay is None and call.far_from is None and call.n_keys >= 2 * saturation)
 
 
 def banded(call: AttentionCall) -> AttentionCall:

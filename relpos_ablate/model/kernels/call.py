@@ -204,6 +204,16 @@ class AttentionCall:
         return self.distance_index is None
 
     @property
+    def plain_causal(self) -> bool:
+        """Causal over the whole stream at consecutive positions, and every additive term a function of distances
+        or keys alone: no drawn distances, window, key padding, sinks, query-dependent bias, CoPE, query scale or
+        term d of its own (what the low-rank and band kernels need beside their own terms)."""
+        inputs = self.inputs
+        return (self.causal and self.consecutive and not self.drawn_distances and self.visibility.window is None
+                and self.key_padding_mask is None and not self.n_sinks and self.pair_bias is None
+                and self.contextual is None and inputs.query_scale is None and inputs.term_d is None)
+
+    @property
     def has_additive(self) -> bool:
         """Whether anything is added to s·q_content·kᵀ (otherwise plain SDPA can do it all)."""
         return any(t is not None for t in (self.rel_keys, self.inputs.term_d, self.distance_scores, self.pair_bias,

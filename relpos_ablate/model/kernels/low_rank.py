@@ -40,11 +40,8 @@ def key_offsets(call: AttentionCall) -> Tensor | None:
     -Λ_j), else None: causal, consecutive positions, no window, key padding, sinks, query scale, term b or d,
     query-dependent bias or CoPE."""
     inputs = call.inputs
-    plain = (call.causal and call.consecutive and not call.drawn_distances and call.visibility.window is None
-             and call.key_padding_mask is None and not call.n_sinks and call.pair_bias is None
-             and call.contextual is None and inputs.query_scale is None and inputs.rel_keys is None
-             and inputs.term_d is None)
-    if not plain or (inputs.distance_scores is not None and call.linear_bias is None):
+    if not call.plain_causal or inputs.rel_keys is not None or (
+            inputs.distance_scores is not None and call.linear_bias is None):
         return None
     if call.linear_bias is not None and bool((call.linear_bias < 0).any()):
         return None  # a slope below 0 (a scheme of your own) grows e toward the past: its far keys would round
