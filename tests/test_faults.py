@@ -225,7 +225,8 @@ def write_grid(tmp_path: Path, name: str, base: dict, **axes) -> Path:
 
 @pytest.mark.slow
 def test_runner_sigkilled_at_random_moments_then_rerun_finishes_every_run_once(tmp_path, monkeypatch):
-    max_steps = 40  # random.Random(66) kills 0.1 s past step 2, then 1.7 s into the relaunch: both mid-run
+    # random.Random(66) kills 0.1 s past step 2 (mid-run), then 1.7 s into the relaunch (its fork server still imports)
+    max_steps = 40
     base = tiny_base(max_steps)
     base["train"].update(log_every=1, checkpoint_every=1)
     spec_path = write_grid(tmp_path, "kill", base, grid={"encoding": ["xl", "alibi"]})

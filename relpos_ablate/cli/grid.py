@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--retry-failed", action="store_true",
                    help="run failed runs again (from their last checkpoint; delete a run's dir to start it over)")
     p.add_argument("--dry-run", action="store_true", help="print what would run and exit")
+    p.add_argument("--fresh-workers", action="store_true",
+                   help="start every worker as a new interpreter (default: a run of one process on a CPU slot is "
+                        "forked from a server that imported torch and Lightning once; relpos_ablate/runner/forkserver.py)")
     p.add_argument("--launcher", choices=("local", "slurm"), default="local",
                    help="local: processes on this machine; slurm: a submitit job array")
     p.add_argument("--partition", metavar="NAME", help="slurm: partition (overrides the spec's launcher: block)")
@@ -198,7 +201,8 @@ def _run_local(spec, args: argparse.Namespace) -> int:
                     "--gpus-per-run")
     console = make_console()
     display = make_display(console)
-    runner = LocalRunner(spec, args.results, slots, display, retry_failed=args.retry_failed)
+    runner = LocalRunner(spec, args.results, slots, display, retry_failed=args.retry_failed,
+                         fork=not args.fresh_workers)
     outcome = runner.run()
     if not display.live:
         console.print(run_table(runner.rows(), title=f"grid {spec.name}"))

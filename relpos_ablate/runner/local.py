@@ -23,6 +23,7 @@ from pathlib import Path
 
 from relpos_ablate import rundir
 from relpos_ablate.runner.display import PlainDisplay, RunRow, row_for, run_table
+from relpos_ablate.runner.forkserver import ForkedWorker, forkable
 from relpos_ablate.runner.grid import GridSpec
 from relpos_ablate.runner.store import RUNNABLE, RunLock, RunPlan, claim, plan_grid, prepare_run, write_run_files
 from relpos_ablate.runner.worker import available_cores, kill_leftovers, launch, record_exit, stop
@@ -69,7 +70,7 @@ def gpu_slots(devices: list[int], runs_per_device: int = 1, cores: int | None = 
 @dataclass
 class _Active:
     plan: RunPlan
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedWorker
     lock: RunLock
     started: float
 
@@ -123,9 +124,11 @@ class LocalRunner:
     def __init__(
         self, spec: GridSpec, results: Path, slots: list[Slot], display: PlainDisplay, *,
         retry_failed: bool = False, poll_s: float = 0.1, busy_retry_s: float = 1.0, grace_s: float = 30.0,
+        fork: bool = True,
     ):
         self.spec, self.results, self.slots, self.display = spec, Path(results), slots, display
         self.retry_failed, self.poll_s, self.busy_retry_s, self.grace_s = retry_failed, poll_s, busy_retry_s, grace_s
+        self.fork = fork  # fork single-process CPU runs from the fork server (forkserver.py)
         self.plans = plan_grid(spec, self.results, retry_failed)
         self.queue: deque[RunPlan] = deque()
         self.waiting: list[RunPlan] = []
@@ -204,14 +207,19 @@ class LocalRunner:
             else:
                 self._event(plan, f"skipped: {note} (by another runner)")
             return
+        train = plan.run.config.train
+        fork = self.fork and forkable(train.devices, train.num_nodes, slot.gpu)
         try:
             write_run_files(plan, self.spec.name, self.spec.path)
             proc = launch(plan.run_dir, lock, gpu=slot.gpu, threads=slot.threads, device=slot.device,
-                          settings=slot.settings)
+                          settings=slot.settings, fork=fork)
         except OSError as err:
             lock.release()
             self.errors[plan.run.run_id] = f"could not launch: {err}"
             self._event(plan, f"failed to launch: {err}")
+            if fork:  # the next runs start as new interpreters (a rerun launches this one again)
+                self.fork = False
+                self._event(plan, "the fork server failed: every later worker starts as a new interpreter")
             return
         self.active[index] = _Active(plan, proc, lock, time.monotonic())
         self.devices[plan.run.run_id] = slot.device

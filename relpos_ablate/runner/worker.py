@@ -8,8 +8,6 @@ dies without a final state (SIGKILL, OOM killer, a crash before logging), `recor
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import shlex
 import signal
@@ -22,12 +20,12 @@ from pathlib import Path
 
 from relpos_ablate import rundir
 from relpos_ablate.io import now_iso
+from relpos_ablate.runner.forkserver import die_with_parent, start_forked
 from relpos_ablate.runner.store import RunLock, mark_queued, update_status
 
 #: Testing hook: a command line that replaces `python -m relpos_ablate train` (it gets the same arguments).
 WORKER_ENV = "RELPOS_ABLATE_WORKER"
 LOG_TAIL_LINES = 30
-_PR_SET_DEATHSIG = 1
 
 
 def available_cores() -> int:
@@ -35,12 +33,20 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+WORKER_PREFIX = (sys.executable, "-m", "relpos_ablate")
+
+
+def worker_arguments(run_dir: Path, threads: int, settings: tuple[str, ...] = ()) -> list[str]:
+    """`relpos-ablate train`'s arguments for the run; `settings` are how-to-run overrides (train.devices=K,
+    ...) that the slot or the job decides, passed as --set (they do not change the run's identity)."""
+    return ["train", "--run-dir", str(run_dir), "--threads", str(threads), *(a for s in settings for a in ("--set", s))]
+
+
 def worker_command(run_dir: Path, threads: int, settings: tuple[str, ...] = ()) -> list[str]:
-    """The worker's command line; `settings` are how-to-run overrides (train.devices=K, ...) that the
-    slot or the job decides, passed as --set (they do not change the run's identity)."""
+    """The worker's command line: `python -m relpos_ablate train ...`, or RELPOS_ABLATE_WORKER's command."""
     override = os.environ.get(WORKER_ENV)
-    prefix = shlex.split(override) if override else [sys.executable, "-m", "relpos_ablate", "train"]
-    return [*prefix, "--run-dir", str(run_dir), "--threads", str(threads), *(a for s in settings for a in ("--set", s))]
+    arguments = worker_arguments(run_dir, threads, settings)
+    return [*shlex.split(override), *arguments[1:]] if override else [*WORKER_PREFIX, *arguments]
 
 
 def worker_env(gpu: str | None, threads: int) -> dict[str, str]:
@@ -52,31 +58,22 @@ def worker_env(gpu: str | None, threads: int) -> dict[str, str]:
     return env
 
 
-def die_with_parent(parent_pid: int):
-    """preexec_fn: the worker gets SIGTERM when the runner dies (Linux), so a killed runner leaves no
-    orphan training on its GPU; the rerun resumes those runs from their checkpoints."""
-    libc_name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(libc_name, use_errno=True) if libc_name and sys.platform.startswith("linux") else None
-
-    def preexec() -> None:
-        if libc is not None:
-            libc.prctl(_PR_SET_DEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent_pid:  # the runner died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
 def launch(run_dir: Path, lock: RunLock, *, gpu: str | None, threads: int, device: str,
-           settings: tuple[str, ...] = ()) -> subprocess.Popen:
-    """Mark the run queued and start its worker in its own session, holding the run's lock with it.
+           settings: tuple[str, ...] = (), fork: bool = False):
+    """Mark the run queued and start its worker in its own session, holding the run's lock with it: a new
+    interpreter (subprocess.Popen), or with `fork` a child of the fork server (forkserver.ForkedWorker: the
+    caller checks `forkserver.forkable`; not with RELPOS_ABLATE_WORKER, whose command it cannot fork).
 
     Call from a thread that outlives the worker (PR_SET_DEATHSIG fires when the spawning thread exits)."""
     mark_queued(run_dir, device=device, host=socket.gethostname())
+    fork = fork and not os.environ.get(WORKER_ENV)
     with open(run_dir / rundir.WORKER_LOG, "ab") as log:
-        log.write(f"=== {now_iso()} launch on {device} ({socket.gethostname()})\n".encode())
+        log.write(f"=== {now_iso()} launch on {device} ({socket.gethostname()}){' forked' if fork else ''}\n".encode())
         log.flush()
-        return start_worker(run_dir, threads, settings, gpu=gpu, output=log, lock=lock)
+        if not fork:
+            return start_worker(run_dir, threads, settings, gpu=gpu, output=log, lock=lock)
+        return start_forked(worker_arguments(run_dir, threads, settings), worker_env(gpu, threads), log.fileno(),
+                            lock.fd)
 
 
 def start_worker(run_dir: Path, threads: int, settings: tuple[str, ...], *, gpu: str | None = None, output=None,
@@ -92,7 +89,7 @@ def start_worker(run_dir: Path, threads: int, settings: tuple[str, ...], *, gpu:
     )
 
 
-def stop(proc: subprocess.Popen, grace_s: float) -> int | None:
+def stop(proc, grace_s: float) -> int | None:
     """SIGTERM the worker's process group (Lightning stops after the batch), SIGKILL after `grace_s`;
     returns its exit code. Safe inside a signal handler that interrupted `proc.wait()` (see _reap)."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
@@ -122,6 +119,11 @@ def _reap(proc: subprocess.Popen, timeout_s: float) -> None:
     handler while the same thread is inside Popen.wait, which would deadlock."""
     deadline = time.monotonic() + timeout_s
     while proc.returncode is None:
+        if not isinstance(proc, subprocess.Popen):  # a ForkedWorker: the server relays its exit, poll() locks nothing
+            if proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+                continue
+            return
         try:
             pid, status = os.waitpid(proc.pid, os.WNOHANG)
         except ChildProcessError:  # reaped elsewhere meanwhile
