@@ -69,3 +69,31 @@ def test_flex_cuda_forward_and_backward_match_blocks(fields):
     for a, b in zip(grads_flex, grads_ref):
         if b is not None:
             torch.testing.assert_close(a, b, rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fire_pair_scores_unit_by_unit_and_as_one_product_are_its_mlp(causal):
+    """FIRE's two per-pair forms (pair_score: pointwise, for compiled FlexAttention; eager_pair_score: one
+    product over the hidden units, under vmap) against the MLP written out here, in float64, for queries on
+    both sides of the threshold and keys on both sides of the query."""
+    attn = make(terms="a", bias="fire", causal=causal)
+    scheme = attn.bias_scheme
+    with torch.no_grad():
+        scheme.threshold.fill_(6.0)
+    first, _, second = scheme.mlp
+    q_pos = torch.arange(12, dtype=torch.float64)
+    k_pos = torch.arange(-3, 12, dtype=torch.float64)
+    c, threshold = scheme.c.abs(), scheme.threshold.abs()
+    psi = lambda x: torch.sign(x) * torch.log(1 + c * x.abs())  # noqa: E731
+    x = psi(q_pos[:, None] - k_pos[None, :]) / psi(torch.maximum(q_pos, threshold))[:, None]  # [Lq, K]
+    hidden = torch.relu(x[..., None] * first.weight[:, 0] + first.bias)  # [Lq, K, 32]
+    expected = (hidden @ second.weight.T + second.bias).permute(2, 0, 1)  # [H, Lq, K]
+
+    heads = torch.arange(scheme.n_heads)
+    for form in (scheme.pair_score, scheme.eager_pair_score):
+        per_key = torch.vmap(form, in_dims=(None, 0, None))
+        per_query = torch.vmap(per_key, in_dims=(0, None, None))
+        per_head = torch.vmap(per_query, in_dims=(None, None, 0))
+        with torch.no_grad():
+            got = per_head(q_pos, k_pos, heads)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

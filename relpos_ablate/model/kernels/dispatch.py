@@ -52,7 +52,7 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
     if flex and call.contextual is None:
         from relpos_ablate.model.kernels.flex import flex_attend
 
-        return flex_attend(call, q_content, k, v, q_position, compiled=q_content.is_cuda)
+        return flex_attend(call, q_content, k, v, q_position)
     if not call.has_additive:  # a mask, no map: plain SDPA, or SDPA per block with its mask
         if call.key_padding_mask is None and call.visibility.window is None and not call.n_sinks:
             return _plain(call, q_content, k, v, dropout_p)

@@ -6,7 +6,8 @@ t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - po
 It reads distance_scores [H, n] (term d without b, distance-only biases and FIRE below its threshold; term d
 its own [H, n] next to FIRE past it),
 FoX's Λ [B, H, K] (D = Λ_i' - Λ_j, restarted at the first query, in fp32 like the authors' kernel), the query
-scale [B or 1, H or 1, L], and evaluates FIRE's MLP per pair (`BiasScheme.pair_score`): memory O(L·d) for all
+scale [B or 1, H or 1, L], and evaluates FIRE's MLP per pair (`BiasScheme.pair_score` compiled, pointwise;
+`eager_pair_score` in eager mode, under vmap): memory O(L·d) for all
 of them. Term b is the exception: (q + v)·s·W_R R is precomputed for every query and distance, a
 [B, H, L, M + 2L - 1] tensor (O(L²): 8.6 GB at B = 1, H = 8, L = 16384 in bf16, as much as the scores
 themselves; a product of d_head numbers per pair has no pointwise form, and its bilinear form through the
@@ -52,12 +53,17 @@ def _block_mask(visibility: Visibility, n_queries: int, n_sinks: int, device: st
     return create_block_mask(mask_mod, None, None, n_queries, n_sinks + visibility.n_mem + n_queries, device=device)
 
 
-def flex_attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
-                *, compiled: bool) -> Tensor:
+def compiles(q: Tensor) -> bool:
+    """Whether FlexAttention runs compiled: on CUDA; elsewhere eagerly (torch 2.13's CPU code generation has
+    no backward; tests/test_flex_compiled.py compiles it on CPU for the forward)."""
+    return q.is_cuda
+
+
+def flex_attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None) -> Tensor:
     """softmax(s·q_content·kᵀ + terms b, d, the bias and FoX's decay, masked)·v with FlexAttention:
     [B, H, L, dh]."""
-    n_queries, padding = call.n_queries, call.key_padding_mask
-    score_mod = _per_distance_mod(call, q_position)
+    n_queries, padding, compiled = call.n_queries, call.key_padding_mask, compiles(q_content)
+    score_mod = _per_distance_mod(call, q_position, compiled)
     if padding is not None:
         score_mod = _padded(score_mod, padding)
     if call.n_sinks:
@@ -85,7 +91,7 @@ def _after_sinks(score_mod, n_sinks: int):
     return sink_mod
 
 
-def _per_distance_mod(call: AttentionCall, q_position: Tensor | None):
+def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: bool):
     """score_mod reading per-distance tensors at column t of the pair's distance: t = (L - 1 - q_idx) + kv_idx
     for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at explicit ones."""
     n_queries, n_mem, n_distances = call.n_queries, call.n_mem, call.distances.numel()
@@ -100,6 +106,7 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None):
     scale = None if call.query_scale is None else call.query_scale[..., 0]  # (B or 1, H or 1, L)
     largest = int(call.distances[0]) if not call.consecutive else 0
     query_positions, key_positions = call.query_positions, call.key_positions
+    pair_score = None if scheme is None else scheme.pair_score if compiled else scheme.eager_pair_score
 
     def column(q_idx, kv_idx):
         if call.consecutive:
@@ -117,7 +124,7 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None):
         if distance_scores is not None:
             unscaled.append(distance_scores[h, t])
         if scheme is not None:  # FIRE evaluates its MLP here, per pair: no [H, L, K] map
-            unscaled.append(scheme.pair_score(query_positions[q_idx], key_positions[kv_idx], h) * call.bias_scale
+            unscaled.append(pair_score(query_positions[q_idx], key_positions[kv_idx], h) * call.bias_scale
                             if scheme.pointwise else pair_map[h, q_idx, kv_idx])
         if decay is not None:  # FoX's point-wise form (fox.py), Λ restarted at the first query
             unscaled.append(call.decay.point(decay, b, h, n_mem + q_idx, kv_idx))

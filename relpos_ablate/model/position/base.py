@@ -64,6 +64,12 @@ class BiasScheme(nn.Module):
         """B_head(q_pos, k_pos) for scalar tensors, in pointwise ops only (see `pointwise`)."""
         raise NotImplementedError
 
+    def eager_pair_score(self, q_pos: Tensor, k_pos: Tensor, head: Tensor) -> Tensor:
+        """`pair_score` for FlexAttention in eager mode (CPU), which runs score_mod under vmap, so any tensor
+        op may appear (a sum over a vector, a matrix product); compiled FlexAttention (CUDA) takes pointwise
+        ops only and calls `pair_score`. Default: `pair_score`."""
+        return self.pair_score(q_pos, k_pos, head)
+
     def linear_slope(self) -> Tensor | None:
         """[H] m_h where B_h = -m_h·(i - j) on causal pairs (i >= j), else None: such a bias is m_h·j up to a
         per-query constant, which the low-rank kernel (kernels/low_rank.py) adds as one key channel."""
