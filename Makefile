@@ -41,7 +41,7 @@ test: install
 
 # demo: train the grid (done runs are skipped, so a rerun only redraws), then write the report files
 # results/demo/{summary.csv,table.md,table.tex,figures/}. Only those are committed (.gitignore): the run
-# dirs with their checkpoints stay local, so on a fresh clone `make demo` retrains (27 runs, ~5 min on 2 cores).
+# dirs with their checkpoints stay local, so on a fresh clone `make demo` retrains (27 runs, ~3 min on 2 cores).
 DEMO := results/demo
 DEMO_FIRST_RUN = $(BIN)/python -c "from relpos_ablate.runner.grid import load_grid; \
 	print(load_grid('experiments/demo.yaml').runs[0].run_id)"
