@@ -7,6 +7,7 @@ script without a __main__ guard: tests/test_user_scheme.py.
 Run: pytest tests/test_forkserver.py -q   (about half a minute: the server imports torch and Lightning once)
 """
 
+import io
 import json
 import os
 import signal
@@ -17,12 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from rich.console import Console
 
-from fixtures.runner import tiny_base
+from fixtures.runner import fake_env, tiny_base, write_spec
 from relpos_ablate.config import RunConfig, from_dict
 from relpos_ablate.rundir import read_status
-from relpos_ablate.runner import forkserver
+from relpos_ablate.runner import forkserver, local
+from relpos_ablate.runner.display import PlainDisplay
 from relpos_ablate.runner.forkserver import ForkedWorker, forkable
+from relpos_ablate.runner.grid import load_grid
+from relpos_ablate.runner.local import cpu_slots, run_local
 from relpos_ablate.runner.store import RunLock
 from relpos_ablate.runner.worker import launch, record_exit, stop
 from relpos_ablate.train.run import train_run
@@ -178,3 +183,29 @@ def test_after_fork_a_child_process_starts_its_own_server(monkeypatch):
 ])
 def test_only_single_process_runs_on_cpu_slots_are_forked(devices, nodes, gpu, forked):
     assert forkable(devices, nodes, gpu) is forked
+
+
+def test_when_the_server_fails_the_runner_goes_on_with_new_interpreters(tmp_path, monkeypatch):
+    """A fork that fails (the server cannot start, or dies) fails that run's launch; every later run of the
+    grid starts as a new interpreter, and a rerun launches the failed one again."""
+    for key, value in fake_env(tmp_path / "worker_log.jsonl").items():
+        monkeypatch.setenv(key, value)
+    calls = []
+
+    def launch_or_fail(*args, fork, **kwargs):
+        calls.append(fork)
+        if fork:
+            raise OSError("the fork server ended before it forked the worker")
+        return launch(*args, fork=fork, **kwargs)
+
+    monkeypatch.setattr(local, "launch", launch_or_fail)
+    spec = load_grid(write_spec(tmp_path, encodings=("xl",), seeds=(0, 1, 2)))
+    console = Console(file=io.StringIO(), width=200)
+    outcome = run_local(spec, tmp_path / "results", cpu_slots(1), PlainDisplay(console))
+    assert calls == [True, False, False]
+    assert sorted(outcome.states.values()) == ["done", "done", "failed"]
+    (failed,) = outcome.failed
+    assert outcome.reasons[failed] == "could not launch: the fork server ended before it forked the worker"
+    assert "every later worker starts as a new interpreter" in console.file.getvalue()
+    rerun = run_local(spec, tmp_path / "results", cpu_slots(1), PlainDisplay(console))
+    assert calls == [True, False, False, True] and rerun.states[failed] == "failed"  # tried again, by fork

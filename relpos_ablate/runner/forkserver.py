@@ -22,7 +22,10 @@ Only single-process runs on CPU slots are forked (`forkable`): a GPU slot's CUDA
 before CUDA starts, and Lightning starts the other processes of a multi-process run again from sys.argv and
 __main__, which a forked child does not have. `grid --fresh-workers` starts every worker as a new interpreter.
 The server never runs a torch operation, so its children start with no thread pool copied mid-use; it runs
-with CUDA_VISIBLE_DEVICES="" (what torch caches about GPUs there is what a CPU slot's worker must see).
+with CUDA_VISIBLE_DEVICES="" (what torch caches about GPUs there is what a CPU slot's worker must see). A
+child runs the code of PRELOAD's modules as the server imported it when the runner started it (an edit of
+relpos_ablate during a grid reaches the runs of the next grid); the modules under a run's `imports:` are
+imported by each child.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """One run in one process: the worker command, its environment, launching, stopping, and its exit.
 
 Local slots and SLURM jobs both go through `launch` / `stop` / `record_exit`, so a run behaves the
-same wherever it executes. The worker is `python -m relpos_ablate train --run-dir DIR --threads T`;
+same wherever it executes. The worker is `python -m relpos_ablate train --run-dir DIR --threads T` (on
+a CPU slot, a run of one process forked from the fork server instead: forkserver.py, the same process otherwise);
 it writes status.json running/done/failed itself and resumes from checkpoints/last.ckpt. When it
 dies without a final state (SIGKILL, OOM killer, a crash before logging), `record_exit` writes one.
 """
