@@ -36,12 +36,12 @@ def profile_step(name: str, length: int, top: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scheme", required=True, help="comma-separated scheme names of benchmarks/attention.py")
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--top", type=int, default=10, help="operators shown per scheme")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     names = args.scheme.split(",")
     unknown = [n for n in names if n not in SCHEMES]
     if unknown:

@@ -49,17 +49,18 @@ def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
     assert {r["backend"] for r in rows if not r["ok"]} == {"blocks"}
 
 
-def test_the_profile_script_names_where_the_time_goes():
+def test_the_profile_script_names_where_the_time_goes(capsys):
     """benchmarks/profile_attention.py (the README's profiles): a table per scheme, SDPA first, the
-    operators' shares of the scheme's own total; an unknown scheme is one line naming it."""
-    script = SCRIPT.with_name("profile_attention.py")
-    done = subprocess.run([sys.executable, str(script), "--scheme", "t5", "--length", "64", "--top", "3"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    tables = [t for t in done.stdout.split("\n\n") if "self CPU time in all" in t]
+    operators' shares of the scheme's own total; an unknown scheme is one line naming it. Its main, called in
+    this process (a new interpreter would import torch again for nothing)."""
+    import profile_attention
+
+    profile_attention.main(["--scheme", "t5", "--length", "64", "--top", "3"])
+    tables = [t for t in capsys.readouterr().out.split("\n\n") if "self CPU time in all" in t]
     assert [t.splitlines()[0].split(" at ")[0] for t in tables] == ["sdpa_nope", "t5"]
     for table in tables:
         shares = [int(line.rsplit("|", 2)[1].strip().rstrip("%")) for line in table.splitlines()[3:]]
         assert len(shares) == 3 and shares == sorted(shares, reverse=True) and sum(shares) <= 101
-    bad = subprocess.run([sys.executable, str(script), "--scheme", "nope_x"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "--scheme: unknown ['nope_x']" in bad.stderr
+    with pytest.raises(SystemExit) as bad:
+        profile_attention.main(["--scheme", "nope_x"])
+    assert bad.value.code == 2 and "--scheme: unknown ['nope_x']" in capsys.readouterr().err
