@@ -52,7 +52,7 @@ if run_dir is not None and os.environ.get("PROBE_OUT"):
              "stdin": links.get("0"), "stdout": links.get("1"), "stderr": links.get("2"),
              "holds_lock": str(lock.resolve()) in links.values(), "locked_elsewhere": locked_elsewhere,
              "omp": os.environ.get("OMP_NUM_THREADS"), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
-             "marker": os.environ.get("PROBE_MARKER")}
+             "marker": os.environ.get("PROBE_MARKER"), "main": sys.modules["__main__"].__spec__.name}
     with open(os.environ["PROBE_OUT"], "a") as f:
         f.write(json.dumps(facts) + "\\n")
 '''
@@ -113,6 +113,7 @@ def test_a_forked_worker_is_the_process_a_new_interpreter_is_and_trains_the_same
     assert (facts["omp"], facts["cuda"], facts["marker"]) == ("1", "", "set by the test")
     assert facts["argv"][1:] == ["train", "--run-dir", str(run_dir), "--threads", "1"]
     assert facts["argv"][0].endswith(os.path.join("relpos_ablate", "__main__.py"))
+    assert facts["main"] == "relpos_ablate.__main__"  # as `python -m relpos_ablate`: Lightning starts ranks from it
     assert facts["cwd"] == str(tmp_path)
     log = (run_dir / "worker.log").read_text()
     assert " forked\n" in log.splitlines(keepends=True)[0] and "eval len 32" in log  # the command's own table
@@ -175,14 +176,13 @@ def test_after_fork_a_child_process_starts_its_own_server(monkeypatch):
         assert forkserver._server is server and not server.socket.closed  # the parent keeps its own
 
 
-@pytest.mark.parametrize("devices, nodes, gpu, forked", [
-    (1, 1, "", True), ("auto", 1, "", True),
-    (2, 1, "", False),  # Lightning starts rank 1 again from sys.argv
-    (1, 2, "", False),
-    (1, 1, "0", False), (1, 1, None, False),  # a GPU slot sets CUDA_VISIBLE_DEVICES before CUDA starts
+@pytest.mark.parametrize("nodes, gpu, forked", [
+    (1, "", True),  # of a run of several processes, rank 0 (tests/test_ddp_faults.py)
+    (2, "", False),
+    (1, "0", False), (1, None, False),  # a GPU slot sets CUDA_VISIBLE_DEVICES before CUDA starts
 ])
-def test_only_single_process_runs_on_cpu_slots_are_forked(devices, nodes, gpu, forked):
-    assert forkable(devices, nodes, gpu) is forked
+def test_only_runs_on_cpu_slots_of_this_machine_are_forked(nodes, gpu, forked):
+    assert forkable(nodes, gpu) is forked
 
 
 def test_when_the_server_fails_the_runner_goes_on_with_new_interpreters(tmp_path, monkeypatch):

@@ -31,8 +31,8 @@ def register(subparsers) -> None:
                    help="run failed runs again (from their last checkpoint; delete a run's dir to start it over)")
     p.add_argument("--dry-run", action="store_true", help="print what would run and exit")
     p.add_argument("--fresh-workers", action="store_true",
-                   help="start every worker as a new interpreter (default: a run of one process on a CPU slot is "
-                        "forked from a server that imported torch and Lightning once; relpos_ablate/runner/forkserver.py)")
+                   help="start every worker as a new interpreter (default: a worker on a CPU slot is forked from a "
+                        "server that imported torch and Lightning once; relpos_ablate/runner/forkserver.py)")
     p.add_argument("--launcher", choices=("local", "slurm"), default="local",
                    help="local: processes on this machine; slurm: a submitit job array")
     p.add_argument("--partition", metavar="NAME", help="slurm: partition (overrides the spec's launcher: block)")

@@ -58,7 +58,7 @@ def _start(run_dir: Path, arguments: list[str], slot: Slot) -> tuple[subprocess.
     """The worker, forked from the fork server on a CPU slot (runner/forkserver.py), else a new interpreter."""
     output = tempfile.TemporaryFile("w+b")
     command, env = evaluate_command(run_dir, arguments, slot.threads), worker_env(slot.gpu, slot.threads)
-    if forkable(1, 1, slot.gpu):
+    if forkable(1, slot.gpu):
         return start_forked(command[len(WORKER_PREFIX):], env, output.fileno(), None), output
     proc = subprocess.Popen(
         command, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,

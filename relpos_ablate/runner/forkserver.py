@@ -10,7 +10,8 @@ imports what every worker imports (PRELOAD) and then forks one child per run. Th
 - stdout and stderr on the run's worker.log, the descriptor the runner opened;
 - the run's lock: the locked descriptor itself, passed over the server's socket (SCM_RIGHTS);
 - the runner's working directory, the slot's environment (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES="", ...),
-  sys.argv of `python -m relpos_ablate train ...`, and the working directory and PYTHONPATH first on sys.path;
+  sys.argv and `__main__` of `python -m relpos_ablate train ...` (Lightning starts the other processes of a
+  multi-process run from them), and the working directory and PYTHONPATH first on sys.path;
 - SIGTERM when the runner dies: the server gets it from the runner (PR_SET_DEATHSIG) and the child from the
   server, so the child checkpoints and stops as a worker of a killed runner does;
 - its exit status as Popen gives it (negative: the signal), relayed by the server, and the interpreter's
@@ -18,9 +19,9 @@ imports what every worker imports (PRELOAD) and then forks one child per run. Th
 
 Nothing of the runner's own script runs in the child (unlike multiprocessing's forkserver, which imports the
 parent's __main__ again), so a script that calls the runner needs no `if __name__ == "__main__"` guard.
-Only single-process runs on CPU slots are forked (`forkable`): a GPU slot's CUDA_VISIBLE_DEVICES must be set
-before CUDA starts, and Lightning starts the other processes of a multi-process run again from sys.argv and
-__main__, which a forked child does not have. `grid --fresh-workers` starts every worker as a new interpreter.
+Only runs on CPU slots of this machine are forked (`forkable`): a GPU slot's CUDA_VISIBLE_DEVICES must be set
+before CUDA starts. Of a run of several processes the worker is rank 0; Lightning starts the others as new
+interpreters. `grid --fresh-workers` starts every worker as a new interpreter.
 The server never runs a torch operation, so its children start with no thread pool copied mid-use; it runs
 with CUDA_VISIBLE_DEVICES="" (what torch caches about GPUs there is what a CPU slot's worker must see). A
 child runs the code of PRELOAD's modules as the server imported it when the runner started it (an edit of
@@ -34,6 +35,7 @@ import atexit
 import ctypes
 import ctypes.util
 import functools
+import importlib.util
 import json
 import os
 import select
@@ -42,7 +44,7 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
+import types
 
 PRELOAD = ("relpos_ablate.cli.train", "relpos_ablate.train.run")
 """What the server imports before it forks: the modules every worker imports."""
@@ -72,10 +74,10 @@ def die_with_parent(parent_pid: int):
     return preexec
 
 
-def forkable(devices, num_nodes: int, gpu: str | None) -> bool:
+def forkable(num_nodes: int, gpu: str | None) -> bool:
     """Whether a worker can be forked: on Linux (the server needs SOCK_SEQPACKET and PR_SET_DEATHSIG), a CPU
-    slot (gpu "") and a run of one process."""
-    return sys.platform.startswith("linux") and gpu == "" and devices in (1, "auto") and num_nodes == 1
+    slot (gpu "") and a run on this machine (its rank 0 is the worker; Lightning starts the others)."""
+    return sys.platform.startswith("linux") and gpu == "" and num_nodes == 1
 
 
 class ForkedWorker:
@@ -206,6 +208,14 @@ def start_forked(argv: list[str], env: dict[str, str], output: int, lock: int | 
     return _server.fork(argv, env, output, lock)
 
 
+def _main_module() -> types.ModuleType:
+    """`__main__` as `python -m relpos_ablate` makes it (its code not run): Lightning starts the other processes
+    of a multi-process run as `python -m <__main__.__spec__.name> <sys.argv[1:]>`."""
+    module = importlib.util.module_from_spec(importlib.util.find_spec("relpos_ablate.__main__"))
+    module.__name__ = "__main__"
+    return module
+
+
 # --- the server process --------------------------------------------------------------------------------------
 def serve(fd: int) -> None:
     """The server's loop: import PRELOAD, then fork a child per request and report each child's exit, until the
@@ -262,7 +272,8 @@ def _child(request: dict, fds: list[int], channel: socket.socket) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = [str(Path(__file__).resolve().parents[1] / "__main__.py"), *request["argv"]]
+        sys.modules["__main__"] = _main_module()
+        sys.argv = [sys.modules["__main__"].__file__, *request["argv"]]
         first = (request["cwd"], *request["env"].get("PYTHONPATH", "").split(os.pathsep))
         sys.path[:0] = [path for path in dict.fromkeys(first) if path and path not in sys.path]
         from relpos_ablate.cli import main

@@ -128,7 +128,7 @@ class LocalRunner:
     ):
         self.spec, self.results, self.slots, self.display = spec, Path(results), slots, display
         self.retry_failed, self.poll_s, self.busy_retry_s, self.grace_s = retry_failed, poll_s, busy_retry_s, grace_s
-        self.fork = fork  # fork single-process CPU runs from the fork server (forkserver.py)
+        self.fork = fork  # fork the workers of CPU slots from the fork server (forkserver.py)
         self.plans = plan_grid(spec, self.results, retry_failed)
         self.queue: deque[RunPlan] = deque()
         self.waiting: list[RunPlan] = []
@@ -208,7 +208,7 @@ class LocalRunner:
                 self._event(plan, f"skipped: {note} (by another runner)")
             return
         train = plan.run.config.train
-        fork = self.fork and forkable(train.devices, train.num_nodes, slot.gpu)
+        fork = self.fork and forkable(train.num_nodes, slot.gpu)
         try:
             write_run_files(plan, self.spec.name, self.spec.path)
             proc = launch(plan.run_dir, lock, gpu=slot.gpu, threads=slot.threads, device=slot.device,

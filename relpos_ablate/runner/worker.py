@@ -2,7 +2,7 @@
 
 Local slots and SLURM jobs both go through `launch` / `stop` / `record_exit`, so a run behaves the
 same wherever it executes. The worker is `python -m relpos_ablate train --run-dir DIR --threads T` (on
-a CPU slot, a run of one process forked from the fork server instead: forkserver.py, the same process otherwise);
+a CPU slot forked from the fork server instead: forkserver.py, the same process otherwise);
 it writes status.json running/done/failed itself and resumes from checkpoints/last.ckpt. When it
 dies without a final state (SIGKILL, OOM killer, a crash before logging), `record_exit` writes one.
 """
