@@ -116,7 +116,6 @@ class ForkServer:
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                 preexec_fn=die_with_parent(os.getpid()))
         self._exits: dict[int, int] = {}
-        self._reply: dict | None = None
         self.alive = True
 
     def fork(self, argv: list[str], env: dict[str, str], output: int, lock: int | None) -> ForkedWorker:
@@ -128,18 +127,19 @@ class ForkServer:
         except OSError as err:
             self.alive = False
             raise OSError(f"the fork server is gone ({err})") from None
-        self._reply = None
         deadline = time.monotonic() + START_TIMEOUT_S
-        while self._reply is None:
-            if not self._receive(max(0.0, deadline - time.monotonic())):
+        reply = {"exit": None}
+        while "exit" in reply:  # other children's exits may come first
+            reply = self._receive(max(0.0, deadline - time.monotonic()))
+            if reply is None:
                 if not self.alive:
                     raise OSError("the fork server ended before it forked the worker")
                 self.process.kill()  # whatever it forks now dies with it (PR_SET_DEATHSIG): never two workers
                 self.alive = False
                 raise OSError(f"the fork server did not fork the worker within {START_TIMEOUT_S:.0f} s")
-        if "error" in self._reply:
-            raise OSError(f"the fork server could not fork the worker: {self._reply['error']}")
-        return ForkedWorker(self, self._reply["pid"])
+        if "error" in reply:
+            raise OSError(f"the fork server could not fork the worker: {reply['error']}")
+        return ForkedWorker(self, reply["pid"])
 
     def exit_code(self, pid: int, timeout_s: float | None) -> int | None:
         """The child's exit status once the server has reported it; None if not within `timeout_s`. Should
@@ -149,7 +149,7 @@ class ForkServer:
         while pid not in self._exits:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if self.alive:
-                if not self._receive(left) and left == 0.0:
+                if self._receive(left) is None and left == 0.0:
                     return None
             elif not _running(pid):
                 self._exits[pid] = -signal.SIGTERM
@@ -159,21 +159,19 @@ class ForkServer:
                 time.sleep(0.05 if left is None else min(0.05, left))
         return self._exits[pid]
 
-    def _receive(self, timeout_s: float | None) -> bool:
-        """Handle the next message, waiting up to `timeout_s`; False when none came."""
+    def _receive(self, timeout_s: float | None) -> dict | None:
+        """The next message (a child's exit is also recorded), waiting up to `timeout_s`; None when none came."""
         ready, _, _ = select.select([self.socket], [], [], timeout_s)
         if not ready:
-            return False
+            return None
         packet = self.socket.recv(_PACKET)
         if not packet:
             self.alive = False
-            return False
+            return None
         message = json.loads(packet)
         if "exit" in message:
             self._exits[message["pid"]] = message["exit"]
-        else:
-            self._reply = message
-        return True
+        return message
 
 
 def _running(pid: int) -> bool:
