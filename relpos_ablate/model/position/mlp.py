@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_ablate.model.position.base import BiasScheme
+from relpos_ablate.model.position.piecewise import relu_mlp
 
 
 class FIREBias(BiasScheme):
@@ -14,6 +15,8 @@ class FIREBias(BiasScheme):
     c (init 0.1) and the threshold L (init 512) are learned. The normaliser depends on the query
     position i, so FIRE is not a function of i - j alone once i > L. Bidirectionally the distance
     keeps its sign (ψ is made odd), so keys before and after the query get different biases.
+    `bias` and `curve` evaluate the MLP as the piecewise-linear function it is (piecewise.py); FlexAttention's
+    `pair_score` unit by unit.
     """
 
     distance_only = False
@@ -38,8 +41,7 @@ class FIREBias(BiasScheme):
     def bias(self, q_pos, k_pos):
         q = q_pos.to(self.c.dtype)
         dist = q[:, None] - k_pos.to(self.c.dtype)[None, :]  # (Lq, K)
-        x = self.normalised(dist, q[:, None])
-        return self.mlp(x[..., None]).permute(2, 0, 1)  # (H, Lq, K)
+        return relu_mlp(self.mlp[0], self.mlp[2], self.normalised(dist, q[:, None]))  # (H, Lq, K)
 
     def pair_score(self, q_pos, k_pos, head):
         """The MLP unit by unit on scalars (FlexAttention's score_mod evaluates it per pair: no [H, Lq, K] map;
@@ -68,7 +70,7 @@ class FIREBias(BiasScheme):
         normaliser stops changing for shorter contexts)."""
         d = distances.to(self.c.dtype)
         q = self.threshold.abs() if query_position is None else torch.tensor(query_position, dtype=d.dtype)
-        return self.mlp(self.normalised(d, q)[:, None]).T  # (H, n)
+        return relu_mlp(self.mlp[0], self.mlp[2], self.normalised(d, q))  # (H, n)
 
 
 class DynamicBias(BiasScheme):
