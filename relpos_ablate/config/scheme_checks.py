@@ -88,18 +88,18 @@ def check_materialised_schemes(config: Any) -> None:
                           "window or score scaling; use auto")
     if config.backend == "band" and not band_form(config):
         raise ConfigError("backend", "'band' takes causal attention whose position terms are constant from a "
-                          "distance on (terms b/d with clamp_len set, bias xl_table or t5) with no CoPE, FoX, sinks, "
-                          "window or score scaling; use auto")
+                          "distance on (terms b/d with clamp_len set, bias xl_table or t5, or CoPE alone) with no FoX, "
+                          "sinks, window or score scaling; use auto")
     if config.needs_scores and config.backend in ("blocks", "flex"):
         raise ConfigError("backend", f"{config.backend!r} never materialises the scores that stick-breaking, PaTH "
                           "and DAPE read; use auto, sdpa (per query block) or explicit")
 
 
-def _plain_causal(config: Any) -> bool:
-    """Causal attention over the whole stream with the plain softmax of the scaled scores: no CoPE, sinks, window,
-    length-aware or learned scale, scheme that reads the scores, or randomized positions (what the low-rank and
-    band kernels need beside their own position terms)."""
-    return (config.causal and not config.cope_positions and not config.sinks and config.window is None
+def _plain_causal(config: Any, cope: bool = False) -> bool:
+    """Causal attention over the whole stream with the plain softmax of the scaled scores: no CoPE (unless `cope`),
+    sinks, window, length-aware or learned scale, scheme that reads the scores, or randomized positions (what the
+    low-rank and band kernels need beside their own position terms)."""
+    return (config.causal and (cope or not config.cope_positions) and not config.sinks and config.window is None
             and config.score_scale in ("sqrt_d", "none") and not config.learned_temperature
             and not config.needs_scores and not config.randomized)
 
@@ -112,7 +112,10 @@ def low_rank_form(config: Any) -> bool:
 
 def band_form(config: Any) -> bool:
     """Whether every position term is constant from a distance on, up to a per-query constant: R clamped at
-    clamp_len for terms b/d, the bias xl_table or t5 (kernels/band.py)."""
+    clamp_len for terms b/d, the bias xl_table or t5, or CoPE alone, whose clamped count is (kernels/band.py)."""
+    if config.cope_positions:
+        return (not config.uses_r and config.bias == "none" and _plain_causal(config, cope=True)
+                and not config.forget_gate and not config.shaw_values)
     saturating = (not config.uses_r or config.clamp_len is not None) and config.bias in ("none", "xl_table", "t5")
     return (saturating and (config.uses_r or config.bias != "none") and _plain_causal(config)
             and not config.forget_gate and not config.shaw_values)

@@ -25,6 +25,13 @@ import torch
 from torch import Tensor, nn
 
 
+# The band kernel (`ContextualPositions.band_width`): keys are counted in chunks of BAND_CHUNK, and a count must pass
+# p_max - 1 by COUNT_MARGIN to leave the band, far above fp32's rounding of a sum of gates (n·ε·64 = 0.016 for
+# n = 4096 gates): the kernel, which counts in its own order, then finds no key beyond the band still counting
+BAND_CHUNK = 16
+COUNT_MARGIN = 0.25
+
+
 class BlockPositions(NamedTuple):
     """What block_backward needs of a block's forward: the gates, the unclamped counts, ⌊p⌋, the fraction and
     the table's step e[n + 1] - e[n] read at ⌊p⌋ (all [B, H, L_b, K_b])."""
@@ -47,13 +54,13 @@ class ContextualPositions(nn.Module):
     def gates_and_counts(q: Tensor, k: Tensor, scale: float, visible: Tensor) -> tuple[Tensor, Tensor]:
         """g_ij = σ(s·q_i·k_j) (0 for unseen keys) and Σ_{t >= j} g_it, unclamped: q [B, H, L, dh],
         k [B, H, K, dh] -> two [B, H, L, K]."""
-        logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
         # counted in at least fp32: a bf16 sum of a hundred gates would be off by a quarter of a position
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+            logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
             gates = torch.sigmoid(logits * scale) * visible  # (B, H, L, K); unseen keys count 0
             return gates, gates.flip(-1).cumsum(-1).flip(-1)  # from key j to the last key (later ones: 0)
         # no graph (the block kernel's forward): the same in the product's own buffer, per block on a hot path
-        gates = torch.sigmoid_(logits.mul_(scale)).masked_fill_(~visible, 0.0)
+        gates = ContextualPositions._gates(q, k, scale).masked_fill_(~visible, 0.0)
         return gates, gates.flip(-1).cumsum_(-1).flip(-1)
 
     def positions(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
@@ -71,9 +78,58 @@ class ContextualPositions(nn.Module):
         high = per_position.gather(-1, p.ceil().long())
         return high * weight + low * (1 - weight)
 
-    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> tuple[Tensor, BlockPositions]:
+    def band_width(self, q: Tensor, k: Tensor, scale: float, n_mem: int, rows: int | None = None) -> int | None:
+        """The band of a causal call, D: every query's count has passed p_max - 1 at each key D or more behind it
+        (q [B, H, L, dh], k [B, H, M + L, dh]; query i at key index M + i). There its score is s·q_i·e[p_max - 1],
+        one constant per query, which the softmax ignores: the band kernel (kernels/band.py) leaves those pairs to
+        the causal flash kernel and builds the scores, minus that constant, within D only.
+
+        Per block of `rows` queries (default 2·p_max, about the keys a count of gates near 1/2 needs): each query's
+        gates over the block's keys up to itself, then over the keys before the block in chunks of BAND_CHUNK,
+        nearest first, on a tile widened (doubled) until every query's count passes p_max - 1 + COUNT_MARGIN; a
+        query's band ends at the far edge of the chunk where it does (at most BAND_CHUNK - 1 keys wider than its
+        count needs), or at the block's first key if its count passes before. A query whose count never passes
+        puts its whole row in the band: how far the band reaches is the data's (host syncs). None for fewer than
+        2·p_max keys: a count passes p_max - 1 after p_max keys at the least, so the band would be the whole call."""
+        positions, n_queries = self.embeddings.shape[0], q.shape[2]
+        if k.shape[2] < 2 * positions:
+            return None
+        threshold, rows = positions - 1 + COUNT_MARGIN, rows or max(16, 2 * positions)
+        width = -(-2 * positions // BAND_CHUNK) * BAND_CHUNK  # the keys before a block's first query its tile covers
+        band = 1
+        with torch.no_grad():
+            for i0 in range(0, n_queries, rows):
+                i1 = min(i0 + rows, n_queries)
+                first, q_b, row = n_mem + i0, q[:, :, i0:i1], torch.arange(i1 - i0, device=q.device)
+                own = self._gates(q_b, k[:, :, first:n_mem + i1], scale).tril_().sum(-1, keepdim=True)  # keys to i'
+                while True:
+                    k0 = first - width
+                    tile = self._gates(q_b, k[:, :, max(0, k0):first], scale)
+                    if k0 < 0:  # (no keys there: gates 0)
+                        tile = torch.nn.functional.pad(tile, (-k0, 0))
+                    # each chunk's gates summed, nearest first, then added up from the query on
+                    counts = tile.view(*tile.shape[:-1], -1, BAND_CHUNK).sum(-1).flip(-1).cumsum_(-1).add_(own)
+                    passed = counts > threshold  # (B, H, L_b, chunks)
+                    reached = passed.any(-1)
+                    if k0 <= 0 or bool(reached.all()):
+                        break
+                    width *= 2
+                chunks = passed.to(torch.uint8).argmax(-1) + 1  # to the far edge of the first chunk that passes
+                reach = torch.where(reached, row + BAND_CHUNK * chunks, first + row + 1)  # (else the whole row)
+                reach = torch.where(own[..., 0] > threshold, row + 1, reach).minimum(first + row + 1)
+                band = max(band, int(reach.max()))
+        return band
+
+    @staticmethod
+    def _gates(q: Tensor, k: Tensor, scale: float) -> Tensor:
+        """σ(s·q·kᵀ) in at least fp32, in the product's own buffer (no autograd): [B, H, L, K]."""
+        return torch.sigmoid_((q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)).mul_(scale))
+
+    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor, shifted: bool = False
+                     ) -> tuple[Tensor, BlockPositions]:
         """`scores` without autograd, as s·q·e[⌊p⌋] + (p - ⌊p⌋)·s·q·(e[⌊p⌋ + 1] - e[⌊p⌋]) (one index for both
-        reads), and what its backward needs."""
+        reads), and what its backward needs. `shifted`: minus each query's s·q_i·e[p_max - 1], the score of every
+        key its count has passed p_max - 1 at (the band kernel's form: 0 beyond the band, `band_width`)."""
         wide = torch.promote_types(q.dtype, torch.float32)
         gates, counted = self.gates_and_counts(q, k, scale, visible)  # (B, H, L_b, K_b)
         p = counted.clamp(max=self.embeddings.shape[0] - 1)
@@ -83,18 +139,23 @@ class ContextualPositions(nn.Module):
         per_position = (q @ self.embeddings.to(q.dtype).T).to(wide).mul_(scale)  # (B, H, L_b, p_max)
         steps = torch.nn.functional.pad(per_position.diff(dim=-1), (0, 1))  # e[n + 1] - e[n]; 0 after the last
         step = steps.gather(-1, below)
-        return per_position.gather(-1, below).addcmul_(weight, step), BlockPositions(gates, counted, below, weight, step)
+        scores = per_position.gather(-1, below).addcmul_(weight, step)
+        if shifted:
+            scores.sub_(per_position[..., -1:])
+        return scores, BlockPositions(gates, counted, below, weight, step)
 
-    def block_backward(self, state: BlockPositions, grad: Tensor, q: Tensor, scale: float
+    def block_backward(self, state: BlockPositions, grad: Tensor, q: Tensor, scale: float, shifted: bool = False
                        ) -> tuple[Tensor, Tensor, Tensor]:
         """The gradient of the scores' sum against grad [B, H, L_b, K_b]: (its part through the gates, to add to
         the gradient of the product s·q·kᵀ, i.e. dS, divided by s; q's gradient through the table; the
-        table's gradient)."""
+        table's gradient). `shifted` as in `block_scores`."""
         n_positions = self.embeddings.shape[0]
         grad_above = grad * state.weight  # to s·q·e[⌊p⌋ + 1]
         grad_per_position = torch.zeros(*grad.shape[:-1], n_positions, dtype=grad.dtype, device=grad.device)
         grad_per_position.scatter_add_(-1, state.below, grad - grad_above)
         grad_per_position.scatter_add_(-1, (state.below + 1).clamp_(max=n_positions - 1), grad_above)
+        if shifted:  # every key's score minus s·q·e[p_max - 1]
+            grad_per_position[..., -1] -= grad.sum(-1)
         # through the fraction: p = counted clamped at p_max - 1, passing where counted <= p_max - 1 (torch.clamp)
         grad_counted = torch.where(state.counted <= n_positions - 1, state.step, 0.0).mul_(grad)
         grad_gates = grad_counted.cumsum_(-1)  # counted_j = Σ_{t >= j} gates_t: gates_t collects Σ_{j <= t}

@@ -13,6 +13,11 @@ BlockwiseBiasedAttention merges the far pairs into the band's output by their lo
 backward hands them to the flash kernel's backward with the merged output and log-sum-exp (`far_backward`): the
 gradients of q, k and v are then those of the whole softmax, and the shifted map, 0 there, has none.
 
+CoPE (cope.py) has no per-distance input, but a count clamped at p_max - 1: once a query's count has passed it,
+every key further back scores s·q_i·e[p_max - 1], again one constant per query. How far back that happens is the
+data's: `with_contextual_band` finds the band D of a call from its queries and keys (cope.band_width) and sets it as
+the call's saturation; the block kernel then builds CoPE's scores minus that constant within D only.
+
 The far pairs cost what causal attention without positions costs; the band L·D map entries.
 """
 
@@ -31,10 +36,28 @@ from relpos_ablate.model.kernels.geometry import Visibility
 def takes(call: AttentionCall, q_content: Tensor, dropout_p: float) -> bool:
     """Whether the band kernel can take the call: CPU (the flash kernel's own entry points), no attention dropout,
     causal, consecutive positions, no window, key padding, sinks or query scale, nothing but per-distance inputs
-    (no query-dependent bias, FoX or CoPE), a saturation distance D, and at least 2·D keys."""
+    (no query-dependent bias or FoX) or CoPE alone, a saturation distance D, and at least 2·D keys."""
     saturation = call.saturation
-    return (saturation is not None and q_content.device.type == "cpu" and dropout_p == 0.0 and call.plain_causal
-            and call.inputs.log_decay is None and call.far_from is None and call.n_keys >= 2 * saturation)
+    return (saturation is not None and q_content.device.type == "cpu" and dropout_p == 0.0
+            and (call.plain_causal or _contextual_only(call)) and call.inputs.log_decay is None
+            and call.far_from is None and call.n_keys >= 2 * saturation)
+
+
+def _contextual_only(call: AttentionCall) -> bool:
+    """CoPE with no other additive term, on a call that is otherwise plain causal."""
+    rest = dataclasses.replace(call, contextual=None)
+    return call.contextual is not None and rest.plain_causal and not rest.has_additive
+
+
+@torch.compiler.disable  # its host syncs would break a compiled graph once per block: one break around it instead
+def with_contextual_band(call: AttentionCall, q_content: Tensor, k: Tensor, dropout_p: float) -> AttentionCall:
+    """A CoPE call with its band from the data (cope.band_width) as its saturation, where the band kernel could
+    take it: the call itself otherwise."""
+    if (call.contextual is None or q_content.device.type != "cpu" or dropout_p > 0.0 or not _contextual_only(call)
+            or call.far_from is not None):
+        return call
+    width = call.contextual.band_width(q_content, k, call.scale, call.n_mem)
+    return call if width is None else dataclasses.replace(call, saturation=width)
 
 
 def banded(call: AttentionCall) -> AttentionCall:

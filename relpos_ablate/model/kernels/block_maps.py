@@ -182,7 +182,8 @@ class MaterialisedMaps(_Layout):
         sinks) for CoPE."""
         additive = sum_terms(self.call.additive_terms(block, self.call.block_inputs(block, self.inputs)))
         if self.call.contextual is not None:
-            cope, _ = self.call.contextual.block_scores(q_content, k, self.call.scale, self.call.visible(block))
+            cope, _ = self.call.contextual.block_scores(q_content, k, self.call.scale, self.call.visible(block),
+                                                        shifted=self.call.far_from is not None)
             additive = cope if additive is None else cope.add_(additive)
         return self._masked(block, additive, own=True)
 
@@ -212,7 +213,8 @@ class MaterialisedMaps(_Layout):
         wanted += [(g, p) for g, p in zip(param_grads, params) if g is not None and not _is_table(call, p)]
         cope = state = None
         if call.contextual is not None:
-            cope, state = call.contextual.block_scores(content[0], content[2], call.scale, call.visible(block))
+            cope, state = call.contextual.block_scores(content[0], content[2], call.scale, call.visible(block),
+                                                       shifted=call.far_from is not None)
 
         def add_gradients(grad_scores: Tensor) -> None:
             stream = grad_scores[..., block.n_sinks:]  # sinks have no map
@@ -226,7 +228,8 @@ class MaterialisedMaps(_Layout):
                     if g is not None:
                         target.add_(g)
             if state is not None:
-                grad_logits, grad_q, grad_table = call.contextual.block_backward(state, stream, content[0], call.scale)
+                grad_logits, grad_q, grad_table = call.contextual.block_backward(state, stream, content[0], call.scale,
+                                                                                 shifted=call.far_from is not None)
                 content[1].add_(grad_q)
                 for target, p in zip(param_grads, params):
                     if target is not None and _is_table(call, p):

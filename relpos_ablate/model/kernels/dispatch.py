@@ -57,6 +57,8 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
         if call.key_padding_mask is None and call.visibility.window is None and not call.n_sinks:
             return _plain(call, q_content, k, v, dropout_p)
         return _stored(call, q_content, k, v, q_position, dropout_p)
+    if path is None and config.backend in ("auto", "band"):
+        call = band.with_contextual_band(call, q_content, k, dropout_p)  # CoPE: the band its data allows
     plan = _low_rank_plan(call, q_content, dropout_p) if path in (None, "low_rank") else None
     paths = [path] if path else _candidates(call, q_content, config, dropout_p, plan)
     path = paths[0] if len(paths) == 1 or not calibration.enabled() else _calibrated(

@@ -88,12 +88,19 @@ class ContextualScores(Protocol):
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """q [B, H, L_b, dh], k [B, H, K_b, dh], visible as BlockView.visible -> additive scores [B, H, L_b, K_b]."""
 
-    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> tuple[Tensor, Any]:
-        """`scores` without autograd, and what `block_backward` needs (the block kernel)."""
+    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor, shifted: bool = False
+                     ) -> tuple[Tensor, Any]:
+        """`scores` without autograd, and what `block_backward` needs (the block kernel); `shifted`: each query's
+        scores minus the constant they take beyond `band_width` (the band kernel's form)."""
 
-    def block_backward(self, state: Any, grad: Tensor, q: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    def block_backward(self, state: Any, grad: Tensor, q: Tensor, scale: float, shifted: bool = False
+                       ) -> tuple[Tensor, Tensor, Tensor]:
         """(the gradient to add to that of the block's s·q·kᵀ, divided by s; q's other gradient; the gradient of
         its one parameter) of the scores' sum against grad."""
+
+    def band_width(self, q: Tensor, k: Tensor, scale: float, n_mem: int) -> int | None:
+        """D of a causal call: beyond D every query's scores are one constant per query (the band kernel); None:
+        no such D short of the whole call."""
 
     def parameters(self) -> Iterator[Tensor]:
         """Its learned tensors (block_backward's third result is the gradient of the one it has)."""
