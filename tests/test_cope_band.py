@@ -14,6 +14,7 @@ import torch
 
 from fixtures.kernels import assert_candidates_agree, assert_matches_float64, forced_calibration
 from reference import reference_attention
+from test_attention_precision import RTOL, forward_backward, relative_error
 from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
 from relpos_ablate.model.cope import BAND_CHUNK, COUNT_MARGIN
 from relpos_ablate.model.kernels import band, dispatch
@@ -186,3 +187,18 @@ def test_only_cope_alone_on_plain_causal_attention_takes_the_band():
             AttentionConfig(terms=other.get("terms", "a"), cope_positions=4, backend="band",
                             **{key: value for key, value in other.items() if key != "terms"})
     AttentionConfig(terms="ac", cope_positions=4, backend="band")  # term c folds into the content query
+
+
+def test_the_band_under_bf16_autocast_matches_float32(monkeypatch):
+    """Under torch.autocast("cpu", bf16) the band (its gates counted from the widened fp32 queries and keys, as the
+    block kernel counts them) gives the fp32 output and gradients within test_attention_precision's 2.5% of their
+    norm."""
+    attn = _layer("auto", positions=4, query_chunk=16)
+    gen = torch.Generator().manual_seed(5)
+    x, mems = torch.randn(2, 70, 32, generator=gen), torch.randn(2, 10, 32, generator=gen)
+    widths = _recorded_bands(monkeypatch)
+    out32, grads32 = forward_backward(attn, x, mems, autocast=False)
+    out16, grads16 = forward_backward(attn, x, mems, autocast=True)
+    assert len(widths) == 2  # the band ran both times
+    assert relative_error([out16], [out32]) < RTOL
+    assert relative_error(grads16, grads32) < RTOL

@@ -95,6 +95,8 @@ class ContextualPositions(nn.Module):
         if k.shape[2] < 2 * positions:
             return None
         threshold, rows = positions - 1 + COUNT_MARGIN, rows or max(16, 2 * positions)
+        wide = torch.promote_types(q.dtype, torch.float32)  # the block kernel's gates read fp32 q and k (bf16 widened)
+        q, k = q.to(wide), k.to(wide)
         width = -(-2 * positions // BAND_CHUNK) * BAND_CHUNK  # the keys before a block's first query its tile covers
         band = 1
         with torch.no_grad():
