@@ -39,9 +39,7 @@ class FIREBias(BiasScheme):
         return self.psi(distances) / self.psi(torch.maximum(q_pos, self.threshold.abs()))
 
     def bias(self, q_pos, k_pos):
-        q = q_pos.to(self.c.dtype)
-        dist = q[:, None] - k_pos.to(self.c.dtype)[None, :]  # (Lq, K)
-        return relu_mlp(self.mlp[0], self.mlp[2], self.normalised(dist, q[:, None]))  # (H, Lq, K)
+        return relu_mlp(self.mlp[0], self.mlp[2], self._pair_input(q_pos[:, None], k_pos[None, :]))  # (H, Lq, K)
 
     def pair_score(self, q_pos, k_pos, head):
         """The MLP unit by unit on scalars (FlexAttention's score_mod evaluates it per pair: no [H, Lq, K] map;
@@ -62,6 +60,7 @@ class FIREBias(BiasScheme):
         return second.bias[head] + hidden @ second.weight[head]
 
     def _pair_input(self, q_pos, k_pos):
+        """ψ(i - j) / ψ(max(i, L)), broadcast over q_pos and k_pos."""
         q = q_pos.to(self.c.dtype)
         return self.normalised(q - k_pos.to(self.c.dtype), q)
 
