@@ -234,13 +234,15 @@ def test_runner_sigkilled_at_random_moments_then_rerun_finishes_every_run_once(t
     run_dirs = [results / "kill" / run.run_id for run in spec.runs]
     argv = ["grid", str(spec_path), "--results", str(results), "--slots", "2"]
 
-    def training() -> bool:
-        return any((read_status(d) or {}).get("step", 0) >= 2 for d in run_dirs)
+    def training() -> bool:  # metrics.csv, not status.json: that is written at most once a second, and a
+        # run of 40 steps takes about one on a fast core (it was done before the kill, and the test tested nothing)
+        return any((d / "metrics.csv").exists() and len(metric_steps(d)) >= 2 for d in run_dirs)
 
     rng = random.Random(66)
     kill_at_random_moments(_grid_cli, (argv, tmp_path / "first.out"), 1, training, rng, longest_s=1.5)
     worker_pids = [(read_status(d) or {}).get("pid") for d in run_dirs]
     wait_for(lambda: not any(pid and alive(pid) for pid in worker_pids), timeout=15)  # died with the runner
+    assert any((read_status(d) or {}).get("state") != "done" for d in run_dirs), "the kill came after the runs ended"
     started = lambda: any((d / "status.json").exists() for d in run_dirs)  # noqa: E731
     kill_at_random_moments(_grid_cli, (argv, tmp_path / "second.out"), 1, started, rng, longest_s=4.0)
     worker_pids = [(read_status(d) or {}).get("pid") for d in run_dirs]
