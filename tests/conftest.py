@@ -24,10 +24,17 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Deselect by --process-groups. A process group's ranks wait on each other at every step, so a rank
-    that shares the cores with other tests stalls the rest: test_ddp_parameters' check takes ~9 s alone and
-    took 120 s beside other work on 2 cores. (Its runs past the 240 s deadline were a deadlock on exit, not this:
-    see that test.)"""
+    """The torch.compile tests first, then deselect by --process-groups.
+
+    The first compilation in a process costs ~13 s before its own graphs (Inductor's imports, its probe of
+    the vector ISA, the precompiled header; ~20 s with an empty compile cache): run first, all of them land
+    on one pytest-xdist worker (worksteal hands the first half of the list to one worker and takes tests
+    from the end of a queue) and pay it once, not once a worker.
+
+    A process group's ranks wait on each other at every step, so a rank that shares the cores with other
+    tests stalls the rest: test_ddp_parameters' check takes ~9 s alone and took 120 s beside other work on
+    2 cores. (Its runs past the 240 s deadline were a deadlock on exit, not this: see that test.)"""
+    items.sort(key=lambda item: not item.path.name.startswith("test_compiled_"))  # stable: order kept otherwise
     mode = config.getoption("--process-groups")
     if mode == "with":
         return

@@ -20,7 +20,7 @@ not run here (dispatch.py). On CPU FlexAttention has no backward: forward only.
 Compilation: `dynamic=False` (torch 2.13's CPU code generation of FlexAttention fails with dynamic shapes),
 so every new shape of q, k (batch, L, M + L) compiles once more, and torch falls back to eager after its
 recompile limit (torch._dynamo.config.recompile_limit, 8 by default). A repeated shape does not recompile,
-nor does a new call of the same scheme (tests/test_flex_compiled.py).
+nor does a new call of the same scheme (tests/test_compiled_flex.py).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _block_mask(visibility: Visibility, n_queries: int, n_sinks: int, device: st
 
 def compiles(q: Tensor) -> bool:
     """Whether FlexAttention runs compiled: on CUDA; elsewhere eagerly (torch 2.13's CPU code generation has
-    no backward; tests/test_flex_compiled.py compiles it on CPU for the forward)."""
+    no backward; tests/test_compiled_flex.py compiles it on CPU for the forward)."""
     return q.is_cuda
 
 

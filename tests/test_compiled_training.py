@@ -1,5 +1,5 @@
 """train.compile: the training forward through torch.compile (Inductor generates C++ on CPU). A how-to-run
-field: it changes no number beyond rounding, so not the run id. Run: pytest tests/test_train_compile.py -q"""
+field: it changes no number beyond rounding, so not the run id. Run: pytest tests/test_compiled_training.py -q"""
 
 import csv
 

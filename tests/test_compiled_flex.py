@@ -6,7 +6,7 @@ Every score_mod ingredient of flex.py is compiled once, and every scheme that us
 compiled kernel (a new scheme of the same structure must not recompile): term b with every bias type,
 FIRE's MLP per pair, FoX's decay, log-n and the learned temperature, sinks, windows, key padding, memory,
 explicit positions, bidirectional attention, RoPE and its variants. 11 compilations: ~100 s the first time
-on this project's loaded 2-core machine, ~15 s once torch's compile cache holds them. Run: pytest tests/test_flex_compiled.py -q"""
+on this project's loaded 2-core machine, ~15 s once torch's compile cache holds them. Run: pytest tests/test_compiled_flex.py -q"""
 
 import functools
 
