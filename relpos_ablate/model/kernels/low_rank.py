@@ -4,7 +4,7 @@ ALiBi's -m·(i' - j) is m·j - m·i', and FoX's D_ij = Λ_i' - Λ_j is (-Λ_j) -
 with a key offset e (ALiBi, learned ALiBi: e_j = s_B·m_h·j; FoX: e_j = -Λ_j; both: the sum). The softmax
 ignores the per-query constant -e_i', so the scores are s·q_i·k_j + e_j, which SDPA computes with one more
 channel: q gets a channel of ones, k the channel e_j / s (v a channel of zeros: the CPU kernel wants one
-head width). Causal only (bidirectional ALiBi's |i - j| is not of this form).
+head width), each padded with zeros to EXTRA channels. Causal only (bidirectional ALiBi's |i - j| is not of this form).
 
 Rounding: e grows with the context (m·j up to m·K; Λ without bound), and a score s·q·k + e_j in fp32 carries
 an error of about 2^-24·|e_j|. So the queries go in blocks, and each block's keys get e_j - e_c, c the block's
@@ -30,6 +30,10 @@ from relpos_ablate.model.kernels.call import AttentionCall
 
 SPREAD_LIMIT = 128.0  # largest spread of e over one block's queries: offsets within ±64, fp32 rounding ≤ ~4e-6
 MIN_BLOCK, MAX_BLOCK = 64, 1024
+# channels added to the head (the offset's, then zeros, which add nothing to a product): at L = 4096 this kernel
+# took 5-15% less time with heads of 72 channels than of 65 (AMD EPYC, torch 2.13, the CPU flash kernel's
+# backward; benchmarks/results/compare_revisions_low_rank_width.md)
+EXTRA = 8
 
 _forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -99,8 +103,8 @@ class _Layout:
 
 
 def _set_channel(k_aug: Tensor, keys: slice, offsets: Tensor, scale: float) -> None:
-    """k_aug[..., keys, -1] = offsets / s (offsets: e differences in float64, cast once)."""
-    k_aug[:, :, keys, -1] = (offsets / scale).to(k_aug.dtype)  # broadcasts over the batch where e is shared
+    """k_aug[..., keys, -EXTRA] = offsets / s (offsets: e differences in float64, cast once)."""
+    k_aug[:, :, keys, -EXTRA] = (offsets / scale).to(k_aug.dtype)  # broadcasts over the batch where e is shared
 
 
 def _own_blocks(layout: _Layout) -> list[tuple[slice, int]]:
@@ -140,10 +144,10 @@ class KeyOffsetAttention(torch.autograd.Function):
         b, h, lq, dh = q.shape
         n_mem = k.shape[2] - lq
         layout = _Layout(lq, n_mem, block)
-        q_aug = torch.cat([q, q.new_ones(b, h, lq, 1)], dim=-1)
-        k_aug = torch.cat([k, k.new_empty(b, h, k.shape[2], 1)], dim=-1)
-        v_aug = torch.cat([v, v.new_zeros(b, h, v.shape[2], 1)], dim=-1)
-        out, lse = q_aug.new_empty(b, h, lq, dh + 1), q.new_empty(b, h, lq)
+        q_aug = torch.cat([q, q.new_ones(b, h, lq, 1), q.new_zeros(b, h, lq, EXTRA - 1)], dim=-1)
+        k_aug = torch.cat([k, k.new_zeros(b, h, k.shape[2], EXTRA)], dim=-1)
+        v_aug = torch.cat([v, v.new_zeros(b, h, v.shape[2], EXTRA)], dim=-1)
+        out, lse = q_aug.new_empty(b, h, lq, dh + EXTRA), q.new_empty(b, h, lq)
         _set_channel(k_aug, slice(n_mem, None), layout.own_offsets(key_offsets), scale)
         own_keys = k_aug[:, :, n_mem:], v_aug[:, :, n_mem:]
         for rows, n in _own_blocks(layout):
@@ -164,7 +168,7 @@ class KeyOffsetAttention(torch.autograd.Function):
         scale, (b, h, lq, _) = ctx.scale, q_aug.shape
         n_mem = k_aug.shape[2] - lq
         layout = _Layout(lq, n_mem, ctx.block)
-        grad_aug = torch.cat([grad_out, grad_out.new_zeros(b, h, lq, 1)], dim=-1)
+        grad_aug = torch.cat([grad_out, grad_out.new_zeros(b, h, lq, EXTRA)], dim=-1)
         dq, dk, dv = torch.empty_like(q_aug), torch.empty_like(k_aug), torch.empty_like(v_aug)
         dk[:, :, :n_mem], dv[:, :, :n_mem] = 0.0, 0.0  # memory keys: only the past parts reach them
         # ∂L/∂e: each part's key channel gradient / s at its keys, minus its sum at the block's middle key (the
@@ -180,7 +184,7 @@ class KeyOffsetAttention(torch.autograd.Function):
                                    0.0, True, scale=scale)
             keys = slice(n_mem + rows.start, n_mem + rows.stop)
             dq[:, :, rows], dk[:, :, keys], dv[:, :, keys] = (_unbatched(g, h) for g in (gq, gk, gv))
-            channel = gk[..., -1].double().view(b, h, n, -1) / scale  # (B, H, n blocks, S)
+            channel = gk[..., -EXTRA].double().view(b, h, n, -1) / scale  # (B, H, n blocks, S)
             grad_offsets[..., keys] += channel.flatten(2)
             centres = [layout.centre(i0, i1) for i0, i1 in layout.blocks[rows.start // layout.size:][:n]]
             grad_offsets[..., centres] -= channel.sum(-1)
@@ -190,11 +194,11 @@ class KeyOffsetAttention(torch.autograd.Function):
             dq[:, :, rows] += gq
             dk[:, :, :k0] += gk
             dv[:, :, :k0] += gv
-            channel = gk[..., -1].double() / scale
+            channel = gk[..., -EXTRA].double() / scale
             grad_offsets[..., :k0] += channel
             grad_offsets[..., centre] -= channel.sum(-1)
         if not ctx.needs_input_grad[3]:
             grad_offsets = None
         elif key_offsets.shape[0] == 1 and b > 1:
             grad_offsets = grad_offsets.sum(0, keepdim=True)
-        return dq[..., :-1], dk[..., :-1], dv[..., :-1], grad_offsets, None, None
+        return dq[..., :-EXTRA], dk[..., :-EXTRA], dv[..., :-EXTRA], grad_offsets, None, None
