@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from fixtures.runner import REPO
+from fixtures.runner import REPO, checkpoint_step
 from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.store import RunLock
 from relpos_ablate.runner.worker import launch, record_exit, stop
@@ -56,10 +56,6 @@ def group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def checkpoint_step(run_dir: Path) -> int:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
 
 
 def logged_steps(run_dir: Path) -> list[int]:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-import torch
 
+from fixtures.runner import checkpoint_step
 from relpos_ablate.train.run import train_run
 from test_train_run import At, short, sigterm
 
@@ -36,11 +36,6 @@ def rows_on_disk(run_dir: Path) -> dict[int, dict]:
     steps = [int(row["step"]) for row in rows]
     assert len(steps) == len(set(steps)), f"a step recorded twice: {steps}"
     return dict(zip(steps, rows))
-
-
-def checkpoint_step(run_dir: Path) -> int | None:
-    last = run_dir / "checkpoints" / "last.ckpt"
-    return torch.load(last, weights_only=False)["global_step"] if last.exists() else None
 
 
 def uncovered_steps(run_dir: Path) -> tuple[int | None, list[str]]:

@@ -15,10 +15,9 @@ import sys
 import time
 
 import pytest
-import torch
 import yaml
 
-from fixtures.runner import REPO, tiny_base
+from fixtures.runner import REPO, checkpoint_step, tiny_base
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, from_dict, run_id
 from relpos_ablate.io import read_json
@@ -79,14 +78,6 @@ def _run_cli(argv, out_path):
     sys.exit(main(argv))
 
 
-def checkpoint_step(run_dir) -> int:
-    """last.ckpt's global step, 0 before the first (written whole: the run renames it into place)."""
-    try:
-        return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
-    except FileNotFoundError:
-        return 0
-
-
 def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, capsys):
     base = tiny_base(max_steps=100)  # killed once its checkpoint of step 40 is on disk: 60 steps of margin
     base["train"].update(log_every=5, checkpoint_every=20)
@@ -101,7 +92,7 @@ def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, cap
     deadline = time.monotonic() + 120
     # the checkpoint, not status.json's step: that is written at most once a second, about when a fast core
     # ends this run (test_faults' kill once came after its runs had ended)
-    while checkpoint_step(run_dir) < 40:
+    while (checkpoint_step(run_dir) or 0) < 40:
         assert time.monotonic() < deadline and runner.is_alive(), (tmp_path / "first.out").read_text()
         time.sleep(0.02)
     os.kill(read_status(run_dir)["pid"], signal.SIGKILL)  # e.g. the OOM killer
