@@ -2,7 +2,8 @@
 #   workers, then the multi-process DDP tests alone; PYTEST_WORKERS, PYTEST_ARGS)
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
 # make gpu-check — on a CUDA machine: every fast path against the explicit one, a DDP run, timing against
-#   FlashAttention (benchmarks/gpu_check.py; ~8 min on one H200); without a GPU it says so in one line
+#   FlashAttention (benchmarks/gpu_check.py; well over 10 min on one H200: its flags split it); without a GPU it
+#   says so in one line
 # make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions": their measured
 #   costs on 2 CPU cores)
 # make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines")

@@ -1,4 +1,4 @@
-"""The GPU check in one command, for the minutes a GPU is lent (`make gpu-check`; ~8 min on one H200).
+"""The GPU check for the minutes a GPU is lent (`make gpu-check`; well over 10 min on one H200, split below).
 
     python benchmarks/gpu_check.py                    # CUDA: parity, DDP, timing; JSON + Markdown table
     python benchmarks/gpu_check.py --device cpu --skip-timing --skip-ddp --schemes t5,fox   # dry run of the parity
@@ -14,8 +14,13 @@
    (median of alternating pairs) and peak memory (in the process, torch.cuda.max_memory_allocated above the
    inputs). Compilation happens in each cell's warm-up; the cells run in order of length, and those that
    would start after --deadline seconds from the start are recorded as skipped, so the check ends in time
-   (parity compiles FlexAttention for each score_mod structure and dtype, about 20 times: its share of the
-   8 minutes is not measured yet).
+   (every cell compiles FlexAttention again: about 9 s each on one H200, torch 2.11, 2026-12-04).
+
+Cost and splitting: parity compiles FlexAttention once per scheme and dtype (about 46 times), timing once per
+scheme and length (about 60): well over one 10-minute call. --backends, --dtypes, --schemes, --skip-parity,
+--skip-ddp, --timed and --lengths take a part at a time; the JSON and Markdown are written after each phase and
+each timed cell, so a check stopped early keeps what it measured. What one H200 showed:
+benchmarks/results/gpu_check/README.md.
 
 Without CUDA (and without --device cpu) it prints one line saying so and exits 0. Writes
 OUT/gpu_check.json and OUT/gpu_check.md (default benchmarks/results/gpu_check/).
@@ -91,7 +96,7 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).norm() / want.norm().clamp(min=1e-30)).item()
 
 
-def parity(names: list[str], device: torch.device) -> list[dict]:
+def parity(names: list[str], device: torch.device, backends=BACKENDS, dtypes=tuple(TOLERANCE)) -> list[dict]:
     """One row per (scheme, backend, dtype): errors of the output and of the gradients, and whether they pass."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     gen = torch.Generator().manual_seed(1)
@@ -100,11 +105,11 @@ def parity(names: list[str], device: torch.device) -> list[dict]:
     for name in names:
         fields = PARITY[name]
         want = forward_backward(attention(fields, "explicit", device).double(), x, mems, False, True)
-        for backend in BACKENDS:
+        for backend in backends:
             if not runs_on(fields, backend):
                 continue
             backward = device.type == "cuda" or backend != "flex"  # CPU FlexAttention has no backward
-            for dtype in ("fp32", "bf16"):
+            for dtype in dtypes:
                 row = dict(scheme=name, backend=backend, dtype=dtype, backward=backward)
                 try:
                     got = forward_backward(attention(fields, backend, device), x.float(), mems.float(),
@@ -140,9 +145,10 @@ def ddp(steps: int) -> dict:
             "state": status.get("state"), "tail": "" if ok else (done.stdout + done.stderr)[-2000:]}
 
 
-def timing(names: list[str], lengths: list[int], pairs: int, budget: float, device: torch.device) -> list[dict]:
+def timing(names: list[str], lengths: list[int], pairs: int, budget: float, device: torch.device,
+           progress=lambda rows: None) -> list[dict]:
     """Per (scheme, L): time ratio to FlashAttention without positions and peak memory, bf16; cells that would
-    start after `budget` seconds are skipped."""
+    start after `budget` seconds are skipped. `progress(rows)` is called after each measured cell."""
     start, rows = time.perf_counter(), []
     for length in lengths:
         for name in names:
@@ -157,6 +163,7 @@ def timing(names: list[str], lengths: list[int], pairs: int, budget: float, devi
                 row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 torch.cuda.empty_cache()
             rows.append(row)
+            progress(rows)
             print(f"timing {name} L={length}: {row}", flush=True)
     return rows
 
@@ -172,6 +179,15 @@ def peak_memory(name: str, length: int, device: torch.device) -> float:
     bench.step(module, x)
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def save(result: dict, out: Path) -> None:
+    """gpu_check.json and gpu_check.md, each written to a temporary file and renamed over the old one."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in (("gpu_check.json", json.dumps(result, indent=2) + "\n"), ("gpu_check.md", markdown(result))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
 
 
 def markdown(result: dict) -> str:
@@ -199,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="cuda (default when available) or cpu (parity only)")
     parser.add_argument("--schemes", default="all", help="parity schemes, comma-separated: " + ", ".join(PARITY))
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="parity backends, comma-separated")
+    parser.add_argument("--dtypes", default="fp32,bf16", help="parity dtypes: fp32, bf16")
+    parser.add_argument("--timed", default=",".join(TIMED), help="timed schemes (benchmarks/attention.py's names)")
+    parser.add_argument("--skip-parity", action="store_true")
     parser.add_argument("--lengths", default="1024,4096,16384", help="timed lengths")
     parser.add_argument("--pairs", type=int, default=3, help="alternating timing pairs per cell")
     parser.add_argument("--deadline", type=float, default=420.0,
@@ -217,17 +237,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in PARITY]
     if unknown:
         parser.error(f"--schemes: unknown {unknown}; allowed: {', '.join(PARITY)}")
+    out = Path(args.out)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "parity": parity(names, device)}
+              "torch": torch.__version__,
+              "parity": [] if args.skip_parity else parity(names, device, args.backends.split(","),
+                                                           args.dtypes.split(","))}
+    save(result, out)  # each phase's results are on disk before the next starts: a killed check keeps them
     if device.type == "cuda" and not args.skip_ddp:
         result["ddp"] = ddp(args.ddp_steps)
+        save(result, out)
     if device.type == "cuda" and not args.skip_timing:
         budget = args.deadline - (time.perf_counter() - start)
-        result["timing"] = timing(TIMED, [int(n) for n in args.lengths.split(",")], args.pairs, budget, device)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "gpu_check.md").write_text(markdown(result))
+        result["timing"] = timing(args.timed.split(","), [int(n) for n in args.lengths.split(",")], args.pairs, budget, device,
+                                  lambda rows: save({**result, "timing": rows}, out))
+        save(result, out)
     failed = [f"{r['scheme']} {r['backend']} {r['dtype']}" for r in result["parity"] if not r["ok"]]
     if result.get("ddp") and not result["ddp"]["ok"]:
         failed.append("ddp")

@@ -11,6 +11,7 @@ from conftest import randomize
 from reference import reference_attention
 from relpos_ablate import AttentionConfig, RelPosAttention
 from relpos_ablate.model import AttentionOptions
+from relpos_ablate.model.kernels import flex
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 CASES = [
@@ -20,8 +21,8 @@ CASES = [
 ]
 
 
-def make(**fields):
-    attn = RelPosAttention(16, 2, 8, AttentionConfig(backend="flex", **fields)).double()
+def make(d_head=8, **fields):
+    attn = RelPosAttention(16, 2, d_head, AttentionConfig(backend="flex", **fields)).double()
     randomize(attn, 5)
     return attn
 
@@ -57,7 +58,7 @@ def test_flex_same_length_and_padding():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fields", CASES, ids=[str(c) for c in CASES])
 def test_flex_cuda_forward_and_backward_match_blocks(fields):
-    attn = make(**fields).float().cuda()
+    attn = make(d_head=16, **fields).float().cuda()  # compiled FlexAttention needs heads of >= 16 channels
     x = torch.randn(2, 256, 16, device="cuda", requires_grad=True)
     mems = torch.randn(2, 64, 16, device="cuda")
     out_flex, _ = attn(x, mems)
@@ -97,3 +98,34 @@ def test_fire_pair_scores_unit_by_unit_and_as_one_product_are_its_mlp(causal):
         with torch.no_grad():
             got = per_head(q_pos, k_pos, heads)
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_flex_with_heads_under_16_channels_says_so(monkeypatch):
+    """Compiled FlexAttention (CUDA) cannot lower heads narrower than 16 channels (inductor's NotImplementedError,
+    seen on an H200): a pinned 'flex' says so in one line; 'auto' never sends such heads there (dispatch.py)."""
+    monkeypatch.setattr(flex, "compiles", lambda q: True)
+    monkeypatch.setattr(flex, "min_head_dim", lambda device_type: 16)  # CUDA's least, here on CPU
+    attn = make(terms="a", bias="alibi").float()
+    with pytest.raises(ValueError, match=r"model.attention.backend: 'flex' on cpu needs d_head >= 16.*got 8"):
+        attn(torch.randn(1, 4, 16))
+
+
+def test_compiling_flex_raises_dynamos_recompile_limit_and_never_lowers_it():
+    """Each score_mod structure, dtype, autocast state and shape compiles flex_attention once more; past dynamo's
+    limit (8) it would run eagerly with the whole score matrix (20-85x slower on an H200): the first compiled
+    kernel raises the limit, and a user's larger one stays."""
+    config = torch._dynamo.config
+    saved = config.recompile_limit, config.accumulated_recompile_limit  # (dynamo's config module: no monkeypatch)
+    flex._kernel.cache_clear()
+    try:
+        config.recompile_limit, config.accumulated_recompile_limit = 8, 256
+        flex._kernel(True)
+        assert config.recompile_limit == flex.RECOMPILE_LIMIT
+        assert config.accumulated_recompile_limit == 4 * flex.RECOMPILE_LIMIT
+        config.recompile_limit = 10_000
+        flex._kernel.cache_clear()
+        flex._kernel(True)
+        assert config.recompile_limit == 10_000
+    finally:
+        config.recompile_limit, config.accumulated_recompile_limit = saved
+        flex._kernel.cache_clear()

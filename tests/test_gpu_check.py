@@ -41,6 +41,16 @@ def test_the_parity_part_runs_on_cpu(tmp_path):
     assert "| fox | flex | bf16 |" in (tmp_path / "gpu_check.md").read_text()
 
 
+def test_the_check_runs_in_parts(tmp_path):
+    """--backends and --dtypes take one part of the parity (a GPU's 10-minute calls hold no whole check)."""
+    assert gpu_check.main(["--device", "cpu", "--schemes", "bias_t5,fox", "--backends", "blocks", "--dtypes", "fp32",
+                           "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "gpu_check.json").read_text())["parity"]
+    assert [(r["scheme"], r["backend"], r["dtype"], r["ok"]) for r in rows] == [
+        ("bias_t5", "blocks", "fp32", True), ("fox", "blocks", "fp32", True)]
+    assert not list(tmp_path.glob(".*.tmp"))  # written to a temporary file and renamed
+
+
 def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
     merged = kernels._merged
     monkeypatch.setattr(kernels, "_merged", lambda parts: (lambda out, lse: (out * 1.01, lse))(*merged(parts)))

@@ -3,7 +3,8 @@
 `attend(call, q_content, k, v, q_position, config, dropout_p)` -> out [B, H, L, dh], where
 q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without term b):
 - nothing beyond causal attention: one SDPA call (flash kernels);
-- FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout;
+- FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout for heads of at
+  least 16 channels (its compiled kernel's least);
 - on CPU, a map that is a key offset (ALiBi, FoX) on the low-rank kernel (low_rank.py), and one that is constant
   from a distance on (a clamp, T5's last bucket) on the band kernel (band.py), where calibration finds them fastest;
 - the block kernel that rebuilds each block's map in backward (blockwise.py) for backend 'blocks', and
@@ -29,7 +30,7 @@ from torch.nn.attention.bias import causal_lower_right
 from relpos_ablate.config.model import AttentionConfig
 from relpos_ablate.model.kernels.call import AttentionCall, ScoreInputs, sum_terms
 from relpos_ablate.model.kernels.geometry import StatisticsSink
-from relpos_ablate.model.kernels import band, calibration, low_rank
+from relpos_ablate.model.kernels import band, calibration, flex, low_rank
 from relpos_ablate.model.kernels.blockwise import BlockwiseBiasedAttention, masked_softmax
 
 # Score entries per head in one query block whose map is stored for backward (the block kernel sizes its
@@ -48,11 +49,11 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
     q_content, k, v, q_position = (None if t is None else t.to(dtype) for t in (q_content, k, v, q_position))
     if statistics is not None:
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
-    flex = config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0)
-    if flex and call.contextual is None:
-        from relpos_ablate.model.kernels.flex import flex_attend
-
-        return flex_attend(call, q_content, k, v, q_position)
+    # compiled FlexAttention (CUDA) needs heads of at least 16 channels: 'auto' leaves narrower ones to the others
+    on_flex = config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0
+                                           and q_content.shape[-1] >= flex.min_head_dim("cuda"))
+    if on_flex and call.contextual is None:
+        return flex.flex_attend(call, q_content, k, v, q_position)
     if not call.has_additive:  # a mask, no map: plain SDPA, or SDPA per block with its mask
         if call.key_padding_mask is None and call.visibility.window is None and not call.n_sinks:
             return _plain(call, q_content, k, v, dropout_p)

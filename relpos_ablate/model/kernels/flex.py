@@ -18,9 +18,10 @@ n_sinks keys) visible to every query and free of position; key padding is applie
 not run here (dispatch.py). On CPU FlexAttention has no backward: forward only.
 
 Compilation: `dynamic=False` (torch 2.13's CPU code generation of FlexAttention fails with dynamic shapes),
-so every new shape of q, k (batch, L, M + L) compiles once more, and torch falls back to eager after its
-recompile limit (torch._dynamo.config.recompile_limit, 8 by default). A repeated shape does not recompile,
-nor does a new call of the same scheme (tests/test_compiled_flex.py).
+so every new shape of q, k (batch, L, M + L) compiles once more, as does every new score_mod structure, dtype
+and autocast state; dynamo runs a function eagerly past its recompile limit (8 by default), which for
+FlexAttention means the full score matrix: the first compiled call raises the limit to RECOMPILE_LIMIT. A
+repeated shape does not recompile, nor does a new call of the same scheme (tests/test_compiled_flex.py).
 """
 from __future__ import annotations
 
@@ -33,11 +34,25 @@ from torch import Tensor
 from relpos_ablate.model.kernels.call import AttentionCall, Visibility
 
 
+#: The least recompile limit set for compiled FlexAttention: every score_mod structure, dtype, autocast state
+#: and shape is one more compilation of the same function, and past torch's limit (8 by default) dynamo runs
+#: it eagerly: the full score matrix, 20-85x slower than compiled on an H200 (gpu_check, 2026-12-04).
+RECOMPILE_LIMIT = 256
+
+
 @functools.cache
 def _kernel(compiled: bool):
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+    if not compiled:
+        return flex_attention
+    config = torch._dynamo.config
+    for name, least in (("recompile_limit", RECOMPILE_LIMIT), ("cache_size_limit", RECOMPILE_LIMIT),
+                        ("accumulated_recompile_limit", 4 * RECOMPILE_LIMIT),
+                        ("accumulated_cache_size_limit", 4 * RECOMPILE_LIMIT)):
+        if isinstance(getattr(config, name, None), int) and getattr(config, name) < least:
+            setattr(config, name, least)  # raised, never lowered (a user's own larger limit stays)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 @functools.lru_cache(maxsize=32)
@@ -53,6 +68,12 @@ def _block_mask(visibility: Visibility, n_queries: int, n_sinks: int, device: st
     return create_block_mask(mask_mod, None, None, n_queries, n_sinks + visibility.n_mem + n_queries, device=device)
 
 
+def min_head_dim(device_type: str) -> int:
+    """The compiled kernel's least head width on a device: 16 on CUDA (torch's lowering: "embedding dimension of
+    the query, key, and value must be at least 16"; seen on an H200, torch 2.11, 2026-12-04), none on CPU."""
+    return 16 if device_type == "cuda" else 1
+
+
 def compiles(q: Tensor) -> bool:
     """Whether FlexAttention runs compiled: on CUDA; elsewhere eagerly (torch 2.13's CPU code generation has
     no backward; tests/test_compiled_flex.py compiles it on CPU for the forward)."""
@@ -63,6 +84,10 @@ def flex_attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_
     """softmax(s·q_content·kᵀ + terms b, d, the bias and FoX's decay, masked)·v with FlexAttention:
     [B, H, L, dh]."""
     n_queries, padding, compiled = call.n_queries, call.key_padding_mask, compiles(q_content)
+    least = min_head_dim(q_content.device.type)
+    if compiled and min(q_content.shape[-1], v.shape[-1]) < least:
+        raise ValueError(f"model.attention.backend: 'flex' on {q_content.device.type} needs d_head >= {least} "
+                         f"(compiled FlexAttention); got {q_content.shape[-1]}; use 'auto' or 'blocks'")
     score_mod = _per_distance_mod(call, q_position, compiled)
     if padding is not None:
         score_mod = _padded(score_mod, padding)
