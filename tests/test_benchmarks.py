@@ -50,3 +50,17 @@ def test_train_step_times_every_variant_of_a_spec_against_nope(tmp_path, monkeyp
         assert row["seconds_per_step"] > 0 and row["nope_seconds_per_step"] > 0
         assert abs(row["ratio_to_nope"] - row["seconds_per_step"] / row["nope_seconds_per_step"]) < 1e-12
         assert abs(row["steps_per_second"] * row["seconds_per_step"] - 1) < 1e-12
+
+
+def test_the_low_rank_block_benchmark_names_the_machine_and_bounds_each_blocks_rounding(capsys):
+    """benchmarks/low_rank_blocks.py (the README's block-size figures) at L = 256: a time per path, and per block
+    size the output's error against its float64 softmax, within the tests' 1e-5 where the spread is at most 128
+    (SPREAD_LIMIT)."""
+    _load("low_rank_blocks").main(["--length", "256"])
+    out = capsys.readouterr().out
+    assert "SPREAD_LIMIT 128.0" in out.splitlines()[0]
+    assert "| SDPA causal, 72 channels |" in out and "| low-rank kernel, blocks of 256 |" in out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "e-" in line]
+    errors = {int(r[0][2:]): float(r[2]) for r in rows}
+    assert set(errors) == {64, 128, 256, 512, 1024, 4096}
+    assert all(errors[n] < 1e-5 for n in (64, 128, 256))
