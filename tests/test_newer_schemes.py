@@ -253,3 +253,27 @@ def test_bf16_autocast_forward_backward_matches_float32(name):
         out16, grads16 = forward_backward(attn, x, mems, autocast=True)
         assert relative_error([out16], [out32]) < RTOL, backend
         assert relative_error(grads16, grads32) < RTOL, backend
+
+
+@pytest.mark.parametrize("d_rot, xpos, scaling", [(8, None, None), (4, None, None), (8, 6.0, None),
+                                                   (8, None, RopeScaling("yarn", 3.0, original_length=4))])
+def test_the_rotation_is_the_pairwise_turn_and_differentiable_to_second_order(d_rot, xpos, scaling):
+    """position/rope.py's one-Function rotation against the turn written out here (x_p·cos - x_p+h·sin,
+    x_p+h·cos + x_p·sin per pair p, angle position·θ_p, times xPos's ζ_p^(position/B) and YaRN's factor), in
+    float64, with its first and second derivatives checked numerically (its backward is itself a rotation)."""
+    from relpos_ablate.model.position.rope import rope_frequencies, rotate, xpos_decay
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 5, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    positions = torch.tensor([0, 2, 3, 7, 11])
+    got = rotate(x, positions, d_rot, 100.0, scaling=scaling, xpos_scale_base=xpos)
+    half = d_rot // 2
+    angles = positions.double()[:, None] * rope_frequencies(d_rot, 100.0, scaling)[None]
+    factor = 1.0 if scaling is None else scaling.attention_factor
+    radius = factor * (1.0 if xpos is None else xpos_decay(d_rot)[None] ** (positions.double()[:, None] / xpos))
+    first, second = x[..., :half], x[..., half:d_rot]
+    want = torch.cat([radius * (first * angles.cos() - second * angles.sin()),
+                      radius * (second * angles.cos() + first * angles.sin()), x[..., d_rot:]], dim=-1)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    turn = lambda t: rotate(t, positions, d_rot, 100.0, scaling=scaling, xpos_scale_base=xpos)  # noqa: E731
+    assert torch.autograd.gradcheck(turn, (x,)) and torch.autograd.gradgradcheck(turn, (x,))

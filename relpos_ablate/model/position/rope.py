@@ -149,8 +149,8 @@ def _turn(x: Tensor, cos: Tensor, sin: Tensor, sign: float) -> Tensor:
 
 class _Rotation(torch.autograd.Function):
     """x turned pair by pair (`_turn`); its gradient is the transposed turn, the same with sin negated (the cos
-    and sin of xPos and YaRN carry a common factor per pair, which transposing keeps). No gradient reaches the
-    angles: positions and frequencies are not learned."""
+    and sin of xPos and YaRN carry a common factor per pair, which transposing keeps), itself a _Rotation, so
+    derivatives of any order exist. No gradient reaches the angles: positions and frequencies are not learned."""
 
     @staticmethod
     def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -160,7 +160,7 @@ class _Rotation(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
-        return _turn(grad, cos, sin, -1.0), None, None
+        return _Rotation.apply(grad, cos, -sin), None, None  # itself a _Rotation: differentiable again
 
 
 def rotate_queries_keys(q: Tensor, k: Tensor, query_positions: Tensor, key_positions: Tensor, d_rot: int,
