@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import attention as bench  # noqa: E402  (benchmarks/attention.py: the timed schemes and their step)
 from relpos_ablate import AttentionConfig, RelPosAttention  # noqa: E402
 from relpos_ablate.config.model import BIAS_TYPES  # noqa: E402
+from relpos_ablate.io import atomic_write_text  # noqa: E402
 
 PARITY = {  # name -> AttentionConfig fields, small enough for float64 on any device
     **{f"xl_{terms}": dict(terms=terms) for terms in ("abcd", "b", "d", "ac")},
@@ -183,11 +183,8 @@ def peak_memory(name: str, length: int, device: torch.device) -> float:
 
 def save(result: dict, out: Path) -> None:
     """gpu_check.json and gpu_check.md, each written to a temporary file and renamed over the old one."""
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("gpu_check.json", json.dumps(result, indent=2) + "\n"), ("gpu_check.md", markdown(result))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+    atomic_write_text(out / "gpu_check.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "gpu_check.md", markdown(result))
 
 
 def markdown(result: dict) -> str:
@@ -248,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         save(result, out)
     if device.type == "cuda" and not args.skip_timing:
         budget = args.deadline - (time.perf_counter() - start)
-        result["timing"] = timing(args.timed.split(","), [int(n) for n in args.lengths.split(",")], args.pairs, budget, device,
+        lengths = [int(n) for n in args.lengths.split(",")]
+        result["timing"] = timing(args.timed.split(","), lengths, args.pairs, budget, device,
                                   lambda rows: save({**result, "timing": rows}, out))
         save(result, out)
     failed = [f"{r['scheme']} {r['backend']} {r['dtype']}" for r in result["parity"] if not r["ok"]]

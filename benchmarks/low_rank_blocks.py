@@ -96,7 +96,8 @@ def rounding(length: int) -> list[str]:
     scores.masked_fill_(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
     want = torch.softmax(scores, -1) @ v.double()
     del scores
-    lines = ["| block | spread (steepest slope · block) | largest error | relative error (norm) |", "|---|---|---|---|"]
+    lines = ["| block | spread (steepest slope · block) | largest error | relative error (norm) |",
+             "|---|---|---|---|"]
     for n in BLOCKS:
         got = low_rank.KeyOffsetAttention.apply(q, k, v, offsets, scale, n).double()
         lines.append(f"| {n} | {float(slopes.max()) * n:.0f} | {(got - want).abs().max().item():.2e} | "

@@ -131,17 +131,17 @@ def rotate(x: Tensor, positions: Tensor, d_rot: int, base: float, *, scaling: Ro
     return _Rotation.apply(x, cos, sin)
 
 
-def _turn(x: Tensor, cos: Tensor, sin: Tensor, sign: float) -> Tensor:
-    """Pair p of x's first 2·len(cos) dimensions, (x_p, x_p+h), turned to (x_p·c - sign·x_p+h·s, x_p+h·c +
-    sign·x_p·s); the rest copied. Written into one new tensor: four passes over the rotated half-widths, where
+def _turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Pair p of x's first 2·len(cos) dimensions, (x_p, x_p+h), turned to (x_p·c - x_p+h·s, x_p+h·c + x_p·s);
+    the rest copied. Written into one new tensor: four passes over the rotated half-widths, where
     x·cos + cat(-second, first)·sin and its autograd made about twelve (RoPE at L = 1024 on 2 Xeon cores:
     ~10% of the layer's forward + backward)."""
     half = cos.shape[-1]
     out = torch.empty_like(x)
     first, second = x[..., :half], x[..., half: 2 * half]
     out_first, out_second = out[..., :half], out[..., half: 2 * half]
-    torch.mul(first, cos, out=out_first).addcmul_(second, sin, value=-sign)
-    torch.mul(second, cos, out=out_second).addcmul_(first, sin, value=sign)
+    torch.mul(first, cos, out=out_first).addcmul_(second, sin, value=-1.0)
+    torch.mul(second, cos, out=out_second).addcmul_(first, sin)
     if 2 * half < x.shape[-1]:
         out[..., 2 * half:] = x[..., 2 * half:]
     return out
@@ -155,7 +155,7 @@ class _Rotation(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         ctx.save_for_backward(cos, sin)
-        return _turn(x, cos, sin, 1.0)
+        return _turn(x, cos, sin)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
