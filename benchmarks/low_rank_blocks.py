@@ -3,12 +3,15 @@
     python benchmarks/low_rank_blocks.py            # Markdown: time per block size, then error per block size
 
 1. Time: KeyOffsetAttention forward + backward at B=2, H=8, L=4096, d_head=64, fp32, FoX-like key offsets
-   (Λ rising 0.62-0.82 per key, as the benchmark's randomly initialised gates), per block size, against SDPA's
-   causal call at 64 and at 72 channels (the low-rank kernel's head width); best of 2 after a warm-up.
+   (Λ rising 0.62-0.82 per key, as the benchmark's randomly initialised gates, with their gradient), per block size
+   with the queries' channels zero (the kernel where sums are not in order), and in one block with them (where
+   they are: `low_rank.ordered_sums`), against SDPA's causal call at 64, 72 and 80 channels (the low-rank kernel's
+   head widths without and with the gradient blocks' channels); best of 2 after a warm-up.
 2. The blocks the kernel picks in benchmarks/attention.py's FoX and learned ALiBi (random initialisation, seed 0),
    and how far their key offsets rise over the queries.
 3. Rounding: ALiBi's slopes (2^(-8h/H), steepest 1/2) at B=1, L=4096: the output's largest absolute and relative
-   (norm) error against softmax(s·q·kᵀ + e) computed in float64, per block size (spread = slope · block).
+   (norm) error against softmax(s·q·kᵀ + e) computed in float64, per block size (spread = slope · block), and in
+   one block with the queries' channels where sums are in order.
 """
 
 from __future__ import annotations
@@ -43,16 +46,18 @@ def timing(length: int) -> list[str]:
     q, k, v = (torch.randn(b, h, length, d, requires_grad=True) for _ in range(3))
     offsets = torch.cumsum(torch.rand(b, h, length, dtype=torch.float64) * 0.2 + 0.62, -1).requires_grad_()
 
-    def kernel(block):
-        return lambda: low_rank.KeyOffsetAttention.apply(q, k, v, offsets, d ** -0.5, block).sum().backward()
+    def kernel(block, ordered=False):
+        return lambda: low_rank.KeyOffsetAttention.apply(q, k, v, offsets, d ** -0.5, block, ordered).sum().backward()
 
     def sdpa(width):
         x = [torch.randn(b, h, length, width, requires_grad=True) for _ in range(3)]
         return lambda: F.scaled_dot_product_attention(*x, is_causal=True, scale=d ** -0.5).sum().backward()
 
     lines = ["| path | fwd + bwd s |", "|---|---|",
-             *(f"| SDPA causal, {w} channels | {best(sdpa(w)):.3f} |" for w in (64, 64 + low_rank.EXTRA)),
+             *(f"| SDPA causal, {w} channels | {best(sdpa(w)):.3f} |" for w in (64, 72, 80)),
              *(f"| low-rank kernel, blocks of {n} | {best(kernel(n)):.3f} |" for n in BLOCKS if n <= length)]
+    if low_rank.ordered_sums():
+        lines.append(f"| low-rank kernel, one block, sums in order | {best(kernel(length, True)):.3f} |")
     return lines
 
 
@@ -98,9 +103,11 @@ def rounding(length: int) -> list[str]:
     del scores
     lines = ["| block | spread (steepest slope · block) | largest error | relative error (norm) |",
              "|---|---|---|---|"]
-    for n in BLOCKS:
-        got = low_rank.KeyOffsetAttention.apply(q, k, v, offsets, scale, n).double()
-        lines.append(f"| {n} | {float(slopes.max()) * n:.0f} | {(got - want).abs().max().item():.2e} | "
+    runs = [(str(n), n, False) for n in BLOCKS] + ([(f"{length}, sums in order", length, True)]
+                                                   if low_rank.ordered_sums() else [])
+    for label, n, ordered in runs:
+        got = low_rank.KeyOffsetAttention.apply(q, k, v, offsets, scale, n, ordered).double()
+        lines.append(f"| {label} | {float(slopes.max()) * n:.0f} | {(got - want).abs().max().item():.2e} | "
                      f"{((got - want).norm() / want.norm()).item():.2e} |")
     return lines
 
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=4096)
     args = parser.parse_args(argv)
     print(f"{processor()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {platform.python_version()}, "
-          f"SPREAD_LIMIT {low_rank.SPREAD_LIMIT}, EXTRA {low_rank.EXTRA}\n")
+          f"SPREAD_LIMIT {low_rank.SPREAD_LIMIT}, EXTRA {low_rank.EXTRA}, sums in order: {low_rank.ordered_sums()}\n")
     print("\n".join(timing(args.length)) + "\n")
     print("\n".join(chosen_blocks(args.length)) + "\n")
     print("\n".join(rounding(args.length)))

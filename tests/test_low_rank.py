@@ -62,27 +62,39 @@ def _reference(attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor) -> tu
     return out, params
 
 
+@pytest.fixture(params=[True, False], ids=["sums_in_order", "blocks"])
+def ordered(request, monkeypatch):
+    """The kernel both ways: one block with the queries' channels (where this machine's flash kernel sums channels in
+    order: low_rank.ordered_sums), and query blocks centred in float64 (the rest). The first is skipped where the
+    machine's sums are not in order (it would not be chosen there)."""
+    if request.param and not low_rank.ordered_sums():
+        pytest.skip("this machine's CPU flash kernel does not sum a score's channels in order")
+    monkeypatch.setattr(low_rank, "ordered_sums", lambda: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("name", ["alibi_learned", "fox_alibi"])  # both kinds of offset (fixed ALiBi: below)
-def test_low_rank_equals_the_float64_reference_at_4096_with_memory(name):
+def test_low_rank_equals_the_float64_reference_at_4096_with_memory(name, ordered):
     """fp32 on the low-rank kernel vs float64, L = 4096 after 256 memory keys: the output within 1e-5, every
     projection's gradient within 1e-5 of its largest entry. Two gradients sum millions of terms that cancel
-    (a softmax's rows sum to zero): the learned slopes' (Σ dS_ij·(i' - j); 1.3e-5 here, the block kernel 3e-7)
-    within 5e-5, FoX's gate's (a reverse cumulative sum of column sums; 1e-5 here, the block kernel 3e-4)
-    within 1e-4."""
+    (a softmax's rows sum to zero): the learned slopes' (Σ dS_ij·(i' - j); 1.1e-5 .. 1.4e-5 in one block, 1.3e-5 in
+    blocks, the block kernel 3e-7) within 5e-5, FoX's gate's (a reverse cumulative sum of column sums; 1.6e-6 .. 1.4e-5
+    in one block, 1e-5 in blocks, the block kernel 3e-4) within 1e-4."""
     attn = _layer(name)
     gen = torch.Generator().manual_seed(1)
     x, mems = torch.randn(1, 4096, 32, generator=gen), torch.randn(1, 256, 32, generator=gen)
     call, q, _ = attn.kernel_call(x, mems)
     assert dispatch.candidates(call, q, attn.config, 0.0) == ["low_rank"]
+    assert (low_rank.block_size(low_rank.key_offsets(call), 4096) == 4096) == ordered
     out, _ = attn(x, mems)
     ref, params = _reference(attn, x, mems)
     assert_matches_float64(attn, out, ref, params, gen, 1e-5, _limit)
 
 
 @pytest.mark.parametrize("name", list(LOW_RANK))
-def test_low_rank_equals_the_loop_reference(name, monkeypatch):
-    """Small shapes against tests/reference.py's pair-by-pair formula (blocks of 32: a short last block, past
-    parts and memory all occur)."""
+def test_low_rank_equals_the_loop_reference(name, ordered, monkeypatch):
+    """Small shapes against tests/reference.py's pair-by-pair formula: in one block, and in blocks of 32 (a short
+    last block, past parts and memory all occur)."""
     attn = _layer(name)
     gen = torch.Generator().manual_seed(2)
     x, mems = torch.randn(2, 70, 32, generator=gen), torch.randn(2, 9, 32, generator=gen)
@@ -90,10 +102,18 @@ def test_low_rank_equals_the_loop_reference(name, monkeypatch):
     monkeypatch.setattr(low_rank, "MAX_BLOCK", 32)
     call, q, _ = attn.kernel_call(x, mems)
     assert dispatch.candidates(call, q, attn.config, 0.0) == ["low_rank"]
-    assert low_rank.block_size(low_rank.key_offsets(call), 70) == 32
+    assert low_rank.block_size(low_rank.key_offsets(call), 70) == (70 if ordered else 32)
     out, _ = attn(x, mems)
     ref, _ = reference_attention(attn, x, mems)
     assert torch.allclose(out.double(), ref, atol=2e-6, rtol=0)
+
+
+def test_the_check_of_ordered_sums_tells_the_two_apart():
+    """low_rank.matches_float64 fails where the queries' channels are zero in one block (the offsets then round
+    with their size, whatever the order of the sums): the check can say no. Where it says yes, one block with the
+    queries' channels matched float64 on this machine."""
+    assert not low_rank.matches_float64(False)
+    assert low_rank.ordered_sums() == low_rank.matches_float64(True)
 
 
 def test_every_calibration_candidate_agrees():
@@ -118,14 +138,23 @@ def test_the_kernel_only_takes_calls_of_key_offsets():
         AttentionConfig(terms="a", bias="t5", backend="low_rank")
 
 
-def test_offsets_too_steep_for_fp32_leave_the_kernel():
-    """A slope whose offsets spread over more than SPREAD_LIMIT within the smallest block is not taken."""
+def test_offsets_too_steep_for_fp32_leave_the_kernel(monkeypatch):
+    """Where sums are not in order, a slope whose offsets spread over more than SPREAD_LIMIT within the smallest
+    block is not taken; where they are, it is, in one block, and matches float64."""
     attn = _layer("alibi_learned")
     with torch.no_grad():
         attn.bias_scheme.log_slopes.fill_(math.log(low_rank.SPREAD_LIMIT / low_rank.MIN_BLOCK * 1.5))
-    call, q, _ = attn.kernel_call(torch.randn(1, 256, 32))
-    assert low_rank.block_size(low_rank.key_offsets(call), 256) is None
-    assert dispatch.candidates(call, q, attn.config, 0.0) == ["blocks"]
+    x = torch.randn(1, 256, 32, generator=torch.Generator().manual_seed(5))
+    call, q, _ = attn.kernel_call(x)
+    with monkeypatch.context() as patch:
+        patch.setattr(low_rank, "ordered_sums", lambda: False)
+        assert low_rank.block_size(low_rank.key_offsets(call), 256) is None
+        assert dispatch.candidates(call, q, attn.config, 0.0) == ["blocks"]
+    if low_rank.ordered_sums():
+        assert low_rank.block_size(low_rank.key_offsets(call), 256) == 256
+        out, _ = attn(x)
+        ref, _ = reference_attention(attn, x, None)
+        assert torch.allclose(out.double(), ref, atol=2e-6, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------- calibration
