@@ -61,6 +61,14 @@ def test_flex_cuda_forward_and_backward_match_blocks(fields):
     attn = make(d_head=16, **fields).float().cuda()  # compiled FlexAttention needs heads of >= 16 channels
     x = torch.randn(2, 256, 16, device="cuda", requires_grad=True)
     mems = torch.randn(2, 64, 16, device="cuda")
+    if fields.get("bias") == "fire":  # its compiled gradient is not trusted (flex.trains_pair_bias): forward only
+        with pytest.raises(ValueError, match="cannot train a query-dependent bias"):
+            attn(x, mems)
+        with torch.no_grad():
+            out_flex, _ = attn(x, mems)
+            attn.config = dataclasses.replace(attn.config, backend="blocks")
+            torch.testing.assert_close(out_flex, attn(x, mems)[0], rtol=2e-3, atol=2e-3)
+        return
     out_flex, _ = attn(x, mems)
     grads_flex = torch.autograd.grad(out_flex.square().sum(), [x, *attn.parameters()], allow_unused=True)
     attn.config = dataclasses.replace(attn.config, backend="blocks")
@@ -108,6 +116,23 @@ def test_compiled_flex_with_heads_under_16_channels_says_so(monkeypatch):
     attn = make(terms="a", bias="alibi").float()
     with pytest.raises(ValueError, match=r"model.attention.backend: 'flex' on cpu needs d_head >= 16.*got 8"):
         attn(torch.randn(1, 4, 16))
+
+
+def test_training_fire_through_compiled_flex_is_refused_and_auto_leaves_it_to_the_others(monkeypatch):
+    """FIRE's gradient through compiled FlexAttention differed from the block kernel's on an H200: a pinned 'flex'
+    refuses to train it in one line (its forward stays: test_compiled_flex.py), and flex.trains_pair_bias, which
+    keeps 'auto' off FlexAttention on CUDA, says so only where a pair bias's parameters need gradients."""
+    monkeypatch.setattr(flex, "compiles", lambda q: True)
+    fire, alibi = make(terms="a", bias="fire").float(), make(terms="a", bias="alibi").float()
+    x = torch.randn(1, 4, 16)
+    with pytest.raises(ValueError, match=r"model.attention.backend: 'flex' on cpu cannot train a query-dependent bias"):
+        fire(x)
+    call, _, _ = fire.kernel_call(x)
+    assert flex.trains_pair_bias(call) and not flex.trains_pair_bias(alibi.kernel_call(x)[0])
+    with torch.no_grad():
+        assert not flex.trains_pair_bias(fire.kernel_call(x)[0])
+    fire.bias_scheme.requires_grad_(False)
+    assert not flex.trains_pair_bias(fire.kernel_call(x)[0])
 
 
 def test_compiling_flex_raises_dynamos_recompile_limit_and_never_lowers_it():

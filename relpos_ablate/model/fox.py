@@ -51,9 +51,12 @@ class ForgetGate(nn.Module):
         return torch.sub(query, key, out=log_decay.new_empty((*query.shape[:-1], key.shape[-1]), dtype=dtype))
 
     @staticmethod
-    def point(log_decay: Tensor, b: Tensor, h: Tensor, query: Tensor, key: Tensor) -> Tensor:
-        """D of one pair (FlexAttention's score_mod): Λ as the caller holds it (restarted, fp32), key indices."""
-        return log_decay[b, h, query] - log_decay[b, h, key]
+    def point(query_decay: Tensor, key_decay: Tensor, b: Tensor, h: Tensor, query: Tensor, key: Tensor) -> Tensor:
+        """D of one pair (FlexAttention's score_mod): Λ as the caller holds it (restarted, fp32), the queries'
+        [B, H, L] and the keys' [B, H, K] in two tensors, each read once (inductor: "multiple indexing operations
+        on the same tensor that requires gradients in a score_mod function is not currently supported", an H200,
+        torch 2.11); query: the query's index, key: the key's."""
+        return query_decay[b, h, query] - key_decay[b, h, key]
 
     @staticmethod
     def block_gradient(grad: Tensor, grad_log_decay: Tensor, queries: slice, keys: slice) -> None:

@@ -4,7 +4,7 @@
 q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without term b):
 - nothing beyond causal attention: one SDPA call (flash kernels);
 - FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout for heads of at
-  least 16 channels (its compiled kernel's least);
+  least 16 channels (its compiled kernel's least), unless FIRE's parameters need gradients (flex.trains_pair_bias);
 - on CPU, a map that is a key offset (ALiBi, FoX) on the low-rank kernel (low_rank.py), and one that is constant
   from a distance on (a clamp, T5's last bucket) on the band kernel (band.py), where calibration finds them fastest;
 - the block kernel that rebuilds each block's map in backward (blockwise.py) for backend 'blocks', and
@@ -49,9 +49,11 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
     q_content, k, v, q_position = (None if t is None else t.to(dtype) for t in (q_content, k, v, q_position))
     if statistics is not None:
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
-    # compiled FlexAttention (CUDA) needs heads of at least 16 channels: 'auto' leaves narrower ones to the others
+    # compiled FlexAttention (CUDA) needs heads of at least 16 channels, and is not trusted with FIRE's gradient:
+    # 'auto' leaves those calls to the others
     on_flex = config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0
-                                           and q_content.shape[-1] >= flex.min_head_dim("cuda"))
+                                           and q_content.shape[-1] >= flex.min_head_dim("cuda")
+                                           and not flex.trains_pair_bias(call))
     if on_flex and call.contextual is None:
         return flex.flex_attend(call, q_content, k, v, q_position)
     if not call.has_additive:  # a mask, no map: plain SDPA, or SDPA per block with its mask

@@ -6,8 +6,8 @@ t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - po
 It reads distance_scores [H, n] (term d without b, distance-only biases and FIRE below its threshold; term d
 its own [H, n] next to FIRE past it),
 FoX's Λ [B, H, K] (D = Λ_i' - Λ_j, restarted at the first query, in fp32 like the authors' kernel), the query
-scale [B or 1, H or 1, L], and evaluates FIRE's MLP per pair (`BiasScheme.pair_score` compiled, pointwise;
-`eager_pair_score` in eager mode, under vmap): memory O(L·d) for all
+scale [B or 1, H or 1, L], and evaluates FIRE's MLP per pair (`BiasScheme.compiled_pair_score` compiled: its
+piecewise-linear tables; `eager_pair_score` in eager mode, under vmap): memory O(L·d) for all
 of them. Term b is the exception: (q + v)·s·W_R R is precomputed for every query and distance, a
 [B, H, L, M + 2L - 1] tensor (O(L²): 8.6 GB at B = 1, H = 8, L = 16384 in bf16, as much as the scores
 themselves; a product of d_head numbers per pair has no pointwise form, and its bilinear form through the
@@ -74,6 +74,15 @@ def min_head_dim(device_type: str) -> int:
     return 16 if device_type == "cuda" else 1
 
 
+def trains_pair_bias(call: AttentionCall) -> bool:
+    """Whether the call would differentiate a query-dependent bias's parameters (FIRE's MLP, c, L) through compiled
+    FlexAttention's score_mod, which is not trusted: on an H200 (torch 2.11, 2026-12-04) its gradient of FIRE's first
+    layer's bias differed from the block kernel's by up to 0.08 in 13 of 32 entries (the forward matched on CPU,
+    compiled). 'auto' sends such calls to the other kernels; a pinned 'flex' refuses them."""
+    return (call.pair_bias is not None and torch.is_grad_enabled()
+            and any(p.requires_grad for p in call.pair_bias.parameters()))
+
+
 def compiles(q: Tensor) -> bool:
     """Whether FlexAttention runs compiled: on CUDA; elsewhere eagerly (torch 2.13's CPU code generation has
     no backward; tests/test_compiled_flex.py compiles it on CPU for the forward)."""
@@ -88,6 +97,10 @@ def flex_attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_
     if compiled and min(q_content.shape[-1], v.shape[-1]) < least:
         raise ValueError(f"model.attention.backend: 'flex' on {q_content.device.type} needs d_head >= {least} "
                          f"(compiled FlexAttention); got {q_content.shape[-1]}; use 'auto' or 'blocks'")
+    if compiled and trains_pair_bias(call):
+        raise ValueError(f"model.attention.backend: 'flex' on {q_content.device.type} cannot train a query-dependent "
+                         "bias (fire: its compiled gradient is not trusted, flex.trains_pair_bias); use 'auto' or "
+                         "'blocks'")
     score_mod = _per_distance_mod(call, q_position, compiled)
     if padding is not None:
         score_mod = _padded(score_mod, padding)
@@ -127,11 +140,20 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
         pair_map = scheme.bias(call.query_positions, call.key_positions) * call.bias_scale
     # Λ restarted at the first query, in at least fp32 (in bf16 a Λ of 100 would be off by 0.25)
     wide = torch.promote_types(call.dtype, torch.float32)
-    decay = None if call.log_decay is None else (call.log_decay - call.log_decay[..., n_mem, None]).to(wide)
+    # the queries' Λ [B, H, L] and the keys' [B, H, K] as two tensors: compiled FlexAttention cannot differentiate
+    # two reads of one tensor (fox.point)
+    decays = None if call.log_decay is None else [
+        (call.log_decay[..., start:] - call.log_decay[..., n_mem, None]).to(wide) for start in (n_mem, 0)]
     scale = None if call.query_scale is None else call.query_scale[..., 0]  # (B or 1, H or 1, L)
     largest = int(call.distances[0]) if not call.consecutive else 0
     query_positions, key_positions = call.query_positions, call.key_positions
-    pair_score = None if scheme is None else scheme.pair_score if compiled else scheme.eager_pair_score
+    pair_score = None  # FIRE: its MLP per pair, (head, q_idx, kv_idx, t) -> B
+    if scheme is not None and scheme.pointwise and compiled:
+        pair_score = scheme.compiled_pair_score(query_positions, key_positions,
+                                                None if call.drawn_distances else call.distances)
+    elif scheme is not None and scheme.pointwise:
+        def pair_score(head, q_idx, kv_idx, t):
+            return scheme.eager_pair_score(query_positions[q_idx], key_positions[kv_idx], head)
 
     def column(q_idx, kv_idx):
         if call.consecutive:
@@ -148,11 +170,12 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
             unscaled.append(term_d[h, t])
         if distance_scores is not None:
             unscaled.append(distance_scores[h, t])
-        if scheme is not None:  # FIRE evaluates its MLP here, per pair: no [H, L, K] map
-            unscaled.append(pair_score(query_positions[q_idx], key_positions[kv_idx], h) * call.bias_scale
-                            if scheme.pointwise else pair_map[h, q_idx, kv_idx])
-        if decay is not None:  # FoX's point-wise form (fox.py), Λ restarted at the first query
-            unscaled.append(call.decay.point(decay, b, h, n_mem + q_idx, kv_idx))
+        if pair_score is not None:  # FIRE evaluates its MLP here, per pair: no [H, L, K] map
+            unscaled.append(pair_score(h, q_idx, kv_idx, t) * call.bias_scale)
+        elif pair_map is not None:
+            unscaled.append(pair_map[h, q_idx, kv_idx])
+        if decays is not None:  # FoX's point-wise form (fox.py), Λ restarted at the first query
+            unscaled.append(call.decay.point(*decays, b, h, q_idx, kv_idx))
         if unscaled and scale is not None:
             per_query = scale[b if scale.shape[0] > 1 else 0, h if scale.shape[1] > 1 else 0, q_idx]
             unscaled = [functools.reduce(operator.add, unscaled) * per_query]

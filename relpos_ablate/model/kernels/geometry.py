@@ -113,8 +113,10 @@ class DecayScores(Protocol):
     def block_scores(self, log_decay: Tensor, queries: slice, keys: slice, dtype: torch.dtype) -> Tensor:
         """[B, H, L_b, K_b] in dtype: the queries' key indices (rows of Λ) against the keys (columns)."""
 
-    def point(self, log_decay: Tensor, b: Tensor, h: Tensor, query: Tensor, key: Tensor) -> Tensor:
-        """The same for one pair (FlexAttention's score_mod; indices as tensors)."""
+    def point(self, query_decay: Tensor, key_decay: Tensor, b: Tensor, h: Tensor, query: Tensor, key: Tensor) -> Tensor:
+        """The same for one pair (FlexAttention's score_mod; indices as tensors): Λ_i' from query_decay [B, H, L] at
+        the query's index, Λ_j from key_decay [B, H, K] (compiled FlexAttention cannot differentiate two reads of
+        one tensor in a score_mod)."""
 
     def block_gradient(self, grad: Tensor, grad_log_decay: Tensor, queries: slice, keys: slice) -> None:
         """Add the gradient of Σ grad ∘ D (grad [B, H, L_b, K_b]) onto grad_log_decay [B, H, K]."""

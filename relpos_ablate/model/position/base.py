@@ -64,6 +64,14 @@ class BiasScheme(nn.Module):
         """B_head(q_pos, k_pos) for scalar tensors, in pointwise ops only (see `pointwise`)."""
         raise NotImplementedError
 
+    def compiled_pair_score(self, query_positions: Tensor, key_positions: Tensor, distances: Tensor | None):
+        """Compiled FlexAttention's score of a pair, as a function (head, q_idx, kv_idx, t) -> B of tensors: the
+        query's and key's indices into query_positions [L] and key_positions [K], and t the pair's column in
+        `distances` [n] (the pair's q_pos - k_pos there; None where the distances are drawn, not the positions'). A
+        scheme may precompute tables here (read once each in the score_mod: inductor differentiates no tensor
+        read twice). Default: `pair_score` at the pair's positions."""
+        return lambda head, q_idx, kv_idx, t: self.pair_score(query_positions[q_idx], key_positions[kv_idx], head)
+
     def eager_pair_score(self, q_pos: Tensor, k_pos: Tensor, head: Tensor) -> Tensor:
         """`pair_score` for FlexAttention in eager mode (CPU), which runs score_mod under vmap, so any tensor
         op may appear (a sum over a vector, a matrix product); compiled FlexAttention (CUDA) takes pointwise

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_ablate.model.position.base import BiasScheme
-from relpos_ablate.model.position.piecewise import relu_mlp
+from relpos_ablate.model.position.piecewise import pieces, relu_mlp
 
 
 class FIREBias(BiasScheme):
@@ -50,6 +50,27 @@ class FIREBias(BiasScheme):
         for unit in range(first.out_features):
             out = out + second.weight[head, unit] * torch.relu(first.weight[unit, 0] * x + first.bias[unit])
         return out
+
+    def compiled_pair_score(self, query_positions, key_positions, distances):
+        """The MLP as the piecewise-linear function it is (piecewise.py), from tables each read once per pair:
+        x = ψ(d)[t]·(1 / ψ(max(i, L)))[q_idx], its interval by comparisons with the breakpoints (no gradient), then
+        α[h, interval] + β[h, interval]·x. Compiled FlexAttention (inductor, torch 2.11) cannot differentiate a
+        tensor read more than once in a score_mod, which the unit-by-unit `pair_score` does with the layers'
+        weights (FIRE failed to compile on an H200, 2026-12-04). Drawn distances: `pair_score`."""
+        if distances is None:
+            return super().compiled_pair_score(query_positions, key_positions, distances)
+        breakpoints, alpha, beta = pieces(self.mlp[0], self.mlp[2])
+        alpha, beta = alpha[:, ::2].contiguous(), beta[:, ::2].contiguous()  # (H, U + 1): the open intervals
+        q = query_positions.to(self.c.dtype)
+        inverse_norm = 1.0 / self.psi(torch.maximum(q, self.threshold.abs()))  # (L,)
+        psi = self.psi(distances.to(self.c.dtype))  # (n,)
+
+        def score(head, q_idx, kv_idx, t):
+            x = psi[t] * inverse_norm[q_idx]
+            below = sum((x > breakpoints[unit]).to(torch.int64) for unit in range(len(breakpoints)))  # #breakpoints < x
+            return alpha[head, below] + beta[head, below] * x
+
+        return score
 
     def eager_pair_score(self, q_pos, k_pos, head):
         """The MLP as one product over the hidden units, for eager FlexAttention: traced ~14x faster than the
