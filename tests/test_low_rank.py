@@ -109,6 +109,21 @@ def test_low_rank_equals_the_loop_reference(name, ordered, monkeypatch):
     assert torch.allclose(out.double(), ref, atol=2e-6, rtol=0)
 
 
+def test_in_float64_the_offsets_stay_float64(ordered):
+    """A float64 layer on the kernel matches the formula in float64 (`_reference`) to float64's rounding, both ways:
+    its offsets are not cut to two fp32 parts (in one block those err ~2^-48 of e / s: 1.5e-13 here, 2.5e-14 kept
+    float64; L = 1000 after 24 memory keys, ALiBi's slopes and FoX's gates)."""
+    attn = _layer("fox_alibi").double()
+    gen = torch.Generator().manual_seed(6)
+    x, mems = (torch.randn(1, n, 32, generator=gen, dtype=torch.float64) for n in (1000, 24))
+    call, q, _ = attn.kernel_call(x, mems)
+    assert dispatch.candidates(call, q, attn.config, 0.0) == ["low_rank"]
+    with torch.no_grad():
+        out, _ = attn(x, mems)
+    ref, _ = _reference(attn, x, mems)
+    assert (out - ref).abs().max() <= 8e-14
+
+
 def test_the_check_of_ordered_sums_tells_the_two_apart():
     """low_rank.matches_float64 fails where the queries' channels are zero in one block (the offsets then round
     with their size, whatever the order of the sums): the check can say no. Where it says yes, one block with the

@@ -159,17 +159,18 @@ class _Layout:
         return own - centres
 
 
-def _split(offsets: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """(hi, lo): offsets / s (float64) as two fp32 tensors whose sum carries it to ~2^-48 of its size."""
+def _split(offsets: Tensor, scale: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(hi, lo): offsets / s (float64) as two tensors of dtype whose sum carries it (fp32: to ~2^-48 of its size;
+    float64: hi is all of it, lo 0)."""
     scaled = offsets / scale
-    hi = scaled.float()
-    return hi, (scaled - hi.double()).float()
+    hi = scaled.to(dtype)
+    return hi, (scaled - hi.double()).to(dtype)
 
 
 def _set_keys(k_aug: Tensor, keys: slice, offsets: Tensor, scale: float, lead: int) -> None:
     """The key channels of `keys` (from `lead` on): hi and lo of offsets / s (e differences in float64), each against
     a 1."""
-    hi, lo = _split(offsets, scale)
+    hi, lo = _split(offsets, scale, k_aug.dtype)
     k_aug[:, :, keys, lead], k_aug[:, :, keys, lead + 2] = hi, lo  # broadcasts over the batch where e is shared
 
 
@@ -238,7 +239,7 @@ class KeyOffsetAttention(torch.autograd.Function):
         q_front, q_back = q.new_zeros(b, h, lq, OFFSET), q.new_zeros(b, h, lq, width - OFFSET)
         q_front[..., 0::2] = 1.0
         if ordered:
-            hi, lo = _split(own_offsets, scale)
+            hi, lo = _split(own_offsets, scale, q.dtype)
             q_front[..., 1], q_front[..., 3] = -hi, -lo
         for n, (i0, i1) in enumerate(sums):
             q_back[:, :, i0:i1, n] = 1.0
