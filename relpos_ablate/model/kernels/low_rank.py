@@ -176,7 +176,8 @@ def _set_keys(k_aug: Tensor, keys: slice, offsets: Tensor, scale: float, lead: i
 
 def _lead(ordered: bool, head: int) -> int:
     """Where the OFFSET channels sit: in front where sums are in order (hi_j - hi_i' first), else behind the head's
-    own (its small sum meets the offset once, at the end, where the sums go in order after all)."""
+    own (bounded by the block's spread; on a kernel that sums in order, met once, last, by the head's small sum:
+    the blocks' measured rounding, benchmarks/low_rank_blocks.py)."""
     return 0 if ordered else head
 
 
