@@ -152,7 +152,7 @@ class AttentionConfig:
     """Kernel: auto (FlexAttention on CUDA; on CPU the fastest of the kernels that can take the call, measured
     at first use and cached per machine: kernels/calibration.py) | blocks (query blocks, bias rebuilt in
     backward: O(L·d) memory) | sdpa (SDPA per block with the additive map stored) | flex | explicit
-    (materialised) | low_rank (ALiBi, learned ALiBi and FoX as one key channel on the flash kernel; calls it
+    (materialised) | low_rank (ALiBi, learned ALiBi and FoX as extra channels of the flash kernel's heads; calls it
     cannot take, e.g. with a window, go to blocks) | band (a map constant from a distance on — a clamp_len,
     xl_table's max_distance, T5's last bucket —: the pairs beyond it on the causal flash kernel, the band on the
     block kernel; calls it cannot take go to blocks)."""

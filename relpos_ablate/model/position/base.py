@@ -80,7 +80,7 @@ class BiasScheme(nn.Module):
 
     def linear_slope(self) -> Tensor | None:
         """[H] m_h where B_h = -m_h·(i - j) on causal pairs (i >= j), else None: such a bias is m_h·j up to a
-        per-query constant, which the low-rank kernel (kernels/low_rank.py) adds as one key channel."""
+        per-query constant, which the low-rank kernel (kernels/low_rank.py) adds as extra channels of the heads."""
         return None
 
     def saturation(self) -> int | None:
