@@ -130,3 +130,75 @@ def test_several_key_tiles_per_block(name, padded, monkeypatch):
     options = AttentionOptions(key_padding_mask=padding)
     for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, options)):
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
+
+
+TERM_B = {"xl_abcd_memory": (dict(terms="abcd"), {}), "xl_window": (dict(terms="abcd", window=5), {}),
+          "xl_kerple_bidir": (dict(terms="ab", bias="kerple_log", causal=False), {})}
+
+
+def small_term_b_tiles(monkeypatch):
+    """Term b's backward in key ranges of 3 keys and blocks of 2 queries (the tiles of a range then start and end
+    inside it: the diagonal, windows, memory)."""
+    monkeypatch.setattr(layouts, "TERM_B_ROWS", (2, 2))
+    monkeypatch.setattr(layouts, "tile_scores", lambda call, d_head: 6)
+
+
+@pytest.mark.parametrize("name", TERM_B)
+def test_term_b_tiles_by_keys_cover_every_visible_pair_once(name, monkeypatch):
+    small_term_b_tiles(monkeypatch)
+    attn = attention(TERM_B[name][0])
+    gen = torch.Generator().manual_seed(1)
+    x, mems = torch.randn(2, 9, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
+                                                                                         dtype=torch.float64)
+    call, inputs = call_and_inputs(attn, x, mems)
+    maps = block_maps(call, inputs)
+    assert isinstance(maps, StridedMaps) and not maps.reversed
+    count = torch.zeros(call.n_queries, call.n_keys, dtype=torch.long)
+    groups = maps.key_tiles(call, 8)
+    assert len(groups) > 2
+    for keys, tiles in groups:
+        assert keys.stop - keys.start == 3 or keys.stop == call.n_keys
+        for tile in tiles:
+            assert keys.start <= tile.k0 < tile.n_keys <= keys.stop and tile.i1 - tile.i0 <= 2
+            count[tile.rows, tile.k0:tile.n_keys] += 1
+    visible = call.visible(call.block(0, call.n_queries))
+    assert (count[visible] == 1).all() and count.max() == 1
+
+
+@pytest.mark.parametrize("name", TERM_B)
+def test_term_b_backward_in_small_key_ranges_equals_the_explicit_path(name, monkeypatch):
+    """Every gradient through term b's own backward loop (dS in the per-distance layout, dK and dV summed per range
+    of keys, a tile's range partly outside the tile) equals the explicit scores' (float64)."""
+    small_term_b_tiles(monkeypatch)
+    fields, options = TERM_B[name]
+    attn = attention(fields, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    x, mems = torch.randn(2, 9, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
+                                                                                         dtype=torch.float64)
+    called = []
+    original = kernels._term_b_backward
+    monkeypatch.setattr(kernels, "_term_b_backward", lambda *a: called.append(1) or original(*a))
+    for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, AttentionOptions(**options))):
+        torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
+    assert called
+
+
+def test_term_b_equals_the_float64_reference_at_4096_with_memory():
+    """fp32 XL abcd (sinusoidal R) on the block kernel vs float64, L = 4096 after 256 memory keys: the per-distance
+    scores with the curve and -lse as channels of the product (an -inf among them: the hidden distances), key
+    ranges of 544 keys with tiles ending inside them; the output within 1e-5, every parameter's gradient within
+    1e-5 of its largest entry."""
+    from test_band import _layer, _reference
+    from fixtures.kernels import assert_matches_float64
+    attn = _layer(dict(terms="abcd"), backend="blocks", heads=2, d_head=16)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.mul_(0.5)
+    gen = torch.Generator().manual_seed(1)
+    x, mems = torch.randn(1, 4096, 32, generator=gen), torch.randn(1, 256, 32, generator=gen)
+    call, _, q_position = attn.kernel_call(x, mems, AttentionOptions())
+    maps = block_maps(call, call.score_inputs(q_position))
+    assert isinstance(maps, StridedMaps) and len(maps.key_tiles(call, 16)) > 4
+    out, _ = attn(x, mems)
+    ref, params = _reference(attn, x, mems)
+    assert_matches_float64(attn, out, ref, params, gen, 1e-5, lambda name: 1e-5)

@@ -8,9 +8,10 @@ column stride). So a map that is a function of the distance need not exist as an
   and joins the curve (`AttentionCall.hidden_distances`). Without term b, with the block's queries taken in
   reverse order, entry (r, j) of the map is curve[t0 + r + j]: a Hankel view of the per-distance curve
   (strides 1, 1), O(H·n) memory and no pass over the map. With term b, the product (q + v)·s·W_R R over the
-  block's L_b + K_b - 1 distances with the curve added per distance, laid out per key by rel_shift's view
-  (strides n - 1, 1). Gradients are reduced by hand: along the map's anti-diagonals onto the curve, and
-  through the per-distance layout onto (q + v) and W_R R.
+  block's L_b + K_b - 1 distances, the curve added by the product itself (one more channel: 1 against the
+  curve), laid out per key by rel_shift's view (strides m - 1, 1). Gradients are reduced by hand: along the
+  map's anti-diagonals onto the curve, and through the per-distance layout onto (q + v) and W_R R (term b's
+  backward, blockwise._term_b_backward, computes dS in that layout).
 - `MaterialisedMaps`: everything else (key padding, explicit positions, FIRE past its threshold, FoX's
   decay, the query scale, sink columns): `sum_terms` of `AttentionCall.additive_terms` per block (the one sum of the
   terms), masked, and its gradient by autograd through a rebuild of the block's map, but for the terms that
@@ -18,6 +19,8 @@ column stride). So a map that is a function of the distance need not exist as an
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +47,13 @@ def block_maps(call: AttentionCall, inputs: ScoreInputs) -> "StridedMaps | Mater
 # view (256: within ~20% of one causal call; 16 cost ~4x), and a built map may be 4 times larger in forward
 # (which keeps no gradients).
 FORWARD_TILES = 4
+# Term b: a tile's product covers L_b + K_t - 1 distances, so its tiles are long and have few queries: 64, and in
+# backward 128 where that leaves tiles of at least TERM_B_WIDE_TILE keys (half the passes over dK and dV; at
+# L = 1024 the 64 rows waste less on the L_b - 1 distances past the keys). Its backward holds two tile-sized
+# buffers (the per-distance scores, then dS in place; the content scores, then dP), as many as the generic
+# loop's probabilities and dS.
+TERM_B_ROWS = (64, 128)
+TERM_B_WIDE_TILE = 1024
 MIN_TILE_SCORES = 4096
 
 
@@ -55,7 +65,7 @@ def tile_scores(call: AttentionCall, d_head: int) -> int:
 class _Layout:
     buffers = 1  # [B, H, L_b, K_b]-sized tensors a backward tile holds besides the probabilities and dS
     rows = 0  # queries per backward block, its keys in tiles (0: blocks shrink with their keys, one tile each)
-    forward_rows = False  # forward blocks of query_chunk queries (else they shrink with their keys)
+    forward_rows = 0  # queries per forward block, at most query_chunk (0: blocks shrink with their keys)
     forward_tiles = False  # forward splits a block's keys into tiles (term b's product per tile)
 
     def forward_blocks(self, call: AttentionCall, d_head: int) -> list[list[QueryBlock]]:
@@ -63,7 +73,7 @@ class _Layout:
         scores = FORWARD_TILES * tile_scores(call, d_head)
         if not self.forward_rows:  # the map is built per block: its size bounds the block
             return [[blk] for blk in call.blocks(scores, windowed=True)]
-        blocks = call.blocks(scores, windowed=True, rows=call.query_chunk or call.n_queries)
+        blocks = call.blocks(scores, windowed=True, rows=min(call.query_chunk or call.n_queries, self.forward_rows))
         if not self.forward_tiles:  # a view: the whole block in one call
             return [[blk] for blk in blocks]
         return [call.key_tiles(blk, max(lq, scores // lq - lq)) for blk in blocks for lq in [blk.i1 - blk.i0]]
@@ -84,74 +94,140 @@ def _columns(t: Tensor, cols: slice) -> Tensor:
 class StridedMaps(_Layout):
     """Maps of distance-only scores and term b as views of per-distance tensors (module docstring).
 
-    `reversed`: the block's queries are taken last to first (the Hankel layout, used without term b)."""
+    `reversed`: the block's queries are taken last to first (the Hankel layout, used without term b). With term b,
+    backward is its own loop (blockwise._term_b_backward), built on `per_distance` and `add_term_b_gradients`."""
 
     def __init__(self, call: AttentionCall, inputs: ScoreInputs):
         self.call, self.inputs = call, inputs
         hidden = call.hidden_distances(inputs.rel_keys if inputs.rel_keys is not None else inputs.distance_scores)
         self.curve = hidden if inputs.distance_scores is None else (inputs.distance_scores + hidden).contiguous()
         self.reversed = inputs.rel_keys is None
-        # term b: its gradient per distance is a third buffer; its product per tile covers L_b + K_t - 1
-        # distances, so its tiles are long and have few queries
-        self.buffers, self.rows, self.forward_tiles = (0, 128, False) if self.reversed else (1, 64, True)
-        self.forward_rows = True
+        self.buffers, self.forward_tiles = 0, not self.reversed
+        if self.reversed:
+            self.rows, self.forward_rows = 128, call.n_queries
+        else:
+            wide = tile_scores(call, inputs.q_position.shape[-1]) // TERM_B_ROWS[1] >= TERM_B_WIDE_TILE
+            self.rows, self.forward_rows = TERM_B_ROWS[wide], TERM_B_ROWS[0]
+        self._scratch: Tensor | None = None
+        self._operands: tuple[Tensor, Tensor] | None = None
+
+    def forward_blocks(self, call: AttentionCall, d_head: int) -> list[list[QueryBlock]]:
+        return self._reserved(super().forward_blocks(call, d_head))
+
+    def key_tiles(self, call: AttentionCall, d_head: int) -> list[tuple[slice, list[QueryBlock]]]:
+        """Term b's backward tiles, by keys: (a range of keys, the tiles of every query block in it, at most
+        backward's tile of scores each), so that dK and dV of the range are summed in place in one buffer."""
+        scores = tile_scores(call, d_head)
+        width = max(self.rows, scores // self.rows)
+        groups: dict[int, list[QueryBlock]] = {}
+        for blk in call.blocks(scores, windowed=True, rows=self.rows):
+            for tile in call.aligned_key_tiles(blk, width):
+                groups.setdefault(tile.k0 // width, []).append(tile)
+        self._reserved(list(groups.values()))
+        return [(slice(g * width, min((g + 1) * width, call.n_keys)), tiles) for g, tiles in sorted(groups.items())]
+
+    def _reserved(self, blocks: list[list[QueryBlock]]) -> list[list[QueryBlock]]:
+        """The blocks, with term b's buffer allocated at once for the largest of them (a buffer grown block by
+        block is a fresh allocation each time, its pages faulted in again: 10 ms a block at L = 4096)."""
+        if not self.reversed:
+            size = max((t.i1 - t.i0) * (t.distance_cols.stop - t.distance_cols.start) for tiles in blocks for t in tiles)
+            size *= self.inputs.q_position.shape[0] * self.inputs.q_position.shape[1]
+            if self._scratch is None or self._scratch.numel() < size:
+                self._scratch = self.inputs.q_position.new_empty(size)
+        return blocks
 
     def mask(self, block: QueryBlock, q_content: Tensor | None = None, k: Tensor | None = None) -> Tensor:
-        """The block's map with -inf where a key is hidden: [1 or B, H, L_b, K_b], a view."""
+        """The block's map with -inf where a key is hidden: [1 or B, H, L_b, K_b], a view (with term b, of a buffer
+        the next call of `mask` overwrites)."""
         lq, width, cols = block.i1 - block.i0, block.width, block.distance_cols
         if self.reversed:  # entry (r, j) is the curve at column t0 + r + j
             heads, n = self.curve.shape
             return self.curve.as_strided((1, heads, lq, width), (0, n, 1, 1), self.curve.storage_offset() + cols.start)
-        product = self._term_b(block)  # (H, B, L_b, m), m = L_b + K_b - 1 distances
-        curve = _columns(self.curve, cols)  # the curve (and the -inf) per distance, for every query and batch row
-        product += curve.view(curve.shape[0], 1, 1, -1) if curve.dim() == 2 else curve
-        return _per_key(product, width)
+        if self._operands is None:  # forward: both operands for the whole call, each block reads its slices
+            self._operands = self.term_b_queries(slice(None)), self.term_b_keys(slice(0, self.curve.shape[-1]))
+        queries, keys = self._operands
+        return per_key(self.per_distance(block, queries[:, :, block.rows], _columns(keys, block.distance_cols)), width)
 
-    def _term_b(self, block: QueryBlock) -> Tensor:
-        """(q + v)·s·W_R R for the block's queries and distances: [H, B, L_b, m] (the batch folded into the
-        rows of one product per head, so that W_R R is read once)."""
-        q_position = self._queries(block)  # (H, B·L_b, dh)
-        product = q_position @ _columns(self.inputs.rel_keys, block.distance_cols).transpose(1, 2)  # (H, B·L_b, m)
-        return product.view(q_position.shape[0], -1, block.i1 - block.i0, product.shape[-1])
+    def term_b_queries(self, rows: slice, minus_lse: Tensor | None = None) -> Tensor:
+        """[B, H, L_b, dh + 1 or 2]: the position query of the rows, with channels [-lse,] 1 (term_b_keys)."""
+        q_position = self.inputs.q_position[:, :, rows]
+        extra = [] if minus_lse is None else [minus_lse]
+        return torch.cat([q_position, *extra, q_position.new_ones(*q_position.shape[:-1], 1)], dim=-1)
 
-    def _queries(self, block: QueryBlock) -> Tensor:
+    def term_b_keys(self, cols: slice, lse: bool = False) -> Tensor:
+        """[H, m, dh + 1 or 2]: s·W_R R at the distance columns, with channels [1,] curve: against term_b_queries,
+        the product is term b plus the curve (its -inf included) [minus lse], with no pass of its own over the
+        scores."""
+        rel_keys = _columns(self.inputs.rel_keys, cols)
+        curve = _columns(self.curve, cols).expand(rel_keys.shape[:-1])[..., None]
+        extra = [torch.ones_like(curve)] if lse else []
+        return torch.cat([rel_keys, *extra, curve], dim=-1)
+
+    def per_distance(self, block: QueryBlock, queries: Tensor, keys: Tensor, scale: float = 1.0) -> Tensor:
+        """scale·queries·keysᵀ for the block's queries [B, H, L_b, e] and distances [H, m, e] (m = L_b + K_b - 1):
+        [B, H, L_b, m], in a buffer the next block reuses; one product per batch row, W_R R read once per head
+        and row."""
+        batch, heads, lq = queries.shape[:3]
+        m = keys.shape[1]
+        size = batch * heads * lq * m
+        if self._scratch is None or self._scratch.numel() < size:
+            self._scratch = queries.new_empty(size)
+        out = self._scratch[:size].view(batch, heads, lq, m)
+        keys = keys.transpose(1, 2)  # (H, e, m)
+        with torch.no_grad():  # (the block kernel differentiates it by hand)
+            for b in range(batch):
+                torch.baddbmm(out[b], queries[b], keys, beta=0, alpha=scale, out=out[b])
+        return out
+
+    def add_term_b_gradients(self, block: QueryBlock, grad_per_distance: Tensor, grads: ScoreInputs) -> None:
+        """Add the gradient of the block's per-distance scores [B, H, L_b, m] (per_distance's layout, zero outside
+        each row's keys) onto grads' q_position, rel_keys and distance_scores (None: not wanted)."""
+        cols = block.distance_cols
+        if grads.distance_scores is not None:
+            _columns(grads.distance_scores, cols).add_(grad_per_distance.sum((0, 2)))
         q_position = self.inputs.q_position[:, :, block.rows]  # (B, H, L_b, dh)
-        return q_position.transpose(0, 1).reshape(q_position.shape[1], -1, q_position.shape[-1])
+        if grads.rel_keys is not None:  # Σ_b dSᵀ·q_position, one (H, m, dh) product per batch row
+            total = grad_per_distance[0].transpose(1, 2) @ q_position[0]
+            for b in range(1, q_position.shape[0]):
+                total.baddbmm_(grad_per_distance[b].transpose(1, 2), q_position[b])
+            _columns(grads.rel_keys, cols).add_(total)
+        if grads.q_position is not None:
+            keys = _columns(self.inputs.rel_keys, cols)
+            for b in range(q_position.shape[0]):
+                grads.q_position[b, :, block.rows] += grad_per_distance[b] @ keys
 
     def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None],
                 content: tuple[Tensor, Tensor, Tensor, Tensor] | None = None):
-        """(the block's mask, a function adding a map gradient onto `grads`); no parameters nor content read."""
+        """(the block's mask, a function adding a map gradient onto `grads`), the Hankel layout only (term b's
+        backward is blockwise._term_b_backward); no parameters nor content read."""
         return self.mask(block), lambda grad_scores: self._backward(block, grad_scores, grads)
 
     def _backward(self, block: QueryBlock, grad_scores: Tensor, grads: ScoreInputs) -> None:
-        """Add the block's map gradient grad_scores [B, H, L_b, K_b] (rows in the order of `mask`) onto the
-        whole-call gradients in `grads` (None: not wanted)."""
-        cols = block.distance_cols
-        if self.reversed:
-            if grads.distance_scores is not None:
-                _columns(grads.distance_scores, cols).add_(_antidiagonal_sums(grad_scores))
-            return
-        lq, width = block.i1 - block.i0, block.width
-        heads, batch = grad_scores.shape[1], grad_scores.shape[0]
-        per_distance = grad_scores.new_zeros(heads, batch, lq, lq + width - 1)  # (H, B, L_b, m)
-        _per_key(per_distance, width).copy_(grad_scores)  # key j of row r -> distance column L_b - 1 - r + j
+        """Add the block's map gradient grad_scores [B, H, L_b, K_b] (rows in the order of `mask`) onto the curve's."""
         if grads.distance_scores is not None:
-            _columns(grads.distance_scores, cols).add_(per_distance.sum((1, 2)))
-        folded = per_distance.view(heads, batch * lq, -1)  # (H, B·L_b, m)
-        if grads.rel_keys is not None:
-            _columns(grads.rel_keys, cols).add_(folded.transpose(1, 2) @ self._queries(block))  # (H, m, dh)
-        if grads.q_position is not None:
-            grad_q = (folded @ _columns(self.inputs.rel_keys, cols)).view(heads, batch, lq, -1)  # (H, B, L_b, dh)
-            grads.q_position[:, :, block.rows] += grad_q.transpose(0, 1)
+            _columns(grads.distance_scores, block.distance_cols).add_(_antidiagonal_sums(grad_scores))
 
 
-def _per_key(per_distance: Tensor, width: int) -> Tensor:
-    """[H, B, L_b, m] per distance -> [B, H, L_b, K_b] per key, a view: entry (r, j) is column
-    L_b - 1 - r + j (rel_shift's layout, exact with m = L_b + K_b - 1 columns)."""
-    heads, batch, lq, m = per_distance.shape
-    stride_h, stride_b = per_distance.stride()[:2]
+def per_key(per_distance: Tensor, width: int) -> Tensor:
+    """[B, H, L_b, m] per distance -> [B, H, L_b, K_b] per key, a view: entry (r, j) is column L_b - 1 - r + j
+    (rel_shift's layout, exact with m = L_b + K_b - 1 columns)."""
+    batch, heads, lq, m = per_distance.shape
+    stride_b, stride_h = per_distance.stride()[:2]
     return per_distance.as_strided((batch, heads, lq, width), (stride_b, stride_h, m - 1, 1),
                                    per_distance.storage_offset() + lq - 1)
+
+
+def outside_keys(per_distance: Tensor) -> tuple[Tensor, Tensor]:
+    """The columns of a per-distance block [.., L_b, m] that no key of its rows reads: the first L_b - 1 - r and the
+    last r of row r, as two bool masks over per_distance[..., :L_b - 1] and per_distance[..., m - L_b + 1:]."""
+    before = _before_the_keys(per_distance.shape[-2], per_distance.device)
+    return before, ~before
+
+
+@functools.lru_cache(maxsize=16)
+def _before_the_keys(lq: int, device: torch.device) -> Tensor:
+    r = torch.arange(lq, device=device)[:, None]
+    return torch.arange(lq - 1, device=device)[None, :] < lq - 1 - r
 
 
 def _antidiagonal_sums(grad: Tensor) -> Tensor:

@@ -304,6 +304,12 @@ class AttentionCall:
         edges = [block.k0 + block.width * t // n_tiles for t in range(n_tiles + 1)]
         return [self._block(block.i0, block.i1, a, b) for a, b in zip(edges, edges[1:])]
 
+    def aligned_key_tiles(self, block: QueryBlock, width: int) -> list[QueryBlock]:
+        """The block's keys cut at the multiples of `width` (key indices; no sinks): the tiles of blocks that share
+        keys line up, so that a tile's key gradients can be summed over the blocks in one buffer."""
+        edges = [block.k0, *range((block.k0 // width + 1) * width, block.n_keys, width), block.n_keys]
+        return [self._block(block.i0, block.i1, a, b) for a, b in zip(edges, edges[1:])]
+
     def score_inputs(self, q_position: Tensor | None) -> ScoreInputs:
         """This call's per-call tensors with the kernels' position query (term b's keys only with it)."""
         return self.inputs._replace(q_position=q_position, rel_keys=self.rel_keys if q_position is not None else None)
