@@ -132,27 +132,37 @@ def test_several_key_tiles_per_block(name, padded, monkeypatch):
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
 
 
-TERM_B = {"xl_abcd_memory": (dict(terms="abcd"), {}), "xl_window": (dict(terms="abcd", window=5), {}),
-          "xl_kerple_bidir": (dict(terms="ab", bias="kerple_log", causal=False), {})}
+STRIDED = {"xl_abcd_memory": (dict(terms="abcd"), "term_b"), "xl_window": (dict(terms="abcd", window=5), "term_b"),
+           "xl_kerple_bidir": (dict(terms="ab", bias="kerple_log", causal=False), "term_b"),
+           "t5": (dict(terms="a", bias="t5", num_buckets=8, max_distance=6), "hankel"),
+           "term_d_window": (dict(terms="ad", window=4, bias="alibi"), "hankel"),
+           "kerple_bidir": (dict(terms="a", bias="kerple_power", causal=False), "hankel")}
 
 
-def small_term_b_tiles(monkeypatch):
-    """Term b's backward in key ranges of 3 keys and blocks of 2 queries (the tiles of a range then start and end
-    inside it: the diagonal, windows, memory)."""
+def small_strided_tiles(monkeypatch):
+    """The strided maps' backward in key ranges of 3 keys and blocks of 2 queries (the tiles of a range then start and
+    end inside it: the diagonal, windows, memory)."""
     monkeypatch.setattr(layouts, "TERM_B_ROWS", (2, 2))
+    monkeypatch.setattr(layouts, "HANKEL_ROWS", 2)
     monkeypatch.setattr(layouts, "tile_scores", lambda call, d_head: 6)
 
 
-@pytest.mark.parametrize("name", TERM_B)
-def test_term_b_tiles_by_keys_cover_every_visible_pair_once(name, monkeypatch):
-    small_term_b_tiles(monkeypatch)
-    attn = attention(TERM_B[name][0])
-    gen = torch.Generator().manual_seed(1)
+def strided_call(name, seed=0):
+    fields, layout = STRIDED[name]
+    attn = attention(fields, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
     x, mems = torch.randn(2, 9, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
                                                                                          dtype=torch.float64)
+    return attn, x, mems, layout
+
+
+@pytest.mark.parametrize("name", STRIDED)
+def test_strided_tiles_by_keys_cover_every_visible_pair_once(name, monkeypatch):
+    small_strided_tiles(monkeypatch)
+    attn, x, mems, layout = strided_call(name)
     call, inputs = call_and_inputs(attn, x, mems)
     maps = block_maps(call, inputs)
-    assert isinstance(maps, StridedMaps) and not maps.reversed
+    assert isinstance(maps, StridedMaps) and maps.reversed == (layout == "hankel")
     count = torch.zeros(call.n_queries, call.n_keys, dtype=torch.long)
     groups = maps.key_tiles(call, 8)
     assert len(groups) > 2
@@ -165,20 +175,17 @@ def test_term_b_tiles_by_keys_cover_every_visible_pair_once(name, monkeypatch):
     assert (count[visible] == 1).all() and count.max() == 1
 
 
-@pytest.mark.parametrize("name", TERM_B)
-def test_term_b_backward_in_small_key_ranges_equals_the_explicit_path(name, monkeypatch):
-    """Every gradient through term b's own backward loop (dS in the per-distance layout, dK and dV summed per range
-    of keys, a tile's range partly outside the tile) equals the explicit scores' (float64)."""
-    small_term_b_tiles(monkeypatch)
-    fields, options = TERM_B[name]
-    attn = attention(fields, seed=7)
-    gen = torch.Generator().manual_seed(8)
-    x, mems = torch.randn(2, 9, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
-                                                                                         dtype=torch.float64)
+@pytest.mark.parametrize("name", STRIDED)
+def test_strided_backward_in_small_key_ranges_equals_the_explicit_path(name, monkeypatch):
+    """Every gradient through the strided maps' own backward loop (term b: dS in the per-distance layout; Hankel:
+    the curve's view as the product's accumulator; dK and dV summed per range of keys, a tile's range partly
+    outside the tile) equals the explicit scores' (float64)."""
+    small_strided_tiles(monkeypatch)
+    attn, x, mems, _ = strided_call(name, seed=7)
     called = []
-    original = kernels._term_b_backward
-    monkeypatch.setattr(kernels, "_term_b_backward", lambda *a: called.append(1) or original(*a))
-    for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, AttentionOptions(**options))):
+    original = kernels._strided_backward
+    monkeypatch.setattr(kernels, "_strided_backward", lambda *a: called.append(1) or original(*a))
+    for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, AttentionOptions())):
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
     assert called
 

@@ -10,8 +10,8 @@ column stride). So a map that is a function of the distance need not exist as an
   (strides 1, 1), O(H·n) memory and no pass over the map. With term b, the product (q + v)·s·W_R R over the
   block's L_b + K_b - 1 distances, the curve added by the product itself (one more channel: 1 against the
   curve), laid out per key by rel_shift's view (strides m - 1, 1). Gradients are reduced by hand: along the
-  map's anti-diagonals onto the curve, and through the per-distance layout onto (q + v) and W_R R (term b's
-  backward, blockwise._term_b_backward, computes dS in that layout).
+  map's anti-diagonals onto the curve, and through the per-distance layout onto (q + v) and W_R R (the strided
+  maps' backward, blockwise._strided_backward, computes dS in that layout).
 - `MaterialisedMaps`: everything else (key padding, explicit positions, FIRE past its threshold, FoX's
   decay, the query scale, sink columns): `sum_terms` of `AttentionCall.additive_terms` per block (the one sum of the
   terms), masked, and its gradient by autograd through a rebuild of the block's map, but for the terms that
@@ -54,6 +54,7 @@ FORWARD_TILES = 4
 # loop's probabilities and dS.
 TERM_B_ROWS = (64, 128)
 TERM_B_WIDE_TILE = 1024
+HANKEL_ROWS = 128  # queries per backward block of the Hankel view (no product over distances)
 MIN_TILE_SCORES = 4096
 
 
@@ -94,8 +95,9 @@ def _columns(t: Tensor, cols: slice) -> Tensor:
 class StridedMaps(_Layout):
     """Maps of distance-only scores and term b as views of per-distance tensors (module docstring).
 
-    `reversed`: the block's queries are taken last to first (the Hankel layout, used without term b). With term b,
-    backward is its own loop (blockwise._term_b_backward), built on `per_distance` and `add_term_b_gradients`."""
+    `reversed`: the block's queries are taken last to first (the Hankel layout, used without term b). Backward is
+    its own loop (blockwise._strided_backward), built on `per_distance` and `add_term_b_gradients` with term b, on
+    `mask` and `add_curve_gradient` without."""
 
     def __init__(self, call: AttentionCall, inputs: ScoreInputs):
         self.call, self.inputs = call, inputs
@@ -104,7 +106,7 @@ class StridedMaps(_Layout):
         self.reversed = inputs.rel_keys is None
         self.buffers, self.forward_tiles = 0, not self.reversed
         if self.reversed:
-            self.rows, self.forward_rows = 128, call.n_queries
+            self.rows, self.forward_rows = HANKEL_ROWS, call.n_queries
         else:
             wide = tile_scores(call, inputs.q_position.shape[-1]) // TERM_B_ROWS[1] >= TERM_B_WIDE_TILE
             self.rows, self.forward_rows = TERM_B_ROWS[wide], TERM_B_ROWS[0]
@@ -115,8 +117,8 @@ class StridedMaps(_Layout):
         return self._reserved(super().forward_blocks(call, d_head))
 
     def key_tiles(self, call: AttentionCall, d_head: int) -> list[tuple[slice, list[QueryBlock]]]:
-        """Term b's backward tiles, by keys: (a range of keys, the tiles of every query block in it, at most
-        backward's tile of scores each), so that dK and dV of the range are summed in place in one buffer."""
+        """Backward's tiles, by keys: (a range of keys, the tiles of every query block in it, at most backward's tile
+        of scores each), so that dK and dV of the range are summed in place in one buffer."""
         scores = tile_scores(call, d_head)
         width = max(self.rows, scores // self.rows)
         groups: dict[int, list[QueryBlock]] = {}
@@ -196,14 +198,9 @@ class StridedMaps(_Layout):
             for b in range(q_position.shape[0]):
                 grads.q_position[b, :, block.rows] += grad_per_distance[b] @ keys
 
-    def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None],
-                content: tuple[Tensor, Tensor, Tensor, Tensor] | None = None):
-        """(the block's mask, a function adding a map gradient onto `grads`), the Hankel layout only (term b's
-        backward is blockwise._term_b_backward); no parameters nor content read."""
-        return self.mask(block), lambda grad_scores: self._backward(block, grad_scores, grads)
-
-    def _backward(self, block: QueryBlock, grad_scores: Tensor, grads: ScoreInputs) -> None:
-        """Add the block's map gradient grad_scores [B, H, L_b, K_b] (rows in the order of `mask`) onto the curve's."""
+    def add_curve_gradient(self, block: QueryBlock, grad_scores: Tensor, grads: ScoreInputs) -> None:
+        """Add the gradient of the Hankel view's map, grad_scores [B, H, L_b, K_b] (rows in the order of `mask`), onto
+        the curve's (None: not wanted)."""
         if grads.distance_scores is not None:
             _columns(grads.distance_scores, block.distance_cols).add_(_antidiagonal_sums(grad_scores))
 

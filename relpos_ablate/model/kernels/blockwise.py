@@ -10,8 +10,8 @@ where the map depends on the distance alone, else materialised) and one call of 
 which adds it to each tile of scores and never writes scores or probabilities out (other devices: the
 same in tensor ops). Backward: per block, scores and map rebuilt and FlashAttention-2's gradients in five
 products (P = exp(s·q·kᵀ + map - lse); dV = Pᵀ·dO; dS = P ∘ (dO·Vᵀ - rowsum(dO ∘ O)); dQ = s·dS·K;
-dK = s·dSᵀ·Q), dS then reduced onto the map's inputs (block_maps.py); with term b the same products in a loop
-of their own (`_term_b_backward`: dS computed in the per-distance layout, dK and dV summed per range of keys).
+dK = s·dSᵀ·Q), dS then reduced onto the map's inputs (block_maps.py); maps of the distance (block_maps.StridedMaps)
+have a loop of their own (`_strided_backward`: fewer passes over each tile, dK and dV summed per range of keys).
 A map whose inputs need no gradient (fixed ALiBi, Sandwich) leaves dQ, dK, dV to the CPU flash kernel's own backward. A band call (`far_from` set:
 band.py) computes its band here and adds the pairs beyond it from the causal flash kernel, forward and backward.
 """
@@ -162,8 +162,8 @@ def _backward(ctx, grad_out: Tensor):
             grad_v[:, :, keys] += grads_b[2]
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
     minus_delta = (grad_out * out).sum(dim=-1, keepdim=True).neg_()  # -rowsum(dP ∘ P) = -rowsum(dO ∘ O)
-    if isinstance(maps, StridedMaps) and not maps.reversed:
-        _term_b_backward(maps, call, grad_out, q_content, k, v, lse, minus_delta, grad_q, grad_k, grad_v, grads)
+    if isinstance(maps, StridedMaps):
+        _strided_backward(maps, call, grad_out, q_content, k, v, lse, minus_delta, grad_q, grad_k, grad_v, grads)
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
     for tiles in maps.backward_blocks(call, d_head):
         rows = tiles[0].rows
@@ -193,45 +193,60 @@ def _backward(ctx, grad_out: Tensor):
     return (grad_q, grad_k, grad_v, *grads, *param_grads)
 
 
-def _term_b_backward(maps: StridedMaps, call: AttentionCall, grad_out: Tensor, q_content: Tensor, k: Tensor, v: Tensor,
-                     lse: Tensor, minus_delta: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor,
-                     grads: ScoreInputs) -> None:
-    """The five products per tile with term b, in two tile-sized buffers and no copy between layouts: the
-    per-distance scores c·(curve + b - lse) (c = log2 e; -lse as one more channel of the position query, against
-    ones), the content product added onto them through the per-key view and exp2 taken in place (P), dV = Pᵀ·dO,
-    dP = dO·Vᵀ - delta in the second buffer, dS = P ∘ dP in place: dS is then already in the per-distance layout
-    term b's gradients read, once the columns outside each row's keys are zeroed."""
-    d_head, scale = q_content.shape[-1], call.scale
-    v_ones = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)  # dO·Vᵀ - delta as one product: [dO, -delta]·[V, 1]
+def _strided_backward(maps: StridedMaps, call: AttentionCall, grad_out: Tensor, q_content: Tensor, k: Tensor,
+                      v: Tensor, lse: Tensor, minus_delta: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor,
+                      grads: ScoreInputs) -> None:
+    """The five products per tile for maps of the distance (block_maps.StridedMaps), in two tile-sized buffers and
+    with c·(map + s·q·kᵀ - lse) (c = log2 e) written in one pass: with term b, the per-distance product with the
+    curve and -lse as channels, the content product added through the per-key view; on the Hankel view of a curve,
+    map - lse written from the view, s·q·kᵀ added in place by the product, times c. Then exp2 in place
+    (P), dV = Pᵀ·dO, dP = dO·Vᵀ - delta as one product ([dO, -delta]·[V, 1]) in the second buffer, dS = P ∘ dP in
+    place: with term b already in the per-distance layout its gradients read, once the columns outside each row's
+    keys are zeroed; on the Hankel view summed along its anti-diagonals. dK and dV are summed per range of keys in
+    one contiguous buffer (1.1 ms a tile against 1.5 ms for a product added to a slice of grad_k: B = 2, H = 8,
+    128 x 1024, Intel Xeon)."""
+    d_head, scale, flip = q_content.shape[-1], call.scale, maps.reversed
+    batch, heads = q_content.shape[:2]
+    v_ones = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
     groups = maps.key_tiles(call, d_head)
-    heads = q_content.shape[0] * q_content.shape[1]
-    scratch = q_content.new_empty(max((t.i1 - t.i0) * t.width for _, tiles in groups for t in tiles) * heads)
+    size = max((t.i1 - t.i0) * t.width for _, tiles in groups for t in tiles) * batch * heads
+    scratch = q_content.new_empty((2 if flip else 1) * size)
     for keys, tiles in groups:
-        # dK and dV of these keys, summed over the tiles in place (contiguous: 1.1 ms a tile against 1.5 ms for a
-        # product added to a slice of grad_k, B = 2, H = 8, 128 x 1024, Intel Xeon)
-        grad_k_g, grad_v_g = (q_content.new_zeros(heads, keys.stop - keys.start, d_head) for _ in range(2))
+        grad_k_g, grad_v_g = (q_content.new_zeros(batch * heads, keys.stop - keys.start, d_head) for _ in range(2))
         for tile in tiles:
             rows, lq, width = tile.rows, tile.i1 - tile.i0, tile.width
-            q_b, go = (t[:, :, rows].flatten(0, 1) for t in (q_content, grad_out))
-            go_delta = torch.cat([go, minus_delta[:, :, rows].flatten(0, 1)], dim=-1)
-            queries = maps.term_b_queries(rows, lse[:, :, rows].neg())
+            q_b, go, minus_delta_b, lse_b = (_flip(t[:, :, rows], flip) for t in (q_content, grad_out, minus_delta, lse))
+            go_delta = torch.cat([go, minus_delta_b], dim=-1).flatten(0, 1)
             k_t = k[:, :, tile.keys].flatten(0, 1)
-            per_distance = maps.per_distance(tile, queries, maps.term_b_keys(tile.distance_cols, lse=True), LOG2_E)
-            probs = per_key(per_distance, width).flatten(0, 1)  # (B·H, L_b, K_t), a view of (B, H, L_b, m)
-            product = scratch[:probs.numel()].view(-1, lq, width)
-            torch.baddbmm(product, q_b, k_t.transpose(1, 2), beta=0, alpha=scale * LOG2_E, out=product)
-            probs.add_(product).exp2_()
+            n = batch * heads * lq * width
+            product = scratch[:n].view(-1, lq, width)
+            if flip:  # c·(map - lse) from the curve's view, the product added in place
+                probs = torch.sub(maps.mask(tile), lse_b, out=scratch[size:size + n].view(batch, heads, lq, width))
+                # (c applied last, as the generic loop does: folded into the product as beta and alpha it rounds once
+                # more, 1.09e-5 against 8.9e-6 for one gradient of test_band's xl_d_and_t5, whose limit is 1e-5)
+                probs = probs.flatten(0, 1).baddbmm_(q_b.flatten(0, 1), k_t.transpose(1, 2), alpha=scale).mul_(LOG2_E)
+            else:
+                queries = maps.term_b_queries(rows, lse_b.neg())
+                per_distance = maps.per_distance(tile, queries, maps.term_b_keys(tile.distance_cols, lse=True), LOG2_E)
+                probs = per_key(per_distance, width).flatten(0, 1)  # (B·H, L_b, K_t), a view of (B, H, L_b, m)
+                torch.baddbmm(product, q_b.flatten(0, 1), k_t.transpose(1, 2), beta=0, alpha=scale * LOG2_E,
+                              out=product)
+                probs.add_(product)
+            probs.exp2_()
             cols = slice(tile.k0 - keys.start, tile.n_keys - keys.start)
-            _accumulate(grad_v_g, cols, probs.transpose(1, 2), go)  # dV += Pᵀ·dO
+            _accumulate(grad_v_g, cols, probs.transpose(1, 2), go.flatten(0, 1))  # dV += Pᵀ·dO
             grad_probs = torch.baddbmm(product, go_delta, v_ones[:, :, tile.keys].flatten(0, 1).transpose(1, 2),
                                        beta=0, out=product)  # dO·Vᵀ - delta
             grad_scores = probs.mul_(grad_probs)  # dS = P ∘ (dP - delta)
-            before, after = outside_keys(per_distance)
-            per_distance[..., :lq - 1].masked_fill_(before, 0.0)
-            per_distance[..., per_distance.shape[-1] - lq + 1:].masked_fill_(after, 0.0)
-            grad_q[:, :, rows] += (grad_scores @ k_t).view(*grad_q.shape[:2], lq, d_head).mul_(scale)
-            _accumulate(grad_k_g, cols, grad_scores.transpose(1, 2), q_b, alpha=scale)
-            maps.add_term_b_gradients(tile, per_distance, grads)
+            if flip:
+                maps.add_curve_gradient(tile, grad_scores.view(batch, heads, lq, width), grads)
+            else:
+                before, after = outside_keys(per_distance)
+                per_distance[..., :lq - 1].masked_fill_(before, 0.0)
+                per_distance[..., per_distance.shape[-1] - lq + 1:].masked_fill_(after, 0.0)
+                maps.add_term_b_gradients(tile, per_distance, grads)
+            grad_q[:, :, rows] += _flip((grad_scores @ k_t).view(batch, heads, lq, d_head).mul_(scale), flip)
+            _accumulate(grad_k_g, cols, grad_scores.transpose(1, 2), q_b.flatten(0, 1), alpha=scale)
         grad_k[:, :, keys] += grad_k_g.view_as(grad_k[:, :, keys])
         grad_v[:, :, keys] += grad_v_g.view_as(grad_v[:, :, keys])
 
