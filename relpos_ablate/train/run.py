@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -148,6 +149,7 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
         trainer.fit(module, datamodule=datamodule, ckpt_path="last" if resume else None)
         log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
         results, token_losses = evaluate(trainer, module, datamodule, config)
+    _leave_process_group(trainer)
     if stopper is not None:
         results["stopped"] = stopper.record(trainer.global_step)
     if status is not None:  # one process writes the records
@@ -156,6 +158,19 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
         if token_losses:
             write_token_losses(run_dir / rundir.TOKEN_LOSSES, token_losses)
         atomic_write_json(run_dir / rundir.EVAL, results)
+
+
+def _leave_process_group(trainer: L.Trainer) -> None:
+    """End a multi-process run's process group once every process is past its last collective (the evaluation),
+    with the DDP wrapper Lightning dropped after fit collected first. Left to the interpreter's exit, the group
+    and gloo's threads went in whatever order the exit took: a process then aborted now and then ('terminate
+    called without an active exception', SIGABRT after `Trainer.fit` ended; Lightning then kills the run's other
+    processes), or hung (test_ddp_parameters.py)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    trainer.strategy.barrier("leave_process_group")
+    gc.collect()
+    torch.distributed.destroy_process_group()
 
 
 class LostProcess(RuntimeError):
