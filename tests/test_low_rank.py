@@ -188,6 +188,18 @@ def test_calibration_measures_once_and_caches_per_machine(tmp_path):
     assert again.choose("key", ["low_rank", "blocks", "sdpa"], lambda name: None) == "blocks"  # from the file
 
 
+def test_the_default_timing_takes_the_candidates_in_turns(tmp_path, monkeypatch):
+    """Without a forced timer, one warm-up run each, then rounds in which every candidate runs once; each keeps its
+    fastest run (a clock that only slows down: the first round's times)."""
+    order, clock = [], iter(range(1000))
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: next(clock) ** 2)  # each interval longer than the last
+    cal = calibration.Calibration(tmp_path / "kernels.json")
+    choice = cal.choose("key", ["low_rank", "blocks"], order.append)
+    assert order == ["low_rank", "blocks"] * (1 + calibration.ROUNDS)
+    seconds = cal.entries["key"]["seconds"]
+    assert seconds == {"low_rank": 1, "blocks": 5} and choice == "low_rank" and cal.measured == 2
+
+
 @pytest.mark.parametrize("fastest", ["low_rank", "blocks", "sdpa"])
 def test_forced_timings_pick_each_path(fastest, tmp_path, monkeypatch):
     """Through the model: with forced timings each candidate is chosen and run (it is the kernel called)."""

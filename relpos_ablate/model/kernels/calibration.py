@@ -4,8 +4,9 @@ mode and Triton's autotune are the models).
 The fastest path depends on the processor: on one Xeon, SDPA with a float mask costs 2.6x its causal call, on
 one EPYC 1.4x; the CPU flash kernel's speed relative to tensor products differs as much. So where more than
 one kernel can compute a call (dispatch.candidates: the low-rank form, the block kernel, SDPA per query block),
-`Calibration.choose` times each once on the call's own shapes (forward, and backward where autograd is on)
-and keeps the fastest for that key: the scheme class (which score terms, which options), a shape bucket
+`Calibration.choose` times them on the call's own shapes (forward, and backward where autograd is on: after
+one warm-up run each, three rounds in which the candidates take turns, each candidate's fastest run kept, so that
+a machine whose speed drifts while it measures moves every candidate alike) and keeps the fastest for that key: the scheme class (which score terms, which options), a shape bucket
 (batch, heads, head width, the powers of two at or above the queries and memory keys), device, dtype and
 train/eval. The choices live in memory and in a JSON file under the user's cache directory
 ($RELPOS_ABLATE_CACHE or $XDG_CACHE_HOME/relpos_ablate or ~/.cache/relpos_ablate), one section per processor
@@ -60,24 +61,33 @@ def bucket(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
-def time_once(run: Callable[[], None], repeats: int = 2) -> float:
-    """Seconds of the fastest of `repeats` runs after one warm-up run."""
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+ROUNDS = 3
+
+
+def time_alternating(runs: dict[str, Callable[[], None]], rounds: int = ROUNDS) -> dict[str, float]:
+    """Seconds of each run's fastest of `rounds`, after one warm-up run each, the runs taking turns round by round
+    (timed one after the other, a drift of the machine's speed between them decided: learned ALiBi at L = 1024 on
+    a 2-core Xeon got the block kernel at 0.054 against 0.058 s for the low-rank one, which takes 98 against 105 ms
+    in seven alternating pairs)."""
+    for run in runs.values():
         run()
-        best = min(best, time.perf_counter() - start)
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
 class Calibration:
-    """The measured choices of this process and machine (module docstring). `timer(path, run) -> seconds`
-    measures one candidate (tests force timings through it); `path` of the cache file (None: cache_dir())."""
+    """The measured choices of this process and machine (module docstring). `timer(path, run) -> seconds`, where
+    given, measures one candidate (tests force timings through it; default: time_alternating over the candidates);
+    `path` of the cache file (None: cache_dir())."""
 
     def __init__(self, path: Path | None = None, timer: Callable[[str, Callable[[], None]], float] | None = None):
         self._path = path
-        self.timer = timer or (lambda name, run: time_once(run))
+        self.timer = timer
         self.choices: dict[str, str] = {}
         self.entries: dict[str, dict] = {}  # key -> {"choice", "seconds"} of the choices made here (benchmarks)
         self.measured = 0  # candidates timed by this object (tests read it)
@@ -100,10 +110,12 @@ class Calibration:
         if choice in candidates:
             self.choices[key], self.entries[key] = choice, stored
             return choice
-        times = {}
-        for name in candidates:
-            times[name] = self.timer(name, lambda name=name: run(name))
-            self.measured += 1
+        runs = {name: (lambda name=name: run(name)) for name in candidates}
+        if self.timer is None:
+            times = time_alternating(runs)
+        else:
+            times = {name: self.timer(name, go) for name, go in runs.items()}
+        self.measured += len(candidates)
         choice = min(times, key=times.get)
         self.choices[key] = choice
         self.entries[key] = {"choice": choice, "seconds": {name: round(t, 6) for name, t in times.items()}}
