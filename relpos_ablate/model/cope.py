@@ -33,11 +33,10 @@ COUNT_MARGIN = 0.25
 
 
 class BlockPositions(NamedTuple):
-    """What block_backward needs of a block's forward: the gates, the unclamped counts, ⌊p⌋, the fraction and
-    the table's step e[n + 1] - e[n] read at ⌊p⌋ (all [B, H, L_b, K_b])."""
+    """What block_backward needs of a block's forward: the gates, ⌊p⌋, the fraction and the table's step
+    e[n + 1] - e[n] read at ⌊p⌋ (all [B, H, L_b, K_b])."""
 
     gates: Tensor
-    counted: Tensor
     below: Tensor
     weight: Tensor
     step: Tensor
@@ -125,7 +124,10 @@ class ContextualPositions(nn.Module):
     @staticmethod
     def _gates(q: Tensor, k: Tensor, scale: float) -> Tensor:
         """σ(s·q·kᵀ) in at least fp32, in the product's own buffer (no autograd): [B, H, L, K]."""
-        return torch.sigmoid_((q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)).mul_(scale))
+        wide = torch.promote_types(q.dtype, torch.float32)
+        if wide == q.dtype:  # the scale on the queries, not on the scores: one pass over the block less
+            return torch.sigmoid_(torch.matmul(q * scale, k.transpose(-1, -2)))
+        return torch.sigmoid_((q @ k.transpose(-1, -2)).to(wide).mul_(scale))
 
     def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor, shifted: bool = False
                      ) -> tuple[Tensor, BlockPositions]:
@@ -134,17 +136,16 @@ class ContextualPositions(nn.Module):
         key its count has passed p_max - 1 at (the band kernel's form: 0 beyond the band, `band_width`)."""
         wide = torch.promote_types(q.dtype, torch.float32)
         gates, counted = self.gates_and_counts(q, k, scale, visible)  # (B, H, L_b, K_b)
-        p = counted.clamp(max=self.embeddings.shape[0] - 1)
-        below = p.floor()
-        weight = p.sub_(below)
-        below = below.long()
+        p = counted.clamp_(max=self.embeddings.shape[0] - 1)
+        below = p.long()  # ⌊p⌋: counts are >= 0, where truncation is the floor
+        weight = p.frac_()  # p - ⌊p⌋, exact
         per_position = (q @ self.embeddings.to(q.dtype).T).to(wide).mul_(scale)  # (B, H, L_b, p_max)
         steps = torch.nn.functional.pad(per_position.diff(dim=-1), (0, 1))  # e[n + 1] - e[n]; 0 after the last
         step = steps.gather(-1, below)
         scores = per_position.gather(-1, below).addcmul_(weight, step)
         if shifted:
             scores.sub_(per_position[..., -1:])
-        return scores, BlockPositions(gates, counted, below, weight, step)
+        return scores, BlockPositions(gates, below, weight, step)
 
     def block_backward(self, state: BlockPositions, grad: Tensor, q: Tensor, scale: float, shifted: bool = False
                        ) -> tuple[Tensor, Tensor, Tensor]:
@@ -158,10 +159,13 @@ class ContextualPositions(nn.Module):
         grad_per_position.scatter_add_(-1, (state.below + 1).clamp_(max=n_positions - 1), grad_above)
         if shifted:  # every key's score minus s·q·e[p_max - 1]
             grad_per_position[..., -1] -= grad.sum(-1)
-        # through the fraction: p = counted clamped at p_max - 1, passing where counted <= p_max - 1 (torch.clamp)
-        grad_counted = torch.where(state.counted <= n_positions - 1, state.step, 0.0).mul_(grad)
+        # through the fraction: p = counted clamped at p_max - 1, passing where counted <= p_max - 1 (torch.clamp);
+        # where it does not pass, ⌊p⌋ = p_max - 1 and the step read there is 0 (steps' padding), so step·grad is 0
+        # there already
+        grad_counted = state.step * grad
         grad_gates = grad_counted.cumsum_(-1)  # counted_j = Σ_{t >= j} gates_t: gates_t collects Σ_{j <= t}
-        grad_logits = grad_gates.mul_(state.gates).mul_(1 - state.gates)  # σ' = σ(1 - σ); hidden keys have σ = 0
+        # σ' = σ(1 - σ): g·σ - (g·σ)·σ in place; hidden keys have σ = 0
+        grad_logits = grad_gates.mul_(state.gates).addcmul_(grad_gates, state.gates, value=-1.0)
         grad_per_position.mul_(scale)
         grad_q = grad_per_position @ self.embeddings.to(grad.dtype)
         grad_table = torch.einsum("bhlp,bhld->pd", grad_per_position, q.to(grad.dtype))
