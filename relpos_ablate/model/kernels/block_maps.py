@@ -104,7 +104,7 @@ class StridedMaps(_Layout):
         hidden = call.hidden_distances(inputs.rel_keys if inputs.rel_keys is not None else inputs.distance_scores)
         self.curve = hidden if inputs.distance_scores is None else (inputs.distance_scores + hidden).contiguous()
         self.reversed = inputs.rel_keys is None
-        self.buffers, self.forward_tiles = 0, not self.reversed
+        self.forward_tiles = not self.reversed
         if self.reversed:
             self.rows, self.forward_rows = HANKEL_ROWS, call.n_queries
         else:

@@ -165,10 +165,10 @@ def _backward(ctx, grad_out: Tensor):
     if isinstance(maps, StridedMaps):
         _strided_backward(maps, call, grad_out, q_content, k, v, lse, minus_delta, grad_q, grad_k, grad_v, grads)
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
-    for tiles in maps.backward_blocks(call, d_head):
+    for tiles in maps.backward_blocks(call, d_head):  # materialised maps (rows in order)
         rows = tiles[0].rows
-        q_b, go, lse_b, minus_delta_b = (_flip(t[:, :, rows], flip) for t in (q_content, grad_out, lse, minus_delta))
-        grad_q_b = grad_q[:, :, rows] if not flip else torch.zeros_like(q_b)
+        q_b, go, lse_b, minus_delta_b = (t[:, :, rows] for t in (q_content, grad_out, lse, minus_delta))
+        grad_q_b = grad_q[:, :, rows]
         for tile in tiles:
             keys = tile.keys
             content = None if call.contextual is None else (q_content[:, :, rows], grad_q_b, k[:, :, _stream(tile)])
@@ -188,8 +188,6 @@ def _backward(ctx, grad_out: Tensor):
                 if not isinstance(keys, slice):  # sinks in front of skipped keys: two ranges, a copy
                     grad_k[:, :, keys] += grad_k_t
                     grad_v[:, :, keys] += grad_v_t
-        if flip:
-            grad_q[:, :, rows] += grad_q_b.flip(2)
     return (grad_q, grad_k, grad_v, *grads, *param_grads)
 
 
