@@ -6,9 +6,9 @@ one EPYC 1.4x; the CPU flash kernel's speed relative to tensor products differs 
 one kernel can compute a call (dispatch.candidates: the low-rank form, the block kernel, SDPA per query block),
 `Calibration.choose` times them on the call's own shapes (forward, and backward where autograd is on: after
 one warm-up run each, three rounds in which the candidates take turns, each candidate's fastest run kept, so that
-a machine whose speed drifts while it measures moves every candidate alike) and keeps the fastest for that key: the scheme class (which score terms, which options), a shape bucket
-(batch, heads, head width, the powers of two at or above the queries and memory keys), device, dtype and
-train/eval. The choices live in memory and in a JSON file under the user's cache directory
+a machine whose speed drifts while it measures moves every candidate alike) and keeps the fastest for that key:
+the scheme class (which score terms, which options), a shape bucket (batch, heads, head width, the powers of two
+at or above the queries and memory keys), device, dtype and train/eval. The choices live in memory and in a JSON file under the user's cache directory
 ($RELPOS_ABLATE_CACHE or $XDG_CACHE_HOME/relpos_ablate or ~/.cache/relpos_ablate), one section per processor
 and torch version, written atomically. A second call with the same key measures nothing.
 
