@@ -98,6 +98,18 @@ def export(revision: str, tmp: str) -> Path:
     return old_root
 
 
+def _largest_difference(old: list, new: list | None) -> str:
+    """', largest |new - old| = ... of the case's largest |old|' over its tensors of equal shapes. Relative to the
+    whole case, since some gradients are zero up to rounding (a bias b2 the softmax cancels)."""
+    if new is None or len(old) != len(new):
+        return " (missing or a different number of tensors)"
+    pairs = [(a.double(), b.double()) for a, b in zip(old, new) if a.shape == b.shape and a.numel()]
+    if not pairs:
+        return ""
+    scale = max(float(a.abs().max()) for a, _ in pairs) or 1.0
+    return f", largest |new - old| = {max(float((b - a).abs().max()) for a, b in pairs) / scale:.1e} of the largest |old|"
+
+
 def compare_speed(args: argparse.Namespace) -> int:
     """Rounds of (revision, this tree) timings; prints each scheme's ratio to SDPA per round and side."""
     sides = {args.revision: None, "this tree": ROOT}
@@ -146,7 +158,7 @@ def main() -> int:
     differ = [key for key in old if key not in new or len(old[key]) != len(new[key])
               or not all(torch.equal(a, b) for a, b in zip(old[key], new[key]))]
     for key in differ:
-        print(f"differs: {key}")
+        print(f"differs: {key}{_largest_difference(old[key], new.get(key))}")
     print(f"{len(old)} cases, {sum(map(len, old.values()))} tensors: {len(differ)} differ from {args.revision}")
     return 1 if differ else 0
 
