@@ -114,13 +114,17 @@ def test_several_key_tiles_per_block(name, padded, monkeypatch):
     every tile, windows included), backward adds their gradients (materialised maps: key padding, FIRE past
     its threshold, FoX; CoPE keeps whole rows); both equal the explicit scores'."""
     monkeypatch.setattr(layouts, "tile_scores", lambda call, d_head: 4)
+    monkeypatch.setattr(layouts, "MATERIALISED_ROWS", 2)
     attn = attention(TILED[name], seed=5)
     gen = torch.Generator().manual_seed(6)
     x, mems = torch.randn(2, 7, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
                                                                                          dtype=torch.float64)
     call, inputs = call_and_inputs(attn, x, mems)
     maps = block_maps(call, inputs)
-    if not TILED[name].get("cope_positions"):
+    if isinstance(maps, MaterialisedMaps) and maps.rows:  # several query blocks per range of keys, several ranges
+        groups = maps.key_tiles(call, 8)
+        assert len(groups) > 1 and max(len(tiles) for _, tiles in groups) > 1
+    elif not TILED[name].get("cope_positions"):
         assert max(len(tiles) for tiles in maps.backward_blocks(call, 8)) > 1
     if maps.forward_tiles:
         assert max(len(tiles) for tiles in maps.forward_blocks(call, 8)) > 1

@@ -88,6 +88,22 @@ class _Layout:
         return [call.key_tiles(blk, max(lq, scores // lq)) for blk in blocks for lq in [blk.i1 - blk.i0]]
 
 
+    def key_tiles(self, call: AttentionCall, d_head: int) -> list[tuple[slice, list[QueryBlock]]]:
+        """Backward's tiles by keys, where blocks have `rows` queries: (a range of keys, the tiles of every query
+        block in it), so that dK and dV of the range are summed in place in one buffer."""
+        return self._by_keys(call, tile_scores(call, d_head) * 2 // (2 + self.buffers))
+
+    def _by_keys(self, call: AttentionCall, scores: int) -> list[tuple[slice, list[QueryBlock]]]:
+        """Blocks of `rows` queries cut into tiles at the multiples of a width (tiles of about `scores` entries per
+        head), grouped by that range of keys."""
+        width = max(self.rows, scores // self.rows)
+        groups: dict[int, list[QueryBlock]] = {}
+        for blk in call.blocks(scores, windowed=True, rows=self.rows):
+            for tile in call.aligned_key_tiles(blk, width):
+                groups.setdefault(tile.k0 // width, []).append(tile)
+        return [(slice(g * width, min((g + 1) * width, call.n_keys)), tiles) for g, tiles in sorted(groups.items())]
+
+
 def _columns(t: Tensor, cols: slice) -> Tensor:
     return t.narrow(-2 if t.dim() == 3 else -1, cols.start, cols.stop - cols.start)
 
@@ -117,16 +133,9 @@ class StridedMaps(_Layout):
         return self._reserved(super().forward_blocks(call, d_head))
 
     def key_tiles(self, call: AttentionCall, d_head: int) -> list[tuple[slice, list[QueryBlock]]]:
-        """Backward's tiles, by keys: (a range of keys, the tiles of every query block in it, at most backward's tile
-        of scores each), so that dK and dV of the range are summed in place in one buffer."""
-        scores = tile_scores(call, d_head)
-        width = max(self.rows, scores // self.rows)
-        groups: dict[int, list[QueryBlock]] = {}
-        for blk in call.blocks(scores, windowed=True, rows=self.rows):
-            for tile in call.aligned_key_tiles(blk, width):
-                groups.setdefault(tile.k0 // width, []).append(tile)
-        self._reserved(list(groups.values()))
-        return [(slice(g * width, min((g + 1) * width, call.n_keys)), tiles) for g, tiles in sorted(groups.items())]
+        groups = self._by_keys(call, tile_scores(call, d_head))
+        self._reserved([tiles for _, tiles in groups])
+        return groups
 
     def _reserved(self, blocks: list[list[QueryBlock]]) -> list[list[QueryBlock]]:
         """The blocks, with term b's buffer allocated at once for the largest of them (a buffer grown block by
@@ -242,6 +251,13 @@ def _antidiagonal_sums(grad: Tensor) -> Tensor:
     return buffer.sum(1)
 
 
+# backward blocks of 256 queries: FIRE 220 -> 197 ms at L = 1024 and 2.34 -> 2.22 s at 4096, FoX on this kernel
+# 1.84 -> 1.58 s at 4096, against 64 (one layer step, Intel Xeon, 2026-12-04; 512 and 1024 alike). Tiles are then
+# at least 256 keys wide, above tile_scores at L = 1024 (FIRE's peak memory 1.55x / 1.14x attention without
+# positions at 1024 / 4096); twice or four times wider tiles gained nothing
+MATERIALISED_ROWS = 256
+
+
 class MaterialisedMaps(_Layout):
     """Each block's map as a tensor: the sum of `call.additive_terms`, the sink columns in front, -inf where hidden.
 
@@ -253,16 +269,44 @@ class MaterialisedMaps(_Layout):
 
     def __init__(self, call: AttentionCall, inputs: ScoreInputs):
         self.call, self.inputs = call, inputs
-        # backward blocks of 256 queries: FIRE 220 -> 197 ms at L = 1024 and 2.34 -> 2.22 s at 4096, FoX on this
-        # kernel 1.84 -> 1.58 s at 4096, against 64 (one layer step, Intel Xeon, 2026-12-04; 512 and 1024 alike).
-        # Tiles are then at least 256 keys wide, above tile_scores at L = 1024 (FIRE's peak memory 1.55x / 1.14x
-        # attention without positions at 1024 / 4096); twice or four times wider tiles gained nothing
-        self.rows = 0 if call.n_sinks or call.contextual is not None else 256
+        self.rows = 0 if call.n_sinks or call.contextual is not None else MATERIALISED_ROWS
+        # FIRE past its threshold: its pairs' bias and gradient by hand (fire_pairs.py), where it is the last term
+        # of the sum (no FoX decay after it, no query scale on it, no CoPE)
+        self.by_hand = (call.pair_bias is not None and inputs.query_scale is None and inputs.log_decay is None
+                        and call.contextual is None)
+        self._pairs = None
+
+    def pairs(self, grad: bool = False):
+        """The call's query-dependent bias with its gradient by hand (BiasScheme.by_hand), made at first use;
+        `grad`: its parameters get gradients (backward)."""
+        if self._pairs is None:
+            grad = grad and any(p.requires_grad for p in self.call.pair_bias.parameters())
+            self._pairs = self.call.pair_bias.by_hand(self.call.query_positions, self.call.key_positions, grad)
+        return self._pairs
+
+    def _pair_map(self, block: QueryBlock, grad: bool = False):
+        """(the block's query-dependent bias [1, H, L_b, K_b] times s_B, what its gradient reads), where it is
+        taken by hand (else None)."""
+        if not self.by_hand or self.call.pair_bias_on_curve(block) or self.pairs(grad) is None:
+            return None
+        bias, tile = self.pairs(grad).block(block.rows, slice(block.k0, block.n_keys))
+        return (bias if self.call.bias_scale == 1.0 else bias.mul_(self.call.bias_scale))[None], tile
+
+    @staticmethod
+    def _plus(additive: Tensor | None, bias: Tensor) -> Tensor:
+        """additive + bias (bias last, as sum_terms adds it) in a new tensor or in bias."""
+        if additive is None:
+            return bias
+        return bias.add_(additive) if additive.shape == bias.shape else additive + bias
 
     def mask(self, block: QueryBlock, q_content: Tensor | None = None, k: Tensor | None = None) -> Tensor:
         """[B or 1, H, L_b, S + K_b]; q_content [B, H, L_b, dh] and the block's keys k [B, H, K_b, dh] (no
         sinks) for CoPE."""
-        additive = sum_terms(self.call.additive_terms(block, self.call.block_inputs(block, self.inputs)))
+        pair = self._pair_map(block)
+        additive = sum_terms(self.call.additive_terms(block, self.call.block_inputs(block, self.inputs),
+                                                      pair_bias=pair is None))
+        if pair is not None:
+            additive = self._plus(additive, pair[0])
         if self.call.contextual is not None:
             cope, _ = self.call.contextual.block_scores(q_content, k, self.call.scale, self.call.visible(block),
                                                         shifted=self.call.far_from is not None)
@@ -286,13 +330,15 @@ class MaterialisedMaps(_Layout):
         and k through the products that carry s·q·kᵀ's)."""
         call = self.call
         block_grads = call.block_inputs(block, grads)
+        pair = self._pair_map(block, grad=True)
         with torch.enable_grad():
             leaves = ScoreInputs(*(None if t is None else t.detach().requires_grad_(g is not None and name != "log_decay")
                                    for name, t, g in zip(ScoreInputs._fields, call.block_inputs(block, self.inputs),
                                                          block_grads)))
-            rest = sum_terms(call.additive_terms(block, leaves))
+            rest = sum_terms(call.additive_terms(block, leaves, pair_bias=pair is None))
         wanted = [(view, leaf) for view, leaf in zip(block_grads, leaves) if view is not None and leaf.requires_grad]
-        wanted += [(g, p) for g, p in zip(param_grads, params) if g is not None and not _is_table(call, p)]
+        if pair is None:  # (by hand, the parameters get theirs from `finish`)
+            wanted += [(g, p) for g, p in zip(param_grads, params) if g is not None and not _is_table(call, p)]
         cope = state = None
         if call.contextual is not None:
             cope, state = call.contextual.block_scores(content[0], content[2], call.scale, call.visible(block),
@@ -302,6 +348,10 @@ class MaterialisedMaps(_Layout):
             stream = grad_scores[..., block.n_sinks:]  # sinks have no map
             if grads.log_decay is not None:
                 self._decay_gradient(block, stream, grads.log_decay)
+            if pair is not None and any(g is not None for g in param_grads):
+                grad_bias = torch.sum(stream, 0)  # (H, L_b, K_b), a new tensor: the batch's sum
+                self.pairs().add_gradient(pair[1], grad_bias if call.bias_scale == 1.0 else
+                                          grad_bias.mul_(call.bias_scale))
             if rest is not None and wanted:
                 # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient
                 shared = stream.sum(0, keepdim=True) if rest.shape[0] == 1 < stream.shape[0] else stream
@@ -319,9 +369,22 @@ class MaterialisedMaps(_Layout):
                 stream.add_(grad_logits)  # last: the map's other gradients read dS without it
 
         additive = rest.detach() if rest is not None else None
+        if pair is not None:
+            additive = self._plus(additive, pair[0])
         if cope is not None:
             additive = cope if additive is None else cope.add_(additive)
-        return self._masked(block, additive, own=not wanted), add_gradients
+        return self._masked(block, additive, own=not wanted or pair is not None), add_gradients
+
+    def finish(self, params: list[Tensor], param_grads: list[Tensor | None]) -> None:
+        """Add the parameters' gradients that the tiles summed by hand (FIRE's pairs) onto param_grads."""
+        if self._pairs is None:
+            return
+        trained = [(g, p) for g, p in zip(param_grads, params) if g is not None and p.requires_grad]
+        if not trained:
+            return
+        for (target, _), g in zip(trained, self._pairs.parameter_gradients([p for _, p in trained])):
+            if g is not None:
+                target.add_(g)
 
     def _decay_gradient(self, block: QueryBlock, grad_scores: Tensor, grad_log_decay: Tensor) -> None:
         """FoX's term (times the query scale, if any) differentiated by its own hand (fox.py) from the

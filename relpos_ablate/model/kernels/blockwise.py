@@ -165,29 +165,47 @@ def _backward(ctx, grad_out: Tensor):
     if isinstance(maps, StridedMaps):
         _strided_backward(maps, call, grad_out, q_content, k, v, lse, minus_delta, grad_q, grad_k, grad_v, grads)
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
-    for tiles in maps.backward_blocks(call, d_head):  # materialised maps (rows in order)
-        rows = tiles[0].rows
-        q_b, go, lse_b, minus_delta_b = (t[:, :, rows] for t in (q_content, grad_out, lse, minus_delta))
-        grad_q_b = grad_q[:, :, rows]
+    # materialised maps (rows in order): by ranges of keys, dK and dV summed in one contiguous buffer per range
+    # (as _strided_backward); sinks and CoPE (rows = 0) by query blocks, each its tiles
+    groups = maps.key_tiles(call, d_head) if maps.rows else [(None, tiles) for tiles in maps.backward_blocks(call, d_head)]
+    batch, heads = q_content.shape[:2]
+    for key_range, tiles in groups:
+        if key_range is not None:
+            grad_k_g, grad_v_g = (q_content.new_zeros(batch * heads, key_range.stop - key_range.start, d_head)
+                                  for _ in range(2))
         for tile in tiles:
-            keys = tile.keys
+            rows, keys = tile.rows, tile.keys
+            q_b, go, lse_b, minus_delta_b = (t[:, :, rows] for t in (q_content, grad_out, lse, minus_delta))
+            grad_q_b = grad_q[:, :, rows]
             content = None if call.contextual is None else (q_content[:, :, rows], grad_q_b, k[:, :, _stream(tile)])
             mask, add_map_gradient = maps.rebuilt(tile, grads, ctx.params, param_grads, content)
             with torch.no_grad():
                 k_t, v_t = k[:, :, keys], v[:, :, keys]
                 probs = _probabilities(q_b, k_t, mask, lse_b, call.scale)
-                grad_v_t = grad_v[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(v_t)
-                _add_product(grad_v_t, probs.transpose(-1, -2), go)  # dV += Pᵀ·dO
+                if key_range is not None:
+                    cols = slice(tile.k0 - key_range.start, tile.n_keys - key_range.start)
+                    _accumulate(grad_v_g, cols, probs.flatten(0, 1).transpose(1, 2), go.flatten(0, 1))  # dV += Pᵀ·dO
+                else:
+                    grad_v_t = grad_v[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(v_t)
+                    _add_product(grad_v_t, probs.transpose(-1, -2), go)
                 grad_probs = torch.baddbmm(minus_delta_b.flatten(0, 1).expand(-1, -1, probs.shape[-1]),
                                            go.flatten(0, 1), v_t.transpose(-1, -2).flatten(0, 1))  # dO·Vᵀ - delta
                 grad_scores = probs.mul_(grad_probs.view_as(probs))  # dS = P ∘ (dP - delta)
                 add_map_gradient(grad_scores)  # (CoPE adds its gates' gradient to dS)
                 _add_product(grad_q_b, grad_scores, k_t, alpha=call.scale)
+                if key_range is not None:
+                    _accumulate(grad_k_g, cols, grad_scores.flatten(0, 1).transpose(1, 2), q_b.flatten(0, 1),
+                                alpha=call.scale)
+                    continue
                 grad_k_t = grad_k[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(k_t)
                 _add_product(grad_k_t, grad_scores.transpose(-1, -2), q_b, alpha=call.scale)
                 if not isinstance(keys, slice):  # sinks in front of skipped keys: two ranges, a copy
                     grad_k[:, :, keys] += grad_k_t
                     grad_v[:, :, keys] += grad_v_t
+        if key_range is not None:
+            grad_k[:, :, key_range] += grad_k_g.view_as(grad_k[:, :, key_range])
+            grad_v[:, :, key_range] += grad_v_g.view_as(grad_v[:, :, key_range])
+    maps.finish(ctx.params, param_grads)
     return (grad_q, grad_k, grad_v, *grads, *param_grads)
 
 

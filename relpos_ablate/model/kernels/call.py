@@ -323,12 +323,13 @@ class AttentionCall:
                            _narrow(inputs.query_scale, 2, block.rows))
 
     def additive_terms(self, block: QueryBlock, inputs: ScoreInputs, q_content: Tensor | None = None,
-                       k: Tensor | None = None) -> dict[str, Tensor]:
+                       k: Tensor | None = None, pair_bias: bool = True) -> dict[str, Tensor]:
         """Each additive score term of the block as it enters the sum, [B or 1, H, L_b, K_b]: 'b' (from the
         position query, which carries the query scale λ already), 'd' and 'bias' (per distance, or FIRE per
         pair) and 'decay' (FoX), each times λ, and 'cope' (from the content query, λ included). `inputs` are
         the block's slices (block_inputs), passed in so that backward can rebuild them; q_content
-        [B, H, L_b, dh] and k [B, H, K_b, dh] (no sinks) only for CoPE (without them, no 'cope')."""
+        [B, H, L_b, dh] and k [B, H, K_b, dh] (no sinks) only for CoPE (without them, no 'cope'); without
+        `pair_bias`, no query-dependent bias (its caller adds it: block_maps.MaterialisedMaps)."""
         terms = {}
         if inputs.rel_keys is not None and inputs.q_position is not None:
             terms["b"] = self.term_b(block, inputs.q_position, inputs.rel_keys)
@@ -336,7 +337,7 @@ class AttentionCall:
             terms["d"] = self.per_key(block, inputs.term_d)[None]
         if inputs.distance_scores is not None:
             terms["bias"] = self.per_key(block, inputs.distance_scores)[None]
-        elif self.pair_bias is not None:  # (the bias is a curve or a pair bias, never both)
+        elif self.pair_bias is not None and pair_bias:  # (the bias is a curve or a pair bias, never both)
             terms["bias"] = self.pair_bias_scores(block)
         if inputs.log_decay is not None:
             rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
@@ -367,14 +368,19 @@ class AttentionCall:
         """s_B·B_h(i', j) of the query-dependent bias: [1, H, L_b, K_b]. Where positions are consecutive
         and every query of the block is within the scheme's distance-only range, one curve over the
         block's L_b + K_b - 1 distances replaces the evaluation at every (i, j) pair."""
-        q_offset, lq = self.n_mem + block.i0, block.i1 - block.i0
-        if self.consecutive and q_offset + lq - 1 < self.pair_bias_curve_until:  # (strictly: see attention.py)
+        if self.pair_bias_on_curve(block):
             # the block's queries against keys k0 .. are the same distances as from q_offset - k0 against 0 ..
+            q_offset, lq = self.n_mem + block.i0, block.i1 - block.i0
             distances = descending_distances(q_offset - block.k0, lq, block.width, self.query_positions.device)
             scores = toeplitz(self.pair_bias.curve(distances), lq, block.width)
         else:
             scores = self.pair_bias.bias(self.query_positions[block.rows], self.key_positions[block.k0: block.n_keys])
         return scores[None] * self.bias_scale
+
+    def pair_bias_on_curve(self, block: QueryBlock) -> bool:
+        """Whether the query-dependent bias is a curve over the distance for every query of the block."""
+        last_query = self.n_mem + block.i1 - 1
+        return self.consecutive and last_query < self.pair_bias_curve_until  # (strictly: see attention.py)
 
 
 def sum_terms(terms: dict[str, Tensor]) -> Tensor | None:

@@ -93,6 +93,12 @@ class BiasScheme(nn.Module):
         """Largest query position up to which B depends on i - j alone (there `curve` gives it)."""
         return float("inf")
 
+    def by_hand(self, query_positions: Tensor, key_positions: Tensor, grad: bool = False):
+        """An object giving the bias at every pair of these positions and taking its gradient by hand
+        (fire_pairs.FIREPairs: block, add_gradient, parameter_gradients), or None: the block kernel then
+        differentiates `bias` by autograd. Only schemes that read the query position (not distance_only) need it."""
+        return None
+
     def after_optimizer_step(self) -> None:
         """Called after every optimizer step (train/module.py, train/plain.py; a loop of your own should
         too): restore constraints on the parameters in place. Default: none."""

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_ablate.model.position.base import BiasScheme
+from relpos_ablate.model.position.fire_pairs import FIREPairs
 from relpos_ablate.model.position.piecewise import pieces, relu_mlp
 
 
@@ -84,6 +85,11 @@ class FIREBias(BiasScheme):
         """ψ(i - j) / ψ(max(i, L)), broadcast over q_pos and k_pos."""
         q = q_pos.to(self.c.dtype)
         return self.normalised(q - k_pos.to(self.c.dtype), q)
+
+    def by_hand(self, query_positions: Tensor, key_positions: Tensor, grad: bool = False) -> FIREPairs:
+        """The bias at every pair of these positions with its gradient by hand, for the block kernel
+        (fire_pairs.py)."""
+        return FIREPairs(self, query_positions, key_positions, grad)
 
     def curve(self, distances, query_position: float | None = None):
         """Bias at distances for a query at `query_position` (default: the threshold L, where the

@@ -1,0 +1,172 @@
+"""FIRE's bias at every (query, key) pair of one attention call, and its gradient by hand: the block kernel's
+materialised maps (kernels/block_maps.py) use it for the queries past FIRE's threshold.
+
+Autograd through each tile's map (FIREBias.bias) would compute the MLP's pieces again per tile, keep a graph of
+the tile's pairs, and sum each piece's gradient by scatter_add (several passes over the map). Here what depends
+on the call alone is computed once: the pieces (α, β [H, S], piecewise.py), ψ(max(i, L)) per query and its
+derivatives in c and L. A tile's map gradient G [H, L_b, K_b] (summed over the batch) is reduced to
+- α's and β's: the sums of G and of G·x over each piece's pairs. With keys in order, x falls along each row
+  (ψ rises with the distance), so each row's pieces are runs of keys: running sums along the row read at the
+  runs' ends (scatter_add where keys are not in order);
+- |c|'s and |L|'s: Σ g_x·∂x/∂c and Σ g_x·∂x/∂L over the pairs, g_x = Σ_h G_h·β_h(piece), the weight ∂x/∂c
+  formed per pair (it is a difference of two terms of about the same size where i - j ≈ i: summed apart,
+  the two sums cancel to ~2e-6 of error in fp32).
+`parameter_gradients` takes the sums to FIRE's parameters once per call, by autograd through the pieces.
+Forward values are those of FIREBias.bias, to the bit (the same operations per pair).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from relpos_ablate.model.position.piecewise import _evaluate, _piece_sums, pieces
+
+
+class Tile(NamedTuple):
+    """What a tile's gradient reads again: the tile's query rows, distances d, inputs x and #breakpoints < x."""
+    rows: slice
+    distances: Tensor  # (L_b, K_b)
+    x: Tensor  # (L_b, K_b)
+    below: Tensor | None  # (L_b, K_b) int64; None where every x lies inside one interval
+    interval: int | None  # that interval (#breakpoints below every x)
+
+
+class FIREPairs:
+    """FIRE (`scheme`, a FIREBias) at the pairs of `query_positions` [L] and `key_positions` [K]: `block` gives a
+    tile's map, `add_gradient` takes a map gradient, `parameter_gradients` returns the parameters' gradients.
+    `grad`: keep the graph from the parameters to the pieces (backward)."""
+
+    def __init__(self, scheme, query_positions: Tensor, key_positions: Tensor, grad: bool = False):
+        self.scheme = scheme
+        dtype = scheme.c.dtype
+        self.q, self.k = query_positions.to(dtype), key_positions.to(dtype)
+        with torch.set_grad_enabled(grad):
+            self.breakpoints, alpha, beta = pieces(scheme.mlp[0], scheme.mlp[2])
+            c, threshold = scheme.c.abs(), scheme.threshold.abs()
+        self._graph = [alpha, beta, c, threshold]
+        self.alpha, self.beta = alpha.detach(), beta.detach()
+        self.interval_alpha, self.interval_beta = self.alpha[:, ::2], self.beta[:, ::2]
+        with torch.no_grad():
+            c, threshold = c.detach(), threshold.detach()
+            n = torch.maximum(self.q, threshold)  # (L,)
+            self.norm = scheme.psi(n)  # ψ(max(i, L)): x = ψ(i - j) / norm
+            self.c = c
+            self.norm_dc = n / (1 + c * n)  # ∂ψ(n)/∂|c|
+            # ∂ψ(n)/∂|L| where L is the larger (torch.maximum gives each side half at a tie)
+            share = torch.where(threshold > self.q, 1.0, torch.where(threshold == self.q, 0.5, 0.0)).to(dtype)
+            self.norm_dl = c / (1 + c * n) * share
+            self.in_order = bool((self.k[1:] >= self.k[:-1]).all())  # rows' pieces are runs of keys
+        n_pieces = alpha.shape[1]
+        self.grad_alpha, self.grad_beta = self.alpha.new_zeros(len(alpha), n_pieces), self.beta.new_zeros(len(beta),
+                                                                                                           n_pieces)
+        self.grad_c = torch.zeros((), dtype=torch.float64, device=c.device)
+        self.grad_threshold = torch.zeros((), dtype=torch.float64, device=c.device)
+        self._scratch = torch.empty(0, dtype=dtype, device=c.device)
+
+    def block(self, rows: slice, keys: slice) -> tuple[Tensor, Tile]:
+        """(the bias [H, L_b, K_b] of queries `rows` against keys `keys`, what its gradient reads)."""
+        with torch.no_grad():
+            q = self.q[rows]
+            distances = q[:, None] - self.k[keys][None, :]
+            x = self.scheme.psi(distances) / self.norm[rows, None]
+            interval = _one_interval(x, self.breakpoints)
+            if interval is not None:  # one α and β per head, no lookups (a tile far from the diagonal, mostly)
+                bias = torch.addcmul(self.interval_alpha[:, interval, None, None].expand(-1, *x.shape),
+                                     self.interval_beta[:, interval, None, None], x)
+                return bias, Tile(rows, distances, x, None, interval)
+            below = _count_below(x, self.breakpoints)
+            return _evaluate(x, self.interval_alpha, self.interval_beta, below), Tile(rows, distances, x, below, None)
+
+    def add_gradient(self, tile: Tile, grad: Tensor) -> None:
+        """Add the gradient [H, L_b, K_b] of the tile's map onto the sums of α, β, |c| and |L|. grad is this
+        call's to overwrite."""
+        with torch.no_grad():
+            heads, n = grad.shape[0], grad.numel()
+            if self._scratch.numel() < n:
+                self._scratch = grad.new_empty(n)
+            scratch = self._scratch[:n].view_as(grad)
+            if tile.interval is None:
+                piece = tile.below.add_(_count_below(tile.x, self.breakpoints, right=True))  # (see piecewise.pieces)
+                index = piece.view(1, -1).expand(heads, -1)
+                torch.gather(self.beta, 1, index, out=scratch.view(heads, -1))
+                grad_x = scratch.mul_(grad).sum(0)  # (L_b, K_b): Σ_h G_h·β_h(piece)
+            else:
+                piece = 2 * tile.interval  # (an open interval's piece)
+                grad_x = (self.beta[:, piece] @ grad.reshape(heads, -1)).view_as(tile.x)
+            rows, x, d = tile.rows, tile.x, tile.distances
+            norm = self.norm[rows, None]
+            # ∂x/∂|c| = (ψ'(d) - x·ψ'(n)) / ψ(n), ψ'(d) = d / (1 + |c|·|d|)
+            weight = d.abs().mul_(self.c).add_(1).reciprocal_().mul_(d).sub_(x * self.norm_dc[rows, None]).div_(norm)
+            self.grad_c += (weight.mul_(grad_x)).sum(dtype=torch.float64)
+            norm_dl = self.norm_dl[rows]
+            if norm_dl.any():  # ∂x/∂|L| = -x·ψ'(n)·∂n/∂L / ψ(n): queries below the threshold
+                self.grad_threshold -= (grad_x.mul_(x).sum(1) * (norm_dl / self.norm[rows])).sum(dtype=torch.float64)
+            torch.mul(grad, x, out=scratch)
+            if tile.interval is not None:
+                self.grad_alpha[:, piece] += grad.sum((1, 2))
+                self.grad_beta[:, piece] += scratch.sum((1, 2))
+            elif self.in_order:
+                self.grad_alpha += _run_sums(grad, piece, self.alpha.shape[1])
+                self.grad_beta += _run_sums(scratch, piece, self.alpha.shape[1])
+            else:
+                self.grad_alpha += _piece_sums(grad, piece, self.alpha.shape[1])
+                self.grad_beta += _piece_sums(scratch, piece, self.alpha.shape[1])
+
+    def parameter_gradients(self, params: list[Tensor]) -> list[Tensor | None]:
+        """The gradients of `params` (None for each not reached) from the sums added so far."""
+        grads = [self.grad_alpha, self.grad_beta, self.grad_c.to(self.alpha.dtype),
+                 self.grad_threshold.to(self.alpha.dtype)]
+        outputs = [(t, g) for t, g in zip(self._graph, grads) if t.requires_grad]
+        if not outputs:
+            return [None] * len(params)
+        return list(torch.autograd.grad([t for t, _ in outputs], params, [g for _, g in outputs], allow_unused=True))
+
+
+def _one_interval(x: Tensor, breakpoints: Tensor) -> int | None:
+    """The interval between breakpoints that holds every x, if one does (no x on a breakpoint either); CPU only
+    (on other devices, None: the test would wait for the device)."""
+    if x.device.type != "cpu" or not x.numel():
+        return None
+    low, high = torch.aminmax(x)
+    # #breakpoints < min(x) and <= max(x): equal where none lies in [min(x), max(x)]
+    below, upto = int(torch.searchsorted(breakpoints, low)), int(torch.searchsorted(breakpoints, high, right=True))
+    return below if below == upto else None
+
+
+# a tile's x spans few of the breakpoints but near the diagonal: up to this many, compared one by one
+FEW_BREAKPOINTS = 6
+
+
+def _count_below(x: Tensor, breakpoints: Tensor, right: bool = False) -> Tensor:
+    """torch.bucketize(x, breakpoints, right=right): #breakpoints < x (right: <= x), int64. On CPU, where x's range
+    holds at most FEW_BREAKPOINTS of them, by comparing with those alone (~5x faster than its binary searches)."""
+    if x.device.type != "cpu" or not x.numel():
+        return torch.bucketize(x, breakpoints, right=right)
+    low, high = torch.searchsorted(breakpoints, torch.stack(torch.aminmax(x)), right=right).tolist()
+    if high - low > FEW_BREAKPOINTS:
+        return torch.bucketize(x, breakpoints, right=right)
+    count = torch.full(x.shape, low, dtype=torch.int64, device=x.device)
+    for point in breakpoints[low:high].tolist():  # (the breakpoints are float values of x's dtype)
+        count += (x >= point) if right else (x > point)
+    return count
+
+
+def _run_sums(values: Tensor, piece: Tensor, n_pieces: int) -> Tensor:
+    """Σ of values [H, R, K] over the pairs of each piece: [H, S], where each row's pieces do not rise along the
+    row (runs). values is overwritten (its running sums along the rows)."""
+    heads, n_rows, _ = values.shape
+    low, high = int(piece.min()), int(piece.max())  # the pieces of the tile: a far tile has few
+    span = high - low + 1
+    rows = torch.arange(n_rows, device=piece.device)[:, None] * span - low
+    counts = torch.bincount((piece + rows).view(-1), minlength=n_rows * span).view(n_rows, span)
+    ends = counts.flip(1).cumsum_(1).flip(1)  # (R, span): #keys of the row with piece >= s, piece s's run's end
+    running = values.cumsum_(2)
+    # Σ over the keys before each run's end, 0 above the row's pieces; piece s's run follows piece s + 1's
+    upto = running.gather(2, (ends - 1).clamp_(min=0).expand(heads, -1, -1)).masked_fill_(ends == 0, 0.0)
+    sums = values.new_zeros(heads, n_pieces)
+    sums[:, low: high + 1] = upto.sub_(F.pad(upto[..., 1:], (0, 1))).sum(1)
+    return sums
