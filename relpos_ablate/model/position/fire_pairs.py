@@ -5,10 +5,12 @@ Autograd through each tile's map (FIREBias.bias) would compute the MLP's pieces 
 the tile's pairs, and sum each piece's gradient by scatter_add (several passes over the map). Here what depends
 on the call alone is computed once: the pieces (α, β [H, S], piecewise.py), ψ(max(i, L)) per query and its
 derivatives in c and L. A tile's map gradient G [H, L_b, K_b] (summed over the batch) is reduced to
-- α's and β's: the sums of G and of G·x over each piece's pairs. With keys in order, x falls along each row
+- α's and β's: the sums of G and of G·x over each piece's pairs. Where a tile holds fewer than FEW_PIECES
+  pieces, by matmul with their one-hot [pairs, pieces]. Elsewhere, with keys in order, x falls along each row
   (ψ rises with the distance), so each row's pieces are runs of keys: running sums along the row read at the
   runs' ends (scatter_add where keys are not in order);
-- |c|'s and |L|'s: Σ g_x·∂x/∂c and Σ g_x·∂x/∂L over the pairs, g_x = Σ_h G_h·β_h(piece), the weight ∂x/∂c
+- |c|'s and |L|'s: Σ g_x·∂x/∂c and Σ g_x·∂x/∂L over the pairs, g_x = Σ_h G_h·β_h(piece) (with few pieces,
+  Σ_h G_h·β_h(s) for each piece s by one matmul, then a gather of each pair's own), the weight ∂x/∂c
   formed per pair (it is a difference of two terms of about the same size where i - j ≈ i: summed apart,
   the two sums cancel to ~2e-6 of error in fp32).
 `parameter_gradients` takes the sums to FIRE's parameters once per call, by autograd through the pieces.
@@ -89,11 +91,20 @@ class FIREPairs:
             if self._scratch.numel() < n:
                 self._scratch = grad.new_empty(n)
             scratch = self._scratch[:n].view_as(grad)
+            few = None  # the pieces present, [L_b·K_b, span] one-hot, where they are few
             if tile.interval is None:
                 piece = tile.below.add_(_count_below(tile.x, self.breakpoints, right=True))  # (see piecewise.pieces)
-                index = piece.view(1, -1).expand(heads, -1)
-                torch.gather(self.beta, 1, index, out=scratch.view(heads, -1))
-                grad_x = scratch.mul_(grad).sum(0)  # (L_b, K_b): Σ_h G_h·β_h(piece)
+                on_cpu = piece.device.type == "cpu"  # (elsewhere: no read-back, every piece may be present)
+                low, high = map(int, torch.aminmax(piece)) if on_cpu else (0, self.beta.shape[1] - 1)
+                if high - low < FEW_PIECES:  # Σ_h G_h·β_h(s) for each piece s present, then each pair's own
+                    offset = piece.view(-1, 1) - low
+                    few = (offset == torch.arange(high - low + 1, device=piece.device)).to(grad.dtype)
+                    per_piece = self.beta[:, low: high + 1].T @ grad.reshape(heads, -1)  # (span, L_b·K_b)
+                    grad_x = per_piece.gather(0, offset.view(1, -1)).view_as(tile.x)
+                else:
+                    index = piece.view(1, -1).expand(heads, -1)
+                    torch.gather(self.beta, 1, index, out=scratch.view(heads, -1))
+                    grad_x = scratch.mul_(grad).sum(0)  # (L_b, K_b): Σ_h G_h·β_h(piece)
             else:
                 piece = 2 * tile.interval  # (an open interval's piece)
                 grad_x = (self.beta[:, piece] @ grad.reshape(heads, -1)).view_as(tile.x)
@@ -109,6 +120,9 @@ class FIREPairs:
             if tile.interval is not None:
                 self.grad_alpha[:, piece] += grad.sum((1, 2))
                 self.grad_beta[:, piece] += scratch.sum((1, 2))
+            elif few is not None:
+                self.grad_alpha[:, low: high + 1] += grad.view(heads, -1) @ few
+                self.grad_beta[:, low: high + 1] += scratch.view(heads, -1) @ few
             elif self.in_order:
                 self.grad_alpha += _run_sums(grad, piece, self.alpha.shape[1])
                 self.grad_beta += _run_sums(scratch, piece, self.alpha.shape[1])
@@ -153,6 +167,10 @@ def _count_below(x: Tensor, breakpoints: Tensor, right: bool = False) -> Tensor:
     for point in breakpoints[low:high].tolist():  # (the breakpoints are float values of x's dtype)
         count += (x >= point) if right else (x > point)
     return count
+
+
+# a tile's pieces, where at most this many: one-hot [pairs, pieces], the sums per piece by matmul
+FEW_PIECES = 8
 
 
 def _run_sums(values: Tensor, piece: Tensor, n_pieces: int) -> Tensor:
