@@ -317,8 +317,12 @@ class MaterialisedMaps(_Layout):
         """`own`: the map is this call's to overwrite (no other tensor or autograd reads it)."""
         visible = self.call.visible(block)
         if not visible.all():  # causal: only tiles on the diagonal hide keys
-            in_place = own and visible.dim() == 2  # (key padding broadcasts a shared map over the batch)
-            additive = (additive.masked_fill_ if in_place else additive.masked_fill)(~visible, float("-inf"))
+            hidden = ~visible
+            if own and visible.dim() == 2:  # in place, from the first key any row hides (causal: the diagonal's)
+                first = int(hidden.any(0).to(torch.uint8).argmax())
+                additive[..., first:].masked_fill_(hidden[:, first:], float("-inf"))
+            else:  # (key padding broadcasts a shared map over the batch)
+                additive = additive.masked_fill(hidden, float("-inf"))
         return F.pad(additive, (block.n_sinks, 0)) if block.n_sinks else additive  # sinks carry no position: 0
 
     def rebuilt(self, block: QueryBlock, grads: ScoreInputs, params: list[Tensor], param_grads: list[Tensor | None],
