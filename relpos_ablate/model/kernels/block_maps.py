@@ -278,9 +278,9 @@ class MaterialisedMaps(_Layout):
 
     def pairs(self, grad: bool = False):
         """The call's query-dependent bias with its gradient by hand (BiasScheme.by_hand), made at first use;
-        `grad`: its parameters get gradients (backward)."""
-        if self._pairs is None:
-            grad = grad and any(p.requires_grad for p in self.call.pair_bias.parameters())
+        `grad`: its parameters get gradients (backward; made again if the first use had none)."""
+        grad = grad and any(p.requires_grad for p in self.call.pair_bias.parameters())
+        if self._pairs is None or (grad and not self._pairs.trained):
             self._pairs = self.call.pair_bias.by_hand(self.call.query_positions, self.call.key_positions, grad)
         return self._pairs
 
@@ -352,7 +352,7 @@ class MaterialisedMaps(_Layout):
             stream = grad_scores[..., block.n_sinks:]  # sinks have no map
             if grads.log_decay is not None:
                 self._decay_gradient(block, stream, grads.log_decay)
-            if pair is not None and any(g is not None for g in param_grads):
+            if pair is not None and self.pairs().trained and any(g is not None for g in param_grads):
                 grad_bias = torch.sum(stream, 0)  # (H, L_b, K_b), a new tensor: the batch's sum
                 self.pairs().add_gradient(pair[1], grad_bias if call.bias_scale == 1.0 else
                                           grad_bias.mul_(call.bias_scale))

@@ -95,7 +95,7 @@ class BiasScheme(nn.Module):
 
     def by_hand(self, query_positions: Tensor, key_positions: Tensor, grad: bool = False):
         """An object giving the bias at every pair of these positions and taking its gradient by hand
-        (fire_pairs.FIREPairs: block, add_gradient, parameter_gradients), or None: the block kernel then
+        (fire_pairs.FIREPairs: block, add_gradient, parameter_gradients, trained), or None: the block kernel then
         differentiates `bias` by autograd. Only schemes that read the query position (not distance_only) need it."""
         return None
 

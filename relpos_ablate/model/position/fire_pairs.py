@@ -35,6 +35,7 @@ class Tile(NamedTuple):
     x: Tensor  # (L_b, K_b)
     below: Tensor | None  # (L_b, K_b) int64; None where every x lies inside one interval
     interval: int | None  # that interval (#breakpoints below every x)
+    x_range: Tensor | None  # [min(x), max(x)] (None off the CPU)
 
 
 class FIREPairs:
@@ -62,9 +63,8 @@ class FIREPairs:
             share = torch.where(threshold > self.q, 1.0, torch.where(threshold == self.q, 0.5, 0.0)).to(dtype)
             self.norm_dl = c / (1 + c * n) * share
             self.in_order = bool((self.k[1:] >= self.k[:-1]).all())  # rows' pieces are runs of keys
-        n_pieces = alpha.shape[1]
-        self.grad_alpha, self.grad_beta = self.alpha.new_zeros(len(alpha), n_pieces), self.beta.new_zeros(len(beta),
-                                                                                                           n_pieces)
+        self.trained = any(t.requires_grad for t in self._graph)  # (else no gradient to sum)
+        self.grad_alpha, self.grad_beta = torch.zeros_like(self.alpha), torch.zeros_like(self.beta)
         self.grad_c = torch.zeros((), dtype=torch.float64, device=c.device)
         self.grad_threshold = torch.zeros((), dtype=torch.float64, device=c.device)
         self._scratch = torch.empty(0, dtype=dtype, device=c.device)
@@ -75,13 +75,15 @@ class FIREPairs:
             q = self.q[rows]
             distances = q[:, None] - self.k[keys][None, :]
             x = self.scheme.psi(distances) / self.norm[rows, None]
-            interval = _one_interval(x, self.breakpoints)
+            x_range = _range(x)
+            interval = _one_interval(x_range, self.breakpoints)
             if interval is not None:  # one α and β per head, no lookups (a tile far from the diagonal, mostly)
                 bias = torch.addcmul(self.interval_alpha[:, interval, None, None].expand(-1, *x.shape),
                                      self.interval_beta[:, interval, None, None], x)
-                return bias, Tile(rows, distances, x, None, interval)
-            below = _count_below(x, self.breakpoints)
-            return _evaluate(x, self.interval_alpha, self.interval_beta, below), Tile(rows, distances, x, below, None)
+                return bias, Tile(rows, distances, x, None, interval, x_range)
+            below = _count_below(x, self.breakpoints, x_range)
+            bias = _evaluate(x, self.interval_alpha, self.interval_beta, below)
+            return bias, Tile(rows, distances, x, below, None, x_range)
 
     def add_gradient(self, tile: Tile, grad: Tensor) -> None:
         """Add the gradient [H, L_b, K_b] of the tile's map onto the sums of α, β, |c| and |L|. grad is this
@@ -93,7 +95,8 @@ class FIREPairs:
             scratch = self._scratch[:n].view_as(grad)
             few = None  # the pieces present, [L_b·K_b, span] one-hot, where they are few
             if tile.interval is None:
-                piece = tile.below.add_(_count_below(tile.x, self.breakpoints, right=True))  # (see piecewise.pieces)
+                # (see piecewise.pieces)
+                piece = tile.below.add_(_count_below(tile.x, self.breakpoints, tile.x_range, right=True))
                 on_cpu = piece.device.type == "cpu"  # (elsewhere: no read-back, every piece may be present)
                 low, high = map(int, torch.aminmax(piece)) if on_cpu else (0, self.beta.shape[1] - 1)
                 if high - low < FEW_PIECES:  # Σ_h G_h·β_h(s) for each piece s present, then each pair's own
@@ -124,8 +127,8 @@ class FIREPairs:
                 self.grad_alpha[:, low: high + 1] += grad.view(heads, -1) @ few
                 self.grad_beta[:, low: high + 1] += scratch.view(heads, -1) @ few
             elif self.in_order:
-                self.grad_alpha += _run_sums(grad, piece, self.alpha.shape[1])
-                self.grad_beta += _run_sums(scratch, piece, self.alpha.shape[1])
+                self.grad_alpha[:, low: high + 1] += _run_sums(grad, piece, low, high)
+                self.grad_beta[:, low: high + 1] += _run_sums(scratch, piece, low, high)
             else:
                 self.grad_alpha += _piece_sums(grad, piece, self.alpha.shape[1])
                 self.grad_beta += _piece_sums(scratch, piece, self.alpha.shape[1])
@@ -140,14 +143,19 @@ class FIREPairs:
         return list(torch.autograd.grad([t for t, _ in outputs], params, [g for _, g in outputs], allow_unused=True))
 
 
-def _one_interval(x: Tensor, breakpoints: Tensor) -> int | None:
-    """The interval between breakpoints that holds every x, if one does (no x on a breakpoint either); CPU only
-    (on other devices, None: the test would wait for the device)."""
-    if x.device.type != "cpu" or not x.numel():
+def _range(x: Tensor) -> Tensor | None:
+    """[min(x), max(x)] on the CPU; None on other devices (reading it back would wait for the device) or empty."""
+    return torch.stack(torch.aminmax(x)) if x.device.type == "cpu" and x.numel() else None
+
+
+def _one_interval(x_range: Tensor | None, breakpoints: Tensor) -> int | None:
+    """The interval between breakpoints that holds every x of the range [min(x), max(x)], if one does (no x on a
+    breakpoint either); None without a range."""
+    if x_range is None:
         return None
-    low, high = torch.aminmax(x)
     # #breakpoints < min(x) and <= max(x): equal where none lies in [min(x), max(x)]
-    below, upto = int(torch.searchsorted(breakpoints, low)), int(torch.searchsorted(breakpoints, high, right=True))
+    below = int(torch.searchsorted(breakpoints, x_range[0]))
+    upto = int(torch.searchsorted(breakpoints, x_range[1], right=True))
     return below if below == upto else None
 
 
@@ -155,12 +163,13 @@ def _one_interval(x: Tensor, breakpoints: Tensor) -> int | None:
 FEW_BREAKPOINTS = 6
 
 
-def _count_below(x: Tensor, breakpoints: Tensor, right: bool = False) -> Tensor:
-    """torch.bucketize(x, breakpoints, right=right): #breakpoints < x (right: <= x), int64. On CPU, where x's range
-    holds at most FEW_BREAKPOINTS of them, by comparing with those alone (~5x faster than its binary searches)."""
-    if x.device.type != "cpu" or not x.numel():
+def _count_below(x: Tensor, breakpoints: Tensor, x_range: Tensor | None, right: bool = False) -> Tensor:
+    """torch.bucketize(x, breakpoints, right=right): #breakpoints < x (right: <= x), int64. Where x's range
+    [min(x), max(x)] (`_range`) holds at most FEW_BREAKPOINTS of them, by comparing with those alone (~5x faster
+    than its binary searches)."""
+    if x_range is None:
         return torch.bucketize(x, breakpoints, right=right)
-    low, high = torch.searchsorted(breakpoints, torch.stack(torch.aminmax(x)), right=right).tolist()
+    low, high = torch.searchsorted(breakpoints, x_range, right=right).tolist()
     if high - low > FEW_BREAKPOINTS:
         return torch.bucketize(x, breakpoints, right=right)
     count = torch.full(x.shape, low, dtype=torch.int64, device=x.device)
@@ -173,11 +182,11 @@ def _count_below(x: Tensor, breakpoints: Tensor, right: bool = False) -> Tensor:
 FEW_PIECES = 8
 
 
-def _run_sums(values: Tensor, piece: Tensor, n_pieces: int) -> Tensor:
-    """Σ of values [H, R, K] over the pairs of each piece: [H, S], where each row's pieces do not rise along the
-    row (runs). values is overwritten (its running sums along the rows)."""
+def _run_sums(values: Tensor, piece: Tensor, low: int, high: int) -> Tensor:
+    """Σ of values [H, R, K] over the pairs of each piece low .. high (every piece of the tile): [H, high - low + 1],
+    where each row's pieces do not rise along the row (runs). values is overwritten (its running sums along the
+    rows)."""
     heads, n_rows, _ = values.shape
-    low, high = int(piece.min()), int(piece.max())  # the pieces of the tile: a far tile has few
     span = high - low + 1
     rows = torch.arange(n_rows, device=piece.device)[:, None] * span - low
     counts = torch.bincount((piece + rows).view(-1), minlength=n_rows * span).view(n_rows, span)
@@ -185,6 +194,4 @@ def _run_sums(values: Tensor, piece: Tensor, n_pieces: int) -> Tensor:
     running = values.cumsum_(2)
     # Σ over the keys before each run's end, 0 above the row's pieces; piece s's run follows piece s + 1's
     upto = running.gather(2, (ends - 1).clamp_(min=0).expand(heads, -1, -1)).masked_fill_(ends == 0, 0.0)
-    sums = values.new_zeros(heads, n_pieces)
-    sums[:, low: high + 1] = upto.sub_(F.pad(upto[..., 1:], (0, 1))).sum(1)
-    return sums
+    return upto.sub_(F.pad(upto[..., 1:], (0, 1))).sum(1)
