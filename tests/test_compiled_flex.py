@@ -5,8 +5,9 @@ dtype rules). CPU FlexAttention has no backward: forward only, in fp32, equal to
 Every score_mod ingredient of flex.py is compiled once, and every scheme that uses it runs through the same
 compiled kernel (a new scheme of the same structure must not recompile): term b with every bias type,
 FIRE's MLP per pair, FoX's decay, log-n and the learned temperature, sinks, windows, key padding, memory,
-explicit positions, bidirectional attention, RoPE and its variants. 11 compilations: ~100 s the first time
-on this project's loaded 2-core machine, ~15 s once torch's compile cache holds them. Run: pytest tests/test_compiled_flex.py -q"""
+explicit positions, bidirectional attention, RoPE and its variants (rotated before the kernel: on FoX's). 8 graphs
+(dynamo's count): ~60 s the first time alone on this project's 2-core machine, ~90 s beside other tests, ~15 s once
+torch's compile cache holds them. Run: pytest tests/test_compiled_flex.py -q"""
 
 import functools
 
@@ -24,15 +25,17 @@ from relpos_ablate.model.position import RopeScaling
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 LQ, MEM = 6, 3
+FOX = dict(terms="a", forget_gate=True, score_scale="log_n", log_n_length=4, learned_temperature=True, bias="alibi")
 CASES = {  # name -> (attention fields, call options, explicit positions)
     "xl_window_sinks_padded": (dict(terms="abcd", window=4, sinks=2), dict(padded=True), False),
-    "fox_log_n_tau_alibi": (dict(terms="a", forget_gate=True, score_scale="log_n", log_n_length=4,
-                                 learned_temperature=True, bias="alibi"), dict(padded=True), False),
+    "fox_log_n_tau_alibi": (FOX, dict(padded=True), False),
     "explicit_xl_fire_fox": (dict(terms="abcd", bias="fire", forget_gate=True, window=5), dict(padded=True), True),
     "bidirectional_kerple": (dict(terms="abcd", bias="kerple_power", causal=False), dict(padded=True), False),
     "bidirectional_fire": (dict(terms="a", bias="fire", causal=False), dict(), False),
-    "rope_xpos": (dict(terms="a", absolute="rope", rope_fraction=0.5, xpos_scale_base=6.0), dict(), False),
-    "rope_yarn": (dict(terms="a", absolute="rope"), dict(rope_scaling=RopeScaling("yarn", 3.0, original_length=4)), False),
+    # RoPE rotates q and k before the kernel: its cases add it to FoX's, whose compiled kernel they reuse
+    "rope_xpos": (dict(FOX, absolute="rope", rope_fraction=0.5, xpos_scale_base=6.0), dict(padded=True), False),
+    "rope_yarn": (dict(FOX, absolute="rope"), dict(padded=True, rope_scaling=RopeScaling("yarn", 3.0, original_length=4)),
+                  False),
 }
 
 
@@ -116,3 +119,13 @@ def test_a_new_length_compiles_once_and_a_repeated_one_not_at_all(compiled):
     assert_close(*run(fields, options, False, seed=4))
     assert_close(*run(fields, options, False, seed=5, n_queries=LQ + 2))
     assert compiled() == before + 1
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_rope_rotates_q_and_k_before_the_kernel_and_compiles_nothing_new(compiled):
+    """RoPE, xPos and YaRN change q and k, not the score_mod: on FoX's scores they reuse FoX's kernel."""
+    assert_close(*run(*CASES["fox_log_n_tau_alibi"]))
+    before = compiled()
+    for name in ("rope_xpos", "rope_yarn"):
+        assert_close(*run(*CASES[name], seed=1))
+    assert compiled() == before
