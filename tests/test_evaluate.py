@@ -12,11 +12,11 @@ Run: .venv/bin/python -m pytest tests/test_evaluate.py -q
 """
 
 import json
+import multiprocessing
 import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,7 +32,6 @@ from relpos_ablate.train import evaluate_run
 from relpos_ablate.train.evaluate_run import plan_evaluation, run_evaluation
 from relpos_ablate.train.run import train_run
 
-REPO = Path(__file__).resolve().parents[1]
 WORDS = "the of and to in is was for on that with as by at from his her which or be are an this".split()
 ROPE = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_head=16", "model.d_inner=64",
         "model.dropout=0.0", "model.mem_len=8", "model.attention.terms=a", "model.attention.absolute=rope",
@@ -171,18 +170,27 @@ def test_a_kill_between_the_two_writes_leaves_eval_json_as_it_was(text_runs, tmp
     assert sorted(arrays) == sorted(r["token_losses"] for r in records if r["token_losses"])
 
 
+def _evaluate_cli(argv: list[str], out_path: Path) -> None:
+    """Body of a forked `relpos-ablate evaluate` process (a CPU worker of `evaluate` is a fork too, of the fork
+    server): the command as the CLI runs it, without another interpreter's import of torch and Lightning."""
+    sys.stdout = sys.stderr = open(out_path, "w")
+    sys.exit(main(argv))
+
+
 def test_sigkill_during_evaluation_then_rerun_completes(text_runs, tmp_path):
     run = Path(shutil.copytree(text_runs[0], tmp_path / "run"))
     before = (run / rundir.EVAL).read_bytes()
     slow = "eval.settings=[{segment_len: 64, protocol: sliding, stride: 1}, {segment_len: 32}]"
-    command = [sys.executable, "-m", "relpos_ablate", "evaluate", str(run), "--set", slow, "--threads", "1"]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = ["evaluate", str(run), "--set", slow, "--threads", "1"]
+    proc = multiprocessing.get_context("fork").Process(target=_evaluate_cli, args=(argv, tmp_path / "evaluate.out"))
+    proc.start()
     deadline = time.monotonic() + 60
     while "evaluate:" not in (run / rundir.LOG).read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(random.Random(1).uniform(0.0, 0.5))
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.join()
+    assert proc.exitcode in (-signal.SIGKILL, 0), (tmp_path / "evaluate.out").read_text()  # killed, or done before
     after = (run / rundir.EVAL).read_bytes()
     assert after == before or len(json.loads(after)["settings"]) == 3  # as it was, or complete
     assert evaluate(run, "--set", slow) == 0
@@ -248,10 +256,12 @@ def test_a_setting_the_model_cannot_take_names_the_run_and_the_field(tmp_path, c
     assert all(len(plan.todo) == 1 for plan in plans)
 
 
-def test_evaluate_a_grid_on_slots_then_the_grid_rerun_trains_nothing(tmp_path, capsys):
+def test_evaluate_a_grid_on_slots_then_the_grid_rerun_trains_nothing(tmp_path, capsys, monkeypatch):
     """A real grid (two runs), evaluated on 2 slots, each run by its own worker; the grid rerun skips
-    both and the added settings stay; collect and table show them. `evaluate` itself runs in this process
-    (its workers are real processes): another interpreter would only add an import of torch."""
+    both and the added settings stay; collect and table show them. `grid` and `evaluate` themselves run in
+    this process (their workers are real processes, forked from one fork server): another interpreter
+    would only add an import of torch, and a runner of its own a second fork server importing torch and
+    Lightning (`python -m relpos_ablate grid` end to end: tests/test_runner_e2e.py)."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(
         "name: tiny\n"
@@ -262,17 +272,16 @@ def test_evaluate_a_grid_on_slots_then_the_grid_rerun_trains_nothing(tmp_path, c
         "       eval: {batch_size: 2, settings: [{segment_len: 16}]}}\n"
         "grid: {encoding: [xl, alibi]}\n")
     results = tmp_path / "results"
-    cli = [sys.executable, "-m", "relpos_ablate"]
-    grid = subprocess.run([*cli, "grid", str(spec), "--results", str(results), "--slots", "2"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
-    assert grid.returncode == 0, grid.stdout + grid.stderr
+    monkeypatch.delenv("RELPOS_ABLATE_WORKER", raising=False)  # the real `train` worker, forked
+    grid = ["grid", str(spec), "--results", str(results), "--slots", "2"]
+    assert main(grid) == 0, "".join(capsys.readouterr())
     new = "eval.settings=[{segment_len: 32}, {segment_len: 16, protocol: sliding, stride: 2}]"
     capsys.readouterr()
     assert evaluate(results / "tiny", "--slots", "2", "--set", new) == 0
     assert capsys.readouterr().out.count("evaluated 2 setting(s), 0 already in eval.json") == 2
-    rerun = subprocess.run([*cli, "grid", str(spec), "--results", str(results), "--slots", "2"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0 and "ran 0 in" in rerun.stdout, rerun.stdout
+    assert main(grid) == 0
+    rerun = capsys.readouterr().out
+    assert "ran 0 in" in rerun, rerun
     frame = collect(results / "tiny")
     assert len(frame) == 6 and sorted(frame["protocol"].tolist()) == ["non_overlapping"] * 4 + ["sliding"] * 2
     assert main(["table", str(results / "tiny")]) == 0

@@ -89,9 +89,17 @@ def fork_launch(run_dir: Path) -> ForkedWorker:
     return proc
 
 
+def steps_logged(run_dir: Path) -> int:
+    """Rows of metrics.csv (a run with log_every 1: one a trained step, flushed at the start of the next)."""
+    metrics = run_dir / "metrics.csv"
+    return max(0, len(metrics.read_text().splitlines()) - 1) if metrics.exists() else 0
+
+
 def wait_for_step(run_dir: Path, step: int, proc: ForkedWorker, timeout_s: float = 120) -> None:
+    """Until the run has trained `step` steps, seen in metrics.csv: status.json's step is written at most once
+    a second (after step 1, then a second later), which kept each test waiting that second."""
     deadline = time.monotonic() + timeout_s
-    while (read_status(run_dir) or {}).get("step", 0) < step:
+    while steps_logged(run_dir) < step:
         assert proc.poll() is None, (run_dir / "worker.log").read_text()[-3000:]
         assert time.monotonic() < deadline, "the run never got there"
         time.sleep(0.05)

@@ -7,11 +7,11 @@ marked slow)
 """
 
 import csv
-import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -24,7 +24,6 @@ from relpos_ablate.io import read_json
 from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
 
-FORK = multiprocessing.get_context("fork")
 SMOKE_STEPS = 40  # past the spec's 20 warmup steps and 2 log rows; the final checkpoint is written at any step
 
 
@@ -73,12 +72,36 @@ def test_smoke_grid_on_two_cpu_slots_then_rerun_launches_nothing(tmp_path):
     print(f"\nsmoke grid: {wall:.1f}s on 2 slots; rerun of the finished grid: {rerun_wall:.1f}s")
 
 
-def _run_cli(argv, out_path):
-    sys.stdout = sys.stderr = open(out_path, "w")
-    sys.exit(main(argv))
+def killer(run_dir, step, errors: list, timeout_s: float = 120) -> threading.Thread:
+    """A thread that SIGKILLs the run's worker (e.g. the OOM killer) once its last.ckpt is of `step` or later;
+    what went wrong goes to `errors`. The checkpoint is loaded only when a new one was renamed into place:
+    loading it at every poll took a share of the cores the worker trains on."""
+    def kill() -> None:
+        deadline, seen = time.monotonic() + timeout_s, None
+        last = run_dir / "checkpoints" / "last.ckpt"
+        while True:
+            try:
+                stat = last.stat()
+                current = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            except FileNotFoundError:
+                current = None
+            if current is not None and current != seen:
+                seen = current
+                if (checkpoint_step(run_dir) or 0) >= step:
+                    break
+            if time.monotonic() > deadline:
+                errors.append(f"no checkpoint of step {step} within {timeout_s} s")
+                return
+            time.sleep(0.02)
+        os.kill(read_status(run_dir)["pid"], signal.SIGKILL)
+
+    return threading.Thread(target=kill, daemon=True)
 
 
-def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, capsys):
+def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, capsys, monkeypatch):
+    """The runner runs in this process and its worker is killed from a thread: the fork server the first
+    grid starts forks the rerun's worker too (a runner process of its own would import torch and Lightning
+    in a second fork server; a runner killed with its workers: tests/test_faults.py)."""
     base = tiny_base(max_steps=100)  # killed once its checkpoint of step 40 is on disk: 60 steps of margin
     base["train"].update(log_every=5, checkpoint_every=20)
     spec_path = tmp_path / "kill.yaml"
@@ -86,18 +109,16 @@ def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, cap
     (run,) = load_grid(spec_path).runs
     run_dir = tmp_path / "results" / "kill" / run.run_id
     argv = ["grid", str(spec_path), "--results", str(tmp_path / "results"), "--slots", "1"]
+    monkeypatch.delenv("RELPOS_ABLATE_WORKER", raising=False)  # the real `train` worker, forked
 
-    runner = FORK.Process(target=_run_cli, args=(argv, tmp_path / "first.out"))
-    runner.start()
-    deadline = time.monotonic() + 120
     # the checkpoint, not status.json's step: that is written at most once a second, about when a fast core
     # ends this run (test_faults' kill once came after its runs had ended)
-    while (checkpoint_step(run_dir) or 0) < 40:
-        assert time.monotonic() < deadline and runner.is_alive(), (tmp_path / "first.out").read_text()
-        time.sleep(0.02)
-    os.kill(read_status(run_dir)["pid"], signal.SIGKILL)  # e.g. the OOM killer
-    runner.join(60)
-    assert runner.exitcode == 1
+    errors = []
+    thread = killer(run_dir, 40, errors)
+    thread.start()
+    first = main(argv)
+    thread.join(60)
+    assert not errors and first == 1, (errors, capsys.readouterr().out)
     status = read_status(run_dir)
     assert status["state"] == "interrupted" and "SIGKILL" in status["reason"]
     kept = metric_steps(run_dir)  # rows flushed with the checkpoints before the kill

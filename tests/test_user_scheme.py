@@ -64,19 +64,6 @@ def assert_trained_the_gaussian(run_dir: Path) -> None:
     assert log_a and not torch.equal(log_a[0], torch.full_like(log_a[0], -4.0)), "log_a was not trained"
 
 
-def test_a_grid_runs_the_readme_scheme_by_name_in_its_workers(tmp_path):
-    work = write_example(tmp_path / "work")
-    base = run_config(work)
-    spec = {"name": "mine", "base": base, "grid": {"encoding": ["gaussian"]}}
-    (work / "grid.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    out = console_script(work, "grid", "grid.yaml", "--results", "results", "--slots", "1")
-    assert out.returncode == 0, out.stdout + out.stderr
-    (run_dir,) = [path for path in (work / "results" / "mine").iterdir() if not path.name.startswith(".")]
-    assert_trained_the_gaussian(run_dir)
-    rerun = console_script(work, "grid", "grid.yaml", "--results", "results", "--slots", "1", "--dry-run")
-    assert rerun.returncode == 0 and "1 skip" in rerun.stdout, rerun.stdout + rerun.stderr
-
-
 @pytest.fixture
 def in_work_dir(tmp_path, monkeypatch):
     """The README's files in a fresh working directory, entered as `relpos-ablate` would be run from it;
@@ -89,6 +76,24 @@ def in_work_dir(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "my_schemes", raising=False)
     yield work
     sys.modules.pop("my_schemes", None)
+
+
+def test_a_grid_runs_the_readme_scheme_by_name_in_its_workers(in_work_dir, capsys):
+    """The grid as the console script, then its dry-run rerun in this process from the same directory (the
+    import of my_schemes through `imports:` again, without another interpreter importing torch for it)."""
+    work = in_work_dir
+    base = run_config(work)
+    spec = {"name": "mine", "base": base, "grid": {"encoding": ["gaussian"]}}
+    (work / "grid.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = console_script(work, "grid", "grid.yaml", "--results", "results", "--slots", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    (run_dir,) = [path for path in (work / "results" / "mine").iterdir() if not path.name.startswith(".")]
+    assert_trained_the_gaussian(run_dir)
+    assert "my_schemes" not in sys.modules  # the rerun below imports it itself
+    rerun = main(["grid", "grid.yaml", "--results", "results", "--slots", "1", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert rerun == 0 and "1 skip" in out, out + err
+    assert "my_schemes" in sys.modules
 
 
 def test_train_runs_the_readme_config(in_work_dir):
