@@ -56,6 +56,18 @@ def results(tmp_path_factory):
     return root / "fair_baselines"
 
 
+@pytest.fixture(scope="module")
+def collected(results):
+    """collect(results) once for the tests that read the frame (~0.35 s each: every run's config.yaml parsed);
+    each test takes a copy. The CLI tests still collect through `report`, `collect` and `plot` themselves."""
+    return collect(results)
+
+
+@pytest.fixture
+def frame(collected):
+    return collected.copy()
+
+
 def expected():
     """Picks, test means and ratios computed from MEANS."""
     picks = {p: LRS[int(np.argmin(valid))] for p, (valid, _) in MEANS.items()}
@@ -64,9 +76,9 @@ def expected():
     return picks, tuned, default
 
 
-def test_summary_picks_on_valid_and_reports_test(results):
+def test_summary_picks_on_valid_and_reports_test(frame):
     picks, tuned, default = expected()
-    summary = preset_summary(collect(results)).set_index("preset")
+    summary = preset_summary(frame).set_index("preset")
     assert picks == {"xl": 0.002, "alibi": 0.001, "t5": 0.002, "vaswani": 0.002, "nope": 0.001}
     for preset in MEANS:
         row = summary.loc[preset]
@@ -77,9 +89,9 @@ def test_summary_picks_on_valid_and_reports_test(results):
         assert row["default_ratio"] == pytest.approx(default[preset] / min(default.values()))
 
 
-def test_report_counts_edges_and_orderings(results):
+def test_report_counts_edges_and_orderings(frame):
     picks, tuned, default = expected()
-    text = report(collect(results))
+    text = report(frame)
     judged = [p for p in MEANS if p != "nope"]
     over = [p for p in judged if tuned[p] / min(tuned.values()) > 1.10]
     untuned = sorted((p for p in judged if default[p] / min(default.values()) > 1.10),
@@ -132,9 +144,9 @@ def test_the_report_reads_summary_csv_as_the_runs(results, tmp_path, capsys):
     assert make_report(read_summary(tmp_path / "summary.csv")) == from_runs
 
 
-def test_the_figure_draws_each_ratio(results, tmp_path):
+def test_the_figure_draws_each_ratio(results, frame, tmp_path):
     picks, tuned, default = expected()
-    fig = lr_figure(collect(results))
+    fig = lr_figure(frame)
     *lefts, right = fig.axes
     # a panel for the presets without a bias table, one for the bias types: a line per preset, and its pick starred
     named = [[line for line in left.lines if not line.get_label().startswith("_")] for left in lefts]
@@ -165,10 +177,9 @@ def test_the_figure_draws_each_ratio(results, tmp_path):
     assert (tmp_path / "lr_sweep.png").stat().st_size > 0
 
 
-def test_near_tie_picks_are_marked(results):
+def test_near_tie_picks_are_marked(frame):
     """A pick whose second-best rate's mean valid ppl lies within 0.5% of its own is marked †: here alibi's 0.002
     is moved to 5.91 against the pick's 5.9 (+0.17%); every other runner-up is far (xl: 5.6 over 5.5, +1.8%)."""
-    frame = collect(results)
     moved = (frame["encoding"] == "alibi") & np.isclose(frame["train.lr"], 0.002) & (frame["split"] == "valid") \
         & (frame["segment_len"] == 64)
     frame.loc[moved, "ppl"] = [5.91 + OFFSETS[int(s)] for s in frame.loc[moved, "seed"]]

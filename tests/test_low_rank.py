@@ -5,6 +5,7 @@ The reference is written out here in float64 with every score materialised: s·q
 ALiBi, + Σ_{l=j+1..i'} log f_l for FoX (as a difference of cumulative sums, in float64), masked causally,
 softmax, times v, through W_o; its gradients by float64 autograd."""
 
+import functools
 import json
 import math
 
@@ -92,20 +93,32 @@ def test_low_rank_equals_the_float64_reference_at_4096_with_memory(name):
     assert_matches_float64(attn, out, ref, params, gen, 1e-5, _limit)
 
 
+@functools.cache
+def _loop_case(name: str) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the layer's state, x, mems, tests/reference.py's output) of the small case of `name`. The reference reads
+    only the layer and the inputs, never the kernel: computed once for both ways of running the kernel (`ordered`),
+    not once each (FoX's decay pair by pair takes ~1 s)."""
+    attn = _layer(name)
+    gen = torch.Generator().manual_seed(2)
+    x, mems = torch.randn(2, 70, 32, generator=gen), torch.randn(2, 9, 32, generator=gen)
+    ref, _ = reference_attention(attn, x, mems)
+    return {k: v.detach().clone() for k, v in attn.state_dict().items()}, x, mems, ref
+
+
 @pytest.mark.parametrize("name", list(LOW_RANK))
 def test_low_rank_equals_the_loop_reference(name, ordered, monkeypatch):
     """Small shapes against tests/reference.py's pair-by-pair formula: in one block, and in blocks of 32 (a short
     last block, past parts and memory all occur)."""
     attn = _layer(name)
-    gen = torch.Generator().manual_seed(2)
-    x, mems = torch.randn(2, 70, 32, generator=gen), torch.randn(2, 9, 32, generator=gen)
+    state, x, mems, ref = _loop_case(name)
+    assert state.keys() == attn.state_dict().keys()  # the layer the shared reference was computed from, exactly
+    assert all(torch.equal(value, state[key]) for key, value in attn.state_dict().items())
     monkeypatch.setattr(low_rank, "MIN_BLOCK", 16)
     monkeypatch.setattr(low_rank, "MAX_BLOCK", 32)
     call, q, _ = attn.kernel_call(x, mems)
     assert dispatch.candidates(call, q, attn.config, 0.0) == ["low_rank"]
     assert low_rank.block_size(low_rank.key_offsets(call), 70) == (70 if ordered else 32)
     out, _ = attn(x, mems)
-    ref, _ = reference_attention(attn, x, mems)
     assert torch.allclose(out.double(), ref, atol=2e-6, rtol=0)
 
 

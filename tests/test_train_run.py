@@ -127,22 +127,39 @@ def test_resume_continues_the_steps_and_keeps_earlier_metrics(tmp_path, stop, st
         assert torch.equal(first_row, streams[step % 12][0][0])
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """uninterrupted(cfg): the run dir of `cfg` trained without a stop, trained once per config in this process (a
+    crash and a SIGTERM with randomized positions resume to the same one), not once a test."""
+    runs = {}
+
+    def run(cfg):
+        key = yaml.safe_dump(to_plain(cfg))
+        if key not in runs:
+            run_dir = tmp_path_factory.mktemp("whole")
+            assert train_run(cfg, run_dir) == "done"
+            runs[key] = run_dir
+        return runs[key]
+
+    return run
+
+
 @pytest.mark.parametrize("stop, overrides", [
     (crash, ("model.attention.positions=randomized", "model.attention.max_position=64")),
     (sigterm, ("model.attention.positions=randomized", "model.attention.max_position=64")),
     (crash, ("model.mem_len=8",)),  # resumed at step 10, between the stream restarts at 0 and 12
 ])
-def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(tmp_path, stop, overrides):
+def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(tmp_path, uninterrupted, stop, overrides):
     """Dropout and randomized positions draw from the random state the checkpoint keeps; memory continues."""
     cfg = short("model.dropout=0.2", *overrides)
-    assert train_run(cfg, tmp_path / "whole") == "done"
+    whole = uninterrupted(cfg)
     assert train_run(cfg, tmp_path / "cut", callbacks=(At(17, stop),)) in ("failed", "interrupted")
     assert train_run(cfg, tmp_path / "cut") == "done"
-    weights = [torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-               for run in ("whole", "cut")]
+    weights = [torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+               for run in (whole, tmp_path / "cut")]
     for name, value in weights[0].items():
         assert torch.equal(value, weights[1][name]), name
-    assert read(tmp_path / "whole", "eval.json")["settings"] == read(tmp_path / "cut", "eval.json")["settings"]
+    assert read(whole, "eval.json")["settings"] == read(tmp_path / "cut", "eval.json")["settings"]
 
 
 def test_a_done_run_is_not_retrained_and_a_lost_eval_is_redone(tmp_path):
