@@ -169,6 +169,7 @@ def _backward(ctx, grad_out: Tensor):
     # (as _strided_backward); sinks and CoPE (rows = 0) by query blocks, each its tiles
     groups = maps.key_tiles(call, d_head) if maps.rows else [(None, tiles) for tiles in maps.backward_blocks(call, d_head)]
     batch, heads = q_content.shape[:2]
+    v_ones = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)  # dP - delta as one product: [dO, -delta]·[V, 1]ᵀ
     for key_range, tiles in groups:
         if key_range is not None:
             grad_k_g, grad_v_g = (q_content.new_zeros(batch * heads, key_range.stop - key_range.start, d_head)
@@ -188,8 +189,8 @@ def _backward(ctx, grad_out: Tensor):
                 else:
                     grad_v_t = grad_v[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(v_t)
                     _add_product(grad_v_t, probs.transpose(-1, -2), go)
-                grad_probs = torch.baddbmm(minus_delta_b.flatten(0, 1).expand(-1, -1, probs.shape[-1]),
-                                           go.flatten(0, 1), v_t.transpose(-1, -2).flatten(0, 1))  # dO·Vᵀ - delta
+                go_delta = torch.cat([go, minus_delta_b], dim=-1).flatten(0, 1)
+                grad_probs = torch.bmm(go_delta, v_ones[:, :, keys].flatten(0, 1).transpose(1, 2))  # dO·Vᵀ - delta
                 grad_scores = probs.mul_(grad_probs.view_as(probs))  # dS = P ∘ (dP - delta)
                 add_map_gradient(grad_scores)  # (CoPE adds its gates' gradient to dS)
                 _add_product(grad_q_b, grad_scores, k_t, alpha=call.scale)

@@ -183,12 +183,21 @@ def _lead(ordered: bool, head: int) -> int:
 
 def _augmented(t: Tensor, offsets: Tensor | None, back: int | Tensor, lead: int = 0) -> Tensor:
     """q and k: the OFFSET channels `offsets` at `lead` (in front of t or behind it), then `back`; v (offsets None):
-    [t, back]. back: channels of zeros, or the channels themselves."""
+    [t, back]. back: channels of zeros, or the channels themselves. Written into one new tensor (no zeros made
+    first to be copied)."""
+    n_back = back if isinstance(back, int) else back.shape[-1]
+    n_offsets = 0 if offsets is None else OFFSET
+    out = t.new_empty(*t.shape[:-1], t.shape[-1] + n_offsets + n_back)
+    first = n_offsets if lead == 0 else 0  # where t goes
+    out[..., first:first + t.shape[-1]] = t
+    if offsets is not None:
+        out[..., lead:lead + OFFSET] = offsets
+    tail = out[..., t.shape[-1] + n_offsets:]
     if isinstance(back, int):
-        back = t.new_zeros(*t.shape[:-1], back)
-    if offsets is None:
-        return torch.cat([t, back], dim=-1)
-    return torch.cat([offsets, t, back] if lead == 0 else [t, offsets, back], dim=-1)
+        tail.zero_()
+    else:
+        tail.copy_(back)
+    return out
 
 
 def _gradient_blocks(n_queries: int) -> list[tuple[int, int]]:
