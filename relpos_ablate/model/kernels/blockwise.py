@@ -162,14 +162,14 @@ def _backward(ctx, grad_out: Tensor):
             grad_v[:, :, keys] += grads_b[2]
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
     minus_delta = (grad_out * out).sum(dim=-1, keepdim=True).neg_()  # -rowsum(dP ∘ P) = -rowsum(dO ∘ O)
+    v_ones = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)  # dP - delta as one product: [dO, -delta]·[V, 1]ᵀ
     if isinstance(maps, StridedMaps):
-        _strided_backward(maps, call, grad_out, q_content, k, v, lse, minus_delta, grad_q, grad_k, grad_v, grads)
+        _strided_backward(maps, call, grad_out, q_content, k, v_ones, lse, minus_delta, grad_q, grad_k, grad_v, grads)
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
     # materialised maps (rows in order): by ranges of keys, dK and dV summed in one contiguous buffer per range
     # (as _strided_backward); sinks and CoPE (rows = 0) by query blocks, each its tiles
     groups = maps.key_tiles(call, d_head) if maps.rows else [(None, tiles) for tiles in maps.backward_blocks(call, d_head)]
     batch, heads = q_content.shape[:2]
-    v_ones = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)  # dP - delta as one product: [dO, -delta]·[V, 1]ᵀ
     for key_range, tiles in groups:
         if key_range is not None:
             grad_k_g, grad_v_g = (q_content.new_zeros(batch * heads, key_range.stop - key_range.start, d_head)
@@ -211,7 +211,7 @@ def _backward(ctx, grad_out: Tensor):
 
 
 def _strided_backward(maps: StridedMaps, call: AttentionCall, grad_out: Tensor, q_content: Tensor, k: Tensor,
-                      v: Tensor, lse: Tensor, minus_delta: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor,
+                      v_ones: Tensor, lse: Tensor, minus_delta: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor,
                       grads: ScoreInputs) -> None:
     """The five products per tile for maps of the distance (block_maps.StridedMaps), in two tile-sized buffers and
     with c·(map + s·q·kᵀ - lse) (c = log2 e) written in one pass: with term b, the per-distance product with the
@@ -224,7 +224,6 @@ def _strided_backward(maps: StridedMaps, call: AttentionCall, grad_out: Tensor, 
     128 x 1024, Intel Xeon)."""
     d_head, scale, flip = q_content.shape[-1], call.scale, maps.reversed
     batch, heads = q_content.shape[:2]
-    v_ones = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
     groups = maps.key_tiles(call, d_head)
     size = max((t.i1 - t.i0) * t.width for _, tiles in groups for t in tiles) * batch * heads
     scratch = q_content.new_empty((2 if flip else 1) * size)

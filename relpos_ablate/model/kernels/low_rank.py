@@ -183,8 +183,8 @@ def _lead(ordered: bool, head: int) -> int:
 
 def _augmented(t: Tensor, offsets: Tensor | None, back: int | Tensor, lead: int = 0) -> Tensor:
     """q and k: the OFFSET channels `offsets` at `lead` (in front of t or behind it), then `back`; v (offsets None):
-    [t, back]. back: channels of zeros, or the channels themselves. Written into one new tensor (no zeros made
-    first to be copied)."""
+    [t, back]. back: a number of zero channels (zeroed in place, not made as a tensor to be concatenated), or the
+    channels themselves. Written into one new tensor."""
     n_back = back if isinstance(back, int) else back.shape[-1]
     n_offsets = 0 if offsets is None else OFFSET
     out = t.new_empty(*t.shape[:-1], t.shape[-1] + n_offsets + n_back)
