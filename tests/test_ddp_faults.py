@@ -8,7 +8,6 @@ The runs are of term d alone, so the one never stopped is also the check that su
 Run: pytest tests/test_ddp_faults.py -q   (about a minute: four 2-process attempts, rank 0 forked as the runner does)
 """
 
-import csv
 import os
 import signal
 import time
@@ -18,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from fixtures.runner import REPO, checkpoint_step
+from fixtures.runner import REPO, checkpoint_step, metric_steps
 from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.store import RunLock
 from relpos_ablate.runner.worker import launch, record_exit, stop
@@ -61,11 +60,6 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def logged_steps(run_dir: Path) -> list[int]:
-    with open(run_dir / "metrics.csv", newline="") as f:
-        return [int(row["step"]) for row in csv.DictReader(f)]
-
-
 def write_config(run_dir: Path, config: dict) -> Path:
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
@@ -104,7 +98,7 @@ def test_a_run_whose_terms_read_no_query_trains_on_two_processes(never_stopped):
     while the model still built their projections. Every configuration under DDP: tests/test_ddp_parameters.py."""
     assert yaml.safe_load((never_stopped / "config.yaml").read_text())["model"]["attention"]["terms"] == "d"
     assert read_status(never_stopped)["state"] == "done"
-    assert logged_steps(never_stopped) == list(range(MAX_STEPS))
+    assert metric_steps(never_stopped) == list(range(MAX_STEPS))
 
 
 def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_where_the_uninterrupted_one_does(
@@ -128,7 +122,7 @@ def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_
         time.sleep(0.1)
     killed_at = checkpoint_step(run_dir)
     assert killed_at >= 4
-    assert logged_steps(run_dir)[:killed_at] == list(range(killed_at))  # the rerun resumes with every row
+    assert metric_steps(run_dir)[:killed_at] == list(range(killed_at))  # the rerun resumes with every row
 
     proc = start(run_dir)
     stopped_at = wait_for_checkpoint(run_dir, killed_at + 2, proc)  # a checkpoint the rerun wrote
@@ -137,12 +131,12 @@ def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_
     assert status["state"] == "interrupted" and status["reason"].startswith("stopped by SIGTERM;"), status
     assert checkpoint_step(run_dir) == status["step"] >= stopped_at  # saved at the step every rank stopped at
     assert 0 < status["step"] < MAX_STEPS
-    assert logged_steps(run_dir)[:status["step"]] == list(range(status["step"]))
+    assert metric_steps(run_dir)[:status["step"]] == list(range(status["step"]))
 
     proc = start(run_dir)
     proc.wait(timeout=120)
     assert record_exit(run_dir, proc.returncode)["state"] == "done"
-    assert logged_steps(run_dir) == list(range(MAX_STEPS))
+    assert metric_steps(run_dir) == list(range(MAX_STEPS))
     log = (run_dir / "log.txt").read_text()
     assert log.count("Restored all states from the checkpoint") == 2
     whole, cut = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]

@@ -17,13 +17,13 @@ import os
 import random
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fixtures.runner import cli_body
 from relpos_ablate import load_run, rundir
 from relpos_ablate.analysis import collect
 from relpos_ablate.cli import main
@@ -170,19 +170,13 @@ def test_a_kill_between_the_two_writes_leaves_eval_json_as_it_was(text_runs, tmp
     assert sorted(arrays) == sorted(r["token_losses"] for r in records if r["token_losses"])
 
 
-def _evaluate_cli(argv: list[str], out_path: Path) -> None:
-    """Body of a forked `relpos-ablate evaluate` process (a CPU worker of `evaluate` is a fork too, of the fork
-    server): the command as the CLI runs it, without another interpreter's import of torch and Lightning."""
-    sys.stdout = sys.stderr = open(out_path, "w")
-    sys.exit(main(argv))
-
-
 def test_sigkill_during_evaluation_then_rerun_completes(text_runs, tmp_path):
     run = Path(shutil.copytree(text_runs[0], tmp_path / "run"))
     before = (run / rundir.EVAL).read_bytes()
     slow = "eval.settings=[{segment_len: 64, protocol: sliding, stride: 1}, {segment_len: 32}]"
     argv = ["evaluate", str(run), "--set", slow, "--threads", "1"]
-    proc = multiprocessing.get_context("fork").Process(target=_evaluate_cli, args=(argv, tmp_path / "evaluate.out"))
+    # forked, as a CPU worker of `evaluate` is (of the fork server): the command as the CLI runs it
+    proc = multiprocessing.get_context("fork").Process(target=cli_body, args=(argv, tmp_path / "evaluate.out"))
     proc.start()
     deadline = time.monotonic() + 60
     while "evaluate:" not in (run / rundir.LOG).read_text() and time.monotonic() < deadline:

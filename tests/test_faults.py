@@ -17,7 +17,6 @@ tests/test_runner_e2e.py (one real worker SIGKILLed and resumed). Covered here:
 Run: pytest tests/test_faults.py -q   (about a minute; the real-grid tests are marked slow)
 """
 
-import csv
 import errno
 import io
 import itertools
@@ -25,7 +24,6 @@ import multiprocessing
 import os
 import random
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -34,7 +32,7 @@ import torch
 from rich.console import Console
 
 from fixtures.report_runs import make_run
-from fixtures.runner import tiny_base
+from fixtures.runner import cli_body, metric_steps, tiny_base
 from relpos_ablate.analysis.collect import collect
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, apply_overrides, from_dict
@@ -77,11 +75,6 @@ def writing(final: Path, *staging: Path):
         return final.exists() and (any(final.parent.glob(f".{final.name}.*.tmp"))
                                    or any(any(d.iterdir()) for d in staging))
     return ready
-
-
-def metric_steps(run_dir: Path) -> list[int]:
-    with open(run_dir / "metrics.csv", newline="") as f:
-        return [int(row["step"]) for row in csv.DictReader(f)]
 
 
 def tiny_config(max_steps: int, *overrides: str) -> RunConfig:
@@ -208,12 +201,7 @@ def test_truncated_checkpoint_is_set_aside_and_the_run_starts_over(tmp_path):
 
 # --- real grids: the runner killed at random moments; failures of several kinds in one grid ------------
 
-def _grid_cli(argv: list[str], out_path: Path) -> None:
-    """Body of a runner process: the real CLI (its workers are real `train` processes)."""
-    os.environ.pop("RELPOS_ABLATE_WORKER", None)
-    sys.stdout = sys.stderr = open(out_path, "w")
-    sys.exit(main(argv))
-
+REAL_WORKER = {"RELPOS_ABLATE_WORKER": None}  # runner processes launch the real `train`, not the fake worker
 
 def write_grid(tmp_path: Path, name: str, base: dict, **axes) -> Path:
     import yaml
@@ -239,12 +227,12 @@ def test_runner_sigkilled_at_random_moments_then_rerun_finishes_every_run_once(t
         return any((d / "metrics.csv").exists() and len(metric_steps(d)) >= 2 for d in run_dirs)
 
     rng = random.Random(66)
-    kill_at_random_moments(_grid_cli, (argv, tmp_path / "first.out"), 1, training, rng, longest_s=1.5)
+    kill_at_random_moments(cli_body, (argv, tmp_path / "first.out", REAL_WORKER), 1, training, rng, longest_s=1.5)
     worker_pids = [(read_status(d) or {}).get("pid") for d in run_dirs]
     wait_for(lambda: not any(pid and alive(pid) for pid in worker_pids), timeout=15)  # died with the runner
     assert any((read_status(d) or {}).get("state") != "done" for d in run_dirs), "the kill came after the runs ended"
     started = lambda: any((d / "status.json").exists() for d in run_dirs)  # noqa: E731
-    kill_at_random_moments(_grid_cli, (argv, tmp_path / "second.out"), 1, started, rng, longest_s=4.0)
+    kill_at_random_moments(cli_body, (argv, tmp_path / "second.out", REAL_WORKER), 1, started, rng, longest_s=4.0)
     worker_pids = [(read_status(d) or {}).get("pid") for d in run_dirs]
     wait_for(lambda: not any(pid and alive(pid) for pid in worker_pids), timeout=15)
 

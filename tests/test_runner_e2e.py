@@ -6,7 +6,6 @@ duplicate-free step series. Run: pytest tests/test_runner_e2e.py -q   (under a m
 marked slow)
 """
 
-import csv
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import time
 import pytest
 import yaml
 
-from fixtures.runner import REPO, checkpoint_step, tiny_base
+from fixtures.runner import REPO, checkpoint_step, metric_steps, tiny_base
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, from_dict, run_id
 from relpos_ablate.io import read_json
@@ -25,11 +24,6 @@ from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
 
 SMOKE_STEPS = 40  # past the spec's 20 warmup steps and 2 log rows; the final checkpoint is written at any step
-
-
-def metric_steps(run_dir):
-    with open(run_dir / "metrics.csv", newline="") as f:
-        return [int(row["step"]) for row in csv.DictReader(f)]
 
 
 def check_finished_run(run_dir, config):

@@ -17,8 +17,7 @@ import pytest
 import yaml
 
 from fixtures import runner as fake_worker
-from fixtures.runner import fake_env, read_log, tiny_base, write_spec
-from relpos_ablate.cli import main
+from fixtures.runner import cli_body, fake_env, read_log, tiny_base, write_spec
 from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
 from relpos_ablate.runner.worker import record_exit
@@ -27,19 +26,12 @@ MAX_STEPS = 8
 FORK = multiprocessing.get_context("fork")
 
 
-def _run_cli(argv, env, out_path):
-    """Body of a runner process: the real CLI entry point, output to a file."""
-    os.environ.update(env)
-    sys.stdout = sys.stderr = open(out_path, "w")
-    sys.exit(main(argv))
-
-
 def runner(spec_path, results, log, *, step_s=0.05, slots=2):
     """`relpos-ablate grid` in its own process. Forked from this one (which has imported everything
     already) rather than started afresh, which would spend seconds importing torch for each."""
     argv = ["grid", str(spec_path), "--results", str(results), "--slots", str(slots)]
     out_path = log.parent / f"runner_{time.monotonic_ns()}.out"
-    proc = FORK.Process(target=_run_cli, args=(argv, fake_env(log, step_s=step_s), out_path))
+    proc = FORK.Process(target=cli_body, args=(argv, out_path, fake_env(log, step_s=step_s)))
     proc.start()
     proc.output = out_path
     return proc
