@@ -20,7 +20,7 @@ import pytest
 from relpos_ablate.analysis.collect import SETTING_FIELDS
 from relpos_ablate.analysis.table_options import spec_options
 from relpos_ablate.config import RunConfig, load_run_config
-from relpos_ablate.config.base import load_yaml
+from relpos_ablate.config.yaml_io import load_yaml
 from relpos_ablate.runner.axes import check_key_path
 from relpos_ablate.runner.grid import is_grid_spec, load_grid
 

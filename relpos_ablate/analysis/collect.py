@@ -18,7 +18,7 @@ import yaml
 
 from relpos_ablate import rundir
 from relpos_ablate.analysis import recl
-from relpos_ablate.config.base import load_yaml
+from relpos_ablate.config.yaml_io import load_yaml
 from relpos_ablate.io import read_json
 
 SETTING_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "same_length", "attn_len", "max_targets",

@@ -24,7 +24,8 @@ from relpos_ablate.analysis.render import FORMATS
 from relpos_ablate.analysis.settings import label, normalized, short_name
 from relpos_ablate.analysis.stats import CORRECTIONS
 from relpos_ablate.config import ConfigError, from_dict
-from relpos_ablate.config.base import check_choice, load_yaml
+from relpos_ablate.config.base import check_choice
+from relpos_ablate.config.yaml_io import load_yaml
 from relpos_ablate.config.evaluation import SPLITS
 
 HIGHER_IS_BETTER = ("acc", "accuracy", "exact_match")

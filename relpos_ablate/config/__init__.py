@@ -1,6 +1,8 @@
-"""Frozen, validated dataclasses for every part of a run (see base.py for the machinery)."""
+"""Frozen, validated dataclasses for every part of a run (see base.py for the machinery, yaml_io.py for YAML files
+and --set overrides)."""
 
-from relpos_ablate.config.base import ConfigError, apply_overrides, describe, from_dict, read_yaml, to_plain
+from relpos_ablate.config.base import ConfigError, describe, from_dict, to_plain
+from relpos_ablate.config.yaml_io import apply_overrides, read_yaml
 from relpos_ablate.config.data import DataConfig
 from relpos_ablate.config.model import BIAS_TYPES, AttentionConfig, ModelConfig
 from relpos_ablate.config.run import (

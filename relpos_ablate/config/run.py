@@ -9,13 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from relpos_ablate.config.base import (
-    ConfigError, apply_overrides, check_choice, check_range, from_dict, read_yaml, reject, to_plain,
-)
+from relpos_ablate.config.base import ConfigError, check_choice, check_range, from_dict, reject, to_plain
 from relpos_ablate.config.data import EXAMPLE_TASKS, DataConfig, check_example_run
 from relpos_ablate.config.evaluation import PROTOCOLS, EvalConfig, EvalSetting
 from relpos_ablate.config.model import LENGTH_AWARE_SCALES, ModelConfig, check_randomized_range, rope_scaling_conflict
 from relpos_ablate.config.registry import import_modules
+from relpos_ablate.config.yaml_io import apply_overrides, read_yaml
 
 OPTIMIZERS = ("adamw", "adam")
 SCHEDULES = ("cosine", "constant")
