@@ -213,3 +213,16 @@ def test_term_b_equals_the_float64_reference_at_4096_with_memory():
     out, _ = attn(x, mems)
     ref, params = _reference(attn, x, mems)
     assert_matches_float64(attn, out, ref, params, gen, 1e-5, lambda name: 1e-5)
+
+
+def test_windowed_blocks_hold_as_many_rows_as_the_budget_allows():
+    """A block of n queries under a window W reads at most n + W - 1 keys: blocks are sized by that (the most rows
+    whose n x (n + W - 1) fits the budget), not by the keys of a block of query_chunk queries."""
+    attn = RelPosAttention(16, 2, 8, AttentionConfig(backend="blocks", query_chunk=64, window=16, bias="alibi"))
+    call, _ = call_and_inputs(attn, torch.randn(1, 300, 16), None)
+    budget, window = 1000, 16
+    most = max(n for n in range(1, 65) if n * (n + window - 1) <= budget)  # 25 rows x 40 keys
+    blocks = call.blocks(budget, windowed=True)
+    assert [blk.i1 - blk.i0 for blk in blocks[:-1]] == [most] * (len(blocks) - 1)
+    assert all((blk.i1 - blk.i0) * blk.width <= budget for blk in blocks)
+    assert max(blk.width for blk in blocks) == most + window - 1

@@ -50,16 +50,22 @@ class ContextualPositions(nn.Module):
         self.embeddings = nn.Parameter(torch.zeros(n_positions, d_head))  # (p_max, dh), zeros as the authors
 
     @staticmethod
-    def gates_and_counts(q: Tensor, k: Tensor, scale: float, visible: Tensor) -> tuple[Tensor, Tensor]:
+    def gates_and_counts(q: Tensor, k: Tensor, scale: float, visible: Tensor, diagonal: int | None = None
+                         ) -> tuple[Tensor, Tensor]:
         """g_ij = σ(s·q_i·k_j) (0 for unseen keys) and Σ_{t >= j} g_it, unclamped: q [B, H, L, dh],
-        k [B, H, K, dh] -> two [B, H, L, K]."""
+        k [B, H, K, dh] -> two [B, H, L, K]. `diagonal` (no autograd only), where visibility is causal: row r sees
+        no key past column r + diagonal, and its other hidden keys lie before its window, where no visible key's
+        count reaches; only the gates past the diagonal are then zeroed (tril_: 0.04 ms against masked_fill_'s 0.9 ms
+        with the [L, K] mask on a block of 256 x 402, B = 2, H = 8, Intel Xeon), those before the window keep their
+        values (the kernels mask their scores)."""
         # counted in at least fp32: a bf16 sum of a hundred gates would be off by a quarter of a position
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
             gates = torch.sigmoid(logits * scale) * visible  # (B, H, L, K); unseen keys count 0
             return gates, gates.flip(-1).cumsum(-1).flip(-1)  # from key j to the last key (later ones: 0)
         # no graph (the block kernel's forward): the same in the product's own buffer, per block on a hot path
-        gates = ContextualPositions._gates(q, k, scale).masked_fill_(~visible, 0.0)
+        gates = ContextualPositions._gates(q, k, scale)
+        gates = gates.tril_(diagonal) if diagonal is not None else gates.masked_fill_(~visible, 0.0)
         return gates, gates.flip(-1).cumsum_(-1).flip(-1)
 
     def positions(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
@@ -129,13 +135,14 @@ class ContextualPositions(nn.Module):
             return torch.sigmoid_(torch.matmul(q * scale, k.transpose(-1, -2)))
         return torch.sigmoid_((q @ k.transpose(-1, -2)).to(wide).mul_(scale))
 
-    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor, shifted: bool = False
-                     ) -> tuple[Tensor, BlockPositions]:
+    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor, shifted: bool = False,
+                     diagonal: int | None = None) -> tuple[Tensor, BlockPositions]:
         """`scores` without autograd, as s·q·e[⌊p⌋] + (p - ⌊p⌋)·s·q·(e[⌊p⌋ + 1] - e[⌊p⌋]) (one index for both
         reads), and what its backward needs. `shifted`: minus each query's s·q_i·e[p_max - 1], the score of every
-        key its count has passed p_max - 1 at (the band kernel's form: 0 beyond the band, `band_width`)."""
+        key its count has passed p_max - 1 at (the band kernel's form: 0 beyond the band, `band_width`).
+        `diagonal` as in gates_and_counts."""
         wide = torch.promote_types(q.dtype, torch.float32)
-        gates, counted = self.gates_and_counts(q, k, scale, visible)  # (B, H, L_b, K_b)
+        gates, counted = self.gates_and_counts(q, k, scale, visible, diagonal)  # (B, H, L_b, K_b)
         p = counted.clamp_(max=self.embeddings.shape[0] - 1)
         below = p.long()  # ⌊p⌋: counts are >= 0, where truncation is the floor
         weight = p.frac_()  # p - ⌊p⌋, exact

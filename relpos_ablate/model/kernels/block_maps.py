@@ -309,7 +309,8 @@ class MaterialisedMaps(_Layout):
             additive = self._plus(additive, pair[0])
         if self.call.contextual is not None:
             cope, _ = self.call.contextual.block_scores(q_content, k, self.call.scale, self.call.visible(block),
-                                                        shifted=self.call.far_from is not None)
+                                                        shifted=self.call.far_from is not None,
+                                                        diagonal=self.call.causal_diagonal(block))
             additive = cope if additive is None else cope.add_(additive)
         return self._masked(block, additive, own=True)
 
@@ -346,7 +347,8 @@ class MaterialisedMaps(_Layout):
         cope = state = None
         if call.contextual is not None:
             cope, state = call.contextual.block_scores(content[0], content[2], call.scale, call.visible(block),
-                                                       shifted=call.far_from is not None)
+                                                       shifted=call.far_from is not None,
+                                                       diagonal=call.causal_diagonal(block))
 
         def add_gradients(grad_scores: Tensor) -> None:
             stream = grad_scores[..., block.n_sinks:]  # sinks have no map

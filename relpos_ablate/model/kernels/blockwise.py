@@ -100,6 +100,8 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, *inputs_and_params: Tensor | None):
         inputs, params = ScoreInputs(*inputs_and_params[:N_INPUTS]), inputs_and_params[N_INPUTS:]
+        # the projection's (B, L, H, dh) layout copied once: each tile's products would copy their rows' slice
+        q_content = q_content.contiguous()
         b, h, lq, d_head = q_content.shape
         out = v.new_empty(b, h, lq, v.shape[-1])
         lse = q_content.new_empty(b, h, lq, 1)
@@ -141,6 +143,7 @@ def _backward(ctx, grad_out: Tensor):
     """Gradients of q_content, k, v, the score inputs and the params, block by block, tile by tile."""
     call, first_param = ctx.call, 4 + N_INPUTS  # forward's inputs: call, q_content, k, v, score inputs, params
     q_content, k, v, *score_inputs, out, lse = ctx.saved_tensors
+    grad_out = grad_out.contiguous()  # (as q_content in forward: it comes in the output projection's layout)
     inputs, d_head = ScoreInputs(*score_inputs), q_content.shape[-1]
     grad_q, grad_k, grad_v = (t.new_zeros(t.shape) for t in (q_content, k, v))
     grads = ScoreInputs(*(None if t is None or not need else torch.zeros_like(t)

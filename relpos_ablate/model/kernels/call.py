@@ -32,6 +32,7 @@ scores). A block may skip the keys before its window (`block(..., windowed=True)
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -234,6 +235,13 @@ class AttentionCall:
             return seen
         return seen[None, None] & ~self.key_padding_mask[:, None, None, block.k0: block.n_keys]
 
+    def causal_diagonal(self, block: QueryBlock) -> int | None:
+        """d where the block's visibility is causal without key padding: row r sees no key past column r + d, and
+        every other key it does not see lies before its window (None otherwise)."""
+        if not self.visibility.causal or self.key_padding_mask is not None:
+            return None
+        return self.n_mem + block.i0 - block.k0
+
     def view(self, block: QueryBlock) -> BlockView:
         """What the statistics read of a block: who sees whom, key indices and positions (geometry.py)."""
         device = self.query_positions.device
@@ -291,6 +299,8 @@ class AttentionCall:
             if window is not None:
                 keys = min(keys, window + self.query_chunk)
             size = rows or max(MIN_BLOCK, block_scores // keys)
+            if window is not None and not rows:  # n rows read at most n + W - 1 keys
+                size = max(size, _rows_within(block_scores, window))
             i1 = min(i0 + min(self.query_chunk, size), self.n_queries)
             blocks.append(self.block(i0, i1, windowed))
             i0 = i1
@@ -381,6 +391,15 @@ class AttentionCall:
         """Whether the query-dependent bias is a curve over the distance for every query of the block."""
         last_query = self.n_mem + block.i1 - 1
         return self.consecutive and last_query < self.pair_bias_curve_until  # (strictly: see attention.py)
+
+
+
+def _rows_within(block_scores: int, window: int) -> int:
+    """The most rows n whose windowed block, n x (n + W - 1), holds at most block_scores entries."""
+    n = int((math.sqrt((window - 1) ** 2 + 4 * block_scores) - (window - 1)) / 2)
+    while n * (n + window - 1) > block_scores:  # (the square root's rounding)
+        n -= 1
+    return n
 
 
 def sum_terms(terms: dict[str, Tensor]) -> Tensor | None:

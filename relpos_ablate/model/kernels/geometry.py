@@ -88,10 +88,11 @@ class ContextualScores(Protocol):
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """q [B, H, L_b, dh], k [B, H, K_b, dh], visible as BlockView.visible -> additive scores [B, H, L_b, K_b]."""
 
-    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor, shifted: bool = False
-                     ) -> tuple[Tensor, Any]:
+    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor, shifted: bool = False,
+                     diagonal: int | None = None) -> tuple[Tensor, Any]:
         """`scores` without autograd, and what `block_backward` needs (the block kernel); `shifted`: each query's
-        scores minus the constant they take beyond `band_width` (the band kernel's form)."""
+        scores minus the constant they take beyond `band_width` (the band kernel's form); `diagonal`: visibility
+        is causal, row r seeing no key past column r + diagonal (AttentionCall.causal_diagonal)."""
 
     def block_backward(self, state: Any, grad: Tensor, q: Tensor, scale: float, shifted: bool = False
                        ) -> tuple[Tensor, Tensor, Tensor]:
