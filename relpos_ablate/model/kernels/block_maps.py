@@ -285,11 +285,12 @@ class MaterialisedMaps(_Layout):
         return self._pairs
 
     def _pair_map(self, block: QueryBlock, grad: bool = False):
-        """(the block's query-dependent bias [1, H, L_b, K_b] times s_B, what its gradient reads), where it is
-        taken by hand (else None)."""
+        """(the block's query-dependent bias [1, H, L_b, K_b] times s_B, what its gradient reads (`grad`: backward;
+        forward: None)), where it is taken by hand (else None)."""
         if not self.by_hand or self.call.pair_bias_on_curve(block) or self.pairs(grad) is None:
             return None
-        bias, tile = self.pairs(grad).block(block.rows, slice(block.k0, block.n_keys))
+        keys = slice(block.k0, block.n_keys)
+        bias, tile = self.pairs(grad).block(block.rows, keys) if grad else (self.pairs().values(block.rows, keys), None)
         return (bias if self.call.bias_scale == 1.0 else bias.mul_(self.call.bias_scale))[None], tile
 
     @staticmethod

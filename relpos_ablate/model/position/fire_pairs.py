@@ -14,7 +14,9 @@ derivatives in c and L. A tile's map gradient G [H, L_b, K_b] (summed over the b
   formed per pair (it is a difference of two terms of about the same size where i - j ≈ i: summed apart,
   the two sums cancel to ~2e-6 of error in fp32).
 `parameter_gradients` takes the sums to FIRE's parameters once per call, by autograd through the pieces.
-Forward values are those of FIREBias.bias, to the bit (the same operations per pair).
+Values: in a tile inside one interval, those of FIREBias.bias to the bit (the same operations per pair); elsewhere
+on the CPU the line of the tile's lowest interval plus a hinge per breakpoint inside its range (`_hinged`), the
+same function rounded differently (~2e-7), in forward and in backward's rebuild alike.
 """
 
 from __future__ import annotations
@@ -71,6 +73,17 @@ class FIREPairs:
 
     def block(self, rows: slice, keys: slice) -> tuple[Tensor, Tile]:
         """(the bias [H, L_b, K_b] of queries `rows` against keys `keys`, what its gradient reads)."""
+        bias, tile = self._bias(rows, keys)
+        if tile.interval is None and tile.below is None:
+            tile = tile._replace(below=_count_below(tile.x, self.breakpoints, tile.x_range))
+        return bias, tile
+
+    def values(self, rows: slice, keys: slice) -> Tensor:
+        """The bias [H, L_b, K_b] alone (forward)."""
+        return self._bias(rows, keys)[0]
+
+    def _bias(self, rows: slice, keys: slice) -> tuple[Tensor, Tile]:
+        """The bias, and its tile without the pieces where it needs no lookup of them."""
         with torch.no_grad():
             q = self.q[rows]
             distances = q[:, None] - self.k[keys][None, :]
@@ -81,9 +94,27 @@ class FIREPairs:
                 bias = torch.addcmul(self.interval_alpha[:, interval, None, None].expand(-1, *x.shape),
                                      self.interval_beta[:, interval, None, None], x)
                 return bias, Tile(rows, distances, x, None, interval, x_range)
-            below = _count_below(x, self.breakpoints, x_range)
-            bias = _evaluate(x, self.interval_alpha, self.interval_beta, below)
-            return bias, Tile(rows, distances, x, below, None, x_range)
+            if x_range is not None:
+                return self._hinged(x, x_range), Tile(rows, distances, x, None, None, x_range)
+            below = torch.bucketize(x, self.breakpoints)  # (no range off the CPU: no host sync)
+            return _evaluate(x, self.interval_alpha, self.interval_beta, below), Tile(rows, distances, x, below, None, None)
+
+    def _hinged(self, x: Tensor, x_range: Tensor) -> Tensor:
+        """α + β·x of each x's interval, [H, *x.shape], as the line of min(x)'s interval plus, for each breakpoint
+        τ in [min(x), max(x)), the change of slope there times relu(x - τ): one product [H, 2 + n] @ [2 + n, pairs]
+        in place of a lookup of each pair's interval and of α and β per pair and head (FIRE at L = 4096, B = 2,
+        H = 8: its forward blocks 158 -> 66 ms, backward tiles 88 -> 73 ms, Intel Xeon). f is continuous, so this
+        is the same function; it rounds differently (2.4e-7 against values up to 0.54 there)."""
+        first, last = torch.searchsorted(self.breakpoints, x_range).tolist()  # #breakpoints < min(x), < max(x)
+        basis = x.new_empty(2 + last - first, x.numel())
+        basis[0] = 1.0
+        basis[1] = x.view(-1)
+        for row, point in enumerate(self.breakpoints[first:last].tolist(), start=2):
+            torch.sub(basis[1], point, out=basis[row]).clamp_(min=0.0)
+        beta = self.interval_beta
+        coefficients = torch.cat([self.interval_alpha[:, first, None], beta[:, first, None],
+                                  beta[:, first + 1: last + 1] - beta[:, first: last]], dim=1)
+        return (coefficients @ basis).view(len(beta), *x.shape)
 
     def add_gradient(self, tile: Tile, grad: Tensor) -> None:
         """Add the gradient [H, L_b, K_b] of the tile's map onto the sums of α, β, |c| and |L|. grad is this
