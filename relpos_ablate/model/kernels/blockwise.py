@@ -143,7 +143,6 @@ def _backward(ctx, grad_out: Tensor):
     """Gradients of q_content, k, v, the score inputs and the params, block by block, tile by tile."""
     call, first_param = ctx.call, 4 + N_INPUTS  # forward's inputs: call, q_content, k, v, score inputs, params
     q_content, k, v, *score_inputs, out, lse = ctx.saved_tensors
-    grad_out = grad_out.contiguous()  # (as q_content in forward: it comes in the output projection's layout)
     inputs, d_head = ScoreInputs(*score_inputs), q_content.shape[-1]
     grad_q, grad_k, grad_v = (t.new_zeros(t.shape) for t in (q_content, k, v))
     grads = ScoreInputs(*(None if t is None or not need else torch.zeros_like(t)
@@ -169,6 +168,9 @@ def _backward(ctx, grad_out: Tensor):
     if isinstance(maps, StridedMaps):
         _strided_backward(maps, call, grad_out, q_content, k, v_ones, lse, minus_delta, grad_q, grad_k, grad_v, grads)
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
+    # (as q_content in forward: it comes in the output projection's layout, and each tile's products would copy
+    # their rows; not above, where the strided maps' peak memory, the highest, would grow by it)
+    grad_out = grad_out.contiguous()
     # materialised maps (rows in order): by ranges of keys, dK and dV summed in one contiguous buffer per range
     # (as _strided_backward); sinks and CoPE (rows = 0) by query blocks, each its tiles
     groups = maps.key_tiles(call, d_head) if maps.rows else [(None, tiles) for tiles in maps.backward_blocks(call, d_head)]
