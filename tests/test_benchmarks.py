@@ -1,14 +1,18 @@
 """The speed benchmarks record what their numbers belong to: benchmarks/attention.py's JSON names the processor,
 its flags, the cores, torch, the date, the denormal setting and the kernels calibration chose; train_step.py
---spec times every variant of a grid against its NoPE twin and writes what `grid --dry-run` reads."""
+--spec times every variant of a grid against its NoPE twin and writes what `grid --dry-run` reads; swap_timing.py
+times a function against its version at another revision in one process."""
 
 import importlib.util
 import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from fixtures.runner import write_spec
 from relpos_ablate.model.kernels import low_rank
+from relpos_ablate.model.kernels.block_maps import MaterialisedMaps
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -66,3 +70,27 @@ def test_the_low_rank_block_benchmark_names_the_machine_and_bounds_each_blocks_r
     in_order = ["256, sums in order"] if low_rank.ordered_sums() else []
     assert list(errors) == ["64", "128", "256", "512", "1024", "4096", *in_order]
     assert all(errors[n] < 1e-5 for n in ("64", "128", "256", *in_order))
+
+
+def test_swap_timing_runs_a_function_at_another_revision_beside_the_current_one(capsys):
+    """benchmarks/swap_timing.py: the attribute's source at the revision (HEAD here, which any clone has) is run as a
+    module of its own and swapped in and out; the report gives both versions against SDPA-NoPE; a malformed swap or
+    an attribute missing at the revision is a one-line error."""
+    bench = _load("swap_timing")
+    current = MaterialisedMaps._masked
+    swap = bench.Swap("relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._masked@HEAD")
+    swap.set(old=True)
+    assert MaterialisedMaps._masked is swap.old is not current
+    assert swap.old.__globals__["__name__"] == "relpos_ablate.model.kernels.block_maps@HEAD:relpos_ablate/model/kernels/block_maps.py"
+    swap.set(old=False)
+    assert MaterialisedMaps._masked is current
+    bench.main(["--scheme", "fire", "--length", "64", "--rounds", "1",
+                "--swap", "relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._masked@HEAD"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("fire at L=64, 1 rounds") and lines[1].startswith("  old: median")
+    assert lines[2].startswith("  new: median") and lines[3].startswith("  sdpa_nope: median")
+    assert MaterialisedMaps._masked is current
+    with pytest.raises(SystemExit, match="not FILE:QUALNAME@REV"):
+        bench.Swap("relpos_ablate/model/kernels/block_maps.py@HEAD")
+    with pytest.raises(SystemExit, match="MaterialisedMaps._absent is not defined"):
+        bench.Swap("relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._absent@HEAD")
