@@ -21,14 +21,13 @@ import argparse
 import statistics
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import B, D_MODEL, SCHEMES, build, step  # noqa: E402
+from attention import B, D_MODEL, SCHEMES, build, timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,10 +100,9 @@ def main(argv: list[str] | None = None) -> None:
         for version in ("old", "new", "sdpa_nope"):
             for swap in swaps:
                 swap.set(old=version == "old")
-            start = time.perf_counter()
-            step(layers["sdpa_nope" if version == "sdpa_nope" else args.scheme], x)
+            seconds = timed(layers["sdpa_nope" if version == "sdpa_nope" else args.scheme], x, x.device)
             if r:
-                times[version].append(time.perf_counter() - start)
+                times[version].append(seconds)
     for swap in swaps:
         swap.set(old=False)
     median = {v: statistics.median(t) for v, t in times.items()}

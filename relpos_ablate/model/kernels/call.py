@@ -393,7 +393,6 @@ class AttentionCall:
         return self.consecutive and last_query < self.pair_bias_curve_until  # (strictly: see attention.py)
 
 
-
 def _rows_within(block_scores: int, window: int) -> int:
     """The most rows n whose windowed block, n x (n + W - 1), holds at most block_scores entries."""
     n = int((math.sqrt((window - 1) ** 2 + 4 * block_scores) - (window - 1)) / 2)
