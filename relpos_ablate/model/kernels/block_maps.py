@@ -20,13 +20,12 @@ column stride). So a map that is a function of the distance need not exist as an
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock, ScoreInputs, sum_terms
+from relpos_ablate.model.kernels.shift import antidiagonal_sums, rel_shift
 
 
 def block_maps(call: AttentionCall, inputs: ScoreInputs) -> "StridedMaps | MaterialisedMaps":
@@ -158,7 +157,7 @@ class StridedMaps(_Layout):
         if self._operands is None:  # forward: both operands for the whole call, each block reads its slices
             self._operands = self.term_b_queries(slice(None)), self.term_b_keys(slice(0, self.curve.shape[-1]))
         queries, keys = self._operands
-        return per_key(self.per_distance(block, queries[:, :, block.rows], _columns(keys, block.distance_cols)), width)
+        return rel_shift(self.per_distance(block, queries[:, :, block.rows], _columns(keys, block.distance_cols)), width)
 
     def term_b_queries(self, rows: slice, minus_lse: Tensor | None = None) -> Tensor:
         """[B, H, L_b, dh + 1 or 2]: the position query of the rows, with channels [-lse,] 1 (term_b_keys)."""
@@ -212,43 +211,7 @@ class StridedMaps(_Layout):
         """Add the gradient of the Hankel view's map, grad_scores [B, H, L_b, K_b] (rows in the order of `mask`), onto
         the curve's (None: not wanted)."""
         if grads.distance_scores is not None:
-            _columns(grads.distance_scores, block.distance_cols).add_(_antidiagonal_sums(grad_scores))
-
-
-def per_key(per_distance: Tensor, width: int) -> Tensor:
-    """[B, H, L_b, m] per distance -> [B, H, L_b, K_b] per key, a view: entry (r, j) is column L_b - 1 - r + j
-    (rel_shift's layout, exact with m = L_b + K_b - 1 columns)."""
-    batch, heads, lq, m = per_distance.shape
-    stride_b, stride_h = per_distance.stride()[:2]
-    return per_distance.as_strided((batch, heads, lq, width), (stride_b, stride_h, m - 1, 1),
-                                   per_distance.storage_offset() + lq - 1)
-
-
-def outside_keys(per_distance: Tensor) -> tuple[Tensor, Tensor]:
-    """The columns of a per-distance block [.., L_b, m] that no key of its rows reads: the first L_b - 1 - r and the
-    last r of row r, as two bool masks over per_distance[..., :L_b - 1] and per_distance[..., m - L_b + 1:]."""
-    before = _before_the_keys(per_distance.shape[-2], per_distance.device)
-    return before, ~before
-
-
-@functools.lru_cache(maxsize=16)
-def _before_the_keys(lq: int, device: torch.device) -> Tensor:
-    r = torch.arange(lq, device=device)[:, None]
-    return torch.arange(lq - 1, device=device)[None, :] < lq - 1 - r
-
-
-def _antidiagonal_sums(grad: Tensor) -> Tensor:
-    """[B, H, L_b, K_b] -> [H, L_b + K_b - 1]: entry t sums grad[:, :, r, j] over the batch and r + j = t (the Hankel
-    layout's columns): the batch summed straight into a buffer whose row r starts t = r columns in (zeros only in the
-    bands outside the rows), then the rows summed (a tile of 128 x 1024, B = 2, H = 8: 0.65 ms against 0.90 ms for
-    a zero buffer and the batch summed apart; the same sums, bit for bit)."""
-    heads, lq, width = grad.shape[1:]
-    m = lq + width - 1
-    buffer = grad.new_empty(heads, lq, m)
-    buffer[:, :, :lq - 1].zero_()  # row r's columns before r
-    buffer[:, :, width:].zero_()  # and from r + K_b on (the rows' own columns overwrite the rest below)
-    torch.sum(grad, dim=0, out=buffer.as_strided((heads, lq, width), (lq * m, m + 1, 1)))
-    return buffer.sum(1)
+            _columns(grads.distance_scores, block.distance_cols).add_(antidiagonal_sums(grad_scores))
 
 
 # backward blocks of 256 queries: FIRE 220 -> 197 ms at L = 1024 and 2.34 -> 2.22 s at 4096, FoX on this kernel

@@ -24,8 +24,9 @@ import torch
 from torch import Tensor
 
 from relpos_ablate.model.kernels import band
-from relpos_ablate.model.kernels.block_maps import StridedMaps, block_maps, outside_keys, per_key
+from relpos_ablate.model.kernels.block_maps import StridedMaps, block_maps
 from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock, ScoreInputs
+from relpos_ablate.model.kernels.shift import outside_keys, rel_shift
 
 
 def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:
@@ -248,7 +249,7 @@ def _strided_backward(maps: StridedMaps, call: AttentionCall, grad_out: Tensor, 
             else:
                 queries = maps.term_b_queries(rows, lse_b.neg())
                 per_distance = maps.per_distance(tile, queries, maps.term_b_keys(tile.distance_cols, lse=True), LOG2_E)
-                probs = per_key(per_distance, width).flatten(0, 1)  # (B·H, L_b, K_t), a view of (B, H, L_b, m)
+                probs = rel_shift(per_distance, width).flatten(0, 1)  # (B·H, L_b, K_t), a view of (B, H, L_b, m)
                 torch.baddbmm(product, q_b.flatten(0, 1), k_t.transpose(1, 2), beta=0, alpha=scale * LOG2_E,
                               out=product)
                 probs.add_(product)
