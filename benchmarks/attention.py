@@ -32,18 +32,34 @@ import torch.nn.functional as F
 
 # the package of this tree, or of another revision's (benchmarks/compare_revisions.py --time): only what
 # every revision has is imported here, the rest where a scheme needs it
-sys.path.insert(0, os.environ.get("RELPOS_PACKAGE_ROOT", str(Path(__file__).resolve().parent.parent)))
+sys.path.insert(
+    0, os.environ.get("RELPOS_PACKAGE_ROOT", str(Path(__file__).resolve().parent.parent))
+)
 from relpos_ablate import AttentionConfig, RelPosAttention  # noqa: E402
 from relpos_ablate.model.position import sinusoid  # noqa: E402
 
 B, H, D_HEAD, D_MODEL = 2, 8, 64, 512
-TERM_SUBSETS = ["".join(c) for n in (1, 2, 3, 4) for c in __import__("itertools").combinations("abcd", n)]
+TERM_SUBSETS = [
+    "".join(c) for n in (1, 2, 3, 4) for c in __import__("itertools").combinations("abcd", n)
+]
 SCHEMES: dict[str, dict | None] = {
     "sdpa_nope": None,  # the baseline: projections + SDPA(is_causal), no position information
     "xl_abcd": dict(terms="abcd"),
     **{f"terms_{t}": dict(terms=t) for t in TERM_SUBSETS if t != "abcd"},
-    **{b: dict(terms="a", bias=b) for b in ("xl_table", "t5", "alibi", "alibi_learned", "kerple_log",
-                                            "kerple_power", "fire", "dynamic", "sandwich")},
+    **{
+        b: dict(terms="a", bias=b)
+        for b in (
+            "xl_table",
+            "t5",
+            "alibi",
+            "alibi_learned",
+            "kerple_log",
+            "kerple_power",
+            "fire",
+            "dynamic",
+            "sandwich",
+        )
+    },
     "rope": dict(terms="a", absolute="rope"),
     "rope_partial": dict(terms="a", absolute="rope", rope_fraction=0.25),  # Pythia's rotary_pct
     "p_rope": dict(terms="a", absolute="rope", rope_p=0.75),
@@ -96,7 +112,9 @@ class Seed000(RelPosAttention):
         q = self.q_net(x).view(b, n, H, D_HEAD)
         k, v = self.kv_net(x).view(b, n, 2, H, D_HEAD).unbind(2)
         dist = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-        r = self.r_net(sinusoid(dist.flatten(), D_MODEL).to(x.dtype).to(x.device)).view(n, n, H, D_HEAD)
+        r = self.r_net(sinusoid(dist.flatten(), D_MODEL).to(x.dtype).to(x.device)).view(
+            n, n, H, D_HEAD
+        )
         scores = torch.einsum("bihd,bjhd->bhij", q + self.content_bias_u, k)
         scores = scores + torch.einsum("bihd,ijhd->bhij", q + self.position_bias_v, r)
         scores = scores * self.scale
@@ -115,13 +133,19 @@ class YaRNRoPE(RelPosAttention):
         from relpos_ablate.model import AttentionOptions
         from relpos_ablate.model.position import RopeScaling
 
-        return super().forward(x, mems, AttentionOptions(rope_scaling=RopeScaling("yarn", 4.0, 512)))
+        return super().forward(
+            x, mems, AttentionOptions(rope_scaling=RopeScaling("yarn", 4.0, 512))
+        )
 
 
 def build(name: str, device, dtype) -> torch.nn.Module:
     spec = SCHEMES[name]
     special = {None: PlainSDPA, "seed000": Seed000, "yarn": YaRNRoPE}
-    module = special[spec]() if not isinstance(spec, dict) else RelPosAttention(D_MODEL, H, D_HEAD, AttentionConfig(**spec))
+    module = (
+        special[spec]()
+        if not isinstance(spec, dict)
+        else RelPosAttention(D_MODEL, H, D_HEAD, AttentionConfig(**spec))
+    )
     return module.to(device=device, dtype=dtype)
 
 
@@ -134,7 +158,11 @@ def step(module, x) -> None:
 def seed000_fits(length: int, device) -> bool:
     """R per pair is [L, L, d_model] several times over (R, W_R R, grads): skip when it cannot fit."""
     need = 4 * length * length * D_MODEL * 4
-    limit = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 12 * 2**30
+    limit = (
+        torch.cuda.get_device_properties(device).total_memory
+        if device.type == "cuda"
+        else 12 * 2**30
+    )
     return need < limit
 
 
@@ -160,8 +188,11 @@ def time_ratio(name: str, length: int, pairs: int, device, dtype) -> dict:
         base_times.append(tb)
         times.append(ts)
         ratios.append(ts / tb)
-    return {"ratio": statistics.median(ratios), "ms": 1000 * statistics.median(times),
-            "baseline_ms": 1000 * statistics.median(base_times)}
+    return {
+        "ratio": statistics.median(ratios),
+        "ms": 1000 * statistics.median(times),
+        "baseline_ms": 1000 * statistics.median(base_times),
+    }
 
 
 def peak_memory_child(name: str, length: int, device, dtype) -> float:
@@ -169,7 +200,9 @@ def peak_memory_child(name: str, length: int, device, dtype) -> float:
     torch.manual_seed(0)
     module = build(name, device, dtype)
     x = torch.randn(B, length, D_MODEL, device=device, dtype=dtype, requires_grad=True)
-    step(module, x)  # warm-up at the measured shape: a kernel choice timed at first use is not in the peak
+    step(
+        module, x
+    )  # warm-up at the measured shape: a kernel choice timed at first use is not in the peak
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -182,14 +215,28 @@ def peak_memory_child(name: str, length: int, device, dtype) -> float:
     before = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     step(module, x)
     status = Path("/proc/self/status").read_text()
-    peak_kb = int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1])
+    peak_kb = int(
+        next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]
+    )
     return (peak_kb * 1024 - before) / 2**20
 
 
 def peak_memory(name: str, length: int, args) -> float | None:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    cmd = [sys.executable, __file__, "--child-memory", name, "--lengths", str(length), "--device", args.device,
-           "--dtype", args.dtype, "--threads", str(args.threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child-memory",
+        name,
+        "--lengths",
+        str(length),
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+        "--threads",
+        str(args.threads),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:  # reported, not hidden: the cell shows — and the reason goes to stderr
         reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
@@ -199,7 +246,11 @@ def peak_memory(name: str, length: int, args) -> float | None:
 
 
 def fmt(value, suffix="x") -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}{suffix}"
+    return (
+        "—"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else f"{value:.2f}{suffix}"
+    )
 
 
 def kernel_choices() -> dict:
@@ -226,41 +277,92 @@ def machine() -> dict:
     """What the timings belong to: the processor's model name, the instruction sets that pick the kernels
     (AVX2, AVX-512, AMX), the cores this process may use and the UTC date (Linux: /proc/cpuinfo)."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    field = lambda key: next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(key)), "")
+    field = lambda key: next(
+        (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(key)), ""
+    )
     flags = set(field("flags").split())
-    return {"processor": field("model name") or "unknown",
-            "cpu_flags": [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in flags],
-            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    return {
+        "processor": field("model name") or "unknown",
+        "cpu_flags": [
+            f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in flags
+        ],
+        "cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="512,1024,2048,4096", help="comma-separated sequence lengths")
-    parser.add_argument("--schemes", default="all", help="comma-separated scheme names, or 'all': " + ", ".join(SCHEMES))
-    parser.add_argument("--pairs", type=int, default=5, help="alternating (baseline, scheme) timing pairs (median)")
-    parser.add_argument("--memory", default="all", help="'all', 'none', or comma-separated lengths to measure memory at")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--lengths", default="512,1024,2048,4096", help="comma-separated sequence lengths"
+    )
+    parser.add_argument(
+        "--schemes",
+        default="all",
+        help="comma-separated scheme names, or 'all': " + ", ".join(SCHEMES),
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=5, help="alternating (baseline, scheme) timing pairs (median)"
+    )
+    parser.add_argument(
+        "--memory",
+        default="all",
+        help="'all', 'none', or comma-separated lengths to measure memory at",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="parameter and input dtype")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
-    parser.add_argument("--out", default="benchmarks/attention.json", help="where to write the JSON results")
+    parser.add_argument(
+        "--dtype", default="fp32", choices=("fp32", "bf16"), help="parameter and input dtype"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)"
+    )
+    parser.add_argument(
+        "--out", default="benchmarks/attention.json", help="where to write the JSON results"
+    )
     parser.add_argument("--child-memory", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device, dtype = torch.device(args.device), {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    device, dtype = (
+        torch.device(args.device),
+        {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype],
+    )
     lengths = [int(n) for n in args.lengths.split(",")]
     if args.child_memory:
         print(peak_memory_child(args.child_memory, lengths[0], device, dtype))
         return
-    names = [n for n in SCHEMES if n != "sdpa_nope"] if args.schemes == "all" else args.schemes.split(",")
+    names = (
+        [n for n in SCHEMES if n != "sdpa_nope"]
+        if args.schemes == "all"
+        else args.schemes.split(",")
+    )
     unknown = [n for n in names if n not in SCHEMES]
     if unknown:
         parser.error(f"--schemes: unknown {unknown}; allowed: {', '.join(SCHEMES)}")
-    mem_lengths = set(lengths if args.memory == "all" else [] if args.memory == "none" else map(int, args.memory.split(",")))
-    results = {"device": args.device, "dtype": args.dtype, "threads": torch.get_num_threads(), "batch": B,
-               "heads": H, "d_head": D_HEAD, "d_model": D_MODEL, "torch": torch.__version__, **machine(),
-               "denormals": denormals(), "rows": []}
+    mem_lengths = set(
+        lengths
+        if args.memory == "all"
+        else []
+        if args.memory == "none"
+        else map(int, args.memory.split(","))
+    )
+    results = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
+        "batch": B,
+        "heads": H,
+        "d_head": D_HEAD,
+        "d_model": D_MODEL,
+        "torch": torch.__version__,
+        **machine(),
+        "denormals": denormals(),
+        "rows": [],
+    }
     baseline_mem = {n: peak_memory("sdpa_nope", n, args) for n in lengths if n in mem_lengths}
     for name in names:
         row = {"scheme": name}
@@ -271,10 +373,14 @@ def main() -> None:
             if n in mem_lengths:
                 mem = peak_memory(name, n, args)
                 row[str(n)]["peak_mb"] = mem
-                row[str(n)]["mem_ratio"] = None if mem is None or not baseline_mem[n] else mem / baseline_mem[n]
+                row[str(n)]["mem_ratio"] = (
+                    None if mem is None or not baseline_mem[n] else mem / baseline_mem[n]
+                )
         results["rows"].append(row)
-        cells = " | ".join(f"{fmt(row.get(str(n), {}).get('ratio'))} ({fmt(row.get(str(n), {}).get('mem_ratio'))} mem)"
-                           for n in lengths)
+        cells = " | ".join(
+            f"{fmt(row.get(str(n), {}).get('ratio'))} ({fmt(row.get(str(n), {}).get('mem_ratio'))} mem)"
+            for n in lengths
+        )
         print(f"| {name} | {cells} |", flush=True)
     results["baseline_peak_mb"] = baseline_mem
     results["kernel_choices"] = kernel_choices()
@@ -286,10 +392,21 @@ def main() -> None:
     print("\n| scheme | " + " | ".join(f"L={n}: time (mem)" for n in lengths) + " |")
     print("|---|" + "---|" * len(lengths))
     for row in results["rows"]:
-        print(f"| {row['scheme']} | " + " | ".join(
-            f"{fmt(row.get(str(n), {}).get('ratio'))} ({fmt(row.get(str(n), {}).get('mem_ratio'))})" for n in lengths) + " |")
-    print("baseline sdpa_nope ms: " + ", ".join(
-        f"L={n}: {results['rows'][0].get(str(n), {}).get('baseline_ms', float('nan')):.1f}" for n in lengths))
+        print(
+            f"| {row['scheme']} | "
+            + " | ".join(
+                f"{fmt(row.get(str(n), {}).get('ratio'))} ({fmt(row.get(str(n), {}).get('mem_ratio'))})"
+                for n in lengths
+            )
+            + " |"
+        )
+    print(
+        "baseline sdpa_nope ms: "
+        + ", ".join(
+            f"L={n}: {results['rows'][0].get(str(n), {}).get('baseline_ms', float('nan')):.1f}"
+            for n in lengths
+        )
+    )
     print(f"baseline sdpa_nope peak MB: {baseline_mem}")
 
 

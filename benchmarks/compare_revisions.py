@@ -40,14 +40,29 @@ def probe(path: str) -> None:
     torch.set_num_threads(1)
     subsets = ["".join(c) for n in range(1, 5) for c in itertools.combinations("abcd", n)]
     cases = [dict(terms=t, bias=b) for t in subsets for b in BIAS_TYPES] + [
-        dict(terms="a", absolute="rope"), dict(terms="ab", rel="learned", clamp_len=3, shaw_values=True),
-        dict(terms="abcd", clamp_len=2)]
+        dict(terms="a", absolute="rope"),
+        dict(terms="ab", rel="learned", clamp_len=3, shaw_values=True),
+        dict(terms="abcd", clamp_len=2),
+    ]
     out = {}
     for k, fields in enumerate(cases):
-        for causal, n_mem, backend in itertools.product([True, False], [0, 3], ["explicit", "sdpa", "blocks", "flex"]):
+        for causal, n_mem, backend in itertools.product(
+            [True, False], [0, 3], ["explicit", "sdpa", "blocks", "flex"]
+        ):
             torch.manual_seed(k)
-            attn = RelPosAttention(16, 2, 8, AttentionConfig(causal=causal, backend=backend, query_chunk=2,
-                                                             num_buckets=8, max_distance=6, **fields)).double()
+            attn = RelPosAttention(
+                16,
+                2,
+                8,
+                AttentionConfig(
+                    causal=causal,
+                    backend=backend,
+                    query_chunk=2,
+                    num_buckets=8,
+                    max_distance=6,
+                    **fields,
+                ),
+            ).double()
             with torch.no_grad():
                 for p in attn.parameters():
                     p.copy_(torch.randn_like(p) * 0.5)
@@ -64,36 +79,67 @@ def probe(path: str) -> None:
                 continue
             y, _ = attn(x, mems, AttentionOptions(window=2) if causal and n_mem else None)
             weights = torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)
-            grads = torch.autograd.grad((y * weights).sum(), [x, *attn.parameters()], allow_unused=True)
+            grads = torch.autograd.grad(
+                (y * weights).sum(), [x, *attn.parameters()], allow_unused=True
+            )
             out[key] = [y.detach(), *(g for g in grads if g is not None)]
             out[key + " maps"] = list(attn.score_terms(x.detach(), mems).values())
-    for encoding in (dict(terms="a", absolute="sinusoid"), dict(terms="a", absolute="learned"),
-                     dict(terms="a", absolute="learned_per_layer"), dict(terms="abcd"), dict(terms="a", absolute="rope"),
-                     dict(terms="a", bias="alibi")):
+    for encoding in (
+        dict(terms="a", absolute="sinusoid"),
+        dict(terms="a", absolute="learned"),
+        dict(terms="a", absolute="learned_per_layer"),
+        dict(terms="abcd"),
+        dict(terms="a", absolute="rope"),
+        dict(terms="a", bias="alibi"),
+    ):
         torch.manual_seed(0)
-        lm = TransformerLM(ModelConfig(vocab_size=11, d_model=16, n_heads=2, d_head=8, d_inner=32, dropout=0.0,
-                                       mem_len=4, attention=AttentionConfig(**encoding)))
+        lm = TransformerLM(
+            ModelConfig(
+                vocab_size=11,
+                d_model=16,
+                n_heads=2,
+                d_head=8,
+                d_inner=32,
+                dropout=0.0,
+                mem_len=4,
+                attention=AttentionConfig(**encoding),
+            )
+        )
         tokens = torch.randint(0, 11, (2, 6))
         first, mems = lm(tokens)
         second, _ = lm(tokens, mems)
-        grads = torch.autograd.grad(lm.loss(second, tokens), list(lm.parameters()), allow_unused=True)
-        out[f"lm {encoding}"] = [first.detach(), second.detach(), *(g for g in grads if g is not None)]
+        grads = torch.autograd.grad(
+            lm.loss(second, tokens), list(lm.parameters()), allow_unused=True
+        )
+        out[f"lm {encoding}"] = [
+            first.detach(),
+            second.detach(),
+            *(g for g in grads if g is not None),
+        ]
     torch.save(out, path)
 
 
 def run_probe(package_root: Path, path: Path) -> None:
     """The probe in a fresh process that imports the package under `package_root`."""
-    subprocess.run([sys.executable, "-W", "ignore", __file__, "--probe", str(path)], check=True,
-                   env={**os.environ, "PYTHONPATH": str(package_root), "RELPOS_ABLATE_CALIBRATE": "0"},  # fixed order
-                   cwd=package_root)
+    subprocess.run(
+        [sys.executable, "-W", "ignore", __file__, "--probe", str(path)],
+        check=True,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(package_root),
+            "RELPOS_ABLATE_CALIBRATE": "0",
+        },  # fixed order
+        cwd=package_root,
+    )
 
 
 def export(revision: str, tmp: str) -> Path:
     """The revision's package, extracted into tmp/old."""
     old_root = Path(tmp) / "old"
     old_root.mkdir()
-    archive = subprocess.run(["git", "archive", revision, "relpos_ablate"], cwd=ROOT, check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", revision, "relpos_ablate"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(old_root)], input=archive, check=True)
     return old_root
 
@@ -119,28 +165,63 @@ def compare_speed(args: argparse.Namespace) -> int:
         for round_ in range(args.rounds):
             for side, root in sides.items():
                 out = Path(tmp) / f"{round_}.json"
-                cmd = [sys.executable, str(ROOT / "benchmarks" / "attention.py"), "--schemes", args.schemes, "--lengths",
-                       args.lengths, "--pairs", str(args.pairs), "--memory", "none", "--out", str(out)]
-                subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "RELPOS_PACKAGE_ROOT": str(root)})
+                cmd = [
+                    sys.executable,
+                    str(ROOT / "benchmarks" / "attention.py"),
+                    "--schemes",
+                    args.schemes,
+                    "--lengths",
+                    args.lengths,
+                    "--pairs",
+                    str(args.pairs),
+                    "--memory",
+                    "none",
+                    "--out",
+                    str(out),
+                ]
+                subprocess.run(
+                    cmd,
+                    check=True,
+                    capture_output=True,
+                    env={**os.environ, "RELPOS_PACKAGE_ROOT": str(root)},
+                )
                 for row in json.loads(out.read_text())["rows"]:
                     for length in args.lengths.split(","):
-                        ratios.setdefault((row["scheme"], length, side), []).append(row[length]["ratio"])
-    print(f"| scheme | L | {args.revision}: ratio per round | this tree: ratio per round |\n|---|---|---|---|")
+                        ratios.setdefault((row["scheme"], length, side), []).append(
+                            row[length]["ratio"]
+                        )
+    print(
+        f"| scheme | L | {args.revision}: ratio per round | this tree: ratio per round |\n|---|---|---|---|"
+    )
     for scheme in args.schemes.split(","):
         for length in args.lengths.split(","):
-            cells = [" / ".join(f"{r:.2f}x" for r in ratios[(scheme, length, side)]) for side in sides]
+            cells = [
+                " / ".join(f"{r:.2f}x" for r in ratios[(scheme, length, side)]) for side in sides
+            ]
             print(f"| {scheme} | {length} | {cells[0]} | {cells[1]} |")
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("revision", nargs="?", help="git revision to compare the working tree against")
-    parser.add_argument("--time", action="store_true", help="compare attention speed (benchmarks/attention.py)")
-    parser.add_argument("--schemes", default="t5,xl_table,xl_abcd", help="--time: schemes of benchmarks/attention.py")
+    parser.add_argument(
+        "revision", nargs="?", help="git revision to compare the working tree against"
+    )
+    parser.add_argument(
+        "--time", action="store_true", help="compare attention speed (benchmarks/attention.py)"
+    )
+    parser.add_argument(
+        "--schemes",
+        default="t5,xl_table,xl_abcd",
+        help="--time: schemes of benchmarks/attention.py",
+    )
     parser.add_argument("--lengths", default="1024", help="--time: comma-separated lengths")
-    parser.add_argument("--pairs", type=int, default=5, help="--time: alternating timing pairs per measurement")
-    parser.add_argument("--rounds", type=int, default=2, help="--time: alternating rounds of the two sides")
+    parser.add_argument(
+        "--pairs", type=int, default=5, help="--time: alternating timing pairs per measurement"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="--time: alternating rounds of the two sides"
+    )
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
@@ -155,11 +236,18 @@ def main() -> int:
         run_probe(old_root, Path(tmp) / "old.pt")
         run_probe(ROOT, Path(tmp) / "new.pt")
         old, new = torch.load(Path(tmp) / "old.pt"), torch.load(Path(tmp) / "new.pt")
-    differ = [key for key in old if key not in new or len(old[key]) != len(new[key])
-              or not all(torch.equal(a, b) for a, b in zip(old[key], new[key]))]
+    differ = [
+        key
+        for key in old
+        if key not in new
+        or len(old[key]) != len(new[key])
+        or not all(torch.equal(a, b) for a, b in zip(old[key], new[key]))
+    ]
     for key in differ:
         print(f"differs: {key}{_largest_difference(old[key], new.get(key))}")
-    print(f"{len(old)} cases, {sum(map(len, old.values()))} tensors: {len(differ)} differ from {args.revision}")
+    print(
+        f"{len(old)} cases, {sum(map(len, old.values()))} tensors: {len(differ)} differ from {args.revision}"
+    )
     return 1 if differ else 0
 
 

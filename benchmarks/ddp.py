@@ -37,29 +37,56 @@ def measure(args: argparse.Namespace) -> None:
         if state != "done":
             raise SystemExit(f"the {args.processes}-process run ended {state}")
         tokens = args.steps * config.train.batch_size * config.train.segment_len
-        print(f"{RESULT} {tokens / clock.seconds:.0f} tokens/s ({1000 * clock.seconds / args.steps:.1f} ms/step)")
+        print(
+            f"{RESULT} {tokens / clock.seconds:.0f} tokens/s ({1000 * clock.seconds / args.steps:.1f} ms/step)"
+        )
 
 
 def benchmark_config(args: argparse.Namespace, *overrides: str):
-    return load_run_config(None, [*DEFAULTS, "eval.batch_size=2", "train.accelerator=cpu",
-                                  f"train.max_steps={args.warmup + args.steps}",
-                                  f"train.checkpoint_every={args.warmup + args.steps + 1}", *overrides, *args.overrides])
+    return load_run_config(
+        None,
+        [
+            *DEFAULTS,
+            "eval.batch_size=2",
+            "train.accelerator=cpu",
+            f"train.max_steps={args.warmup + args.steps}",
+            f"train.checkpoint_every={args.warmup + args.steps + 1}",
+            *overrides,
+            *args.overrides,
+        ],
+    )
 
 
 def run(processes: int, args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory() as run_dir:
-        argv = [sys.executable, os.path.abspath(__file__), "--processes", str(processes), "--run-dir", run_dir,
-                "--threads", str(args.threads), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                *(a for o in args.overrides for a in ("--set", o))]
+        argv = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--processes",
+            str(processes),
+            "--run-dir",
+            run_dir,
+            "--threads",
+            str(args.threads),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            *(a for o in args.overrides for a in ("--set", o)),
+        ]
         done = subprocess.run(argv, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode or not lines:
-        raise SystemExit(f"{processes} process(es) failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SystemExit(
+            f"{processes} process(es) failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
     return lines[0].removeprefix(RESULT).strip()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=60, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
@@ -73,9 +100,11 @@ def main() -> None:
     one, two = run(1, args), run(2, args)
     ratio = float(two.split()[0]) / float(one.split()[0])
     config = benchmark_config(args)
-    print(f"CPU, {args.threads} thread(s) per process; d_model {config.model.d_model}, layers {config.model.n_layers}, "
-          f"segment {config.train.segment_len} x global batch {config.train.batch_size}, mem {config.model.mem_len}, "
-          f"{args.steps} timed steps")
+    print(
+        f"CPU, {args.threads} thread(s) per process; d_model {config.model.d_model}, layers {config.model.n_layers}, "
+        f"segment {config.train.segment_len} x global batch {config.train.batch_size}, mem {config.model.mem_len}, "
+        f"{args.steps} timed steps"
+    )
     print(f"1 process  : {one}")
     print(f"2 processes: {two}")
     print(f"2 processes / 1 process throughput: {ratio:.2f}")

@@ -17,13 +17,23 @@ import torch
 from relpos_ablate import AttentionConfig, ModelConfig, TransformerLM
 from relpos_ablate.model.diagnostics import AttentionStatistics
 
-ENCODINGS = {"nope": dict(terms="a"), "alibi": dict(terms="a", bias="alibi"), "rope": dict(terms="a", absolute="rope"),
-             "xl": dict(terms="abcd"), "t5": dict(terms="a", bias="t5")}
+ENCODINGS = {
+    "nope": dict(terms="a"),
+    "alibi": dict(terms="a", bias="alibi"),
+    "rope": dict(terms="a", absolute="rope"),
+    "xl": dict(terms="abcd"),
+    "t5": dict(terms="a", bias="t5"),
+}
 
 
 def seconds(model: TransformerLM, tokens: torch.Tensor, diagnostics: bool) -> float:
-    stats = AttentionStatistics(model.config.n_layers, model.config.n_heads, torch.ones(tokens.shape), 63) \
-        if diagnostics else None
+    stats = (
+        AttentionStatistics(
+            model.config.n_layers, model.config.n_heads, torch.ones(tokens.shape), 63
+        )
+        if diagnostics
+        else None
+    )
     start = time.process_time()
     with torch.no_grad():
         model(tokens, statistics=stats)
@@ -43,15 +53,33 @@ def main() -> None:
     print(f"|---|{'---|' * len(lengths)}")
     for name, attention in ENCODINGS.items():
         torch.manual_seed(0)
-        model = TransformerLM(ModelConfig(vocab_size=64, d_model=128, n_layers=2, n_heads=4, d_head=32, d_inner=512,
-                                          dropout=0.0, attention=AttentionConfig(**attention))).eval()
+        model = TransformerLM(
+            ModelConfig(
+                vocab_size=64,
+                d_model=128,
+                n_layers=2,
+                n_heads=4,
+                d_head=32,
+                d_inner=512,
+                dropout=0.0,
+                attention=AttentionConfig(**attention),
+            )
+        ).eval()
         cells = []
         for length in lengths:
             tokens = torch.randint(0, 64, (args.batch, length))
             seconds(model, tokens, True)  # warm-up
-            pairs = [(seconds(model, tokens, False), seconds(model, tokens, True)) for _ in range(args.repeats)]
-            plain, diagnosed = statistics.median(p for p, _ in pairs), statistics.median(d for _, d in pairs)
-            cells.append(f"{diagnosed / plain:.2f}x ({1000 * plain:.0f} -> {1000 * diagnosed:.0f} ms)")
+            pairs = [
+                (seconds(model, tokens, False), seconds(model, tokens, True))
+                for _ in range(args.repeats)
+            ]
+            plain, diagnosed = (
+                statistics.median(p for p, _ in pairs),
+                statistics.median(d for _, d in pairs),
+            )
+            cells.append(
+                f"{diagnosed / plain:.2f}x ({1000 * plain:.0f} -> {1000 * diagnosed:.0f} ms)"
+            )
         print(f"| {name} | {' | '.join(cells)} |")
 
 

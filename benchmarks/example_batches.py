@@ -25,8 +25,18 @@ ENCODINGS = {"nope": dict(terms="a"), "xl": dict(terms="abcd")}
 
 def ms_per_step(attention: dict, batches) -> float:
     torch.manual_seed(0)
-    model = TransformerLM(ModelConfig(vocab_size=40, d_model=64, n_layers=2, n_heads=4, d_head=16, d_inner=256,
-                                      dropout=0.0, attention=AttentionConfig(**attention)))
+    model = TransformerLM(
+        ModelConfig(
+            vocab_size=40,
+            d_model=64,
+            n_layers=2,
+            n_heads=4,
+            d_head=16,
+            d_inner=256,
+            dropout=0.0,
+            attention=AttentionConfig(**attention),
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), 1e-3)
     start = time.process_time()
     for inputs, targets, mask in batches:
@@ -49,12 +59,19 @@ def main() -> None:
         grouped = TrimmedSegments(*as_streams(by_length(examples, BATCH, 0), BATCH, width), width)
         real = float((examples.inputs != PAD).sum()) / examples.inputs.numel()
         rows = round(BATCH * real)  # the batch's real tokens in full rows of the same width
-        packed = [(torch.randint(3, 40, (rows, width)),) * 2 + (torch.ones(rows, width, dtype=torch.bool),)
-                  for _ in range(BATCHES)]
+        packed = [
+            (torch.randint(3, 40, (rows, width)),) * 2
+            + (torch.ones(rows, width, dtype=torch.bool),)
+            for _ in range(BATCHES)
+        ]
         for name, attention in ENCODINGS.items():
-            times = [ms_per_step(attention, [s[t] for t in range(len(s))]) for s in (padded, grouped)]
+            times = [
+                ms_per_step(attention, [s[t] for t in range(len(s))]) for s in (padded, grouped)
+            ]
             times.append(ms_per_step(attention, packed))
-            cells = [f"{times[0]:.1f} ms"] + [f"{t:.1f} ms ({1 - t / times[0]:.0%} less)" for t in times[1:]]
+            cells = [f"{times[0]:.1f} ms"] + [
+                f"{t:.1f} ms ({1 - t / times[0]:.0%} less)" for t in times[1:]
+            ]
             print(f"| {task}, {lengths[0]}-{lengths[1]} | {name} | {' | '.join(cells)} |")
 
 

@@ -48,17 +48,41 @@ from relpos_ablate.io import atomic_write_text  # noqa: E402
 PARITY = {  # name -> AttentionConfig fields, small enough for float64 on any device
     **{f"xl_{terms}": dict(terms=terms) for terms in ("abcd", "b", "d", "ac")},
     **{f"bias_{bias}": dict(terms="ab", bias=bias) for bias in BIAS_TYPES if bias != "none"},
-    "rope": dict(terms="a", absolute="rope"), "rope_xpos": dict(terms="a", absolute="rope", xpos_scale_base=64.0),
-    "fox": dict(terms="a", forget_gate=True), "cope": dict(terms="a", cope_positions=16),
+    "rope": dict(terms="a", absolute="rope"),
+    "rope_xpos": dict(terms="a", absolute="rope", xpos_scale_base=64.0),
+    "fox": dict(terms="a", forget_gate=True),
+    "cope": dict(terms="a", cope_positions=16),
     "window_sinks_fox": dict(terms="abcd", window=48, sinks=2, forget_gate=True, bias="alibi"),
-    "log_n_temperature": dict(terms="a", score_scale="log_n", log_n_length=64, learned_temperature=True, bias="t5"),
+    "log_n_temperature": dict(
+        terms="a", score_scale="log_n", log_n_length=64, learned_temperature=True, bias="t5"
+    ),
 }
 BACKENDS = ("flex", "sdpa", "blocks")
 TOLERANCE = {"fp32": 1e-4, "bf16": 2.5e-2}
 D_MODEL, HEADS, D_HEAD, LQ, MEM = 64, 4, 16, 96, 32
-TIMED = ["xl_abcd", "terms_b", "terms_d", "xl_table", "t5", "alibi", "alibi_learned", "kerple_log", "kerple_power",
-         "fire", "dynamic", "sandwich", "rope", "rope_xpos", "rope_yarn", "fox", "cope", "window_256", "sinks_4",
-         "log_n", "temperature"]
+TIMED = [
+    "xl_abcd",
+    "terms_b",
+    "terms_d",
+    "xl_table",
+    "t5",
+    "alibi",
+    "alibi_learned",
+    "kerple_log",
+    "kerple_power",
+    "fire",
+    "dynamic",
+    "sandwich",
+    "rope",
+    "rope_xpos",
+    "rope_yarn",
+    "fox",
+    "cope",
+    "window_256",
+    "sinks_4",
+    "log_n",
+    "temperature",
+]
 
 
 def runs_on(fields: dict, backend: str) -> bool:
@@ -67,7 +91,9 @@ def runs_on(fields: dict, backend: str) -> bool:
 
 def attention(fields: dict, backend: str, device) -> RelPosAttention:
     torch.manual_seed(0)
-    attn = RelPosAttention(D_MODEL, HEADS, D_HEAD, AttentionConfig(backend=backend, query_chunk=32, **fields))
+    attn = RelPosAttention(
+        D_MODEL, HEADS, D_HEAD, AttentionConfig(backend=backend, query_chunk=32, **fields)
+    )
     with torch.no_grad():
         for name, p in attn.named_parameters():
             p.copy_(torch.randn_like(p) * 0.3)
@@ -78,17 +104,27 @@ def attention(fields: dict, backend: str, device) -> RelPosAttention:
     return attn.to(device)
 
 
-def forward_backward(attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor, autocast: bool, backward: bool):
+def forward_backward(
+    attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor, autocast: bool, backward: bool
+):
     """The output and the gradients of (x, every parameter) of a fixed weighting of it, as one flat vector."""
     x = x.clone().requires_grad_(backward)
-    with torch.autocast(x.device.type, torch.bfloat16, enabled=autocast), torch.set_grad_enabled(backward):
+    with (
+        torch.autocast(x.device.type, torch.bfloat16, enabled=autocast),
+        torch.set_grad_enabled(backward),
+    ):
         out, _ = attn(x, mems)
     if not backward:
         return out.detach().double().flatten(), None
     weights = torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)
     params = [x, *attn.parameters()]
     grads = torch.autograd.grad((out.float() * weights).sum(), params, allow_unused=True)
-    flat = torch.cat([(torch.zeros_like(p) if g is None else g).double().flatten() for p, g in zip(params, grads)])
+    flat = torch.cat(
+        [
+            (torch.zeros_like(p) if g is None else g).double().flatten()
+            for p, g in zip(params, grads)
+        ]
+    )
     return out.detach().double().flatten(), flat
 
 
@@ -96,57 +132,120 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).norm() / want.norm().clamp(min=1e-30)).item()
 
 
-def parity(names: list[str], device: torch.device, backends=BACKENDS, dtypes=tuple(TOLERANCE)) -> list[dict]:
+def parity(
+    names: list[str], device: torch.device, backends=BACKENDS, dtypes=tuple(TOLERANCE)
+) -> list[dict]:
     """One row per (scheme, backend, dtype): errors of the output and of the gradients, and whether they pass."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     gen = torch.Generator().manual_seed(1)
-    x, mems = (torch.randn(2, n, D_MODEL, generator=gen, dtype=torch.float64).to(device) for n in (LQ, MEM))
+    x, mems = (
+        torch.randn(2, n, D_MODEL, generator=gen, dtype=torch.float64).to(device) for n in (LQ, MEM)
+    )
     rows = []
     for name in names:
         fields = PARITY[name]
-        want = forward_backward(attention(fields, "explicit", device).double(), x, mems, False, True)
+        want = forward_backward(
+            attention(fields, "explicit", device).double(), x, mems, False, True
+        )
         for backend in backends:
             if not runs_on(fields, backend):
                 continue
-            backward = device.type == "cuda" or backend != "flex"  # CPU FlexAttention has no backward
+            backward = (
+                device.type == "cuda" or backend != "flex"
+            )  # CPU FlexAttention has no backward
             for dtype in dtypes:
                 row = dict(scheme=name, backend=backend, dtype=dtype, backward=backward)
                 try:
-                    got = forward_backward(attention(fields, backend, device), x.float(), mems.float(),
-                                           dtype == "bf16", backward)
+                    got = forward_backward(
+                        attention(fields, backend, device),
+                        x.float(),
+                        mems.float(),
+                        dtype == "bf16",
+                        backward,
+                    )
                     row["out_error"] = relative_error(got[0], want[0])
                     row["grad_error"] = relative_error(got[1], want[1]) if backward else None
                     row["ok"] = max(row["out_error"], row["grad_error"] or 0.0) < TOLERANCE[dtype]
-                except Exception as err:  # a kernel that cannot run this case fails the check, with the reason
-                    row.update(ok=False, error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+                except (
+                    Exception
+                ) as err:  # a kernel that cannot run this case fails the check, with the reason
+                    row.update(
+                        ok=False, error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                    )
                 rows.append(row)
-                print(f"parity {name} {backend} {dtype}: {'ok' if row['ok'] else 'FAILED'} "
-                      f"{ {k: row[k] for k in ('out_error', 'grad_error', 'error') if row.get(k) is not None} }",
-                      flush=True)
+                print(
+                    f"parity {name} {backend} {dtype}: {'ok' if row['ok'] else 'FAILED'} "
+                    f"{ {k: row[k] for k in ('out_error', 'grad_error', 'error') if row.get(k) is not None} }",
+                    flush=True,
+                )
     return rows
 
 
 def ddp(steps: int) -> dict:
     """A short training run with Lightning DDP on every visible GPU."""
-    config = {"model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_head": 16, "d_inner": 128, "mem_len": 32},
-              "data": {"train_tokens": 65536, "eval_tokens": 2048},
-              "train": {"max_steps": steps, "batch_size": 8 * torch.cuda.device_count(), "accelerator": "gpu",
-                        "devices": "auto", "strategy": "ddp", "log_every": 5, "checkpoint_every": steps},
-              "eval": {"settings": [{"segment_len": 64}], "batch_size": torch.cuda.device_count()}}
+    config = {
+        "model": {
+            "d_model": 64,
+            "n_layers": 2,
+            "n_heads": 4,
+            "d_head": 16,
+            "d_inner": 128,
+            "mem_len": 32,
+        },
+        "data": {"train_tokens": 65536, "eval_tokens": 2048},
+        "train": {
+            "max_steps": steps,
+            "batch_size": 8 * torch.cuda.device_count(),
+            "accelerator": "gpu",
+            "devices": "auto",
+            "strategy": "ddp",
+            "log_every": 5,
+            "checkpoint_every": steps,
+        },
+        "eval": {"settings": [{"segment_len": 64}], "batch_size": torch.cuda.device_count()},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.json"  # JSON is YAML
         path.write_text(json.dumps(config))
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "relpos_ablate", "train", "--config", str(path), "--run-dir",
-                               str(Path(tmp) / "run")], capture_output=True, text=True)
-        status = json.loads((Path(tmp) / "run" / "status.json").read_text()) if (Path(tmp) / "run" / "status.json").exists() else {}
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "relpos_ablate",
+                "train",
+                "--config",
+                str(path),
+                "--run-dir",
+                str(Path(tmp) / "run"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        status = (
+            json.loads((Path(tmp) / "run" / "status.json").read_text())
+            if (Path(tmp) / "run" / "status.json").exists()
+            else {}
+        )
     ok = done.returncode == 0 and status.get("state") == "done"
-    return {"gpus": torch.cuda.device_count(), "steps": steps, "ok": ok, "seconds": time.perf_counter() - start,
-            "state": status.get("state"), "tail": "" if ok else (done.stdout + done.stderr)[-2000:]}
+    return {
+        "gpus": torch.cuda.device_count(),
+        "steps": steps,
+        "ok": ok,
+        "seconds": time.perf_counter() - start,
+        "state": status.get("state"),
+        "tail": "" if ok else (done.stdout + done.stderr)[-2000:],
+    }
 
 
-def timing(names: list[str], lengths: list[int], pairs: int, budget: float, device: torch.device,
-           progress=lambda rows: None) -> list[dict]:
+def timing(
+    names: list[str],
+    lengths: list[int],
+    pairs: int,
+    budget: float,
+    device: torch.device,
+    progress=lambda rows: None,
+) -> list[dict]:
     """Per (scheme, L): time ratio to FlashAttention without positions and peak memory, bf16; cells that would
     start after `budget` seconds are skipped. `progress(rows)` is called after each measured cell."""
     start, rows = time.perf_counter(), []
@@ -158,7 +257,9 @@ def timing(names: list[str], lengths: list[int], pairs: int, budget: float, devi
                 continue
             try:
                 row.update(bench.time_ratio(name, length, pairs, device, torch.bfloat16))
-                row["peak_mb"], row["baseline_peak_mb"] = (peak_memory(n, length, device) for n in (name, "sdpa_nope"))
+                row["peak_mb"], row["baseline_peak_mb"] = (
+                    peak_memory(n, length, device) for n in (name, "sdpa_nope")
+                )
             except Exception as err:  # e.g. out of memory at 16k: recorded, the check goes on
                 row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 torch.cuda.empty_cache()
@@ -171,7 +272,9 @@ def timing(names: list[str], lengths: list[int], pairs: int, budget: float, devi
 def peak_memory(name: str, length: int, device: torch.device) -> float:
     """MB allocated above the inputs during one forward + backward (in this process)."""
     module = bench.build(name, device, torch.bfloat16)
-    x = torch.randn(bench.B, length, bench.D_MODEL, device=device, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(
+        bench.B, length, bench.D_MODEL, device=device, dtype=torch.bfloat16, requires_grad=True
+    )
     bench.step(module, x)  # compiled and warm
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -188,19 +291,33 @@ def save(result: dict, out: Path) -> None:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# GPU check: {result['device']}, torch {result['torch']}", "",
-             f"Parity: {sum(r['ok'] for r in result['parity'])}/{len(result['parity'])} ok", "",
-             "| scheme | backend | dtype | output error | gradient error | ok |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# GPU check: {result['device']}, torch {result['torch']}",
+        "",
+        f"Parity: {sum(r['ok'] for r in result['parity'])}/{len(result['parity'])} ok",
+        "",
+        "| scheme | backend | dtype | output error | gradient error | ok |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in result["parity"]:
         grad = "—" if r.get("grad_error") is None else f"{r['grad_error']:.1e}"
         out = "—" if r.get("out_error") is None else f"{r['out_error']:.1e}"
-        lines.append(f"| {r['scheme']} | {r['backend']} | {r['dtype']} | {out} | {grad} | "
-                     f"{'ok' if r['ok'] else 'FAILED ' + r.get('error', '')} |")
+        lines.append(
+            f"| {r['scheme']} | {r['backend']} | {r['dtype']} | {out} | {grad} | "
+            f"{'ok' if r['ok'] else 'FAILED ' + r.get('error', '')} |"
+        )
     if result.get("ddp"):
         d = result["ddp"]
-        lines += ["", f"DDP on {d['gpus']} GPU(s), {d['steps']} steps: {d['state']} in {d['seconds']:.0f} s"]
+        lines += [
+            "",
+            f"DDP on {d['gpus']} GPU(s), {d['steps']} steps: {d['state']} in {d['seconds']:.0f} s",
+        ]
     if result.get("timing"):
-        lines += ["", "| scheme | L | time / FlashAttention | peak MB (FlashAttention) |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "| scheme | L | time / FlashAttention | peak MB (FlashAttention) |",
+            "|---|---|---|---|",
+        ]
         for r in result["timing"]:
             cell = r.get("skipped") or r.get("error") or f"{r['ratio']:.2f}x"
             memory = f"{r['peak_mb']:.0f} ({r['baseline_peak_mb']:.0f})" if "peak_mb" in r else "—"
@@ -210,24 +327,40 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default=None, help="cuda (default when available) or cpu (parity only)")
-    parser.add_argument("--schemes", default="all", help="parity schemes, comma-separated: " + ", ".join(PARITY))
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="parity backends, comma-separated")
+    parser.add_argument(
+        "--device", default=None, help="cuda (default when available) or cpu (parity only)"
+    )
+    parser.add_argument(
+        "--schemes", default="all", help="parity schemes, comma-separated: " + ", ".join(PARITY)
+    )
+    parser.add_argument(
+        "--backends", default=",".join(BACKENDS), help="parity backends, comma-separated"
+    )
     parser.add_argument("--dtypes", default="fp32,bf16", help="parity dtypes: fp32, bf16")
-    parser.add_argument("--timed", default=",".join(TIMED), help="timed schemes (benchmarks/attention.py's names)")
+    parser.add_argument(
+        "--timed", default=",".join(TIMED), help="timed schemes (benchmarks/attention.py's names)"
+    )
     parser.add_argument("--skip-parity", action="store_true")
     parser.add_argument("--lengths", default="1024,4096,16384", help="timed lengths")
     parser.add_argument("--pairs", type=int, default=3, help="alternating timing pairs per cell")
-    parser.add_argument("--deadline", type=float, default=420.0,
-                        help="seconds from the start after which no timing cell starts (parity and DDP always run)")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=420.0,
+        help="seconds from the start after which no timing cell starts (parity and DDP always run)",
+    )
     parser.add_argument("--ddp-steps", type=int, default=20)
     parser.add_argument("--skip-ddp", action="store_true")
     parser.add_argument("--skip-timing", action="store_true")
-    parser.add_argument("--out", default="benchmarks/results/gpu_check", help="folder for gpu_check.json and .md")
+    parser.add_argument(
+        "--out", default="benchmarks/results/gpu_check", help="folder for gpu_check.json and .md"
+    )
     args = parser.parse_args(argv)
     if args.device is None and not torch.cuda.is_available():
-        print("gpu_check: no GPU present (torch.cuda.is_available() is False); nothing checked "
-              "(--device cpu runs the parity part on CPU)")
+        print(
+            "gpu_check: no GPU present (torch.cuda.is_available() is False); nothing checked "
+            "(--device cpu runs the parity part on CPU)"
+        )
         return 0
     start, device = time.perf_counter(), torch.device(args.device or "cuda")
     names = list(PARITY) if args.schemes == "all" else args.schemes.split(",")
@@ -235,24 +368,37 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--schemes: unknown {unknown}; allowed: {', '.join(PARITY)}")
     out = Path(args.out)
-    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__,
-              "parity": [] if args.skip_parity else parity(names, device, args.backends.split(","),
-                                                           args.dtypes.split(","))}
-    save(result, out)  # each phase's results are on disk before the next starts: a killed check keeps them
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "parity": []
+        if args.skip_parity
+        else parity(names, device, args.backends.split(","), args.dtypes.split(",")),
+    }
+    save(
+        result, out
+    )  # each phase's results are on disk before the next starts: a killed check keeps them
     if device.type == "cuda" and not args.skip_ddp:
         result["ddp"] = ddp(args.ddp_steps)
         save(result, out)
     if device.type == "cuda" and not args.skip_timing:
         budget = args.deadline - (time.perf_counter() - start)
         lengths = [int(n) for n in args.lengths.split(",")]
-        result["timing"] = timing(args.timed.split(","), lengths, args.pairs, budget, device,
-                                  lambda rows: save({**result, "timing": rows}, out))
+        result["timing"] = timing(
+            args.timed.split(","),
+            lengths,
+            args.pairs,
+            budget,
+            device,
+            lambda rows: save({**result, "timing": rows}, out),
+        )
         save(result, out)
     failed = [f"{r['scheme']} {r['backend']} {r['dtype']}" for r in result["parity"] if not r["ok"]]
     if result.get("ddp") and not result["ddp"]["ok"]:
         failed.append("ddp")
-    print(f"gpu_check: {len(failed)} failure(s){': ' + ', '.join(failed) if failed else ''}; wrote {out}/gpu_check.md")
+    print(
+        f"gpu_check: {len(failed)} failure(s){': ' + ', '.join(failed) if failed else ''}; wrote {out}/gpu_check.md"
+    )
     return 1 if failed else 0
 
 

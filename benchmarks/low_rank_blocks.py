@@ -44,20 +44,37 @@ def timing(length: int) -> list[str]:
     torch.manual_seed(0)
     b, h, d = 2, 8, 64
     q, k, v = (torch.randn(b, h, length, d, requires_grad=True) for _ in range(3))
-    offsets = torch.cumsum(torch.rand(b, h, length, dtype=torch.float64) * 0.2 + 0.62, -1).requires_grad_()
+    offsets = torch.cumsum(
+        torch.rand(b, h, length, dtype=torch.float64) * 0.2 + 0.62, -1
+    ).requires_grad_()
 
     def kernel(block, ordered=False):
-        return lambda: low_rank.KeyOffsetAttention.apply(q, k, v, offsets, d ** -0.5, block, ordered).sum().backward()
+        return lambda: (
+            low_rank.KeyOffsetAttention.apply(q, k, v, offsets, d**-0.5, block, ordered)
+            .sum()
+            .backward()
+        )
 
     def sdpa(width):
         x = [torch.randn(b, h, length, width, requires_grad=True) for _ in range(3)]
-        return lambda: F.scaled_dot_product_attention(*x, is_causal=True, scale=d ** -0.5).sum().backward()
+        return lambda: (
+            F.scaled_dot_product_attention(*x, is_causal=True, scale=d**-0.5).sum().backward()
+        )
 
-    lines = ["| path | fwd + bwd s |", "|---|---|",
-             *(f"| SDPA causal, {w} channels | {best(sdpa(w)):.3f} |" for w in (64, 72, 80)),
-             *(f"| low-rank kernel, blocks of {n} | {best(kernel(n)):.3f} |" for n in BLOCKS if n <= length)]
+    lines = [
+        "| path | fwd + bwd s |",
+        "|---|---|",
+        *(f"| SDPA causal, {w} channels | {best(sdpa(w)):.3f} |" for w in (64, 72, 80)),
+        *(
+            f"| low-rank kernel, blocks of {n} | {best(kernel(n)):.3f} |"
+            for n in BLOCKS
+            if n <= length
+        ),
+    ]
     if low_rank.ordered_sums():
-        lines.append(f"| low-rank kernel, one block, sums in order | {best(kernel(length, True)):.3f} |")
+        lines.append(
+            f"| low-rank kernel, one block, sums in order | {best(kernel(length, True)):.3f} |"
+        )
     return lines
 
 
@@ -71,11 +88,16 @@ def chosen_blocks(length: int) -> list[str]:
     seen, pick = {}, low_rank.block_size
 
     def spy(offsets, n_queries):  # the kernel's own choice, with the offsets it was made from
-        queries = offsets[..., offsets.shape[-1] - n_queries:].detach()
-        seen.update(block=pick(offsets, n_queries), rise=float((queries[..., -1] - queries[..., 0]).max()))
+        queries = offsets[..., offsets.shape[-1] - n_queries :].detach()
+        seen.update(
+            block=pick(offsets, n_queries), rise=float((queries[..., -1] - queries[..., 0]).max())
+        )
         return seen["block"]
 
-    lines = ["| scheme | L | block | largest rise of e over the queries | per 128 queries |", "|---|---|---|---|---|"]
+    lines = [
+        "| scheme | L | block | largest rise of e over the queries | per 128 queries |",
+        "|---|---|---|---|---|",
+    ]
     low_rank.block_size = spy
     try:
         for name in ("fox", "alibi_learned"):
@@ -83,8 +105,10 @@ def chosen_blocks(length: int) -> list[str]:
             module = bench.build(name, torch.device("cpu"), torch.float32)
             module.config = dataclasses.replace(module.config, backend="low_rank")
             bench.step(module, torch.randn(bench.B, length, bench.D_MODEL, requires_grad=True))
-            lines.append(f"| {name} | {length} | {seen['block']} | {seen['rise']:.0f} | "
-                         f"{seen['rise'] * 128 / (length - 1):.0f} |")
+            lines.append(
+                f"| {name} | {length} | {seen['block']} | {seen['rise']:.0f} | "
+                f"{seen['rise'] * 128 / (length - 1):.0f} |"
+            )
     finally:
         low_rank.block_size = pick
     return lines
@@ -93,7 +117,7 @@ def chosen_blocks(length: int) -> list[str]:
 def rounding(length: int) -> list[str]:
     torch.manual_seed(0)
     h, d = 8, 64
-    scale = d ** -0.5
+    scale = d**-0.5
     q, k, v = (torch.randn(1, h, length, d) for _ in range(3))
     slopes = torch.tensor([2 ** (-8 * (i + 1) / h) for i in range(h)], dtype=torch.float64)
     offsets = (slopes[:, None] * torch.arange(length, dtype=torch.float64))[None]
@@ -101,14 +125,19 @@ def rounding(length: int) -> list[str]:
     scores.masked_fill_(torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf"))
     want = torch.softmax(scores, -1) @ v.double()
     del scores
-    lines = ["| block | spread (steepest slope · block) | largest error | relative error (norm) |",
-             "|---|---|---|---|"]
-    runs = [(str(n), n, False) for n in BLOCKS] + ([(f"{length}, sums in order", length, True)]
-                                                   if low_rank.ordered_sums() else [])
+    lines = [
+        "| block | spread (steepest slope · block) | largest error | relative error (norm) |",
+        "|---|---|---|---|",
+    ]
+    runs = [(str(n), n, False) for n in BLOCKS] + (
+        [(f"{length}, sums in order", length, True)] if low_rank.ordered_sums() else []
+    )
     for label, n, ordered in runs:
         got = low_rank.KeyOffsetAttention.apply(q, k, v, offsets, scale, n, ordered).double()
-        lines.append(f"| {label} | {float(slopes.max()) * n:.0f} | {(got - want).abs().max().item():.2e} | "
-                     f"{((got - want).norm() / want.norm()).item():.2e} |")
+        lines.append(
+            f"| {label} | {float(slopes.max()) * n:.0f} | {(got - want).abs().max().item():.2e} | "
+            f"{((got - want).norm() / want.norm()).item():.2e} |"
+        )
     return lines
 
 
@@ -116,8 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=4096)
     args = parser.parse_args(argv)
-    print(f"{processor()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {platform.python_version()}, "
-          f"SPREAD_LIMIT {low_rank.SPREAD_LIMIT}, EXTRA {low_rank.EXTRA}, sums in order: {low_rank.ordered_sums()}\n")
+    print(
+        f"{processor()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {platform.python_version()}, "
+        f"SPREAD_LIMIT {low_rank.SPREAD_LIMIT}, EXTRA {low_rank.EXTRA}, sums in order: {low_rank.ordered_sums()}\n"
+    )
     print("\n".join(timing(args.length)) + "\n")
     print("\n".join(chosen_blocks(args.length)) + "\n")
     print("\n".join(rounding(args.length)))

@@ -29,16 +29,25 @@ def profile_step(name: str, length: int, top: int) -> str:
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
-    lines = [f"{name} at L={length}: {total / 1e3:.0f} ms of self CPU time in all",
-             "| operator | calls | self CPU ms | share |", "|---|---:|---:|---:|"]
-    lines += [f"| {e.key} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | {e.self_cpu_time_total / total:.0%} |"
-              for e in rows]
+    lines = [
+        f"{name} at L={length}: {total / 1e3:.0f} ms of self CPU time in all",
+        "| operator | calls | self CPU ms | share |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {e.key} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | {e.self_cpu_time_total / total:.0%} |"
+        for e in rows
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scheme", required=True, help="comma-separated scheme names of benchmarks/attention.py")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--scheme", required=True, help="comma-separated scheme names of benchmarks/attention.py"
+    )
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--top", type=int, default=10, help="operators shown per scheme")
     args = parser.parse_args(argv)

@@ -69,7 +69,9 @@ class Swap:
             raise SystemExit(f"--swap: {spec!r} is not FILE:QUALNAME@REV") from None
         name = path.removesuffix(".py").replace("/", ".")
         current = __import__(name, fromlist=["_"])
-        shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        shown = subprocess.run(
+            ["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True
+        )
         if shown.returncode:
             raise SystemExit(f"--swap: no {path} at {rev}: {shown.stderr.strip()}")
         self.owner, self.name = _owner_and_name(current, qualname)
@@ -81,11 +83,19 @@ class Swap:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scheme", required=True, help=f"one of benchmarks/attention.py's: {', '.join(SCHEMES)}")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--scheme", required=True, help=f"one of benchmarks/attention.py's: {', '.join(SCHEMES)}"
+    )
     parser.add_argument("--length", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=10, help="steps of each version (and of SDPA-NoPE)")
-    parser.add_argument("--swap", action="append", required=True, help="FILE:QUALNAME@REV (module docstring)")
+    parser.add_argument(
+        "--rounds", type=int, default=10, help="steps of each version (and of SDPA-NoPE)"
+    )
+    parser.add_argument(
+        "--swap", action="append", required=True, help="FILE:QUALNAME@REV (module docstring)"
+    )
     args = parser.parse_args(argv)
     if args.scheme not in SCHEMES:
         parser.error(f"--scheme: unknown {args.scheme!r}; allowed: {', '.join(SCHEMES)}")
@@ -93,25 +103,37 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--rounds: must be at least 1, got {args.rounds}")
     swaps = [Swap(spec) for spec in args.swap]
     torch.manual_seed(0)
-    layers = {name: build(name, torch.device("cpu"), torch.float32) for name in ("sdpa_nope", args.scheme)}
+    layers = {
+        name: build(name, torch.device("cpu"), torch.float32) for name in ("sdpa_nope", args.scheme)
+    }
     x = torch.randn(B, args.length, D_MODEL, requires_grad=True)
     times: dict[str, list[float]] = {"old": [], "new": [], "sdpa_nope": []}
-    for r in range(args.rounds + 1):  # the first round warms every version up (a kernel choice timed at first use)
+    for r in range(
+        args.rounds + 1
+    ):  # the first round warms every version up (a kernel choice timed at first use)
         for version in ("old", "new", "sdpa_nope"):
             for swap in swaps:
                 swap.set(old=version == "old")
-            seconds = timed(layers["sdpa_nope" if version == "sdpa_nope" else args.scheme], x, x.device)
+            seconds = timed(
+                layers["sdpa_nope" if version == "sdpa_nope" else args.scheme], x, x.device
+            )
             if r:
                 times[version].append(seconds)
     for swap in swaps:
         swap.set(old=False)
     median = {v: statistics.median(t) for v, t in times.items()}
     fastest = {v: min(t) for v, t in times.items()}
-    print(f"{args.scheme} at L={args.length}, {args.rounds} rounds; swapped: {', '.join(args.swap)}")
+    print(
+        f"{args.scheme} at L={args.length}, {args.rounds} rounds; swapped: {', '.join(args.swap)}"
+    )
     for version in ("old", "new"):
-        print(f"  {version}: median {median[version] * 1e3:.1f} ms = {median[version] / median['sdpa_nope']:.3f}x, "
-              f"fastest {fastest[version] * 1e3:.1f} ms = {fastest[version] / fastest['sdpa_nope']:.3f}x")
-    print(f"  sdpa_nope: median {median['sdpa_nope'] * 1e3:.1f} ms, fastest {fastest['sdpa_nope'] * 1e3:.1f} ms")
+        print(
+            f"  {version}: median {median[version] * 1e3:.1f} ms = {median[version] / median['sdpa_nope']:.3f}x, "
+            f"fastest {fastest[version] * 1e3:.1f} ms = {fastest[version] / fastest['sdpa_nope']:.3f}x"
+        )
+    print(
+        f"  sdpa_nope: median {median['sdpa_nope'] * 1e3:.1f} ms, fastest {fastest['sdpa_nope'] * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,15 @@ from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.plain import train_plain
 from relpos_ablate.train.run import resolve_vocab, train_run
 
-DEFAULTS = ["model.dropout=0.0", "model.mem_len=64", "data.train_tokens=65536", "data.eval_tokens=256",
-            "train.log_every=10", "eval.settings=[{segment_len: 64}]", "eval.batch_size=1"]
+DEFAULTS = [
+    "model.dropout=0.0",
+    "model.mem_len=64",
+    "data.train_tokens=65536",
+    "data.eval_tokens=256",
+    "train.log_every=10",
+    "eval.settings=[{segment_len: 64}]",
+    "eval.batch_size=1",
+]
 
 
 class StepClock:
@@ -78,11 +85,15 @@ def time_lightning(config: RunConfig, warmup: int, steps: int) -> float:
 
 def time_plain(config: RunConfig, device: str, warmup: int, steps: int) -> float:
     clock = StepClock(warmup, warmup + steps)
-    train_plain(config, device=device, steps=warmup + steps, on_step=lambda step: clock.tick(step + 1))
+    train_plain(
+        config, device=device, steps=warmup + steps, on_step=lambda step: clock.tick(step + 1)
+    )
     return clock.seconds
 
 
-def time_spec(spec_path: str, steps: int, warmup: int, repeats: int, device: str, out: str | None) -> None:
+def time_spec(
+    spec_path: str, steps: int, warmup: int, repeats: int, device: str, out: str | None
+) -> None:
     """Seconds per training step of every variant of a grid spec and of its NoPE twin (module docstring)."""
     import json
     import platform
@@ -98,24 +109,47 @@ def time_spec(spec_path: str, steps: int, warmup: int, repeats: int, device: str
     spec = load_grid(spec_path)
     variants: dict[str, object] = {}
     for run in spec.runs:  # the first seed's run of each variant
-        variants.setdefault(format_variant({k: v for k, v in run.variant.items() if k != "seed"}), run)
+        variants.setdefault(
+            format_variant({k: v for k, v in run.variant.items() if k != "seed"}), run
+        )
     rows = []
     for name, run in variants.items():
         config = _timed_config(run.config, steps + warmup, device)
-        nope_model = dataclasses.replace(config.model, attention=AttentionConfig(terms="a", causal=config.model.attention.causal))
+        nope_model = dataclasses.replace(
+            config.model, attention=AttentionConfig(terms="a", causal=config.model.attention.causal)
+        )
         nope = dataclasses.replace(config, model=nope_model)
         scheme_s, nope_s = [], []
         for _ in range(repeats):
             nope_s.append(time_plain(nope, device, warmup, steps) / steps)
             scheme_s.append(time_plain(config, device, warmup, steps) / steps)
         per_step, per_step_nope = statistics.median(scheme_s), statistics.median(nope_s)
-        rows.append({"variant": name, "max_steps": run.config.train.max_steps, "seconds_per_step": per_step,
-                     "steps_per_second": 1 / per_step, "nope_seconds_per_step": per_step_nope,
-                     "ratio_to_nope": per_step / per_step_nope})
-        print(f"| {name} | {1 / per_step:8.2f} steps/s | {per_step / per_step_nope:5.2f}x NoPE |", flush=True)
-    result = {"spec": spec.name, "device": device, "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "python": platform.python_version(), **machine(), "steps": steps, "warmup": warmup, "repeats": repeats,
-              "rows": rows}
+        rows.append(
+            {
+                "variant": name,
+                "max_steps": run.config.train.max_steps,
+                "seconds_per_step": per_step,
+                "steps_per_second": 1 / per_step,
+                "nope_seconds_per_step": per_step_nope,
+                "ratio_to_nope": per_step / per_step_nope,
+            }
+        )
+        print(
+            f"| {name} | {1 / per_step:8.2f} steps/s | {per_step / per_step_nope:5.2f}x NoPE |",
+            flush=True,
+        )
+    result = {
+        "spec": spec.name,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        **machine(),
+        "steps": steps,
+        "warmup": warmup,
+        "repeats": repeats,
+        "rows": rows,
+    }
     path = Path(out or Path("results") / spec.name / "train_step.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -130,33 +164,53 @@ def _timed_config(config: RunConfig, steps: int, device: str) -> RunConfig:
     from relpos_ablate.config.run import resolve_log_n_length
 
     accelerator = "gpu" if device == "cuda" else "cpu"
-    config = dataclasses.replace(config, train=dataclasses.replace(config.train, max_steps=steps,
-                                                                   accelerator=accelerator))
+    config = dataclasses.replace(
+        config, train=dataclasses.replace(config.train, max_steps=steps, accelerator=accelerator)
+    )
     return resolve_log_n_length(resolve_vocab(config, build_datamodule(config).vocab_size))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--steps", type=int, default=100, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--compile", action="store_true", help="also time Lightning with train.compile: true")
+    parser.add_argument(
+        "--compile", action="store_true", help="also time Lightning with train.compile: true"
+    )
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
-    parser.add_argument("--spec", default=None, help="a grid spec: time every variant against its NoPE twin")
-    parser.add_argument("--out", default=None, help="--spec: the JSON to write (default results/<spec>/train_step.json)")
+    parser.add_argument(
+        "--spec", default=None, help="a grid spec: time every variant against its NoPE twin"
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="--spec: the JSON to write (default results/<spec>/train_step.json)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.spec:
         return time_spec(args.spec, args.steps, args.warmup, args.repeats, args.device, args.out)
     accelerator = "gpu" if args.device == "cuda" else "cpu"
-    config = load_run_config(None, [*DEFAULTS, f"train.accelerator={accelerator}",
-                                    f"train.max_steps={args.warmup + args.steps}",
-                                    f"train.checkpoint_every={args.warmup + args.steps + 1}", *args.overrides])
+    config = load_run_config(
+        None,
+        [
+            *DEFAULTS,
+            f"train.accelerator={accelerator}",
+            f"train.max_steps={args.warmup + args.steps}",
+            f"train.checkpoint_every={args.warmup + args.steps + 1}",
+            *args.overrides,
+        ],
+    )
     config = resolve_vocab(config, build_datamodule(config).vocab_size)
     tokens = args.steps * config.train.batch_size * config.train.segment_len
-    compiled_config = dataclasses.replace(config, train=dataclasses.replace(config.train, compile=True))
+    compiled_config = dataclasses.replace(
+        config, train=dataclasses.replace(config.train, compile=True)
+    )
     lightning_s, plain_s, compiled_s = [], [], []
     for _ in range(args.repeats):
         plain_s.append(time_plain(config, args.device, args.warmup, args.steps))
@@ -164,15 +218,23 @@ def main() -> None:
         if args.compile:
             compiled_s.append(time_lightning(compiled_config, args.warmup, args.steps))
     plain, lightning = statistics.median(plain_s), statistics.median(lightning_s)
-    print(f"device {args.device}, d_model {config.model.d_model}, layers {config.model.n_layers}, "
-          f"segment {config.train.segment_len} x batch {config.train.batch_size}, mem {config.model.mem_len}, "
-          f"{args.steps} timed steps, median of {args.repeats}")
-    print(f"plain PyTorch : {tokens / plain:10.0f} tokens/s  ({1000 * plain / args.steps:.2f} ms/step)")
-    print(f"Lightning     : {tokens / lightning:10.0f} tokens/s  ({1000 * lightning / args.steps:.2f} ms/step)")
+    print(
+        f"device {args.device}, d_model {config.model.d_model}, layers {config.model.n_layers}, "
+        f"segment {config.train.segment_len} x batch {config.train.batch_size}, mem {config.model.mem_len}, "
+        f"{args.steps} timed steps, median of {args.repeats}"
+    )
+    print(
+        f"plain PyTorch : {tokens / plain:10.0f} tokens/s  ({1000 * plain / args.steps:.2f} ms/step)"
+    )
+    print(
+        f"Lightning     : {tokens / lightning:10.0f} tokens/s  ({1000 * lightning / args.steps:.2f} ms/step)"
+    )
     print(f"Lightning / plain throughput: {plain / lightning:.3f}")
     if compiled_s:
         compiled = statistics.median(compiled_s)
-        print(f"compiled      : {tokens / compiled:10.0f} tokens/s  ({1000 * compiled / args.steps:.2f} ms/step)")
+        print(
+            f"compiled      : {tokens / compiled:10.0f} tokens/s  ({1000 * compiled / args.steps:.2f} ms/step)"
+        )
         print(f"Lightning compiled / Lightning throughput: {lightning / compiled:.3f}")
 
 

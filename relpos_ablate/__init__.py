@@ -9,8 +9,15 @@ from relpos_ablate.config import AttentionConfig, ConfigError, ModelConfig, RunC
 from relpos_ablate.config.registry import register_bias
 
 __all__ = [
-    "AttentionConfig", "ConfigError", "ModelConfig", "RelPosAttention", "RunConfig", "TransformerLM", "collect",
-    "load_run", "register_bias",
+    "AttentionConfig",
+    "ConfigError",
+    "ModelConfig",
+    "RelPosAttention",
+    "RunConfig",
+    "TransformerLM",
+    "collect",
+    "load_run",
+    "register_bias",
 ]
 __version__ = "0.1.0"
 

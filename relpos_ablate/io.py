@@ -58,5 +58,11 @@ def read_json(path: str | Path) -> Any:
     JSON (e.g. truncated)."""
     try:
         return json.loads(Path(path).read_text())
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
+    except (
+        FileNotFoundError,
+        NotADirectoryError,
+        IsADirectoryError,
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+    ):
         return None

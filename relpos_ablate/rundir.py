@@ -47,7 +47,20 @@ MARKERS = (CONFIG, RUN_INFO, STATUS, EVAL, LOCK)
 """A folder holding any of these is a run directory."""
 REPORT_OUTPUTS = ("figures",)
 """Folders the report commands write into a results dir: neither runs nor problems."""
-KNOWN_SUFFIXES = (".csv", ".parquet", ".md", ".tex", ".yaml", ".yml", ".json", ".png", ".pdf", ".log", ".txt", ".lock")
+KNOWN_SUFFIXES = (
+    ".csv",
+    ".parquet",
+    ".md",
+    ".tex",
+    ".yaml",
+    ".yml",
+    ".json",
+    ".png",
+    ".pdf",
+    ".log",
+    ".txt",
+    ".lock",
+)
 """Files next to run dirs with these suffixes (summaries, tables, specs, locks) are expected there."""
 MAX_DEPTH = 3
 """How deep below a results dir run dirs are searched (results/<experiment>/<run_id> is 2)."""
@@ -170,7 +183,9 @@ def _walk(folder: Path, depth: int, found: FoundRuns) -> bool:
             elif depth > 1 and _walk(entry, depth - 1, found):
                 any_run = True
             else:
-                found.problems.append(f"{entry}: not a run directory (no {', '.join(MARKERS)}); skipped")
+                found.problems.append(
+                    f"{entry}: not a run directory (no {', '.join(MARKERS)}); skipped"
+                )
         elif entry.suffix not in KNOWN_SUFFIXES:
             found.problems.append(f"{entry}: foreign file; skipped")
     return any_run

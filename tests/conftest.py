@@ -18,9 +18,13 @@ os.environ["RELPOS_ABLATE_CACHE"] = tempfile.mkdtemp(prefix="relpos_ablate_cache
 
 
 def pytest_addoption(parser):
-    parser.addoption("--process-groups", choices=("with", "skip", "only"), default="with",
-                     help="tests marked process_group: run them with the rest (default), skip them, or run only "
-                          "them. make test runs the rest on pytest-xdist workers, then these alone")
+    parser.addoption(
+        "--process-groups",
+        choices=("with", "skip", "only"),
+        default="with",
+        help="tests marked process_group: run them with the rest (default), skip them, or run only "
+        "them. make test runs the rest on pytest-xdist workers, then these alone",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -34,13 +38,19 @@ def pytest_collection_modifyitems(config, items):
     A process group's ranks wait on each other at every step, so a rank that shares the cores with other
     tests stalls the rest: test_ddp_parameters' check takes ~9 s alone and took 120 s beside other work on
     2 cores. (Its runs past the 240 s deadline were a deadlock on exit, not this: see that test.)"""
-    items.sort(key=lambda item: not item.path.name.startswith("test_compiled_"))  # stable: order kept otherwise
+    items.sort(
+        key=lambda item: not item.path.name.startswith("test_compiled_")
+    )  # stable: order kept otherwise
     mode = config.getoption("--process-groups")
     if mode == "with":
         return
     keep, dropped = [], []
     for item in items:
-        (keep if (item.get_closest_marker("process_group") is not None) == (mode == "only") else dropped).append(item)
+        (
+            keep
+            if (item.get_closest_marker("process_group") is not None) == (mode == "only")
+            else dropped
+        ).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
@@ -54,7 +64,9 @@ def randomize(module: torch.nn.Module, seed: int = 0, scale: float = 0.5) -> Non
         for name, p in module.named_parameters():
             values = torch.randn(p.shape, generator=gen, dtype=torch.float64) * scale
             if name.endswith(("threshold",)):
-                values = 2.0 + values.abs() * 2  # small, so queries cross it in tests (FIRE's i-dependence)
+                values = (
+                    2.0 + values.abs() * 2
+                )  # small, so queries cross it in tests (FIRE's i-dependence)
             elif name.endswith((".c", ".a", ".p")) or name in ("c", "a", "p"):
                 values = 0.05 + values.abs()
             p.copy_(values.to(p.dtype))
@@ -85,5 +97,7 @@ def fast_and_explicit_gradients(attn, x, mems, options):
         xx = x.clone().requires_grad_(True)
         out, _ = attn(xx, mems, options, need_weights=explicit)
         weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
-        grads.append(torch.autograd.grad((out * weights).sum(), [xx, *attn.parameters()], allow_unused=True))
+        grads.append(
+            torch.autograd.grad((out * weights).sum(), [xx, *attn.parameters()], allow_unused=True)
+        )
     return grads

@@ -18,7 +18,9 @@ def sinusoid_row(pos: float, dim: int) -> list[float]:
     return [math.sin(pos * f) for f in freqs] + [math.cos(pos * f) for f in freqs]
 
 
-def t5_bucket_hf(relative_position: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
+def t5_bucket_hf(
+    relative_position: int, bidirectional: bool, num_buckets: int, max_distance: int
+) -> int:
     """T5's bucket, written for relative_position = key - query, as HF T5 does (docs/formulas.md#t5)."""
     bucket = 0
     if bidirectional:
@@ -31,7 +33,9 @@ def t5_bucket_hf(relative_position: int, bidirectional: bool, num_buckets: int, 
     max_exact = num_buckets // 2
     if n < max_exact:
         return bucket + n
-    large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    large = max_exact + int(
+        math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    )
     return bucket + min(large, num_buckets - 1)
 
 
@@ -76,9 +80,15 @@ def _fire(cfg, p, widths, i, j):
     c, threshold = p["c"].abs(), p["threshold"].abs()
 
     def psi(x):
-        return math.copysign(1.0, x) * torch.log(c * abs(x) + 1) if x != 0 else torch.zeros((), dtype=torch.float64)
+        return (
+            math.copysign(1.0, x) * torch.log(c * abs(x) + 1)
+            if x != 0
+            else torch.zeros((), dtype=torch.float64)
+        )
 
-    x = psi(i - j) / torch.log(c * torch.maximum(torch.tensor(float(i), dtype=torch.float64), threshold) + 1)
+    x = psi(i - j) / torch.log(
+        c * torch.maximum(torch.tensor(float(i), dtype=torch.float64), threshold) + 1
+    )
     hidden = torch.relu(p["mlp.0.weight"][:, 0] * x + p["mlp.0.bias"])
     return p["mlp.2.weight"] @ hidden + p["mlp.2.bias"]
 
@@ -92,16 +102,26 @@ def _dynamic(cfg, p, widths, i, j):
 
 def _sandwich(cfg, p, widths, i, j):
     n_heads, d = widths
-    inner = sum(math.cos(abs(i - j) * 10000 ** (-2 * k / d)) for k in range(1, d // 2 + 1))  # p_i·p_j
-    return torch.tensor([(inner - d / 2) / (8 * h / n_heads) for h in range(1, n_heads + 1)], dtype=torch.float64)
+    inner = sum(
+        math.cos(abs(i - j) * 10000 ** (-2 * k / d)) for k in range(1, d // 2 + 1)
+    )  # p_i·p_j
+    return torch.tensor(
+        [(inner - d / 2) / (8 * h / n_heads) for h in range(1, n_heads + 1)], dtype=torch.float64
+    )
 
 
 #: B_h(i, j) of every built-in bias type, written from docs/formulas.md#bias-types (a test demands
 #: one per built-in; a scheme of your own is checked against its formula in its own test file).
 #: Arguments: the config, the scheme's parameters in float64, (n_heads, d_head), query i, key j.
 BIAS_FORMULAS = {
-    "xl_table": _xl_table, "t5": _t5, "alibi": _alibi, "alibi_learned": _alibi_learned,
-    "kerple_log": _kerple_log, "kerple_power": _kerple_power, "fire": _fire, "dynamic": _dynamic,
+    "xl_table": _xl_table,
+    "t5": _t5,
+    "alibi": _alibi,
+    "alibi_learned": _alibi_learned,
+    "kerple_log": _kerple_log,
+    "kerple_power": _kerple_power,
+    "fire": _fire,
+    "dynamic": _dynamic,
     "sandwich": _sandwich,
 }
 
@@ -134,7 +154,9 @@ def rope_rate(k: int, d_rot: int, base: float, scaling=None, p: float = 1.0) -> 
     if scaling is None:
         return theta
     s = scaling.factor
-    if scaling.kind == "llama3":  # Llama 3.1: wavelength 2π/θ against L/1 (θ/s above) and L/4 (θ below)
+    if (
+        scaling.kind == "llama3"
+    ):  # Llama 3.1: wavelength 2π/θ against L/1 (θ/s above) and L/4 (θ below)
         wavelength, length = 2 * math.pi / theta, scaling.original_length
         if wavelength < length / 4:
             return theta
@@ -146,30 +168,48 @@ def rope_rate(k: int, d_rot: int, base: float, scaling=None, p: float = 1.0) -> 
         return theta / s
     if scaling.kind == "ntk":
         return (base * s ** (d_rot / (d_rot - 2))) ** (-2 * k / d_rot)
+
     # yarn, as its authors' code: pairs up to the one that turns 32 times within L keep θ, from the one that
     # turns once they get θ/s, linear in the pair index between (the ends rounded outwards, kept in range)
     def pair_turning(turns):
-        return d_rot * math.log(scaling.original_length / (2 * math.pi * turns)) / (2 * math.log(base))
+        return (
+            d_rot * math.log(scaling.original_length / (2 * math.pi * turns)) / (2 * math.log(base))
+        )
 
     first, last = max(math.floor(pair_turning(32)), 0), min(math.ceil(pair_turning(1)), d_rot - 1)
     interpolated = min(max((k - first) / ((last - first) or 0.001), 0.0), 1.0)
     return (1 - interpolated) * theta + interpolated * theta / s
 
 
-def rope_reference(x: Tensor, pos: float, base: float, d_rot: int | None = None, scaling=None,
-                   xpos_base: float | None = None, sign: int = 1, p: float = 1.0) -> Tensor:
+def rope_reference(
+    x: Tensor,
+    pos: float,
+    base: float,
+    d_rot: int | None = None,
+    scaling=None,
+    xpos_base: float | None = None,
+    sign: int = 1,
+    p: float = 1.0,
+) -> Tensor:
     """Rotate pairs (k, k + d_rot/2) of the first d_rot dims of x [..., d] by angle pos·θ_k, one 2x2
     rotation at a time; YaRN multiplies the rotated dims by 0.1 ln s + 1; xPos scales pair k by
     ζ_k^(sign·pos/B), ζ_k = (2k + 0.4·d_rot)/(1.4·d_rot) (no centring: it cancels in q·k)."""
     d_rot = x.shape[-1] if d_rot is None else d_rot
     half = d_rot // 2
     out = x.clone()
-    temperature = 0.1 * math.log(scaling.factor) + 1 if scaling is not None and scaling.kind == "yarn" else 1.0
+    temperature = (
+        0.1 * math.log(scaling.factor) + 1
+        if scaling is not None and scaling.kind == "yarn"
+        else 1.0
+    )
     for k in range(half):
         angle = pos * rope_rate(k, d_rot, base, scaling, p)
         c, s = math.cos(angle), math.sin(angle)
-        scale = temperature if xpos_base is None else \
-            temperature * ((2 * k + 0.4 * d_rot) / (1.4 * d_rot)) ** (sign * pos / xpos_base)
+        scale = (
+            temperature
+            if xpos_base is None
+            else temperature * ((2 * k + 0.4 * d_rot) / (1.4 * d_rot)) ** (sign * pos / xpos_base)
+        )
         out[..., k] = (x[..., k] * c - x[..., k + half] * s) * scale
         out[..., k + half] = (x[..., k] * s + x[..., k + half] * c) * scale
     return out
@@ -204,12 +244,16 @@ def cope_scores(attn, q_content: Tensor, k: Tensor, visible: Tensor, s: float) -
         for j in range(k.shape[1]):
             p = gates[:, :, i, j:].sum(-1).clamp(max=top)  # (B, H)
             low, w = p.floor(), p - p.floor()
-            e = (1 - w)[..., None] * table[low.long()] + w[..., None] * table[p.ceil().long()]  # (B, H, dh)
+            e = (1 - w)[..., None] * table[low.long()] + w[..., None] * table[
+                p.ceil().long()
+            ]  # (B, H, dh)
             out[:, :, i, j] = s * (q_content[:, :, i] * e).sum(-1)
     return out
 
 
-def path_logits_reference(attn, q: Tensor, k: Tensor, cat: Tensor, padding: Tensor | None, n_mem: int) -> Tensor:
+def path_logits_reference(
+    attn, q: Tensor, k: Tensor, cat: Tensor, padding: Tensor | None, n_mem: int
+) -> Tensor:
     """PaTH (docs/formulas.md#path) pair by pair: q_i·(H_i' ··· H_(j+1)) k_j with every H_t = I - β_t w_t w_tᵀ a
     dense d×d matrix and the product multiplied out. w_t: the l2-normalised SiLU of a causal depthwise conv
     (kernel 3) of W_up W_down x_t; β_t = 2σ(W_β x_t + b), 0 at padded keys. q [B, L, H, dh], k [B, K, H, dh],
@@ -256,18 +300,24 @@ def dape_reference(attn, other: Tensor, bias: Tensor, visible: Tensor) -> Tensor
         for i in range(lq):
             for j in range(n_keys):
                 f = features[:, :, i, j]  # (B, 2H)
-                adjust[:, :, i, j] = leaky(f @ p["net.0.weight"].T + p["net.0.bias"], 0.01) @ p["net.2.weight"].T \
+                adjust[:, :, i, j] = (
+                    leaky(f @ p["net.0.weight"].T + p["net.0.bias"], 0.01) @ p["net.2.weight"].T
                     + p["net.2.bias"]
+                )
         return other + bias + adjust
 
-    def conv(x: Tensor, weight: Tensor, b_: Tensor) -> Tensor:  # x (B, C, L, K), weight (C_out, C, 1, k)
+    def conv(
+        x: Tensor, weight: Tensor, b_: Tensor
+    ) -> Tensor:  # x (B, C, L, K), weight (C_out, C, 1, k)
         taps = weight.shape[-1]
         y = b_[None, :, None, None].expand(x.shape[0], -1, lq, n_keys).clone()
         for j in range(n_keys):
             for m in range(taps):
                 src = j + m - taps // 2
                 if 0 <= src < n_keys:
-                    y[:, :, :, j] += torch.einsum("oc,bcl->bol", weight[:, :, 0, m], x[:, :, :, src])
+                    y[:, :, :, j] += torch.einsum(
+                        "oc,bcl->bol", weight[:, :, 0, m], x[:, :, :, src]
+                    )
         return y
 
     hidden = leaky(conv(features * visible, p["net.0.weight"], p["net.0.bias"]), 0.01)
@@ -289,14 +339,21 @@ def stick_breaking_reference(scores: Tensor, visible: Tensor, n_mem: int) -> Ten
             rest = torch.ones(b, h, dtype=torch.float64)
             for k_ in range(j + 1, n_keys):
                 if k_ != own:
-                    rest = rest * torch.where(visible[:, :, i, k_], 1 - beta[:, :, i, k_], torch.ones_like(rest))
-            out[:, :, i, j] = torch.where(visible[:, :, i, j], beta[:, :, i, j] * rest, torch.zeros_like(rest))
-        out[:, :, i, own] = torch.where(visible[:, :, i, own], 1 - out[:, :, i].sum(-1), torch.zeros(b, h, dtype=torch.float64))
+                    rest = rest * torch.where(
+                        visible[:, :, i, k_], 1 - beta[:, :, i, k_], torch.ones_like(rest)
+                    )
+            out[:, :, i, j] = torch.where(
+                visible[:, :, i, j], beta[:, :, i, j] * rest, torch.zeros_like(rest)
+            )
+        out[:, :, i, own] = torch.where(
+            visible[:, :, i, own], 1 - out[:, :, i].sum(-1), torch.zeros(b, h, dtype=torch.float64)
+        )
     return out
 
 
-def reference_mask(n_queries: int, n_mem: int, causal: bool, window: int | None = None,
-                   chunk: int | None = None) -> Tensor:
+def reference_mask(
+    n_queries: int, n_mem: int, causal: bool, window: int | None = None, chunk: int | None = None
+) -> Tensor:
     """Bool [L, M + L], True where query i (at key position i' = M + i) may see key j: causal
     attention sees j <= i'; a window W keeps the W most recent of those, i' - W < j (itself included);
     chunks of C (counted from the segment's first token, memory before them) keep the keys of the query's own
@@ -312,8 +369,18 @@ def reference_mask(n_queries: int, n_mem: int, causal: bool, window: int | None 
     return visible
 
 
-def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_len=None, positions=None,
-                        rope_scaling=None, distances=None):
+def reference_attention(
+    attn,
+    x,
+    mems=None,
+    *,
+    padding=None,
+    window=None,
+    clamp_len=None,
+    positions=None,
+    rope_scaling=None,
+    distances=None,
+):
     """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of docs/formulas.md.
 
     positions [M + L]: where the keys sit (queries: the last L), as every encoding reads them; the mask
@@ -332,7 +399,9 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     n_mem = n_keys - lq
     pos = list(range(n_keys)) if positions is None else [int(p) for p in positions]
 
-    def dist(i: int, j: int) -> int:  # what the relative encodings read for query i (index n_mem + i), key j
+    def dist(
+        i: int, j: int
+    ) -> int:  # what the relative encodings read for query i (index n_mem + i), key j
         if distances is None:
             return pos[n_mem + i] - pos[j]
         r = n_mem + i - j
@@ -343,16 +412,38 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     if attn.q_net is not None:
         q = (x @ attn.q_net.weight.detach().double().T).view(b, lq, h, dh)
     *wk, wv = attn.kv_net.weight.detach().double().split(h * dh)  # [W_k;] W_v
-    k = (cat @ wk[0].T).view(b, n_keys, h, dh) if wk else torch.zeros(b, n_keys, h, dh, dtype=torch.float64)
+    k = (
+        (cat @ wk[0].T).view(b, n_keys, h, dh)
+        if wk
+        else torch.zeros(b, n_keys, h, dh, dtype=torch.float64)
+    )
     v = (cat @ wv.T).view(b, n_keys, h, dh)
     if cfg.absolute == "rope":
         d_rot = int(cfg.rope_fraction * dh) // 2 * 2
         turn = dict(d_rot=d_rot, scaling=rope_scaling, xpos_base=cfg.xpos_scale_base, p=cfg.rope_p)
-        q = torch.stack([rope_reference(q[:, i], pos[n_mem + i], cfg.rope_base, sign=1, **turn) for i in range(lq)], 1)
-        k = torch.stack([rope_reference(k[:, j], pos[j], cfg.rope_base, sign=-1, **turn) for j in range(n_keys)], 1)
-    if cfg.temperature_tuning:  # Llama 4: q times 1 + a·log(floor((p + 1)/f) + 1) at the query's position p
-        tuned = [1 + cfg.temperature_scale * math.log(math.floor((pos[n_mem + i] + 1) / cfg.temperature_floor_scale)
-                                                      + 1) for i in range(lq)]
+        q = torch.stack(
+            [
+                rope_reference(q[:, i], pos[n_mem + i], cfg.rope_base, sign=1, **turn)
+                for i in range(lq)
+            ],
+            1,
+        )
+        k = torch.stack(
+            [
+                rope_reference(k[:, j], pos[j], cfg.rope_base, sign=-1, **turn)
+                for j in range(n_keys)
+            ],
+            1,
+        )
+    if (
+        cfg.temperature_tuning
+    ):  # Llama 4: q times 1 + a·log(floor((p + 1)/f) + 1) at the query's position p
+        tuned = [
+            1
+            + cfg.temperature_scale
+            * math.log(math.floor((pos[n_mem + i] + 1) / cfg.temperature_floor_scale) + 1)
+            for i in range(lq)
+        ]
         q = q * torch.tensor(tuned, dtype=torch.float64)[None, :, None, None]
     s = dh**-0.5 if cfg.score_scale in ("sqrt_d", "log_n", "ssmax") else 1.0
     s_bias = s if cfg.bias_scaled else 1.0
@@ -366,10 +457,12 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
         scores += torch.einsum("hd,bjhd->bhj", u, k)[:, :, None, :]
     if cfg.uses_r:
         wr = attn.r_net.weight.detach().double()
-        r_pairs = torch.stack([
-            torch.stack([relative_vector(attn, dist(i, j), clamp_len) for j in range(n_keys)])
-            for i in range(lq)
-        ])  # (L, K, d_model): materialised on purpose
+        r_pairs = torch.stack(
+            [
+                torch.stack([relative_vector(attn, dist(i, j), clamp_len) for j in range(n_keys)])
+                for i in range(lq)
+            ]
+        )  # (L, K, d_model): materialised on purpose
         wr_r = (r_pairs @ wr.T).view(lq, n_keys, h, dh)
         if "b" in terms:
             scores += torch.einsum("bihd,ijhd->bhij", q, wr_r)
@@ -379,10 +472,22 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
     scores = scores * s
     bias_part = torch.zeros(1, h, lq, n_keys, dtype=torch.float64)  # s_B·B, kept apart for DAPE
     if attn.bias_scheme is not None:
-        bias = torch.stack([
-            torch.stack([bias_value(attn, *((pos[n_mem + i], pos[j]) if distances is None else (dist(i, j), 0)))
-                         for j in range(n_keys)], dim=-1) for i in range(lq)
-        ], dim=1)  # (H, L, K)
+        bias = torch.stack(
+            [
+                torch.stack(
+                    [
+                        bias_value(
+                            attn,
+                            *((pos[n_mem + i], pos[j]) if distances is None else (dist(i, j), 0)),
+                        )
+                        for j in range(n_keys)
+                    ],
+                    dim=-1,
+                )
+                for i in range(lq)
+            ],
+            dim=1,
+        )  # (H, L, K)
         bias_part = s_bias * bias[None]
         scores = scores + bias_part
     if cfg.forget_gate:
@@ -394,38 +499,55 @@ def reference_attention(attn, x, mems=None, *, padding=None, window=None, clamp_
         visible = visible & ~padding[:, None, None, :]
     temperature = torch.ones(b, h, lq, 1, dtype=torch.float64)  # λ: log_n and the learned τ_h
     if cfg.score_scale in ("log_n", "ssmax"):
-        seen = visible.sum(-1, keepdim=True).double() + cfg.sinks  # keys each query sees, sinks included
+        seen = (
+            visible.sum(-1, keepdim=True).double() + cfg.sinks
+        )  # keys each query sees, sinks included
         if cfg.score_scale == "log_n":  # log_{L_train}(n)
             temperature = temperature * seen.clamp(min=1).log() / math.log(cfg.log_n_length)
         else:  # SSMax: s_h·log(n), s_h learned per head
             s_h = attn.temperature.ssmax_scale.detach().double()[None, :, None, None]
             temperature = temperature * s_h * seen.clamp(min=1).log()
     if cfg.learned_temperature:
-        temperature = temperature * attn.temperature.log_tau.detach().double().exp()[None, :, None, None]
+        temperature = (
+            temperature * attn.temperature.log_tau.detach().double().exp()[None, :, None, None]
+        )
     scores = scores * temperature
-    q_content = q.transpose(1, 2) + (attn.content_bias_u.detach().double()[None, :, None] if "c" in terms else 0)
+    q_content = q.transpose(1, 2) + (
+        attn.content_bias_u.detach().double()[None, :, None] if "c" in terms else 0
+    )
     q_content = q_content * temperature  # (B, H, L, dh): the content query as the kernels scale it
     if cfg.cope_positions:
         scores = scores + cope_scores(attn, q_content, k, visible, s)
-    if cfg.dape != "none":  # X: every term but the bias, as they enter the sum (temperature included)
+    if (
+        cfg.dape != "none"
+    ):  # X: every term but the bias, as they enter the sum (temperature included)
         bias_part = bias_part * temperature
         scores = dape_reference(attn, scores - bias_part, bias_part.expand_as(scores), visible)
     if cfg.sinks:  # the slots first: logits s·q̃·k_s, visible to every query
-        sink_keys, sink_values = attn.sinks.keys.detach().double(), attn.sinks.values.detach().double()
-        scores = torch.cat([s * torch.einsum("bhid,hsd->bhis", q_content, sink_keys), scores], dim=-1)
+        sink_keys, sink_values = (
+            attn.sinks.keys.detach().double(),
+            attn.sinks.values.detach().double(),
+        )
+        scores = torch.cat(
+            [s * torch.einsum("bhid,hsd->bhis", q_content, sink_keys), scores], dim=-1
+        )
         visible = torch.cat([torch.ones(b, 1, lq, cfg.sinks, dtype=torch.bool), visible], dim=-1)
     if cfg.normaliser == "stick_breaking":
         probs = stick_breaking_reference(scores, visible, n_mem)
     else:
         probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-    probs = probs.nan_to_num(0.0)  # a query that sees no key (all padded) attends to nothing: 0, not NaN
-    out = torch.einsum("bhij,bjhd->bihd", probs[..., cfg.sinks:], v)
+    probs = probs.nan_to_num(
+        0.0
+    )  # a query that sees no key (all padded) attends to nothing: 0, not NaN
+    out = torch.einsum("bhij,bjhd->bihd", probs[..., cfg.sinks :], v)
     if cfg.sinks:
         out = out + torch.einsum("bhis,hsd->bihd", probs[..., : cfg.sinks], sink_values)
-    probs = probs[..., cfg.sinks:]
+    probs = probs[..., cfg.sinks :]
     if cfg.shaw_values:
         table = attn.value_table.detach().double()
-        c = clamp_len if clamp_len is not None else cfg.clamp_len  # the same clipped distance as the keys'
+        c = (
+            clamp_len if clamp_len is not None else cfg.clamp_len
+        )  # the same clipped distance as the keys'
         for i in range(lq):
             for j in range(n_keys):
                 d = dist(i, j)

@@ -34,8 +34,12 @@ def import_graph(root: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in files else node.module
-                           for alias in node.names]
+                targets = [
+                    f"{node.module}.{alias.name}"
+                    if f"{node.module}.{alias.name}" in files
+                    else node.module
+                    for alias in node.names
+                ]
             else:
                 continue
             graph[name] |= {target for target in targets if target in files and target != name}
@@ -76,7 +80,9 @@ def test_the_check_finds_a_knot_hidden_in_a_function(tmp_path):
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "low.py").write_text("def helper():\n    from pkg.high import thing  # hidden from import time\n")
+    (package / "low.py").write_text(
+        "def helper():\n    from pkg.high import thing  # hidden from import time\n"
+    )
     (package / "high.py").write_text("from pkg import low\n\nthing = low\n")
     (package / "alone.py").write_text("import pkg.low\n")
     assert knots(import_graph(package)) == [["pkg.high", "pkg.low"]]
@@ -92,12 +98,21 @@ def test_the_check_finds_a_package_and_its_submodule_importing_each_other(tmp_pa
 
 def test_bias_schemes_lists_each_scheme_once_shared_or_per_layer():
     for share, expected in ((True, 1), (False, 3)):
-        config = ModelConfig(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_head=8, d_inner=16,
-                             attention=AttentionConfig(terms="a", bias="kerple_log", share_bias=share))
+        config = ModelConfig(
+            vocab_size=8,
+            d_model=16,
+            n_layers=3,
+            n_heads=2,
+            d_head=8,
+            d_inner=16,
+            attention=AttentionConfig(terms="a", bias="kerple_log", share_bias=share),
+        )
         model = TransformerLM(config)
         schemes = bias_schemes(model)
         assert len(schemes) == expected and all(isinstance(s, BiasScheme) for s in schemes)
-        assert {id(s) for s in schemes} == {id(m) for m in model.modules() if isinstance(m, BiasScheme)}
+        assert {id(s) for s in schemes} == {
+            id(m) for m in model.modules() if isinstance(m, BiasScheme)
+        }
     assert bias_schemes(nn.Linear(2, 2)) == []
 
 
@@ -107,19 +122,35 @@ def test_the_analysis_layer_names_no_study():
     from relpos_ablate import studies
 
     graph = import_graph(PACKAGE)
-    assert not {target for module, targets in graph.items() if module.startswith("relpos_ablate.analysis")
-                for target in targets if target.startswith("relpos_ablate.studies")}
+    assert not {
+        target
+        for module, targets in graph.items()
+        if module.startswith("relpos_ablate.analysis")
+        for target in targets
+        if target.startswith("relpos_ablate.studies")
+    }
     names = [*(e for s in studies.STUDIES for e in s.experiments), *studies.LAYOUT_NAMES]
     for path in (PACKAGE / "analysis").rglob("*.py"):
         text = path.read_text()
         assert not [n for n in names if re.search(rf"\b{n}\b", text)], path
-    assert any(target.startswith("relpos_ablate.analysis") for module, targets in graph.items()
-               if module.startswith("relpos_ablate.studies") for target in targets)
+    assert any(
+        target.startswith("relpos_ablate.analysis")
+        for module, targets in graph.items()
+        if module.startswith("relpos_ablate.studies")
+        for target in targets
+    )
 
 
-SCHEME_MODULES = ("relpos_ablate.model.position", "relpos_ablate.model.fox", "relpos_ablate.model.cope",
-                  "relpos_ablate.model.sinks", "relpos_ablate.model.temperature", "relpos_ablate.model.stick_breaking",
-                  "relpos_ablate.model.path", "relpos_ablate.model.dape")
+SCHEME_MODULES = (
+    "relpos_ablate.model.position",
+    "relpos_ablate.model.fox",
+    "relpos_ablate.model.cope",
+    "relpos_ablate.model.sinks",
+    "relpos_ablate.model.temperature",
+    "relpos_ablate.model.stick_breaking",
+    "relpos_ablate.model.path",
+    "relpos_ablate.model.dape",
+)
 
 
 def test_the_schemes_import_nothing_of_the_kernels():
@@ -128,8 +159,12 @@ def test_the_schemes_import_nothing_of_the_kernels():
     graph = import_graph(PACKAGE)
     schemes = [module for module in graph if module.startswith(SCHEME_MODULES)]
     assert len(schemes) >= 10
-    reached = {(module, target) for module in schemes for target in graph[module]
-               if target.startswith("relpos_ablate.model.kernels")}
+    reached = {
+        (module, target)
+        for module in schemes
+        for target in graph[module]
+        if target.startswith("relpos_ablate.model.kernels")
+    }
     assert not reached
     kernels = [module for module in graph if module.startswith("relpos_ablate.model.kernels.")]
     assert len(kernels) == 11
@@ -153,8 +188,21 @@ def test_a_forward_builds_its_attention_call_once(backend, autocast, monkeypatch
         init(self, *args, **kwargs)
 
     monkeypatch.setattr(AttentionCall, "__init__", counted)
-    attn = RelPosAttention(16, 2, 8, AttentionConfig(terms="abcd", bias="t5", forget_gate=True, score_scale="log_n",
-                                                     log_n_length=8, sinks=1, backend=backend, query_chunk=4))
+    attn = RelPosAttention(
+        16,
+        2,
+        8,
+        AttentionConfig(
+            terms="abcd",
+            bias="t5",
+            forget_gate=True,
+            score_scale="log_n",
+            log_n_length=8,
+            sinks=1,
+            backend=backend,
+            query_chunk=4,
+        ),
+    )
     x, mems = torch.randn(2, 9, 16), torch.randn(2, 3, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         attn(x, mems)[0].float().sum().backward()
@@ -170,10 +218,17 @@ def test_the_band_kernel_derives_one_call_for_its_band(monkeypatch):
 
     built = []
     init = AttentionCall.__init__
-    monkeypatch.setattr(AttentionCall, "__init__", lambda self, *a, **kw: (built.append(kw.get("far_from")),
-                                                                            init(self, *a, **kw))[1])
-    attn = RelPosAttention(16, 2, 8, AttentionConfig(terms="ab", rel="learned", clamp_len=2, backend="band",
-                                                     query_chunk=4))
+    monkeypatch.setattr(
+        AttentionCall,
+        "__init__",
+        lambda self, *a, **kw: (built.append(kw.get("far_from")), init(self, *a, **kw))[1],
+    )
+    attn = RelPosAttention(
+        16,
+        2,
+        8,
+        AttentionConfig(terms="ab", rel="learned", clamp_len=2, backend="band", query_chunk=4),
+    )
     attn(torch.randn(2, 9, 16))[0].sum().backward()
     assert built == [None, 2]
 
@@ -189,7 +244,11 @@ HOP_CASES = {  # name: (config fields, forward options, the sum site the case re
     "blocks_strided": (dict(terms="a", bias="alibi", backend="blocks"), {}, "mask"),
     "blocks_materialised": (dict(terms="a", forget_gate=True, backend="blocks"), {}, "sum_terms"),
     "statistics": (dict(terms="abcd", bias="t5"), {"statistics": True}, "sum_terms"),
-    "materialised_seam": (dict(terms="a", normaliser="stick_breaking", bias="none"), {}, "sum_terms"),
+    "materialised_seam": (
+        dict(terms="a", normaliser="stick_breaking", bias="none"),
+        {},
+        "sum_terms",
+    ),
     "flex_eager": (dict(terms="a", bias="alibi", backend="flex", sinks=1), {}, "_per_distance_mod"),
 }
 
@@ -225,7 +284,9 @@ def test_at_most_four_calls_from_forward_to_the_score_sum(case):
             if frame.f_code is forward:
                 return count
             # a comprehension's frame (<listcomp>, <genexpr>) is no call a reader follows
-            count += frame.f_code.co_filename.startswith(package) and not frame.f_code.co_name.startswith("<")
+            count += frame.f_code.co_filename.startswith(
+                package
+            ) and not frame.f_code.co_name.startswith("<")
             frame = frame.f_back
         return None
 
@@ -237,7 +298,9 @@ def test_at_most_four_calls_from_forward_to_the_score_sum(case):
     flex = fields.get("backend") == "flex"
     sys.setprofile(profile)
     try:
-        with torch.no_grad() if flex else torch.enable_grad():  # FlexAttention has no backward on CPU
+        with (
+            torch.no_grad() if flex else torch.enable_grad()
+        ):  # FlexAttention has no backward on CPU
             attn(x, None if flex else mems, AttentionOptions(**options))
     finally:
         sys.setprofile(None)

@@ -31,7 +31,9 @@ INVALID_ATTENTION = [
 ]
 
 
-@pytest.mark.parametrize("fields, field, message", INVALID_ATTENTION, ids=[str(f) for f, _, _ in INVALID_ATTENTION])
+@pytest.mark.parametrize(
+    "fields, field, message", INVALID_ATTENTION, ids=[str(f) for f, _, _ in INVALID_ATTENTION]
+)
 def test_invalid_attention_configs(fields, field, message):
     with pytest.raises(ConfigError) as err:
         AttentionConfig(**fields)
@@ -66,4 +68,6 @@ def test_module_level_checks():
     with pytest.raises(ValueError, match="window \(same_length\) applies to causal attention only"):
         import torch
 
-        RelPosAttention(16, 2, 8, AttentionConfig(causal=False))(torch.zeros(1, 2, 16), None, AttentionOptions(window=2))
+        RelPosAttention(16, 2, 8, AttentionConfig(causal=False))(
+            torch.zeros(1, 2, 16), None, AttentionOptions(window=2)
+        )

@@ -55,7 +55,9 @@ CASES = [
 @pytest.mark.parametrize("fields, options", CASES, ids=[f"{f}-{sorted(o)}" for f, o in CASES])
 @pytest.mark.parametrize("backend", ["explicit", "sdpa", "blocks"])
 def test_statistics_match_their_definitions(fields, options, backend):
-    attn = RelPosAttention(D_MODEL, HEADS, 8, AttentionConfig(backend=backend, query_chunk=2, **fields)).double()
+    attn = RelPosAttention(
+        D_MODEL, HEADS, 8, AttentionConfig(backend=backend, query_chunk=2, **fields)
+    ).double()
     randomize(attn, 3)
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(2, LQ, D_MODEL, generator=gen, dtype=torch.float64)
@@ -68,13 +70,25 @@ def test_statistics_match_their_definitions(fields, options, backend):
     weight = (torch.rand(2, LQ, generator=gen) > 0.3).double()
     max_seen = 4
     stats = AttentionStatistics(1, HEADS, weight, max_seen)
-    call_options = AttentionOptions(window=options.get("window"), positions=positions, key_padding_mask=padding)
+    call_options = AttentionOptions(
+        window=options.get("window"), positions=positions, key_padding_mask=padding
+    )
     with torch.no_grad():
         plain, _ = attn(x, mems, call_options)
-        out, _ = attn(x, mems, AttentionOptions(window=options.get("window"), positions=positions,
-                                                key_padding_mask=padding, statistics=stats.layer(0)))
+        out, _ = attn(
+            x,
+            mems,
+            AttentionOptions(
+                window=options.get("window"),
+                positions=positions,
+                key_padding_mask=padding,
+                statistics=stats.layer(0),
+            ),
+        )
     torch.testing.assert_close(out, plain, rtol=1e-9, atol=1e-12)
-    _, probs = reference_attention(attn, x, mems, positions=positions, window=options.get("window"), padding=padding)
+    _, probs = reference_attention(
+        attn, x, mems, positions=positions, window=options.get("window"), padding=padding
+    )
     visible = attn.score_terms(x, mems, call_options)["visible"]
     expected = reference_statistics(probs, MEM, weight, max_seen, positions, visible)
     torch.testing.assert_close(stats.sums[:, 0], expected, rtol=1e-9, atol=1e-12)
@@ -97,22 +111,36 @@ def test_known_values_of_uniform_and_one_hot_attention():
         attn(x, None, AttentionOptions(statistics=stats.layer(0)))
     k = LQ
     expected = torch.tensor([math.log(k), 1 / k, (k - 1) / 2, (k - 3) / k], dtype=torch.float64)
-    torch.testing.assert_close(stats.sums[:, 0], expected[:, None].expand(4, HEADS), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        stats.sums[:, 0], expected[:, None].expand(4, HEADS), rtol=1e-6, atol=1e-6
+    )
     first = torch.zeros(1, LQ)
     first[0, 0] = 1.0  # the first query sees only itself
     stats = AttentionStatistics(1, HEADS, first, max_seen_distance=0)
     with torch.no_grad():
         attn(x, None, AttentionOptions(statistics=stats.layer(0)))
-    torch.testing.assert_close(stats.sums[:, 0], torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)[:, None]
-                               .expand(4, HEADS))
+    torch.testing.assert_close(
+        stats.sums[:, 0],
+        torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)[:, None].expand(4, HEADS),
+    )
 
 
 def test_the_lm_gathers_every_layer_in_its_one_forward():
     """TransformerLM(statistics=...) gives each layer its slot; the sums equal those of inspect()'s
     probabilities, and the logits are the plain forward's."""
     torch.manual_seed(0)
-    model = TransformerLM(ModelConfig(vocab_size=11, d_model=16, n_layers=3, n_heads=2, d_head=8, d_inner=32,
-                                      dropout=0.0, attention=AttentionConfig(terms="a", bias="alibi"))).eval()
+    model = TransformerLM(
+        ModelConfig(
+            vocab_size=11,
+            d_model=16,
+            n_layers=3,
+            n_heads=2,
+            d_head=8,
+            d_inner=32,
+            dropout=0.0,
+            attention=AttentionConfig(terms="a", bias="alibi"),
+        )
+    ).eval()
     tokens = torch.randint(0, 11, (2, 7))
     weight = torch.ones(2, 7)
     stats = AttentionStatistics(3, 2, weight, max_seen_distance=3)
@@ -122,7 +150,9 @@ def test_the_lm_gathers_every_layer_in_its_one_forward():
     torch.testing.assert_close(logits, plain)
     details = model.inspect(tokens)
     for layer, probs in enumerate(details["probs"]):
-        expected = reference_statistics(probs.double(), 0, weight, 3, None, details["terms"][layer]["visible"])
+        expected = reference_statistics(
+            probs.double(), 0, weight, 3, None, details["terms"][layer]["visible"]
+        )
         torch.testing.assert_close(stats.sums[:, layer], expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match=r"sums: expected shape \[4, 3, 2\], got \[4, 2, 2\]"):
         AttentionStatistics(3, 2, weight, 3, sums=torch.zeros(4, 2, 2))

@@ -15,26 +15,45 @@ from relpos_ablate.model import AttentionOptions
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_shaw_values_honour_the_evaluation_clamp(causal):
     """Keys (term b) and values (a^V) index the same clipped distance: clamp 1 at evaluation changes both."""
-    attn = RelPosAttention(16, 2, 8, AttentionConfig(terms="ab", rel="learned", clamp_len=3, shaw_values=True,
-                                                     causal=causal)).double()
+    attn = RelPosAttention(
+        16,
+        2,
+        8,
+        AttentionConfig(terms="ab", rel="learned", clamp_len=3, shaw_values=True, causal=causal),
+    ).double()
     randomize(attn, 4)
     gen = torch.Generator().manual_seed(5)
-    x, mems = torch.randn(2, 5, 16, generator=gen, dtype=torch.float64), torch.randn(2, 3, 16, generator=gen, dtype=torch.float64)
+    x, mems = (
+        torch.randn(2, 5, 16, generator=gen, dtype=torch.float64),
+        torch.randn(2, 3, 16, generator=gen, dtype=torch.float64),
+    )
     out, _ = attn(x, mems, AttentionOptions(clamp_len=1))
     ref, _ = reference_attention(attn, x, mems, clamp_len=1)
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-9)
 
 
 def test_learned_table_is_checked_against_evaluation_clamps_at_validation():
-    base = ["model.attention.terms=ab", "model.attention.rel=learned", "model.attention.clamp_len=4"]
-    load_run_config(None, [*base, "eval.settings=[{segment_len: 8, clamp_len: 4}]"])  # within the table: fine
+    base = [
+        "model.attention.terms=ab",
+        "model.attention.rel=learned",
+        "model.attention.clamp_len=4",
+    ]
+    load_run_config(
+        None, [*base, "eval.settings=[{segment_len: 8, clamp_len: 4}]"]
+    )  # within the table: fine
     with pytest.raises(ConfigError) as err:
-        load_run_config(None, [*base, "eval.settings=[{segment_len: 8}, {segment_len: 8, clamp_len: 6}]"])
+        load_run_config(
+            None, [*base, "eval.settings=[{segment_len: 8}, {segment_len: 8, clamp_len: 6}]"]
+        )
     text = str(err.value)
-    assert text.startswith("eval.settings[1].clamp_len: 6 ") and "model.attention.clamp_len=4" in text
+    assert (
+        text.startswith("eval.settings[1].clamp_len: 6 ") and "model.attention.clamp_len=4" in text
+    )
     assert "\n" not in text
     # a sinusoid R has no table: any clamp is allowed
-    load_run_config(None, ["model.attention.clamp_len=4", "eval.settings=[{segment_len: 8, clamp_len: 40}]"])
+    load_run_config(
+        None, ["model.attention.clamp_len=4", "eval.settings=[{segment_len: 8, clamp_len: 40}]"]
+    )
 
 
 def xl_same_length_mask(qlen: int, mlen: int, mem_len: int) -> torch.Tensor:
@@ -58,8 +77,17 @@ def test_xl_mask_replays_the_published_counts():
 def lm(mem_len, backend="explicit"):
     from relpos_ablate import ModelConfig, TransformerLM
 
-    cfg = ModelConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=2, d_head=8, d_inner=32, dropout=0.0,
-                      mem_len=mem_len, attention=AttentionConfig(terms="abcd", bias="alibi", backend=backend))
+    cfg = ModelConfig(
+        vocab_size=11,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        d_head=8,
+        d_inner=32,
+        dropout=0.0,
+        mem_len=mem_len,
+        attention=AttentionConfig(terms="abcd", bias="alibi", backend=backend),
+    )
     model = TransformerLM(cfg).double().eval()
     randomize(model, 6, scale=0.3)
     return model
@@ -76,7 +104,9 @@ def test_same_length_gives_every_query_the_configured_memory_window(segment_len,
     mems, seen = None, []
     for start in range(0, stream.shape[1], segment_len):
         n_mem = 0 if mems is None else mems[0].shape[1]
-        out = model.inspect(stream[:, start:start + segment_len], mems, mem_len=eval_mem_len, same_length=True)
+        out = model.inspect(
+            stream[:, start : start + segment_len], mems, mem_len=eval_mem_len, same_length=True
+        )
         expected = xl_same_length_mask(segment_len, n_mem, m)
         for terms, probs in zip(out["terms"], out["probs"]):
             assert torch.equal(terms["visible"].reshape(expected.shape), expected)
@@ -86,8 +116,21 @@ def test_same_length_gives_every_query_the_configured_memory_window(segment_len,
 
 
 # (segment L, memory present, configured memory M): empty, partly filled and full memory, L > M and L < M
-WINDOW_CASES = [(4, 0, 6), (4, 2, 6), (4, 6, 6), (8, 0, 6), (8, 6, 6), (3, 0, 6), (3, 3, 6), (3, 6, 6)]
-WINDOW_SCHEMES = [dict(terms="abcd"), dict(terms="ac", bias="fire"), dict(terms="a", bias="t5", num_buckets=8, max_distance=6)]
+WINDOW_CASES = [
+    (4, 0, 6),
+    (4, 2, 6),
+    (4, 6, 6),
+    (8, 0, 6),
+    (8, 6, 6),
+    (3, 0, 6),
+    (3, 3, 6),
+    (3, 6, 6),
+]
+WINDOW_SCHEMES = [
+    dict(terms="abcd"),
+    dict(terms="ac", bias="fire"),
+    dict(terms="a", bias="t5", num_buckets=8, max_distance=6),
+]
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -99,7 +142,9 @@ def test_same_length_window_on_every_backend(backend, fields):
     for n_queries, n_mem, mem_len in WINDOW_CASES:
         expected = xl_same_length_mask(n_queries, n_mem, mem_len)
         assert torch.equal(reference_mask(n_queries, n_mem, True, mem_len), expected)
-        attn = RelPosAttention(16, 2, 8, AttentionConfig(backend=backend, query_chunk=2, **fields)).double()
+        attn = RelPosAttention(
+            16, 2, 8, AttentionConfig(backend=backend, query_chunk=2, **fields)
+        ).double()
         randomize(attn, 8)
         gen = torch.Generator().manual_seed(n_queries * 10 + n_mem)
         x = torch.randn(2, n_queries, 16, generator=gen, dtype=torch.float64)
@@ -114,13 +159,24 @@ def test_same_length_window_on_every_backend(backend, fields):
 def test_same_length_without_memory_is_an_error():
     with pytest.raises(ValueError, match=r"^same_length: .*mem_len is 0"):
         lm(mem_len=0)(torch.zeros(1, 4, dtype=torch.long), same_length=True)
-    with pytest.raises(ConfigError, match=r"^eval\.settings\[0\]\.protocol: 'xl' needs causal attention and memory"):
+    with pytest.raises(
+        ConfigError, match=r"^eval\.settings\[0\]\.protocol: 'xl' needs causal attention and memory"
+    ):
         load_run_config(None, ["eval.settings=[{segment_len: 8, protocol: xl}]"])
     with pytest.raises(ConfigError, match=r"^eval\.settings\[0\]\.protocol: "):
-        load_run_config(None, ["model.mem_len=4", "model.attention.causal=false",
-                               "eval.settings=[{segment_len: 8, protocol: xl}]"])
-    with pytest.raises(ConfigError, match=r"^eval\.settings\[0\]\.same_length: is Transformer-XL's evaluation: "
-                                          r"write protocol: xl"):
+        load_run_config(
+            None,
+            [
+                "model.mem_len=4",
+                "model.attention.causal=false",
+                "eval.settings=[{segment_len: 8, protocol: xl}]",
+            ],
+        )
+    with pytest.raises(
+        ConfigError,
+        match=r"^eval\.settings\[0\]\.same_length: is Transformer-XL's evaluation: "
+        r"write protocol: xl",
+    ):
         load_run_config(None, ["eval.settings=[{segment_len: 8, mem_len: 8, same_length: true}]"])
     load_run_config(None, ["eval.settings=[{segment_len: 8, mem_len: 8, protocol: xl}]"])
     with pytest.raises(ValueError, match=r"^window: 0 is out of range"):

@@ -15,9 +15,14 @@ from relpos_ablate.model.kernels import flex
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 CASES = [
-    dict(terms="abcd"), dict(terms="bd", clamp_len=3), dict(terms="a", bias="t5", num_buckets=8, max_distance=6),
-    dict(terms="ac", bias="alibi"), dict(terms="d", bias="kerple_log"), dict(terms="a", bias="fire"),
-    dict(terms="a", absolute="rope"), dict(terms="abcd", bias="xl_table", max_distance=3),
+    dict(terms="abcd"),
+    dict(terms="bd", clamp_len=3),
+    dict(terms="a", bias="t5", num_buckets=8, max_distance=6),
+    dict(terms="ac", bias="alibi"),
+    dict(terms="d", bias="kerple_log"),
+    dict(terms="a", bias="fire"),
+    dict(terms="a", absolute="rope"),
+    dict(terms="abcd", bias="xl_table", max_distance=3),
 ]
 
 
@@ -49,19 +54,28 @@ def test_flex_same_length_and_padding():
     padding = torch.zeros(2, 8, dtype=torch.bool)
     padding[0, 1] = True
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, mems, AttentionOptions(window=2))[0], reference_attention(attn, x, mems, window=2)[0])
-        torch.testing.assert_close(attn(x, mems, AttentionOptions(key_padding_mask=padding))[0],
-                                   reference_attention(attn, x, mems, padding=padding)[0])
+        torch.testing.assert_close(
+            attn(x, mems, AttentionOptions(window=2))[0],
+            reference_attention(attn, x, mems, window=2)[0],
+        )
+        torch.testing.assert_close(
+            attn(x, mems, AttentionOptions(key_padding_mask=padding))[0],
+            reference_attention(attn, x, mems, padding=padding)[0],
+        )
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fields", CASES, ids=[str(c) for c in CASES])
 def test_flex_cuda_forward_and_backward_match_blocks(fields):
-    attn = make(d_head=16, **fields).float().cuda()  # compiled FlexAttention needs heads of >= 16 channels
+    attn = (
+        make(d_head=16, **fields).float().cuda()
+    )  # compiled FlexAttention needs heads of >= 16 channels
     x = torch.randn(2, 256, 16, device="cuda", requires_grad=True)
     mems = torch.randn(2, 64, 16, device="cuda")
-    if fields.get("bias") == "fire":  # its compiled gradient is not trusted (flex.trains_pair_bias): forward only
+    if (
+        fields.get("bias") == "fire"
+    ):  # its compiled gradient is not trusted (flex.trains_pair_bias): forward only
         with pytest.raises(ValueError, match="cannot train a query-dependent bias"):
             attn(x, mems)
         with torch.no_grad():
@@ -70,10 +84,14 @@ def test_flex_cuda_forward_and_backward_match_blocks(fields):
             torch.testing.assert_close(out_flex, attn(x, mems)[0], rtol=2e-3, atol=2e-3)
         return
     out_flex, _ = attn(x, mems)
-    grads_flex = torch.autograd.grad(out_flex.square().sum(), [x, *attn.parameters()], allow_unused=True)
+    grads_flex = torch.autograd.grad(
+        out_flex.square().sum(), [x, *attn.parameters()], allow_unused=True
+    )
     attn.config = dataclasses.replace(attn.config, backend="blocks")
     out_ref, _ = attn(x, mems)
-    grads_ref = torch.autograd.grad(out_ref.square().sum(), [x, *attn.parameters()], allow_unused=True)
+    grads_ref = torch.autograd.grad(
+        out_ref.square().sum(), [x, *attn.parameters()], allow_unused=True
+    )
     torch.testing.assert_close(out_flex, out_ref, rtol=2e-3, atol=2e-3)
     for a, b in zip(grads_flex, grads_ref):
         if b is not None:
@@ -94,7 +112,9 @@ def test_fire_pair_scores_unit_by_unit_and_as_one_product_are_its_mlp(causal):
     k_pos = torch.arange(-3, 12, dtype=torch.float64)
     c, threshold = scheme.c.abs(), scheme.threshold.abs()
     psi = lambda x: torch.sign(x) * torch.log(1 + c * x.abs())  # noqa: E731
-    x = psi(q_pos[:, None] - k_pos[None, :]) / psi(torch.maximum(q_pos, threshold))[:, None]  # [Lq, K]
+    x = (
+        psi(q_pos[:, None] - k_pos[None, :]) / psi(torch.maximum(q_pos, threshold))[:, None]
+    )  # [Lq, K]
     hidden = torch.relu(x[..., None] * first.weight[:, 0] + first.bias)  # [Lq, K, 32]
     expected = (hidden @ second.weight.T + second.bias).permute(2, 0, 1)  # [H, Lq, K]
 
@@ -114,18 +134,25 @@ def test_compiled_flex_with_heads_under_16_channels_says_so(monkeypatch):
     monkeypatch.setattr(flex, "compiles", lambda q: True)
     monkeypatch.setattr(flex, "min_head_dim", lambda device_type: 16)  # CUDA's least, here on CPU
     attn = make(terms="a", bias="alibi").float()
-    with pytest.raises(ValueError, match=r"model.attention.backend: 'flex' on cpu needs d_head >= 16.*got 8"):
+    with pytest.raises(
+        ValueError, match=r"model.attention.backend: 'flex' on cpu needs d_head >= 16.*got 8"
+    ):
         attn(torch.randn(1, 4, 16))
 
 
-def test_training_fire_through_compiled_flex_is_refused_and_auto_leaves_it_to_the_others(monkeypatch):
+def test_training_fire_through_compiled_flex_is_refused_and_auto_leaves_it_to_the_others(
+    monkeypatch,
+):
     """FIRE's gradient through compiled FlexAttention differed from the block kernel's on an H200: a pinned 'flex'
     refuses to train it in one line (its forward stays: test_compiled_flex.py), and flex.trains_pair_bias, which
     keeps 'auto' off FlexAttention on CUDA, says so only where a pair bias's parameters need gradients."""
     monkeypatch.setattr(flex, "compiles", lambda q: True)
     fire, alibi = make(terms="a", bias="fire").float(), make(terms="a", bias="alibi").float()
     x = torch.randn(1, 4, 16)
-    with pytest.raises(ValueError, match=r"model.attention.backend: 'flex' on cpu cannot train a query-dependent bias"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.attention.backend: 'flex' on cpu cannot train a query-dependent bias",
+    ):
         fire(x)
     call, _, _ = fire.kernel_call(x)
     assert flex.trains_pair_bias(call) and not flex.trains_pair_bias(alibi.kernel_call(x)[0])
@@ -140,7 +167,10 @@ def test_compiling_flex_raises_dynamos_recompile_limit_and_never_lowers_it():
     limit (8) it would run eagerly with the whole score matrix (20-85x slower on an H200): the first compiled
     kernel raises the limit, and a user's larger one stays."""
     config = torch._dynamo.config
-    saved = config.recompile_limit, config.accumulated_recompile_limit  # (dynamo's config module: no monkeypatch)
+    saved = (
+        config.recompile_limit,
+        config.accumulated_recompile_limit,
+    )  # (dynamo's config module: no monkeypatch)
     flex._kernel.cache_clear()
     try:
         config.recompile_limit, config.accumulated_recompile_limit = 8, 256

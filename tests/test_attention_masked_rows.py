@@ -10,12 +10,18 @@ from reference import reference_attention
 from relpos_ablate import AttentionConfig, RelPosAttention
 from relpos_ablate.model import AttentionOptions
 
-CASES = [dict(terms="abcd", bias="alibi"), dict(terms="bd", bias="fire"), dict(terms="a", absolute="rope")]
+CASES = [
+    dict(terms="abcd", bias="alibi"),
+    dict(terms="bd", bias="fire"),
+    dict(terms="a", absolute="rope"),
+]
 BACKENDS = ["explicit", "blocks", "sdpa", "auto"]
 
 
 def make(backend, **fields):
-    attn = RelPosAttention(16, 2, 8, AttentionConfig(backend=backend, query_chunk=2, **fields)).double()
+    attn = RelPosAttention(
+        16, 2, 8, AttentionConfig(backend=backend, query_chunk=2, **fields)
+    ).double()
     randomize(attn, 1)
     return attn
 
@@ -71,4 +77,6 @@ def test_fully_masked_query_on_flex(fields):
     with torch.no_grad():
         out, _ = attn(x, None, AttentionOptions(key_padding_mask=padding))
     assert out[0, 0].abs().max() == 0
-    torch.testing.assert_close(out, reference_attention(attn, x, padding=padding)[0], rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(
+        out, reference_attention(attn, x, padding=padding)[0], rtol=1e-6, atol=1e-9
+    )

@@ -46,7 +46,9 @@ def make(seed=0, **fields):
 
 def drawn(n_keys, seed, spread=SPREAD):
     """Sorted distinct positions in [0, spread), as randomized positions are."""
-    return torch.randperm(spread, generator=torch.Generator().manual_seed(seed))[:n_keys].sort().values
+    return (
+        torch.randperm(spread, generator=torch.Generator().manual_seed(seed))[:n_keys].sort().values
+    )
 
 
 def on_backend(attn, backend):
@@ -56,15 +58,22 @@ def on_backend(attn, backend):
 
 def check_every_backend(attn, x, mems, positions, **kw):
     ref_out, ref_probs = reference_attention(attn, x, mems, positions=positions, **kw)
-    options = AttentionOptions(positions=positions, window=kw.get("window"), key_padding_mask=kw.get("padding"),
-                               clamp_len=kw.get("clamp_len"), distances=kw.get("distances"))
+    options = AttentionOptions(
+        positions=positions,
+        window=kw.get("window"),
+        key_padding_mask=kw.get("padding"),
+        clamp_len=kw.get("clamp_len"),
+        distances=kw.get("distances"),
+    )
     for backend in BACKENDS:
         if backend == "flex" and attn.value_table is not None:
             continue  # Shaw values need the probabilities: the explicit path serves every backend
         on_backend(attn, backend)
         with torch.no_grad():
             out, _ = attn(x, mems, options)
-        torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-9, msg=lambda m: f"{backend}: {m}")
+        torch.testing.assert_close(
+            out, ref_out, rtol=1e-6, atol=1e-9, msg=lambda m: f"{backend}: {m}"
+        )
     _, probs = attn(x, mems, options, need_weights=True)
     torch.testing.assert_close(probs, ref_probs, rtol=1e-6, atol=1e-9)
 
@@ -81,10 +90,16 @@ def test_every_scheme_reads_explicit_positions_on_every_kernel(bias, causal, n_m
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize("fields", [
-    dict(terms="a", absolute="rope"), dict(terms="a", absolute="rope", bias="alibi"),
-    dict(terms="ab", rel="learned", clamp_len=6, shaw_values=True), dict(terms="abcd", clamp_len=7),
-], ids=["rope", "rope+alibi", "shaw_values", "xl_clamp"])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(terms="a", absolute="rope"),
+        dict(terms="a", absolute="rope", bias="alibi"),
+        dict(terms="ab", rel="learned", clamp_len=6, shaw_values=True),
+        dict(terms="abcd", clamp_len=7),
+    ],
+    ids=["rope", "rope+alibi", "shaw_values", "xl_clamp"],
+)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_rope_shaw_and_clamped_r_at_explicit_positions(fields, causal):
     attn = make(causal=causal, **fields)
@@ -98,7 +113,9 @@ def drawn_distances(n_keys, seed, spread=SPREAD):
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize("bias", [b for b in BIAS_TYPES if b != "fire"])  # FIRE reads the query position too
+@pytest.mark.parametrize(
+    "bias", [b for b in BIAS_TYPES if b != "fire"]
+)  # FIRE reads the query position too
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_every_distance_scheme_reads_drawn_distances_on_every_kernel(bias, causal):
     """Ruoss et al.'s randomized relative encodings: offset r = i' - j reads d_r (mirrored for r < 0), in
@@ -111,13 +128,20 @@ def test_every_distance_scheme_reads_drawn_distances_on_every_kernel(bias, causa
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize("fields", [dict(terms="a", absolute="rope", bias="alibi"),
-                                    dict(terms="ab", rel="learned", clamp_len=6, shaw_values=True)],
-                         ids=["rope+alibi", "shaw_values"])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(terms="a", absolute="rope", bias="alibi"),
+        dict(terms="ab", rel="learned", clamp_len=6, shaw_values=True),
+    ],
+    ids=["rope+alibi", "shaw_values"],
+)
 def test_rope_reads_positions_while_the_relative_encodings_read_drawn_distances(fields):
     attn = make(**fields)
     x, mems = inputs(3, MEM)
-    check_every_backend(attn, x, mems, drawn(MEM + LQ, seed=3), distances=drawn_distances(MEM + LQ, seed=4))
+    check_every_backend(
+        attn, x, mems, drawn(MEM + LQ, seed=3), distances=drawn_distances(MEM + LQ, seed=4)
+    )
 
 
 def test_drawn_distances_0_to_k_minus_1_are_the_default():
@@ -151,13 +175,19 @@ def test_unsorted_positions_give_visible_pairs_negative_distances(bias):
     check_every_backend(attn, x, mems, torch.tensor([7, 3, 12, 0, 5]))
 
 
-@pytest.mark.parametrize("terms, bias", [("abcd", "t5"), ("bd", "fire"), ("ab", "alibi_learned"), ("ac", "dynamic")])
+@pytest.mark.parametrize(
+    "terms, bias", [("abcd", "t5"), ("bd", "fire"), ("ab", "alibi_learned"), ("ac", "dynamic")]
+)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("backend", ["blocks", "sdpa"])
-def test_fast_backward_at_explicit_positions_equals_autograd_of_explicit_scores(terms, bias, causal, backend):
+def test_fast_backward_at_explicit_positions_equals_autograd_of_explicit_scores(
+    terms, bias, causal, backend
+):
     attn = make(seed=11, terms=terms, bias=bias, causal=causal, backend=backend)
     x, mems = inputs(12, MEM)
-    grads = fast_and_explicit_gradients(attn, x, mems, AttentionOptions(positions=drawn(MEM + LQ, seed=12)))
+    grads = fast_and_explicit_gradients(
+        attn, x, mems, AttentionOptions(positions=drawn(MEM + LQ, seed=12))
+    )
     for fast, slow in zip(*grads):
         if slow is None:
             assert fast is None or fast.abs().max() == 0
@@ -170,14 +200,22 @@ def test_fast_backward_at_explicit_positions_equals_autograd_of_explicit_scores(
 def test_fast_backward_at_drawn_distances_equals_autograd_of_explicit_scores(terms, bias, backend):
     attn = make(seed=13, terms=terms, bias=bias, backend=backend)
     x, mems = inputs(14, MEM)
-    grads = fast_and_explicit_gradients(attn, x, mems, AttentionOptions(distances=drawn_distances(MEM + LQ, seed=14)))
+    grads = fast_and_explicit_gradients(
+        attn, x, mems, AttentionOptions(distances=drawn_distances(MEM + LQ, seed=14))
+    )
     for fast, slow in zip(*grads):
         if slow is not None:
             torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
 
 
-@pytest.mark.parametrize("fields", [dict(terms="abcd", bias="alibi"), dict(terms="a", absolute="rope"),
-                                    dict(terms="bd", bias="fire")])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(terms="abcd", bias="alibi"),
+        dict(terms="a", absolute="rope"),
+        dict(terms="bd", bias="fire"),
+    ],
+)
 def test_consecutive_positions_given_explicitly_equal_the_default(fields):
     """The gather path at 0 .. K - 1 agrees with the strided fast path (to rounding: other sums)."""
     attn = make(**fields)
@@ -189,7 +227,11 @@ def test_consecutive_positions_given_explicitly_equal_the_default(fields):
 
 def test_shifting_every_position_leaves_relative_schemes_unchanged():
     """Translation invariance at explicit positions: XL terms, T5, ALiBi and RoPE see only differences."""
-    for fields in (dict(terms="abcd", bias="t5"), dict(terms="a", bias="alibi"), dict(terms="a", absolute="rope")):
+    for fields in (
+        dict(terms="abcd", bias="t5"),
+        dict(terms="a", bias="alibi"),
+        dict(terms="a", absolute="rope"),
+    ):
         attn = make(**fields)
         x, mems = inputs(7, MEM)
         positions = drawn(MEM + LQ, seed=7)
@@ -209,7 +251,10 @@ def test_small_query_blocks_with_term_b_at_explicit_positions():
 def test_positions_of_the_wrong_shape_are_one_line_errors():
     attn = make(terms="abcd")
     x, mems = inputs(9, MEM)
-    with pytest.raises(ValueError, match=r"positions: expected \[M \+ L\] = \[8\] key positions shared by the batch"):
+    with pytest.raises(
+        ValueError,
+        match=r"positions: expected \[M \+ L\] = \[8\] key positions shared by the batch",
+    ):
         attn(x, mems, AttentionOptions(positions=torch.arange(LQ)))
     with pytest.raises(ValueError, match=r"got \[2, 8\]"):
         attn(x, mems, AttentionOptions(positions=torch.arange(MEM + LQ).expand(2, -1)))

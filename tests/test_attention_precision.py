@@ -27,7 +27,9 @@ RTOL = 0.025
 
 
 def make(terms, bias, **fields):
-    attn = RelPosAttention(16, 2, 8, AttentionConfig(terms=terms, bias=bias, query_chunk=2, **fields))
+    attn = RelPosAttention(
+        16, 2, 8, AttentionConfig(terms=terms, bias=bias, query_chunk=2, **fields)
+    )
     randomize(attn, 0, scale=0.2)
     return attn
 
@@ -87,8 +89,15 @@ def test_bf16_autocast_flex_forward_matches_float32(bias):
 
 def test_bf16_mixed_training_run_end_to_end(tmp_path):
     """Terms b and d through the rebuild-in-backward kernel, with memory, trained and evaluated."""
-    cfg = tiny("train.precision=bf16-mixed", "model.attention.backend=blocks", "model.attention.bias=fire",
-               "model.mem_len=8", "train.max_steps=4", "train.log_every=1", "eval.settings=[{segment_len: 16}]")
+    cfg = tiny(
+        "train.precision=bf16-mixed",
+        "model.attention.backend=blocks",
+        "model.attention.bias=fire",
+        "model.mem_len=8",
+        "train.max_steps=4",
+        "train.log_every=1",
+        "eval.settings=[{segment_len: 16}]",
+    )
     assert train_run(cfg, tmp_path) == "done"
     metrics = (tmp_path / "eval.json").read_text()
     assert "NaN" not in metrics and "Infinity" not in metrics

@@ -20,12 +20,16 @@ D_MODEL, HEADS, D_HEAD, LQ, MEM = 16, 2, 8, 5, 3
 
 
 def make(seed=0, **fields):
-    fields.setdefault("query_chunk", 2)  # several blocks even at L=5, so block boundaries are tested
+    fields.setdefault(
+        "query_chunk", 2
+    )  # several blocks even at L=5, so block boundaries are tested
     if fields.get("bias") == "t5":
         fields.setdefault("num_buckets", 8)
         fields.setdefault("max_distance", 6)
     elif fields.get("bias") == "xl_table":
-        fields.setdefault("max_distance", 3)  # smaller than the distances used: the clamp is exercised
+        fields.setdefault(
+            "max_distance", 3
+        )  # smaller than the distances used: the clamp is exercised
     attn = RelPosAttention(D_MODEL, HEADS, D_HEAD, AttentionConfig(**fields)).double()
     randomize(attn, seed)
     return attn
@@ -40,7 +44,9 @@ def inputs(seed, n_mem, batch=2):
 
 def assert_matches_reference(attn, x, mems, **kw):
     ref_out, ref_probs = reference_attention(attn, x, mems, **kw)
-    options = AttentionOptions(clamp_len=kw.get("clamp_len"), window=kw.get("window"), key_padding_mask=kw.get("padding"))
+    options = AttentionOptions(
+        clamp_len=kw.get("clamp_len"), window=kw.get("window"), key_padding_mask=kw.get("padding")
+    )
     fast, none = attn(x, mems, options)
     slow, probs = attn(x, mems, options, need_weights=True)
     assert none is None
@@ -87,7 +93,9 @@ def test_rope_matches_reference(n_mem):
     assert_matches_reference(attn, *inputs(3, n_mem))
 
 
-@pytest.mark.parametrize("score_scale, bias_scaled", [("none", False), ("sqrt_d", True), ("none", True)])
+@pytest.mark.parametrize(
+    "score_scale, bias_scaled", [("none", False), ("sqrt_d", True), ("none", True)]
+)
 def test_scaling_conventions(score_scale, bias_scaled):
     attn = make(terms="abcd", bias="t5", score_scale=score_scale, bias_scaled=bias_scaled)
     assert_matches_reference(attn, *inputs(4, MEM))
@@ -123,7 +131,10 @@ def test_float32_module_is_close_to_float64_reference():
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("terms, bias, causal", [("abcd", "t5", True), ("bd", "fire", False), ("ab", "kerple_power", True)])
+@pytest.mark.parametrize(
+    "terms, bias, causal",
+    [("abcd", "t5", True), ("bd", "fire", False), ("ab", "kerple_power", True)],
+)
 def test_gradients_match_finite_differences(terms, bias, causal):
     attn = make(terms=terms, bias=bias, causal=causal, max_distance=6 if bias == "t5" else 128)
     x, mems = inputs(9, 2, batch=1)
@@ -164,12 +175,16 @@ def test_score_terms_sum_to_the_scores():
     torch.testing.assert_close(probs, ref_probs, rtol=1e-6, atol=1e-9)
 
 
-SCALED_CASES = [dict(terms="abcd", bias="t5", bias_scaled=True, score_scale="log_n", log_n_length=8),
-                dict(terms="ab", score_scale="none", learned_temperature=True),
-                dict(terms="a", forget_gate=True, cope_positions=3)]
+SCALED_CASES = [
+    dict(terms="abcd", bias="t5", bias_scaled=True, score_scale="log_n", log_n_length=8),
+    dict(terms="ab", score_scale="none", learned_temperature=True),
+    dict(terms="a", forget_gate=True, cope_positions=3),
+]
 
 
-@pytest.mark.parametrize("fields", SCALED_CASES, ids=["log_n-t5-scaled", "unscaled-temperature", "fox-cope"])
+@pytest.mark.parametrize(
+    "fields", SCALED_CASES, ids=["log_n-t5-scaled", "unscaled-temperature", "fox-cope"]
+)
 def test_score_term_maps_are_the_softmax_input_as_they_enter_it(fields):
     """The README's promise: the maps already carry every scale (1/sqrt(d_head), log-n, temperature), so
     their sum with the mask, softmaxed, is the attention's own probabilities."""
@@ -178,8 +193,9 @@ def test_score_term_maps_are_the_softmax_input_as_they_enter_it(fields):
     maps = attn.score_terms(x, mems)
     total = sum(value for name, value in maps.items() if name != "visible")
     _, probs = attn(x, mems, need_weights=True)
-    torch.testing.assert_close(total.masked_fill(~maps["visible"], float("-inf")).softmax(-1), probs,
-                               rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(
+        total.masked_fill(~maps["visible"], float("-inf")).softmax(-1), probs, rtol=1e-6, atol=1e-9
+    )
 
 
 def test_score_term_maps_include_the_one_over_sqrt_d_head_scale():

@@ -27,9 +27,18 @@ BANDED = {
 }
 
 
-def _layer(fields: dict, backend: str = "band", heads: int = 2, d_head: int = 16, dtype=torch.float32, **config):
+def _layer(
+    fields: dict,
+    backend: str = "band",
+    heads: int = 2,
+    d_head: int = 16,
+    dtype=torch.float32,
+    **config,
+):
     torch.manual_seed(0)
-    attn = RelPosAttention(heads * d_head, heads, d_head, AttentionConfig(backend=backend, **fields, **config))
+    attn = RelPosAttention(
+        heads * d_head, heads, d_head, AttentionConfig(backend=backend, **fields, **config)
+    )
     with torch.no_grad():  # far from the init's small values, so that every term moves the softmax
         for p in attn.parameters():
             p.normal_(0, 0.5)
@@ -48,18 +57,26 @@ def _per_distance(attn: RelPosAttention, distances: range, params: dict) -> dict
                 rows.append(params["r_table"][c])
             else:
                 freqs = [1.0 / 10000 ** (k / attn.d_model) for k in range(0, attn.d_model, 2)]
-                rows.append(torch.tensor([math.sin(c * f) for f in freqs] + [math.cos(c * f) for f in freqs],
-                                         dtype=torch.float64))
+                rows.append(
+                    torch.tensor(
+                        [math.sin(c * f) for f in freqs] + [math.cos(c * f) for f in freqs],
+                        dtype=torch.float64,
+                    )
+                )
         out["r"] = (torch.stack(rows) @ params["r_net.weight"].T).view(-1, h, dh) / math.sqrt(dh)
     if cfg.bias == "xl_table":
-        out["bias"] = torch.stack([params["bias_scheme.table"][min(d, cfg.max_distance)] for d in distances])
+        out["bias"] = torch.stack(
+            [params["bias_scheme.table"][min(d, cfg.max_distance)] for d in distances]
+        )
     if cfg.bias == "t5":
         buckets = [t5_bucket_hf(-d, False, cfg.num_buckets, cfg.max_distance) for d in distances]
         out["bias"] = params["bias_scheme.table"][buckets]
     return out
 
 
-def _reference(attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+def _reference(
+    attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor | None
+) -> tuple[torch.Tensor, dict]:
     """(out, the float64 parameters it was computed from), every score materialised."""
     params = {name: p.detach().double().requires_grad_() for name, p in attn.named_parameters()}
     cfg, h, dh = attn.config, attn.n_heads, attn.d_head
@@ -74,25 +91,38 @@ def _reference(attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor | None
     values = _per_distance(attn, range(n_keys), params)
     scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
     if "c" in cfg.terms:
-        scores = scores + (params["content_bias_u"][None, :, None] @ k.transpose(-1, -2)) / math.sqrt(dh)
+        scores = scores + (
+            params["content_bias_u"][None, :, None] @ k.transpose(-1, -2)
+        ) / math.sqrt(dh)
     if "r" in values:
         r = values["r"].transpose(0, 1)  # (H, n, dh)
         if "b" in cfg.terms:
-            scores = scores + torch.einsum("bhid,hnd->bhin", q, r)[..., torch.arange(lq)[:, None], index]
+            scores = (
+                scores + torch.einsum("bhid,hnd->bhin", q, r)[..., torch.arange(lq)[:, None], index]
+            )
         if "d" in cfg.terms:
-            scores = scores + torch.einsum("hd,hnd->hn", params["position_bias_v"], r)[:, index][None]
+            scores = (
+                scores + torch.einsum("hd,hnd->hn", params["position_bias_v"], r)[:, index][None]
+            )
     if "bias" in values:
         scores = scores + values["bias"].T[:, index][None]
     scores = scores.masked_fill(distance < 0, float("-inf"))
-    out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, lq, h * dh) @ params["out_net.weight"].T
+    out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, lq, h * dh) @ params[
+        "out_net.weight"
+    ].T
     return out, params
 
 
-@pytest.mark.parametrize("name", ["shaw", "t5"])  # term b's clamped keys; a bias curve's last bucket
+@pytest.mark.parametrize(
+    "name", ["shaw", "t5"]
+)  # term b's clamped keys; a bias curve's last bucket
 def test_band_equals_the_float64_reference_at_4096_with_memory(name):
     """fp32 on the band kernel vs float64, L = 4096 after 256 memory keys: the output within 1e-5, every
     parameter's gradient within 1e-5 of its largest entry."""
-    fields = {"shaw": dict(terms="ab", rel="learned", clamp_len=20), "t5": dict(terms="a", bias="t5")}[name]
+    fields = {
+        "shaw": dict(terms="ab", rel="learned", clamp_len=20),
+        "t5": dict(terms="a", bias="t5"),
+    }[name]
     attn = _layer(fields, heads=2, d_head=16)
     with torch.no_grad():
         for p in attn.parameters():
@@ -110,9 +140,9 @@ def test_band_equals_the_float64_reference_at_4096_with_memory(name):
 @pytest.mark.parametrize("name", list(BANDED))
 def test_band_equals_the_references(name, n_mem):
     """Small shapes, blocks of 16 queries (a short last block): the forward against tests/reference.py's
-    pair-by-pair formula, and forward and every gradient against this file's float64 reference (within 1e-5 of
-the largest entry). Memory shorter
-    and longer than the saturation distance gives both layouts of the far pairs (band.far_parts)."""
+        pair-by-pair formula, and forward and every gradient against this file's float64 reference (within 1e-5 of
+    the largest entry). Memory shorter
+        and longer than the saturation distance gives both layouts of the far pairs (band.far_parts)."""
     attn = _layer(BANDED[name], query_chunk=16)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(2, 70, 32, generator=gen)
@@ -133,12 +163,24 @@ def test_band_edges_equal_the_explicit_path_in_float64(query_chunk, n_mem, n_que
     """One block (query_chunk 0), one query per block, a single query, memory longer than the segment: the band
     kernel's output and every gradient equal the explicit path's (itself held to tests/reference.py elsewhere) to
     1e-12 in float64."""
-    for fields in (dict(terms="ab", rel="learned", clamp_len=4), dict(terms="a", bias="xl_table", max_distance=3)):
+    for fields in (
+        dict(terms="ab", rel="learned", clamp_len=4),
+        dict(terms="a", bias="xl_table", max_distance=3),
+    ):
         results = []
         for backend in ("band", "explicit"):
-            attn = _layer(fields, backend=backend, dtype=torch.float64, query_chunk=query_chunk, heads=2, d_head=8)
+            attn = _layer(
+                fields,
+                backend=backend,
+                dtype=torch.float64,
+                query_chunk=query_chunk,
+                heads=2,
+                d_head=8,
+            )
             gen = torch.Generator().manual_seed(1)
-            x = torch.randn(2, n_queries, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+            x = torch.randn(
+                2, n_queries, 16, generator=gen, dtype=torch.float64, requires_grad=True
+            )
             mems = torch.randn(2, n_mem, 16, generator=gen, dtype=torch.float64) if n_mem else None
             if backend == "band":
                 call, q, _ = attn.kernel_call(x, mems)
@@ -154,14 +196,20 @@ def test_far_parts_cover_the_far_pairs_once():
     """The flash-kernel calls of band.far_parts, with the band (window D), see every causal pair exactly once."""
     for n_mem, lq, d in ((0, 20, 5), (3, 20, 5), (5, 20, 5), (12, 20, 5), (0, 5, 5), (2, 4, 9)):
         attn = _layer(dict(terms="a", bias="xl_table", max_distance=d))  # saturation = max_distance
-        call, _, _ = attn.kernel_call(torch.randn(1, lq, 32), torch.randn(1, n_mem, 32) if n_mem else None)
+        call, _, _ = attn.kernel_call(
+            torch.randn(1, lq, 32), torch.randn(1, n_mem, 32) if n_mem else None
+        )
         far = band.banded(call) if call.n_keys > d else None  # (no key at distance d: no far pairs)
         seen = torch.zeros(lq, n_mem + lq, dtype=torch.int64)
         if far is not None:
             for part in band.far_parts(far):
                 rows = torch.arange(part.rows.start, part.rows.stop)[:, None]
                 keys = torch.arange(part.keys.start, part.keys.stop)[None, :]
-                covered = (keys - part.keys.start <= rows - part.rows.start) if part.causal else torch.ones_like(rows * keys, dtype=torch.bool)
+                covered = (
+                    (keys - part.keys.start <= rows - part.rows.start)
+                    if part.causal
+                    else torch.ones_like(rows * keys, dtype=torch.bool)
+                )
                 seen[part.rows, part.keys] += covered.long()
         distance = (n_mem + torch.arange(lq))[:, None] - torch.arange(n_mem + lq)[None, :]
         seen += ((distance >= 0) & (distance < d)).long()  # the band
@@ -176,9 +224,16 @@ def test_saturation_of_each_scheme():
     first_far = next(d for d in range(200) if t5_bucket_hf(-d, False, 8, 12) == 7)
     for name, fields in BANDED.items():
         call, _, _ = _layer(fields).kernel_call(x)
-        assert call.saturation == expected.get(name, max(6, first_far) if "xl" in name else first_far), name
-    for fields in (dict(terms="ab"), dict(terms="a", bias="kerple_log"), dict(terms="a", bias="alibi"),
-                   dict(terms="ab", clamp_len=4, bias="kerple_log"), dict(terms="a", bias="fire")):
+        assert call.saturation == expected.get(
+            name, max(6, first_far) if "xl" in name else first_far
+        ), name
+    for fields in (
+        dict(terms="ab"),
+        dict(terms="a", bias="kerple_log"),
+        dict(terms="a", bias="alibi"),
+        dict(terms="ab", clamp_len=4, bias="kerple_log"),
+        dict(terms="a", bias="fire"),
+    ):
         call, _, _ = _layer(fields, backend="auto").kernel_call(x)
         assert call.saturation is None, fields
 
@@ -190,13 +245,20 @@ def test_the_band_only_takes_calls_it_can():
     x = torch.randn(1, 40, 32)
     call, q, _ = attn.kernel_call(x)
     assert dispatch.candidates(call, q, attn.config, 0.0)[0] == "band"
-    for options in (AttentionOptions(window=8), AttentionOptions(positions=torch.arange(40) * 2),
-                    AttentionOptions(key_padding_mask=torch.zeros(1, 40, dtype=torch.bool))):
+    for options in (
+        AttentionOptions(window=8),
+        AttentionOptions(positions=torch.arange(40) * 2),
+        AttentionOptions(key_padding_mask=torch.zeros(1, 40, dtype=torch.bool)),
+    ):
         call, q, _ = attn.kernel_call(x, None, options)
         assert "band" not in dispatch.candidates(call, q, attn.config, 0.0), options
     call, q, _ = attn.kernel_call(x[:, :19])  # 19 keys < twice the saturation distance (10)
     assert "band" not in dispatch.candidates(call, q, attn.config, 0.0)
-    for other in (dict(sinks=2), dict(score_scale="log_n", log_n_length=8), dict(learned_temperature=True)):
+    for other in (
+        dict(sinks=2),
+        dict(score_scale="log_n", log_n_length=8),
+        dict(learned_temperature=True),
+    ):
         layer = _layer({**BANDED["t5"], **other}, backend="auto")
         call, q, _ = layer.kernel_call(x)
         assert "band" not in dispatch.candidates(call, q, layer.config, 0.0), other
@@ -210,12 +272,19 @@ def test_the_band_only_takes_calls_it_can():
 def test_every_calibration_candidate_agrees_with_the_band():
     """band, blocks and sdpa (per query block) compute the same forward and gradients (fp32): within 2e-5 of the
     largest entry, 1e-4 for a bias table's gradient."""
-    def limit(tensor: str) -> float:  # a bias table's gradient sums dS over many pairs that cancel (rows sum to 0)
+
+    def limit(
+        tensor: str,
+    ) -> float:  # a bias table's gradient sums dS over many pairs that cancel (rows sum to 0)
         return 1e-4 if tensor.endswith("table") else 2e-5
 
     for name, fields in BANDED.items():
-        assert_candidates_agree(lambda backend: _layer(fields, backend=backend, query_chunk=32),
-                                ("band", "blocks", "sdpa"), limit, name)
+        assert_candidates_agree(
+            lambda backend: _layer(fields, backend=backend, query_chunk=32),
+            ("band", "blocks", "sdpa"),
+            limit,
+            name,
+        )
 
 
 @pytest.mark.parametrize("name", list(BANDED))
@@ -228,7 +297,9 @@ def test_band_under_bf16_autocast_matches_float32(name):
     x, mems = torch.randn(2, 70, 32, generator=gen), torch.randn(2, 10, 32, generator=gen)
     with torch.autocast("cpu", torch.bfloat16):
         call, q, _ = attn.kernel_call(x, mems)
-        assert call.dtype == torch.bfloat16 and dispatch.candidates(call, q, attn.config, 0.0) == ["band"]
+        assert call.dtype == torch.bfloat16 and dispatch.candidates(call, q, attn.config, 0.0) == [
+            "band"
+        ]
     out32, grads32 = forward_backward(attn, x, mems, autocast=False)
     out16, grads16 = forward_backward(attn, x, mems, autocast=True)
     assert relative_error([out16], [out32]) < RTOL
@@ -243,9 +314,19 @@ def test_forced_timings_pick_each_path_of_a_banded_call(fastest, tmp_path, monke
     real_banded, real_stored, real_blockwise = band.banded, dispatch._stored, dispatch._blockwise
     monkeypatch.setattr(band, "banded", lambda call: (ran.append("band"), real_banded(call))[1])
     monkeypatch.setattr(dispatch, "_stored", lambda *a: (ran.append("sdpa"), real_stored(*a))[1])
-    monkeypatch.setattr(dispatch, "_blockwise", lambda call, *a: (
-        ran.append("blocks") if call.far_from is None else None, real_blockwise(call, *a))[1])
+    monkeypatch.setattr(
+        dispatch,
+        "_blockwise",
+        lambda call, *a: (
+            ran.append("blocks") if call.far_from is None else None,
+            real_blockwise(call, *a),
+        )[1],
+    )
     attn = _layer(BANDED["shaw"], backend="auto", max_stored_scores_mb=64)
     out, _ = attn(torch.randn(1, 64, 32))
     out.sum().backward()
-    assert cal.measured == 3 and sorted(set(ran[:-1])) == ["band", "blocks", "sdpa"] and ran[-1] == fastest
+    assert (
+        cal.measured == 3
+        and sorted(set(ran[:-1])) == ["band", "blocks", "sdpa"]
+        and ran[-1] == fastest
+    )

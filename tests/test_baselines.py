@@ -38,8 +38,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def lm(d_model=16, mem_len=0, **attention):
-    cfg = ModelConfig(vocab_size=11, d_model=d_model, n_layers=1, n_heads=2, d_head=8, d_inner=32, dropout=0.0,
-                      mem_len=mem_len, attention=AttentionConfig(**attention))
+    cfg = ModelConfig(
+        vocab_size=11,
+        d_model=d_model,
+        n_layers=1,
+        n_heads=2,
+        d_head=8,
+        d_inner=32,
+        dropout=0.0,
+        mem_len=mem_len,
+        attention=AttentionConfig(**attention),
+    )
     return TransformerLM(cfg)
 
 
@@ -64,20 +73,28 @@ def test_the_sinusoid_no_longer_swamps_the_embedding_at_xl_sizes():
     assert 1.0 < ratio < 2.5, f"position / token norm = {ratio:.1f}"
 
 
-@pytest.mark.parametrize("absolute, expected", [
-    ("sinusoid", math.sqrt(16)),  # Vaswani et al. §3.4; Transformer-XL attn_type 2
-    ("learned_per_layer", math.sqrt(16)),  # Transformer-XL's Al-Rfou baseline (attn_type 3)
-    ("learned", 1.0),  # GPT-2
-    ("none", 1.0),
-    ("rope", 1.0),
-])
+@pytest.mark.parametrize(
+    "absolute, expected",
+    [
+        ("sinusoid", math.sqrt(16)),  # Vaswani et al. §3.4; Transformer-XL attn_type 2
+        ("learned_per_layer", math.sqrt(16)),  # Transformer-XL's Al-Rfou baseline (attn_type 3)
+        ("learned", 1.0),  # GPT-2
+        ("none", 1.0),
+        ("rope", 1.0),
+    ],
+)
 def test_auto_embed_scale_is_each_baseline_s_published_default(absolute, expected):
     cfg = ModelConfig(d_model=16, attention=AttentionConfig(terms="a", absolute=absolute))
     assert cfg.embedding_multiplier == pytest.approx(expected)
 
 
 def test_embed_scale_can_be_set_explicitly_and_is_validated():
-    assert ModelConfig(embed_scale="none", attention=AttentionConfig(absolute="sinusoid")).embedding_multiplier == 1.0
+    assert (
+        ModelConfig(
+            embed_scale="none", attention=AttentionConfig(absolute="sinusoid")
+        ).embedding_multiplier
+        == 1.0
+    )
     assert ModelConfig(d_model=64, embed_scale="sqrt_d_model").embedding_multiplier == 8.0
     with pytest.raises(ConfigError, match="embed_scale"):
         ModelConfig(embed_scale="sqrt")
@@ -151,18 +168,29 @@ def test_bias_mlps_keep_their_own_init_inside_the_lm(bias):
     for layer in range(2):
         bound = 1 / math.sqrt(linear_layers(alone[0])[layer].in_features)
         for name in ("weight", "bias"):
-            got = torch.cat([getattr(linear_layers(s)[layer], name).detach().flatten() for s in inside])
-            ref = torch.cat([getattr(linear_layers(s)[layer], name).detach().flatten() for s in alone])
+            got = torch.cat(
+                [getattr(linear_layers(s)[layer], name).detach().flatten() for s in inside]
+            )
+            ref = torch.cat(
+                [getattr(linear_layers(s)[layer], name).detach().flatten() for s in alone]
+            )
             assert got.abs().max() <= bound
             assert got.std() == pytest.approx(bound / math.sqrt(3), rel=0.25), (layer, name)
             assert got.std() == pytest.approx(ref.std(), rel=0.25), (layer, name)
 
 
 POSITION_CASES = [
-    dict(terms="a", bias="fire"), dict(terms="a", bias="dynamic", share_bias=False), dict(terms="a", bias="t5"),
-    dict(terms="a", bias="xl_table"), dict(terms="a", bias="kerple_power"), dict(terms="a", bias="alibi_learned"),
-    dict(terms="abcd", share_uv=False), dict(terms="abcd"), dict(terms="ab", rel="learned", clamp_len=4, shaw_values=True),
-    dict(terms="a", absolute="learned"), dict(terms="a", absolute="learned_per_layer"),
+    dict(terms="a", bias="fire"),
+    dict(terms="a", bias="dynamic", share_bias=False),
+    dict(terms="a", bias="t5"),
+    dict(terms="a", bias="xl_table"),
+    dict(terms="a", bias="kerple_power"),
+    dict(terms="a", bias="alibi_learned"),
+    dict(terms="abcd", share_uv=False),
+    dict(terms="abcd"),
+    dict(terms="ab", rel="learned", clamp_len=4, shaw_values=True),
+    dict(terms="a", absolute="learned"),
+    dict(terms="a", absolute="learned_per_layer"),
 ]
 
 
@@ -173,12 +201,19 @@ def position_parameters(model: TransformerLM) -> dict[int, str]:
         if isinstance(module, (BiasScheme, LearnedPositions)):
             found.update({id(p): f"{name}.{n}" for n, p in module.named_parameters()})
     for name, p in model.named_parameters():
-        if name.rsplit(".", 1)[-1] in ("content_bias_u", "position_bias_v", "r_table", "value_table"):
+        if name.rsplit(".", 1)[-1] in (
+            "content_bias_u",
+            "position_bias_v",
+            "r_table",
+            "value_table",
+        ):
             found[id(p)] = name
     return found
 
 
-@pytest.mark.parametrize("attention", POSITION_CASES, ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize(
+    "attention", POSITION_CASES, ids=lambda c: "-".join(str(v) for v in c.values())
+)
 def test_no_position_parameter_gets_weight_decay(attention):
     model = lm(**attention)
     optimizer, _ = build_optimizer(model, tiny().train, torch.device("cpu"))
@@ -186,7 +221,9 @@ def test_no_position_parameter_gets_weight_decay(attention):
     position = position_parameters(model)
     assert position, "the case has position parameters"
     assert [position[id(p)] for p in decayed["params"] if id(p) in position] == []
-    assert any(p is model.layers[0].attn.q_net.weight for p in decayed["params"])  # projections still decay
+    assert any(
+        p is model.layers[0].attn.q_net.weight for p in decayed["params"]
+    )  # projections still decay
 
 
 def test_the_fair_baselines_study_runs_every_preset_end_to_end(tmp_path, capsys):
@@ -203,12 +240,26 @@ def test_the_fair_baselines_study_runs_every_preset_end_to_end(tmp_path, capsys)
     from relpos_ablate.runner.grid import load_grid
 
     spec_path = ROOT / "experiments" / "fair_baselines.yaml"
-    kept = [run for run in load_grid(spec_path).runs if run.variant["seed"] == 0 and (
-        run.variant["train.lr"] == 1e-3 or (run.variant["encoding"] == "xl" and run.variant["train.lr"] == 2e-3))]
+    kept = [
+        run
+        for run in load_grid(spec_path).runs
+        if run.variant["seed"] == 0
+        and (
+            run.variant["train.lr"] == 1e-3
+            or (run.variant["encoding"] == "xl" and run.variant["train.lr"] == 2e-3)
+        )
+    ]
     results = tmp_path / "fair_baselines"
     for run in kept:
-        atomic_write_json(results / run.run_id / "run.json", {"run_id": run.run_id, "experiment": "fair_baselines",
-                                                              "variant": run.variant, "spec": str(spec_path)})
+        atomic_write_json(
+            results / run.run_id / "run.json",
+            {
+                "run_id": run.run_id,
+                "experiment": "fair_baselines",
+                "variant": run.variant,
+                "spec": str(spec_path),
+            },
+        )
         assert train_run(shrink(run.config, tmp_path / "cache"), results / run.run_id) == "done"
     frame = collect(results)
     assert set(frame["split"]) == {"valid", "test"} and frame["ppl"].gt(1).all()
@@ -216,7 +267,9 @@ def test_the_fair_baselines_study_runs_every_preset_end_to_end(tmp_path, capsys)
     assert options.best_over == "train.lr" and table.index == ["encoding", "lr"]
     assert [labels[0] for labels, _ in table.rows] == list(presets())  # the spec's order
     picks = {labels[0]: labels[1] for labels, _ in table.rows}
-    xl = frame[(frame["encoding"] == "xl") & (frame["split"] == "valid")].set_index("train.lr")["ppl"]
+    xl = frame[(frame["encoding"] == "xl") & (frame["split"] == "valid")].set_index("train.lr")[
+        "ppl"
+    ]
     assert picks["xl"] == f"{xl.idxmin():g}" and set(picks.values()) <= {"0.001", "0.002"}
     assert main(["report", str(results), "--out", str(tmp_path / "report.md")]) == 0
     text = (tmp_path / "report.md").read_text()

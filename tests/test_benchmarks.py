@@ -25,14 +25,36 @@ def _load(name: str):
 
 
 def test_the_attention_benchmark_json_names_the_machine_and_the_kernels(tmp_path, monkeypatch):
-    monkeypatch.setenv("RELPOS_ABLATE_CALIBRATE", "1")  # its own cache (conftest): the choice is measured here
+    monkeypatch.setenv(
+        "RELPOS_ABLATE_CALIBRATE", "1"
+    )  # its own cache (conftest): the choice is measured here
     bench = _load("attention")
     out = tmp_path / "bench.json"
-    monkeypatch.setattr(sys, "argv", ["attention.py", "--lengths", "64", "--schemes", "alibi,t5", "--pairs", "1",
-                                      "--memory", "none", "--out", str(out)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "attention.py",
+            "--lengths",
+            "64",
+            "--schemes",
+            "alibi,t5",
+            "--pairs",
+            "1",
+            "--memory",
+            "none",
+            "--out",
+            str(out),
+        ],
+    )
     bench.main()
     result = json.loads(out.read_text())
-    assert result["processor"] and result["cores"] >= 1 and result["torch"] and len(result["date"]) == 10
+    assert (
+        result["processor"]
+        and result["cores"] >= 1
+        and result["torch"]
+        and len(result["date"]) == 10
+    )
     assert set(result["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
     assert result["denormals"] == "flushed"
     assert [row["scheme"] for row in result["rows"]] == ["alibi", "t5"]
@@ -40,7 +62,9 @@ def test_the_attention_benchmark_json_names_the_machine_and_the_kernels(tmp_path
     # ALiBi had two candidates in training (low-rank, block kernel): one measured choice; T5 one candidate
     alibi = [entry for key, entry in result["kernel_choices"].items() if "linear" in key]
     assert alibi and all(set(entry["seconds"]) == {"low_rank", "blocks"} for entry in alibi)
-    assert all(entry["choice"] == min(entry["seconds"], key=entry["seconds"].get) for entry in alibi)
+    assert all(
+        entry["choice"] == min(entry["seconds"], key=entry["seconds"].get) for entry in alibi
+    )
 
 
 def test_train_step_times_every_variant_of_a_spec_against_nope(tmp_path, monkeypatch):
@@ -50,10 +74,16 @@ def test_train_step_times_every_variant_of_a_spec_against_nope(tmp_path, monkeyp
     bench.time_spec(str(spec), steps=2, warmup=1, repeats=1, device="cpu", out=str(out))
     result = json.loads(out.read_text())
     assert result["spec"] == "g" and result["processor"] and result["steps"] == 2
-    assert [row["variant"] for row in result["rows"]] == ["encoding=xl", "encoding=alibi"]  # seeds aside
+    assert [row["variant"] for row in result["rows"]] == [
+        "encoding=xl",
+        "encoding=alibi",
+    ]  # seeds aside
     for row in result["rows"]:
         assert row["seconds_per_step"] > 0 and row["nope_seconds_per_step"] > 0
-        assert abs(row["ratio_to_nope"] - row["seconds_per_step"] / row["nope_seconds_per_step"]) < 1e-12
+        assert (
+            abs(row["ratio_to_nope"] - row["seconds_per_step"] / row["nope_seconds_per_step"])
+            < 1e-12
+        )
         assert abs(row["steps_per_second"] * row["seconds_per_step"] - 1) < 1e-12
 
 
@@ -65,7 +95,9 @@ def test_the_low_rank_block_benchmark_names_the_machine_and_bounds_each_blocks_r
     out = capsys.readouterr().out
     assert "SPREAD_LIMIT 128.0" in out.splitlines()[0]
     assert "| SDPA causal, 72 channels |" in out and "| low-rank kernel, blocks of 256 |" in out
-    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "e-" in line]
+    rows = [
+        line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "e-" in line
+    ]
     errors = {r[0][2:]: float(r[2]) for r in rows}
     in_order = ["256, sums in order"] if low_rank.ordered_sums() else []
     assert list(errors) == ["64", "128", "256", "512", "1024", "4096", *in_order]
@@ -81,11 +113,24 @@ def test_swap_timing_runs_a_function_at_another_revision_beside_the_current_one(
     swap = bench.Swap("relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._masked@HEAD")
     swap.set(old=True)
     assert MaterialisedMaps._masked is swap.old is not current
-    assert swap.old.__globals__["__name__"] == "relpos_ablate.model.kernels.block_maps@HEAD:relpos_ablate/model/kernels/block_maps.py"
+    assert (
+        swap.old.__globals__["__name__"]
+        == "relpos_ablate.model.kernels.block_maps@HEAD:relpos_ablate/model/kernels/block_maps.py"
+    )
     swap.set(old=False)
     assert MaterialisedMaps._masked is current
-    bench.main(["--scheme", "fire", "--length", "64", "--rounds", "1",
-                "--swap", "relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._masked@HEAD"])
+    bench.main(
+        [
+            "--scheme",
+            "fire",
+            "--length",
+            "64",
+            "--rounds",
+            "1",
+            "--swap",
+            "relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._masked@HEAD",
+        ]
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("fire at L=64, 1 rounds") and lines[1].startswith("  old: median")
     assert lines[2].startswith("  new: median") and lines[3].startswith("  sdpa_nope: median")

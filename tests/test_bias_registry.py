@@ -20,7 +20,13 @@ from reference import BIAS_FORMULAS
 from relpos_ablate import AttentionConfig, ModelConfig, RelPosAttention, TransformerLM
 from relpos_ablate.config import ConfigError, RunConfig, describe, load_run_config, registry
 from relpos_ablate.config.model import BIAS_TYPES
-from relpos_ablate.config.registry import BUILTIN_BIASES, bias_class, bias_types, import_modules, register_bias
+from relpos_ablate.config.registry import (
+    BUILTIN_BIASES,
+    bias_class,
+    bias_types,
+    import_modules,
+    register_bias,
+)
 from relpos_ablate.model import AttentionOptions
 from relpos_ablate.model.position import BiasScheme, build_bias
 from relpos_ablate.config.presets import preset_fields, presets
@@ -55,18 +61,23 @@ def test_the_names_are_none_then_the_builtins_and_resolve_lazily_to_bias_schemes
 
 def test_every_builtin_has_an_independent_reference_formula_and_a_documented_one():
     assert set(BIAS_FORMULAS) == set(BUILTIN_BIASES), (
-        "every built-in bias type needs a float64 formula in tests/reference.py BIAS_FORMULAS")
+        "every built-in bias type needs a float64 formula in tests/reference.py BIAS_FORMULAS"
+    )
     doc = (REPO / "docs" / "formulas.md").read_text()
     section = doc.split("\n## Bias types", 1)[1].split("\n## ", 1)[0]
     documented = re.findall(r"^### `(\w+)`", section, flags=re.M)
-    assert documented == list(BUILTIN_BIASES), "docs/formulas.md: one '### `name`' section per built-in, in order"
+    assert documented == list(BUILTIN_BIASES), (
+        "docs/formulas.md: one '### `name`' section per built-in, in order"
+    )
 
 
 def test_an_unregistered_name_is_one_line_naming_the_registry(fresh_registry):
     with pytest.raises(ConfigError) as err:
         load_run_config(None, ["model.attention.bias=gaussian"])
     message = str(err.value)
-    assert message.startswith("model.attention.bias: 'gaussian' is not registered; registered: none, xl_table, t5")
+    assert message.startswith(
+        "model.attention.bias: 'gaussian' is not registered; registered: none, xl_table, t5"
+    )
     assert "@register_bias in a module listed under `imports:`" in message and "\n" not in message
     with pytest.raises(ConfigError, match="did you mean 'alibi'"):
         AttentionConfig(bias="alibj")
@@ -91,16 +102,24 @@ def test_config_validation_and_grid_expansion_never_import_torch():
         "assert {r.config.model.attention.bias for r in spec.runs} > set(BUILTIN_BIASES)\n"
         "print('torch' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
 
 # ------------------------------------------------------------------ register_bias and imports
-@pytest.mark.parametrize("name, phrase", [
-    ("alibi", "'alibi' is built in"), ("none", "'none' is built in"), ("Gauss", "lowercase letters"),
-    ("a-b", "lowercase letters"), (3, "lowercase letters"),
-])
+@pytest.mark.parametrize(
+    "name, phrase",
+    [
+        ("alibi", "'alibi' is built in"),
+        ("none", "'none' is built in"),
+        ("Gauss", "lowercase letters"),
+        ("a-b", "lowercase letters"),
+        (3, "lowercase letters"),
+    ],
+)
 def test_register_bias_refuses_names_that_cannot_be_yours(fresh_registry, name, phrase):
     with pytest.raises(ValueError, match=phrase):
         register_bias(name)
@@ -115,44 +134,75 @@ def test_register_bias_takes_one_class_per_name(fresh_registry):
 
     assert register_bias("mine")(Mine) is Mine
     assert register_bias("mine")(Mine) is Mine  # the same class again (a module reloaded) is fine
-    with pytest.raises(ValueError, match=r"'mine' is already registered by test_bias_registry:.*Mine"):
+    with pytest.raises(
+        ValueError, match=r"'mine' is already registered by test_bias_registry:.*Mine"
+    ):
         register_bias("mine")(Other)
     with pytest.raises(ValueError, match="decorates a class"):
         register_bias("other")(lambda n_heads, config: None)
-    assert bias_types()[-1] == "mine" and preset_fields("mine") == {"terms": "a", "absolute": "none", "bias": "mine"}
+    assert bias_types()[-1] == "mine" and preset_fields("mine") == {
+        "terms": "a",
+        "absolute": "none",
+        "bias": "mine",
+    }
 
 
 def test_a_registered_class_must_be_a_bias_scheme(fresh_registry):
     register_bias("plain")(torch.nn.Identity)
-    with pytest.raises(TypeError, match="bias 'plain': torch.nn.modules.linear.Identity must subclass"):
+    with pytest.raises(
+        TypeError, match="bias 'plain': torch.nn.modules.linear.Identity must subclass"
+    ):
         build_bias(AttentionConfig(bias="plain"), 2)
 
 
 def test_a_bias_named_like_a_baseline_preset_is_refused_by_the_grid(fresh_registry):
     register_bias("rope")(type("RopeBias", (BiasScheme,), {}))
-    with pytest.raises(ConfigError, match="^encoding: bias type 'rope' has the name of a baseline or schedule preset"):
+    with pytest.raises(
+        ConfigError,
+        match="^encoding: bias type 'rope' has the name of a baseline or schedule preset",
+    ):
         presets()
 
 
-@pytest.mark.parametrize("imports, field, phrase", [
-    ("my_schemes", "imports", "expected a list of module names"),
-    (["my_schemes.py"], "imports[0]", "give a Python module name such as 'my_schemes', not a file path"),
-    (["ok", "dir/my_mod.py"], "imports[1]", "such as 'my_mod'"),
-    (["no_such_module_here"], "imports[0]", "cannot import 'no_such_module_here' (ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    "imports, field, phrase",
+    [
+        ("my_schemes", "imports", "expected a list of module names"),
+        (
+            ["my_schemes.py"],
+            "imports[0]",
+            "give a Python module name such as 'my_schemes', not a file path",
+        ),
+        (["ok", "dir/my_mod.py"], "imports[1]", "such as 'my_mod'"),
+        (
+            ["no_such_module_here"],
+            "imports[0]",
+            "cannot import 'no_such_module_here' (ModuleNotFoundError",
+        ),
+    ],
+)
 def test_bad_imports_are_one_line_naming_the_entry(tmp_path, monkeypatch, imports, field, phrase):
     (tmp_path / "ok.py").write_text("")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as err:
         import_modules(imports)
-    assert str(err.value).startswith(f"{field}: ") and phrase in str(err.value) and "\n" not in str(err.value)
+    assert (
+        str(err.value).startswith(f"{field}: ")
+        and phrase in str(err.value)
+        and "\n" not in str(err.value)
+    )
 
 
 def test_a_module_that_fails_on_import_is_reported_in_one_line(tmp_path, monkeypatch):
-    (tmp_path / "broken_schemes.py").write_text("from relpos_ablate import register_bias\nregister_bias('t5')\n")
+    (tmp_path / "broken_schemes.py").write_text(
+        "from relpos_ablate import register_bias\nregister_bias('t5')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match=r"^imports\[0\]: cannot import 'broken_schemes' \(ValueError: "
-                                          r"register_bias: 't5' is built in"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^imports\[0\]: cannot import 'broken_schemes' \(ValueError: "
+        r"register_bias: 't5' is built in",
+    ):
         load_run_config(None, ["imports=[broken_schemes]"])
     sys.modules.pop("broken_schemes", None)
 
@@ -161,7 +211,8 @@ def test_imports_are_imported_before_the_model_is_validated(fresh_registry, tmp_
     """The bias name may come before `imports:` in the file: the modules are imported first."""
     (tmp_path / "late_schemes.py").write_text(
         "from relpos_ablate.model.position import BiasScheme, register_bias\n"
-        "register_bias('late')(type('LateBias', (BiasScheme,), {}))\n")
+        "register_bias('late')(type('LateBias', (BiasScheme,), {}))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "late_schemes", raising=False)
     config = load_run_config(None, ["model.attention.bias=late", "imports=[late_schemes]"])
@@ -171,14 +222,25 @@ def test_imports_are_imported_before_the_model_is_validated(fresh_registry, tmp_
 
 # ------------------------------------------------------------------ structure, on every registered scheme
 def attention(name, **fields):
-    attn = RelPosAttention(16, 2, 8, AttentionConfig(bias=name, max_distance=6, num_buckets=8, **fields)).double()
+    attn = RelPosAttention(
+        16, 2, 8, AttentionConfig(bias=name, max_distance=6, num_buckets=8, **fields)
+    ).double()
     randomize(attn, 1)
     return attn
 
 
 def lm(name, mem_len):
-    config = ModelConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=2, d_head=8, d_inner=32, dropout=0.0,
-                         mem_len=mem_len, attention=AttentionConfig(terms="ac", bias=name, max_distance=6, num_buckets=8))
+    config = ModelConfig(
+        vocab_size=11,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        d_head=8,
+        d_inner=32,
+        dropout=0.0,
+        mem_len=mem_len,
+        attention=AttentionConfig(terms="ac", bias=name, max_distance=6, num_buckets=8),
+    )
     model = TransformerLM(config).double().eval()
     randomize(model, 2, scale=0.3)
     return model
@@ -222,4 +284,9 @@ def test_distance_only_schemes_are_translation_invariant(gaussian, name, causal)
     x = torch.randn(2, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     front = torch.zeros(2, 10, dtype=torch.bool)
     front[:, :4] = True
-    torch.testing.assert_close(attn(x, torch.randn(2, 4, 16, dtype=torch.float64), AttentionOptions(key_padding_mask=front))[0], attn(x)[0])
+    torch.testing.assert_close(
+        attn(
+            x, torch.randn(2, 4, 16, dtype=torch.float64), AttentionOptions(key_padding_mask=front)
+        )[0],
+        attn(x)[0],
+    )

@@ -21,12 +21,17 @@ LAYOUTS = {  # fields -> the layout the call gets
     "xl_abcd": (dict(terms="abcd"), "term_b"),
     "xl_kerple_bidir": (dict(terms="ab", bias="kerple_log", causal=False), "term_b"),
     "fox": (dict(terms="a", forget_gate=True), "materialised"),
-    "sinks_t5": (dict(terms="a", bias="t5", sinks=2, num_buckets=8, max_distance=6), "materialised"),
+    "sinks_t5": (
+        dict(terms="a", bias="t5", sinks=2, num_buckets=8, max_distance=6),
+        "materialised",
+    ),
 }
 
 
 def attention(fields, seed=0):
-    attn = RelPosAttention(16, 2, 8, AttentionConfig(backend="blocks", query_chunk=3, **fields)).double()
+    attn = RelPosAttention(
+        16, 2, 8, AttentionConfig(backend="blocks", query_chunk=3, **fields)
+    ).double()
     randomize(attn, seed)
     return attn
 
@@ -43,11 +48,19 @@ def test_every_block_map_equals_the_materialised_one(name):
     fields, layout = LAYOUTS[name]
     attn = attention(fields)
     gen = torch.Generator().manual_seed(1)
-    x, mems = torch.randn(2, 7, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
-                                                                                         dtype=torch.float64)
+    x, mems = (
+        torch.randn(2, 7, 16, generator=gen, dtype=torch.float64),
+        torch.randn(2, 4, 16, generator=gen, dtype=torch.float64),
+    )
     call, inputs = call_and_inputs(attn, x, mems)
     maps, reference = block_maps(call, inputs), MaterialisedMaps(call, inputs)
-    kind = "materialised" if isinstance(maps, MaterialisedMaps) else "hankel" if maps.reversed else "term_b"
+    kind = (
+        "materialised"
+        if isinstance(maps, MaterialisedMaps)
+        else "hankel"
+        if maps.reversed
+        else "term_b"
+    )
     assert kind == layout
     for blk in call.blocks(64, windowed=True):
         mask = maps.mask(blk)
@@ -65,8 +78,10 @@ def test_the_tensor_op_forward_equals_the_fused_kernel(name, monkeypatch):
     fields, _ = LAYOUTS[name]
     attn = attention(fields, seed=2)
     gen = torch.Generator().manual_seed(3)
-    x, mems = torch.randn(2, 7, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
-                                                                                         dtype=torch.float64)
+    x, mems = (
+        torch.randn(2, 7, 16, generator=gen, dtype=torch.float64),
+        torch.randn(2, 4, 16, generator=gen, dtype=torch.float64),
+    )
     fused, explicit = fast_and_explicit_gradients(attn, x, mems, AttentionOptions())
     monkeypatch.setattr(kernels, "_fused", lambda q: False)
     unfused, _ = fast_and_explicit_gradients(attn, x, mems, AttentionOptions())
@@ -103,8 +118,14 @@ def test_strided_layout_only_where_the_map_depends_on_the_distance_alone():
     assert isinstance(block_maps(call, scaled), MaterialisedMaps)
 
 
-TILED = {**{name: LAYOUTS[name][0] for name in ("t5", "term_d_window", "xl_abcd", "xl_kerple_bidir", "fox")},
-         "fire_pairs": dict(terms="ab", bias="fire"), "cope_fox": dict(terms="a", cope_positions=3, forget_gate=True)}
+TILED = {
+    **{
+        name: LAYOUTS[name][0]
+        for name in ("t5", "term_d_window", "xl_abcd", "xl_kerple_bidir", "fox")
+    },
+    "fire_pairs": dict(terms="ab", bias="fire"),
+    "cope_fox": dict(terms="a", cope_positions=3, forget_gate=True),
+}
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["", "padded"])
@@ -117,11 +138,15 @@ def test_several_key_tiles_per_block(name, padded, monkeypatch):
     monkeypatch.setattr(layouts, "MATERIALISED_ROWS", 2)
     attn = attention(TILED[name], seed=5)
     gen = torch.Generator().manual_seed(6)
-    x, mems = torch.randn(2, 7, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
-                                                                                         dtype=torch.float64)
+    x, mems = (
+        torch.randn(2, 7, 16, generator=gen, dtype=torch.float64),
+        torch.randn(2, 4, 16, generator=gen, dtype=torch.float64),
+    )
     call, inputs = call_and_inputs(attn, x, mems)
     maps = block_maps(call, inputs)
-    if isinstance(maps, MaterialisedMaps) and maps.rows:  # several query blocks per range of keys, several ranges
+    if (
+        isinstance(maps, MaterialisedMaps) and maps.rows
+    ):  # several query blocks per range of keys, several ranges
         groups = maps.key_tiles(call, 8)
         assert len(groups) > 1 and max(len(tiles) for _, tiles in groups) > 1
     elif not TILED[name].get("cope_positions"):
@@ -136,11 +161,14 @@ def test_several_key_tiles_per_block(name, padded, monkeypatch):
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
 
 
-STRIDED = {"xl_abcd_memory": (dict(terms="abcd"), "term_b"), "xl_window": (dict(terms="abcd", window=5), "term_b"),
-           "xl_kerple_bidir": (dict(terms="ab", bias="kerple_log", causal=False), "term_b"),
-           "t5": (dict(terms="a", bias="t5", num_buckets=8, max_distance=6), "hankel"),
-           "term_d_window": (dict(terms="ad", window=4, bias="alibi"), "hankel"),
-           "kerple_bidir": (dict(terms="a", bias="kerple_power", causal=False), "hankel")}
+STRIDED = {
+    "xl_abcd_memory": (dict(terms="abcd"), "term_b"),
+    "xl_window": (dict(terms="abcd", window=5), "term_b"),
+    "xl_kerple_bidir": (dict(terms="ab", bias="kerple_log", causal=False), "term_b"),
+    "t5": (dict(terms="a", bias="t5", num_buckets=8, max_distance=6), "hankel"),
+    "term_d_window": (dict(terms="ad", window=4, bias="alibi"), "hankel"),
+    "kerple_bidir": (dict(terms="a", bias="kerple_power", causal=False), "hankel"),
+}
 
 
 def small_strided_tiles(monkeypatch):
@@ -155,8 +183,10 @@ def strided_call(name, seed=0):
     fields, layout = STRIDED[name]
     attn = attention(fields, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
-    x, mems = torch.randn(2, 9, 16, generator=gen, dtype=torch.float64), torch.randn(2, 4, 16, generator=gen,
-                                                                                         dtype=torch.float64)
+    x, mems = (
+        torch.randn(2, 9, 16, generator=gen, dtype=torch.float64),
+        torch.randn(2, 4, 16, generator=gen, dtype=torch.float64),
+    )
     return attn, x, mems, layout
 
 
@@ -174,7 +204,7 @@ def test_strided_tiles_by_keys_cover_every_visible_pair_once(name, monkeypatch):
         assert keys.stop - keys.start == 3 or keys.stop == call.n_keys
         for tile in tiles:
             assert keys.start <= tile.k0 < tile.n_keys <= keys.stop and tile.i1 - tile.i0 <= 2
-            count[tile.rows, tile.k0:tile.n_keys] += 1
+            count[tile.rows, tile.k0 : tile.n_keys] += 1
     visible = call.visible(call.block(0, call.n_queries))
     assert (count[visible] == 1).all() and count.max() == 1
 
@@ -201,6 +231,7 @@ def test_term_b_equals_the_float64_reference_at_4096_with_memory():
     1e-5 of its largest entry."""
     from test_band import _layer, _reference
     from fixtures.kernels import assert_matches_float64
+
     attn = _layer(dict(terms="abcd"), backend="blocks", heads=2, d_head=16)
     with torch.no_grad():
         for p in attn.parameters():
@@ -218,7 +249,9 @@ def test_term_b_equals_the_float64_reference_at_4096_with_memory():
 def test_windowed_blocks_hold_as_many_rows_as_the_budget_allows():
     """A block of n queries under a window W reads at most n + W - 1 keys: blocks are sized by that (the most rows
     whose n x (n + W - 1) fits the budget), not by the keys of a block of query_chunk queries."""
-    attn = RelPosAttention(16, 2, 8, AttentionConfig(backend="blocks", query_chunk=64, window=16, bias="alibi"))
+    attn = RelPosAttention(
+        16, 2, 8, AttentionConfig(backend="blocks", query_chunk=64, window=16, bias="alibi")
+    )
     call, _ = call_and_inputs(attn, torch.randn(1, 300, 16), None)
     budget, window = 1000, 16
     most = max(n for n in range(1, 65) if n * (n + window - 1) <= budget)  # 25 rows x 40 keys

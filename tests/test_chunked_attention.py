@@ -21,14 +21,25 @@ BACKENDS = [
     ("sdpa", dict(terms="ab", rel="learned", clamp_len=3)),
     ("explicit", dict(terms="abcd", bias="xl_table", max_distance=3)),
     ("low_rank", dict(terms="a", bias="alibi")),
-    ("auto", dict(terms="a", absolute="rope", rope_base=500.0, temperature_tuning=True, temperature_floor_scale=2.0)),
+    (
+        "auto",
+        dict(
+            terms="a",
+            absolute="rope",
+            rope_base=500.0,
+            temperature_tuning=True,
+            temperature_floor_scale=2.0,
+        ),
+    ),
     ("auto", dict(terms="a", forget_gate=True)),
     ("auto", dict(terms="a", cope_positions=4, sinks=2)),
 ]
 
 
 def make(backend, chunk, window=None, **fields):
-    attn = RelPosAttention(16, 2, 8, AttentionConfig(backend=backend, chunk=chunk, window=window, **fields)).double()
+    attn = RelPosAttention(
+        16, 2, 8, AttentionConfig(backend=backend, chunk=chunk, window=window, **fields)
+    ).double()
     randomize(attn, 3)
     return attn
 
@@ -39,7 +50,9 @@ def inputs(length=11, n_mem=3, seed=0):
     return x, torch.randn(2, n_mem, 16, generator=gen, dtype=torch.float64) if n_mem else None
 
 
-@pytest.mark.parametrize("backend,fields", BACKENDS, ids=[f"{b}-{'-'.join(map(str, f.values()))}" for b, f in BACKENDS])
+@pytest.mark.parametrize(
+    "backend,fields", BACKENDS, ids=[f"{b}-{'-'.join(map(str, f.values()))}" for b, f in BACKENDS]
+)
 @pytest.mark.parametrize("chunk,window", [(4, None), (3, 2), (16, None)])
 def test_chunks_match_the_explicit_mask(backend, fields, chunk, window):
     """11 queries after 3 memory keys in chunks of 4 (the last one short), 3 with a window of 2, 16 (one chunk):
@@ -72,13 +85,16 @@ def test_chunks_on_flex_match_the_explicit_mask():
 
 def test_reference_mask_of_chunks_by_hand():
     """The reference's rule, written out for L = 5 after M = 2 in chunks of 2: rows see their chunk's keys only."""
-    expected = torch.tensor([
-        [0, 0, 1, 0, 0, 0, 0],
-        [0, 0, 1, 1, 0, 0, 0],
-        [0, 0, 0, 0, 1, 0, 0],
-        [0, 0, 0, 0, 1, 1, 0],
-        [0, 0, 0, 0, 0, 0, 1],
-    ], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [0, 0, 1, 0, 0, 0, 0],
+            [0, 0, 1, 1, 0, 0, 0],
+            [0, 0, 0, 0, 1, 0, 0],
+            [0, 0, 0, 0, 1, 1, 0],
+            [0, 0, 0, 0, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(reference_mask(5, 2, True, chunk=2), expected)
 
 
@@ -88,7 +104,7 @@ def test_chunked_score_terms_show_the_chunks():
     x, mems = inputs()
     maps = attn.score_terms(x, mems)
     assert torch.equal(maps["visible"], reference_mask(11, 3, True, chunk=4))
-    slopes = -torch.tensor([2 ** -4, 2 ** -8])  # ALiBi with 2 heads: 2^(-8h/2)
+    slopes = -torch.tensor([2**-4, 2**-8])  # ALiBi with 2 heads: 2^(-8h/2)
     block = slopes[:, None, None] * (torch.arange(4)[:, None] - torch.arange(4)[None, :]).abs()
     torch.testing.assert_close(maps["bias"][0, :, 4:8, 7:11], block.double())
 
@@ -105,7 +121,9 @@ def test_chunk_statistics_count_the_chunks_keys():
         _, probs = attn(x, mems, need_weights=True)
         attn(x, mems, AttentionOptions(statistics=stats.layer(0)))
     ref_probs = probs
-    first = torch.tensor([3, 3, 3, 3, 7, 7, 7, 7])  # the key index of each query's chunk start (after 3 memory keys)
+    first = torch.tensor(
+        [3, 3, 3, 3, 7, 7, 7, 7]
+    )  # the key index of each query's chunk start (after 3 memory keys)
     sink = ref_probs.gather(-1, first.view(1, 1, 8, 1).expand(2, 2, 8, 1)).squeeze(-1).sum((0, 2))
     torch.testing.assert_close(stats.sums[1, 0], sink)
 
@@ -114,30 +132,47 @@ def test_temperature_tuning_at_fixed_positions():
     """1 + 0.1·log(floor((p + 1)/8192) + 1): 1 up to p = 8190, 1 + 0.1·ln 2 at 8191, 1 + 0.1·ln 3 at 16383,
     1 + 0.1·ln 13 at 100000 (floor(100001/8192) = 12)."""
     p = torch.tensor([0, 8190, 8191, 16383, 100000])
-    expected = torch.tensor([1.0, 1.0, 1 + 0.1 * math.log(2), 1 + 0.1 * math.log(3), 1 + 0.1 * math.log(13)],
-                            dtype=torch.float64)
-    torch.testing.assert_close(tuned_temperature(p, AttentionConfig(temperature_tuning=True)), expected)
+    expected = torch.tensor(
+        [1.0, 1.0, 1 + 0.1 * math.log(2), 1 + 0.1 * math.log(3), 1 + 0.1 * math.log(13)],
+        dtype=torch.float64,
+    )
+    torch.testing.assert_close(
+        tuned_temperature(p, AttentionConfig(temperature_tuning=True)), expected
+    )
 
 
 def test_temperature_tuning_scales_the_query_only():
     """With floor scale 2 the query at position p is multiplied by 1 + 0.1·log(floor((p+1)/2) + 1): term a's map is
     the untuned one times that factor per row, and the bias is untouched."""
     plain = make("auto", None, terms="a", bias="alibi")
-    tuned = make("auto", None, terms="a", bias="alibi", temperature_tuning=True, temperature_floor_scale=2.0)
+    tuned = make(
+        "auto", None, terms="a", bias="alibi", temperature_tuning=True, temperature_floor_scale=2.0
+    )
     x, mems = inputs(length=6)
     a0, a1 = plain.score_terms(x, mems), tuned.score_terms(x, mems)
-    factor = torch.tensor([1 + 0.1 * math.log((p + 1) // 2 + 1) for p in range(3, 9)], dtype=torch.float64)
+    factor = torch.tensor(
+        [1 + 0.1 * math.log((p + 1) // 2 + 1) for p in range(3, 9)], dtype=torch.float64
+    )
     torch.testing.assert_close(a1["a"], a0["a"] * factor[:, None])
     torch.testing.assert_close(a1["bias"], a0["bias"])
 
 
-@pytest.mark.parametrize("fields,message", [
-    (dict(chunk=0), "chunk: 0 is out of range"),
-    (dict(chunk=4, causal=False), "chunk: is defined for causal attention only"),
-    (dict(chunk=4, bias="fire"), "chunk: every chunk is computed at the positions of the first"),
-    (dict(chunk=4, positions="randomized"), "chunk: every chunk is computed at the positions of the first"),
-    (dict(temperature_floor_scale=0.0), "temperature_floor_scale: 0.0 is out of range"),
-])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(chunk=0), "chunk: 0 is out of range"),
+        (dict(chunk=4, causal=False), "chunk: is defined for causal attention only"),
+        (
+            dict(chunk=4, bias="fire"),
+            "chunk: every chunk is computed at the positions of the first",
+        ),
+        (
+            dict(chunk=4, positions="randomized"),
+            "chunk: every chunk is computed at the positions of the first",
+        ),
+        (dict(temperature_floor_scale=0.0), "temperature_floor_scale: 0.0 is out of range"),
+    ],
+)
 def test_bad_chunk_settings_fail_in_one_line(fields, message):
     with pytest.raises(ConfigError, match=message) as err:
         AttentionConfig(**fields)

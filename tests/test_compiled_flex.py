@@ -25,17 +25,39 @@ from relpos_ablate.model.position import RopeScaling
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 LQ, MEM = 6, 3
-FOX = dict(terms="a", forget_gate=True, score_scale="log_n", log_n_length=4, learned_temperature=True, bias="alibi")
+FOX = dict(
+    terms="a",
+    forget_gate=True,
+    score_scale="log_n",
+    log_n_length=4,
+    learned_temperature=True,
+    bias="alibi",
+)
 CASES = {  # name -> (attention fields, call options, explicit positions)
     "xl_window_sinks_padded": (dict(terms="abcd", window=4, sinks=2), dict(padded=True), False),
     "fox_log_n_tau_alibi": (FOX, dict(padded=True), False),
-    "explicit_xl_fire_fox": (dict(terms="abcd", bias="fire", forget_gate=True, window=5), dict(padded=True), True),
-    "bidirectional_kerple": (dict(terms="abcd", bias="kerple_power", causal=False), dict(padded=True), False),
+    "explicit_xl_fire_fox": (
+        dict(terms="abcd", bias="fire", forget_gate=True, window=5),
+        dict(padded=True),
+        True,
+    ),
+    "bidirectional_kerple": (
+        dict(terms="abcd", bias="kerple_power", causal=False),
+        dict(padded=True),
+        False,
+    ),
     "bidirectional_fire": (dict(terms="a", bias="fire", causal=False), dict(), False),
     # RoPE rotates q and k before the kernel: its cases add it to FoX's, whose compiled kernel they reuse
-    "rope_xpos": (dict(FOX, absolute="rope", rope_fraction=0.5, xpos_scale_base=6.0), dict(padded=True), False),
-    "rope_yarn": (dict(FOX, absolute="rope"), dict(padded=True, rope_scaling=RopeScaling("yarn", 3.0, original_length=4)),
-                  False),
+    "rope_xpos": (
+        dict(FOX, absolute="rope", rope_fraction=0.5, xpos_scale_base=6.0),
+        dict(padded=True),
+        False,
+    ),
+    "rope_yarn": (
+        dict(FOX, absolute="rope"),
+        dict(padded=True, rope_scaling=RopeScaling("yarn", 3.0, original_length=4)),
+        False,
+    ),
 }
 
 
@@ -57,8 +79,12 @@ def compiled(monkeypatch):
 
 def make(fields, seed=0, **extra):
     attn = RelPosAttention(16, 2, 8, AttentionConfig(**{"query_chunk": 2, **fields, **extra}))
-    if fields.get("bias") == "fire":  # the kernel compares with each unit's breakpoint: 4 units compile faster than 32
-        attn.bias_scheme.mlp = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    if (
+        fields.get("bias") == "fire"
+    ):  # the kernel compares with each unit's breakpoint: 4 units compile faster than 32
+        attn.bias_scheme.mlp = torch.nn.Sequential(
+            torch.nn.Linear(1, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)
+        )
     randomize(attn, seed, scale=0.3)
     if attn.config.bias == "fire":
         with torch.no_grad():
@@ -74,9 +100,11 @@ def run(fields, options, explicit_positions, seed=0, n_queries=LQ):
     if options.get("padded"):
         padding[0, :2] = True
         padding[1, MEM + 1] = True
-    call = AttentionOptions(key_padding_mask=padding if options.get("padded") else None,
-                            positions=drawn(MEM + n_queries, seed=seed) if explicit_positions else None,
-                            rope_scaling=options.get("rope_scaling"))
+    call = AttentionOptions(
+        key_padding_mask=padding if options.get("padded") else None,
+        positions=drawn(MEM + n_queries, seed=seed) if explicit_positions else None,
+        rope_scaling=options.get("rope_scaling"),
+    )
     outs = []
     for backend in ("flex", "explicit"):
         attn = make(fields, seed, backend=backend)
@@ -104,7 +132,14 @@ def test_every_bias_type_shares_one_compiled_kernel(compiled):
     distance_only = [b for b in BIAS_TYPES if b not in ("none", "fire")]
     before = compiled()
     for seed, bias in enumerate(distance_only):
-        assert_close(*run(dict(terms="abcd", window=4, sinks=2, bias=bias), dict(padded=True), False, seed=seed))
+        assert_close(
+            *run(
+                dict(terms="abcd", window=4, sinks=2, bias=bias),
+                dict(padded=True),
+                False,
+                seed=seed,
+            )
+        )
     assert compiled() - before <= 2
 
 

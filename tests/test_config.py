@@ -5,14 +5,24 @@ import dataclasses
 import pytest
 
 from relpos_ablate.config import (
-    AttentionConfig, ConfigError, EvalSetting, ModelConfig, RunConfig, describe, from_dict, load_run_config, run_id,
+    AttentionConfig,
+    ConfigError,
+    EvalSetting,
+    ModelConfig,
+    RunConfig,
+    describe,
+    from_dict,
+    load_run_config,
+    run_id,
     to_plain,
 )
 from relpos_ablate.config.base import check_choice, check_range
 
 
 def test_round_trip_and_overrides():
-    cfg = load_run_config(None, ["model.attention.terms=ac", "seed=3", "eval.settings=[{segment_len: 8}]"])
+    cfg = load_run_config(
+        None, ["model.attention.terms=ac", "seed=3", "eval.settings=[{segment_len: 8}]"]
+    )
     assert cfg.model.attention.terms == "ac" and cfg.seed == 3
     assert cfg.eval.settings[0].segment_len == 8
     assert from_dict(RunConfig, to_plain(cfg)) == cfg
@@ -80,11 +90,20 @@ def test_run_id_ignores_fields_left_at_their_defaults():
 def test_run_id_ignores_defaults_inside_evaluation_settings_too():
     """An eval.settings item is compared field by field with EvalSetting's defaults, so a field added to
     EvalSetting later (with its default) keeps the ids of runs that list settings."""
-    short = load_run_config(None, ["eval.settings=[{segment_len: 32}, {segment_len: 64, mem_len: 16}]"])
-    spelt = load_run_config(None, ["eval.settings=[{segment_len: 32, protocol: non_overlapping, clamp_len: null},"
-                                   " {segment_len: 64, mem_len: 16, stride: null, max_targets: 0}]"])
+    short = load_run_config(
+        None, ["eval.settings=[{segment_len: 32}, {segment_len: 64, mem_len: 16}]"]
+    )
+    spelt = load_run_config(
+        None,
+        [
+            "eval.settings=[{segment_len: 32, protocol: non_overlapping, clamp_len: null},"
+            " {segment_len: 64, mem_len: 16, stride: null, max_targets: 0}]"
+        ],
+    )
     assert run_id(short) == run_id(spelt)
-    other = load_run_config(None, ["eval.settings=[{segment_len: 32}, {segment_len: 64, mem_len: 8}]"])
+    other = load_run_config(
+        None, ["eval.settings=[{segment_len: 32}, {segment_len: 64, mem_len: 8}]"]
+    )
     assert run_id(other) != run_id(short)
 
 
@@ -133,14 +152,18 @@ def problems(cls, data) -> list[str]:
 
 def test_every_failed_check_of_a_section_is_reported_at_once_in_field_order():
     assert problems(LaterSection, {"high": -1.0, "kind": "c", "width": 0}) == [
-        "width: 0 is out of range; allowed [1, inf]", "kind: 'c' is not allowed; choose one of a, b",
-        "low: 0.0 is above high (-1.0)"]
+        "width: 0 is out of range; allowed [1, inf]",
+        "kind: 'c' is not allowed; choose one of a, b",
+        "low: 0.0 is above high (-1.0)",
+    ]
 
 
 def test_a_wrong_type_is_reported_with_the_other_fields_checks_but_no_contradiction_with_a_stand_in():
     """low='x' is dropped (its default stands in), so only the checks of the fields given are judged."""
     assert problems(LaterSection, {"low": "x", "high": -1.0, "kind": "c"}) == [
-        "kind: 'c' is not allowed; choose one of a, b", "low: expected a number, got 'x'"]
+        "kind: 'c' is not allowed; choose one of a, b",
+        "low: expected a number, got 'x'",
+    ]
 
 
 def test_a_crash_caused_by_a_value_a_check_let_through_reports_the_check():
@@ -151,14 +174,24 @@ def test_direct_construction_still_raises_at_the_first_failed_check():
     with pytest.raises(ConfigError, match=r"^width: 0 is out of range"):
         LaterSection(width=0, kind="c")
     problems(LaterSection, {"width": 0})
-    with pytest.raises(ConfigError, match=r"^kind: 'c'"):  # nothing is left recording after from_dict
+    with pytest.raises(
+        ConfigError, match=r"^kind: 'c'"
+    ):  # nothing is left recording after from_dict
         LaterSection(kind="c")
 
 
 def test_every_section_of_a_run_config_reports_all_its_problems():
-    data = {"model": {"dropout": "0", "n_layers": 0, "d_modle": 3, "attention": {"bias": "foo", "backend": "x"}},
-            "train": {"max_steps": 150.5, "lr": -1}, "eval": {"settings": [{"mem_len": 2}, {"segment_len": 0}]},
-            "seed": -1}
+    data = {
+        "model": {
+            "dropout": "0",
+            "n_layers": 0,
+            "d_modle": 3,
+            "attention": {"bias": "foo", "backend": "x"},
+        },
+        "train": {"max_steps": 150.5, "lr": -1},
+        "eval": {"settings": [{"mem_len": 2}, {"segment_len": 0}]},
+        "seed": -1,
+    }
     expected = [  # the start of each line (the lists of allowed names grow with the package)
         "model.n_layers: 0 is out of range; allowed [1, inf]",
         "model.dropout: expected a number, got '0'",
@@ -172,7 +205,9 @@ def test_every_section_of_a_run_config_reports_all_its_problems():
         "seed: -1 is out of range; allowed [0, inf]",
     ]
     lines = problems(RunConfig, data)
-    assert len(lines) == len(expected) and all(line.startswith(start) for line, start in zip(lines, expected)), lines
+    assert len(lines) == len(expected) and all(
+        line.startswith(start) for line, start in zip(lines, expected)
+    ), lines
 
 
 def test_a_misspelt_required_key_is_one_problem():

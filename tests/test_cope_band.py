@@ -21,19 +21,32 @@ from relpos_ablate.model.kernels import band, dispatch
 from relpos_ablate.model.kernels.call import AttentionOptions
 
 
-def _layer(backend: str = "band", positions: int = 8, heads: int = 2, d_head: int = 16, scale: float = 0.3,
-           dtype=torch.float32, **config) -> RelPosAttention:
+def _layer(
+    backend: str = "band",
+    positions: int = 8,
+    heads: int = 2,
+    d_head: int = 16,
+    scale: float = 0.3,
+    dtype=torch.float32,
+    **config,
+) -> RelPosAttention:
     torch.manual_seed(0)
     config = {"terms": "a", **config}
-    attn = RelPosAttention(heads * d_head, heads, d_head,
-                           AttentionConfig(cope_positions=positions, backend=backend, **config))
+    attn = RelPosAttention(
+        heads * d_head,
+        heads,
+        d_head,
+        AttentionConfig(cope_positions=positions, backend=backend, **config),
+    )
     with torch.no_grad():  # e away from its zero init, so that the positions move the softmax
         for p in attn.parameters():
             p.normal_(0, scale)
     return attn.to(dtype)
 
 
-def _reference(attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+def _reference(
+    attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor | None
+) -> tuple[torch.Tensor, dict]:
     """(out, the float64 parameters it was computed from), every score materialised (module docstring)."""
     params = {name: p.detach().double().requires_grad_() for name, p in attn.named_parameters()}
     h, dh = attn.n_heads, attn.d_head
@@ -50,8 +63,10 @@ def _reference(attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor | None
     p = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=table.shape[0] - 1)  # Σ_{t >= j} g_it
     per_position = s * q @ table.T  # s·q_i·e[n]
     weight = p - p.floor()
-    cope = (per_position.gather(-1, p.floor().long()) * (1 - weight)
-            + per_position.gather(-1, p.ceil().long()) * weight)
+    cope = (
+        per_position.gather(-1, p.floor().long()) * (1 - weight)
+        + per_position.gather(-1, p.ceil().long()) * weight
+    )
     probs = (logits + cope).masked_fill(~visible, float("-inf")).softmax(-1)
     out = (probs @ v).transpose(1, 2).reshape(b, lq, h * dh) @ params["out_net.weight"].T
     return out, params
@@ -74,7 +89,9 @@ def test_the_band_is_the_farthest_key_a_count_is_near_p_max_minus_one_at():
     q, k = torch.randn(2, 3, lq, 8, generator=gen), torch.randn(2, 3, n_mem + lq, 8, generator=gen)
     attn = _layer(positions=positions, heads=3, d_head=8)
     counted = _counted_reference(q, k, n_mem, 0.5)
-    distance = ((n_mem + torch.arange(lq))[:, None] - torch.arange(n_mem + lq)[None, :]).expand_as(counted)
+    distance = ((n_mem + torch.arange(lq))[:, None] - torch.arange(n_mem + lq)[None, :]).expand_as(
+        counted
+    )
     needed = int(distance[counted <= positions - 1 + COUNT_MARGIN].max()) + 1
     for rows in (None, 16, 48):
         width = attn.contextual.band_width(q, k, 0.5, n_mem, rows=rows)
@@ -104,7 +121,9 @@ def test_the_band_equals_the_float64_reference_at_4096_with_memory(monkeypatch):
     x, mems = torch.randn(1, 4096, 16, generator=gen), torch.randn(1, 256, 16, generator=gen)
     widths = _recorded_bands(monkeypatch)
     out, _ = attn(x, mems)
-    assert len(widths) == 1 and widths[0] < 200  # the band ran, and its pairs are a small part of the 4352 keys
+    assert (
+        len(widths) == 1 and widths[0] < 200
+    )  # the band ran, and its pairs are a small part of the 4352 keys
     ref, params = _reference(attn, x, mems)
     assert_matches_float64(attn, out, ref, params, gen, 1e-5, lambda name: 1e-5)
 
@@ -112,7 +131,9 @@ def test_the_band_equals_the_float64_reference_at_4096_with_memory(monkeypatch):
 def _recorded_bands(monkeypatch) -> list[int]:
     """The band of every call band.banded makes from now on."""
     widths, real = [], band.banded
-    monkeypatch.setattr(band, "banded", lambda call: (widths.append(call.saturation), real(call))[1])
+    monkeypatch.setattr(
+        band, "banded", lambda call: (widths.append(call.saturation), real(call))[1]
+    )
     return widths
 
 
@@ -125,7 +146,9 @@ def test_the_band_equals_the_explicit_path_in_float64(query_chunk, n_mem, n_quer
     results = []
     widths = _recorded_bands(monkeypatch)
     for backend in ("band", "explicit"):
-        attn = _layer(backend, positions=4, heads=2, d_head=8, dtype=torch.float64, query_chunk=query_chunk)
+        attn = _layer(
+            backend, positions=4, heads=2, d_head=8, dtype=torch.float64, query_chunk=query_chunk
+        )
         gen = torch.Generator().manual_seed(1)
         x = torch.randn(2, n_queries, 16, generator=gen, dtype=torch.float64, requires_grad=True)
         mems = torch.randn(2, n_mem, 16, generator=gen, dtype=torch.float64) if n_mem else None
@@ -150,8 +173,12 @@ def test_the_band_equals_the_pair_by_pair_reference():
 def test_every_calibration_candidate_agrees_with_the_band():
     """band, blocks and sdpa (per query block) compute the same forward and gradients of a CoPE layer (fp32):
     within 2e-5 of the largest entry."""
-    assert_candidates_agree(lambda backend: _layer(backend, positions=4, query_chunk=32),
-                            ("band", "blocks", "sdpa"), lambda tensor: 2e-5, "cope")
+    assert_candidates_agree(
+        lambda backend: _layer(backend, positions=4, query_chunk=32),
+        ("band", "blocks", "sdpa"),
+        lambda tensor: 2e-5,
+        "cope",
+    )
 
 
 @pytest.mark.parametrize("fastest", ["band", "blocks"])
@@ -161,8 +188,14 @@ def test_forced_timings_pick_each_path_of_a_cope_call(fastest, tmp_path, monkeyp
     ran = []
     real_banded, real_blockwise = band.banded, dispatch._blockwise
     monkeypatch.setattr(band, "banded", lambda call: (ran.append("band"), real_banded(call))[1])
-    monkeypatch.setattr(dispatch, "_blockwise", lambda call, *a: (
-        ran.append("blocks") if call.far_from is None else None, real_blockwise(call, *a))[1])
+    monkeypatch.setattr(
+        dispatch,
+        "_blockwise",
+        lambda call, *a: (
+            ran.append("blocks") if call.far_from is None else None,
+            real_blockwise(call, *a),
+        )[1],
+    )
     attn = _layer("auto", positions=4)
     out, _ = attn(torch.randn(1, 64, 32))
     out.sum().backward()
@@ -176,17 +209,30 @@ def test_only_cope_alone_on_plain_causal_attention_takes_the_band():
     attn = _layer("auto", positions=4)
     call, q, _ = attn.kernel_call(x)
     assert band.with_contextual_band(call, q, torch.randn(1, 2, 64, 16), 0.0).saturation is not None
-    for options in (AttentionOptions(window=30), AttentionOptions(key_padding_mask=torch.zeros(1, 64, dtype=torch.bool))):
+    for options in (
+        AttentionOptions(window=30),
+        AttentionOptions(key_padding_mask=torch.zeros(1, 64, dtype=torch.bool)),
+    ):
         call, q, _ = attn.kernel_call(x, None, options)
-        assert band.with_contextual_band(call, q, torch.randn(1, 2, 64, 16), 0.0).saturation is None, options
+        assert (
+            band.with_contextual_band(call, q, torch.randn(1, 2, 64, 16), 0.0).saturation is None
+        ), options
     for other in (dict(bias="alibi"), dict(forget_gate=True), dict(sinks=2), dict(terms="ab")):
         layer = _layer("auto", positions=4, **other)
         call, q, _ = layer.kernel_call(x)
-        assert band.with_contextual_band(call, q, torch.randn(1, 2, 64, 16), 0.0).saturation is None, other
+        assert (
+            band.with_contextual_band(call, q, torch.randn(1, 2, 64, 16), 0.0).saturation is None
+        ), other
         with pytest.raises(ConfigError, match="backend"):
-            AttentionConfig(terms=other.get("terms", "a"), cope_positions=4, backend="band",
-                            **{key: value for key, value in other.items() if key != "terms"})
-    AttentionConfig(terms="ac", cope_positions=4, backend="band")  # term c folds into the content query
+            AttentionConfig(
+                terms=other.get("terms", "a"),
+                cope_positions=4,
+                backend="band",
+                **{key: value for key, value in other.items() if key != "terms"},
+            )
+    AttentionConfig(
+        terms="ac", cope_positions=4, backend="band"
+    )  # term c folds into the content query
 
 
 def test_the_band_under_bf16_autocast_matches_float32(monkeypatch):

@@ -10,13 +10,27 @@ import torch
 
 from relpos_ablate.config import load_run_config
 from relpos_ablate.train.data import build_datamodule, sample_inputs
-from relpos_ablate.train.data.streams import ResumeSampler, SegmentStreams, TrainingSegments, batchify
+from relpos_ablate.train.data.streams import (
+    ResumeSampler,
+    SegmentStreams,
+    TrainingSegments,
+    batchify,
+)
 from relpos_ablate.train.data.synthetic import generate, vocab_size
 
 
 def config(*overrides):
-    return load_run_config(None, ["train.segment_len=16", "train.batch_size=3", "data.train_tokens=160",
-                                  "data.eval_tokens=128", "eval.batch_size=2", *overrides])
+    return load_run_config(
+        None,
+        [
+            "train.segment_len=16",
+            "train.batch_size=3",
+            "data.train_tokens=160",
+            "data.eval_tokens=128",
+            "eval.batch_size=2",
+            *overrides,
+        ],
+    )
 
 
 def segments(cfg, split="train", segment_len=16):
@@ -31,7 +45,7 @@ def test_batch_t_holds_segment_t_of_every_stream():
     for t, (inputs, targets, mask) in enumerate(batches):
         assert inputs.shape == targets.shape == mask.shape == (3, 16)
         assert inputs.dtype == torch.long and mask.dtype == torch.bool
-        assert torch.equal(inputs, task.inputs[:, 16 * t: 16 * (t + 1)])
+        assert torch.equal(inputs, task.inputs[:, 16 * t : 16 * (t + 1)])
     # Concatenating a row's segments gives back its stream: rows are contiguous streams.
     assert torch.equal(torch.cat([b[0][1] for b in batches]), task.inputs[1])
 
@@ -48,7 +62,9 @@ def test_offset_copy_target_is_the_input_offset_back_within_the_segment():
 
 
 def test_recall_counts_exactly_the_queries_answerable_from_the_segment():
-    cfg = config("data.task=recall", "data.num_keys=3", "data.num_symbols=4", "data.rebind_every=24")
+    cfg = config(
+        "data.task=recall", "data.num_keys=3", "data.num_symbols=4", "data.rebind_every=24"
+    )
     n_pairs = 3 * 4
     counted = 0
     for inputs, targets, mask in segments(cfg, segment_len=32):
@@ -68,7 +84,9 @@ def test_recall_counts_exactly_the_queries_answerable_from_the_segment():
 
 
 def test_recall_target_is_the_pair_of_the_current_map():
-    cfg = config("data.task=recall", "data.num_keys=3", "data.num_symbols=4", "data.rebind_every=24")
+    cfg = config(
+        "data.task=recall", "data.num_keys=3", "data.num_symbols=4", "data.rebind_every=24"
+    )
     task = generate(cfg.data, cfg.seed, "train", 3, 160)
     for b in range(3):
         row, tgt = task.inputs[b].tolist(), task.targets[b].tolist()
@@ -114,8 +132,12 @@ def test_eval_streams_follow_the_eval_setting_length_and_batch():
 
 
 def test_training_loader_cycles_the_streams_and_resumes_at_the_step():
-    streams = SegmentStreams(torch.arange(12).view(1, 12), torch.arange(12).view(1, 12),
-                             torch.ones(1, 12, dtype=torch.bool), segment_len=4)
+    streams = SegmentStreams(
+        torch.arange(12).view(1, 12),
+        torch.arange(12).view(1, 12),
+        torch.ones(1, 12, dtype=torch.bool),
+        segment_len=4,
+    )
     cyclic = TrainingSegments(streams, steps=7, loss_on="full")
     assert [cyclic[i].inputs[0, 0].item() for i in range(7)] == [0, 4, 8, 0, 4, 8, 0]
     step = {"now": 5}

@@ -27,7 +27,11 @@ def files(tmp_path):
 
 
 def text_config(tmp_path, *overrides, valid=True):
-    sets = ["data.source=text", f"data.train_file={tmp_path / 'train.txt'}", f"data.cache_dir={tmp_path / 'cache'}"]
+    sets = [
+        "data.source=text",
+        f"data.train_file={tmp_path / 'train.txt'}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    ]
     if valid:
         sets.append(f"data.valid_file={tmp_path / 'valid.txt'}")
     return load_run_config(None, sets + list(overrides)).data
@@ -58,8 +62,25 @@ def test_word_tokens_close_lines_with_eos_and_drop_rare_words(files):
     # counts in train: the 3, sat 1, cat 1, on 1, mat 1, end 1; <eos> 3 -> only "the" is kept
     assert corpus.vocab == ["<unk>", "<eos>", "the"]
     words = [corpus.vocab[i] for i in corpus.splits["train"].tolist()]
-    assert words == ["the", "<unk>", "<unk>", "<eos>", "<unk>", "the", "<unk>", "<eos>", "the", "<unk>", "<eos>"]
-    assert [corpus.vocab[i] for i in corpus.splits["valid"].tolist()] == ["the", "<unk>", "<unk>", "<eos>"]
+    assert words == [
+        "the",
+        "<unk>",
+        "<unk>",
+        "<eos>",
+        "<unk>",
+        "the",
+        "<unk>",
+        "<eos>",
+        "the",
+        "<unk>",
+        "<eos>",
+    ]
+    assert [corpus.vocab[i] for i in corpus.splits["valid"].tolist()] == [
+        "the",
+        "<unk>",
+        "<unk>",
+        "<eos>",
+    ]
 
 
 def test_without_valid_file_the_last_5_percent_is_held_out(files):
@@ -81,7 +102,9 @@ def test_tokens_are_cached_and_a_changed_file_is_retokenized(files, monkeypatch)
 
     monkeypatch.setattr(text, "read_splits", no_reading)
     cached = text.load_corpus(data)
-    assert cached.vocab == first.vocab and torch.equal(cached.splits["train"], first.splits["train"])
+    assert cached.vocab == first.vocab and torch.equal(
+        cached.splits["train"], first.splits["train"]
+    )
     monkeypatch.undo()
 
     (files / "train.txt").write_text(TRAIN + "zebra\n")
@@ -104,8 +127,15 @@ class FakeHub:
 def test_named_corpus_maps_to_its_hub_id_and_splits(tmp_path, monkeypatch):
     hub = FakeHub({"train": ["a b\n", "c\n"], "validation": ["a\n"], "test": ["b\n"]})
     monkeypatch.setattr("datasets.load_dataset", hub)
-    data = load_run_config(None, ["data.source=text", "data.corpus=wikitext-2", "data.tokenizer=word",
-                                  f"data.cache_dir={tmp_path}"]).data
+    data = load_run_config(
+        None,
+        [
+            "data.source=text",
+            "data.corpus=wikitext-2",
+            "data.tokenizer=word",
+            f"data.cache_dir={tmp_path}",
+        ],
+    ).data
     corpus = text.load_corpus(data)
     assert hub.calls == [("Salesforce/wikitext", "wikitext-2-raw-v1")]
     assert sorted(corpus.splits) == ["test", "train", "valid"]
@@ -115,8 +145,15 @@ def test_named_corpus_maps_to_its_hub_id_and_splits(tmp_path, monkeypatch):
 def test_single_split_corpus_holds_out_valid_and_test(tmp_path, monkeypatch):
     monkeypatch.setattr("datasets.load_dataset", FakeHub({"train": ["abcdefghij", "klmnopqrst"]}))
     monkeypatch.setitem(text.CORPORA, "enwik8", text.HubCorpus("x/enwik8", joiner="\n", holdout=3))
-    data = load_run_config(None, ["data.source=text", "data.corpus=enwik8", "data.tokenizer=byte",
-                                  f"data.cache_dir={tmp_path}"]).data
+    data = load_run_config(
+        None,
+        [
+            "data.source=text",
+            "data.corpus=enwik8",
+            "data.tokenizer=byte",
+            f"data.cache_dir={tmp_path}",
+        ],
+    ).data
     splits = {k: bytes(v.tolist()).decode() for k, v in text.load_corpus(data).splits.items()}
     assert splits == {"train": "abcdefghij\nklmn", "valid": "opq", "test": "rst"}
 
@@ -126,40 +163,66 @@ def test_offline_corpus_is_a_one_line_error_pointing_at_local_files(tmp_path, mo
         raise ConnectionError("Couldn't reach 'Salesforce/wikitext' on the Hub\n(long details)")
 
     monkeypatch.setattr("datasets.load_dataset", offline)
-    data = load_run_config(None, ["data.source=text", "data.corpus=wikitext-103", f"data.cache_dir={tmp_path}"]).data
+    data = load_run_config(
+        None, ["data.source=text", "data.corpus=wikitext-103", f"data.cache_dir={tmp_path}"]
+    ).data
     with pytest.raises(ConfigError) as err:
         text.load_corpus(data)
     message = str(err.value)
-    assert message.startswith("data.corpus:") and "\n" not in message and "data.train_file" in message
+    assert (
+        message.startswith("data.corpus:") and "\n" not in message and "data.train_file" in message
+    )
 
 
 def test_missing_local_file_names_the_field(tmp_path):
-    data = load_run_config(None, ["data.source=text", f"data.train_file={tmp_path / 'nope.txt'}",
-                                  f"data.cache_dir={tmp_path}"]).data
+    data = load_run_config(
+        None,
+        [
+            "data.source=text",
+            f"data.train_file={tmp_path / 'nope.txt'}",
+            f"data.cache_dir={tmp_path}",
+        ],
+    ).data
     with pytest.raises(ConfigError, match=r"^data\.train_file: file not found"):
         text.load_corpus(data)
 
 
 def test_text_datamodule_rows_are_contiguous_slices_of_the_split(files):
     (files / "train.txt").write_text("".join(f"{i:03d}\n" for i in range(300)))
-    cfg = load_run_config(None, ["data.source=text", f"data.train_file={files / 'train.txt'}",
-                                 f"data.cache_dir={files / 'cache'}", "data.tokenizer=byte",
-                                 "train.batch_size=4", "train.segment_len=10"])
+    cfg = load_run_config(
+        None,
+        [
+            "data.source=text",
+            f"data.train_file={files / 'train.txt'}",
+            f"data.cache_dir={files / 'cache'}",
+            "data.tokenizer=byte",
+            "train.batch_size=4",
+            "train.segment_len=10",
+        ],
+    )
     dm = build_datamodule(cfg)
     tokens = dm._corpus.splits["train"]
     per_row = tokens.numel() // 4
     streams = dm.streams("train", 10)
     assert len(streams) == (per_row - 1) // 10
     inputs, targets, mask = streams[2]
-    assert torch.equal(inputs[3], tokens[3 * per_row + 20: 3 * per_row + 30].long())
-    assert torch.equal(targets[3], tokens[3 * per_row + 21: 3 * per_row + 31].long())
+    assert torch.equal(inputs[3], tokens[3 * per_row + 20 : 3 * per_row + 30].long())
+    assert torch.equal(targets[3], tokens[3 * per_row + 21 : 3 * per_row + 31].long())
     assert mask.all() and dm.vocab_size == 256
 
 
 def test_too_short_split_names_the_batch_size(files):
-    cfg = load_run_config(None, ["data.source=text", f"data.train_file={files / 'train.txt'}",
-                                 f"data.valid_file={files / 'valid.txt'}", f"data.cache_dir={files / 'cache'}",
-                                 "eval.batch_size=8", "train.segment_len=4"])
+    cfg = load_run_config(
+        None,
+        [
+            "data.source=text",
+            f"data.train_file={files / 'train.txt'}",
+            f"data.valid_file={files / 'valid.txt'}",
+            f"data.cache_dir={files / 'cache'}",
+            "eval.batch_size=8",
+            "train.segment_len=4",
+        ],
+    )
     with pytest.raises(ConfigError, match=r"^eval\.batch_size: the valid split has 12 tokens"):
         build_datamodule(cfg).streams("eval", 4)
 
@@ -169,13 +232,21 @@ def test_shipped_tinyshakespeare_loads_offline_with_its_fixed_split(tmp_path):
     (its published sha256), read through the `datasets` text builder with no network."""
     import hashlib
 
-    data = load_run_config(None, ["data.source=text", "data.corpus=tinyshakespeare",
-                                  f"data.cache_dir={tmp_path / 'cache'}"]).data
+    data = load_run_config(
+        None,
+        ["data.source=text", "data.corpus=tinyshakespeare", f"data.cache_dir={tmp_path / 'cache'}"],
+    ).data
     splits = text.read_splits(data)
-    assert {k: len(v) for k, v in splits.items()} == {"train": 1_003_857, "valid": 55_825, "test": 55_712}
+    assert {k: len(v) for k, v in splits.items()} == {
+        "train": 1_003_857,
+        "valid": 55_825,
+        "test": 55_712,
+    }
     whole = "".join(splits[k] for k in ("train", "valid", "test"))
-    assert hashlib.sha256(whole.encode()).hexdigest() == \
-        "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    assert (
+        hashlib.sha256(whole.encode()).hexdigest()
+        == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    )
     assert splits["valid"].startswith("GREMIO:\n") and splits["test"].startswith("BAPTISTA:\n")
     corpus = text.load_corpus(data)
     assert len(corpus.vocab) == 66  # <unk> + the 65 characters of the train split

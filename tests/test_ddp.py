@@ -35,15 +35,44 @@ from relpos_ablate.train.run import cluster_environment, resolve_vocab, train_ru
 #: Recall counts a content-dependent number of targets per stream, so shares of the streams count
 #: different numbers of tokens and a mean of per-process means would differ from the token mean.
 RECALL = {
-    "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "d_head": 16, "d_inner": 64, "dropout": 0.0, "mem_len": 16},
-    "data": {"source": "synthetic", "task": "recall", "num_symbols": 8, "num_keys": 4, "train_tokens": 512,
-             "eval_tokens": 256},
-    "train": {"segment_len": 16, "batch_size": 4, "max_steps": 12, "warmup_steps": 2, "lr": 0.003, "log_every": 1,
-              "checkpoint_every": 4, "accelerator": "cpu"},
-    "eval": {"settings": [{"segment_len": 16}, {"segment_len": 32, "mem_len": 0}, {"segment_len": 16, "protocol": "xl"},
-                          {"segment_len": 16, "protocol": "sliding", "stride": 4, "token_losses": True}],
-             "batch_size": 3},
+    "model": {
+        "d_model": 32,
+        "n_layers": 2,
+        "n_heads": 2,
+        "d_head": 16,
+        "d_inner": 64,
+        "dropout": 0.0,
+        "mem_len": 16,
+    },
+    "data": {
+        "source": "synthetic",
+        "task": "recall",
+        "num_symbols": 8,
+        "num_keys": 4,
+        "train_tokens": 512,
+        "eval_tokens": 256,
+    },
+    "train": {
+        "segment_len": 16,
+        "batch_size": 4,
+        "max_steps": 12,
+        "warmup_steps": 2,
+        "lr": 0.003,
+        "log_every": 1,
+        "checkpoint_every": 4,
+        "accelerator": "cpu",
+    },
+    "eval": {
+        "settings": [
+            {"segment_len": 16},
+            {"segment_len": 32, "mem_len": 0},
+            {"segment_len": 16, "protocol": "xl"},
+            {"segment_len": 16, "protocol": "sliding", "stride": 4, "token_losses": True},
+        ],
+        "batch_size": 3,
+    },
 }
+
 
 def assert_same_weights(a: dict, b: dict) -> None:
     """Equal to fp32 tolerance after 12 AdamW steps at lr 3e-3 (each step moves a weight by up to ~3e-3).
@@ -53,20 +82,40 @@ def assert_same_weights(a: dict, b: dict) -> None:
     every weight by orders of magnitude more."""
     assert a.keys() == b.keys()
     diff = torch.cat([(a[name] - b[name]).abs().flatten() for name in a])
-    assert diff.max().item() <= 5e-5 and diff.mean().item() <= 1e-6, (diff.max().item(), diff.mean().item())
+    assert diff.max().item() <= 5e-5 and diff.mean().item() <= 1e-6, (
+        diff.max().item(),
+        diff.mean().item(),
+    )
 
 
 def config(*overrides):
     data = yaml.safe_load(yaml.safe_dump(RECALL))
-    return load_run_config(None, [f"{key}={json.dumps(value)}" for key, value in data.items()] + list(overrides))
+    return load_run_config(
+        None, [f"{key}={json.dumps(value)}" for key, value in data.items()] + list(overrides)
+    )
 
 
-def train_processes(run_dir: Path, processes: int, *overrides: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def train_processes(
+    run_dir: Path, processes: int, *overrides: str, timeout: float = 180
+) -> subprocess.CompletedProcess:
     """`relpos-ablate train` as a user runs it; Lightning launches the other processes."""
     config_path = run_dir.parent / f"{run_dir.name}.yaml"
     config_path.write_text(yaml.safe_dump(RECALL))
-    argv = [sys.executable, "-m", "relpos_ablate", "train", "--config", str(config_path), "--run-dir", str(run_dir),
-            "--threads", str(processes), "--set", f"train.devices={processes}", *[a for o in overrides for a in ("--set", o)]]
+    argv = [
+        sys.executable,
+        "-m",
+        "relpos_ablate",
+        "train",
+        "--config",
+        str(config_path),
+        "--run-dir",
+        str(run_dir),
+        "--threads",
+        str(processes),
+        "--set",
+        f"train.devices={processes}",
+        *[a for o in overrides for a in ("--set", o)],
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -89,24 +138,37 @@ def test_two_processes_train_and_evaluate_the_same_run_as_one(tmp_path):
     assert "Starting with 2 processes" in done.stdout + done.stderr
 
     rows_one, rows_two = metric_rows(one), metric_rows(two)
-    assert [r["step"] for r in rows_two] == [str(s) for s in range(12)]  # rank 0 alone wrote each step once
+    assert [r["step"] for r in rows_two] == [
+        str(s) for s in range(12)
+    ]  # rank 0 alone wrote each step once
     for column in ("train_loss", "train_acc"):
-        torch.testing.assert_close(torch.tensor([float(r[column]) for r in rows_two]),
-                                   torch.tensor([float(r[column]) for r in rows_one]), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor([float(r[column]) for r in rows_two]),
+            torch.tensor([float(r[column]) for r in rows_one]),
+            rtol=1e-5,
+            atol=1e-6,
+        )
     assert_same_weights(weights(one), weights(two))
 
     eval_one, eval_two = (json.loads((d / "eval.json").read_text())["settings"] for d in (one, two))
     for a, b in zip(eval_one, eval_two):
-        assert b["metrics"]["tokens"] == a["metrics"]["tokens"]  # 3 streams over 2 processes: none lost or doubled
+        assert (
+            b["metrics"]["tokens"] == a["metrics"]["tokens"]
+        )  # 3 streams over 2 processes: none lost or doubled
         for name in ("loss", "acc"):
             assert b["metrics"][name] == pytest.approx(a["metrics"][name], rel=1e-5)
-    with np.load(one / "token_losses.npz") as a, np.load(two / "token_losses.npz") as b:  # every process's targets
+    with (
+        np.load(one / "token_losses.npz") as a,
+        np.load(two / "token_losses.npz") as b,
+    ):  # every process's targets
         assert a.files == b.files and len(a.files) == 1
         assert np.isnan(a[a.files[0]]).tolist() == np.isnan(b[b.files[0]]).tolist()
         np.testing.assert_allclose(b[b.files[0]], a[a.files[0]], rtol=1e-4, atol=1e-5)
     status = json.loads((two / "status.json").read_text())
     assert status["state"] == "done" and status["device"] == "cpu x 2 per node"
-    assert yaml.safe_load((two / "config.yaml").read_text())["train"]["devices"] == 2  # how this attempt ran
+    assert (
+        yaml.safe_load((two / "config.yaml").read_text())["train"]["devices"] == 2
+    )  # how this attempt ran
 
 
 def test_step_loss_over_any_split_of_the_streams_is_the_global_token_mean():
@@ -127,13 +189,25 @@ def test_step_loss_over_any_split_of_the_streams_is_the_global_token_mean():
     for world, accumulate in ((1, 1), (2, 1), (2, 2), (1, 4)):
         shares, means = [], []
         for rank in range(world):
-            segments = TrainingSegments(streams, steps=4, loss_on="half", rank=rank, world=world, accumulate=accumulate)
+            segments = TrainingSegments(
+                streams, steps=4, loss_on="half", rank=rank, world=world, accumulate=accumulate
+            )
             for group in range(accumulate):
                 batch = segments[1 * accumulate + group]
-                loss, _acc = module.segment_loss(batch.inputs, batch.targets, batch.mask, restart=True, group=group,
-                                                 counted_in_step=batch.counted_in_step)
+                loss, _acc = module.segment_loss(
+                    batch.inputs,
+                    batch.targets,
+                    batch.mask,
+                    restart=True,
+                    group=group,
+                    counted_in_step=batch.counted_in_step,
+                )
                 shares.append(loss.double())
-                means.append(module.segment_loss(batch.inputs, batch.targets, batch.mask, restart=True)[0].double())
+                means.append(
+                    module.segment_loss(batch.inputs, batch.targets, batch.mask, restart=True)[
+                        0
+                    ].double()
+                )
         assert sum(shares).item() == pytest.approx(reference.item(), rel=1e-6)
         if len(means) > 1:
             assert abs(sum(means).item() / len(means) - reference.item()) > 1e-3
@@ -143,38 +217,72 @@ def test_gradient_accumulation_trains_the_same_steps(tmp_path):
     assert train_run(config(), tmp_path / "one") == "done"
     assert train_run(config("train.accumulate=2"), tmp_path / "acc") == "done"
     rows_one, rows_acc = metric_rows(tmp_path / "one"), metric_rows(tmp_path / "acc")
-    torch.testing.assert_close(torch.tensor([float(r["train_loss"]) for r in rows_acc]),
-                               torch.tensor([float(r["train_loss"]) for r in rows_one]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor([float(r["train_loss"]) for r in rows_acc]),
+        torch.tensor([float(r["train_loss"]) for r in rows_one]),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     assert_same_weights(weights(tmp_path / "one"), weights(tmp_path / "acc"))
 
 
 def test_devices_nodes_strategy_and_accumulate_are_how_to_run_not_what():
     base = config("train.batch_size=8")
-    how = config("train.batch_size=8", "train.devices=2", "train.num_nodes=2", "train.strategy=ddp",
-                 "train.accumulate=2", "train.accelerator=gpu", "train.loggers=[csv, tensorboard]",
-                 "train.deterministic=true")
+    how = config(
+        "train.batch_size=8",
+        "train.devices=2",
+        "train.num_nodes=2",
+        "train.strategy=ddp",
+        "train.accumulate=2",
+        "train.accelerator=gpu",
+        "train.loggers=[csv, tensorboard]",
+        "train.deterministic=true",
+    )
     assert run_id(how) == run_id(base) and same_run(how, base)
-    for what in ("train.batch_size=16", "train.precision=bf16-mixed", "train.log_every=2", "model.mem_len=8"):
+    for what in (
+        "train.batch_size=16",
+        "train.precision=bf16-mixed",
+        "train.log_every=2",
+        "model.mem_len=8",
+    ):
         assert run_id(config("train.batch_size=8", what)) != run_id(base), what
     assert run_id(load_run_config(None, [])) == run_id(load_run_config(None, ["train.devices=4"]))
 
 
 def test_uneven_sharding_is_a_one_line_error_naming_the_field():
-    with pytest.raises(ConfigError, match=r"^train.batch_size: 4 streams do not split evenly over 3 processes; "
-                                          r"use a multiple of 3$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^train.batch_size: 4 streams do not split evenly over 3 processes; "
+        r"use a multiple of 3$",
+    ):
         config("train.devices=3")
-    with pytest.raises(ConfigError, match=r"over 2 processes x 4 micro-batches \(train.accumulate\); use a multiple of 8$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"over 2 processes x 4 micro-batches \(train.accumulate\); use a multiple of 8$",
+    ):
         config("train.devices=2", "train.accumulate=4")
     # devices: auto learns the world size only at run time, where train checks it before launching the others
-    with pytest.raises(ConfigError, match=r"^train.batch_size: 4 streams do not split evenly over 3 processes"):
+    with pytest.raises(
+        ConfigError, match=r"^train.batch_size: 4 streams do not split evenly over 3 processes"
+    ):
         check_world_size(config(), 3)
-    with pytest.raises(ConfigError, match=r"^eval.batch_size: 3 streams cannot give each of 4 processes one; use at least 4$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^eval.batch_size: 3 streams cannot give each of 4 processes one; use at least 4$",
+    ):
         check_world_size(config("train.batch_size=8"), 4)
     check_world_size(config(), 2)
 
 
-SLURM_TASK = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "relpos-g",
-              "SLURM_PROCID": "0", "SLURM_NODELIST": "node[1-2]", "SLURM_JOB_ID": "4242"}
+SLURM_TASK = {
+    "SLURM_NTASKS": "4",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_NNODES": "2",
+    "SLURM_JOB_NAME": "relpos-g",
+    "SLURM_PROCID": "0",
+    "SLURM_NODELIST": "node[1-2]",
+    "SLURM_JOB_ID": "4242",
+}
 
 
 def test_slurm_started_processes_use_slurm_environment_without_its_requeue(monkeypatch):
@@ -182,14 +290,21 @@ def test_slurm_started_processes_use_slurm_environment_without_its_requeue(monke
 
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
-    for key in ("MASTER_ADDR", "MASTER_PORT"):  # SLURMEnvironment writes them into os.environ: undo after the test
+    for key in (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):  # SLURMEnvironment writes them into os.environ: undo after the test
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     assert cluster_environment(config().train) == []  # outside SLURM: Lightning's own detection
     for key, value in SLURM_TASK.items():
         monkeypatch.setenv(key, value)
     (env,) = cluster_environment(config("train.devices=2", "train.num_nodes=2").train)
-    assert isinstance(env, SLURMEnvironment) and not env.auto_requeue  # submitit requeues, not Lightning
+    assert (
+        isinstance(env, SLURMEnvironment) and not env.auto_requeue
+    )  # submitit requeues, not Lightning
     assert env.world_size() == 4 and env.main_address == "node1"
-    (env,) = cluster_environment(config("train.devices=2").train)  # a local slot inside an allocation
+    (env,) = cluster_environment(
+        config("train.devices=2").train
+    )  # a local slot inside an allocation
     assert type(env) is LightningEnvironment

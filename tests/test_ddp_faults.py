@@ -31,7 +31,9 @@ MAX_STEPS = 100  # the SIGTERM lands near step 10: room to stop mid-run on a qui
 def start(run_dir: Path):
     lock = RunLock(run_dir)
     assert lock.try_acquire()
-    proc = launch(run_dir, lock, gpu="", threads=2, device="cpu:0", fork=True)  # rank 0 forked, as the runner does
+    proc = launch(
+        run_dir, lock, gpu="", threads=2, device="cpu:0", fork=True
+    )  # rank 0 forked, as the runner does
     lock.release()  # the worker holds it now
     return proc
 
@@ -96,13 +98,17 @@ def never_stopped(tmp_path_factory) -> Path:
 def test_a_run_whose_terms_read_no_query_trains_on_two_processes(never_stopped):
     """Terms d alone read neither q nor k: Lightning's DDP (find_unused_parameters off) stopped at step 1
     while the model still built their projections. Every configuration under DDP: tests/test_ddp_parameters.py."""
-    assert yaml.safe_load((never_stopped / "config.yaml").read_text())["model"]["attention"]["terms"] == "d"
+    assert (
+        yaml.safe_load((never_stopped / "config.yaml").read_text())["model"]["attention"]["terms"]
+        == "d"
+    )
     assert read_status(never_stopped)["state"] == "done"
     assert metric_steps(never_stopped) == list(range(MAX_STEPS))
 
 
 def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_where_the_uninterrupted_one_does(
-        never_stopped, tmp_path, monkeypatch):
+    never_stopped, tmp_path, monkeypatch
+):
     """One run SIGKILLed in a rank, rerun and SIGTERMed, rerun to the end, against the same run never stopped:
     each rank's dropout continues from the random state the checkpoint keeps, and its memory from the
     checkpointed memory (RECALL trains with mem_len 16), across both kinds of stop. (One test, not two: each
@@ -122,16 +128,22 @@ def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_
         time.sleep(0.1)
     killed_at = checkpoint_step(run_dir)
     assert killed_at >= 4
-    assert metric_steps(run_dir)[:killed_at] == list(range(killed_at))  # the rerun resumes with every row
+    assert metric_steps(run_dir)[:killed_at] == list(
+        range(killed_at)
+    )  # the rerun resumes with every row
 
     proc = start(run_dir)
     stopped_at = wait_for_checkpoint(run_dir, killed_at + 2, proc)  # a checkpoint the rerun wrote
     assert stop(proc, grace_s=60) is not None
     status = record_exit(run_dir, proc.returncode)
-    assert status["state"] == "interrupted" and status["reason"].startswith("stopped by SIGTERM;"), status
-    assert checkpoint_step(run_dir) == status["step"] >= stopped_at  # saved at the step every rank stopped at
+    assert status["state"] == "interrupted" and status["reason"].startswith(
+        "stopped by SIGTERM;"
+    ), status
+    assert (
+        checkpoint_step(run_dir) == status["step"] >= stopped_at
+    )  # saved at the step every rank stopped at
     assert 0 < status["step"] < MAX_STEPS
-    assert metric_steps(run_dir)[:status["step"]] == list(range(status["step"]))
+    assert metric_steps(run_dir)[: status["step"]] == list(range(status["step"]))
 
     proc = start(run_dir)
     proc.wait(timeout=120)
@@ -139,7 +151,9 @@ def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_
     assert metric_steps(run_dir) == list(range(MAX_STEPS))
     log = (run_dir / "log.txt").read_text()
     assert log.count("Restored all states from the checkpoint") == 2
-    whole, cut = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-                  for d in (never_stopped, run_dir))
+    whole, cut = (
+        torch.load(d / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        for d in (never_stopped, run_dir)
+    )
     for name, value in whole.items():
         assert torch.equal(value, cut[name]), name

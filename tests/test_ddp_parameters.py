@@ -31,20 +31,33 @@ from relpos_ablate.config.presets import presets
 from relpos_ablate.train.module import build_optimizer, without_unread_projections
 from relpos_ablate.train.run import train_run
 
-TERM_SUBSETS = ["".join(letters) for n in range(1, 5) for letters in itertools.combinations("abcd", n)]
+TERM_SUBSETS = [
+    "".join(letters) for n in range(1, 5) for letters in itertools.combinations("abcd", n)
+]
 #: Axes that add parameters, on the term subsets where a projection is left out.
 AXES = {
     "d_sinks_temperature": {"terms": "d", "sinks": 2, "learned_temperature": True},
     "c_fox_log_n": {"terms": "c", "forget_gate": True, "score_scale": "log_n", "log_n_length": 8},
     "b_learned_shaw_values": {"terms": "b", "rel": "learned", "clamp_len": 4, "shaw_values": True},
-    "bd_unshared_t5": {"terms": "bd", "share_uv": False, "share_bias": False, "bias": "t5", "num_buckets": 8,
-                       "max_distance": 6},
+    "bd_unshared_t5": {
+        "terms": "bd",
+        "share_uv": False,
+        "share_bias": False,
+        "bias": "t5",
+        "num_buckets": 8,
+        "max_distance": 6,
+    },
     "cd_window_fire": {"terms": "cd", "window": 4, "bias": "fire"},
     "ac_cope_sinks": {"terms": "ac", "cope_positions": 6, "sinks": 1},
 }
 # a model built outside a run gives log-n scaling its training length itself (a run fills it in: resolve_log_n_length)
-RUNNABLE_PRESETS = {name: {**fields, **({"log_n_length": 8} if fields.get("score_scale") in ("log_n", "ssmax") else {})}
-                    for name, fields in presets().items()}
+RUNNABLE_PRESETS = {
+    name: {
+        **fields,
+        **({"log_n_length": 8} if fields.get("score_scale") in ("log_n", "ssmax") else {}),
+    }
+    for name, fields in presets().items()
+}
 CONFIGS = {**{f"terms_{t}": {"terms": t} for t in TERM_SUBSETS}, **RUNNABLE_PRESETS, **AXES}
 VOCAB = 11
 DEADLINE, DUMP_AFTER, EXIT_GRACE = 240, 200, 30
@@ -58,8 +71,19 @@ exited (2 of 3 had hung before). The kill stays as a guard."""
 
 def model_config(fields: dict, *extra: str):
     overrides = [f"model.attention.{key}={value}" for key, value in fields.items()]
-    return load_run_config(None, [*overrides, f"model.vocab_size={VOCAB}", "model.d_model=16", "model.n_heads=2",
-                                  "model.d_head=8", "model.d_inner=16", "model.n_layers=2", *extra]).model
+    return load_run_config(
+        None,
+        [
+            *overrides,
+            f"model.vocab_size={VOCAB}",
+            "model.d_model=16",
+            "model.n_heads=2",
+            "model.d_head=8",
+            "model.d_inner=16",
+            "model.n_layers=2",
+            *extra,
+        ],
+    ).model
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -83,17 +107,28 @@ def test_a_projection_is_built_exactly_when_a_term_reads_it():
 def _two_steps_of_every_config(rank: int, world: int, store: str) -> None:
     """One process of the DDP check: every configuration, wrapped as Lightning's DDP wraps it, 2 SGD steps."""
     torch.set_num_threads(1)  # two processes on a 2-core machine
-    faulthandler.dump_traceback_later(DUMP_AFTER)  # a process that hangs says where before the deadline kills it
+    faulthandler.dump_traceback_later(
+        DUMP_AFTER
+    )  # a process that hangs says where before the deadline kills it
     # a file store, not a TCP port picked free before the processes start: nothing else can take it meanwhile
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
     try:
         for name, fields in CONFIGS.items():
             torch.manual_seed(0)
             model = DistributedDataParallel(TransformerLM(model_config(fields)))
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-            tokens = torch.randint(0, VOCAB, (2, 2, 8), generator=torch.Generator().manual_seed(rank))
-            for step in range(2):  # DDP finds a parameter that got no gradient when the next step starts
+            tokens = torch.randint(
+                0, VOCAB, (2, 2, 8), generator=torch.Generator().manual_seed(rank)
+            )
+            for step in range(
+                2
+            ):  # DDP finds a parameter that got no gradient when the next step starts
                 try:
                     logits, _ = model(tokens[step])
                 except RuntimeError as err:
@@ -126,8 +161,9 @@ def test_every_config_trains_under_ddp_on_two_gloo_processes(tmp_path):
     instead of pytest's 10; processes that trained every configuration and hang only on exit are killed
     (EXIT_GRACE) with a warning."""
     store = str(tmp_path / "store")
-    processes = mp.start_processes(_two_steps_of_every_config, args=(2, store), nprocs=2, join=False,
-                                   start_method="spawn")
+    processes = mp.start_processes(
+        _two_steps_of_every_config, args=(2, store), nprocs=2, join=False, start_method="spawn"
+    )
     deadline, trained = time.monotonic() + DEADLINE, None
     while not processes.join(timeout=1.0):  # True once both have exited; raises a process's error
         now = time.monotonic()
@@ -137,9 +173,13 @@ def test_every_config_trains_under_ddp_on_two_gloo_processes(tmp_path):
             for process in processes.processes:
                 process.kill()
             if trained is None:
-                pytest.fail(f"the DDP check was still running after {DEADLINE} s (stacks above, from {DUMP_AFTER} s)")
-            warnings.warn(f"both DDP processes trained every configuration but had not exited {EXIT_GRACE} s later "
-                          f"(stacks above if it was past {DUMP_AFTER} s); killed")
+                pytest.fail(
+                    f"the DDP check was still running after {DEADLINE} s (stacks above, from {DUMP_AFTER} s)"
+                )
+            warnings.warn(
+                f"both DDP processes trained every configuration but had not exited {EXIT_GRACE} s later "
+                f"(stacks above if it was past {DUMP_AFTER} s); killed"
+            )
             return
 
 
@@ -176,8 +216,17 @@ def test_a_run_resumes_from_a_checkpoint_with_unread_projections(tmp_path):
     from test_train_module import tiny
 
     short = ("train.log_every=1", "eval.settings=[{segment_len: 16}]")
-    assert train_run(tiny("model.attention.terms=ad", "train.max_steps=2", *short), tmp_path / "saved") == "done"
+    assert (
+        train_run(tiny("model.attention.terms=ad", "train.max_steps=2", *short), tmp_path / "saved")
+        == "done"
+    )
     shutil.copytree(tmp_path / "saved" / "checkpoints", tmp_path / "run" / "checkpoints")
-    assert train_run(tiny("model.attention.terms=d", "train.max_steps=4", *short), tmp_path / "run") == "done"
+    assert (
+        train_run(tiny("model.attention.terms=d", "train.max_steps=4", *short), tmp_path / "run")
+        == "done"
+    )
     with open(tmp_path / "run" / "metrics.csv") as f:
-        assert [row.split(",")[0] for row in f.read().split()[1:]] == ["2", "3"]  # resumed at step 2
+        assert [row.split(",")[0] for row in f.read().split()[1:]] == [
+            "2",
+            "3",
+        ]  # resumed at step 2

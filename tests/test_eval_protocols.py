@@ -19,7 +19,13 @@ from relpos_ablate.config import ConfigError, EvalSetting, load_run_config
 from relpos_ablate.config.data import STREAM_TASKS
 from relpos_ablate.train.data import SegmentStreams, build_datamodule
 from relpos_ablate.train.data.protocols import (
-    EvalLayout, SegmentBatches, WindowBatches, log_bins, protocol_batches, unigram_loss, window_ends,
+    EvalLayout,
+    SegmentBatches,
+    WindowBatches,
+    log_bins,
+    protocol_batches,
+    unigram_loss,
+    window_ends,
 )
 from relpos_ablate.train.run import load_run, train_run
 
@@ -27,7 +33,10 @@ from relpos_ablate.train.run import load_run, train_run
 def layout(streams: int, length: int, max_targets: int = 0) -> EvalLayout:
     """Inputs are their own column numbers (stream b holds 100·b + p), so a batch shows where it came from."""
     inputs = torch.arange(length)[None] + 100 * torch.arange(streams)[:, None]  # (B, T)
-    return EvalLayout(SegmentStreams(inputs, inputs + 1, torch.ones(streams, length, dtype=torch.bool), 1), max_targets)
+    return EvalLayout(
+        SegmentStreams(inputs, inputs + 1, torch.ones(streams, length, dtype=torch.bool), 1),
+        max_targets,
+    )
 
 
 def scored(batch):
@@ -53,7 +62,9 @@ def test_sliding_windows_by_hand_window_4_stride_3():
     for (start, targets), batch in zip(expected, batches):
         assert batch[0].tolist() == [list(range(start, start + 4))]
         assert scored(batch) == targets
-        assert batch[3][batch[2]].tolist() == [p for _, p, _ in targets]  # layout index b·T + p (B = 1)
+        assert batch[3][batch[2]].tolist() == [
+            p for _, p, _ in targets
+        ]  # layout index b·T + p (B = 1)
 
 
 def test_sliding_last_window_ends_at_the_stream_end_and_scores_only_new_targets():
@@ -96,28 +107,48 @@ def test_non_overlapping_pads_and_masks_the_last_partial_segment():
 def test_every_protocol_and_length_scores_every_target_exactly_once(protocol, length):
     grid = layout(3, 23)
     stride = {"sliding": max(1, length // 3)}.get(protocol)
-    setting = EvalSetting(segment_len=length, protocol=protocol, stride=stride, mem_len=4 if protocol == "xl" else None)
-    indices = torch.cat([batch[3][batch[2]] for batch in protocol_batches(grid, setting, sliding_batch_tokens=20)])
+    setting = EvalSetting(
+        segment_len=length,
+        protocol=protocol,
+        stride=stride,
+        mem_len=4 if protocol == "xl" else None,
+    )
+    indices = torch.cat(
+        [batch[3][batch[2]] for batch in protocol_batches(grid, setting, sliding_batch_tokens=20)]
+    )
     assert sorted(indices.tolist()) == list(range(3 * 23))
 
 
 def test_token_counts_match_across_settings_exactly_for_the_tasks_the_readme_says():
     """Counts differ for the tasks with a per-segment rule (what determines a target must lie in its
     segment or window), and only for them; the README's Evaluation section names them."""
-    settings = [EvalSetting(segment_len=16), EvalSetting(segment_len=32),
-                EvalSetting(segment_len=32, protocol="sliding", stride=8)]
+    settings = [
+        EvalSetting(segment_len=16),
+        EvalSetting(segment_len=32),
+        EvalSetting(segment_len=32, protocol="sliding", stride=8),
+    ]
     matching, differing = set(), set()
     for task in STREAM_TASKS:
-        datamodule = build_datamodule(load_run_config(None, [f"data.task={task}", "data.eval_tokens=256",
-                                                             "data.period=8", "eval.batch_size=2"]))
+        datamodule = build_datamodule(
+            load_run_config(
+                None,
+                [f"data.task={task}", "data.eval_tokens=256", "data.period=8", "eval.batch_size=2"],
+            )
+        )
         streams = datamodule.streams("eval", 16)
-        counts = {sum(int(batch[2].sum()) for batch in protocol_batches(EvalLayout(streams), s, 64)) for s in settings}
+        counts = {
+            sum(int(batch[2].sum()) for batch in protocol_batches(EvalLayout(streams), s, 64))
+            for s in settings
+        }
         (matching if len(counts) == 1 else differing).add(task)
         assert (len(counts) == 1) == (streams.segment_mask is None), task
     assert matching == {"repeat"} and differing == {"offset_copy", "recall"}
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     section = " ".join(readme.split("\n## Evaluation\n")[1].split("\n## ")[0].split())
-    assert "For text and the `repeat` task every one of them counts, so token counts match across settings" in section
+    assert (
+        "For text and the `repeat` task every one of them counts, so token counts match across settings"
+        in section
+    )
     assert "`offset_copy` and `recall` count a target only when" in section
 
 
@@ -139,16 +170,34 @@ def test_unigram_reference_is_add_one_smoothed_training_frequencies():
     assert loss == pytest.approx(-(math.log(3 / 6) + math.log(1 / 6)) / 2)
 
 
-@pytest.mark.parametrize("setting, field, message", [
-    ("{segment_len: 8, protocol: sliding}", "stride", "protocol 'sliding' needs a stride (1..segment_len=8)"),
-    ("{segment_len: 8, protocol: sliding, stride: 9}", "stride", "9 is out of range; allowed [1, 8]"),
-    ("{segment_len: 8, stride: 2}", "stride", "is read only by protocol 'sliding'"),
-    ("{segment_len: 8, protocol: sliding, stride: 2, mem_len: 8}", "mem_len", "without memory"),
-    ("{segment_len: 8, protocol: windows}", "protocol", "'windows' is not allowed; choose one of non_overlapping, "
-                                                        "sliding, xl"),
-    ("{segment_len: 8, protocol: xl}", "protocol", "'xl' needs causal attention and memory"),
-    ("{segment_len: 8, max_targets: 3}", "max_targets", "leaves no target in some of the eval.batch_size=8 streams"),
-])
+@pytest.mark.parametrize(
+    "setting, field, message",
+    [
+        (
+            "{segment_len: 8, protocol: sliding}",
+            "stride",
+            "protocol 'sliding' needs a stride (1..segment_len=8)",
+        ),
+        (
+            "{segment_len: 8, protocol: sliding, stride: 9}",
+            "stride",
+            "9 is out of range; allowed [1, 8]",
+        ),
+        ("{segment_len: 8, stride: 2}", "stride", "is read only by protocol 'sliding'"),
+        ("{segment_len: 8, protocol: sliding, stride: 2, mem_len: 8}", "mem_len", "without memory"),
+        (
+            "{segment_len: 8, protocol: windows}",
+            "protocol",
+            "'windows' is not allowed; choose one of non_overlapping, sliding, xl",
+        ),
+        ("{segment_len: 8, protocol: xl}", "protocol", "'xl' needs causal attention and memory"),
+        (
+            "{segment_len: 8, max_targets: 3}",
+            "max_targets",
+            "leaves no target in some of the eval.batch_size=8 streams",
+        ),
+    ],
+)
 def test_bad_settings_are_one_line_errors(setting, field, message):
     with pytest.raises(ConfigError) as err:
         load_run_config(None, [f"eval.settings=[{setting}]"])
@@ -159,24 +208,46 @@ def test_bad_settings_are_one_line_errors(setting, field, message):
 def test_recl_ladder_settings_and_their_errors():
     config = load_run_config(None, ["eval.recl_contexts=[8, 16]", "eval.recl_targets=256"])
     ladder = config.eval_settings()[-2:]
-    assert [(s.segment_len, s.protocol, s.stride, s.max_targets, s.token_losses) for s in ladder] == [
-        (8, "sliding", 1, 256, True), (16, "sliding", 1, 256, True)]
-    with pytest.raises(ConfigError, match=r"^eval\.recl_contexts: \[16, 8\]: list each context length once"):
+    assert [
+        (s.segment_len, s.protocol, s.stride, s.max_targets, s.token_losses) for s in ladder
+    ] == [(8, "sliding", 1, 256, True), (16, "sliding", 1, 256, True)]
+    with pytest.raises(
+        ConfigError, match=r"^eval\.recl_contexts: \[16, 8\]: list each context length once"
+    ):
         load_run_config(None, ["eval.recl_contexts=[16, 8]"])
-    with pytest.raises(ConfigError, match=r"^eval\.recl_targets: 100 targets in eval\.batch_size=8 streams leave none "
-                                          r"with 16 tokens of context .* use >= 128$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^eval\.recl_targets: 100 targets in eval\.batch_size=8 streams leave none "
+        r"with 16 tokens of context .* use >= 128$",
+    ):
         load_run_config(None, ["eval.recl_contexts=[8, 16]", "eval.recl_targets=100"])
 
 
 # ---------------------------------------------------------------- a trained run, evaluated by hand
 
-TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_head=16", "model.d_inner=64",
-        "model.dropout=0.0", "model.mem_len=8", "train.segment_len=8", "train.batch_size=8", "train.max_steps=30",
-        "train.lr=0.003", "train.warmup_steps=5", "train.log_every=10", "train.checkpoint_every=1000",
-        "eval.batch_size=3", "data.source=text"]
-SETTINGS = ("eval.settings=[{segment_len: 8, token_losses: true}, {segment_len: 24, protocol: sliding, stride: 5, "
-            "token_losses: true}, {segment_len: 12, protocol: xl, mem_len: 16}, {segment_len: 6, protocol: sliding, "
-            "stride: 1, max_targets: 90, token_losses: true}]")
+TINY = [
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.d_head=16",
+    "model.d_inner=64",
+    "model.dropout=0.0",
+    "model.mem_len=8",
+    "train.segment_len=8",
+    "train.batch_size=8",
+    "train.max_steps=30",
+    "train.lr=0.003",
+    "train.warmup_steps=5",
+    "train.log_every=10",
+    "train.checkpoint_every=1000",
+    "eval.batch_size=3",
+    "data.source=text",
+]
+SETTINGS = (
+    "eval.settings=[{segment_len: 8, token_losses: true}, {segment_len: 24, protocol: sliding, stride: 5, "
+    "token_losses: true}, {segment_len: 12, protocol: xl, mem_len: 16}, {segment_len: 6, protocol: sliding, "
+    "stride: 1, max_targets: 90, token_losses: true}]"
+)
 
 
 @pytest.fixture(scope="module")
@@ -186,11 +257,23 @@ def evaluated(tmp_path_factory):
     lines = [" ".join(words[(i * 5 + j * 3) % 8] for j in range(7)) for i in range(300)]
     (root / "train.txt").write_text("\n".join(lines) + "\n")
     (root / "valid.txt").write_text("\n".join(lines[::7][:20]) + "\n")
-    config = load_run_config(None, [*TINY, f"data.train_file={root / 'train.txt'}", f"data.valid_file={root / 'valid.txt'}",
-                                    f"data.cache_dir={root / 'cache'}", SETTINGS])
+    config = load_run_config(
+        None,
+        [
+            *TINY,
+            f"data.train_file={root / 'train.txt'}",
+            f"data.valid_file={root / 'valid.txt'}",
+            f"data.cache_dir={root / 'cache'}",
+            SETTINGS,
+        ],
+    )
     assert train_run(config, root / "run") == "done"
     saved = np.load(root / "run" / "token_losses.npz")
-    return root / "run", json.loads((root / "run" / "eval.json").read_text()), {k: saved[k] for k in saved.files}
+    return (
+        root / "run",
+        json.loads((root / "run" / "eval.json").read_text()),
+        {k: saved[k] for k in saved.files},
+    )
 
 
 def eval_streams(run_dir):
@@ -201,7 +284,7 @@ def eval_streams(run_dir):
 
 def window_loss(model, inputs, targets, b, p, context, **kwargs) -> float:
     """Loss on target p of stream b with the `context` tokens before it (itself included), computed alone."""
-    window = inputs[b, p - context + 1: p + 1][None]
+    window = inputs[b, p - context + 1 : p + 1][None]
     with torch.no_grad():
         logits, _ = model(window, **kwargs)
     return F.cross_entropy(logits[0, -1], targets[b, p]).item()
@@ -212,9 +295,16 @@ def test_every_protocol_scores_the_whole_layout_and_reports_it(evaluated):
     streams, per_stream = result["layout"]["streams"], result["layout"]["targets_per_stream"]
     assert streams == 3 and per_stream > 24
     tokens = [s["metrics"]["tokens"] for s in result["settings"]]
-    assert tokens == [streams * per_stream] * 3 + [90]  # the last keeps 90 // 3 = 30 targets per stream
+    assert tokens == [streams * per_stream] * 3 + [
+        90
+    ]  # the last keeps 90 // 3 = 30 targets per stream
     assert [s["attn_len"] for s in result["settings"]] == [8 + 8, 24, 16, 6]
-    assert [s["protocol"] for s in result["settings"]] == ["non_overlapping", "sliding", "xl", "sliding"]
+    assert [s["protocol"] for s in result["settings"]] == [
+        "non_overlapping",
+        "sliding",
+        "xl",
+        "sliding",
+    ]
     assert [s["same_length"] for s in result["settings"]] == [False, False, True, False]
 
 
@@ -242,10 +332,18 @@ def test_non_overlapping_with_memory_matches_a_segment_loop_by_hand(evaluated):
     model, inputs, targets = eval_streams(run_dir)
     losses, mems, expected = arrays[result["settings"][0]["token_losses"]], None, []
     with torch.no_grad():
-        for start in range(0, inputs.shape[1], 8):  # the last segment is shorter: scored, not dropped
-            logits, mems = model(inputs[:, start:start + 8], mems, mem_len=8)
-            expected.append(F.cross_entropy(logits.transpose(1, 2), targets[:, start:start + 8], reduction="none"))
-    torch.testing.assert_close(torch.from_numpy(losses).double(), torch.cat(expected, 1), rtol=1e-4, atol=1e-5)
+        for start in range(
+            0, inputs.shape[1], 8
+        ):  # the last segment is shorter: scored, not dropped
+            logits, mems = model(inputs[:, start : start + 8], mems, mem_len=8)
+            expected.append(
+                F.cross_entropy(
+                    logits.transpose(1, 2), targets[:, start : start + 8], reduction="none"
+                )
+            )
+    torch.testing.assert_close(
+        torch.from_numpy(losses).double(), torch.cat(expected, 1), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_loss_by_position_bins_the_token_losses_by_their_column(evaluated):
@@ -255,7 +353,9 @@ def test_loss_by_position_bins_the_token_losses_by_their_column(evaluated):
     positions = np.arange(losses.shape[1]) % 8
     curve = record["position_loss"]
     assert curve["edges"] == [0, 1, 2, 4, 8]
-    for lo, hi, loss, tokens in zip(curve["edges"], curve["edges"][1:], curve["loss"], curve["tokens"]):
+    for lo, hi, loss, tokens in zip(
+        curve["edges"], curve["edges"][1:], curve["loss"], curve["tokens"]
+    ):
         chosen = losses[:, (positions >= lo) & (positions < hi)]
         assert tokens == chosen.size and loss == pytest.approx(chosen.mean(), rel=1e-6)
 
@@ -269,5 +369,7 @@ def test_unigram_reference_in_eval_json(evaluated):
     _model, _inputs, targets = eval_streams(run_dir)
     expected = -np.log(counts / counts.sum())[targets.flatten().numpy()].mean()
     reference = result["reference"]
-    assert reference["name"] == "unigram" and reference["metrics"]["loss"] == pytest.approx(expected)
+    assert reference["name"] == "unigram" and reference["metrics"]["loss"] == pytest.approx(
+        expected
+    )
     assert reference["metrics"]["ppl"] == pytest.approx(math.exp(expected))

@@ -20,21 +20,40 @@ from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError, load_run_config
 from relpos_ablate.train.run import train_run
 
-MODEL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_head=16", "model.d_inner=64",
-         "model.dropout=0.0", "model.attention.terms=a", "model.attention.absolute=rope", "data.source=text",
-         "data.tokenizer=char", "train.segment_len=16", "train.batch_size=4", "train.max_steps=4",
-         "train.warmup_steps=0", "train.log_every=2", "train.checkpoint_every=4", "train.accelerator=cpu",
-         "eval.batch_size=2"]
+MODEL = [
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.d_head=16",
+    "model.d_inner=64",
+    "model.dropout=0.0",
+    "model.attention.terms=a",
+    "model.attention.absolute=rope",
+    "data.source=text",
+    "data.tokenizer=char",
+    "train.segment_len=16",
+    "train.batch_size=4",
+    "train.max_steps=4",
+    "train.warmup_steps=0",
+    "train.log_every=2",
+    "train.checkpoint_every=4",
+    "train.accelerator=cpu",
+    "eval.batch_size=2",
+]
 BOTH = "eval.settings=[{segment_len: 16}, {segment_len: 16, split: test}]"
-TEXTS = {"train": "the king sang to the queen of the castle at night\n" * 40,
-         "valid": "a queen sang of the night\n" * 12,
-         "test": "to the castle the king went singing\n" * 9}
+TEXTS = {
+    "train": "the king sang to the queen of the castle at night\n" * 40,
+    "valid": "a queen sang of the night\n" * 12,
+    "test": "to the castle the king went singing\n" * 9,
+}
 
 
 def files(folder: Path) -> list[str]:
     for split, text in TEXTS.items():
         (folder / f"{split}.txt").write_text(text)
-    return [f"data.{split}_file={folder / f'{split}.txt'}" for split in TEXTS] + [f"data.cache_dir={folder / 'cache'}"]
+    return [f"data.{split}_file={folder / f'{split}.txt'}" for split in TEXTS] + [
+        f"data.cache_dir={folder / 'cache'}"
+    ]
 
 
 def train(run_dir: Path, overrides: list[str]) -> Path:
@@ -65,10 +84,11 @@ def independent_ppl(run_dir: Path, split: str) -> tuple[float, int]:
     nll, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, inputs.shape[1], 16):
-            logits, _ = model(inputs[:, start:start + 16])
-            losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2).double(), targets[:, start:start + 16],
-                                                       reduction="sum")
-            nll, count = nll + losses.item(), count + targets[:, start:start + 16].numel()
+            logits, _ = model(inputs[:, start : start + 16])
+            losses = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2).double(), targets[:, start : start + 16], reduction="sum"
+            )
+            nll, count = nll + losses.item(), count + targets[:, start : start + 16].numel()
     return math.exp(nll / count), count
 
 
@@ -93,20 +113,40 @@ def test_evaluate_adds_a_test_setting_and_reads_old_records_as_eval_split(runs, 
         del record["split"]
     (run / rundir.EVAL).write_text(json.dumps(document))
     assert main(["evaluate", str(run), "--set", BOTH]) == 0
-    assert "evaluated 1 setting(s), 1 already in eval.json" in capsys.readouterr().out  # the old one is valid's
+    assert (
+        "evaluated 1 setting(s), 1 already in eval.json" in capsys.readouterr().out
+    )  # the old one is valid's
     added = rundir.read_eval(run)["settings"][1]
-    assert added == rundir.read_eval(both)["settings"][1]  # what training with both would have written
-    assert collect(run)["split"].tolist() == ["valid", "test"]  # the old record reads as the run's eval.split
+    assert (
+        added == rundir.read_eval(both)["settings"][1]
+    )  # what training with both would have written
+    assert collect(run)["split"].tolist() == [
+        "valid",
+        "test",
+    ]  # the old record reads as the run's eval.split
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["data.task=offset_copy", "eval.settings=[{segment_len: 16, split: test}]"],
-     "error: eval.settings[0].split: synthetic tasks have one evaluation stream"),
-    (["data.source=text", "data.train_file=train.txt", "eval.settings=[{segment_len: 16}, {segment_len: 16, split: test}]"],
-     "error: eval.settings[1].split: 'test' with local files needs data.test_file"),
-    (["eval.settings=[{segment_len: 16, split: dev}]"],
-     "error: eval.settings[0].split: 'dev' is not allowed; choose one of valid, test"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["data.task=offset_copy", "eval.settings=[{segment_len: 16, split: test}]"],
+            "error: eval.settings[0].split: synthetic tasks have one evaluation stream",
+        ),
+        (
+            [
+                "data.source=text",
+                "data.train_file=train.txt",
+                "eval.settings=[{segment_len: 16}, {segment_len: 16, split: test}]",
+            ],
+            "error: eval.settings[1].split: 'test' with local files needs data.test_file",
+        ),
+        (
+            ["eval.settings=[{segment_len: 16, split: dev}]"],
+            "error: eval.settings[0].split: 'dev' is not allowed; choose one of valid, test",
+        ),
+    ],
+)
 def test_a_split_the_run_cannot_have_is_one_line(tmp_path, capsys, overrides, message):
     with pytest.raises(ConfigError):
         load_run_config(None, overrides)
@@ -120,4 +160,6 @@ def test_a_split_the_run_cannot_have_is_one_line(tmp_path, capsys, overrides, me
 def test_evaluate_keeps_eval_split_fixed_and_says_how_to_score_another(runs, capsys):
     assert main(["evaluate", str(runs[0]), "--set", "eval.split=test"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "eval.split: is fixed by training" in err and "split: test" in err
+    assert (
+        err.count("\n") == 1 and "eval.split: is fixed by training" in err and "split: test" in err
+    )

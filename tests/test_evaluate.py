@@ -32,23 +32,61 @@ from relpos_ablate.train import evaluate_run
 from relpos_ablate.train.evaluate_run import plan_evaluation, run_evaluation
 from relpos_ablate.train.run import train_run
 
-WORDS = "the of and to in is was for on that with as by at from his her which or be are an this".split()
-ROPE = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_head=16", "model.d_inner=64",
-        "model.dropout=0.0", "model.mem_len=8", "model.attention.terms=a", "model.attention.absolute=rope",
-        "data.source=text", "data.tokenizer=char", "train.segment_len=16", "train.batch_size=4",
-        "train.max_steps=6", "train.warmup_steps=0", "train.log_every=2", "train.checkpoint_every=6",
-        "train.accelerator=cpu", "eval.batch_size=2"]
+WORDS = (
+    "the of and to in is was for on that with as by at from his her which or be are an this".split()
+)
+ROPE = [
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.d_head=16",
+    "model.d_inner=64",
+    "model.dropout=0.0",
+    "model.mem_len=8",
+    "model.attention.terms=a",
+    "model.attention.absolute=rope",
+    "data.source=text",
+    "data.tokenizer=char",
+    "train.segment_len=16",
+    "train.batch_size=4",
+    "train.max_steps=6",
+    "train.warmup_steps=0",
+    "train.log_every=2",
+    "train.checkpoint_every=6",
+    "train.accelerator=cpu",
+    "eval.batch_size=2",
+]
 FIRST = "eval.settings=[{segment_len: 16}]"
-NEW_SETTINGS = ("[{segment_len: 32}, {segment_len: 16, protocol: sliding, stride: 4}, "
-                "{segment_len: 8, protocol: xl, mem_len: 24}, {segment_len: 32, rope_scaling: yarn}, "
-                "{segment_len: 64, protocol: sliding, stride: 16, rope_scaling: ntk, rope_scale: 4}]")
+NEW_SETTINGS = (
+    "[{segment_len: 32}, {segment_len: 16, protocol: sliding, stride: 4}, "
+    "{segment_len: 8, protocol: xl, mem_len: 24}, {segment_len: 32, rope_scaling: yarn}, "
+    "{segment_len: 64, protocol: sliding, stride: 16, rope_scaling: ntk, rope_scale: 4}]"
+)
 ALL_SETTINGS = "[{segment_len: 16}, " + NEW_SETTINGS[1:]
 LADDER = ["eval.recl_contexts=[4, 8]", "eval.recl_targets=64"]
-COPY = ["model.d_model=16", "model.n_layers=2", "model.n_heads=2", "model.d_head=8", "model.d_inner=32",
-        "model.dropout=0.0", "train.batch_size=4", "train.max_steps=3", "train.warmup_steps=0", "train.log_every=1",
-        "train.checkpoint_every=3", "train.accelerator=cpu", "eval.batch_size=3", "data.task=copy",
-        "data.train_lengths=[1, 4]", "train.segment_len=9", "data.train_examples=32", "data.eval_examples=7",
-        "model.attention.terms=a", "model.attention.positions=randomized", "model.attention.max_position=64"]
+COPY = [
+    "model.d_model=16",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.d_head=8",
+    "model.d_inner=32",
+    "model.dropout=0.0",
+    "train.batch_size=4",
+    "train.max_steps=3",
+    "train.warmup_steps=0",
+    "train.log_every=1",
+    "train.checkpoint_every=3",
+    "train.accelerator=cpu",
+    "eval.batch_size=3",
+    "data.task=copy",
+    "data.train_lengths=[1, 4]",
+    "train.segment_len=9",
+    "data.train_examples=32",
+    "data.eval_examples=7",
+    "model.attention.terms=a",
+    "model.attention.positions=randomized",
+    "model.attention.max_position=64",
+]
 
 
 def corpus(folder: Path) -> list[str]:
@@ -91,17 +129,31 @@ def text_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluate_text")
     data = corpus(root)
     few = train(root / "few", [*ROPE, *data, FIRST])
-    every = train(root / "every", [*ROPE, *data, f"eval.settings={ALL_SETTINGS}", *LADDER, "eval.diagnostics=true"])
+    every = train(
+        root / "every",
+        [*ROPE, *data, f"eval.settings={ALL_SETTINGS}", *LADDER, "eval.diagnostics=true"],
+    )
     return few, every
 
 
 def test_evaluate_adds_the_records_training_would_have_written(text_runs, tmp_path):
     few, every = text_runs
     run = Path(shutil.copytree(few, tmp_path / "run"))
-    before = {name: (run / name).read_bytes() for name in (rundir.CONFIG, rundir.STATUS, rundir.METRICS)}
+    before = {
+        name: (run / name).read_bytes() for name in (rundir.CONFIG, rundir.STATUS, rundir.METRICS)
+    }
     checkpoint = rundir.last_checkpoint(run).read_bytes()
-    assert evaluate(run, "--set", f"eval.settings={ALL_SETTINGS}", *[a for s in LADDER for a in ("--set", s)],
-                    "--set", "eval.diagnostics=true") == 0
+    assert (
+        evaluate(
+            run,
+            "--set",
+            f"eval.settings={ALL_SETTINGS}",
+            *[a for s in LADDER for a in ("--set", s)],
+            "--set",
+            "eval.diagnostics=true",
+        )
+        == 0
+    )
     got, expected = settings(run), settings(every)
     # the first setting was in eval.json already: kept as it was (evaluated again only to add diagnostics)
     assert len(got) == len(expected) == 8
@@ -112,10 +164,17 @@ def test_evaluate_adds_the_records_training_would_have_written(text_runs, tmp_pa
     assert {r["rope_scaling"] for r in got} == {None, "yarn", "ntk"}
     losses, twin_losses = rundir.read_token_losses(run), rundir.read_token_losses(every)
     ladder = [r for r in got if r["token_losses"]]
-    assert [(r["protocol"], r["attn_len"]) for r in ladder] == [("xl", 4), ("xl", 8)]  # memory supplies the context
+    assert [(r["protocol"], r["attn_len"]) for r in ladder] == [
+        ("xl", 4),
+        ("xl", 8),
+    ]  # memory supplies the context
     for record in ladder:
-        twin = next(r for r in expected if r["token_losses"] and r["attn_len"] == record["attn_len"])
-        np.testing.assert_array_equal(losses[record["token_losses"]], twin_losses[twin["token_losses"]])
+        twin = next(
+            r for r in expected if r["token_losses"] and r["attn_len"] == record["attn_len"]
+        )
+        np.testing.assert_array_equal(
+            losses[record["token_losses"]], twin_losses[twin["token_losses"]]
+        )
     # nothing else of the run changed
     assert {name: (run / name).read_bytes() for name in before} == before
     assert rundir.last_checkpoint(run).read_bytes() == checkpoint
@@ -176,7 +235,9 @@ def test_sigkill_during_evaluation_then_rerun_completes(text_runs, tmp_path):
     slow = "eval.settings=[{segment_len: 64, protocol: sliding, stride: 1}, {segment_len: 32}]"
     argv = ["evaluate", str(run), "--set", slow, "--threads", "1"]
     # forked, as a CPU worker of `evaluate` is (of the fork server): the command as the CLI runs it
-    proc = multiprocessing.get_context("fork").Process(target=cli_body, args=(argv, tmp_path / "evaluate.out"))
+    proc = multiprocessing.get_context("fork").Process(
+        target=cli_body, args=(argv, tmp_path / "evaluate.out")
+    )
     proc.start()
     deadline = time.monotonic() + 60
     while "evaluate:" not in (run / rundir.LOG).read_text() and time.monotonic() < deadline:
@@ -184,7 +245,9 @@ def test_sigkill_during_evaluation_then_rerun_completes(text_runs, tmp_path):
     time.sleep(random.Random(1).uniform(0.0, 0.5))
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()
-    assert proc.exitcode in (-signal.SIGKILL, 0), (tmp_path / "evaluate.out").read_text()  # killed, or done before
+    assert proc.exitcode in (-signal.SIGKILL, 0), (
+        tmp_path / "evaluate.out"
+    ).read_text()  # killed, or done before
     after = (run / rundir.EVAL).read_bytes()
     assert after == before or len(json.loads(after)["settings"]) == 3  # as it was, or complete
     assert evaluate(run, "--set", slow) == 0
@@ -197,19 +260,35 @@ def test_load_run_is_public_and_gives_the_trained_model(text_runs):
     assert config.model.attention.absolute == "rope" and not model.training
 
 
-def test_bad_input_is_one_line_before_anything_is_computed(text_runs, tmp_path, capsys, monkeypatch):
+def test_bad_input_is_one_line_before_anything_is_computed(
+    text_runs, tmp_path, capsys, monkeypatch
+):
     run = Path(shutil.copytree(text_runs[0], tmp_path / "results" / "exp" / "run"))
     before = (run / rundir.EVAL).read_bytes()
-    monkeypatch.setattr(evaluate_run, "run_evaluation", lambda plan: pytest.fail("computed despite bad input"))
+    monkeypatch.setattr(
+        evaluate_run, "run_evaluation", lambda plan: pytest.fail("computed despite bad input")
+    )
     cases = {
         (str(tmp_path / "nothing"),): "no run directories found",
         (str(run), "--set", "model.mem_len=16"): "model.mem_len: evaluate takes only eval.* keys",
         (str(run), "--set", "encoding=alibi"): "encoding: evaluate takes only eval.* keys",
         (str(run), "--set", "eval.batch_size=4"): "eval.batch_size: is fixed by training",
-        (str(run), "--set", "eval.settings=[{segment_len: 0}]"): f"{run}: eval.settings[0].segment_len",
-        (str(run), "--set", "eval.settings=[{segment_len: 16, protocol: sliding}]"): "needs a stride",
+        (
+            str(run),
+            "--set",
+            "eval.settings=[{segment_len: 0}]",
+        ): f"{run}: eval.settings[0].segment_len",
+        (
+            str(run),
+            "--set",
+            "eval.settings=[{segment_len: 16, protocol: sliding}]",
+        ): "needs a stride",
         (str(run), "--slots", "0"): "--slots: 0 is out of range",
-        (str(run), "--set", "eval.settings=[{segment_len: 4000}]"): "eval.settings[0].segment_len: 4000 does not fit",
+        (
+            str(run),
+            "--set",
+            "eval.settings=[{segment_len: 4000}]",
+        ): "eval.settings[0].segment_len: 4000 does not fit",
         (str(run), "--set", "eval.settings=[{segment_len: 32"): "is not valid YAML",
     }
     for argv, message in cases.items():
@@ -230,23 +309,42 @@ def test_a_setting_the_model_cannot_take_names_the_run_and_the_field(tmp_path, c
     setting records it in the others with its reason, as training does."""
     from fixtures.report_runs import make_run
 
-    monkeypatch.setattr(evaluate_run, "run_evaluation", lambda plan: pytest.fail("computed despite bad input"))
-    shaw = make_run(tmp_path, ["model.attention.terms=ab", "model.attention.rel=learned", "model.attention.clamp_len=8"],
-                    results=[({"segment_len": 32}, {"ppl": 9.0})])
+    monkeypatch.setattr(
+        evaluate_run, "run_evaluation", lambda plan: pytest.fail("computed despite bad input")
+    )
+    shaw = make_run(
+        tmp_path,
+        ["model.attention.terms=ab", "model.attention.rel=learned", "model.attention.clamp_len=8"],
+        results=[({"segment_len": 32}, {"ppl": 9.0})],
+    )
     rundir.last_checkpoint(shaw).parent.mkdir()
     rundir.last_checkpoint(shaw).write_bytes(b"weights")
     assert evaluate(shaw, "--set", "eval.settings=[{segment_len: 32, clamp_len: 9}]") == 2
-    assert f"{shaw}: eval.settings[0].clamp_len: 9 exceeds the learned position table" in capsys.readouterr().err
+    assert (
+        f"{shaw}: eval.settings[0].clamp_len: 9 exceeds the learned position table"
+        in capsys.readouterr().err
+    )
     assert evaluate(shaw, "--set", "eval.settings=[{segment_len: 32, rope_scaling: pi}]") == 2
     err = capsys.readouterr().err
-    assert f"{shaw}: eval.settings[0].rope_scaling: this run cannot take it: rope_scaling 'pi' extends RoPE" in err
-    rope = make_run(tmp_path, ["model.attention.terms=a", "model.attention.absolute=rope"],
-                    results=[({"segment_len": 32}, {"ppl": 9.0})])
+    assert (
+        f"{shaw}: eval.settings[0].rope_scaling: this run cannot take it: rope_scaling 'pi' extends RoPE"
+        in err
+    )
+    rope = make_run(
+        tmp_path,
+        ["model.attention.terms=a", "model.attention.absolute=rope"],
+        results=[({"segment_len": 32}, {"ppl": 9.0})],
+    )
     rundir.last_checkpoint(rope).parent.mkdir()
     rundir.last_checkpoint(rope).write_bytes(b"weights")
-    plans, errors = evaluate_run.plan_all([shaw, rope], ["eval.settings=[{segment_len: 32, rope_scaling: pi}]"])
+    plans, errors = evaluate_run.plan_all(
+        [shaw, rope], ["eval.settings=[{segment_len: 32, rope_scaling: pi}]"]
+    )
     assert not errors
-    assert [[key for key, _ in plan.unsupported] for plan in plans] == [["eval.settings[0].rope_scaling"], []]
+    assert [[key for key, _ in plan.unsupported] for plan in plans] == [
+        ["eval.settings[0].rope_scaling"],
+        [],
+    ]
     assert all(len(plan.todo) == 1 for plan in plans)
 
 
@@ -264,7 +362,8 @@ def test_evaluate_a_grid_on_slots_then_the_grid_rerun_trains_nothing(tmp_path, c
         "       train: {segment_len: 16, batch_size: 4, max_steps: 3, warmup_steps: 0, log_every: 1,\n"
         "               checkpoint_every: 3, accelerator: cpu},\n"
         "       eval: {batch_size: 2, settings: [{segment_len: 16}]}}\n"
-        "grid: {encoding: [xl, alibi]}\n")
+        "grid: {encoding: [xl, alibi]}\n"
+    )
     results = tmp_path / "results"
     monkeypatch.delenv("RELPOS_ABLATE_WORKER", raising=False)  # the real `train` worker, forked
     grid = ["grid", str(spec), "--results", str(results), "--slots", "2"]
@@ -277,7 +376,10 @@ def test_evaluate_a_grid_on_slots_then_the_grid_rerun_trains_nothing(tmp_path, c
     rerun = capsys.readouterr().out
     assert "ran 0 in" in rerun, rerun
     frame = collect(results / "tiny")
-    assert len(frame) == 6 and sorted(frame["protocol"].tolist()) == ["non_overlapping"] * 4 + ["sliding"] * 2
+    assert (
+        len(frame) == 6
+        and sorted(frame["protocol"].tolist()) == ["non_overlapping"] * 4 + ["sliding"] * 2
+    )
     assert main(["table", str(results / "tiny")]) == 0
 
 
@@ -285,8 +387,14 @@ def test_the_bias_plot_reaches_the_longest_setting_evaluate_added(tmp_path):
     from fixtures.report_runs import make_run
     from relpos_ablate.analysis.plots import attention_lengths
 
-    run = make_run(tmp_path, ["train.segment_len=32", "eval.settings=[{segment_len: 64}]"],
-                   results=[({"segment_len": 64}, {"ppl": 9.0}), ({"segment_len": 512, "attn_len": 512}, {"ppl": 9.5})])
+    run = make_run(
+        tmp_path,
+        ["train.segment_len=32", "eval.settings=[{segment_len: 64}]"],
+        results=[
+            ({"segment_len": 64}, {"ppl": 9.0}),
+            ({"segment_len": 512, "attn_len": 512}, {"ppl": 9.5}),
+        ],
+    )
     config = rundir.stored_config(run)
     assert attention_lengths(config) == (32, 64)
     assert attention_lengths(config, run) == (32, 512)

@@ -26,14 +26,38 @@ from relpos_ablate.runner.grid import is_grid_spec, load_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
-SHIPPED_SPECS = ("alibi_extrapolation_cpu", "alibi_table2", "bias_types", "demo", "fair_baselines", "hybrid_schedules",
-                 "hybrid_schedules_retrieval", "length_generalization", "ruler_tiny", "smoke", "xl_table6",
-                 "xl_table6_cpu", "xl_terms")
+SHIPPED_SPECS = (
+    "alibi_extrapolation_cpu",
+    "alibi_table2",
+    "bias_types",
+    "demo",
+    "fair_baselines",
+    "hybrid_schedules",
+    "hybrid_schedules_retrieval",
+    "length_generalization",
+    "ruler_tiny",
+    "smoke",
+    "xl_table6",
+    "xl_table6_cpu",
+    "xl_terms",
+)
 """The grid specs this project ships, by name: a spec of the user's own in experiments/ is not held to
 these tests (add a new shipped spec here)."""
 SHIPPED_RUN_CONFIGS = ("tiny_run",)
-REQUIRED = {"demo", "xl_terms", "bias_types", "xl_table6", "xl_table6_cpu", "alibi_table2", "length_generalization",
-            "alibi_extrapolation_cpu", "fair_baselines", "ruler_tiny", "hybrid_schedules", "hybrid_schedules_retrieval"}
+REQUIRED = {
+    "demo",
+    "xl_terms",
+    "bias_types",
+    "xl_table6",
+    "xl_table6_cpu",
+    "alibi_table2",
+    "length_generalization",
+    "alibi_extrapolation_cpu",
+    "fair_baselines",
+    "ruler_tiny",
+    "hybrid_schedules",
+    "hybrid_schedules_retrieval",
+}
 DEMO_BUDGET_STEPS = 14_000
 """Upper bound on training steps summed over the demo's runs (27 x 500 today: the grid ~4 min on 2 cores)."""
 
@@ -59,7 +83,9 @@ def _attention(config: RunConfig):
 def test_every_required_spec_is_shipped():
     assert REQUIRED <= set(SHIPPED_SPECS)
     assert all(path.is_file() for path in SPECS + RUN_CONFIGS)
-    assert all(is_grid_spec(_raw(path)) for path in SPECS) and not any(is_grid_spec(_raw(p)) for p in RUN_CONFIGS)
+    assert all(is_grid_spec(_raw(path)) for path in SPECS) and not any(
+        is_grid_spec(_raw(p)) for p in RUN_CONFIGS
+    )
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
@@ -80,7 +106,9 @@ def test_header_says_what_it_reproduces_its_cost_and_the_command(path):
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
 def test_table_block_names_real_rows_cols_and_the_task_metric(path):
     raw, spec = _raw(path), load_grid(path)
-    assert "table" in raw or path.stem not in REQUIRED, "the issue's specs each carry a table: block"
+    assert "table" in raw or path.stem not in REQUIRED, (
+        "the issue's specs each carry a table: block"
+    )
     options = spec_options(raw)
     axes = set(spec.axes)
     for key in options.rows or ():
@@ -89,9 +117,14 @@ def test_table_block_names_real_rows_cols_and_the_task_metric(path):
     assert set(options.cols or ()) <= set(SETTING_FIELDS)
     synthetic = {run.config.data.source == "synthetic" for run in spec.runs}
     examples = {run.config.data.example_task for run in spec.runs}
-    assert options.metric in (None, "exact_match" if examples == {True} else "acc" if synthetic == {True} else "ppl")
+    assert options.metric in (
+        None,
+        "exact_match" if examples == {True} else "acc" if synthetic == {True} else "ppl",
+    )
     if options.layout in ("xl_table6", "length_generalization"):
-        assert options.rows is None and options.cols is None, f"the {options.layout} layout fixes its own columns"
+        assert options.rows is None and options.cols is None, (
+            f"the {options.layout} layout fixes its own columns"
+        )
 
 
 @pytest.mark.parametrize("path", RUN_CONFIGS, ids=lambda p: p.stem)
@@ -103,17 +136,28 @@ def test_demo_is_small_and_covers_the_main_encodings_at_1x_2x_4x():
     spec = load_grid(EXPERIMENTS / "demo.yaml")
     configs = [run.config for run in spec.runs]
     assert sum(c.train.max_steps for c in configs) <= DEMO_BUDGET_STEPS
-    assert all(c.data.source == "synthetic" and c.model.d_model <= 64 and c.model.n_layers <= 2 for c in configs)
+    assert all(
+        c.data.source == "synthetic" and c.model.d_model <= 64 and c.model.n_layers <= 2
+        for c in configs
+    )
     for c in configs:
         lengths = sorted(s.segment_len for s in c.eval_settings())
         assert lengths == [c.train.segment_len * k for k in (1, 2, 4)]
     seeds = {c.seed for c in configs}
     assert len(seeds) >= 3, "three seeds: a table's tests need at least 3 a side"
     schemes = {(a.terms, a.bias, a.absolute) for a in map(_attention, configs)}
-    required = {("abcd", "none", "none"), ("a", "t5", "none"), ("a", "alibi", "none"), ("a", "xl_table", "none"),
-                ("a", "none", "none"), ("a", "none", "learned")}
+    required = {
+        ("abcd", "none", "none"),
+        ("a", "t5", "none"),
+        ("a", "alibi", "none"),
+        ("a", "xl_table", "none"),
+        ("a", "none", "none"),
+        ("a", "none", "learned"),
+    }
     assert required <= schemes
-    assert len({terms for terms, bias, absolute in schemes if bias == absolute == "none"}) >= 4, "term subsets"
+    assert len({terms for terms, bias, absolute in schemes if bias == absolute == "none"}) >= 4, (
+        "term subsets"
+    )
     assert len(configs) == len(schemes) * len(seeds)
 
 
@@ -134,17 +178,28 @@ def test_bias_types_covers_every_bias_type_and_the_baselines_on_one_footing():
     configs = [run.config for run in load_grid(EXPERIMENTS / "bias_types.yaml").runs]
     attention = [_attention(c) for c in configs]
     missing = [name for name in BUILTIN_BIASES if name not in {a.bias for a in attention}]
-    assert not missing, f"add {missing} to the encoding axis of experiments/bias_types.yaml (and its run count)"
+    assert not missing, (
+        f"add {missing} to the encoding axis of experiments/bias_types.yaml (and its run count)"
+    )
     assert {a.bias for a in attention} <= {"none", *BUILTIN_BIASES}
     assert {"none", "sinusoid", "learned", "rope"} <= {a.absolute for a in attention}
-    shared = {(c.model.d_model, c.model.n_layers, c.train.max_steps, c.train.lr, c.data.task, c.eval) for c in configs}
+    shared = {
+        (c.model.d_model, c.model.n_layers, c.train.max_steps, c.train.lr, c.data.task, c.eval)
+        for c in configs
+    }
     assert len(shared) == 1, "every encoding gets the same model, budget, task and evaluation"
 
 
 # Transformer-XL Table 6 (Dai et al. 2019), as printed: (recurrence, encoding, loss) of its 9 rows.
 TABLE6_ROWS = {
-    (True, "ours", "full"), (True, "shaw", "full"), (True, "ours", "half"), (False, "ours", "full"),
-    (False, "ours", "half"), (False, "shaw", "full"), (False, "shaw", "half"), (False, "vaswani", "half"),
+    (True, "ours", "full"),
+    (True, "shaw", "full"),
+    (True, "ours", "half"),
+    (False, "ours", "full"),
+    (False, "ours", "half"),
+    (False, "shaw", "full"),
+    (False, "shaw", "half"),
+    (False, "vaswani", "half"),
     (False, "al_rfou", "half"),
 }
 
@@ -164,9 +219,13 @@ def test_xl_table6_specs_have_exactly_the_papers_nine_rows(name):
     configs = [run.config for run in spec.runs]
     rows = [(c.model.mem_len > 0, _table6_encoding(c), c.train.loss_on) for c in configs]
     assert set(rows) == TABLE6_ROWS and len(rows) == len(set(zip(rows, (c.seed for c in configs))))
-    if name == "xl_table6_cpu":  # the committed study: every row 3 seeds or more, the XL rows at least 5
+    if (
+        name == "xl_table6_cpu"
+    ):  # the committed study: every row 3 seeds or more, the XL rows at least 5
         seeds = {row: sum(r == row for r in rows) for row in TABLE6_ROWS}
-        assert min(seeds.values()) >= 3 and min(n for row, n in seeds.items() if row[1] == "ours") >= 5
+        assert (
+            min(seeds.values()) >= 3 and min(n for row, n in seeds.items() if row[1] == "ours") >= 5
+        )
     attn_lens = {s.segment_len + (s.mem_len or 0) for c in configs for s in c.eval_settings()}
     assert len(attn_lens) >= 4, "PPL best needs several evaluation attention lengths"
 
@@ -174,9 +233,22 @@ def test_xl_table6_specs_have_exactly_the_papers_nine_rows(name):
 def test_xl_table6_uses_the_papers_wt103_base_configuration():
     for run in load_grid(EXPERIMENTS / "xl_table6.yaml").runs:
         m, t = run.config.model, run.config.train
-        assert (m.n_layers, m.d_model, m.n_heads, m.d_head, m.d_inner, m.dropout) == (16, 410, 10, 41, 2100, 0.1)
-        assert (t.optimizer, t.lr, t.schedule, t.grad_clip, t.max_steps, t.batch_size) == ("adam", 2.5e-4, "cosine",
-                                                                                           0.25, 200_000, 60)
+        assert (m.n_layers, m.d_model, m.n_heads, m.d_head, m.d_inner, m.dropout) == (
+            16,
+            410,
+            10,
+            41,
+            2100,
+            0.1,
+        )
+        assert (t.optimizer, t.lr, t.schedule, t.grad_clip, t.max_steps, t.batch_size) == (
+            "adam",
+            2.5e-4,
+            "cosine",
+            0.25,
+            200_000,
+            60,
+        )
         assert t.segment_len == 128 and m.mem_len in (0, 128)
         assert run.config.data.corpus == "wikitext-103"
 
@@ -188,11 +260,19 @@ def test_xl_table6_cpu_reads_the_shipped_corpus_fits_a_cpu_and_asks_for_the_recl
         assert config.model.d_model <= 128 and config.train.max_steps <= 5000
         ladder = [s for s in config.eval_settings() if s.token_losses]
         own = {("xl" if config.model.mem_len else "sliding")}  # measured the way it was trained
-        assert {s.protocol for s in ladder} == own and all(s.max_targets == config.eval.recl_targets for s in ladder)
+        assert {s.protocol for s in ladder} == own and all(
+            s.max_targets == config.eval.recl_targets for s in ladder
+        )
         attn = [s.attn_len(config.model.mem_len) for s in ladder]
-        assert config.train.segment_len + config.model.mem_len in attn  # PPL init: the training attention length
-        assert max(attn) >= 4 * (config.train.segment_len + config.model.mem_len)  # room for PPL best beyond it
-        assert len(attn) >= 4 and len({b - a for a, b in zip(attn, attn[1:])}) == 1  # RECL: one step Δ
+        assert (
+            config.train.segment_len + config.model.mem_len in attn
+        )  # PPL init: the training attention length
+        assert max(attn) >= 4 * (
+            config.train.segment_len + config.model.mem_len
+        )  # room for PPL best beyond it
+        assert (
+            len(attn) >= 4 and len({b - a for a, b in zip(attn, attn[1:])}) == 1
+        )  # RECL: one step Δ
     seeds = {run.config.seed for run in load_grid(EXPERIMENTS / "xl_table6_cpu.yaml").runs}
     assert len(seeds) >= 3
 
@@ -200,15 +280,45 @@ def test_xl_table6_cpu_reads_the_shipped_corpus_fits_a_cpu_and_asks_for_the_recl
 def test_alibi_extrapolation_cpu_evaluates_1x_to_16x_with_both_protocols():
     runs = load_grid(EXPERIMENTS / "alibi_extrapolation_cpu.yaml").runs
     assert {run.variant["encoding"] for run in runs} == {
-        "vaswani", "learned", "rope", "rope_xpos", "t5", "alibi", "kerple_log", "fire", "sandwich", "fox", "cope",
-        "xl", "nope", "p_rope", "ssmax", "stick_breaking", "path", "dape", "dape_v2"}
+        "vaswani",
+        "learned",
+        "rope",
+        "rope_xpos",
+        "t5",
+        "alibi",
+        "kerple_log",
+        "fire",
+        "sandwich",
+        "fox",
+        "cope",
+        "xl",
+        "nope",
+        "p_rope",
+        "ssmax",
+        "stick_breaking",
+        "path",
+        "dape",
+        "dape_v2",
+    }
     for c in (run.config for run in runs):
-        assert c.data.corpus == "tinyshakespeare" and c.model.mem_len == 0 and c.train.segment_len == 64
+        assert (
+            c.data.corpus == "tinyshakespeare"
+            and c.model.mem_len == 0
+            and c.train.segment_len == 64
+        )
         plain = {(s.protocol, s.segment_len) for s in c.eval_settings() if s.rope_scaling is None}
-        assert plain == {(p, 64 * k) for p in ("non_overlapping", "sliding") for k in (1, 2, 4, 8, 16)}
-        extended = {(s.protocol, s.segment_len, s.rope_scaling) for s in c.eval_settings() if s.rope_scaling}
-        assert extended == {("non_overlapping", 64 * k, kind) for k in (4, 8) for kind in ("pi", "ntk", "yarn")}
-    assert len({run.config.seed for run in runs}) >= 3, "an ordering needs Welch's test over >= 3 seeds a side"
+        assert plain == {
+            (p, 64 * k) for p in ("non_overlapping", "sliding") for k in (1, 2, 4, 8, 16)
+        }
+        extended = {
+            (s.protocol, s.segment_len, s.rope_scaling) for s in c.eval_settings() if s.rope_scaling
+        }
+        assert extended == {
+            ("non_overlapping", 64 * k, kind) for k in (4, 8) for kind in ("pi", "ntk", "yarn")
+        }
+    assert len({run.config.seed for run in runs}) >= 3, (
+        "an ordering needs Welch's test over >= 3 seeds a side"
+    )
 
 
 def causal_t5_bucket(distance: int, num_buckets: int, max_distance: int) -> int:
@@ -217,11 +327,19 @@ def causal_t5_bucket(distance: int, num_buckets: int, max_distance: int) -> int:
     exact = num_buckets // 2
     if distance < exact:
         return distance
-    return min(num_buckets - 1, exact + int(math.log(distance / exact) / math.log(max_distance / exact) * (num_buckets - exact)))
+    return min(
+        num_buckets - 1,
+        exact
+        + int(math.log(distance / exact) / math.log(max_distance / exact) * (num_buckets - exact)),
+    )
 
 
 def far_bucket_start(num_buckets: int, max_distance: int) -> int:
-    return next(d for d in range(10 * max_distance) if causal_t5_bucket(d, num_buckets, max_distance) == num_buckets - 1)
+    return next(
+        d
+        for d in range(10 * max_distance)
+        if causal_t5_bucket(d, num_buckets, max_distance) == num_buckets - 1
+    )
 
 
 def test_alibi_extrapolation_cpus_t5_trains_its_far_bucket_as_the_paper_did():
@@ -230,8 +348,15 @@ def test_alibi_extrapolation_cpus_t5_trains_its_far_bucket_as_the_paper_did():
     far bucket starts at about the same share of L, well inside the training length; the other rows keep the
     defaults (their run ids unchanged)."""
     runs = load_grid(EXPERIMENTS / "alibi_extrapolation_cpu.yaml").runs
-    (t5,) = {(r.config.model.attention.num_buckets, r.config.model.attention.max_distance, r.config.train.segment_len)
-             for r in runs if r.variant["encoding"] == "t5"}
+    (t5,) = {
+        (
+            r.config.model.attention.num_buckets,
+            r.config.model.attention.max_distance,
+            r.config.train.segment_len,
+        )
+        for r in runs
+        if r.variant["encoding"] == "t5"
+    }
     buckets, distance, train = t5
     paper = far_bucket_start(32, 128)
     assert paper == 113 and paper < 512
@@ -239,8 +364,11 @@ def test_alibi_extrapolation_cpus_t5_trains_its_far_bucket_as_the_paper_did():
     assert far_bucket_start(buckets, distance) < train
     assert far_bucket_start(buckets, distance) / train == pytest.approx(paper / 512, abs=0.02)
     assert far_bucket_start(32, 128) >= 64, "the defaults at L = 64 never train the far bucket"
-    others = {(r.config.model.attention.num_buckets, r.config.model.attention.max_distance)
-              for r in runs if r.variant["encoding"] != "t5"}
+    others = {
+        (r.config.model.attention.num_buckets, r.config.model.attention.max_distance)
+        for r in runs
+        if r.variant["encoding"] != "t5"
+    }
     assert others == {(32, 128)}
 
 
@@ -264,20 +392,51 @@ def test_length_generalization_is_the_issues_suite_on_equal_footing():
     assert all(c.data.example_task for c in configs) and len({c.data.task for c in configs}) >= 4
     assert "passkey" in {c.data.task for c in configs}, "the depth x length figure needs passkey"
     schemes = {(a.terms, a.absolute, a.bias, a.positions) for a in map(_attention, configs)}
-    nine = {("a", "none", "none"), ("a", "sinusoid", "none"), ("a", "learned", "none"), ("a", "rope", "none"),
-            ("a", "none", "t5"), ("a", "none", "alibi"), ("a", "none", "kerple_log"), ("a", "none", "fire"),
-            ("abcd", "none", "none")}
-    assert schemes == {(*s, "sequential") for s in nine} | {("a", "rope", "none", "randomized"),
-                                                             ("a", "none", "alibi", "randomized")}
-    assert {"copy", "reverse"} <= {c.data.task for c in configs}, "Kazemnejad et al.'s primitive tasks"
+    nine = {
+        ("a", "none", "none"),
+        ("a", "sinusoid", "none"),
+        ("a", "learned", "none"),
+        ("a", "rope", "none"),
+        ("a", "none", "t5"),
+        ("a", "none", "alibi"),
+        ("a", "none", "kerple_log"),
+        ("a", "none", "fire"),
+        ("abcd", "none", "none"),
+    }
+    assert schemes == {(*s, "sequential") for s in nine} | {
+        ("a", "rope", "none", "randomized"),
+        ("a", "none", "alibi", "randomized"),
+    }
+    assert {"copy", "reverse"} <= {c.data.task for c in configs}, (
+        "Kazemnejad et al.'s primitive tasks"
+    )
     for c in configs:
         trained = c.data.train_lengths[1]
-        assert c.data.test_lengths[0][1] <= trained < c.data.test_lengths[-1][0] <= c.data.test_lengths[-1][1] >= 3 * trained
-        assert c.eval.diagnostics and c.model.attention.max_position > c.data.input_length(c.data.test_lengths[-1][1])
-        assert (0.25 / c.data.eval_examples) ** 0.5 <= 0.02, "a seed's exact match in a bin: standard error <= 0.02"
+        assert (
+            c.data.test_lengths[0][1]
+            <= trained
+            < c.data.test_lengths[-1][0]
+            <= c.data.test_lengths[-1][1]
+            >= 3 * trained
+        )
+        assert c.eval.diagnostics and c.model.attention.max_position > c.data.input_length(
+            c.data.test_lengths[-1][1]
+        )
+        assert (0.25 / c.data.eval_examples) ** 0.5 <= 0.02, (
+            "a seed's exact match in a bin: standard error <= 0.02"
+        )
         assert c.train.stop_at_exact_match == 0.99 and c.train.max_steps > c.train.stop_check_every
-    shared = {(c.model.d_model, c.model.n_layers, c.train.max_steps, c.train.lr, c.data.test_lengths, c.eval)
-              for c in configs}
+    shared = {
+        (
+            c.model.d_model,
+            c.model.n_layers,
+            c.train.max_steps,
+            c.train.lr,
+            c.data.test_lengths,
+            c.eval,
+        )
+        for c in configs
+    }
     assert len(shared) == 1, "every encoding and task gets the same model, budget and evaluation"
 
 
@@ -292,67 +451,106 @@ def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would
     runs = load_grid(EXPERIMENTS / "fair_baselines.yaml").runs
     configs = [run.config for run in runs]
     assert {run.variant["encoding"] for run in runs} == set(presets())
-    rates = {p: sorted({r.config.train.lr for r in runs if r.variant["encoding"] == p}) for p in presets()}
+    rates = {
+        p: sorted({r.config.train.lr for r in runs if r.variant["encoding"] == p})
+        for p in presets()
+    }
     every = set.intersection(*(set(r) for r in rates.values()))
-    assert len(every) >= 3 and TrainConfig().lr in every  # a sweep every preset runs, the default in it
+    assert (
+        len(every) >= 3 and TrainConfig().lr in every
+    )  # a sweep every preset runs, the default in it
     # rates beyond it only below the default, for the presets whose pick sat at 1e-3 (the lower edge)
-    assert {p: sorted(set(r) - every) for p, r in rates.items() if set(r) - every} == {"kerple_power": [5e-4],
-                                                                                      "fox": [5e-4]}
-    assert len({c.seed for c in configs}) >= 3 and len(configs) == sum(len(r) for r in rates.values()) * 3
+    assert {p: sorted(set(r) - every) for p, r in rates.items() if set(r) - every} == {
+        "kerple_power": [5e-4],
+        "fox": [5e-4],
+    }
+    assert (
+        len({c.seed for c in configs}) >= 3
+        and len(configs) == sum(len(r) for r in rates.values()) * 3
+    )
     for c in configs:
-        assert (c.data.corpus, c.data.tokenizer, c.model.n_layers, c.model.d_model) == ("tinyshakespeare", "char", 3, 128)
-        assert dataclasses.replace(c.model, n_layers=ModelConfig().n_layers, attention=ModelConfig().attention) == ModelConfig()
-        assert dataclasses.replace(c.train, lr=TrainConfig().lr, max_steps=TrainConfig().max_steps, log_every=TrainConfig().log_every,
-                                   checkpoint_every=TrainConfig().checkpoint_every) == TrainConfig()
+        assert (c.data.corpus, c.data.tokenizer, c.model.n_layers, c.model.d_model) == (
+            "tinyshakespeare",
+            "char",
+            3,
+            128,
+        )
+        assert (
+            dataclasses.replace(
+                c.model, n_layers=ModelConfig().n_layers, attention=ModelConfig().attention
+            )
+            == ModelConfig()
+        )
+        assert (
+            dataclasses.replace(
+                c.train,
+                lr=TrainConfig().lr,
+                max_steps=TrainConfig().max_steps,
+                log_every=TrainConfig().log_every,
+                checkpoint_every=TrainConfig().checkpoint_every,
+            )
+            == TrainConfig()
+        )
         assert [(s.segment_len, s.protocol, s.split) for s in c.eval_settings()] == [
-            (64, "non_overlapping", "valid"), (64, "non_overlapping", "test")]
+            (64, "non_overlapping", "valid"),
+            (64, "non_overlapping", "test"),
+        ]
     options = spec_options(raw)
-    assert (options.best_over, options.select_split, options.report_split) == ("train.lr", "valid", "test")
+    assert (options.best_over, options.select_split, options.report_split) == (
+        "train.lr",
+        "valid",
+        "test",
+    )
 
 
-@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
-@pytest.mark.parametrize("path, ignored", [
-    ("results/demo/0123456789/checkpoints/last.ckpt", True),
-    ("results/demo/0123456789/worker.log", True),
-    ("results/demo/figures/bias_0123456789.png", True),
-    ("results/other/0123456789/eval.json", True),
-    ("results/demo/summary.csv", False),
-    ("results/demo/table.md", False),
-    ("results/demo/table.tex", False),
-    ("results/demo/figures/extrapolation.png", False),
-    ("results/demo/figures/bias_overview.png", False),
-    ("results/README.md", False),
-    ("results/xl_table6_cpu/0123456789/token_losses.npz", True),
-    ("results/xl_table6_cpu/.grid.out", True),
-    ("results/xl_table6_cpu/table6.md", False),
-    ("results/xl_table6_cpu/table8.md", False),
-    ("results/xl_table6_cpu/grid.txt", False),
-    ("results/xl_table6_cpu/figures/extrapolation.png", False),
-    ("results/alibi_extrapolation_cpu/0123456789/checkpoints/last.ckpt", True),
-    ("results/alibi_extrapolation_cpu/table.md", False),
-    ("results/alibi_extrapolation_cpu/table_appb.md", False),
-    ("results/alibi_extrapolation_cpu/report.md", False),
-    ("results/alibi_extrapolation_cpu/appb.txt", False),
-    ("results/alibi_extrapolation_cpu/.appb.out", True),
-    ("results/alibi_extrapolation_cpu/summary.csv", False),
-    ("results/alibi_extrapolation_cpu/figures/position_loss.png", False),
-    ("results/length_generalization/0123456789/eval.json", True),
-    ("results/length_generalization/0123456789/checkpoints/last.ckpt", True),
-    ("results/length_generalization/README.md", False),
-    ("results/length_generalization/table.md", False),
-    ("results/length_generalization/report.md", False),
-    ("results/length_generalization/figures/lengthgen.png", False),
-    ("results/length_generalization/summary.csv", False),
-    ("results/length_generalization/grid.txt", False),
-    ("results/length_generalization/figures/diagnostics_copy.png", False),
-    ("results/length_generalization/figures/passkey.pdf", False),
-    ("results/fair_baselines/0123456789/checkpoints/last.ckpt", True),
-    ("results/fair_baselines/summary.csv", False),
-    ("results/fair_baselines/table.md", False),
-    ("results/fair_baselines/report.md", False),
-    ("results/fair_baselines/grid.txt", False),
-    ("results/fair_baselines/figures/lr_sweep.png", False),
-])
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout"
+)
+@pytest.mark.parametrize(
+    "path, ignored",
+    [
+        ("results/demo/0123456789/checkpoints/last.ckpt", True),
+        ("results/demo/0123456789/worker.log", True),
+        ("results/demo/figures/bias_0123456789.png", True),
+        ("results/other/0123456789/eval.json", True),
+        ("results/demo/summary.csv", False),
+        ("results/demo/table.md", False),
+        ("results/demo/table.tex", False),
+        ("results/demo/figures/extrapolation.png", False),
+        ("results/demo/figures/bias_overview.png", False),
+        ("results/README.md", False),
+        ("results/xl_table6_cpu/0123456789/token_losses.npz", True),
+        ("results/xl_table6_cpu/.grid.out", True),
+        ("results/xl_table6_cpu/table6.md", False),
+        ("results/xl_table6_cpu/table8.md", False),
+        ("results/xl_table6_cpu/grid.txt", False),
+        ("results/xl_table6_cpu/figures/extrapolation.png", False),
+        ("results/alibi_extrapolation_cpu/0123456789/checkpoints/last.ckpt", True),
+        ("results/alibi_extrapolation_cpu/table.md", False),
+        ("results/alibi_extrapolation_cpu/table_appb.md", False),
+        ("results/alibi_extrapolation_cpu/report.md", False),
+        ("results/alibi_extrapolation_cpu/appb.txt", False),
+        ("results/alibi_extrapolation_cpu/.appb.out", True),
+        ("results/alibi_extrapolation_cpu/summary.csv", False),
+        ("results/alibi_extrapolation_cpu/figures/position_loss.png", False),
+        ("results/length_generalization/0123456789/eval.json", True),
+        ("results/length_generalization/0123456789/checkpoints/last.ckpt", True),
+        ("results/length_generalization/README.md", False),
+        ("results/length_generalization/table.md", False),
+        ("results/length_generalization/report.md", False),
+        ("results/length_generalization/figures/lengthgen.png", False),
+        ("results/length_generalization/summary.csv", False),
+        ("results/length_generalization/grid.txt", False),
+        ("results/length_generalization/figures/diagnostics_copy.png", False),
+        ("results/length_generalization/figures/passkey.pdf", False),
+        ("results/fair_baselines/0123456789/checkpoints/last.ckpt", True),
+        ("results/fair_baselines/summary.csv", False),
+        ("results/fair_baselines/table.md", False),
+        ("results/fair_baselines/report.md", False),
+        ("results/fair_baselines/grid.txt", False),
+        ("results/fair_baselines/figures/lr_sweep.png", False),
+    ],
+)
 def test_only_the_reports_are_committed(path, ignored):
     result = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)
     assert result.returncode == (0 if ignored else 1)

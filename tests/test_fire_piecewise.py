@@ -17,7 +17,9 @@ RTOL = {torch.float32: 2e-6, torch.float64: 1e-12}
 
 def mlp_float64(params: dict, x):
     """relu(W1·x + b1)·W2ᵀ + b2 with the hidden layer materialised, [H, *x.shape]."""
-    hidden = torch.relu(params["mlp.0.weight"][:, 0] * x[..., None] + params["mlp.0.bias"])  # (..., U)
+    hidden = torch.relu(
+        params["mlp.0.weight"][:, 0] * x[..., None] + params["mlp.0.bias"]
+    )  # (..., U)
     return (hidden @ params["mlp.2.weight"].T + params["mlp.2.bias"]).movedim(-1, 0)
 
 
@@ -40,15 +42,20 @@ def assert_close_to(got: dict, want: dict, dtype, spread: dict | None = None) ->
 def spread_of_sum(f, leaves: dict, name: str, grad) -> float:
     """Σ |grad · ∂f/∂leaf| over every output entry for the scalar leaf `name` (forward mode, float64)."""
     constants = {key: value.detach() for key, value in leaves.items()}
+
     def with_leaf(value):
         return f({**constants, name: value})
+
     leaf = constants[name]
     _, tangent = torch.func.jvp(with_leaf, (leaf,), (torch.ones_like(leaf),))
     return float((grad * tangent).abs().sum())
 
 
 def float64_leaves(module, prefix: str = "") -> dict:
-    return {name: p.detach().double().requires_grad_() for name, p in module.named_parameters(prefix=prefix)}
+    return {
+        name: p.detach().double().requires_grad_()
+        for name, p in module.named_parameters(prefix=prefix)
+    }
 
 
 def values_and_gradients(f, leaves: dict, grad) -> dict:
@@ -67,25 +74,37 @@ def fire(dtype, threshold: float, seed: int = 0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("queries, threshold", [(range(4032, 4096), 4064), (range(2016, 2080), 2048)],
-                         ids=["causal_block", "keys_both_sides"])
+@pytest.mark.parametrize(
+    "queries, threshold",
+    [(range(4032, 4096), 4064), (range(2016, 2080), 2048)],
+    ids=["causal_block", "keys_both_sides"],
+)
 def test_fire_block_matches_the_mlp_in_float64(queries, threshold, dtype):
     """A block of 64 queries × 4096 keys (the block kernel's), half the queries below L: the bias and the
     gradient of each parameter under a random output gradient."""
     scheme = fire(dtype, threshold)
     q_pos, k_pos = torch.tensor(queries), torch.arange(4096)
-    grad = torch.randn(8, len(queries), 4096, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grad = torch.randn(
+        8, len(queries), 4096, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
     params = float64_leaves(scheme)
     query = torch.maximum(q_pos.double(), params["threshold"].abs())[:, None]  # (Lq, 1)
-    want = values_and_gradients(lambda: fire_float64(params, q_pos[:, None] - k_pos, query), params, grad)
-    got = values_and_gradients(lambda: scheme.bias(q_pos, k_pos), dict(scheme.named_parameters()), grad)
+    want = values_and_gradients(
+        lambda: fire_float64(params, q_pos[:, None] - k_pos, query), params, grad
+    )
+    got = values_and_gradients(
+        lambda: scheme.bias(q_pos, k_pos), dict(scheme.named_parameters()), grad
+    )
     assert_close_to(got, want, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("keys", ["in_order", "shuffled"])
-@pytest.mark.parametrize("queries, threshold", [(range(4032, 4096), 4064), (range(2016, 2080), 2048)],
-                         ids=["causal_block", "keys_both_sides"])
+@pytest.mark.parametrize(
+    "queries, threshold",
+    [(range(4032, 4096), 4064), (range(2016, 2080), 2048)],
+    ids=["causal_block", "keys_both_sides"],
+)
 def test_fire_pairs_by_hand_match_the_mlp_in_float64(queries, threshold, keys, dtype):
     """The block kernel's FIRE (fire_pairs.FIREPairs) over tiles of 32 queries x 256 keys: the map, and the
     parameters' gradients summed by hand (runs of keys in order, scatter_add shuffled) then taken through the
@@ -93,34 +112,59 @@ def test_fire_pairs_by_hand_match_the_mlp_in_float64(queries, threshold, keys, d
     gives L half of that query's gradient); with keys in order, tiles far from the diagonal lie inside one interval."""
     scheme = fire(dtype, threshold)
     q_pos = torch.tensor(queries)
-    k_pos = torch.arange(4096) if keys == "in_order" else torch.randperm(4096, generator=torch.Generator().manual_seed(2))
-    grad = torch.randn(8, len(queries), 4096, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    k_pos = (
+        torch.arange(4096)
+        if keys == "in_order"
+        else torch.randperm(4096, generator=torch.Generator().manual_seed(2))
+    )
+    grad = torch.randn(
+        8, len(queries), 4096, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
     params = float64_leaves(scheme)
+
     def on_pairs(leaves):
         query = torch.maximum(q_pos.double(), leaves["threshold"].abs())[:, None]  # (Lq, 1)
         return fire_float64(leaves, q_pos[:, None] - k_pos, query)
+
     want = values_and_gradients(lambda: on_pairs(params), params, grad)
     pairs = scheme.by_hand(q_pos, k_pos, grad=True)
-    out, one_interval = torch.empty(8, len(queries), 4096, dtype=dtype), torch.zeros(len(queries), 4096, dtype=torch.bool)
+    out, one_interval = (
+        torch.empty(8, len(queries), 4096, dtype=dtype),
+        torch.zeros(len(queries), 4096, dtype=torch.bool),
+    )
     for r in range(0, len(queries), 32):
         for c in range(0, 4096, 256):
             rows, cols = slice(r, r + 32), slice(c, c + 256)
             out[:, rows, cols], tile = pairs.block(rows, cols)
-            assert torch.equal(out[:, rows, cols], pairs.values(rows, cols))  # forward's values are backward's
+            assert torch.equal(
+                out[:, rows, cols], pairs.values(rows, cols)
+            )  # forward's values are backward's
             one_interval[rows, cols] = tile.interval is not None
-            pairs.add_gradient(tile, grad[:, rows, cols].to(dtype, copy=True))  # (add_gradient overwrites it)
+            pairs.add_gradient(
+                tile, grad[:, rows, cols].to(dtype, copy=True)
+            )  # (add_gradient overwrites it)
     names = [name for name, _ in scheme.named_parameters()]
-    got = {"out": out, **dict(zip(names, pairs.parameter_gradients([p for _, p in scheme.named_parameters()])))}
+    got = {
+        "out": out,
+        **dict(zip(names, pairs.parameter_gradients([p for _, p in scheme.named_parameters()]))),
+    }
     if keys == "in_order":  # both kinds of tile occur (shuffled keys span every distance)
         assert 0 < int(one_interval.sum()) // (32 * 256) < 2 * 16
     # c's sum cancels: shuffled, keys on both sides, it is Σ|term| / 4300 (the autograd of FIREBias.bias is off
     # by 1.0e-5 of it in fp32, these sums by 5.3e-6, 1.2e-9 of Σ|term|)
-    assert_close_to(got, want, dtype, {name: spread_of_sum(on_pairs, params, name, grad) for name in ("c", "threshold")})
+    assert_close_to(
+        got,
+        want,
+        dtype,
+        {name: spread_of_sum(on_pairs, params, name, grad) for name in ("c", "threshold")},
+    )
     # inside one interval the same values as FIREBias.bias, to the bit; elsewhere the same function (hinges) rounded
     # otherwise
     mlp = scheme.bias(q_pos, k_pos).detach()
     assert torch.equal(out[:, one_interval], mlp[:, one_interval])
-    torch.testing.assert_close(out, mlp, rtol=0, atol=4 * torch.finfo(dtype).eps * float(mlp.abs().max()))
+    torch.testing.assert_close(
+        out, mlp, rtol=0, atol=4 * torch.finfo(dtype).eps * float(mlp.abs().max())
+    )
 
 
 def test_fire_curve_matches_the_mlp_in_float64():
@@ -128,20 +172,30 @@ def test_fire_curve_matches_the_mlp_in_float64():
     scheme = fire(torch.float32, 512)
     distances = torch.arange(-300, 4096)
     params = float64_leaves(scheme)
-    grad = torch.randn(8, len(distances), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    want = values_and_gradients(lambda: fire_float64(params, distances, params["threshold"].abs()), params, grad)
-    got = values_and_gradients(lambda: scheme.curve(distances), dict(scheme.named_parameters()), grad)
+    grad = torch.randn(
+        8, len(distances), generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
+    want = values_and_gradients(
+        lambda: fire_float64(params, distances, params["threshold"].abs()), params, grad
+    )
+    got = values_and_gradients(
+        lambda: scheme.curve(distances), dict(scheme.named_parameters()), grad
+    )
     assert_close_to(got, want, torch.float32)
 
 
 def _constant_units(w1, b1):
     w1[:6] = 0.0
-    b1[:6] = torch.tensor([0.5, -0.5, 0.0, 1.0, -1.0, -0.0])  # on everywhere where b1 > 0, else off (relu'(0) = 0)
+    b1[:6] = torch.tensor(
+        [0.5, -0.5, 0.0, 1.0, -1.0, -0.0]
+    )  # on everywhere where b1 > 0, else off (relu'(0) = 0)
 
 
 def _breakpoints_outside(w1, b1):
     """Breakpoints at ±1.5 .. ±40: all of x in one piece."""
-    b1.copy_(-w1 * torch.linspace(1.5, 40.0, len(w1)) * torch.tensor([1.0, -1.0]).repeat(len(w1) // 2))
+    b1.copy_(
+        -w1 * torch.linspace(1.5, 40.0, len(w1)) * torch.tensor([1.0, -1.0]).repeat(len(w1) // 2)
+    )
 
 
 def _no_breakpoint(w1, b1):
@@ -155,8 +209,12 @@ def _on_breakpoints(w1, b1):
     b1[:8] = torch.tensor([0.0, -0.0, -0.25, 0.125, -0.5, -2.0, 2.0, -0.25])
 
 
-EDGES = {"constant_units": _constant_units, "breakpoints_outside": _breakpoints_outside,
-         "no_breakpoint": _no_breakpoint, "on_breakpoints": _on_breakpoints}
+EDGES = {
+    "constant_units": _constant_units,
+    "breakpoints_outside": _breakpoints_outside,
+    "no_breakpoint": _no_breakpoint,
+    "on_breakpoints": _on_breakpoints,
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -169,14 +227,25 @@ def test_edge_cases_match_the_mlp_in_float64(edge, dtype):
     with torch.no_grad():
         EDGES[edge](first.weight[:, 0], first.bias)
     gen = torch.Generator().manual_seed(2)
-    x = torch.cat([torch.rand(4000, generator=gen, dtype=torch.float64) * 2 - 1,
-                   torch.tensor([-1.0, -0.0, 0.0, 0.5, 1.0], dtype=torch.float64)]).view(5, 801).to(dtype)
+    x = (
+        torch.cat(
+            [
+                torch.rand(4000, generator=gen, dtype=torch.float64) * 2 - 1,
+                torch.tensor([-1.0, -0.0, 0.0, 0.5, 1.0], dtype=torch.float64),
+            ]
+        )
+        .view(5, 801)
+        .to(dtype)
+    )
     grad = torch.randn(8, *x.shape, generator=gen, dtype=torch.float64)
     params = float64_leaves(scheme.mlp, "mlp")
     x64, x_in = x.double().requires_grad_(), x.clone().requires_grad_()
     want = values_and_gradients(lambda: mlp_float64(params, x64), {"x": x64, **params}, grad)
-    got = values_and_gradients(lambda: relu_mlp(first, second, x_in),
-                               {"x": x_in, **dict(scheme.mlp.named_parameters(prefix="mlp"))}, grad)
+    got = values_and_gradients(
+        lambda: relu_mlp(first, second, x_in),
+        {"x": x_in, **dict(scheme.mlp.named_parameters(prefix="mlp"))},
+        grad,
+    )
     assert_close_to(got, want, dtype)
 
 
@@ -194,7 +263,10 @@ def test_on_a_shared_breakpoint_every_unit_is_off_as_torch_relu_has_it():
     torch.testing.assert_close(out, torch.tensor([[0.5, 0.0, 0.5]]))
     out.sum().backward()
     assert x.grad.tolist() == [-1.0, 0.0, 1.0]
-    assert linear[0].weight.grad[:, 0].tolist() == [0.5, -0.5] and linear[0].bias.grad.tolist() == [1.0, 1.0]
+    assert linear[0].weight.grad[:, 0].tolist() == [0.5, -0.5] and linear[0].bias.grad.tolist() == [
+        1.0,
+        1.0,
+    ]
 
 
 def test_no_grad_gives_the_same_values_without_a_graph():

@@ -32,7 +32,7 @@ from relpos_ablate.runner.store import RunLock
 from relpos_ablate.runner.worker import launch, record_exit, stop
 from relpos_ablate.train.run import train_run
 
-PROBE = '''
+PROBE = """
 import fcntl, json, os, sys
 from pathlib import Path
 
@@ -55,7 +55,7 @@ if run_dir is not None and os.environ.get("PROBE_OUT"):
              "marker": os.environ.get("PROBE_MARKER"), "main": sys.modules["__main__"].__spec__.name}
     with open(os.environ["PROBE_OUT"], "a") as f:
         f.write(json.dumps(facts) + "\\n")
-'''
+"""
 
 
 @pytest.fixture
@@ -66,7 +66,9 @@ def probe(tmp_path, monkeypatch) -> Path:
     modules.mkdir()
     (modules / "forkprobe.py").write_text(PROBE)
     out = tmp_path / "probe.jsonl"
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(modules), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(modules), os.environ.get("PYTHONPATH", "")])
+    )
     monkeypatch.setenv("PROBE_OUT", str(out))
     monkeypatch.setenv("PROBE_MARKER", "set by the test")
     monkeypatch.chdir(tmp_path)
@@ -105,7 +107,9 @@ def wait_for_step(run_dir: Path, step: int, proc: ForkedWorker, timeout_s: float
         time.sleep(0.05)
 
 
-def test_a_forked_worker_is_the_process_a_new_interpreter_is_and_trains_the_same_steps(tmp_path, probe):
+def test_a_forked_worker_is_the_process_a_new_interpreter_is_and_trains_the_same_steps(
+    tmp_path, probe
+):
     config = {**tiny_base(max_steps=6), "imports": ["forkprobe"]}
     run_dir = run_dir_with(tmp_path, "forked", config)
     proc = fork_launch(run_dir)
@@ -121,10 +125,14 @@ def test_a_forked_worker_is_the_process_a_new_interpreter_is_and_trains_the_same
     assert (facts["omp"], facts["cuda"], facts["marker"]) == ("1", "", "set by the test")
     assert facts["argv"][1:] == ["train", "--run-dir", str(run_dir), "--threads", "1"]
     assert facts["argv"][0].endswith(os.path.join("relpos_ablate", "__main__.py"))
-    assert facts["main"] == "relpos_ablate.__main__"  # as `python -m relpos_ablate`: Lightning starts ranks from it
+    assert (
+        facts["main"] == "relpos_ablate.__main__"
+    )  # as `python -m relpos_ablate`: Lightning starts ranks from it
     assert facts["cwd"] == str(tmp_path)
     log = (run_dir / "worker.log").read_text()
-    assert " forked\n" in log.splitlines(keepends=True)[0] and "eval len 32" in log  # the command's own table
+    assert (
+        " forked\n" in log.splitlines(keepends=True)[0] and "eval len 32" in log
+    )  # the command's own table
 
     # the same run trained in this process, one thread as the worker: the same losses and evaluation
     threads = torch.get_num_threads()
@@ -161,8 +169,12 @@ def test_a_worker_dies_with_its_server_and_the_next_launch_starts_a_new_server(t
     proc = fork_launch(run_dir)
     server = forkserver._server
     wait_for_step(run_dir, 3, proc)
-    os.kill(server.process.pid, signal.SIGKILL)  # what the runner's death does to it (PR_SET_DEATHSIG)
-    assert proc.wait(timeout=60) == -signal.SIGTERM  # what the server gave it; the worker saved and stopped
+    os.kill(
+        server.process.pid, signal.SIGKILL
+    )  # what the runner's death does to it (PR_SET_DEATHSIG)
+    assert (
+        proc.wait(timeout=60) == -signal.SIGTERM
+    )  # what the server gave it; the worker saved and stopped
     assert read_status(run_dir)["state"] == "interrupted"
     assert not server.alive
 
@@ -174,7 +186,9 @@ def test_a_worker_dies_with_its_server_and_the_next_launch_starts_a_new_server(t
 
 def test_after_fork_a_child_process_starts_its_own_server(monkeypatch):
     server = object.__new__(forkserver.ForkServer)
-    server.socket = open(os.devnull)  # stands for the socket to the parent's server: closed in the child
+    server.socket = open(
+        os.devnull
+    )  # stands for the socket to the parent's server: closed in the child
     monkeypatch.setattr(forkserver, "_server", server)
     with server.socket:
         pid = os.fork()
@@ -184,11 +198,15 @@ def test_after_fork_a_child_process_starts_its_own_server(monkeypatch):
         assert forkserver._server is server and not server.socket.closed  # the parent keeps its own
 
 
-@pytest.mark.parametrize("nodes, gpu, forked", [
-    (1, "", True),  # of a run of several processes, rank 0 (tests/test_ddp_faults.py)
-    (2, "", False),
-    (1, "0", False), (1, None, False),  # a GPU slot sets CUDA_VISIBLE_DEVICES before CUDA starts
-])
+@pytest.mark.parametrize(
+    "nodes, gpu, forked",
+    [
+        (1, "", True),  # of a run of several processes, rank 0 (tests/test_ddp_faults.py)
+        (2, "", False),
+        (1, "0", False),
+        (1, None, False),  # a GPU slot sets CUDA_VISIBLE_DEVICES before CUDA starts
+    ],
+)
 def test_only_runs_on_cpu_slots_of_this_machine_are_forked(nodes, gpu, forked):
     assert forkable(nodes, gpu) is forked
 
@@ -213,7 +231,12 @@ def test_when_the_server_fails_the_runner_goes_on_with_new_interpreters(tmp_path
     assert calls == [True, False, False]
     assert sorted(outcome.states.values()) == ["done", "done", "failed"]
     (failed,) = outcome.failed
-    assert outcome.reasons[failed] == "could not launch: the fork server ended before it forked the worker"
+    assert (
+        outcome.reasons[failed]
+        == "could not launch: the fork server ended before it forked the worker"
+    )
     assert "every later worker starts as a new interpreter" in console.file.getvalue()
     rerun = run_local(spec, tmp_path / "results", cpu_slots(1), PlainDisplay(console))
-    assert calls == [True, False, False, True] and rerun.states[failed] == "failed"  # tried again, by fork
+    assert (
+        calls == [True, False, False, True] and rerun.states[failed] == "failed"
+    )  # tried again, by fork

@@ -21,10 +21,17 @@ import gpu_check  # noqa: E402
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert done.returncode == 0
-    assert done.stdout.strip().splitlines() == [done.stdout.strip()] and "no GPU present" in done.stdout
+    assert (
+        done.stdout.strip().splitlines() == [done.stdout.strip()]
+        and "no GPU present" in done.stdout
+    )
     assert not list(tmp_path.iterdir())
 
 
@@ -34,26 +41,51 @@ def test_the_parity_part_runs_on_cpu(tmp_path):
     assert gpu_check.main(["--device", "cpu", "--schemes", schemes, "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "gpu_check.json").read_text())["parity"]
     assert {(r["scheme"], r["backend"], r["dtype"]) for r in rows} == {
-        (s, b, d) for s in schemes.split(",") for b in gpu_check.BACKENDS for d in ("fp32", "bf16")
-        if gpu_check.runs_on(gpu_check.PARITY[s], b)}
+        (s, b, d)
+        for s in schemes.split(",")
+        for b in gpu_check.BACKENDS
+        for d in ("fp32", "bf16")
+        if gpu_check.runs_on(gpu_check.PARITY[s], b)
+    }
     assert all(r["ok"] for r in rows)
-    assert all(r["grad_error"] is not None for r in rows if r["backend"] != "flex")  # (no CPU flex backward)
+    assert all(
+        r["grad_error"] is not None for r in rows if r["backend"] != "flex"
+    )  # (no CPU flex backward)
     assert "| fox | flex | bf16 |" in (tmp_path / "gpu_check.md").read_text()
 
 
 def test_the_check_runs_in_parts(tmp_path):
     """--backends and --dtypes take one part of the parity (a GPU's 10-minute calls hold no whole check)."""
-    assert gpu_check.main(["--device", "cpu", "--schemes", "bias_t5,fox", "--backends", "blocks", "--dtypes", "fp32",
-                           "--out", str(tmp_path)]) == 0
+    assert (
+        gpu_check.main(
+            [
+                "--device",
+                "cpu",
+                "--schemes",
+                "bias_t5,fox",
+                "--backends",
+                "blocks",
+                "--dtypes",
+                "fp32",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     rows = json.loads((tmp_path / "gpu_check.json").read_text())["parity"]
     assert [(r["scheme"], r["backend"], r["dtype"], r["ok"]) for r in rows] == [
-        ("bias_t5", "blocks", "fp32", True), ("fox", "blocks", "fp32", True)]
+        ("bias_t5", "blocks", "fp32", True),
+        ("fox", "blocks", "fp32", True),
+    ]
     assert not list(tmp_path.glob(".*.tmp"))  # written to a temporary file and renamed
 
 
 def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
     merged = kernels._merged
-    monkeypatch.setattr(kernels, "_merged", lambda parts: (lambda out, lse: (out * 1.01, lse))(*merged(parts)))
+    monkeypatch.setattr(
+        kernels, "_merged", lambda parts: (lambda out, lse: (out * 1.01, lse))(*merged(parts))
+    )
     assert gpu_check.main(["--device", "cpu", "--schemes", "bias_t5", "--out", str(tmp_path)]) == 1
     rows = json.loads((tmp_path / "gpu_check.json").read_text())["parity"]
     assert {r["backend"] for r in rows if not r["ok"]} == {"blocks"}
@@ -69,7 +101,9 @@ def test_the_profile_script_names_where_the_time_goes(capsys):
     tables = [t for t in capsys.readouterr().out.split("\n\n") if "self CPU time in all" in t]
     assert [t.splitlines()[0].split(" at ")[0] for t in tables] == ["sdpa_nope", "t5"]
     for table in tables:
-        shares = [int(line.rsplit("|", 2)[1].strip().rstrip("%")) for line in table.splitlines()[3:]]
+        shares = [
+            int(line.rsplit("|", 2)[1].strip().rstrip("%")) for line in table.splitlines()[3:]
+        ]
         assert len(shares) == 3 and shares == sorted(shares, reverse=True) and sum(shares) <= 101
     with pytest.raises(SystemExit) as bad:
         profile_attention.main(["--scheme", "nope_x"])

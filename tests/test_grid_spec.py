@@ -33,7 +33,12 @@ CONTRACT = {
     "fox": {"terms": "a", "absolute": "none", "bias": "none", "forget_gate": True},
     "cope": {"terms": "a", "absolute": "none", "bias": "none", "cope_positions": 64},
     "ssmax": {"terms": "a", "absolute": "none", "bias": "none", "score_scale": "ssmax"},
-    "stick_breaking": {"terms": "a", "absolute": "none", "bias": "none", "normaliser": "stick_breaking"},
+    "stick_breaking": {
+        "terms": "a",
+        "absolute": "none",
+        "bias": "none",
+        "normaliser": "stick_breaking",
+    },
     "path": {"terms": "a", "absolute": "none", "bias": "none", "path": True},
     "dape": {"terms": "a", "absolute": "none", "bias": "kerple_log", "dape": "v1"},
     "dape_v2": {"terms": "a", "absolute": "none", "bias": "kerple_log", "dape": "v2"},
@@ -57,11 +62,15 @@ def expected_config(base: dict, encoding: str | None = None, **paths) -> RunConf
 
 def test_product_runs_seeds_outermost_with_config_hash_ids():
     base = tiny_base()
-    spec = parse_grid({"name": "p", "base": base, "grid": {"encoding": ["xl", "rope"], "model.mem_len": [0, 8]},
-                       "seeds": [3, 4]})
-    expected = [
-        (enc, mem, seed) for seed in (3, 4) for enc in ("xl", "rope") for mem in (0, 8)
-    ]
+    spec = parse_grid(
+        {
+            "name": "p",
+            "base": base,
+            "grid": {"encoding": ["xl", "rope"], "model.mem_len": [0, 8]},
+            "seeds": [3, 4],
+        }
+    )
+    expected = [(enc, mem, seed) for seed in (3, 4) for enc in ("xl", "rope") for mem in (0, 8)]
     assert [tuple(r.variant.values()) for r in spec.runs] == expected
     assert spec.axes == ("encoding", "model.mem_len", "seed")
     for run, (enc, mem, seed) in zip(spec.runs, expected):
@@ -74,7 +83,12 @@ def test_product_runs_seeds_outermost_with_config_hash_ids():
 @pytest.mark.parametrize("name", sorted(CONTRACT))
 def test_each_preset_sets_only_its_attention_fields(name):
     base = tiny_base()
-    base["model"]["attention"] = {"max_position": 512, "num_buckets": 16, "max_distance": 64, "causal": True}
+    base["model"]["attention"] = {
+        "max_position": 512,
+        "num_buckets": 16,
+        "max_distance": 64,
+        "causal": True,
+    }
     (run,) = parse_grid({"name": "p", "base": base, "grid": {"encoding": [name]}}).runs
     attention = to_plain(run.config.model.attention)
     for field, value in {**base["model"]["attention"], **CONTRACT[name]}.items():
@@ -86,33 +100,57 @@ def test_preset_table_is_the_contract():
 
 
 def test_key_path_axis_applies_after_the_preset():
-    spec = parse_grid({"name": "p", "base": tiny_base(), "grid": {
-        "encoding": ["shaw"], "model.attention.clamp_len": [4, 8]}})
+    spec = parse_grid(
+        {
+            "name": "p",
+            "base": tiny_base(),
+            "grid": {"encoding": ["shaw"], "model.attention.clamp_len": [4, 8]},
+        }
+    )
     assert [r.config.model.attention.clamp_len for r in spec.runs] == [4, 8]
     assert all(r.config.model.attention.rel == "learned" for r in spec.runs)
 
 
 def test_zip_varies_axes_together_and_exclude_drops_combinations():
     base = tiny_base()
-    spec = parse_grid({
-        "name": "z", "base": base, "grid": {"encoding": ["xl", "alibi"]},
-        "zip": [{"train.segment_len": [16, 32], "data.offset": [4, 12]}],
-        "exclude": [{"encoding": "alibi", "train.segment_len": 32}], "seeds": [0],
-    })
-    got = [(r.variant["encoding"], r.config.train.segment_len, r.config.data.offset) for r in spec.runs]
+    spec = parse_grid(
+        {
+            "name": "z",
+            "base": base,
+            "grid": {"encoding": ["xl", "alibi"]},
+            "zip": [{"train.segment_len": [16, 32], "data.offset": [4, 12]}],
+            "exclude": [{"encoding": "alibi", "train.segment_len": 32}],
+            "seeds": [0],
+        }
+    )
+    got = [
+        (r.variant["encoding"], r.config.train.segment_len, r.config.data.offset) for r in spec.runs
+    ]
     assert got == [("xl", 16, 4), ("xl", 32, 12), ("alibi", 16, 4)]
-    assert spec.runs[1].config == expected_config(base, "xl", train__segment_len=32, data__offset=12, seed=0)
+    assert spec.runs[1].config == expected_config(
+        base, "xl", train__segment_len=32, data__offset=12, seed=0
+    )
 
 
 def test_zip_columns_may_repeat_values_when_rows_differ():
-    spec = parse_grid({"name": "z", "base": tiny_base(),
-                       "zip": {"encoding": ["xl", "xl", "alibi"], "model.attention.terms": ["abcd", "ab", "a"]}})
+    spec = parse_grid(
+        {
+            "name": "z",
+            "base": tiny_base(),
+            "zip": {
+                "encoding": ["xl", "xl", "alibi"],
+                "model.attention.terms": ["abcd", "ab", "a"],
+            },
+        }
+    )
     got = [(r.config.model.attention.terms, r.config.model.attention.bias) for r in spec.runs]
     assert got == [("abcd", "none"), ("ab", "none"), ("a", "alibi")]
 
 
 def test_zip_accepts_a_single_mapping():
-    spec = parse_grid({"name": "z", "base": tiny_base(), "zip": {"model.mem_len": [0, 4], "train.lr": [0.1, 0.2]}})
+    spec = parse_grid(
+        {"name": "z", "base": tiny_base(), "zip": {"model.mem_len": [0, 4], "train.lr": [0.1, 0.2]}}
+    )
     assert [(r.config.model.mem_len, r.config.train.lr) for r in spec.runs] == [(0, 0.1), (4, 0.2)]
 
 
@@ -126,8 +164,13 @@ def test_seed_as_grid_axis_and_no_axes():
 def test_two_specs_producing_one_config_share_the_run_id():
     base = tiny_base()
     by_preset = parse_grid({"name": "a", "base": base, "grid": {"encoding": ["nope"]}})
-    by_paths = parse_grid({"name": "b", "base": base, "grid": {
-        "model.attention.terms": ["a"], "model.attention.absolute": ["none"]}})
+    by_paths = parse_grid(
+        {
+            "name": "b",
+            "base": base,
+            "grid": {"model.attention.terms": ["a"], "model.attention.absolute": ["none"]},
+        }
+    )
     assert by_preset.runs[0].run_id == by_paths.runs[0].run_id
 
 
@@ -140,33 +183,73 @@ def test_base_may_be_a_file_next_to_the_spec(tmp_path):
 
 
 def test_launcher_block():
-    spec = parse_grid({"name": "l", "base": tiny_base(), "launcher": {"partition": "gpu", "time": 30}})
+    spec = parse_grid(
+        {"name": "l", "base": tiny_base(), "launcher": {"partition": "gpu", "time": 30}}
+    )
     assert spec.launcher == LauncherConfig(partition="gpu", time=30)
 
 
 # Invalid specs: (spec changes over a valid one, the error's key path, a phrase of its message).
 BAD_SPECS = [
-    ({"grid": {"model.atention.terms": ["a"]}}, "grid.model.atention.terms", "did you mean 'attention'"),
+    (
+        {"grid": {"model.atention.terms": ["a"]}},
+        "grid.model.atention.terms",
+        "did you mean 'attention'",
+    ),
     ({"grid": {"model.mem_len.x": [1]}}, "grid.model.mem_len.x", "is a value, not a section"),
     ({"grid": {"model.mem_len": []}}, "grid.model.mem_len", "empty axis"),
     ({"grid": {"model.mem_len": 4}}, "grid.model.mem_len", "expected a list"),
     ({"grid": {"model.mem_len": [4, 4]}}, "grid.model.mem_len", "listed twice"),
     ({"grid": {"encoding": ["xl", "xll"]}}, "grid.encoding", "allowed: xl, shaw"),
     ({"grid": {"model.mem_len": [-1]}}, "model.mem_len", "out of range"),
-    ({"grid": {"model.attention.terms": ["ax"]}}, "model.attention.terms", "only the letters a, b, c, d"),
-    ({"grid": {"encoding": ["rope"], "model.attention.terms": ["ab"]}}, "model.attention.absolute", "use terms='a'"),
-    ({"grid": {"encoding": ["nope"], "model.attention.absolute": ["none"], "model.attention.terms": ["a"]},
-      "seeds": [0]}, "", None),  # valid: one run
-    ({"grid": {"encoding": ["nope", "vaswani"], "model.attention.absolute": ["none"]}}, "grid", "same config"),
+    (
+        {"grid": {"model.attention.terms": ["ax"]}},
+        "model.attention.terms",
+        "only the letters a, b, c, d",
+    ),
+    (
+        {"grid": {"encoding": ["rope"], "model.attention.terms": ["ab"]}},
+        "model.attention.absolute",
+        "use terms='a'",
+    ),
+    (
+        {
+            "grid": {
+                "encoding": ["nope"],
+                "model.attention.absolute": ["none"],
+                "model.attention.terms": ["a"],
+            },
+            "seeds": [0],
+        },
+        "",
+        None,
+    ),  # valid: one run
+    (
+        {"grid": {"encoding": ["nope", "vaswani"], "model.attention.absolute": ["none"]}},
+        "grid",
+        "same config",
+    ),
     ({"zip": [{"model.mem_len": [0, 4], "train.lr": [0.1]}]}, "zip[0]", "equal lengths"),
     ({"zip": [{"model.mem_len": [0, 0], "train.lr": [0.1, 0.1]}]}, "zip[0]", "row 1"),
     ({"zip": "x"}, "zip", "expected a mapping"),
     ({"seeds": []}, "seeds", "empty axis"),
     ({"seeds": [0], "grid": {"seed": [1]}}, "seeds", "already a grid/zip axis"),
-    ({"grid": {"model.mem_len": [0]}, "zip": {"model.mem_len": [1]}}, "zip[0]", "also varied in grid.model.mem_len"),
+    (
+        {"grid": {"model.mem_len": [0]}, "zip": {"model.mem_len": [1]}},
+        "zip[0]",
+        "also varied in grid.model.mem_len",
+    ),
     ({"exclude": [{"encoding": "xl"}]}, "exclude[0].encoding", "not an axis"),
-    ({"grid": {"encoding": ["xl"]}, "exclude": [{"encoding": "rope"}]}, "exclude[0].encoding", "not a value"),
-    ({"grid": {"encoding": ["xl"]}, "exclude": [{"encoding": "xl"}]}, "exclude", "every combination is excluded"),
+    (
+        {"grid": {"encoding": ["xl"]}, "exclude": [{"encoding": "rope"}]},
+        "exclude[0].encoding",
+        "not a value",
+    ),
+    (
+        {"grid": {"encoding": ["xl"]}, "exclude": [{"encoding": "xl"}]},
+        "exclude",
+        "every combination is excluded",
+    ),
     ({"grdi": {}}, "grdi", "did you mean 'grid'"),
     ({"name": "a b"}, "name", "directory name"),
     ({"base": 3}, "base", "expected a run config mapping"),
@@ -191,17 +274,29 @@ def test_bad_spec_names_the_field_in_one_line(change, field, phrase):
 
 def test_all_errors_are_reported_together_and_nothing_launches(tmp_path, capsys):
     spec = {
-        "name": "bad", "base": tiny_base(),
-        "grid": {"encoding": ["xl", "nonsense"], "model.atention.terms": ["a"], "model.mem_len": []},
-        "seeds": [0, 1], "exclude": [{"foo": 1}], "launcher": {"gpus": -1},
+        "name": "bad",
+        "base": tiny_base(),
+        "grid": {
+            "encoding": ["xl", "nonsense"],
+            "model.atention.terms": ["a"],
+            "model.mem_len": [],
+        },
+        "seeds": [0, 1],
+        "exclude": [{"foo": 1}],
+        "launcher": {"gpus": -1},
     }
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(GridSpecError) as err:
         load_grid(path)
     fields = sorted(e.field for e in err.value.errors)
-    assert fields == ["exclude[0].foo", "grid.encoding", "grid.model.atention.terms", "grid.model.mem_len",
-                      "launcher.gpus"]
+    assert fields == [
+        "exclude[0].foo",
+        "grid.encoding",
+        "grid.model.atention.terms",
+        "grid.model.mem_len",
+        "launcher.gpus",
+    ]
     code = main(["grid", str(path), "--results", str(tmp_path / "results"), "--slots", "1"])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 + len(fields)
@@ -210,8 +305,12 @@ def test_all_errors_are_reported_together_and_nothing_launches(tmp_path, capsys)
 
 
 def test_value_errors_are_grouped_per_distinct_message():
-    spec = {"name": "v", "base": tiny_base(), "grid": {"encoding": ["rope"], "model.attention.terms": ["ab", "abcd"]},
-            "seeds": [0, 1, 2]}
+    spec = {
+        "name": "v",
+        "base": tiny_base(),
+        "grid": {"encoding": ["rope"], "model.attention.terms": ["ab", "abcd"]},
+        "seeds": [0, 1, 2],
+    }
     with pytest.raises(GridSpecError) as err:
         parse_grid(spec)
     assert len(err.value.errors) == 2  # one per distinct message, not one per run
@@ -221,5 +320,11 @@ def test_value_errors_are_grouped_per_distinct_message():
 def test_smoke_spec_is_two_encodings_by_two_seeds():
     spec = load_grid(REPO / "experiments" / "smoke.yaml")
     assert len(spec.runs) >= 4
-    assert len({r.variant["encoding"] for r in spec.runs}) >= 2 and len({r.config.seed for r in spec.runs}) >= 2
-    assert all(r.config.data.source == "synthetic" and r.config.data.task == "offset_copy" for r in spec.runs)
+    assert (
+        len({r.variant["encoding"] for r in spec.runs}) >= 2
+        and len({r.config.seed for r in spec.runs}) >= 2
+    )
+    assert all(
+        r.config.data.source == "synthetic" and r.config.data.task == "offset_copy"
+        for r in spec.runs
+    )

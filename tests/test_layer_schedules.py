@@ -20,9 +20,17 @@ from relpos_ablate.config.schedule import pattern_label
 from relpos_ablate.runner.grid import load_grid, resolve_variant
 
 TWO_LAYERS = {
-    "vocab_size": 13, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_head": 8, "d_inner": 32, "dropout": 0.0,
-    "layer_kinds": {"local": {"encoding": "t5", "window": 3}, "global": {"encoding": "rope", "rope_base": 50.0,
-                                                                        "temperature_tuning": True, "chunk": 4}},
+    "vocab_size": 13,
+    "d_model": 16,
+    "n_layers": 2,
+    "n_heads": 2,
+    "d_head": 8,
+    "d_inner": 32,
+    "dropout": 0.0,
+    "layer_kinds": {
+        "local": {"encoding": "t5", "window": 3},
+        "global": {"encoding": "rope", "rope_base": 50.0, "temperature_tuning": True, "chunk": 4},
+    },
     "layer_pattern": ["local", "global"],
     "attention": {"num_buckets": 8, "max_distance": 6, "temperature_floor_scale": 2.0},
 }
@@ -36,8 +44,10 @@ def reference_lm(model: TransformerLM, tokens, mems=None):
     new_mems = []
     for i, layer in enumerate(model.layers):
         mem = None if mems is None else mems[i].double()
-        new_mems.append((h if mem is None else torch.cat([mem, h], 1))[:, -model.config.mem_len:])
-        out, _ = reference_attention(layer.attn, ln(h, layer.norm_attn), None if mem is None else ln(mem, layer.norm_attn))
+        new_mems.append((h if mem is None else torch.cat([mem, h], 1))[:, -model.config.mem_len :])
+        out, _ = reference_attention(
+            layer.attn, ln(h, layer.norm_attn), None if mem is None else ln(mem, layer.norm_attn)
+        )
         h = h + out
         ff = layer.ff
         hidden = torch.relu(ln(h, layer.norm_ff) @ ff[0].weight.double().T + ff[0].bias.double())
@@ -52,7 +62,10 @@ def test_two_layers_with_their_own_encodings_match_the_reference(mem_len):
     config = from_dict(ModelConfig, {**TWO_LAYERS, "mem_len": mem_len})
     model = TransformerLM(config).double().eval()
     randomize(model, 7, scale=0.3)
-    assert [type(layer.attn.bias_scheme).__name__ for layer in model.layers] == ["T5Bias", "NoneType"]
+    assert [type(layer.attn.bias_scheme).__name__ for layer in model.layers] == [
+        "T5Bias",
+        "NoneType",
+    ]
     assert (model.layers[0].attn.config.window, model.layers[1].attn.config.chunk) == (3, 4)
     tokens = torch.randint(0, 13, (2, 18), generator=torch.Generator().manual_seed(1))
     mems = ref_mems = None
@@ -65,21 +78,38 @@ def test_two_layers_with_their_own_encodings_match_the_reference(mem_len):
 
 def test_layers_of_one_bias_setting_share_one_module():
     """share_bias: the layers of one bias setting share a module whatever their windows; another setting has its own."""
-    config = from_dict(ModelConfig, {
-        "vocab_size": 5, "n_layers": 4, "layer_kinds": {"local": {"encoding": "alibi_learned", "window": 4},
-                                                        "global": {"encoding": "alibi_learned"}, "t5": {"encoding": "t5"}},
-        "layer_pattern": ["local", "global", "t5", "nope"]})
+    config = from_dict(
+        ModelConfig,
+        {
+            "vocab_size": 5,
+            "n_layers": 4,
+            "layer_kinds": {
+                "local": {"encoding": "alibi_learned", "window": 4},
+                "global": {"encoding": "alibi_learned"},
+                "t5": {"encoding": "t5"},
+            },
+            "layer_pattern": ["local", "global", "t5", "nope"],
+        },
+    )
     model = TransformerLM(config)
     schemes = [layer.attn.bias_scheme for layer in model.layers]
     assert schemes[0] is schemes[1] is model.shared_bias_scheme
     assert schemes[2] is model.other_bias_schemes[0] and schemes[3] is None
-    assert sum(1 for name, _ in model.named_parameters() if "bias_scheme" in name) == 2  # learned slopes, T5 table
+    assert (
+        sum(1 for name, _ in model.named_parameters() if "bias_scheme" in name) == 2
+    )  # learned slopes, T5 table
 
 
 def test_a_pattern_repeats_and_a_kind_keeps_the_models_other_fields():
-    config = from_dict(ModelConfig, {"n_layers": 5, "attention": {"sinks": 2, "rope_base": 77.0},
-                                     "layer_kinds": {"g": {"encoding": "rope", "rope_base": 1e6, "window": 0}},
-                                     "layer_pattern": ["rope", "rope", "g"]})
+    config = from_dict(
+        ModelConfig,
+        {
+            "n_layers": 5,
+            "attention": {"sinks": 2, "rope_base": 77.0},
+            "layer_kinds": {"g": {"encoding": "rope", "rope_base": 1e6, "window": 0}},
+            "layer_pattern": ["rope", "rope", "g"],
+        },
+    )
     layers = config.layer_attentions
     assert [a.absolute for a in layers] == ["rope"] * 5
     assert [a.rope_base for a in layers] == [77.0, 77.0, 1e6, 77.0, 77.0]
@@ -88,15 +118,33 @@ def test_a_pattern_repeats_and_a_kind_keeps_the_models_other_fields():
     assert pattern_label(["local", "local", "local", "global"]) == "local×3 global"
 
 
-@pytest.mark.parametrize("model,message", [
-    ({"layer_pattern": ["nope", "locl"]}, "layer_pattern[1]: 'locl' is neither a layer kind"),
-    ({"layer_kinds": {"x": {"encoding": "rnope"}}, "layer_pattern": ["x"]}, "layer_kinds.x.encoding: 'rnope' (a schedule"),
-    ({"layer_kinds": {"x": {"windw": 3}}}, "layer_kinds.x.windw: unknown key; did you mean 'window'?"),
-    ({"layer_kinds": {"x": {"encoding": "vaswani"}}, "layer_pattern": ["x"]}, "layer_kinds.x: absolute 'sinusoid'"),
-    ({"layer_kinds": {"x": {"chunk": 4}}, "attention": {"causal": False}, "layer_pattern": ["x"]},
-     "layer_kinds.x.chunk: is defined for causal attention only"),
-    ({"layer_kinds": [{"name": "x"}, {"name": "x"}]}, "layer_kinds.x: is defined twice"),
-])
+@pytest.mark.parametrize(
+    "model,message",
+    [
+        ({"layer_pattern": ["nope", "locl"]}, "layer_pattern[1]: 'locl' is neither a layer kind"),
+        (
+            {"layer_kinds": {"x": {"encoding": "rnope"}}, "layer_pattern": ["x"]},
+            "layer_kinds.x.encoding: 'rnope' (a schedule",
+        ),
+        (
+            {"layer_kinds": {"x": {"windw": 3}}},
+            "layer_kinds.x.windw: unknown key; did you mean 'window'?",
+        ),
+        (
+            {"layer_kinds": {"x": {"encoding": "vaswani"}}, "layer_pattern": ["x"]},
+            "layer_kinds.x: absolute 'sinusoid'",
+        ),
+        (
+            {
+                "layer_kinds": {"x": {"chunk": 4}},
+                "attention": {"causal": False},
+                "layer_pattern": ["x"],
+            },
+            "layer_kinds.x.chunk: is defined for causal attention only",
+        ),
+        ({"layer_kinds": [{"name": "x"}, {"name": "x"}]}, "layer_kinds.x: is defined twice"),
+    ],
+)
 def test_bad_schedules_fail_in_one_line_naming_the_field(model, message):
     with pytest.raises(ConfigError) as err:
         from_dict(ModelConfig, model)
@@ -117,25 +165,51 @@ def test_schedule_presets_resolve_to_valid_models(name):
     config = resolve_variant(data, {"encoding": name}).model
     layers = config.layer_attentions
     published = {  # (absolute, window, chunk, rope_base, temperature_tuning) per layer
-        "rnope": [("rope", 4096, None, 10000.0, False)] * 3 + [("none", None, None, 10000.0, False)]
+        "rnope": [("rope", 4096, None, 10000.0, False)] * 3
+        + [("none", None, None, 10000.0, False)]
         + [("rope", 4096, None, 10000.0, False)] * 2,
-        "llama4_like": [("rope", None, 8192, 500000.0, False)] * 3 + [("none", None, None, 10000.0, True)]
+        "llama4_like": [("rope", None, 8192, 500000.0, False)] * 3
+        + [("none", None, None, 10000.0, True)]
         + [("rope", None, 8192, 500000.0, False)] * 2,
-        "gemma3_like": [("rope", 1024, None, 10000.0, False)] * 5 + [("rope", None, None, 1e6, False)],
+        "gemma3_like": [("rope", 1024, None, 10000.0, False)] * 5
+        + [("rope", None, None, 1e6, False)],
     }[name]
-    assert [(a.absolute, a.window, a.chunk, a.rope_base, a.temperature_tuning) for a in layers] == published
+    assert [
+        (a.absolute, a.window, a.chunk, a.rope_base, a.temperature_tuning) for a in layers
+    ] == published
     scaled = resolve_variant(data, {"encoding": name, "model.layer_kinds.local.window": 8}).model
     assert scaled.layer_attention(0).window == 8  # a grid reaches into a kind by its name
 
 
 def tiny_base(steps: int, lengths: tuple[int, ...]) -> dict:
     """A 4-layer model of width 16 on offset_copy, trained at 16 tokens for `steps` steps, evaluated at `lengths`."""
-    return {"model": {"d_model": 16, "n_layers": 4, "n_heads": 2, "d_head": 8, "d_inner": 32, "dropout": 0.0},
-            "data": {"source": "synthetic", "task": "offset_copy", "num_symbols": 6, "offset": 2, "train_tokens": 1024,
-                     "eval_tokens": 256},
-            "train": {"segment_len": 16, "batch_size": 4, "max_steps": steps, "warmup_steps": 1, "log_every": 2,
-                      "checkpoint_every": steps},
-            "eval": {"settings": [{"segment_len": n} for n in lengths], "batch_size": 4}}
+    return {
+        "model": {
+            "d_model": 16,
+            "n_layers": 4,
+            "n_heads": 2,
+            "d_head": 8,
+            "d_inner": 32,
+            "dropout": 0.0,
+        },
+        "data": {
+            "source": "synthetic",
+            "task": "offset_copy",
+            "num_symbols": 6,
+            "offset": 2,
+            "train_tokens": 1024,
+            "eval_tokens": 256,
+        },
+        "train": {
+            "segment_len": 16,
+            "batch_size": 4,
+            "max_steps": steps,
+            "warmup_steps": 1,
+            "log_every": 2,
+            "checkpoint_every": steps,
+        },
+        "eval": {"settings": [{"segment_len": n} for n in lengths], "batch_size": 4},
+    }
 
 
 def test_grid_over_three_patterns_trains_evaluates_and_labels_them(tmp_path):
@@ -143,7 +217,9 @@ def test_grid_over_three_patterns_trains_evaluates_and_labels_them(tmp_path):
     spec = {
         "name": "patterns",
         "base": tiny_base(steps=6, lengths=(16, 32)),
-        "grid": {"model.layer_pattern": [["rope"], ["rope", "nope"], ["rope", "rope", "rope", "nope"]]},
+        "grid": {
+            "model.layer_pattern": [["rope"], ["rope", "nope"], ["rope", "rope", "rope", "nope"]]
+        },
         "seeds": [0],
         "table": {"rows": ["model.layer_pattern"], "cols": ["segment_len"], "metric": "acc"},
     }
@@ -168,8 +244,11 @@ def test_schedule_presets_train_through_the_cli(tmp_path):
     spec = {
         "name": "schedules",
         "base": tiny_base(steps=4, lengths=(32,)),
-        "zip": {"encoding": ["rnope", "llama4_like", "gemma3_like"],
-                "model.layer_kinds.local.window": [4, 0, 4], "model.layer_kinds.local.chunk": [0, 8, 0]},
+        "zip": {
+            "encoding": ["rnope", "llama4_like", "gemma3_like"],
+            "model.layer_kinds.local.window": [4, 0, 4],
+            "model.layer_kinds.local.chunk": [0, 8, 0],
+        },
         "seeds": [0],
     }
     path = tmp_path / "schedules.yaml"
@@ -178,7 +257,10 @@ def test_schedule_presets_train_through_the_cli(tmp_path):
     assert main(["grid", str(path), "--results", str(results), "--slots", "2"]) == 0
     for run in load_grid(path).runs:
         config = yaml.safe_load((results / "schedules" / run.run_id / "config.yaml").read_text())
-        assert config["model"]["layer_pattern"] == encoding_fields(run.variant["encoding"])["model.layer_pattern"]
+        assert (
+            config["model"]["layer_pattern"]
+            == encoding_fields(run.variant["encoding"])["model.layer_pattern"]
+        )
         assert (results / "schedules" / run.run_id / "eval.json").exists()
 
 
@@ -191,19 +273,56 @@ def test_a_schedule_trains_with_memory_evaluates_again_and_every_plot_names_its_
     from relpos_ablate.io import atomic_write_json
     from relpos_ablate.train.run import load_run, train_run
 
-    kinds = ("{local: {encoding: t5, window: 6}, chunked: {encoding: rope, chunk: 8}, "
-             "global: {encoding: nope, temperature_tuning: true}}")
-    config = load_run_config(None, [*TINY_TRAINING, "model.n_layers=4", "model.mem_len=8", "eval.diagnostics=true",
-                                    f"model.layer_kinds={kinds}", "model.layer_pattern=[local, chunked, local, global]"])
+    kinds = (
+        "{local: {encoding: t5, window: 6}, chunked: {encoding: rope, chunk: 8}, "
+        "global: {encoding: nope, temperature_tuning: true}}"
+    )
+    config = load_run_config(
+        None,
+        [
+            *TINY_TRAINING,
+            "model.n_layers=4",
+            "model.mem_len=8",
+            "eval.diagnostics=true",
+            f"model.layer_kinds={kinds}",
+            "model.layer_pattern=[local, chunked, local, global]",
+        ],
+    )
     run_dir = tmp_path / "sched" / run_id(config)
-    atomic_write_json(run_dir / "run.json", {"run_id": run_id(config), "experiment": "sched", "variant": {}, "spec": None})
+    atomic_write_json(
+        run_dir / "run.json",
+        {"run_id": run_id(config), "experiment": "sched", "variant": {}, "spec": None},
+    )
     assert train_run(config, run_dir) == "done"
     evaluation = json.loads((run_dir / "eval.json").read_text())
-    assert all(len(s["diagnostics"]["entropy"]) == 4 for s in evaluation["settings"])  # one row per layer
+    assert all(
+        len(s["diagnostics"]["entropy"]) == 4 for s in evaluation["settings"]
+    )  # one row per layer
     assert main(["evaluate", str(run_dir), "--replace"]) == 0
     _, model = load_run(run_dir)
-    assert model.layer_names() == ["layer 0 local", "layer 1 chunked", "layer 2 local", "layer 3 global"]
-    assert [title for title, _ in figures.bias_panels(model, "bias")] == ["bias, layer 0 local, layer 2 local (shared)"]
+    assert model.layer_names() == [
+        "layer 0 local",
+        "layer 1 chunked",
+        "layer 2 local",
+        "layer 3 global",
+    ]
+    assert [title for title, _ in figures.bias_panels(model, "bias")] == [
+        "bias, layer 0 local, layer 2 local (shared)"
+    ]
     for kind in ("bias", "attention", "terms", "diagnostics"):
-        assert main(["plot", str(run_dir), "--kind", kind, "--out", str(tmp_path / kind), "--formats", "png"]) == 0
+        assert (
+            main(
+                [
+                    "plot",
+                    str(run_dir),
+                    "--kind",
+                    kind,
+                    "--out",
+                    str(tmp_path / kind),
+                    "--formats",
+                    "png",
+                ]
+            )
+            == 0
+        )
         assert list((tmp_path / kind).glob("*.png")), kind

@@ -29,17 +29,26 @@ def test_a_panel_per_task_a_line_per_variant_with_its_seed_band(results):
     for ax, task in zip(panels, ("copy", "reverse")):
         lines = ax.get_lines()
         keys = [k for k in SCORES if k[0] == task]  # nope, t5, rope, rope randomized
-        order = [("nope", "sequential"), ("rope", "sequential"), ("rope", "randomized"), ("t5", "sequential")]
+        order = [
+            ("nope", "sequential"),
+            ("rope", "sequential"),
+            ("rope", "randomized"),
+            ("t5", "sequential"),
+        ]
         assert len(lines) == 4
         for line, variant in zip(lines, order):
             seeds = np.array(SCORES[(task, *variant)])
-            np.testing.assert_allclose(line.get_xdata(), [2.5, 5.5, 7.5])  # bins 1-4, 5-6, 7-8 at their middle
+            np.testing.assert_allclose(
+                line.get_xdata(), [2.5, 5.5, 7.5]
+            )  # bins 1-4, 5-6, 7-8 at their middle
             np.testing.assert_allclose(line.get_ydata(), seeds.mean(0))
         assert {k[1:] for k in keys} == set(order)
         bands = ax.collections
         assert len(bands) == 4
-        np.testing.assert_allclose(bands[0].get_paths()[0].vertices[:, 1].min(),
-                                   np.array(SCORES[(task, "nope", "sequential")]).min(0).min())
+        np.testing.assert_allclose(
+            bands[0].get_paths()[0].vertices[:, 1].min(),
+            np.array(SCORES[(task, "nope", "sequential")]).min(0).min(),
+        )
         span = ax.patches[0]  # the shaded training lengths, n = 1-4
         assert (span.get_x(), span.get_x() + span.get_width()) == (0.5, 4.5)
     rope, randomized = panels[0].get_lines()[1:3]
@@ -48,10 +57,14 @@ def test_a_panel_per_task_a_line_per_variant_with_its_seed_band(results):
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend == ["NoPE", "RoPE", "RoPE (randomized)", "T5", "training lengths"]
     assert fig.legends[0].get_title().get_text() == "mean over 3 seeds\nband: min-max over seeds"
-    assert panels[0].get_lines()[0].get_ydata()[1] == pytest.approx(statistics.mean([0.6, 0.5, 0.7]))  # by hand
+    assert panels[0].get_lines()[0].get_ydata()[1] == pytest.approx(
+        statistics.mean([0.6, 0.5, 0.7])
+    )  # by hand
     assert [t.get_text() for t in panels[0].get_xticklabels()] == ["1-4", "5-6", "7-8"]
     assert panels[0].get_ylabel() == "exact match"
-    assert panels[0].get_xlabel() == "task length n (test bin)"  # no two lines lie on zero past n = 4 here
+    assert (
+        panels[0].get_xlabel() == "task length n (test bin)"
+    )  # no two lines lie on zero past n = 4 here
 
 
 def test_lines_on_the_zero_line_past_training_are_named_in_their_panel(tmp_path):
@@ -63,23 +76,75 @@ def test_lines_on_the_zero_line_past_training_are_named_in_their_panel(tmp_path)
 
     for encoding in ("nope", "t5", "rope"):
         for seed in range(2):
-            overrides = ["data.task=copy", "data.train_lengths=[1, 4]", "train.segment_len=9",
-                         f"data.test_lengths={[list(b) for b in BINS]}", f"seed={seed}", *VARIANTS[(encoding, "sequential")]]
-            run_dir = make_run(tmp_path, overrides, experiment="length_generalization",
-                               variant={"data.task": "copy", "encoding": encoding,
-                                        "model.attention.positions": "sequential", "seed": seed})
+            overrides = [
+                "data.task=copy",
+                "data.train_lengths=[1, 4]",
+                "train.segment_len=9",
+                f"data.test_lengths={[list(b) for b in BINS]}",
+                f"seed={seed}",
+                *VARIANTS[(encoding, "sequential")],
+            ]
+            run_dir = make_run(
+                tmp_path,
+                overrides,
+                experiment="length_generalization",
+                variant={
+                    "data.task": "copy",
+                    "encoding": encoding,
+                    "model.attention.positions": "sequential",
+                    "seed": seed,
+                },
+            )
             scores = [1.0, 0.3, 0.1] if encoding == "nope" else [1.0, 0.0, 0.004 * seed]
-            atomic_write_json(run_dir / "status.json", {"state": "done", "step": 10, "max_steps": 10})
-            atomic_write_json(run_dir / "eval.json", {"main_metric": "exact_match", "step": 10, "settings": [
-                {"segment_len": 2 * hi + 1, "mem_len": 0, "clamp_len": None, "same_length": False,
-                 "attn_len": 2 * hi + 1, "length_min": lo, "length_max": hi, "metrics": {"exact_match": score}}
-                for (lo, hi), score in zip(BINS, scores)]})
-    (panel,) = [ax for ax in lengthgen_figure(collect(tmp_path / "length_generalization")).axes if ax.get_title()]
+            atomic_write_json(
+                run_dir / "status.json", {"state": "done", "step": 10, "max_steps": 10}
+            )
+            atomic_write_json(
+                run_dir / "eval.json",
+                {
+                    "main_metric": "exact_match",
+                    "step": 10,
+                    "settings": [
+                        {
+                            "segment_len": 2 * hi + 1,
+                            "mem_len": 0,
+                            "clamp_len": None,
+                            "same_length": False,
+                            "attn_len": 2 * hi + 1,
+                            "length_min": lo,
+                            "length_max": hi,
+                            "metrics": {"exact_match": score},
+                        }
+                        for (lo, hi), score in zip(BINS, scores)
+                    ],
+                },
+            )
+    (panel,) = [
+        ax
+        for ax in lengthgen_figure(collect(tmp_path / "length_generalization")).axes
+        if ax.get_title()
+    ]
     first, *note = panel.get_xlabel().split("\n")
     assert first == "task length n (test bin)"
-    assert " ".join(note) == "below 0.01 past the training lengths, lines under each other: RoPE, T5"
+    assert (
+        " ".join(note) == "below 0.01 past the training lengths, lines under each other: RoPE, T5"
+    )
 
 
 def test_plot_command_writes_the_figure(results, tmp_path, capsys):
-    assert main(["plot", str(results), "--kind", "lengthgen", "--formats", "png", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "plot",
+                str(results),
+                "--kind",
+                "lengthgen",
+                "--formats",
+                "png",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.split() == [str(tmp_path / "lengthgen.png")]

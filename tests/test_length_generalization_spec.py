@@ -16,11 +16,19 @@ from relpos_ablate.runner.grid import load_grid
 from relpos_ablate.train.run import train_run
 
 SPEC = Path(__file__).resolve().parent.parent / "experiments" / "length_generalization.yaml"
-SHRUNK = {"model": {"d_model": 16, "n_heads": 2, "d_head": 8, "d_inner": 32},
-          "data": {"train_examples": 64, "eval_examples": 6},
-          "train": {"batch_size": 8, "max_steps": 2, "warmup_steps": 0, "log_every": 1, "checkpoint_every": 2,
-                    "accelerator": "cpu"},
-          "eval": {"batch_size": 6}}
+SHRUNK = {
+    "model": {"d_model": 16, "n_heads": 2, "d_head": 8, "d_inner": 32},
+    "data": {"train_examples": 64, "eval_examples": 6},
+    "train": {
+        "batch_size": 8,
+        "max_steps": 2,
+        "warmup_steps": 0,
+        "log_every": 1,
+        "checkpoint_every": 2,
+        "accelerator": "cpu",
+    },
+    "eval": {"batch_size": 6},
+}
 
 
 def tiny_spec(directory: Path) -> Path:
@@ -28,7 +36,9 @@ def tiny_spec(directory: Path) -> Path:
     raw = yaml.safe_load(SPEC.read_text())
     for section, fields in SHRUNK.items():
         raw["base"][section].update(fields)
-    raw["zip"] = {"encoding": ["nope", "alibi"]}  # the spec zips the encoding with T5's bucket fields
+    raw["zip"] = {
+        "encoding": ["nope", "alibi"]
+    }  # the spec zips the encoding with T5's bucket fields
     raw["exclude"] = [{"encoding": "nope", "model.attention.positions": "randomized"}]
     raw["seeds"] = [0]
     path = directory / "length_generalization.yaml"
@@ -43,8 +53,15 @@ def results(tmp_path_factory):
     spec = load_grid(spec_path)
     for run in spec.runs:  # in process, as the runner's workers would (run.json included)
         run_dir = root / "results" / spec.name / run.run_id
-        atomic_write_json(run_dir / "run.json", {"run_id": run.run_id, "experiment": spec.name,
-                                                 "variant": run.variant, "spec": str(spec_path)})
+        atomic_write_json(
+            run_dir / "run.json",
+            {
+                "run_id": run.run_id,
+                "experiment": spec.name,
+                "variant": run.variant,
+                "spec": str(spec_path),
+            },
+        )
         assert train_run(run.config, run_dir) == "done"
     return root / "results" / spec.name
 
@@ -53,7 +70,9 @@ def test_every_run_of_the_tiny_spec_is_evaluated_bin_by_bin(results):
     frame = collect(results)
     tasks = yaml.safe_load(SPEC.read_text())["grid"]["data.task"]
     assert set(frame["data.task"]) == set(tasks) and frame["status"].eq("done").all()
-    assert frame["run_dir"].nunique() == len(tasks) * 3  # nope, alibi, alibi with randomized positions
+    assert (
+        frame["run_dir"].nunique() == len(tasks) * 3
+    )  # nope, alibi, alibi with randomized positions
     assert frame["exact_match"].between(0, 1).all()
     passkey = frame[frame["data.task"] == "passkey"]
     assert set(passkey["depth"]) == {0.0, 0.25, 0.5, 0.75, 1.0}
@@ -62,7 +81,10 @@ def test_every_run_of_the_tiny_spec_is_evaluated_bin_by_bin(results):
 def test_the_report_commands_work_on_the_results(results, tmp_path, capsys):
     assert main(["table", str(results)]) == 0
     out = capsys.readouterr().out
-    assert "| task | encoding | positions | n=1-10 | n=11-15 | n=16-20 | n=21-25 | n=26-30 | OOD mean |" in out
+    assert (
+        "| task | encoding | positions | n=1-10 | n=11-15 | n=16-20 | n=21-25 | n=26-30 | OOD mean |"
+        in out
+    )
     assert "| encoding | positions | copy | reverse | flip_flop | passkey | mean rank |" in out
     assert main(["collect", str(results), "--out", str(tmp_path / "summary.csv")]) == 0
     assert main(["report", str(tmp_path / "summary.csv")]) == 0  # as the Makefile writes report.md
@@ -71,4 +93,9 @@ def test_the_report_commands_work_on_the_results(results, tmp_path, capsys):
     for kind in ("lengthgen", "diagnostics", "passkey"):
         assert main(["plot", str(results), "--kind", kind, "--formats", "png"]) == 0
     written = {Path(line).name for line in capsys.readouterr().out.split()}
-    assert {"lengthgen.png", "passkey.png", "diagnostics_copy.png", "diagnostics_summary_passkey.png"} <= written
+    assert {
+        "lengthgen.png",
+        "passkey.png",
+        "diagnostics_copy.png",
+        "diagnostics_summary_passkey.png",
+    } <= written

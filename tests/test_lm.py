@@ -8,14 +8,24 @@ from conftest import randomize
 from relpos_ablate import AttentionConfig, ModelConfig, TransformerLM
 
 RELATIVE = [
-    dict(terms="abcd"), dict(terms="ab", rel="learned", clamp_len=3), dict(terms="bd", clamp_len=4),
-    dict(terms="a", bias="t5", num_buckets=8, max_distance=10), dict(terms="a", bias="alibi"),
-    dict(terms="a", bias="xl_table", max_distance=5), dict(terms="a", bias="kerple_log"),
-    dict(terms="a", bias="kerple_power"), dict(terms="a", bias="dynamic"), dict(terms="a", bias="alibi_learned"),
-    dict(terms="a", absolute="rope"), dict(terms="ac", bias="fire"), dict(terms="ab", rel="learned", clamp_len=3, shaw_values=True),
+    dict(terms="abcd"),
+    dict(terms="ab", rel="learned", clamp_len=3),
+    dict(terms="bd", clamp_len=4),
+    dict(terms="a", bias="t5", num_buckets=8, max_distance=10),
+    dict(terms="a", bias="alibi"),
+    dict(terms="a", bias="xl_table", max_distance=5),
+    dict(terms="a", bias="kerple_log"),
+    dict(terms="a", bias="kerple_power"),
+    dict(terms="a", bias="dynamic"),
+    dict(terms="a", bias="alibi_learned"),
+    dict(terms="a", absolute="rope"),
+    dict(terms="ac", bias="fire"),
+    dict(terms="ab", rel="learned", clamp_len=3, shaw_values=True),
 ]
 ALL = RELATIVE + [
-    dict(terms="a"), dict(terms="a", absolute="sinusoid"), dict(terms="a", absolute="learned"),
+    dict(terms="a"),
+    dict(terms="a", absolute="sinusoid"),
+    dict(terms="a", absolute="learned"),
     dict(terms="a", absolute="learned_per_layer"),
 ]
 
@@ -25,8 +35,19 @@ def ids(cases):
 
 
 def model(attention, mem_len=0, norm="pre", seed=0, **kw):
-    cfg = ModelConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=2, d_head=8, d_inner=32, dropout=0.0,
-                      mem_len=mem_len, norm=norm, attention=AttentionConfig(**attention), **kw)
+    cfg = ModelConfig(
+        vocab_size=13,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        d_head=8,
+        d_inner=32,
+        dropout=0.0,
+        mem_len=mem_len,
+        norm=norm,
+        attention=AttentionConfig(**attention),
+        **kw,
+    )
     m = TransformerLM(cfg).double().eval()
     randomize(m, seed, scale=0.3)
     return m
@@ -74,7 +95,11 @@ def test_causality(attention):
     assert not torch.allclose(out_a[:, 5:], out_b[:, 5:])
 
 
-@pytest.mark.parametrize("attention", [c for c in RELATIVE if c.get("bias") != "fire"], ids=ids([c for c in RELATIVE if c.get("bias") != "fire"]))
+@pytest.mark.parametrize(
+    "attention",
+    [c for c in RELATIVE if c.get("bias") != "fire"],
+    ids=ids([c for c in RELATIVE if c.get("bias") != "fire"]),
+)
 @pytest.mark.parametrize("causal", [True, False])
 def test_relative_schemes_are_translation_invariant(attention, causal):
     """Shifting every position by M (M masked-out memory keys in front) changes nothing."""
@@ -133,7 +158,9 @@ def test_trained_at_l_evaluates_at_4l(attention):
 def test_learned_absolute_positions_beyond_their_table_fail_clearly():
     m = model(dict(terms="a", absolute="learned", max_position=8))
     m(tokens(8))
-    with pytest.raises(ValueError, match=r"max_position: learned absolute positions cover 0\.\.7; a segment of 9"):
+    with pytest.raises(
+        ValueError, match=r"max_position: learned absolute positions cover 0\.\.7; a segment of 9"
+    ):
         m(tokens(9))
 
 
@@ -154,11 +181,15 @@ def test_inspect_returns_probs_and_terms_per_layer():
     _, mems = m(tokens(3))
     details = m.inspect(tokens(4), mems)
     assert len(details["probs"]) == 2 and details["probs"][0].shape == (2, 2, 4, 7)
-    torch.testing.assert_close(details["probs"][1].sum(-1), torch.ones(2, 2, 4, dtype=torch.float64))
+    torch.testing.assert_close(
+        details["probs"][1].sum(-1), torch.ones(2, 2, 4, dtype=torch.float64)
+    )
     terms = details["terms"][0]
     assert set(terms) == {"a", "b", "c", "d", "bias", "visible"}
     total = sum(terms[k] for k in "abcd") + terms["bias"]
-    torch.testing.assert_close(total.masked_fill(~terms["visible"], float("-inf")).softmax(-1), details["probs"][0])
+    torch.testing.assert_close(
+        total.masked_fill(~terms["visible"], float("-inf")).softmax(-1), details["probs"][0]
+    )
 
 
 def test_tied_output_and_masked_loss():

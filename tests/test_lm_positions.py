@@ -21,8 +21,16 @@ V, L = 13, 6
 
 def lm(**attention):
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=V, d_model=16, n_layers=2, n_heads=2, d_head=8, d_inner=32, dropout=0.0,
-                         attention=AttentionConfig(**attention))
+    config = ModelConfig(
+        vocab_size=V,
+        d_model=16,
+        n_layers=2,
+        n_heads=2,
+        d_head=8,
+        d_inner=32,
+        dropout=0.0,
+        attention=AttentionConfig(**attention),
+    )
     return TransformerLM(config)
 
 
@@ -31,23 +39,38 @@ def tokens(batch=3):
 
 
 def test_randomized_positions_are_a_sorted_draw_without_replacement():
-    draws = [randomized_positions(8, 20, generator=torch.Generator().manual_seed(s)) for s in range(200)]
+    draws = [
+        randomized_positions(8, 20, generator=torch.Generator().manual_seed(s)) for s in range(200)
+    ]
     for p in draws:
         assert p.shape == (8,) and p.unique().numel() == 8 and bool((p.diff() > 0).all())
         assert 0 <= int(p.min()) and int(p.max()) < 20
     # every position of [0, 20) is drawn, each about 8/20 of the time
     counts = torch.bincount(torch.cat(draws), minlength=20).double() / len(draws)
     assert counts.min() > 0.25 and counts.max() < 0.55
-    with pytest.raises(ValueError, match=r"max_position: randomized positions draw 21 distinct positions from \[0, 20\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"max_position: randomized positions draw 21 distinct positions from \[0, 20\)",
+    ):
         randomized_positions(21, 20)
 
 
-@pytest.mark.parametrize("encoding", [dict(terms="abcd", bias="t5"), dict(terms="a", absolute="rope"),
-                                      dict(terms="a", absolute="sinusoid"), dict(terms="a", absolute="learned"),
-                                      dict(terms="a", absolute="learned_per_layer"), dict(terms="a", bias="alibi")])
+@pytest.mark.parametrize(
+    "encoding",
+    [
+        dict(terms="abcd", bias="t5"),
+        dict(terms="a", absolute="rope"),
+        dict(terms="a", absolute="sinusoid"),
+        dict(terms="a", absolute="learned"),
+        dict(terms="a", absolute="learned_per_layer"),
+        dict(terms="a", bias="alibi"),
+    ],
+)
 def test_shared_positions_use_one_draw_for_every_layer_and_the_input(encoding):
     """A training forward equals a forward at the explicit positions the same RNG state draws."""
-    model = lm(positions="randomized", randomized_draw="shared_positions", max_position=64, **encoding).train()
+    model = lm(
+        positions="randomized", randomized_draw="shared_positions", max_position=64, **encoding
+    ).train()
     torch.manual_seed(5)
     randomized, _ = model(tokens())
     torch.manual_seed(5)
@@ -59,18 +82,34 @@ def test_shared_positions_use_one_draw_for_every_layer_and_the_input(encoding):
 
 
 def test_randomized_distances_are_zero_then_a_sorted_draw_from_one_up():
-    draws = [randomized_distances(8, 20, generator=torch.Generator().manual_seed(s)) for s in range(200)]
+    draws = [
+        randomized_distances(8, 20, generator=torch.Generator().manual_seed(s)) for s in range(200)
+    ]
     for d in draws:
-        assert d.shape == (8,) and int(d[0]) == 0 and bool((d.diff() > 0).all()) and int(d.max()) < 20
+        assert (
+            d.shape == (8,) and int(d[0]) == 0 and bool((d.diff() > 0).all()) and int(d.max()) < 20
+        )
     counts = torch.bincount(torch.cat([d[1:] for d in draws]), minlength=20).double() / len(draws)
-    assert counts[0] == 0 and counts[1:].min() > 0.2 and counts[1:].max() < 0.55  # each of 1..19 about 7/19
-    with pytest.raises(ValueError, match=r"max_position: randomized distances draw 20 distinct distances from \[1, 20\)"):
+    assert (
+        counts[0] == 0 and counts[1:].min() > 0.2 and counts[1:].max() < 0.55
+    )  # each of 1..19 about 7/19
+    with pytest.raises(
+        ValueError,
+        match=r"max_position: randomized distances draw 20 distinct distances from \[1, 20\)",
+    ):
         randomized_distances(21, 20)
 
 
-@pytest.mark.parametrize("encoding", [dict(terms="a", absolute="rope"), dict(terms="a", bias="alibi"),
-                                      dict(terms="abcd", bias="t5", share_bias=False),
-                                      dict(terms="a", absolute="sinusoid"), dict(terms="a", absolute="learned")])
+@pytest.mark.parametrize(
+    "encoding",
+    [
+        dict(terms="a", absolute="rope"),
+        dict(terms="a", bias="alibi"),
+        dict(terms="abcd", bias="t5", share_bias=False),
+        dict(terms="a", absolute="sinusoid"),
+        dict(terms="a", absolute="learned"),
+    ],
+)
 def test_per_layer_draws_follow_the_authors_order(encoding):
     """A training forward equals the forward whose every layer gets, by hand, what the authors' code draws
     from the same generator state: the input's positions (absolute encodings), then per layer RoPE's
@@ -81,11 +120,17 @@ def test_per_layer_draws_follow_the_authors_order(encoding):
     torch.manual_seed(5)
     absolute = encoding.get("absolute") in ("sinusoid", "learned")
     at_input = randomized_positions(L, 64) if absolute else None
-    layers = [AttentionOptions(positions=randomized_positions(L, 64) if encoding.get("absolute") == "rope" else None,
-                               distances=None if absolute or "bias" not in encoding else randomized_distances(L, 64))
-              for _ in model.layers]
+    layers = [
+        AttentionOptions(
+            positions=randomized_positions(L, 64) if encoding.get("absolute") == "rope" else None,
+            distances=None if absolute or "bias" not in encoding else randomized_distances(L, 64),
+        )
+        for _ in model.layers
+    ]
     if encoding.get("absolute") == "rope" or "bias" in encoding:
-        assert not torch.equal(*[o.positions if o.positions is not None else o.distances for o in layers])
+        assert not torch.equal(
+            *[o.positions if o.positions is not None else o.distances for o in layers]
+        )
     by_hand, _, _, _ = model._run(tokens(), None, 0, at_input, layers)
     torch.testing.assert_close(randomized, by_hand, rtol=0, atol=0)
 
@@ -104,8 +149,11 @@ def test_randomized_alibi_is_the_slope_times_the_drawn_distance():
 
 
 def test_fire_reads_the_query_position_so_per_layer_distances_are_refused():
-    with pytest.raises(ConfigError, match="randomized_draw: per_layer draws the distances of relative encodings, "
-                                          "and 'fire' also reads the query position; use shared_positions"):
+    with pytest.raises(
+        ConfigError,
+        match="randomized_draw: per_layer draws the distances of relative encodings, "
+        "and 'fire' also reads the query position; use shared_positions",
+    ):
         AttentionConfig(bias="fire", positions="randomized")
     AttentionConfig(bias="fire", positions="randomized", randomized_draw="shared_positions")
     attn = RelPosAttention(16, 2, 8, AttentionConfig(terms="a", bias="fire"))
@@ -116,16 +164,40 @@ def test_fire_reads_the_query_position_so_per_layer_distances_are_refused():
 def test_evaluation_draws_as_in_training_unless_eval_positions_says_otherwise():
     """eval_positions null: as in training (Ruoss et al.'s code draws at test time too)."""
     for eval_positions in (None, "randomized"):
-        model = lm(positions="randomized", eval_positions=eval_positions, max_position=64, terms="a",
-                   absolute="rope", randomized_draw="shared_positions").eval()
+        model = lm(
+            positions="randomized",
+            eval_positions=eval_positions,
+            max_position=64,
+            terms="a",
+            absolute="rope",
+            randomized_draw="shared_positions",
+        ).eval()
         torch.manual_seed(2)
         drawn, _ = model(tokens())
         torch.manual_seed(2)
-        torch.testing.assert_close(drawn, model(tokens(), positions=randomized_positions(L, 64))[0], rtol=0, atol=0)
-    model = lm(positions="randomized", eval_positions="sequential", max_position=64, terms="a", absolute="rope").eval()
-    torch.testing.assert_close(model(tokens())[0], model(tokens(), positions=torch.arange(L))[0], rtol=0, atol=0)
-    model = lm(positions="sequential", eval_positions="randomized", max_position=64, terms="a", absolute="rope").train()
-    torch.testing.assert_close(model(tokens())[0], model(tokens(), positions=torch.arange(L))[0], rtol=0, atol=0)
+        torch.testing.assert_close(
+            drawn, model(tokens(), positions=randomized_positions(L, 64))[0], rtol=0, atol=0
+        )
+    model = lm(
+        positions="randomized",
+        eval_positions="sequential",
+        max_position=64,
+        terms="a",
+        absolute="rope",
+    ).eval()
+    torch.testing.assert_close(
+        model(tokens())[0], model(tokens(), positions=torch.arange(L))[0], rtol=0, atol=0
+    )
+    model = lm(
+        positions="sequential",
+        eval_positions="randomized",
+        max_position=64,
+        terms="a",
+        absolute="rope",
+    ).train()
+    torch.testing.assert_close(
+        model(tokens())[0], model(tokens(), positions=torch.arange(L))[0], rtol=0, atol=0
+    )
 
 
 def test_absolute_sinusoid_is_added_at_the_given_positions():
@@ -133,7 +205,10 @@ def test_absolute_sinusoid_is_added_at_the_given_positions():
     et al.'s): one layer's input, built by hand."""
     model = lm(terms="a", absolute="sinusoid")
     positions = torch.tensor([3, 9, 10, 17, 30, 31])
-    expected = model.embed(tokens()) * 16 ** 0.5 + torch.tensor([sinusoid_row(float(p), 16) for p in positions]).float()
+    expected = (
+        model.embed(tokens()) * 16**0.5
+        + torch.tensor([sinusoid_row(float(p), 16) for p in positions]).float()
+    )
     torch.testing.assert_close(model._embed(tokens(), positions), expected, rtol=1e-6, atol=1e-6)
 
 
@@ -142,18 +217,26 @@ def test_learned_tables_are_indexed_at_the_given_positions():
     positions = torch.tensor([0, 2, 5, 11, 30, 39])
     expected = model.embed(tokens()) + model.input_positions.table.weight[positions]
     torch.testing.assert_close(model._embed(tokens(), positions), expected, rtol=0, atol=0)
-    with pytest.raises(ValueError, match=r"max_position: learned absolute positions cover 0..39; got positions 0..40"):
+    with pytest.raises(
+        ValueError,
+        match=r"max_position: learned absolute positions cover 0..39; got positions 0..40",
+    ):
         model._embed(tokens(), torch.tensor([0, 1, 2, 3, 4, 40]))
     per_layer = lm(terms="a", absolute="learned_per_layer", max_position=40)
     layer = per_layer.layers[1]
     h = torch.randn(3, L, 16)
-    torch.testing.assert_close(layer.layer_input(h, positions), h + layer.positions.table.weight[positions])
+    torch.testing.assert_close(
+        layer.layer_input(h, positions), h + layer.positions.table.weight[positions]
+    )
 
 
 def test_randomized_positions_need_a_model_without_memory():
     with pytest.raises(ConfigError, match="mem_len: randomized positions are drawn per segment"):
         ModelConfig(vocab_size=V, mem_len=8, attention=AttentionConfig(positions="randomized"))
-    with pytest.raises(ConfigError, match="positions: 'shuffled' is not allowed; choose one of sequential, randomized"):
+    with pytest.raises(
+        ConfigError,
+        match="positions: 'shuffled' is not allowed; choose one of sequential, randomized",
+    ):
         AttentionConfig(positions="shuffled")
     with pytest.raises(ConfigError, match="eval_positions: 'random' is not allowed"):
         AttentionConfig(eval_positions="random")

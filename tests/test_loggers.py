@@ -23,24 +23,50 @@ from relpos_ablate.rundir import read_status
 from relpos_ablate.train.run import train_run
 from test_train_run import At, crash, sigterm
 
-RUN = {"model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_head": 8, "d_inner": 32, "dropout": 0.0},
-       "data": {"source": "synthetic", "task": "offset_copy", "num_symbols": 8, "offset": 4, "train_tokens": 512,
-                "eval_tokens": 128},
-       "train": {"segment_len": 16, "batch_size": 4, "max_steps": 10, "warmup_steps": 2, "log_every": 1,
-                 "checkpoint_every": 4, "accelerator": "cpu"},
-       "eval": {"settings": [{"segment_len": 16}], "batch_size": 2}}
+RUN = {
+    "model": {
+        "d_model": 16,
+        "n_layers": 1,
+        "n_heads": 2,
+        "d_head": 8,
+        "d_inner": 32,
+        "dropout": 0.0,
+    },
+    "data": {
+        "source": "synthetic",
+        "task": "offset_copy",
+        "num_symbols": 8,
+        "offset": 4,
+        "train_tokens": 512,
+        "eval_tokens": 128,
+    },
+    "train": {
+        "segment_len": 16,
+        "batch_size": 4,
+        "max_steps": 10,
+        "warmup_steps": 2,
+        "log_every": 1,
+        "checkpoint_every": 4,
+        "accelerator": "cpu",
+    },
+    "eval": {"settings": [{"segment_len": 16}], "batch_size": 2},
+}
 VARIANT = {"encoding": "xl", "seed": 0}
 
 
 def run_dir_with_info(tmp_path: Path) -> Path:
     run_dir = tmp_path / "g" / "abc123"
     run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps({"run_id": "abc123", "experiment": "g", "variant": VARIANT}))
+    (run_dir / "run.json").write_text(
+        json.dumps({"run_id": "abc123", "experiment": "g", "variant": VARIANT})
+    )
     return run_dir
 
 
 def config(*loggers: str):
-    return load_run_config(None, [f"{k}={json.dumps(v)}" for k, v in RUN.items()] + [f"train.loggers={list(loggers)}"])
+    return load_run_config(
+        None, [f"{k}={json.dumps(v)}" for k, v in RUN.items()] + [f"train.loggers={list(loggers)}"]
+    )
 
 
 def csv_losses(run_dir: Path) -> dict[int, float]:
@@ -59,14 +85,21 @@ def tensorboard_scalars(log_dir: Path, tag: str) -> dict[int, float]:
 def test_tensorboard_holds_the_logged_scalars_and_a_resume_continues_it(tmp_path):
     run_dir = run_dir_with_info(tmp_path)
     assert train_run(config("csv", "tensorboard"), run_dir, callbacks=(At(6, crash),)) == "failed"
-    assert train_run(config("csv", "tensorboard"), run_dir) == "done"  # steps 4 and 5 again, from the step-4 checkpoint
+    assert (
+        train_run(config("csv", "tensorboard"), run_dir) == "done"
+    )  # steps 4 and 5 again, from the step-4 checkpoint
     log_dir = run_dir / "tensorboard"
     scalars = tensorboard_scalars(log_dir, "train_loss")
     expected = csv_losses(run_dir)
-    assert sorted(scalars) == sorted(expected) == list(range(10))  # each step once: the retrained 4, 5 win
+    assert (
+        sorted(scalars) == sorted(expected) == list(range(10))
+    )  # each step once: the retrained 4, 5 win
     assert scalars == pytest.approx(expected, rel=1e-6)
     hparams = yaml.safe_load((log_dir / "hparams.yaml").read_text())
-    assert hparams["run"] == {"id": "abc123", "variant": VARIANT} and hparams["config"]["train"]["max_steps"] == 10
+    assert (
+        hparams["run"] == {"id": "abc123", "variant": VARIANT}
+        and hparams["config"]["train"]["max_steps"] == 10
+    )
 
 
 def wandb_records(path: Path):
@@ -80,8 +113,8 @@ def wandb_records(path: Path):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
             pos += block - pos % block
             continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-        chunk += data[pos + 7:pos + 7 + length]
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        chunk += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -99,21 +132,33 @@ def test_wandb_offline_run_is_named_by_the_run_id_and_holds_every_step(tmp_path,
     time.sleep(1.1)  # W&B names an offline attempt's directory by the second it starts in
     assert train_run(config("csv", "wandb"), run_dir) == "done"
     logs = sorted(run_dir.glob("wandb/offline-run-*-abc123/run-abc123.wandb"))
-    assert len(logs) == 2  # one per attempt, both of W&B run abc123 (resume="allow" joins them on sync)
+    assert (
+        len(logs) == 2
+    )  # one per attempt, both of W&B run abc123 (resume="allow" joins them on sync)
     history: dict[int, float] = {}
     for log in logs:
         records = list(wandb_records(log))
         (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-        assert (run.run_id, run.display_name, run.project, list(run.tags)) == ("abc123", "abc123", "g",
-                                                                              ["encoding=xl", "seed=0"])
+        assert (run.run_id, run.display_name, run.project, list(run.tags)) == (
+            "abc123",
+            "abc123",
+            "g",
+            ["encoding=xl", "seed=0"],
+        )
         for record in records:
             if record.WhichOneof("record_type") == "history":
-                items = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item}
+                items = {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
                 if "train_loss" in items:
                     history[items["trainer/global_step"]] = items["train_loss"]
-        config_keys = {item.key or item.nested_key[0] for r in records if r.WhichOneof("record_type") == "config"
-                       for item in r.config.update}
+        config_keys = {
+            item.key or item.nested_key[0]
+            for r in records
+            if r.WhichOneof("record_type") == "config"
+            for item in r.config.update
+        }
         assert {"config", "run"} <= config_keys
     assert history == pytest.approx(csv_losses(run_dir), rel=1e-6)
 
@@ -121,6 +166,11 @@ def test_wandb_offline_run_is_named_by_the_run_id_and_holds_every_step(tmp_path,
 @pytest.mark.parametrize("extra", ["tensorboard", "wandb"])
 def test_a_missing_extra_fails_the_run_with_one_line_naming_it(tmp_path, monkeypatch, extra):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == extra else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == extra else real(name, *a)
+    )
     assert train_run(config("csv", extra), tmp_path) == "failed"
-    assert read_status(tmp_path)["reason"] == f"train.loggers: {extra} is not installed; pip install relpos-ablate[{extra}]"
+    assert (
+        read_status(tmp_path)["reason"]
+        == f"train.loggers: {extra} is not installed; pip install relpos-ablate[{extra}]"
+    )

@@ -18,11 +18,17 @@ from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
 from relpos_ablate.model.kernels import calibration, dispatch, low_rank
 from relpos_ablate.model.kernels.call import AttentionOptions
 
-LOW_RANK = {"alibi": dict(bias="alibi"), "alibi_learned": dict(bias="alibi_learned"),
-            "fox": dict(forget_gate=True), "fox_alibi": dict(bias="alibi", forget_gate=True)}
+LOW_RANK = {
+    "alibi": dict(bias="alibi"),
+    "alibi_learned": dict(bias="alibi_learned"),
+    "fox": dict(forget_gate=True),
+    "fox_alibi": dict(bias="alibi", forget_gate=True),
+}
 
 
-def _layer(name: str, backend: str = "low_rank", heads: int = 2, d_head: int = 16, seed: int = 0, **config):
+def _layer(
+    name: str, backend: str = "low_rank", heads: int = 2, d_head: int = 16, seed: int = 0, **config
+):
     torch.manual_seed(seed)
     config = AttentionConfig(terms="a", backend=backend, **LOW_RANK[name], **config)
     attn = RelPosAttention(heads * d_head, heads, d_head, config)
@@ -37,7 +43,9 @@ def _limit(name: str) -> float:
     return 1e-4 if "forget_gate" in name else 5e-5 if "slopes" in name else 1e-5
 
 
-def _reference(attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor) -> tuple[torch.Tensor, list]:
+def _reference(
+    attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor
+) -> tuple[torch.Tensor, list]:
     """(out, the float64 parameters it was computed from) by the formula, everything materialised."""
     params = {name: p.detach().double().requires_grad_() for name, p in attn.named_parameters()}
     h, dh = attn.n_heads, attn.d_head
@@ -55,11 +63,15 @@ def _reference(attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor) -> tu
     if cfg.bias == "alibi_learned":
         scores = scores - params["bias_scheme.log_slopes"].exp()[:, None, None] * distance.double()
     if cfg.forget_gate:
-        log_f = torch.nn.functional.logsigmoid(cat @ params["forget_gate.proj.weight"].T + params["forget_gate.proj.bias"])
+        log_f = torch.nn.functional.logsigmoid(
+            cat @ params["forget_gate.proj.weight"].T + params["forget_gate.proj.bias"]
+        )
         lam = log_f.cumsum(1).transpose(1, 2)  # (B, H, K): Λ_j = Σ_{l<=j} log f_l
         scores = scores + lam[:, :, n_mem:, None] - lam[:, :, None, :]
     scores = scores.masked_fill(distance < 0, float("-inf"))
-    out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, lq, h * dh) @ params["out_net.weight"].T
+    out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, lq, h * dh) @ params[
+        "out_net.weight"
+    ].T
     return out, params
 
 
@@ -74,7 +86,9 @@ def ordered(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize("name", ["alibi_learned", "fox_alibi"])  # both kinds of offset (fixed ALiBi: below)
+@pytest.mark.parametrize(
+    "name", ["alibi_learned", "fox_alibi"]
+)  # both kinds of offset (fixed ALiBi: below)
 def test_low_rank_equals_the_float64_reference_at_4096_with_memory(name):
     """fp32 on the low-rank kernel as this machine runs it (one block where its sums are in order, else blocks;
     both ways at small shapes: the loop reference below) vs float64, L = 4096 after 256 memory keys: the output
@@ -87,7 +101,9 @@ def test_low_rank_equals_the_float64_reference_at_4096_with_memory(name):
     x, mems = torch.randn(1, 4096, 32, generator=gen), torch.randn(1, 256, 32, generator=gen)
     call, q, _ = attn.kernel_call(x, mems)
     assert dispatch.candidates(call, q, attn.config, 0.0) == ["low_rank"]
-    assert (low_rank.block_size(low_rank.key_offsets(call), 4096) == 4096) == low_rank.ordered_sums()
+    assert (
+        low_rank.block_size(low_rank.key_offsets(call), 4096) == 4096
+    ) == low_rank.ordered_sums()
     out, _ = attn(x, mems)
     ref, params = _reference(attn, x, mems)
     assert_matches_float64(attn, out, ref, params, gen, 1e-5, _limit)
@@ -111,7 +127,9 @@ def test_low_rank_equals_the_loop_reference(name, ordered, monkeypatch):
     last block, past parts and memory all occur)."""
     attn = _layer(name)
     state, x, mems, ref = _loop_case(name)
-    assert state.keys() == attn.state_dict().keys()  # the layer the shared reference was computed from, exactly
+    assert (
+        state.keys() == attn.state_dict().keys()
+    )  # the layer the shared reference was computed from, exactly
     assert all(torch.equal(value, state[key]) for key, value in attn.state_dict().items())
     monkeypatch.setattr(low_rank, "MIN_BLOCK", 16)
     monkeypatch.setattr(low_rank, "MAX_BLOCK", 32)
@@ -148,15 +166,20 @@ def test_the_check_of_ordered_sums_tells_the_two_apart():
 def test_every_calibration_candidate_agrees():
     """Each kernel calibration can choose computes the same forward and gradients (fp32)."""
     for name in LOW_RANK:
-        assert_candidates_agree(lambda backend: _layer(name, backend), ("low_rank", "blocks", "sdpa"), _limit, name)
+        assert_candidates_agree(
+            lambda backend: _layer(name, backend), ("low_rank", "blocks", "sdpa"), _limit, name
+        )
 
 
 def test_the_kernel_only_takes_calls_of_key_offsets():
     """A window, key padding, explicit positions or another term send the call to the block kernel."""
     attn = _layer("alibi")
     x = torch.randn(1, 40, 32)
-    for options in (AttentionOptions(window=8), AttentionOptions(positions=torch.arange(40) * 2),
-                    AttentionOptions(key_padding_mask=torch.zeros(1, 40, dtype=torch.bool))):
+    for options in (
+        AttentionOptions(window=8),
+        AttentionOptions(positions=torch.arange(40) * 2),
+        AttentionOptions(key_padding_mask=torch.zeros(1, 40, dtype=torch.bool)),
+    ):
         call, q, _ = attn.kernel_call(x, None, options)
         assert dispatch.candidates(call, q, attn.config, 0.0) == ["blocks"]
     for other in (dict(bias="t5"), dict(bias="alibi", sinks=2), dict(bias="alibi", terms="ab")):
@@ -172,7 +195,9 @@ def test_offsets_too_steep_for_fp32_leave_the_kernel(monkeypatch):
     block is not taken; where they are, it is, in one block, and matches float64."""
     attn = _layer("alibi_learned")
     with torch.no_grad():
-        attn.bias_scheme.log_slopes.fill_(math.log(low_rank.SPREAD_LIMIT / low_rank.MIN_BLOCK * 1.5))
+        attn.bias_scheme.log_slopes.fill_(
+            math.log(low_rank.SPREAD_LIMIT / low_rank.MIN_BLOCK * 1.5)
+        )
     x = torch.randn(1, 256, 32, generator=torch.Generator().manual_seed(5))
     call, q, _ = attn.kernel_call(x)
     with monkeypatch.context() as patch:
@@ -198,14 +223,18 @@ def test_calibration_measures_once_and_caches_per_machine(tmp_path):
     assert stored[calibration.Calibration.section()]["key"]["choice"] == "blocks"
     assert calibration.processor() in calibration.Calibration.section()
     again = calibration.Calibration(tmp_path / "kernels.json", timer=lambda name, run: 1 / 0)
-    assert again.choose("key", ["low_rank", "blocks", "sdpa"], lambda name: None) == "blocks"  # from the file
+    assert (
+        again.choose("key", ["low_rank", "blocks", "sdpa"], lambda name: None) == "blocks"
+    )  # from the file
 
 
 def test_the_default_timing_takes_the_candidates_in_turns(tmp_path, monkeypatch):
     """Without a forced timer, one warm-up run each, then rounds in which every candidate runs once; each keeps its
     fastest run (a clock that only slows down: the first round's times)."""
     order, clock = [], iter(range(1000))
-    monkeypatch.setattr(calibration.time, "perf_counter", lambda: next(clock) ** 2)  # each interval longer than the last
+    monkeypatch.setattr(
+        calibration.time, "perf_counter", lambda: next(clock) ** 2
+    )  # each interval longer than the last
     cal = calibration.Calibration(tmp_path / "kernels.json")
     choice = cal.choose("key", ["low_rank", "blocks"], order.append)
     assert order == ["low_rank", "blocks"] * (1 + calibration.ROUNDS)
@@ -218,14 +247,23 @@ def test_forced_timings_pick_each_path(fastest, tmp_path, monkeypatch):
     """Through the model: with forced timings each candidate is chosen and run (it is the kernel called)."""
     cal = forced_calibration(monkeypatch, tmp_path, fastest)
     ran = []
-    for name, module, function in (("low_rank", low_rank, "attend_low_rank"), ("blocks", dispatch, "_blockwise"),
-                                   ("sdpa", dispatch, "_stored")):
+    for name, module, function in (
+        ("low_rank", low_rank, "attend_low_rank"),
+        ("blocks", dispatch, "_blockwise"),
+        ("sdpa", dispatch, "_stored"),
+    ):
         real = getattr(module, function)
-        monkeypatch.setattr(module, function, lambda *args, real=real, name=name: (ran.append(name), real(*args))[1])
+        monkeypatch.setattr(
+            module, function, lambda *args, real=real, name=name: (ran.append(name), real(*args))[1]
+        )
     attn = _layer("alibi", backend="auto", max_stored_scores_mb=64)  # sdpa may store its maps
     out, _ = attn(torch.randn(1, 64, 32))
     out.sum().backward()
-    assert cal.measured == 3 and sorted(set(ran[:-1])) == ["blocks", "low_rank", "sdpa"] and ran[-1] == fastest
+    assert (
+        cal.measured == 3
+        and sorted(set(ran[:-1])) == ["blocks", "low_rank", "sdpa"]
+        and ran[-1] == fastest
+    )
 
 
 def test_a_pinned_backend_measures_nothing(tmp_path, monkeypatch):

@@ -17,7 +17,9 @@ from relpos_ablate.model.position import alibi_slopes
 def test_fox_with_constant_gates_plots_alibis_lines_and_its_slopes():
     """Gates e^(-m_h) for every token: the sample's mean decay at distance r is -m_h·r, the legend's
     mean log-gate -m_h, in every layer (with memory filled first)."""
-    config, model = tiny_model("model.attention.terms=a", "model.attention.forget_gate=true", "model.mem_len=4")
+    config, model = tiny_model(
+        "model.attention.terms=a", "model.attention.forget_gate=true", "model.mem_len=4"
+    )
     slopes = torch.tensor(alibi_slopes(4))
     with torch.no_grad():
         for attn in model.attention_layers():
@@ -25,7 +27,10 @@ def test_fox_with_constant_gates_plots_alibis_lines_and_its_slopes():
             attn.forget_gate.proj.bias.copy_(-torch.log(torch.expm1(slopes)))
     fig = plots.run_figure("bias", config, model, "fox", 0, 0, fake_sampler)
     panels = [ax for ax in fig.axes if ax.get_visible()]
-    assert [ax.get_title() for ax in panels] == ["FoX decay on a sample, layer 0", "FoX decay on a sample, layer 1"]
+    assert [ax.get_title() for ax in panels] == [
+        "FoX decay on a sample, layer 0",
+        "FoX decay on a sample, layer 1",
+    ]
     for ax in panels:
         for h, line in enumerate(lines(ax)):
             r = np.asarray(line.get_xdata())
@@ -37,7 +42,9 @@ def test_fox_with_constant_gates_plots_alibis_lines_and_its_slopes():
 def test_fox_curves_average_the_sample_per_distance():
     """With data-dependent gates the curve at r is the mean over the sample's pairs at distance r of
     D_ij = Σ_{l=j+1..i} log f_l, and at r = 1 the mean log-gate."""
-    config, model = tiny_model("model.attention.terms=a", "model.attention.forget_gate=true", seed=3)
+    config, model = tiny_model(
+        "model.attention.terms=a", "model.attention.forget_gate=true", seed=3
+    )
     details, n_mem = inspect_sample(model, fake_sampler(config, 8), 8, 0)
     curves = decay_curves(model, details, n_mem)
     decay = details["terms"][1]["decay"][0].double()  # (H, L, K)
@@ -49,12 +56,20 @@ def test_fox_curves_average_the_sample_per_distance():
 
 
 def test_xpos_plots_each_pairs_decay_zeta_to_the_distance_over_b():
-    _, model = tiny_model("model.attention.terms=a", "model.attention.absolute=rope",
-                          "model.attention.xpos_scale_base=16")
+    _, model = tiny_model(
+        "model.attention.terms=a",
+        "model.attention.absolute=rope",
+        "model.attention.xpos_scale_base=16",
+    )
     (ax,) = [ax for ax in bias_figure(model, 32, 8).axes if ax.get_visible()]
     assert ax.get_title() == "xPos decay per rotary pair, all layers"
     drawn = lines(ax, "pair")
-    assert [line.get_label().split(" ")[1] for line in drawn] == ["0", "1", "2", "3"]  # d_head 8: 4 pairs
+    assert [line.get_label().split(" ")[1] for line in drawn] == [
+        "0",
+        "1",
+        "2",
+        "3",
+    ]  # d_head 8: 4 pairs
     for p, line in enumerate(drawn):
         zeta = (2 * p + 0.4 * 8) / (1.4 * 8)
         assert line.get_ydata() == pytest.approx(zeta ** (np.arange(33) / 16))
@@ -69,8 +84,11 @@ def test_sandwich_plots_its_head_divided_curves():
 
 
 def test_term_maps_show_foxs_decay_and_copes_term():
-    config, model = tiny_model("model.attention.terms=a", "model.attention.forget_gate=true",
-                               "model.attention.cope_positions=4")
+    config, model = tiny_model(
+        "model.attention.terms=a",
+        "model.attention.forget_gate=true",
+        "model.attention.cope_positions=4",
+    )
     fig = plots.run_figure("terms", config, model, "t", 0, 1, fake_sampler)
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles[-2:] == ["FoX decay D_ij", "CoPE s·q·e[p_ij]"]
@@ -80,5 +98,7 @@ def test_a_fox_bias_figure_without_a_sample_says_how_to_get_one():
     from relpos_ablate.config import ConfigError
 
     _, model = tiny_model("model.attention.terms=a", "model.attention.forget_gate=true")
-    with pytest.raises(ConfigError, match=r"^decays: FoX's decay is read on a sample: pass decays=decay_curves"):
+    with pytest.raises(
+        ConfigError, match=r"^decays: FoX's decay is read on a sample: pass decays=decay_curves"
+    ):
         bias_figure(model, 16)

@@ -21,9 +21,15 @@ from relpos_ablate.model.position import RopeScaling
 SCHEMES = {
     "rope_partial": dict(terms="a", absolute="rope", rope_fraction=0.5),
     "p_rope": dict(terms="a", absolute="rope", rope_p=0.5),  # 2 of the 4 rotary pairs turn
-    "p_rope_partial_alibi": dict(terms="a", absolute="rope", rope_fraction=0.75, rope_p=0.4, bias="alibi"),
-    "rope_xpos": dict(terms="a", absolute="rope", xpos_scale_base=6.0),  # small B: the decay shows at these lengths
-    "xpos_partial_alibi": dict(terms="a", absolute="rope", rope_fraction=0.75, xpos_scale_base=9.0, bias="alibi"),
+    "p_rope_partial_alibi": dict(
+        terms="a", absolute="rope", rope_fraction=0.75, rope_p=0.4, bias="alibi"
+    ),
+    "rope_xpos": dict(
+        terms="a", absolute="rope", xpos_scale_base=6.0
+    ),  # small B: the decay shows at these lengths
+    "xpos_partial_alibi": dict(
+        terms="a", absolute="rope", rope_fraction=0.75, xpos_scale_base=9.0, bias="alibi"
+    ),
     "fox": dict(terms="a", forget_gate=True),
     "fox_xl_t5": dict(terms="abcd", forget_gate=True, bias="t5", num_buckets=8, max_distance=6),
     "cope": dict(terms="a", cope_positions=4),  # p_max below the keys: the clamp is exercised
@@ -34,24 +40,61 @@ SCHEMES = {
     "sinks_xl_fire": dict(terms="abcd", sinks=1, bias="fire"),
     "sinks_window_fox": dict(terms="ac", sinks=2, window=2, forget_gate=True),
     "log_n": dict(terms="a", score_scale="log_n", log_n_length=4),
-    "log_n_alibi_tau": dict(terms="abcd", score_scale="log_n", log_n_length=3, learned_temperature=True, bias="alibi"),
+    "log_n_alibi_tau": dict(
+        terms="abcd", score_scale="log_n", log_n_length=3, learned_temperature=True, bias="alibi"
+    ),
     "tau_sandwich": dict(terms="ab", learned_temperature=True, bias="sandwich"),
     "ssmax": dict(terms="a", score_scale="ssmax", log_n_length=4),
-    "ssmax_xl_t5_tau": dict(terms="abcd", score_scale="ssmax", log_n_length=6, learned_temperature=True, bias="t5",
-                            num_buckets=8, max_distance=6),
-    "everything": dict(terms="a", absolute="rope", rope_fraction=0.5, forget_gate=True,
-                       cope_positions=5, window=4, sinks=2, score_scale="log_n", log_n_length=5,
-                       learned_temperature=True),
+    "ssmax_xl_t5_tau": dict(
+        terms="abcd",
+        score_scale="ssmax",
+        log_n_length=6,
+        learned_temperature=True,
+        bias="t5",
+        num_buckets=8,
+        max_distance=6,
+    ),
+    "everything": dict(
+        terms="a",
+        absolute="rope",
+        rope_fraction=0.5,
+        forget_gate=True,
+        cope_positions=5,
+        window=4,
+        sinks=2,
+        score_scale="log_n",
+        log_n_length=5,
+        learned_temperature=True,
+    ),
     "stick_breaking": dict(terms="a", normaliser="stick_breaking"),
     "stick_breaking_xl_alibi": dict(terms="abcd", normaliser="stick_breaking", bias="alibi"),
     "path": dict(terms="a", path=True),
     "path_fox_sinks": dict(terms="a", path=True, forget_gate=True, sinks=2),  # PaTH-FoX
     "dape": dict(terms="a", bias="kerple_log", dape="v1", dape_width=6),
     "dape_v2": dict(terms="a", bias="kerple_log", dape="v2", dape_width=5),
-    "dape_v2_xl_t5_log_n_fox": dict(terms="abcd", bias="t5", num_buckets=8, max_distance=6, dape="v2", dape_width=4,
-                                    dape_kernel=5, score_scale="log_n", log_n_length=4, forget_gate=True),
-    "materialised_everything": dict(terms="a", path=True, normaliser="stick_breaking", dape="v2", dape_width=4,
-                                    bias="alibi_learned", forget_gate=True, window=4, learned_temperature=True),
+    "dape_v2_xl_t5_log_n_fox": dict(
+        terms="abcd",
+        bias="t5",
+        num_buckets=8,
+        max_distance=6,
+        dape="v2",
+        dape_width=4,
+        dape_kernel=5,
+        score_scale="log_n",
+        log_n_length=4,
+        forget_gate=True,
+    ),
+    "materialised_everything": dict(
+        terms="a",
+        path=True,
+        normaliser="stick_breaking",
+        dape="v2",
+        dape_width=4,
+        bias="alibi_learned",
+        forget_gate=True,
+        window=4,
+        learned_temperature=True,
+    ),
 }
 KERNELS = ("explicit", "sdpa", "blocks", "flex")
 
@@ -76,8 +119,12 @@ def runs_on(fields, backend):
 
 def check(attn, x, mems, **kw):
     """Output (fast path) and probabilities (need_weights) equal the float64 reference."""
-    options = AttentionOptions(window=kw.get("window"), key_padding_mask=kw.get("padding"),
-                               positions=kw.get("positions"), rope_scaling=kw.get("rope_scaling"))
+    options = AttentionOptions(
+        window=kw.get("window"),
+        key_padding_mask=kw.get("padding"),
+        positions=kw.get("positions"),
+        rope_scaling=kw.get("rope_scaling"),
+    )
     ref_out, ref_probs = reference_attention(attn, x, mems, **kw)
     with torch.no_grad():
         out, _ = attn(x, mems, options)
@@ -115,11 +162,17 @@ def test_every_scheme_with_padding_window_and_explicit_positions(name, backend):
     check(attn, x, mems, positions=drawn(MEM + LQ, seed=3), window=5, padding=padding)
 
 
-GRADIENT_CASES = [(name, backend) for name in SCHEMES for backend in ("blocks", "sdpa")
-                  if runs_on(SCHEMES[name], backend)]
+GRADIENT_CASES = [
+    (name, backend)
+    for name in SCHEMES
+    for backend in ("blocks", "sdpa")
+    if runs_on(SCHEMES[name], backend)
+]
 
 
-@pytest.mark.parametrize("name, backend", GRADIENT_CASES, ids=[f"{n}-{b}" for n, b in GRADIENT_CASES])
+@pytest.mark.parametrize(
+    "name, backend", GRADIENT_CASES, ids=[f"{n}-{b}" for n, b in GRADIENT_CASES]
+)
 def test_fast_backward_equals_autograd_of_explicit_scores(name, backend):
     """Every parameter (FoX's gate, CoPE's table, the sinks, the temperature) and the input get the
     gradients of autograd through the materialised scores."""
@@ -134,13 +187,19 @@ def test_fast_backward_equals_autograd_of_explicit_scores(name, backend):
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize("kind, factor", [("pi", 2.0), ("ntk", 4.0), ("yarn", 3.0), ("yarn", 1.0), ("llama3", 3.0)])
+@pytest.mark.parametrize(
+    "kind, factor", [("pi", 2.0), ("ntk", 4.0), ("yarn", 3.0), ("yarn", 1.0), ("llama3", 3.0)]
+)
 @pytest.mark.parametrize("backend", KERNELS)
 def test_rope_context_extension_matches_the_reference(kind, factor, backend):
     """Llama 3 at L = 40, base 50: pair 0 (wavelength 6.3 < L/4) keeps θ, pair 1 (16.7) is blended, the rest
     (> L) get θ/s; at L = 6 every pair would be beyond L (position interpolation)."""
     scaling = RopeScaling(kind, factor, original_length=40 if kind == "llama3" else 6)
-    for fields in (SCHEMES["rope_partial"], dict(terms="a", absolute="rope", rope_base=50.0), SCHEMES["p_rope"]):
+    for fields in (
+        SCHEMES["rope_partial"],
+        dict(terms="a", absolute="rope", rope_base=50.0),
+        SCHEMES["p_rope"],
+    ):
         attn = make(fields, backend, seed=7)
         x, mems = inputs(7, MEM)
         check(attn, x, mems, rope_scaling=scaling)
@@ -163,8 +222,10 @@ def test_the_explicit_path_reports_the_new_terms_separately():
     maps = attn.score_terms(x, mems)
     assert set(maps) == {"a", "decay", "cope", "visible"}
     assert maps["decay"].shape == maps["cope"].shape == (2, HEADS, LQ, MEM + LQ)
-    torch.testing.assert_close(torch.diagonal(maps["decay"][..., MEM:], dim1=-2, dim2=-1),
-                               torch.zeros(2, HEADS, LQ, dtype=torch.float64))  # D_ii = 0
+    torch.testing.assert_close(
+        torch.diagonal(maps["decay"][..., MEM:], dim1=-2, dim2=-1),
+        torch.zeros(2, HEADS, LQ, dtype=torch.float64),
+    )  # D_ii = 0
 
 
 def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
@@ -174,7 +235,9 @@ def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
     torch.manual_seed(0)
     attn = RelPosAttention(32, 2, 16, AttentionConfig(terms="a", forget_gate=True, query_chunk=64))
     with torch.no_grad():
-        attn.forget_gate.proj.bias.fill_(-2.0)  # log f ≈ -2.1 per token: |Λ| reaches ~4000 at the end
+        attn.forget_gate.proj.bias.fill_(
+            -2.0
+        )  # log f ≈ -2.1 per token: |Λ| reaches ~4000 at the end
     x = torch.randn(1, 2048, 32)
     options = AttentionOptions()
     for backend in ("sdpa", "blocks"):
@@ -186,10 +249,17 @@ def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
         torch.testing.assert_close(out32.double(), expected, rtol=2e-7, atol=5e-7)
 
 
-@pytest.mark.parametrize("fields", [
-    dict(terms="abcd", bias="t5", num_buckets=8, max_distance=6), dict(terms="bd", bias="fire"),
-    dict(terms="a", forget_gate=True, sinks=2), dict(terms="a", cope_positions=4), dict(terms="ac", absolute="none"),
-], ids=["xl_t5", "bd_fire", "fox_sinks", "cope", "ac"])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(terms="abcd", bias="t5", num_buckets=8, max_distance=6),
+        dict(terms="bd", bias="fire"),
+        dict(terms="a", forget_gate=True, sinks=2),
+        dict(terms="a", cope_positions=4),
+        dict(terms="ac", absolute="none"),
+    ],
+    ids=["xl_t5", "bd_fire", "fox_sinks", "cope", "ac"],
+)
 @pytest.mark.parametrize("backend", ["sdpa", "blocks"])
 def test_windowed_blocks_skip_the_keys_before_their_window(fields, backend):
     """Several query blocks of 16 over 48 queries and 7 memory keys with a window of 5: each block reads
@@ -205,7 +275,9 @@ def test_windowed_blocks_skip_the_keys_before_their_window(fields, backend):
     x, mems = (torch.randn(2, n, D_MODEL, generator=gen, dtype=torch.float64) for n in (48, 7))
     blocks = attn.kernel_call(x, mems)[0].blocks(256 * 1024, windowed=True)
     assert [b.k0 for b in blocks] == [3, 19, 35]
-    torch.testing.assert_close(attn(x, mems)[0], attn(x, mems, need_weights=True)[0], rtol=1e-7, atol=1e-10)
+    torch.testing.assert_close(
+        attn(x, mems)[0], attn(x, mems, need_weights=True)[0], rtol=1e-7, atol=1e-10
+    )
     for fast, slow in zip(*fast_and_explicit_gradients(attn, x, mems, AttentionOptions())):
         torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10)
 
@@ -230,7 +302,9 @@ def test_attention_statistics_of_every_scheme_match_their_definitions(name, back
         out, _ = attn(x, mems, AttentionOptions(statistics=stats.layer(0)))
         torch.testing.assert_close(out, attn(x, mems)[0], rtol=1e-9, atol=1e-12)
     _, probs = reference_attention(attn, x, mems)
-    expected = reference_statistics(probs, MEM, weight, 4, None, attn.score_terms(x, mems)["visible"])
+    expected = reference_statistics(
+        probs, MEM, weight, 4, None, attn.score_terms(x, mems)["visible"]
+    )
     torch.testing.assert_close(stats.sums[:, 0], expected, rtol=1e-9, atol=1e-12)
 
 
@@ -247,7 +321,9 @@ def test_bf16_autocast_forward_backward_matches_float32(name):
     for backend, extra in BACKENDS.items():
         if not runs_on(fields, backend):
             continue
-        attn = RelPosAttention(16, 2, 8, AttentionConfig(**{"query_chunk": 2, **fields, "backend": backend, **extra}))
+        attn = RelPosAttention(
+            16, 2, 8, AttentionConfig(**{"query_chunk": 2, **fields, "backend": backend, **extra})
+        )
         randomize(attn, 0, scale=0.2)
         out32, grads32 = forward_backward(attn, x, mems, autocast=False)
         out16, grads16 = forward_backward(attn, x, mems, autocast=True)
@@ -255,8 +331,15 @@ def test_bf16_autocast_forward_backward_matches_float32(name):
         assert relative_error(grads16, grads32) < RTOL, backend
 
 
-@pytest.mark.parametrize("d_rot, xpos, scaling", [(8, None, None), (4, None, None), (8, 6.0, None),
-                                                   (8, None, RopeScaling("yarn", 3.0, original_length=4))])
+@pytest.mark.parametrize(
+    "d_rot, xpos, scaling",
+    [
+        (8, None, None),
+        (4, None, None),
+        (8, 6.0, None),
+        (8, None, RopeScaling("yarn", 3.0, original_length=4)),
+    ],
+)
 def test_the_rotation_is_the_pairwise_turn_and_differentiable_to_second_order(d_rot, xpos, scaling):
     """position/rope.py's one-Function rotation against the turn written out here (x_p·cos - x_p+h·sin,
     x_p+h·cos + x_p·sin per pair p, angle position·θ_p, times xPos's ζ_p^(position/B) and YaRN's factor), in
@@ -270,10 +353,18 @@ def test_the_rotation_is_the_pairwise_turn_and_differentiable_to_second_order(d_
     half = d_rot // 2
     angles = positions.double()[:, None] * rope_frequencies(d_rot, 100.0, scaling)[None]
     factor = 1.0 if scaling is None else scaling.attention_factor
-    radius = factor * (1.0 if xpos is None else xpos_decay(d_rot)[None] ** (positions.double()[:, None] / xpos))
+    radius = factor * (
+        1.0 if xpos is None else xpos_decay(d_rot)[None] ** (positions.double()[:, None] / xpos)
+    )
     first, second = x[..., :half], x[..., half:d_rot]
-    want = torch.cat([radius * (first * angles.cos() - second * angles.sin()),
-                      radius * (second * angles.cos() + first * angles.sin()), x[..., d_rot:]], dim=-1)
+    want = torch.cat(
+        [
+            radius * (first * angles.cos() - second * angles.sin()),
+            radius * (second * angles.cos() + first * angles.sin()),
+            x[..., d_rot:],
+        ],
+        dim=-1,
+    )
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     turn = lambda t: rotate(t, positions, d_rot, 100.0, scaling=scaling, xpos_scale_base=xpos)  # noqa: E731
     assert torch.autograd.gradcheck(turn, (x,)) and torch.autograd.gradgradcheck(turn, (x,))

@@ -27,16 +27,28 @@ def test_notebook_runs_on_a_trained_results_dir(monkeypatch):
     monkeypatch.setenv("RELPOS_RESULTS", str(results))
     monkeypatch.setenv("RELPOS_RUN", xl)
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")  # committed clean
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    assert all(
+        not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"
+    )  # committed clean
+    NotebookClient(
+        nb,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
+    ).execute()
 
-    markdown = "".join(o["data"]["text/markdown"] for o in outputs(nb, lambda o: "text/markdown" in o.get("data", {})))
+    markdown = "".join(
+        o["data"]["text/markdown"]
+        for o in outputs(nb, lambda o: "text/markdown" in o.get("data", {}))
+    )
     for enc in ("xl", "alibi"):
         for length in (16, 32):
             acc = df.loc[(df["encoding"] == enc) & (df["segment_len"] == length), "acc"].iloc[0]
             assert f"{acc:.3f}" in markdown
     assert markdown.startswith("| encoding | eval len 16 | eval len 32 |")
-    printed = "".join(o.get("text", "") for o in outputs(nb, lambda o: o["output_type"] == "stream"))
+    printed = "".join(
+        o.get("text", "") for o in outputs(nb, lambda o: o["output_type"] == "stream")
+    )
     assert f"run {xl} " in printed and "2 runs, 4 rows" in printed and "mem_len: 16" in printed
     images = outputs(nb, lambda o: "image/png" in o.get("data", {}))
     assert len(images) == 4  # extrapolation, bias curves (term d), attention heatmaps, score terms

@@ -18,14 +18,32 @@ import yaml
 
 from fixtures.report_runs import make_grid, make_run, trained_results
 from relpos_ablate.analysis import collect, plots
-from relpos_ablate.analysis.figures import attention_figure, bias_figure, inspect_sample, terms_figure
+from relpos_ablate.analysis.figures import (
+    attention_figure,
+    bias_figure,
+    inspect_sample,
+    terms_figure,
+)
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError, RunConfig, from_dict, load_run_config
 from relpos_ablate.model import TransformerLM
 
-TINY = ["model.vocab_size=16", "model.d_model=32", "model.d_head=8", "model.n_heads=4", "model.d_inner=64",
-        "model.dropout=0.0", "train.segment_len=8", "data.offset=3"]
-PPL = {("xl", 0): [10.0, 12.0], ("xl", 1): [11.0, 14.0], ("alibi", 0): [12.0, 12.5], ("alibi", 1): [12.2, 12.4]}
+TINY = [
+    "model.vocab_size=16",
+    "model.d_model=32",
+    "model.d_head=8",
+    "model.n_heads=4",
+    "model.d_inner=64",
+    "model.dropout=0.0",
+    "train.segment_len=8",
+    "data.offset=3",
+]
+PPL = {
+    ("xl", 0): [10.0, 12.0],
+    ("xl", 1): [11.0, 14.0],
+    ("alibi", 0): [12.0, 12.5],
+    ("alibi", 1): [12.2, 12.4],
+}
 
 
 def tiny_model(*overrides, seed=0):
@@ -37,7 +55,11 @@ def tiny_model(*overrides, seed=0):
 def fake_loader(run_dir):
     """What load_run returns, built from the run dir's config.yaml (no checkpoint needed)."""
     config = from_dict(RunConfig, yaml.safe_load((run_dir / "config.yaml").read_text()))
-    if config.model.attention.bias == "none" and "d" not in config.model.attention.terms and config.seed == 7:
+    if (
+        config.model.attention.bias == "none"
+        and "d" not in config.model.attention.terms
+        and config.seed == 7
+    ):
         raise FileNotFoundError(f"{run_dir}/checkpoints/last.ckpt: no checkpoint")
     torch.manual_seed(config.seed)
     return config, TransformerLM(config.model).eval()
@@ -52,7 +74,9 @@ def lines(ax, prefix="head"):
 
 
 def vlines(ax, style):
-    return sorted(float(line.get_xdata()[0]) for line in ax.get_lines() if line.get_linestyle() == style)
+    return sorted(
+        float(line.get_xdata()[0]) for line in ax.get_lines() if line.get_linestyle() == style
+    )
 
 
 # ---------------------------------------------------------------- extrapolation
@@ -70,21 +94,34 @@ def test_extrapolation_lines_are_seed_means_with_std_bands(tmp_path):
     bands = ax.collections
     assert len(bands) == 2
     lows = sorted(band.get_paths()[0].vertices[:, 1].min() for band in bands)
-    expected_lows = sorted(min(statistics.mean(PPL[(e, s)][k] for s in (0, 1)) - statistics.stdev(
-        [PPL[(e, s)][k] for s in (0, 1)]) for k in (0, 1)) for e in ("xl", "alibi"))
+    expected_lows = sorted(
+        min(
+            statistics.mean(PPL[(e, s)][k] for s in (0, 1))
+            - statistics.stdev([PPL[(e, s)][k] for s in (0, 1)])
+            for k in (0, 1)
+        )
+        for e in ("xl", "alibi")
+    )
     assert lows == pytest.approx(expected_lows)
-    assert ax.get_xscale() == "log" and vlines(ax, ":") == [32.0]  # training segment_len (make_grid)
+    assert ax.get_xscale() == "log" and vlines(ax, ":") == [
+        32.0
+    ]  # training segment_len (make_grid)
     assert "ppl" in ax.get_ylabel() and "evaluation length" in ax.get_xlabel()
 
 
 def test_a_run_trained_by_train_alone_is_named_by_its_dir_not_its_folder(tmp_path):
-    run = make_run(tmp_path, ["train.segment_len=32"], results=[({"segment_len": 32}, {"ppl": 3.0}),
-                                                                  ({"segment_len": 64}, {"ppl": 4.0})])
+    run = make_run(
+        tmp_path,
+        ["train.segment_len=32"],
+        results=[({"segment_len": 32}, {"ppl": 3.0}), ({"segment_len": 64}, {"ppl": 4.0})],
+    )
     (run / "run.json").unlink()
     (tmp_path / "runs").mkdir()
     run = run.rename(tmp_path / "runs" / "mine")
     fig = plots.extrapolation_figure(collect(tmp_path / "runs"))
-    assert "mine" in [line.get_label() for line in fig.axes[0].get_lines()] and fig.get_suptitle().startswith("mine: ppl")
+    assert "mine" in [
+        line.get_label() for line in fig.axes[0].get_lines()
+    ] and fig.get_suptitle().startswith("mine: ppl")
     assert plots.variant_label(collect(run).iloc[0], []) == "mine"
 
 
@@ -92,8 +129,14 @@ def test_save_extrapolation_writes_png_and_pdf(tmp_path):
     make_grid(tmp_path / "res", PPL, lengths=(32, 64))
     written, notes = plots.save_extrapolation(collect(tmp_path / "res"), tmp_path / "figs")
     assert [p.name for p in written] == ["extrapolation.png", "extrapolation.pdf"] and notes == []
-    assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and written[1].read_bytes()[:5] == b"%PDF-"
-    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["extrapolation.pdf", "extrapolation.png"]
+    assert (
+        written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        and written[1].read_bytes()[:5] == b"%PDF-"
+    )
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == [
+        "extrapolation.pdf",
+        "extrapolation.png",
+    ]
 
 
 # ---------------------------------------------------------------- bias curves
@@ -107,7 +150,9 @@ def test_alibi_curves_follow_the_paper_slopes_and_the_shared_module_is_drawn_onc
     for h, line in enumerate(lines(visible[0])):
         slope = 2.0 ** (-8 * (h + 1) / 4)  # Press et al.: m_h = 2^(-8h/n), h = 1..n
         assert line.get_ydata() == pytest.approx(-slope * np.arange(33), abs=1e-6)
-    _, per_layer = tiny_model("model.attention.terms=a", "model.attention.bias=alibi", "model.attention.share_bias=false")
+    _, per_layer = tiny_model(
+        "model.attention.terms=a", "model.attention.bias=alibi", "model.attention.share_bias=false"
+    )
     titles = [ax.get_title() for ax in bias_figure(per_layer, 32).axes if ax.get_visible()]
     assert titles == ["bias, layer 0", "bias, layer 1"]
 
@@ -120,12 +165,19 @@ def t5_bucket_reference(rp, num_buckets, max_distance):
     exact = nb // 2
     if n < exact:
         return offset + n
-    return offset + min(nb - 1, exact + int(math.log(n / exact) / math.log(max_distance / exact) * (nb - exact)))
+    return offset + min(
+        nb - 1, exact + int(math.log(n / exact) / math.log(max_distance / exact) * (nb - exact))
+    )
 
 
 def test_t5_bidirectional_curves_and_bucket_edges():
-    _, model = tiny_model("model.attention.terms=a", "model.attention.bias=t5", "model.attention.causal=false",
-                          "model.attention.num_buckets=16", "model.attention.max_distance=20")
+    _, model = tiny_model(
+        "model.attention.terms=a",
+        "model.attention.bias=t5",
+        "model.attention.causal=false",
+        "model.attention.num_buckets=16",
+        "model.attention.max_distance=20",
+    )
     fig = bias_figure(model, max_distance=24, train_len=8)
     ax = fig.axes[0]
     distances = np.arange(-24, 25)
@@ -135,7 +187,11 @@ def test_t5_bidirectional_curves_and_bucket_edges():
         assert list(line.get_xdata()) == list(distances)
         assert line.get_ydata() == pytest.approx(table[buckets, h])
     # the logarithmic buckets' edges, from where the exact ones (one distance each: 8 a side, 4 of them exact) end
-    positive = [d for d in range(4, 25) if t5_bucket_reference(-d, 16, 20) != t5_bucket_reference(-(d - 1), 16, 20)]
+    positive = [
+        d
+        for d in range(4, 25)
+        if t5_bucket_reference(-d, 16, 20) != t5_bucket_reference(-(d - 1), 16, 20)
+    ]
     assert positive[0] == 4
     assert vlines(ax, "--") == sorted([float(d) for d in positive] + [-float(d) for d in positive])
     assert vlines(ax, ":") == [-8.0, 8.0]  # training attention length, both directions
@@ -146,7 +202,9 @@ def test_term_d_curve_matches_the_xl_formula_and_marks_the_clamp():
     fig = bias_figure(model, max_distance=16)
     d = np.minimum(np.arange(17), 6).astype(np.float64)
     inv_freq = 1.0 / 10000 ** (np.arange(0, 32, 2) / 32)
-    r = np.concatenate([np.sin(d[:, None] * inv_freq), np.cos(d[:, None] * inv_freq)], axis=1)  # (n, D)
+    r = np.concatenate(
+        [np.sin(d[:, None] * inv_freq), np.cos(d[:, None] * inv_freq)], axis=1
+    )  # (n, D)
     for layer, ax in enumerate(fig.axes):
         attn = model.attention_layers()[layer]
         w_r = attn.r_net.weight.detach().double().numpy()  # (H * dh, D)
@@ -161,7 +219,9 @@ def test_term_d_curve_matches_the_xl_formula_and_marks_the_clamp():
 
 def test_a_scheme_without_bias_is_a_clear_error():
     _, model = tiny_model("model.attention.terms=ac")
-    with pytest.raises(ConfigError, match=r"has no bias curve: bias='none' and term d is off \(terms='ac'\)"):
+    with pytest.raises(
+        ConfigError, match=r"has no bias curve: bias='none' and term d is off \(terms='ac'\)"
+    ):
         bias_figure(model, 16)
 
 
@@ -184,7 +244,9 @@ def test_attention_heatmaps_are_the_probabilities_with_memory_columns():
         layer, head = divmod(k, 4)
         want = expected[layer][0, head].numpy()
         seen = ~np.isnan(image)
-        assert seen.sum(1).tolist() == [9 + i for i in range(8)]  # query i sees 8 memory keys + i + 1
+        assert seen.sum(1).tolist() == [
+            9 + i for i in range(8)
+        ]  # query i sees 8 memory keys + i + 1
         assert image[seen] == pytest.approx(want[seen], abs=1e-6)
         assert np.nansum(image, axis=1) == pytest.approx(np.ones(8), abs=1e-5)
         assert vlines(ax, "-") == [7.5]  # the memory / segment border
@@ -208,7 +270,7 @@ def test_terms_figure_shows_only_the_enabled_terms_and_names_the_others_off():
     low = np.tril_indices(8)
     assert image[low] == pytest.approx(want[low])
     alibi = np.ma.filled(panels[2].get_images()[0].get_array().astype(float), np.nan)
-    assert alibi[low] == pytest.approx(-(2.0 ** -6) * (low[0] - low[1]))  # head 2 of 4: slope 2^-6
+    assert alibi[low] == pytest.approx(-(2.0**-6) * (low[0] - low[1]))  # head 2 of 4: slope 2^-6
     with pytest.raises(ConfigError, match=r"head: 4 is out of range; this model has heads 0..3"):
         terms_figure(details, layer=0, head=4, n_mem=0)
 
@@ -217,13 +279,30 @@ def test_terms_figure_shows_only_the_enabled_terms_and_names_the_others_off():
 
 
 def bias_grid(root):
-    make_run(root, [*TINY, "model.attention.terms=a", "model.attention.bias=alibi"], variant={"encoding": "alibi"},
-             results=[({"segment_len": 8}, {"ppl": 3.0})])
-    make_run(root, [*TINY, "model.attention.terms=abcd"], variant={"encoding": "xl"},
-             results=[({"segment_len": 8}, {"ppl": 2.0})])
-    nope = make_run(root, [*TINY, "model.attention.terms=a"], variant={"encoding": "nope"},
-                    results=[({"segment_len": 8}, {"ppl": 4.0})])
-    make_run(root, [*TINY, "model.attention.terms=a", "seed=3"], state="failed", variant={"encoding": "nope"})
+    make_run(
+        root,
+        [*TINY, "model.attention.terms=a", "model.attention.bias=alibi"],
+        variant={"encoding": "alibi"},
+        results=[({"segment_len": 8}, {"ppl": 3.0})],
+    )
+    make_run(
+        root,
+        [*TINY, "model.attention.terms=abcd"],
+        variant={"encoding": "xl"},
+        results=[({"segment_len": 8}, {"ppl": 2.0})],
+    )
+    nope = make_run(
+        root,
+        [*TINY, "model.attention.terms=a"],
+        variant={"encoding": "nope"},
+        results=[({"segment_len": 8}, {"ppl": 4.0})],
+    )
+    make_run(
+        root,
+        [*TINY, "model.attention.terms=a", "seed=3"],
+        state="failed",
+        variant={"encoding": "nope"},
+    )
     return nope
 
 
@@ -239,70 +318,145 @@ def capture_figures(monkeypatch) -> dict:
     return figures_by_name
 
 
-def test_grid_gets_one_figure_per_run_plus_an_overview_and_skips_runs_without_bias(tmp_path, monkeypatch):
+def test_grid_gets_one_figure_per_run_plus_an_overview_and_skips_runs_without_bias(
+    tmp_path, monkeypatch
+):
     nope = bias_grid(tmp_path)
     df = collect(tmp_path)
     saved = capture_figures(monkeypatch)
-    written, notes = plots.save_model_figures(df, "bias", tmp_path / "figs", formats=("png",), loader=fake_loader,
-                                              sampler=fake_sampler)
+    written, notes = plots.save_model_figures(
+        df, "bias", tmp_path / "figs", formats=("png",), loader=fake_loader, sampler=fake_sampler
+    )
     done = df[df["status"] == "done"].set_index("encoding")["run_id"]
-    assert sorted(p.name for p in written) == sorted([f"bias_encoding-alibi_seed-0_{done['alibi']}.png",
-                                                      f"bias_encoding-xl_seed-0_{done['xl']}.png", "bias_overview.png"])
-    assert len(notes) == 2 and notes[0].startswith(f"{nope}: skipped") and "no bias curve" in notes[0]
-    overview = saved["bias_overview"]  # the runs left out are counted in the title, their variants named under it
-    assert overview.get_suptitle() == ("bias: 2 runs (layer 0 or the shared module; seeds overlaid, one y scale per "
-                                       "scheme); 1 not drawn\nno bias curve: encoding=nope")
-    assert notes[1] == "bias_overview: left out: encoding=nope (seed 0): no bias curve: bias='none' and term d is off " \
-                       "(terms='a'), no FoX gate, no xPos."
-    assert saved[f"bias_encoding-xl_seed-0_{done['xl']}"].get_suptitle() == "encoding=xl, seed=0"  # no run id
+    assert sorted(p.name for p in written) == sorted(
+        [
+            f"bias_encoding-alibi_seed-0_{done['alibi']}.png",
+            f"bias_encoding-xl_seed-0_{done['xl']}.png",
+            "bias_overview.png",
+        ]
+    )
+    assert (
+        len(notes) == 2 and notes[0].startswith(f"{nope}: skipped") and "no bias curve" in notes[0]
+    )
+    overview = saved[
+        "bias_overview"
+    ]  # the runs left out are counted in the title, their variants named under it
+    assert overview.get_suptitle() == (
+        "bias: 2 runs (layer 0 or the shared module; seeds overlaid, one y scale per "
+        "scheme); 1 not drawn\nno bias curve: encoding=nope"
+    )
+    assert (
+        notes[1]
+        == "bias_overview: left out: encoding=nope (seed 0): no bias curve: bias='none' and term d is off "
+        "(terms='a'), no FoX gate, no xPos."
+    )
+    assert (
+        saved[f"bias_encoding-xl_seed-0_{done['xl']}"].get_suptitle() == "encoding=xl, seed=0"
+    )  # no run id
     with pytest.raises(ConfigError, match=r"has no bias curve"):
-        plots.save_model_figures(collect(nope), "bias", tmp_path / "one", loader=fake_loader, sampler=fake_sampler)
-    written, _ = plots.save_model_figures(collect(nope), "attention", tmp_path / "one", formats=("png",),
-                                          loader=fake_loader, sampler=fake_sampler)
+        plots.save_model_figures(
+            collect(nope), "bias", tmp_path / "one", loader=fake_loader, sampler=fake_sampler
+        )
+    written, _ = plots.save_model_figures(
+        collect(nope),
+        "attention",
+        tmp_path / "one",
+        formats=("png",),
+        loader=fake_loader,
+        sampler=fake_sampler,
+    )
     assert written == [tmp_path / "one" / "attention.png"]
 
 
 def test_bias_overview_overlays_seeds_and_shares_one_y_scale_per_scheme(tmp_path, monkeypatch):
-    for encoding, overrides in {"alibi": ["model.attention.bias=alibi"], "t5": ["model.attention.bias=t5"],
-                                "t5_short": ["model.attention.bias=t5", "model.attention.max_distance=24"]}.items():
+    for encoding, overrides in {
+        "alibi": ["model.attention.bias=alibi"],
+        "t5": ["model.attention.bias=t5"],
+        "t5_short": ["model.attention.bias=t5", "model.attention.max_distance=24"],
+    }.items():
         for seed in (0, 1):
-            make_run(tmp_path, [*TINY, "model.attention.terms=a", *overrides, f"seed={seed}"],
-                     variant={"encoding": encoding, "seed": seed}, results=[({"segment_len": 8}, {"ppl": 3.0})])
+            make_run(
+                tmp_path,
+                [*TINY, "model.attention.terms=a", *overrides, f"seed={seed}"],
+                variant={"encoding": encoding, "seed": seed},
+                results=[({"segment_len": 8}, {"ppl": 3.0})],
+            )
     saved = capture_figures(monkeypatch)
-    plots.save_model_figures(collect(tmp_path), "bias", tmp_path / "figs", formats=("png",), loader=fake_loader,
-                             sampler=fake_sampler)
+    plots.save_model_figures(
+        collect(tmp_path),
+        "bias",
+        tmp_path / "figs",
+        formats=("png",),
+        loader=fake_loader,
+        sampler=fake_sampler,
+    )
     panels = [ax for ax in saved["bias_overview"].axes if ax.get_visible() and ax.get_lines()]
-    assert [ax.get_title().split("\n")[0] for ax in panels] == ["encoding=alibi", "encoding=t5", "encoding=t5_short"]
+    assert [ax.get_title().split("\n")[0] for ax in panels] == [
+        "encoding=alibi",
+        "encoding=t5",
+        "encoding=t5_short",
+    ]
     for ax in panels:
-        curves = [line for line in ax.get_lines() if len(line.get_xdata()) > 2]  # not the vertical marks
-        assert [line.get_linestyle() for line in curves] == ["-"] * 4 + ["--"] * 4  # 4 heads x 2 seeds
+        curves = [
+            line for line in ax.get_lines() if len(line.get_xdata()) > 2
+        ]  # not the vertical marks
+        assert [line.get_linestyle() for line in curves] == ["-"] * 4 + [
+            "--"
+        ] * 4  # 4 heads x 2 seeds
         assert ax.get_title().endswith("seeds 0, 1")
     assert panels[1].get_ylim() == panels[2].get_ylim()  # both t5: one scale
     assert panels[0].get_ylim() != panels[1].get_ylim()
     legend = [text.get_text() for text in saved["bias_overview"].legends[0].get_texts()]
-    assert legend == ["head 0", "head 1", "head 2", "head 3", "training attention length", "bucket / clamp edge"]
+    assert legend == [
+        "head 0",
+        "head 1",
+        "head 2",
+        "head 3",
+        "training attention length",
+        "bucket / clamp edge",
+    ]
 
 
 def test_cli_plot(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(plots, "load_trained", fake_loader)
     monkeypatch.setattr(plots, "sample_tokens", fake_sampler)
     bias_grid(tmp_path / "res")
-    assert main(["plot", str(tmp_path / "res"), "--kind", "terms", "--formats", "png", "--head", "1"]) == 0
+    assert (
+        main(["plot", str(tmp_path / "res"), "--kind", "terms", "--formats", "png", "--head", "1"])
+        == 0
+    )
     out = capsys.readouterr().out.split()
     assert len(out) == 4 and out[-1].endswith("figures/terms_overview.png")
-    assert main(["plot", str(tmp_path / "res"), "--kind", "extrapolation", "--out", str(tmp_path / "f")]) == 0
+    assert (
+        main(
+            ["plot", str(tmp_path / "res"), "--kind", "extrapolation", "--out", str(tmp_path / "f")]
+        )
+        == 0
+    )
     assert (tmp_path / "f" / "extrapolation.pdf").exists()
     capsys.readouterr()
     for argv, message in [
-        (["--kind", "extrapolation", "--metric", "bleu"], "error: metric: 'bleu' is not a metric of these runs; "
-                                                          "available: ppl"),
-        (["--kind", "bias", "--formats", "gif"], "error: --formats: gif not allowed; choose from png, pdf, svg"),
-        (["--kind", "terms", "--layer", "5"], "error: layer: 5 is out of range; this model has layers 0..1"),
+        (
+            ["--kind", "extrapolation", "--metric", "bleu"],
+            "error: metric: 'bleu' is not a metric of these runs; available: ppl",
+        ),
+        (
+            ["--kind", "bias", "--formats", "gif"],
+            "error: --formats: gif not allowed; choose from png, pdf, svg",
+        ),
+        (
+            ["--kind", "terms", "--layer", "5"],
+            "error: layer: 5 is out of range; this model has layers 0..1",
+        ),
     ]:
         assert main(["plot", str(tmp_path / "res"), *argv]) == 2
         assert capsys.readouterr().err.strip().splitlines()[-1] == message
     broken = tmp_path / "broken"
-    make_run(broken, [*TINY, "model.attention.terms=a", "seed=7"], results=[({"segment_len": 8}, {"ppl": 1.0})])
+    make_run(
+        broken,
+        [*TINY, "model.attention.terms=a", "seed=7"],
+        results=[({"segment_len": 8}, {"ppl": 1.0})],
+    )
     make_run(broken, [*TINY, "seed=8"], state="failed")
     assert main(["plot", str(broken), "--kind", "attention"]) == 2
     assert "no checkpoint" in capsys.readouterr().err
@@ -315,14 +469,17 @@ def test_plot_names_a_module_the_runs_import_that_cannot_be_imported_here(tmp_pa
     runs = make_grid(tmp_path, PPL)
     for run in runs:
         config = yaml.safe_load((run / "config.yaml").read_text())
-        (run / "config.yaml").write_text(yaml.safe_dump({**config, "imports": ["my_missing_schemes"]}))
+        (run / "config.yaml").write_text(
+            yaml.safe_dump({**config, "imports": ["my_missing_schemes"]})
+        )
     ids = ", ".join(sorted(run.name for run in runs))
     for target, which in ((tmp_path, f"runs {ids}"), (runs[0], f"run {runs[0].name}")):
         assert main(["plot", str(target), "--kind", "bias"]) == 2
         assert capsys.readouterr().err.splitlines() == [
             "error: imports: cannot import 'my_missing_schemes' (ModuleNotFoundError: No module named "
             f"'my_missing_schemes'), listed under imports: by {which}; run plot from the folder that holds "
-            "my_missing_schemes (where the runs were trained), or add that folder to PYTHONPATH"]
+            "my_missing_schemes (where the runs were trained), or add that folder to PYTHONPATH"
+        ]
 
 
 def test_trained_runs_through_load_run_and_a_corrupt_checkpoint(tmp_path):
@@ -340,7 +497,9 @@ def test_trained_runs_through_load_run_and_a_corrupt_checkpoint(tmp_path):
         _, mems = model(tokens[:, :16])
         expected = model.inspect(tokens[:, 16:], mems)["probs"]
     panels = [ax for ax in fig.axes if ax.get_images()]
-    image = np.ma.filled(panels[-1].get_images()[0].get_array().astype(float), np.nan)  # layer 1, head 1
+    image = np.ma.filled(
+        panels[-1].get_images()[0].get_array().astype(float), np.nan
+    )  # layer 1, head 1
     seen = ~np.isnan(image)
     assert image[seen] == pytest.approx(expected[1][0, 1].numpy()[seen], abs=1e-6)
 
@@ -348,6 +507,8 @@ def test_trained_runs_through_load_run_and_a_corrupt_checkpoint(tmp_path):
     ckpt = alibi_dir / "checkpoints" / "last.ckpt"
     ckpt.write_bytes(ckpt.read_bytes()[:100])  # a truncated checkpoint
     written, notes = plots.save_model_figures(df, "bias", tmp_path / "figs", formats=("png",))
-    assert [p.name for p in written] == [f"bias_encoding-xl_seed-0_{xl_dir.name}.png"]  # one drawable run: no overview
+    assert [p.name for p in written] == [
+        f"bias_encoding-xl_seed-0_{xl_dir.name}.png"
+    ]  # one drawable run: no overview
     assert len(notes) == 1 and notes[0].startswith(f"{alibi_dir}: skipped")
     assert main(["plot", str(alibi_dir), "--kind", "bias"]) == 2

@@ -14,10 +14,78 @@ from relpos_ablate.model.position import alibi_slopes, build_bias, sinusoid, t5_
 from relpos_ablate.model.kernels.shift import rel_shift, toeplitz
 
 # docs/formulas.md#t5: the check vector, rp = j - i (HF T5's relative_position)
-RP = [-200, -128, -127, -100, -64, -63, -32, -31, -16, -15, -12, -11, -9, -8, -7, -1, 0, 1, 2, 7, 8, 9, 11, 12, 15,
-      16, 31, 32, 63, 64, 100, 127, 128, 200]
-BIDIRECTIONAL = [15, 15, 15, 15, 14, 13, 12, 11, 10, 9, 9, 8, 8, 8, 7, 1, 0, 17, 18, 23, 24, 24, 24, 25, 25, 26, 27, 28,
-                 29, 30, 31, 31, 31, 31]
+RP = [
+    -200,
+    -128,
+    -127,
+    -100,
+    -64,
+    -63,
+    -32,
+    -31,
+    -16,
+    -15,
+    -12,
+    -11,
+    -9,
+    -8,
+    -7,
+    -1,
+    0,
+    1,
+    2,
+    7,
+    8,
+    9,
+    11,
+    12,
+    15,
+    16,
+    31,
+    32,
+    63,
+    64,
+    100,
+    127,
+    128,
+    200,
+]
+BIDIRECTIONAL = [
+    15,
+    15,
+    15,
+    15,
+    14,
+    13,
+    12,
+    11,
+    10,
+    9,
+    9,
+    8,
+    8,
+    8,
+    7,
+    1,
+    0,
+    17,
+    18,
+    23,
+    24,
+    24,
+    24,
+    25,
+    25,
+    26,
+    27,
+    28,
+    29,
+    30,
+    31,
+    31,
+    31,
+    31,
+]
 UNIDIRECTIONAL = [31, 31, 31, 30, 26, 26, 21, 21, 16, 15, 12, 11, 9, 8, 7, 1, 0] + [0] * 17
 
 
@@ -37,7 +105,11 @@ def test_t5_bias_reads_its_table_at_the_bucket():
 def test_the_documented_check_vector_is_the_tested_one():
     text = (Path(__file__).resolve().parent.parent / "docs" / "formulas.md").read_text()
     rows = re.search(r"^ +rp( .*)\n +bidirectional( .*)\n +causal( .*)$", text, flags=re.M)
-    assert [[int(v) for v in row.split()] for row in rows.groups()] == [RP, BIDIRECTIONAL, UNIDIRECTIONAL]
+    assert [[int(v) for v in row.split()] for row in rows.groups()] == [
+        RP,
+        BIDIRECTIONAL,
+        UNIDIRECTIONAL,
+    ]
 
 
 @pytest.mark.parametrize(
@@ -80,7 +152,10 @@ def test_kerple_closed_forms():
             scheme.a.copy_(torch.tensor([0.5, 0.001]))  # 0.001 is clamped to 0.01
             scheme.p.copy_(torch.tensor([1.5, 3.0]))  # 3.0 is clamped to 2 (power only)
     d = torch.tensor([0, 1, 4, 9])
-    expected_log = [[-1.5 * math.log(1 + 0.5 * r) for r in d.tolist()], [-3.0 * math.log(1 + 0.01 * r) for r in d.tolist()]]
+    expected_log = [
+        [-1.5 * math.log(1 + 0.5 * r) for r in d.tolist()],
+        [-3.0 * math.log(1 + 0.01 * r) for r in d.tolist()],
+    ]
     expected_pow = [[-0.5 * r**1.5 for r in d.tolist()], [-0.01 * r**2.0 for r in d.tolist()]]
     torch.testing.assert_close(log_k.curve(d), torch.tensor(expected_log))
     torch.testing.assert_close(power.curve(d), torch.tensor(expected_pow))
@@ -110,9 +185,13 @@ def test_fire_closed_form_and_query_dependence():
         for j in range(3):
             torch.testing.assert_close(got[:, r, j], expected(i, j))
     # below the threshold FIRE is a function of i - j: the same distance gives the same bias
-    torch.testing.assert_close(fire.bias(torch.tensor([3]), torch.tensor([1]))[:, 0, 0], got[:, 0, 0])
+    torch.testing.assert_close(
+        fire.bias(torch.tensor([3]), torch.tensor([1]))[:, 0, 0], got[:, 0, 0]
+    )
     # above it, it is not: distance 2 at query 9 differs from distance 2 at query 2
-    assert not torch.allclose(fire.bias(torch.tensor([9]), torch.tensor([7]))[:, 0, 0], got[:, 0, 0])
+    assert not torch.allclose(
+        fire.bias(torch.tensor([9]), torch.tensor([7]))[:, 0, 0], got[:, 0, 0]
+    )
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -126,7 +205,9 @@ def test_xl_table_clamps_beyond_its_range(causal):
     assert scheme.table.shape[0] == (5 if causal else 9)
     if not causal:
         torch.testing.assert_close(scheme.curve(torch.tensor([-1000]))[:, 0], scheme.table[0])
-        assert not torch.allclose(scheme.curve(torch.tensor([-2]))[:, 0], scheme.curve(torch.tensor([2]))[:, 0])
+        assert not torch.allclose(
+            scheme.curve(torch.tensor([-2]))[:, 0], scheme.curve(torch.tensor([2]))[:, 0]
+        )
 
 
 def test_sinusoid_matches_the_xl_layout():
@@ -142,7 +223,9 @@ def test_rel_shift_and_toeplitz_index_by_distance(lq, n_keys, q_offset):
     distances = torch.arange(dmax, dmax - (lq + n_keys - 1), -1)  # descending
     per_distance = distances.double() * 10 + 0.5
     out = toeplitz(per_distance, lq, n_keys)
-    rows = per_distance[None].repeat(lq, 1) + torch.arange(lq)[:, None] * 1000.0  # row-dependent values
+    rows = (
+        per_distance[None].repeat(lq, 1) + torch.arange(lq)[:, None] * 1000.0
+    )  # row-dependent values
     shifted = rel_shift(rows, n_keys)
     for r in range(lq):
         for j in range(n_keys):
@@ -156,7 +239,9 @@ def test_bias_curve_api():
     d = torch.arange(0, 6)
     torch.testing.assert_close(attn.bias_curve(d), attn.bias_scheme.curve(d))
     v, r = attn.position_bias_v, attn.projected_relative(d)
-    torch.testing.assert_close(attn.bias_curve(d, source="d"), torch.einsum("hd,hnd->hn", v, r) / math.sqrt(8))
+    torch.testing.assert_close(
+        attn.bias_curve(d, source="d"), torch.einsum("hd,hnd->hn", v, r) / math.sqrt(8)
+    )
     with pytest.raises(ValueError, match="no bias"):
         RelPosAttention(16, 2, 8, AttentionConfig()).bias_curve(d)
     with pytest.raises(ValueError, match="term d is off"):

@@ -23,8 +23,12 @@ MAX_STEPS, CHECKPOINT_EVERY, VAL_EVERY = 12, 2, 4
 
 
 def config(*overrides: str):
-    return short(f"train.max_steps={MAX_STEPS}", f"train.checkpoint_every={CHECKPOINT_EVERY}",
-                 f"train.val_every={VAL_EVERY}", *overrides)
+    return short(
+        f"train.max_steps={MAX_STEPS}",
+        f"train.checkpoint_every={CHECKPOINT_EVERY}",
+        f"train.val_every={VAL_EVERY}",
+        *overrides,
+    )
 
 
 def rows_on_disk(run_dir: Path) -> dict[int, dict]:
@@ -44,9 +48,14 @@ def uncovered_steps(run_dir: Path) -> tuple[int | None, list[str]]:
     step, rows = checkpoint_step(run_dir), rows_on_disk(run_dir)
     if step is None:
         return None, []
-    return step, ([f"{s}" for s in range(step) if s not in rows]
-                  + [f"{s} (validation)" for s in range(step) if s in rows and (s + 1) % VAL_EVERY == 0
-                     and not rows[s].get("val_loss")])
+    return step, (
+        [f"{s}" for s in range(step) if s not in rows]
+        + [
+            f"{s} (validation)"
+            for s in range(step)
+            if s in rows and (s + 1) % VAL_EVERY == 0 and not rows[s].get("val_loss")
+        ]
+    )
 
 
 def test_every_write_leaves_metrics_covering_the_checkpoint(tmp_path, monkeypatch):
@@ -60,8 +69,10 @@ def test_every_write_leaves_metrics_covering_the_checkpoint(tmp_path, monkeypatc
         real_replace(src, dst, **kwargs)
         if Path(dst) in watched:
             step, missing = uncovered_steps(tmp_path)
-            gaps.extend(f"after writing {Path(dst).name}: last.ckpt at step {step}, metrics.csv lacks {m}"
-                        for m in missing)
+            gaps.extend(
+                f"after writing {Path(dst).name}: last.ckpt at step {step}, metrics.csv lacks {m}"
+                for m in missing
+            )
             if Path(dst).name == "last.ckpt":
                 seen_checkpoints.append(step)
 
@@ -91,7 +102,9 @@ class CopyAt(L.Callback):
             shutil.copytree(self.run_dir, self.to)
 
 
-@pytest.mark.parametrize("hook, resumed_from", [("on_train_batch_start", 4), ("on_validation_start", 2)])
+@pytest.mark.parametrize(
+    "hook, resumed_from", [("on_train_batch_start", 4), ("on_validation_start", 2)]
+)
 def test_killed_after_a_checkpoint_the_rerun_records_every_step_once(tmp_path, hook, resumed_from):
     """The reported failure: killed as step 4 starts (its checkpoint on disk, and the validation of
     step 3 done), the rerun resumed from that checkpoint and metrics.csv never got a row for step 3.
@@ -102,7 +115,9 @@ def test_killed_after_a_checkpoint_the_rerun_records_every_step_once(tmp_path, h
     shutil.rmtree(run_dir)
     killed.rename(run_dir)  # the rerun finds what the kill left
     assert (run_dir / "checkpoints" / ".last.ckpt.staged.tmp").exists() == (resumed_from == 2)
-    (run_dir / "checkpoints" / "..last.ckpt.staged.tmp.cut_short.tmp").write_bytes(b"PK")  # a kill mid-write
+    (run_dir / "checkpoints" / "..last.ckpt.staged.tmp.cut_short.tmp").write_bytes(
+        b"PK"
+    )  # a kill mid-write
     assert uncovered_steps(run_dir) == (resumed_from, [])
     assert train_run(config(), run_dir) == "done"
     assert "Restored all states from the checkpoint" in (run_dir / "log.txt").read_text()

@@ -16,7 +16,9 @@ from relpos_ablate.config import ConfigError
 
 @pytest.fixture
 def grid(tmp_path, monkeypatch):
-    monkeypatch.setattr(studies, "STUDIES", (*studies.STUDIES, studies.Study("fixtures.demo_study", ("demo",))))
+    monkeypatch.setattr(
+        studies, "STUDIES", (*studies.STUDIES, studies.Study("fixtures.demo_study", ("demo",)))
+    )
     make_grid(tmp_path, {("xl", 0): [6.0, 6.2], ("xl", 1): [6.2, 6.4], ("alibi", 0): [7.0, 7.0]})
     return tmp_path
 
@@ -60,12 +62,18 @@ def test_help_documents_the_correction(capsys):
     from relpos_ablate.analysis.stats import CORRECTIONS
     from relpos_ablate.cli.report import CORRECTION_CHOICES
 
-    assert CORRECTION_CHOICES == tuple(CORRECTIONS)  # the CLI's text copy (no scipy at start-up) stays in step
+    assert CORRECTION_CHOICES == tuple(
+        CORRECTIONS
+    )  # the CLI's text copy (no scipy at start-up) stays in step
     for command in ("table", "report"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
-        assert "--correction {holm,bh,none}" in text and "Benjamini" in text and "holm (default)" in text
+        assert (
+            "--correction {holm,bh,none}" in text
+            and "Benjamini" in text
+            and "holm (default)" in text
+        )
 
 
 def test_table_and_figures_read_a_summary_csv_as_the_runs(grid, capsys, tmp_path):
@@ -79,5 +87,18 @@ def test_table_and_figures_read_a_summary_csv_as_the_runs(grid, capsys, tmp_path
     assert capsys.readouterr().out == from_runs
     assert main(["plot", str(grid / "summary.csv"), "--kind", "diagnostics"]) == 2
     assert "reads the run dirs" in capsys.readouterr().err
-    assert main(["plot", str(grid / "summary.csv"), "--kind", "extrapolation", "--out", str(tmp_path),
-                 "--formats", "png"]) == 0
+    assert (
+        main(
+            [
+                "plot",
+                str(grid / "summary.csv"),
+                "--kind",
+                "extrapolation",
+                "--out",
+                str(tmp_path),
+                "--formats",
+                "png",
+            ]
+        )
+        == 0
+    )

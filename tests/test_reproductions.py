@@ -27,15 +27,29 @@ from relpos_ablate.runner.grid import load_grid
 from relpos_ablate.train.run import train_run
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
-TINY = ["model.n_layers=1", "model.d_model=16", "model.n_heads=2", "model.d_head=8", "model.d_inner=32",
-        "train.max_steps=2", "train.batch_size=4", "train.warmup_steps=0", "train.log_every=1",
-        "train.checkpoint_every=2", "train.accelerator=cpu", "eval.batch_size=2"]
+TINY = [
+    "model.n_layers=1",
+    "model.d_model=16",
+    "model.n_heads=2",
+    "model.d_head=8",
+    "model.d_inner=32",
+    "train.max_steps=2",
+    "train.batch_size=4",
+    "train.warmup_steps=0",
+    "train.log_every=1",
+    "train.checkpoint_every=2",
+    "train.accelerator=cpu",
+    "eval.batch_size=2",
+]
 EVAL_TARGETS = 600
 """Targets per ordinary setting (300 per stream: a 1024-token window is one padded window)."""
 KEPT = {  # the variants each tiny version trains
     "alibi_extrapolation_cpu": lambda v: v["encoding"] in ("vaswani", "rope", "alibi", "xl"),
-    "xl_table6_cpu": lambda v: v["seed"] == 0 and (v["encoding"], v["model.mem_len"], v["train.loss_on"]) in {
-        ("xl", 48, "full"), ("shaw", 48, "full"), ("xl", 0, "full"), ("vaswani", 0, "half")},
+    "xl_table6_cpu": lambda v: (
+        v["seed"] == 0
+        and (v["encoding"], v["model.mem_len"], v["train.loss_on"])
+        in {("xl", 48, "full"), ("shaw", 48, "full"), ("xl", 0, "full"), ("vaswani", 0, "half")}
+    ),
 }
 
 
@@ -45,7 +59,9 @@ def tiny(config: RunConfig, cache: Path) -> RunConfig:
     for setting in plain["eval"]["settings"]:
         setting["max_targets"] = EVAL_TARGETS
     if plain["eval"]["recl_contexts"]:
-        plain["eval"]["recl_targets"] = 2 * (plain["eval"]["recl_contexts"][-1] + 4)  # 5 targets per stream with c_max
+        plain["eval"]["recl_targets"] = 2 * (
+            plain["eval"]["recl_contexts"][-1] + 4
+        )  # 5 targets per stream with c_max
     return from_dict(RunConfig, plain)
 
 
@@ -56,8 +72,15 @@ def trained(name: str, root: Path) -> Path:
     results = root / name
     for run in (r for r in spec.runs if KEPT[name](r.variant)):
         run_dir = results / run.run_id
-        atomic_write_json(run_dir / "run.json", {"run_id": run.run_id, "experiment": name, "variant": run.variant,
-                                                 "spec": str(EXPERIMENTS / f"{name}.yaml")})
+        atomic_write_json(
+            run_dir / "run.json",
+            {
+                "run_id": run.run_id,
+                "experiment": name,
+                "variant": run.variant,
+                "spec": str(EXPERIMENTS / f"{name}.yaml"),
+            },
+        )
         assert train_run(tiny(run.config, root / "cache"), run_dir) == "done"
     return results
 
@@ -74,25 +97,57 @@ def test_extrapolation_report(root):
     df = collect(results)
     assert df.attrs["problems"] == [] and set(df["status"]) == {"done"}
     scored = df[df["eval_error"].isna()]
-    assert set(scored["tokens"]) == {EVAL_TARGETS}  # every protocol and length scores the same targets
-    skipped = df[df["eval_error"].notna()]  # RoPE context extension: only the RoPE model evaluates it
-    assert set(skipped["encoding"]) == {"vaswani", "alibi", "xl"} and skipped["rope_scaling"].notna().all()
+    assert set(scored["tokens"]) == {
+        EVAL_TARGETS
+    }  # every protocol and length scores the same targets
+    skipped = df[
+        df["eval_error"].notna()
+    ]  # RoPE context extension: only the RoPE model evaluates it
+    assert (
+        set(skipped["encoding"]) == {"vaswani", "alibi", "xl"}
+        and skipped["rope_scaling"].notna().all()
+    )
     rope = scored[scored["encoding"] == "rope"].groupby("run_id")["rope_scaling"]
-    assert set(rope.size()) == {16} and set(rope.count()) == {6}  # per RoPE run: 16 settings, 6 extended
+    assert set(rope.size()) == {16} and set(rope.count()) == {
+        6
+    }  # per RoPE run: 16 settings, 6 extended
     table, options = make_table(df)
-    assert options.cols == ("protocol", "segment_len", "stride", "rope_scaling") and options.metric == "ppl"
-    assert [labels[0] for labels, _ in table.rows] == ["vaswani", "rope", "alibi", "xl"]  # the spec's order
+    assert (
+        options.cols == ("protocol", "segment_len", "stride", "rope_scaling")
+        and options.metric == "ppl"
+    )
+    assert [labels[0] for labels, _ in table.rows] == [
+        "vaswani",
+        "rope",
+        "alibi",
+        "xl",
+    ]  # the spec's order
     assert len(table.columns) == 16 and table.columns[-1] == "sliding, eval len 1024, stride 64"
-    assert table.columns[3:6] == [f"non_overlapping, eval len 256, rope_scaling {k}" for k in ("ntk", "pi", "yarn")]
+    assert table.columns[3:6] == [
+        f"non_overlapping, eval len 256, rope_scaling {k}" for k in ("ntk", "pi", "yarn")
+    ]
     assert "Tokens scored per setting: 600." in table.caption
     figure = extrapolation_figure(df, y="ratio")  # as make repro-extrapolation draws it
     panels = [ax for ax in figure.axes if ax.get_visible()]
-    assert [ax.get_title().split(" — ")[0] for ax in panels[:2]] == ["non_overlapping", "sliding, stride 64"]
-    drawn = [{line.get_label() for line in ax.get_lines() if line.get_marker() == "o"} for ax in panels]
-    legends = [legend for legend in [*figure.legends, *(ax.get_legend() for ax in panels)] if legend]
-    named = " | ".join(text.get_text() for legend in legends for text in legend.get_texts())  # "a / b (overlap)"
-    extended = {f"rope, rope_scaling {kind}" for kind in ("ntk", "pi", "yarn")}  # rope_scale (auto) moves with x
-    assert all(name in named for name in extended) and not extended & drawn[1]  # extensions: non-overlapping only
+    assert [ax.get_title().split(" — ")[0] for ax in panels[:2]] == [
+        "non_overlapping",
+        "sliding, stride 64",
+    ]
+    drawn = [
+        {line.get_label() for line in ax.get_lines() if line.get_marker() == "o"} for ax in panels
+    ]
+    legends = [
+        legend for legend in [*figure.legends, *(ax.get_legend() for ax in panels)] if legend
+    ]
+    named = " | ".join(
+        text.get_text() for legend in legends for text in legend.get_texts()
+    )  # "a / b (overlap)"
+    extended = {
+        f"rope, rope_scaling {kind}" for kind in ("ntk", "pi", "yarn")
+    }  # rope_scale (auto) moves with x
+    assert (
+        all(name in named for name in extended) and not extended & drawn[1]
+    )  # extensions: non-overlapping only
     assert all(name in named for name in ("vaswani", "rope", "alibi", "xl"))
     assert "alibi_extrapolation_cpu: derived numbers" in make_report(df)
     positions = position_loss_figure(df)
@@ -101,7 +156,12 @@ def test_extrapolation_report(root):
     titles = [ax.get_title() for ax in panels]
     assert all(t.startswith("non_overlapping") for t in titles[:5]) and len(titles) <= 6
     names = {text.get_text() for text in positions.legends[0].get_texts()}
-    assert {"rope", "rope, ntk", "rope, pi", "rope, yarn"} <= names  # an extension is a line, not averaged in
+    assert {
+        "rope",
+        "rope, ntk",
+        "rope, pi",
+        "rope, yarn",
+    } <= names  # an extension is a line, not averaged in
 
 
 def test_xl_tables_report(root):
@@ -110,19 +170,36 @@ def test_xl_tables_report(root):
     table6, _ = make_table(df)  # the spec's table block: layout xl_table6
     assert table6.columns == ["PPL init", "PPL best", "Attn Len"]
     rows = [tuple(labels) for labels, _ in table6.rows]
-    assert rows == [("✓", "xl", "Full"), ("✓", "shaw", "Full"), ("✗", "xl", "Full"), ("✗", "vaswani", "Half")]
-    assert all(values[0] is not None for _, values in table6.rows), "PPL init at the training attention length"
+    assert rows == [
+        ("✓", "xl", "Full"),
+        ("✓", "shaw", "Full"),
+        ("✗", "xl", "Full"),
+        ("✗", "vaswani", "Half"),
+    ]
+    assert all(values[0] is not None for _, values in table6.rows), (
+        "PPL init at the training attention length"
+    )
     assert "Protocol xl (2 rows)" in table6.caption and "sliding (2 rows)" in table6.caption
     table8, _ = make_table(df, TableOptions(layout="xl_table8"))
     assert [tuple(labels) for labels, _ in table8.rows] == rows
     ladder = load_grid(EXPERIMENTS / "xl_table6_cpu.yaml").runs[0].config.eval.recl_contexts
     assert table8.columns == ["r = 0.1", "r = 0.5", "r = 1.0", *(f"ppl c={c}" for c in ladder)]
     assert f"contexts c = {', '.join(map(str, ladder))}" in table8.caption
-    assert "the 10 with 256 tokens of context" in table8.caption  # 2 streams x (260 - 256 + 1) targets
-    assert all(re.fullmatch(r"≥?\d+", value) for _, values in table8.rows for value in values[:3])  # one seed
+    assert (
+        "the 10 with 256 tokens of context" in table8.caption
+    )  # 2 streams x (260 - 256 + 1) targets
+    assert all(
+        re.fullmatch(r"≥?\d+", value) for _, values in table8.rows for value in values[:3]
+    )  # one seed
     report = make_report(df)
-    assert "| xl, memory 48, full loss |" in report and "recurrence, XL encoding (full loss)" in report
+    assert (
+        "| xl, memory 48, full loss |" in report and "recurrence, XL encoding (full loss)" in report
+    )
     figure = extrapolation_figure(df, x="attn_len")
-    entries = [t.get_text() for t in figure.legends[0].get_texts() if t.get_text().startswith("encoding=")]
-    assert sum(1 + e.count(" / ") for e in entries) == 4  # a line per model (coinciding ones named together): the
+    entries = [
+        t.get_text() for t in figure.legends[0].get_texts() if t.get_text().startswith("encoding=")
+    ]
+    assert (
+        sum(1 + e.count(" / ") for e in entries) == 4
+    )  # a line per model (coinciding ones named together): the
     # evaluation memory moves with the attention length

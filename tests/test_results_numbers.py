@@ -21,7 +21,9 @@ from relpos_ablate.studies import make_report
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 README = RESULTS.parent / "README.md"
 NUMBER = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.]*\d)")
-EXEMPT_LINE = re.compile(r"wall time|machine|measured on|torch \d|lightning \d|python \d|version", re.I)
+EXEMPT_LINE = re.compile(
+    r"wall time|machine|measured on|torch \d|lightning \d|python \d|version", re.I
+)
 TABLE_FILES = ("*.md", "*.tex", "grid.txt", "appb.txt")
 LINKED = re.compile(r"\]\(\.\./([\w-]+)/")
 STUDIES = sorted(p.parent for p in RESULTS.glob("*/README.md"))
@@ -40,9 +42,16 @@ def quoted(text: str) -> list[str]:
 
 def committed_numbers(study: Path) -> tuple[set[str], pd.DataFrame | None]:
     """Every decimal number in the study's committed tables and reports (as written), and its summary."""
-    texts = [p.read_text() for pattern in TABLE_FILES for p in study.glob(pattern) if p.name != "README.md"]
+    texts = [
+        p.read_text()
+        for pattern in TABLE_FILES
+        for p in study.glob(pattern)
+        if p.name != "README.md"
+    ]
     summary = study / "summary.csv"
-    return {n for text in texts for n in NUMBER.findall(text)}, read_summary(summary) if summary.exists() else None
+    return {n for text in texts for n in NUMBER.findall(text)}, read_summary(
+        summary
+    ) if summary.exists() else None
 
 
 def in_summary(number: str, summary: pd.DataFrame | None) -> bool:
@@ -51,22 +60,31 @@ def in_summary(number: str, summary: pd.DataFrame | None) -> bool:
         return False
     decimals = len(number.split(".")[1])
     values = summary.select_dtypes("number").to_numpy().ravel()
-    return bool(((abs(values - float(number)) <= 0.5 * 10 ** -decimals + 1e-12)).any())
+    return bool((abs(values - float(number)) <= 0.5 * 10**-decimals + 1e-12).any())
 
 
 def unsourced(text: str, pools: list[tuple[set[str], pd.DataFrame | None]]) -> list[str]:
     """The numbers `text` quotes that no pool (committed_numbers of a study) holds."""
-    return [n for n in quoted(text) if not any(n in numbers or in_summary(n, summary) for numbers, summary in pools)]
+    return [
+        n
+        for n in quoted(text)
+        if not any(n in numbers or in_summary(n, summary) for numbers, summary in pools)
+    ]
 
 
 @pytest.mark.parametrize("study", STUDIES, ids=lambda p: p.name)
 def test_every_number_in_a_results_readme_comes_from_its_committed_data(study):
     """From its own folder, or from a study it links to (../<name>/...)."""
     text = (study / "README.md").read_text()
-    pools = [committed_numbers(study)] + [committed_numbers(RESULTS / name)
-                                          for name in sorted(set(LINKED.findall(text))) if (RESULTS / name).is_dir()]
+    pools = [committed_numbers(study)] + [
+        committed_numbers(RESULTS / name)
+        for name in sorted(set(LINKED.findall(text)))
+        if (RESULTS / name).is_dir()
+    ]
     missing = unsourced(text, pools)
-    assert missing == [], f"{study.name}/README.md quotes numbers no committed table, report or summary holds"
+    assert missing == [], (
+        f"{study.name}/README.md quotes numbers no committed table, report or summary holds"
+    )
 
 
 def section(title: str) -> str:
@@ -75,11 +93,21 @@ def section(title: str) -> str:
 
 @pytest.mark.parametrize("title", ["Reproductions", "Fair baselines"])
 def test_the_top_level_summaries_quote_only_committed_numbers(title):
-    assert unsourced(section(title), [committed_numbers(study) for study in RESULTS.iterdir() if study.is_dir()]) == []
+    assert (
+        unsourced(
+            section(title),
+            [committed_numbers(study) for study in RESULTS.iterdir() if study.is_dir()],
+        )
+        == []
+    )
 
 
-READ_WITH = {"xl_table6_cpu": ("xl_context_cpu",), "length_generalization": ("length_generalization_cap",),
-             "fair_baselines": ("fair_baselines_2000",), "hybrid_schedules": ("hybrid_schedules_retrieval",)}
+READ_WITH = {
+    "xl_table6_cpu": ("xl_context_cpu",),
+    "length_generalization": ("length_generalization_cap",),
+    "fair_baselines": ("fair_baselines_2000",),
+    "hybrid_schedules": ("hybrid_schedules_retrieval",),
+}
 """The reports written from more than one study's summary.csv (the Makefile's repro-xl, lengthgen and
 fair-baselines): Table 6 with its fair no-memory control, the length study with its step-cap runs, the fair
 baselines with their longer budget."""
@@ -91,7 +119,9 @@ def test_a_committed_report_is_what_its_summary_gives_today(report):
 
     frame = read_summary(report.parent / "summary.csv")
     for other in READ_WITH.get(report.parent.name, ()):
-        if (RESULTS / other / "summary.csv").exists():  # a part not run yet (the step-cap runs) is not read
+        if (
+            RESULTS / other / "summary.csv"
+        ).exists():  # a part not run yet (the step-cap runs) is not read
             frame = merge_frames(read_summary(RESULTS / other / "summary.csv"), frame)
     assert make_report(frame) == report.read_text()
 
@@ -100,21 +130,33 @@ def test_the_checks_see_a_typed_number(tmp_path):
     """Not vacuous: a number typed into prose that no table holds is found; metadata and code are not."""
     text = "ALiBi reaches 6.45 at 4L.\n**Wall time:** 47.6 min\n```\nmake 1.5\n```\ntorch 2.13, 3 seeds\n"
     assert quoted(text) == ["6.45"]
-    assert not in_summary("6.45", pd.DataFrame({"ppl": [6.4649]})) and in_summary("6.46", pd.DataFrame({"ppl": [6.4649]}))
+    assert not in_summary("6.45", pd.DataFrame({"ppl": [6.4649]})) and in_summary(
+        "6.46", pd.DataFrame({"ppl": [6.4649]})
+    )
 
 
-NOT_SIGNIFICANT = re.compile(r"not significant|not significantly|n\.s\.|no significant|no ordering", re.I)
-SAMENESS = re.compile(r"\b(ties|tied|tie with|matches|matched|(?<!exact )match|matching|equally|unaffected|"
-                      r"indistinguishable|alike|no different|as good as|on par)\b|\bsame\b(?! (runs?|targets?|seeds?|"
-                      r"models?|data|settings?|lengths?|spec|rates?|shares?|way|first|budget|steps|characters|tokens|"
-                      r"validation|preset|configuration|threshold|examples?|task))", re.I)
+NOT_SIGNIFICANT = re.compile(
+    r"not significant|not significantly|n\.s\.|no significant|no ordering", re.I
+)
+SAMENESS = re.compile(
+    r"\b(ties|tied|tie with|matches|matched|(?<!exact )match|matching|equally|unaffected|"
+    r"indistinguishable|alike|no different|as good as|on par)\b|\bsame\b(?! (runs?|targets?|seeds?|"
+    r"models?|data|settings?|lengths?|spec|rates?|shares?|way|first|budget|steps|characters|tokens|"
+    r"validation|preset|configuration|threshold|examples?|task))",
+    re.I,
+)
 RANK_TIE = re.compile(r"\bties (share|averaged|all bold)")
 WORDED = sorted({*RESULTS.glob("*/report.md"), *RESULTS.glob("*/README.md"), README})
 
 
 def clauses(text: str) -> list[str]:
     """Table cells, lines, sentences and semicolon-separated parts: the span a verdict speaks for."""
-    return [c for line in text.splitlines() for cell in line.split("|") for c in re.split(r";|\. ", cell)]
+    return [
+        c
+        for line in text.splitlines()
+        for cell in line.split("|")
+        for c in re.split(r";|\. ", cell)
+    ]
 
 
 @pytest.mark.parametrize("path", WORDED, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -125,5 +167,9 @@ def test_not_significant_is_never_worded_as_sameness(path):
     text = path.read_text()
     worded = [c.strip() for c in clauses(text) if NOT_SIGNIFICANT.search(c) and SAMENESS.search(c)]
     assert worded == [], f"{path}: a non-significant result worded as sameness"
-    ties = [line for line in text.splitlines() if re.search(r"\bties\b", line) and not RANK_TIE.search(line)]
+    ties = [
+        line
+        for line in text.splitlines()
+        if re.search(r"\bties\b", line) and not RANK_TIE.search(line)
+    ]
     assert ties == [], f"{path}: 'ties' for results"

@@ -18,8 +18,18 @@ from relpos_ablate.config import load_run_config
 from relpos_ablate.runner.store import decide
 
 PACKAGE = Path(rundir.__file__).parent
-NAMES = (rundir.CONFIG, rundir.RUN_INFO, rundir.STATUS, rundir.METRICS, rundir.EVAL, rundir.LOG, rundir.WORKER_LOG,
-         rundir.LOCK, rundir.CHECKPOINTS, rundir.LAST_CHECKPOINT)
+NAMES = (
+    rundir.CONFIG,
+    rundir.RUN_INFO,
+    rundir.STATUS,
+    rundir.METRICS,
+    rundir.EVAL,
+    rundir.LOG,
+    rundir.WORKER_LOG,
+    rundir.LOCK,
+    rundir.CHECKPOINTS,
+    rundir.LAST_CHECKPOINT,
+)
 
 
 def string_literals(path: Path):
@@ -33,9 +43,13 @@ def string_literals(path: Path):
 
 def test_run_dir_file_names_are_written_in_rundir_only():
     name = re.compile("|".join(rf"(?<![\w.]){re.escape(n)}(?!\w)" for n in NAMES))
-    found = [f"{path.relative_to(PACKAGE)}:{line}: {text!r}"
-             for path in sorted(PACKAGE.rglob("*.py")) if path != PACKAGE / "rundir.py"
-             for line, text in string_literals(path) if name.search(text)]
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line}: {text!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != PACKAGE / "rundir.py"
+        for line, text in string_literals(path)
+        if name.search(text)
+    ]
     assert found == []
 
 
@@ -49,14 +63,17 @@ def write(run_dir: Path, name: str, text: str) -> None:
     (run_dir / name).write_text(text)
 
 
-@pytest.mark.parametrize("status, eval_text, done, action", [
-    ('{"state": "done"}', '{"settings": []}', True, "skip"),
-    ('{"state": "done"}', '{"settings": [', False, "resume"),  # eval.json truncated
-    ('{"state": "done"}', None, False, "resume"),
-    ('{"state": "done"}', "[1, 2]", False, "resume"),
-    ('{"state": "running"}', '{"settings": []}', False, "start"),
-    ('{"state": "do', '{"settings": []}', False, "start"),  # status.json truncated
-])
+@pytest.mark.parametrize(
+    "status, eval_text, done, action",
+    [
+        ('{"state": "done"}', '{"settings": []}', True, "skip"),
+        ('{"state": "done"}', '{"settings": [', False, "resume"),  # eval.json truncated
+        ('{"state": "done"}', None, False, "resume"),
+        ('{"state": "done"}', "[1, 2]", False, "resume"),
+        ('{"state": "running"}', '{"settings": []}', False, "start"),
+        ('{"state": "do', '{"settings": []}', False, "start"),  # status.json truncated
+    ],
+)
 def test_done_means_the_same_to_training_and_the_runner(tmp_path, status, eval_text, done, action):
     write(tmp_path, rundir.STATUS, status)
     if eval_text is not None:
@@ -78,18 +95,27 @@ def test_same_run_ignores_only_the_vocabulary_training_fills_in():
     config = load_run_config(None, ["model.attention.terms=ac"])
     filled = load_run_config(None, ["model.attention.terms=ac", "model.vocab_size=16"])
     assert rundir.same_run(config, filled) and rundir.same_run(filled, config)
-    assert not rundir.same_run(filled, load_run_config(None, ["model.attention.terms=ac", "model.vocab_size=17"]))
+    assert not rundir.same_run(
+        filled, load_run_config(None, ["model.attention.terms=ac", "model.vocab_size=17"])
+    )
     assert not rundir.same_run(config, load_run_config(None, ["model.attention.terms=a"]))
 
 
 def test_status_and_collect_find_the_same_runs_from_any_level(tmp_path, capsys):
     """A results root, an experiment dir, one run dir, and a run claimed by a runner (only .lock yet)."""
-    first = make_run(tmp_path, ["seed=0"], experiment="first", results=[({"segment_len": 32}, {"ppl": 2.0})])
-    second = make_run(tmp_path, ["seed=1"], experiment="second", results=[({"segment_len": 32}, {"ppl": 3.0})])
+    first = make_run(
+        tmp_path, ["seed=0"], experiment="first", results=[({"segment_len": 32}, {"ppl": 2.0})]
+    )
+    second = make_run(
+        tmp_path, ["seed=1"], experiment="second", results=[({"segment_len": 32}, {"ppl": 3.0})]
+    )
     claimed = tmp_path / "second" / "0123456789"
     write(claimed, rundir.LOCK, "")
-    expected = {tmp_path: [first, *sorted([claimed, second])], tmp_path / "second": sorted([claimed, second]),
-                first: [first]}
+    expected = {
+        tmp_path: [first, *sorted([claimed, second])],
+        tmp_path / "second": sorted([claimed, second]),
+        first: [first],
+    }
     for root, runs in expected.items():
         assert rundir.find_run_dirs(root).runs == runs
         assert sorted(collect(root)["run_dir"].unique()) == sorted(map(str, runs))

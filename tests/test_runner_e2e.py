@@ -47,7 +47,17 @@ def test_smoke_grid_on_two_cpu_slots_then_rerun_launches_nothing(tmp_path):
     spec_path = tmp_path / "smoke.yaml"
     spec_path.write_text(yaml.safe_dump(raw, sort_keys=False))
     results = tmp_path / "results"
-    argv = [sys.executable, "-m", "relpos_ablate", "grid", str(spec_path), "--results", str(results), "--slots", "2"]
+    argv = [
+        sys.executable,
+        "-m",
+        "relpos_ablate",
+        "grid",
+        str(spec_path),
+        "--results",
+        str(results),
+        "--slots",
+        "2",
+    ]
     started = time.monotonic()
     first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
     wall = time.monotonic() - started
@@ -56,13 +66,18 @@ def test_smoke_grid_on_two_cpu_slots_then_rerun_launches_nothing(tmp_path):
     assert len(spec.runs) == len(load_grid(REPO / "experiments" / "smoke.yaml").runs)
     for run in spec.runs:
         check_finished_run(results / "smoke" / run.run_id, run.config)
-    statuses = {run.run_id: (results / "smoke" / run.run_id / "status.json").read_bytes() for run in spec.runs}
+    statuses = {
+        run.run_id: (results / "smoke" / run.run_id / "status.json").read_bytes()
+        for run in spec.runs
+    }
 
     started = time.monotonic()
     rerun = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
     rerun_wall = time.monotonic() - started
     assert rerun.returncode == 0 and "ran 0 " in rerun.stdout
-    assert statuses == {rid: (results / "smoke" / rid / "status.json").read_bytes() for rid in statuses}
+    assert statuses == {
+        rid: (results / "smoke" / rid / "status.json").read_bytes() for rid in statuses
+    }
     print(f"\nsmoke grid: {wall:.1f}s on 2 slots; rerun of the finished grid: {rerun_wall:.1f}s")
 
 
@@ -70,6 +85,7 @@ def killer(run_dir, step, errors: list, timeout_s: float = 120) -> threading.Thr
     """A thread that SIGKILLs the run's worker (e.g. the OOM killer) once its last.ckpt is of `step` or later;
     what went wrong goes to `errors`. The checkpoint is loaded only when a new one was renamed into place:
     loading it at every poll took a share of the cores the worker trains on."""
+
     def kill() -> None:
         deadline, seen = time.monotonic() + timeout_s, None
         last = run_dir / "checkpoints" / "last.ckpt"
@@ -96,7 +112,9 @@ def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, cap
     """The runner runs in this process and its worker is killed from a thread: the fork server the first
     grid starts forks the rerun's worker too (a runner process of its own would import torch and Lightning
     in a second fork server; a runner killed with its workers: tests/test_faults.py)."""
-    base = tiny_base(max_steps=100)  # killed once its checkpoint of step 40 is on disk: 60 steps of margin
+    base = tiny_base(
+        max_steps=100
+    )  # killed once its checkpoint of step 40 is on disk: 60 steps of margin
     base["train"].update(log_every=5, checkpoint_every=20)
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(yaml.safe_dump({"name": "kill", "base": base, "seeds": [0]}))

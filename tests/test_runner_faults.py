@@ -73,11 +73,15 @@ def assert_each_run_done_once(spec, results, log):
     assert sorted(ends(log)) == run_ids  # every run completed exactly once
     for rid in run_ids:
         assert read_status(results / spec.name / rid)["state"] == "done"
-        assert metric_steps(results / spec.name / rid) == list(range(1, MAX_STEPS + 1))  # no step lost or repeated
+        assert metric_steps(results / spec.name / rid) == list(
+            range(1, MAX_STEPS + 1)
+        )  # no step lost or repeated
 
 
 @pytest.mark.parametrize("moment", ["before", "after"])
-def test_fake_worker_stopped_as_it_checkpoints_resumes_with_every_step_once(tmp_path, monkeypatch, moment):
+def test_fake_worker_stopped_as_it_checkpoints_resumes_with_every_step_once(
+    tmp_path, monkeypatch, moment
+):
     """The tests above count the fake worker's metrics.csv rows; a runner's death reaches its workers as
     SIGTERM, which can land just before or after a checkpoint is written: no row may be lost (it was,
     once in a while, when the fake wrote the checkpoint before the row) or repeated."""
@@ -106,7 +110,10 @@ def test_fake_worker_stopped_as_it_checkpoints_resumes_with_every_step_once(tmp_
     finally:
         signal.signal(signal.SIGTERM, handler)
     checkpointed = 2 if moment == "before" else 3
-    assert [e["start_step"] for e in read_log(tmp_path / "log.jsonl") if e["event"] == "start"] == [0, checkpointed]
+    assert [e["start_step"] for e in read_log(tmp_path / "log.jsonl") if e["event"] == "start"] == [
+        0,
+        checkpointed,
+    ]
     assert metric_steps(run_dir) == list(range(1, MAX_STEPS + 1))
 
 
@@ -116,13 +123,21 @@ def test_sigkill_runner_then_rerun_finishes_every_run_once(tmp_path, moment):
     spec, results, log = load_grid(spec_path), tmp_path / "results", tmp_path / "log.jsonl"
     proc = runner(spec_path, results, log, step_s=0.25)
     if moment == "launching":  # the first run is marked queued; its worker may not exist yet
-        wait_for(lambda: any((results / "g" / r.run_id / "status.json").exists() for r in spec.runs))
+        wait_for(
+            lambda: any((results / "g" / r.run_id / "status.json").exists() for r in spec.runs)
+        )
     else:
-        wait_for(lambda: any((read_status(results / "g" / r.run_id) or {}).get("step", 0) >= 3 for r in spec.runs))
+        wait_for(
+            lambda: any(
+                (read_status(results / "g" / r.run_id) or {}).get("step", 0) >= 3 for r in spec.runs
+            )
+        )
     proc.kill()
     proc.join()
     workers = [e["pid"] for e in read_log(log) if e["event"] == "start"]
-    wait_for(lambda: not any(alive(pid) for pid in workers), timeout=10)  # they died with the runner
+    wait_for(
+        lambda: not any(alive(pid) for pid in workers), timeout=10
+    )  # they died with the runner
 
     assert finish(runner(spec_path, results, log)) == 0
     assert_each_run_done_once(spec, results, log)
@@ -130,14 +145,25 @@ def test_sigkill_runner_then_rerun_finishes_every_run_once(tmp_path, moment):
     assert moment == "launching" or resumed
 
 
-@pytest.mark.parametrize("sig, reason", [(signal.SIGTERM, "grid stopped by SIGTERM; rerun the same command"),
-                                         (signal.SIGINT, "interrupted by the user (Ctrl-C on grid); rerun the same")])
-def test_sigterm_or_ctrl_c_stops_workers_and_marks_them_interrupted_saying_why(tmp_path, sig, reason):
+@pytest.mark.parametrize(
+    "sig, reason",
+    [
+        (signal.SIGTERM, "grid stopped by SIGTERM; rerun the same command"),
+        (signal.SIGINT, "interrupted by the user (Ctrl-C on grid); rerun the same"),
+    ],
+)
+def test_sigterm_or_ctrl_c_stops_workers_and_marks_them_interrupted_saying_why(
+    tmp_path, sig, reason
+):
     """The workers only see the runner's SIGTERM; each run's reason says why the runner stopped."""
     spec_path = write_spec(tmp_path, encodings=("xl", "alibi"), seeds=(0,), max_steps=MAX_STEPS)
     spec, results, log = load_grid(spec_path), tmp_path / "results", tmp_path / "log.jsonl"
     proc = runner(spec_path, results, log, step_s=0.25)
-    wait_for(lambda: all((read_status(results / "g" / r.run_id) or {}).get("step", 0) >= 1 for r in spec.runs))
+    wait_for(
+        lambda: all(
+            (read_status(results / "g" / r.run_id) or {}).get("step", 0) >= 1 for r in spec.runs
+        )
+    )
     os.kill(proc.pid, sig)
     assert finish(proc) == 130
     assert sorted(ends(log, "interrupted")) == sorted(r.run_id for r in spec.runs)
@@ -149,7 +175,9 @@ def test_sigterm_or_ctrl_c_stops_workers_and_marks_them_interrupted_saying_why(t
 
 
 def test_two_runners_on_one_results_dir_share_the_work(tmp_path):
-    spec_path = write_spec(tmp_path, encodings=("xl", "alibi", "rope"), seeds=(0, 1), max_steps=MAX_STEPS)
+    spec_path = write_spec(
+        tmp_path, encodings=("xl", "alibi", "rope"), seeds=(0, 1), max_steps=MAX_STEPS
+    )
     spec, results, log = load_grid(spec_path), tmp_path / "results", tmp_path / "log.jsonl"
     first, second = [runner(spec_path, results, log, step_s=0.1) for _ in range(2)]
     assert finish(first) == 0 and finish(second) == 0
@@ -181,7 +209,9 @@ def test_a_failing_write_is_recorded_for_that_run_only(tmp_path, monkeypatch):
         real_write(path, obj)
 
     monkeypatch.setattr(store, "atomic_write_yaml", write)
-    outcome = run_local(spec, tmp_path / "results", cpu_slots(2), PlainDisplay(Console(file=io.StringIO())))
+    outcome = run_local(
+        spec, tmp_path / "results", cpu_slots(2), PlainDisplay(Console(file=io.StringIO()))
+    )
     assert outcome.states == {full: "failed", spec.runs[1].run_id: "done"}
     assert "No space left on device" in outcome.reasons[full] and outcome.exit_code() == 1
 
@@ -198,7 +228,9 @@ def test_a_worker_that_cannot_start_fails_its_run_only(tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("RELPOS_ABLATE_WORKER", str(tmp_path / "no_such_program"))
     spec = load_grid(write_spec(tmp_path, encodings=("xl",), seeds=(0,)))
-    outcome = run_local(spec, tmp_path / "results", cpu_slots(1), PlainDisplay(Console(file=io.StringIO())))
+    outcome = run_local(
+        spec, tmp_path / "results", cpu_slots(1), PlainDisplay(Console(file=io.StringIO()))
+    )
     (rid,) = outcome.states
     assert outcome.states[rid] == "failed" and "no_such_program" in outcome.reasons[rid]
 
@@ -217,20 +249,37 @@ def test_rerun_redoes_exactly_the_runs_with_broken_files(tmp_path):
     (results / "g" / spec.runs[2].run_id / "stray.tmp").write_text("x")
 
     assert finish(runner(spec_path, results, log)) == 0
-    second = [e for e in read_log(log) if e["event"] == "start"][len(spec.runs):]
+    second = [e for e in read_log(log) if e["event"] == "start"][len(spec.runs) :]
     assert sorted(e["run"] for e in second) == sorted([truncated.name, no_eval.name])
     assert all(e["start_step"] == MAX_STEPS for e in second)  # resumed from their checkpoints
     assert all(read_status(results / "g" / run.run_id)["state"] == "done" for run in spec.runs)
 
 
-@pytest.mark.parametrize("sig, hint", [(signal.SIGKILL, "out of memory"), (signal.SIGTERM, "before it could save"),
-                                       (signal.SIGSEGV, "by hand or by the system")])
-def test_a_worker_killed_by_a_signal_is_interrupted_with_that_signals_likely_cause(tmp_path, sig, hint):
+@pytest.mark.parametrize(
+    "sig, hint",
+    [
+        (signal.SIGKILL, "out of memory"),
+        (signal.SIGTERM, "before it could save"),
+        (signal.SIGSEGV, "by hand or by the system"),
+    ],
+)
+def test_a_worker_killed_by_a_signal_is_interrupted_with_that_signals_likely_cause(
+    tmp_path, sig, hint
+):
     """A real process ended by the signal, recorded as the runner records a worker that wrote no final state."""
-    proc = subprocess.Popen([sys.executable, "-c", "import os, signal, time; os.kill(os.getpid(), %d); time.sleep(5)"
-                             % int(sig)])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, time; os.kill(os.getpid(), %d); time.sleep(5)" % int(sig),
+        ]
+    )
     assert proc.wait(timeout=30) == -int(sig)
     status = record_exit(tmp_path, proc.returncode)
     assert status["state"] == "interrupted" and status["exit_code"] == -int(sig)
-    assert status["reason"].startswith(f"worker killed by {sig.name} (") and hint in status["reason"]
-    assert "out of memory" not in status["reason"] or sig == signal.SIGKILL  # SIGTERM is not the OOM killer's
+    assert (
+        status["reason"].startswith(f"worker killed by {sig.name} (") and hint in status["reason"]
+    )
+    assert (
+        "out of memory" not in status["reason"] or sig == signal.SIGKILL
+    )  # SIGTERM is not the OOM killer's

@@ -65,7 +65,9 @@ def intervals(log):
 
 def max_overlap(spans):
     """Most executions alive at one instant (sweep over start/end events)."""
-    events = sorted([(start, 1) for _r, start, _e, _c in spans] + [(end, -1) for _r, _s, end, _c in spans])
+    events = sorted(
+        [(start, 1) for _r, start, _e, _c in spans] + [(end, -1) for _r, _s, end, _c in spans]
+    )
     alive = peak = 0
     for _t, delta in events:
         alive += delta
@@ -75,7 +77,9 @@ def max_overlap(spans):
 
 def test_every_run_once_on_cpu_slots_with_threads_split(tmp_path, fake):
     log = fake()
-    spec = load_grid(write_spec(tmp_path, encodings=("xl", "alibi", "rope"), seeds=(0, 1), max_steps=MAX_STEPS))
+    spec = load_grid(
+        write_spec(tmp_path, encodings=("xl", "alibi", "rope"), seeds=(0, 1), max_steps=MAX_STEPS)
+    )
     outcome = run_local(spec, tmp_path / "results", cpu_slots(2, cores=4), plain_display())
     assert outcome.exit_code() == 0 and set(outcome.states.values()) == {"done"}
     events = starts(log)
@@ -85,9 +89,14 @@ def test_every_run_once_on_cpu_slots_with_threads_split(tmp_path, fake):
     for run in spec.runs:
         run_dir = tmp_path / "results" / spec.name / run.run_id
         assert json.loads((run_dir / "run.json").read_text()) == {
-            "run_id": run.run_id, "experiment": spec.name, "variant": run.variant,
-            "spec": os.path.relpath(spec.path.resolve(), run_dir.resolve())}
-        assert (run_dir / json.loads((run_dir / "run.json").read_text())["spec"]).resolve() == spec.path.resolve()
+            "run_id": run.run_id,
+            "experiment": spec.name,
+            "variant": run.variant,
+            "spec": os.path.relpath(spec.path.resolve(), run_dir.resolve()),
+        }
+        assert (
+            run_dir / json.loads((run_dir / "run.json").read_text())["spec"]
+        ).resolve() == spec.path.resolve()
 
 
 def test_gpu_slots_map_devices_and_share_each_gpu(tmp_path, fake, monkeypatch):
@@ -95,7 +104,11 @@ def test_gpu_slots_map_devices_and_share_each_gpu(tmp_path, fake, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     slots = gpu_slots([0, 1], runs_per_device=2, cores=8)
     assert [(s.device, s.gpu, s.threads) for s in slots] == [
-        ("cuda:0", "4", 2), ("cuda:1", "6", 2), ("cuda:0", "4", 2), ("cuda:1", "6", 2)]
+        ("cuda:0", "4", 2),
+        ("cuda:1", "6", 2),
+        ("cuda:0", "4", 2),
+        ("cuda:1", "6", 2),
+    ]
     spec = load_grid(write_spec(tmp_path, encodings=("xl", "alibi", "rope", "nope"), seeds=(0, 1)))
     outcome = run_local(spec, tmp_path / "results", slots, plain_display())
     assert outcome.exit_code() == 0
@@ -141,11 +154,18 @@ def test_rerunning_a_finished_grid_and_status_never_import_torch(tmp_path, fake)
     spec_path = write_spec(tmp_path, encodings=("xl",), seeds=(0,))
     results = tmp_path / "results"
     assert main(["grid", str(spec_path), "--results", str(results), "--slots", "1"]) == 0
-    probe = ("import sys; from relpos_ablate.cli import main; code = main(sys.argv[1:]); "
-             "print('torch imported:', 'torch' in sys.modules); sys.exit(code)")
-    commands = [(["grid", str(spec_path), "--results", str(results)], "ran 0 "), (["status", str(results)], "1 done")]
+    probe = (
+        "import sys; from relpos_ablate.cli import main; code = main(sys.argv[1:]); "
+        "print('torch imported:', 'torch' in sys.modules); sys.exit(code)"
+    )
+    commands = [
+        (["grid", str(spec_path), "--results", str(results)], "ran 0 "),
+        (["status", str(results)], "1 done"),
+    ]
     for argv, says in commands:
-        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0 and says in done.stdout, done.stdout + done.stderr
         assert "torch imported: False" in done.stdout
 
@@ -159,7 +179,9 @@ def test_dry_run_writes_nothing_and_shows_actions(tmp_path, fake, capsys):
     done_dir = results / "g" / spec.runs[0].run_id
     atomic_write_json(done_dir / "status.json", {"state": "done"})
     atomic_write_json(done_dir / "eval.json", {"settings": []})
-    atomic_write_json(results / "g" / spec.runs[1].run_id / "checkpoints" / "last.ckpt", {"step": 3})
+    atomic_write_json(
+        results / "g" / spec.runs[1].run_id / "checkpoints" / "last.ckpt", {"step": 3}
+    )
     assert main(["grid", str(spec_path), "--results", str(results), "--dry-run"]) == 0
     assert "1 resume, 1 skip" in capsys.readouterr().out
 
@@ -170,19 +192,33 @@ def test_dry_run_estimates_the_wall_time(tmp_path, fake, capsys):
     spec_path = write_spec(tmp_path, encodings=("xl",), seeds=(0, 1, 2))
     results = tmp_path / "results"
     spec = load_grid(spec_path)
-    assert main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "1"]) == 0
+    assert (
+        main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "1"]) == 0
+    )
     assert "no wall-time estimate" in capsys.readouterr().out
-    atomic_write_json(results / "g" / "train_step.json",
-                      {"rows": [{"variant": "encoding=xl", "seconds_per_step": 10.0}]})
-    assert main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "1"]) == 0
-    assert f"3 run(s) to go on 1 slot(s): 3:00 (from {results / 'g' / 'train_step.json'}" in \
-        capsys.readouterr().out.replace("\n", "")  # 3 runs x 6 steps x 10 s
+    atomic_write_json(
+        results / "g" / "train_step.json",
+        {"rows": [{"variant": "encoding=xl", "seconds_per_step": 10.0}]},
+    )
+    assert (
+        main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "1"]) == 0
+    )
+    assert (
+        f"3 run(s) to go on 1 slot(s): 3:00 (from {results / 'g' / 'train_step.json'}"
+        in capsys.readouterr().out.replace("\n", "")
+    )  # 3 runs x 6 steps x 10 s
     done_dir = results / "g" / spec.runs[0].run_id
-    atomic_write_json(done_dir / "status.json", {"state": "done", "wall_time_s": 12.0, "step": MAX_STEPS})
+    atomic_write_json(
+        done_dir / "status.json", {"state": "done", "wall_time_s": 12.0, "step": MAX_STEPS}
+    )
     atomic_write_json(done_dir / "eval.json", {"settings": []})
-    assert main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "2"]) == 0
+    assert (
+        main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "2"]) == 0
+    )
     out = capsys.readouterr().out.replace("\n", "")
-    assert "2 run(s) to go on 2 slot(s): 0:12 (from 1 finished run(s) of this spec)" in out  # 2 s/step, 6 steps
+    assert (
+        "2 run(s) to go on 2 slot(s): 0:12 (from 1 finished run(s) of this spec)" in out
+    )  # 2 s/step, 6 steps
 
 
 def test_runs_locked_by_another_process_wait_for_it(tmp_path, fake):
@@ -199,12 +235,18 @@ def test_runs_locked_by_another_process_wait_for_it(tmp_path, fake):
     (z / ".lock").write_text("pid 999999 on gone\n")
 
     outcome = {}
-    runner = threading.Thread(target=lambda: outcome.update(
-        result=run_local(spec, results, cpu_slots(2), plain_display(), busy_retry_s=0.2)))
+    runner = threading.Thread(
+        target=lambda: outcome.update(
+            result=run_local(spec, results, cpu_slots(2), plain_display(), busy_retry_s=0.2)
+        )
+    )
     runner.start()
     others = run_dirs[2:]
     deadline = time.monotonic() + 60
-    while not all((read_status(d) or {}).get("state") == "done" for d in others) and time.monotonic() < deadline:
+    while (
+        not all((read_status(d) or {}).get("state") == "done" for d in others)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     assert all((read_status(d) or {}).get("state") == "done" for d in others)
     assert starts(log, x.name) == [] and starts(log, y.name) == []
@@ -227,18 +269,26 @@ def test_status_reports_broken_and_stale_runs(tmp_path, fake, capsys):
     capsys.readouterr()
     d0, d1, d2, d3 = (results / "g" / run.run_id for run in spec.runs)
     (d0 / "status.json").write_text('{"state": "do')  # truncated
-    (d3 / "eval.json").write_text('{"main_metric": "ac')  # truncated: the run is marked done, but is not
-    atomic_write_json(d2 / "status.json", {"state": "running", "step": 3, "max_steps": 6})  # its process is gone
+    (d3 / "eval.json").write_text(
+        '{"main_metric": "ac'
+    )  # truncated: the run is marked done, but is not
+    atomic_write_json(
+        d2 / "status.json", {"state": "running", "step": 3, "max_steps": 6}
+    )  # its process is gone
     (results / "g" / "notes.txt").write_text("foreign file")
     (results / "g" / "empty_dir").mkdir()
 
     assert main(["status", str(results / "g")]) == 0
     out = capsys.readouterr().out
-    row = {d.name: next(line for line in out.splitlines() if d.name in line) for d in (d0, d1, d2, d3)}
+    row = {
+        d.name: next(line for line in out.splitlines() if d.name in line) for d in (d0, d1, d2, d3)
+    }
     assert "unreadable" in row[d0.name]
     assert "failed" in row[d1.name] and "loss is nan" in row[d1.name]
     assert "stale" in row[d2.name] and "3/6" in row[d2.name]
-    assert [cell.strip() for cell in row[d3.name].split("│")][3] == "incomplete"  # the state column, not done
+    assert [cell.strip() for cell in row[d3.name].split("│")][
+        3
+    ] == "incomplete"  # the state column, not done
     assert "eval.json is missing or unreadable; a rerun resumes it" in out.replace("\n", " ")
     assert main(["grid", str(spec_path), "--results", str(results), "--dry-run"]) == 0
     planned = next(line for line in capsys.readouterr().out.splitlines() if d3.name in line)
@@ -247,12 +297,22 @@ def test_status_reports_broken_and_stale_runs(tmp_path, fake, capsys):
 
 
 def test_live_table_shows_variant_state_progress_metric():
-    rows = [RunRow("abc", "encoding=xl seed=0", "running", "cuda:0", 30, 120, "loss 2.5", 75.0),
-            RunRow("def", "encoding=rope seed=0", "queued")]
+    rows = [
+        RunRow("abc", "encoding=xl seed=0", "running", "cuda:0", 30, 120, "loss 2.5", 75.0),
+        RunRow("def", "encoding=rope seed=0", "queued"),
+    ]
     console = Console(record=True, width=200, force_terminal=True)
     console.print(run_table(rows, live=True))
     text = console.export_text()
-    for piece in ("encoding=xl seed=0", "running", "cuda:0", "30/120", "loss 2.5", "1:15", "queued"):
+    for piece in (
+        "encoding=xl seed=0",
+        "running",
+        "cuda:0",
+        "30/120",
+        "loss 2.5",
+        "1:15",
+        "queued",
+    ):
         assert piece in text
 
 
@@ -267,7 +327,9 @@ def test_runner_draws_the_live_table_on_a_terminal(tmp_path, fake):
 def test_overlap_helper_counts_concurrency():
     spans = [("a", 0, 2, ""), ("b", 1, 3, ""), ("c", 2.5, 4, "")]
     assert max_overlap(spans) == 2
-    assert all(max_overlap([s, t]) == (s[1] < t[2] and t[1] < s[2]) + 1 for s, t in combinations(spans, 2))
+    assert all(
+        max_overlap([s, t]) == (s[1] < t[2] and t[1] < s[2]) + 1 for s, t in combinations(spans, 2)
+    )
 
 
 # Invalid command lines: (flags after `grid SPEC`, a phrase of the one-line error).

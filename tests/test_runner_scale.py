@@ -37,27 +37,48 @@ def fake_worker(tmp_path, monkeypatch):
     return log
 
 
-def test_gpus_per_run_groups_devices_and_hands_the_group_to_one_worker(tmp_path, fake_worker, monkeypatch):
+def test_gpus_per_run_groups_devices_and_hands_the_group_to_one_worker(
+    tmp_path, fake_worker, monkeypatch
+):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     slots = gpu_slots([0, 1, 2, 3], cores=8, gpus_per_run=2)
     assert [(s.device, s.gpu, s.threads, s.settings) for s in slots] == [
-        ("cuda:0,1", "4,5", 4, ("train.devices=2",)), ("cuda:2,3", "6,7", 4, ("train.devices=2",))]
+        ("cuda:0,1", "4,5", 4, ("train.devices=2",)),
+        ("cuda:2,3", "6,7", 4, ("train.devices=2",)),
+    ]
     spec = load_grid(write_spec(tmp_path, encodings=("xl", "alibi"), seeds=(0,)))
-    assert run_local(spec, tmp_path / "results", slots, PlainDisplay(Console(file=io.StringIO()))).exit_code() == 0
+    assert (
+        run_local(
+            spec, tmp_path / "results", slots, PlainDisplay(Console(file=io.StringIO()))
+        ).exit_code()
+        == 0
+    )
     starts = [e for e in read_log(fake_worker) if e["event"] == "start"]
     assert sorted(e["cuda"] for e in starts) == ["4,5", "6,7"]
     assert all(e["settings"] == ["train.devices=2"] for e in starts)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--gpus-per-run", "0"], "--gpus-per-run: 0 is out of range; allowed >= 1"),
-    (["--slots", "2", "--gpus-per-run", "2"], "--gpus-per-run groups GPUs; CPU slots (--slots) train one process each"),
-    (["--devices", "0,1,2", "--gpus-per-run", "2"], "--gpus-per-run: 3 GPU(s) do not form groups of 2; give a multiple of 2"),
-    (["--wait"], "--wait: only with --launcher slurm (a local grid always waits)"),
-    (["--launcher", "slurm", "--gpus-per-run", "2"], "SLURM jobs use --gpus (per node) and --nodes"),
-    (["--nodes", "2"], "--nodes: only with --launcher slurm"),
-    (["--launcher", "slurm", "--gpus", "3"], "--gpus/--nodes: run "),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpus-per-run", "0"], "--gpus-per-run: 0 is out of range; allowed >= 1"),
+        (
+            ["--slots", "2", "--gpus-per-run", "2"],
+            "--gpus-per-run groups GPUs; CPU slots (--slots) train one process each",
+        ),
+        (
+            ["--devices", "0,1,2", "--gpus-per-run", "2"],
+            "--gpus-per-run: 3 GPU(s) do not form groups of 2; give a multiple of 2",
+        ),
+        (["--wait"], "--wait: only with --launcher slurm (a local grid always waits)"),
+        (
+            ["--launcher", "slurm", "--gpus-per-run", "2"],
+            "SLURM jobs use --gpus (per node) and --nodes",
+        ),
+        (["--nodes", "2"], "--nodes: only with --launcher slurm"),
+        (["--launcher", "slurm", "--gpus", "3"], "--gpus/--nodes: run "),
+    ],
+)
 def test_scale_flags_are_checked_before_anything_launches(tmp_path, capsys, argv, message):
     spec_path = write_spec(tmp_path)
     assert main(["grid", str(spec_path), "--results", str(tmp_path / "results"), *argv]) == 2
@@ -68,12 +89,26 @@ def test_scale_flags_are_checked_before_anything_launches(tmp_path, capsys, argv
 
 def test_uneven_split_names_the_run_and_the_field(tmp_path, capsys):
     spec_path = write_spec(tmp_path, encodings=("xl",), seeds=(0,))
-    assert main(["grid", str(spec_path), "--results", str(tmp_path / "results"), "--launcher", "slurm",
-                 "--gpus", "3"]) == 2
+    assert (
+        main(
+            [
+                "grid",
+                str(spec_path),
+                "--results",
+                str(tmp_path / "results"),
+                "--launcher",
+                "slurm",
+                "--gpus",
+                "3",
+            ]
+        )
+        == 2
+    )
     (run,) = load_grid(spec_path).runs
     assert capsys.readouterr().err.strip() == (
         f"error: --gpus/--nodes: run {run.run_id} [encoding=xl seed=0] cannot be split over 3 processes: "
-        "train.batch_size: 4 streams do not split evenly over 3 processes; use a multiple of 3")
+        "train.batch_size: 4 streams do not split evenly over 3 processes; use a multiple of 3"
+    )
 
 
 def test_multi_node_job_has_one_task_per_gpu_and_tells_the_worker(tmp_path, fake_slurm):
@@ -81,8 +116,13 @@ def test_multi_node_job_has_one_task_per_gpu_and_tells_the_worker(tmp_path, fake
     (submitted,) = submit_grid(spec, tmp_path / "results", LauncherConfig(gpus=4, nodes=2, cpus=6))
     (script_path,) = fake_slurm.glob("script_*.sh")
     lines = script_path.read_text().splitlines()
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
-                 "#SBATCH --cpus-per-task=6", "#SBATCH --requeue"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --cpus-per-task=6",
+        "#SBATCH --requeue",
+    ):
         assert line in lines, line
     assert any(line.startswith("srun ") for line in lines)  # every task runs the pickled RunJob
     job = submitted[1].submission().function
@@ -117,7 +157,9 @@ class _Env(types.SimpleNamespace):
     """What RunJob reads from submitit.JobEnvironment."""
 
 
-def test_tasks_other_than_0_start_their_process_only_when_task_0_launched(tmp_path, fake_worker, monkeypatch):
+def test_tasks_other_than_0_start_their_process_only_when_task_0_launched(
+    tmp_path, fake_worker, monkeypatch
+):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     run_dir = tmp_path / "results" / "g" / "run"
     run_dir.mkdir(parents=True)
@@ -134,12 +176,16 @@ def test_tasks_other_than_0_start_their_process_only_when_task_0_launched(tmp_pa
     assert job() == "task 1: exit status 0"
     (start,) = [e for e in read_log(fake_worker) if e["event"] == "start"]
     assert start["settings"] == ["train.devices=2"]
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # a requeued job waits for the new attempt's decision
+    monkeypatch.setenv(
+        "SLURM_RESTART_COUNT", "1"
+    )  # a requeued job waits for the new attempt's decision
     assert job() == "task 1: task 0 did not decide within 0 s"
 
     env.global_rank = 0
     (run_dir / "status.json").write_text('{"state": "failed", "reason": "x"}')
-    assert job() == "skip: failed: x" and (tmp_path / "7_0_attempt1_decision").read_text() == NO_LAUNCH
+    assert (
+        job() == "skip: failed: x" and (tmp_path / "7_0_attempt1_decision").read_text() == NO_LAUNCH
+    )
 
 
 def test_follow_refreshes_until_every_job_has_ended(tmp_path, fake_worker, monkeypatch):
@@ -147,7 +193,10 @@ def test_follow_refreshes_until_every_job_has_ended(tmp_path, fake_worker, monke
     spec = load_grid(write_spec(tmp_path, encodings=("xl", "alibi"), seeds=(0,), max_steps=4))
     submitted = submit_grid(spec, tmp_path / "results", LauncherConfig(gpus=0), cluster="local")
     refreshes = []
-    follow(submitted, lambda: refreshes.append([read_status(plan.run_dir)["state"] for plan, _ in submitted]),
-           poll_s=0.1)
+    follow(
+        submitted,
+        lambda: refreshes.append([read_status(plan.run_dir)["state"] for plan, _ in submitted]),
+        poll_s=0.1,
+    )
     assert refreshes[-1] == ["done", "done"] and len(refreshes) > 1
     assert all(job.done() for _plan, job in submitted)

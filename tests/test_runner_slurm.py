@@ -40,19 +40,50 @@ def fake_slurm(tmp_path, monkeypatch):
 
 
 def test_sbatch_script_carries_spec_and_cli_settings(tmp_path, fake_slurm, capsys):
-    launcher = {"partition": "cpu", "qos": "high", "cpus": 4, "time": 30, "setup": ["module load cuda/12"]}
+    launcher = {
+        "partition": "cpu",
+        "qos": "high",
+        "cpus": 4,
+        "time": 30,
+        "setup": ["module load cuda/12"],
+    }
     spec_path = write_spec(tmp_path, encodings=("xl", "alibi"), seeds=(0, 1), launcher=launcher)
     results = tmp_path / "results"
-    argv = ["grid", str(spec_path), "--results", str(results), "--launcher", "slurm", "--partition", "gpu",
-            "--time", "90", "--gpus", "2", "--account", "lab", "--array-parallelism", "3"]
+    argv = [
+        "grid",
+        str(spec_path),
+        "--results",
+        str(results),
+        "--launcher",
+        "slurm",
+        "--partition",
+        "gpu",
+        "--time",
+        "90",
+        "--gpus",
+        "2",
+        "--account",
+        "lab",
+        "--array-parallelism",
+        "3",
+    ]
     assert main(argv) == 0
     assert "4242" in capsys.readouterr().out
     (script_path,) = fake_slurm.glob("script_*.sh")  # one array job for the whole grid
     script = script_path.read_text()
-    for line in ("#SBATCH --partition=gpu", "#SBATCH --time=90", "#SBATCH --gpus-per-node=2",
-                 "#SBATCH --account=lab", "#SBATCH --qos=high", "#SBATCH --cpus-per-task=4",
-                 "#SBATCH --array=0-3%3", "#SBATCH --requeue", "#SBATCH --job-name=relpos-g",
-                 "#SBATCH --ntasks-per-node=2", "module load cuda/12"):  # one task per GPU
+    for line in (
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=90",
+        "#SBATCH --gpus-per-node=2",
+        "#SBATCH --account=lab",
+        "#SBATCH --qos=high",
+        "#SBATCH --cpus-per-task=4",
+        "#SBATCH --array=0-3%3",
+        "#SBATCH --requeue",
+        "#SBATCH --job-name=relpos-g",
+        "#SBATCH --ntasks-per-node=2",
+        "module load cuda/12",
+    ):  # one task per GPU
         assert line in script.splitlines(), line
     assert any(line.startswith("#SBATCH --signal=USR2@") for line in script.splitlines())
     assert "-m submitit.core._submit" in script
@@ -70,12 +101,18 @@ def test_slurm_flags_need_the_slurm_launcher(tmp_path, capsys):
     assert "time: 0 is out of range" in capsys.readouterr().err
 
 
-def test_slurm_without_a_cluster_or_with_a_failing_sbatch_is_one_line(tmp_path, fake_slurm, monkeypatch, capsys):
+def test_slurm_without_a_cluster_or_with_a_failing_sbatch_is_one_line(
+    tmp_path, fake_slurm, monkeypatch, capsys
+):
     spec_path = write_spec(tmp_path)
     argv = ["grid", str(spec_path), "--results", str(tmp_path / "results"), "--launcher", "slurm"]
-    (tmp_path / "bin" / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: invalid partition' >&2\nexit 1\n")
+    (tmp_path / "bin" / "sbatch").write_text(
+        "#!/bin/sh\necho 'sbatch: error: invalid partition' >&2\nexit 1\n"
+    )
     assert main(argv) == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]  # submitit echoes sbatch's stderr before it
+    last = (
+        capsys.readouterr().err.strip().splitlines()[-1]
+    )  # submitit echoes sbatch's stderr before it
     assert last == "error: --launcher: submitting to SLURM failed: sbatch: error: invalid partition"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert main(argv) == 2
@@ -99,14 +136,19 @@ def test_local_executor_runs_grid_and_requeues_a_preempted_job(tmp_path, monkeyp
     while (read_status(slow_dir) or {}).get("step", 0) < 2:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    (first_attempt,) = [e for e in read_log(log) if e["event"] == "start" and e["run"] == slow_dir.name]
-    os.kill(first_attempt["ppid"], signal.SIGUSR2)  # the job process: what SLURM signals before preempting
+    (first_attempt,) = [
+        e for e in read_log(log) if e["event"] == "start" and e["run"] == slow_dir.name
+    ]
+    os.kill(
+        first_attempt["ppid"], signal.SIGUSR2
+    )  # the job process: what SLURM signals before preempting
 
     assert [job.result() for _plan, job in submitted] == ["done", "done"]
     attempts = [e for e in read_log(log) if e["event"] == "start" and e["run"] == slow_dir.name]
     assert len(attempts) == 2 and attempts[1]["start_step"] >= 2
-    assert [e["state"] for e in read_log(log) if e["event"] == "end" and e["run"] == slow_dir.name] == [
-        "interrupted", "done"]
+    assert [
+        e["state"] for e in read_log(log) if e["event"] == "end" and e["run"] == slow_dir.name
+    ] == ["interrupted", "done"]
     steps = [int(line.split(",")[0]) for line in (slow_dir / "metrics.csv").read_text().split()]
     assert steps == list(range(1, 9))
     assert submit_grid(spec, results, LauncherConfig(gpus=0), cluster="local") == []  # all done
@@ -118,4 +160,6 @@ def test_run_job_pickles_without_its_process(tmp_path):
     job = RunJob(tmp_path / "run", retry_failed=True)
     job._proc = object()  # stands for the live worker process
     clone = pickle.loads(pickle.dumps(job))
-    assert clone._proc is None and clone.run_dir == str(Path(tmp_path / "run")) and clone.retry_failed
+    assert (
+        clone._proc is None and clone.run_dir == str(Path(tmp_path / "run")) and clone.retry_failed
+    )

@@ -45,7 +45,9 @@ def test_the_paired_test_matches_on_units_not_on_order():
     a = {"r0": 6.0, "r1": 7.0, "r2": 8.0}
     b = {"r2": 7.88, "r0": 5.9, "r1": 6.92}  # another order: the pairs are the runs
     assert stats.compare(b, a).p == pytest.approx(sp.ttest_rel(LONG, SHORT).pvalue)
-    assert stats.compare({"r0": 1.0, "r1": 2.0}, {"r0": 1.5, "r1": 2.5, "r2": 3.0}) is None  # 2 pairs: too few
+    assert (
+        stats.compare({"r0": 1.0, "r1": 2.0}, {"r0": 1.5, "r1": 2.5, "r2": 3.0}) is None
+    )  # 2 pairs: too few
 
 
 def test_confidence_intervals_follow_the_t_formulas():
@@ -104,11 +106,17 @@ def test_holm_and_bh_equal_statsmodels_and_scipy():
         running = max(running, min(1.0, (len(P_VALUES) - k) * P_VALUES[i]))
         by_hand[i] = running
     assert holm == pytest.approx(list(by_hand))
-    assert stats.adjust(P_VALUES, "bh") == pytest.approx(list(sp.false_discovery_control(P_VALUES, method="bh")))
+    assert stats.adjust(P_VALUES, "bh") == pytest.approx(
+        list(sp.false_discovery_control(P_VALUES, method="bh"))
+    )
     assert stats.adjust(P_VALUES, "none") == P_VALUES
-    with_nan = stats.adjust([0.01, math.nan, 0.02], "holm")  # an untested cell is not part of the family
+    with_nan = stats.adjust(
+        [0.01, math.nan, 0.02], "holm"
+    )  # an untested cell is not part of the family
     assert math.isnan(with_nan[1]) and with_nan[0] == pytest.approx(0.02)
-    with pytest.raises(ValueError, match="correction: 'bonferroni' is not allowed; choose one of holm, bh, none"):
+    with pytest.raises(
+        ValueError, match="correction: 'bonferroni' is not allowed; choose one of holm, bh, none"
+    ):
         stats.adjust(P_VALUES, "bonferroni")
 
 
@@ -120,20 +128,32 @@ def test_a_family_states_orderings_on_the_adjusted_p():
     p = sp.ttest_rel(LONG, SHORT).pvalue
     adjusted = multipletests([p, weak.test.p, 1.0], method="holm")[1]
     text = str(clear)
-    assert text.startswith("long 6.90, short 7.00: long better (paired t-test, difference -0.100, 95% CI [")
+    assert text.startswith(
+        "long 6.90, short 7.00: long better (paired t-test, difference -0.100, 95% CI ["
+    )
     assert text.endswith(f"p = {p:.2g}, Holm-adjusted p = {adjusted[0]:.2g})")
     assert weak.test.p < 0.05 < weak.test.p_adjusted
-    assert str(weak).split(": ", 1)[1].startswith("not significant after correction (Welch's t-test, difference")
-    assert family.heading().startswith('Family "three tests": 3 tests') and "Holm-corrected" in family.heading()
+    assert (
+        str(weak)
+        .split(": ", 1)[1]
+        .startswith("not significant after correction (Welch's t-test, difference")
+    )
+    assert (
+        family.heading().startswith('Family "three tests": 3 tests')
+        and "Holm-corrected" in family.heading()
+    )
     with pytest.raises(RuntimeError, match="already corrected"):
         family.compare("a", runs(LONG), "b", runs(SHORT))
 
 
 def test_no_test_below_three_seeds_or_without_spread():
     family = stats.Family("small")
-    assert str(family.compare("a", runs([6.0, 6.1]), "b", runs([7.0, 7.1], "b"))).endswith("n too small to test")
-    assert str(family.compare("a", runs([6.0, 6.0, 6.0]), "b", runs([6.0, 6.0, 6.0], "b"))).endswith(
-        "no test (no spread)")
+    assert str(family.compare("a", runs([6.0, 6.1]), "b", runs([7.0, 7.1], "b"))).endswith(
+        "n too small to test"
+    )
+    assert str(
+        family.compare("a", runs([6.0, 6.0, 6.0]), "b", runs([6.0, 6.0, 6.0], "b"))
+    ).endswith("no test (no spread)")
 
 
 def test_equivalence_is_a_tost_against_a_stated_margin():
@@ -144,7 +164,9 @@ def test_equivalence_is_a_tost_against_a_stated_margin():
     family.close()
     d = np.subtract([6.30, 6.41, 6.52], [6.35, 6.47, 6.56])
     se = statistics.stdev(d) / math.sqrt(3)
-    by_hand = max(sp.t.sf((d.mean() + 0.1) / se, 2), sp.t.cdf((d.mean() - 0.1) / se, 2))  # the larger one-sided p
+    by_hand = max(
+        sp.t.sf((d.mean() + 0.1) / se, 2), sp.t.cdf((d.mean() - 0.1) / se, 2)
+    )  # the larger one-sided p
     assert inside.test.p == pytest.approx(by_hand)
     assert str(inside).split(": ", 1)[1].startswith("equivalent within ±0.100 (TOST")
     assert str(outside).split(": ", 1)[1].startswith("equivalence not shown (TOST")
@@ -168,31 +190,46 @@ def lengths(tmp_path):
 
 
 def test_table_pairs_same_run_cells_and_corrects_the_family(lengths):
-    table, options = make_table(lengths, TableOptions(rows=("segment_len",), cols=("encoding",), baseline="32"))
+    table, options = make_table(
+        lengths, TableOptions(rows=("segment_len",), cols=("encoding",), baseline="32")
+    )
     assert options.correction == "holm"
     frame = lengths[lengths["segment_len"] == 64].sort_values("seed")
     tests = {}
     for enc in ("xl", "alibi"):
         long = frame[frame["encoding"] == enc]["ppl"].tolist()
-        short = lengths[(lengths["segment_len"] == 32) & (lengths["encoding"] == enc)].sort_values("seed")["ppl"].tolist()
+        short = (
+            lengths[(lengths["segment_len"] == 32) & (lengths["encoding"] == enc)]
+            .sort_values("seed")["ppl"]
+            .tolist()
+        )
         tests[enc] = sp.ttest_rel(long, short).pvalue
         assert sp.ttest_ind(long, short, equal_var=False).pvalue > 0.5  # Welch would see nothing
     adjusted = multipletests([tests["xl"], tests["alibi"]], method="holm")[1]
     row = {column.split()[-1]: cell for column, cell in zip(table.columns, table.rows[1][1])}
-    assert row["xl"].p_raw == pytest.approx(tests["xl"]) and row["xl"].p == pytest.approx(adjusted[0])
+    assert row["xl"].p_raw == pytest.approx(tests["xl"]) and row["xl"].p == pytest.approx(
+        adjusted[0]
+    )
     assert row["xl"].stars  # significant after Holm, paired
     text = render(table, "markdown")
     assert "paired t-test" in text and "Welch" not in text.split("Tests:")[1].split("Power")[0]
-    assert 'Family "every row vs 32, column by column": 2 tests (paired t-test), Holm-corrected' in text
-    none = make_table(lengths, TableOptions(rows=("segment_len",), cols=("encoding",), baseline="32",
-                                            correction="none"))[0]
+    assert (
+        'Family "every row vs 32, column by column": 2 tests (paired t-test), Holm-corrected'
+        in text
+    )
+    none = make_table(
+        lengths,
+        TableOptions(rows=("segment_len",), cols=("encoding",), baseline="32", correction="none"),
+    )[0]
     assert none.rows[1][1][none.columns.index("encoding xl")].p == pytest.approx(tests["xl"])
     csv = render(table, "csv").splitlines()[0].split(",")
     assert "encoding xl p raw" in csv and "encoding xl p" in csv
 
 
 def test_table_uses_welch_between_models(lengths):
-    table, _ = make_table(lengths, TableOptions(rows=("encoding",), cols=("segment_len",), baseline="xl"))
+    table, _ = make_table(
+        lengths, TableOptions(rows=("encoding",), cols=("segment_len",), baseline="xl")
+    )
     text = render(table, "markdown")
     assert "(here: Welch's t-test)" in text and "paired t-test," not in text
 
@@ -200,16 +237,36 @@ def test_table_uses_welch_between_models(lengths):
 def test_correction_is_checked_and_taken_from_the_spec(lengths, tmp_path, capsys):
     with pytest.raises(ConfigError, match="correction"):
         TableOptions(correction="bonferroni")
-    assert main(["table", str(tmp_path), "--rows", "segment_len", "--cols", "encoding", "--baseline", "32",
-                 "--correction", "bh"]) == 0
+    assert (
+        main(
+            [
+                "table",
+                str(tmp_path),
+                "--rows",
+                "segment_len",
+                "--cols",
+                "encoding",
+                "--baseline",
+                "32",
+                "--correction",
+                "bh",
+            ]
+        )
+        == 0
+    )
     assert "Benjamini-Hochberg (FDR) corrected" in capsys.readouterr().out
 
 
 def test_a_single_ordering_chooses_its_test_from_the_data_too():
     p = sp.ttest_rel(LONG, SHORT).pvalue
-    assert stats.ordering("long", runs(LONG), "short", runs(SHORT)).startswith("long 6.90, short 7.00: long better "
-                                                                              "(paired t-test, difference -0.100")
+    assert stats.ordering("long", runs(LONG), "short", runs(SHORT)).startswith(
+        "long 6.90, short 7.00: long better (paired t-test, difference -0.100"
+    )
     assert stats.ordering("long", runs(LONG), "short", runs(SHORT)).endswith(f"p = {p:.2g})")
     welch = sp.ttest_ind(LONG, SHORT, equal_var=False).pvalue
-    assert stats.ordering("long", runs(LONG, "a"), "short", runs(SHORT, "b")).endswith(f"p = {welch:.2g})")
-    assert "not significant (Welch's t-test" in stats.ordering("long", runs(LONG, "a"), "short", runs(SHORT, "b"))
+    assert stats.ordering("long", runs(LONG, "a"), "short", runs(SHORT, "b")).endswith(
+        f"p = {welch:.2g})"
+    )
+    assert "not significant (Welch's t-test" in stats.ordering(
+        "long", runs(LONG, "a"), "short", runs(SHORT, "b")
+    )

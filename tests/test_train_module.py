@@ -20,10 +20,26 @@ from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.module import LitLM, build_optimizer, loss_mask, lr_factor
 from relpos_ablate.train.run import load_run, resolve_vocab, train_run
 
-TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_head=16", "model.d_inner=64",
-        "model.dropout=0.0", "data.num_symbols=8", "data.offset=4", "data.train_tokens=4096", "data.eval_tokens=512",
-        "train.segment_len=16", "train.batch_size=16", "train.lr=0.003", "train.warmup_steps=10",
-        "train.max_steps=100", "train.log_every=10", "train.checkpoint_every=1000", "eval.batch_size=8"]
+TINY = [
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.d_head=16",
+    "model.d_inner=64",
+    "model.dropout=0.0",
+    "data.num_symbols=8",
+    "data.offset=4",
+    "data.train_tokens=4096",
+    "data.eval_tokens=512",
+    "train.segment_len=16",
+    "train.batch_size=16",
+    "train.lr=0.003",
+    "train.warmup_steps=10",
+    "train.max_steps=100",
+    "train.log_every=10",
+    "train.checkpoint_every=1000",
+    "eval.batch_size=8",
+]
 
 
 def tiny(*overrides):
@@ -46,7 +62,9 @@ def test_half_loss_counts_exactly_the_last_half():
     keep[:, :7] = False  # L = 15: the last half is positions 7..14
     expected = F.cross_entropy(logits[keep], targets[keep])
     torch.testing.assert_close(loss, expected)
-    assert loss_mask(torch.ones(1, 4, dtype=torch.bool), "half").tolist() == [[False, False, True, True]]
+    assert loss_mask(torch.ones(1, 4, dtype=torch.bool), "half").tolist() == [
+        [False, False, True, True]
+    ]
 
 
 def test_training_memory_is_carried_and_reset_when_the_streams_restart():
@@ -59,7 +77,9 @@ def test_training_memory_is_carried_and_reset_when_the_streams_restart():
     loss_with_memory, _ = module.segment_loss(*second, restart=False)
     _, mems = module.model(first[0])
     logits, _ = module.model(second[0], mems)
-    torch.testing.assert_close(loss_with_memory, F.cross_entropy(logits[second[2]], second[1][second[2]]))
+    torch.testing.assert_close(
+        loss_with_memory, F.cross_entropy(logits[second[2]], second[1][second[2]])
+    )
     loss_fresh, _ = module.segment_loss(*second, restart=True)
     logits, _ = module.model(second[0])
     torch.testing.assert_close(loss_fresh, F.cross_entropy(logits[second[2]], second[1][second[2]]))
@@ -100,25 +120,35 @@ def independent_eval(run_dir, segment_len, mem_len, same_length):
 
 
 def test_eval_json_matches_an_independent_evaluation(tmp_path):
-    cfg = tiny("model.mem_len=8", "train.max_steps=20",
-               "eval.settings=[{segment_len: 16}, {segment_len: 64, mem_len: 32}, "
-               "{segment_len: 32, mem_len: 32, protocol: xl}]")
+    cfg = tiny(
+        "model.mem_len=8",
+        "train.max_steps=20",
+        "eval.settings=[{segment_len: 16}, {segment_len: 64, mem_len: 32}, "
+        "{segment_len: 32, mem_len: 32, protocol: xl}]",
+    )
     assert train_run(cfg, tmp_path) == "done"
     records = json.loads((tmp_path / "eval.json").read_text())["settings"]
     assert len(records) == 3
-    for record, (segment_len, mem_len, same_length) in zip(records, [(16, 8, False), (64, 32, False), (32, 32, True)]):
+    for record, (segment_len, mem_len, same_length) in zip(
+        records, [(16, 8, False), (64, 32, False), (32, 32, True)]
+    ):
         loss, acc, count = independent_eval(tmp_path, segment_len, mem_len, same_length)
         assert record["metrics"]["loss"] == pytest.approx(loss, rel=1e-5)
         assert record["metrics"]["acc"] == pytest.approx(acc)
         assert record["metrics"]["tokens"] == count
-        attn_len = mem_len if same_length else segment_len + mem_len  # xl: every query sees mem_len keys
+        attn_len = (
+            mem_len if same_length else segment_len + mem_len
+        )  # xl: every query sees mem_len keys
         assert (record["mem_len"], record["attn_len"]) == (mem_len, attn_len)
 
 
 def offset_copy_accuracy(tmp_path, name, *overrides):
     cfg = tiny("eval.settings=[{segment_len: 16}, {segment_len: 64}]", *overrides)
     assert train_run(cfg, tmp_path / name) == "done"
-    return [s["metrics"]["acc"] for s in json.loads((tmp_path / name / "eval.json").read_text())["settings"]]
+    return [
+        s["metrics"]["acc"]
+        for s in json.loads((tmp_path / name / "eval.json").read_text())["settings"]
+    ]
 
 
 def test_offset_copy_needs_relative_positions_and_they_extrapolate(tmp_path):
@@ -133,10 +163,17 @@ def test_offset_copy_needs_relative_positions_and_they_extrapolate(tmp_path):
 def test_memory_solves_the_repeat_task_that_a_memoryless_model_cannot(tmp_path):
     accuracy = {}
     for mem_len in (0, 32):
-        cfg = tiny("data.task=repeat", "data.period=24", f"model.mem_len={mem_len}", "train.max_steps=200",
-                   "eval.settings=[{segment_len: 16}]")
+        cfg = tiny(
+            "data.task=repeat",
+            "data.period=24",
+            f"model.mem_len={mem_len}",
+            "train.max_steps=200",
+            "eval.settings=[{segment_len: 16}]",
+        )
         assert train_run(cfg, tmp_path / str(mem_len)) == "done"
-        accuracy[mem_len] = json.loads((tmp_path / str(mem_len) / "eval.json").read_text())["settings"][0]["metrics"]["acc"]
+        accuracy[mem_len] = json.loads((tmp_path / str(mem_len) / "eval.json").read_text())[
+            "settings"
+        ][0]["metrics"]["acc"]
     assert accuracy[0] < 0.25  # period 24 > segment 16: the source is out of reach (chance 1/8)
     assert accuracy[32] > 0.7
 
@@ -145,8 +182,14 @@ def test_char_text_run_learns_and_reports_ppl_and_bpc(tmp_path):
     words = ["alpha", "beta", "gamma", "delta"]
     lines = [" ".join(words[(i * 7 + j) % 4] for j in range(6)) for i in range(400)]
     (tmp_path / "train.txt").write_text("\n".join(lines) + "\n")
-    cfg = tiny("data.source=text", f"data.train_file={tmp_path / 'train.txt'}", f"data.cache_dir={tmp_path / 'c'}",
-               "train.max_steps=60", "eval.batch_size=4", "eval.settings=[{segment_len: 16}]")
+    cfg = tiny(
+        "data.source=text",
+        f"data.train_file={tmp_path / 'train.txt'}",
+        f"data.cache_dir={tmp_path / 'c'}",
+        "train.max_steps=60",
+        "eval.batch_size=4",
+        "eval.settings=[{segment_len: 16}]",
+    )
     assert train_run(cfg, tmp_path / "run") == "done"
     result = json.loads((tmp_path / "run" / "eval.json").read_text())
     metrics = result["settings"][0]["metrics"]

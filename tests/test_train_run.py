@@ -34,8 +34,14 @@ from test_train_module import tiny
 
 def short(*overrides):
     """30 steps over streams of 12 segments (they restart at steps 12 and 24)."""
-    return tiny("data.train_tokens=192", "train.max_steps=30", "train.log_every=1", "train.checkpoint_every=10",
-                "eval.settings=[{segment_len: 16}]", *overrides)
+    return tiny(
+        "data.train_tokens=192",
+        "train.max_steps=30",
+        "train.log_every=1",
+        "train.checkpoint_every=10",
+        "eval.settings=[{segment_len: 16}]",
+        *overrides,
+    )
 
 
 def read_metrics(run_dir):
@@ -88,7 +94,10 @@ def test_run_directory_contract(tmp_path):
     status = read(tmp_path, "status.json")
     assert status["state"] == "done" and status["step"] == status["max_steps"] == 30
     assert status["pid"] == os.getpid() and status["device"] == "cpu" and status["wall_time_s"] > 0
-    assert {"started_at", "finished_at", "host"} <= set(status) and set(status["last_metric"]) == {"loss", "acc"}
+    assert {"started_at", "finished_at", "host"} <= set(status) and set(status["last_metric"]) == {
+        "loss",
+        "acc",
+    }
     assert [int(r["step"]) for r in read_metrics(tmp_path)] == [9, 19, 29]
     results = read(tmp_path, "eval.json")
     assert results["main_metric"] == "acc" and results["step"] == 30
@@ -114,7 +123,9 @@ def test_resume_continues_the_steps_and_keeps_earlier_metrics(tmp_path, stop, st
 
     at_start = StatusAtStart()
     assert train_run(cfg, tmp_path, callbacks=(seen, at_start)) == "done"
-    assert at_start.status["state"] == "running" and at_start.status["step"] == resume_step  # not 17
+    assert (
+        at_start.status["state"] == "running" and at_start.status["step"] == resume_step
+    )  # not 17
     rows = read_metrics(tmp_path)
     steps = [int(r["step"]) for r in rows]
     assert steps == list(range(30))  # nothing lost, nothing twice
@@ -144,19 +155,29 @@ def uninterrupted(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("stop, overrides", [
-    (crash, ("model.attention.positions=randomized", "model.attention.max_position=64")),
-    (sigterm, ("model.attention.positions=randomized", "model.attention.max_position=64")),
-    (crash, ("model.mem_len=8",)),  # resumed at step 10, between the stream restarts at 0 and 12
-])
-def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(tmp_path, uninterrupted, stop, overrides):
+@pytest.mark.parametrize(
+    "stop, overrides",
+    [
+        (crash, ("model.attention.positions=randomized", "model.attention.max_position=64")),
+        (sigterm, ("model.attention.positions=randomized", "model.attention.max_position=64")),
+        (
+            crash,
+            ("model.mem_len=8",),
+        ),  # resumed at step 10, between the stream restarts at 0 and 12
+    ],
+)
+def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(
+    tmp_path, uninterrupted, stop, overrides
+):
     """Dropout and randomized positions draw from the random state the checkpoint keeps; memory continues."""
     cfg = short("model.dropout=0.2", *overrides)
     whole = uninterrupted(cfg)
     assert train_run(cfg, tmp_path / "cut", callbacks=(At(17, stop),)) in ("failed", "interrupted")
     assert train_run(cfg, tmp_path / "cut") == "done"
-    weights = [torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
-               for run in (whole, tmp_path / "cut")]
+    weights = [
+        torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+        for run in (whole, tmp_path / "cut")
+    ]
     for name, value in weights[0].items():
         assert torch.equal(value, weights[1][name]), name
     assert read(whole, "eval.json")["settings"] == read(tmp_path / "cut", "eval.json")["settings"]
@@ -182,13 +203,19 @@ def test_non_finite_loss_fails_the_run_naming_the_step(tmp_path):
 
     assert train_run(short(), tmp_path, callbacks=(At(3, poison),)) == "failed"
     status = read(tmp_path, "status.json")
-    assert status["reason"] == "non-finite loss at step 3"  # the first step that ran on the NaN weights
+    assert (
+        status["reason"] == "non-finite loss at step 3"
+    )  # the first step that ran on the NaN weights
     assert "NonFiniteLoss" in status["traceback"]
 
 
 def test_learned_positions_beyond_their_table_are_recorded_not_fatal(tmp_path):
-    cfg = short("model.attention.terms=a", "model.attention.absolute=learned", "model.attention.max_position=16",
-                "eval.settings=[{segment_len: 16}, {segment_len: 64}]")
+    cfg = short(
+        "model.attention.terms=a",
+        "model.attention.absolute=learned",
+        "model.attention.max_position=16",
+        "eval.settings=[{segment_len: 16}, {segment_len: 64}]",
+    )
     assert train_run(cfg, tmp_path) == "done"
     fits, too_long = read(tmp_path, "eval.json")["settings"]
     assert "acc" in fits["metrics"] and "error" not in fits
@@ -201,9 +228,25 @@ def test_a_rerun_with_the_same_thread_count_evaluates_bit_for_bit_the_same(tmp_p
     cfg = short("model.dropout=0.1", "train.max_steps=10")
     assert train_run(cfg, tmp_path / "here") == "done"
     (tmp_path / "again.yaml").write_text(yaml.safe_dump(to_plain(cfg)))
-    argv = [sys.executable, "-m", "relpos_ablate", "train", "--config", str(tmp_path / "again.yaml"),
-            "--run-dir", str(tmp_path / "again"), "--threads", "1"]
-    done = subprocess.run(argv, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    argv = [
+        sys.executable,
+        "-m",
+        "relpos_ablate",
+        "train",
+        "--config",
+        str(tmp_path / "again.yaml"),
+        "--run-dir",
+        str(tmp_path / "again"),
+        "--threads",
+        "1",
+    ]
+    done = subprocess.run(
+        argv,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert read(tmp_path / "again", "eval.json") == read(tmp_path / "here", "eval.json")
 
@@ -217,7 +260,9 @@ def test_validation_during_training_is_logged(tmp_path):
 def test_cli_runs_from_the_run_dir_config_and_exits_by_state(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(short())))  # as the grid runner writes it
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump(to_plain(short()))
+    )  # as the grid runner writes it
     assert main(["train", "--run-dir", str(run_dir), "--threads", "1"]) == 0
     assert "acc" in capsys.readouterr().out and read(run_dir, "status.json")["state"] == "done"
     assert main(["train", "--run-dir", str(run_dir)]) == 0
@@ -235,17 +280,30 @@ def text_run(tmp_path, *overrides):
     (tmp_path / "train.txt").write_text("to be or not to be\n" * 105)
     (tmp_path / "valid.txt").write_text("abcdefghi\n" * 60)
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump(to_plain(short("data.source=text", f"data.train_file={tmp_path / 'train.txt'}",
-                                                 f"data.valid_file={tmp_path / 'valid.txt'}",
-                                                 f"data.cache_dir={tmp_path / 'cache'}", *overrides))))
+    cfg.write_text(
+        yaml.safe_dump(
+            to_plain(
+                short(
+                    "data.source=text",
+                    f"data.train_file={tmp_path / 'train.txt'}",
+                    f"data.valid_file={tmp_path / 'valid.txt'}",
+                    f"data.cache_dir={tmp_path / 'cache'}",
+                    *overrides,
+                )
+            )
+        )
+    )
     return ["train", "--config", str(cfg), "--run-dir", str(tmp_path / "run")]
 
 
 def test_cli_failed_run_exits_1_with_the_reason(tmp_path, capsys, monkeypatch):
     import relpos_ablate.train.run
 
-    monkeypatch.setattr(relpos_ablate.train.run, "train_run",
-                        lambda config, run_dir, **kw: train_run(config, run_dir, callbacks=(At(2, crash),), **kw))
+    monkeypatch.setattr(
+        relpos_ablate.train.run,
+        "train_run",
+        lambda config, run_dir, **kw: train_run(config, run_dir, callbacks=(At(2, crash),), **kw),
+    )
     assert main(text_run(tmp_path)) == 1
     assert "failed: RuntimeError: boom" in capsys.readouterr().out
     assert read(tmp_path / "run", "status.json")["state"] == "failed"
@@ -257,33 +315,63 @@ def test_cli_ctrl_c_says_the_run_is_interrupted_and_how_to_resume(tmp_path, caps
 
     import relpos_ablate.train.run
 
-    monkeypatch.setattr(relpos_ablate.train.run, "train_run",
-                        lambda config, run_dir, **kw: train_run(config, run_dir, callbacks=(At(2, ctrl_c),), **kw))
-    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores further Ctrl-C while it shuts down
+    monkeypatch.setattr(
+        relpos_ablate.train.run,
+        "train_run",
+        lambda config, run_dir, **kw: train_run(config, run_dir, callbacks=(At(2, ctrl_c),), **kw),
+    )
+    handler = signal.getsignal(
+        signal.SIGINT
+    )  # Lightning ignores further Ctrl-C while it shuts down
     try:
         assert main(text_run(tmp_path)) == 1
     finally:
         signal.signal(signal.SIGINT, handler)
-    assert "interrupted: interrupted by the user; rerun the same command to resume" in capsys.readouterr().out
+    assert (
+        "interrupted: interrupted by the user; rerun the same command to resume"
+        in capsys.readouterr().out
+    )
     monkeypatch.undo()
-    assert main(text_run(tmp_path)) == 0 and read(tmp_path / "run", "status.json")["state"] == "done"
+    assert (
+        main(text_run(tmp_path)) == 0 and read(tmp_path / "run", "status.json")["state"] == "done"
+    )
 
 
-def test_an_evaluation_the_text_split_cannot_feed_is_bad_input_before_any_training_step(tmp_path, capsys):
+def test_an_evaluation_the_text_split_cannot_feed_is_bad_input_before_any_training_step(
+    tmp_path, capsys
+):
     """600 valid tokens in 8 streams leave 74 targets per stream: segment_len 128 is named before training."""
-    argv = text_run(tmp_path, "eval.settings=[{segment_len: 16}, {segment_len: 128}]", "eval.batch_size=8")
+    argv = text_run(
+        tmp_path, "eval.settings=[{segment_len: 16}, {segment_len: 128}]", "eval.batch_size=8"
+    )
     assert main(argv) == 2
     err = capsys.readouterr().err  # besides the progress of datasets reading the files
-    assert "Traceback" not in err and [line for line in err.splitlines() if line.startswith("error")] == [
+    assert "Traceback" not in err and [
+        line for line in err.splitlines() if line.startswith("error")
+    ] == [
         "error: eval.settings[1].segment_len: 128 does not fit the valid split: its 600 tokens cut into "
-        "eval.batch_size=8 streams leave 74 targets per stream; use segment_len <= 74 (or fewer streams)"]
-    assert not (tmp_path / "run" / "metrics.csv").exists() and not (tmp_path / "run" / "checkpoints").exists()
+        "eval.batch_size=8 streams leave 74 targets per stream; use segment_len <= 74 (or fewer streams)"
+    ]
+    assert (
+        not (tmp_path / "run" / "metrics.csv").exists()
+        and not (tmp_path / "run" / "checkpoints").exists()
+    )
     assert read(tmp_path / "run", "status.json")["state"] == "failed"
-    assert main(text_run(tmp_path, "eval.settings=[{segment_len: 16}, {segment_len: 74}]", "eval.batch_size=8")) == 0
+    assert (
+        main(
+            text_run(
+                tmp_path,
+                "eval.settings=[{segment_len: 16}, {segment_len: 74}]",
+                "eval.batch_size=8",
+            )
+        )
+        == 0
+    )
 
 
-def test_a_training_split_too_short_is_bad_input_too_and_the_wall_time_counts_the_start_up(tmp_path, capsys,
-                                                                                           monkeypatch):
+def test_a_training_split_too_short_is_bad_input_too_and_the_wall_time_counts_the_start_up(
+    tmp_path, capsys, monkeypatch
+):
     """status.json's wall time (status's elapsed) runs from the command's start, its start-up included
     (here a slow config read stands for importing torch and reading the data)."""
     import relpos_ablate.cli.train as cli_train
@@ -299,7 +387,11 @@ def test_a_training_split_too_short_is_bad_input_too_and_the_wall_time_counts_th
     began = time.monotonic()
     assert main(argv) == 2
     took = time.monotonic() - began
-    assert capsys.readouterr().err.splitlines()[-1].startswith("error: train.batch_size: the train split has")
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith("error: train.batch_size: the train split has")
+    )
     assert took - 0.25 < read(tmp_path / "run", "status.json")["wall_time_s"] <= took
 
 
@@ -308,13 +400,20 @@ def test_cli_summary_labels_settings_as_tables_do(tmp_path, capsys):
     from fixtures.report_runs import make_run
     from relpos_ablate.cli.train import print_outcome
 
-    run_dir = make_run(tmp_path, ["model.mem_len=64"], results=[
-        ({"segment_len": 64, "protocol": "sliding", "stride": 32, "mem_len": 0}, {"ppl": 3.0}),
-        ({"segment_len": 64, "protocol": "xl"}, {"ppl": 4.0})])
+    run_dir = make_run(
+        tmp_path,
+        ["model.mem_len=64"],
+        results=[
+            ({"segment_len": 64, "protocol": "sliding", "stride": 32, "mem_len": 0}, {"ppl": 3.0}),
+            ({"segment_len": 64, "protocol": "xl"}, {"ppl": 4.0}),
+        ],
+    )
     (run_dir / "eval.json").write_text(json.dumps({**read(run_dir, "eval.json"), "step": 300}))
     print_outcome(run_dir, "done")
     lines = capsys.readouterr().out.splitlines()
-    assert any("sliding, eval len 64, stride 32, mem 0" in line and "3" in line for line in lines), lines
+    assert any(
+        "sliding, eval len 64, stride 32, mem 0" in line and "3" in line for line in lines
+    ), lines
     assert any("xl, eval len 64, mem 64" in line and "4" in line for line in lines), lines
 
 
@@ -329,5 +428,7 @@ def test_help_lists_every_config_field_with_its_default(capsys):
     text = capsys.readouterr().out
     for path, default, _doc in describe(RunConfig):
         assert f"{path} = {default}" in text
-    for field in dataclasses.fields(EvalSetting):  # every field of an evaluation setting, none left out
+    for field in dataclasses.fields(
+        EvalSetting
+    ):  # every field of an evaluation setting, none left out
         assert f"eval.settings[i].{field.name} = " in text, field.name

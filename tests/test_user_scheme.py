@@ -49,19 +49,31 @@ def console_script(directory: Path, *argv: str) -> subprocess.CompletedProcess:
     script.parent.mkdir(exist_ok=True)
     script.write_text(CONSOLE_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(script), *argv], cwd=directory, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(script), *argv],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def assert_trained_the_gaussian(run_dir: Path) -> None:
     """Done, config.yaml names the import, and the scheme's own parameter was trained."""
     assert read_status(run_dir)["state"] == "done", read_status(run_dir)
     stored = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert stored["imports"] == ["my_schemes"] and stored["model"]["attention"]["bias"] == "gaussian"
+    assert (
+        stored["imports"] == ["my_schemes"] and stored["model"]["attention"]["bias"] == "gaussian"
+    )
     assert read_eval(run_dir)["settings"]
-    state = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(last_checkpoint(run_dir), map_location="cpu", weights_only=False)[
+        "state_dict"
+    ]
     log_a = [value for key, value in state.items() if key.endswith("bias_scheme.log_a")]
-    assert log_a and not torch.equal(log_a[0], torch.full_like(log_a[0], -4.0)), "log_a was not trained"
+    assert log_a and not torch.equal(log_a[0], torch.full_like(log_a[0], -4.0)), (
+        "log_a was not trained"
+    )
 
 
 @pytest.fixture
@@ -87,7 +99,9 @@ def test_a_grid_runs_the_readme_scheme_by_name_in_its_workers(in_work_dir, capsy
     (work / "grid.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     out = console_script(work, "grid", "grid.yaml", "--results", "results", "--slots", "1")
     assert out.returncode == 0, out.stdout + out.stderr
-    (run_dir,) = [path for path in (work / "results" / "mine").iterdir() if not path.name.startswith(".")]
+    (run_dir,) = [
+        path for path in (work / "results" / "mine").iterdir() if not path.name.startswith(".")
+    ]
     assert_trained_the_gaussian(run_dir)
     assert "my_schemes" not in sys.modules  # the rerun below imports it itself
     rerun = main(["grid", "grid.yaml", "--results", "results", "--slots", "1", "--dry-run"])
@@ -97,7 +111,9 @@ def test_a_grid_runs_the_readme_scheme_by_name_in_its_workers(in_work_dir, capsy
 
 
 def test_train_runs_the_readme_config(in_work_dir):
-    assert main(["train", "--config", "run.yaml", "--run-dir", "runs/gaussian", "--threads", "1"]) == 0
+    assert (
+        main(["train", "--config", "run.yaml", "--run-dir", "runs/gaussian", "--threads", "1"]) == 0
+    )
     assert_trained_the_gaussian(in_work_dir / "runs" / "gaussian")
 
 
@@ -106,12 +122,23 @@ def test_without_the_module_on_the_path_the_error_names_it_once(in_work_dir, cap
     assert main(["train", "--config", "run.yaml", "--run-dir", "runs/gaussian"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: imports[0]: cannot import 'my_schemes' (ModuleNotFoundError: No module named 'my_schemes'); "
-        "the module must be on PYTHONPATH or in the working directory"]
+        "the module must be on PYTHONPATH or in the working directory"
+    ]
     assert not (in_work_dir / "runs").exists()
-    spec = {"base": yaml.safe_load((in_work_dir / "run.yaml").read_text()), "grid": {"encoding": ["alibi", "gaussian"]}}
+    spec = {
+        "base": yaml.safe_load((in_work_dir / "run.yaml").read_text()),
+        "grid": {"encoding": ["alibi", "gaussian"]},
+    }
     (in_work_dir / "grid.yaml").write_text(yaml.safe_dump(spec))
     assert main(["grid", "grid.yaml", "--dry-run"]) == 2
-    problems = capsys.readouterr().err.splitlines()[1:]  # after the headline: the import, then what it left unknown
-    assert problems[0].startswith("error: base.imports[0]: cannot import 'my_schemes' (ModuleNotFoundError")
+    problems = capsys.readouterr().err.splitlines()[
+        1:
+    ]  # after the headline: the import, then what it left unknown
+    assert problems[0].startswith(
+        "error: base.imports[0]: cannot import 'my_schemes' (ModuleNotFoundError"
+    )
     assert sum("cannot import" in line for line in problems) == 1
-    assert all("'gaussian' is not registered" in line or "unknown encoding 'gaussian'" in line for line in problems[1:])
+    assert all(
+        "'gaussian' is not registered" in line or "unknown encoding 'gaussian'" in line
+        for line in problems[1:]
+    )

@@ -21,13 +21,34 @@ from relpos_ablate.analysis import recl
 from relpos_ablate.config.yaml_io import load_yaml
 from relpos_ablate.io import read_json
 
-SETTING_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "same_length", "attn_len", "max_targets",
-                  "rope_scaling", "rope_scale", "split")
+SETTING_FIELDS = (
+    "protocol",
+    "segment_len",
+    "stride",
+    "mem_len",
+    "clamp_len",
+    "same_length",
+    "attn_len",
+    "max_targets",
+    "rope_scaling",
+    "rope_scale",
+    "split",
+)
 """Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol; rope_scale:
 the factor s of the setting's RoPE context extension, resolved; split: the text split scored, valid or test)."""
 NOT_SETTING_FIELDS = ("metrics", "error", "diagnostics", "position_loss", "token_losses")
 """Keys of a setting record that are not plain setting columns (diagnostics: analysis/diagnostics.py reads them)."""
-RUN_COLUMNS = ("run_id", "experiment", "status", "reason", "seed", "wall_time_s", "step", "max_steps", "stopped")
+RUN_COLUMNS = (
+    "run_id",
+    "experiment",
+    "status",
+    "reason",
+    "seed",
+    "wall_time_s",
+    "step",
+    "max_steps",
+    "stopped",
+)
 """Per-run columns first in every collected frame (stopped: why training ended, with train.stop_at_exact_match)."""
 
 
@@ -71,7 +92,9 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
     config = _read_mapping(run_dir / rundir.CONFIG, problems, required=True) or {}
     row: dict[str, Any] = {
         "run_id": meta.get("run_id", run_dir.name),
-        "experiment": meta.get("experiment"),  # none for a run trained by `train` alone: its folder is no experiment
+        "experiment": meta.get(
+            "experiment"
+        ),  # none for a run trained by `train` alone: its folder is no experiment
         "status": status.get("state", "unknown"),
         "reason": status.get("reason"),
         "seed": config.get("seed", np.nan),
@@ -88,7 +111,9 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
         problems.append(f"{run_dir / rundir.RUN_INFO}: 'variant' is not a mapping; ignored")
         variant = {}
     for axis, value in variant.items():
-        if axis not in config_columns and axis not in row:  # a config path as axis: the resolved value wins
+        if (
+            axis not in config_columns and axis not in row
+        ):  # a config path as axis: the resolved value wins
             row[axis] = json.dumps(value) if isinstance(value, (list, dict)) else value
     row.update(config_columns)
     row["_variant_axes"] = [a for a in variant if a != "seed"]
@@ -115,19 +140,36 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
         if not isinstance(metrics, dict):
             problems.append(f"{path}: settings[{k}] has no 'metrics' mapping; ignored")
             continue
-        row = {name: rundir.record_value(setting, name, data) for name in SETTING_FIELDS}  # older files: defaults
-        row["eval_setting"] = k  # its place in eval.json: loss by position and token losses are found by it
+        row = {
+            name: rundir.record_value(setting, name, data) for name in SETTING_FIELDS
+        }  # older files: defaults
+        row["eval_setting"] = (
+            k  # its place in eval.json: loss by position and token losses are found by it
+        )
         row["token_losses"] = setting.get("token_losses")
         # fields a setting record adds (e.g. an example task's length_min, length_max, depth), as written
-        row.update({name: value for name, value in setting.items() if name not in (*row, *NOT_SETTING_FIELDS)
-                    and (value is None or isinstance(value, (str, int, float, bool)))})
+        row.update(
+            {
+                name: value
+                for name, value in setting.items()
+                if name not in (*row, *NOT_SETTING_FIELDS)
+                and (value is None or isinstance(value, (str, int, float, bool)))
+            }
+        )
         row["eval_error"] = setting.get("error")  # a setting the run could not evaluate, and why
-        if row["attn_len"] is None and isinstance(row["segment_len"], int) and isinstance(row["mem_len"], int):
+        if (
+            row["attn_len"] is None
+            and isinstance(row["segment_len"], int)
+            and isinstance(row["mem_len"], int)
+        ):
             row["attn_len"] = row["segment_len"] + row["mem_len"]
         row.update({name: _number(value) for name, value in metrics.items()})
         row["_metrics"] = list(metrics)
         rows.append(row)
-    return rows, {"main_metric": data.get("main_metric"), **_reference_fields(data.get("reference"))}
+    return rows, {
+        "main_metric": data.get("main_metric"),
+        **_reference_fields(data.get("reference")),
+    }
 
 
 def _add_ladder_losses(run_dir: Path, rows: list[dict], problems: list[str]) -> None:
@@ -137,8 +179,13 @@ def _add_ladder_losses(run_dir: Path, rows: list[dict], problems: list[str]) -> 
     every one of them scores with its full context (RECL's shared targets; analysis/recl.py). Unlike ppl,
     these compare contexts on the same targets, without each stream's first window; kept in summary.csv,
     they outlive the token-loss files."""
-    ladder = [row for row in rows if isinstance(row.get("token_losses"), str) and isinstance(row.get("attn_len"), int)
-              and recl.fixed_context(row.get("protocol"), row.get("stride"))]
+    ladder = [
+        row
+        for row in rows
+        if isinstance(row.get("token_losses"), str)
+        and isinstance(row.get("attn_len"), int)
+        and recl.fixed_context(row.get("protocol"), row.get("stride"))
+    ]
     if len(ladder) < 2:
         return
     arrays = rundir.read_token_losses(run_dir)
@@ -147,7 +194,9 @@ def _add_ladder_losses(run_dir: Path, rows: list[dict], problems: list[str]) -> 
         return
     longest = max(row["attn_len"] for row in ladder)
     for row in ladder:
-        shared = recl.shared_targets(np.asarray(arrays[row["token_losses"]], dtype=np.float64), longest)
+        shared = recl.shared_targets(
+            np.asarray(arrays[row["token_losses"]], dtype=np.float64), longest
+        )
         row["ladder_loss"], row["ladder_targets"] = float(shared.mean()), int(shared.size)
 
 
@@ -174,7 +223,9 @@ def run_name(run: pd.Series) -> str:
 
 def run_names(frame: pd.DataFrame) -> str:
     """The names of a frame's runs for a title: their experiments (and run dir names), sorted, once each."""
-    return ", ".join(sorted({run_name(run) for _, run in frame.drop_duplicates("run_dir").iterrows()}))
+    return ", ".join(
+        sorted({run_name(run) for _, run in frame.drop_duplicates("run_dir").iterrows()})
+    )
 
 
 def collect_run(run_dir: Path, problems: list[str]) -> list[dict]:
@@ -205,7 +256,12 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
     root = Path(results_dir)
     if not root.is_dir():
         frame = pd.DataFrame(columns=list(RUN_COLUMNS))
-        frame.attrs.update(problems=[f"{root}: not a directory"], variant_axes=[], metrics=[], results_dir=str(root))
+        frame.attrs.update(
+            problems=[f"{root}: not a directory"],
+            variant_axes=[],
+            metrics=[],
+            results_dir=str(root),
+        )
         return frame
     found = rundir.find_run_dirs(root)
     problems = list(found.problems)
@@ -213,14 +269,26 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
     axes = list(dict.fromkeys(a for row in rows for a in row.pop("_variant_axes")))
     metric_names = list(dict.fromkeys(m for row in rows for m in row.pop("_metrics", ())))
     frame = pd.DataFrame(rows, columns=_column_order(rows, axes, metric_names))
-    frame.attrs.update(problems=problems, variant_axes=axes, metrics=metric_names, results_dir=str(root))
+    frame.attrs.update(
+        problems=problems, variant_axes=axes, metrics=metric_names, results_dir=str(root)
+    )
     return frame
 
 
 def _column_order(rows: list[dict], axes: list[str], metrics: list[str]) -> list[str]:
     """Run columns, variant axes, setting, metrics, main_metric, then config fields in file order."""
-    head = [*RUN_COLUMNS, *axes, *SETTING_FIELDS, *metrics, "main_metric", "eval_setting", "token_losses",
-            "eval_error", "run_dir", "spec"]
+    head = [
+        *RUN_COLUMNS,
+        *axes,
+        *SETTING_FIELDS,
+        *metrics,
+        "main_metric",
+        "eval_setting",
+        "token_losses",
+        "eval_error",
+        "run_dir",
+        "spec",
+    ]
     rest = list(dict.fromkeys(k for row in rows for k in row if k not in head))
     return head + rest
 
@@ -231,12 +299,17 @@ def read_summary(path) -> pd.DataFrame:
     metrics, then main_metric (analysis/collect.py, _column_order)."""
     frame = pd.read_csv(path)
     columns = list(frame.columns)
-    first_setting = min((columns.index(f) for f in SETTING_FIELDS if f in columns), default=len(columns))
+    first_setting = min(
+        (columns.index(f) for f in SETTING_FIELDS if f in columns), default=len(columns)
+    )
     last_setting = max((columns.index(f) for f in SETTING_FIELDS if f in columns), default=-1)
     end = columns.index("main_metric") if "main_metric" in columns else last_setting + 1
-    frame.attrs.update(problems=[], results_dir=str(Path(path).parent) if isinstance(path, (str, Path)) else "",
-                       variant_axes=[c for c in columns[:first_setting] if c not in RUN_COLUMNS],
-                       metrics=columns[last_setting + 1:end])
+    frame.attrs.update(
+        problems=[],
+        results_dir=str(Path(path).parent) if isinstance(path, (str, Path)) else "",
+        variant_axes=[c for c in columns[:first_setting] if c not in RUN_COLUMNS],
+        metrics=columns[last_setting + 1 : end],
+    )
     return frame
 
 
@@ -247,12 +320,22 @@ def merge_frames(found: pd.DataFrame, earlier: pd.DataFrame) -> pd.DataFrame:
     their run dirs and merged with it. A run in both takes its rows from `found` (the run dirs are the
     source). Columns in collect's order (_column_order) over the union of both; attrs: the union of both."""
     kept = earlier[~earlier["run_id"].isin(set(found["run_id"]))]
-    axes, metrics = ([*dict.fromkeys([*earlier.attrs.get(key, []), *found.attrs.get(key, [])])]
-                     for key in ("variant_axes", "metrics"))
+    axes, metrics = (
+        [*dict.fromkeys([*earlier.attrs.get(key, []), *found.attrs.get(key, [])])]
+        for key in ("variant_axes", "metrics")
+    )
     present = [row for part in (kept, found) if len(part) for row in [dict.fromkeys(part.columns)]]
     columns = [c for c in _column_order(present, axes, metrics) if any(c in row for row in present)]
     parts = [part.reindex(columns=columns) for part in (kept, found) if len(part)]
-    merged = pd.concat(parts, ignore_index=True).copy() if parts else pd.DataFrame(columns=list(RUN_COLUMNS))
-    merged.attrs.update(problems=list(found.attrs.get("problems", [])), results_dir=found.attrs.get("results_dir", ""),
-                        variant_axes=axes, metrics=metrics)
+    merged = (
+        pd.concat(parts, ignore_index=True).copy()
+        if parts
+        else pd.DataFrame(columns=list(RUN_COLUMNS))
+    )
+    merged.attrs.update(
+        problems=list(found.attrs.get("problems", [])),
+        results_dir=found.attrs.get("results_dir", ""),
+        variant_axes=axes,
+        metrics=metrics,
+    )
     return merged

@@ -21,44 +21,108 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLo
 
 from relpos_ablate.analysis.collect import run_names
 from relpos_ablate.analysis.extrapolation_lines import (
-    FAMILIES, ZOOM, Layout, Line, extrapolation_lines, group_rows, panel_setting, set_identities, zoomed,
+    FAMILIES,
+    ZOOM,
+    Layout,
+    Line,
+    extrapolation_lines,
+    group_rows,
+    panel_setting,
+    set_identities,
+    zoomed,
 )
 from relpos_ablate.analysis.settings import label, short_name
 from relpos_ablate.analysis.table_options import metric_direction
 
-FAMILY_STYLES = {"absolute": ":", "rotary": "--", "bias": "-", "data-dependent": "-.",
-                 "other": (0, (5, 1.5, 1, 1.5, 1, 1.5))}
+FAMILY_STYLES = {
+    "absolute": ":",
+    "rotary": "--",
+    "bias": "-",
+    "data-dependent": "-.",
+    "other": (0, (5, 1.5, 1, 1.5, 1, 1.5)),
+}
 OVERLAP = 0.005
 """Lines whose means differ by less than this share of the panel's y span at every length hide each other:
 drawn once, the legend (or the panel) names them."""
-X_LABELS = {"segment_len": "evaluation length (tokens per segment)", "attn_len": "attention length (keys per query)"}
-TICKS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 1.75, 2, 2.5, 3, 4, 5, 6, 8, 10, 15, 20, 30, 40,
-         50, 70, 100, 200, 500, 1000)
+X_LABELS = {
+    "segment_len": "evaluation length (tokens per segment)",
+    "attn_len": "attention length (keys per query)",
+}
+TICKS = (
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.9,
+    0.95,
+    1.0,
+    1.05,
+    1.1,
+    1.2,
+    1.3,
+    1.5,
+    1.75,
+    2,
+    2.5,
+    3,
+    4,
+    5,
+    6,
+    8,
+    10,
+    15,
+    20,
+    30,
+    40,
+    50,
+    70,
+    100,
+    200,
+    500,
+    1000,
+)
 """Tick values of a log y axis (plain numbers: a reader reads 1.5, not 10^0.18)."""
 
 
-def extrapolation_figure(df: pd.DataFrame, metric: str | None = None, x: str = "segment_len", y: str = "value",
-                         panels: str | None = None, split_families: bool = False,
-                         where: tuple[str, ...] | None = None) -> Figure:
+def extrapolation_figure(
+    df: pd.DataFrame,
+    metric: str | None = None,
+    x: str = "segment_len",
+    y: str = "value",
+    panels: str | None = None,
+    split_families: bool = False,
+    where: tuple[str, ...] | None = None,
+) -> Figure:
     """The figure (see the module docstring); build_extrapolation also returns the notes."""
     return build_extrapolation(df, metric, x, y, panels, split_families, where)[0]
 
 
-def build_extrapolation(df: pd.DataFrame, metric: str | None = None, x: str = "segment_len", y: str = "value",
-                        panels: str | None = None, split_families: bool = False,
-                        where: tuple[str, ...] | None = None) -> tuple[Figure, list[str]]:
+def build_extrapolation(
+    df: pd.DataFrame,
+    metric: str | None = None,
+    x: str = "segment_len",
+    y: str = "value",
+    panels: str | None = None,
+    split_families: bool = False,
+    where: tuple[str, ...] | None = None,
+) -> tuple[Figure, list[str]]:
     """(figure, notes): a column of panels per panel value, a row per family group (family_rows), and with
     y='ratio' a last row zooming on the lines that stay within ZOOM of their training-length value."""
     layout = extrapolation_lines(df, metric, x, y, panels, where)
     set_identities(layout)
     groups = group_rows(layout.lines, split_families)
-    colors = {identity: color for group in groups for identity, color in zip(group, _colors(len(group)))}
+    colors = {
+        identity: color for group in groups for identity, color in zip(group, _colors(len(group)))
+    }
     zoom = zoomed(layout)
     if zoom:
         groups.append(zoom)
         colors.update(_distinct([colors[identity] for identity in zoom], zoom))
     panel_values = list(dict.fromkeys(ln.panel for ln in layout.lines))
-    fig = Figure(figsize=(max(6.4, 3.9 * len(panel_values) + 2.9), 3.3 * len(groups) + 0.5), layout="constrained")
+    fig = Figure(
+        figsize=(max(6.4, 3.9 * len(panel_values) + 2.9), 3.3 * len(groups) + 0.5),
+        layout="constrained",
+    )
     axes = fig.subplots(len(groups), len(panel_values), squeeze=False)
     heading = ", ".join(short_name(name) for name in layout.rows)
     for r, group in enumerate(groups):
@@ -67,23 +131,51 @@ def build_extrapolation(df: pd.DataFrame, metric: str | None = None, x: str = "s
         merged = _overlaps_everywhere(mine, limits)
         for c, panel in enumerate(panel_values):
             ax = axes[r][c]
-            _draw_panel(ax, layout, [ln for ln in mine if ln.panel == panel], colors, limits, merged)
+            _draw_panel(
+                ax, layout, [ln for ln in mine if ln.panel == panel], colors, limits, merged
+            )
             if c:  # one y label a row, one x label a column
                 ax.set_ylabel("")
             if r < len(groups) - 1:
                 ax.set_xlabel("")
-            what = (f"within ×{ZOOM:g} of the training length (zoom)" if zoom and r == len(groups) - 1 else
-                    ", ".join(f for f in FAMILIES if any(ln.family == f for ln in mine)) if len(groups) > 1 else "")
-            title = ", ".join(filter(None, [label(v) for v in panel] + [panel_setting(layout, panel)]))
+            what = (
+                f"within ×{ZOOM:g} of the training length (zoom)"
+                if zoom and r == len(groups) - 1
+                else ", ".join(f for f in FAMILIES if any(ln.family == f for ln in mine))
+                if len(groups) > 1
+                else ""
+            )
+            title = ", ".join(
+                filter(None, [label(v) for v in panel] + [panel_setting(layout, panel)])
+            )
             ax.set_title(" — ".join(filter(None, [title, what])), fontsize=9)
         handles = _legend_handles(layout, group, mine, colors, merged, limits)
         if len(groups) == 1:
-            fig.legend(handles=handles, loc="outside right center", fontsize=7, title=heading, title_fontsize=7)
+            fig.legend(
+                handles=handles,
+                loc="outside right center",
+                fontsize=7,
+                title=heading,
+                title_fontsize=7,
+            )
         else:  # a legend per row, beside its last panel
-            axes[r][-1].legend(handles=handles, fontsize=7, title=heading, title_fontsize=7, loc="upper left",
-                               bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
-    what = f"{layout.metric} / {layout.metric} at the training length" if layout.y == "ratio" else layout.metric
-    fig.suptitle(f"{run_names(layout.data)}: {what} vs {X_LABELS.get(x, x).split(' (')[0]}", fontsize=10)
+            axes[r][-1].legend(
+                handles=handles,
+                fontsize=7,
+                title=heading,
+                title_fontsize=7,
+                loc="upper left",
+                bbox_to_anchor=(1.02, 1.0),
+                borderaxespad=0.0,
+            )
+    what = (
+        f"{layout.metric} / {layout.metric} at the training length"
+        if layout.y == "ratio"
+        else layout.metric
+    )
+    fig.suptitle(
+        f"{run_names(layout.data)}: {what} vs {X_LABELS.get(x, x).split(' (')[0]}", fontsize=10
+    )
     return fig, layout.notes
 
 
@@ -106,10 +198,19 @@ def _limits(layout: Layout, lines: list[Line]) -> tuple[float, float, bool]:
     means = np.concatenate([ln.mean for ln in lines]) if lines else np.array([1.0])
     means = means[np.isfinite(means)]
     low, high = float(means.min()), float(means.max())
-    extra = [1.0] if layout.y == "ratio" else [v for v in _reference_levels(layout)
-                                               if min(abs(v - low), abs(v - high)) <= max(high - low, 1e-9)]
+    extra = (
+        [1.0]
+        if layout.y == "ratio"
+        else [
+            v
+            for v in _reference_levels(layout)
+            if min(abs(v - low), abs(v - high)) <= max(high - low, 1e-9)
+        ]
+    )
     low, high = min([low, *extra]), max([high, *extra])
-    log = low > 0 and (high / low > 2 if layout.y == "ratio" else layout.metric == "ppl" and high / low > 10)
+    log = low > 0 and (
+        high / low > 2 if layout.y == "ratio" else layout.metric == "ppl" and high / low > 10
+    )
     if log:
         pad = (high / low) ** 0.06 if high > low else 1.02
         return low / pad, high * pad, True
@@ -154,8 +255,10 @@ def _overlaps_everywhere(lines: list[Line], limits) -> list[tuple]:
     panels = {ln.panel for ln in lines}
     together = None
     for panel in panels:
-        groups = {frozenset(ln.identity for ln in g) for g in _overlap_groups([ln for ln in lines if ln.panel == panel],
-                                                                              limits)}
+        groups = {
+            frozenset(ln.identity for ln in g)
+            for g in _overlap_groups([ln for ln in lines if ln.panel == panel], limits)
+        }
         pairs = {(a, b) for g in groups for a in g for b in g if a != b}
         together = pairs if together is None else together & pairs
     identities = list(dict.fromkeys(ln.identity for ln in lines))
@@ -163,34 +266,64 @@ def _overlaps_everywhere(lines: list[Line], limits) -> list[tuple]:
     for identity in identities:
         if identity in seen:
             continue
-        group = [identity] + [o for o in identities if (identity, o) in (together or set()) and o not in seen]
+        group = [identity] + [
+            o for o in identities if (identity, o) in (together or set()) and o not in seen
+        ]
         seen.update(group)
         if len(group) > 1:
             merged.append(tuple(group))
     return merged
 
 
-def _draw_panel(ax, layout: Layout, lines: list[Line], colors: dict, limits, merged: list[tuple]) -> None:
+def _draw_panel(
+    ax, layout: Layout, lines: list[Line], colors: dict, limits, merged: list[tuple]
+) -> None:
     """The panel's lines (seed mean, ± std band), each coinciding group drawn once (named in the legend when it
     coincides in every panel, else in a note in the panel's corner); axes as _format_axes."""
     low, high, log = limits
     hidden = {identity for group in merged for identity in group[1:]}
-    local = [g for g in _overlap_groups(lines, limits) if len(g) > 1
-             and not any({ln.identity for ln in g} <= set(m) for m in merged)]
+    local = [
+        g
+        for g in _overlap_groups(lines, limits)
+        if len(g) > 1 and not any({ln.identity for ln in g} <= set(m) for m in merged)
+    ]
     hidden |= {ln.identity for g in local for ln in g[1:]}
     for line in lines:
         if line.identity in hidden:
             continue
         color, style = colors[line.identity], FAMILY_STYLES[line.family]
         mean, std = line.mean, line.std
-        ax.plot(line.xs, mean, color=color, ls=style, lw=1.6, marker="o", ms=3.5, label=_name(layout, line.identity))
+        ax.plot(
+            line.xs,
+            mean,
+            color=color,
+            ls=style,
+            lw=1.6,
+            marker="o",
+            ms=3.5,
+            label=_name(layout, line.identity),
+        )
         if any(s.size > 1 for s in line.samples):
-            ax.fill_between(line.xs, np.maximum(mean - std, low if log else -np.inf), mean + std, color=color,
-                            alpha=0.15, lw=0)
+            ax.fill_between(
+                line.xs,
+                np.maximum(mean - std, low if log else -np.inf),
+                mean + std,
+                color=color,
+                alpha=0.15,
+                lw=0,
+            )
     if local:
         text = "; ".join(" = ".join(_name(layout, ln.identity) for ln in g) for g in local)
-        ax.text(0.99, 0.02, f"overlap: {text}", transform=ax.transAxes, ha="right", va="bottom", fontsize=6,
-                color="0.3")
+        ax.text(
+            0.99,
+            0.02,
+            f"overlap: {text}",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=6,
+            color="0.3",
+        )
     _format_axes(ax, layout, limits)
 
 
@@ -206,7 +339,9 @@ def _format_axes(ax, layout: Layout, limits) -> None:
     if log:
         ax.set_yscale("log")
         ticks: list[float] = []
-        for tick in (t for t in TICKS if low <= t <= high):  # at most ~8, evenly spread on the log scale
+        for tick in (
+            t for t in TICKS if low <= t <= high
+        ):  # at most ~8, evenly spread on the log scale
             if not ticks or math.log(tick / ticks[-1]) >= math.log(high / low) / 8:
                 ticks.append(tick)
         ax.yaxis.set_major_locator(FixedLocator(ticks))
@@ -222,7 +357,11 @@ def _format_axes(ax, layout: Layout, limits) -> None:
         if low <= level <= high:
             ax.axhline(level, color="0.4", ls="--", lw=1)
     better = "higher" if metric_direction(layout.metric) == "max" else "lower"
-    what = f"{layout.metric} / {layout.metric} at training length" if layout.y == "ratio" else layout.metric
+    what = (
+        f"{layout.metric} / {layout.metric} at training length"
+        if layout.y == "ratio"
+        else layout.metric
+    )
     ax.set_ylabel(f"{what} ({better} is better)", fontsize=8)
     ax.set_xlabel(X_LABELS.get(layout.x, layout.x), fontsize=8)
     ax.tick_params(labelsize=7)
@@ -233,8 +372,14 @@ def _name(layout: Layout, identity: tuple) -> str:
     return layout.names[identity]
 
 
-def _legend_handles(layout: Layout, group: list[tuple], lines: list[Line], colors: dict, merged: list[tuple],
-                    limits: tuple[float, float, bool]):
+def _legend_handles(
+    layout: Layout,
+    group: list[tuple],
+    lines: list[Line],
+    colors: dict,
+    merged: list[tuple],
+    limits: tuple[float, float, bool],
+):
     """A legend entry per identity of the row (coinciding ones as one, 'A / B (overlap)'), then the marks the
     row's panels draw (the training length when the runs share one, the reference level within the y range)."""
     families = {ln.identity: ln.family for ln in lines}
@@ -245,12 +390,25 @@ def _legend_handles(layout: Layout, group: list[tuple], lines: list[Line], color
             continue
         members = next((g for g in merged if g[0] == identity), (identity,))
         name = _overlap_name(layout, members) if len(members) > 1 else _name(layout, identity)
-        handles.append(Line2D([], [], color=colors[identity], ls=FAMILY_STYLES[families[identity]], marker="o",
-                              ms=3.5, label=name))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color=colors[identity],
+                ls=FAMILY_STYLES[families[identity]],
+                marker="o",
+                ms=3.5,
+                label=name,
+            )
+        )
     if layout.data["_train"].nunique() == 1:
         handles.append(Line2D([], [], color="k", ls=":", lw=1, label="training length"))
     for level in (v for v in _reference_levels(layout) if limits[0] <= v <= limits[1]):
-        name = label(layout.data["reference"].dropna().iloc[0]) if "reference" in layout.data else "reference"
+        name = (
+            label(layout.data["reference"].dropna().iloc[0])
+            if "reference" in layout.data
+            else "reference"
+        )
         handles.append(Line2D([], [], color="0.4", ls="--", lw=1, label=f"{name} ({level:.3g})"))
     return handles
 
@@ -261,5 +419,8 @@ def _overlap_name(layout: Layout, members: tuple) -> str:
     rest = []
     for identity in members[1:]:
         parts = _name(layout, identity).split(", ")
-        rest.append(", ".join(p.split("=", 1)[-1] for p, q in zip(parts, first) if p != q) or ", ".join(parts))
+        rest.append(
+            ", ".join(p.split("=", 1)[-1] for p, q in zip(parts, first) if p != q)
+            or ", ".join(parts)
+        )
     return " / ".join([", ".join(first), *rest]) + " (overlap)"

@@ -41,29 +41,42 @@ SOURCES = ("bias", "d", "decay", "xpos")
 
 def _has(cfg, source: str) -> bool:
     """Whether one layer's attention has this curve (a layer pattern may give it to some layers only)."""
-    return {"bias": cfg.bias != "none", "d": "d" in cfg.terms, "decay": cfg.forget_gate,
-            "xpos": cfg.xpos_scale_base is not None}[source]
+    return {
+        "bias": cfg.bias != "none",
+        "d": "d" in cfg.terms,
+        "decay": cfg.forget_gate,
+        "xpos": cfg.xpos_scale_base is not None,
+    }[source]
 
 
 def check_has_bias(model, name: str) -> list[str]:
     sources = bias_sources(model)
     if not sources:
         cfg = model.attention_layers()[0].config
-        raise ConfigError("kind", f"{name} has no bias curve: bias='none' and term d is off "
-                                  f"(terms={cfg.terms!r}), no FoX gate, no xPos; try --kind attention or terms")
+        raise ConfigError(
+            "kind",
+            f"{name} has no bias curve: bias='none' and term d is off "
+            f"(terms={cfg.terms!r}), no FoX gate, no xPos; try --kind attention or terms",
+        )
     return sources
 
 
 def bias_panels(model, source: str) -> list[tuple[str, object]]:
     """(title, attention layer) per panel: the shared bias module once, else one per layer; xPos's
     parameter-free decay once."""
-    named = [(name, attn) for name, attn in zip(model.layer_names(), model.attention_layers()) if _has(attn.config, source)]
+    named = [
+        (name, attn)
+        for name, attn in zip(model.layer_names(), model.attention_layers())
+        if _has(attn.config, source)
+    ]
     every = len(named) == len(model.attention_layers())
     if source == "bias" and all(attn.bias_scheme is named[0][1].bias_scheme for _, attn in named):
         where = "all layers" if every else ", ".join(name for name, _ in named)
         return [(f"bias, {where} (shared)", named[0][1])]
     if source == "xpos":
-        return [(f"xPos decay per rotary pair, {'all layers' if every else named[0][0]}", named[0][1])]
+        return [
+            (f"xPos decay per rotary pair, {'all layers' if every else named[0][0]}", named[0][1])
+        ]
     what = {"bias": "bias", "d": "term d", "decay": "FoX decay on a sample"}[source]
     return [(f"{what}, {name}", attn) for name, attn in named]
 
@@ -80,8 +93,12 @@ def decay_curves(model, details: dict, n_mem: int) -> dict[int, tuple[np.ndarray
         seen = distance >= 0
         per_pair = decay[..., seen].mean(0)  # (H, pairs), mean over the batch
         r = distance[seen]
-        sums = torch.zeros(per_pair.shape[0], n_keys, dtype=torch.float64).index_add_(1, r, per_pair)
-        counts = torch.zeros(n_keys, dtype=torch.float64).index_add_(0, r, torch.ones_like(r, dtype=torch.float64))
+        sums = torch.zeros(per_pair.shape[0], n_keys, dtype=torch.float64).index_add_(
+            1, r, per_pair
+        )
+        counts = torch.zeros(n_keys, dtype=torch.float64).index_add_(
+            0, r, torch.ones_like(r, dtype=torch.float64)
+        )
         mean = sums / counts.clamp(min=1)
         curves[id(attn)] = (mean.numpy(), mean[:, 1].numpy() if n_keys > 1 else np.zeros(len(mean)))
     return curves
@@ -112,8 +129,17 @@ def marks(attn, source: str) -> list[float]:
     return [float(clamp)] + ([] if attn.config.causal else [-float(clamp)])
 
 
-def draw_bias_curves(ax, attn, source: str, distances: np.ndarray, train_len: int | None, legend: bool,
-                     linestyle: str = "-", first: bool = True, decays: dict | None = None) -> None:
+def draw_bias_curves(
+    ax,
+    attn,
+    source: str,
+    distances: np.ndarray,
+    train_len: int | None,
+    legend: bool,
+    linestyle: str = "-",
+    first: bool = True,
+    decays: dict | None = None,
+) -> None:
     """One curve per head of `attn`'s bias (or term d, or FoX's decay on a sample: `decays` from
     decay_curves) against distance, or per rotary pair of xPos's decay; boundaries marked. Overlaying
     several seeds: a linestyle each, and `first` only for the first (it labels the heads and marks)."""
@@ -121,19 +147,33 @@ def draw_bias_curves(ax, attn, source: str, distances: np.ndarray, train_len: in
         curves, labels = _xpos_curves(attn, distances)
     elif source == "decay":
         if decays is None:
-            raise ConfigError("decays", "FoX's decay is read on a sample: pass decays=decay_curves(model, "
-                              "*inspect_sample(model, tokens, segment_len, mem_len))")
+            raise ConfigError(
+                "decays",
+                "FoX's decay is read on a sample: pass decays=decay_curves(model, "
+                "*inspect_sample(model, tokens, segment_len, mem_len))",
+            )
         mean, slope = decays[id(attn)]
-        distances = distances[(distances >= 0) & (distances < mean.shape[1])]  # the sample's distances
+        distances = distances[
+            (distances >= 0) & (distances < mean.shape[1])
+        ]  # the sample's distances
         curves = mean[:, distances]
         labels = [f"head {h}: mean log f = {s:.2f}" for h, s in enumerate(slope)]
     else:
         with torch.no_grad():
-            curves = attn.bias_curve(torch.as_tensor(distances), source=source).float().cpu().numpy()  # (H, n)
+            curves = (
+                attn.bias_curve(torch.as_tensor(distances), source=source).float().cpu().numpy()
+            )  # (H, n)
         labels = [f"head {h}" for h in range(len(curves))]
     colors = _head_colors(len(curves))
     for h, curve in enumerate(curves):
-        ax.plot(distances, curve, color=colors[h], lw=1.2, ls=linestyle, label=labels[h] if first else None)
+        ax.plot(
+            distances,
+            curve,
+            color=colors[h],
+            lw=1.2,
+            ls=linestyle,
+            label=labels[h] if first else None,
+        )
     if first:
         _mark_lengths(ax, attn, source, distances, train_len)
     ax.set_xlabel("distance i − j")
@@ -148,7 +188,9 @@ def _mark_lengths(ax, attn, source: str, distances: np.ndarray, train_len: int |
         ax.axvline(x, color="0.6", ls="--", lw=0.7, label="bucket / clamp edge" if k == 0 else None)
     if train_len:
         for k, x in enumerate([train_len] if attn.config.causal else [train_len, -train_len]):
-            ax.axvline(x, color="k", ls=":", lw=1.0, label="training attention length" if k == 0 else None)
+            ax.axvline(
+                x, color="k", ls=":", lw=1.0, label="training attention length" if k == 0 else None
+            )
 
 
 def _head_colors(n: int) -> list:
@@ -158,11 +200,19 @@ def _head_colors(n: int) -> list:
     return [colormaps["viridis"](0.9 * k / (n - 1)) for k in range(n)]
 
 
-def bias_figure(model, max_distance: int, train_len: int | None = None, title: str = "",
-                decays: dict | None = None) -> Figure:
+def bias_figure(
+    model,
+    max_distance: int,
+    train_len: int | None = None,
+    title: str = "",
+    decays: dict | None = None,
+) -> Figure:
     """Every layer's (or the shared module's) per-head bias and term-d curves, FoX's decay on a sample
     (`decays`, from decay_curves; needed with a forget gate) and xPos's decay, one row per source."""
-    rows = [(source, bias_panels(model, source)) for source in check_has_bias(model, title or "this model")]
+    rows = [
+        (source, bias_panels(model, source))
+        for source in check_has_bias(model, title or "this model")
+    ]
     ncols = max(len(panels) for _, panels in rows)
     fig = Figure(figsize=(4.2 * ncols, 3.2 * len(rows)), layout="constrained")
     axes = fig.subplots(len(rows), ncols, squeeze=False)
@@ -174,8 +224,15 @@ def bias_figure(model, max_distance: int, train_len: int | None = None, title: s
                 axes[r][c].set_visible(False)
                 continue
             name, attn = panels[c]
-            draw_bias_curves(axes[r][c], attn, source, distances, train_len, legend=(r, c) == (0, 0) or
-                             source in ("decay", "xpos"), decays=decays)
+            draw_bias_curves(
+                axes[r][c],
+                attn,
+                source,
+                distances,
+                train_len,
+                legend=(r, c) == (0, 0) or source in ("decay", "xpos"),
+                decays=decays,
+            )
             axes[r][c].set_title(name, fontsize=10)
     if title:
         fig.suptitle(title)
@@ -207,7 +264,9 @@ def draw_map(ax, values: np.ndarray, n_mem: int, cmap: str, norm=None, labels: b
     return image
 
 
-def attention_figure(details: dict, n_mem: int, title: str = "", names: list[str] | None = None) -> Figure:
+def attention_figure(
+    details: dict, n_mem: int, title: str = "", names: list[str] | None = None
+) -> Figure:
     """Attention probabilities for sample 0: a layer x head grid, memory columns left of the red line; names: each
     layer's title (TransformerLM.layer_names; default `layer k`)."""
     probs = details["probs"]  # per layer [B, H, L, M + L]
@@ -228,7 +287,9 @@ def attention_figure(details: dict, n_mem: int, title: str = "", names: list[str
             if layer == n_layers - 1:
                 ax.set_xlabel("key j" + (f" (first {n_mem}: memory)" if n_mem else ""), fontsize=8)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention probability")
-    shown = f" (heads 0..{n_heads - 1} of {probs[0].shape[1]})" if probs[0].shape[1] > n_heads else ""
+    shown = (
+        f" (heads 0..{n_heads - 1} of {probs[0].shape[1]})" if probs[0].shape[1] > n_heads else ""
+    )
     if title or shown:
         fig.suptitle(title + shown)
     return fig
@@ -256,7 +317,10 @@ def terms_figure(details: dict, layer: int, head: int, n_mem: int, title: str = 
         image = draw_map(ax, values, n_mem, "RdBu_r", diverging(values))
         fig.colorbar(image, ax=ax, shrink=0.8)
     off = [name for name in "abcd" if name not in terms]
-    fig.suptitle((title or f"score terms, layer {layer}, head {head}") + (f" (terms {', '.join(off)} off)" if off else ""))
+    fig.suptitle(
+        (title or f"score terms, layer {layer}, head {head}")
+        + (f" (terms {', '.join(off)} off)" if off else "")
+    )
     return fig
 
 
@@ -282,7 +346,9 @@ def inspect_sample(model, tokens: torch.Tensor, segment_len: int, mem_len: int) 
     prefix = tokens.shape[1] - segment_len
     with torch.no_grad():
         for start in range(0, prefix, segment_len):
-            _, mems = model(tokens[:, start : min(start + segment_len, prefix)], mems, mem_len=mem_len)
+            _, mems = model(
+                tokens[:, start : min(start + segment_len, prefix)], mems, mem_len=mem_len
+            )
     details = model.inspect(tokens[:, prefix:], mems, mem_len=mem_len)
     n_mem = 0 if mems is None else mems[0].shape[1]
     return details, n_mem

@@ -21,7 +21,12 @@ from relpos_ablate.analysis.best_over import best_over_table
 from relpos_ablate.analysis.render import Table
 from relpos_ablate.analysis.settings import table_settings
 from relpos_ablate.analysis.table_options import (
-    TableOptions, apply_where, axis_orders, read_spec, resolve_options, spec_options,
+    TableOptions,
+    apply_where,
+    axis_orders,
+    read_spec,
+    resolve_options,
+    spec_options,
 )
 from relpos_ablate.analysis.tables import grid_table
 from relpos_ablate.config import ConfigError
@@ -45,8 +50,11 @@ LAYOUTS: dict[str, LayoutSpec] = {"grid": LayoutSpec(grid_table)}
 """The generic layouts; a study's own come through make_table's `layouts`."""
 
 
-def make_table(df: pd.DataFrame, options: TableOptions = TableOptions(),
-               layouts: Mapping[str, LayoutSpec] | None = None) -> tuple[Table, TableOptions]:
+def make_table(
+    df: pd.DataFrame,
+    options: TableOptions = TableOptions(),
+    layouts: Mapping[str, LayoutSpec] | None = None,
+) -> tuple[Table, TableOptions]:
     """The table the options ask for, and the resolved options (format, layout, ...) it used. `layouts`:
     more layouts by name (a study's) beside the generic ones."""
     known = {**LAYOUTS, **(layouts or {})}
@@ -56,9 +64,14 @@ def make_table(df: pd.DataFrame, options: TableOptions = TableOptions(),
     check_choice("layout", name, known)
     data = apply_where(df if known[name].reads_token_losses else table_settings(df), merged.where)
     resolved = resolve_options(data, options, spec)
-    if resolved.best_over:  # each row at its own best value of a key: a grid table of the chosen runs
+    if (
+        resolved.best_over
+    ):  # each row at its own best value of a key: a grid table of the chosen runs
         if name != "grid":
-            raise ConfigError("best_over", f"picks a value per row of the grid layout; the {name} layout has its own")
+            raise ConfigError(
+                "best_over",
+                f"picks a value per row of the grid layout; the {name} layout has its own",
+            )
         return best_over_table(data, resolved, axis_orders(spec)), resolved
     table = known[name].build(data, resolved, axis_orders(spec))
     if known[name].appendix is not None:

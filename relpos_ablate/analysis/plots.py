@@ -23,7 +23,12 @@ from relpos_ablate.analysis.collect import run_name
 from relpos_ablate.analysis.extrapolation import build_extrapolation, extrapolation_figure  # noqa: F401 (API)
 from relpos_ablate.analysis.trained import check_imports, load_drawable
 from relpos_ablate.analysis.settings import label
-from relpos_ablate.analysis.table_options import axis_orders, default_rows, no_finished_runs, read_spec
+from relpos_ablate.analysis.table_options import (
+    axis_orders,
+    default_rows,
+    no_finished_runs,
+    read_spec,
+)
 from relpos_ablate.analysis.tables import row_key, sort_key
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_bytes
@@ -49,9 +54,17 @@ def save_figure(fig: Figure, stem: Path, formats: tuple[str, ...] = ("png", "pdf
 # ---------------------------------------------------------------- extrapolation (collect only)
 
 
-def save_extrapolation(df, out: Path, metric: str | None = None, x: str = "segment_len", y: str = "value",
-                       panels: str | None = None, split_families: bool = False, where: tuple[str, ...] | None = None,
-                       formats: tuple[str, ...] = ("png", "pdf")) -> tuple[list[Path], list[str]]:
+def save_extrapolation(
+    df,
+    out: Path,
+    metric: str | None = None,
+    x: str = "segment_len",
+    y: str = "value",
+    panels: str | None = None,
+    split_families: bool = False,
+    where: tuple[str, ...] | None = None,
+    formats: tuple[str, ...] = ("png", "pdf"),
+) -> tuple[list[Path], list[str]]:
     """extrapolation.<fmt> in `out` (analysis/extrapolation.py); returns (written files, notes)."""
     fig, notes = build_extrapolation(df, metric, x, y, panels, split_families, where)
     return save_figure(fig, Path(out) / "extrapolation", formats), notes
@@ -102,7 +115,11 @@ def attention_words(run: pd.Series) -> list[str]:
     words = []
     for f in fields(AttentionConfig):
         value = run.get(f"model.attention.{f.name}")
-        if value is not None and not (isinstance(value, float) and math.isnan(value)) and value != f.default:
+        if (
+            value is not None
+            and not (isinstance(value, float) and math.isnan(value))
+            and value != f.default
+        ):
             words.append(f"{f.name}={label(value)}")
     return words
 
@@ -115,7 +132,11 @@ def run_title(run: pd.Series, keys: list[str], axes: Iterable[str] = ()) -> str:
 
 def run_slug(run: pd.Series, keys: list[str]) -> str:
     """A file-name stem from the same fields: `encoding-xl_seed-0_fa7211269c`."""
-    parts = [f"{k.rsplit('.', 1)[-1]}-{label(run[k])}" for k in keys if k in run.index and k != "experiment"]
+    parts = [
+        f"{k.rsplit('.', 1)[-1]}-{label(run[k])}"
+        for k in keys
+        if k in run.index and k != "experiment"
+    ]
     parts += [f"seed-{label(run.get('seed'))}", str(run["run_id"])]
     return "_".join(re.sub(r"[^A-Za-z0-9.-]+", "-", part) for part in parts)
 
@@ -126,8 +147,14 @@ def attention_lengths(config, run_dir: Path | None = None) -> tuple[int, int]:
     mem = config.model.mem_len
     train = config.train.segment_len + mem
     recorded = (rundir.read_eval(run_dir) or {}).get("settings", []) if run_dir is not None else []
-    longest = max([s.attn_len(mem) for s in config.eval_settings()]
-                  + [r["attn_len"] for r in recorded if isinstance(r, dict) and isinstance(r.get("attn_len"), int)])
+    longest = max(
+        [s.attn_len(mem) for s in config.eval_settings()]
+        + [
+            r["attn_len"]
+            for r in recorded
+            if isinstance(r, dict) and isinstance(r.get("attn_len"), int)
+        ]
+    )
     return train, max(train, longest)
 
 
@@ -145,25 +172,48 @@ def sample_decays(config, model, sampler: Callable) -> dict | None:
     return figures.decay_curves(model, *inspect_run(config, model, sampler))
 
 
-def run_figure(kind: str, config, model, title: str, layer: int, head: int, sampler: Callable,
-               run_dir: Path | None = None) -> Figure:
+def run_figure(
+    kind: str,
+    config,
+    model,
+    title: str,
+    layer: int,
+    head: int,
+    sampler: Callable,
+    run_dir: Path | None = None,
+) -> Figure:
     if kind == "bias":
         train, longest = attention_lengths(config, run_dir)
-        return figures.bias_figure(model, longest, train, title, sample_decays(config, model, sampler))
+        return figures.bias_figure(
+            model, longest, train, title, sample_decays(config, model, sampler)
+        )
     details, n_mem = inspect_run(config, model, sampler)
     if kind == "attention":
         return figures.attention_figure(details, n_mem, title, model.layer_names())
     layer = figures.resolve_index(layer, len(details["terms"]), "layer")
-    return figures.terms_figure(details, layer, head, n_mem, f"{title} — {model.layer_names()[layer]}, head {head}")
+    return figures.terms_figure(
+        details, layer, head, n_mem, f"{title} — {model.layer_names()[layer]}, head {head}"
+    )
 
 
-def overview_figure(kind: str, drawn: list[tuple[pd.Series, object, object]], keys: list[str], layer: int, head: int,
-                    sampler, left_out: list[tuple[str, str, str]] = (), titles: dict | None = None) -> Figure:
+def overview_figure(
+    kind: str,
+    drawn: list[tuple[pd.Series, object, object]],
+    keys: list[str],
+    layer: int,
+    head: int,
+    sampler,
+    left_out: list[tuple[str, str, str]] = (),
+    titles: dict | None = None,
+) -> Figure:
     """All drawn runs together: bias curves per variant (seeds overlaid, one y scale per scheme family),
     head-mean last-layer attention per run, or the enabled terms per run. The runs left out are counted in the
     title and their variants named under it by reason (the notes save_model_figures returns give the seeds)."""
     titles = titles or {}
-    named = [(titles.get(run["run_dir"]) or run_title(run, keys), config, model) for run, config, model in drawn]
+    named = [
+        (titles.get(run["run_dir"]) or run_title(run, keys), config, model)
+        for run, config, model in drawn
+    ]
     if kind == "bias":
         fig = _bias_overview(drawn, keys, sampler)
         where = "layer 0 or the shared module; seeds overlaid, one y scale per scheme"
@@ -180,7 +230,8 @@ def overview_figure(kind: str, drawn: list[tuple[pd.Series, object, object]], ke
             variants = by_reason.setdefault(reason.split(":")[0], [])
             variants += [] if variant in variants else [variant]
         title += f"; {len(left_out)} not drawn\n" + "; ".join(
-            f"{reason}: {' | '.join(variants)}" for reason, variants in sorted(by_reason.items()))
+            f"{reason}: {' | '.join(variants)}" for reason, variants in sorted(by_reason.items())
+        )
     fig.suptitle(title, fontsize=9)
     return fig
 
@@ -193,8 +244,10 @@ def left_out_note(left_out: list[tuple[str, str, str]]) -> str:
         by_reason.setdefault(reason, {}).setdefault(variant, []).append(seed)
     parts = []
     for reason, variants in by_reason.items():
-        runs = "; ".join(f"{variant} (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})"
-                         for variant, seeds in variants.items())
+        runs = "; ".join(
+            f"{variant} (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})"
+            for variant, seeds in variants.items()
+        )
         parts.append(f"{runs}: {reason}")
     return "left out: " + ". ".join(parts) + "."
 
@@ -202,14 +255,18 @@ def left_out_note(left_out: list[tuple[str, str, str]]) -> str:
 def _panels(count: int, width: float, height: float):
     """A figure of `count` panels, at most 4 a row, at least 8 inches wide (room for its title)."""
     ncols = min(4, count)
-    fig = Figure(figsize=(max(8.0, width * ncols), height * math.ceil(count / ncols)), layout="constrained")
+    fig = Figure(
+        figsize=(max(8.0, width * ncols), height * math.ceil(count / ncols)), layout="constrained"
+    )
     axes = fig.subplots(math.ceil(count / ncols), ncols, squeeze=False).ravel()
     for ax in axes[count:]:
         ax.set_visible(False)
     return fig, axes
 
 
-def _bias_overview(drawn: list[tuple[pd.Series, object, object]], keys: list[str], sampler) -> Figure:
+def _bias_overview(
+    drawn: list[tuple[pd.Series, object, object]], keys: list[str], sampler
+) -> Figure:
     """One panel per variant with every seed's curves (a line style per seed); panels of one scheme
     family (the same bias type, or term d) share their y scale."""
     variants: dict[str, list] = {}
@@ -222,28 +279,55 @@ def _bias_overview(drawn: list[tuple[pd.Series, object, object]], keys: list[str
             source = figures.bias_sources(model)[0]
             panel, attn = figures.bias_panels(model, source)[0]
             train, longest = attention_lengths(config, Path(run["run_dir"]))
-            figures.draw_bias_curves(ax, attn, source, figures.distance_range(attn.config.causal, longest), train,
-                                     legend=False, linestyle=LINE_STYLES[k % len(LINE_STYLES)], first=k == 0,
-                                     decays=sample_decays(config, model, sampler))
-        families.setdefault(f"{source}:{attn.config.bias if source == 'bias' else ''}", []).append(ax)
+            figures.draw_bias_curves(
+                ax,
+                attn,
+                source,
+                figures.distance_range(attn.config.causal, longest),
+                train,
+                legend=False,
+                linestyle=LINE_STYLES[k % len(LINE_STYLES)],
+                first=k == 0,
+                decays=sample_decays(config, model, sampler),
+            )
+        families.setdefault(f"{source}:{attn.config.bias if source == 'bias' else ''}", []).append(
+            ax
+        )
         seeds = ", ".join(label(run.get("seed")) for run, _, _ in runs)
         ax.set_title(f"{name}\n{panel}; seed{'s' if len(runs) > 1 else ''} {seeds}", fontsize=8)
         if len(runs) > 1:
-            ax.legend(handles=[Line2D([], [], color="0.3", ls=LINE_STYLES[k % len(LINE_STYLES)],
-                                      label=f"seed {label(run.get('seed'))}") for k, (run, _, _) in enumerate(runs)],
-                      fontsize=7)
+            ax.legend(
+                handles=[
+                    Line2D(
+                        [],
+                        [],
+                        color="0.3",
+                        ls=LINE_STYLES[k % len(LINE_STYLES)],
+                        label=f"seed {label(run.get('seed'))}",
+                    )
+                    for k, (run, _, _) in enumerate(runs)
+                ],
+                fontsize=7,
+            )
     for members in families.values():
         low = min(ax.get_ylim()[0] for ax in members)
         high = max(ax.get_ylim()[1] for ax in members)
         for ax in members:
             ax.set_ylim(low, high)
-    entries: dict[str, object] = {}  # every panel's heads and marks (a bucket edge in one panel only), once each
+    entries: dict[
+        str, object
+    ] = {}  # every panel's heads and marks (a bucket edge in one panel only), once each
     for ax in axes:
         for handle, name in zip(*ax.get_legend_handles_labels()):
             if not name.startswith("seed "):
                 entries.setdefault(name, handle)
-    fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncol=min(8, len(entries)),
-               fontsize=7)
+    fig.legend(
+        list(entries.values()),
+        list(entries),
+        loc="outside lower center",
+        ncol=min(8, len(entries)),
+        fontsize=7,
+    )
     return fig
 
 
@@ -254,24 +338,34 @@ def _attention_overview(items: list[tuple[str, object, object]], layer: int, sam
         details, n_mem = inspect_run(config, model, sampler)
         k = figures.resolve_index(layer, len(details["probs"]), "layer")
         probs = details["probs"][k][0].mean(0)  # (L, M + L), mean over heads
-        figures.draw_map(ax, figures.masked(probs, details["terms"][k].get("visible")), n_mem, "viridis")
+        figures.draw_map(
+            ax, figures.masked(probs, details["terms"][k].get("visible")), n_mem, "viridis"
+        )
     return fig
 
 
 def _terms_overview(items, layer: int, head: int, sampler) -> Figure:
     """One row per run: the terms enabled in any run (a disabled one marked off), and the bias when any has one."""
     inspected = [(title, *inspect_run(config, model, sampler)) for title, config, model in items]
-    maps = [details["terms"][figures.resolve_index(layer, len(details["terms"]), "layer")] for _, details, _ in inspected]
+    maps = [
+        details["terms"][figures.resolve_index(layer, len(details["terms"]), "layer")]
+        for _, details, _ in inspected
+    ]
     names = [name for name in figures.TERM_NAMES if any(name in terms for terms in maps)]
     fig = Figure(figsize=(2.8 * len(names), 2.6 * len(items)), layout="constrained")
     axes = fig.subplots(len(items), len(names), squeeze=False)
     for r, ((title, _details, n_mem), terms) in enumerate(zip(inspected, maps)):
         for c, name in enumerate(names):
             ax = axes[r][c]
-            ax.set_title(f"{title}\n{figures.TERM_NAMES[name]}" if c == 0 else figures.TERM_NAMES[name], fontsize=7)
+            ax.set_title(
+                f"{title}\n{figures.TERM_NAMES[name]}" if c == 0 else figures.TERM_NAMES[name],
+                fontsize=7,
+            )
             if name in terms:
                 values = figures.masked(terms[name][0, head], terms.get("visible"))
-                figures.draw_map(ax, values, n_mem, "RdBu_r", figures.diverging(values), labels=c == 0)
+                figures.draw_map(
+                    ax, values, n_mem, "RdBu_r", figures.diverging(values), labels=c == 0
+                )
             else:
                 figures.mark_off(ax, "off")
     return fig
@@ -281,9 +375,16 @@ def _layer_name(layer: int) -> str:
     return "the last layer" if layer == -1 else f"layer {layer}"
 
 
-def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
-                       formats: tuple[str, ...] = ("png", "pdf"), loader: Callable | None = None,
-                       sampler: Callable | None = None) -> tuple[list[Path], list[str]]:
+def save_model_figures(
+    df,
+    kind: str,
+    out: Path,
+    layer: int = -1,
+    head: int = 0,
+    formats: tuple[str, ...] = ("png", "pdf"),
+    loader: Callable | None = None,
+    sampler: Callable | None = None,
+) -> tuple[list[Path], list[str]]:
     """One `kind` figure per finished run, named by the fields that tell the runs apart with the run id
     last (`bias_encoding-xl_seed-0_<id>.png`), plus an overview for several; returns (files, notes).
 
@@ -293,7 +394,9 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
     tokens [1, length] default to the training package's load_run and sample_inputs.
     """
     if kind not in MODEL_KINDS:
-        raise ConfigError("kind", f"{kind!r} is not allowed; choose one of {', '.join(MODEL_KINDS)}")
+        raise ConfigError(
+            "kind", f"{kind!r} is not allowed; choose one of {', '.join(MODEL_KINDS)}"
+        )
     loader, sampler = loader or load_trained, sampler or sample_tokens
     runs = finished_runs(df)
     check_imports(runs)
@@ -301,7 +404,10 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
     keys = default_rows(runs)
     order = [*keys, "seed"]
     orders = axis_orders(read_spec(df))
-    ordered = sorted((run for _, run in runs.iterrows()), key=lambda r: sort_key(row_key(r, order), order, orders))
+    ordered = sorted(
+        (run for _, run in runs.iterrows()),
+        key=lambda r: sort_key(row_key(r, order), order, orders),
+    )
     titles = unique_titles(ordered, keys, df.attrs.get("variant_axes", ()))
     written, notes, drawn, left_out = [], [], [], []
     for run in ordered:
@@ -314,9 +420,19 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
             reason = err.message.split("; try")[0].removeprefix("this run has ")
             left_out.append((variant_label(run, keys), label(run.get("seed")), reason))
             continue
-        fig = run_figure(kind, config, model, titles[run["run_dir"]], layer, head, sampler,  # bad --layer/--head: raised
-                         Path(run["run_dir"]))
-        written += save_figure(fig, Path(out) / (kind if single else f"{kind}_{run_slug(run, keys)}"), formats)
+        fig = run_figure(
+            kind,
+            config,
+            model,
+            titles[run["run_dir"]],
+            layer,
+            head,
+            sampler,  # bad --layer/--head: raised
+            Path(run["run_dir"]),
+        )
+        written += save_figure(
+            fig, Path(out) / (kind if single else f"{kind}_{run_slug(run, keys)}"), formats
+        )
         drawn.append((run, config, model))
     if not drawn:
         raise ConfigError("kind", f"no run could be drawn as {kind!r}: {notes[0] if notes else ''}")
@@ -328,9 +444,14 @@ def save_model_figures(df, kind: str, out: Path, layer: int = -1, head: int = 0,
     return written, notes
 
 
-def unique_titles(runs: list[pd.Series], keys: list[str], axes: Iterable[str] = ()) -> dict[str, str]:
+def unique_titles(
+    runs: list[pd.Series], keys: list[str], axes: Iterable[str] = ()
+) -> dict[str, str]:
     """run_dir -> run_title; the run id is added only to titles two runs share (runs otherwise identical)."""
     titles = {run["run_dir"]: run_title(run, keys, axes) for run in runs}
     counts = Counter(titles.values())
-    return {run["run_dir"]: titles[run["run_dir"]] + (f" ({run['run_id']})" if counts[titles[run["run_dir"]]] > 1 else "")
-            for run in runs}
+    return {
+        run["run_dir"]: titles[run["run_dir"]]
+        + (f" ({run['run_id']})" if counts[titles[run["run_dir"]]] > 1 else "")
+        for run in runs
+    }

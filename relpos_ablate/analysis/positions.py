@@ -21,7 +21,12 @@ from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import run_names
 from relpos_ablate.analysis.settings import label, table_settings
 from relpos_ablate.analysis.table_options import (
-    TableOptions, apply_where, axis_orders, finished, read_spec, resolve_options,
+    TableOptions,
+    apply_where,
+    axis_orders,
+    finished,
+    read_spec,
+    resolve_options,
 )
 from relpos_ablate.analysis.tables import row_key, sort_key, variant_styles
 from relpos_ablate.config import ConfigError
@@ -40,7 +45,15 @@ def position_frame(df: pd.DataFrame) -> pd.DataFrame:
         for record in run.dropna(subset=["eval_setting"]).to_dict("records"):
             curve = _curve(settings, int(record["eval_setting"]))
             for lo, hi, loss, tokens in curve:
-                rows.append({**record, "bin_lo": lo, "bin_hi": hi, "position_loss": loss, "position_tokens": tokens})
+                rows.append(
+                    {
+                        **record,
+                        "bin_lo": lo,
+                        "bin_hi": hi,
+                        "position_loss": loss,
+                        "position_tokens": tokens,
+                    }
+                )
     frame = pd.DataFrame(rows, columns=[*df.columns, *BIN_COLUMNS])
     frame.attrs.update(df.attrs)
     return frame
@@ -52,8 +65,10 @@ def _curve(settings, k: int) -> list[tuple]:
         return []
     curve = settings[k].get("position_loss") or {}
     edges, loss, tokens = curve.get("edges", []), curve.get("loss", []), curve.get("tokens", [])
-    return [(lo, hi, np.nan if value is None else value, n)
-            for lo, hi, value, n in zip(edges, edges[1:], loss, tokens)]
+    return [
+        (lo, hi, np.nan if value is None else value, n)
+        for lo, hi, value, n in zip(edges, edges[1:], loss, tokens)
+    ]
 
 
 def bin_centre(lo: float, hi: float) -> float:
@@ -68,7 +83,9 @@ def first_window_only(frame: pd.DataFrame) -> pd.Series:
     if "protocol" not in frame or "stride" not in frame:
         return pd.Series(False, index=frame.index)
     sliding = (frame["protocol"] == "sliding") & frame["stride"].notna()
-    first = pd.to_numeric(frame["segment_len"], errors="coerce") - pd.to_numeric(frame["stride"], errors="coerce")
+    first = pd.to_numeric(frame["segment_len"], errors="coerce") - pd.to_numeric(
+        frame["stride"], errors="coerce"
+    )
     return sliding & (frame["bin_hi"] <= first)
 
 
@@ -78,24 +95,35 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
     shared by every panel. Sliding panels start where every window scores (first_window_only)."""
     spec = read_spec(df)
     options = resolve_options(table_settings(df), TableOptions(metric="loss"), spec)
-    data = apply_where(table_settings(df), options.where)  # the spec's table: where (e.g. full-target settings)
+    data = apply_where(
+        table_settings(df), options.where
+    )  # the spec's table: where (e.g. full-target settings)
     rows = list(options.rows)
     frame = position_frame(finished(data, "loss")).dropna(subset=["position_loss"])
     frame = frame[~first_window_only(frame)]
     # a panel whose remaining positions fall in one log bin draws points, not curves: left out (its loss by
     # position is that of non_overlapping at the same length, past its first window)
-    spans = frame.groupby([*[k for k in PANEL_KEYS if k in frame]], dropna=False)["bin_lo"].transform("nunique")
+    spans = frame.groupby([*[k for k in PANEL_KEYS if k in frame]], dropna=False)[
+        "bin_lo"
+    ].transform("nunique")
     frame = frame[spans > 1]
     if frame.empty:
-        raise ConfigError("kind", f"no loss by position in these runs' {rundir.EVAL} (evaluated before it was recorded?)")
+        raise ConfigError(
+            "kind",
+            f"no loss by position in these runs' {rundir.EVAL} (evaluated before it was recorded?)",
+        )
     frame["_panel"] = [row_key(r, list(PANEL_KEYS)) for _, r in frame.iterrows()]
-    if "rope_scaling" in frame and frame["rope_scaling"].notna().any():  # RoPE extended: a line of its own
+    if (
+        "rope_scaling" in frame and frame["rope_scaling"].notna().any()
+    ):  # RoPE extended: a line of its own
         rows = rows + ["rope_scaling"]
     frame["_variant"] = [row_key(r, rows) for _, r in frame.iterrows()]
     panels = sorted(set(frame["_panel"]), key=lambda k: sort_key(k, list(PANEL_KEYS), {}))
     protocols = list(dict.fromkeys(p[0] for p in panels))
     ncols = max(sum(p[0] == name for p in panels) for name in protocols)
-    fig = Figure(figsize=(4.2 * ncols + 2.2, 3.6 * len(protocols) + 0.8), layout="constrained")  # + the legend
+    fig = Figure(
+        figsize=(4.2 * ncols + 2.2, 3.6 * len(protocols) + 0.8), layout="constrained"
+    )  # + the legend
     axes = fig.subplots(len(protocols), ncols, squeeze=False, sharey=True)
     orders = axis_orders(spec)
     variants = sorted(set(frame["_variant"]), key=lambda k: sort_key(k, rows, orders))
@@ -108,14 +136,27 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
                 continue
             _draw_panel(axes[r][c], frame[frame["_panel"] == mine[c]], rows, orders, colors)
             axes[r][c].set_title(_panel_title(mine[c]), fontsize=9)
-    handles = [Line2D([], [], color=color, ls=style, marker=".", label=_variant_label(key))
-               for key, (color, style) in colors.items()]
+    handles = [
+        Line2D([], [], color=color, ls=style, marker=".", label=_variant_label(key))
+        for key, (color, style) in colors.items()
+    ]
     handles.append(Line2D([], [], color="k", ls=":", lw=1, label="training length"))
-    fig.legend(handles=handles, fontsize=7, title=", ".join(r.rsplit(".", 1)[-1] for r in rows), title_fontsize=7,
-               loc="outside right upper")
-    sliding = " (sliding: the positions every window scores, L - stride and up)" if "sliding" in protocols else ""
-    fig.suptitle(f"{run_names(frame)}: loss by position in the segment / window, log-spaced bins, mean ± std over "
-                 f"seeds{sliding}")
+    fig.legend(
+        handles=handles,
+        fontsize=7,
+        title=", ".join(r.rsplit(".", 1)[-1] for r in rows),
+        title_fontsize=7,
+        loc="outside right upper",
+    )
+    sliding = (
+        " (sliding: the positions every window scores, L - stride and up)"
+        if "sliding" in protocols
+        else ""
+    )
+    fig.suptitle(
+        f"{run_names(frame)}: loss by position in the segment / window, log-spaced bins, mean ± std over "
+        f"seeds{sliding}"
+    )
     return fig
 
 
@@ -136,13 +177,26 @@ def _variant_label(key: tuple) -> str:
 def _draw_panel(ax, part: pd.DataFrame, rows: list[str], orders: dict, colors: dict) -> None:
     for key in sorted(set(part["_variant"]), key=lambda k: sort_key(k, rows, orders)):
         mine = part[part["_variant"] == key]
-        stats = mine.groupby(["bin_lo", "bin_hi"])["position_loss"].agg(["mean", "std", "count"]).reset_index()
+        stats = (
+            mine.groupby(["bin_lo", "bin_hi"])["position_loss"]
+            .agg(["mean", "std", "count"])
+            .reset_index()
+        )
         xs = [bin_centre(lo, hi) for lo, hi in zip(stats["bin_lo"], stats["bin_hi"])]
         color, style = colors[key]
-        (line,) = ax.plot(xs, stats["mean"], marker=".", color=color, ls=style, label=_variant_label(key))
+        (line,) = ax.plot(
+            xs, stats["mean"], marker=".", color=color, ls=style, label=_variant_label(key)
+        )
         if (stats["count"] > 1).any():
             spread = stats["std"].fillna(0.0)
-            ax.fill_between(xs, stats["mean"] - spread, stats["mean"] + spread, color=line.get_color(), alpha=0.2, lw=0)
+            ax.fill_between(
+                xs,
+                stats["mean"] - spread,
+                stats["mean"] + spread,
+                color=line.get_color(),
+                alpha=0.2,
+                lw=0,
+            )
     train = part["train.segment_len"].dropna().unique() if "train.segment_len" in part else []
     if len(train) == 1:
         ax.axvline(float(train[0]), color="k", ls=":", lw=1, label="training length")
@@ -153,7 +207,9 @@ def _draw_panel(ax, part: pd.DataFrame, rows: list[str], orders: dict, colors: d
     ax.grid(alpha=0.3)
 
 
-def save_position_loss(df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "pdf")) -> tuple[list[Path], list[str]]:
+def save_position_loss(
+    df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "pdf")
+) -> tuple[list[Path], list[str]]:
     """position_loss.<fmt> in `out`; returns (written files, notes)."""
     from relpos_ablate.analysis.plots import save_figure
 

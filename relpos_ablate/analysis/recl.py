@@ -53,7 +53,9 @@ def relative_gain(losses: np.ndarray, i: int, short: int, long: int, r: float) -
     """g_i(c, c') for model i between ladder steps short (c) and long (c'); losses [models, contexts, targets]."""
     baseline = losses[:, short].min(0)  # b(c, t): the group's best loss at context c
     hardest = top_fraction(baseline, r)  # T, chosen again for every c
-    f_short = np.minimum(baseline[hardest], losses[i, short, hardest]).mean()  # = mean b(c, t): b <= l_i
+    f_short = np.minimum(
+        baseline[hardest], losses[i, short, hardest]
+    ).mean()  # = mean b(c, t): b <= l_i
     f_long = np.minimum(baseline[hardest], losses[i, long, hardest]).mean()
     return float((math.exp(f_short) - math.exp(f_long)) / math.exp(f_short))
 
@@ -64,15 +66,24 @@ def own_gain(losses: np.ndarray, i: int, short: int, long: int, r: float) -> flo
     return float(losses[i, short, hardest].mean() - losses[i, long, hardest].mean())
 
 
-def recl_search(losses: np.ndarray, contexts: list[int], r: float, threshold: float = THRESHOLD) -> list[Recl]:
+def recl_search(
+    losses: np.ndarray, contexts: list[int], r: float, threshold: float = THRESHOLD
+) -> list[Recl]:
     """RECL of every model of the group; losses [models, contexts, targets] on the same targets. A step
     counts only while the model's own loss on T falls too (own_gain > 0; our guard, not the paper's):
     the gain g compares against the group's best loss at c, so a model far above it could otherwise
     collect gains from a few noisy targets while its own loss rises with context."""
     found = []
     for i in range(losses.shape[0]):
-        step = next((k for k in range(len(contexts) - 1) if relative_gain(losses, i, k, k + 1, r) < threshold
-                     or own_gain(losses, i, k, k + 1, r) <= 0), None)
+        step = next(
+            (
+                k
+                for k in range(len(contexts) - 1)
+                if relative_gain(losses, i, k, k + 1, r) < threshold
+                or own_gain(losses, i, k, k + 1, r) <= 0
+            ),
+            None,
+        )
         found.append(Recl(contexts[-1], censored=True) if step is None else Recl(contexts[step]))
     return found
 
@@ -80,18 +91,31 @@ def recl_search(losses: np.ndarray, contexts: list[int], r: float, threshold: fl
 def recl(frame: pd.DataFrame, r: float, threshold: float = THRESHOLD) -> pd.DataFrame:
     """RECL per model of one group from a tidy frame with columns model, context, target, loss (every
     model at every context on the same targets). Returns columns model, recl, censored."""
-    cube = frame.pivot_table(index=["model", "context"], columns="target", values="loss", aggfunc="first")
+    cube = frame.pivot_table(
+        index=["model", "context"], columns="target", values="loss", aggfunc="first"
+    )
     models = list(dict.fromkeys(frame["model"]))
     contexts = sorted(frame["context"].unique())
     full = pd.MultiIndex.from_product([models, contexts], names=["model", "context"])
     cube = cube.reindex(full)
     values = cube.to_numpy().reshape(len(models), len(contexts), -1)  # (models, contexts, targets)
-    values = values[:, :, ~np.isnan(values).any(axis=(0, 1))]  # targets every model scored at every context
+    values = values[
+        :, :, ~np.isnan(values).any(axis=(0, 1))
+    ]  # targets every model scored at every context
     if len(contexts) < 2 or values.shape[2] == 0:
-        raise ConfigError("recl", f"needs >= 2 contexts and shared targets; got contexts {contexts}, "
-                          f"{values.shape[2]} targets scored by every model at every context")
+        raise ConfigError(
+            "recl",
+            f"needs >= 2 contexts and shared targets; got contexts {contexts}, "
+            f"{values.shape[2]} targets scored by every model at every context",
+        )
     found = recl_search(values, [int(c) for c in contexts], r, threshold)
-    return pd.DataFrame({"model": models, "recl": [f.context for f in found], "censored": [f.censored for f in found]})
+    return pd.DataFrame(
+        {
+            "model": models,
+            "recl": [f.context for f in found],
+            "censored": [f.censored for f in found],
+        }
+    )
 
 
 def fixed_context(protocol, stride):
@@ -104,7 +128,7 @@ def fixed_context(protocol, stride):
 def shared_targets(losses: np.ndarray, longest: int) -> np.ndarray:
     """The part of a (streams, targets) token-loss array that every setting of a ladder scores with its full
     context: the targets at stream position p >= longest - 1, longest being the ladder's longest context."""
-    return losses[:, longest - 1:]
+    return losses[:, longest - 1 :]
 
 
 def ladder_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -114,9 +138,18 @@ def ladder_rows(df: pd.DataFrame) -> pd.DataFrame:
     setting's attn_len (the keys every query sees: the window, or mem_len)."""
     if "token_losses" not in df:
         return df.iloc[0:0]
-    recurrent = pd.to_numeric(df.get("model.mem_len", pd.Series(0, index=df.index)), errors="coerce").fillna(0) > 0
+    recurrent = (
+        pd.to_numeric(
+            df.get("model.mem_len", pd.Series(0, index=df.index)), errors="coerce"
+        ).fillna(0)
+        > 0
+    )
     own = np.where(recurrent, "xl", "sliding")
-    mask = df["token_losses"].notna() & fixed_context(df["protocol"], df["stride"]) & (df["protocol"] == own)
+    mask = (
+        df["token_losses"].notna()
+        & fixed_context(df["protocol"], df["stride"])
+        & (df["protocol"] == own)
+    )
     return df[mask & (df["status"] == "done")]
 
 
@@ -127,11 +160,16 @@ def token_loss_frame(df: pd.DataFrame) -> pd.DataFrame:
     evaluation layout, the same for every run evaluated on the same split and streams."""
     rows = ladder_rows(df)
     if rows.empty:
-        raise ConfigError("layout", "no RECL ladder in these runs (set eval.recl_contexts: evaluations at a fixed "
-                          "context that save every target's loss)")
+        raise ConfigError(
+            "layout",
+            "no RECL ladder in these runs (set eval.recl_contexts: evaluations at a fixed "
+            "context that save every target's loss)",
+        )
     ladders = rows.groupby("run_dir")["attn_len"].apply(lambda s: tuple(sorted(s.astype(int))))
     if ladders.nunique() > 1:
-        raise ConfigError("layout", f"runs evaluated different RECL ladders: {sorted(set(ladders))}")
+        raise ConfigError(
+            "layout", f"runs evaluated different RECL ladders: {sorted(set(ladders))}"
+        )
     longest = max(ladders.iloc[0])
     parts, shapes = [], set()
     for run_dir, run in rows.groupby("run_dir", sort=False):
@@ -142,9 +180,20 @@ def token_loss_frame(df: pd.DataFrame) -> pd.DataFrame:
             losses = arrays[record.token_losses]  # (B, T)
             shapes.add(losses.shape)
             targets = shared_targets(np.arange(losses.size).reshape(losses.shape), longest)
-            parts.append(pd.DataFrame({"run_dir": run_dir, "context": int(record.attn_len),
-                                       "target": targets.ravel(), "loss": shared_targets(losses, longest).ravel()}))
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "run_dir": run_dir,
+                        "context": int(record.attn_len),
+                        "target": targets.ravel(),
+                        "loss": shared_targets(losses, longest).ravel(),
+                    }
+                )
+            )
     if len(shapes) > 1:
-        raise ConfigError("layout", f"runs scored different evaluation layouts (streams, targets): {sorted(shapes)}; "
-                          "RECL compares models on the same targets")
+        raise ConfigError(
+            "layout",
+            f"runs scored different evaluation layouts (streams, targets): {sorted(shapes)}; "
+            "RECL compares models on the same targets",
+        )
     return pd.concat(parts, ignore_index=True)

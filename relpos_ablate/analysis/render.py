@@ -70,11 +70,22 @@ def format_stat(cell: Cell, decimals: int, show_n: bool, pm: str = "±") -> str:
 def to_markdown(table: Table) -> str:
     """A GitHub pipe table; best cells in **bold**, stars escaped so they are not read as emphasis."""
     header = [*table.index, *table.columns]
-    lines = [_md_row(header), "|" + "|".join(":---" if k < len(table.index) else "---:" for k in range(len(header))) + "|"]
+    lines = [
+        _md_row(header),
+        "|"
+        + "|".join(":---" if k < len(table.index) else "---:" for k in range(len(header)))
+        + "|",
+    ]
     for labels, values in table.rows:
         lines.append(_md_row([*labels, *(_md_value(v, table) for v in values)]))
-    tests = "".join(f"\n- {line}" for line in table.tests) + (f"\n\n{table.power}" if table.power else "")
-    return "\n".join(lines) + f"\n\n{table.caption}\n" + (f"\nTests:\n{tests}\n" if table.tests else "")
+    tests = "".join(f"\n- {line}" for line in table.tests) + (
+        f"\n\n{table.power}" if table.power else ""
+    )
+    return (
+        "\n".join(lines)
+        + f"\n\n{table.caption}\n"
+        + (f"\nTests:\n{tests}\n" if table.tests else "")
+    )
 
 
 def _md_row(cells: list[str]) -> str:
@@ -90,10 +101,23 @@ def _md_value(value: Value, table: Table) -> str:
 
 
 LATEX_ESCAPES = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-    "±": r"$\pm$", "✓": r"\checkmark", "✗": r"$\times$", "—": "---",
-    "<": r"$<$", ">": r"$>$", "|": r"\textbar{}",  # OT1 text fonts print < > | as other glyphs
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "✓": r"\checkmark",
+    "✗": r"$\times$",
+    "—": "---",
+    "<": r"$<$",
+    ">": r"$>$",
+    "|": r"\textbar{}",  # OT1 text fonts print < > | as other glyphs
     "α": r"$\alpha$",  # a family's level in a caption (stats.Family.heading)
 }
 
@@ -107,14 +131,27 @@ def to_latex(table: Table) -> str:
     spec = "l" * len(table.index) + "r" * len(table.columns)
     header = " & ".join(latex_escape(h) for h in [*table.index, *table.columns]) + r" \\"
     body = [
-        " & ".join([*(latex_escape(x) for x in labels), *(_latex_value(v, table) for v in values)]) + r" \\"
+        " & ".join([*(latex_escape(x) for x in labels), *(_latex_value(v, table) for v in values)])
+        + r" \\"
         for labels, values in table.rows
     ]
-    return "\n".join([
-        r"% requires \usepackage{booktabs} (and amssymb for \checkmark)",
-        r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{spec}}}", r"\toprule", header, r"\midrule",
-        *body, r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_escape(table.caption)}}}", r"\end{table}", "",
-    ])
+    return "\n".join(
+        [
+            r"% requires \usepackage{booktabs} (and amssymb for \checkmark)",
+            r"\begin{table}[t]",
+            r"\centering",
+            rf"\begin{{tabular}}{{{spec}}}",
+            r"\toprule",
+            header,
+            r"\midrule",
+            *body,
+            r"\bottomrule",
+            r"\end{tabular}",
+            rf"\caption{{{latex_escape(table.caption)}}}",
+            r"\end{table}",
+            "",
+        ]
+    )
 
 
 def _latex_value(value: Value, table: Table) -> str:
@@ -130,11 +167,16 @@ def to_csv(table: Table) -> str:
     for the table's family), `<col> p raw`."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    stat_cols = [k for k, _ in enumerate(table.columns) if any(isinstance(r[1][k], Cell) for r in table.rows)]
+    stat_cols = [
+        k for k, _ in enumerate(table.columns) if any(isinstance(r[1][k], Cell) for r in table.rows)
+    ]
     header = list(table.index)
     for k, name in enumerate(table.columns):
-        header += [name, f"{name} std", f"{name} n", f"{name} best", f"{name} p", f"{name} p raw"] if k in stat_cols \
+        header += (
+            [name, f"{name} std", f"{name} n", f"{name} best", f"{name} p", f"{name} p raw"]
+            if k in stat_cols
             else [name]
+        )
     writer.writerow(header)
     for labels, values in table.rows:
         line = list(labels)
@@ -147,7 +189,14 @@ def to_csv(table: Table) -> str:
 def _csv_value(value: Value) -> list:
     if not isinstance(value, Cell):
         return ["", "", "", "", "", ""]
-    return [value.mean, _blank(value.std), value.n, value.best, _blank(value.p), _blank(value.p_raw)]
+    return [
+        value.mean,
+        _blank(value.std),
+        value.n,
+        value.best,
+        _blank(value.p),
+        _blank(value.p_raw),
+    ]
 
 
 def _blank(x: float) -> float | str:
@@ -160,4 +209,6 @@ def render(table: Table, fmt: str) -> str:
     writers = {"markdown": to_markdown, "latex": to_latex, "csv": to_csv}
     if fmt not in writers:
         raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    return writers[fmt](table) + ("" if table.appendix is None else "\n" + render(table.appendix, fmt))
+    return writers[fmt](table) + (
+        "" if table.appendix is None else "\n" + render(table.appendix, fmt)
+    )

@@ -22,8 +22,15 @@ ATTN_LEN = {
     "xl": "mem_len, the keys every query sees (same_length)",
 }
 """How each protocol counts the attention length (keys per query), for table captions."""
-SETTING_LABELS = {"segment_len": "eval len", "mem_len": "mem", "clamp_len": "clamp", "same_length": "same len",
-                  "attn_len": "attn len", "protocol": "", "max_targets": "targets"}
+SETTING_LABELS = {
+    "segment_len": "eval len",
+    "mem_len": "mem",
+    "clamp_len": "clamp",
+    "same_length": "same len",
+    "attn_len": "attn len",
+    "protocol": "",
+    "max_targets": "targets",
+}
 OPTIONAL_SETTINGS = ("stride", "rope_scaling")
 """Setting columns left out of a label where unset (stride belongs to sliding settings only; rope_scaling
 to RoPE context extension)."""
@@ -57,7 +64,11 @@ def word_list(value: Any) -> list[str] | None:
         words = json.loads(value)
     except ValueError:
         return None
-    return words if isinstance(words, list) and words and all(isinstance(w, str) for w in words) else None
+    return (
+        words
+        if isinstance(words, list) and words and all(isinstance(w, str) for w in words)
+        else None
+    )
 
 
 def short_name(name: str) -> str:
@@ -67,13 +78,28 @@ def short_name(name: str) -> str:
 def column_label(cols: list[str], key: tuple, metric: str) -> str:
     if not cols:
         return metric
-    parts = [(SETTING_LABELS.get(name, short_name(name)), v) for name, v in zip(cols, key)
-             if not (name in OPTIONAL_SETTINGS and v is None)]
+    parts = [
+        (SETTING_LABELS.get(name, short_name(name)), v)
+        for name, v in zip(cols, key)
+        if not (name in OPTIONAL_SETTINGS and v is None)
+    ]
     return ", ".join(f"{name} {label(v)}".strip() for name, v in parts)
 
 
-SUMMARY_FIELDS = ("protocol", "segment_len", "stride", "mem_len", "clamp_len", "max_targets", "rope_scaling",
-                  "rope_scale", "split", "length_min", "length_max", "depth")
+SUMMARY_FIELDS = (
+    "protocol",
+    "segment_len",
+    "stride",
+    "mem_len",
+    "clamp_len",
+    "max_targets",
+    "rope_scaling",
+    "rope_scale",
+    "split",
+    "length_min",
+    "length_max",
+    "depth",
+)
 """Fields of an eval.json setting record that can tell one evaluation of a run from another."""
 
 
@@ -81,8 +107,12 @@ def setting_labels(records: list[dict]) -> list[str]:
     """A label per eval.json setting record of one run, as table columns name settings: the protocol and
     length always (a stride, a RoPE extension where set), any other field where the records differ."""
     always = ("protocol", "segment_len", *OPTIONAL_SETTINGS)
-    shown = [name for name in SUMMARY_FIELDS if any(name in r for r in records)
-             and (name in always or len({normalized(r.get(name)) for r in records}) > 1)]
+    shown = [
+        name
+        for name in SUMMARY_FIELDS
+        if any(name in r for r in records)
+        and (name in always or len({normalized(r.get(name)) for r in records}) > 1)
+    ]
     return [column_label(shown, tuple(r.get(name) for name in shown), "") for r in records]
 
 
@@ -96,8 +126,12 @@ def table_settings(df: pd.DataFrame) -> pd.DataFrame:
     contexts = df["eval.recl_contexts"].map(_contexts)
     ladder = df["token_losses"].notna() & contexts.map(bool)
     if {"protocol", "stride", "attn_len"} <= set(df.columns):
-        at_context = [normalized(c) is not None and int(c) in cs for c, cs in zip(df["attn_len"], contexts)]
-        ladder &= fixed_context(df["protocol"], df["stride"]) & pd.Series(at_context, index=df.index)
+        at_context = [
+            normalized(c) is not None and int(c) in cs for c, cs in zip(df["attn_len"], contexts)
+        ]
+        ladder &= fixed_context(df["protocol"], df["stride"]) & pd.Series(
+            at_context, index=df.index
+        )
     return df[~ladder]
 
 
@@ -115,10 +149,16 @@ def evaluation_note(data: pd.DataFrame, keys: list[str]) -> str:
     note = ""
     protocols = sorted(set(data["protocol"].dropna())) if "protocol" in data else []
     if "attn_len" in keys or set(protocols) - {"non_overlapping"}:
-        note += " Attn len (keys per query): " + "; ".join(f"{p}: {ATTN_LEN[p]}" for p in protocols if p in ATTN_LEN) + "."
+        note += (
+            " Attn len (keys per query): "
+            + "; ".join(f"{p}: {ATTN_LEN[p]}" for p in protocols if p in ATTN_LEN)
+            + "."
+        )
     tokens = sorted(set(data["tokens"].dropna().astype(int))) if "tokens" in data else []
     if tokens:
-        note += f" Tokens scored per setting: {tokens[0]:,}" + (f" to {tokens[-1]:,}." if len(tokens) > 1 else ".")
+        note += f" Tokens scored per setting: {tokens[0]:,}" + (
+            f" to {tokens[-1]:,}." if len(tokens) > 1 else "."
+        )
     return note
 
 
@@ -126,4 +166,7 @@ def layer_names(run: Any, n_layers: int, prefix: str = "layer ") -> list[str]:
     """`layer k` for each layer, with its kind where the run has a layer pattern (`layer 3 global`): run is a row of
     collect's frame (model.layer_pattern a JSON column)."""
     pattern = word_list(run.get("model.layer_pattern")) if hasattr(run, "get") else None
-    return [f"{prefix}{k}" + (f" {pattern[k % len(pattern)]}" if pattern else "") for k in range(n_layers)]
+    return [
+        f"{prefix}{k}" + (f" {pattern[k % len(pattern)]}" if pattern else "")
+        for k in range(n_layers)
+    ]

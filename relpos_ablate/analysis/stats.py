@@ -44,7 +44,11 @@ MIN_SEEDS = 3
 degree of freedom, a p-value but not one to star."""
 CORRECTIONS = {"holm": "holm", "bh": "fdr_bh", "none": None}
 """`--correction` names -> statsmodels' multipletests method."""
-CORRECTION_WORDS = {"holm": "Holm-corrected", "bh": "Benjamini-Hochberg (FDR) corrected", "none": "uncorrected"}
+CORRECTION_WORDS = {
+    "holm": "Holm-corrected",
+    "bh": "Benjamini-Hochberg (FDR) corrected",
+    "none": "uncorrected",
+}
 PAIRED, WELCH, TOST = "paired t-test", "Welch's t-test", "TOST"
 
 Sample = Mapping[Hashable, float]
@@ -81,8 +85,9 @@ class Test:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if self.kind == WELCH:
-                    effect = TTestIndPower().solve_power(nobs1=self.n_a, ratio=self.n_b / self.n_a, alpha=alpha,
-                                                         power=power)
+                    effect = TTestIndPower().solve_power(
+                        nobs1=self.n_a, ratio=self.n_b / self.n_a, alpha=alpha, power=power
+                    )
                 else:
                     effect = TTestPower().solve_power(nobs=self.n, alpha=alpha, power=power)
         except (ValueError, RuntimeError):
@@ -97,7 +102,9 @@ def matched(a: Sample, b: Sample) -> list[Hashable]:
 
 
 def _finite(sample: Sample) -> dict:
-    return {unit: float(v) for unit, v in sample.items() if v is not None and not math.isnan(float(v))}
+    return {
+        unit: float(v) for unit, v in sample.items() if v is not None and not math.isnan(float(v))
+    }
 
 
 def compare(a: Sample, b: Sample) -> Test | None:
@@ -105,7 +112,9 @@ def compare(a: Sample, b: Sample) -> Test | None:
     MIN_SEEDS values (pairs) or the values do not vary (no spread: no t statistic). Samples that share only
     some units (a run missing one of the two measurements) are paired over the units they share; NaN values
     count as missing."""
-    with warnings.catch_warnings():  # near-identical seeds: scipy warns of precision loss, the test stands
+    with (
+        warnings.catch_warnings()
+    ):  # near-identical seeds: scipy warns of precision loss, the test stands
         warnings.simplefilter("ignore", RuntimeWarning)
         return _compare(_finite(a), _finite(b))
 
@@ -118,15 +127,29 @@ def _compare(a: dict, b: dict) -> Test | None:
             return None
         result = stats.ttest_rel(x, y)
         ci = result.confidence_interval(1 - ALPHA)
-        return Test(PAIRED, len(units), len(units), float(np.mean(x - y)), (float(ci.low), float(ci.high)),
-                    float(result.pvalue), float(np.std(x - y, ddof=1)))
+        return Test(
+            PAIRED,
+            len(units),
+            len(units),
+            float(np.mean(x - y)),
+            (float(ci.low), float(ci.high)),
+            float(result.pvalue),
+            float(np.std(x - y, ddof=1)),
+        )
     x, y = np.array(list(a.values())), np.array(list(b.values()))
     if min(len(x), len(y)) < MIN_SEEDS or (_constant(x) and _constant(y)):
         return None
     result = stats.ttest_ind(x, y, equal_var=False)
     ci = result.confidence_interval(1 - ALPHA)
-    return Test(WELCH, len(x), len(y), float(x.mean() - y.mean()), (float(ci.low), float(ci.high)),
-                float(result.pvalue), float(math.sqrt((x.var(ddof=1) + y.var(ddof=1)) / 2)))
+    return Test(
+        WELCH,
+        len(x),
+        len(y),
+        float(x.mean() - y.mean()),
+        (float(ci.low), float(ci.high)),
+        float(result.pvalue),
+        float(math.sqrt((x.var(ddof=1) + y.var(ddof=1)) / 2)),
+    )
 
 
 def _constant(values: np.ndarray) -> bool:
@@ -152,8 +175,16 @@ def equivalence(a: Sample, b: Sample, margin: float) -> Test | None:
         x, y = np.array(list(a.values())), np.array(list(b.values()))
         p = ttost_ind(x, y, -margin, margin, usevar="unequal")[0]
         ci = stats.ttest_ind(x, y, equal_var=False).confidence_interval(1 - 2 * ALPHA)
-    return Test(TOST, base.n_a, base.n_b, base.difference, (float(ci.low), float(ci.high)), float(p), base.spread,
-                margin=margin)
+    return Test(
+        TOST,
+        base.n_a,
+        base.n_b,
+        base.difference,
+        (float(ci.low), float(ci.high)),
+        float(p),
+        base.spread,
+        margin=margin,
+    )
 
 
 def adjust(p_values: Iterable[float], correction: str = "holm") -> list[float]:
@@ -164,7 +195,9 @@ def adjust(p_values: Iterable[float], correction: str = "holm") -> list[float]:
     tested = ~np.isnan(p)
     if tested.any():
         method = CORRECTIONS[correction]
-        out[tested] = p[tested] if method is None else multipletests(p[tested], alpha=ALPHA, method=method)[1]
+        out[tested] = (
+            p[tested] if method is None else multipletests(p[tested], alpha=ALPHA, method=method)[1]
+        )
     return [float(x) for x in out]
 
 
@@ -209,8 +242,11 @@ class Comparison:
         if self.test is None:
             return self.reason
         if self.test.kind == TOST:
-            return f"equivalent within ±{_num(self.test.margin, self.decimals + 1)}" if self.significant else \
-                "equivalence not shown"
+            return (
+                f"equivalent within ±{_num(self.test.margin, self.decimals + 1)}"
+                if self.significant
+                else "equivalence not shown"
+            )
         if self.significant:
             return f"{self.winner} better"
         raw = self.test.p < self.family.alpha and self.family.correction != "none"
@@ -226,10 +262,16 @@ class Comparison:
         self.family.close()
         t, d = self.test, self.decimals + 1
         what = f"{t.kind}, margin ±{_num(t.margin, d)}, " if t.kind == TOST else f"{t.kind}, "
-        adjusted = "" if self.family.correction == "none" else f", {self.family.adjusted_word} p = {fmt_p(t.p_adjusted)}"
-        return (f"{what}difference {_num(t.difference, d)}, {self._interval()}, "
-                f"n = {t.n_a}{'' if t.n_a == t.n_b or t.kind != WELCH else ' and ' + str(t.n_b)}; "
-                f"p = {fmt_p(t.p)}{adjusted}")
+        adjusted = (
+            ""
+            if self.family.correction == "none"
+            else f", {self.family.adjusted_word} p = {fmt_p(t.p_adjusted)}"
+        )
+        return (
+            f"{what}difference {_num(t.difference, d)}, {self._interval()}, "
+            f"n = {t.n_a}{'' if t.n_a == t.n_b or t.kind != WELCH else ' and ' + str(t.n_b)}; "
+            f"p = {fmt_p(t.p)}{adjusted}"
+        )
 
     def verdict(self) -> str:
         """The part after the means: `A better (...)`, `not significant (...)`, `equivalent within ±m (...)`."""
@@ -241,12 +283,16 @@ class Comparison:
         self.family.close()
         if self.test is None:
             return self.reason
-        adjusted = "" if self.family.correction == "none" else f", adj. {fmt_p(self.test.p_adjusted)}"
+        adjusted = (
+            "" if self.family.correction == "none" else f", adj. {fmt_p(self.test.p_adjusted)}"
+        )
         return f"{self.said()}; {self._interval()}; p = {fmt_p(self.test.p)}{adjusted}"
 
     def __str__(self) -> str:
-        means = ", ".join(f"{name} {'-' if math.isnan(m) else _num(m, self.decimals)}"
-                          for name, m in ((self.name_a, self.mean_a), (self.name_b, self.mean_b)))
+        means = ", ".join(
+            f"{name} {'-' if math.isnan(m) else _num(m, self.decimals)}"
+            for name, m in ((self.name_a, self.mean_a), (self.name_b, self.mean_b))
+        )
         return f"{means}: {self.verdict()}"
 
 
@@ -268,25 +314,51 @@ class Family:
     def adjusted_word(self) -> str:
         return {"holm": "Holm-adjusted", "bh": "BH-adjusted", "none": "unadjusted"}[self.correction]
 
-    def compare(self, name_a: str, a: Sample, name_b: str, b: Sample, lower_is_better: bool = True,
-                decimals: int = 2) -> Comparison:
+    def compare(
+        self,
+        name_a: str,
+        a: Sample,
+        name_b: str,
+        b: Sample,
+        lower_is_better: bool = True,
+        decimals: int = 2,
+    ) -> Comparison:
         """Add the test of a against b that the data calls for (paired for shared units, else Welch)."""
         return self._add(name_a, a, name_b, b, compare(a, b), lower_is_better, decimals)
 
-    def equivalent(self, name_a: str, a: Sample, name_b: str, b: Sample, margin: float, decimals: int = 2) -> Comparison:
+    def equivalent(
+        self, name_a: str, a: Sample, name_b: str, b: Sample, margin: float, decimals: int = 2
+    ) -> Comparison:
         """Add a TOST of |a - b| < margin (a claim that two things are equivalent needs one)."""
         return self._add(name_a, a, name_b, b, equivalence(a, b, margin), True, decimals)
 
     def _add(self, name_a, a, name_b, b, test, lower_is_better, decimals) -> Comparison:
         if self.closed:
-            raise RuntimeError(f"family {self.name!r} was already corrected; add every comparison before reading one")
+            raise RuntimeError(
+                f"family {self.name!r} was already corrected; add every comparison before reading one"
+            )
         a, b = _finite(a), _finite(b)
-        reason = "" if test is not None else (
-            "n too small to test" if min(len(a), len(b)) < MIN_SEEDS or (matched(a, b) and len(matched(a, b)) < MIN_SEEDS)
-            else "no test (no spread)")
-        comparison = Comparison(self, name_a, name_b, float(np.mean(list(a.values()))) if a else math.nan,
-                                float(np.mean(list(b.values()))) if b else math.nan, test, reason, lower_is_better,
-                                decimals)
+        reason = (
+            ""
+            if test is not None
+            else (
+                "n too small to test"
+                if min(len(a), len(b)) < MIN_SEEDS
+                or (matched(a, b) and len(matched(a, b)) < MIN_SEEDS)
+                else "no test (no spread)"
+            )
+        )
+        comparison = Comparison(
+            self,
+            name_a,
+            name_b,
+            float(np.mean(list(a.values()))) if a else math.nan,
+            float(np.mean(list(b.values()))) if b else math.nan,
+            test,
+            reason,
+            lower_is_better,
+            decimals,
+        )
         self.comparisons.append(comparison)
         return comparison
 
@@ -306,10 +378,12 @@ class Family:
         """`Family "NAME": 12 tests, Holm-corrected at α = 0.05 (...)`: the line that names the family."""
         self.close()
         kinds = sorted({t.kind for t in self.tests})
-        return (f'Family "{self.name}": {len(self.tests)} test{"s" if len(self.tests) != 1 else ""} '
-                f"({', '.join(kinds) or 'none run'}), {CORRECTION_WORDS[self.correction]} at α = {self.alpha}; "
-                f"an ordering is stated only where the {'' if self.correction == 'none' else 'adjusted '}"
-                f"p < {self.alpha}.")
+        return (
+            f'Family "{self.name}": {len(self.tests)} test{"s" if len(self.tests) != 1 else ""} '
+            f"({', '.join(kinds) or 'none run'}), {CORRECTION_WORDS[self.correction]} at α = {self.alpha}; "
+            f"an ordering is stated only where the {'' if self.correction == 'none' else 'adjusted '}"
+            f"p < {self.alpha}."
+        )
 
     def summary(self) -> str:
         """The lines under a family's list or table: its heading, a blank line, its power line."""
@@ -323,10 +397,16 @@ class Family:
             return "Power: no test was run."
         m = len(self.tests)
         plain = [t.detectable(self.alpha) for t in tests]
-        strict = [t.detectable(self.alpha / m) for t in tests] if self.correction != "none" and m > 1 else []
+        strict = (
+            [t.detectable(self.alpha / m) for t in tests]
+            if self.correction != "none" and m > 1
+            else []
+        )
         ns = sorted({t.n for t in tests})
-        text = (f"Power: with n = {'/'.join(map(str, ns))} per side, the smallest difference a test of this family "
-                f"could detect at {POWER:.0%} power is {_spread(plain)} at α = {self.alpha}")
+        text = (
+            f"Power: with n = {'/'.join(map(str, ns))} per side, the smallest difference a test of this family "
+            f"could detect at {POWER:.0%} power is {_spread(plain)} at α = {self.alpha}"
+        )
         if strict:
             text += f", {_spread(strict)} at α/{m} (the strictest step of the correction)"
         return text + " (in the compared values' units; from each test's observed spread)."
@@ -344,11 +424,17 @@ def _spread(values: list[float]) -> str:
         return "not reachable at this n"
     median = float(np.median(finite))
     unreachable = len(values) - len(finite)
-    text = f"median {median:.3g} (range {finite[0]:.3g}-{finite[-1]:.3g})" if len(finite) > 1 else f"{median:.3g}"
+    text = (
+        f"median {median:.3g} (range {finite[0]:.3g}-{finite[-1]:.3g})"
+        if len(finite) > 1
+        else f"{median:.3g}"
+    )
     return text + (f", not reachable for {unreachable}" if unreachable else "")
 
 
-def ordering(name_a: str, a: Sample, name_b: str, b: Sample, lower_is_better: bool = True, decimals: int = 2) -> str:
+def ordering(
+    name_a: str, a: Sample, name_b: str, b: Sample, lower_is_better: bool = True, decimals: int = 2
+) -> str:
     """One comparison stated on its own (a family of one test: no correction to make), the test chosen from the
     data as in `compare`: `A 6.41, B 6.52: A better (paired t-test, difference ..., 95% CI [...]; p = ...)`.
     A report that states several tests puts them in one Family instead."""

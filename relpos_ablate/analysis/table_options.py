@@ -80,7 +80,14 @@ class TableOptions:
 
     def merged(self, fallback: "TableOptions") -> "TableOptions":
         """These options, with unset fields taken from `fallback`."""
-        return replace(self, **{f.name: getattr(fallback, f.name) for f in fields(self) if getattr(self, f.name) is None})
+        return replace(
+            self,
+            **{
+                f.name: getattr(fallback, f.name)
+                for f in fields(self)
+                if getattr(self, f.name) is None
+            },
+        )
 
 
 def metric_direction(metric: str) -> str:
@@ -91,12 +98,21 @@ def metric_direction(metric: str) -> str:
 def read_spec(df: pd.DataFrame) -> dict:
     """The grid spec the runs came from (run.json `spec`), or {} when none is recorded or readable."""
     root = Path(df.attrs.get("results_dir", "."))
-    pairs = df[["run_dir", "spec"]].dropna().drop_duplicates().itertuples(index=False) if "spec" in df else ()
+    pairs = (
+        df[["run_dir", "spec"]].dropna().drop_duplicates().itertuples(index=False)
+        if "spec" in df
+        else ()
+    )
     for run_dir, raw in pairs:
         # run.json stores the spec relative to the run dir (older runs: absolute or relative to the cwd); for a
         # committed summary.csv the run dir is gone, so its '..' are resolved by name
-        for path in (Path(run_dir) / raw, Path(os.path.normpath(Path(run_dir) / raw)), Path(raw), root / raw,
-                     root / Path(raw).name):
+        for path in (
+            Path(run_dir) / raw,
+            Path(os.path.normpath(Path(run_dir) / raw)),
+            Path(raw),
+            root / raw,
+            root / Path(raw).name,
+        ):
             if path.is_file():
                 try:
                     spec = load_yaml(path.read_text())
@@ -111,7 +127,10 @@ def spec_options(spec: dict) -> TableOptions:
     """The spec's `table:` block as options (unknown keys and wrong types are one-line errors)."""
     block = spec.get("table") or {}
     if isinstance(block, dict):
-        block = {k: [v] if k in ("rows", "cols", "where") and isinstance(v, str) else v for k, v in block.items()}
+        block = {
+            k: [v] if k in ("rows", "cols", "where") and isinstance(v, str) else v
+            for k, v in block.items()
+        }
     return from_dict(TableOptions, block, "table")
 
 
@@ -124,7 +143,9 @@ def axis_orders(spec: dict) -> dict[str, list]:
     for group in groups:
         for axis, values in group.items() if isinstance(group, dict) else ():
             if isinstance(values, list):
-                orders[axis] = list(dict.fromkeys(v for v in values if isinstance(v, (str, int, float, bool))))
+                orders[axis] = list(
+                    dict.fromkeys(v for v in values if isinstance(v, (str, int, float, bool)))
+                )
     return orders
 
 
@@ -149,7 +170,9 @@ def default_metric(df: pd.DataFrame) -> str:
 def no_finished_runs(df: pd.DataFrame) -> ConfigError:
     states = Counter(df["status"]) if "status" in df else Counter()
     seen = ", ".join(f"{n} {s}" for s, n in sorted(states.items())) or "no runs at all"
-    return ConfigError(df.attrs.get("results_dir", "results"), f"no finished runs with metrics ({seen})")
+    return ConfigError(
+        df.attrs.get("results_dir", "results"), f"no finished runs with metrics ({seen})"
+    )
 
 
 def check_metric(df: pd.DataFrame, metric: str) -> str:
@@ -157,7 +180,9 @@ def check_metric(df: pd.DataFrame, metric: str) -> str:
     if not available:
         raise no_finished_runs(df)
     if metric not in available:
-        raise ConfigError("metric", f"{metric!r} is not a metric of these runs; available: {', '.join(available)}")
+        raise ConfigError(
+            "metric", f"{metric!r} is not a metric of these runs; available: {', '.join(available)}"
+        )
     return metric
 
 
@@ -173,7 +198,9 @@ def resolve_column(df: pd.DataFrame, name: str, what: str) -> str:
         raise ConfigError(what, f"{name!r} is ambiguous: {', '.join(matches)}")
     close = difflib.get_close_matches(name, [str(c) for c in df.columns], n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise ConfigError(what, f"{name!r} is not a config field, variant axis or evaluation setting{hint}")
+    raise ConfigError(
+        what, f"{name!r} is not a config field, variant axis or evaluation setting{hint}"
+    )
 
 
 def run_level(df: pd.DataFrame) -> pd.DataFrame:
@@ -193,10 +220,13 @@ def default_rows(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
     `exclude`: fields that are no row key (best_over's tuned key)."""
     runs = run_level(df)
     axes = [a for a in df.attrs.get("variant_axes", []) if a in df and a != "seed"]
-    config = [c for c in df.columns if isinstance(c, str) and "." in c and not c.startswith("eval.")]
+    config = [
+        c for c in df.columns if isinstance(c, str) and "." in c and not c.startswith("eval.")
+    ]
     configured = runs[runs[config].notna().any(axis=1)] if config else runs
     keys = [c for c in axes if c not in exclude and varies(runs, c)] or [
-        c for c in config if c not in exclude and varies(configured, c)]
+        c for c in config if c not in exclude and varies(configured, c)
+    ]
     named = runs.dropna(subset=["experiment"]) if "experiment" in runs else runs
     if "experiment" in named and varies(named, "experiment"):
         keys.insert(0, "experiment")
@@ -205,26 +235,38 @@ def default_rows(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
 
 def left_out_runs(df: pd.DataFrame, metric: str, rows: Iterable[str]) -> list[str]:
     """One line per run without a value of `metric` (so left out of a table): its id, its row label and why."""
-    scored = df.assign(_scored=np.isfinite(pd.to_numeric(df[metric], errors="coerce"))).groupby("run_dir")["_scored"]
+    scored = df.assign(_scored=np.isfinite(pd.to_numeric(df[metric], errors="coerce"))).groupby(
+        "run_dir"
+    )["_scored"]
     lines = []
     for _, run in run_level(df[~df["run_dir"].map(scored.any())]).iterrows():
         status, reason = run.get("status"), normalized(run.get("reason"))
         if status == "done" or status == "unknown":
             why = (f"{rundir.STATUS} missing or unreadable; " if status == "unknown" else "") + (
-                f"{rundir.EVAL} missing or unreadable" if rundir.read_eval(run["run_dir"]) is None
-                else f"no {metric} in its {rundir.EVAL}")
+                f"{rundir.EVAL} missing or unreadable"
+                if rundir.read_eval(run["run_dir"]) is None
+                else f"no {metric} in its {rundir.EVAL}"
+            )
         else:
             why = f"{status}" + (f": {reason}" if reason else "")
         variant = ", ".join(f"{short_name(k)}={label(run.get(k))}" for k in rows if k != "run_id")
-        lines.append(f"left out run {run['run_id']}" + (f" ({variant})" if variant else "") + f": {why}")
+        lines.append(
+            f"left out run {run['run_id']}" + (f" ({variant})" if variant else "") + f": {why}"
+        )
     return lines
 
 
 def default_cols(df: pd.DataFrame, rows: list[str]) -> list[str]:
     """Evaluation-setting fields that vary within some row: the natural columns of the table."""
     candidates = [f for f in SETTING_FIELDS if f != "attn_len" and f not in rows and f in df]
-    keyed = df.assign(_row=[tuple(normalized(v) for v in t) for t in df[rows].itertuples(index=False)])
-    chosen = [f for f in candidates if keyed.groupby("_row")[f].agg(lambda s: s.map(normalized).nunique(dropna=False)).max() > 1]
+    keyed = df.assign(
+        _row=[tuple(normalized(v) for v in t) for t in df[rows].itertuples(index=False)]
+    )
+    chosen = [
+        f
+        for f in candidates
+        if keyed.groupby("_row")[f].agg(lambda s: s.map(normalized).nunique(dropna=False)).max() > 1
+    ]
     if "protocol" in chosen:  # same_length is the xl protocol's, not a setting of its own
         chosen = [f for f in chosen if f != "same_length"]
     return chosen
@@ -236,16 +278,39 @@ def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> Tabl
     metric = check_metric(df, opts.metric or default_metric(df))
     data = finished(df, metric)
     # best_over: the tuned key and the split are chosen per cell, so neither is a default row or column
-    tuned = resolve_column(df, opts.best_over, "best_over") if opts.best_over not in (None, "none") else None
-    rows = [resolve_column(df, r, "rows") for r in opts.rows] if opts.rows else default_rows(df, exclude=(tuned,))
-    cols = [resolve_column(df, c, "cols") for c in opts.cols] if opts.cols is not None else [
-        c for c in default_cols(data, rows) if not (tuned and c in (tuned, "split"))]
+    tuned = (
+        resolve_column(df, opts.best_over, "best_over")
+        if opts.best_over not in (None, "none")
+        else None
+    )
+    rows = (
+        [resolve_column(df, r, "rows") for r in opts.rows]
+        if opts.rows
+        else default_rows(df, exclude=(tuned,))
+    )
+    cols = (
+        [resolve_column(df, c, "cols") for c in opts.cols]
+        if opts.cols is not None
+        else [c for c in default_cols(data, rows) if not (tuned and c in (tuned, "split"))]
+    )
     overlap = set(rows) & set(cols)
     if overlap:
-        raise ConfigError("cols", f"{', '.join(sorted(overlap))} cannot be both a row and a column key")
+        raise ConfigError(
+            "cols", f"{', '.join(sorted(overlap))} cannot be both a row and a column key"
+        )
     splits = (opts.select_split or "valid", opts.report_split or "test") if tuned else (None, None)
-    return TableOptions(tuple(rows), tuple(cols), metric, opts.baseline, opts.correction or "holm", opts.layout or "grid",
-                        opts.format or "markdown", tuned, *splits, opts.where)
+    return TableOptions(
+        tuple(rows),
+        tuple(cols),
+        metric,
+        opts.baseline,
+        opts.correction or "holm",
+        opts.layout or "grid",
+        opts.format or "markdown",
+        tuned,
+        *splits,
+        opts.where,
+    )
 
 
 def apply_where(df: pd.DataFrame, where: Iterable[str] | None) -> pd.DataFrame:
@@ -258,12 +323,16 @@ def apply_where(df: pd.DataFrame, where: Iterable[str] | None) -> pd.DataFrame:
         negate = field.endswith("!")
         field, value = field.removesuffix("!").strip(), value.strip()
         if not sep or not field:
-            raise ConfigError("where", f"{condition!r}: write FIELD=VALUE or FIELD!=VALUE, e.g. max_targets=0")
+            raise ConfigError(
+                "where", f"{condition!r}: write FIELD=VALUE or FIELD!=VALUE, e.g. max_targets=0"
+            )
         column = resolve_column(df, field, "where")
         match = (kept[column].map(label) == value) != negate
         if not match.any():
             seen = ", ".join(sorted({label(v) for v in kept[column]})) or "none"
-            raise ConfigError("where", f"no row has {column}{'!=' if negate else '='}{value}; values here: {seen}")
+            raise ConfigError(
+                "where", f"no row has {column}{'!=' if negate else '='}{value}; values here: {seen}"
+            )
         kept = kept[match]
     return kept
 

@@ -19,7 +19,13 @@ import pandas as pd
 
 from relpos_ablate.analysis.collect import SETTING_FIELDS
 from relpos_ablate.analysis.render import STAR_LEGEND, Cell, Table
-from relpos_ablate.analysis.settings import column_label, evaluation_note, label, normalized, short_name
+from relpos_ablate.analysis.settings import (
+    column_label,
+    evaluation_note,
+    label,
+    normalized,
+    short_name,
+)
 from relpos_ablate.analysis.stats import MIN_SEEDS, Family
 from relpos_ablate.analysis.table_options import TableOptions, finished, metric_direction
 from relpos_ablate.config import ConfigError
@@ -51,7 +57,9 @@ def sort_key(key: tuple, names: list[str], orders: dict[str, list]) -> tuple:
     return tuple(parts)
 
 
-def samples_by_key(data: pd.DataFrame, keys: list[str], metric: str) -> dict[tuple, dict[str, float]]:
+def samples_by_key(
+    data: pd.DataFrame, keys: list[str], metric: str
+) -> dict[tuple, dict[str, float]]:
     """{key tuple: {run dir: metric value}}: which run each value comes from, so that a test can see whether
     two cells hold the same runs (stats.compare); a run contributing twice to one key is an error."""
     samples: dict[tuple, dict[str, float]] = defaultdict(dict)
@@ -61,22 +69,40 @@ def samples_by_key(data: pd.DataFrame, keys: list[str], metric: str) -> dict[tup
         twice = twice or record[-1] in samples[key]
         samples[key][record[-1]] = float(record[len(keys)])
     if twice:
-        mixed = [f for f in SETTING_FIELDS if f not in keys and f != "attn_len" and f in data
-                 and data.groupby("run_dir")[f].agg(lambda s: s.map(normalized).nunique(dropna=False)).max() > 1]
+        mixed = [
+            f
+            for f in SETTING_FIELDS
+            if f not in keys
+            and f != "attn_len"
+            and f in data
+            and data.groupby("run_dir")[f]
+            .agg(lambda s: s.map(normalized).nunique(dropna=False))
+            .max()
+            > 1
+        ]
         what = f" ({', '.join(mixed)} varies within a run)" if mixed else ""
-        raise ConfigError("cols", f"a cell would average several evaluation settings of one run{what}; "
-                                  "add that field to --rows or --cols")
+        raise ConfigError(
+            "cols",
+            f"a cell would average several evaluation settings of one run{what}; "
+            "add that field to --rows or --cols",
+        )
     return samples
 
 
 def values_by_key(data: pd.DataFrame, keys: list[str], metric: str) -> dict[tuple, list[float]]:
     """{key tuple: metric values, one per run} (samples_by_key without the run names)."""
-    return {key: list(sample.values()) for key, sample in samples_by_key(data, keys, metric).items()}
+    return {
+        key: list(sample.values()) for key, sample in samples_by_key(data, keys, metric).items()
+    }
 
 
 def seed_cell(values: list[float]) -> Cell:
     arr = np.asarray(values, dtype=float)
-    return Cell(mean=float(arr.mean()), std=float(arr.std(ddof=1)) if arr.size > 1 else math.nan, n=int(arr.size))
+    return Cell(
+        mean=float(arr.mean()),
+        std=float(arr.std(ddof=1)) if arr.size > 1 else math.nan,
+        n=int(arr.size),
+    )
 
 
 def mark_best(cells: list[Cell | None], metric: str) -> None:
@@ -99,7 +125,9 @@ def _find_baseline(baseline: str, row_keys: list[tuple]) -> tuple:
     raise ConfigError("baseline", f"{baseline!r} is not a row label; rows are: {choices}")
 
 
-def grid_table(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] | None = None) -> Table:
+def grid_table(
+    df: pd.DataFrame, options: TableOptions, orders: dict[str, list] | None = None
+) -> Table:
     """Rows x columns of mean ± std over seeds (options must be resolved: see resolve_options); with a
     baseline, every other cell tested against the baseline row's cell of its column, one family."""
     rows, cols, metric = list(options.rows), list(options.cols), options.metric
@@ -107,8 +135,11 @@ def grid_table(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] 
     samples = samples_by_key(data, rows + cols, metric)
     orders = orders or {}
     row_keys = sorted({k[: len(rows)] for k in samples}, key=lambda k: sort_key(k, rows, orders))
-    col_keys = sorted({k[len(rows):] for k in samples}, key=lambda k: sort_key(k, cols, orders))
-    grid = [[seed_cell(list(samples[r + c].values())) if r + c in samples else None for c in col_keys] for r in row_keys]
+    col_keys = sorted({k[len(rows) :] for k in samples}, key=lambda k: sort_key(k, cols, orders))
+    grid = [
+        [seed_cell(list(samples[r + c].values())) if r + c in samples else None for c in col_keys]
+        for r in row_keys
+    ]
     for j in range(len(col_keys)):
         mark_best([line[j] for line in grid], metric)
     columns = [column_label(cols, c, metric) for c in col_keys]
@@ -129,8 +160,15 @@ def grid_table(df: pd.DataFrame, options: TableOptions, orders: dict[str, list] 
     )
 
 
-def baseline_tests(grid: list[list[Cell | None]], row_keys: list[tuple], col_keys: list[tuple],
-                   samples: dict[tuple, dict], base: tuple, options: TableOptions, columns: list[str]) -> Family:
+def baseline_tests(
+    grid: list[list[Cell | None]],
+    row_keys: list[tuple],
+    col_keys: list[tuple],
+    samples: dict[tuple, dict],
+    base: tuple,
+    options: TableOptions,
+    columns: list[str],
+) -> Family:
     """Each cell against the baseline row's cell of its column, all in one family (stats.Family): the test
     the data calls for (paired where both cells hold the same runs), corrected by options.correction; each
     tested cell gets its adjusted p (its stars) and its raw p."""
@@ -141,10 +179,19 @@ def baseline_tests(grid: list[list[Cell | None]], row_keys: list[tuple], col_key
         for c, cell, column in zip(col_keys, line, columns):
             if cell is not None and r != base and base + c in samples:
                 name = ", ".join(label(v) for v in r)
-                tested.append((cell, family.compare(f"{name} ({column})", samples[r + c], f"{baseline} ({column})",
-                                                    samples[base + c],
-                                                    lower_is_better=metric_direction(options.metric) == "min",
-                                                    decimals=DECIMALS.get(options.metric, 3))))
+                tested.append(
+                    (
+                        cell,
+                        family.compare(
+                            f"{name} ({column})",
+                            samples[r + c],
+                            f"{baseline} ({column})",
+                            samples[base + c],
+                            lower_is_better=metric_direction(options.metric) == "min",
+                            decimals=DECIMALS.get(options.metric, 3),
+                        ),
+                    )
+                )
     family.close()
     for cell, comparison in tested:
         if comparison.test is not None:
@@ -154,15 +201,21 @@ def baseline_tests(grid: list[list[Cell | None]], row_keys: list[tuple], col_key
 
 def seed_caption(metric: str, cells: list[Cell], family: Family | None) -> str:
     counts = sorted({c.n for c in cells})
-    seeds = f"n={counts[0]} seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1 else "n seeds (per cell)"
+    seeds = (
+        f"n={counts[0]} seed{'s' if counts[0] != 1 else ''}"
+        if len(counts) == 1
+        else "n seeds (per cell)"
+    )
     better = "higher" if metric_direction(metric) == "max" else "lower"
     text = f"{metric}: mean ± std over {seeds}; best per column in bold ({better} is better)."
     if family is not None:
         kinds = sorted({t.kind for t in family.tests})
-        text += (f" Each cell against the baseline row's: a paired t-test where both hold the same runs, Welch's "
-                 f"t-test where they hold different models (here: "
-                 f"{', '.join(kinds) if kinds else f'none, fewer than {MIN_SEEDS} seeds'}). "
-                 f"{family.heading()} Stars on the adjusted p: {STAR_LEGEND}.")
+        text += (
+            f" Each cell against the baseline row's: a paired t-test where both hold the same runs, Welch's "
+            f"t-test where they hold different models (here: "
+            f"{', '.join(kinds) if kinds else f'none, fewer than {MIN_SEEDS} seeds'}). "
+            f"{family.heading()} Stars on the adjusted p: {STAR_LEGEND}."
+        )
     return text
 
 

@@ -15,7 +15,15 @@ from relpos_ablate.config import ConfigError
 from relpos_ablate.config.base import raise_all
 from relpos_ablate.config.registry import import_modules
 
-UNLOADABLE = (ConfigError, OSError, ValueError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError)
+UNLOADABLE = (
+    ConfigError,
+    OSError,
+    ValueError,
+    RuntimeError,
+    EOFError,
+    KeyError,
+    pickle.UnpicklingError,
+)
 """What loading a trained run can raise (no or a corrupt checkpoint, a config the code rejects): that
 run is skipped in a grid, and a one-line error for a single run."""
 
@@ -34,13 +42,23 @@ def check_imports(runs: pd.DataFrame) -> None:
             import_modules([module])
         except ConfigError as err:
             cause = err.__cause__
-            failed[module] = f"{type(cause).__name__}: {' '.join(str(cause).split())}" if cause else err.message
+            failed[module] = (
+                f"{type(cause).__name__}: {' '.join(str(cause).split())}" if cause else err.message
+            )
     if not failed or len({rid for module in failed for rid in needs[module]}) < len(runs):
         return
-    raise_all([ConfigError("imports", f"cannot import {module!r} ({why}), listed under imports: by run"
-                           f"{'s' if len(needs[module]) > 1 else ''} {', '.join(needs[module])}; run plot from the "
-                           f"folder that holds {module.split('.')[0]} (where the runs were trained), or add that "
-                           "folder to PYTHONPATH") for module, why in failed.items()])
+    raise_all(
+        [
+            ConfigError(
+                "imports",
+                f"cannot import {module!r} ({why}), listed under imports: by run"
+                f"{'s' if len(needs[module]) > 1 else ''} {', '.join(needs[module])}; run plot from the "
+                f"folder that holds {module.split('.')[0]} (where the runs were trained), or add that "
+                "folder to PYTHONPATH",
+            )
+            for module, why in failed.items()
+        ]
+    )
 
 
 def _imports(run: pd.Series) -> list[str]:
@@ -58,7 +76,9 @@ def load_drawable(run_dir: Path, kind: str, loader: Callable):
         config, model = loader(run_dir)
     except UNLOADABLE as err:
         first_sentence = str(err).split(". ")[0]
-        raise ConfigError(str(run_dir), f"cannot load the trained model: {first_sentence}") from None
+        raise ConfigError(
+            str(run_dir), f"cannot load the trained model: {first_sentence}"
+        ) from None
     if kind == "bias":
         try:
             figures.check_has_bias(model, "this run")

@@ -12,14 +12,17 @@ from pathlib import Path
 from relpos_ablate import rundir
 from relpos_ablate.cli import UsageError
 
-EXAMPLE = ("relpos-ablate evaluate results/alibi_extrapolation_cpu "
-           "--set 'eval.settings=[{segment_len: 64, protocol: sliding, stride: 1}, "
-           "{segment_len: 64, protocol: sliding, stride: 8}]'")
+EXAMPLE = (
+    "relpos-ablate evaluate results/alibi_extrapolation_cpu "
+    "--set 'eval.settings=[{segment_len: 64, protocol: sliding, stride: 1}, "
+    "{segment_len: 64, protocol: sliding, stride: 8}]'"
+)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "evaluate", help="evaluate trained runs at new evaluation settings, from their trained weights (no retraining)",
+        "evaluate",
+        help="evaluate trained runs at new evaluation settings, from their trained weights (no retraining)",
         description=textwrap.fill(
             f"Load each done run's trained weights ({rundir.CHECKPOINTS}/{rundir.LAST_CHECKPOINT}) and evaluate the "
             "settings the --set overrides give (eval.* fields: lengths, protocols, strides, RoPE scaling, RECL "
@@ -28,16 +31,46 @@ def register(subparsers) -> None:
             f"{rundir.CONFIG}, {rundir.CHECKPOINTS}, {rundir.METRICS} and {rundir.STATUS} do not change, so a rerun "
             "of the run's grid still sees it done. Every "
             "problem is reported before anything is computed. Exit status: 0 every run evaluated, 1 some failed, "
-            "2 bad arguments or settings, 130 stopped.", width=96) + f"\n\nexample (ALiBi App. B):\n  {EXAMPLE}",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", type=Path, metavar="DIR", help="one run dir, an experiment or a results dir: every done run under it")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                   help="an evaluation field, e.g. --set 'eval.settings=[{segment_len: 256}]' or --set eval.diagnostics=true "
-                   "(eval.* keys; example tasks also data.test_lengths, data.eval_examples, data.passkey_depths); repeatable")
-    p.add_argument("--replace", action="store_true", help=f"evaluate settings already in {rundir.EVAL} again, replacing their records")
-    p.add_argument("--slots", type=int, metavar="N", help="evaluate N runs at a time on CPU slots (threads split between them)")
-    p.add_argument("--devices", metavar="LIST", help="evaluate one run at a time on each of these GPUs, e.g. 0,1")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
+            "2 bad arguments or settings, 130 stopped.",
+            width=96,
+        )
+        + f"\n\nexample (ALiBi App. B):\n  {EXAMPLE}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "dir",
+        type=Path,
+        metavar="DIR",
+        help="one run dir, an experiment or a results dir: every done run under it",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="an evaluation field, e.g. --set 'eval.settings=[{segment_len: 256}]' or --set eval.diagnostics=true "
+        "(eval.* keys; example tasks also data.test_lengths, data.eval_examples, data.passkey_depths); repeatable",
+    )
+    p.add_argument(
+        "--replace",
+        action="store_true",
+        help=f"evaluate settings already in {rundir.EVAL} again, replacing their records",
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        metavar="N",
+        help="evaluate N runs at a time on CPU slots (threads split between them)",
+    )
+    p.add_argument(
+        "--devices",
+        metavar="LIST",
+        help="evaluate one run at a time on each of these GPUs, e.g. 0,1",
+    )
+    p.add_argument(
+        "--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)"
+    )
     p.set_defaults(func=cmd_evaluate, runs_per_device=None, gpus_per_run=None)
 
 
@@ -65,7 +98,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             print(f"{plan.run_dir}: {name}: not evaluated, recorded with its reason: {reason}")
     todo = [plan for plan in plans if plan.todo]
     if not todo:
-        print(f"{args.dir}: nothing to evaluate: every setting is already in {rundir.EVAL} (--replace evaluates again)")
+        print(
+            f"{args.dir}: nothing to evaluate: every setting is already in {rundir.EVAL} (--replace evaluates again)"
+        )
         return 0
     if len(todo) > 1 and (args.devices is not None or (args.slots or 1) > 1):
         return _on_slots(todo, args)
@@ -78,14 +113,18 @@ def _runs(directory: Path) -> list[Path]:
         return [directory]
     found = rundir.find_run_dirs(directory).runs
     if not found:
-        raise UsageError(f"{directory}: no run directories found (expected a run dir, results/<experiment> or results/)")
+        raise UsageError(
+            f"{directory}: no run directories found (expected a run dir, results/<experiment> or results/)"
+        )
     done = [run for run in found if rundir.is_done(run)]
     for run in found:
         if run not in done:
             state = (rundir.read_status(run) or {}).get("state", "unknown")
             print(f"{run}: left out: not done (state {state})")
     if not done:
-        raise UsageError(f"{directory}: none of its {len(found)} runs is done; evaluate takes finished runs")
+        raise UsageError(
+            f"{directory}: none of its {len(found)} runs is done; evaluate takes finished runs"
+        )
     return done
 
 
@@ -97,25 +136,36 @@ def _in_process(plans) -> int:
     for plan in plans:
         lock = RunLock(plan.run_dir)
         if not lock.try_acquire():
-            print(f"{plan.run_dir}: busy: another process holds {rundir.LOCK} (a grid or another evaluate); "
-                  "rerun when it ends", file=sys.stderr)
+            print(
+                f"{plan.run_dir}: busy: another process holds {rundir.LOCK} (a grid or another evaluate); "
+                "rerun when it ends",
+                file=sys.stderr,
+            )
             worst = 1
             continue
         started = time.monotonic()
         try:
             count = run_evaluation(plan)
         except KeyboardInterrupt:
-            print(f"{plan.run_dir}: interrupted by the user; its {rundir.EVAL} is as it was: rerun the same command "
-                  "to finish", file=sys.stderr)
+            print(
+                f"{plan.run_dir}: interrupted by the user; its {rundir.EVAL} is as it was: rerun the same command "
+                "to finish",
+                file=sys.stderr,
+            )
             return 130
         except Exception as err:  # one run's failure does not stop the others
-            print(f"{plan.run_dir}: failed: {type(err).__name__}: {' '.join(str(err).split())}", file=sys.stderr)
+            print(
+                f"{plan.run_dir}: failed: {type(err).__name__}: {' '.join(str(err).split())}",
+                file=sys.stderr,
+            )
             worst = 1
             continue
         finally:
             lock.release()
-        print(f"{plan.run_dir}: evaluated {count} setting(s), {plan.skipped} already in {rundir.EVAL} "
-              f"({time.monotonic() - started:.1f} s)")
+        print(
+            f"{plan.run_dir}: evaluated {count} setting(s), {plan.skipped} already in {rundir.EVAL} "
+            f"({time.monotonic() - started:.1f} s)"
+        )
     return worst
 
 
@@ -124,10 +174,15 @@ def _on_slots(plans, args: argparse.Namespace) -> int:
     from relpos_ablate.runner.evaluate import evaluate_on_slots
 
     slots = slots_for(args)
-    arguments = [a for item in args.overrides for a in ("--set", item)] + (["--replace"] if args.replace else [])
+    arguments = [a for item in args.overrides for a in ("--set", item)] + (
+        ["--replace"] if args.replace else []
+    )
     try:
         return evaluate_on_slots([plan.run_dir for plan in plans], arguments, slots)
     except KeyboardInterrupt:
-        print(f"interrupted by the user; each run's {rundir.EVAL} is as it was or complete: rerun the same "
-              "command to finish", file=sys.stderr)
+        print(
+            f"interrupted by the user; each run's {rundir.EVAL} is as it was or complete: rerun the same "
+            "command to finish",
+            file=sys.stderr,
+        )
         return 130

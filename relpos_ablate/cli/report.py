@@ -8,7 +8,11 @@ import sys
 from pathlib import Path
 
 from relpos_ablate.cli import UsageError
-from relpos_ablate.studies import FIGURE_KINDS as STUDY_FIGURES, LAYOUT_NAMES, SUMMARY_FIGURES as STUDY_SUMMARY_FIGURES
+from relpos_ablate.studies import (
+    FIGURE_KINDS as STUDY_FIGURES,
+    LAYOUT_NAMES,
+    SUMMARY_FIGURES as STUDY_SUMMARY_FIGURES,
+)
 
 SUFFIX_FORMATS = {".md": "markdown", ".tex": "latex", ".csv": "csv"}
 SUMMARY_COLUMNS = ("run_id", "status", "seed", "segment_len", "mem_len", "attn_len")
@@ -20,99 +24,207 @@ CORRECTION_CHOICES = ("holm", "bh", "none")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("collect", help="gather every run of a results dir into one table (CSV/Parquet)",
-                              description="One row per (run, evaluation setting); broken runs are kept and reported.")
+    p = subparsers.add_parser(
+        "collect",
+        help="gather every run of a results dir into one table (CSV/Parquet)",
+        description="One row per (run, evaluation setting); broken runs are kept and reported.",
+    )
     p.add_argument("dir", type=Path, help="results dir (results/<experiment> or results/)")
-    p.add_argument("--out", type=Path, help="write the frame to FILE (.csv or .parquet); default: print a summary")
-    p.add_argument("--merge", type=Path, metavar="SUMMARY.csv",
-                   help="keep the rows of this earlier summary.csv for the runs the dir lacks (a committed study "
-                        "keeps its summary, not its run dirs: merge the runs added since); --out may be the same file")
-    p.add_argument("--spec", type=Path, nargs="+", metavar="SPEC",
-                   help="keep only the runs these grid specs plan (drops the rows of runs a changed spec no longer "
-                        "has, e.g. after a fix to one encoding's settings); the dropped runs are counted")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="write the frame to FILE (.csv or .parquet); default: print a summary",
+    )
+    p.add_argument(
+        "--merge",
+        type=Path,
+        metavar="SUMMARY.csv",
+        help="keep the rows of this earlier summary.csv for the runs the dir lacks (a committed study "
+        "keeps its summary, not its run dirs: merge the runs added since); --out may be the same file",
+    )
+    p.add_argument(
+        "--spec",
+        type=Path,
+        nargs="+",
+        metavar="SPEC",
+        help="keep only the runs these grid specs plan (drops the rows of runs a changed spec no longer "
+        "has, e.g. after a fix to one encoding's settings); the dropped runs are counted",
+    )
     p.set_defaults(func=cmd_collect)
 
-    p = subparsers.add_parser("table", help="paper-style table: mean ± std over seeds, best in bold",
-                              description="Defaults come from the grid spec's `table:` block, else from the data.")
-    p.add_argument("dir", type=Path, nargs="+", metavar="DIR|summary.csv",
-                   help="results dir, or the summary.csv `collect` wrote of one (a layout that reads per-target "
-                        "losses, xl_table8, needs the run dirs); several: their runs together (e.g. a study and its "
-                        "control experiment)")
-    p.add_argument("--rows", nargs="+", help="row keys: config fields (terms or model.attention.terms), variant axes")
-    p.add_argument("--cols", nargs="+", help="column keys, e.g. segment_len (alias eval_len), attn_len, mem_len")
+    p = subparsers.add_parser(
+        "table",
+        help="paper-style table: mean ± std over seeds, best in bold",
+        description="Defaults come from the grid spec's `table:` block, else from the data.",
+    )
+    p.add_argument(
+        "dir",
+        type=Path,
+        nargs="+",
+        metavar="DIR|summary.csv",
+        help="results dir, or the summary.csv `collect` wrote of one (a layout that reads per-target "
+        "losses, xl_table8, needs the run dirs); several: their runs together (e.g. a study and its "
+        "control experiment)",
+    )
+    p.add_argument(
+        "--rows",
+        nargs="+",
+        help="row keys: config fields (terms or model.attention.terms), variant axes",
+    )
+    p.add_argument(
+        "--cols",
+        nargs="+",
+        help="column keys, e.g. segment_len (alias eval_len), attn_len, mem_len",
+    )
     p.add_argument("--metric", help="metric in the cells (default: the task's main metric)")
-    p.add_argument("--format", choices=("markdown", "latex", "csv"), help="default: from --out's suffix, else markdown")
-    p.add_argument("--baseline", help="row label to test the others against, column by column; several keys: 'a,b'. "
-                                      "The test is chosen from the data: a paired t-test over the matched runs where "
-                                      "a cell holds the same runs as the baseline's (another length, protocol, "
-                                      "stride, ...), Welch's t-test where it holds other models")
-    p.add_argument("--correction", choices=CORRECTION_CHOICES,
-                   help="the table's tests against the baseline are one family, corrected together: holm (default), "
-                        "bh (Benjamini-Hochberg false discovery rate) or none; stars read the adjusted p, the "
-                        "Markdown test list and the CSV give the raw p beside it (spec: table: {correction: ...})")
-    p.add_argument("--where", nargs="+", metavar="FIELD=VALUE",
-                   help="keep only the evaluations whose field has (FIELD=VALUE) or has not (FIELD!=VALUE) this value, "
-                        "e.g. max_targets=2048 or protocol=sliding (default: the spec's table: where)")
-    p.add_argument("--layout", metavar="NAME", choices=("grid", *LAYOUT_NAMES),
-                   help="grid (default), Transformer-XL's Table 6 (PPL init / best / Attn Len) or Table 8 (RECL at "
-                        "r = 0.1, 0.5, 1.0; needs eval.recl_contexts), or length_generalization (example tasks: "
-                        "test-length bins + OOD mean per task and encoding, then a rank-per-task summary)")
-    p.add_argument("--best-over", metavar="KEY",
-                   help="tune KEY per row as papers tune each baseline (e.g. train.lr): each cell reports the "
-                        "--report-split metric at the KEY value whose --select-split metric (seed mean, same "
-                        "evaluation setting) is best, and shows that value; none: off")
-    p.add_argument("--select-split", choices=("valid", "test"), help="--best-over: the split that picks (default valid)")
-    p.add_argument("--report-split", choices=("valid", "test"), help="--best-over: the split reported (default test)")
+    p.add_argument(
+        "--format",
+        choices=("markdown", "latex", "csv"),
+        help="default: from --out's suffix, else markdown",
+    )
+    p.add_argument(
+        "--baseline",
+        help="row label to test the others against, column by column; several keys: 'a,b'. "
+        "The test is chosen from the data: a paired t-test over the matched runs where "
+        "a cell holds the same runs as the baseline's (another length, protocol, "
+        "stride, ...), Welch's t-test where it holds other models",
+    )
+    p.add_argument(
+        "--correction",
+        choices=CORRECTION_CHOICES,
+        help="the table's tests against the baseline are one family, corrected together: holm (default), "
+        "bh (Benjamini-Hochberg false discovery rate) or none; stars read the adjusted p, the "
+        "Markdown test list and the CSV give the raw p beside it (spec: table: {correction: ...})",
+    )
+    p.add_argument(
+        "--where",
+        nargs="+",
+        metavar="FIELD=VALUE",
+        help="keep only the evaluations whose field has (FIELD=VALUE) or has not (FIELD!=VALUE) this value, "
+        "e.g. max_targets=2048 or protocol=sliding (default: the spec's table: where)",
+    )
+    p.add_argument(
+        "--layout",
+        metavar="NAME",
+        choices=("grid", *LAYOUT_NAMES),
+        help="grid (default), Transformer-XL's Table 6 (PPL init / best / Attn Len) or Table 8 (RECL at "
+        "r = 0.1, 0.5, 1.0; needs eval.recl_contexts), or length_generalization (example tasks: "
+        "test-length bins + OOD mean per task and encoding, then a rank-per-task summary)",
+    )
+    p.add_argument(
+        "--best-over",
+        metavar="KEY",
+        help="tune KEY per row as papers tune each baseline (e.g. train.lr): each cell reports the "
+        "--report-split metric at the KEY value whose --select-split metric (seed mean, same "
+        "evaluation setting) is best, and shows that value; none: off",
+    )
+    p.add_argument(
+        "--select-split",
+        choices=("valid", "test"),
+        help="--best-over: the split that picks (default valid)",
+    )
+    p.add_argument(
+        "--report-split",
+        choices=("valid", "test"),
+        help="--best-over: the split reported (default test)",
+    )
     p.add_argument("--out", type=Path, help="write the table to FILE instead of printing it")
     p.set_defaults(func=cmd_table)
 
-    p = subparsers.add_parser("report", help="a study's derived numbers (trends, the tests behind orderings) as Markdown",
-                              description="The report function registered for the experiment the runs belong to "
-                                          "(relpos_ablate/studies/), from DIR (a results dir) or a "
-                                          "committed summary.csv.")
-    p.add_argument("source", type=Path, nargs="+", metavar="DIR|summary.csv",
-                   help="an experiment's results dir or its summary.csv; several: a report that reads more than one "
-                        "experiment (xl_table6_cpu with xl_context_cpu, its no-memory control)")
-    p.add_argument("--correction", choices=CORRECTION_CHOICES, default="holm",
-                   help="each family of tests the report states (named in its heading) is corrected together: holm "
-                        "(default), bh (Benjamini-Hochberg false discovery rate) or none; orderings read the "
-                        "adjusted p, the raw p stands beside it")
+    p = subparsers.add_parser(
+        "report",
+        help="a study's derived numbers (trends, the tests behind orderings) as Markdown",
+        description="The report function registered for the experiment the runs belong to "
+        "(relpos_ablate/studies/), from DIR (a results dir) or a "
+        "committed summary.csv.",
+    )
+    p.add_argument(
+        "source",
+        type=Path,
+        nargs="+",
+        metavar="DIR|summary.csv",
+        help="an experiment's results dir or its summary.csv; several: a report that reads more than one "
+        "experiment (xl_table6_cpu with xl_context_cpu, its no-memory control)",
+    )
+    p.add_argument(
+        "--correction",
+        choices=CORRECTION_CHOICES,
+        default="holm",
+        help="each family of tests the report states (named in its heading) is corrected together: holm "
+        "(default), bh (Benjamini-Hochberg false discovery rate) or none; orderings read the "
+        "adjusted p, the raw p stands beside it",
+    )
     p.add_argument("--out", type=Path, help="write the report to FILE instead of printing it")
     p.set_defaults(func=cmd_report)
 
-    p = subparsers.add_parser("plot", help="bias curves, attention / term heatmaps, extrapolation and loss-by-position "
-                                           "curves, length generalization, attention diagnostics, passkey retrieval",
-                              description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
-                                          "(extrapolation and position-loss: one figure of every run; lengthgen: exact "
-                                          "match against task length, one panel per task; diagnostics: one per task; "
-                                          "passkey: the depth tasks (passkey, niah_*, variable_tracking), a row of panels per task, one panel "
-                                          "per variant).")
-    p.add_argument("target", type=Path, help="a run dir or a results dir; for the kinds drawn from the collected "
-                                             f"frame alone ({', '.join(SUMMARY_FIGURES)}) also a summary.csv that "
-                                             "collect wrote")
-    p.add_argument("--kind", required=True,
-                   choices=("bias", "attention", "terms", "extrapolation", "position-loss", *STUDY_FIGURES),
-                   help="position-loss: mean loss by position in the segment / window, one panel per evaluation "
-                        "setting; lengthgen: example tasks, a line per variant (mean over seeds, min-max band), training "
-                        "lengths shaded; lr-sweep: the fair-baselines study, valid ppl against train.lr per encoding and "
-                        "each one's test ppl at its best lr over the best encoding's; context: the Transformer-XL study, "
-                        "each model's ppl against the context it sees on its RECL ladder (memory or sliding windows)")
+    p = subparsers.add_parser(
+        "plot",
+        help="bias curves, attention / term heatmaps, extrapolation and loss-by-position "
+        "curves, length generalization, attention diagnostics, passkey retrieval",
+        description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
+        "(extrapolation and position-loss: one figure of every run; lengthgen: exact "
+        "match against task length, one panel per task; diagnostics: one per task; "
+        "passkey: the depth tasks (passkey, niah_*, variable_tracking), a row of panels per task, one panel "
+        "per variant).",
+    )
+    p.add_argument(
+        "target",
+        type=Path,
+        help="a run dir or a results dir; for the kinds drawn from the collected "
+        f"frame alone ({', '.join(SUMMARY_FIGURES)}) also a summary.csv that "
+        "collect wrote",
+    )
+    p.add_argument(
+        "--kind",
+        required=True,
+        choices=("bias", "attention", "terms", "extrapolation", "position-loss", *STUDY_FIGURES),
+        help="position-loss: mean loss by position in the segment / window, one panel per evaluation "
+        "setting; lengthgen: example tasks, a line per variant (mean over seeds, min-max band), training "
+        "lengths shaded; lr-sweep: the fair-baselines study, valid ppl against train.lr per encoding and "
+        "each one's test ppl at its best lr over the best encoding's; context: the Transformer-XL study, "
+        "each model's ppl against the context it sees on its RECL ladder (memory or sliding windows)",
+    )
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
-    p.add_argument("--metric", help="extrapolation, lengthgen, passkey: the metric shown (default: the main metric)")
-    p.add_argument("--x", default="segment_len", choices=("segment_len", "attn_len"), help="extrapolation: x axis")
-    p.add_argument("--y", default="value", choices=("value", "ratio"),
-                   help="extrapolation: the metric, or its ratio to each run's metric at its training length")
-    p.add_argument("--panels", metavar="FIELD", help="extrapolation: a panel per value of this field (default: "
-                                                     "the protocol, when it varies)")
-    p.add_argument("--family-rows", action="store_true",
-                   help="extrapolation: a row of panels per encoding family (absolute, rotary, bias, data-dependent, "
-                        "other), each with its own y range; without it, families share a row unless a panel would "
-                        "hold more than 10 lines")
-    p.add_argument("--where", nargs="+", metavar="FIELD=VALUE",
-                   help="extrapolation: keep only these evaluations (default: the spec's table: where)")
+    p.add_argument(
+        "--metric",
+        help="extrapolation, lengthgen, passkey: the metric shown (default: the main metric)",
+    )
+    p.add_argument(
+        "--x",
+        default="segment_len",
+        choices=("segment_len", "attn_len"),
+        help="extrapolation: x axis",
+    )
+    p.add_argument(
+        "--y",
+        default="value",
+        choices=("value", "ratio"),
+        help="extrapolation: the metric, or its ratio to each run's metric at its training length",
+    )
+    p.add_argument(
+        "--panels",
+        metavar="FIELD",
+        help="extrapolation: a panel per value of this field (default: "
+        "the protocol, when it varies)",
+    )
+    p.add_argument(
+        "--family-rows",
+        action="store_true",
+        help="extrapolation: a row of panels per encoding family (absolute, rotary, bias, data-dependent, "
+        "other), each with its own y range; without it, families share a row unless a panel would "
+        "hold more than 10 lines",
+    )
+    p.add_argument(
+        "--where",
+        nargs="+",
+        metavar="FIELD=VALUE",
+        help="extrapolation: keep only these evaluations (default: the spec's table: where)",
+    )
     p.add_argument("--layer", type=int, default=-1, help="terms: layer index (default: the last)")
     p.add_argument("--head", type=int, default=0, help="terms: head index")
-    p.add_argument("--formats", default="png,pdf", help="comma-separated figure formats (png, pdf, svg)")
+    p.add_argument(
+        "--formats", default="png,pdf", help="comma-separated figure formats (png, pdf, svg)"
+    )
     p.set_defaults(func=cmd_plot)
 
 
@@ -144,7 +256,9 @@ def _frame(source: Path | list[Path]):
         return merged
     if source.suffix == ".csv":
         if not source.is_file():
-            raise UsageError(f"{source}: not found; give a results dir or a summary.csv that `collect` wrote")
+            raise UsageError(
+                f"{source}: not found; give a results dir or a summary.csv that `collect` wrote"
+            )
         return read_summary(source)
     return _collect(source)
 
@@ -157,15 +271,29 @@ def cmd_collect(args: argparse.Namespace) -> int:
         from relpos_ablate.analysis.collect import merge_frames, read_summary
 
         if not args.merge.is_file():
-            raise UsageError(f"--merge: {args.merge}: not found; give a summary.csv that `collect` wrote")
+            raise UsageError(
+                f"--merge: {args.merge}: not found; give a summary.csv that `collect` wrote"
+            )
         frame = merge_frames(frame, read_summary(args.merge))
     if args.spec:
         frame = _planned_only(frame, args.spec)
     runs = frame.drop_duplicates("run_id") if "run_id" in frame else frame
-    states = ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().items()) if len(runs) else "none"
+    states = (
+        ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().items())
+        if len(runs)
+        else "none"
+    )
     if args.out is None:
-        shown = [c for c in (*SUMMARY_COLUMNS[:2], *frame.attrs["variant_axes"], *SUMMARY_COLUMNS[2:],
-                             *frame.attrs["metrics"]) if c in frame]
+        shown = [
+            c
+            for c in (
+                *SUMMARY_COLUMNS[:2],
+                *frame.attrs["variant_axes"],
+                *SUMMARY_COLUMNS[2:],
+                *frame.attrs["metrics"],
+            )
+            if c in frame
+        ]
         print(frame[shown].to_string(index=False) if len(frame) else "(no runs)", flush=True)
     elif args.out.suffix == ".csv":
         atomic_write_text(args.out, frame.to_csv(index=False))
@@ -174,7 +302,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
         frame.to_parquet(buffer, index=False)
         atomic_write_bytes(args.out, buffer.getvalue())
     else:
-        raise UsageError(f"--out: {args.out.suffix or args.out.name!r} is not supported; use .csv or .parquet")
+        raise UsageError(
+            f"--out: {args.out.suffix or args.out.name!r} is not supported; use .csv or .parquet"
+        )
     where = f" -> {args.out}" if args.out else ""
     print(f"{len(runs)} runs ({states}), {len(frame)} rows{where}", file=sys.stderr)
     return 0
@@ -194,8 +324,11 @@ def _planned_only(frame, specs: list[Path]):
     kept = frame[frame["run_id"].isin(planned)]
     dropped = sorted(set(frame["run_id"]) - planned)
     if dropped:
-        print(f"--spec: dropped {len(dropped)} runs no spec plans ({', '.join(dropped[:5])}"
-              f"{', ...' if len(dropped) > 5 else ''})", file=sys.stderr)
+        print(
+            f"--spec: dropped {len(dropped)} runs no spec plans ({', '.join(dropped[:5])}"
+            f"{', ...' if len(dropped) > 5 else ''})",
+            file=sys.stderr,
+        )
     kept.attrs.update(frame.attrs)
     return kept
 
@@ -212,12 +345,24 @@ def cmd_table(args: argparse.Namespace) -> int:
     from relpos_ablate.studies import make_table
 
     if args.format is None and args.out is not None and args.out.suffix not in SUFFIX_FORMATS:
-        raise UsageError(f"--out: {args.out.suffix or 'no suffix'!r} does not say the format; "
-                         f"use {', '.join(SUFFIX_FORMATS)} or give --format")
+        raise UsageError(
+            f"--out: {args.out.suffix or 'no suffix'!r} does not say the format; "
+            f"use {', '.join(SUFFIX_FORMATS)} or give --format"
+        )
     fmt = args.format or (SUFFIX_FORMATS.get(args.out.suffix) if args.out else None)
-    options = TableOptions(rows=_keys(args.rows), cols=_keys(args.cols), metric=args.metric,
-                           baseline=args.baseline, correction=args.correction, layout=args.layout, format=fmt, best_over=args.best_over,
-                           select_split=args.select_split, report_split=args.report_split, where=_keys(args.where))
+    options = TableOptions(
+        rows=_keys(args.rows),
+        cols=_keys(args.cols),
+        metric=args.metric,
+        baseline=args.baseline,
+        correction=args.correction,
+        layout=args.layout,
+        format=fmt,
+        best_over=args.best_over,
+        select_split=args.select_split,
+        report_split=args.report_split,
+        where=_keys(args.where),
+    )
     frame = _frame(args.dir)
     table, resolved = make_table(frame, options)
     for line in left_out_runs(frame, resolved.metric, resolved.rows):
@@ -249,11 +394,15 @@ def cmd_plot(args: argparse.Namespace) -> int:
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     bad = [f for f in formats if f not in plots.FIGURE_FORMATS]
     if bad or not formats:
-        raise UsageError(f"--formats: {','.join(bad) or 'nothing'} not allowed; choose from {', '.join(plots.FIGURE_FORMATS)}")
+        raise UsageError(
+            f"--formats: {','.join(bad) or 'nothing'} not allowed; choose from {', '.join(plots.FIGURE_FORMATS)}"
+        )
     from_csv = args.target.suffix == ".csv"
     if from_csv and args.kind not in SUMMARY_FIGURES:
-        raise UsageError(f"--kind {args.kind} reads the run dirs (trained models, evaluation records), not a summary.csv; "
-                         f"from a summary.csv: {', '.join(SUMMARY_FIGURES)}")
+        raise UsageError(
+            f"--kind {args.kind} reads the run dirs (trained models, evaluation records), not a summary.csv; "
+            f"from a summary.csv: {', '.join(SUMMARY_FIGURES)}"
+        )
     if not (args.target.is_file() if from_csv else args.target.is_dir()):
         raise UsageError(f"{args.target}: not {'found' if from_csv else 'a directory'}")
     out = args.out or (args.target.parent if from_csv else args.target) / "figures"
@@ -261,17 +410,28 @@ def cmd_plot(args: argparse.Namespace) -> int:
         from relpos_ablate.studies import figure
 
         written, notes = figure(args.kind)(_frame(args.target), out, formats, args)
-    elif args.kind == "extrapolation":  # from the runs, or from the summary.csv collect wrote of them
-        written, notes = plots.save_extrapolation(_frame(args.target), out, metric=args.metric, x=args.x, y=args.y,
-                                                  panels=args.panels, split_families=args.family_rows,
-                                                  where=_keys(args.where), formats=formats)
+    elif (
+        args.kind == "extrapolation"
+    ):  # from the runs, or from the summary.csv collect wrote of them
+        written, notes = plots.save_extrapolation(
+            _frame(args.target),
+            out,
+            metric=args.metric,
+            x=args.x,
+            y=args.y,
+            panels=args.panels,
+            split_families=args.family_rows,
+            where=_keys(args.where),
+            formats=formats,
+        )
     elif args.kind == "position-loss":
         from relpos_ablate.analysis.positions import save_position_loss
 
         written, notes = save_position_loss(_collect(args.target), out, formats=formats)
     else:
-        written, notes = plots.save_model_figures(_collect(args.target), args.kind, out, layer=args.layer,
-                                                  head=args.head, formats=formats)
+        written, notes = plots.save_model_figures(
+            _collect(args.target), args.kind, out, layer=args.layer, head=args.head, formats=formats
+        )
     for line in notes:
         print(f"warning: {line}", file=sys.stderr)
     for path in written:

@@ -8,7 +8,15 @@ import time
 from pathlib import Path
 
 from relpos_ablate import rundir
-from relpos_ablate.config import ConfigError, RunConfig, apply_overrides, describe, from_dict, read_yaml, what_to_run
+from relpos_ablate.config import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    describe,
+    from_dict,
+    read_yaml,
+    what_to_run,
+)
 from relpos_ablate.config.base import raise_all
 
 EXIT_CODES = {"done": 0, "failed": 1, "interrupted": 1}
@@ -16,20 +24,41 @@ EXIT_CODES = {"done": 0, "failed": 1, "interrupted": 1}
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "train", help="train and evaluate one run in a run directory",
+        "train",
+        help="train and evaluate one run in a run directory",
         description=textwrap.fill(
             f"Train one run (resuming from RUN_DIR/{rundir.CHECKPOINTS}/{rundir.LAST_CHECKPOINT} when there is "
             f"one), evaluate it at every eval setting and record {rundir.CONFIG}, {rundir.STATUS}, {rundir.METRICS}, "
             f"{rundir.EVAL} and {rundir.LOG} in RUN_DIR. A run marked done is not trained again. Exit status: 0 "
-            "done, 1 failed or interrupted, 2 bad arguments or config.", width=96),
-        epilog=config_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
+            "done, 1 failed or interrupted, 2 bad arguments or config.",
+            width=96,
+        ),
+        epilog=config_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", type=Path, metavar="FILE",
-                        help=f"run config (YAML); default: RUN_DIR/{rundir.CONFIG} when it exists")
-    parser.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="the run directory")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                        help="override a config field, e.g. --set model.attention.terms=ac (repeatable)")
-    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch, shared by the run's CPU processes (default: torch's choice)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help=f"run config (YAML); default: RUN_DIR/{rundir.CONFIG} when it exists",
+    )
+    parser.add_argument(
+        "--run-dir", type=Path, required=True, metavar="DIR", help="the run directory"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="override a config field, e.g. --set model.attention.terms=ac (repeatable)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads for torch, shared by the run's CPU processes (default: torch's choice)",
+    )
     parser.set_defaults(func=run_train)
 
 
@@ -38,12 +67,16 @@ def config_help() -> str:
     lines = ["config fields (YAML keys; --set KEY=VALUE):"]
     for path, default, doc in describe(RunConfig):
         lines.append(f"  {path} = {default}")
-        lines.extend(textwrap.wrap(doc, width=96, initial_indent="      ", subsequent_indent="      "))
+        lines.extend(
+            textwrap.wrap(doc, width=96, initial_indent="      ", subsequent_indent="      ")
+        )
     return "\n".join(lines)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    started = time.monotonic()  # before torch loads: the run's wall time counts the command's start-up
+    started = (
+        time.monotonic()
+    )  # before torch loads: the run's wall time counts the command's start-up
     from relpos_ablate.cli import UsageError, check_dir_arg
 
     if args.threads is not None and args.threads < 1:
@@ -60,7 +93,9 @@ def run_train(args: argparse.Namespace) -> int:
     from relpos_ablate.train.run import launched_as_rank_zero, train_run
 
     if args.threads:
-        torch.set_num_threads(max(1, args.threads // cpu_processes(config.train, torch.cuda.is_available())))
+        torch.set_num_threads(
+            max(1, args.threads // cpu_processes(config.train, torch.cuda.is_available()))
+        )
     state = train_run(config, args.run_dir, started=started)
     if launched_as_rank_zero():  # the other processes of a multi-process run stay quiet
         check_config_accepted(args.run_dir, state)
@@ -103,8 +138,10 @@ def resolve_config(config_file: Path | None, run_dir: Path, overrides: list[str]
         raise_all([explain_grid_words(problem, data) for problem in err.errors])
     if stored is not None and not rundir.same_run(config, stored):
         key, old, new = first_difference(what_to_run(stored), what_to_run(config))
-        raise UsageError(f"{stored_path} holds another run ({key}: {old!r} there, {new!r} here); "
-                         "use a new --run-dir")
+        raise UsageError(
+            f"{stored_path} holds another run ({key}: {old!r} there, {new!r} here); "
+            "use a new --run-dir"
+        )
     return config
 
 
@@ -113,7 +150,9 @@ def check_not_a_grid_spec(path: Path, data: dict) -> None:
     from relpos_ablate.runner.grid import is_grid_spec
 
     if is_grid_spec(data):
-        raise ConfigError(str(path), f"a grid spec, not a run config; run it with: relpos-ablate grid {path}")
+        raise ConfigError(
+            str(path), f"a grid spec, not a run config; run it with: relpos-ablate grid {path}"
+        )
 
 
 def explain_grid_words(problem: ConfigError, data: dict) -> ConfigError:
@@ -151,12 +190,17 @@ def print_outcome(run_dir: Path, state: str) -> None:
         return
     results = rundir.read_eval(run_dir)
     names = sorted({name for s in results["settings"] for name in s["metrics"]} - {"tokens"})
-    table = Table(title=f"{run_dir}  (step {results['step']}, main metric {results['main_metric']}, "
-                        f"{status.get('wall_time_s', 0):.1f} s)")
+    table = Table(
+        title=f"{run_dir}  (step {results['step']}, main metric {results['main_metric']}, "
+        f"{status.get('wall_time_s', 0):.1f} s)"
+    )
     table.add_column("setting")
     for column in ("attn len", *names):
         table.add_column(column, justify="right")
     for s, setting in zip(results["settings"], setting_labels(results["settings"])):
-        values = [f"{s['metrics'][n]:.4g}" if n in s["metrics"] else s.get("error", "-")[:40] for n in names]
+        values = [
+            f"{s['metrics'][n]:.4g}" if n in s["metrics"] else s.get("error", "-")[:40]
+            for n in names
+        ]
         table.add_row(setting, str(s["attn_len"]), *values)
     Console().print(table)

@@ -69,7 +69,9 @@ def raise_all(errors: list[ConfigError]) -> None:
         raise ConfigErrors(errors)
 
 
-_recorded: contextvars.ContextVar[list[ConfigError] | None] = contextvars.ContextVar("recorded", default=None)
+_recorded: contextvars.ContextVar[list[ConfigError] | None] = contextvars.ContextVar(
+    "recorded", default=None
+)
 """While from_dict builds a config: where the failed checks of its __post_init__ go."""
 
 
@@ -87,7 +89,9 @@ def check_choice(field: str, value: Any, allowed: typing.Iterable[Any]) -> None:
         reject(field, f"{value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
 
 
-def check_range(field: str, value: float, low: float | None = None, high: float | None = None) -> None:
+def check_range(
+    field: str, value: float, low: float | None = None, high: float | None = None
+) -> None:
     if (low is not None and value < low) or (high is not None and value > high):
         lo = "-inf" if low is None else low
         hi = "inf" if high is None else high
@@ -122,21 +126,29 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
     rows = []
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
-    choices = getattr(cls, "field_choices", lambda name: None)  # lists that live in a registry, not the source
+    choices = getattr(
+        cls, "field_choices", lambda name: None
+    )  # lists that live in a registry, not the source
     for f in dataclasses.fields(cls):
         path, tp = f"{prefix}{f.name}", hints[f.name]
         if dataclasses.is_dataclass(tp):
             rows.extend(describe(tp, path + "."))
             continue
         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
-            default = repr(to_plain(f.default if f.default is not dataclasses.MISSING else f.default_factory()))
+            default = repr(
+                to_plain(f.default if f.default is not dataclasses.MISSING else f.default_factory())
+            )
         else:
             default = "(required)"
         doc, allowed = docs.get(f.name, ""), choices(f.name)
         rows.append((path, default, f"{doc} Allowed: {' | '.join(allowed)}." if allowed else doc))
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
         if named_items(tp):  # a mapping in YAML: its keys are the items' names
-            rows.extend(row for row in describe(item, f"{path}.<name>.") if not row[0].endswith(".<name>.name"))
+            rows.extend(
+                row
+                for row in describe(item, f"{path}.<name>.")
+                if not row[0].endswith(".<name>.name")
+            )
         elif dataclasses.is_dataclass(item):
             rows.extend(describe(item, f"{path}[i]."))
     return rows
@@ -185,13 +197,19 @@ def _convert(tp: Any, value: Any, field: str) -> Any:
                 return _convert(option, value, field)
             except ConfigError as err:
                 errors.append(err)
-        raise errors[0] if len(errors) == 1 else ConfigError(field, f"expected {_type_name(tp)}, got {value!r}")
+        raise (
+            errors[0]
+            if len(errors) == 1
+            else ConfigError(field, f"expected {_type_name(tp)}, got {value!r}")
+        )
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
         paths = None
         if named_items(tp) and isinstance(value, dict):
             paths = [f"{field}.{name}" for name in value]
-            value = [_named(name, fields, path) for (name, fields), path in zip(value.items(), paths)]
+            value = [
+                _named(name, fields, path) for (name, fields), path in zip(value.items(), paths)
+            ]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(field, f"expected a list, got {value!r}")
         paths = paths or [f"{field}[{i}]" for i in range(len(value))]
@@ -228,7 +246,9 @@ def _named(name: Any, fields: Any, where: str) -> dict:
     if not isinstance(fields, dict):
         raise ConfigError(where, f"expected a mapping of fields, got {fields!r}")
     if "name" in fields and fields["name"] != name:
-        raise ConfigError(f"{where}.name", f"{fields['name']!r} differs from its key {name!r}; leave name out")
+        raise ConfigError(
+            f"{where}.name", f"{fields['name']!r} differs from its key {name!r}; leave name out"
+        )
     return {"name": name, **fields}
 
 
@@ -258,19 +278,31 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
             close = difflib.get_close_matches(str(key), names, n=1)
             meant.update(close)
             hint = f"did you mean '{close[0]}'? " if close else ""
-            errors.append(ConfigError(_join(prefix, key), f"unknown key; {hint}allowed: {', '.join(names)}"))
+            errors.append(
+                ConfigError(_join(prefix, key), f"unknown key; {hint}allowed: {', '.join(names)}")
+            )
     before_fields = getattr(cls, "before_fields", None)
-    if before_fields is not None:  # RunConfig imports the modules under `imports:` before validating the rest
+    if (
+        before_fields is not None
+    ):  # RunConfig imports the modules under `imports:` before validating the rest
         try:
             before_fields(data, prefix)
         except ConfigError as err:  # the rest cannot be checked without those modules: stop here
             raise_all(errors + [err])
     missing = dataclasses.MISSING
     required = [f.name for f in fields if f.default is missing and f.default_factory is missing]
-    errors += [ConfigError(_join(prefix, name), "missing; this field has no default") for name in required
-               if name not in data and name not in meant]  # a misspelt required key is one error
+    errors += [
+        ConfigError(_join(prefix, name), "missing; this field has no default")
+        for name in required
+        if name not in data and name not in meant
+    ]  # a misspelt required key is one error
     kwargs, conversion_errors = _convert_each(
-        {key: (hints[key], value, _join(prefix, key)) for key, value in data.items() if key in names})
+        {
+            key: (hints[key], value, _join(prefix, key))
+            for key, value in data.items()
+            if key in names
+        }
+    )
     errors += conversion_errors
     if set(required) - set(kwargs):
         raise_all(errors)

@@ -10,13 +10,31 @@ SOURCES = ("synthetic", "text")
 STREAM_TASKS = ("offset_copy", "recall", "repeat")
 #: Tasks made of independent examples `<bos> prompt <sep> answer` (train/data/examples.py). A new task goes last: a
 #: task's index seeds its examples.
-EXAMPLE_TASKS = ("copy", "reverse", "sort", "addition", "parity", "mqar", "flip_flop", "passkey", "niah_multikey",
-                 "niah_multivalue", "niah_multiquery", "variable_tracking", "contextual_counting")
+EXAMPLE_TASKS = (
+    "copy",
+    "reverse",
+    "sort",
+    "addition",
+    "parity",
+    "mqar",
+    "flip_flop",
+    "passkey",
+    "niah_multikey",
+    "niah_multivalue",
+    "niah_multiquery",
+    "variable_tracking",
+    "contextual_counting",
+)
 #: Example tasks with needles in n filler tokens, one of them at a depth (round(depth·n) filler tokens before it),
 #: and the needle it is. Their test bins are evaluated depth by depth (passkey_depths), drawn by
 #: `plot --kind passkey` as depth x length maps.
-DEPTH_TASKS = {"passkey": "the key", "niah_multikey": "the asked needle", "niah_multivalue": "the first value",
-               "niah_multiquery": "the first asked needle", "variable_tracking": "the chain's first assignment"}
+DEPTH_TASKS = {
+    "passkey": "the key",
+    "niah_multikey": "the asked needle",
+    "niah_multivalue": "the first value",
+    "niah_multiquery": "the first asked needle",
+    "variable_tracking": "the chain's first assignment",
+}
 TASKS = STREAM_TASKS + EXAMPLE_TASKS
 TOKENIZERS = ("char", "byte", "word")
 #: Named corpora: one shipped inside the package (offline), the others downloaded by `datasets` (hub ids and the
@@ -139,7 +157,9 @@ class DataConfig:
         if self.source != "text":
             for name in ("corpus", "train_file", "valid_file", "test_file"):
                 if getattr(self, name):
-                    raise ConfigError(name, f"is read only with source='text' (source is {self.source!r})")
+                    raise ConfigError(
+                        name, f"is read only with source='text' (source is {self.source!r})"
+                    )
             return
         if self.corpus and self.train_file:
             raise ConfigError("corpus", "set either a corpus name or a train_file, not both")
@@ -151,14 +171,26 @@ class DataConfig:
 
     def _check_example_fields(self) -> None:
         if len(self.train_lengths) != 2 or not 1 <= self.train_lengths[0] <= self.train_lengths[1]:
-            raise ConfigError("train_lengths", f"{list(self.train_lengths)}: give [min, max] with 1 <= min <= max")
+            raise ConfigError(
+                "train_lengths", f"{list(self.train_lengths)}: give [min, max] with 1 <= min <= max"
+            )
         if not self.test_lengths:
             raise ConfigError("test_lengths", "give at least one bin [lo, hi]")
         for k, bin_ in enumerate(self.test_lengths):
             if len(bin_) != 2 or not 1 <= bin_[0] <= bin_[1]:
-                raise ConfigError(f"test_lengths[{k}]", f"{list(bin_)}: give [lo, hi] with 1 <= lo <= hi")
-        for name in ("train_examples", "eval_examples", "mqar_queries", "niah_keys", "niah_values", "niah_queries",
-                     "variable_chains", "counting_regions"):
+                raise ConfigError(
+                    f"test_lengths[{k}]", f"{list(bin_)}: give [lo, hi] with 1 <= lo <= hi"
+                )
+        for name in (
+            "train_examples",
+            "eval_examples",
+            "mqar_queries",
+            "niah_keys",
+            "niah_values",
+            "niah_queries",
+            "variable_chains",
+            "counting_regions",
+        ):
             check_range(name, getattr(self, name), low=1)
         check_range("variable_hops", self.variable_hops, low=0)
         for name in ("passkey_digits", "counting_digits"):  # 18 digits: every value fits an int64
@@ -170,26 +202,46 @@ class DataConfig:
             raise ConfigError("passkey_depths", "give at least one depth in [0, 1] to evaluate")
         longest = max(self.train_lengths[1], *(hi for _, hi in self.test_lengths))
         if self.task == "mqar" and self.num_keys < longest:
-            raise ConfigError("num_keys", f"mqar draws n distinct keys, up to n = {longest} (train_lengths, "
-                              f"test_lengths); use num_keys >= {longest}")
+            raise ConfigError(
+                "num_keys",
+                f"mqar draws n distinct keys, up to n = {longest} (train_lengths, "
+                f"test_lengths); use num_keys >= {longest}",
+            )
         self._check_needles(longest)
 
     def _check_needles(self, longest: int) -> None:
         """The long-context tasks: enough distinct names and values for their needles, counts that fit."""
-        names = {"niah_multikey": self.niah_keys, "niah_multivalue": self.niah_keys, "niah_multiquery": self.niah_keys,
-                 "variable_tracking": self.variable_chains * (self.variable_hops + 1)}.get(self.task, 0)
+        names = {
+            "niah_multikey": self.niah_keys,
+            "niah_multivalue": self.niah_keys,
+            "niah_multiquery": self.niah_keys,
+            "variable_tracking": self.variable_chains * (self.variable_hops + 1),
+        }.get(self.task, 0)
         if self.num_keys < names:
-            raise ConfigError("num_keys", f"{self.task} hides {names} distinct names (niah_keys, or variable_chains x "
-                              f"(variable_hops + 1)); use num_keys >= {names}")
+            raise ConfigError(
+                "num_keys",
+                f"{self.task} hides {names} distinct names (niah_keys, or variable_chains x "
+                f"(variable_hops + 1)); use num_keys >= {names}",
+            )
         if self.task == "niah_multiquery":
-            check_range("niah_queries", self.niah_queries, 1, self.niah_keys)  # asks keys that are hidden
-        distinct = {"niah_multivalue": "niah_values", "variable_tracking": "variable_chains"}.get(self.task)
-        if distinct and getattr(self, distinct) > 10 ** self.passkey_digits:
-            raise ConfigError(distinct, f"{getattr(self, distinct)} distinct values of passkey_digits = "
-                              f"{self.passkey_digits} digits do not exist; use at most {10 ** self.passkey_digits}")
-        if self.task == "contextual_counting" and 10 ** self.counting_digits <= longest:
-            raise ConfigError("counting_digits", f"{self.counting_digits} digits cannot write a count of n = {longest} "
-                              f"ones (train_lengths, test_lengths); use counting_digits >= {len(str(longest))}")
+            check_range(
+                "niah_queries", self.niah_queries, 1, self.niah_keys
+            )  # asks keys that are hidden
+        distinct = {"niah_multivalue": "niah_values", "variable_tracking": "variable_chains"}.get(
+            self.task
+        )
+        if distinct and getattr(self, distinct) > 10**self.passkey_digits:
+            raise ConfigError(
+                distinct,
+                f"{getattr(self, distinct)} distinct values of passkey_digits = "
+                f"{self.passkey_digits} digits do not exist; use at most {10**self.passkey_digits}",
+            )
+        if self.task == "contextual_counting" and 10**self.counting_digits <= longest:
+            raise ConfigError(
+                "counting_digits",
+                f"{self.counting_digits} digits cannot write a count of n = {longest} "
+                f"ones (train_lengths, test_lengths); use counting_digits >= {len(str(longest))}",
+            )
 
     @property
     def example_task(self) -> bool:
@@ -204,11 +256,18 @@ class DataConfig:
     def sequence_length(self, n: int) -> int:
         """Tokens of one example of task length n, <bos> included (train/data/examples.py lays them out)."""
         queries, digits = min(self.mqar_queries, n), self.passkey_digits
-        needle, keys, values, asked = digits + 2, self.niah_keys, self.niah_values, self.niah_queries  # <key> k v
+        needle, keys, values, asked = (
+            digits + 2,
+            self.niah_keys,
+            self.niah_values,
+            self.niah_queries,
+        )  # <key> k v
         hops, regions = self.variable_hops, self.counting_regions
         chain = digits + 2 + 3 * hops  # <key> X1 v, then <key> X_i+1 X_i per hop
         return {
-            "copy": 2 * n + 2, "reverse": 2 * n + 2, "sort": 2 * n + 2,  # <bos> x <sep> y
+            "copy": 2 * n + 2,
+            "reverse": 2 * n + 2,
+            "sort": 2 * n + 2,  # <bos> x <sep> y
             "addition": 3 * n + 4,  # <bos> a + b <sep> (a + b), n + 1 digits
             "parity": n + 3,  # <bos> bits <sep> parity
             "mqar": 2 * n + 2 + 2 * queries,  # <bos> (k v)*n <sep> (q a)*queries
@@ -216,10 +275,22 @@ class DataConfig:
             "passkey": n + 2 * digits + 3,  # <bos> filler with <key> digits inside <sep> digits
             # <bos> filler with the needles inside, the question (<key> and names or a value) <sep> answer
             "niah_multikey": n + keys * needle + digits + 4,  # <key> k <sep> v
-            "niah_multivalue": n + (values + keys - 1) * needle + values * digits + 4,  # <key> k <sep> v1 .. vV
-            "niah_multiquery": n + keys * needle + asked * (digits + 1) + 3,  # <key> k1 .. kQ <sep> v1 .. vQ
-            "variable_tracking": n + self.variable_chains * chain + digits + hops + 4,  # <key> v <sep> X1 .. X_hops+1
-            "contextual_counting": n + regions * (self.counting_digits + 2) + 2,  # <bos> bits, [ ] <sep> counts
+            "niah_multivalue": n
+            + (values + keys - 1) * needle
+            + values * digits
+            + 4,  # <key> k <sep> v1 .. vV
+            "niah_multiquery": n
+            + keys * needle
+            + asked * (digits + 1)
+            + 3,  # <key> k1 .. kQ <sep> v1 .. vQ
+            "variable_tracking": n
+            + self.variable_chains * chain
+            + digits
+            + hops
+            + 4,  # <key> v <sep> X1 .. X_hops+1
+            "contextual_counting": n
+            + regions * (self.counting_digits + 2)
+            + 2,  # <bos> bits, [ ] <sep> counts
         }[self.task]
 
     def input_length(self, n: int) -> int:
@@ -238,11 +309,20 @@ def check_example_run(data: DataConfig, model, segment_len: int, eval_settings: 
     if not data.example_task:
         return
     if model.mem_len:
-        raise ConfigError("model.mem_len", f"example tasks are independent examples; memory would carry one into the "
-                          f"next: use 0 (got {model.mem_len})")
+        raise ConfigError(
+            "model.mem_len",
+            f"example tasks are independent examples; memory would carry one into the "
+            f"next: use 0 (got {model.mem_len})",
+        )
     if eval_settings:
-        raise ConfigError("eval.settings", "example tasks are evaluated at data.test_lengths; leave eval.settings empty")
+        raise ConfigError(
+            "eval.settings",
+            "example tasks are evaluated at data.test_lengths; leave eval.settings empty",
+        )
     longest = data.input_length(data.train_lengths[1])
     if segment_len < longest:
-        raise ConfigError("train.segment_len", f"{segment_len} is shorter than the longest training example "
-                          f"({longest} tokens: {data.task} at n = {data.train_lengths[1]}); use {longest}")
+        raise ConfigError(
+            "train.segment_len",
+            f"{segment_len} is shorter than the longest training example "
+            f"({longest} tokens: {data.task} at n = {data.train_lengths[1]}); use {longest}",
+        )

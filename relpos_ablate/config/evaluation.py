@@ -73,16 +73,27 @@ class EvalSetting:
         check_range("max_targets", self.max_targets, low=0)
         if self.protocol == "sliding":
             if self.stride is None:
-                raise ConfigError("stride", f"protocol 'sliding' needs a stride (1..segment_len={self.segment_len})")
+                raise ConfigError(
+                    "stride",
+                    f"protocol 'sliding' needs a stride (1..segment_len={self.segment_len})",
+                )
             check_range("stride", self.stride, low=1, high=self.segment_len)
             if self.mem_len:
-                raise ConfigError("mem_len", "protocol 'sliding' scores each window on its own, without memory; "
-                                  "leave mem_len unset (or 0), or use protocol 'xl'")
+                raise ConfigError(
+                    "mem_len",
+                    "protocol 'sliding' scores each window on its own, without memory; "
+                    "leave mem_len unset (or 0), or use protocol 'xl'",
+                )
         elif self.stride is not None:
-            raise ConfigError("stride", f"is read only by protocol 'sliding' (protocol is {self.protocol!r})")
+            raise ConfigError(
+                "stride", f"is read only by protocol 'sliding' (protocol is {self.protocol!r})"
+            )
         if self.same_length and self.protocol != "xl":
-            raise ConfigError("same_length", "is Transformer-XL's evaluation: write protocol: xl (memory carried, "
-                              "every query sees mem_len keys)")
+            raise ConfigError(
+                "same_length",
+                "is Transformer-XL's evaluation: write protocol: xl (memory carried, "
+                "every query sees mem_len keys)",
+            )
         if self.rope_scaling is not None:
             check_choice("rope_scaling", self.rope_scaling, ROPE_SCALINGS)
         if isinstance(self.rope_scale, str):
@@ -90,8 +101,11 @@ class EvalSetting:
         else:
             check_range("rope_scale", self.rope_scale, low=1.0)
             if self.rope_scaling is None:
-                raise ConfigError("rope_scale", f"{self.rope_scale} scales RoPE only with rope_scaling: "
-                                  "pi | ntk | yarn | llama3")
+                raise ConfigError(
+                    "rope_scale",
+                    f"{self.rope_scale} scales RoPE only with rope_scaling: "
+                    "pi | ntk | yarn | llama3",
+                )
 
     @property
     def uses_memory(self) -> bool:
@@ -108,7 +122,11 @@ class EvalSetting:
         """Keys a query sees: segment_len + memory at most (non_overlapping, at a segment's end),
         segment_len (sliding), the memory length (xl: every query, same_length)."""
         memory = self.memory(model_mem_len)
-        return {"non_overlapping": self.segment_len + memory, "sliding": self.segment_len, "xl": memory}[self.protocol]
+        return {
+            "non_overlapping": self.segment_len + memory,
+            "sliding": self.segment_len,
+            "xl": memory,
+        }[self.protocol]
 
     def split_of(self, default: str) -> str:
         """The split this setting scores: its own, else `default` (eval.split)."""
@@ -116,7 +134,11 @@ class EvalSetting:
 
     def rope_factor(self, train_attn_len: int, attn_len: int) -> float:
         """s: rope_scale, or auto: attn_len / train_attn_len (at least 1)."""
-        return max(1.0, attn_len / train_attn_len) if self.rope_scale == "auto" else float(self.rope_scale)
+        return (
+            max(1.0, attn_len / train_attn_len)
+            if self.rope_scale == "auto"
+            else float(self.rope_scale)
+        )
 
 
 @dataclass(frozen=True)
@@ -160,15 +182,34 @@ class EvalConfig:
         for i, context in enumerate(self.recl_contexts):
             check_range(f"recl_contexts[{i}]", context, low=1)
         if list(self.recl_contexts) != sorted(set(self.recl_contexts)):
-            raise ConfigError("recl_contexts", f"{list(self.recl_contexts)}: list each context length once, "
-                              "in increasing order (the search steps from one to the next)")
+            raise ConfigError(
+                "recl_contexts",
+                f"{list(self.recl_contexts)}: list each context length once, "
+                "in increasing order (the search steps from one to the next)",
+            )
 
     def recl_settings(self, recurrent: bool, segment_len: int) -> tuple[EvalSetting, ...]:
         """The ladder's settings: exactly c tokens of context for every target used by RECL, by recl_protocol
         (`recurrent`: the model has memory; xl evaluates segments of `segment_len`, the training one)."""
         memory = self.recl_protocol == "xl" or (self.recl_protocol == "auto" and recurrent)
         if memory:
-            return tuple(EvalSetting(segment_len=segment_len, protocol="xl", mem_len=c, max_targets=self.recl_targets,
-                                     token_losses=True) for c in self.recl_contexts)
-        return tuple(EvalSetting(segment_len=c, protocol="sliding", stride=1, max_targets=self.recl_targets,
-                                 token_losses=True) for c in self.recl_contexts)
+            return tuple(
+                EvalSetting(
+                    segment_len=segment_len,
+                    protocol="xl",
+                    mem_len=c,
+                    max_targets=self.recl_targets,
+                    token_losses=True,
+                )
+                for c in self.recl_contexts
+            )
+        return tuple(
+            EvalSetting(
+                segment_len=c,
+                protocol="sliding",
+                stride=1,
+                max_targets=self.recl_targets,
+                token_losses=True,
+            )
+            for c in self.recl_contexts
+        )

@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 
 from relpos_ablate.config.base import ConfigError, check_choice, check_range
 from relpos_ablate.config.registry import BUILTIN_BIASES, bias_types, check_bias
-from relpos_ablate.config.scheme_checks import QUERY_DEPENDENT_BIASES, check_materialised_schemes, check_newer_schemes
+from relpos_ablate.config.scheme_checks import (
+    QUERY_DEPENDENT_BIASES,
+    check_materialised_schemes,
+    check_newer_schemes,
+)
 from relpos_ablate.config.schedule import INPUT_POSITIONS, LayerKind, check_pattern, layer_overrides
 
 #: The built-in values of `bias`, from the registry (config/registry.py); `bias_types()` adds the
@@ -165,38 +169,60 @@ class AttentionConfig:
 
     def __post_init__(self):
         if not isinstance(self.terms, str) or not self.terms:
-            raise ConfigError("terms", f"{self.terms!r}: must be a non-empty subset of 'abcd', e.g. 'abcd' or 'ac'")
+            raise ConfigError(
+                "terms",
+                f"{self.terms!r}: must be a non-empty subset of 'abcd', e.g. 'abcd' or 'ac'",
+            )
         bad = sorted(set(self.terms) - set("abcd"))
         if bad:
-            raise ConfigError("terms", f"{self.terms!r} has {bad[0]!r}; only the letters a, b, c, d are allowed")
+            raise ConfigError(
+                "terms", f"{self.terms!r} has {bad[0]!r}; only the letters a, b, c, d are allowed"
+            )
         if self.terms != "".join(sorted(set(self.terms))):
-            raise ConfigError("terms", f"{self.terms!r}: list each letter once, in the order abcd (e.g. 'ac')")
+            raise ConfigError(
+                "terms", f"{self.terms!r}: list each letter once, in the order abcd (e.g. 'ac')"
+            )
         check_choice("rel", self.rel, REL_SOURCES)
         if self.clamp_len is not None:
             check_range("clamp_len", self.clamp_len, low=1)
         if self.rel == "learned" and self.clamp_len is None:
-            raise ConfigError("clamp_len", "rel='learned' needs a table size; set clamp_len (Shaw et al. use 20)")
+            raise ConfigError(
+                "clamp_len", "rel='learned' needs a table size; set clamp_len (Shaw et al. use 20)"
+            )
         check_bias("bias", self.bias)
         check_range("num_buckets", self.num_buckets, low=2 if self.causal else 4)
         check_range("max_distance", self.max_distance, low=1)
         if self.bias == "t5":
             exact = self.num_buckets // 2 if self.causal else self.num_buckets // 4
             if self.max_distance <= exact:
-                raise ConfigError("max_distance", f"t5 needs max_distance > {exact} (the exact buckets)")
+                raise ConfigError(
+                    "max_distance", f"t5 needs max_distance > {exact} (the exact buckets)"
+                )
         check_choice("absolute", self.absolute, ABSOLUTE_TYPES)
         check_range("max_position", self.max_position, low=1)
         check_choice("positions", self.positions, POSITIONS)
         if self.eval_positions is not None:
             check_choice("eval_positions", self.eval_positions, POSITIONS)
         check_choice("randomized_draw", self.randomized_draw, RANDOMIZED_DRAWS)
-        if self.randomized and self.randomized_draw == "per_layer" and self.bias in QUERY_DEPENDENT_BIASES:
-            raise ConfigError("randomized_draw", f"per_layer draws the distances of relative encodings, and "
-                              f"{self.bias!r} also reads the query position; use shared_positions")
+        if (
+            self.randomized
+            and self.randomized_draw == "per_layer"
+            and self.bias in QUERY_DEPENDENT_BIASES
+        ):
+            raise ConfigError(
+                "randomized_draw",
+                f"per_layer draws the distances of relative encodings, and "
+                f"{self.bias!r} also reads the query position; use shared_positions",
+            )
         check_range("rope_base", self.rope_base, low=1.0)
         if self.absolute == "rope" and self.terms != "a":
-            raise ConfigError("absolute", f"'rope' rotates q and k of term a; use terms='a' (got {self.terms!r})")
+            raise ConfigError(
+                "absolute", f"'rope' rotates q and k of term a; use terms='a' (got {self.terms!r})"
+            )
         if self.shaw_values and self.rel != "learned":
-            raise ConfigError("shaw_values", "value embeddings index the learned table; set rel='learned'")
+            raise ConfigError(
+                "shaw_values", "value embeddings index the learned table; set rel='learned'"
+            )
         check_choice("score_scale", self.score_scale, SCORE_SCALES)
         check_choice("backend", self.backend, BACKENDS)
         check_range("query_chunk", self.query_chunk, low=0)
@@ -292,26 +318,41 @@ class ModelConfig:
         check_choice("embed_scale", self.embed_scale, EMBED_SCALES)
         check_range("mem_len", self.mem_len, low=0)
         if self.mem_len and self.attention.randomized:
-            raise ConfigError("mem_len", "randomized positions are drawn per segment, and memory would keep another "
-                              "draw's positions; use mem_len 0 (or positions: sequential)")
+            raise ConfigError(
+                "mem_len",
+                "randomized positions are drawn per segment, and memory would keep another "
+                "draw's positions; use mem_len 0 (or positions: sequential)",
+            )
         check_widths(self.attention, self.d_model, self.d_head)
         self._check_layers()
         if self.attention.absolute == "sinusoid" and self.d_model % 2:
-            raise ConfigError("d_model", f"sinusoid positions need an even d_model (got {self.d_model})")
+            raise ConfigError(
+                "d_model", f"sinusoid positions need an even d_model (got {self.d_model})"
+            )
 
     def _check_layers(self) -> None:
         """Every layer's attention is valid; positions added at the input are the model's alone."""
         kinds = check_pattern(self.layer_pattern, self.layer_kinds)
         for word in dict.fromkeys(self.layer_pattern):
-            where = f"layer_kinds.{word}" if word in kinds else f"layer_pattern[{self.layer_pattern.index(word)}]"
+            where = (
+                f"layer_kinds.{word}"
+                if word in kinds
+                else f"layer_pattern[{self.layer_pattern.index(word)}]"
+            )
             try:
                 attention = self._word_attention(word)
             except ConfigError as err:
                 raise err.under(where) from None
-            if attention.absolute != self.attention.absolute and INPUT_POSITIONS & {attention.absolute, self.attention.absolute}:
-                raise ConfigError(where, f"absolute {attention.absolute!r}: positions added at the model's input are "
-                                  "the model's (model.attention.absolute), not a layer's; use rope, "
-                                  "learned_per_layer or none in a layer")
+            if attention.absolute != self.attention.absolute and INPUT_POSITIONS & {
+                attention.absolute,
+                self.attention.absolute,
+            }:
+                raise ConfigError(
+                    where,
+                    f"absolute {attention.absolute!r}: positions added at the model's input are "
+                    "the model's (model.attention.absolute), not a layer's; use rope, "
+                    "learned_per_layer or none in a layer",
+                )
             check_widths(attention, self.d_model, self.d_head)
 
     def _word_attention(self, word: str) -> AttentionConfig:
@@ -338,7 +379,9 @@ class ModelConfig:
         """The factor `embed_scale` stands for, 'auto' resolved by the absolute baseline."""
         scale = self.embed_scale
         if scale == "auto":
-            scale = "sqrt_d_model" if self.attention.absolute in SCALED_EMBEDDING_BY_DEFAULT else "none"
+            scale = (
+                "sqrt_d_model" if self.attention.absolute in SCALED_EMBEDDING_BY_DEFAULT else "none"
+            )
         return math.sqrt(self.d_model) if scale == "sqrt_d_model" else 1.0
 
 
@@ -348,11 +391,19 @@ def check_widths(attention: AttentionConfig, d_model: int, d_head: int) -> None:
     if attention.absolute == "rope" and d_head % 2:
         raise ConfigError("d_head", f"rope needs an even d_head (got {d_head})")
     if attention.absolute == "rope" and rotary_width(attention, d_head) < 2:
-        raise ConfigError("rope_fraction", f"{attention.rope_fraction} of d_head {d_head} rotates no pair of "
-                          "dimensions")
-    if attention.absolute == "rope" and rotating_pairs(attention, rotary_width(attention, d_head)) < 1:
-        raise ConfigError("rope_p", f"{attention.rope_p} of the {rotary_width(attention, d_head) // 2} rotary pairs "
-                          "rotates none of them")
+        raise ConfigError(
+            "rope_fraction",
+            f"{attention.rope_fraction} of d_head {d_head} rotates no pair of dimensions",
+        )
+    if (
+        attention.absolute == "rope"
+        and rotating_pairs(attention, rotary_width(attention, d_head)) < 1
+    ):
+        raise ConfigError(
+            "rope_p",
+            f"{attention.rope_p} of the {rotary_width(attention, d_head) // 2} rotary pairs "
+            "rotates none of them",
+        )
     if attention.uses_r and attention.rel == "sinusoid" and d_model % 2:
         raise ConfigError("d_model", f"sinusoid R needs an even d_model (got {d_model})")
 
@@ -364,12 +415,18 @@ def check_randomized_range(attention: AttentionConfig, lengths: dict[str, tuple[
         return
     for field_name, (segment_len, mem_len) in lengths.items():
         if mem_len:
-            raise ConfigError(field_name, f"mem_len {mem_len} with randomized positions (drawn per segment, memory "
-                              "would keep another draw's); use mem_len 0")
+            raise ConfigError(
+                field_name,
+                f"mem_len {mem_len} with randomized positions (drawn per segment, memory "
+                "would keep another draw's); use mem_len 0",
+            )
         if segment_len > attention.max_position:
-            raise ConfigError("model.attention.max_position", f"{attention.max_position} is below the {segment_len} "
-                              f"tokens of {field_name}: randomized positions draw that many distinct positions "
-                              f"from [0, max_position)")
+            raise ConfigError(
+                "model.attention.max_position",
+                f"{attention.max_position} is below the {segment_len} "
+                f"tokens of {field_name}: randomized positions draw that many distinct positions "
+                f"from [0, max_position)",
+            )
 
 
 def rope_scaling_conflict(attention: AttentionConfig) -> str | None:
@@ -378,7 +435,11 @@ def rope_scaling_conflict(attention: AttentionConfig) -> str | None:
     The model refuses such a call; an evaluation skips such a setting and records this reason."""
     if attention.absolute == "rope" and attention.xpos_scale_base is None:
         return None
-    xpos = "" if attention.xpos_scale_base is None else " with xPos (xpos_scale_base), which has no published extension"
+    xpos = (
+        ""
+        if attention.xpos_scale_base is None
+        else " with xPos (xpos_scale_base), which has no published extension"
+    )
     return f"extends RoPE; this model has absolute={attention.absolute!r}{xpos}"
 
 

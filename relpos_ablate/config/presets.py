@@ -42,7 +42,12 @@ BASELINES: dict[str, dict[str, Any]] = {
     # SSMax (Nakanishi 2025): every score × s_h·log n, s_h learned per head, on NoPE (the scheme alone).
     "ssmax": {"terms": "a", "absolute": "none", "bias": "none", "score_scale": "ssmax"},
     # Stick-breaking attention (Tan et al. 2025): no softmax and no position encoding, as the paper's model.
-    "stick_breaking": {"terms": "a", "absolute": "none", "bias": "none", "normaliser": "stick_breaking"},
+    "stick_breaking": {
+        "terms": "a",
+        "absolute": "none",
+        "bias": "none",
+        "normaliser": "stick_breaking",
+    },
     # PaTH (Yang et al. 2025): data-dependent Householder transforms in place of RoPE, no forget gate.
     "path": {"terms": "a", "absolute": "none", "bias": "none", "path": True},
     # DAPE (Zheng et al. 2024) on KERPLE (log), with the authors' mlp_width 32; DAPE v2 with their 1×3 kernel.
@@ -61,8 +66,11 @@ def presets() -> dict[str, dict[str, Any]]:
     biases = bias_types()[1:]  # without 'none'
     clash = sorted((set(BASELINES) | set(SCHEDULES)) & set(biases))
     if clash:
-        raise ConfigError("encoding", f"bias type {clash[0]!r} has the name of a baseline or schedule preset; register it "
-                          "under another name")
+        raise ConfigError(
+            "encoding",
+            f"bias type {clash[0]!r} has the name of a baseline or schedule preset; register it "
+            "under another name",
+        )
     return {**BASELINES, **{name: bias_preset(name) for name in biases}}
 
 
@@ -80,18 +88,31 @@ def preset_fields(name: Any, field: str = "encoding") -> dict[str, Any]:
 SCHEDULES: dict[str, dict[str, Any]] = {
     # Cohere, "Rope to Nope and Back Again" (arXiv 2501.18795), RNoPE-SWA as Command A ships it: three RoPE layers
     # with a sliding window of 4096, then one NoPE layer with full attention.
-    "rnope": {"layer_kinds": {"local": {"encoding": "rope", "window": 4096}, "global": {"encoding": "nope"}},
-              "layer_pattern": ["local", "local", "local", "global"]},
+    "rnope": {
+        "layer_kinds": {
+            "local": {"encoding": "rope", "window": 4096},
+            "global": {"encoding": "nope"},
+        },
+        "layer_pattern": ["local", "local", "local", "global"],
+    },
     # Llama 4 (Hugging Face configuration_llama4.py): NoPE every 4th layer (no_rope_layer_interval 4) with full
     # attention and attention temperature tuning; the RoPE layers chunked (attention_chunk_size 8192), theta 500000.
-    "llama4_like": {"layer_kinds": {"local": {"encoding": "rope", "chunk": 8192, "rope_base": 500000.0},
-                                    "global": {"encoding": "nope", "temperature_tuning": True}},
-                    "layer_pattern": ["local", "local", "local", "global"]},
+    "llama4_like": {
+        "layer_kinds": {
+            "local": {"encoding": "rope", "chunk": 8192, "rope_base": 500000.0},
+            "global": {"encoding": "nope", "temperature_tuning": True},
+        },
+        "layer_pattern": ["local", "local", "local", "global"],
+    },
     # Gemma 3 (technical report, arXiv 2503.19786): five local layers (sliding window 1024, RoPE base 10k) per
     # global layer (full attention, RoPE base 1M).
-    "gemma3_like": {"layer_kinds": {"local": {"encoding": "rope", "window": 1024, "rope_base": 10000.0},
-                                    "global": {"encoding": "rope", "rope_base": 1000000.0}},
-                    "layer_pattern": ["local", "local", "local", "local", "local", "global"]},
+    "gemma3_like": {
+        "layer_kinds": {
+            "local": {"encoding": "rope", "window": 1024, "rope_base": 10000.0},
+            "global": {"encoding": "rope", "rope_base": 1000000.0},
+        },
+        "layer_pattern": ["local", "local", "local", "local", "local", "global"],
+    },
 }
 
 
@@ -106,5 +127,7 @@ def encoding_fields(name: Any, field: str = "encoding") -> dict[str, Any]:
     if isinstance(name, str) and name in SCHEDULES:
         return {f"model.{key}": copy.deepcopy(value) for key, value in SCHEDULES[name].items()}
     if not isinstance(name, str) or name not in presets():
-        raise ConfigError(field, f"unknown encoding {name!r}; allowed: {', '.join(encoding_words())}")
+        raise ConfigError(
+            field, f"unknown encoding {name!r}; allowed: {', '.join(encoding_words())}"
+        )
     return {f"model.attention.{key}": value for key, value in preset_fields(name, field).items()}

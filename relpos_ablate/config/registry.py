@@ -37,7 +37,9 @@ BUILTIN_BIASES: dict[str, str] = {
 }
 HOW_TO_REGISTER = "your own: @register_bias in a module listed under `imports:`"
 
-_registered: dict[str, type] = {}  # register_bias: schemes defined outside the package, in this process
+_registered: dict[
+    str, type
+] = {}  # register_bias: schemes defined outside the package, in this process
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -50,16 +52,24 @@ def bias_types() -> tuple[str, ...]:
 def register_bias(name: str):
     """Class decorator: `@register_bias("gaussian")` on a BiasScheme subclass makes `bias: gaussian` valid."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"register_bias: {name!r}: use lowercase letters, digits and '_' (e.g. 'gaussian')")
+        raise ValueError(
+            f"register_bias: {name!r}: use lowercase letters, digits and '_' (e.g. 'gaussian')"
+        )
     if name in BUILTIN_BIASES or name == "none":
-        raise ValueError(f"register_bias: {name!r} is built in; register your scheme under another name")
+        raise ValueError(
+            f"register_bias: {name!r} is built in; register your scheme under another name"
+        )
 
     def add(cls: type) -> type:
         if not isinstance(cls, type):
-            raise ValueError(f"register_bias({name!r}) decorates a class (a BiasScheme subclass), not {cls!r}")
+            raise ValueError(
+                f"register_bias({name!r}) decorates a class (a BiasScheme subclass), not {cls!r}"
+            )
         previous = _registered.get(name)
         if previous is not None and _qualified(previous) != _qualified(cls):
-            raise ValueError(f"register_bias: {name!r} is already registered by {_qualified(previous)}")
+            raise ValueError(
+                f"register_bias: {name!r} is already registered by {_qualified(previous)}"
+            )
         _registered[name] = cls
         return cls
 
@@ -78,7 +88,10 @@ def check_bias(field: str, name: Any) -> None:
         return
     close = difflib.get_close_matches(str(name), allowed, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    reject(field, f"{name!r} is not registered; {hint}registered: {', '.join(allowed)} ({HOW_TO_REGISTER})")
+    reject(
+        field,
+        f"{name!r} is not registered; {hint}registered: {', '.join(allowed)} ({HOW_TO_REGISTER})",
+    )
 
 
 def bias_class(name: str) -> type:
@@ -100,13 +113,17 @@ def import_modules(modules: Any, field: str = "imports") -> tuple[str, ...]:
     `relpos-ablate` command too, as `python -m` would find it. Grid workers and SLURM jobs inherit
     the working directory and PYTHONPATH of the command that launched them."""
     if not isinstance(modules, (list, tuple)):
-        raise ConfigError(field, f"expected a list of module names, e.g. [my_schemes], got {modules!r}")
+        raise ConfigError(
+            field, f"expected a list of module names, e.g. [my_schemes], got {modules!r}"
+        )
     for i, name in enumerate(modules):
         where = f"{field}[{i}]"
         if not isinstance(name, str) or not _MODULE.fullmatch(name) or name.endswith(".py"):
             stem = name.removesuffix(".py").rpartition("/")[2] if isinstance(name, str) else ""
             example = stem if _MODULE.fullmatch(stem) else "my_schemes"
-            raise ConfigError(where, f"{name!r}: give a Python module name such as {example!r}, not a file path")
+            raise ConfigError(
+                where, f"{name!r}: give a Python module name such as {example!r}, not a file path"
+            )
         cwd = os.getcwd()
         if cwd not in sys.path and "" not in sys.path:
             sys.path.append(cwd)
@@ -114,6 +131,9 @@ def import_modules(modules: Any, field: str = "imports") -> tuple[str, ...]:
             importlib.import_module(name)
         except Exception as err:  # the user's module: whatever fails there is reported in one line
             detail = " ".join(str(err).split())
-            raise ConfigError(where, f"cannot import {name!r} ({type(err).__name__}: {detail}); the module must "
-                              "be on PYTHONPATH or in the working directory") from err
+            raise ConfigError(
+                where,
+                f"cannot import {name!r} ({type(err).__name__}: {detail}); the module must "
+                "be on PYTHONPATH or in the working directory",
+            ) from err
     return tuple(modules)

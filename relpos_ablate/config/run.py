@@ -9,10 +9,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from relpos_ablate.config.base import ConfigError, check_choice, check_range, from_dict, reject, to_plain
+from relpos_ablate.config.base import (
+    ConfigError,
+    check_choice,
+    check_range,
+    from_dict,
+    reject,
+    to_plain,
+)
 from relpos_ablate.config.data import EXAMPLE_TASKS, DataConfig, check_example_run
 from relpos_ablate.config.evaluation import PROTOCOLS, EvalConfig, EvalSetting
-from relpos_ablate.config.model import LENGTH_AWARE_SCALES, ModelConfig, check_randomized_range, rope_scaling_conflict
+from relpos_ablate.config.model import (
+    LENGTH_AWARE_SCALES,
+    ModelConfig,
+    check_randomized_range,
+    rope_scaling_conflict,
+)
 from relpos_ablate.config.registry import import_modules
 from relpos_ablate.config.yaml_io import apply_overrides, read_yaml
 
@@ -104,7 +116,10 @@ class TrainConfig:
             check_range(name, getattr(self, name), low=1)
         check_range("val_every", self.val_every, low=0)
         if self.stop_at_exact_match is not None and not 0 < self.stop_at_exact_match <= 1:
-            reject("stop_at_exact_match", f"{self.stop_at_exact_match!r} is out of range; give a share in (0, 1]")
+            reject(
+                "stop_at_exact_match",
+                f"{self.stop_at_exact_match!r} is out of range; give a share in (0, 1]",
+            )
         check_range("stop_check_every", self.stop_check_every, low=1)
         check_range("stop_examples", self.stop_examples, low=1)
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -126,10 +141,21 @@ class TrainConfig:
         for i, name in enumerate(self.loggers):
             check_choice(f"loggers[{i}]", name, LOGGERS)
         if isinstance(self.devices, int) and self.devices >= 1:
-            check_streams_split("batch_size", self.batch_size, self.devices * self.num_nodes, self.accumulate)
+            check_streams_split(
+                "batch_size", self.batch_size, self.devices * self.num_nodes, self.accumulate
+            )
 
 
-HOW_TO_RUN = ("accelerator", "devices", "num_nodes", "strategy", "accumulate", "deterministic", "loggers", "compile")
+HOW_TO_RUN = (
+    "accelerator",
+    "devices",
+    "num_nodes",
+    "strategy",
+    "accumulate",
+    "deterministic",
+    "loggers",
+    "compile",
+)
 """TrainConfig fields that say how a run executes, not what it computes: the hardware, how one optimizer
 step's streams are spread over it, and where metrics are shown. Changing them changes the numbers at most
 by floating-point rounding (summation order, different kernels; with dropout, each process draws its own
@@ -144,16 +170,24 @@ def check_world_size(config: RunConfig, world: int) -> None:
     evenly (per micro-batch too), the evaluation streams at least one each."""
     check_streams_split("train.batch_size", config.train.batch_size, world, config.train.accumulate)
     if config.eval.batch_size < world:
-        raise ConfigError("eval.batch_size", f"{config.eval.batch_size} streams cannot give each of {world} "
-                          f"processes one; use at least {world}")
+        raise ConfigError(
+            "eval.batch_size",
+            f"{config.eval.batch_size} streams cannot give each of {world} "
+            f"processes one; use at least {world}",
+        )
 
 
 def check_streams_split(field: str, streams: int, processes: int, accumulate: int = 1) -> None:
     """Every process (and each of its micro-batches) gets the same number of streams, or a one-line error."""
     groups = processes * accumulate
     if streams % groups:
-        detail = f"{processes} processes" + (f" x {accumulate} micro-batches (train.accumulate)" if accumulate > 1 else "")
-        reject(field, f"{streams} streams do not split evenly over {detail}; use a multiple of {groups}")
+        detail = f"{processes} processes" + (
+            f" x {accumulate} micro-batches (train.accumulate)" if accumulate > 1 else ""
+        )
+        reject(
+            field,
+            f"{streams} streams do not split evenly over {detail}; use a multiple of {groups}",
+        )
 
 
 @dataclass(frozen=True)
@@ -186,35 +220,68 @@ class RunConfig:
         data = self.data
         check_example_run(data, self.model, self.train.segment_len, self.eval.settings)
         if self.train.stop_at_exact_match is not None and not data.example_task:
-            raise ConfigError("train.stop_at_exact_match", f"needs an example task (data.task one of "
-                              f"{', '.join(EXAMPLE_TASKS)}): {data.task!r} has no exact match")
+            raise ConfigError(
+                "train.stop_at_exact_match",
+                f"needs an example task (data.task one of "
+                f"{', '.join(EXAMPLE_TASKS)}): {data.task!r} has no exact match",
+            )
         streams = data.source == "synthetic" and not data.example_task
         if streams and data.task == "offset_copy" and data.offset >= self.train.segment_len:
             raise ConfigError(
-                "data.offset", f"{data.offset} leaves no target inside a segment; use < train.segment_len "
-                f"({self.train.segment_len})")
+                "data.offset",
+                f"{data.offset} leaves no target inside a segment; use < train.segment_len "
+                f"({self.train.segment_len})",
+            )
         if streams and data.train_tokens < self.train.segment_len:
-            raise ConfigError("data.train_tokens", f"{data.train_tokens} is shorter than one segment "
-                              f"(train.segment_len={self.train.segment_len})")
+            raise ConfigError(
+                "data.train_tokens",
+                f"{data.train_tokens} is shorter than one segment "
+                f"(train.segment_len={self.train.segment_len})",
+            )
         if streams:
             for i, setting in enumerate(self.eval_settings()):
                 if setting.segment_len > data.eval_tokens:
-                    raise ConfigError(f"eval.settings[{i}].segment_len", f"{setting.segment_len} is longer than "
-                                      f"the evaluation streams (data.eval_tokens={data.eval_tokens})")
+                    raise ConfigError(
+                        f"eval.settings[{i}].segment_len",
+                        f"{setting.segment_len} is longer than "
+                        f"the evaluation streams (data.eval_tokens={data.eval_tokens})",
+                    )
         attention = self.model.attention
         where = "data.test_lengths[{}]" if data.example_task else "eval.settings[{}].segment_len"
-        check_randomized_range(attention, {"train.segment_len": (self.train.segment_len, self.model.mem_len), **{
-            where.format(i): (s.segment_len, self.model.mem_len if s.mem_len is None else s.mem_len)
-            for i, s in enumerate(self.eval_settings())}})
+        check_randomized_range(
+            attention,
+            {
+                "train.segment_len": (self.train.segment_len, self.model.mem_len),
+                **{
+                    where.format(i): (
+                        s.segment_len,
+                        self.model.mem_len if s.mem_len is None else s.mem_len,
+                    )
+                    for i, s in enumerate(self.eval_settings())
+                },
+            },
+        )
         for i, setting in enumerate(self.eval_settings()):
-            if attention.rel == "learned" and setting.clamp_len is not None and setting.clamp_len > attention.clamp_len:
-                raise ConfigError(f"eval.settings[{i}].clamp_len", f"{setting.clamp_len} exceeds the learned position "
-                                  f"table (model.attention.rel='learned' covers distances up to "
-                                  f"model.attention.clamp_len={attention.clamp_len}); use at most {attention.clamp_len}")
-            if setting.protocol == "xl" and (setting.memory(self.model.mem_len) == 0 or not attention.causal):
-                raise ConfigError(f"eval.settings[{i}].protocol", "'xl' needs causal attention and memory (this "
-                                  "setting's mem_len, else model.mem_len, > 0): each query sees its mem_len most "
-                                  "recent keys")
+            if (
+                attention.rel == "learned"
+                and setting.clamp_len is not None
+                and setting.clamp_len > attention.clamp_len
+            ):
+                raise ConfigError(
+                    f"eval.settings[{i}].clamp_len",
+                    f"{setting.clamp_len} exceeds the learned position "
+                    f"table (model.attention.rel='learned' covers distances up to "
+                    f"model.attention.clamp_len={attention.clamp_len}); use at most {attention.clamp_len}",
+                )
+            if setting.protocol == "xl" and (
+                setting.memory(self.model.mem_len) == 0 or not attention.causal
+            ):
+                raise ConfigError(
+                    f"eval.settings[{i}].protocol",
+                    "'xl' needs causal attention and memory (this "
+                    "setting's mem_len, else model.mem_len, > 0): each query sees its mem_len most "
+                    "recent keys",
+                )
         self._check_eval_subsets()
         self._check_splits()
 
@@ -222,28 +289,48 @@ class RunConfig:
         """Every split asked for exists: local files have a test split only with data.test_file; a synthetic
         task has one evaluation stream, drawn from the seed, so its settings name no split."""
         data = self.data
-        if data.source == "text" and data.train_file and self.eval.split == "test" and not data.test_file:
+        if (
+            data.source == "text"
+            and data.train_file
+            and self.eval.split == "test"
+            and not data.test_file
+        ):
             raise ConfigError("eval.split", "'test' with local files needs data.test_file")
         for i, setting in enumerate(self.eval.settings):
             if setting.split is None:
                 continue
             if data.source == "synthetic":
-                raise ConfigError(f"eval.settings[{i}].split", "synthetic tasks have one evaluation stream (drawn "
-                                  "from the seed), no valid/test splits; leave split unset")
+                raise ConfigError(
+                    f"eval.settings[{i}].split",
+                    "synthetic tasks have one evaluation stream (drawn "
+                    "from the seed), no valid/test splits; leave split unset",
+                )
             if data.train_file and setting.split == "test" and not data.test_file:
-                raise ConfigError(f"eval.settings[{i}].split", "'test' with local files needs data.test_file")
+                raise ConfigError(
+                    f"eval.settings[{i}].split", "'test' with local files needs data.test_file"
+                )
 
     def _check_eval_subsets(self) -> None:
         """A target subset leaves each stream at least one target, and RECL some with its longest context."""
         streams = self.eval.batch_size
         for i, setting in enumerate(self.eval.settings):
             if 0 < setting.max_targets < streams:
-                raise ConfigError(f"eval.settings[{i}].max_targets", f"{setting.max_targets} leaves no target in "
-                                  f"some of the eval.batch_size={streams} streams; use 0 (all) or >= {streams}")
-        if self.eval.recl_contexts and self.eval.recl_targets // streams < self.eval.recl_contexts[-1]:
-            raise ConfigError("eval.recl_targets", f"{self.eval.recl_targets} targets in eval.batch_size={streams} "
-                              f"streams leave none with {self.eval.recl_contexts[-1]} tokens of context (the longest "
-                              f"of recl_contexts); use >= {streams * self.eval.recl_contexts[-1]}")
+                raise ConfigError(
+                    f"eval.settings[{i}].max_targets",
+                    f"{setting.max_targets} leaves no target in "
+                    f"some of the eval.batch_size={streams} streams; use 0 (all) or >= {streams}",
+                )
+        if (
+            self.eval.recl_contexts
+            and self.eval.recl_targets // streams < self.eval.recl_contexts[-1]
+        ):
+            raise ConfigError(
+                "eval.recl_targets",
+                f"{self.eval.recl_targets} targets in eval.batch_size={streams} "
+                f"streams leave none with {self.eval.recl_contexts[-1]} tokens of context (the longest "
+                f"of recl_contexts); use >= {streams * self.eval.recl_contexts[-1]}",
+            )
+
     @property
     def train_attn_len(self) -> int:
         """Keys the last training query sees: train.segment_len + model.mem_len (L_train of log-n scaling
@@ -257,14 +344,21 @@ class RunConfig:
         if i < configured:
             return f"eval.settings[{i}].{name}"
         defaults = 0 if configured else len(self.eval_settings()) - len(self.eval.recl_contexts)
-        return "eval.settings" if i < defaults else f"eval.recl_contexts[{i - configured - defaults}]"
+        return (
+            "eval.settings" if i < defaults else f"eval.recl_contexts[{i - configured - defaults}]"
+        )
 
     def eval_settings(self) -> tuple[EvalSetting, ...]:
         """The configured settings (or the documented default: 1x, 2x, 4x the training length), then the
         RECL ladder's. Example tasks: one per bin of data.test_lengths, as long as its longest example."""
         if self.data.example_task:
-            return tuple(EvalSetting(segment_len=self.data.input_length(hi)) for _, hi in self.data.test_lengths)
-        settings = self.eval.settings or tuple(EvalSetting(segment_len=self.train.segment_len * k) for k in (1, 2, 4))
+            return tuple(
+                EvalSetting(segment_len=self.data.input_length(hi))
+                for _, hi in self.data.test_lengths
+            )
+        settings = self.eval.settings or tuple(
+            EvalSetting(segment_len=self.train.segment_len * k) for k in (1, 2, 4)
+        )
         return settings + self.eval.recl_settings(self.model.mem_len > 0, self.train.segment_len)
 
 
@@ -280,11 +374,19 @@ def unsupported(config: RunConfig, setting: EvalSetting) -> tuple[str, str] | No
     end; a RoPE context extension needs RoPE (and has no published form for xPos)."""
     a = config.model.attention
     if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
-        return "segment_len", (f"learned absolute positions cover {a.max_position} tokens "
-                               f"(model.attention.max_position); segment_len {setting.segment_len} does not fit")
-    if setting.rope_scaling is not None:  # it extends the RoPE layers; a layer with xPos has no published form
+        return "segment_len", (
+            f"learned absolute positions cover {a.max_position} tokens "
+            f"(model.attention.max_position); segment_len {setting.segment_len} does not fit"
+        )
+    if (
+        setting.rope_scaling is not None
+    ):  # it extends the RoPE layers; a layer with xPos has no published form
         conflicts = [rope_scaling_conflict(layer) for layer in config.model.layer_attentions]
-        xpos = [c for c, layer in zip(conflicts, config.model.layer_attentions) if c and layer.absolute == "rope"]
+        xpos = [
+            c
+            for c, layer in zip(conflicts, config.model.layer_attentions)
+            if c and layer.absolute == "rope"
+        ]
         if xpos or all(conflicts):
             return "rope_scaling", f"rope_scaling {setting.rope_scaling!r} {(xpos or conflicts)[0]}"
     return None
@@ -320,11 +422,17 @@ def what_to_run(config: RunConfig) -> dict:
     for name in HOW_TO_RUN:
         del plain["train"][name]
     return plain
+
+
 def resolve_log_n_length(config: RunConfig) -> RunConfig:
     """score_scale log_n or ssmax with log_n_length 0: fill in the training attention length (when the run starts)."""
     attention = config.model.attention
-    scaled = any(layer.score_scale in LENGTH_AWARE_SCALES for layer in config.model.layer_attentions)
-    if not scaled or attention.log_n_length:  # a layer kind takes log_n_length from the model's attention
+    scaled = any(
+        layer.score_scale in LENGTH_AWARE_SCALES for layer in config.model.layer_attentions
+    )
+    if (
+        not scaled or attention.log_n_length
+    ):  # a layer kind takes log_n_length from the model's attention
         return config
     attention = dataclasses.replace(attention, log_n_length=max(2, config.train_attn_len))
     return dataclasses.replace(config, model=dataclasses.replace(config.model, attention=attention))
@@ -345,7 +453,19 @@ def load_run_config(path: str | Path | None = None, overrides: Iterable[str] = (
 
 
 __all__ = [
-    "HOW_TO_RUN", "PROTOCOLS", "ConfigError", "EvalConfig", "EvalSetting", "RunConfig", "TrainConfig",
-    "check_streams_split", "check_world_size", "load_run_config", "resolve_log_n_length", "run_id", "unsupported",
-    "unsupported_reason", "what_to_run",
+    "HOW_TO_RUN",
+    "PROTOCOLS",
+    "ConfigError",
+    "EvalConfig",
+    "EvalSetting",
+    "RunConfig",
+    "TrainConfig",
+    "check_streams_split",
+    "check_world_size",
+    "load_run_config",
+    "resolve_log_n_length",
+    "run_id",
+    "unsupported",
+    "unsupported_reason",
+    "what_to_run",
 ]

@@ -54,8 +54,11 @@ class LayerKind:
             raise ConfigError("name", f"{self.name!r}: give each layer kind a non-empty name")
         if self.encoding and self.encoding not in presets():
             extra = " (a schedule, not a layer's encoding)" if self.encoding in SCHEDULES else ""
-            raise ConfigError("encoding", f"{self.encoding!r}{extra} is not an encoding preset; choose one of "
-                              f"{', '.join(presets())}")
+            raise ConfigError(
+                "encoding",
+                f"{self.encoding!r}{extra} is not an encoding preset; choose one of "
+                f"{', '.join(presets())}",
+            )
         for name in ("window", "chunk", "sinks"):
             if getattr(self, name) is not None:
                 check_range(name, getattr(self, name), low=0)
@@ -88,14 +91,19 @@ def check_pattern(pattern: tuple[str, ...], kinds: tuple[LayerKind, ...]) -> dic
     by_name: dict[str, LayerKind] = {}
     for kind in kinds:
         if kind.name in by_name:
-            raise ConfigError(f"layer_kinds.{kind.name}", "is defined twice; give each kind one entry")
+            raise ConfigError(
+                f"layer_kinds.{kind.name}", "is defined twice; give each kind one entry"
+            )
         by_name[kind.name] = kind
     words = presets()
     for i, word in enumerate(pattern):
         if word not in by_name and word not in words:
             defined = ", ".join(by_name) or "none defined"
-            raise ConfigError(f"layer_pattern[{i}]", f"{word!r} is neither a layer kind ({defined}) nor an encoding "
-                              f"preset ({', '.join(words)})")
+            raise ConfigError(
+                f"layer_pattern[{i}]",
+                f"{word!r} is neither a layer kind ({defined}) nor an encoding "
+                f"preset ({', '.join(words)})",
+            )
     return by_name
 
 

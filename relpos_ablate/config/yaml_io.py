@@ -62,14 +62,20 @@ def _parse_override(item: str) -> tuple[str, Any]:
     key, raw = (part.strip() for part in item.split("=", 1))
     if not key or "" in key.split("."):
         what = "an empty key" if not key else f"an empty part in the key {key!r}"
-        raise ConfigError("--set", f"{item!r} has {what}; expected KEY=VALUE with a dotted field path as KEY, "
-                          "e.g. model.d_model=64")
+        raise ConfigError(
+            "--set",
+            f"{item!r} has {what}; expected KEY=VALUE with a dotted field path as KEY, "
+            "e.g. model.d_model=64",
+        )
     try:
         return key, load_yaml(raw)
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or " ".join(str(err).split())
-        raise ConfigError(key, f"{raw!r} is not valid YAML ({problem}); write a list as [a, b], a mapping as "
-                          "{key: value}, and quote a value that is meant as text") from None
+        raise ConfigError(
+            key,
+            f"{raw!r} is not valid YAML ({problem}); write a list as [a, b], a mapping as "
+            "{key: value}, and quote a value that is meant as text",
+        ) from None
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -84,7 +90,9 @@ def read_yaml(path: str | Path) -> dict:
     except PermissionError:
         raise ConfigError(str(path), "not readable (permission denied)") from None
     except UnicodeDecodeError as err:
-        raise ConfigError(str(path), f"not a text file (byte {err.start} is not UTF-8); expected YAML") from None
+        raise ConfigError(
+            str(path), f"not a text file (byte {err.start} is not UTF-8); expected YAML"
+        ) from None
     except yaml.YAMLError as err:
         raise ConfigError(str(path), f"not valid YAML ({' '.join(str(err).split())})") from None
     if data is None:

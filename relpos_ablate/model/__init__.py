@@ -1,13 +1,29 @@
 """The model layer: RelPosAttention (one module for every scheme) and TransformerLM around it."""
 
-from relpos_ablate.model import denormals  # noqa: F401  (first: before torch starts its intra-op threads)
+# first: before torch starts its intra-op threads
+from relpos_ablate.model import denormals  # noqa: F401
+
+# isort: split
 
 from relpos_ablate.model.attention import RelPosAttention
 from relpos_ablate.model.kernels.call import AttentionOptions, SharedParameters
 from relpos_ablate.model.lm import TransformerLM
-from relpos_ablate.model.position import BiasScheme, alibi_slopes, build_bias, register_bias, t5_bucket
+from relpos_ablate.model.position import (
+    BiasScheme,
+    alibi_slopes,
+    build_bias,
+    register_bias,
+    t5_bucket,
+)
 
 __all__ = [
-    "AttentionOptions", "BiasScheme", "RelPosAttention", "SharedParameters", "TransformerLM", "alibi_slopes",
-    "build_bias", "register_bias", "t5_bucket",
+    "AttentionOptions",
+    "BiasScheme",
+    "RelPosAttention",
+    "SharedParameters",
+    "TransformerLM",
+    "alibi_slopes",
+    "build_bias",
+    "register_bias",
+    "t5_bucket",
 ]

@@ -50,7 +50,9 @@ class Chunks:
     def merge(self, t: Tensor) -> Tensor:
         """[B·n, C, ...] -> [B, L, ...]."""
         b = t.shape[0] // self.count
-        return t.reshape(b, self.count * self.size, *t.shape[2:])[:, : self.n_queries]  # (B, n·C, ...) -> (B, L, ...)
+        return t.reshape(b, self.count * self.size, *t.shape[2:])[
+            :, : self.n_queries
+        ]  # (B, n·C, ...) -> (B, L, ...)
 
     def query_positions(self, x: Tensor) -> Tensor:
         """[B·n, C]: where the queries of x [B, L, ...] sit in the whole call (M .. M + L - 1), split like them:
@@ -61,17 +63,28 @@ class Chunks:
     def options(self, options: AttentionOptions) -> AttentionOptions:
         """The chunks' options: key padding and the statistics' query weights split like the queries."""
         if options.positions is not None or options.distances is not None:
-            raise ValueError("chunk: a chunked layer computes every chunk at the positions of the first; explicit "
-                             "positions or distances cannot apply (evaluate it with consecutive positions)")
+            raise ValueError(
+                "chunk: a chunked layer computes every chunk at the positions of the first; explicit "
+                "positions or distances cannot apply (evaluate it with consecutive positions)"
+            )
         padding = options.key_padding_mask
         if padding is not None:
-            padding = self.split(padding[:, self.n_mem:], fill=True)  # (B, M + L) -> (B·n, C): memory is not seen
+            padding = self.split(
+                padding[:, self.n_mem :], fill=True
+            )  # (B, M + L) -> (B·n, C): memory is not seen
         statistics = options.statistics
         if statistics is not None:
             target = statistics.target
-            weights = self.split(target.query_weight, fill=0)  # (B, L) -> (B·n, C): padded queries weigh 0
-            chunked = AttentionStatistics(target.sums.shape[1], target.sums.shape[2], weights,
-                                          target.max_seen_distance, sums=target.sums)
+            weights = self.split(
+                target.query_weight, fill=0
+            )  # (B, L) -> (B·n, C): padded queries weigh 0
+            chunked = AttentionStatistics(
+                target.sums.shape[1],
+                target.sums.shape[2],
+                weights,
+                target.max_seen_distance,
+                sums=target.sums,
+            )
             statistics = LayerStatistics(chunked, statistics.layer)
         return dataclasses.replace(options, key_padding_mask=padding, statistics=statistics)
 
@@ -80,10 +93,13 @@ class Chunks:
         (memory columns and other chunks' keys)."""
         b = maps.shape[0] // self.count
         per_chunk = maps.reshape(b, self.count, *maps.shape[1:])  # (B, n, ..., C, C)
-        out = maps.new_full((b, *maps.shape[1:-2], self.n_queries, self.n_mem + self.n_queries), fill)
+        out = maps.new_full(
+            (b, *maps.shape[1:-2], self.n_queries, self.n_mem + self.n_queries), fill
+        )
         for k in range(self.count):
             rows = min(self.size, self.n_queries - k * self.size)
             start = k * self.size
-            out[..., start: start + rows, self.n_mem + start: self.n_mem + start + rows] = \
+            out[..., start : start + rows, self.n_mem + start : self.n_mem + start + rows] = (
                 per_chunk[:, k, ..., :rows, :rows]
+            )
         return out

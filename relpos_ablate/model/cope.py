@@ -47,11 +47,14 @@ class ContextualPositions(nn.Module):
 
     def __init__(self, n_positions: int, d_head: int):
         super().__init__()
-        self.embeddings = nn.Parameter(torch.zeros(n_positions, d_head))  # (p_max, dh), zeros as the authors
+        self.embeddings = nn.Parameter(
+            torch.zeros(n_positions, d_head)
+        )  # (p_max, dh), zeros as the authors
 
     @staticmethod
-    def gates_and_counts(q: Tensor, k: Tensor, scale: float, visible: Tensor, diagonal: int | None = None
-                         ) -> tuple[Tensor, Tensor]:
+    def gates_and_counts(
+        q: Tensor, k: Tensor, scale: float, visible: Tensor, diagonal: int | None = None
+    ) -> tuple[Tensor, Tensor]:
         """g_ij = σ(s·q_i·k_j) (0 for unseen keys) and Σ_{t >= j} g_it, unclamped: q [B, H, L, dh],
         k [B, H, K, dh] -> two [B, H, L, K]. `diagonal` (no autograd only), where visibility is causal: row r sees
         no key past column r + diagonal, and its other hidden keys lie before its window, where no visible key's
@@ -62,7 +65,9 @@ class ContextualPositions(nn.Module):
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
             gates = torch.sigmoid(logits * scale) * visible  # (B, H, L, K); unseen keys count 0
-            return gates, gates.flip(-1).cumsum(-1).flip(-1)  # from key j to the last key (later ones: 0)
+            return gates, gates.flip(-1).cumsum(-1).flip(
+                -1
+            )  # from key j to the last key (later ones: 0)
         # no graph (the block kernel's forward): the same in the product's own buffer, per block on a hot path
         gates = ContextualPositions._gates(q, k, scale)
         gates = gates.tril_(diagonal) if diagonal is not None else gates.masked_fill_(~visible, 0.0)
@@ -70,7 +75,9 @@ class ContextualPositions(nn.Module):
 
     def positions(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t), clamped to p_max - 1: [B, H, L, K]."""
-        return self.gates_and_counts(q, k, scale, visible)[1].clamp(max=self.embeddings.shape[0] - 1)
+        return self.gates_and_counts(q, k, scale, visible)[1].clamp(
+            max=self.embeddings.shape[0] - 1
+        )
 
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """s·q_i·e[p_ij], e interpolated between ⌊p⌋ and ⌈p⌉: [B, H, L, K] (geometry.ContextualScores: a
@@ -83,7 +90,9 @@ class ContextualPositions(nn.Module):
         high = per_position.gather(-1, p.ceil().long())
         return high * weight + low * (1 - weight)
 
-    def band_width(self, q: Tensor, k: Tensor, scale: float, n_mem: int, rows: int | None = None) -> int | None:
+    def band_width(
+        self, q: Tensor, k: Tensor, scale: float, n_mem: int, rows: int | None = None
+    ) -> int | None:
         """The band of a causal call, D: every query's count has passed p_max - 1 at each key D or more behind it
         (q [B, H, L, dh], k [B, H, M + L, dh]; query i at key index M + i). There its score is s·q_i·e[p_max - 1],
         one constant per query, which the softmax ignores: the band kernel (kernels/band.py) leaves those pairs to
@@ -100,30 +109,50 @@ class ContextualPositions(nn.Module):
         if k.shape[2] < 2 * positions:
             return None
         threshold, rows = positions - 1 + COUNT_MARGIN, rows or max(16, 2 * positions)
-        wide = torch.promote_types(q.dtype, torch.float32)  # the block kernel's gates read fp32 q and k (bf16 widened)
+        wide = torch.promote_types(
+            q.dtype, torch.float32
+        )  # the block kernel's gates read fp32 q and k (bf16 widened)
         q, k = q.to(wide), k.to(wide)
-        width = -(-2 * positions // BAND_CHUNK) * BAND_CHUNK  # the keys before a block's first query its tile covers
+        width = (
+            -(-2 * positions // BAND_CHUNK) * BAND_CHUNK
+        )  # the keys before a block's first query its tile covers
         band = 1
         with torch.no_grad():
             for i0 in range(0, n_queries, rows):
                 i1 = min(i0 + rows, n_queries)
                 first, q_b, row = n_mem + i0, q[:, :, i0:i1], torch.arange(i1 - i0, device=q.device)
-                own = self._gates(q_b, k[:, :, first:n_mem + i1], scale).tril_().sum(-1, keepdim=True)  # keys to i'
+                own = (
+                    self._gates(q_b, k[:, :, first : n_mem + i1], scale)
+                    .tril_()
+                    .sum(-1, keepdim=True)
+                )  # keys to i'
                 while True:
                     k0 = first - width
-                    tile = self._gates(q_b, k[:, :, max(0, k0):first], scale)
+                    tile = self._gates(q_b, k[:, :, max(0, k0) : first], scale)
                     if k0 < 0:  # (no keys there: gates 0)
                         tile = torch.nn.functional.pad(tile, (-k0, 0))
                     # each chunk's gates summed, nearest first, then added up from the query on
-                    counts = tile.view(*tile.shape[:-1], -1, BAND_CHUNK).sum(-1).flip(-1).cumsum_(-1).add_(own)
+                    counts = (
+                        tile.view(*tile.shape[:-1], -1, BAND_CHUNK)
+                        .sum(-1)
+                        .flip(-1)
+                        .cumsum_(-1)
+                        .add_(own)
+                    )
                     passed = counts > threshold  # (B, H, L_b, chunks)
                     reached = passed.any(-1)
                     if k0 <= 0 or bool(reached.all()):
                         break
                     width *= 2
-                chunks = passed.to(torch.uint8).argmax(-1) + 1  # to the far edge of the first chunk that passes
-                reach = torch.where(reached, row + BAND_CHUNK * chunks, first + row + 1)  # (else the whole row)
-                reach = torch.where(own[..., 0] > threshold, row + 1, reach).minimum(first + row + 1)
+                chunks = (
+                    passed.to(torch.uint8).argmax(-1) + 1
+                )  # to the far edge of the first chunk that passes
+                reach = torch.where(
+                    reached, row + BAND_CHUNK * chunks, first + row + 1
+                )  # (else the whole row)
+                reach = torch.where(own[..., 0] > threshold, row + 1, reach).minimum(
+                    first + row + 1
+                )
                 band = max(band, int(reach.max()))
         return band
 
@@ -131,12 +160,21 @@ class ContextualPositions(nn.Module):
     def _gates(q: Tensor, k: Tensor, scale: float) -> Tensor:
         """σ(s·q·kᵀ) in at least fp32, in the product's own buffer (no autograd): [B, H, L, K]."""
         wide = torch.promote_types(q.dtype, torch.float32)
-        if wide == q.dtype:  # the scale on the queries, not on the scores: one pass over the block less
+        if (
+            wide == q.dtype
+        ):  # the scale on the queries, not on the scores: one pass over the block less
             return torch.sigmoid_(torch.matmul(q * scale, k.transpose(-1, -2)))
         return torch.sigmoid_((q @ k.transpose(-1, -2)).to(wide).mul_(scale))
 
-    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor, shifted: bool = False,
-                     diagonal: int | None = None) -> tuple[Tensor, BlockPositions]:
+    def block_scores(
+        self,
+        q: Tensor,
+        k: Tensor,
+        scale: float,
+        visible: Tensor,
+        shifted: bool = False,
+        diagonal: int | None = None,
+    ) -> tuple[Tensor, BlockPositions]:
         """`scores` without autograd, as s·q·e[⌊p⌋] + (p - ⌊p⌋)·s·q·(e[⌊p⌋ + 1] - e[⌊p⌋]) (one index for both
         reads), and what its backward needs. `shifted`: minus each query's s·q_i·e[p_max - 1], the score of every
         key its count has passed p_max - 1 at (the band kernel's form: 0 beyond the band, `band_width`).
@@ -146,31 +184,42 @@ class ContextualPositions(nn.Module):
         p = counted.clamp_(max=self.embeddings.shape[0] - 1)
         below = p.long()  # ⌊p⌋: counts are >= 0, where truncation is the floor
         weight = p.frac_()  # p - ⌊p⌋, exact
-        per_position = (q @ self.embeddings.to(q.dtype).T).to(wide).mul_(scale)  # (B, H, L_b, p_max)
-        steps = torch.nn.functional.pad(per_position.diff(dim=-1), (0, 1))  # e[n + 1] - e[n]; 0 after the last
+        per_position = (
+            (q @ self.embeddings.to(q.dtype).T).to(wide).mul_(scale)
+        )  # (B, H, L_b, p_max)
+        steps = torch.nn.functional.pad(
+            per_position.diff(dim=-1), (0, 1)
+        )  # e[n + 1] - e[n]; 0 after the last
         step = steps.gather(-1, below)
         scores = per_position.gather(-1, below).addcmul_(weight, step)
         if shifted:
             scores.sub_(per_position[..., -1:])
         return scores, BlockPositions(gates, below, weight, step)
 
-    def block_backward(self, state: BlockPositions, grad: Tensor, q: Tensor, scale: float, shifted: bool = False
-                       ) -> tuple[Tensor, Tensor, Tensor]:
+    def block_backward(
+        self, state: BlockPositions, grad: Tensor, q: Tensor, scale: float, shifted: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """The gradient of the scores' sum against grad [B, H, L_b, K_b]: (its part through the gates, to add to
         the gradient of the product s·q·kᵀ, i.e. dS, divided by s; q's gradient through the table; the
         table's gradient). `shifted` as in `block_scores`."""
         n_positions = self.embeddings.shape[0]
         grad_above = grad * state.weight  # to s·q·e[⌊p⌋ + 1]
-        grad_per_position = torch.zeros(*grad.shape[:-1], n_positions, dtype=grad.dtype, device=grad.device)
+        grad_per_position = torch.zeros(
+            *grad.shape[:-1], n_positions, dtype=grad.dtype, device=grad.device
+        )
         grad_per_position.scatter_add_(-1, state.below, grad - grad_above)
-        grad_per_position.scatter_add_(-1, (state.below + 1).clamp_(max=n_positions - 1), grad_above)
+        grad_per_position.scatter_add_(
+            -1, (state.below + 1).clamp_(max=n_positions - 1), grad_above
+        )
         if shifted:  # every key's score minus s·q·e[p_max - 1]
             grad_per_position[..., -1] -= grad.sum(-1)
         # through the fraction: p = counted clamped at p_max - 1, passing where counted <= p_max - 1 (torch.clamp);
         # where it does not pass, ⌊p⌋ = p_max - 1 and the step read there is 0 (steps' padding), so step·grad is 0
         # there already
         grad_counted = state.step * grad
-        grad_gates = grad_counted.cumsum_(-1)  # counted_j = Σ_{t >= j} gates_t: gates_t collects Σ_{j <= t}
+        grad_gates = grad_counted.cumsum_(
+            -1
+        )  # counted_j = Σ_{t >= j} gates_t: gates_t collects Σ_{j <= t}
         # σ' = σ(1 - σ): g·σ - (g·σ)·σ in place; hidden keys have σ = 0
         grad_logits = grad_gates.mul_(state.gates).addcmul_(grad_gates, state.gates, value=-1.0)
         grad_per_position.mul_(scale)

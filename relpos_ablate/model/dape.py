@@ -31,11 +31,16 @@ class DataAdaptive(nn.Module):
         super().__init__()
         self.version, self.kernel = version, kernel
         if version == "v1":
-            self.net = nn.Sequential(nn.Linear(2 * n_heads, width), nn.LeakyReLU(), nn.Linear(width, n_heads))
+            self.net = nn.Sequential(
+                nn.Linear(2 * n_heads, width), nn.LeakyReLU(), nn.Linear(width, n_heads)
+            )
         else:
             pad = (0, kernel // 2)
-            self.net = nn.Sequential(nn.Conv2d(2 * n_heads, width, (1, kernel), padding=pad), nn.LeakyReLU(),
-                                     nn.Conv2d(width, n_heads, (1, kernel), padding=pad))
+            self.net = nn.Sequential(
+                nn.Conv2d(2 * n_heads, width, (1, kernel), padding=pad),
+                nn.LeakyReLU(),
+                nn.Conv2d(width, n_heads, (1, kernel), padding=pad),
+            )
 
     @property
     def reach(self) -> int:

@@ -30,15 +30,25 @@ STATISTICS = ("entropy", "sink", "distance", "unseen")
 class AttentionStatistics:
     """Sums over the counted queries of every statistic, per layer and head: [4, layers, heads]."""
 
-    def __init__(self, n_layers: int, n_heads: int, query_weight: Tensor, max_seen_distance: float,
-                 sums: Tensor | None = None):
+    def __init__(
+        self,
+        n_layers: int,
+        n_heads: int,
+        query_weight: Tensor,
+        max_seen_distance: float,
+        sums: Tensor | None = None,
+    ):
         """query_weight [B, L]: how much each query of the batch counts (the evaluation mask);
         max_seen_distance: the largest |q_pos - k_pos| of training; sums: add into this tensor
         (e.g. a metric's state) instead of a new one."""
         shape = (len(STATISTICS), n_layers, n_heads)
         if sums is not None and tuple(sums.shape) != shape:
             raise ValueError(f"sums: expected shape {list(shape)}, got {list(sums.shape)}")
-        self.sums = sums if sums is not None else torch.zeros(shape, dtype=torch.float64, device=query_weight.device)
+        self.sums = (
+            sums
+            if sums is not None
+            else torch.zeros(shape, dtype=torch.float64, device=query_weight.device)
+        )
         self.query_weight = query_weight
         self.max_seen_distance = max_seen_distance
 
@@ -67,12 +77,16 @@ class LayerStatistics:
         token_distance = (view.query_index[:, None] - view.key_index[None]).abs()
         position_distance = (view.query_positions[:, None] - view.key_positions[None]).abs()
         # distance and unseen weigh each key; one product over the keys gives both: (L_b, K_b, 2)
-        weights = torch.stack([token_distance, position_distance > self.target.max_seen_distance], -1).to(p.dtype)
+        weights = torch.stack(
+            [token_distance, position_distance > self.target.max_seen_distance], -1
+        ).to(p.dtype)
         weighted = torch.einsum("bhlk,lkc->cbhl", p, weights)  # (2, B, H, L_b)
-        per_query = torch.cat([
-            torch.special.entr(p).sum(-1)[None],  # -p log p, 0 at p = 0
-            p.gather(-1, first.expand(*p.shape[:-1], 1)).squeeze(-1)[None],
-            weighted,
-        ])  # (4, B, H, L_b)
+        per_query = torch.cat(
+            [
+                torch.special.entr(p).sum(-1)[None],  # -p log p, 0 at p = 0
+                p.gather(-1, first.expand(*p.shape[:-1], 1)).squeeze(-1)[None],
+                weighted,
+            ]
+        )  # (4, B, H, L_b)
         weight = self.target.query_weight[:, view.rows].double()  # (B, L_b)
         self.target.sums[:, self.layer] += torch.einsum("sbhl,bl->sh", per_query.double(), weight)

@@ -48,10 +48,14 @@ class ForgetGate(nn.Module):
         if torch.is_grad_enabled() and log_decay.requires_grad:
             return (query - key).to(dtype)  # the difference in float64, under autograd
         # without autograd in one pass: computed in float64, written in dtype
-        return torch.sub(query, key, out=log_decay.new_empty((*query.shape[:-1], key.shape[-1]), dtype=dtype))
+        return torch.sub(
+            query, key, out=log_decay.new_empty((*query.shape[:-1], key.shape[-1]), dtype=dtype)
+        )
 
     @staticmethod
-    def point(query_decay: Tensor, key_decay: Tensor, b: Tensor, h: Tensor, query: Tensor, key: Tensor) -> Tensor:
+    def point(
+        query_decay: Tensor, key_decay: Tensor, b: Tensor, h: Tensor, query: Tensor, key: Tensor
+    ) -> Tensor:
         """D of one pair (FlexAttention's score_mod): Λ as the caller holds it (restarted, fp32), the queries'
         [B, H, L] and the keys' [B, H, K] in two tensors, each read once (inductor: "multiple indexing operations
         on the same tensor that requires gradients in a score_mod function is not currently supported", an H200,

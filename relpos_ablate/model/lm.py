@@ -44,7 +44,9 @@ class LearnedPositions(nn.Module):
     def forward(self, length: int, positions: Tensor | None = None) -> Tensor:
         """Rows 0 .. length - 1, or the rows of explicit positions [length]: [length, d_model]."""
         if positions is not None:
-            return self.table(check_positions(positions, self.table.num_embeddings, "learned absolute positions"))
+            return self.table(
+                check_positions(positions, self.table.num_embeddings, "learned absolute positions")
+            )
         if length > self.table.num_embeddings:
             raise ValueError(
                 f"model.attention.max_position: learned absolute positions cover 0..{self.table.num_embeddings - 1};"
@@ -56,16 +58,20 @@ class LearnedPositions(nn.Module):
 def check_positions(positions: Tensor, max_position: int, what: str) -> Tensor:
     """positions, or a one-line error when one of them is outside 0 .. max_position - 1."""
     if positions.min() < 0 or positions.max() >= max_position:
-        raise ValueError(f"model.attention.max_position: {what} cover 0..{max_position - 1}; got positions "
-                         f"{int(positions.min())}..{int(positions.max())}")
+        raise ValueError(
+            f"model.attention.max_position: {what} cover 0..{max_position - 1}; got positions "
+            f"{int(positions.min())}..{int(positions.max())}"
+        )
     return positions
 
 
 def randomized_positions(n_tokens: int, max_position: int, device=None, generator=None) -> Tensor:
     """Ruoss et al. 2023: n distinct positions drawn from [0, max_position) without replacement, sorted: [n]."""
     if n_tokens > max_position:
-        raise ValueError(f"model.attention.max_position: randomized positions draw {n_tokens} distinct positions "
-                         f"from [0, {max_position}); raise max_position to at least {n_tokens}")
+        raise ValueError(
+            f"model.attention.max_position: randomized positions draw {n_tokens} distinct positions "
+            f"from [0, {max_position}); raise max_position to at least {n_tokens}"
+        )
     return torch.randperm(max_position, device=device, generator=generator)[:n_tokens].sort().values
 
 
@@ -73,37 +79,63 @@ def randomized_distances(n_keys: int, max_position: int, device=None, generator=
     """Ruoss et al.'s code for relative encodings: d_0 = 0, then n - 1 distinct distances drawn from
     [1, max_position) without replacement, sorted: d_r is what offset r reads. [n]"""
     if n_keys > max_position:
-        raise ValueError(f"model.attention.max_position: randomized distances draw {n_keys - 1} distinct distances "
-                         f"from [1, {max_position}); raise max_position to at least {n_keys}")
-    drawn = torch.randperm(max_position - 1, device=device, generator=generator)[: n_keys - 1].sort().values + 1
+        raise ValueError(
+            f"model.attention.max_position: randomized distances draw {n_keys - 1} distinct distances "
+            f"from [1, {max_position}); raise max_position to at least {n_keys}"
+        )
+    drawn = (
+        torch.randperm(max_position - 1, device=device, generator=generator)[: n_keys - 1]
+        .sort()
+        .values
+        + 1
+    )
     return torch.cat([drawn.new_zeros(1), drawn])
 
 
 class Layer(nn.Module):
     """One transformer layer: attention over [memory; input] then feed-forward, each with a residual."""
 
-    def __init__(self, cfg: ModelConfig, shared: SharedParameters, attention: AttentionConfig | None = None):
+    def __init__(
+        self, cfg: ModelConfig, shared: SharedParameters, attention: AttentionConfig | None = None
+    ):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         a = attention or cfg.attention  # this layer's (ModelConfig.layer_attention)
-        self.attn = RelPosAttention(cfg.d_model, cfg.n_heads, cfg.d_head, a, dropout=cfg.attn_dropout, shared=shared)
+        self.attn = RelPosAttention(
+            cfg.d_model, cfg.n_heads, cfg.d_head, a, dropout=cfg.attn_dropout, shared=shared
+        )
         self.norm_attn = nn.LayerNorm(cfg.d_model)
         self.norm_ff = nn.LayerNorm(cfg.d_model)
         self.ff = nn.Sequential(
-            nn.Linear(cfg.d_model, cfg.d_inner), nn.ReLU(), nn.Dropout(cfg.dropout), nn.Linear(cfg.d_inner, cfg.d_model)
+            nn.Linear(cfg.d_model, cfg.d_inner),
+            nn.ReLU(),
+            nn.Dropout(cfg.dropout),
+            nn.Linear(cfg.d_inner, cfg.d_model),
         )
         self.drop = nn.Dropout(cfg.dropout)
-        self.positions = LearnedPositions(a.max_position, cfg.d_model) if a.absolute == "learned_per_layer" else None
+        self.positions = (
+            LearnedPositions(a.max_position, cfg.d_model)
+            if a.absolute == "learned_per_layer"
+            else None
+        )
 
     def layer_input(self, h: Tensor, positions: Tensor | None = None) -> Tensor:
         """What this layer reads (and keeps as memory): h, plus its own positions for Al-Rfou (at
         `positions` [L] when given)."""
         return h if self.positions is None else h + self.positions(h.shape[1], positions)
 
-    def forward(self, h: Tensor, mem: Tensor | None, options: AttentionOptions, *,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        h: Tensor,
+        mem: Tensor | None,
+        options: AttentionOptions,
+        *,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         if self.pre_norm:
-            attn_out, probs = self.attn(*self.attention_inputs(h, mem), options, need_weights=need_weights)
+            attn_out, probs = self.attn(
+                *self.attention_inputs(h, mem), options, need_weights=need_weights
+            )
             h = h + self.drop(attn_out)
             return h + self.drop(self.ff(self.norm_ff(h))), probs
         attn_out, probs = self.attn(h, mem, options, need_weights=need_weights)
@@ -126,22 +158,40 @@ class TransformerLM(nn.Module):
             raise ConfigError("vocab_size", "must be >= 1 (run configs take it from the data)")
         self.config = config
         a = config.attention
-        self.layer_configs = config.layer_attentions  # every layer's attention (layer_pattern, else the model's)
+        self.layer_configs = (
+            config.layer_attentions
+        )  # every layer's attention (layer_pattern, else the model's)
         # registered here once (one state_dict entry each); every layer's attention refers to them
         uv = [layer for layer in self.layer_configs if layer.share_uv]
-        self.content_bias_u = init_vector(config.n_heads, config.d_head) if any("c" in x.terms for x in uv) else None
-        self.position_bias_v = init_vector(config.n_heads, config.d_head) if any("d" in x.terms for x in uv) else None
+        self.content_bias_u = (
+            init_vector(config.n_heads, config.d_head) if any("c" in x.terms for x in uv) else None
+        )
+        self.position_bias_v = (
+            init_vector(config.n_heads, config.d_head) if any("d" in x.terms for x in uv) else None
+        )
         shared = self._shared_bias_schemes()
         schemes = list(shared.values())
         self.shared_bias_scheme = schemes[0] if schemes else None
-        self.other_bias_schemes = nn.ModuleList(schemes[1:]) if len(schemes) > 1 else None  # layer kinds' own biases
+        self.other_bias_schemes = (
+            nn.ModuleList(schemes[1:]) if len(schemes) > 1 else None
+        )  # layer kinds' own biases
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
-        self.input_positions = LearnedPositions(a.max_position, config.d_model) if a.absolute == "learned" else None
+        self.input_positions = (
+            LearnedPositions(a.max_position, config.d_model) if a.absolute == "learned" else None
+        )
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
-            Layer(config, SharedParameters(self.content_bias_u, self.position_bias_v,
-                                           shared.get(bias_key(layer, a)) if layer.share_bias else None), layer)
-            for layer in self.layer_configs)
+            Layer(
+                config,
+                SharedParameters(
+                    self.content_bias_u,
+                    self.position_bias_v,
+                    shared.get(bias_key(layer, a)) if layer.share_bias else None,
+                ),
+                layer,
+            )
+            for layer in self.layer_configs
+        )
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self._init_weights()
@@ -182,7 +232,9 @@ class TransformerLM(nn.Module):
         return [f"layer {k}" + (f" {word}" if word else "") for k, word in enumerate(words)]
 
     def _embed(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
-        h = self.embed(tokens) * self.config.embedding_multiplier  # (B, L, D); see ModelConfig.embed_scale
+        h = (
+            self.embed(tokens) * self.config.embedding_multiplier
+        )  # (B, L, D); see ModelConfig.embed_scale
         length = tokens.shape[1]
         if self.config.attention.absolute == "sinusoid":
             # Vaswani et al.: positions 0..L-1 of the segment (memory keeps its own; XL's point)
@@ -192,28 +244,51 @@ class TransformerLM(nn.Module):
             h = h + self.input_positions(length, positions)
         return self.drop(h)
 
-    def _options(self, tokens: Tensor, mems: list[Tensor] | None, mem_len: int | None, clamp_len: int | None,
-                 same_length: bool, positions: Tensor | None, rope_scaling: RopeScaling | None = None
-                 ) -> tuple[int, Tensor | None, list[AttentionOptions]]:
+    def _options(
+        self,
+        tokens: Tensor,
+        mems: list[Tensor] | None,
+        mem_len: int | None,
+        clamp_len: int | None,
+        same_length: bool,
+        positions: Tensor | None,
+        rope_scaling: RopeScaling | None = None,
+    ) -> tuple[int, Tensor | None, list[AttentionOptions]]:
         """This call's memory length M (the argument, else the config's), the positions of its tokens as the
         input's absolute encodings read them (None: 0 .. L - 1 of the segment) and each layer's options."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
         if same_length and mem_len == 0:
-            raise ValueError("same_length: every query sees the last mem_len keys, and mem_len is 0; set mem_len > 0")
+            raise ValueError(
+                "same_length: every query sees the last mem_len keys, and mem_len is 0; set mem_len > 0"
+            )
         # Transformer-XL's same_length: each query sees its mem_len most recent keys, itself included
-        options = AttentionOptions(clamp_len=clamp_len, window=mem_len if same_length else None, positions=positions,
-                                   rope_scaling=rope_scaling)
+        options = AttentionOptions(
+            clamp_len=clamp_len,
+            window=mem_len if same_length else None,
+            positions=positions,
+            rope_scaling=rope_scaling,
+        )
         per_layer = [options] * len(self.layers)
         if rope_scaling is not None and any(a.absolute == "rope" for a in self.layer_configs):
             # a context extension rescales the RoPE layers' frequencies; the others of a layer pattern have none
-            per_layer = [options if a.absolute == "rope" else dataclasses.replace(options, rope_scaling=None)
-                         for a in self.layer_configs]
+            per_layer = [
+                options if a.absolute == "rope" else dataclasses.replace(options, rope_scaling=None)
+                for a in self.layer_configs
+            ]
         if positions is not None:
-            return mem_len, positions[-tokens.shape[1]:], per_layer
-        at_input, draws = self._draws(tokens.shape[1], 0 if not mems else mems[0].shape[1], tokens.device)
-        return mem_len, at_input, [dataclasses.replace(o, **draw) for o, draw in zip(per_layer, draws)]
+            return mem_len, positions[-tokens.shape[1] :], per_layer
+        at_input, draws = self._draws(
+            tokens.shape[1], 0 if not mems else mems[0].shape[1], tokens.device
+        )
+        return (
+            mem_len,
+            at_input,
+            [dataclasses.replace(o, **draw) for o, draw in zip(per_layer, draws)],
+        )
 
-    def _draws(self, n_tokens: int, n_mem: int, device) -> tuple[Tensor | None, list[dict[str, Tensor | None]]]:
+    def _draws(
+        self, n_tokens: int, n_mem: int, device
+    ) -> tuple[Tensor | None, list[dict[str, Tensor | None]]]:
         """Randomized positions when the config asks for them in this mode (training, or evaluation:
         `eval_positions`), else none (0 .. M + L - 1): (the input's, each layer's positions and distances).
         randomized_draw per_layer (Ruoss et al.'s code, models/transformer.py): one draw of positions for the
@@ -224,24 +299,44 @@ class TransformerLM(nn.Module):
         if mode == "sequential":
             return None, [{}] * len(self.layers)
         if n_mem:
-            raise ValueError("model.attention.positions: randomized positions are drawn per segment, and memory "
-                             "keys would keep another draw's; use mem_len 0")
+            raise ValueError(
+                "model.attention.positions: randomized positions are drawn per segment, and memory "
+                "keys would keep another draw's; use mem_len 0"
+            )
         if a.randomized_draw == "shared_positions":
             shared = randomized_positions(n_tokens, a.max_position, device)
             return shared, [{"positions": shared}] * len(self.layers)
-        absolute = any(x.absolute in ("sinusoid", "learned", "learned_per_layer") for x in self.layer_configs)
+        absolute = any(
+            x.absolute in ("sinusoid", "learned", "learned_per_layer") for x in self.layer_configs
+        )
         at_input = randomized_positions(n_tokens, a.max_position, device) if absolute else None
         return at_input, [
-            {"positions": randomized_positions(n_tokens, a.max_position, device) if x.absolute == "rope" else None,
-             "distances": randomized_distances(n_tokens, a.max_position, device)
-             if x.bias != "none" or x.uses_r or x.shaw_values else None}  # what reads per-distance tensors
-            for x in self.layer_configs]
+            {
+                "positions": randomized_positions(n_tokens, a.max_position, device)
+                if x.absolute == "rope"
+                else None,
+                "distances": randomized_distances(n_tokens, a.max_position, device)
+                if x.bias != "none" or x.uses_r or x.shaw_values
+                else None,
+            }  # what reads per-distance tensors
+            for x in self.layer_configs
+        ]
 
-    def _run(self, tokens: Tensor, mems: list[Tensor] | None, mem_len: int, token_positions: Tensor | None,
-             layer_options: list[AttentionOptions], *, record_maps: bool = False,
-             statistics: AttentionStatistics | None = None):
+    def _run(
+        self,
+        tokens: Tensor,
+        mems: list[Tensor] | None,
+        mem_len: int,
+        token_positions: Tensor | None,
+        layer_options: list[AttentionOptions],
+        *,
+        record_maps: bool = False,
+        statistics: AttentionStatistics | None = None,
+    ):
         if mems is not None and len(mems) != len(self.layers):
-            raise ValueError(f"mems: expected {len(self.layers)} tensors (one per layer), got {len(mems)}")
+            raise ValueError(
+                f"mems: expected {len(self.layers)} tensors (one per layer), got {len(mems)}"
+            )
         h = self._embed(tokens, token_positions)
         new_mems, probs, terms = [], [], []
         for i, (layer, options) in enumerate(zip(self.layers, layer_options)):
@@ -280,9 +375,12 @@ class TransformerLM(nn.Module):
         every layer's attention statistics there (diagnostics.py); rope_scaling: RoPE extended to a
         longer context (an evaluation setting's PI / NTK / YaRN).
         """
-        mem_len, at_input, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions,
-                                                   rope_scaling)
-        logits, new_mems, _, _ = self._run(tokens, mems, mem_len, at_input, options, statistics=statistics)
+        mem_len, at_input, options = self._options(
+            tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling
+        )
+        logits, new_mems, _, _ = self._run(
+            tokens, mems, mem_len, at_input, options, statistics=statistics
+        )
         return logits, new_mems
 
     @torch.no_grad()
@@ -299,12 +397,17 @@ class TransformerLM(nn.Module):
     ) -> dict:
         """Everything the plots need: logits, new mems, per-layer probabilities [B, H, L, M+L] and
         per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', 'decay', 'cope', 'visible'} (enabled ones only)."""
-        mem_len, at_input, options = self._options(tokens, mems, mem_len, clamp_len, same_length, positions,
-                                                   rope_scaling)
-        logits, new_mems, probs, terms = self._run(tokens, mems, mem_len, at_input, options, record_maps=True)
+        mem_len, at_input, options = self._options(
+            tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling
+        )
+        logits, new_mems, probs, terms = self._run(
+            tokens, mems, mem_len, at_input, options, record_maps=True
+        )
         return {"logits": logits, "mems": new_mems, "probs": probs, "terms": terms}
 
     def loss(self, logits: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
         """Mean cross-entropy over positions where mask is True (all when None)."""
-        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")  # (B·L, V) -> (B·L)
+        losses = F.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), reduction="none"
+        )  # (B·L, V) -> (B·L)
         return losses.mean() if mask is None else masked_mean(losses, mask.flatten())

@@ -38,10 +38,14 @@ class PathTransforms(nn.Module):
         self.n_heads, self.d_head = n_heads, d_head
         self.w_down = nn.Linear(d_model, W_RANK, bias=False)
         self.w_up = nn.Linear(W_RANK, n_heads * d_head, bias=False)
-        self.w_conv = nn.Conv1d(n_heads * d_head, n_heads * d_head, CONV, groups=n_heads * d_head, bias=False)
+        self.w_conv = nn.Conv1d(
+            n_heads * d_head, n_heads * d_head, CONV, groups=n_heads * d_head, bias=False
+        )
         self.beta = nn.Linear(d_model, n_heads, bias=True)
 
-    def transforms(self, keys_input: Tensor, key_padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def transforms(
+        self, keys_input: Tensor, key_padding_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """(w [B, H, K, dh] unit vectors, β [B, H, K]) from the keys' layer inputs [B, K, d_model]."""
         b, n_keys, _ = keys_input.shape
         w = self.w_up(self.w_down(keys_input)).transpose(1, 2)  # (B, H·dh, K)
@@ -52,10 +56,14 @@ class PathTransforms(nn.Module):
             beta = beta.masked_fill(key_padding_mask[:, None, :], 0.0)
         return w, beta
 
-    def logits(self, q: Tensor, k: Tensor, keys_input: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+    def logits(
+        self, q: Tensor, k: Tensor, keys_input: Tensor, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
         """q_iᵀ H_i' ··· H_(j+1) k_j (unscaled): q [B, H, L, dh] (queries at key indices K - L ..), k [B, H, K, dh]
         -> [B, H, L, K]; entries with j > i' are left 0 (the causal mask hides them)."""
-        wide = torch.promote_types(k.dtype, torch.float32)  # bf16 products of many transforms would drift
+        wide = torch.promote_types(
+            k.dtype, torch.float32
+        )  # bf16 products of many transforms would drift
         with torch.autocast(k.device.type, enabled=False):
             w, beta = self.transforms(keys_input.to(wide), key_padding_mask)
             return path_logits(q.to(wide), k.to(wide), w.to(wide), beta.to(wide)).to(q.dtype)
@@ -68,23 +76,35 @@ def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = 64) 
     c = min(chunk, n_keys)
     n_chunks = -(-n_keys // c)
     pad = n_chunks * c - n_keys
-    queries = F.pad(q, (0, 0, n_keys - n_queries, pad))  # a query row for every key index (memory rows: 0)
-    keys, w, beta = F.pad(k, (0, 0, 0, pad)), F.pad(w, (0, 0, 0, pad)), F.pad(beta, (0, pad))  # β 0: H = I
+    queries = F.pad(
+        q, (0, 0, n_keys - n_queries, pad)
+    )  # a query row for every key index (memory rows: 0)
+    keys, w, beta = (
+        F.pad(k, (0, 0, 0, pad)),
+        F.pad(w, (0, 0, 0, pad)),
+        F.pad(beta, (0, pad)),
+    )  # β 0: H = I
     shape = (b, h, n_chunks, c)
     queries, keys, w = (t.view(*shape, dh) for t in (queries, keys, w))
     beta = beta.view(*shape, 1)
     intra, starts, ends, chunk_product = _within_chunks(queries, keys, w, beta)
     rows = []
-    carried = keys.new_zeros(b, h, 0, dh)  # earlier chunks' keys, through every transform up to this chunk
+    carried = keys.new_zeros(
+        b, h, 0, dh
+    )  # earlier chunks' keys, through every transform up to this chunk
     for n in range(n_chunks):
         across = starts[:, :, n] @ carried.transpose(-1, -2)  # (B, H, C, n·C)
         rows.append(F.pad(torch.cat([across, intra[:, :, n]], dim=-1), (0, (n_chunks - n - 1) * c)))
-        carried = torch.cat([carried @ chunk_product[:, :, n].transpose(-1, -2), ends[:, :, n]], dim=2)
+        carried = torch.cat(
+            [carried @ chunk_product[:, :, n].transpose(-1, -2), ends[:, :, n]], dim=2
+        )
     full = torch.cat(rows, dim=2)  # (B, H, n·C, n·C)
-    return full[:, :, n_keys - n_queries: n_keys, :n_keys]
+    return full[:, :, n_keys - n_queries : n_keys, :n_keys]
 
 
-def _within_chunks(q: Tensor, k: Tensor, w: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _within_chunks(
+    q: Tensor, k: Tensor, w: Tensor, beta: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per chunk of C tokens a..e (every tensor [B, H, n, C, ·]): the logits between its own tokens, its queries
     through its transforms back to a (H_a ··· H_i q_i), its keys through them up to e (H_e ··· H_(j+1) k_j), and
     T = H_e ··· H_a [.., d, d]. Expanding H_i ··· H_(j+1) = I - Σ_{s=j+1..i} z_s w_sᵀ from the right gives
@@ -98,7 +118,10 @@ def _within_chunks(q: Tensor, k: Tensor, w: Tensor, beta: Tensor) -> tuple[Tenso
     seen = (offsets[:, None] <= offsets[None, :]).to(q.dtype)  # [s, i]: s <= i
     rhs = torch.cat([beta * (w @ q.transpose(-1, -2)) * seen, beta * w], dim=-1)  # (.., C, C + d)
     solved = torch.linalg.solve_triangular(system, rhs, upper=True, unitriangular=True)
-    a, z = solved[..., :c], solved[..., c:]  # a[s, i] = q_i·z_s (0 for s > i); z[s] for the chunk's end
+    a, z = (
+        solved[..., :c],
+        solved[..., c:],
+    )  # a[s, i] = q_i·z_s (0 for s > i); z[s] for the chunk's end
     before = (offsets[None, :] < offsets[:, None]).to(q.dtype)  # [s, j]: j < s
     key_weights = (w @ k.transpose(-1, -2)) * before  # [s, j]: w_s·k_j where H_s acts on key j
     intra = q @ k.transpose(-1, -2) - a.transpose(-1, -2) @ key_weights  # [i, j]

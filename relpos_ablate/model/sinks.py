@@ -25,8 +25,10 @@ class Sinks(nn.Module):
     def prepend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """[B, H, K, dh] keys and values -> [B, H, S + K, dh], the slots first."""
         b = k.shape[0]
-        return (torch.cat([self.keys.to(k.dtype).expand(b, -1, -1, -1), k], dim=2),
-                torch.cat([self.values.to(v.dtype).expand(b, -1, -1, -1), v], dim=2))
+        return (
+            torch.cat([self.keys.to(k.dtype).expand(b, -1, -1, -1), k], dim=2),
+            torch.cat([self.values.to(v.dtype).expand(b, -1, -1, -1), v], dim=2),
+        )
 
     def logits(self, q_content: Tensor, scale: float) -> Tensor:
         """s·q_content·k_sink: [B, H, L, dh] -> [B, H, L, S]."""

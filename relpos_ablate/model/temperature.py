@@ -32,20 +32,32 @@ class Temperature(nn.Module):
 
     def __init__(self, n_heads: int, config: AttentionConfig):
         super().__init__()
-        self.log_n_length = config.log_n_length if config.score_scale in LENGTH_AWARE_SCALES else None
+        self.log_n_length = (
+            config.log_n_length if config.score_scale in LENGTH_AWARE_SCALES else None
+        )
         if self.log_n_length == 0:
-            raise ConfigError("log_n_length", f"score_scale {config.score_scale} needs the training attention length "
-                              "L_train (run configs fill it in; set it for a model of your own)")
-        self.log_tau = nn.Parameter(torch.zeros(n_heads)) if config.learned_temperature else None  # (H,): t_h
-        self.ssmax_scale = nn.Parameter(torch.full((n_heads,), 1 / math.log(self.log_n_length))) \
-            if config.score_scale == "ssmax" else None  # (H,): s_h
+            raise ConfigError(
+                "log_n_length",
+                f"score_scale {config.score_scale} needs the training attention length "
+                "L_train (run configs fill it in; set it for a model of your own)",
+            )
+        self.log_tau = (
+            nn.Parameter(torch.zeros(n_heads)) if config.learned_temperature else None
+        )  # (H,): t_h
+        self.ssmax_scale = (
+            nn.Parameter(torch.full((n_heads,), 1 / math.log(self.log_n_length)))
+            if config.score_scale == "ssmax"
+            else None
+        )  # (H,): s_h
 
     @property
     def counts_keys(self) -> bool:
         """Whether `query_scale` needs the number of keys each query sees (log-n scaling)."""
         return self.log_n_length is not None
 
-    def query_scale(self, seen: Tensor | None, n_queries: int, dtype: torch.dtype, device=None) -> Tensor:
+    def query_scale(
+        self, seen: Tensor | None, n_queries: int, dtype: torch.dtype, device=None
+    ) -> Tensor:
         """[B or 1, H or 1, L, 1] in `dtype`: log(n_i)/log(L_train) (log_n) or s_h·log(n_i) (ssmax), and/or τ_h.
         seen: the keys each query sees ([L] or [B, 1, L], sinks included), needed when `counts_keys`."""
         scale = torch.ones(1, 1, n_queries, 1, dtype=torch.float64, device=device)
@@ -62,6 +74,13 @@ class Temperature(nn.Module):
 
 def tuned_temperature(positions: Tensor, config: AttentionConfig) -> Tensor:
     """Llama 4's query multiplier at `positions` (any shape), in float32 or wider."""
-    p = positions.to(torch.promote_types(positions.dtype, torch.float32)) if positions.is_floating_point() else \
-        positions.double()
-    return torch.log(torch.floor((p + 1.0) / config.temperature_floor_scale) + 1.0) * config.temperature_scale + 1.0
+    p = (
+        positions.to(torch.promote_types(positions.dtype, torch.float32))
+        if positions.is_floating_point()
+        else positions.double()
+    )
+    return (
+        torch.log(torch.floor((p + 1.0) / config.temperature_floor_scale) + 1.0)
+        * config.temperature_scale
+        + 1.0
+    )

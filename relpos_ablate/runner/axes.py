@@ -62,7 +62,9 @@ def check_key_path(path: str) -> None:
         named = named_items(cls)
 
 
-def _axis_values(where: str, values: Any, errors: list[ConfigError], distinct: bool = True) -> list | None:
+def _axis_values(
+    where: str, values: Any, errors: list[ConfigError], distinct: bool = True
+) -> list | None:
     """The axis's list of values; None (with an error) when it is not a non-empty list (of distinct
     values, unless `distinct` is False: a zip column may repeat values as long as its rows differ)."""
     if not isinstance(values, list):
@@ -78,12 +80,16 @@ def _axis_values(where: str, values: Any, errors: list[ConfigError], distinct: b
     return values
 
 
-def _checked_axis(prefix: str, key: Any, values: Any, errors: list[ConfigError], distinct: bool = True) -> list | None:
+def _checked_axis(
+    prefix: str, key: Any, values: Any, errors: list[ConfigError], distinct: bool = True
+) -> list | None:
     """Validate one axis of `prefix` (grid, zip[i]): its key path, its values, every preset name."""
     where = f"{prefix}.{key}"
     key_errors: list[ConfigError] = []
     if not isinstance(key, str):
-        key_errors.append(ConfigError(repr(key), "an axis key must be a key path such as model.mem_len"))
+        key_errors.append(
+            ConfigError(repr(key), "an axis key must be a key path such as model.mem_len")
+        )
     else:
         collect_error(key_errors, check_key_path, key)
     errors.extend(err.under(prefix) for err in key_errors)
@@ -101,7 +107,9 @@ def _checked_axis(prefix: str, key: Any, values: Any, errors: list[ConfigError],
 
 def grid_axes(grid: Any, errors: list[ConfigError]) -> list[Axis]:
     if not isinstance(grid, dict):
-        errors.append(ConfigError("grid", f"expected a mapping of key path -> list of values, got {grid!r}"))
+        errors.append(
+            ConfigError("grid", f"expected a mapping of key path -> list of values, got {grid!r}")
+        )
         return []
     axes = []
     for key, values in grid.items():
@@ -115,15 +123,24 @@ def zip_axes(groups: Any, errors: list[ConfigError]) -> list[Axis]:
     """`zip:` is one mapping or a list of them; inside a group every axis has the same length."""
     groups = [groups] if isinstance(groups, dict) else groups
     if not isinstance(groups, list):
-        errors.append(ConfigError("zip", f"expected a mapping (or a list of them) of axes, got {groups!r}"))
+        errors.append(
+            ConfigError("zip", f"expected a mapping (or a list of them) of axes, got {groups!r}")
+        )
         return []
     axes = []
     for i, group in enumerate(groups):
         where = f"zip[{i}]"
         if not isinstance(group, dict) or not group:
-            errors.append(ConfigError(where, f"expected a non-empty mapping of key path -> values, got {group!r}"))
+            errors.append(
+                ConfigError(
+                    where, f"expected a non-empty mapping of key path -> values, got {group!r}"
+                )
+            )
             continue
-        columns = {key: _checked_axis(where, key, values, errors, distinct=False) for key, values in group.items()}
+        columns = {
+            key: _checked_axis(where, key, values, errors, distinct=False)
+            for key, values in group.items()
+        }
         if any(values is None for values in columns.values()):
             continue
         lengths = {key: len(values) for key, values in columns.items()}
@@ -134,7 +151,12 @@ def zip_axes(groups: Any, errors: list[ConfigError]) -> list[Axis]:
         rows = list(zip(*columns.values()))
         repeated = [i for i, row in enumerate(rows) if row in rows[:i]]
         if repeated:
-            errors.append(ConfigError(where, f"row {repeated[0]} {dict(zip(columns, rows[repeated[0]]))} is listed twice"))
+            errors.append(
+                ConfigError(
+                    where,
+                    f"row {repeated[0]} {dict(zip(columns, rows[repeated[0]]))} is listed twice",
+                )
+            )
             continue
         axes.append(Axis(tuple(columns), rows, where))
     return axes
@@ -145,10 +167,14 @@ def seed_axes(data: dict, axes: list[Axis], errors: list[ConfigError]) -> list[A
     if "seeds" not in data:
         return []
     if any(SEED in axis.keys for axis in axes):
-        errors.append(ConfigError("seeds", "the seed is already a grid/zip axis; give it in one place"))
+        errors.append(
+            ConfigError("seeds", "the seed is already a grid/zip axis; give it in one place")
+        )
         return []
     values = _axis_values("seeds", data["seeds"], errors)
-    return [] if values is None else [Axis((SEED,), [(v,) for v in values], "seeds", outermost=True)]
+    return (
+        [] if values is None else [Axis((SEED,), [(v,) for v in values], "seeds", outermost=True)]
+    )
 
 
 def check_axis_keys_unique(axes: list[Axis], errors: list[ConfigError]) -> None:
@@ -156,7 +182,9 @@ def check_axis_keys_unique(axes: list[Axis], errors: list[ConfigError]) -> None:
     for axis in axes:
         for key in axis.keys:
             if key in seen:
-                errors.append(ConfigError(axis.where, f"axis {key!r} is also varied in {seen[key]}"))
+                errors.append(
+                    ConfigError(axis.where, f"axis {key!r} is also varied in {seen[key]}")
+                )
             seen[key] = axis.where
 
 
@@ -169,21 +197,30 @@ def declared_axes(data: dict) -> set:
     return set(grid) | zipped | ({SEED} if "seeds" in data else set())
 
 
-def checked_excludes(entries: Any, axes: list[Axis], declared: set, errors: list[ConfigError]) -> list[dict]:
+def checked_excludes(
+    entries: Any, axes: list[Axis], declared: set, errors: list[ConfigError]
+) -> list[dict]:
     """Each exclude entry maps axis -> value; a combination matching every pair of one entry is dropped."""
     if not isinstance(entries, list):
-        errors.append(ConfigError("exclude", f"expected a list of {{axis: value}} mappings, got {entries!r}"))
+        errors.append(
+            ConfigError("exclude", f"expected a list of {{axis: value}} mappings, got {entries!r}")
+        )
         return []
-    values = {key: [row[i] for row in axis.rows] for axis in axes for i, key in enumerate(axis.keys)}
+    values = {
+        key: [row[i] for row in axis.rows] for axis in axes for i, key in enumerate(axis.keys)
+    }
     checked = []
     for n, entry in enumerate(entries):
         where = f"exclude[{n}]"
         if not isinstance(entry, dict) or not entry:
-            errors.append(ConfigError(where, f"expected a non-empty mapping of axis -> value, got {entry!r}"))
+            errors.append(
+                ConfigError(where, f"expected a non-empty mapping of axis -> value, got {entry!r}")
+            )
             continue
         problems = [
             _exclude_problem(f"{where}.{key}", key, value, values)
-            for key, value in entry.items() if key in values or key not in declared
+            for key, value in entry.items()
+            if key in values or key not in declared
         ]
         problems = [p for p in problems if p is not None]
         errors.extend(problems)
@@ -192,9 +229,13 @@ def checked_excludes(entries: Any, axes: list[Axis], declared: set, errors: list
     return checked
 
 
-def _exclude_problem(where: str, key: str, value: Any, values: dict[str, list]) -> ConfigError | None:
+def _exclude_problem(
+    where: str, key: str, value: Any, values: dict[str, list]
+) -> ConfigError | None:
     if key not in values:
-        return ConfigError(where, f"not an axis of this grid; axes: {', '.join(values) or '(none)'}")
+        return ConfigError(
+            where, f"not an axis of this grid; axes: {', '.join(values) or '(none)'}"
+        )
     if value not in values[key]:
         return ConfigError(where, f"{value!r} is not a value of the axis; values: {values[key]}")
     return None
@@ -204,5 +245,7 @@ def combinations(axes: list[Axis]) -> Iterator[dict[str, Any]]:
     """Every combination as {axis key: value} in spec order; the `seeds` axis varies slowest."""
     loop_order = sorted(axes, key=lambda axis: not axis.outermost)
     for rows in itertools.product(*(axis.rows for axis in loop_order)):
-        values = {key: value for axis, row in zip(loop_order, rows) for key, value in zip(axis.keys, row)}
+        values = {
+            key: value for axis, row in zip(loop_order, rows) for key, value in zip(axis.keys, row)
+        }
         yield {key: values[key] for axis in axes for key in axis.keys}

@@ -25,8 +25,15 @@ from relpos_ablate.config.schedule import shown_value
 from relpos_ablate.runner.store import DONE_WITHOUT_EVAL, lock_holder
 
 STATE_STYLES = {
-    "queued": "dim", "running": "cyan", "done": "green", "failed": "bold red", "interrupted": "yellow",
-    "stale": "yellow", "unreadable": "red", "new": "dim", "incomplete": "yellow",
+    "queued": "dim",
+    "running": "cyan",
+    "done": "green",
+    "failed": "bold red",
+    "interrupted": "yellow",
+    "stale": "yellow",
+    "unreadable": "red",
+    "new": "dim",
+    "incomplete": "yellow",
 }
 
 
@@ -66,13 +73,20 @@ def short_variant(variant: Any) -> str:
         return "?"
     leaves = [str(key).rsplit(".", 1)[-1] for key in variant]
     names = [leaf if leaves.count(leaf) == 1 else str(key) for leaf, key in zip(leaves, variant)]
-    return " ".join(f"{name}={shown_value(value)}" for name, value in zip(names, variant.values())) or "(base)"
+    return (
+        " ".join(f"{name}={shown_value(value)}" for name, value in zip(names, variant.values()))
+        or "(base)"
+    )
 
 
 def format_metric(last_metric: Any, limit: int = 2) -> str:
     if not isinstance(last_metric, dict):
         return ""
-    items = [(k, v) for k, v in last_metric.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    items = [
+        (k, v)
+        for k, v in last_metric.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
     return " ".join(f"{k} {v:.4g}" for k, v in items[:limit])
 
 
@@ -120,7 +134,10 @@ def row_for(run_dir: Path, variant: Any = None, probe_lock: bool = False) -> Run
     if row.state == "done" and not rundir.is_done(run_dir):
         row.state, row.note = "incomplete", DONE_WITHOUT_EVAL
     if probe_lock and row.state == "running" and lock_holder(run_dir) is None:
-        row.state, row.note = "stale", "marked running but no process holds it; rerun the grid to resume"
+        row.state, row.note = (
+            "stale",
+            "marked running but no process holds it; rerun the grid to resume",
+        )
     return row
 
 
@@ -139,12 +156,27 @@ def _progress(row: RunRow, live: bool) -> Any:
 
 def run_table(rows: list[RunRow], title: str = "", live: bool = False) -> Table:
     table = Table(title=title or None, show_lines=False, expand=False)
-    for name in ("run", "variant", "state", "device", "progress", "last train batch", "elapsed", "note"):
+    for name in (
+        "run",
+        "variant",
+        "state",
+        "device",
+        "progress",
+        "last train batch",
+        "elapsed",
+        "note",
+    ):
         table.add_column(name, no_wrap=name != "note", overflow="fold")
     for row in rows:
         table.add_row(
-            row.run_id, row.variant, Text(row.state, style=STATE_STYLES.get(row.state, "")), row.device,
-            _progress(row, live), row.metric, format_elapsed(row.elapsed_s), row.note,
+            row.run_id,
+            row.variant,
+            Text(row.state, style=STATE_STYLES.get(row.state, "")),
+            row.device,
+            _progress(row, live),
+            row.metric,
+            format_elapsed(row.elapsed_s),
+            row.note,
         )
     return table
 
@@ -172,7 +204,9 @@ class PlainDisplay:
 
     def event(self, row: RunRow, text: str) -> None:
         stamp = time.strftime("%H:%M:%S")
-        self.console.print(f"{stamp} {row.run_id} [{row.variant}] {text}", markup=False, highlight=False)
+        self.console.print(
+            f"{stamp} {row.run_id} [{row.variant}] {text}", markup=False, highlight=False
+        )
 
     def refresh(self, table: Table) -> None:
         return None
@@ -186,7 +220,9 @@ class LiveDisplay(PlainDisplay):
 
     def __init__(self, console: Console):
         super().__init__(console)
-        self._live = Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False)
+        self._live = Live(
+            console=console, auto_refresh=False, transient=False, redirect_stdout=False
+        )
 
     def __enter__(self) -> "LiveDisplay":
         self._live.start()

@@ -35,7 +35,12 @@ def _finished(plans) -> dict[str, list[float]]:
     for plan in plans:
         status = rundir.read_status(plan.run_dir) or {}
         wall, steps = status.get("wall_time_s"), status.get("step")
-        if status.get("state") == "done" and isinstance(wall, (int, float)) and isinstance(steps, int) and steps > 0:
+        if (
+            status.get("state") == "done"
+            and isinstance(wall, (int, float))
+            and isinstance(steps, int)
+            and steps > 0
+        ):
             per_variant.setdefault(_variant(plan.run), []).append(wall / steps)
     return per_variant
 
@@ -67,7 +72,9 @@ def estimate(plans, results: Path, spec_name: str, n_slots: int) -> Estimate | N
     durations = []
     for plan in todo:
         status = rundir.read_status(plan.run_dir) or {}
-        done_steps = status.get("step") if isinstance(status.get("step"), int) else 0  # resumed from last.ckpt
+        done_steps = (
+            status.get("step") if isinstance(status.get("step"), int) else 0
+        )  # resumed from last.ckpt
         remaining = max(plan.run.config.train.max_steps - done_steps, 0)
         durations.append(per_step.get(_variant(plan.run), fallback) * remaining)
     slots = [0.0] * max(n_slots, 1)

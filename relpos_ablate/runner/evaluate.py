@@ -27,8 +27,14 @@ def evaluate_command(run_dir: Path, arguments: list[str], threads: int) -> list[
     return [*WORKER_PREFIX, "evaluate", str(run_dir), *arguments, "--threads", str(threads)]
 
 
-def evaluate_on_slots(run_dirs: list[Path], arguments: list[str], slots: list[Slot],
-                      report: Callable[[str], None] = print, poll_s: float = 0.1, grace_s: float = 30.0) -> int:
+def evaluate_on_slots(
+    run_dirs: list[Path],
+    arguments: list[str],
+    slots: list[Slot],
+    report: Callable[[str], None] = print,
+    poll_s: float = 0.1,
+    grace_s: float = 30.0,
+) -> int:
     """Evaluate every run on `slots`; returns the worst worker exit status (0: every run evaluated). Ctrl-C
     or SIGTERM stops the workers (each run's eval.json stays as it was or complete) and is re-raised."""
     queue = deque(run_dirs)
@@ -54,15 +60,26 @@ def evaluate_on_slots(run_dirs: list[Path], arguments: list[str], slots: list[Sl
     return worst
 
 
-def _start(run_dir: Path, arguments: list[str], slot: Slot) -> tuple[subprocess.Popen | ForkedWorker, IO]:
+def _start(
+    run_dir: Path, arguments: list[str], slot: Slot
+) -> tuple[subprocess.Popen | ForkedWorker, IO]:
     """The worker, forked from the fork server on a CPU slot (runner/forkserver.py), else a new interpreter."""
     output = tempfile.TemporaryFile("w+b")
-    command, env = evaluate_command(run_dir, arguments, slot.threads), worker_env(slot.gpu, slot.threads)
+    command, env = (
+        evaluate_command(run_dir, arguments, slot.threads),
+        worker_env(slot.gpu, slot.threads),
+    )
     if forkable(1, slot.gpu):
-        return start_forked(command[len(WORKER_PREFIX):], env, output.fileno(), None), output
+        return start_forked(command[len(WORKER_PREFIX) :], env, output.fileno(), None), output
     proc = subprocess.Popen(
-        command, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-        start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent(os.getpid()),
+    )
     return proc, output
 
 
@@ -71,4 +88,3 @@ def _read(output: IO) -> str:
     text = output.read().decode(errors="replace")
     output.close()
     return text
-

@@ -113,12 +113,18 @@ class ForkServer:
         with theirs:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", f"from {__name__} import serve; serve({theirs.fileno()})"],
-                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=die_with_parent(os.getpid()))
+                pass_fds=(theirs.fileno(),),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent(os.getpid()),
+            )
         self._exits: dict[int, int] = {}
         self.alive = True
 
-    def fork(self, argv: list[str], env: dict[str, str], output: int, lock: int | None) -> ForkedWorker:
+    def fork(
+        self, argv: list[str], env: dict[str, str], output: int, lock: int | None
+    ) -> ForkedWorker:
         """A child running `relpos-ablate ARGV` with `output` as stdout/stderr, holding descriptor `lock`."""
         request = {"argv": argv, "env": env, "cwd": os.getcwd()}
         fds = [output] if lock is None else [output, lock]
@@ -136,7 +142,9 @@ class ForkServer:
                     raise OSError("the fork server ended before it forked the worker")
                 self.process.kill()  # whatever it forks now dies with it (PR_SET_DEATHSIG): never two workers
                 self.alive = False
-                raise OSError(f"the fork server did not fork the worker within {START_TIMEOUT_S:.0f} s")
+                raise OSError(
+                    f"the fork server did not fork the worker within {START_TIMEOUT_S:.0f} s"
+                )
         if "error" in reply:
             raise OSError(f"the fork server could not fork the worker: {reply['error']}")
         return ForkedWorker(self, reply["pid"])
@@ -198,7 +206,9 @@ def _forget_server() -> None:
 os.register_at_fork(after_in_child=_forget_server)
 
 
-def start_forked(argv: list[str], env: dict[str, str], output: int, lock: int | None) -> ForkedWorker:
+def start_forked(
+    argv: list[str], env: dict[str, str], output: int, lock: int | None
+) -> ForkedWorker:
     """Fork `relpos-ablate ARGV` from this process's fork server, started (again) when there is none."""
     global _server
     if _server is None or not _server.alive:
@@ -218,7 +228,9 @@ def _main_module() -> types.ModuleType:
 def serve(fd: int) -> None:
     """The server's loop: import PRELOAD, then fork a child per request and report each child's exit, until the
     runner's end of the socket closes (then the children get SIGTERM from PR_SET_DEATHSIG)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle; it stops the workers
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C is the runner's to handle; it stops the workers
     channel = socket.socket(fileno=fd)
     for module in PRELOAD:
         __import__(module)
@@ -230,7 +242,9 @@ def serve(fd: int) -> None:
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     children.discard(pid)
-                    channel.send(json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}).encode())
+                    channel.send(
+                        json.dumps({"pid": pid, "exit": os.waitstatus_to_exitcode(status)}).encode()
+                    )
             if not ready:
                 continue
             packet, fds, _, _ = socket.recv_fds(channel, _PACKET, 2)

@@ -37,11 +37,30 @@ from relpos_ablate.config.presets import encoding_fields
 from relpos_ablate.config.registry import import_modules
 from relpos_ablate.config.schedule import shown_value
 from relpos_ablate.runner.axes import (
-    ENCODING, Axis, check_axis_keys_unique, checked_excludes, collect_error, combinations, declared_axes, grid_axes,
-    seed_axes, zip_axes,
+    ENCODING,
+    Axis,
+    check_axis_keys_unique,
+    checked_excludes,
+    collect_error,
+    combinations,
+    declared_axes,
+    grid_axes,
+    seed_axes,
+    zip_axes,
 )
 
-SPEC_KEYS = ("name", "description", "base", "grid", "zip", "exclude", "seeds", "launcher", "table", "plots")
+SPEC_KEYS = (
+    "name",
+    "description",
+    "base",
+    "grid",
+    "zip",
+    "exclude",
+    "seeds",
+    "launcher",
+    "table",
+    "plots",
+)
 RUN_CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -75,8 +94,20 @@ class LauncherConfig:
     """Shell lines run before each job, e.g. 'module load cuda' or 'source .venv/bin/activate'."""
 
     def __post_init__(self):
-        for name in ("time", "gpus", "nodes", "cpus", "mem_gb", "array_parallelism", "max_timeouts"):
-            check_range(name, getattr(self, name), low=0 if name in ("gpus", "mem_gb", "max_timeouts") else 1)
+        for name in (
+            "time",
+            "gpus",
+            "nodes",
+            "cpus",
+            "mem_gb",
+            "array_parallelism",
+            "max_timeouts",
+        ):
+            check_range(
+                name,
+                getattr(self, name),
+                low=0 if name in ("gpus", "mem_gb", "max_timeouts") else 1,
+            )
 
 
 @dataclass(frozen=True)
@@ -124,19 +155,26 @@ def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
     errors: list[ConfigError] = []
     where = str(path) if path is not None else "grid spec"
     if is_run_config(data):
-        raise ConfigError(where, f"a run config, not a grid spec; train it with: relpos-ablate train --config "
-                          f"{where} --run-dir DIR (or make it the base: of a grid spec)")
+        raise ConfigError(
+            where,
+            f"a run config, not a grid spec; train it with: relpos-ablate train --config "
+            f"{where} --run-dir DIR (or make it the base: of a grid spec)",
+        )
     _check_top_keys(data, errors)
     name = _spec_name(data, path, errors)
     base = _base_config(data.get("base", {}), path, errors)
     # the modules that register schemes: their bias types are encodings too
     if collect_error(errors, import_modules, base.get("imports", ()), "base.imports") is None:
-        base = {key: value for key, value in base.items() if key != "imports"}  # reported once, not once per run
+        base = {
+            key: value for key, value in base.items() if key != "imports"
+        }  # reported once, not once per run
     axes = grid_axes(data.get("grid", {}), errors) + zip_axes(data.get("zip", []), errors)
     axes += seed_axes(data, axes, errors)
     check_axis_keys_unique(axes, errors)
     excludes = checked_excludes(data.get("exclude", []), axes, declared_axes(data), errors)
-    launcher = collect_error(errors, from_dict, LauncherConfig, data.get("launcher", {}), "launcher")
+    launcher = collect_error(
+        errors, from_dict, LauncherConfig, data.get("launcher", {}), "launcher"
+    )
     structure_ok = not errors
     runs = _expand(base, axes, excludes, errors, check_duplicates=structure_ok)
     if not runs and not errors:
@@ -150,15 +188,26 @@ def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
 def _check_top_keys(data: dict, errors: list[ConfigError]) -> None:
     for key in (key for key in data if key not in SPEC_KEYS):
         close = difflib.get_close_matches(str(key), SPEC_KEYS, n=1)
-        hint = (f"did you mean '{close[0]}'? " if close
-                else "a run config section goes under base:; " if key in RUN_CONFIG_KEYS else "")
-        errors.append(ConfigError(str(key), f"unknown spec key; {hint}allowed: {', '.join(SPEC_KEYS)}"))
+        hint = (
+            f"did you mean '{close[0]}'? "
+            if close
+            else "a run config section goes under base:; "
+            if key in RUN_CONFIG_KEYS
+            else ""
+        )
+        errors.append(
+            ConfigError(str(key), f"unknown spec key; {hint}allowed: {', '.join(SPEC_KEYS)}")
+        )
 
 
 def _spec_name(data: dict, path: Path | None, errors: list[ConfigError]) -> str:
     name = data.get("name", path.stem if path is not None else None)
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        errors.append(ConfigError("name", f"{name!r}: give a directory name of letters, digits, '_', '.', '-'"))
+        errors.append(
+            ConfigError(
+                "name", f"{name!r}: give a directory name of letters, digits, '_', '.', '-'"
+            )
+        )
         return "invalid"
     return name
 
@@ -170,7 +219,9 @@ def _base_config(base: Any, path: Path | None, errors: list[ConfigError]) -> dic
         base = collect_error(errors, read_yaml, base_path)
         return base if base is not None else {}
     if not isinstance(base, dict):
-        errors.append(ConfigError("base", f"expected a run config mapping or a path to one, got {base!r}"))
+        errors.append(
+            ConfigError("base", f"expected a run config mapping or a path to one, got {base!r}")
+        )
         return {}
     return base
 
@@ -192,7 +243,11 @@ def format_variant(variant: dict[str, Any]) -> str:
 
 
 def _expand(
-    base: dict, axes: list[Axis], excludes: list[dict], errors: list[ConfigError], check_duplicates: bool
+    base: dict,
+    axes: list[Axis],
+    excludes: list[dict],
+    errors: list[ConfigError],
+    check_duplicates: bool,
 ) -> list[PlannedRun]:
     """Resolve every kept combination; config errors are grouped (one line per distinct error)."""
     runs: list[PlannedRun] = []
@@ -210,13 +265,19 @@ def _expand(
         rid = run_id(config)
         if rid in first_by_id:
             if check_duplicates:
-                errors.append(ConfigError(
-                    "grid", f"runs {{{format_variant(first_by_id[rid])}}} and {{{format_variant(variant)}}} "
-                    f"resolve to the same config (run {rid}); drop one"))
+                errors.append(
+                    ConfigError(
+                        "grid",
+                        f"runs {{{format_variant(first_by_id[rid])}}} and {{{format_variant(variant)}}} "
+                        f"resolve to the same config (run {rid}); drop one",
+                    )
+                )
             continue
         first_by_id[rid] = variant
         runs.append(PlannedRun(run_id=rid, variant=variant, config=config))
     for err, variants in failures.values():
         more = f" and {len(variants) - 1} more" if len(variants) > 1 else ""
-        errors.append(ConfigError(err.field, f"{err.message} (run {format_variant(variants[0])}{more})"))
+        errors.append(
+            ConfigError(err.field, f"{err.message} (run {format_variant(variants[0])}{more})")
+        )
     return runs

@@ -25,7 +25,15 @@ from relpos_ablate import rundir
 from relpos_ablate.runner.display import PlainDisplay, RunRow, row_for, run_table
 from relpos_ablate.runner.forkserver import ForkedWorker, forkable
 from relpos_ablate.runner.grid import GridSpec
-from relpos_ablate.runner.store import RUNNABLE, RunLock, RunPlan, claim, plan_grid, prepare_run, write_run_files
+from relpos_ablate.runner.store import (
+    RUNNABLE,
+    RunLock,
+    RunPlan,
+    claim,
+    plan_grid,
+    prepare_run,
+    write_run_files,
+)
 from relpos_ablate.runner.worker import available_cores, kill_leftovers, launch, record_exit, stop
 
 
@@ -50,20 +58,25 @@ def cpu_slots(n: int, cores: int | None = None) -> list[Slot]:
     return [Slot(device=f"cpu:{i}", gpu="", threads=threads) for i in range(n)]
 
 
-def gpu_slots(devices: list[int], runs_per_device: int = 1, cores: int | None = None,
-              gpus_per_run: int = 1) -> list[Slot]:
+def gpu_slots(
+    devices: list[int], runs_per_device: int = 1, cores: int | None = None, gpus_per_run: int = 1
+) -> list[Slot]:
     """Groups of `gpus_per_run` consecutive GPUs, K slots per group, spread across groups first. Device
     numbers index the GPUs this process sees, so they are mapped through an inherited
     CUDA_VISIBLE_DEVICES (--devices 0 under "4,5" is GPU 4)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = visible.split(",") if visible else None
-    groups = [devices[i:i + gpus_per_run] for i in range(0, len(devices), gpus_per_run)]
+    groups = [devices[i : i + gpus_per_run] for i in range(0, len(devices), gpus_per_run)]
     n = len(groups) * runs_per_device
     threads = max(1, (cores or available_cores()) // n)
     return [
-        Slot(device="cuda:" + ",".join(map(str, group)), threads=threads,
-             gpu=",".join(physical[d] if physical else str(d) for d in group))
-        for _ in range(runs_per_device) for group in groups
+        Slot(
+            device="cuda:" + ",".join(map(str, group)),
+            threads=threads,
+            gpu=",".join(physical[d] if physical else str(d) for d in group),
+        )
+        for _ in range(runs_per_device)
+        for group in groups
     ]
 
 
@@ -99,7 +112,9 @@ class GridOutcome:
     @property
     def utilisation(self) -> float:
         """Σ worker time / (wall × slots): 1.0 means no slot ever idled while the grid ran."""
-        return self.busy_s / (self.wall_s * self.n_slots) if self.wall_s > 0 and self.n_slots else 0.0
+        return (
+            self.busy_s / (self.wall_s * self.n_slots) if self.wall_s > 0 and self.n_slots else 0.0
+        )
 
     def exit_code(self) -> int:
         if self.stopped:
@@ -122,12 +137,25 @@ class LocalRunner:
     """Runs the pending runs of a grid on `slots` (see the module docstring)."""
 
     def __init__(
-        self, spec: GridSpec, results: Path, slots: list[Slot], display: PlainDisplay, *,
-        retry_failed: bool = False, poll_s: float = 0.1, busy_retry_s: float = 1.0, grace_s: float = 30.0,
+        self,
+        spec: GridSpec,
+        results: Path,
+        slots: list[Slot],
+        display: PlainDisplay,
+        *,
+        retry_failed: bool = False,
+        poll_s: float = 0.1,
+        busy_retry_s: float = 1.0,
+        grace_s: float = 30.0,
         fork: bool = True,
     ):
         self.spec, self.results, self.slots, self.display = spec, Path(results), slots, display
-        self.retry_failed, self.poll_s, self.busy_retry_s, self.grace_s = retry_failed, poll_s, busy_retry_s, grace_s
+        self.retry_failed, self.poll_s, self.busy_retry_s, self.grace_s = (
+            retry_failed,
+            poll_s,
+            busy_retry_s,
+            grace_s,
+        )
         self.fork = fork  # fork the workers of CPU slots from the fork server (forkserver.py)
         self.plans = plan_grid(spec, self.results, retry_failed)
         self.queue: deque[RunPlan] = deque()
@@ -211,19 +239,30 @@ class LocalRunner:
         fork = self.fork and forkable(train.num_nodes, slot.gpu)
         try:
             write_run_files(plan, self.spec.name, self.spec.path)
-            proc = launch(plan.run_dir, lock, gpu=slot.gpu, threads=slot.threads, device=slot.device,
-                          settings=slot.settings, fork=fork)
+            proc = launch(
+                plan.run_dir,
+                lock,
+                gpu=slot.gpu,
+                threads=slot.threads,
+                device=slot.device,
+                settings=slot.settings,
+                fork=fork,
+            )
         except OSError as err:
             lock.release()
             self.errors[plan.run.run_id] = f"could not launch: {err}"
             self._event(plan, f"failed to launch: {err}")
             if fork:  # the next runs start as new interpreters (a rerun launches this one again)
                 self.fork = False
-                self._event(plan, "the fork server failed: every later worker starts as a new interpreter")
+                self._event(
+                    plan, "the fork server failed: every later worker starts as a new interpreter"
+                )
             return
         self.active[index] = _Active(plan, proc, lock, time.monotonic())
         self.devices[plan.run.run_id] = slot.device
-        self._event(plan, f"started on {slot.device}" + (f" ({action} {note})" if action != "start" else ""))
+        self._event(
+            plan, f"started on {slot.device}" + (f" ({action} {note})" if action != "start" else "")
+        )
 
     def _reap(self) -> None:
         for index, active in list(self.active.items()):
@@ -296,11 +335,19 @@ class LocalRunner:
             states[rid] = "failed" if rid in self.errors else status.get("state", "new")
             reasons[rid] = self.errors.get(rid) or str(status.get("reason") or "")
         return GridOutcome(
-            states=states, reasons=reasons, launched=len(self.run_times), busy_s=sum(self.run_times.values()),
-            wall_s=wall_s, n_slots=len(self.slots), stopped=stopped, run_times=dict(self.run_times),
+            states=states,
+            reasons=reasons,
+            launched=len(self.run_times),
+            busy_s=sum(self.run_times.values()),
+            wall_s=wall_s,
+            n_slots=len(self.slots),
+            stopped=stopped,
+            run_times=dict(self.run_times),
         )
 
 
-def run_local(spec: GridSpec, results: Path, slots: list[Slot], display: PlainDisplay, **options) -> GridOutcome:
+def run_local(
+    spec: GridSpec, results: Path, slots: list[Slot], display: PlainDisplay, **options
+) -> GridOutcome:
     """Run every pending run of `spec` on `slots` and return how it went (see LocalRunner)."""
     return LocalRunner(spec, results, slots, display, **options).run()

@@ -17,8 +17,10 @@ def not_a_run_key(value: Any) -> str:
         sets = ", ".join(f"{path}={_word(v)}" for path, v in encoding_fields(value).items())
         what = f"`encoding: {value}` sets {sets}; with train use those --set keys"
     else:
-        what = (f"`encoding:` picks one of {', '.join(encoding_words())}, each a set of model.attention fields or "
-                "(a schedule) model.layer_kinds and model.layer_pattern; with train set those fields")
+        what = (
+            f"`encoding:` picks one of {', '.join(encoding_words())}, each a set of model.attention fields or "
+            "(a schedule) model.layer_kinds and model.layer_pattern; with train set those fields"
+        )
     return f"a grid spec word, not a run config key: in a grid spec {what}"
 
 

@@ -30,8 +30,23 @@ from relpos_ablate import rundir
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_text
 from relpos_ablate.runner.grid import GridSpec, LauncherConfig
-from relpos_ablate.runner.store import RUNNABLE, SLURM_JOB, RunPlan, claim, plan_grid, prepare_run, update_status
-from relpos_ablate.runner.worker import available_cores, kill_leftovers, launch, record_exit, start_worker, stop
+from relpos_ablate.runner.store import (
+    RUNNABLE,
+    SLURM_JOB,
+    RunPlan,
+    claim,
+    plan_grid,
+    prepare_run,
+    update_status,
+)
+from relpos_ablate.runner.worker import (
+    available_cores,
+    kill_leftovers,
+    launch,
+    record_exit,
+    start_worker,
+    stop,
+)
 
 LAUNCH, NO_LAUNCH = "launch", "no launch"
 """What task 0 of a job tells the other tasks (see RunJob)."""
@@ -40,8 +55,14 @@ LAUNCH, NO_LAUNCH = "launch", "no launch"
 class RunJob(submitit.helpers.Checkpointable):
     """One run as a checkpointable submitit job; every task of the job executes it (module docstring)."""
 
-    def __init__(self, run_dir: str | Path, retry_failed: bool = False, grace_s: float = 60.0,
-                 settings: tuple[str, ...] = (), wait_for_task0_s: float = 600.0):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        retry_failed: bool = False,
+        grace_s: float = 60.0,
+        settings: tuple[str, ...] = (),
+        wait_for_task0_s: float = 600.0,
+    ):
         self.run_dir = str(run_dir)
         self.retry_failed = retry_failed
         self.grace_s = grace_s
@@ -68,7 +89,9 @@ class RunJob(submitit.helpers.Checkpointable):
         try:
             device = f"job {env.job_id} on {socket.gethostname()}"
             # gpu=None: the scheduler already set CUDA_VISIBLE_DEVICES for this task's GPU.
-            self._proc = launch(run_dir, lock, gpu=None, threads=threads, device=device, settings=self.settings)
+            self._proc = launch(
+                run_dir, lock, gpu=None, threads=threads, device=device, settings=self.settings
+            )
             atomic_write_text(decision, LAUNCH)
             returncode = self._proc.wait()
             kill_leftovers(self._proc)
@@ -113,50 +136,78 @@ def worker_settings(launcher: LauncherConfig) -> tuple[str, ...]:
 def executor_parameters(launcher: LauncherConfig, name: str) -> dict[str, Any]:
     """submitit AutoExecutor parameters for the launcher settings (empty strings: cluster defaults)."""
     params: dict[str, Any] = {
-        "name": f"relpos-{name}", "timeout_min": launcher.time, "gpus_per_node": launcher.gpus,
-        "cpus_per_task": launcher.cpus, "nodes": launcher.nodes, "tasks_per_node": max(1, launcher.gpus),
+        "name": f"relpos-{name}",
+        "timeout_min": launcher.time,
+        "gpus_per_node": launcher.gpus,
+        "cpus_per_task": launcher.cpus,
+        "nodes": launcher.nodes,
+        "tasks_per_node": max(1, launcher.gpus),
         "slurm_array_parallelism": launcher.array_parallelism,
         # requeue after preemption even where the cluster's default is not to
         "slurm_additional_parameters": {"requeue": True},
     }
     optional = {
-        "slurm_partition": launcher.partition, "slurm_account": launcher.account, "slurm_qos": launcher.qos,
-        "mem_gb": launcher.mem_gb, "slurm_setup": list(launcher.setup),
+        "slurm_partition": launcher.partition,
+        "slurm_account": launcher.account,
+        "slurm_qos": launcher.qos,
+        "mem_gb": launcher.mem_gb,
+        "slurm_setup": list(launcher.setup),
     }
     params.update({key: value for key, value in optional.items() if value})
     return params
 
 
 def submit_grid(
-    spec: GridSpec, results: Path, launcher: LauncherConfig, *, retry_failed: bool = False,
-    cluster: str = "slurm", folder: Path | None = None,
+    spec: GridSpec,
+    results: Path,
+    launcher: LauncherConfig,
+    *,
+    retry_failed: bool = False,
+    cluster: str = "slurm",
+    folder: Path | None = None,
 ) -> list[tuple[RunPlan, Any]]:
     """Prepare every pending run and submit them as one job array; returns (plan, submitit job) pairs.
 
     A run whose SLURM job (status.json `slurm_job`) is still queued or running is not submitted again.
     `cluster="local"` uses submitit's local executor (real processes on this machine, for tests)."""
     if cluster == "slurm" and not (shutil.which("sbatch") and shutil.which("srun")):
-        raise ConfigError("--launcher", "slurm needs sbatch and srun on PATH; run it on a SLURM login node")
+        raise ConfigError(
+            "--launcher", "slurm needs sbatch and srun on PATH; run it on a SLURM login node"
+        )
     plans = [plan for plan in plan_grid(spec, results, retry_failed) if plan.action in RUNNABLE]
     alive = live_jobs(_recorded_jobs(plans)) if cluster == "slurm" else set()
-    prepared = [plan for plan in plans if _recorded_job(plan) not in alive
-                and prepare_run(plan, spec.name, spec.path, retry_failed) in RUNNABLE]
+    prepared = [
+        plan
+        for plan in plans
+        if _recorded_job(plan) not in alive
+        and prepare_run(plan, spec.name, spec.path, retry_failed) in RUNNABLE
+    ]
     if not prepared:
         return []
     folder = folder or Path(results) / spec.name / ".submitit" / "%j"
     executor = submitit.AutoExecutor(
-        folder=folder, cluster=cluster,
-        slurm_max_num_timeout=launcher.max_timeouts, local_max_num_timeout=launcher.max_timeouts,
+        folder=folder,
+        cluster=cluster,
+        slurm_max_num_timeout=launcher.max_timeouts,
+        local_max_num_timeout=launcher.max_timeouts,
     )
     executor.update_parameters(**executor_parameters(launcher, spec.name))
     settings = worker_settings(launcher)
     try:
         with executor.batch():
-            jobs = [executor.submit(RunJob(plan.run_dir.resolve(), retry_failed, settings=settings))
-                    for plan in prepared]
-    except (OSError, subprocess.CalledProcessError, submitit.core.utils.FailedJobError,
-            submitit.core.utils.FailedSubmissionError) as err:
-        raise ConfigError("--launcher", f"submitting to SLURM failed: {' '.join(str(err).split())}") from None
+            jobs = [
+                executor.submit(RunJob(plan.run_dir.resolve(), retry_failed, settings=settings))
+                for plan in prepared
+            ]
+    except (
+        OSError,
+        subprocess.CalledProcessError,
+        submitit.core.utils.FailedJobError,
+        submitit.core.utils.FailedSubmissionError,
+    ) as err:
+        raise ConfigError(
+            "--launcher", f"submitting to SLURM failed: {' '.join(str(err).split())}"
+        ) from None
     for plan, job in zip(prepared, jobs):
         update_status(plan.run_dir, **{SLURM_JOB: str(job.job_id)})
     return list(zip(prepared, jobs))
@@ -183,8 +234,11 @@ def live_jobs(job_ids: list[str]) -> set[str]:
     except (OSError, subprocess.TimeoutExpired) as err:
         listed = subprocess.CompletedProcess(command, 1, "", str(err))
     if listed.returncode != 0:
-        raise ConfigError("--launcher", "cannot ask squeue which runs are still queued or running: "
-                          f"{' '.join(listed.stderr.split()) or f'exit status {listed.returncode}'}")
+        raise ConfigError(
+            "--launcher",
+            "cannot ask squeue which runs are still queued or running: "
+            f"{' '.join(listed.stderr.split()) or f'exit status {listed.returncode}'}",
+        )
     return set(listed.stdout.split()) & set(job_ids)
 
 

@@ -30,7 +30,9 @@ from relpos_ablate.runner.grid import GridSpec, PlannedRun
 #: What the runner does with a run: start/resume/retry run it, skip leaves it, busy waits for its owner.
 ACTIONS = ("start", "resume", "retry", "skip", "busy")
 RUNNABLE = ("start", "resume", "retry")
-DONE_WITHOUT_EVAL = f"marked done but {rundir.EVAL} is missing or unreadable; a rerun resumes it (evaluation only)"
+DONE_WITHOUT_EVAL = (
+    f"marked done but {rundir.EVAL} is missing or unreadable; a rerun resumes it (evaluation only)"
+)
 """Why a run marked done is not done (rundir.is_done): what `status` shows and the runner does."""
 SLURM_JOB = "slurm_job"
 """status.json field: the id of the SLURM job submitted for the run (runner/slurm.py)."""
@@ -107,12 +109,17 @@ def decide(run_dir: Path, retry_failed: bool) -> tuple[str, str]:
         return "resume", DONE_WITHOUT_EVAL
     if state == "failed":
         reason = status.get("reason") or "no reason recorded"
-        return ("retry", f"failed before: {reason}") if retry_failed else ("skip", f"failed: {reason}")
+        return (
+            ("retry", f"failed before: {reason}") if retry_failed else ("skip", f"failed: {reason}")
+        )
     if state is None and (run_dir / rundir.STATUS).exists():
         return ("resume" if resumable else "start"), f"{rundir.STATUS} was unreadable"
     if resumable:
         step = status.get("step") if status else None
-        return "resume", f"from step {step}" if step is not None else f"from {rundir.LAST_CHECKPOINT}"
+        return (
+            "resume",
+            f"from step {step}" if step is not None else f"from {rundir.LAST_CHECKPOINT}",
+        )
     return "start", ""
 
 
@@ -166,9 +173,13 @@ def write_run_files(plan: RunPlan, experiment: str, spec_path: Path | None) -> N
     run_dir = plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     info = {
-        "run_id": plan.run.run_id, "experiment": experiment, "variant": plan.run.variant,
+        "run_id": plan.run.run_id,
+        "experiment": experiment,
+        "variant": plan.run.variant,
         # relative to the run dir, so results and experiments can move together (and be committed)
-        "spec": os.path.relpath(Path(spec_path).resolve(), run_dir.resolve()) if spec_path is not None else None,
+        "spec": os.path.relpath(Path(spec_path).resolve(), run_dir.resolve())
+        if spec_path is not None
+        else None,
     }
     if rundir.read_run_info(run_dir) != info:
         atomic_write_json(run_dir / rundir.RUN_INFO, info)

@@ -40,7 +40,14 @@ WORKER_PREFIX = (sys.executable, "-m", "relpos_ablate")
 def worker_arguments(run_dir: Path, threads: int, settings: tuple[str, ...] = ()) -> list[str]:
     """`relpos-ablate train`'s arguments for the run; `settings` are how-to-run overrides (train.devices=K,
     ...) that the slot or the job decides, passed as --set (they do not change the run's identity)."""
-    return ["train", "--run-dir", str(run_dir), "--threads", str(threads), *(a for s in settings for a in ("--set", s))]
+    return [
+        "train",
+        "--run-dir",
+        str(run_dir),
+        "--threads",
+        str(threads),
+        *(a for s in settings for a in ("--set", s)),
+    ]
 
 
 def worker_command(run_dir: Path, threads: int, settings: tuple[str, ...] = ()) -> list[str]:
@@ -59,8 +66,16 @@ def worker_env(gpu: str | None, threads: int) -> dict[str, str]:
     return env
 
 
-def launch(run_dir: Path, lock: RunLock, *, gpu: str | None, threads: int, device: str,
-           settings: tuple[str, ...] = (), fork: bool = False):
+def launch(
+    run_dir: Path,
+    lock: RunLock,
+    *,
+    gpu: str | None,
+    threads: int,
+    device: str,
+    settings: tuple[str, ...] = (),
+    fork: bool = False,
+):
     """Mark the run queued and start its worker in its own session, holding the run's lock with it: a new
     interpreter (subprocess.Popen), or with `fork` a child of the fork server (forkserver.ForkedWorker: the
     caller checks `forkserver.forkable`; not with RELPOS_ABLATE_WORKER, whose command it cannot fork).
@@ -69,23 +84,40 @@ def launch(run_dir: Path, lock: RunLock, *, gpu: str | None, threads: int, devic
     mark_queued(run_dir, device=device, host=socket.gethostname())
     fork = fork and not os.environ.get(WORKER_ENV)
     with open(run_dir / rundir.WORKER_LOG, "ab") as log:
-        log.write(f"=== {now_iso()} launch on {device} ({socket.gethostname()}){' forked' if fork else ''}\n".encode())
+        log.write(
+            f"=== {now_iso()} launch on {device} ({socket.gethostname()}){' forked' if fork else ''}\n".encode()
+        )
         log.flush()
         if not fork:
             return start_worker(run_dir, threads, settings, gpu=gpu, output=log, lock=lock)
-        return start_forked(worker_arguments(run_dir, threads, settings), worker_env(gpu, threads), log.fileno(),
-                            lock.fd)
+        return start_forked(
+            worker_arguments(run_dir, threads, settings),
+            worker_env(gpu, threads),
+            log.fileno(),
+            lock.fd,
+        )
 
 
-def start_worker(run_dir: Path, threads: int, settings: tuple[str, ...], *, gpu: str | None = None, output=None,
-                 lock: RunLock | None = None) -> subprocess.Popen:
+def start_worker(
+    run_dir: Path,
+    threads: int,
+    settings: tuple[str, ...],
+    *,
+    gpu: str | None = None,
+    output=None,
+    lock: RunLock | None = None,
+) -> subprocess.Popen:
     """The worker process alone, in its own session (the processes it starts for a multi-process run
     join that session, so stopping or cleaning up the session reaches them all); `output`: a file for
     its stdout/stderr (default: this process's); `lock`: the run's lock, handed to the worker."""
     return subprocess.Popen(
-        worker_command(run_dir, threads, settings), env=worker_env(gpu, threads), stdin=subprocess.DEVNULL,
-        stdout=output, stderr=subprocess.STDOUT if output is not None else None,
-        pass_fds=(lock.fd,) if lock is not None else (), start_new_session=True,
+        worker_command(run_dir, threads, settings),
+        env=worker_env(gpu, threads),
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT if output is not None else None,
+        pass_fds=(lock.fd,) if lock is not None else (),
+        start_new_session=True,
         preexec_fn=die_with_parent(os.getpid()),
     )
 
@@ -120,7 +152,9 @@ def _reap(proc: subprocess.Popen, timeout_s: float) -> None:
     handler while the same thread is inside Popen.wait, which would deadlock."""
     deadline = time.monotonic() + timeout_s
     while proc.returncode is None:
-        if not isinstance(proc, subprocess.Popen):  # a ForkedWorker: the server relays its exit, poll() locks nothing
+        if not isinstance(
+            proc, subprocess.Popen
+        ):  # a ForkedWorker: the server relays its exit, poll() locks nothing
             if proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
                 continue
@@ -159,7 +193,11 @@ def exit_reason(returncode: int, stopped: str | None = None) -> tuple[str, str]:
     if stopped:
         return "interrupted", stopped
     if returncode < 0:
-        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
+        name = (
+            signal.Signals(-returncode).name
+            if -returncode in signal.valid_signals()
+            else str(-returncode)
+        )
         hint = SIGNAL_HINTS.get(name, "killed by hand or by the system?")
         return "interrupted", f"worker killed by {name} ({hint}); rerun to resume"
     return "failed", f"worker exited with status {returncode} without recording a result"
@@ -172,11 +210,21 @@ def record_exit(run_dir: Path, returncode: int, stopped: str | None = None) -> d
     reason (the worker itself only saw the SIGTERM the runner sent it)."""
     status = rundir.read_status(run_dir)
     if status is not None and status["state"] in rundir.FINAL_STATES:
-        return update_status(run_dir, reason=stopped) if stopped and status["state"] == "interrupted" else status
+        return (
+            update_status(run_dir, reason=stopped)
+            if stopped and status["state"] == "interrupted"
+            else status
+        )
     state, reason = exit_reason(returncode, stopped)
     tail = log_tail(run_dir)
     last_line = next((line for line in reversed(tail.splitlines()) if line.strip()), "")
     if state == "failed" and last_line:
         reason = f"{reason}: {last_line.strip()}"
     return update_status(
-        run_dir, state=state, reason=reason, traceback=tail, exit_code=returncode, finished_at=now_iso())
+        run_dir,
+        state=state,
+        reason=reason,
+        traceback=tail,
+        exit_code=returncode,
+        finished_at=now_iso(),
+    )

@@ -35,31 +35,58 @@ class Study:
 
 
 STUDIES = (
-    Study("relpos_ablate.studies.xl", ("xl_table6_cpu", "xl_context_cpu"), ("xl_table6", "xl_table8"), ("context",)),
+    Study(
+        "relpos_ablate.studies.xl",
+        ("xl_table6_cpu", "xl_context_cpu"),
+        ("xl_table6", "xl_table8"),
+        ("context",),
+    ),
     Study("relpos_ablate.studies.extrapolation", ("alibi_extrapolation_cpu",)),
-    Study("relpos_ablate.studies.fair_baselines", ("fair_baselines", "fair_baselines_2000"), figures=("lr-sweep",)),
-    Study("relpos_ablate.studies.hybrid_schedules", ("hybrid_schedules", "hybrid_schedules_retrieval")),
-    Study("relpos_ablate.studies.length_generalization", ("length_generalization", "length_generalization_cap"),
-          ("length_generalization",),
-          ("lengthgen", "diagnostics", "passkey"), run_figures=("diagnostics",)),
+    Study(
+        "relpos_ablate.studies.fair_baselines",
+        ("fair_baselines", "fair_baselines_2000"),
+        figures=("lr-sweep",),
+    ),
+    Study(
+        "relpos_ablate.studies.hybrid_schedules", ("hybrid_schedules", "hybrid_schedules_retrieval")
+    ),
+    Study(
+        "relpos_ablate.studies.length_generalization",
+        ("length_generalization", "length_generalization_cap"),
+        ("length_generalization",),
+        ("lengthgen", "diagnostics", "passkey"),
+        run_figures=("diagnostics",),
+    ),
 )
 LAYOUT_NAMES = tuple(name for study in STUDIES for name in study.layouts)
 FIGURE_KINDS = tuple(kind for study in STUDIES for kind in study.figures)
-SUMMARY_FIGURES = tuple(kind for study in STUDIES for kind in study.figures if kind not in study.run_figures)
+SUMMARY_FIGURES = tuple(
+    kind for study in STUDIES for kind in study.figures if kind not in study.run_figures
+)
 
 
 def make_report(df, correction: str = "holm") -> str:
     """The report of the one experiment the frame holds (one line naming what is wrong otherwise); every
     family of tests in it corrected by `correction` (analysis/stats.py)."""
-    names = sorted(str(name) for name in df["experiment"].dropna().unique()) if "experiment" in df else []
+    names = (
+        sorted(str(name) for name in df["experiment"].dropna().unique())
+        if "experiment" in df
+        else []
+    )
     if not names:
         raise ConfigError("report", "needs the runs of an experiment; found none")
     key = names[0] if len(names) == 1 else tuple(names)
     study = next((s for s in STUDIES if set(names) <= set(s.experiments)), None)
     reports = study.load().REPORTS if study else {}
     if key not in reports:
-        known = sorted(" + ".join(k) if isinstance(k, tuple) else k for s in STUDIES for k in s.load().REPORTS)
-        what = f"experiment {names[0]!r}" if len(names) == 1 else f"the experiments {' + '.join(names)} together"
+        known = sorted(
+            " + ".join(k) if isinstance(k, tuple) else k for s in STUDIES for k in s.load().REPORTS
+        )
+        what = (
+            f"experiment {names[0]!r}"
+            if len(names) == 1
+            else f"the experiments {' + '.join(names)} together"
+        )
         raise ConfigError("report", f"no report for {what}; reports exist for: {', '.join(known)}")
     return reports[key](df, correction)
 
@@ -71,7 +98,9 @@ def layouts() -> dict:
 
 def make_table(df, options=None):
     """analysis.layouts.make_table with every study's layouts beside the generic ones."""
-    from relpos_ablate.analysis.layouts import make_table as generic  # pandas and scipy only when a table is made
+    from relpos_ablate.analysis.layouts import (
+        make_table as generic,
+    )  # pandas and scipy only when a table is made
     from relpos_ablate.analysis.table_options import TableOptions
 
     return generic(df, options or TableOptions(), layouts())
@@ -81,5 +110,7 @@ def figure(kind: str):
     """The figure function of a study's plot kind."""
     study = next((s for s in STUDIES if kind in s.figures), None)
     if study is None:
-        raise ConfigError("kind", f"{kind!r} is no study's figure; studies draw: {', '.join(FIGURE_KINDS)}")
+        raise ConfigError(
+            "kind", f"{kind!r} is no study's figure; studies draw: {', '.join(FIGURE_KINDS)}"
+        )
     return study.load().FIGURES[kind]

@@ -44,8 +44,12 @@ where the windows and chunks are scaled to L/4). A trend that does not show here
 
 def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     if "encoding" not in df:
-        raise ConfigError("report", "the hybrid schedules report needs the `encoding` axis of its grids")
-    done = df[(df["status"] == "done") & np.isfinite(pd.to_numeric(df.get(metric), errors="coerce"))].copy()
+        raise ConfigError(
+            "report", "the hybrid schedules report needs the `encoding` axis of its grids"
+        )
+    done = df[
+        (df["status"] == "done") & np.isfinite(pd.to_numeric(df.get(metric), errors="coerce"))
+    ].copy()
     return done
 
 
@@ -54,9 +58,15 @@ def _schedules(data: pd.DataFrame) -> list[str]:
     return sorted(set(data["encoding"]), key=lambda e: sort_key((e,), ["encoding"], orders))
 
 
-def per_run(data: pd.DataFrame, schedule: str, protocol: str, length: int, metric: str = "ppl") -> dict[str, float]:
+def per_run(
+    data: pd.DataFrame, schedule: str, protocol: str, length: int, metric: str = "ppl"
+) -> dict[str, float]:
     """run dir -> the metric of one schedule under one setting (the run dir is the unit a test pairs on)."""
-    rows = data[(data["encoding"] == schedule) & (data["protocol"] == protocol) & (data["segment_len"] == length)]
+    rows = data[
+        (data["encoding"] == schedule)
+        & (data["protocol"] == protocol)
+        & (data["segment_len"] == length)
+    ]
     return {run: float(v) for run, v in zip(rows["run_dir"], rows[metric])}
 
 
@@ -66,37 +76,66 @@ def text_sections(df: pd.DataFrame, correction: str) -> list[str]:
         return ["## Text\n\nNo finished run of `hybrid_schedules`.\n"]
     train = int(pd.to_numeric(data["train.segment_len"]).iloc[0])
     schedules = _schedules(data)
-    settings = sorted({(p, int(n)) for p, n in zip(data["protocol"], data["segment_len"])},
-                      key=lambda s: (s[0] != "non_overlapping", s[1]))
+    settings = sorted(
+        {(p, int(n)) for p, n in zip(data["protocol"], data["segment_len"])},
+        key=lambda s: (s[0] != "non_overlapping", s[1]),
+    )
     seeds = data.groupby("encoding")["seed"].nunique()
-    head = "| schedule | " + " | ".join(f"{p.replace('_', '-')} {n // train}L" for p, n in settings) + " |"
+    head = (
+        "| schedule | "
+        + " | ".join(f"{p.replace('_', '-')} {n // train}L" for p, n in settings)
+        + " |"
+    )
     rows = [head, "|:---|" + "---:|" * len(settings)]
     for schedule in schedules:
         cells = []
         for protocol, n in settings:
             values = list(per_run(data, schedule, protocol, n).values())
-            cells.append(f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}" if len(values) > 1 else
-                         (f"{values[0]:.3f}" if values else "—"))
+            cells.append(
+                f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
+                if len(values) > 1
+                else (f"{values[0]:.3f}" if values else "—")
+            )
         rows.append(f"| {schedule} | " + " | ".join(cells) + " |")
     longest = max(n for _, n in settings)
-    parts = [f"## Text: perplexity per schedule and evaluation length\n\nCharacter perplexity on the validation "
-             f"split of Tiny Shakespeare, mean ± std over seeds ({', '.join(sorted({str(s) for s in seeds}))} per "
-             f"schedule), trained at L = {train}; non-overlapping segments of nL, and sliding windows of nL moved by "
-             f"L (every scored character sees at least (n − 1)L + 1 of context).\n\n" + "\n".join(rows) + "\n"]
+    parts = [
+        f"## Text: perplexity per schedule and evaluation length\n\nCharacter perplexity on the validation "
+        f"split of Tiny Shakespeare, mean ± std over seeds ({', '.join(sorted({str(s) for s in seeds}))} per "
+        f"schedule), trained at L = {train}; non-overlapping segments of nL, and sliding windows of nL moved by "
+        f"L (every scored character sees at least (n − 1)L + 1 of context).\n\n"
+        + "\n".join(rows)
+        + "\n"
+    ]
     if BASELINE in schedules:
         family = Family("each schedule against all-RoPE", correction)
         items = []
-        for protocol, n in [("non_overlapping", train), ("non_overlapping", longest), ("sliding", longest)]:
+        for protocol, n in [
+            ("non_overlapping", train),
+            ("non_overlapping", longest),
+            ("sliding", longest),
+        ]:
             base = per_run(data, BASELINE, protocol, n)
             if not base:
                 continue
             for schedule in (s for s in schedules if s != BASELINE):
-                items.append((f"{protocol.replace('_', '-')} {n // train}L: ",
-                               family.compare(schedule, per_run(data, schedule, protocol, n), BASELINE, base,
-                                              decimals=3)))
-        parts.append("## Text: each schedule against all-RoPE (Welch's t-test over seeds)\n\nLower perplexity is "
-                     "better; the difference is the schedule's minus all-RoPE's.\n\n" + "\n".join(listed(items))
-                     + f"\n\n{family.summary()}\n")
+                items.append(
+                    (
+                        f"{protocol.replace('_', '-')} {n // train}L: ",
+                        family.compare(
+                            schedule,
+                            per_run(data, schedule, protocol, n),
+                            BASELINE,
+                            base,
+                            decimals=3,
+                        ),
+                    )
+                )
+        parts.append(
+            "## Text: each schedule against all-RoPE (Welch's t-test over seeds)\n\nLower perplexity is "
+            "better; the difference is the schedule's minus all-RoPE's.\n\n"
+            + "\n".join(listed(items))
+            + f"\n\n{family.summary()}\n"
+        )
     family = Family("each schedule at its longest length against its own at L", correction)
     items = []
     for schedule in schedules:
@@ -104,10 +143,17 @@ def text_sections(df: pd.DataFrame, correction: str) -> list[str]:
         for protocol in ("non_overlapping", "sliding"):
             far = per_run(data, schedule, protocol, longest)
             if far and at_l:
-                items.append((f"{schedule}, {protocol.replace('_', '-')}: ",
-                              family.compare(f"{longest // train}L", far, "L", at_l, decimals=3)))
-    parts.append("## Text: does perplexity hold beyond L? (paired t-test over the same runs)\n\n"
-                 + "\n".join(listed(items)) + f"\n\n{family.summary()}\n")
+                items.append(
+                    (
+                        f"{schedule}, {protocol.replace('_', '-')}: ",
+                        family.compare(f"{longest // train}L", far, "L", at_l, decimals=3),
+                    )
+                )
+    parts.append(
+        "## Text: does perplexity hold beyond L? (paired t-test over the same runs)\n\n"
+        + "\n".join(listed(items))
+        + f"\n\n{family.summary()}\n"
+    )
     return parts
 
 
@@ -116,7 +162,9 @@ def retrieval_sections(df: pd.DataFrame, correction: str) -> list[str]:
     if data.empty:
         return []
     data = data[data["length_max"].notna()].copy()
-    data["bin"] = [f"n={int(lo)}-{int(hi)}" for lo, hi in zip(data["length_min"], data["length_max"])]
+    data["bin"] = [
+        f"n={int(lo)}-{int(hi)}" for lo, hi in zip(data["length_min"], data["length_max"])
+    ]
     bins = sorted(set(data["bin"]), key=lambda b: int(b.split("=")[1].split("-")[0]))
     tasks = sorted(set(data["data.task"]))
     schedules = _schedules(data)
@@ -130,21 +178,43 @@ def retrieval_sections(df: pd.DataFrame, correction: str) -> list[str]:
         rows = ["| schedule | " + " | ".join(bins) + " |", "|:---|" + "---:|" * len(bins)]
         for schedule in schedules:
             values = [list(_bin(cell, schedule, b).values()) for b in bins]
-            rows.append(f"| {schedule} | " + " | ".join(f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" if len(v) > 1
-                                                       else "—" for v in values) + " |")
-        parts.append(f"## Long-context task: {task}, exact match per test-length bin\n\nMean ± std over seeds, each run's "
-                     "value the mean over its evaluated depths.\n\n" + "\n".join(rows) + "\n")
+            rows.append(
+                f"| {schedule} | "
+                + " | ".join(
+                    f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f}" if len(v) > 1 else "—"
+                    for v in values
+                )
+                + " |"
+            )
+        parts.append(
+            f"## Long-context task: {task}, exact match per test-length bin\n\nMean ± std over seeds, each run's "
+            "value the mean over its evaluated depths.\n\n" + "\n".join(rows) + "\n"
+        )
         if BASELINE not in schedules:
             continue
         for b in bins[1:]:
             base = _bin(cell, BASELINE, b)
             for schedule in (s for s in schedules if s != BASELINE):
-                items.append((f"{task} {b}: ", family.compare(schedule, _bin(cell, schedule, b), BASELINE, base,
-                                                              lower_is_better=False, decimals=3)))
+                items.append(
+                    (
+                        f"{task} {b}: ",
+                        family.compare(
+                            schedule,
+                            _bin(cell, schedule, b),
+                            BASELINE,
+                            base,
+                            lower_is_better=False,
+                            decimals=3,
+                        ),
+                    )
+                )
     if items:
-        parts.append("## Long-context task: each schedule against all-RoPE beyond the training lengths (Welch's t-test)\n\n"
-                     "Higher exact match is better; the difference is the schedule's minus all-RoPE's.\n\n"
-                     + "\n".join(listed(items)) + f"\n\n{family.summary()}\n")
+        parts.append(
+            "## Long-context task: each schedule against all-RoPE beyond the training lengths (Welch's t-test)\n\n"
+            "Higher exact match is better; the difference is the schedule's minus all-RoPE's.\n\n"
+            + "\n".join(listed(items))
+            + f"\n\n{family.summary()}\n"
+        )
     return parts
 
 
@@ -157,13 +227,17 @@ def _bin(cell: pd.Series, schedule: str, b: str) -> dict[str, float]:
 
 def report(df: pd.DataFrame, correction: str = "holm") -> str:
     runs = df[df["status"] == "done"]["run_dir"].nunique() if "status" in df else 0
-    parts = ["# hybrid_schedules: derived numbers\n",
-             f"Generated by `relpos-ablate report` from {runs} finished runs. Each section's tests are one family, "
-             f"corrected together ({correction}); an ordering is stated only where the adjusted p < 0.05, and a "
-             "result that is not significant is stated as such, with its difference and interval. Two schedules are "
-             "compared by Welch's t-test over seeds, one schedule at two lengths by a paired t-test over its runs; "
-             "each difference comes with its 95% CI; fewer than 3 seeds a side: not tested.\n", CLAIMS,
-             *text_sections(df, correction), *retrieval_sections(df, correction)]
+    parts = [
+        "# hybrid_schedules: derived numbers\n",
+        f"Generated by `relpos-ablate report` from {runs} finished runs. Each section's tests are one family, "
+        f"corrected together ({correction}); an ordering is stated only where the adjusted p < 0.05, and a "
+        "result that is not significant is stated as such, with its difference and interval. Two schedules are "
+        "compared by Welch's t-test over seeds, one schedule at two lengths by a paired t-test over its runs; "
+        "each difference comes with its 95% CI; fewer than 3 seeds a side: not tested.\n",
+        CLAIMS,
+        *text_sections(df, correction),
+        *retrieval_sections(df, correction),
+    ]
     return "\n".join(parts)
 
 

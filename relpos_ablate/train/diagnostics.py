@@ -31,7 +31,11 @@ class AttentionDiagnostics(Metric):
     def __init__(self, n_layers: int, n_heads: int, max_seen: int):
         super().__init__()
         self.n_layers, self.n_heads, self.max_seen = n_layers, n_heads, max_seen
-        self.add_state("sums", torch.zeros(len(STATISTICS), n_layers, n_heads, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state(
+            "sums",
+            torch.zeros(len(STATISTICS), n_layers, n_heads, dtype=torch.float64),
+            dist_reduce_fx="sum",
+        )
         self.add_state("count", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, mask: Tensor) -> None:

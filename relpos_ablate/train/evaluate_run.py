@@ -30,14 +30,25 @@ import lightning as L
 import numpy as np
 
 from relpos_ablate import rundir
-from relpos_ablate.config import ConfigError, EvalSetting, RunConfig, apply_overrides, from_dict, to_plain
+from relpos_ablate.config import (
+    ConfigError,
+    EvalSetting,
+    RunConfig,
+    apply_overrides,
+    from_dict,
+    to_plain,
+)
 from relpos_ablate.config.base import ConfigErrors
 from relpos_ablate.config.run import unsupported
 from relpos_ablate.io import atomic_write_json
 from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.data.example_module import test_set_fields
 from relpos_ablate.train.evaluation import (
-    evaluate_examples, evaluate_settings, example_record, setting_record, write_token_losses,
+    evaluate_examples,
+    evaluate_settings,
+    example_record,
+    setting_record,
+    write_token_losses,
 )
 from relpos_ablate.train.module import LitLM
 from relpos_ablate.train.records import close_log, open_log
@@ -80,8 +91,9 @@ class EvaluationPlan:
     """Collect attention diagnostics (asked now, or kept by a record being replaced)."""
 
 
-def plan_all(run_dirs: list[Path], overrides: list[str], replace: bool = False) -> tuple[list[EvaluationPlan],
-                                                                                         list[ConfigError]]:
+def plan_all(
+    run_dirs: list[Path], overrides: list[str], replace: bool = False
+) -> tuple[list[EvaluationPlan], list[ConfigError]]:
     """The plans of several runs and every problem found (one line each). A setting that none of the runs
     can take is a problem; one that only some cannot take is recorded in theirs with its reason, as
     training does with a setting its model cannot take."""
@@ -95,19 +107,31 @@ def plan_all(run_dirs: list[Path], overrides: list[str], replace: bool = False) 
         setting = key.rsplit(".", 1)[0]
         if not any(setting in plan.names and key not in dict(plan.unsupported) for plan in plans):
             plan = next(plan for plan in plans if key in dict(plan.unsupported))
-            what = "this run cannot take it" if len(plans) == 1 else f"none of the {len(plans)} runs can take it"
-            errors.append(ConfigError(f"{plan.run_dir}: {key}", f"{what}: {dict(plan.unsupported)[key]}"))
+            what = (
+                "this run cannot take it"
+                if len(plans) == 1
+                else f"none of the {len(plans)} runs can take it"
+            )
+            errors.append(
+                ConfigError(f"{plan.run_dir}: {key}", f"{what}: {dict(plan.unsupported)[key]}")
+            )
     return plans, errors
 
 
-def plan_evaluation(run_dir: str | Path, overrides: list[str], replace: bool = False) -> EvaluationPlan:
+def plan_evaluation(
+    run_dir: str | Path, overrides: list[str], replace: bool = False
+) -> EvaluationPlan:
     """The plan for one run, or a ConfigError whose lines each name the run (module docstring)."""
     run_dir = Path(run_dir)
     try:
         return _plan(run_dir, overrides, replace)
     except ConfigError as err:
-        raise ConfigErrors([ConfigError(f"{run_dir}: {e.field}" if e.field else str(run_dir), e.message)
-                            for e in err.errors]) from None
+        raise ConfigErrors(
+            [
+                ConfigError(f"{run_dir}: {e.field}" if e.field else str(run_dir), e.message)
+                for e in err.errors
+            ]
+        ) from None
 
 
 def _plan(run_dir: Path, overrides: list[str], replace: bool) -> EvaluationPlan:
@@ -115,10 +139,18 @@ def _plan(run_dir: Path, overrides: list[str], replace: bool) -> EvaluationPlan:
         raise ConfigError("", f"not a run directory (none of {', '.join(rundir.MARKERS)})")
     if not rundir.is_done(run_dir):
         state = (rundir.read_status(run_dir) or {}).get("state", "unknown")
-        detail = f"{rundir.EVAL} is missing or unreadable" if state == "done" else f"its state is {state}"
-        raise ConfigError("", f"not done ({detail}); evaluate takes finished runs (finish it with grid or train)")
+        detail = (
+            f"{rundir.EVAL} is missing or unreadable"
+            if state == "done"
+            else f"its state is {state}"
+        )
+        raise ConfigError(
+            "", f"not done ({detail}); evaluate takes finished runs (finish it with grid or train)"
+        )
     if not rundir.last_checkpoint(run_dir).exists():
-        raise ConfigError("", f"no {rundir.CHECKPOINTS}/{rundir.LAST_CHECKPOINT} to load the trained weights from")
+        raise ConfigError(
+            "", f"no {rundir.CHECKPOINTS}/{rundir.LAST_CHECKPOINT} to load the trained weights from"
+        )
     stored = rundir.stored_config(run_dir)
     check_keys(overrides, stored.data.example_task)
     config = from_dict(RunConfig, apply_overrides(to_plain(stored), overrides))
@@ -130,15 +162,25 @@ def _plan(run_dir: Path, overrides: list[str], replace: bool) -> EvaluationPlan:
         datamodule = build_datamodule(config)
         datamodule.prepare_data()
         datamodule.check_evaluation()
-    for name, item, setting, record in _candidates(config) if given else _recorded(config, document):
+    for name, item, setting, record in (
+        _candidates(config) if given else _recorded(config, document)
+    ):
         problem = unsupported(config, setting)
-        found = next((k for k, old in enumerate(records) if same_setting(old, record, document)), None)
-        if found is not None and not replace and (problem or _complete(records[found], setting, config.eval.diagnostics)):
+        found = next(
+            (k for k, old in enumerate(records) if same_setting(old, record, document)), None
+        )
+        if (
+            found is not None
+            and not replace
+            and (problem or _complete(records[found], setting, config.eval.diagnostics))
+        ):
             plan.skipped += 1
             continue
         if problem:
             plan.unsupported.append((f"{name}.{problem[0]}", problem[1]))
-        if found is not None:  # evaluated again: keep what the record had (per-target losses, diagnostics)
+        if (
+            found is not None
+        ):  # evaluated again: keep what the record had (per-target losses, diagnostics)
             if records[found].get("token_losses") and isinstance(item, EvalSetting):
                 item = dataclasses.replace(item, token_losses=True)
             plan.diagnostics |= "diagnostics" in records[found]
@@ -157,16 +199,24 @@ def _recorded(config: RunConfig, document: dict) -> list[tuple[str, Any, EvalSet
         if config.data.example_task:
             fields = {key: old[key] for key in ("length_min", "length_max", "depth") if key in old}
             record = example_record(config, fields)
-            candidates.append((name, fields, EvalSetting(segment_len=record["segment_len"]), record))
+            candidates.append(
+                (name, fields, EvalSetting(segment_len=record["segment_len"]), record)
+            )
             continue
         scaling = rundir.record_value(old, "rope_scaling")
         split = rundir.record_value(old, "split", document)
         setting = EvalSetting(
-            segment_len=old["segment_len"], protocol=rundir.record_value(old, "protocol"), stride=old.get("stride"),
-            mem_len=old.get("mem_len"), clamp_len=old.get("clamp_len"), max_targets=rundir.record_value(old, "max_targets"),
-            token_losses=bool(old.get("token_losses")), rope_scaling=scaling,
+            segment_len=old["segment_len"],
+            protocol=rundir.record_value(old, "protocol"),
+            stride=old.get("stride"),
+            mem_len=old.get("mem_len"),
+            clamp_len=old.get("clamp_len"),
+            max_targets=rundir.record_value(old, "max_targets"),
+            token_losses=bool(old.get("token_losses")),
+            rope_scaling=scaling,
             rope_scale=old.get("rope_scale") if scaling else "auto",
-            split=None if split == config.eval.split else split)  # eval.split's: as written (synthetic: no split)
+            split=None if split == config.eval.split else split,
+        )  # eval.split's: as written (synthetic: no split)
         candidates.append((name, setting, setting, setting_record(config, setting)))
     return candidates
 
@@ -175,13 +225,22 @@ def _candidates(config: RunConfig) -> list[tuple[str, Any, EvalSetting, dict]]:
     """(config field, what to evaluate, its EvalSetting, its record before results) of every setting the
     config asks for: eval settings, or the test sets of an example task."""
     if not config.data.example_task:
-        return [(config.eval_setting_field(i, "").rstrip("."), s, s, setting_record(config, s))
-                for i, s in enumerate(config.eval_settings())]
+        return [
+            (config.eval_setting_field(i, "").rstrip("."), s, s, setting_record(config, s))
+            for i, s in enumerate(config.eval_settings())
+        ]
     candidates = []
     for fields in test_set_fields(config.data):
         record = example_record(config, fields)
         k = list(config.data.test_lengths).index((fields["length_min"], fields["length_max"]))
-        candidates.append((f"data.test_lengths[{k}]", fields, EvalSetting(segment_len=record["segment_len"]), record))
+        candidates.append(
+            (
+                f"data.test_lengths[{k}]",
+                fields,
+                EvalSetting(segment_len=record["segment_len"]),
+                record,
+            )
+        )
     return candidates
 
 
@@ -191,27 +250,38 @@ def check_keys(overrides: list[str], example_task: bool) -> None:
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if key in FIXED_KEYS:
-            raise ConfigError(key, f"is fixed by training (the evaluation streams of a run's {rundir.EVAL}); "
-                              "evaluate changes the settings: score another split with a setting's own split "
-                              "(eval.settings=[{segment_len: 64, split: test}])")
+            raise ConfigError(
+                key,
+                f"is fixed by training (the evaluation streams of a run's {rundir.EVAL}); "
+                "evaluate changes the settings: score another split with a setting's own split "
+                "(eval.settings=[{segment_len: 64, split: test}])",
+            )
         if not key.startswith(allowed) or key in ("eval", "eval."):
             what = "eval.* keys" + (f" and {', '.join(EXAMPLE_KEYS)}" if example_task else "")
-            raise ConfigError(key or "--set", f"evaluate takes only {what} (the trained model stays as it is); "
-                              "to change anything else, train a new run")
+            raise ConfigError(
+                key or "--set",
+                f"evaluate takes only {what} (the trained model stays as it is); "
+                "to change anything else, train a new run",
+            )
 
 
 def same_setting(old: dict, new: dict, document: dict | None = None) -> bool:
     """Whether eval.json record `old` is the setting of record `new`: equal in every field of a setting, its
     split included (not in what was found; a field an older eval.json lacks reads as its default,
     rundir.record_value, the split as the run's eval.split kept in `document`, the eval.json of `old`)."""
-    return all(rundir.record_value(old, k, document) == v for k, v in new.items() if k not in RESULT_KEYS)
+    return all(
+        rundir.record_value(old, k, document) == v for k, v in new.items() if k not in RESULT_KEYS
+    )
 
 
 def _complete(record: dict, setting: EvalSetting, diagnostics: bool) -> bool:
     """Whether an existing record already holds what is asked now: metrics (no error), per-target losses
     when the setting saves them, diagnostics when eval.diagnostics."""
-    return ("error" not in record and (not setting.token_losses or bool(record.get("token_losses")))
-            and (not diagnostics or "diagnostics" in record))
+    return (
+        "error" not in record
+        and (not setting.token_losses or bool(record.get("token_losses")))
+        and (not diagnostics or "diagnostics" in record)
+    )
 
 
 def run_evaluation(plan: EvaluationPlan) -> int:
@@ -226,7 +296,11 @@ def run_evaluation(plan: EvaluationPlan) -> int:
             quiet_known_warnings()
             records, arrays = _evaluate(plan)
         merge_records(plan.run_dir, plan.targets, records, arrays)
-        log.info("evaluate: %s now holds %d settings", rundir.EVAL, len(rundir.read_eval(plan.run_dir)["settings"]))
+        log.info(
+            "evaluate: %s now holds %d settings",
+            rundir.EVAL,
+            len(rundir.read_eval(plan.run_dir)["settings"]),
+        )
     finally:
         close_log(handler)
     return len(records)
@@ -244,8 +318,13 @@ def _evaluate(plan: EvaluationPlan) -> tuple[list[dict], dict[str, np.ndarray]]:
     load_weights(plan.run_dir, module.model)
     if config.data.example_task:
         model = module.model.to(trainer.strategy.root_device)
-        document = evaluate_examples(model, datamodule, config, forward_context=trainer.precision_plugin.forward_context,
-                                     wanted=plan.todo)
+        document = evaluate_examples(
+            model,
+            datamodule,
+            config,
+            forward_context=trainer.precision_plugin.forward_context,
+            wanted=plan.todo,
+        )
         return document["settings"], {}
     return evaluate_settings(trainer, module, datamodule, config)
 
@@ -254,18 +333,29 @@ def evaluation_trainer(config: RunConfig) -> L.Trainer:
     """A Trainer that only evaluates: one device of the run's accelerator, the run's precision, no logger
     and no checkpoint (nothing of the run but eval.json changes)."""
     t = config.train
-    announcer = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # "GPU available: ..." on every run
+    announcer = logging.getLogger(
+        "lightning.pytorch.utilities.rank_zero"
+    )  # "GPU available: ..." on every run
     level = announcer.level
     announcer.setLevel(logging.WARNING)
     try:
-        return L.Trainer(accelerator=t.accelerator, devices=1, precision=t.precision, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=sys.stdout.isatty(),
-                         enable_model_summary=False, use_distributed_sampler=False)
+        return L.Trainer(
+            accelerator=t.accelerator,
+            devices=1,
+            precision=t.precision,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=sys.stdout.isatty(),
+            enable_model_summary=False,
+            use_distributed_sampler=False,
+        )
     finally:
         announcer.setLevel(level)
 
 
-def merge_records(run_dir: Path, targets: list[int | None], records: list[dict], arrays: dict[str, np.ndarray]) -> None:
+def merge_records(
+    run_dir: Path, targets: list[int | None], records: list[dict], arrays: dict[str, np.ndarray]
+) -> None:
     """Put `records` into the run's eval.json (each at its target, or appended) and their per-target losses
     into token_losses.npz under names no record used before, npz first: whenever a kill comes, eval.json
     names only arrays that are there."""
@@ -278,8 +368,11 @@ def merge_records(run_dir: Path, targets: list[int | None], records: list[dict],
     for target, record in zip(targets, records):
         record = dict(record)
         if record.get("token_losses"):
-            name = next(rundir.token_losses_key(k) for k in range(len(taken) + len(records) + 1)
-                        if rundir.token_losses_key(k) not in taken)
+            name = next(
+                rundir.token_losses_key(k)
+                for k in range(len(taken) + len(records) + 1)
+                if rundir.token_losses_key(k) not in taken
+            )
             taken.add(name)
             added[name] = arrays[record["token_losses"]]
             record["token_losses"] = name

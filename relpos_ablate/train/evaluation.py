@@ -44,24 +44,39 @@ EXAMPLE_METRIC = "exact_match"
 """The main metric of example tasks."""
 
 
-def evaluate(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule,
-             config: RunConfig) -> tuple[dict, dict[str, np.ndarray]]:
+def evaluate(
+    trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, config: RunConfig
+) -> tuple[dict, dict[str, np.ndarray]]:
     """(eval.json, token_losses.npz arrays) at the end of training. eval.json: one record per setting
     (protocol, lengths, attention length, split, metrics, loss by position, attention diagnostics with
     eval.diagnostics), the layout of eval.split's streams and the reference (unigram or chance) on them
     (a setting with a split of its own scores that split's streams); the arrays: each target's loss for the settings that ask for it. Example tasks: one record per test set."""
     if config.data.example_task:
-        return evaluate_examples(module.model, datamodule, config, trainer.global_step,
-                                 trainer.precision_plugin.forward_context), {}
+        return evaluate_examples(
+            module.model,
+            datamodule,
+            config,
+            trainer.global_step,
+            trainer.precision_plugin.forward_context,
+        ), {}
     records, token_losses = evaluate_settings(trainer, module, datamodule, config)
     streams = datamodule.streams("eval", config.eval_settings()[0].segment_len)
-    return {"main_metric": main_metric(config), "step": trainer.global_step,
-            "layout": {"split": config.eval.split, "streams": streams.rows, "targets_per_stream": streams.inputs.shape[1]},
-            "reference": reference(config, datamodule, streams), "settings": records}, token_losses
+    return {
+        "main_metric": main_metric(config),
+        "step": trainer.global_step,
+        "layout": {
+            "split": config.eval.split,
+            "streams": streams.rows,
+            "targets_per_stream": streams.inputs.shape[1],
+        },
+        "reference": reference(config, datamodule, streams),
+        "settings": records,
+    }, token_losses
 
 
-def evaluate_settings(trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule,
-                      config: RunConfig) -> tuple[list[dict], dict[str, np.ndarray]]:
+def evaluate_settings(
+    trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, config: RunConfig
+) -> tuple[list[dict], dict[str, np.ndarray]]:
     """One record per setting of config.eval_settings() (a setting the model cannot take: its reason,
     no metrics), and the per-target loss arrays named as the records say (token_losses_key(i))."""
     settings = config.eval_settings()
@@ -69,7 +84,9 @@ def evaluate_settings(trainer: L.Trainer, module: LitLM, datamodule: SegmentData
     module.eval_indices = usable
     loaders = {i: datamodule.eval_dataloader(settings[i]) for i in usable}
     if usable:
-        module.eval_seed = config.seed  # every setting draws its (randomized) positions from this seed
+        module.eval_seed = (
+            config.seed
+        )  # every setting draws its (randomized) positions from this seed
         with torch.random.fork_rng(devices=_cuda_devices(module.device)):
             trainer.validate(module, dataloaders=list(loaders.values()), verbose=False)
         module.eval_seed = None
@@ -81,7 +98,9 @@ def evaluate_settings(trainer: L.Trainer, module: LitLM, datamodule: SegmentData
             record["position_loss"] = result["position_loss"]
         if "token_losses" in result:
             record["token_losses"] = rundir.token_losses_key(i)
-            token_losses[record["token_losses"]] = layout_array(loaders[i].dataset.layout, *result["token_losses"])
+            token_losses[record["token_losses"]] = layout_array(
+                loaders[i].dataset.layout, *result["token_losses"]
+            )
         if i in module.diagnostics_results:
             record["diagnostics"] = module.diagnostics_results[i]
         reason = unsupported_reason(config, setting)
@@ -101,18 +120,34 @@ def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
     """The resolved setting as eval.json writes it (attn_len: the keys a query sees, EvalSetting.attn_len;
     split: the setting's own, else eval.split, so a record says which split it scored)."""
     clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
-    return {"protocol": setting.protocol, "segment_len": setting.segment_len, "stride": setting.stride,
-            "mem_len": setting.memory(config.model.mem_len), "clamp_len": clamp_len,
-            "same_length": setting.protocol == "xl", "max_targets": setting.max_targets, "token_losses": None,
-            "attn_len": setting.attn_len(config.model.mem_len), "rope_scaling": setting.rope_scaling,
-            "rope_scale": rope_scale(config, setting), "split": setting.split_of(config.eval.split)}
+    return {
+        "protocol": setting.protocol,
+        "segment_len": setting.segment_len,
+        "stride": setting.stride,
+        "mem_len": setting.memory(config.model.mem_len),
+        "clamp_len": clamp_len,
+        "same_length": setting.protocol == "xl",
+        "max_targets": setting.max_targets,
+        "token_losses": None,
+        "attn_len": setting.attn_len(config.model.mem_len),
+        "rope_scaling": setting.rope_scaling,
+        "rope_scale": rope_scale(config, setting),
+        "split": setting.split_of(config.eval.split),
+    }
 
 
 def example_record(config: RunConfig, fields: dict[str, Any]) -> dict:
     """A test set's record before its metrics: the setting fields of its bin's longest input, and `fields`."""
     length = config.data.input_length(fields["length_max"])
-    return {"segment_len": length, "mem_len": 0, "clamp_len": config.model.attention.clamp_len,
-            "same_length": False, "attn_len": length, **fields, "metrics": {}}
+    return {
+        "segment_len": length,
+        "mem_len": 0,
+        "clamp_len": config.model.attention.clamp_len,
+        "same_length": False,
+        "attn_len": length,
+        **fields,
+        "metrics": {},
+    }
 
 
 def layout_array(layout, index: torch.Tensor, losses: torch.Tensor) -> np.ndarray:
@@ -142,22 +177,34 @@ def reference(config: RunConfig, datamodule: SegmentDataModule, streams) -> dict
 
 
 @torch.no_grad()
-def evaluate_examples(model: TransformerLM, datamodule: ExampleDataModule, config: RunConfig, step: int = 0,
-                      forward_context: Callable = contextlib.nullcontext,
-                      wanted: list[dict[str, Any]] | None = None) -> dict:
+def evaluate_examples(
+    model: TransformerLM,
+    datamodule: ExampleDataModule,
+    config: RunConfig,
+    step: int = 0,
+    forward_context: Callable = contextlib.nullcontext,
+    wanted: list[dict[str, Any]] | None = None,
+) -> dict:
     """eval.json of an example task (module docstring); `wanted`: only these test sets (their fields).
     forward_context: e.g. the trainer's precision."""
     was_training = model.training
     model.eval()
-    records = [_evaluate_set(model, test_set, config, forward_context) for test_set in datamodule.test_sets(wanted)]
+    records = [
+        _evaluate_set(model, test_set, config, forward_context)
+        for test_set in datamodule.test_sets(wanted)
+    ]
     model.train(was_training)
     return {"main_metric": EXAMPLE_METRIC, "step": step, "settings": records}
 
 
 @torch.no_grad()
-def example_totals(model: TransformerLM, examples: Examples, config: RunConfig,
-                   forward_context: Callable = contextlib.nullcontext,
-                   diagnostics: AttentionDiagnostics | None = None) -> torch.Tensor:
+def example_totals(
+    model: TransformerLM,
+    examples: Examples,
+    config: RunConfig,
+    forward_context: Callable = contextlib.nullcontext,
+    diagnostics: AttentionDiagnostics | None = None,
+) -> torch.Tensor:
     """Sums over `examples` in batches of eval.batch_size, float64 [5]: answer-token loss, answer tokens right,
     answer tokens, examples exactly right, examples. The model's mode is the caller's (eval for evaluation).
     From a fixed random state (the run's seed), so randomized positions draw the same whatever ran before."""
@@ -167,28 +214,53 @@ def example_totals(model: TransformerLM, examples: Examples, config: RunConfig,
         torch.manual_seed(config.seed)
         for start in range(0, len(examples), config.eval.batch_size):
             rows = slice(start, start + config.eval.batch_size)
-            inputs, targets, mask = (t[rows].to(device) for t in (examples.inputs, examples.targets, examples.mask))
+            inputs, targets, mask = (
+                t[rows].to(device) for t in (examples.inputs, examples.targets, examples.mask)
+            )
             width = int((inputs != PAD).sum(1).max())  # right-padded: the batch's longest example
             inputs, targets, mask = inputs[:, :width], targets[:, :width], mask[:, :width]
             with forward_context():
-                logits, _ = model(inputs, statistics=None if diagnostics is None else diagnostics.for_batch(mask))
+                logits, _ = model(
+                    inputs, statistics=None if diagnostics is None else diagnostics.for_batch(mask)
+                )
             nll, correct = token_stats(logits, targets)
-            totals += torch.stack([(nll * mask).sum(), (correct * mask).sum(), mask.sum(),
-                                   ((correct.bool() | ~mask).all(1) & mask.any(1)).sum(), mask.any(1).sum()]).double()
+            totals += torch.stack(
+                [
+                    (nll * mask).sum(),
+                    (correct * mask).sum(),
+                    mask.sum(),
+                    ((correct.bool() | ~mask).all(1) & mask.any(1)).sum(),
+                    mask.any(1).sum(),
+                ]
+            ).double()
     return totals
 
 
-def _evaluate_set(model: TransformerLM, test_set: TestSet, config: RunConfig, forward_context: Callable) -> dict:
+def _evaluate_set(
+    model: TransformerLM, test_set: TestSet, config: RunConfig, forward_context: Callable
+) -> dict:
     examples, device = test_set.examples, next(model.parameters()).device
     record = example_record(config, test_set.fields)
     reason = unsupported_reason(config, EvalSetting(segment_len=record["segment_len"]))
     if reason:
         return {**record, "error": reason}
-    diagnostics = AttentionDiagnostics(model.config.n_layers, model.config.n_heads, max_seen_distance(config)).to(device) \
-        if config.eval.diagnostics else None
-    nll, right, tokens, exact, count = example_totals(model, examples, config, forward_context, diagnostics).tolist()
-    record["metrics"] = {EXAMPLE_METRIC: exact / count, "acc": right / tokens, "loss": nll / tokens, "tokens": int(tokens),
-                         "examples": int(count)}
+    diagnostics = (
+        AttentionDiagnostics(
+            model.config.n_layers, model.config.n_heads, max_seen_distance(config)
+        ).to(device)
+        if config.eval.diagnostics
+        else None
+    )
+    nll, right, tokens, exact, count = example_totals(
+        model, examples, config, forward_context, diagnostics
+    ).tolist()
+    record["metrics"] = {
+        EXAMPLE_METRIC: exact / count,
+        "acc": right / tokens,
+        "loss": nll / tokens,
+        "tokens": int(tokens),
+        "examples": int(count),
+    }
     if diagnostics is not None:
         record["diagnostics"] = diagnostics.compute()
     return record

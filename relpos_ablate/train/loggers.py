@@ -34,26 +34,44 @@ def make_loggers(config: RunConfig, run_dir: Path, resume_step: int) -> list:
         from lightning.pytorch.loggers import TensorBoardLogger
 
         # every attempt logs into the same dir; events past the resumed step are dropped, as metrics.csv rows are
-        loggers.append(TensorBoardLogger(save_dir=run_dir, name=rundir.TENSORBOARD, version="",
-                                         purge_step=resume_step or None))
+        loggers.append(
+            TensorBoardLogger(
+                save_dir=run_dir,
+                name=rundir.TENSORBOARD,
+                version="",
+                purge_step=resume_step or None,
+            )
+        )
     if "wandb" in config.train.loggers:
         _need_extra("wandb")
         from lightning.pytorch.loggers import WandbLogger
 
         project = (rundir.read_run_info(run_dir) or {}).get("experiment") or "relpos-ablate"
-        loggers.append(WandbLogger(name=name, id=name, resume="allow", project=project, save_dir=str(run_dir),
-                                   tags=[f"{key}={value}" for key, value in variant.items()]))
+        loggers.append(
+            WandbLogger(
+                name=name,
+                id=name,
+                resume="allow",
+                project=project,
+                save_dir=str(run_dir),
+                tags=[f"{key}={value}" for key, value in variant.items()],
+            )
+        )
     return loggers
 
 
 def _need_extra(package: str) -> None:
     if importlib.util.find_spec(package) is None:
-        raise ConfigError("train.loggers", f"{package} is not installed; pip install relpos-ablate[{package}]")
+        raise ConfigError(
+            "train.loggers", f"{package} is not installed; pip install relpos-ablate[{package}]"
+        )
 
 
 def checkpoint_step(run_dir: Path) -> int:
     """The global step last.ckpt resumes from (there must be one); memory-mapped, so cheap at any size."""
-    checkpoint = torch.load(rundir.last_checkpoint(run_dir), map_location="cpu", mmap=True, weights_only=True)
+    checkpoint = torch.load(
+        rundir.last_checkpoint(run_dir), map_location="cpu", mmap=True, weights_only=True
+    )
     return int(checkpoint["global_step"])
 
 

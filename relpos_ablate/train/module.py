@@ -45,7 +45,10 @@ RESUME_STATES = "relpos_resume_states"
 
 def random_state(device: torch.device) -> dict:
     """This process's torch random state: the CPU generator and, on CUDA, its device's."""
-    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+    return {
+        "cpu": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
 
 
 def set_random_state(state: dict, device: torch.device) -> None:
@@ -69,7 +72,9 @@ def main_metric(config: RunConfig) -> str:
 
 def token_stats(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """Per-token negative log-likelihood (nats, float32) and correctness, each [B, L]."""
-    nll = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view_as(targets)
+    nll = F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), reduction="none"
+    ).view_as(targets)
     return nll, (logits.argmax(-1) == targets).float()
 
 
@@ -99,8 +104,11 @@ def build_optimizer(model: nn.Module, train: TrainConfig, device: torch.device):
 def parameter_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
     """(decayed, not decayed), each in the order the optimizer holds them (build_optimizer says which)."""
     in_schemes = {id(p) for scheme in bias_schemes(model) for p in scheme.parameters()}
-    decay = {id(m.weight): m.weight for m in model.modules()
-             if isinstance(m, nn.Linear) and id(m.weight) not in in_schemes}
+    decay = {
+        id(m.weight): m.weight
+        for m in model.modules()
+        if isinstance(m, nn.Linear) and id(m.weight) not in in_schemes
+    }
     return list(decay.values()), [p for p in model.parameters() if id(p) not in decay]
 
 
@@ -119,10 +127,15 @@ def without_unread_projections(model: TransformerLM, state: dict) -> dict:
             next(old)  # that layer's q_net
         entry = state["state"].get(next(old))
         if entry is not None:  # [W_k; W_v] moments -> W_v's where only the value rows are built
-            moments[index] = {k: v[-p.shape[0]:] if torch.is_tensor(v) and v.dim() and v.shape != p.shape else v
-                              for k, v in entry.items()}
+            moments[index] = {
+                k: v[-p.shape[0] :] if torch.is_tensor(v) and v.dim() and v.shape != p.shape else v
+                for k, v in entry.items()
+            }
     first = [0, len(decay), len(decay) + len(rest)]
-    groups = [{**group, "params": list(range(a, b))} for group, a, b in zip(state["param_groups"], first, first[1:])]
+    groups = [
+        {**group, "params": list(range(a, b))}
+        for group, a, b in zip(state["param_groups"], first, first[1:])
+    ]
     return {"state": moments, "param_groups": groups}
 
 
@@ -191,7 +204,9 @@ def rope_scale(config: RunConfig, setting: EvalSetting) -> float | None:
 def rope_scaling(config: RunConfig, setting: EvalSetting) -> RopeScaling | None:
     """The setting's RoPE context extension as the model takes it: a pure function of the setting."""
     scale = rope_scale(config, setting)
-    return None if scale is None else RopeScaling(setting.rope_scaling, scale, config.train_attn_len)
+    return (
+        None if scale is None else RopeScaling(setting.rope_scaling, scale, config.train_attn_len)
+    )
 
 
 class LitLM(L.LightningModule):
@@ -212,11 +227,20 @@ class LitLM(L.LightningModule):
         """Per evaluated setting: {"metrics", "position_loss"[, "token_losses": (layout index, loss)]}."""
         self._token_losses: dict[int, list[tuple[Tensor, Tensor]]] = {}
         # eval.diagnostics: attention statistics per setting, from the evaluation's own forward
-        self.eval_diagnostics = nn.ModuleList(
-            AttentionDiagnostics(config.model.n_layers, config.model.n_heads, max_seen_distance(config))
-            for _ in self.settings) if config.eval.diagnostics else None
+        self.eval_diagnostics = (
+            nn.ModuleList(
+                AttentionDiagnostics(
+                    config.model.n_layers, config.model.n_heads, max_seen_distance(config)
+                )
+                for _ in self.settings
+            )
+            if config.eval.diagnostics
+            else None
+        )
         self.diagnostics_results: dict[int, dict[str, list[list[float]]]] = {}
-        self.train_segments = 0  # set from the datamodule at fit start: memory resets every this many steps
+        self.train_segments = (
+            0  # set from the datamodule at fit start: memory resets every this many steps
+        )
         self._train_mems: dict[int, list[Tensor]] = {}  # row group -> its memory
         self._step_sums = torch.zeros(2)  # this process's share of the step's (loss, accuracy)
         self._eval_mems: list[Tensor] | None = None
@@ -236,9 +260,17 @@ class LitLM(L.LightningModule):
         if batch.group == 0:
             self._check_finite()
             self._step_sums = torch.zeros(2, device=self.device)
-        restart = self.global_step % self.train_segments == 0  # the streams restart: nothing to remember
-        loss, acc = self.segment_loss(batch.inputs, batch.targets, batch.mask, restart=restart, group=batch.group,
-                                      counted_in_step=batch.counted_in_step)
+        restart = (
+            self.global_step % self.train_segments == 0
+        )  # the streams restart: nothing to remember
+        loss, acc = self.segment_loss(
+            batch.inputs,
+            batch.targets,
+            batch.mask,
+            restart=restart,
+            group=batch.group,
+            counted_in_step=batch.counted_in_step,
+        )
         self._step_sums += torch.stack([loss.detach(), acc])
         if batch.group == self.config.train.accumulate - 1:
             self._end_step()
@@ -257,8 +289,15 @@ class LitLM(L.LightningModule):
             self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=True)
             self.log("lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
 
-    def segment_loss(self, inputs: Tensor, targets: Tensor, mask: Tensor, restart: bool, group: int = 0,
-                     counted_in_step: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def segment_loss(
+        self,
+        inputs: Tensor,
+        targets: Tensor,
+        mask: Tensor,
+        restart: bool,
+        group: int = 0,
+        counted_in_step: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """(loss, accuracy) of one training segment of the streams of row group `group`, with their memory
         of the previous segment unless `restart`: sums over the counted targets divided by
         `counted_in_step` (default: the targets counted here, i.e. this segment's own token means)."""
@@ -295,14 +334,24 @@ class LitLM(L.LightningModule):
         index = self.eval_indices[dataloader_idx]
         setting = self.settings[index]
         inputs, targets, mask, layout_index = batch
-        if batch_idx == 0 or not setting.uses_memory:  # a new setting starts with empty memory; windows have none
+        if (
+            batch_idx == 0 or not setting.uses_memory
+        ):  # a new setting starts with empty memory; windows have none
             self._eval_mems = None
         if batch_idx == 0 and self.eval_seed is not None:
             torch.manual_seed(self.eval_seed)
-        statistics = None if self.eval_diagnostics is None else self.eval_diagnostics[index].for_batch(mask)
-        logits, self._eval_mems = self.model(inputs, self._eval_mems, mem_len=setting.memory(self.config.model.mem_len),
-                                             clamp_len=setting.clamp_len, same_length=setting.protocol == "xl",
-                                             statistics=statistics, rope_scaling=rope_scaling(self.config, setting))
+        statistics = (
+            None if self.eval_diagnostics is None else self.eval_diagnostics[index].for_batch(mask)
+        )
+        logits, self._eval_mems = self.model(
+            inputs,
+            self._eval_mems,
+            mem_len=setting.memory(self.config.model.mem_len),
+            clamp_len=setting.clamp_len,
+            same_length=setting.protocol == "xl",
+            statistics=statistics,
+            rope_scaling=rope_scaling(self.config, setting),
+        )
         nll, correct = token_stats(logits, targets)
         self.eval_nll[index].update(nll, mask)
         self.eval_acc[index].update(correct, mask)
@@ -312,16 +361,24 @@ class LitLM(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         for k, index in enumerate(self.eval_indices):
-            nll_metric, acc_metric, positions = self.eval_nll[index], self.eval_acc[index], self.eval_positions[index]
+            nll_metric, acc_metric, positions = (
+                self.eval_nll[index],
+                self.eval_acc[index],
+                self.eval_positions[index],
+            )
             (nll, tokens), (acc, _) = nll_metric.synced(), acc_metric.synced()
             metrics = {name: value.item() for name, value in self._metrics(nll, acc).items()}
             metrics["tokens"] = int(tokens.item())
             self.eval_results[index] = {"metrics": metrics, "position_loss": positions.compute()}
             if self.settings[index].token_losses:
                 pairs = self._all_processes(self._token_losses.pop(index, []))
-                self.eval_results[index]["token_losses"] = tuple(torch.cat(part).cpu() for part in zip(*pairs))
+                self.eval_results[index]["token_losses"] = tuple(
+                    torch.cat(part).cpu() for part in zip(*pairs)
+                )
             if self.trainer.state.fn == "fit" and k == 0:
-                self.log_dict({f"val_{name}": value for name, value in metrics.items() if name != "tokens"})
+                self.log_dict(
+                    {f"val_{name}": value for name, value in metrics.items() if name != "tokens"}
+                )
             for metric in (nll_metric, acc_metric, positions):
                 metric.reset()
             if self.eval_diagnostics is not None:
@@ -347,9 +404,12 @@ class LitLM(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Every process's random state and training memory (all processes write a checkpoint at the
         same step)."""
-        checkpoint[RESUME_STATES] = self._from_every_process({
-            "random": random_state(self.device),
-            "memory": {group: _moved(mems, "cpu") for group, mems in self._train_mems.items()}})
+        checkpoint[RESUME_STATES] = self._from_every_process(
+            {
+                "random": random_state(self.device),
+                "memory": {group: _moved(mems, "cpu") for group, mems in self._train_mems.items()},
+            }
+        )
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """Resuming a fit: this process's random state and memory, when the checkpoint has them for as
@@ -360,8 +420,10 @@ class LitLM(L.LightningModule):
         if trainer is not None and states is not None and len(states) == trainer.world_size:
             self._resumed_state = states[trainer.global_rank]
         if "optimizer_states" in checkpoint:
-            checkpoint["optimizer_states"] = [without_unread_projections(self.model, optimizer)
-                                              for optimizer in checkpoint["optimizer_states"]]
+            checkpoint["optimizer_states"] = [
+                without_unread_projections(self.model, optimizer)
+                for optimizer in checkpoint["optimizer_states"]
+            ]
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if self._resumed_state is not None:
@@ -376,4 +438,7 @@ class LitLM(L.LightningModule):
 
     def configure_optimizers(self):
         optimizer, scheduler = build_optimizer(self.model, self.config.train, self.device)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }

@@ -22,8 +22,12 @@ from relpos_ablate.train.module import after_optimizer_step, build_optimizer, lo
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
-def train_plain(config: RunConfig, device: str | torch.device = "cpu", steps: int | None = None,
-                on_step: Callable[[int], None] | None = None) -> tuple[TransformerLM, list[Tensor]]:
+def train_plain(
+    config: RunConfig,
+    device: str | torch.device = "cpu",
+    steps: int | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> tuple[TransformerLM, list[Tensor]]:
     """Train `steps` (default train.max_steps) steps; returns the model and the per-step losses.
 
     config.model.vocab_size must be resolved (non-zero). `on_step(step)` runs after each optimizer step.
@@ -35,11 +39,16 @@ def train_plain(config: RunConfig, device: str | torch.device = "cpu", steps: in
     model = TransformerLM(config.model).to(device).train()
     optimizer, scheduler = build_optimizer(model, t, device)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "16-mixed")
-    autocast = (torch.autocast(device.type, dtype=AUTOCAST[t.precision]) if t.precision in AUTOCAST
-                else contextlib.nullcontext())
+    autocast = (
+        torch.autocast(device.type, dtype=AUTOCAST[t.precision])
+        if t.precision in AUTOCAST
+        else contextlib.nullcontext()
+    )
     mems, losses = None, []
     for step in range(t.max_steps if steps is None else steps):
-        inputs, targets, mask = (x.to(device, non_blocking=True) for x in streams[step % len(streams)])
+        inputs, targets, mask = (
+            x.to(device, non_blocking=True) for x in streams[step % len(streams)]
+        )
         if step % len(streams) == 0:
             mems = None
         with autocast:

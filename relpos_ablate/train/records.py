@@ -27,12 +27,26 @@ from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from relpos_ablate import rundir
-from relpos_ablate.io import atomic_write_bytes, atomic_write_json, atomic_write_text, now_iso, read_json
+from relpos_ablate.io import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    now_iso,
+    read_json,
+)
 
 CONFIG_ERRORS = "config_errors"
 """status.json field of a run failed by its config (one line per problem): `train` reports them as bad input."""
 #: Fields of a previous attempt that no longer describe the run once it starts again.
-STALE_FIELDS = ("reason", "traceback", "finished_at", "wall_time_s", "exit_code", "stopped", CONFIG_ERRORS)
+STALE_FIELDS = (
+    "reason",
+    "traceback",
+    "finished_at",
+    "wall_time_s",
+    "exit_code",
+    "stopped",
+    CONFIG_ERRORS,
+)
 
 
 class RunStatus:
@@ -57,12 +71,23 @@ class RunStatus:
         for key in STALE_FIELDS:
             self.fields.pop(key, None)
         self._t0 = time.monotonic() if since is None else since
-        self.update(state="running", pid=os.getpid(), host=socket.gethostname(), device=device,
-                    started_at=now_iso(time.monotonic() - self._t0), max_steps=max_steps)
+        self.update(
+            state="running",
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            device=device,
+            started_at=now_iso(time.monotonic() - self._t0),
+            max_steps=max_steps,
+        )
 
     def finish(self, state: str, **fields: Any) -> None:
         """done | failed | interrupted, with the end time and this attempt's wall time (from `since`)."""
-        self.update(state=state, finished_at=now_iso(), wall_time_s=round(time.monotonic() - self._t0, 3), **fields)
+        self.update(
+            state=state,
+            finished_at=now_iso(),
+            wall_time_s=round(time.monotonic() - self._t0, 3),
+            **fields,
+        )
 
 
 class MetricsCSV(Logger):
@@ -146,7 +171,10 @@ def _read_rows(path: Path) -> dict[int, dict[str, Any]]:
     if not path.exists():
         return {}
     with open(path, newline="") as f:
-        rows = [{key: _number(value) for key, value in row.items() if value} for row in csv.DictReader(f)]
+        rows = [
+            {key: _number(value) for key, value in row.items() if value}
+            for row in csv.DictReader(f)
+        ]
     return {row["step"]: row for row in rows}
 
 
@@ -208,25 +236,46 @@ class RunRecorder(L.Callback):
     was logged. An exception between the save and the log (the barrier that ends the save fails when
     another process died) drops the held checkpoint: the rerun resumes from the one before."""
 
-    def __init__(self, status: RunStatus, metrics: MetricsCSV, checkpoints: AtomicCheckpointIO, log_every: int,
-                 min_interval_s: float = 1.0):
-        self.status, self.metrics, self.checkpoints, self.log_every = status, metrics, checkpoints, log_every
+    def __init__(
+        self,
+        status: RunStatus,
+        metrics: MetricsCSV,
+        checkpoints: AtomicCheckpointIO,
+        log_every: int,
+        min_interval_s: float = 1.0,
+    ):
+        self.status, self.metrics, self.checkpoints, self.log_every = (
+            status,
+            metrics,
+            checkpoints,
+            log_every,
+        )
         self.min_interval_s = min_interval_s
         self._last_write = -math.inf
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.metrics.resume_from(trainer.global_step)  # status.json has this step already (run.py, from last.ckpt)
+        self.metrics.resume_from(
+            trainer.global_step
+        )  # status.json has this step already (run.py, from last.ckpt)
         self.checkpoints.holding = True
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
         self._commit(keep_holding=True)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int
+    ) -> None:
         step = trainer.global_step
-        due = step % self.log_every == 0 and time.monotonic() - self._last_write >= self.min_interval_s
+        due = (
+            step % self.log_every == 0
+            and time.monotonic() - self._last_write >= self.min_interval_s
+        )
         if due or step == trainer.max_steps:
-            last = {key.removeprefix("train_"): _finite_or_none(value)
-                    for key, value in trainer.callback_metrics.items() if key.startswith("train_")}
+            last = {
+                key.removeprefix("train_"): _finite_or_none(value)
+                for key, value in trainer.callback_metrics.items()
+                if key.startswith("train_")
+            }
             self.status.update(step=step, last_metric=last)
             self._last_write = time.monotonic()
 
@@ -264,7 +313,9 @@ def _finite_or_none(value: Any) -> float | None:
 def open_log(run_dir: Path) -> logging.Handler:
     """Send this package's and Lightning's log records to log.txt (appended, one line each)."""
     handler = logging.FileHandler(Path(run_dir) / rundir.LOG, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+    )
     for name in ("relpos_ablate", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).addHandler(handler)
     logging.getLogger("relpos_ablate").setLevel(logging.INFO)

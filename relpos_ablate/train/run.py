@@ -24,7 +24,11 @@ from pathlib import Path
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
-from lightning.pytorch.plugins.environments import ClusterEnvironment, LightningEnvironment, SLURMEnvironment
+from lightning.pytorch.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    SLURMEnvironment,
+)
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from relpos_ablate import rundir
@@ -33,31 +37,53 @@ from relpos_ablate.config.run import resolve_log_n_length
 from relpos_ablate.io import atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import build_datamodule
-from relpos_ablate.train.loggers import checkpoint_step, logged_identity, make_loggers, wandb_run_ends_with_the_attempt
+from relpos_ablate.train.loggers import (
+    checkpoint_step,
+    logged_identity,
+    make_loggers,
+    wandb_run_ends_with_the_attempt,
+)
 from relpos_ablate.train.evaluation import evaluate, write_token_losses
 from relpos_ablate.train.module import LitLM, NonFiniteLoss
 from relpos_ablate.train.stopping import StopAtExactMatch
 from relpos_ablate.train.records import (
-    CONFIG_ERRORS, AtomicCheckpointIO, MetricsCSV, RunRecorder, RunStatus, close_log, open_log,
+    CONFIG_ERRORS,
+    AtomicCheckpointIO,
+    MetricsCSV,
+    RunRecorder,
+    RunStatus,
+    close_log,
+    open_log,
 )
 
 log = logging.getLogger("relpos_ablate.train")
 # Lightning advertises a hosted logger on every run; keep run logs to what concerns the run.
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda record: "litlogger" not in record.getMessage())
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+    lambda record: "litlogger" not in record.getMessage()
+)
 
 
 def resolve_vocab(config: RunConfig, data_vocab: int) -> RunConfig:
     """Fill model.vocab_size from the data; a different explicit value is an error."""
     if config.model.vocab_size == 0:
-        return dataclasses.replace(config, model=dataclasses.replace(config.model, vocab_size=data_vocab))
+        return dataclasses.replace(
+            config, model=dataclasses.replace(config.model, vocab_size=data_vocab)
+        )
     if config.model.vocab_size != data_vocab:
-        raise ConfigError("model.vocab_size", f"{config.model.vocab_size} but the data has {data_vocab} tokens; "
-                          "use 0 to take it from the data")
+        raise ConfigError(
+            "model.vocab_size",
+            f"{config.model.vocab_size} but the data has {data_vocab} tokens; "
+            "use 0 to take it from the data",
+        )
     return config
 
 
-def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callback, ...] = (),
-              started: float | None = None) -> str:
+def train_run(
+    config: RunConfig,
+    run_dir: str | Path,
+    callbacks: tuple[L.Callback, ...] = (),
+    started: float | None = None,
+) -> str:
     """Train, evaluate and record one run; returns its final state: done | failed | interrupted.
 
     A done run is left alone. Anything else resumes from checkpoints/last.ckpt when it exists.
@@ -75,24 +101,43 @@ def train_run(config: RunConfig, run_dir: str | Path, callbacks: tuple[L.Callbac
         return "done"
     handler = open_log(run_dir)
     status = RunStatus(run_dir)
-    status.start(device=describe_device(config.train), max_steps=config.train.max_steps, since=started)
+    status.start(
+        device=describe_device(config.train), max_steps=config.train.max_steps, since=started
+    )
     try:
         with wandb_run_ends_with_the_attempt(config):
             _train_and_evaluate(config, run_dir, status, callbacks)
         status.finish("done")
         return "done"
-    except (KeyboardInterrupt, SystemExit, LostProcess) as err:  # Lightning turns Ctrl-C into SystemExit(1)
-        reason = str(err) if isinstance(err, LostProcess) else (
-            "stopped by SIGTERM" if isinstance(err, SIGTERMException) else "interrupted by the user"
-        ) + "; rerun the same command to resume"
+    except (
+        KeyboardInterrupt,
+        SystemExit,
+        LostProcess,
+    ) as err:  # Lightning turns Ctrl-C into SystemExit(1)
+        reason = (
+            str(err)
+            if isinstance(err, LostProcess)
+            else (
+                "stopped by SIGTERM"
+                if isinstance(err, SIGTERMException)
+                else "interrupted by the user"
+            )
+            + "; rerun the same command to resume"
+        )
         log.warning("%s (at step %s)", reason, status.fields.get("step"))
         status.finish("interrupted", reason=reason)
         return "interrupted"
     except Exception as err:  # the run failed: record why, for the runner and the collector
-        reason = str(err) if isinstance(err, (NonFiniteLoss, ConfigError)) else f"{type(err).__name__}: {err}"
+        reason = (
+            str(err)
+            if isinstance(err, (NonFiniteLoss, ConfigError))
+            else f"{type(err).__name__}: {err}"
+        )
         reason = " ".join(reason.split())
         log.error("failed: %s\n%s", reason, traceback.format_exc())
-        bad_input = {CONFIG_ERRORS: [str(e) for e in err.errors]} if isinstance(err, ConfigError) else {}
+        bad_input = (
+            {CONFIG_ERRORS: [str(e) for e in err.errors]} if isinstance(err, ConfigError) else {}
+        )
         status.finish("failed", reason=reason, traceback=traceback.format_exc(), **bad_input)
         return "failed"
     finally:
@@ -103,18 +148,29 @@ def launched_as_rank_zero() -> bool:
     """Whether this process is rank 0 of its run, known before the Trainer exists: the processes of a
     multi-process run are started with their rank in RANK (torchrun), SLURM_PROCID (SLURM tasks) or
     NODE_RANK / LOCAL_RANK (Lightning's own launcher); a single process has none of them set."""
-    return all(int(os.environ.get(name) or 0) == 0 for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"))
+    return all(
+        int(os.environ.get(name) or 0) == 0
+        for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK")
+    )
 
 
 def describe_device(train: TrainConfig) -> str:
-    processes = "" if train.devices == 1 and train.num_nodes == 1 else (
-        f" x {train.devices} per node" + (f" x {train.num_nodes} nodes" if train.num_nodes > 1 else ""))
+    processes = (
+        ""
+        if train.devices == 1 and train.num_nodes == 1
+        else (
+            f" x {train.devices} per node"
+            + (f" x {train.num_nodes} nodes" if train.num_nodes > 1 else "")
+        )
+    )
     if train.accelerator != "cpu" and torch.cuda.is_available():
         return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()}){processes}"
     return f"cpu{processes}"
 
 
-def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | None, callbacks) -> None:
+def _train_and_evaluate(
+    config: RunConfig, run_dir: Path, status: RunStatus | None, callbacks
+) -> None:
     """The run itself; `status` is None on ranks > 0, which write no records."""
     datamodule = build_datamodule(config)
     datamodule.prepare_data()
@@ -129,25 +185,48 @@ def _train_and_evaluate(config: RunConfig, run_dir: Path, status: RunStatus | No
     module.save_hyperparameters({**module.hparams, "run": {"id": name, "variant": variant}})
     resume = usable_checkpoint(run_dir, tidy=status is not None)
     first_step = checkpoint_step(run_dir) if resume else 0
-    if status is not None:  # not the step an earlier attempt reached: this one starts from its checkpoint
+    if (
+        status is not None
+    ):  # not the step an earlier attempt reached: this one starts from its checkpoint
         status.update(step=first_step)
     metrics = MetricsCSV(run_dir)
     loggers = [metrics, *make_loggers(config, run_dir, first_step)]
     checkpoints = AtomicCheckpointIO()
-    recorders = [RunRecorder(status, metrics, checkpoints, config.train.log_every)] if status is not None else []
-    stopper = StopAtExactMatch(config, rundir.last_checkpoint(run_dir)) \
-        if config.train.stop_at_exact_match is not None else None
-    trainer = make_trainer(config, run_dir, loggers, [*recorders, *([stopper] if stopper else []), *callbacks],
-                           checkpoints)
+    recorders = (
+        [RunRecorder(status, metrics, checkpoints, config.train.log_every)]
+        if status is not None
+        else []
+    )
+    stopper = (
+        StopAtExactMatch(config, rundir.last_checkpoint(run_dir))
+        if config.train.stop_at_exact_match is not None
+        else None
+    )
+    trainer = make_trainer(
+        config,
+        run_dir,
+        loggers,
+        [*recorders, *([stopper] if stopper else []), *callbacks],
+        checkpoints,
+    )
     check_world_size(config, trainer.world_size)
-    if trainer.world_size > 1:  # same initial weights everywhere, but each process its own dropout draws
+    if (
+        trainer.world_size > 1
+    ):  # same initial weights everywhere, but each process its own dropout draws
         torch.manual_seed(config.seed + DROPOUT_SEED_STRIDE * trainer.global_rank)
-    log.info("run %s: %d parameters, %s, %d process(es)", run_dir, sum(p.numel() for p in module.model.parameters()),
-             describe_device(config.train), trainer.world_size)
+    log.info(
+        "run %s: %d parameters, %s, %d process(es)",
+        run_dir,
+        sum(p.numel() for p in module.model.parameters()),
+        describe_device(config.train),
+        trainer.world_size,
+    )
     with warnings.catch_warnings(), _lost_process_interrupts(trainer):
         quiet_known_warnings()
         trainer.fit(module, datamodule=datamodule, ckpt_path="last" if resume else None)
-        log.info("trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings))
+        log.info(
+            "trained to step %d; evaluating %d settings", trainer.global_step, len(module.settings)
+        )
         results, token_losses = evaluate(trainer, module, datamodule, config)
     _leave_process_group(trainer)
     if stopper is not None:
@@ -188,11 +267,15 @@ def _lost_process_interrupts(trainer: L.Trainer, wait_s: float = 1.0):
         launched = list(enumerate(getattr(trainer.strategy.launcher, "procs", ()), start=1))
         deadline = time.monotonic() + wait_s  # the error can come before the dead process is reaped
         while launched:
-            dead = [(rank, proc.returncode) for rank, proc in launched if proc.poll() not in (None, 0)]
+            dead = [
+                (rank, proc.returncode) for rank, proc in launched if proc.poll() not in (None, 0)
+            ]
             if dead:
                 rank, code = dead[0]
                 how = signal.Signals(-code).name if code < 0 else f"exit status {code}"
-                raise LostProcess(f"process of local rank {rank} died ({how}); rerun to resume") from err
+                raise LostProcess(
+                    f"process of local rank {rank} died ({how}); rerun to resume"
+                ) from err
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
@@ -219,28 +302,55 @@ def usable_checkpoint(run_dir: Path, tidy: bool = True) -> bool:
         return True
     if tidy:
         last.replace(last.with_name(last.name + ".corrupt"))
-        log.warning("%s is not a complete checkpoint; set aside as %s.corrupt, training from step 0", last, last.name)
+        log.warning(
+            "%s is not a complete checkpoint; set aside as %s.corrupt, training from step 0",
+            last,
+            last.name,
+        )
     return False
 
 
-def make_trainer(config: RunConfig, run_dir: Path, loggers: list, callbacks: list[L.Callback],
-                 checkpoints: AtomicCheckpointIO) -> L.Trainer:
+def make_trainer(
+    config: RunConfig,
+    run_dir: Path,
+    loggers: list,
+    callbacks: list[L.Callback],
+    checkpoints: AtomicCheckpointIO,
+) -> L.Trainer:
     t = config.train
     last = rundir.last_checkpoint(run_dir)
-    checkpoint = ModelCheckpoint(dirpath=last.parent, save_last=True, save_top_k=0,
-                                 every_n_train_steps=t.checkpoint_every, enable_version_counter=False)
+    checkpoint = ModelCheckpoint(
+        dirpath=last.parent,
+        save_last=True,
+        save_top_k=0,
+        every_n_train_steps=t.checkpoint_every,
+        enable_version_counter=False,
+    )
     checkpoint.CHECKPOINT_NAME_LAST = last.stem  # Lightning appends FILE_EXTENSION (.ckpt)
     interactive = sys.stdout.isatty()
     callbacks = [checkpoint, StopOnSigterm(last), *callbacks]
     if interactive:
         callbacks.append(RichProgressBar())
     return L.Trainer(
-        default_root_dir=run_dir, max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
-        num_nodes=t.num_nodes, strategy=t.strategy, accumulate_grad_batches=t.accumulate,
-        precision=t.precision, gradient_clip_val=t.grad_clip or None, deterministic=t.deterministic,
-        logger=loggers, log_every_n_steps=t.log_every, callbacks=callbacks, enable_progress_bar=interactive,
-        enable_model_summary=False, num_sanity_val_steps=0, use_distributed_sampler=False,
-        val_check_interval=t.val_every or None, check_val_every_n_epoch=None if t.val_every else 1,
+        default_root_dir=run_dir,
+        max_steps=t.max_steps,
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=t.strategy,
+        accumulate_grad_batches=t.accumulate,
+        precision=t.precision,
+        gradient_clip_val=t.grad_clip or None,
+        deterministic=t.deterministic,
+        logger=loggers,
+        log_every_n_steps=t.log_every,
+        callbacks=callbacks,
+        enable_progress_bar=interactive,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        val_check_interval=t.val_every or None,
+        check_val_every_n_epoch=None if t.val_every else 1,
         plugins=[*cluster_environment(t), checkpoints],
     )
 
@@ -283,6 +393,7 @@ class StopOnSigterm(L.Callback):
 
     def _handle_sigterm(self, trainer: L.Trainer) -> None:
         """Replaces the handler Lightning installed for this stage (it restores the previous one after)."""
+
         def note(signum, frame) -> None:
             self.signalled = True
             if trainer.world_size == 1:
@@ -291,7 +402,9 @@ class StopOnSigterm(L.Callback):
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, note)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int
+    ) -> None:
         if trainer.world_size > 1:
             anyone = torch.tensor(float(self.signalled), device=trainer.strategy.root_device)
             if trainer.strategy.reduce(anyone, reduce_op="sum").item() > 0:
@@ -335,4 +448,6 @@ def load_weights(run_dir: str | Path, model: TransformerLM) -> None:
         raise FileNotFoundError(f"{path} not found: the run has no trained weights yet")
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     prefix = "model."
-    model.load_state_dict({k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)})
+    model.load_state_dict(
+        {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    )

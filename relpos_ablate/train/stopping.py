@@ -66,34 +66,62 @@ class StopAtExactMatch(L.Callback):
     @functools.cached_property
     def held_out(self) -> examples.Examples:
         data = self.config.data
-        return examples.generate(data, self.config.seed, "eval", self.config.train.stop_examples,
-                                 tuple(data.train_lengths), stream=STOP_STREAM)
+        return examples.generate(
+            data,
+            self.config.seed,
+            "eval",
+            self.config.train.stop_examples,
+            tuple(data.train_lengths),
+            stream=STOP_STREAM,
+        )
 
     def on_train_start(self, trainer: L.Trainer, pl_module) -> None:
         if self.stopped_at is not None:  # resumed from the checkpoint of the step it stopped at
             trainer.should_stop = True
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         # with gradient accumulation every micro-batch ends here: check once per step, and never at the cap
-        if step % self.every or step >= trainer.max_steps or (self.checks and self.checks[-1][0] == step):
+        if (
+            step % self.every
+            or step >= trainer.max_steps
+            or (self.checks and self.checks[-1][0] == step)
+        ):
             return
         exact = self.exact_match(trainer, pl_module)
         self.checks.append([step, exact])
-        log.info("step %d: held-out in-distribution exact match %.4f (stop at %g)", step, exact, self.threshold)
+        log.info(
+            "step %d: held-out in-distribution exact match %.4f (stop at %g)",
+            step,
+            exact,
+            self.threshold,
+        )
         if exact >= self.threshold:
             self.stopped_at = step
             trainer.should_stop = True
-            if step % self.config.train.checkpoint_every:  # ModelCheckpoint saves its own steps (it runs after us)
+            if (
+                step % self.config.train.checkpoint_every
+            ):  # ModelCheckpoint saves its own steps (it runs after us)
                 trainer.save_checkpoint(self.checkpoint)
 
     def exact_match(self, trainer: L.Trainer, pl_module) -> float:
         """This step's exact match on the held-out set, the same on every process."""
         model = pl_module.model
         rank, world = trainer.global_rank, trainer.world_size
-        share = examples.Examples(*(t[rank::world] for t in (self.held_out.inputs, self.held_out.targets,
-                                                             self.held_out.mask, self.held_out.lengths,
-                                                             self.held_out.depths)))
+        share = examples.Examples(
+            *(
+                t[rank::world]
+                for t in (
+                    self.held_out.inputs,
+                    self.held_out.targets,
+                    self.held_out.mask,
+                    self.held_out.lengths,
+                    self.held_out.depths,
+                )
+            )
+        )
         model.eval()
         totals = example_totals(model, share, self.config, trainer.precision_plugin.forward_context)
         model.train()

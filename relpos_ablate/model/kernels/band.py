@@ -38,9 +38,15 @@ def takes(call: AttentionCall, q_content: Tensor, dropout_p: float) -> bool:
     causal, consecutive positions, no window, key padding, sinks or query scale, nothing but per-distance inputs
     (no query-dependent bias or FoX) or CoPE alone, a saturation distance D, and at least 2·D keys."""
     saturation = call.saturation
-    return (saturation is not None and q_content.device.type == "cpu" and dropout_p == 0.0
-            and (call.plain_causal or _contextual_only(call)) and call.inputs.log_decay is None
-            and call.far_from is None and call.n_keys >= 2 * saturation)
+    return (
+        saturation is not None
+        and q_content.device.type == "cpu"
+        and dropout_p == 0.0
+        and (call.plain_causal or _contextual_only(call))
+        and call.inputs.log_decay is None
+        and call.far_from is None
+        and call.n_keys >= 2 * saturation
+    )
 
 
 def _contextual_only(call: AttentionCall) -> bool:
@@ -50,11 +56,18 @@ def _contextual_only(call: AttentionCall) -> bool:
 
 
 @torch.compiler.disable  # its host syncs would break a compiled graph once per block: one break around it instead
-def with_contextual_band(call: AttentionCall, q_content: Tensor, k: Tensor, dropout_p: float) -> AttentionCall:
+def with_contextual_band(
+    call: AttentionCall, q_content: Tensor, k: Tensor, dropout_p: float
+) -> AttentionCall:
     """A CoPE call with its band from the data (cope.band_width) as its saturation, where the band kernel could
     take it: the call itself otherwise."""
-    if (call.contextual is None or q_content.device.type != "cpu" or dropout_p > 0.0 or not _contextual_only(call)
-            or call.far_from is not None):
+    if (
+        call.contextual is None
+        or q_content.device.type != "cpu"
+        or dropout_p > 0.0
+        or not _contextual_only(call)
+        or call.far_from is not None
+    ):
         return call
     width = call.contextual.band_width(q_content, k, call.scale, call.n_mem)
     return call if width is None else dataclasses.replace(call, saturation=width)
@@ -65,11 +78,15 @@ def banded(call: AttentionCall) -> AttentionCall:
     window the band, and `far_from` set (module docstring)."""
     d = call.saturation
     column = call.n_keys - 1 - d  # distance d's column in the descending layout (K - 1 .. -(L - 1))
-    shifted = {name: t - t.narrow(1, column, 1) for name, t in (("rel_keys", call.rel_keys),
-                                                                   ("distance_scores", call.distance_scores))
-               if t is not None}
+    shifted = {
+        name: t - t.narrow(1, column, 1)
+        for name, t in (("rel_keys", call.rel_keys), ("distance_scores", call.distance_scores))
+        if t is not None
+    }
     window = Visibility(call.n_mem, causal=True, window=d)
-    return dataclasses.replace(call, visibility=window, inputs=call.inputs._replace(**shifted), far_from=d)
+    return dataclasses.replace(
+        call, visibility=window, inputs=call.inputs._replace(**shifted), far_from=d
+    )
 
 
 class FarPart(NamedTuple):
@@ -95,22 +112,48 @@ def add_far(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     """Merge the far pairs into the band's `out` [B, H, L, dh] and `lse` [B, H, L, 1], in place."""
     for part in far_parts(call):
         out_f, lse_f = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q[:, :, part.rows], k[:, :, part.keys], v[:, :, part.keys], 0.0, part.causal, scale=call.scale)
+            q[:, :, part.rows],
+            k[:, :, part.keys],
+            v[:, :, part.keys],
+            0.0,
+            part.causal,
+            scale=call.scale,
+        )
         lse_f = lse_f[..., None]
         lse_b = lse[:, :, part.rows]
         merged = torch.logaddexp(lse_b, lse_f)
-        out[:, :, part.rows] = out[:, :, part.rows] * (lse_b - merged).exp() + out_f * (lse_f - merged).exp()
+        out[:, :, part.rows] = (
+            out[:, :, part.rows] * (lse_b - merged).exp() + out_f * (lse_f - merged).exp()
+        )
         lse[:, :, part.rows] = merged
 
 
-def far_backward(call: AttentionCall, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                 grad_q: Tensor, grad_k: Tensor, grad_v: Tensor) -> None:
+def far_backward(
+    call: AttentionCall,
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_q: Tensor,
+    grad_k: Tensor,
+    grad_v: Tensor,
+) -> None:
     """Add the far pairs' gradients of q, k and v (from the merged out and lse [B, H, L, 1]) in place."""
     for part in far_parts(call):
         rows, keys = part.rows, part.keys
         g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out[:, :, rows], q[:, :, rows], k[:, :, keys], v[:, :, keys], out[:, :, rows], lse[:, :, rows, 0],
-            0.0, part.causal, scale=call.scale)
+            grad_out[:, :, rows],
+            q[:, :, rows],
+            k[:, :, keys],
+            v[:, :, keys],
+            out[:, :, rows],
+            lse[:, :, rows, 0],
+            0.0,
+            part.causal,
+            scale=call.scale,
+        )
         grad_q[:, :, rows] += g_q
         grad_k[:, :, keys] += g_k
         grad_v[:, :, keys] += g_v

@@ -54,19 +54,23 @@ def _probabilities(q: Tensor, k: Tensor, mask: Tensor, lse: Tensor, scale: float
     # written into a row-major buffer: from the strided views of block_maps.py alone, broadcasting would
     # lay the result out column by column
     scores = torch.sub(mask, lse, out=q.new_empty(b, h, lq, k.shape[2]))
-    scores.view(b * h, lq, -1).baddbmm_(q.reshape(b * h, lq, dh), k.transpose(-1, -2).reshape(b * h, dh, -1),
-                                        alpha=scale)
+    scores.view(b * h, lq, -1).baddbmm_(
+        q.reshape(b * h, lq, dh), k.transpose(-1, -2).reshape(b * h, dh, -1), alpha=scale
+    )
     # as 2^(x·log2 e): torch's exp takes a slow path below about -87 (4-10x slower there, and FoX's decay puts
     # most of a row there), its exp2 does not
     return torch.exp2(scores.mul_(LOG2_E), out=scores)
 
 
-def _attend_block(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+def _attend_block(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
     """(out [B, H, L_b, dh], lse [B, H, L_b, 1]) of softmax(s·q·kᵀ + mask)·v; a query whose keys are all
     -inf gets output 0 and lse 0."""
     if _fused(q):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask,
-                                                                              scale=scale)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale
+        )
         return out, lse[..., None]
     scores = (q @ k.transpose(-1, -2)).mul_(scale).add_(mask)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
@@ -99,7 +103,14 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, *inputs_and_params: Tensor | None):
+    def forward(
+        ctx,
+        call: AttentionCall,
+        q_content: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *inputs_and_params: Tensor | None,
+    ):
         inputs, params = ScoreInputs(*inputs_and_params[:N_INPUTS]), inputs_and_params[N_INPUTS:]
         b, h, lq, d_head = q_content.shape
         out = v.new_empty(b, h, lq, v.shape[-1])
@@ -109,10 +120,25 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
             for tiles in maps.forward_blocks(call, d_head):
                 rows = tiles[0].rows
                 q_b = _flip(q_content[:, :, rows], maps.reversed)
-                out_b, lse_b = _merged([_attend_block(q_b, k[:, :, t.keys], v[:, :, t.keys],
-                                                      maps.mask(t, q_b, k[:, :, _stream(t)]), call.scale) for t in tiles])
-                out[:, :, rows], lse[:, :, rows] = _flip(out_b, maps.reversed), _flip(lse_b, maps.reversed)
-            if call.far_from is not None:  # the pairs the band leaves to the causal flash kernel (band.py)
+                out_b, lse_b = _merged(
+                    [
+                        _attend_block(
+                            q_b,
+                            k[:, :, t.keys],
+                            v[:, :, t.keys],
+                            maps.mask(t, q_b, k[:, :, _stream(t)]),
+                            call.scale,
+                        )
+                        for t in tiles
+                    ]
+                )
+                out[:, :, rows], lse[:, :, rows] = (
+                    _flip(out_b, maps.reversed),
+                    _flip(lse_b, maps.reversed),
+                )
+            if (
+                call.far_from is not None
+            ):  # the pairs the band leaves to the causal flash kernel (band.py)
                 band.add_far(call, q_content, k, v, out, lse)
         ctx.call, ctx.params = call, params
         ctx.save_for_backward(q_content, k, v, *inputs, out, lse)
@@ -140,32 +166,69 @@ def _add_product(target: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> No
 
 def _backward(ctx, grad_out: Tensor):
     """Gradients of q_content, k, v, the score inputs and the params, block by block, tile by tile."""
-    call, first_param = ctx.call, 4 + N_INPUTS  # forward's inputs: call, q_content, k, v, score inputs, params
+    call, first_param = (
+        ctx.call,
+        4 + N_INPUTS,
+    )  # forward's inputs: call, q_content, k, v, score inputs, params
     q_content, k, v, *score_inputs, out, lse = ctx.saved_tensors
     inputs, d_head = ScoreInputs(*score_inputs), q_content.shape[-1]
     grad_q, grad_k, grad_v = (t.new_zeros(t.shape) for t in (q_content, k, v))
-    grads = ScoreInputs(*(None if t is None or not need else torch.zeros_like(t)
-                          for t, need in zip(inputs, ctx.needs_input_grad[4:first_param])))
-    param_grads = [torch.zeros_like(p) if need else None for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])]
+    grads = ScoreInputs(
+        *(
+            None if t is None or not need else torch.zeros_like(t)
+            for t, need in zip(inputs, ctx.needs_input_grad[4:first_param])
+        )
+    )
+    param_grads = [
+        torch.zeros_like(p) if need else None
+        for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])
+    ]
     if call.far_from is not None:
         band.far_backward(call, grad_out, q_content, k, v, out, lse, grad_q, grad_k, grad_v)
     maps = block_maps(call, inputs)
     flip = maps.reversed
     if _fused(q_content) and all(g is None for g in (*grads, *param_grads)):
-        for blk in (t for tiles in maps.forward_blocks(call, d_head) for t in tiles):  # the fused backward does it all
+        for blk in (
+            t for tiles in maps.forward_blocks(call, d_head) for t in tiles
+        ):  # the fused backward does it all
             rows, keys = blk.rows, blk.keys
             grads_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                _flip(grad_out[:, :, rows], flip), _flip(q_content[:, :, rows], flip), k[:, :, keys], v[:, :, keys],
-                _flip(out[:, :, rows], flip), _flip(lse[:, :, rows, 0], flip), 0.0, False, attn_mask=maps.mask(blk),
-                scale=call.scale)
+                _flip(grad_out[:, :, rows], flip),
+                _flip(q_content[:, :, rows], flip),
+                k[:, :, keys],
+                v[:, :, keys],
+                _flip(out[:, :, rows], flip),
+                _flip(lse[:, :, rows, 0], flip),
+                0.0,
+                False,
+                attn_mask=maps.mask(blk),
+                scale=call.scale,
+            )
             grad_q[:, :, rows] += _flip(grads_b[0], flip)
             grad_k[:, :, keys] += grads_b[1]
             grad_v[:, :, keys] += grads_b[2]
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
-    minus_delta = (grad_out * out).sum(dim=-1, keepdim=True).neg_()  # -rowsum(dP ∘ P) = -rowsum(dO ∘ O)
-    v_ones = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)  # dP - delta as one product: [dO, -delta]·[V, 1]ᵀ
+    minus_delta = (
+        (grad_out * out).sum(dim=-1, keepdim=True).neg_()
+    )  # -rowsum(dP ∘ P) = -rowsum(dO ∘ O)
+    v_ones = torch.cat(
+        [v, v.new_ones(*v.shape[:-1], 1)], dim=-1
+    )  # dP - delta as one product: [dO, -delta]·[V, 1]ᵀ
     if isinstance(maps, StridedMaps):
-        _strided_backward(maps, call, grad_out, q_content, k, v_ones, lse, minus_delta, grad_q, grad_k, grad_v, grads)
+        _strided_backward(
+            maps,
+            call,
+            grad_out,
+            q_content,
+            k,
+            v_ones,
+            lse,
+            minus_delta,
+            grad_q,
+            grad_k,
+            grad_v,
+            grads,
+        )
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
     # q and grad_out come in the projections' (B, L, H, dh) layout: copied once here, where each tile's products would
     # copy their rows (FIRE at L = 4096: 448 copies, 29 ms); not in forward or above, where the copy of q would be
@@ -173,39 +236,64 @@ def _backward(ctx, grad_out: Tensor):
     q_content, grad_out = q_content.contiguous(), grad_out.contiguous()
     # materialised maps (rows in order): by ranges of keys, dK and dV summed in one contiguous buffer per range
     # (as _strided_backward); sinks and CoPE (rows = 0) by query blocks, each its tiles
-    groups = maps.key_tiles(call, d_head) if maps.rows else [(None, tiles) for tiles in maps.backward_blocks(call, d_head)]
+    groups = (
+        maps.key_tiles(call, d_head)
+        if maps.rows
+        else [(None, tiles) for tiles in maps.backward_blocks(call, d_head)]
+    )
     batch, heads = q_content.shape[:2]
     for key_range, tiles in groups:
         if key_range is not None:
-            grad_k_g, grad_v_g = (q_content.new_zeros(batch * heads, key_range.stop - key_range.start, d_head)
-                                  for _ in range(2))
+            grad_k_g, grad_v_g = (
+                q_content.new_zeros(batch * heads, key_range.stop - key_range.start, d_head)
+                for _ in range(2)
+            )
         for tile in tiles:
             rows, keys = tile.rows, tile.keys
-            q_b, go, lse_b, minus_delta_b = (t[:, :, rows] for t in (q_content, grad_out, lse, minus_delta))
+            q_b, go, lse_b, minus_delta_b = (
+                t[:, :, rows] for t in (q_content, grad_out, lse, minus_delta)
+            )
             grad_q_b = grad_q[:, :, rows]
-            content = None if call.contextual is None else (q_content[:, :, rows], grad_q_b, k[:, :, _stream(tile)])
+            content = (
+                None
+                if call.contextual is None
+                else (q_content[:, :, rows], grad_q_b, k[:, :, _stream(tile)])
+            )
             mask, add_map_gradient = maps.rebuilt(tile, grads, ctx.params, param_grads, content)
             with torch.no_grad():
                 k_t, v_t = k[:, :, keys], v[:, :, keys]
                 probs = _probabilities(q_b, k_t, mask, lse_b, call.scale)
                 if key_range is not None:
                     cols = slice(tile.k0 - key_range.start, tile.n_keys - key_range.start)
-                    _accumulate(grad_v_g, cols, probs.flatten(0, 1).transpose(1, 2), go.flatten(0, 1))  # dV += Pᵀ·dO
+                    _accumulate(
+                        grad_v_g, cols, probs.flatten(0, 1).transpose(1, 2), go.flatten(0, 1)
+                    )  # dV += Pᵀ·dO
                 else:
-                    grad_v_t = grad_v[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(v_t)
+                    grad_v_t = (
+                        grad_v[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(v_t)
+                    )
                     _add_product(grad_v_t, probs.transpose(-1, -2), go)
                 go_delta = torch.cat([go, minus_delta_b], dim=-1).flatten(0, 1)
-                grad_probs = torch.bmm(go_delta, v_ones[:, :, keys].flatten(0, 1).transpose(1, 2))  # dO·Vᵀ - delta
+                grad_probs = torch.bmm(
+                    go_delta, v_ones[:, :, keys].flatten(0, 1).transpose(1, 2)
+                )  # dO·Vᵀ - delta
                 grad_scores = probs.mul_(grad_probs.view_as(probs))  # dS = P ∘ (dP - delta)
                 add_map_gradient(grad_scores)  # (CoPE adds its gates' gradient to dS)
                 _add_product(grad_q_b, grad_scores, k_t, alpha=call.scale)
                 if key_range is not None:
-                    _accumulate(grad_k_g, cols, grad_scores.flatten(0, 1).transpose(1, 2), q_b.flatten(0, 1),
-                                alpha=call.scale)
+                    _accumulate(
+                        grad_k_g,
+                        cols,
+                        grad_scores.flatten(0, 1).transpose(1, 2),
+                        q_b.flatten(0, 1),
+                        alpha=call.scale,
+                    )
                     continue
                 grad_k_t = grad_k[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(k_t)
                 _add_product(grad_k_t, grad_scores.transpose(-1, -2), q_b, alpha=call.scale)
-                if not isinstance(keys, slice):  # sinks in front of skipped keys: two ranges, a copy
+                if not isinstance(
+                    keys, slice
+                ):  # sinks in front of skipped keys: two ranges, a copy
                     grad_k[:, :, keys] += grad_k_t
                     grad_v[:, :, keys] += grad_v_t
         if key_range is not None:
@@ -215,9 +303,20 @@ def _backward(ctx, grad_out: Tensor):
     return (grad_q, grad_k, grad_v, *grads, *param_grads)
 
 
-def _strided_backward(maps: StridedMaps, call: AttentionCall, grad_out: Tensor, q_content: Tensor, k: Tensor,
-                      v_ones: Tensor, lse: Tensor, minus_delta: Tensor, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor,
-                      grads: ScoreInputs) -> None:
+def _strided_backward(
+    maps: StridedMaps,
+    call: AttentionCall,
+    grad_out: Tensor,
+    q_content: Tensor,
+    k: Tensor,
+    v_ones: Tensor,
+    lse: Tensor,
+    minus_delta: Tensor,
+    grad_q: Tensor,
+    grad_k: Tensor,
+    grad_v: Tensor,
+    grads: ScoreInputs,
+) -> None:
     """The five products per tile for maps of the distance (block_maps.StridedMaps), in two tile-sized buffers and
     with c·(map + s·q·kᵀ - lse) (c = log2 e) written in one pass: with term b, the per-distance product with the
     curve and -lse as channels, the content product added through the per-key view; on the Hankel view of a curve,
@@ -233,40 +332,69 @@ def _strided_backward(maps: StridedMaps, call: AttentionCall, grad_out: Tensor, 
     size = max((t.i1 - t.i0) * t.width for _, tiles in groups for t in tiles) * batch * heads
     scratch = q_content.new_empty((2 if flip else 1) * size)
     for keys, tiles in groups:
-        grad_k_g, grad_v_g = (q_content.new_zeros(batch * heads, keys.stop - keys.start, d_head) for _ in range(2))
+        grad_k_g, grad_v_g = (
+            q_content.new_zeros(batch * heads, keys.stop - keys.start, d_head) for _ in range(2)
+        )
         for tile in tiles:
             rows, lq, width = tile.rows, tile.i1 - tile.i0, tile.width
-            q_b, go, minus_delta_b, lse_b = (_flip(t[:, :, rows], flip) for t in (q_content, grad_out, minus_delta, lse))
+            q_b, go, minus_delta_b, lse_b = (
+                _flip(t[:, :, rows], flip) for t in (q_content, grad_out, minus_delta, lse)
+            )
             go_delta = torch.cat([go, minus_delta_b], dim=-1).flatten(0, 1)
             k_t = k[:, :, tile.keys].flatten(0, 1)
             n = batch * heads * lq * width
             product = scratch[:n].view(-1, lq, width)
             if flip:  # c·(map - lse) from the curve's view, the product added in place
-                probs = torch.sub(maps.mask(tile), lse_b, out=scratch[size:size + n].view(batch, heads, lq, width))
+                probs = torch.sub(
+                    maps.mask(tile),
+                    lse_b,
+                    out=scratch[size : size + n].view(batch, heads, lq, width),
+                )
                 # (c applied last, as the generic loop does: folded into the product as beta and alpha it rounds once
                 # more, 1.09e-5 against 8.9e-6 for one gradient of test_band's xl_d_and_t5, whose limit is 1e-5)
-                probs = probs.flatten(0, 1).baddbmm_(q_b.flatten(0, 1), k_t.transpose(1, 2), alpha=scale).mul_(LOG2_E)
+                probs = (
+                    probs.flatten(0, 1)
+                    .baddbmm_(q_b.flatten(0, 1), k_t.transpose(1, 2), alpha=scale)
+                    .mul_(LOG2_E)
+                )
             else:
                 queries = maps.term_b_queries(rows, lse_b.neg())
-                per_distance = maps.per_distance(tile, queries, maps.term_b_keys(tile.distance_cols, lse=True), LOG2_E)
-                probs = rel_shift(per_distance, width).flatten(0, 1)  # (B·H, L_b, K_t), a view of (B, H, L_b, m)
-                torch.baddbmm(product, q_b.flatten(0, 1), k_t.transpose(1, 2), beta=0, alpha=scale * LOG2_E,
-                              out=product)
+                per_distance = maps.per_distance(
+                    tile, queries, maps.term_b_keys(tile.distance_cols, lse=True), LOG2_E
+                )
+                probs = rel_shift(per_distance, width).flatten(
+                    0, 1
+                )  # (B·H, L_b, K_t), a view of (B, H, L_b, m)
+                torch.baddbmm(
+                    product,
+                    q_b.flatten(0, 1),
+                    k_t.transpose(1, 2),
+                    beta=0,
+                    alpha=scale * LOG2_E,
+                    out=product,
+                )
                 probs.add_(product)
             probs.exp2_()
             cols = slice(tile.k0 - keys.start, tile.n_keys - keys.start)
             _accumulate(grad_v_g, cols, probs.transpose(1, 2), go.flatten(0, 1))  # dV += Pᵀ·dO
-            grad_probs = torch.baddbmm(product, go_delta, v_ones[:, :, tile.keys].flatten(0, 1).transpose(1, 2),
-                                       beta=0, out=product)  # dO·Vᵀ - delta
+            grad_probs = torch.baddbmm(
+                product,
+                go_delta,
+                v_ones[:, :, tile.keys].flatten(0, 1).transpose(1, 2),
+                beta=0,
+                out=product,
+            )  # dO·Vᵀ - delta
             grad_scores = probs.mul_(grad_probs)  # dS = P ∘ (dP - delta)
             if flip:
                 maps.add_curve_gradient(tile, grad_scores.view(batch, heads, lq, width), grads)
             else:
                 before, after = outside_keys(per_distance)
-                per_distance[..., :lq - 1].masked_fill_(before, 0.0)
-                per_distance[..., per_distance.shape[-1] - lq + 1:].masked_fill_(after, 0.0)
+                per_distance[..., : lq - 1].masked_fill_(before, 0.0)
+                per_distance[..., per_distance.shape[-1] - lq + 1 :].masked_fill_(after, 0.0)
                 maps.add_term_b_gradients(tile, per_distance, grads)
-            grad_q[:, :, rows] += _flip((grad_scores @ k_t).view(batch, heads, lq, d_head).mul_(scale), flip)
+            grad_q[:, :, rows] += _flip(
+                (grad_scores @ k_t).view(batch, heads, lq, d_head).mul_(scale), flip
+            )
             _accumulate(grad_k_g, cols, grad_scores.transpose(1, 2), q_b.flatten(0, 1), alpha=scale)
         grad_k[:, :, keys] += grad_k_g.view_as(grad_k[:, :, keys])
         grad_v[:, :, keys] += grad_v_g.view_as(grad_v[:, :, keys])

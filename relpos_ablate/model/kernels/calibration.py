@@ -52,7 +52,9 @@ def cache_dir() -> Path:
 def enabled() -> bool:
     value = os.environ.get(ENV_SWITCH, "1")
     if value not in ("0", "1"):
-        raise ValueError(f"{ENV_SWITCH}: {value!r} is not allowed; use 1 (measure the kernels) or 0 (fixed order)")
+        raise ValueError(
+            f"{ENV_SWITCH}: {value!r} is not allowed; use 1 (measure the kernels) or 0 (fixed order)"
+        )
     return value == "1"
 
 
@@ -85,11 +87,17 @@ class Calibration:
     given, measures one candidate (tests force timings through it; default: time_alternating over the candidates);
     `path` of the cache file (None: cache_dir())."""
 
-    def __init__(self, path: Path | None = None, timer: Callable[[str, Callable[[], None]], float] | None = None):
+    def __init__(
+        self,
+        path: Path | None = None,
+        timer: Callable[[str, Callable[[], None]], float] | None = None,
+    ):
         self._path = path
         self.timer = timer
         self.choices: dict[str, str] = {}
-        self.entries: dict[str, dict] = {}  # key -> {"choice", "seconds"} of the choices made here (benchmarks)
+        self.entries: dict[
+            str, dict
+        ] = {}  # key -> {"choice", "seconds"} of the choices made here (benchmarks)
         self.measured = 0  # candidates timed by this object (tests read it)
 
     @property
@@ -105,7 +113,9 @@ class Calibration:
         `run(name)` (one forward, and backward where autograd is on) and written there."""
         if len(candidates) == 1:
             return candidates[0]
-        stored = self._stored().get(key, {}) if key not in self.choices else self.entries.get(key, {})
+        stored = (
+            self._stored().get(key, {}) if key not in self.choices else self.entries.get(key, {})
+        )
         choice = self.choices.get(key) or stored.get("choice")
         if choice in candidates:
             self.choices[key], self.entries[key] = choice, stored
@@ -118,7 +128,10 @@ class Calibration:
         self.measured += len(candidates)
         choice = min(times, key=times.get)
         self.choices[key] = choice
-        self.entries[key] = {"choice": choice, "seconds": {name: round(t, 6) for name, t in times.items()}}
+        self.entries[key] = {
+            "choice": choice,
+            "seconds": {name: round(t, 6) for name, t in times.items()},
+        }
         self._store(key, self.entries[key])
         return choice
 

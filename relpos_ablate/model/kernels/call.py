@@ -40,8 +40,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from relpos_ablate.model.kernels.geometry import (BlockView, ContextualScores, DecayScores, QueryBlock, StatisticsSink,
-                                                  Visibility)
+from relpos_ablate.model.kernels.geometry import (
+    BlockView,
+    ContextualScores,
+    DecayScores,
+    QueryBlock,
+    StatisticsSink,
+    Visibility,
+)
 from relpos_ablate.model.position import BiasScheme, RopeScaling
 from relpos_ablate.model.kernels.shift import descending_distances, rel_shift, toeplitz
 
@@ -97,20 +103,33 @@ class ScoreInputs(NamedTuple):
     block kernel passes them to autograd explicitly, so that its backward can rebuild a block's map and
     differentiate it."""
 
-    q_position: Tensor | None = None  # [B, H, L, dh] term b's query: (q + v)·λ on the kernels, q·λ on the explicit path
+    q_position: Tensor | None = (
+        None  # [B, H, L, dh] term b's query: (q + v)·λ on the kernels, q·λ on the explicit path
+    )
     rel_keys: Tensor | None = None  # [H, n, dh] s·W_R R_d per distance (term b's keys)
-    term_d: Tensor | None = None  # [H, n] s·v·W_R R_d where term d is its own term (explicit path; kernels fold it)
-    distance_scores: Tensor | None = None  # [H, n] scores of distance alone (the bias; the kernels add term d without b)
+    term_d: Tensor | None = (
+        None  # [H, n] s·v·W_R R_d where term d is its own term (explicit path; kernels fold it)
+    )
+    distance_scores: Tensor | None = (
+        None  # [H, n] scores of distance alone (the bias; the kernels add term d without b)
+    )
     log_decay: Tensor | None = None  # [B, H, K] FoX's Λ_j = Σ_{l<=j} log f_l, float64
-    query_scale: Tensor | None = None  # [B or 1, H or 1, L, 1] λ: temperature × log_{L_train}(n) per query
+    query_scale: Tensor | None = (
+        None  # [B or 1, H or 1, L, 1] λ: temperature × log_{L_train}(n) per query
+    )
 
 
 def _narrow(t: Tensor | None, dim: int, cols: slice) -> Tensor | None:
     return None if t is None else t.narrow(dim, cols.start, cols.stop - cols.start)
 
 
-def place(visibility: Visibility, n_queries: int, positions: Tensor | None, device,
-          distances: Tensor | None = None) -> dict[str, Tensor | None]:
+def place(
+    visibility: Visibility,
+    n_queries: int,
+    positions: Tensor | None,
+    device,
+    distances: Tensor | None = None,
+) -> dict[str, Tensor | None]:
     """Where the queries and keys of a call sit, and the distances its per-distance tensors list.
 
     Consecutive positions (None): keys 0 .. K - 1, queries M .. K - 1, the K + L - 1 distances in
@@ -123,31 +142,54 @@ def place(visibility: Visibility, n_queries: int, positions: Tensor | None, devi
     n_keys = visibility.n_mem + n_queries
     if distances is not None:
         if distances.shape != (n_keys,):
-            raise ValueError(f"distances: expected [M + L] = [{n_keys}] distances d_0 .. d_(M+L-1), "
-                             f"got {list(distances.shape)}")
-        keys = torch.arange(n_keys, device=device) if positions is None else _checked(positions, n_keys, device)
+            raise ValueError(
+                f"distances: expected [M + L] = [{n_keys}] distances d_0 .. d_(M+L-1), "
+                f"got {list(distances.shape)}"
+            )
+        keys = (
+            torch.arange(n_keys, device=device)
+            if positions is None
+            else _checked(positions, n_keys, device)
+        )
         offsets = descending_distances(visibility.n_mem, n_queries, n_keys, device)
         drawn = distances.to(device=device, dtype=torch.long)[offsets.abs()] * offsets.sign()
-        return dict(query_positions=keys[visibility.n_mem:], key_positions=keys, distances=drawn, distance_index=None,
-                    drawn_distances=True)
+        return dict(
+            query_positions=keys[visibility.n_mem :],
+            key_positions=keys,
+            distances=drawn,
+            distance_index=None,
+            drawn_distances=True,
+        )
     if positions is None:
         consecutive = torch.arange(n_keys, device=device)
-        return dict(query_positions=consecutive[visibility.n_mem:], key_positions=consecutive,
-                    distances=descending_distances(visibility.n_mem, n_queries, n_keys, device), distance_index=None)
+        return dict(
+            query_positions=consecutive[visibility.n_mem :],
+            key_positions=consecutive,
+            distances=descending_distances(visibility.n_mem, n_queries, n_keys, device),
+            distance_index=None,
+        )
     positions = _checked(positions, n_keys, device)
-    query_positions = positions[visibility.n_mem:]
+    query_positions = positions[visibility.n_mem :]
     pair_distances = query_positions[:, None] - positions[None, :]  # (L, K)
-    seen = visibility(torch.arange(n_queries, device=device)[:, None], torch.arange(n_keys, device=device)[None, :])
+    seen = visibility(
+        torch.arange(n_queries, device=device)[:, None],
+        torch.arange(n_keys, device=device)[None, :],
+    )
     smallest, largest = (int(d) for d in torch.aminmax(pair_distances[seen]))
-    return dict(query_positions=query_positions, key_positions=positions,
-                distances=torch.arange(largest, smallest - 1, -1, device=device),
-                distance_index=(largest - pair_distances).clamp(0, largest - smallest))
+    return dict(
+        query_positions=query_positions,
+        key_positions=positions,
+        distances=torch.arange(largest, smallest - 1, -1, device=device),
+        distance_index=(largest - pair_distances).clamp(0, largest - smallest),
+    )
 
 
 def _checked(positions: Tensor, n_keys: int, device) -> Tensor:
     if positions.shape != (n_keys,):
-        raise ValueError(f"positions: expected [M + L] = [{n_keys}] key positions shared by the batch, "
-                         f"got {list(positions.shape)}")
+        raise ValueError(
+            f"positions: expected [M + L] = [{n_keys}] key positions shared by the batch, "
+            f"got {list(positions.shape)}"
+        )
     return positions.to(device=device, dtype=torch.long)
 
 
@@ -160,21 +202,37 @@ class AttentionCall:
     scale: float  # s: the scale of terms a-d
     query_positions: Tensor  # [L] positions the encodings read
     key_positions: Tensor  # [K]
-    distances: Tensor  # [n] the distances the per-distance tensors list, descending (their column order)
-    distance_index: Tensor | None = None  # [L, K] column of each pair; None: consecutive positions (strided views)
-    drawn_distances: bool = False  # distances are drawn per offset (AttentionOptions.distances), not the positions'
+    distances: (
+        Tensor  # [n] the distances the per-distance tensors list, descending (their column order)
+    )
+    distance_index: Tensor | None = (
+        None  # [L, K] column of each pair; None: consecutive positions (strided views)
+    )
+    drawn_distances: bool = (
+        False  # distances are drawn per offset (AttentionOptions.distances), not the positions'
+    )
     key_padding_mask: Tensor | None = None  # [B, K]
     query_chunk: int = 0  # queries per block (0: one block)
-    n_sinks: int = 0  # learned sink slots at the front of the kernels' keys and values (no position)
+    n_sinks: int = (
+        0  # learned sink slots at the front of the kernels' keys and values (no position)
+    )
     dtype: torch.dtype = torch.float32  # the kernels' dtype (FoX's decay is built in at least fp32)
-    inputs: ScoreInputs = ScoreInputs()  # the per-call tensors (term b's query left out until a kernel adds it)
+    inputs: ScoreInputs = (
+        ScoreInputs()
+    )  # the per-call tensors (term b's query left out until a kernel adds it)
     # the score terms that are objects, each in its scheme's file with its dense, point-wise and gradient forms
     pair_bias: BiasScheme | None = None  # a bias that also depends on the query position (FIRE)
-    pair_bias_curve_until: float = float("inf")  # below this query position pair_bias is a curve over i' - j
+    pair_bias_curve_until: float = float(
+        "inf"
+    )  # below this query position pair_bias is a curve over i' - j
     bias_scale: float = 1.0  # s_B
-    linear_bias: Tensor | None = None  # [H] s_B·m_h where inputs.distance_scores is -s_B·m_h·(i' - j) (ALiBi, causal)
+    linear_bias: Tensor | None = (
+        None  # [H] s_B·m_h where inputs.distance_scores is -s_B·m_h·(i' - j) (ALiBi, causal)
+    )
     decay: DecayScores | None = None  # FoX (fox.py): D_ij = Λ_i' - Λ_j from inputs.log_decay
-    contextual: ContextualScores | None = None  # CoPE (cope.py): scores from the block's queries and keys
+    contextual: ContextualScores | None = (
+        None  # CoPE (cope.py): scores from the block's queries and keys
+    )
     # every per-distance input is the same at each distance >= saturation (a clamp of R, the bias's last bucket);
     # None: no such distance. far_from: the band kernel's call (band.py), the pairs at i' - j >= far_from left to
     # the causal flash kernel on s·q·kᵀ alone, the window far_from the band's
@@ -210,30 +268,52 @@ class AttentionCall:
         or keys alone: no drawn distances, window, key padding, sinks, query-dependent bias, CoPE, query scale or
         term d of its own (what the low-rank and band kernels need beside their own terms)."""
         inputs = self.inputs
-        return (self.causal and self.consecutive and not self.drawn_distances and self.visibility.window is None
-                and self.key_padding_mask is None and not self.n_sinks and self.pair_bias is None
-                and self.contextual is None and inputs.query_scale is None and inputs.term_d is None)
+        return (
+            self.causal
+            and self.consecutive
+            and not self.drawn_distances
+            and self.visibility.window is None
+            and self.key_padding_mask is None
+            and not self.n_sinks
+            and self.pair_bias is None
+            and self.contextual is None
+            and inputs.query_scale is None
+            and inputs.term_d is None
+        )
 
     @property
     def has_additive(self) -> bool:
         """Whether anything is added to s·q_content·kᵀ (otherwise plain SDPA can do it all)."""
-        return any(t is not None for t in (self.rel_keys, self.inputs.term_d, self.distance_scores, self.pair_bias,
-                                           self.log_decay, self.contextual))
+        return any(
+            t is not None
+            for t in (
+                self.rel_keys,
+                self.inputs.term_d,
+                self.distance_scores,
+                self.pair_bias,
+                self.log_decay,
+                self.contextual,
+            )
+        )
 
     def hidden_distances(self, like: Tensor) -> Tensor:
         """[n] additive mask per distance of the call, 0 where a key at that distance is visible and -inf where
         not, in like's dtype and device: with consecutive positions visibility is a function of the distance."""
         hidden = ~self.visibility.at_distance(self.distances)
-        return torch.zeros(hidden.shape, dtype=like.dtype, device=like.device).masked_fill_(hidden, float("-inf"))
+        return torch.zeros(hidden.shape, dtype=like.dtype, device=like.device).masked_fill_(
+            hidden, float("-inf")
+        )
 
     def visible(self, block: QueryBlock) -> Tensor:
         """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j (sinks not included)."""
         device = self.query_positions.device
         rows = torch.arange(block.i0, block.i1, device=device)
-        seen = self.visibility(rows[:, None], torch.arange(block.k0, block.n_keys, device=device)[None, :])
+        seen = self.visibility(
+            rows[:, None], torch.arange(block.k0, block.n_keys, device=device)[None, :]
+        )
         if self.key_padding_mask is None:
             return seen
-        return seen[None, None] & ~self.key_padding_mask[:, None, None, block.k0: block.n_keys]
+        return seen[None, None] & ~self.key_padding_mask[:, None, None, block.k0 : block.n_keys]
 
     def causal_diagonal(self, block: QueryBlock) -> int | None:
         """d where the block's visibility is causal without key padding: row r sees no key past column r + d, and
@@ -245,9 +325,14 @@ class AttentionCall:
     def view(self, block: QueryBlock) -> BlockView:
         """What the statistics read of a block: who sees whom, key indices and positions (geometry.py)."""
         device = self.query_positions.device
-        return BlockView(block.rows, self.visible(block), torch.arange(self.n_mem + block.i0, self.n_mem + block.i1, device=device),
-                         torch.arange(block.k0, block.n_keys, device=device), self.query_positions[block.rows],
-                         self.key_positions[block.k0: block.n_keys])
+        return BlockView(
+            block.rows,
+            self.visible(block),
+            torch.arange(self.n_mem + block.i0, self.n_mem + block.i1, device=device),
+            torch.arange(block.k0, block.n_keys, device=device),
+            self.query_positions[block.rows],
+            self.key_positions[block.k0 : block.n_keys],
+        )
 
     def with_sinks(self, block_map: Tensor, fill: float | bool) -> Tensor:
         """A block's [..., L_b, K_b] mask or scores with the sink columns in front, filled with `fill`
@@ -261,12 +346,18 @@ class AttentionCall:
     def all_queries(self) -> QueryBlock:
         return self.block(0, self.n_queries)
 
-    def block(self, i0: int, i1: int, windowed: bool = False, whole_rows: bool = False) -> QueryBlock:
+    def block(
+        self, i0: int, i1: int, windowed: bool = False, whole_rows: bool = False
+    ) -> QueryBlock:
         """Queries i0 .. i1 - 1: causal ones see keys up to the last of them, and `windowed`, none before
         the window of the first of them; `whole_rows`: every key of the call; the columns they read."""
         window = self.visibility.window
         n_keys = self.n_mem + i1 if self.causal and not whole_rows else self.n_keys
-        k0 = max(0, self.n_mem + i0 - window + 1) if windowed and self.causal and window is not None else 0
+        k0 = (
+            max(0, self.n_mem + i0 - window + 1)
+            if windowed and self.causal and window is not None
+            else 0
+        )
         return self._block(i0, i1, k0, n_keys)
 
     def _block(self, i0: int, i1: int, k0: int, n_keys: int) -> QueryBlock:
@@ -275,14 +366,20 @@ class AttentionCall:
         if not self.consecutive:  # distance_index picks the columns: every block reads them all
             every = slice(0, self.distances.numel())
             return QueryBlock(i0, i1, n_keys, every, every, self.n_sinks, k0)
-        t0 = self.n_queries - i1 + k0  # column of this block's largest distance in the descending layout
+        t0 = (
+            self.n_queries - i1 + k0
+        )  # column of this block's largest distance in the descending layout
         # causal up to the block's last query: K_b + 1 columns suffice for rel_shift (the rest would only fill
         # masked entries); a tile of keys before the diagonal sees every entry
         diagonal = self.causal and n_keys == self.n_mem + i1
         n_rel = min(width + 1, lq + width - 1) if diagonal else lq + width - 1
-        return QueryBlock(i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + width - 1), self.n_sinks, k0)
+        return QueryBlock(
+            i0, i1, n_keys, slice(t0, t0 + n_rel), slice(t0, t0 + lq + width - 1), self.n_sinks, k0
+        )
 
-    def blocks(self, block_scores: int, windowed: bool = False, rows: int | None = None) -> list[QueryBlock]:
+    def blocks(
+        self, block_scores: int, windowed: bool = False, rows: int | None = None
+    ) -> list[QueryBlock]:
         """Blocks of query_chunk queries, shrunk for long key ranges so that one block's score map
         stays near `block_scores` entries per head (bounded transient memory), or of `rows` queries (at most
         query_chunk) whatever their keys. Term b at explicit positions gathers a d_head-wide key per pair, so
@@ -317,23 +414,38 @@ class AttentionCall:
     def aligned_key_tiles(self, block: QueryBlock, width: int) -> list[QueryBlock]:
         """The block's keys cut at the multiples of `width` (key indices; no sinks): the tiles of blocks that share
         keys line up, so that a tile's key gradients can be summed over the blocks in one buffer."""
-        edges = [block.k0, *range((block.k0 // width + 1) * width, block.n_keys, width), block.n_keys]
+        edges = [
+            block.k0,
+            *range((block.k0 // width + 1) * width, block.n_keys, width),
+            block.n_keys,
+        ]
         return [self._block(block.i0, block.i1, a, b) for a, b in zip(edges, edges[1:])]
 
     def score_inputs(self, q_position: Tensor | None) -> ScoreInputs:
         """This call's per-call tensors with the kernels' position query (term b's keys only with it)."""
-        return self.inputs._replace(q_position=q_position, rel_keys=self.rel_keys if q_position is not None else None)
+        return self.inputs._replace(
+            q_position=q_position, rel_keys=self.rel_keys if q_position is not None else None
+        )
 
     def block_inputs(self, block: QueryBlock, inputs: ScoreInputs) -> ScoreInputs:
         """The block's slices (views) of each input; None stays None."""
-        return ScoreInputs(_narrow(inputs.q_position, 2, block.rows), _narrow(inputs.rel_keys, 1, block.rel_cols),
-                           _narrow(inputs.term_d, 1, block.distance_cols),
-                           _narrow(inputs.distance_scores, 1, block.distance_cols),
-                           _narrow(inputs.log_decay, 2, slice(0, max(block.n_keys, self.n_mem + block.i1))),
-                           _narrow(inputs.query_scale, 2, block.rows))
+        return ScoreInputs(
+            _narrow(inputs.q_position, 2, block.rows),
+            _narrow(inputs.rel_keys, 1, block.rel_cols),
+            _narrow(inputs.term_d, 1, block.distance_cols),
+            _narrow(inputs.distance_scores, 1, block.distance_cols),
+            _narrow(inputs.log_decay, 2, slice(0, max(block.n_keys, self.n_mem + block.i1))),
+            _narrow(inputs.query_scale, 2, block.rows),
+        )
 
-    def additive_terms(self, block: QueryBlock, inputs: ScoreInputs, q_content: Tensor | None = None,
-                       k: Tensor | None = None, pair_bias: bool = True) -> dict[str, Tensor]:
+    def additive_terms(
+        self,
+        block: QueryBlock,
+        inputs: ScoreInputs,
+        q_content: Tensor | None = None,
+        k: Tensor | None = None,
+        pair_bias: bool = True,
+    ) -> dict[str, Tensor]:
         """Each additive score term of the block as it enters the sum, [B or 1, H, L_b, K_b]: 'b' (from the
         position query, which carries the query scale λ already), 'd' and 'bias' (per distance, or FIRE per
         pair) and 'decay' (FoX), each times λ, and 'cope' (from the content query, λ included). `inputs` are
@@ -347,14 +459,22 @@ class AttentionCall:
             terms["d"] = self.per_key(block, inputs.term_d)[None]
         if inputs.distance_scores is not None:
             terms["bias"] = self.per_key(block, inputs.distance_scores)[None]
-        elif self.pair_bias is not None and pair_bias:  # (the bias is a curve or a pair bias, never both)
+        elif (
+            self.pair_bias is not None and pair_bias
+        ):  # (the bias is a curve or a pair bias, never both)
             terms["bias"] = self.pair_bias_scores(block)
         if inputs.log_decay is not None:
             rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
-            terms["decay"] = self.decay.block_scores(inputs.log_decay, rows, slice(block.k0, block.n_keys),
-                                                     torch.promote_types(self.dtype, torch.float32))
+            terms["decay"] = self.decay.block_scores(
+                inputs.log_decay,
+                rows,
+                slice(block.k0, block.n_keys),
+                torch.promote_types(self.dtype, torch.float32),
+            )
         if inputs.query_scale is not None:
-            terms = {name: t if name == "b" else t * inputs.query_scale for name, t in terms.items()}
+            terms = {
+                name: t if name == "b" else t * inputs.query_scale for name, t in terms.items()
+            }
         if self.contextual is not None and q_content is not None:
             terms["cope"] = self.contextual.scores(q_content, k, self.scale, self.visible(block))
         return terms
@@ -364,14 +484,18 @@ class AttentionCall:
         at each (query, key) pair's distance."""
         if self.consecutive:
             return toeplitz(values, block.i1 - block.i0, block.width)
-        return values[..., self.distance_index[block.rows, block.k0: block.n_keys]]
+        return values[..., self.distance_index[block.rows, block.k0 : block.n_keys]]
 
     def term_b(self, block: QueryBlock, q_position: Tensor, rel_keys: Tensor) -> Tensor:
         """(q + v)·s·W_R R at each pair's distance: q_position [B, H, L_b, dh] and rel_keys [H, n, dh]
         (the block's columns) -> [B, H, L_b, K_b]."""
         if self.consecutive:  # one product per distance, laid out per key by a strided view
-            return rel_shift(q_position @ rel_keys.transpose(1, 2), block.width)  # (B, H, L_b, n) -> (B, H, L_b, K_b)
-        pairs = rel_keys[:, self.distance_index[block.rows, block.k0: block.n_keys]]  # (H, L_b, K_b, dh)
+            return rel_shift(
+                q_position @ rel_keys.transpose(1, 2), block.width
+            )  # (B, H, L_b, n) -> (B, H, L_b, K_b)
+        pairs = rel_keys[
+            :, self.distance_index[block.rows, block.k0 : block.n_keys]
+        ]  # (H, L_b, K_b, dh)
         return torch.einsum("bhld,hlkd->bhlk", q_position, pairs)
 
     def pair_bias_scores(self, block: QueryBlock) -> Tensor:
@@ -381,16 +505,22 @@ class AttentionCall:
         if self.pair_bias_on_curve(block):
             # the block's queries against keys k0 .. are the same distances as from q_offset - k0 against 0 ..
             q_offset, lq = self.n_mem + block.i0, block.i1 - block.i0
-            distances = descending_distances(q_offset - block.k0, lq, block.width, self.query_positions.device)
+            distances = descending_distances(
+                q_offset - block.k0, lq, block.width, self.query_positions.device
+            )
             scores = toeplitz(self.pair_bias.curve(distances), lq, block.width)
         else:
-            scores = self.pair_bias.bias(self.query_positions[block.rows], self.key_positions[block.k0: block.n_keys])
+            scores = self.pair_bias.bias(
+                self.query_positions[block.rows], self.key_positions[block.k0 : block.n_keys]
+            )
         return scores[None] * self.bias_scale
 
     def pair_bias_on_curve(self, block: QueryBlock) -> bool:
         """Whether the query-dependent bias is a curve over the distance for every query of the block."""
         last_query = self.n_mem + block.i1 - 1
-        return self.consecutive and last_query < self.pair_bias_curve_until  # (strictly: see attention.py)
+        return (
+            self.consecutive and last_query < self.pair_bias_curve_until
+        )  # (strictly: see attention.py)
 
 
 def _rows_within(block_scores: int, window: int) -> int:

@@ -38,22 +38,36 @@ from relpos_ablate.model.kernels.blockwise import BlockwiseBiasedAttention, mask
 STORED_BLOCK_SCORES = 256 * 1024
 
 
-def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
-           config: AttentionConfig, dropout_p: float, statistics: StatisticsSink | None = None,
-           path: str | None = None) -> Tensor:
+def attend(
+    call: AttentionCall,
+    q_content: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_position: Tensor | None,
+    config: AttentionConfig,
+    dropout_p: float,
+    statistics: StatisticsSink | None = None,
+    path: str | None = None,
+) -> Tensor:
     """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring); path:
     one of `candidates` (calibration times each so)."""
     # the call's tensors are in the kernels' dtype (call.dtype, autocast's under autocast); so are the queries,
     # keys and values from here. FoX's Λ stays float64 (AttentionCall.decay)
     dtype = call.dtype
-    q_content, k, v, q_position = (None if t is None else t.to(dtype) for t in (q_content, k, v, q_position))
+    q_content, k, v, q_position = (
+        None if t is None else t.to(dtype) for t in (q_content, k, v, q_position)
+    )
     if statistics is not None:
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
     # compiled FlexAttention (CUDA) needs heads of at least 16 channels, and is not trusted with FIRE's gradient:
     # 'auto' leaves those calls to the others
-    on_flex = config.backend == "flex" or (config.backend == "auto" and q_content.is_cuda and dropout_p == 0.0
-                                           and q_content.shape[-1] >= flex.min_head_dim("cuda")
-                                           and not flex.trains_pair_bias(call))
+    on_flex = config.backend == "flex" or (
+        config.backend == "auto"
+        and q_content.is_cuda
+        and dropout_p == 0.0
+        and q_content.shape[-1] >= flex.min_head_dim("cuda")
+        and not flex.trains_pair_bias(call)
+    )
     if on_flex and call.contextual is None:
         return flex.flex_attend(call, q_content, k, v, q_position)
     if not call.has_additive:  # a mask, no map: plain SDPA, or SDPA per block with its mask
@@ -61,11 +75,16 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
             return _plain(call, q_content, k, v, dropout_p)
         return _stored(call, q_content, k, v, q_position, dropout_p)
     if path is None and config.backend in ("auto", "band"):
-        call = band.with_contextual_band(call, q_content, k, dropout_p)  # CoPE: the band its data allows
+        call = band.with_contextual_band(
+            call, q_content, k, dropout_p
+        )  # CoPE: the band its data allows
     plan = _low_rank_plan(call, q_content, dropout_p) if path in (None, "low_rank") else None
     paths = [path] if path else _candidates(call, q_content, config, dropout_p, plan)
-    path = paths[0] if len(paths) == 1 or not calibration.enabled() else _calibrated(
-        call, q_content, k, v, q_position, config, dropout_p, paths)
+    path = (
+        paths[0]
+        if len(paths) == 1 or not calibration.enabled()
+        else _calibrated(call, q_content, k, v, q_position, config, dropout_p, paths)
+    )
     if path == "low_rank":
         return low_rank.attend_low_rank(call, q_content, k, v, *plan)
     if path in ("blocks", "band"):
@@ -74,25 +93,36 @@ def attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_posit
     return _stored(call, q_content, k, v, q_position, dropout_p)
 
 
-def candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float) -> list[str]:
+def candidates(
+    call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float
+) -> list[str]:
     """The kernels that may compute this call, the fixed order's choice first: 'low_rank' (every term a key
     offset: ALiBi, FoX; low_rank.py), 'band' (a map constant from a distance on: its band on the block kernel, the
     rest on the causal flash kernel; band.py), 'blocks' (the block kernel: no attention dropout) and 'sdpa' (SDPA
     per query block with its map: stored for backward, so in training only while the maps fit
     max_stored_scores_mb). A pinned backend is the only candidate where it can take the call; low_rank and band
     otherwise leave it to the block kernel (its results are the same, by rounding)."""
-    return _candidates(call, q_content, config, dropout_p, _low_rank_plan(call, q_content, dropout_p))
+    return _candidates(
+        call, q_content, config, dropout_p, _low_rank_plan(call, q_content, dropout_p)
+    )
 
 
-def _candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float,
-                plan: tuple[Tensor, int] | None) -> list[str]:
+def _candidates(
+    call: AttentionCall,
+    q_content: Tensor,
+    config: AttentionConfig,
+    dropout_p: float,
+    plan: tuple[Tensor, int] | None,
+) -> list[str]:
     """`candidates`, given the low-rank kernel's plan (`_low_rank_plan`: computed once a forward)."""
     if config.backend == "sdpa" or (config.backend == "blocks" and dropout_p > 0.0):
         return ["sdpa"]
     rebuild = "blocks" if dropout_p == 0.0 else "sdpa"
     banded = band.takes(call, q_content, dropout_p)
     if config.backend in ("blocks", "low_rank", "band"):
-        pinned = (config.backend == "low_rank" and plan is not None) or (config.backend == "band" and banded)
+        pinned = (config.backend == "low_rank" and plan is not None) or (
+            config.backend == "band" and banded
+        )
         return [config.backend] if pinned else [rebuild]
     if dropout_p > 0.0:
         return ["sdpa"]
@@ -103,7 +133,9 @@ def _candidates(call: AttentionCall, q_content: Tensor, config: AttentionConfig,
     return [*paths, "sdpa", "blocks"] if torch.is_grad_enabled() else [*paths, "blocks", "sdpa"]
 
 
-def _low_rank_plan(call: AttentionCall, q_content: Tensor, dropout_p: float) -> tuple[Tensor, int] | None:
+def _low_rank_plan(
+    call: AttentionCall, q_content: Tensor, dropout_p: float
+) -> tuple[Tensor, int] | None:
     """The low-rank kernel's key offsets and query block for this call, computed once a forward; None where it
     cannot take the call."""
     if dropout_p > 0.0 or q_content.device.type != "cpu":
@@ -129,33 +161,68 @@ def call_key(call: AttentionCall, q_content: Tensor, dropout_p: float) -> str:
     inputs = call.inputs
     # a tensor autograd differentiates is its own class: the block kernel's backward is the fused one only where
     # no map input needs a gradient (fixed ALiBi: yes; learned ALiBi: no)
-    terms = [name + ("'" if t.requires_grad else "") for name, t in zip(inputs._fields, inputs)
-             if t is not None and name != "q_position"]
-    terms += [name for name, on in (("pair_bias", call.pair_bias is not None), ("cope", call.contextual is not None),
-                                    ("linear", call.linear_bias is not None),
-                                    ("params", any(p.requires_grad for scheme in (call.pair_bias, call.contextual)
-                                                   if scheme is not None for p in scheme.parameters())),
-                                    ("window", call.visibility.window),
-                                    ("padding", call.key_padding_mask is not None), ("sinks", call.n_sinks),
-                                    ("positions", not call.consecutive), ("causal", call.causal),
-                                    ("dropout", dropout_p > 0.0)) if on]
+    terms = [
+        name + ("'" if t.requires_grad else "")
+        for name, t in zip(inputs._fields, inputs)
+        if t is not None and name != "q_position"
+    ]
+    terms += [
+        name
+        for name, on in (
+            ("pair_bias", call.pair_bias is not None),
+            ("cope", call.contextual is not None),
+            ("linear", call.linear_bias is not None),
+            (
+                "params",
+                any(
+                    p.requires_grad
+                    for scheme in (call.pair_bias, call.contextual)
+                    if scheme is not None
+                    for p in scheme.parameters()
+                ),
+            ),
+            ("window", call.visibility.window),
+            ("padding", call.key_padding_mask is not None),
+            ("sinks", call.n_sinks),
+            ("positions", not call.consecutive),
+            ("causal", call.causal),
+            ("dropout", dropout_p > 0.0),
+        )
+        if on
+    ]
     b, h, lq, dh = q_content.shape
     # the band kernel's cost grows with its band (the saturation distance)
     band_width = f" S{calibration.bucket(call.saturation)}" if call.saturation is not None else ""
-    return (f"{q_content.device.type}/{str(call.dtype).removeprefix('torch.')}/"
-            f"{'train' if torch.is_grad_enabled() else 'eval'}/{'+'.join(terms)}/"
-            f"B{b} H{h} d{dh} L{calibration.bucket(lq)} M{calibration.bucket(call.n_mem)}{band_width}")
+    return (
+        f"{q_content.device.type}/{str(call.dtype).removeprefix('torch.')}/"
+        f"{'train' if torch.is_grad_enabled() else 'eval'}/{'+'.join(terms)}/"
+        f"B{b} H{h} d{dh} L{calibration.bucket(lq)} M{calibration.bucket(call.n_mem)}{band_width}"
+    )
 
 
 @torch.compiler.disable
-def _calibrated(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
-                config: AttentionConfig, dropout_p: float, paths: list[str]) -> str:
+def _calibrated(
+    call: AttentionCall,
+    q_content: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_position: Tensor | None,
+    config: AttentionConfig,
+    dropout_p: float,
+    paths: list[str],
+) -> str:
     """The measured choice among `paths` (calibration.CALIBRATION), timed on detached copies of this call's
     tensors: autograd.grad of their own graph, so no parameter's .grad and no graph of the model is touched."""
     grad = torch.is_grad_enabled()
 
-    def leaf(t: Tensor | None) -> Tensor | None:  # detached, differentiated as the original would be
-        return None if t is None else t.detach().requires_grad_(grad and t.requires_grad and t.is_floating_point())
+    def leaf(
+        t: Tensor | None,
+    ) -> Tensor | None:  # detached, differentiated as the original would be
+        return (
+            None
+            if t is None
+            else t.detach().requires_grad_(grad and t.requires_grad and t.is_floating_point())
+        )
 
     copies = [leaf(t) for t in (q_content, k, v, q_position)]
     inputs = ScoreInputs(*map(leaf, call.inputs))
@@ -171,14 +238,22 @@ def _calibrated(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_
     return calibration.CALIBRATION.choose(call_key(call, q_content, dropout_p), paths, run)
 
 
-def _plain(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, dropout_p: float) -> Tensor:
+def _plain(
+    call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, dropout_p: float
+) -> Tensor:
     """No additive map: one SDPA call (flash kernels); causal with memory is lower-right aligned."""
     if not call.causal:
-        return F.scaled_dot_product_attention(q_content, k, v, dropout_p=dropout_p, scale=call.scale)
+        return F.scaled_dot_product_attention(
+            q_content, k, v, dropout_p=dropout_p, scale=call.scale
+        )
     if call.n_mem == 0:
-        return F.scaled_dot_product_attention(q_content, k, v, is_causal=True, dropout_p=dropout_p, scale=call.scale)
+        return F.scaled_dot_product_attention(
+            q_content, k, v, is_causal=True, dropout_p=dropout_p, scale=call.scale
+        )
     mask = causal_lower_right(call.n_queries, call.n_keys)
-    return F.scaled_dot_product_attention(q_content, k, v, attn_mask=mask, dropout_p=dropout_p, scale=call.scale)
+    return F.scaled_dot_product_attention(
+        q_content, k, v, attn_mask=mask, dropout_p=dropout_p, scale=call.scale
+    )
 
 
 # The block kernel (BlockwiseBiasedAttention: O(L·d) memory). torch.compile (train.compile) does not trace into
@@ -187,47 +262,84 @@ def _plain(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, dropout
 _blockwise = torch.compiler.disable(BlockwiseBiasedAttention.apply)
 
 
-def _widened(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None) -> list:
+def _widened(
+    call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None
+) -> list:
     """The block kernel's arguments after the call: q_content, k, v, the score inputs and the parameters the
     maps read. bf16/fp16 are widened to fp32, so that scores and softmax statistics stay in fp32 as
     FlashAttention keeps them (FoX's float64 Λ is left as it is)."""
     wide = torch.promote_types(q_content.dtype, torch.float32)
     widen = [t.to(wide) for t in (q_content, k, v)]
-    inputs = [t if t is None or t.dtype == torch.float64 else t.to(wide) for t in call.score_inputs(q_position)]
-    params = [p for scheme in (call.pair_bias, call.contextual) if scheme is not None for p in scheme.parameters()]
+    inputs = [
+        t if t is None or t.dtype == torch.float64 else t.to(wide)
+        for t in call.score_inputs(q_position)
+    ]
+    params = [
+        p
+        for scheme in (call.pair_bias, call.contextual)
+        if scheme is not None
+        for p in scheme.parameters()
+    ]
     return [*widen, *inputs, *params]
 
 
-def _stored(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
-            dropout_p: float) -> Tensor:
+def _stored(
+    call: AttentionCall,
+    q_content: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_position: Tensor | None,
+    dropout_p: float,
+) -> Tensor:
     """SDPA per query block (skipping the keys outside its windows), with the block's additive map and
     mask as one float mask."""
     inputs, outs = call.score_inputs(q_position), []
     for blk in call.blocks(STORED_BLOCK_SCORES, windowed=True):
         visible = call.with_sinks(call.visible(blk), True)
         q_b, k_b = q_content[:, :, blk.rows], k[:, :, blk.keys]  # k_b: (B, H, S + K_b, dh)
-        additive = sum_terms(call.additive_terms(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks:]))
+        additive = sum_terms(
+            call.additive_terms(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks :])
+        )
         if additive is not None:
-            additive = call.with_sinks(additive, 0.0).to(q_content.dtype).masked_fill(~visible, float("-inf"))
-        outs.append(F.scaled_dot_product_attention(
-            q_b, k_b, v[:, :, blk.keys], attn_mask=visible if additive is None else additive,
-            dropout_p=dropout_p, scale=call.scale,
-        ))
+            additive = (
+                call.with_sinks(additive, 0.0)
+                .to(q_content.dtype)
+                .masked_fill(~visible, float("-inf"))
+            )
+        outs.append(
+            F.scaled_dot_product_attention(
+                q_b,
+                k_b,
+                v[:, :, blk.keys],
+                attn_mask=visible if additive is None else additive,
+                dropout_p=dropout_p,
+                scale=call.scale,
+            )
+        )
     return torch.cat(outs, dim=2)  # (B, H, L, dh)
 
 
-def _observed(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None,
-              dropout_p: float, statistics: StatisticsSink) -> Tensor:
+def _observed(
+    call: AttentionCall,
+    q_content: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_position: Tensor | None,
+    dropout_p: float,
+    statistics: StatisticsSink,
+) -> Tensor:
     """Probabilities per query block, handed to `statistics` (the stream's keys, sinks left out) before
     the product with v."""
     inputs, outs = call.score_inputs(q_position), []
     for blk in call.blocks(STORED_BLOCK_SCORES):
         q_b, k_b, v_b = q_content[:, :, blk.rows], k[:, :, blk.keys], v[:, :, blk.keys]
         scores = (q_b @ k_b.transpose(-1, -2)).mul_(call.scale)  # (B, H, L_b, S + K_b)
-        additive = sum_terms(call.additive_terms(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks:]))
+        additive = sum_terms(
+            call.additive_terms(blk, call.block_inputs(blk, inputs), q_b, k_b[:, :, blk.n_sinks :])
+        )
         if additive is not None:
             scores = scores.add_(call.with_sinks(additive, 0.0))
         probs = masked_softmax(scores, call.with_sinks(call.visible(blk), True))
-        statistics.add(call.view(blk), probs[..., blk.n_sinks:])
+        statistics.add(call.view(blk), probs[..., blk.n_sinks :])
         outs.append((F.dropout(probs, dropout_p) if dropout_p else probs) @ v_b)
     return torch.cat(outs, dim=2)  # (B, H, L, dh)

@@ -26,10 +26,19 @@ from relpos_ablate.model.kernels.shift import rel_shift
 Normaliser = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
-def explicit_attention(scores: Tensor, v: Tensor, call: AttentionCall, block: QueryBlock | None = None, *,
-                       dropout_p: float = 0.0, statistics: StatisticsSink | None = None,
-                       sink_logits: Tensor | None = None, sink_values: Tensor | None = None,
-                       value_rows: Tensor | None = None, normaliser: Normaliser | None = None) -> tuple[Tensor, Tensor]:
+def explicit_attention(
+    scores: Tensor,
+    v: Tensor,
+    call: AttentionCall,
+    block: QueryBlock | None = None,
+    *,
+    dropout_p: float = 0.0,
+    statistics: StatisticsSink | None = None,
+    sink_logits: Tensor | None = None,
+    sink_values: Tensor | None = None,
+    value_rows: Tensor | None = None,
+    normaliser: Normaliser | None = None,
+) -> tuple[Tensor, Tensor]:
     """(output [B, H, L_b, dh], probabilities [B, H, L_b, K_b] of the stream's keys: with sinks a row sums to 1
     minus the sinks' share) of the block's queries (default: the whole call).
 
@@ -69,7 +78,9 @@ def shaw_values(probs: Tensor, values: Tensor, call: AttentionCall) -> Tensor:
     the keys are), probabilities regrouped by distance (the inverse of rel_shift), then one product; at
     explicit positions, the row gathered per pair. [B, H, L, K] -> [B, H, L, dh]."""
     if not call.consecutive:
-        return torch.einsum("bhlk,lkd->bhld", probs, values[call.distance_index])  # (L, K, dh) per pair
+        return torch.einsum(
+            "bhlk,lkd->bhld", probs, values[call.distance_index]
+        )  # (L, K, dh) per pair
     b, h, lq, n_keys = probs.shape
     per_distance = probs.new_zeros(b, h, lq, lq + n_keys - 1)  # (B, H, L, n)
     rel_shift(per_distance, n_keys).copy_(probs)  # column t of row r <- key j = t - (L - 1 - r)

@@ -23,6 +23,7 @@ and autocast state; dynamo runs a function eagerly past its recompile limit (8 b
 FlexAttention means the full score matrix: the first compiled call raises the limit to RECOMPILE_LIMIT. A
 repeated shape does not recompile, nor does a new call of the same scheme (tests/test_compiled_flex.py).
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,9 +48,12 @@ def _kernel(compiled: bool):
     if not compiled:
         return flex_attention
     config = torch._dynamo.config
-    for name, least in (("recompile_limit", RECOMPILE_LIMIT), ("cache_size_limit", RECOMPILE_LIMIT),
-                        ("accumulated_recompile_limit", 4 * RECOMPILE_LIMIT),
-                        ("accumulated_cache_size_limit", 4 * RECOMPILE_LIMIT)):
+    for name, least in (
+        ("recompile_limit", RECOMPILE_LIMIT),
+        ("cache_size_limit", RECOMPILE_LIMIT),
+        ("accumulated_recompile_limit", 4 * RECOMPILE_LIMIT),
+        ("accumulated_cache_size_limit", 4 * RECOMPILE_LIMIT),
+    ):
         if isinstance(getattr(config, name, None), int) and getattr(config, name) < least:
             setattr(config, name, least)  # raised, never lowered (a user's own larger limit stays)
     return torch.compile(flex_attention, dynamic=False)
@@ -65,7 +69,9 @@ def _block_mask(visibility: Visibility, n_queries: int, n_sinks: int, device: st
     def mask_mod(b, h, q_idx, kv_idx):  # kv_idx counts the sinks first
         return (kv_idx < n_sinks) | visibility(q_idx, kv_idx - n_sinks)
 
-    return create_block_mask(mask_mod, None, None, n_queries, n_sinks + visibility.n_mem + n_queries, device=device)
+    return create_block_mask(
+        mask_mod, None, None, n_queries, n_sinks + visibility.n_mem + n_queries, device=device
+    )
 
 
 def min_head_dim(device_type: str) -> int:
@@ -79,8 +85,11 @@ def trains_pair_bias(call: AttentionCall) -> bool:
     FlexAttention's score_mod, which is not trusted: on an H200 (torch 2.11, 2026-12-04) its gradient of FIRE's first
     layer's bias differed from the block kernel's by up to 0.08 in 13 of 32 entries (the forward matched on CPU,
     compiled). 'auto' sends such calls to the other kernels; a pinned 'flex' refuses them."""
-    return (call.pair_bias is not None and torch.is_grad_enabled()
-            and any(p.requires_grad for p in call.pair_bias.parameters()))
+    return (
+        call.pair_bias is not None
+        and torch.is_grad_enabled()
+        and any(p.requires_grad for p in call.pair_bias.parameters())
+    )
 
 
 def compiles(q: Tensor) -> bool:
@@ -89,25 +98,33 @@ def compiles(q: Tensor) -> bool:
     return q.is_cuda
 
 
-def flex_attend(call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None) -> Tensor:
+def flex_attend(
+    call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None
+) -> Tensor:
     """softmax(s·q_content·kᵀ + terms b, d, the bias and FoX's decay, masked)·v with FlexAttention:
     [B, H, L, dh]."""
     n_queries, padding, compiled = call.n_queries, call.key_padding_mask, compiles(q_content)
     least = min_head_dim(q_content.device.type)
     if compiled and min(q_content.shape[-1], v.shape[-1]) < least:
-        raise ValueError(f"model.attention.backend: 'flex' on {q_content.device.type} needs d_head >= {least} "
-                         f"(compiled FlexAttention); got {q_content.shape[-1]}; use 'auto' or 'blocks'")
+        raise ValueError(
+            f"model.attention.backend: 'flex' on {q_content.device.type} needs d_head >= {least} "
+            f"(compiled FlexAttention); got {q_content.shape[-1]}; use 'auto' or 'blocks'"
+        )
     if compiled and trains_pair_bias(call):
-        raise ValueError(f"model.attention.backend: 'flex' on {q_content.device.type} cannot train a query-dependent "
-                         "bias (fire: its compiled gradient is not trusted, flex.trains_pair_bias); use 'auto' or "
-                         "'blocks'")
+        raise ValueError(
+            f"model.attention.backend: 'flex' on {q_content.device.type} cannot train a query-dependent "
+            "bias (fire: its compiled gradient is not trusted, flex.trains_pair_bias); use 'auto' or "
+            "'blocks'"
+        )
     score_mod = _per_distance_mod(call, q_position, compiled)
     if padding is not None:
         score_mod = _padded(score_mod, padding)
     if call.n_sinks:
         score_mod = _after_sinks(score_mod, call.n_sinks)
     block_mask = _block_mask(call.visibility, n_queries, call.n_sinks, str(q_content.device))
-    return _kernel(compiled)(q_content, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale)
+    return _kernel(compiled)(
+        q_content, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale
+    )
 
 
 def _padded(score_mod, padding: Tensor):
@@ -123,7 +140,9 @@ def _after_sinks(score_mod, n_sinks: int):
     """score_mod over [sinks; keys]: the sinks keep their content score, key kv_idx - n_sinks gets score_mod's."""
 
     def sink_mod(score, b, h, q_idx, kv_idx):
-        key = torch.clamp(kv_idx - n_sinks, min=0)  # both branches are evaluated: keep the index in range
+        key = torch.clamp(
+            kv_idx - n_sinks, min=0
+        )  # both branches are evaluated: keep the index in range
         return torch.where(kv_idx < n_sinks, score, score_mod(score, b, h, q_idx, key))
 
     return sink_mod
@@ -135,23 +154,38 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
     n_queries, n_mem, n_distances = call.n_queries, call.n_mem, call.distances.numel()
     # the one O(L²) tensor of this path: (q + v)·s·W_R R for every query and distance, [B, H, L, M + 2L - 1]
     term_b = None if q_position is None else q_position @ call.rel_keys.transpose(1, 2)
-    term_d, distance_scores, scheme, pair_map = call.inputs.term_d, call.distance_scores, call.pair_bias, None
-    if scheme is not None and not scheme.pointwise:  # a scheme of one's own: its [H, L, K] map, precomputed
+    term_d, distance_scores, scheme, pair_map = (
+        call.inputs.term_d,
+        call.distance_scores,
+        call.pair_bias,
+        None,
+    )
+    if (
+        scheme is not None and not scheme.pointwise
+    ):  # a scheme of one's own: its [H, L, K] map, precomputed
         pair_map = scheme.bias(call.query_positions, call.key_positions) * call.bias_scale
     # Λ restarted at the first query, in at least fp32 (in bf16 a Λ of 100 would be off by 0.25)
     wide = torch.promote_types(call.dtype, torch.float32)
     # the queries' Λ [B, H, L] and the keys' [B, H, K] as two tensors: compiled FlexAttention cannot differentiate
     # two reads of one tensor (fox.point)
-    decays = None if call.log_decay is None else [
-        (call.log_decay[..., start:] - call.log_decay[..., n_mem, None]).to(wide) for start in (n_mem, 0)]
+    decays = (
+        None
+        if call.log_decay is None
+        else [
+            (call.log_decay[..., start:] - call.log_decay[..., n_mem, None]).to(wide)
+            for start in (n_mem, 0)
+        ]
+    )
     scale = None if call.query_scale is None else call.query_scale[..., 0]  # (B or 1, H or 1, L)
     largest = int(call.distances[0]) if not call.consecutive else 0
     query_positions, key_positions = call.query_positions, call.key_positions
     pair_score = None  # FIRE: its MLP per pair, (head, q_idx, kv_idx, t) -> B
     if scheme is not None and scheme.pointwise and compiled:
-        pair_score = scheme.compiled_pair_score(query_positions, key_positions,
-                                                None if call.drawn_distances else call.distances)
+        pair_score = scheme.compiled_pair_score(
+            query_positions, key_positions, None if call.drawn_distances else call.distances
+        )
     elif scheme is not None and scheme.pointwise:
+
         def pair_score(head, q_idx, kv_idx, t):
             return scheme.eager_pair_score(query_positions[q_idx], key_positions[kv_idx], head)
 
@@ -159,14 +193,18 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
         if call.consecutive:
             return n_queries - 1 - q_idx + kv_idx
         # pairs no query sees may fall outside the listed distances: clamped, the mask hides them
-        return torch.clamp(largest - (query_positions[q_idx] - key_positions[kv_idx]), 0, n_distances - 1)
+        return torch.clamp(
+            largest - (query_positions[q_idx] - key_positions[kv_idx]), 0, n_distances - 1
+        )
 
     def score_mod(score, b, h, q_idx, kv_idx):
         t = column(q_idx, kv_idx)
         if term_b is not None:
             score = score + term_b[b, h, q_idx, t]
         unscaled = []  # what does not come from the queries
-        if term_d is not None:  # term d without b next to a query-dependent bias (else in distance_scores)
+        if (
+            term_d is not None
+        ):  # term d without b next to a query-dependent bias (else in distance_scores)
             unscaled.append(term_d[h, t])
         if distance_scores is not None:
             unscaled.append(distance_scores[h, t])

@@ -78,7 +78,9 @@ class BlockView(NamedTuple):
     visible: Tensor  # bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j
     query_index: Tensor  # [L_b] key index i' = M + i of each query
     key_index: Tensor  # [K_b] index of each key
-    query_positions: Tensor  # [L_b] positions the encodings read (explicit or randomized ones included)
+    query_positions: (
+        Tensor  # [L_b] positions the encodings read (explicit or randomized ones included)
+    )
     key_positions: Tensor  # [K_b]
 
 
@@ -88,14 +90,22 @@ class ContextualScores(Protocol):
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
         """q [B, H, L_b, dh], k [B, H, K_b, dh], visible as BlockView.visible -> additive scores [B, H, L_b, K_b]."""
 
-    def block_scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor, shifted: bool = False,
-                     diagonal: int | None = None) -> tuple[Tensor, Any]:
+    def block_scores(
+        self,
+        q: Tensor,
+        k: Tensor,
+        scale: float,
+        visible: Tensor,
+        shifted: bool = False,
+        diagonal: int | None = None,
+    ) -> tuple[Tensor, Any]:
         """`scores` without autograd, and what `block_backward` needs (the block kernel); `shifted`: each query's
         scores minus the constant they take beyond `band_width` (the band kernel's form); `diagonal`: visibility
         is causal, row r seeing no key past column r + diagonal (AttentionCall.causal_diagonal)."""
 
-    def block_backward(self, state: Any, grad: Tensor, q: Tensor, scale: float, shifted: bool = False
-                       ) -> tuple[Tensor, Tensor, Tensor]:
+    def block_backward(
+        self, state: Any, grad: Tensor, q: Tensor, scale: float, shifted: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """(the gradient to add to that of the block's s·q·kᵀ, divided by s; q's other gradient; the gradient of
         its one parameter) of the scores' sum against grad."""
 
@@ -111,15 +121,27 @@ class DecayScores(Protocol):
     """A term built from a per-key cumulative sum, D_ij = Λ_i' - Λ_j (FoX: fox.ForgetGate), in the three forms
     the kernels ask for. Λ is float64 ([B, H, K]); i' and j are key indices."""
 
-    def block_scores(self, log_decay: Tensor, queries: slice, keys: slice, dtype: torch.dtype) -> Tensor:
+    def block_scores(
+        self, log_decay: Tensor, queries: slice, keys: slice, dtype: torch.dtype
+    ) -> Tensor:
         """[B, H, L_b, K_b] in dtype: the queries' key indices (rows of Λ) against the keys (columns)."""
 
-    def point(self, query_decay: Tensor, key_decay: Tensor, b: Tensor, h: Tensor, query: Tensor, key: Tensor) -> Tensor:
+    def point(
+        self,
+        query_decay: Tensor,
+        key_decay: Tensor,
+        b: Tensor,
+        h: Tensor,
+        query: Tensor,
+        key: Tensor,
+    ) -> Tensor:
         """The same for one pair (FlexAttention's score_mod; indices as tensors): Λ_i' from query_decay [B, H, L] at
         the query's index, Λ_j from key_decay [B, H, K] (compiled FlexAttention cannot differentiate two reads of
         one tensor in a score_mod)."""
 
-    def block_gradient(self, grad: Tensor, grad_log_decay: Tensor, queries: slice, keys: slice) -> None:
+    def block_gradient(
+        self, grad: Tensor, grad_log_decay: Tensor, queries: slice, keys: slice
+    ) -> None:
         """Add the gradient of Σ grad ∘ D (grad [B, H, L_b, K_b]) onto grad_log_decay [B, H, K]."""
 
 

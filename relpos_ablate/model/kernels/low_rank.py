@@ -35,7 +35,9 @@ from torch import Tensor
 
 from relpos_ablate.model.kernels.call import AttentionCall
 
-SPREAD_LIMIT = 128.0  # largest spread of e over one block's queries: offsets within ±64, fp32 rounding ≤ ~4e-6
+SPREAD_LIMIT = (
+    128.0  # largest spread of e over one block's queries: offsets within ±64, fp32 rounding ≤ ~4e-6
+)
 MIN_BLOCK, MAX_BLOCK = 64, 1024
 # channels added to the head: OFFSET in front (the offsets' hi and lo parts against ones), then, where e needs a
 # gradient, one channel per gradient block (below), zeros up to a multiple of 8 (they add nothing to a product). At
@@ -59,8 +61,11 @@ def key_offsets(call: AttentionCall) -> Tensor | None:
     -Λ_j), else None: causal, consecutive positions, no window, key padding, sinks, query scale, term b or d,
     query-dependent bias or CoPE."""
     inputs = call.inputs
-    if not call.plain_causal or inputs.rel_keys is not None or (
-            inputs.distance_scores is not None and call.linear_bias is None):
+    if (
+        not call.plain_causal
+        or inputs.rel_keys is not None
+        or (inputs.distance_scores is not None and call.linear_bias is None)
+    ):
         return None
     if call.linear_bias is not None and bool((call.linear_bias < 0).any()):
         return None  # a slope below 0 (a scheme of your own) grows e toward the past: its far keys would round
@@ -73,11 +78,15 @@ def key_offsets(call: AttentionCall) -> Tensor | None:
     return offsets
 
 
-def attend_low_rank(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, block: int) -> Tensor:
+def attend_low_rank(
+    call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, block: int
+) -> Tensor:
     """The call on the low-rank kernel: q (the content query), k, v in fp32 at least (the offsets' rounding
     argument is fp32's), back in the call's dtype."""
     wide = torch.promote_types(q.dtype, torch.float32)
-    out = KeyOffsetAttention.apply(q.to(wide), k.to(wide), v.to(wide), offsets, call.scale, block, ordered_sums())
+    out = KeyOffsetAttention.apply(
+        q.to(wide), k.to(wide), v.to(wide), offsets, call.scale, block, ordered_sums()
+    )
     return out.to(q.dtype)
 
 
@@ -88,13 +97,15 @@ def block_size(key_offsets: Tensor, n_queries: int) -> int | None:
     MIN_BLOCK spreads wider."""
     if ordered_sums():
         return max(n_queries, 1)
-    queries = key_offsets[..., key_offsets.shape[-1] - n_queries:].detach()
+    queries = key_offsets[..., key_offsets.shape[-1] - n_queries :].detach()
     size = MAX_BLOCK
     while size >= MIN_BLOCK:
         starts = queries[..., ::size]
-        ends = queries[..., size - 1::size]
+        ends = queries[..., size - 1 :: size]
         last = queries[..., -1:] if n_queries % size else queries[..., :0]  # a short last block
-        spread = torch.cat([ends - starts[..., :ends.shape[-1]], last - starts[..., ends.shape[-1]:]], dim=-1)
+        spread = torch.cat(
+            [ends - starts[..., : ends.shape[-1]], last - starts[..., ends.shape[-1] :]], dim=-1
+        )
         if spread.numel() == 0 or float(spread.abs().max()) <= SPREAD_LIMIT:
             return min(size, max(n_queries, 1))
         size //= 2
@@ -115,7 +126,10 @@ def matches_float64(ordered: bool) -> bool:
     on two calls whose offsets climb in steps of 1000 every 100 keys (e / s up to ~10^5: a sum that holds one
     errs ~1e-4): 800 queries (the flash kernel's large query tiles) and 100 after 300 memory keys (its small ones,
     and a past part); output within 1e-5, gradients within 1e-5 of their largest entry."""
-    with torch.inference_mode(False), torch.enable_grad():  # whatever the caller's mode: the check differentiates
+    with (
+        torch.inference_mode(False),
+        torch.enable_grad(),
+    ):  # whatever the caller's mode: the check differentiates
         return _matches_float64(ordered)
 
 
@@ -123,16 +137,29 @@ def _matches_float64(ordered: bool) -> bool:
     gen = torch.Generator().manual_seed(0)
     for n_queries, n_mem in ((800, 0), (100, 300)):
         n_keys = n_mem + n_queries
-        q, k, v = (torch.randn(1, 2, n, 64, generator=gen, dtype=torch.float64, requires_grad=True)
-                   for n in (n_queries, n_keys, n_keys))
-        offsets = (1000.0 * torch.div(torch.arange(n_keys), 100, rounding_mode="floor")).double().expand(1, 2, -1)
-        got = KeyOffsetAttention.apply(*(t.float() for t in (q, k, v)), offsets, 0.125, n_queries, ordered)
-        scores = q @ k.transpose(-1, -2) * 0.125 + offsets[..., None, :] - offsets[..., n_mem:, None]
+        q, k, v = (
+            torch.randn(1, 2, n, 64, generator=gen, dtype=torch.float64, requires_grad=True)
+            for n in (n_queries, n_keys, n_keys)
+        )
+        offsets = (
+            (1000.0 * torch.div(torch.arange(n_keys), 100, rounding_mode="floor"))
+            .double()
+            .expand(1, 2, -1)
+        )
+        got = KeyOffsetAttention.apply(
+            *(t.float() for t in (q, k, v)), offsets, 0.125, n_queries, ordered
+        )
+        scores = (
+            q @ k.transpose(-1, -2) * 0.125 + offsets[..., None, :] - offsets[..., n_mem:, None]
+        )
         hidden = torch.arange(n_keys)[None, :] > n_mem + torch.arange(n_queries)[:, None]
         want = scores.masked_fill(hidden, float("-inf")).softmax(-1) @ v
         grad = torch.randn(want.shape, generator=gen, dtype=torch.float64)
         errors = [(got.double() - want).detach().abs().max()]
-        for a, b in zip(torch.autograd.grad(got, [q, k, v], grad.float()), torch.autograd.grad(want, [q, k, v], grad)):
+        for a, b in zip(
+            torch.autograd.grad(got, [q, k, v], grad.float()),
+            torch.autograd.grad(want, [q, k, v], grad),
+        ):
             errors.append(((a.double() - b).abs().max() / b.abs().max()).detach())
         if float(torch.stack(errors).max()) > 1e-5:
             return False
@@ -153,9 +180,16 @@ class _Layout:
     def own_offsets(self, key_offsets: Tensor) -> Tensor:
         """[.., L] e_j - e_c for each query-key j against its own block's middle (the blocks' own keys, and the
         queries' own offsets)."""
-        own = key_offsets[..., self.n_mem:]
-        centres = torch.cat([own[..., (i0 + i1 - 1) // 2: (i0 + i1 - 1) // 2 + 1].expand(*own.shape[:-1], i1 - i0)
-                             for i0, i1 in self.blocks], dim=-1)
+        own = key_offsets[..., self.n_mem :]
+        centres = torch.cat(
+            [
+                own[..., (i0 + i1 - 1) // 2 : (i0 + i1 - 1) // 2 + 1].expand(
+                    *own.shape[:-1], i1 - i0
+                )
+                for i0, i1 in self.blocks
+            ],
+            dim=-1,
+        )
         return own - centres
 
 
@@ -171,7 +205,10 @@ def _set_keys(k_aug: Tensor, keys: slice, offsets: Tensor, scale: float, lead: i
     """The key channels of `keys` (from `lead` on): hi and lo of offsets / s (e differences in float64), each against
     a 1."""
     hi, lo = _split(offsets, scale, k_aug.dtype)
-    k_aug[:, :, keys, lead], k_aug[:, :, keys, lead + 2] = hi, lo  # broadcasts over the batch where e is shared
+    k_aug[:, :, keys, lead], k_aug[:, :, keys, lead + 2] = (
+        hi,
+        lo,
+    )  # broadcasts over the batch where e is shared
 
 
 def _lead(ordered: bool, head: int) -> int:
@@ -189,10 +226,10 @@ def _augmented(t: Tensor, offsets: Tensor | None, back: int | Tensor, lead: int 
     n_offsets = 0 if offsets is None else OFFSET
     out = t.new_empty(*t.shape[:-1], t.shape[-1] + n_offsets + n_back)
     first = n_offsets if lead == 0 else 0  # where t goes
-    out[..., first:first + t.shape[-1]] = t
+    out[..., first : first + t.shape[-1]] = t
     if offsets is not None:
-        out[..., lead:lead + OFFSET] = offsets
-    tail = out[..., t.shape[-1] + n_offsets:]
+        out[..., lead : lead + OFFSET] = offsets
+    tail = out[..., t.shape[-1] + n_offsets :]
     if isinstance(back, int):
         tail.zero_()
     else:
@@ -219,7 +256,13 @@ def _past_parts(layout: _Layout, k_aug: Tensor, key_offsets: Tensor, scale: floa
         k0 = layout.n_mem + i0
         if k0:
             centre = layout.centre(i0, i1)
-            _set_keys(k_aug, slice(0, k0), key_offsets[..., :k0] - key_offsets[..., centre: centre + 1], scale, lead)
+            _set_keys(
+                k_aug,
+                slice(0, k0),
+                key_offsets[..., :k0] - key_offsets[..., centre : centre + 1],
+                scale,
+                lead,
+            )
             yield slice(i0, i1), k0
 
 
@@ -239,7 +282,16 @@ class KeyOffsetAttention(torch.autograd.Function):
     ordered (ordered_sums: the queries' channels carry -e_i') -> [B, H, L, dh]."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, key_offsets: Tensor, scale: float, block: int, ordered: bool):
+    def forward(
+        ctx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_offsets: Tensor,
+        scale: float,
+        block: int,
+        ordered: bool,
+    ):
         b, h, lq, dh = q.shape
         n_mem = k.shape[2] - lq
         layout = _Layout(lq, n_mem, block)
@@ -256,22 +308,35 @@ class KeyOffsetAttention(torch.autograd.Function):
         k_front = k.new_zeros(b, h, k.shape[2], OFFSET)
         k_front[..., 1::2] = 1.0
         lead = _lead(ordered, dh)
-        q_aug, k_aug = _augmented(q, q_front, q_back, lead), _augmented(k, k_front, width - OFFSET, lead)
+        q_aug, k_aug = (
+            _augmented(q, q_front, q_back, lead),
+            _augmented(k, k_front, width - OFFSET, lead),
+        )
         v_aug = _augmented(v, None, width)
         _set_keys(k_aug, slice(n_mem, None), own_offsets, scale, lead)
         own_keys, own = (k_aug[:, :, n_mem:], v_aug[:, :, n_mem:]), _own_blocks(layout)
         if len(own) > 1:
             out, lse = q_aug.new_empty(b, h, lq, dh + width), q.new_empty(b, h, lq)
         for rows, n in own:
-            o, l = _forward(_batched(q_aug, rows, n), *(_batched(t, rows, n) for t in own_keys), 0.0, True, scale=scale)
+            o, l = _forward(
+                _batched(q_aug, rows, n),
+                *(_batched(t, rows, n) for t in own_keys),
+                0.0,
+                True,
+                scale=scale,
+            )
             if len(own) == 1:  # one call holds every query (no copy)
                 out, lse = _unbatched(o, h), _unbatched(l, h)
             else:
                 out[:, :, rows], lse[:, :, rows] = _unbatched(o, h), _unbatched(l, h)
         for rows, k0 in _past_parts(layout, k_aug, key_offsets, scale, lead):
-            past, past_lse = _forward(q_aug[:, :, rows], k_aug[:, :, :k0], v_aug[:, :, :k0], 0.0, False, scale=scale)
+            past, past_lse = _forward(
+                q_aug[:, :, rows], k_aug[:, :, :k0], v_aug[:, :, :k0], 0.0, False, scale=scale
+            )
             own_lse = lse[:, :, rows]
-            out[:, :, rows].lerp_(past, torch.sigmoid(past_lse - own_lse)[..., None])  # weights e^(l_part - l)
+            out[:, :, rows].lerp_(
+                past, torch.sigmoid(past_lse - own_lse)[..., None]
+            )  # weights e^(l_part - l)
             own_lse.copy_(torch.logaddexp(past_lse, own_lse))
         ctx.save_for_backward(q_aug, k_aug, v_aug, key_offsets, out, lse)
         ctx.scale, ctx.block, ctx.sums, ctx.lead = scale, block, sums, lead
@@ -290,7 +355,9 @@ class KeyOffsetAttention(torch.autograd.Function):
         # gates' gradients then sum (j - c)- and (c - i')-weighted terms instead of j- and i'-weighted ones: far
         # less cancellation
         grad_offsets = torch.zeros(b, h, k_aug.shape[2], dtype=torch.float64, device=q_aug.device)
-        totals = torch.zeros(b, h, len(sums), dtype=torch.float64, device=q_aug.device)  # rows' minus columns'
+        totals = torch.zeros(
+            b, h, len(sums), dtype=torch.float64, device=q_aug.device
+        )  # rows' minus columns'
         columns = slice(OFFSET + dh, OFFSET + dh + len(sums))
 
         def add_sums(rows: slice, keys: slice, gq: Tensor, gk: Tensor) -> None:
@@ -300,21 +367,30 @@ class KeyOffsetAttention(torch.autograd.Function):
             grad_offsets[..., keys] += per_block.sum(-1)
             totals.sub_(per_block.sum(-2))
             per_query = gq[..., lead + 1].double() / scale  # (B, H, rows)
-            grad_offsets[..., n_mem + rows.start: n_mem + rows.stop] -= per_query
+            grad_offsets[..., n_mem + rows.start : n_mem + rows.stop] -= per_query
             for n, (i0, i1) in enumerate(sums):
                 first, last = max(i0, rows.start), min(i1, rows.stop)
                 if first < last:
-                    totals[..., n] += per_query[..., first - rows.start: last - rows.start].sum(-1)
+                    totals[..., n] += per_query[..., first - rows.start : last - rows.start].sum(-1)
 
         _set_keys(k_aug, slice(n_mem, None), layout.own_offsets(key_offsets), scale, lead)
         own_keys, own = (k_aug[:, :, n_mem:], v_aug[:, :, n_mem:]), _own_blocks(layout)
         if n_mem or len(own) > 1:
             dq, dk, dv = torch.empty_like(q_aug), torch.empty_like(k_aug), torch.empty_like(v_aug)
-            dk[:, :, :n_mem], dv[:, :, :n_mem] = 0.0, 0.0  # memory keys: only the past parts reach them
+            dk[:, :, :n_mem], dv[:, :, :n_mem] = (
+                0.0,
+                0.0,
+            )  # memory keys: only the past parts reach them
         for rows, n in own:
-            grads = _backward(*(_batched(t, rows, n) for t in (grad_aug, q_aug)),
-                              *(_batched(t, rows, n) for t in own_keys),
-                              _batched(out, rows, n), _batched(lse[..., None], rows, n)[..., 0], 0.0, True, scale=scale)
+            grads = _backward(
+                *(_batched(t, rows, n) for t in (grad_aug, q_aug)),
+                *(_batched(t, rows, n) for t in own_keys),
+                _batched(out, rows, n),
+                _batched(lse[..., None], rows, n)[..., 0],
+                0.0,
+                True,
+                scale=scale,
+            )
             keys = slice(n_mem + rows.start, n_mem + rows.stop)
             if not n_mem and len(own) == 1:  # one call holds every query and key (no copy)
                 dq, dk, dv = (_unbatched(g, h) for g in grads)
@@ -322,8 +398,17 @@ class KeyOffsetAttention(torch.autograd.Function):
                 dq[:, :, rows], dk[:, :, keys], dv[:, :, keys] = (_unbatched(g, h) for g in grads)
             add_sums(rows, keys, dq[:, :, rows], dk[:, :, keys])
         for rows, k0 in _past_parts(layout, k_aug, key_offsets, scale, lead):
-            gq, gk, gv = _backward(grad_aug[:, :, rows], q_aug[:, :, rows], k_aug[:, :, :k0], v_aug[:, :, :k0],
-                                   out[:, :, rows], lse[:, :, rows], 0.0, False, scale=scale)
+            gq, gk, gv = _backward(
+                grad_aug[:, :, rows],
+                q_aug[:, :, rows],
+                k_aug[:, :, :k0],
+                v_aug[:, :, :k0],
+                out[:, :, rows],
+                lse[:, :, rows],
+                0.0,
+                False,
+                scale=scale,
+            )
             dq[:, :, rows] += gq
             dk[:, :, :k0] += gk
             dv[:, :, :k0] += gv

@@ -44,7 +44,9 @@ def toeplitz(curve: Tensor, n_queries: int, n_keys: int) -> Tensor:
     """[..., n] values per descending distance, n = Lq + K - 1 -> [..., Lq, K] with
     out[r, j] = curve[Lq - 1 - r + j] (constant along diagonals: the bias of distance i - j)."""
     if curve.shape[-1] != n_queries + n_keys - 1:
-        raise ValueError(f"toeplitz needs Lq + K - 1 = {n_queries + n_keys - 1} values, got {curve.shape[-1]}")
+        raise ValueError(
+            f"toeplitz needs Lq + K - 1 = {n_queries + n_keys - 1} values, got {curve.shape[-1]}"
+        )
     windows = curve.unfold(-1, n_keys, 1)  # (..., Lq, K): window s holds curve[s : s + K]
     return windows.flip(-2)  # row r is window Lq - 1 - r
 
@@ -70,7 +72,9 @@ def antidiagonal_sums(grad: Tensor) -> Tensor:
     heads, lq, width = grad.shape[1:]
     m = lq + width - 1
     buffer = grad.new_empty(heads, lq, m)
-    buffer[:, :, :lq - 1].zero_()  # row r's columns before r
-    buffer[:, :, width:].zero_()  # and from r + K_b on (the rows' own columns overwrite the rest below)
+    buffer[:, :, : lq - 1].zero_()  # row r's columns before r
+    buffer[
+        :, :, width:
+    ].zero_()  # and from r + K_b on (the rows' own columns overwrite the rest below)
     torch.sum(grad, dim=0, out=buffer.as_strided((heads, lq, width), (lq * m, m + 1, 1)))
     return buffer.sum(1)

@@ -28,7 +28,9 @@ class ALiBiBias(BiasScheme):
 
     def __init__(self, n_heads, config):
         super().__init__(n_heads, config)
-        self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)  # (H,)
+        self.register_buffer(
+            "slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False
+        )  # (H,)
 
     def slope(self):
         return self.slopes

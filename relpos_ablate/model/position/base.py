@@ -18,15 +18,19 @@ from relpos_ablate.config.model import AttentionConfig
 from relpos_ablate.config.registry import bias_class
 
 
-def build_bias(config: AttentionConfig, n_heads: int, d_head: int | None = None) -> "BiasScheme | None":
+def build_bias(
+    config: AttentionConfig, n_heads: int, d_head: int | None = None
+) -> "BiasScheme | None":
     """The bias module registered under `config.bias` (None for 'none'); d_head: the attention's head width,
     set on the scheme for those that read it (Sandwich)."""
     if config.bias == "none":
         return None
     cls = bias_class(config.bias)
     if not issubclass(cls, BiasScheme):
-        raise TypeError(f"bias {config.bias!r}: {cls.__module__}.{cls.__qualname__} must subclass "
-                        "relpos_ablate.model.position.BiasScheme")
+        raise TypeError(
+            f"bias {config.bias!r}: {cls.__module__}.{cls.__qualname__} must subclass "
+            "relpos_ablate.model.position.BiasScheme"
+        )
     scheme = cls(n_heads, config)
     scheme.d_head = d_head
     return scheme
@@ -64,13 +68,17 @@ class BiasScheme(nn.Module):
         """B_head(q_pos, k_pos) for scalar tensors, in pointwise ops only (see `pointwise`)."""
         raise NotImplementedError
 
-    def compiled_pair_score(self, query_positions: Tensor, key_positions: Tensor, distances: Tensor | None):
+    def compiled_pair_score(
+        self, query_positions: Tensor, key_positions: Tensor, distances: Tensor | None
+    ):
         """Compiled FlexAttention's score of a pair, as a function (head, q_idx, kv_idx, t) -> B of tensors: the
         query's and key's indices into query_positions [L] and key_positions [K], and t the pair's column in
         `distances` [n] (the pair's q_pos - k_pos there; None where the distances are drawn, not the positions'). A
         scheme may precompute tables here (read once each in the score_mod: inductor differentiates no tensor
         read twice). Default: `pair_score` at the pair's positions."""
-        return lambda head, q_idx, kv_idx, t: self.pair_score(query_positions[q_idx], key_positions[kv_idx], head)
+        return lambda head, q_idx, kv_idx, t: self.pair_score(
+            query_positions[q_idx], key_positions[kv_idx], head
+        )
 
     def eager_pair_score(self, q_pos: Tensor, k_pos: Tensor, head: Tensor) -> Tensor:
         """`pair_score` for FlexAttention in eager mode (CPU), which runs score_mod under vmap, so any tensor

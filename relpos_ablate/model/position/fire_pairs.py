@@ -32,6 +32,7 @@ from relpos_ablate.model.position.piecewise import _evaluate, _piece_sums, piece
 
 class Tile(NamedTuple):
     """What a tile's gradient reads again: the tile's query rows, distances d, inputs x and #breakpoints < x."""
+
     rows: slice
     distances: Tensor  # (L_b, K_b)
     x: Tensor  # (L_b, K_b)
@@ -62,7 +63,9 @@ class FIREPairs:
             self.c = c
             self.norm_dc = n / (1 + c * n)  # ∂ψ(n)/∂|c|
             # ∂ψ(n)/∂|L| where L is the larger (torch.maximum gives each side half at a tie)
-            share = torch.where(threshold > self.q, 1.0, torch.where(threshold == self.q, 0.5, 0.0)).to(dtype)
+            share = torch.where(
+                threshold > self.q, 1.0, torch.where(threshold == self.q, 0.5, 0.0)
+            ).to(dtype)
             self.norm_dl = c / (1 + c * n) * share
             self.in_order = bool((self.k[1:] >= self.k[:-1]).all())  # rows' pieces are runs of keys
         self.trained = any(t.requires_grad for t in self._graph)  # (else no gradient to sum)
@@ -90,14 +93,21 @@ class FIREPairs:
             x = self.scheme.psi(distances) / self.norm[rows, None]
             x_range = _range(x)
             interval = _one_interval(x_range, self.breakpoints)
-            if interval is not None:  # one α and β per head, no lookups (a tile far from the diagonal, mostly)
-                bias = torch.addcmul(self.interval_alpha[:, interval, None, None].expand(-1, *x.shape),
-                                     self.interval_beta[:, interval, None, None], x)
+            if (
+                interval is not None
+            ):  # one α and β per head, no lookups (a tile far from the diagonal, mostly)
+                bias = torch.addcmul(
+                    self.interval_alpha[:, interval, None, None].expand(-1, *x.shape),
+                    self.interval_beta[:, interval, None, None],
+                    x,
+                )
                 return bias, Tile(rows, distances, x, None, interval, x_range)
             if x_range is not None:
                 return self._hinged(x, x_range), Tile(rows, distances, x, None, None, x_range)
             below = torch.bucketize(x, self.breakpoints)  # (no range off the CPU: no host sync)
-            return _evaluate(x, self.interval_alpha, self.interval_beta, below), Tile(rows, distances, x, below, None, None)
+            return _evaluate(x, self.interval_alpha, self.interval_beta, below), Tile(
+                rows, distances, x, below, None, None
+            )
 
     def _hinged(self, x: Tensor, x_range: Tensor) -> Tensor:
         """α + β·x of each x's interval, [H, *x.shape], as the line of min(x)'s interval plus, for each breakpoint
@@ -105,15 +115,23 @@ class FIREPairs:
         in place of a lookup of each pair's interval and of α and β per pair and head (FIRE at L = 4096, B = 2,
         H = 8: its forward blocks 158 -> 66 ms, backward tiles 88 -> 73 ms, Intel Xeon). f is continuous, so this
         is the same function; it rounds differently (2.4e-7 against values up to 0.54 there)."""
-        first, last = torch.searchsorted(self.breakpoints, x_range).tolist()  # #breakpoints < min(x), < max(x)
+        first, last = torch.searchsorted(
+            self.breakpoints, x_range
+        ).tolist()  # #breakpoints < min(x), < max(x)
         basis = x.new_empty(2 + last - first, x.numel())
         basis[0] = 1.0
         basis[1] = x.view(-1)
         for row, point in enumerate(self.breakpoints[first:last].tolist(), start=2):
             torch.sub(basis[1], point, out=basis[row]).clamp_(min=0.0)
         beta = self.interval_beta
-        coefficients = torch.cat([self.interval_alpha[:, first, None], beta[:, first, None],
-                                  beta[:, first + 1: last + 1] - beta[:, first: last]], dim=1)
+        coefficients = torch.cat(
+            [
+                self.interval_alpha[:, first, None],
+                beta[:, first, None],
+                beta[:, first + 1 : last + 1] - beta[:, first:last],
+            ],
+            dim=1,
+        )
         return (coefficients @ basis).view(len(beta), *x.shape)
 
     def add_gradient(self, tile: Tile, grad: Tensor) -> None:
@@ -127,13 +145,25 @@ class FIREPairs:
             few = None  # the pieces present, [L_b·K_b, span] one-hot, where they are few
             if tile.interval is None:
                 # (see piecewise.pieces)
-                piece = tile.below.add_(_count_below(tile.x, self.breakpoints, tile.x_range, right=True))
-                on_cpu = piece.device.type == "cpu"  # (elsewhere: no read-back, every piece may be present)
-                low, high = map(int, torch.aminmax(piece)) if on_cpu else (0, self.beta.shape[1] - 1)
-                if high - low < FEW_PIECES:  # Σ_h G_h·β_h(s) for each piece s present, then each pair's own
+                piece = tile.below.add_(
+                    _count_below(tile.x, self.breakpoints, tile.x_range, right=True)
+                )
+                on_cpu = (
+                    piece.device.type == "cpu"
+                )  # (elsewhere: no read-back, every piece may be present)
+                low, high = (
+                    map(int, torch.aminmax(piece)) if on_cpu else (0, self.beta.shape[1] - 1)
+                )
+                if (
+                    high - low < FEW_PIECES
+                ):  # Σ_h G_h·β_h(s) for each piece s present, then each pair's own
                     offset = piece.view(-1, 1) - low
-                    few = (offset == torch.arange(high - low + 1, device=piece.device)).to(grad.dtype)
-                    per_piece = self.beta[:, low: high + 1].T @ grad.reshape(heads, -1)  # (span, L_b·K_b)
+                    few = (offset == torch.arange(high - low + 1, device=piece.device)).to(
+                        grad.dtype
+                    )
+                    per_piece = self.beta[:, low : high + 1].T @ grad.reshape(
+                        heads, -1
+                    )  # (span, L_b·K_b)
                     grad_x = per_piece.gather(0, offset.view(1, -1)).view_as(tile.x)
                 else:
                     index = piece.view(1, -1).expand(heads, -1)
@@ -145,33 +175,51 @@ class FIREPairs:
             rows, x, d = tile.rows, tile.x, tile.distances
             norm = self.norm[rows, None]
             # ∂x/∂|c| = (ψ'(d) - x·ψ'(n)) / ψ(n), ψ'(d) = d / (1 + |c|·|d|)
-            weight = d.abs().mul_(self.c).add_(1).reciprocal_().mul_(d).sub_(x * self.norm_dc[rows, None]).div_(norm)
+            weight = (
+                d.abs()
+                .mul_(self.c)
+                .add_(1)
+                .reciprocal_()
+                .mul_(d)
+                .sub_(x * self.norm_dc[rows, None])
+                .div_(norm)
+            )
             self.grad_c += (weight.mul_(grad_x)).sum(dtype=torch.float64)
             norm_dl = self.norm_dl[rows]
             if norm_dl.any():  # ∂x/∂|L| = -x·ψ'(n)·∂n/∂L / ψ(n): queries below the threshold
-                self.grad_threshold -= (grad_x.mul_(x).sum(1) * (norm_dl / self.norm[rows])).sum(dtype=torch.float64)
+                self.grad_threshold -= (grad_x.mul_(x).sum(1) * (norm_dl / self.norm[rows])).sum(
+                    dtype=torch.float64
+                )
             torch.mul(grad, x, out=scratch)
             if tile.interval is not None:
                 self.grad_alpha[:, piece] += grad.sum((1, 2))
                 self.grad_beta[:, piece] += scratch.sum((1, 2))
             elif few is not None:
-                self.grad_alpha[:, low: high + 1] += grad.view(heads, -1) @ few
-                self.grad_beta[:, low: high + 1] += scratch.view(heads, -1) @ few
+                self.grad_alpha[:, low : high + 1] += grad.view(heads, -1) @ few
+                self.grad_beta[:, low : high + 1] += scratch.view(heads, -1) @ few
             elif self.in_order:
-                self.grad_alpha[:, low: high + 1] += _run_sums(grad, piece, low, high)
-                self.grad_beta[:, low: high + 1] += _run_sums(scratch, piece, low, high)
+                self.grad_alpha[:, low : high + 1] += _run_sums(grad, piece, low, high)
+                self.grad_beta[:, low : high + 1] += _run_sums(scratch, piece, low, high)
             else:
                 self.grad_alpha += _piece_sums(grad, piece, self.alpha.shape[1])
                 self.grad_beta += _piece_sums(scratch, piece, self.alpha.shape[1])
 
     def parameter_gradients(self, params: list[Tensor]) -> list[Tensor | None]:
         """The gradients of `params` (None for each not reached) from the sums added so far."""
-        grads = [self.grad_alpha, self.grad_beta, self.grad_c.to(self.alpha.dtype),
-                 self.grad_threshold.to(self.alpha.dtype)]
+        grads = [
+            self.grad_alpha,
+            self.grad_beta,
+            self.grad_c.to(self.alpha.dtype),
+            self.grad_threshold.to(self.alpha.dtype),
+        ]
         outputs = [(t, g) for t, g in zip(self._graph, grads) if t.requires_grad]
         if not outputs:
             return [None] * len(params)
-        return list(torch.autograd.grad([t for t, _ in outputs], params, [g for _, g in outputs], allow_unused=True))
+        return list(
+            torch.autograd.grad(
+                [t for t, _ in outputs], params, [g for _, g in outputs], allow_unused=True
+            )
+        )
 
 
 def _range(x: Tensor) -> Tensor | None:
@@ -194,7 +242,9 @@ def _one_interval(x_range: Tensor | None, breakpoints: Tensor) -> int | None:
 FEW_BREAKPOINTS = 6
 
 
-def _count_below(x: Tensor, breakpoints: Tensor, x_range: Tensor | None, right: bool = False) -> Tensor:
+def _count_below(
+    x: Tensor, breakpoints: Tensor, x_range: Tensor | None, right: bool = False
+) -> Tensor:
     """torch.bucketize(x, breakpoints, right=right): #breakpoints < x (right: <= x), int64. Where x's range
     [min(x), max(x)] (`_range`) holds at most FEW_BREAKPOINTS of them, by comparing with those alone (~5x faster
     than its binary searches)."""
@@ -221,8 +271,12 @@ def _run_sums(values: Tensor, piece: Tensor, low: int, high: int) -> Tensor:
     span = high - low + 1
     rows = torch.arange(n_rows, device=piece.device)[:, None] * span - low
     counts = torch.bincount((piece + rows).view(-1), minlength=n_rows * span).view(n_rows, span)
-    ends = counts.flip(1).cumsum_(1).flip(1)  # (R, span): #keys of the row with piece >= s, piece s's run's end
+    ends = (
+        counts.flip(1).cumsum_(1).flip(1)
+    )  # (R, span): #keys of the row with piece >= s, piece s's run's end
     running = values.cumsum_(2)
     # Σ over the keys before each run's end, 0 above the row's pieces; piece s's run follows piece s + 1's
-    upto = running.gather(2, (ends - 1).clamp_(min=0).expand(heads, -1, -1)).masked_fill_(ends == 0, 0.0)
+    upto = running.gather(2, (ends - 1).clamp_(min=0).expand(heads, -1, -1)).masked_fill_(
+        ends == 0, 0.0
+    )
     return upto.sub_(F.pad(upto[..., 1:], (0, 1))).sum(1)

@@ -25,7 +25,9 @@ class _Kerple(BiasScheme):
     def __init__(self, n_heads, config):
         super().__init__(n_heads, config)
         self.a = nn.Parameter(torch.rand(n_heads).clamp(min=MIN_PARAM))  # (H,) ~ U(0, 1), in range
-        self.p = nn.Parameter((torch.rand(n_heads) * 2).clamp(min=MIN_PARAM, max=self.max_p))  # (H,) ~ U(0, 2)
+        self.p = nn.Parameter(
+            (torch.rand(n_heads) * 2).clamp(min=MIN_PARAM, max=self.max_p)
+        )  # (H,) ~ U(0, 2)
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:
@@ -35,7 +37,9 @@ class _Kerple(BiasScheme):
     def params(self):
         """a, p as [H, 1]; the clamp is a guard for loops that skip after_optimizer_step (in range it
         passes the gradient unchanged)."""
-        return self.a.clamp(min=MIN_PARAM)[:, None], self.p.clamp(min=MIN_PARAM, max=self.max_p)[:, None]
+        return self.a.clamp(min=MIN_PARAM)[:, None], self.p.clamp(min=MIN_PARAM, max=self.max_p)[
+            :, None
+        ]
 
 
 class KerpleLogBias(_Kerple):

@@ -40,7 +40,9 @@ class FIREBias(BiasScheme):
         return self.psi(distances) / self.psi(torch.maximum(q_pos, self.threshold.abs()))
 
     def bias(self, q_pos, k_pos):
-        return relu_mlp(self.mlp[0], self.mlp[2], self._pair_input(q_pos[:, None], k_pos[None, :]))  # (H, Lq, K)
+        return relu_mlp(
+            self.mlp[0], self.mlp[2], self._pair_input(q_pos[:, None], k_pos[None, :])
+        )  # (H, Lq, K)
 
     def pair_score(self, q_pos, k_pos, head):
         """The MLP unit by unit on scalars (FlexAttention's score_mod evaluates it per pair: no [H, Lq, K] map;
@@ -49,7 +51,9 @@ class FIREBias(BiasScheme):
         first, _, second = self.mlp
         out = second.bias[head]
         for unit in range(first.out_features):
-            out = out + second.weight[head, unit] * torch.relu(first.weight[unit, 0] * x + first.bias[unit])
+            out = out + second.weight[head, unit] * torch.relu(
+                first.weight[unit, 0] * x + first.bias[unit]
+            )
         return out
 
     def compiled_pair_score(self, query_positions, key_positions, distances):
@@ -61,14 +65,19 @@ class FIREBias(BiasScheme):
         if distances is None:
             return super().compiled_pair_score(query_positions, key_positions, distances)
         breakpoints, alpha, beta = pieces(self.mlp[0], self.mlp[2])
-        alpha, beta = alpha[:, ::2].contiguous(), beta[:, ::2].contiguous()  # (H, U + 1): the open intervals
+        alpha, beta = (
+            alpha[:, ::2].contiguous(),
+            beta[:, ::2].contiguous(),
+        )  # (H, U + 1): the open intervals
         q = query_positions.to(self.c.dtype)
         inverse_norm = 1.0 / self.psi(torch.maximum(q, self.threshold.abs()))  # (L,)
         psi = self.psi(distances.to(self.c.dtype))  # (n,)
 
         def score(head, q_idx, kv_idx, t):
             x = psi[t] * inverse_norm[q_idx]
-            below = sum((x > breakpoints[unit]).to(torch.int64) for unit in range(len(breakpoints)))  # #breakpoints < x
+            below = sum(
+                (x > breakpoints[unit]).to(torch.int64) for unit in range(len(breakpoints))
+            )  # #breakpoints < x
             return alpha[head, below] + beta[head, below] * x
 
         return score
@@ -86,7 +95,9 @@ class FIREBias(BiasScheme):
         q = q_pos.to(self.c.dtype)
         return self.normalised(q - k_pos.to(self.c.dtype), q)
 
-    def by_hand(self, query_positions: Tensor, key_positions: Tensor, grad: bool = False) -> FIREPairs:
+    def by_hand(
+        self, query_positions: Tensor, key_positions: Tensor, grad: bool = False
+    ) -> FIREPairs:
         """The bias at every pair of these positions with its gradient by hand, for the block kernel
         (fire_pairs.py)."""
         return FIREPairs(self, query_positions, key_positions, grad)
@@ -95,7 +106,11 @@ class FIREBias(BiasScheme):
         """Bias at distances for a query at `query_position` (default: the threshold L, where the
         normaliser stops changing for shorter contexts)."""
         d = distances.to(self.c.dtype)
-        q = self.threshold.abs() if query_position is None else torch.tensor(query_position, dtype=d.dtype)
+        q = (
+            self.threshold.abs()
+            if query_position is None
+            else torch.tensor(query_position, dtype=d.dtype)
+        )
         return relu_mlp(self.mlp[0], self.mlp[2], self.normalised(d, q))  # (H, n)
 
 

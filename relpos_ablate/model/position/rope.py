@@ -16,7 +16,10 @@ from torch import Tensor
 from relpos_ablate.model.position.sinusoid import inverse_frequencies
 
 XPOS_GAMMA = 0.4  # ζ_p = (2p/d + γ)/(1 + γ) (Sun et al. 2022, the authors' code)
-YARN_ALPHA, YARN_BETA = 1.0, 32.0  # YaRN's ramp ends: pairs turning > β times within L keep θ, < α get θ/s
+YARN_ALPHA, YARN_BETA = (
+    1.0,
+    32.0,
+)  # YaRN's ramp ends: pairs turning > β times within L keep θ, < α get θ/s
 # Llama 3's ramp ends (Llama 3.1's rope_scaling low_freq_factor, high_freq_factor): pairs whose wavelength exceeds
 # L/low get θ/s, below L/high keep θ, in between a blend linear in L/wavelength (Hugging Face, rope_type llama3)
 LLAMA3_LOW, LLAMA3_HIGH = 1.0, 4.0
@@ -35,7 +38,9 @@ class RopeScaling:
 
     def __post_init__(self):
         if self.kind not in SCALINGS:
-            raise ValueError(f"rope_scaling: {self.kind!r} is not allowed; choose one of {', '.join(SCALINGS)}")
+            raise ValueError(
+                f"rope_scaling: {self.kind!r} is not allowed; choose one of {', '.join(SCALINGS)}"
+            )
         if self.factor < 1.0:
             raise ValueError(f"rope_scale: {self.factor} is out of range; allowed [1, inf]")
 
@@ -51,10 +56,14 @@ def yarn_ramp(d_rot: int, base: float, original_length: int, device=None) -> Ten
     Face compute it: linear in the pair index p from the pair that turns β times within L to the one that
     turns α times (pair p(r) = d_rot·ln(L/(2πr))/(2 ln base) turns r times; the ends rounded outwards and
     clipped to [0, d_rot - 1]). The paper's Eq. 18 is linear in the turns instead (docs/formulas.md). [d_rot/2]."""
+
     def turning(turns: float) -> float:
         return d_rot * math.log(original_length / (2 * math.pi * turns)) / (2 * math.log(base))
 
-    low, high = max(math.floor(turning(YARN_BETA)), 0), min(math.ceil(turning(YARN_ALPHA)), d_rot - 1)
+    low, high = (
+        max(math.floor(turning(YARN_BETA)), 0),
+        min(math.ceil(turning(YARN_ALPHA)), d_rot - 1),
+    )
     width = high - low if high != low else 0.001  # their code's guard: one pair is a step, not 0/0
     pairs = torch.arange(d_rot // 2, dtype=torch.float64, device=device)
     return 1 - ((pairs - low) / width).clamp(0.0, 1.0)
@@ -72,8 +81,13 @@ def llama3_ramp(theta: Tensor, original_length: int) -> Tensor:
     return torch.where(wavelength < original_length / LLAMA3_HIGH, torch.ones_like(ramp), ramp)
 
 
-def rope_frequencies(d_rot: int, base: float, scaling: RopeScaling | None = None, device=None,
-                     rotating: int | None = None) -> Tensor:
+def rope_frequencies(
+    d_rot: int,
+    base: float,
+    scaling: RopeScaling | None = None,
+    device=None,
+    rotating: int | None = None,
+) -> Tensor:
     """θ_p = base^(-2p/d_rot), p = 0 .. d_rot/2 - 1, as `scaling` changes them: [d_rot/2] float64.
 
     pi: θ_p / s. ntk: the base becomes base·s^(d_rot/(d_rot - 2)). yarn: γ_p·θ_p + (1 - γ_p)·θ_p/s with
@@ -89,7 +103,9 @@ def rope_frequencies(d_rot: int, base: float, scaling: RopeScaling | None = None
 def _scaled_frequencies(d_rot: int, base: float, scaling: RopeScaling | None, device) -> Tensor:
     if scaling is not None and scaling.kind == "ntk":
         if d_rot <= 2:
-            raise ValueError("rope_scaling: ntk rescales the base by s^(d/(d-2)); it needs at least 2 rotary pairs")
+            raise ValueError(
+                "rope_scaling: ntk rescales the base by s^(d/(d-2)); it needs at least 2 rotary pairs"
+            )
         base = base * scaling.factor ** (d_rot / (d_rot - 2))
     theta = inverse_frequencies(d_rot, base, device)
     if scaling is None or scaling.kind == "ntk":
@@ -109,9 +125,18 @@ def xpos_decay(d_rot: int, device=None) -> Tensor:
     return (p + XPOS_GAMMA * d_rot) / ((1 + XPOS_GAMMA) * d_rot)
 
 
-def rotate(x: Tensor, positions: Tensor, d_rot: int, base: float, *, scaling: RopeScaling | None = None,
-           xpos_scale_base: float | None = None, xpos_sign: float = 1.0, xpos_centre: Tensor | float = 0.0,
-           rotating: int | None = None) -> Tensor:
+def rotate(
+    x: Tensor,
+    positions: Tensor,
+    d_rot: int,
+    base: float,
+    *,
+    scaling: RopeScaling | None = None,
+    xpos_scale_base: float | None = None,
+    xpos_sign: float = 1.0,
+    xpos_centre: Tensor | float = 0.0,
+    rotating: int | None = None,
+) -> Tensor:
     """x [..., n, d] with its first d_rot dimensions rotated by angle position·θ_p per pair (p, p + d_rot/2)
     and multiplied by the scaling's attention factor (YaRN's; as Hugging Face's partial rotary, the others
     are left as they are). xPos also scales pair p by ζ_p^(sign·(position - centre)/B): sign +1 for
@@ -122,11 +147,13 @@ def rotate(x: Tensor, positions: Tensor, d_rot: int, base: float, *, scaling: Ro
     factor = 1.0 if scaling is None else scaling.attention_factor
     cos, sin = angles.cos() * factor, angles.sin() * factor
     if xpos_scale_base is not None:
-        scale = xpos_decay(d_rot, x.device)[None] ** (xpos_sign * (pos - xpos_centre) / xpos_scale_base)
+        scale = xpos_decay(d_rot, x.device)[None] ** (
+            xpos_sign * (pos - xpos_centre) / xpos_scale_base
+        )
         cos, sin = cos * scale, sin * scale
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # (n, d_rot/2): pair p is (p, p + d_rot/2)
     if torch.compiler.is_compiling():  # Inductor fuses the plain formula itself
-        first, second, rest = x[..., : d_rot // 2], x[..., d_rot // 2: d_rot], x[..., d_rot:]
+        first, second, rest = x[..., : d_rot // 2], x[..., d_rot // 2 : d_rot], x[..., d_rot:]
         return torch.cat([first * cos - second * sin, second * cos + first * sin, rest], dim=-1)
     return _Rotation.apply(x, cos, sin)
 
@@ -138,12 +165,12 @@ def _turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     ~10% of the layer's forward + backward)."""
     half = cos.shape[-1]
     out = torch.empty_like(x)
-    first, second = x[..., :half], x[..., half: 2 * half]
-    out_first, out_second = out[..., :half], out[..., half: 2 * half]
+    first, second = x[..., :half], x[..., half : 2 * half]
+    out_first, out_second = out[..., :half], out[..., half : 2 * half]
     torch.mul(first, cos, out=out_first).addcmul_(second, sin, value=-1.0)
     torch.mul(second, cos, out=out_second).addcmul_(first, sin)
     if 2 * half < x.shape[-1]:
-        out[..., 2 * half:] = x[..., 2 * half:]
+        out[..., 2 * half :] = x[..., 2 * half :]
     return out
 
 
@@ -160,17 +187,47 @@ class _Rotation(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
-        return _Rotation.apply(grad, cos, -sin), None, None  # itself a _Rotation: differentiable again
+        return (
+            _Rotation.apply(grad, cos, -sin),
+            None,
+            None,
+        )  # itself a _Rotation: differentiable again
 
 
-def rotate_queries_keys(q: Tensor, k: Tensor, query_positions: Tensor, key_positions: Tensor, d_rot: int,
-                        base: float, scaling: RopeScaling | None = None,
-                        xpos_scale_base: float | None = None, rotating: int | None = None) -> tuple[Tensor, Tensor]:
+def rotate_queries_keys(
+    q: Tensor,
+    k: Tensor,
+    query_positions: Tensor,
+    key_positions: Tensor,
+    d_rot: int,
+    base: float,
+    scaling: RopeScaling | None = None,
+    xpos_scale_base: float | None = None,
+    rotating: int | None = None,
+) -> tuple[Tensor, Tensor]:
     """RoPE of one attention call: q [B, H, L, d] at query_positions [L], k [B, H, K, d] at key_positions
     [K]; xPos centred once for both (the middle of the keys' positions); rotating: p-RoPE's pairs."""
     centre = (key_positions.amin() + key_positions.amax()).double() / 2
-    q = rotate(q, query_positions, d_rot, base, scaling=scaling, xpos_scale_base=xpos_scale_base, xpos_sign=1.0,
-               xpos_centre=centre, rotating=rotating)
-    k = rotate(k, key_positions, d_rot, base, scaling=scaling, xpos_scale_base=xpos_scale_base, xpos_sign=-1.0,
-               xpos_centre=centre, rotating=rotating)
+    q = rotate(
+        q,
+        query_positions,
+        d_rot,
+        base,
+        scaling=scaling,
+        xpos_scale_base=xpos_scale_base,
+        xpos_sign=1.0,
+        xpos_centre=centre,
+        rotating=rotating,
+    )
+    k = rotate(
+        k,
+        key_positions,
+        d_rot,
+        base,
+        scaling=scaling,
+        xpos_scale_base=xpos_scale_base,
+        xpos_sign=-1.0,
+        xpos_centre=centre,
+        rotating=rotating,
+    )
     return q, k

@@ -24,8 +24,16 @@ class SandwichBias(BiasScheme):
 
     def curve(self, distances):
         if self.d_head is None:
-            raise ValueError("sandwich reads the head width: build it with build_bias(config, n_heads, d_head)")
-        k = torch.arange(1, self.d_head // 2 + 1, dtype=torch.float64, device=distances.device)  # (d/2,)
-        angles = distances.abs().to(torch.float64)[:, None] * BASE ** (-2 * k / self.d_head)[None]  # (n, d/2)
-        inner = (angles.cos().sum(-1) - self.d_head / 2).to(self.divisor.dtype)  # (n,): p_i·p_j - d/2
+            raise ValueError(
+                "sandwich reads the head width: build it with build_bias(config, n_heads, d_head)"
+            )
+        k = torch.arange(
+            1, self.d_head // 2 + 1, dtype=torch.float64, device=distances.device
+        )  # (d/2,)
+        angles = (
+            distances.abs().to(torch.float64)[:, None] * BASE ** (-2 * k / self.d_head)[None]
+        )  # (n, d/2)
+        inner = (angles.cos().sum(-1) - self.d_head / 2).to(
+            self.divisor.dtype
+        )  # (n,): p_i·p_j - d/2
         return inner[None] / self.divisor[:, None]  # (H, n)

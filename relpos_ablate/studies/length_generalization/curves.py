@@ -16,9 +16,19 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from relpos_ablate.studies.length_generalization.figures import POSITIONS, TASK, variant_styles, variant_words, with_variants
+from relpos_ablate.studies.length_generalization.figures import (
+    POSITIONS,
+    TASK,
+    variant_styles,
+    variant_words,
+    with_variants,
+)
 from relpos_ablate.studies.length_generalization.table import (
-    example_rows, per_run_bins, task_order, train_range, variant_order,
+    example_rows,
+    per_run_bins,
+    task_order,
+    train_range,
+    variant_order,
 )
 from relpos_ablate.analysis.plots import save_figure
 from relpos_ablate.analysis.table_options import default_metric
@@ -38,12 +48,22 @@ def curves(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str], list
     runs = data.drop_duplicates("run_dir").set_index("run_dir")
     lengths = runs.apply(train_range, axis=1)
     bins["train_min"], bins["train_max"] = (bins["run_dir"].map(lengths.str[k]) for k in (0, 1))
-    keys = [k for k in runs.columns if k in (TASK, "seed", *df.attrs.get("variant_axes", []), "encoding", POSITIONS)]
+    keys = [
+        k
+        for k in runs.columns
+        if k in (TASK, "seed", *df.attrs.get("variant_axes", []), "encoding", POSITIONS)
+    ]
     frame = bins.join(runs[keys], on="run_dir")
     frame["n"] = (frame["length_min"] + frame["length_max"]) / 2
     frame, variant_keys, variants = with_variants(frame, df)
-    if set(variant_keys) <= {"encoding", POSITIONS} and "encoding" in variant_keys:  # the study's order, spec or not
-        variants.sort(key=lambda v: variant_order(*(dict(zip(variant_keys, v)).get(k) for k in ("encoding", POSITIONS))))
+    if (
+        set(variant_keys) <= {"encoding", POSITIONS} and "encoding" in variant_keys
+    ):  # the study's order, spec or not
+        variants.sort(
+            key=lambda v: variant_order(
+                *(dict(zip(variant_keys, v)).get(k) for k in ("encoding", POSITIONS))
+            )
+        )
     return frame, variant_keys, variants
 
 
@@ -72,27 +92,57 @@ def lengthgen_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
             if runs["seed"].nunique() > 1:
                 ax.fill_between(xs, low, high, color=color, alpha=0.12, lw=0)
         edges = sorted(set(zip(part["length_min"], part["length_max"])))
-        ax.set_xticks([(a + b) / 2 for a, b in edges], [f"{a:g}-{b:g}" if a != b else f"{a:g}" for a, b in edges],
-                      fontsize=7, rotation=30)
+        ax.set_xticks(
+            [(a + b) / 2 for a, b in edges],
+            [f"{a:g}-{b:g}" if a != b else f"{a:g}" for a, b in edges],
+            fontsize=7,
+            rotation=30,
+        )
         flat = _flat(part, metric, hi, variants)
-        hidden = "".join("\n" + line for line in textwrap.wrap(
-            f"below {FLAT:g} past the training lengths, lines under each other: "
-            + ", ".join(variant_words(keys, v) for v in flat),
-            width=62)) if len(flat) > 1 else ""
+        hidden = (
+            "".join(
+                "\n" + line
+                for line in textwrap.wrap(
+                    f"below {FLAT:g} past the training lengths, lines under each other: "
+                    + ", ".join(variant_words(keys, v) for v in flat),
+                    width=62,
+                )
+            )
+            if len(flat) > 1
+            else ""
+        )
         ax.set_ylim(-0.03, 1.03)
         ax.set_title(task or "", fontsize=10)
         ax.set_xlabel("task length n (test bin)" + hidden, fontsize=8)
         ax.set_ylabel(words, fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in axes[len(tasks):]:
+    for ax in axes[len(tasks) :]:
         ax.set_visible(False)
     seeds = frame.groupby("variant")["seed"].nunique()
-    handles = [Line2D([], [], color=styles[v][0], ls=styles[v][1], marker="o", ms=3, label=variant_words(keys, v))
-               for v in variants]
+    handles = [
+        Line2D(
+            [],
+            [],
+            color=styles[v][0],
+            ls=styles[v][1],
+            marker="o",
+            ms=3,
+            label=variant_words(keys, v),
+        )
+        for v in variants
+    ]
     handles.append(Patch(color=SHADE, label="training lengths"))
-    fig.legend(handles=handles, loc="outside right upper", fontsize=8,
-               title=f"mean over {_seeds(seeds)}\nband: min-max over seeds", title_fontsize=8)
-    fig.suptitle(f"Length generalization: {words} against task length, trained on the shaded lengths", fontsize=11)
+    fig.legend(
+        handles=handles,
+        loc="outside right upper",
+        fontsize=8,
+        title=f"mean over {_seeds(seeds)}\nband: min-max over seeds",
+        title_fontsize=8,
+    )
+    fig.suptitle(
+        f"Length generalization: {words} against task length, trained on the shaded lengths",
+        fontsize=11,
+    )
     return fig
 
 
@@ -100,7 +150,9 @@ def _flat(part: pd.DataFrame, metric: str, train_max: float, variants: list[tupl
     """The variants (in drawing order) whose mean over seeds is below FLAT in every bin past train_max."""
     beyond = part[part["length_min"] > train_max]
     means = beyond.groupby(["variant", "n"])[metric].mean()
-    return [v for v in variants if v in means.index.get_level_values(0) and (means.loc[v] < FLAT).all()]
+    return [
+        v for v in variants if v in means.index.get_level_values(0) and (means.loc[v] < FLAT).all()
+    ]
 
 
 def _seeds(counts: pd.Series) -> str:
@@ -108,7 +160,10 @@ def _seeds(counts: pd.Series) -> str:
     return f"{low} seed{'s' if high > 1 else ''}" if low == high else f"{low}-{high} seeds"
 
 
-def save_lengthgen(df: pd.DataFrame, out: Path, metric: str | None = None,
-                   formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
+def save_lengthgen(
+    df: pd.DataFrame,
+    out: Path,
+    metric: str | None = None,
+    formats: tuple[str, ...] = ("png", "pdf"),
+) -> list[Path]:
     return save_figure(lengthgen_figure(df, metric), Path(out) / "lengthgen", formats)
-

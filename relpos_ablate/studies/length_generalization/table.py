@@ -38,8 +38,11 @@ def example_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The finished rows of example-task runs (those with test-length bins), or a one-line error."""
     data = finished(df, metric)
     if not set(BIN_FIELDS) <= set(data.columns) or data["length_min"].isna().all():
-        raise ConfigError("layout", f"length_generalization needs example-task runs (data.task one of "
-                          f"{', '.join(EXAMPLE_TASKS)}): these runs have no test-length bins")
+        raise ConfigError(
+            "layout",
+            f"length_generalization needs example-task runs (data.task one of "
+            f"{', '.join(EXAMPLE_TASKS)}): these runs have no test-length bins",
+        )
     return data[data["length_min"].notna()]
 
 
@@ -59,16 +62,31 @@ def per_run_bins(data: pd.DataFrame, metric: str) -> pd.DataFrame:
     """One row per (run, bin): the run's metric in that bin (depth tasks: the mean over the depths), the
     bin's bounds, and whether the bin lies beyond the run's training lengths (`ood`) or within them (`iid`)."""
     grouped = data.groupby(["run_dir", *BIN_FIELDS], sort=False)[metric].mean().reset_index()
-    limits = grouped["run_dir"].map(data.drop_duplicates("run_dir").set_index("run_dir").apply(train_max, axis=1))
+    limits = grouped["run_dir"].map(
+        data.drop_duplicates("run_dir").set_index("run_dir").apply(train_max, axis=1)
+    )
     grouped["ood"] = grouped["length_min"] > limits
     grouped["iid"] = grouped["length_max"] <= limits
     return grouped
 
 
-ENCODING_NAMES = {"nope": "NoPE", "vaswani": "sinusoid", "learned": "learned absolute", "rope": "RoPE", "t5": "T5",
-                  "alibi": "ALiBi", "kerple_log": "KERPLE", "fire": "FIRE", "xl": "Transformer-XL", "p_rope": "p-RoPE",
-                  "ssmax": "SSMax", "stick_breaking": "stick-breaking", "path": "PaTH", "dape": "DAPE",
-                  "dape_v2": "DAPE v2"}
+ENCODING_NAMES = {
+    "nope": "NoPE",
+    "vaswani": "sinusoid",
+    "learned": "learned absolute",
+    "rope": "RoPE",
+    "t5": "T5",
+    "alibi": "ALiBi",
+    "kerple_log": "KERPLE",
+    "fire": "FIRE",
+    "xl": "Transformer-XL",
+    "p_rope": "p-RoPE",
+    "ssmax": "SSMax",
+    "stick_breaking": "stick-breaking",
+    "path": "PaTH",
+    "dape": "DAPE",
+    "dape_v2": "DAPE v2",
+}
 """The study's encodings (runner presets) in words, in the order its tables and figures list them."""
 
 
@@ -86,7 +104,11 @@ def task_order(task) -> tuple:
 def variant_order(encoding, positions=None) -> tuple:
     """Sort key: the study's encodings in ENCODING_NAMES order, others after by name; sequential first."""
     names = list(ENCODING_NAMES)
-    return (names.index(encoding) if encoding in names else len(names), str(encoding), positions == "randomized")
+    return (
+        names.index(encoding) if encoding in names else len(names),
+        str(encoding),
+        positions == "randomized",
+    )
 
 
 def _bin_label(bounds: tuple[int, int]) -> str:
@@ -103,7 +125,9 @@ def _scores(data: pd.DataFrame, rows: list[str], metric: str):
         run = runs.loc[run_dir]
         key = (run.get(TASK), row_key(run, rows))
         for record in part.itertuples(index=False):
-            cells[key][(int(record.length_min), int(record.length_max))].append(float(getattr(record, metric)))
+            cells[key][(int(record.length_min), int(record.length_max))].append(
+                float(getattr(record, metric))
+            )
         for flag, name in (("ood", OOD), ("iid", IID)):
             if part[flag].any():
                 cells[key][name].append(float(part.loc[part[flag], metric].mean()))
@@ -111,7 +135,9 @@ def _scores(data: pd.DataFrame, rows: list[str], metric: str):
     return cells, order
 
 
-def length_generalization_table(df: pd.DataFrame, options: TableOptions, orders: dict | None = None) -> Table:
+def length_generalization_table(
+    df: pd.DataFrame, options: TableOptions, orders: dict | None = None
+) -> Table:
     """Rows (task, *options.rows) x test-length bins + OOD mean of options.metric (module docstring). The
     columns are fixed."""
     orders, metric, rows = orders or {}, options.metric, list(options.rows)
@@ -128,12 +154,18 @@ def length_generalization_table(df: pd.DataFrame, options: TableOptions, orders:
     present = [c for line in grid for c in line if c is not None]
     counts = sorted({c.n for c in present})
     better = "higher" if metric_direction(metric) == "max" else "lower"
-    caption = (f"{metric} per test length n: mean ± std over {_seeds(counts)}; best per task and column in bold "
-               f"({better} is better). {OOD}: the mean over the bins that start beyond the training lengths.")
-    return Table(index=["task", *(r.rsplit(".", 1)[-1] for r in rows)],
-                 columns=[c if c == OOD else _bin_label(c) for c in columns],
-                 rows=[([label(k[0]), *(label(v) for v in k[1])], line) for k, line in zip(keys, grid)],
-                 caption=caption, decimals=DECIMALS.get(metric, 3), show_n=len(counts) > 1)
+    caption = (
+        f"{metric} per test length n: mean ± std over {_seeds(counts)}; best per task and column in bold "
+        f"({better} is better). {OOD}: the mean over the bins that start beyond the training lengths."
+    )
+    return Table(
+        index=["task", *(r.rsplit(".", 1)[-1] for r in rows)],
+        columns=[c if c == OOD else _bin_label(c) for c in columns],
+        rows=[([label(k[0]), *(label(v) for v in k[1])], line) for k, line in zip(keys, grid)],
+        caption=caption,
+        decimals=DECIMALS.get(metric, 3),
+        show_n=len(counts) > 1,
+    )
 
 
 def study_order(rows: list[str]) -> list[str]:
@@ -152,25 +184,36 @@ def rank_table(df: pd.DataFrame, metric: str, rows: list[str], orders: dict | No
     cells, _ = _scores(data, rows, metric)
     ood = {k: float(np.mean(v[OOD])) for k, v in cells.items() if v.get(OOD)}
     if not ood:
-        raise ConfigError("layout", "no run has a test bin beyond its training lengths: nothing to rank")
+        raise ConfigError(
+            "layout", "no run has a test bin beyond its training lengths: nothing to rank"
+        )
     tasks = sorted({k[0] for k in ood}, key=lambda t: sort_key((t,), [TASK], orders))
     encodings = sorted({k[1] for k in ood}, key=lambda e: sort_key(e, rows, orders))
     ascending = metric_direction(metric) == "min"
-    ranks = {task: pd.Series({k[1]: v for k, v in ood.items() if k[0] == task}).rank(ascending=ascending)
-             for task in tasks}
+    ranks = {
+        task: pd.Series({k[1]: v for k, v in ood.items() if k[0] == task}).rank(ascending=ascending)
+        for task in tasks
+    }
     lines = []
     for encoding in encodings:
         mine = [ranks[t].get(encoding, math.nan) for t in tasks]
         known = [r for r in mine if not math.isnan(r)]
         mean = Cell(mean=float(np.mean(known)), std=math.nan, n=len(known)) if known else None
-        shown = [None if math.isnan(r) else f"{r:g}{_in_distribution(cells.get((t, encoding), {}))}"
-                 for r, t in zip(mine, tasks)]
+        shown = [
+            None if math.isnan(r) else f"{r:g}{_in_distribution(cells.get((t, encoding), {}))}"
+            for r, t in zip(mine, tasks)
+        ]
         lines.append(([label(v) for v in encoding], [*shown, mean]))
     mark_best([line[1][-1] for line in lines], "rank")  # a lower rank is better
-    return Table(index=[r.rsplit(".", 1)[-1] for r in rows], columns=[*map(label, tasks), "mean rank"], rows=lines,
-                 caption=f"Rank by {OOD} of {metric} per task (1 = best; ties share their mean rank), in brackets the "
-                         f"{IID} of {metric} over seeds (a low one: the task not learnt at the training lengths), and "
-                         "the mean rank over the tasks (best in bold).", decimals=2)
+    return Table(
+        index=[r.rsplit(".", 1)[-1] for r in rows],
+        columns=[*map(label, tasks), "mean rank"],
+        rows=lines,
+        caption=f"Rank by {OOD} of {metric} per task (1 = best; ties share their mean rank), in brackets the "
+        f"{IID} of {metric} over seeds (a low one: the task not learnt at the training lengths), and "
+        "the mean rank over the tasks (best in bold).",
+        decimals=2,
+    )
 
 
 def _in_distribution(cell: dict) -> str:
@@ -178,4 +221,8 @@ def _in_distribution(cell: dict) -> str:
 
 
 def _seeds(counts: list[int]) -> str:
-    return f"n={counts[0]} seed{'s' if counts[0] != 1 else ''}" if len(counts) == 1 else "n seeds (per cell)"
+    return (
+        f"n={counts[0]} seed{'s' if counts[0] != 1 else ''}"
+        if len(counts) == 1
+        else "n seeds (per cell)"
+    )

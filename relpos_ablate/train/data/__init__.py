@@ -24,9 +24,18 @@ def build_datamodule(config: RunConfig) -> SegmentDataModule:
 def sample_inputs(config: RunConfig, segment_len: int, batch_size: int = 1) -> Tensor:
     """The first evaluation segment of the first `batch_size` streams, [batch_size, segment_len] long."""
     if batch_size > config.eval.batch_size:
-        raise ValueError(f"batch_size {batch_size} > eval.batch_size {config.eval.batch_size} (the eval streams)")
+        raise ValueError(
+            f"batch_size {batch_size} > eval.batch_size {config.eval.batch_size} (the eval streams)"
+        )
     inputs, _targets, _mask = build_datamodule(config).streams("eval", segment_len)[0]
     return inputs[:batch_size]
 
 
-__all__ = ["Batch", "SegmentDataModule", "SegmentStreams", "TrainBatch", "build_datamodule", "sample_inputs"]
+__all__ = [
+    "Batch",
+    "SegmentDataModule",
+    "SegmentStreams",
+    "TrainBatch",
+    "build_datamodule",
+    "sample_inputs",
+]

@@ -13,7 +13,13 @@ from relpos_ablate.config import ConfigError, EvalSetting, RunConfig
 from relpos_ablate.config.base import raise_all
 from relpos_ablate.train.data import synthetic, text
 from relpos_ablate.train.data.protocols import eval_loader
-from relpos_ablate.train.data.streams import ResumeSampler, SegmentStreams, TrainingSegments, batchify, shard_rows
+from relpos_ablate.train.data.streams import (
+    ResumeSampler,
+    SegmentStreams,
+    TrainingSegments,
+    batchify,
+    shard_rows,
+)
 
 
 class SegmentDataModule(L.LightningDataModule):
@@ -42,7 +48,9 @@ class SegmentDataModule(L.LightningDataModule):
         if split not in self._tasks:
             data = self.config.data
             length = data.train_tokens if split == "train" else data.eval_tokens
-            self._tasks[split] = synthetic.generate(data, self.config.seed, split, self._rows(split), length)
+            self._tasks[split] = synthetic.generate(
+                data, self.config.seed, split, self._rows(split), length
+            )
         return self._tasks[split]
 
     def _rows(self, split: str) -> int:
@@ -70,10 +78,15 @@ class SegmentDataModule(L.LightningDataModule):
         tokens = self._corpus.splits.get(name)
         if tokens is None or tokens.numel() < self._rows(split) * (segment_len + 1):
             size = 0 if tokens is None else tokens.numel()
-            raise ConfigError(field, f"the {name} split has {size} tokens, too few for {self._rows(split)} "
-                              f"streams of segment length {segment_len}")
+            raise ConfigError(
+                field,
+                f"the {name} split has {size} tokens, too few for {self._rows(split)} "
+                f"streams of segment length {segment_len}",
+            )
         inputs, targets = batchify(tokens, self._rows(split))
-        return SegmentStreams(inputs, targets, torch.ones(1, 1, dtype=torch.bool).expand_as(inputs), segment_len)
+        return SegmentStreams(
+            inputs, targets, torch.ones(1, 1, dtype=torch.bool).expand_as(inputs), segment_len
+        )
 
     def eval_split(self, setting: EvalSetting) -> str:
         """The streams `setting` scores (a name for `streams`): its text split, else eval.split's; 'eval' for
@@ -90,23 +103,43 @@ class SegmentDataModule(L.LightningDataModule):
             return
         rows, problems = self._rows("eval"), []
         settings = self.config.eval_settings()
-        for name in dict.fromkeys([self.config.eval.split, *(self.eval_split(s) for s in settings)]):
+        for name in dict.fromkeys(
+            [self.config.eval.split, *(self.eval_split(s) for s in settings)]
+        ):
             tokens = self._corpus.splits.get(name)
             if tokens is None:  # e.g. a hub corpus published without a test split
                 missing = f"{name!r}: this corpus has no {name} split (it has {', '.join(self._corpus.splits)})"
-                fields = ([self.config.eval_setting_field(i, "split") for i, s in enumerate(settings) if s.split == name]
-                          if name != self.config.eval.split else ["eval.split"])
+                fields = (
+                    [
+                        self.config.eval_setting_field(i, "split")
+                        for i, s in enumerate(settings)
+                        if s.split == name
+                    ]
+                    if name != self.config.eval.split
+                    else ["eval.split"]
+                )
                 problems += [ConfigError(field, missing) for field in fields]
                 continue
             size = tokens.numel()
-            targets = size // rows - 1  # per stream: batchify's rows, each stream's first token not a target
+            targets = (
+                size // rows - 1
+            )  # per stream: batchify's rows, each stream's first token not a target
             if targets < 1:
-                raise ConfigError("eval.batch_size", f"the {name} split has {size} tokens, too few for {rows} "
-                                  f"streams of at least one target; use at most {max(1, size // 2)} streams")
-            problems += [ConfigError(self.config.eval_setting_field(i), f"{s.segment_len} does not fit the {name} "
-                                     f"split: its {size} tokens cut into eval.batch_size={rows} streams leave "
-                                     f"{targets} targets per stream; use segment_len <= {targets} (or fewer streams)")
-                         for i, s in enumerate(settings) if self.eval_split(s) == name and s.segment_len > targets]
+                raise ConfigError(
+                    "eval.batch_size",
+                    f"the {name} split has {size} tokens, too few for {rows} "
+                    f"streams of at least one target; use at most {max(1, size // 2)} streams",
+                )
+            problems += [
+                ConfigError(
+                    self.config.eval_setting_field(i),
+                    f"{s.segment_len} does not fit the {name} "
+                    f"split: its {size} tokens cut into eval.batch_size={rows} streams leave "
+                    f"{targets} targets per stream; use segment_len <= {targets} (or fewer streams)",
+                )
+                for i, s in enumerate(settings)
+                if self.eval_split(s) == name and s.segment_len > targets
+            ]
         raise_all(problems)
 
     @property
@@ -122,8 +155,9 @@ class SegmentDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         t = self.config.train
         rank, world = self._process()
-        segments = TrainingSegments(self.streams("train", t.segment_len), t.max_steps, t.loss_on, rank, world,
-                                    t.accumulate)
+        segments = TrainingSegments(
+            self.streams("train", t.segment_len), t.max_steps, t.loss_on, rank, world, t.accumulate
+        )
         sampler = ResumeSampler(len(segments), start=self._resume_position)
         return DataLoader(segments, sampler=sampler, batch_size=None)
 
@@ -143,4 +177,9 @@ class SegmentDataModule(L.LightningDataModule):
         shares may differ by one stream (the metrics add token sums across processes, so the result is exact)."""
         rank, world = self._process()
         streams = self.streams(self.eval_split(setting), setting.segment_len)
-        return eval_loader(streams, setting, self.config.eval.sliding_batch_tokens, shard_rows(streams.rows, rank, world))
+        return eval_loader(
+            streams,
+            setting,
+            self.config.eval.sliding_batch_tokens,
+            shard_rows(streams.rows, rank, world),
+        )

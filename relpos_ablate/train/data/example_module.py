@@ -40,7 +40,9 @@ class ExampleDataModule(SegmentDataModule):
     @functools.cached_property
     def _train_examples(self) -> examples.Examples:
         data = self.config.data
-        found = examples.generate(data, self.config.seed, "train", data.train_examples, data.train_lengths)
+        found = examples.generate(
+            data, self.config.seed, "train", data.train_examples, data.train_lengths
+        )
         return examples.by_length(found, self._rows("train"), self.config.seed)
 
     def streams(self, split: str, segment_len: int) -> SegmentStreams:
@@ -53,12 +55,23 @@ class ExampleDataModule(SegmentDataModule):
 
     def _fitting(self, segment_len: int, count: int) -> examples.Examples:
         data = self.config.data
-        fits = [n for n in range(1, data.train_lengths[1] + 1) if data.input_length(n) <= segment_len]
+        fits = [
+            n for n in range(1, data.train_lengths[1] + 1) if data.input_length(n) <= segment_len
+        ]
         if not fits:
-            raise ConfigError("eval.settings", f"segment_len {segment_len} is shorter than the shortest {data.task} "
-                              f"example ({data.input_length(1)} tokens)")
-        return examples.generate(data, self.config.seed, "eval", max(count, data.eval_examples), (fits[-1], fits[-1]),
-                                 stream=(0,))  # test sets use (lo, hi[, depth])
+            raise ConfigError(
+                "eval.settings",
+                f"segment_len {segment_len} is shorter than the shortest {data.task} "
+                f"example ({data.input_length(1)} tokens)",
+            )
+        return examples.generate(
+            data,
+            self.config.seed,
+            "eval",
+            max(count, data.eval_examples),
+            (fits[-1], fits[-1]),
+            stream=(0,),
+        )  # test sets use (lo, hi[, depth])
 
     def test_sets(self, wanted: list[dict[str, Any]] | None = None) -> list[TestSet]:
         """One set per test-length bin (per bin and depth for depth tasks), data.eval_examples each; `wanted`:
@@ -68,9 +81,20 @@ class ExampleDataModule(SegmentDataModule):
         sets = []
         for fields in test_set_fields(data) if wanted is None else wanted:
             depth = fields.get("depth")
-            stream = (fields["length_min"], fields["length_max"], *(() if depth is None else (round(depth * 1e6),)))
-            found = examples.generate(data, self.config.seed, "eval", data.eval_examples,
-                                      (fields["length_min"], fields["length_max"]), depth, stream=stream)
+            stream = (
+                fields["length_min"],
+                fields["length_max"],
+                *(() if depth is None else (round(depth * 1e6),)),
+            )
+            found = examples.generate(
+                data,
+                self.config.seed,
+                "eval",
+                data.eval_examples,
+                (fields["length_min"], fields["length_max"]),
+                depth,
+                stream=stream,
+            )
             sets.append(TestSet(fields, found))
         return sets
 
@@ -79,5 +103,8 @@ def test_set_fields(data) -> list[dict[str, Any]]:
     """What identifies each test set in eval.json, in evaluation order: length_min, length_max (and
     depth for depth tasks), one per bin of data.test_lengths (and depth of data.passkey_depths)."""
     depths = data.passkey_depths if data.depth_task else (None,)
-    return [{"length_min": lo, "length_max": hi, **({} if depth is None else {"depth": depth})}
-            for lo, hi in data.test_lengths for depth in depths]
+    return [
+        {"length_min": lo, "length_max": hi, **({} if depth is None else {"depth": depth})}
+        for lo, hi in data.test_lengths
+        for depth in depths
+    ]

@@ -52,10 +52,25 @@ from relpos_ablate.train.data.synthetic import SPLITS
 
 PAD, BOS, SEP = 0, 1, 2
 FIRST = 3  # the first task token
-DIGIT, PLUS, KEY = FIRST, FIRST + 10, FIRST + 10  # digits 0-9; addition's '+' and passkey's <key> follow them
-FILLER = KEY + 1  # passkey, niah_*, variable_tracking: num_symbols filler symbols, then (not passkey) num_keys names
-COUNTED, OPEN, CLOSE = FIRST + 10, FIRST + 12, FIRST + 13  # contextual_counting: bits 0, 1 after the digits; '[', ']'
-WRITE, READ, IGNORE, BIT = FIRST, FIRST + 1, FIRST + 2, FIRST + 3  # flip_flop's instructions, then bits 0 and 1
+DIGIT, PLUS, KEY = (
+    FIRST,
+    FIRST + 10,
+    FIRST + 10,
+)  # digits 0-9; addition's '+' and passkey's <key> follow them
+FILLER = (
+    KEY + 1
+)  # passkey, niah_*, variable_tracking: num_symbols filler symbols, then (not passkey) num_keys names
+COUNTED, OPEN, CLOSE = (
+    FIRST + 10,
+    FIRST + 12,
+    FIRST + 13,
+)  # contextual_counting: bits 0, 1 after the digits; '[', ']'
+WRITE, READ, IGNORE, BIT = (
+    FIRST,
+    FIRST + 1,
+    FIRST + 2,
+    FIRST + 3,
+)  # flip_flop's instructions, then bits 0 and 1
 
 
 @dataclass(frozen=True)
@@ -80,34 +95,59 @@ class Examples:
     def padded(self, length: int) -> Examples:
         """The same examples padded (or cut: only <pad> may go) to input length `length`."""
         have = self.inputs.shape[1]
-        if length < have and bool(self.mask[:, length:].any() or (self.inputs[:, length:] != PAD).any()):
+        if length < have and bool(
+            self.mask[:, length:].any() or (self.inputs[:, length:] != PAD).any()
+        ):
             raise ValueError(f"examples of input length up to {have} do not fit in {length} tokens")
         if length <= have:
-            return Examples(self.inputs[:, :length], self.targets[:, :length], self.mask[:, :length], self.lengths,
-                            self.depths)
+            return Examples(
+                self.inputs[:, :length],
+                self.targets[:, :length],
+                self.mask[:, :length],
+                self.lengths,
+                self.depths,
+            )
         pad = (0, length - have)
-        return Examples(torch.nn.functional.pad(self.inputs, pad, value=PAD),
-                        torch.nn.functional.pad(self.targets, pad, value=PAD),
-                        torch.nn.functional.pad(self.mask, pad, value=False), self.lengths, self.depths)
+        return Examples(
+            torch.nn.functional.pad(self.inputs, pad, value=PAD),
+            torch.nn.functional.pad(self.targets, pad, value=PAD),
+            torch.nn.functional.pad(self.mask, pad, value=False),
+            self.lengths,
+            self.depths,
+        )
 
 
 def vocab_size(data: DataConfig) -> int:
     """<pad>, <bos>, <sep>, then the task's tokens."""
-    return FIRST + {
-        "copy": data.num_symbols, "reverse": data.num_symbols, "sort": data.num_symbols,
-        "addition": 11,  # ten digits and '+'
-        "parity": 2,
-        "mqar": data.num_keys + data.num_symbols,  # keys, then values
-        "flip_flop": 5,  # write, read, ignore, 0, 1
-        "passkey": 11 + data.num_symbols,  # ten digits, <key>, filler symbols
-        **dict.fromkeys(("niah_multikey", "niah_multivalue", "niah_multiquery", "variable_tracking"),
-                        11 + data.num_symbols + data.num_keys),  # ten digits, <key>, filler symbols, names
-        "contextual_counting": 14,  # ten digits (the counts), 0, 1, '[', ']'
-    }[data.task]
+    return (
+        FIRST
+        + {
+            "copy": data.num_symbols,
+            "reverse": data.num_symbols,
+            "sort": data.num_symbols,
+            "addition": 11,  # ten digits and '+'
+            "parity": 2,
+            "mqar": data.num_keys + data.num_symbols,  # keys, then values
+            "flip_flop": 5,  # write, read, ignore, 0, 1
+            "passkey": 11 + data.num_symbols,  # ten digits, <key>, filler symbols
+            **dict.fromkeys(
+                ("niah_multikey", "niah_multivalue", "niah_multiquery", "variable_tracking"),
+                11 + data.num_symbols + data.num_keys,
+            ),  # ten digits, <key>, filler symbols, names
+            "contextual_counting": 14,  # ten digits (the counts), 0, 1, '[', ']'
+        }[data.task]
+    )
 
 
-def generate(data: DataConfig, seed: int, split: str, count: int, lengths: tuple[int, int],
-             depth: float | None = None, stream: tuple[int, ...] = ()) -> Examples:
+def generate(
+    data: DataConfig,
+    seed: int,
+    split: str,
+    count: int,
+    lengths: tuple[int, int],
+    depth: float | None = None,
+    stream: tuple[int, ...] = (),
+) -> Examples:
     """`count` examples of `data.task` with n uniform in [lengths[0], lengths[1]]; depth tasks at `depth`
     (None: uniform). `stream` tells apart the example sets of one split (e.g. a bin and a depth)."""
     rng = np.random.default_rng([seed, SPLITS.index(split), TASKS.index(data.task), *stream])
@@ -125,18 +165,27 @@ def generate(data: DataConfig, seed: int, split: str, count: int, lengths: tuple
         tokens[rows, : seq.shape[1]] = seq
         answers[rows, : seq.shape[1]] = answer
     sequences = torch.from_numpy(tokens)
-    read = torch.arange(width - 1)[None] < torch.tensor([data.input_length(int(n)) for n in sizes])[:, None]
-    return Examples(sequences[:, :-1].masked_fill(~read, PAD), sequences[:, 1:].contiguous(),
-                    torch.from_numpy(answers[:, 1:].copy()), torch.from_numpy(sizes),
-                    torch.from_numpy(depths if data.depth_task else np.full(count, np.nan)))
+    read = (
+        torch.arange(width - 1)[None]
+        < torch.tensor([data.input_length(int(n)) for n in sizes])[:, None]
+    )
+    return Examples(
+        sequences[:, :-1].masked_fill(~read, PAD),
+        sequences[:, 1:].contiguous(),
+        torch.from_numpy(answers[:, 1:].copy()),
+        torch.from_numpy(sizes),
+        torch.from_numpy(depths if data.depth_task else np.full(count, np.nan)),
+    )
 
 
 def _framed(prompt: np.ndarray, answer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """<bos> prompt <sep> answer, with the answer marked: ([count, T], [count, T])."""
     count = prompt.shape[0]
-    seq = np.concatenate([np.full((count, 1), BOS), prompt, np.full((count, 1), SEP), answer], axis=1)
+    seq = np.concatenate(
+        [np.full((count, 1), BOS), prompt, np.full((count, 1), SEP), answer], axis=1
+    )
     marked = np.zeros(seq.shape, dtype=bool)
-    marked[:, seq.shape[1] - answer.shape[1]:] = True
+    marked[:, seq.shape[1] - answer.shape[1] :] = True
     return seq, marked
 
 
@@ -164,7 +213,9 @@ def _addition(data, rng, n, count, depths):
         total[:, k + 1], carry = digit % 10, digit // 10
     total[:, 0] = carry
     answer = total[:, ::-1] if data.addition_reversed else total
-    return _framed(np.concatenate([a, np.full((count, 1), PLUS - DIGIT), b], axis=1) + DIGIT, answer + DIGIT)
+    return _framed(
+        np.concatenate([a, np.full((count, 1), PLUS - DIGIT), b], axis=1) + DIGIT, answer + DIGIT
+    )
 
 
 def _parity(data, rng, n, count, depths):
@@ -174,16 +225,25 @@ def _parity(data, rng, n, count, depths):
 
 def _mqar(data, rng, n, count, depths):
     """n pairs with distinct keys, then min(mqar_queries, n) distinct keys each followed by its value."""
-    keys = np.argsort(rng.random((count, data.num_keys)), axis=1)[:, :n]  # distinct keys per example
+    keys = np.argsort(rng.random((count, data.num_keys)), axis=1)[
+        :, :n
+    ]  # distinct keys per example
     values = rng.integers(0, data.num_symbols, size=(count, n))
-    asked = np.argsort(rng.random((count, n)), axis=1)[:, : min(data.mqar_queries, n)]  # which pairs
+    asked = np.argsort(rng.random((count, n)), axis=1)[
+        :, : min(data.mqar_queries, n)
+    ]  # which pairs
     value_token = FIRST + data.num_keys
     pairs = np.stack([keys + FIRST, values + value_token], axis=2).reshape(count, 2 * n)
-    queries = np.stack([np.take_along_axis(keys, asked, 1) + FIRST,
-                        np.take_along_axis(values, asked, 1) + value_token], axis=2).reshape(count, -1)
+    queries = np.stack(
+        [
+            np.take_along_axis(keys, asked, 1) + FIRST,
+            np.take_along_axis(values, asked, 1) + value_token,
+        ],
+        axis=2,
+    ).reshape(count, -1)
     seq, _ = _framed(pairs, queries)
     marked = np.zeros(seq.shape, dtype=bool)
-    marked[:, 2 * n + 3::2] = True  # the value after each query
+    marked[:, 2 * n + 3 :: 2] = True  # the value after each query
     return seq, marked
 
 
@@ -192,7 +252,9 @@ def _flip_flop(data, rng, n, count, depths):
 
     The opening write makes every n >= 1 answerable (n = 1: write b, read -> b)."""
     p_write = (1.0 - data.flip_flop_ignore) / 2
-    ops = rng.choice([WRITE, READ, IGNORE], size=(count, n + 1), p=[p_write, p_write, data.flip_flop_ignore])
+    ops = rng.choice(
+        [WRITE, READ, IGNORE], size=(count, n + 1), p=[p_write, p_write, data.flip_flop_ignore]
+    )
     ops[:, 0], ops[:, -1] = WRITE, READ
     bits = rng.integers(0, 2, size=(count, n + 1))
     last_write = np.maximum.accumulate(np.where(ops == WRITE, np.arange(n + 1), 0), axis=1)
@@ -224,8 +286,12 @@ def _niah_asking(data, rng, n, count, depths, asked):
     """niah_keys needles under distinct keys, the first at the depth, the others anywhere; the first `asked`
     keys are asked, answered by their values in that order."""
     filler, keys = _filler(data, rng, n, count), _names(data, rng, count, data.niah_keys)
-    values = _digits(rng.integers(0, 10 ** data.passkey_digits, size=(count, data.niah_keys)), data.passkey_digits)
-    slots = np.concatenate([_depth_slot(depths, n), rng.integers(0, n + 1, size=(count, data.niah_keys - 1))], 1)
+    values = _digits(
+        rng.integers(0, 10**data.passkey_digits, size=(count, data.niah_keys)), data.passkey_digits
+    )
+    slots = np.concatenate(
+        [_depth_slot(depths, n), rng.integers(0, n + 1, size=(count, data.niah_keys - 1))], 1
+    )
     prompt = _hide(filler, _needles(keys, values), slots)
     return _framed(_asking(prompt, keys[:, :asked]), values[:, :asked].reshape(count, -1))
 
@@ -235,11 +301,19 @@ def _niah_multivalue(data, rng, n, count, depths):
     order) among one needle of each other key (anywhere); the answer is the asked key's values."""
     filler, keys = _filler(data, rng, n, count), _names(data, rng, count, data.niah_keys)
     width, others = data.passkey_digits, data.niah_keys - 1
-    values = _digits(_distinct(rng, count, data.niah_values, width), width)  # [count, values, width]
-    distractors = _digits(rng.integers(0, 10 ** width, size=(count, others)), width)
+    values = _digits(
+        _distinct(rng, count, data.niah_values, width), width
+    )  # [count, values, width]
+    distractors = _digits(rng.integers(0, 10**width, size=(count, others)), width)
     at = _depth_slot(depths, n)
-    slots = np.concatenate([at, np.sort(rng.integers(at, n + 1, size=(count, data.niah_values - 1)), axis=1),
-                            rng.integers(0, n + 1, size=(count, others))], axis=1)
+    slots = np.concatenate(
+        [
+            at,
+            np.sort(rng.integers(at, n + 1, size=(count, data.niah_values - 1)), axis=1),
+            rng.integers(0, n + 1, size=(count, others)),
+        ],
+        axis=1,
+    )
     owners = np.concatenate([np.repeat(keys[:, :1], data.niah_values, axis=1), keys[:, 1:]], axis=1)
     prompt = _hide(filler, _needles(owners, np.concatenate([values, distractors], axis=1)), slots)
     return _framed(_asking(prompt, keys[:, :1]), values.reshape(count, -1))
@@ -253,23 +327,46 @@ def _variable_tracking(data, rng, n, count, depths):
     names = _names(data, rng, count, chains * (hops + 1)).reshape(count, chains, hops + 1)
     values = _digits(_distinct(rng, count, chains, width), width)  # [count, chains, width]
     at = _depth_slot(depths, n)
-    others = np.sort(rng.integers(0, n + 1, size=(count, chains - 1, hops + 1)), axis=2).reshape(count, -1)
-    slots = np.concatenate([at, np.sort(rng.integers(at, n + 1, size=(count, hops)), axis=1), others], axis=1)
+    others = np.sort(rng.integers(0, n + 1, size=(count, chains - 1, hops + 1)), axis=2).reshape(
+        count, -1
+    )
+    slots = np.concatenate(
+        [at, np.sort(rng.integers(at, n + 1, size=(count, hops)), axis=1), others], axis=1
+    )
     key = np.full((count, 1), KEY)
-    needles = [block for c in range(chains) for block in (
-        np.concatenate([key, names[:, c, :1], values[:, c]], axis=1),  # <key> X1 v
-        *(np.concatenate([key, names[:, c, i:i + 1], names[:, c, i - 1:i]], axis=1) for i in range(1, hops + 1)))]
+    needles = [
+        block
+        for c in range(chains)
+        for block in (
+            np.concatenate([key, names[:, c, :1], values[:, c]], axis=1),  # <key> X1 v
+            *(
+                np.concatenate([key, names[:, c, i : i + 1], names[:, c, i - 1 : i]], axis=1)
+                for i in range(1, hops + 1)
+            ),
+        )
+    ]
     prompt = _hide(filler, needles, slots)
     return _framed(np.concatenate([prompt, key, values[:, 0]], axis=1), names[:, 0])
 
 
 def _contextual_counting(data, rng, n, count, depths):
     bits = rng.integers(0, 2, size=(count, n))
-    bounds = np.sort(rng.integers(0, n + 1, size=(count, 2 * data.counting_regions)), axis=1)  # region r: 2r, 2r+1
-    ones = np.concatenate([np.zeros((count, 1), dtype=np.int64), np.cumsum(bits, axis=1)], axis=1)  # before a slot
-    counts = np.take_along_axis(ones, bounds[:, 1::2], 1) - np.take_along_axis(ones, bounds[:, 0::2], 1)
-    marks = [np.full((count, 1), CLOSE if k % 2 else OPEN) for k in range(2 * data.counting_regions)]
-    return _framed(_hide(bits + COUNTED, marks, bounds), _digits(counts, data.counting_digits).reshape(count, -1))
+    bounds = np.sort(
+        rng.integers(0, n + 1, size=(count, 2 * data.counting_regions)), axis=1
+    )  # region r: 2r, 2r+1
+    ones = np.concatenate(
+        [np.zeros((count, 1), dtype=np.int64), np.cumsum(bits, axis=1)], axis=1
+    )  # before a slot
+    counts = np.take_along_axis(ones, bounds[:, 1::2], 1) - np.take_along_axis(
+        ones, bounds[:, 0::2], 1
+    )
+    marks = [
+        np.full((count, 1), CLOSE if k % 2 else OPEN) for k in range(2 * data.counting_regions)
+    ]
+    return _framed(
+        _hide(bits + COUNTED, marks, bounds),
+        _digits(counts, data.counting_digits).reshape(count, -1),
+    )
 
 
 def _filler(data, rng, n, count):
@@ -285,7 +382,7 @@ def _distinct(rng, count, k, width):
     """[count, k] distinct numbers below 10**width per example, uniform: drawn one at a time from those left."""
     chosen = np.empty((count, k), dtype=np.int64)
     for j in range(k):
-        value = rng.integers(0, 10 ** width - j, size=count)
+        value = rng.integers(0, 10**width - j, size=count)
         for taken in np.sort(chosen[:, :j], axis=1).T:  # skip the numbers taken, smallest first
             value += value >= taken
         chosen[:, j] = value
@@ -299,8 +396,10 @@ def _digits(numbers, width):
 
 def _needles(keys, values):
     """`<key> k v_1 .. v_w` per key: keys [count, m], values [count, m, w] -> m blocks [count, w + 2]."""
-    return [np.concatenate([np.full((len(keys), 1), KEY), keys[:, j:j + 1], values[:, j]], axis=1)
-            for j in range(keys.shape[1])]
+    return [
+        np.concatenate([np.full((len(keys), 1), KEY), keys[:, j : j + 1], values[:, j]], axis=1)
+        for j in range(keys.shape[1])
+    ]
 
 
 def _asking(prompt, keys):
@@ -318,22 +417,37 @@ def _hide(filler, needles, slots):
     needles after the same number keep their order: [count, n + Σ w_j]."""
     count, n = filler.shape
     widths = np.array([block.shape[1] for block in needles])
-    order = np.argsort(slots, axis=1, kind="stable")  # the needles in prompt order: by slot, then index
-    ahead = np.cumsum(widths[order], axis=1) - widths[order]  # needle tokens before each, in prompt order
+    order = np.argsort(
+        slots, axis=1, kind="stable"
+    )  # the needles in prompt order: by slot, then index
+    ahead = (
+        np.cumsum(widths[order], axis=1) - widths[order]
+    )  # needle tokens before each, in prompt order
     start = np.empty_like(slots)
     np.put_along_axis(start, order, np.take_along_axis(slots, order, 1) + ahead, axis=1)
     prompt = np.full((count, n + int(widths.sum())), -1, dtype=np.int64)
     rows = np.arange(count)[:, None]
     for j, block in enumerate(needles):
-        prompt[rows, start[:, j:j + 1] + np.arange(widths[j])] = block
+        prompt[rows, start[:, j : j + 1] + np.arange(widths[j])] = block
     prompt[prompt < 0] = filler.reshape(-1)  # row by row, each row's n free places in order
     return prompt
 
 
-_TASKS = {"copy": _copy, "reverse": _reverse, "sort": _sort, "addition": _addition, "parity": _parity, "mqar": _mqar,
-          "flip_flop": _flip_flop, "passkey": _passkey, "niah_multikey": _niah_multikey,
-          "niah_multivalue": _niah_multivalue, "niah_multiquery": _niah_multiquery,
-          "variable_tracking": _variable_tracking, "contextual_counting": _contextual_counting}
+_TASKS = {
+    "copy": _copy,
+    "reverse": _reverse,
+    "sort": _sort,
+    "addition": _addition,
+    "parity": _parity,
+    "mqar": _mqar,
+    "flip_flop": _flip_flop,
+    "passkey": _passkey,
+    "niah_multikey": _niah_multikey,
+    "niah_multivalue": _niah_multivalue,
+    "niah_multiquery": _niah_multiquery,
+    "variable_tracking": _variable_tracking,
+    "contextual_counting": _contextual_counting,
+}
 
 
 def as_streams(examples: Examples, rows: int, segment_len: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -344,8 +458,10 @@ def as_streams(examples: Examples, rows: int, segment_len: int) -> tuple[Tensor,
     if batches < 1:
         raise ValueError(f"{len(examples)} examples cannot fill {rows} rows")
     padded = examples.padded(segment_len)
-    return tuple(t[: batches * rows].view(batches, rows, segment_len).transpose(0, 1).reshape(rows, -1)
-                 for t in (padded.inputs, padded.targets, padded.mask))  # (S·rows, T) -> (S, rows, T) -> (rows, S·T)
+    return tuple(
+        t[: batches * rows].view(batches, rows, segment_len).transpose(0, 1).reshape(rows, -1)
+        for t in (padded.inputs, padded.targets, padded.mask)
+    )  # (S·rows, T) -> (S, rows, T) -> (rows, S·T)
 
 
 def by_length(examples: Examples, rows: int, seed: int) -> Examples:
@@ -354,9 +470,21 @@ def by_length(examples: Examples, rows: int, seed: int) -> Examples:
     order = torch.argsort(examples.lengths, stable=True)
     batches = len(order) // rows
     shuffled = torch.randperm(batches, generator=torch.Generator().manual_seed(seed))
-    order = order[: batches * rows].view(batches, rows)[shuffled].reshape(-1)  # (batches, rows): whole batches move
-    return Examples(*(t[order] for t in (examples.inputs, examples.targets, examples.mask, examples.lengths,
-                                         examples.depths)))
+    order = (
+        order[: batches * rows].view(batches, rows)[shuffled].reshape(-1)
+    )  # (batches, rows): whole batches move
+    return Examples(
+        *(
+            t[order]
+            for t in (
+                examples.inputs,
+                examples.targets,
+                examples.mask,
+                examples.lengths,
+                examples.depths,
+            )
+        )
+    )
 
 
 class TrimmedSegments(SegmentStreams):

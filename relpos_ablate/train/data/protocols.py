@@ -41,8 +41,14 @@ class EvalLayout:
 
     def __init__(self, streams: SegmentStreams, max_targets: int = 0):
         """`max_targets` > 0 keeps the first max_targets // B targets of each stream."""
-        keep = streams.inputs.shape[1] if not max_targets else min(streams.inputs.shape[1], max_targets // streams.rows)
-        self.inputs, self.targets, self.mask = (a[:, :keep] for a in (streams.inputs, streams.targets, streams.mask))
+        keep = (
+            streams.inputs.shape[1]
+            if not max_targets
+            else min(streams.inputs.shape[1], max_targets // streams.rows)
+        )
+        self.inputs, self.targets, self.mask = (
+            a[:, :keep] for a in (streams.inputs, streams.targets, streams.mask)
+        )
         self.segment_mask = streams.segment_mask
 
     @property
@@ -63,7 +69,9 @@ class EvalLayout:
         columns = columns.clamp(max=self.length - 1)
         inputs = self.inputs[rows[:, None], columns].long()  # (R, L)
         targets = self.targets[rows[:, None], columns].long()
-        mask = self.mask[rows[:, None], columns].bool() & inside & (offsets >= first_scored[:, None])
+        mask = (
+            self.mask[rows[:, None], columns].bool() & inside & (offsets >= first_scored[:, None])
+        )
         if self.segment_mask is not None:
             mask = self.segment_mask(inputs, targets, mask)
         index = torch.where(mask, rows[:, None] * self.length + columns, -1)
@@ -98,10 +106,19 @@ class WindowBatches(Dataset):
     """sliding: every (stream, window) pair of the streams in `rows`, in stream-major order, `per_batch`
     windows per item."""
 
-    def __init__(self, layout: EvalLayout, window: int, stride: int, per_batch: int, rows: Tensor | None = None):
+    def __init__(
+        self,
+        layout: EvalLayout,
+        window: int,
+        stride: int,
+        per_batch: int,
+        rows: Tensor | None = None,
+    ):
         self.layout, self.window, self.per_batch = layout, window, per_batch
         ends = window_ends(layout.length, window, stride)  # (K,)
-        previous = torch.cat([ends.new_zeros(1), ends[:-1]])  # where the previous window's scoring stopped
+        previous = torch.cat(
+            [ends.new_zeros(1), ends[:-1]]
+        )  # where the previous window's scoring stopped
         starts = (ends - window).clamp(min=0)
         n = len(ends)
         rows = torch.arange(layout.streams) if rows is None else rows
@@ -120,11 +137,14 @@ class WindowBatches(Dataset):
         if not 0 <= i < len(self):
             raise IndexError(f"batch {i} out of range (0..{len(self) - 1})")
         part = slice(i * self.per_batch, (i + 1) * self.per_batch)
-        return self.layout.window(self.rows[part], self.starts[part], self.first_scored[part], self.window)
+        return self.layout.window(
+            self.rows[part], self.starts[part], self.first_scored[part], self.window
+        )
 
 
-def protocol_batches(layout: EvalLayout, setting: EvalSetting, sliding_batch_tokens: int,
-                     rows: slice | None = None) -> Dataset:
+def protocol_batches(
+    layout: EvalLayout, setting: EvalSetting, sliding_batch_tokens: int, rows: slice | None = None
+) -> Dataset:
     """The batches that evaluate `setting` on `layout`'s streams `rows` (all by default: a process of a
     data-parallel run evaluates its share; indices stay those of the whole layout)."""
     owned = torch.arange(layout.streams)[rows if rows is not None else slice(None)]
@@ -134,11 +154,19 @@ def protocol_batches(layout: EvalLayout, setting: EvalSetting, sliding_batch_tok
     return SegmentBatches(layout, setting.segment_len, owned)
 
 
-def eval_loader(streams: SegmentStreams, setting: EvalSetting, sliding_batch_tokens: int,
-                rows: slice | None = None) -> DataLoader:
+def eval_loader(
+    streams: SegmentStreams,
+    setting: EvalSetting,
+    sliding_batch_tokens: int,
+    rows: slice | None = None,
+) -> DataLoader:
     """A DataLoader of `setting`'s batches over the evaluation streams `rows` (in order: memory carries)."""
     layout = EvalLayout(streams, setting.max_targets)
-    return DataLoader(protocol_batches(layout, setting, sliding_batch_tokens, rows), batch_size=None, shuffle=False)
+    return DataLoader(
+        protocol_batches(layout, setting, sliding_batch_tokens, rows),
+        batch_size=None,
+        shuffle=False,
+    )
 
 
 def log_bins(length: int) -> list[int]:

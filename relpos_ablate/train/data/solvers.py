@@ -19,9 +19,13 @@ from relpos_ablate.train.data.examples import BOS, CLOSE, COUNTED, DIGIT, KEY, O
 
 def solve(data: DataConfig, prompt: Sequence[int]) -> list[int]:
     """The answer tokens of `prompt` for `data.task`, a long-context task."""
-    solvers = {"niah_multikey": niah_multikey, "niah_multivalue": niah_multivalue, "niah_multiquery": niah_multiquery,
-               "variable_tracking": variable_tracking,
-               "contextual_counting": functools.partial(contextual_counting, digits=data.counting_digits)}
+    solvers = {
+        "niah_multikey": niah_multikey,
+        "niah_multivalue": niah_multivalue,
+        "niah_multiquery": niah_multiquery,
+        "variable_tracking": variable_tracking,
+        "contextual_counting": functools.partial(contextual_counting, digits=data.counting_digits),
+    }
     if data.task not in solvers:
         raise ValueError(f"no solver for {data.task!r}; these have one: {', '.join(solvers)}")
     body = list(prompt)
@@ -55,7 +59,9 @@ def variable_tracking(body: list[int]) -> list[int]:
     needles, asked = _needles(body)
     held = {}
     for name, right in needles:
-        held[name] = tuple(right) if _is_digit(right[0]) else held.get(right[0])  # a copy of what Y holds
+        held[name] = (
+            tuple(right) if _is_digit(right[0]) else held.get(right[0])
+        )  # a copy of what Y holds
     return [name for name, _ in needles if held[name] == tuple(asked)]
 
 
@@ -90,7 +96,6 @@ def _needles(body: list[int]) -> tuple[list[tuple[int, list[int]]], list[int]]:
         while _is_digit(body[end]):
             end += 1
         end = max(end, i + 3)  # no digits: the right side is one name
-        needles.append((body[i + 1], body[i + 2: end]))
+        needles.append((body[i + 1], body[i + 2 : end]))
         i = end
-    return needles, body[last + 1:]
-
+    return needles, body[last + 1 :]

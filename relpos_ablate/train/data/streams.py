@@ -31,11 +31,19 @@ class SegmentStreams(Dataset):
     (int32 tokens, an expanded all-True mask); each segment comes out as long tokens and a bool mask.
     """
 
-    def __init__(self, inputs: Tensor, targets: Tensor, mask: Tensor, segment_len: int,
-                 segment_mask: SegmentMask | None = None):
+    def __init__(
+        self,
+        inputs: Tensor,
+        targets: Tensor,
+        mask: Tensor,
+        segment_len: int,
+        segment_mask: SegmentMask | None = None,
+    ):
         if not (inputs.shape == targets.shape == mask.shape) or inputs.dim() != 2:
-            raise ValueError(f"inputs, targets, mask must share one [B, N] shape, got "
-                             f"{tuple(inputs.shape)}, {tuple(targets.shape)}, {tuple(mask.shape)}")
+            raise ValueError(
+                f"inputs, targets, mask must share one [B, N] shape, got "
+                f"{tuple(inputs.shape)}, {tuple(targets.shape)}, {tuple(mask.shape)}"
+            )
         self.inputs, self.targets, self.mask = inputs, targets, mask
         self.segment_len = segment_len
         self.segment_mask = segment_mask
@@ -47,8 +55,13 @@ class SegmentStreams(Dataset):
     def select(self, rows: slice) -> SegmentStreams:
         """The same segments of some of the streams (views, no copy; the per-segment rule is per row),
         as the same class (a subclass's way of cutting segments is kept)."""
-        return type(self)(self.inputs[rows], self.targets[rows], self.mask[rows], self.segment_len,
-                              self.segment_mask)
+        return type(self)(
+            self.inputs[rows],
+            self.targets[rows],
+            self.mask[rows],
+            self.segment_len,
+            self.segment_mask,
+        )
 
     def __len__(self) -> int:
         return self.inputs.shape[1] // self.segment_len
@@ -102,13 +115,27 @@ class TrainingSegments(Dataset):
     starts at the restored step, and the streams restart (memory reset) every len(streams) steps.
     """
 
-    def __init__(self, streams: SegmentStreams, steps: int, loss_on: str, rank: int = 0, world: int = 1,
-                 accumulate: int = 1):
-        self.streams, self.steps, self.loss_on, self.accumulate = streams, steps, loss_on, accumulate
+    def __init__(
+        self,
+        streams: SegmentStreams,
+        steps: int,
+        loss_on: str,
+        rank: int = 0,
+        world: int = 1,
+        accumulate: int = 1,
+    ):
+        self.streams, self.steps, self.loss_on, self.accumulate = (
+            streams,
+            steps,
+            loss_on,
+            accumulate,
+        )
         mine = shard_rows(streams.rows, rank, world)
         per_group = (mine.stop - mine.start) // accumulate
-        self.groups = [streams.select(slice(mine.start + g * per_group, mine.start + (g + 1) * per_group))
-                       for g in range(accumulate)]
+        self.groups = [
+            streams.select(slice(mine.start + g * per_group, mine.start + (g + 1) * per_group))
+            for g in range(accumulate)
+        ]
         self._counted_at: dict[int, Tensor] = {}
 
     def __len__(self) -> int:

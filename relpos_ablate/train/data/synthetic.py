@@ -88,19 +88,27 @@ def _recall(data: DataConfig, rng: np.random.Generator, rows: int, length: int) 
     inputs = np.where(is_query, n_keys * n_values + keys, pair)
     targets = np.where(is_query, pair, 0)
     rule = functools.partial(_answer_in_segment, n_keys=n_keys, n_values=n_values)
-    return TaskStreams(torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(is_query), rule)
+    return TaskStreams(
+        torch.from_numpy(inputs), torch.from_numpy(targets), torch.from_numpy(is_query), rule
+    )
 
 
-def _answer_in_segment(inputs: Tensor, targets: Tensor, mask: Tensor, n_keys: int, n_values: int) -> Tensor:
+def _answer_in_segment(
+    inputs: Tensor, targets: Tensor, mask: Tensor, n_keys: int, n_values: int
+) -> Tensor:
     """recall: count a query only if the segment so far stored exactly one value under its key, the target."""
     b, length = inputs.shape
     n_pairs = n_keys * n_values
-    pair_ids = torch.where(inputs < n_pairs, inputs, n_pairs)  # queries -> an extra class dropped below
+    pair_ids = torch.where(
+        inputs < n_pairs, inputs, n_pairs
+    )  # queries -> an extra class dropped below
     # A query is never itself a pair, so the inclusive cumulative count is "pairs seen before t".
     seen = F.one_hot(pair_ids, n_pairs + 1)[..., :n_pairs].cumsum(1) > 0  # [B, L, K*V]
     seen = seen.view(b, length, n_keys, n_values)
     key = (inputs - n_pairs).clamp(0, n_keys - 1)  # [B, L]; meaningful at queries only
-    values = seen.gather(2, key[:, :, None, None].expand(b, length, 1, n_values)).squeeze(2)  # [B, L, V]
+    values = seen.gather(2, key[:, :, None, None].expand(b, length, 1, n_values)).squeeze(
+        2
+    )  # [B, L, V]
     answer = key * n_values + values.int().argmax(-1)
     return mask & (values.sum(-1) == 1) & (answer == targets)
 
@@ -109,7 +117,9 @@ def _repeat(data: DataConfig, rng: np.random.Generator, rows: int, length: int) 
     period = data.period
     blocks = -(-(length + 1) // (2 * period))
     block = rng.integers(0, data.num_symbols, size=(rows, blocks, 1, period))
-    stream = torch.from_numpy(np.tile(block, (1, 1, 2, 1)).reshape(rows, -1)[:, : length + 1])  # [rows, length+1]
+    stream = torch.from_numpy(
+        np.tile(block, (1, 1, 2, 1)).reshape(rows, -1)[:, : length + 1]
+    )  # [rows, length+1]
     # Position of each target within its (block, repetition) pair: the repetition is the second half.
     target_pos = torch.arange(1, length + 1) % (2 * period)
     mask = (target_pos >= period).expand(rows, length)

@@ -46,7 +46,9 @@ CORPORA = {
     "wikitext-2": HubCorpus("Salesforce/wikitext", "wikitext-2-raw-v1"),
     "wikitext-103": HubCorpus("Salesforce/wikitext", "wikitext-103-raw-v1"),
     # Transformer-XL's split of the 10^8-byte dump: 90M train, 5M valid, 5M test.
-    "enwik8": HubCorpus("LTCB/enwik8", "enwik8", revision="refs/convert/parquet", joiner="\n", holdout=5_000_000),
+    "enwik8": HubCorpus(
+        "LTCB/enwik8", "enwik8", revision="refs/convert/parquet", joiner="\n", holdout=5_000_000
+    ),
     "text8": HubCorpus("afmck/text8"),
 }
 
@@ -87,9 +89,17 @@ def cache_key(data: DataConfig) -> str:
     if data.corpus:
         source = {"corpus": data.corpus}
     else:
-        source = {field: _file_identity(field, getattr(data, field))
-                  for field in ("train_file", "valid_file", "test_file") if getattr(data, field)}
-    key = {"source": source, "tokenizer": data.tokenizer, "min_freq": data.min_freq, "version": CACHE_VERSION}
+        source = {
+            field: _file_identity(field, getattr(data, field))
+            for field in ("train_file", "valid_file", "test_file")
+            if getattr(data, field)
+        }
+    key = {
+        "source": source,
+        "tokenizer": data.tokenizer,
+        "min_freq": data.min_freq,
+        "version": CACHE_VERSION,
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -104,7 +114,10 @@ def _file_identity(field: str, name: str) -> list:
 def read_splits(data: DataConfig) -> dict[str, str]:
     """The raw text of each split: {"train", "valid"[, "test"]}."""
     if data.corpus in PACKAGED:
-        return _read_files({split: str(PACKAGED[data.corpus] / f"{split}.txt.xz") for split in PACKAGED_SPLITS}, data)
+        return _read_files(
+            {split: str(PACKAGED[data.corpus] / f"{split}.txt.xz") for split in PACKAGED_SPLITS},
+            data,
+        )
     if data.corpus:
         return _read_hub(data)
     files = {"train": data.train_file, "valid": data.valid_file, "test": data.test_file}
@@ -116,9 +129,15 @@ def _read_files(files: dict[str, str], data: DataConfig) -> dict[str, str]:
     from datasets import load_dataset
 
     try:
-        loaded = load_dataset("text", data_files={split: str(Path(name).expanduser()) for split, name in files.items()},
-                              keep_linebreaks=True, cache_dir=str(cache_root(data) / "hf"))
-    except Exception as err:  # datasets wraps a decoding error into DatasetGenerationError; name the file
+        loaded = load_dataset(
+            "text",
+            data_files={split: str(Path(name).expanduser()) for split, name in files.items()},
+            keep_linebreaks=True,
+            cache_dir=str(cache_root(data) / "hf"),
+        )
+    except (
+        Exception
+    ) as err:  # datasets wraps a decoding error into DatasetGenerationError; name the file
         _raise_if_not_text(files, err)
         raise
     texts = {split: "".join(loaded[split]["text"]) for split in files}
@@ -139,8 +158,10 @@ def _raise_if_not_text(files: dict[str, str], err: Exception) -> None:
         try:
             Path(name).expanduser().read_bytes().decode("utf-8")
         except UnicodeDecodeError as bad:
-            raise ConfigError(f"data.{split}_file", f"{name} is not UTF-8 text (byte {bad.start}); "
-                              "give a text file") from None
+            raise ConfigError(
+                f"data.{split}_file",
+                f"{name} is not UTF-8 text (byte {bad.start}); give a text file",
+            ) from None
 
 
 def _read_hub(data: DataConfig) -> dict[str, str]:
@@ -148,16 +169,24 @@ def _read_hub(data: DataConfig) -> dict[str, str]:
 
     spec = CORPORA[data.corpus]
     try:
-        loaded = load_dataset(spec.path, spec.name, revision=spec.revision, cache_dir=str(cache_root(data) / "hf"))
+        loaded = load_dataset(
+            spec.path, spec.name, revision=spec.revision, cache_dir=str(cache_root(data) / "hf")
+        )
     except Exception as err:  # offline, hub changed, no access: all end the same way for the user
-        raise ConfigError("data.corpus", f"cannot load {data.corpus!r} ({spec.path}) from the Hugging Face hub "
-                          f"({type(err).__name__}); offline? set data.train_file/valid_file to local text files"
-                          ) from None
+        raise ConfigError(
+            "data.corpus",
+            f"cannot load {data.corpus!r} ({spec.path}) from the Hugging Face hub "
+            f"({type(err).__name__}); offline? set data.train_file/valid_file to local text files",
+        ) from None
     names = {"train": "train", "valid": "validation", "test": "test"}
-    texts = {split: spec.joiner.join(loaded[hub]["text"]) for split, hub in names.items() if hub in loaded}
+    texts = {
+        split: spec.joiner.join(loaded[hub]["text"])
+        for split, hub in names.items()
+        if hub in loaded
+    }
     if spec.holdout and "valid" not in texts:
         train, h = texts["train"], spec.holdout
-        texts = {"train": train[: -2 * h], "valid": train[-2 * h: -h], "test": train[-h:]}
+        texts = {"train": train[: -2 * h], "valid": train[-2 * h : -h], "test": train[-h:]}
     return texts
 
 
@@ -168,7 +197,10 @@ def tokenize(texts: dict[str, str], tokenizer: str, min_freq: int = 1) -> Corpus
 
 def _bytes(texts: dict[str, str], _min_freq: int) -> Corpus:
     vocab = [bytes([i]).decode("latin-1") for i in range(256)]
-    return Corpus(vocab, {split: _int32(np.frombuffer(t.encode("utf-8"), np.uint8)) for split, t in texts.items()})
+    return Corpus(
+        vocab,
+        {split: _int32(np.frombuffer(t.encode("utf-8"), np.uint8)) for split, t in texts.items()},
+    )
 
 
 def _chars(texts: dict[str, str], _min_freq: int) -> Corpus:
@@ -186,11 +218,16 @@ def _words(texts: dict[str, str], min_freq: int) -> Corpus:
     """Whitespace words with <eos> closing every line (as Transformer-XL does for WikiText)."""
     lines = {split: [line.split() + [EOS] for line in t.splitlines()] for split, t in texts.items()}
     counts = collections.Counter(word for line in lines["train"] for word in line)
-    kept = sorted((w for w, c in counts.items() if c >= min_freq and w not in (UNK, EOS)), key=lambda w: (-counts[w], w))
+    kept = sorted(
+        (w for w, c in counts.items() if c >= min_freq and w not in (UNK, EOS)),
+        key=lambda w: (-counts[w], w),
+    )
     vocab = [UNK, EOS] + kept
     ids = {word: i for i, word in enumerate(vocab)}
-    splits = {split: _int32(np.fromiter((ids.get(w, 0) for line in ls for w in line), np.int64))
-              for split, ls in lines.items()}
+    splits = {
+        split: _int32(np.fromiter((ids.get(w, 0) for line in ls for w in line), np.int64))
+        for split, ls in lines.items()
+    }
     return Corpus(vocab, splits)
 
 
@@ -199,4 +236,3 @@ def _int32(array: np.ndarray) -> Tensor:
 
 
 _TOKENIZERS = {"byte": _bytes, "char": _chars, "word": _words}
-
