@@ -35,8 +35,8 @@ import torch.nn.functional as F
 sys.path.insert(
     0, os.environ.get("RELPOS_PACKAGE_ROOT", str(Path(__file__).resolve().parent.parent))
 )
-from relpos_ablate import AttentionConfig, RelPosAttention  # noqa: E402
-from relpos_ablate.model.position import sinusoid  # noqa: E402
+from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.model.position import sinusoid
 
 B, H, D_HEAD, D_MODEL = 2, 8, 64, 512
 TERM_SUBSETS = [
@@ -277,9 +277,13 @@ def machine() -> dict:
     """What the timings belong to: the processor's model name, the instruction sets that pick the kernels
     (AVX2, AVX-512, AMX), the cores this process may use and the UTC date (Linux: /proc/cpuinfo)."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    field = lambda key: next(
-        (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(key)), ""
-    )
+
+    def field(key: str) -> str:
+        lines = (
+            line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(key)
+        )
+        return next(lines, "")
+
     flags = set(field("flags").split())
     return {
         "processor": field("model name") or "unknown",

@@ -40,10 +40,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import attention as bench  # noqa: E402  (benchmarks/attention.py: the timed schemes and their step)
-from relpos_ablate import AttentionConfig, RelPosAttention  # noqa: E402
-from relpos_ablate.config.model import BIAS_TYPES  # noqa: E402
-from relpos_ablate.io import atomic_write_text  # noqa: E402
+import attention as bench  # benchmarks/attention.py: the timed schemes and their step
+from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.config.model import BIAS_TYPES
+from relpos_ablate.io import atomic_write_text
 
 PARITY = {  # name -> AttentionConfig fields, small enough for float64 on any device
     **{f"xl_{terms}": dict(terms=terms) for terms in ("abcd", "b", "d", "ac")},

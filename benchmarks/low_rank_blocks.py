@@ -83,7 +83,7 @@ def chosen_blocks(length: int) -> list[str]:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import attention as bench  # noqa: E402  (benchmarks/attention.py: its schemes, as timed)
+    import attention as bench  # benchmarks/attention.py: its schemes, as timed
 
     seen, pick = {}, low_rank.block_size
 

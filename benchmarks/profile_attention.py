@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import B, D_MODEL, SCHEMES, build, step  # noqa: E402
+from attention import D_MODEL, SCHEMES, B, build, step
 
 
 def profile_step(name: str, length: int, top: int) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import B, D_MODEL, SCHEMES, build, timed  # noqa: E402
+from attention import D_MODEL, SCHEMES, B, build, timed
 
 ROOT = Path(__file__).resolve().parent.parent
 

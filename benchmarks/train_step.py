@@ -104,7 +104,7 @@ def time_spec(
     from relpos_ablate.runner.grid import format_variant, load_grid
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from attention import machine  # noqa: E402  (the benchmark's record of the processor)
+    from attention import machine  # the benchmark's record of the processor
 
     spec = load_grid(spec_path)
     variants: dict[str, object] = {}

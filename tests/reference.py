@@ -226,8 +226,8 @@ def fox_decay(attn, cat: Tensor, padding: Tensor | None, n_mem: int) -> Tensor:
     out = torch.zeros(b, h, n_keys - n_mem, n_keys, dtype=torch.float64)
     for i in range(n_keys - n_mem):
         for j in range(n_keys):
-            for l in range(j + 1, n_mem + i + 1):
-                out[:, :, i, j] += log_f[:, l]
+            for t in range(j + 1, n_mem + i + 1):
+                out[:, :, i, j] += log_f[:, t]
     return out
 
 

@@ -65,7 +65,9 @@ def test_module_level_checks():
         RelPosAttention(15, 2, 8, AttentionConfig())
     with pytest.raises(ConfigError, match="^vocab_size: must be >= 1"):
         TransformerLM(ModelConfig())
-    with pytest.raises(ValueError, match="window \(same_length\) applies to causal attention only"):
+    with pytest.raises(
+        ValueError, match=r"window \(same_length\) applies to causal attention only"
+    ):
         import torch
 
         RelPosAttention(16, 2, 8, AttentionConfig(causal=False))(

@@ -18,10 +18,10 @@ import torch
 
 from conftest import fast_and_explicit_gradients, randomize
 from reference import reference_attention
-from test_attention_reference import D_HEAD, D_MODEL, HEADS, LQ, MEM, inputs
 from relpos_ablate import AttentionConfig, RelPosAttention
 from relpos_ablate.config.model import BIAS_TYPES
 from relpos_ablate.model import AttentionOptions
+from test_attention_reference import D_HEAD, D_MODEL, HEADS, LQ, MEM, inputs
 
 # every way a term reads positions: none (a, c), term b gathered per pair, term d as a gathered curve
 # (alone, beside b on the position query, or added to a bias curve)
@@ -72,7 +72,7 @@ def check_every_backend(attn, x, mems, positions, **kw):
         with torch.no_grad():
             out, _ = attn(x, mems, options)
         torch.testing.assert_close(
-            out, ref_out, rtol=1e-6, atol=1e-9, msg=lambda m: f"{backend}: {m}"
+            out, ref_out, rtol=1e-6, atol=1e-9, msg=lambda m, backend=backend: f"{backend}: {m}"
         )
     _, probs = attn(x, mems, options, need_weights=True)
     torch.testing.assert_close(probs, ref_probs, rtol=1e-6, atol=1e-9)

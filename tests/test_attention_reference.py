@@ -12,8 +12,8 @@ import torch
 from conftest import randomize
 from reference import reference_attention
 from relpos_ablate import AttentionConfig, RelPosAttention
-from relpos_ablate.model import AttentionOptions
 from relpos_ablate.config.model import BIAS_TYPES
+from relpos_ablate.model import AttentionOptions
 
 TERM_SUBSETS = ["".join(c) for n in range(1, 5) for c in itertools.combinations("abcd", n)]
 D_MODEL, HEADS, D_HEAD, LQ, MEM = 16, 2, 8, 5, 3

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from conftest import randomize
-from fixtures.kernels import forced_calibration, assert_candidates_agree, assert_matches_float64
+from fixtures.kernels import assert_candidates_agree, assert_matches_float64, forced_calibration
 from reference import reference_attention, t5_bucket_hf
-from test_attention_precision import RTOL, forward_backward, relative_error
 from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
-from relpos_ablate.model.kernels import band, calibration, dispatch
+from relpos_ablate.model.kernels import band, dispatch
 from relpos_ablate.model.kernels.call import AttentionOptions
+from test_attention_precision import RTOL, forward_backward, relative_error
 
 BANDED = {
     "shaw": dict(terms="ab", rel="learned", clamp_len=5),
@@ -280,7 +280,7 @@ def test_every_calibration_candidate_agrees_with_the_band():
 
     for name, fields in BANDED.items():
         assert_candidates_agree(
-            lambda backend: _layer(fields, backend=backend, query_chunk=32),
+            lambda backend, fields=fields: _layer(fields, backend=backend, query_chunk=32),
             ("band", "blocks", "sdpa"),
             limit,
             name,

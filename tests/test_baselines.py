@@ -22,12 +22,12 @@ from torch import nn
 
 from reference import sinusoid_row
 from relpos_ablate import AttentionConfig, ModelConfig, TransformerLM
+from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
+from relpos_ablate.config.presets import presets
 from relpos_ablate.model.lm import LearnedPositions
 from relpos_ablate.model.position import BiasScheme, build_bias
 from relpos_ablate.model.position.kerple import MIN_PARAM
-from relpos_ablate.cli import main
-from relpos_ablate.config.presets import presets
 from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.module import build_optimizer
 from relpos_ablate.train.plain import train_plain
@@ -231,13 +231,12 @@ def test_the_fair_baselines_study_runs_every_preset_end_to_end(tmp_path, capsys)
     16 model, 600 targets a setting), trained in process on the shipped corpus: every preset at the default
     lr, xl also at a second one, seed 0; then the report `make fair-baselines` writes: the best-over table
     from the spec's block (a row per preset, each valid-picked lr shown), report.md and the figure."""
-    from test_reproductions import tiny as shrink
-
     from relpos_ablate.analysis import collect
-    from relpos_ablate.studies import make_table
-    from relpos_ablate.studies.fair_baselines import save_lr_figure
     from relpos_ablate.io import atomic_write_json
     from relpos_ablate.runner.grid import load_grid
+    from relpos_ablate.studies import make_table
+    from relpos_ablate.studies.fair_baselines import save_lr_figure
+    from test_reproductions import tiny as shrink
 
     spec_path = ROOT / "experiments" / "fair_baselines.yaml"
     kept = [

@@ -10,8 +10,8 @@ Run: .venv/bin/python -m pytest tests/test_baselines_report.py -q
 import statistics
 
 import numpy as np
-from matplotlib.collections import PathCollection
 import pytest
+from matplotlib.collections import PathCollection
 from matplotlib.colors import to_rgba
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
@@ -20,9 +20,9 @@ from fixtures.report_runs import make_run
 from relpos_ablate.analysis import collect
 from relpos_ablate.analysis.collect import read_summary
 from relpos_ablate.cli import main
+from relpos_ablate.config.presets import preset_fields
 from relpos_ablate.studies import make_report
 from relpos_ablate.studies.fair_baselines import lr_figure, preset_summary, report
-from relpos_ablate.config.presets import preset_fields
 
 LRS = (0.0005, 0.001, 0.002)
 OFFSETS = (-0.1, 0.0, 0.1)

@@ -13,11 +13,11 @@ import pytest
 
 from fixtures.report_runs import ENCODINGS, make_run
 from relpos_ablate.analysis import collect
-from relpos_ablate.studies import make_table
 from relpos_ablate.analysis.render import render
 from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
+from relpos_ablate.studies import make_table
 
 LRS = (0.0005, 0.001, 0.002)
 SEEDS = (0, 1, 2)

@@ -20,6 +20,7 @@ from reference import BIAS_FORMULAS
 from relpos_ablate import AttentionConfig, ModelConfig, RelPosAttention, TransformerLM
 from relpos_ablate.config import ConfigError, RunConfig, describe, load_run_config, registry
 from relpos_ablate.config.model import BIAS_TYPES
+from relpos_ablate.config.presets import preset_fields, presets
 from relpos_ablate.config.registry import (
     BUILTIN_BIASES,
     bias_class,
@@ -29,7 +30,6 @@ from relpos_ablate.config.registry import (
 )
 from relpos_ablate.model import AttentionOptions
 from relpos_ablate.model.position import BiasScheme, build_bias
-from relpos_ablate.config.presets import preset_fields, presets
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMES = [*BUILTIN_BIASES, "gaussian"]  # every built-in and the README's scheme of one's own

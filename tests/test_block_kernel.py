@@ -12,7 +12,8 @@ import torch
 from conftest import fast_and_explicit_gradients, randomize
 from relpos_ablate import AttentionConfig, RelPosAttention
 from relpos_ablate.model import AttentionOptions
-from relpos_ablate.model.kernels import block_maps as layouts, blockwise as kernels
+from relpos_ablate.model.kernels import block_maps as layouts
+from relpos_ablate.model.kernels import blockwise as kernels
 from relpos_ablate.model.kernels.block_maps import MaterialisedMaps, StridedMaps, block_maps
 
 LAYOUTS = {  # fields -> the layout the call gets
@@ -229,8 +230,8 @@ def test_term_b_equals_the_float64_reference_at_4096_with_memory():
     scores with the curve and -lse as channels of the product (an -inf among them: the hidden distances), key
     ranges of 544 keys with tiles ending inside them; the output within 1e-5, every parameter's gradient within
     1e-5 of its largest entry."""
-    from test_band import _layer, _reference
     from fixtures.kernels import assert_matches_float64
+    from test_band import _layer, _reference
 
     attn = _layer(dict(terms="abcd"), backend="blocks", heads=2, d_head=16)
     with torch.no_grad():

@@ -16,12 +16,12 @@ import torch
 import torch._dynamo
 
 from conftest import randomize
-from test_attention_positions import drawn
 from relpos_ablate import AttentionConfig, RelPosAttention
 from relpos_ablate.config.model import BIAS_TYPES
 from relpos_ablate.model import AttentionOptions
 from relpos_ablate.model.kernels import flex
 from relpos_ablate.model.position import RopeScaling
+from test_attention_positions import drawn
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 LQ, MEM = 6, 3

@@ -14,11 +14,11 @@ import torch
 
 from fixtures.kernels import assert_candidates_agree, assert_matches_float64, forced_calibration
 from reference import reference_attention
-from test_attention_precision import RTOL, forward_backward, relative_error
 from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
 from relpos_ablate.model.cope import BAND_CHUNK, COUNT_MARGIN
 from relpos_ablate.model.kernels import band, dispatch
 from relpos_ablate.model.kernels.call import AttentionOptions
+from test_attention_precision import RTOL, forward_backward, relative_error
 
 
 def _layer(

@@ -5,6 +5,7 @@ Run: pytest tests/test_data_examples.py -q"""
 import pytest
 import torch
 
+from fixtures.sequences import unpadded
 from relpos_ablate.config import ConfigError, DataConfig, load_run_config
 from relpos_ablate.config.data import EXAMPLE_TASKS
 from relpos_ablate.train.data import build_datamodule, solvers
@@ -19,7 +20,6 @@ from relpos_ablate.train.data.examples import (
     generate,
     vocab_size,
 )
-from fixtures.sequences import unpadded
 
 LENGTHS = (3, 9)
 

@@ -26,8 +26,8 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from relpos_ablate.config import load_run_config
-from relpos_ablate.model import TransformerLM
 from relpos_ablate.config.presets import presets
+from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.module import build_optimizer, without_unread_projections
 from relpos_ablate.train.run import train_run
 
@@ -178,7 +178,8 @@ def test_every_config_trains_under_ddp_on_two_gloo_processes(tmp_path):
                 )
             warnings.warn(
                 f"both DDP processes trained every configuration but had not exited {EXIT_GRACE} s later "
-                f"(stacks above if it was past {DUMP_AFTER} s); killed"
+                f"(stacks above if it was past {DUMP_AFTER} s); killed",
+                stacklevel=1,
             )
             return
 

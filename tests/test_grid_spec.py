@@ -12,9 +12,9 @@ import yaml
 from fixtures.runner import tiny_base
 from relpos_ablate.cli import main
 from relpos_ablate.config import RunConfig, from_dict, run_id, to_plain
+from relpos_ablate.config.presets import presets
 from relpos_ablate.config.registry import BUILTIN_BIASES
 from relpos_ablate.runner.grid import GridSpecError, LauncherConfig, load_grid, parse_grid
-from relpos_ablate.config.presets import presets
 
 REPO = Path(__file__).resolve().parent.parent
 

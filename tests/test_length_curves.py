@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgba
 
-from test_length_report import SCORES, build
 from relpos_ablate.analysis import collect
-from relpos_ablate.studies.length_generalization.curves import lengthgen_figure
 from relpos_ablate.cli import main
+from relpos_ablate.studies.length_generalization.curves import lengthgen_figure
+from test_length_report import SCORES, build
 
 
 @pytest.fixture(scope="module")

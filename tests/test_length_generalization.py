@@ -11,6 +11,11 @@ from matplotlib.image import AxesImage
 
 from fixtures.report_runs import make_run
 from relpos_ablate.analysis import collect
+from relpos_ablate.analysis.table_options import TableOptions
+from relpos_ablate.cli import main
+from relpos_ablate.config import ConfigError
+from relpos_ablate.io import atomic_write_json, atomic_write_yaml
+from relpos_ablate.studies import make_table
 from relpos_ablate.studies.length_generalization.figures import (
     collect_diagnostics,
     diagnostics_figure,
@@ -19,12 +24,7 @@ from relpos_ablate.studies.length_generalization.figures import (
     summary_figure,
     with_variants,
 )
-from relpos_ablate.studies import make_table
 from relpos_ablate.studies.length_generalization.table import rank_table
-from relpos_ablate.analysis.table_options import TableOptions
-from relpos_ablate.cli import main
-from relpos_ablate.config import ConfigError
-from relpos_ablate.io import atomic_write_json, atomic_write_yaml
 
 BINS = [(1, 4), (5, 6), (7, 8)]  # trained on n <= 4: the last two bins are out of distribution
 ENCODINGS = {

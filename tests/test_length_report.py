@@ -16,11 +16,11 @@ from statsmodels.stats.multitest import multipletests
 
 from fixtures.report_runs import make_run
 from relpos_ablate.analysis import collect
-from relpos_ablate.studies.length_generalization.report import run_scores
 from relpos_ablate.analysis.collect import read_summary
-from relpos_ablate.studies import make_report
 from relpos_ablate.cli import main
 from relpos_ablate.io import atomic_write_json
+from relpos_ablate.studies import make_report
+from relpos_ablate.studies.length_generalization.report import run_scores
 
 BINS = [(1, 4), (5, 6), (7, 8)]  # trained on n <= 4: one in-distribution bin, two beyond
 VARIANTS = {
@@ -377,7 +377,7 @@ CAPPED = [[1.0, 0.5, 0.4], [1.0, 0.6, 0.3], [1.0, 0.4, 0.4]]
 
 
 def test_the_step_cap_section_compares_the_higher_cap_with_the_study(tmp_path):
-    root = build(tmp_path)
+    build(tmp_path)
     for seed, scores in enumerate(CAPPED):
         overrides = [
             "data.task=reverse",
@@ -432,10 +432,10 @@ def test_the_step_cap_section_compares_the_higher_cap_with_the_study(tmp_path):
         in section
     )
     key = ("reverse", "rope", "randomized")
-    assert f"| reverse | RoPE (randomized) | 900 | " in section and fmt(ood(key)) in section
+    assert "| reverse | RoPE (randomized) | 900 | " in section and fmt(ood(key)) in section
     # three Welch tests, one family: ID at the higher cap vs the study's runs; randomized vs sequential, ID and OOD
     # (ID: both sides 1.0 at every seed there is no spread to test)
     sequential = ("reverse", "rope", "sequential")
     p_ood = stats.ttest_ind(capped_ood, ood(sequential), equal_var=False).pvalue
-    assert f"reverse, RoPE (randomized) at cap 1800 vs RoPE, OOD: " in section
+    assert "reverse, RoPE (randomized) at cap 1800 vs RoPE, OOD: " in section
     assert f"p = {p_ood:.2g}" in section.split("vs RoPE, OOD: ")[1].split("\n")[0]

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from fixtures.kernels import forced_calibration, assert_candidates_agree, assert_matches_float64
+from fixtures.kernels import assert_candidates_agree, assert_matches_float64, forced_calibration
 from reference import reference_attention
 from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
 from relpos_ablate.model.kernels import calibration, dispatch, low_rank
@@ -167,7 +167,10 @@ def test_every_calibration_candidate_agrees():
     """Each kernel calibration can choose computes the same forward and gradients (fp32)."""
     for name in LOW_RANK:
         assert_candidates_agree(
-            lambda backend: _layer(name, backend), ("low_rank", "blocks", "sdpa"), _limit, name
+            lambda backend, name=name: _layer(name, backend),
+            ("low_rank", "blocks", "sdpa"),
+            _limit,
+            name,
         )
 
 

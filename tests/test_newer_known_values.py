@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from conftest import randomize
-from test_attention_reference import inputs
 from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
-from relpos_ablate.model import AttentionOptions
 from relpos_ablate.config.model import rotary_width
+from relpos_ablate.model import AttentionOptions
 from relpos_ablate.model.position import (
     RopeScaling,
     alibi_slopes,
@@ -23,6 +22,7 @@ from relpos_ablate.model.position import (
     rope_frequencies,
     xpos_decay,
 )
+from test_attention_reference import inputs
 
 
 def attention(seed=0, d_model=16, heads=2, d_head=8, **fields):
@@ -317,7 +317,7 @@ def test_the_documented_cope_interpolation_is_e_itself_at_whole_positions():
     python = re.sub(r"e\[([^]]*)\]", r"table[\1]", python)
     table = [10.0, 20.0, 40.0, 80.0]
     for p, expected in ((0, 10.0), (1, 20.0), (2, 40.0), (3, 80.0), (1.25, 25.0), (2.5, 60.0)):
-        got = eval(python, {"ceil": math.ceil, "floor": math.floor, "table": table, "p": p})  # noqa: S307
+        got = eval(python, {"ceil": math.ceil, "floor": math.floor, "table": table, "p": p})
         assert got == pytest.approx(expected), (written, p)
 
 
@@ -422,8 +422,8 @@ def test_p_rope_is_not_gpt_neox_partial_rotary():
         attn = attention(seed=0, d_model=16, heads=1, d_head=16, **fields)
         q = torch.zeros(1, 1, 1, 16, dtype=torch.float64)
         q[..., dims] = 1.0
-        from relpos_ablate.model.position import rotate_queries_keys
         from relpos_ablate.config.model import rotary_width, rotating_pairs
+        from relpos_ablate.model.position import rotate_queries_keys
 
         d_rot = rotary_width(attn.config, 16)
         rotating = rotating_pairs(attn.config, d_rot) if attn.config.rope_p != 1 else None

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from conftest import assert_memory_and_causality_exact, randomize
-from test_train_run import short
 from relpos_ablate import AttentionConfig, ConfigError, ModelConfig, TransformerLM
 from relpos_ablate.config import EvalSetting, load_run_config, unsupported_reason
-from relpos_ablate.config.run import resolve_log_n_length
 from relpos_ablate.config.presets import preset_fields
+from relpos_ablate.config.run import resolve_log_n_length
 from relpos_ablate.train.module import rope_scale, rope_scaling
 from relpos_ablate.train.run import train_run
+from test_train_run import short
 
 LM_SCHEMES = {
     "rope_xpos": dict(terms="a", absolute="rope", xpos_scale_base=8.0),
@@ -270,8 +270,8 @@ def test_a_table_splits_the_settings_by_rope_scaling(tmp_path):
     from fixtures.report_runs import make_run
     from relpos_ablate.analysis import collect
     from relpos_ablate.analysis.render import render
-    from relpos_ablate.studies import make_table
     from relpos_ablate.analysis.table_options import TableOptions
+    from relpos_ablate.studies import make_table
 
     settings = [(32, None, 0.9), (64, None, 0.5), (64, "pi", 0.7), (64, "yarn", 0.8)]
     for encoding, overrides in (

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from test_plots import fake_sampler, lines, tiny_model
 from relpos_ablate.analysis import plots
 from relpos_ablate.analysis.figures import bias_figure, decay_curves, inspect_sample
 from relpos_ablate.model.position import alibi_slopes
+from test_plots import fake_sampler, lines, tiny_model
 
 
 def test_fox_with_constant_gates_plots_alibis_lines_and_its_slopes():

@@ -12,11 +12,11 @@ import torch
 
 from conftest import fast_and_explicit_gradients, randomize
 from reference import reference_attention
-from test_attention_positions import drawn
-from test_attention_reference import D_HEAD, D_MODEL, HEADS, LQ, MEM, inputs
 from relpos_ablate import AttentionConfig, RelPosAttention
 from relpos_ablate.model import AttentionOptions
 from relpos_ablate.model.position import RopeScaling
+from test_attention_positions import drawn
+from test_attention_reference import D_HEAD, D_MODEL, HEADS, LQ, MEM, inputs
 
 SCHEMES = {
     "rope_partial": dict(terms="a", absolute="rope", rope_fraction=0.5),
@@ -183,7 +183,9 @@ def test_fast_backward_equals_autograd_of_explicit_scores(name, backend):
     grads = fast_and_explicit_gradients(attn, x, mems, AttentionOptions(key_padding_mask=padding))
     for (name_, _), fast, slow in zip([("x", None), *attn.named_parameters()], *grads):
         assert slow is not None, f"{name_} gets no gradient"
-        torch.testing.assert_close(fast, slow, rtol=1e-7, atol=1e-10, msg=lambda m: f"{name_}: {m}")
+        torch.testing.assert_close(
+            fast, slow, rtol=1e-7, atol=1e-10, msg=lambda m, name_=name_: f"{name_}: {m}"
+        )
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -288,8 +290,8 @@ def test_attention_statistics_of_every_scheme_match_their_definitions(name, back
     """The diagnostics gathered in the same forward (model/diagnostics.py) equal their definitions on the
     reference probabilities of the stream's keys (with sinks, rows sum to less than 1), and leave the
     output unchanged."""
-    from test_attention_diagnostics import reference_statistics
     from relpos_ablate.model.diagnostics import AttentionStatistics
+    from test_attention_diagnostics import reference_statistics
 
     fields = SCHEMES[name]
     if not runs_on(fields, backend):

@@ -10,8 +10,8 @@ import torch
 
 from reference import alibi_slopes_reference, sinusoid_row
 from relpos_ablate import AttentionConfig, RelPosAttention
-from relpos_ablate.model.position import alibi_slopes, build_bias, sinusoid, t5_bucket
 from relpos_ablate.model.kernels.shift import rel_shift, toeplitz
+from relpos_ablate.model.position import alibi_slopes, build_bias, sinusoid, t5_bucket
 
 # docs/formulas.md#t5: the check vector, rp = j - i (HF T5's relative_position)
 RP = [

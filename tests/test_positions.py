@@ -7,7 +7,6 @@ Run: .venv/bin/python -m pytest tests/test_positions.py -q
 
 import statistics
 
-import numpy as np
 import pytest
 
 from fixtures.report_runs import make_run
@@ -26,7 +25,7 @@ BINS = {"edges": [0, 1, 2, 4, 8], "tokens": [10, 10, 20, 40]}
 
 
 def curve_runs(root):
-    for (encoding, seed), losses in CURVES.items():
+    for encoding, seed in CURVES:
         bias = (
             ["model.attention.bias=alibi"]
             if encoding == "alibi"

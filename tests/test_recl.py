@@ -13,7 +13,6 @@ import pytest
 
 from fixtures.report_runs import make_run
 from relpos_ablate.analysis import collect
-from relpos_ablate.studies import make_table
 from relpos_ablate.analysis.recl import (
     own_gain,
     recl,
@@ -25,6 +24,7 @@ from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_bytes
+from relpos_ablate.studies import make_table
 
 # l_i(c, t) for two models at contexts 10, 20, 30 on four targets.
 LOSSES = {

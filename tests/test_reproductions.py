@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 
 from relpos_ablate.analysis import collect
-from relpos_ablate.studies import make_table
-from relpos_ablate.analysis.positions import position_loss_figure
-from relpos_ablate.studies import make_report
 from relpos_ablate.analysis.plots import extrapolation_figure
+from relpos_ablate.analysis.positions import position_loss_figure
 from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.config import RunConfig, apply_overrides, from_dict, to_plain
 from relpos_ablate.io import atomic_write_json
 from relpos_ablate.runner.grid import load_grid
+from relpos_ablate.studies import make_report, make_table
 from relpos_ablate.train.run import train_run
 
 EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"

@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from fixtures.report_runs import make_run
+from fixtures.sequences import unpadded
 from relpos_ablate.analysis import collect
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError, DataConfig, load_run_config
@@ -24,7 +25,6 @@ from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.data.examples import BOS, FILLER, KEY, SEP, generate, vocab_size
 from relpos_ablate.train.data.solvers import solve
 from relpos_ablate.train.run import train_run
-from fixtures.sequences import unpadded
 
 TASKS = (
     "niah_multikey",

@@ -271,7 +271,7 @@ def test_a_worker_killed_by_a_signal_is_interrupted_with_that_signals_likely_cau
         [
             sys.executable,
             "-c",
-            "import os, signal, time; os.kill(os.getpid(), %d); time.sleep(5)" % int(sig),
+            f"import os, signal, time; os.kill(os.getpid(), {int(sig)}); time.sleep(5)",
         ]
     )
     assert proc.wait(timeout=30) == -int(sig)

@@ -26,7 +26,9 @@ from relpos_ablate.runner.display import PlainDisplay
 from relpos_ablate.runner.grid import LauncherConfig, load_grid
 from relpos_ablate.runner.local import gpu_slots, run_local
 from relpos_ablate.runner.slurm import LAUNCH, NO_LAUNCH, RunJob, follow, submit_grid
-from test_runner_slurm import fake_slurm  # noqa: F401  (a fixture)
+
+# a fixture: the tests that take it as an argument redefine it (noqa: F811 there)
+from test_runner_slurm import fake_slurm  # noqa: F401
 
 
 @pytest.fixture
@@ -111,7 +113,7 @@ def test_uneven_split_names_the_run_and_the_field(tmp_path, capsys):
     )
 
 
-def test_multi_node_job_has_one_task_per_gpu_and_tells_the_worker(tmp_path, fake_slurm):
+def test_multi_node_job_has_one_task_per_gpu_and_tells_the_worker(tmp_path, fake_slurm):  # noqa: F811
     spec = load_grid(write_spec(tmp_path, encodings=("xl",), seeds=(0,)))
     (submitted,) = submit_grid(spec, tmp_path / "results", LauncherConfig(gpus=4, nodes=2, cpus=6))
     (script_path,) = fake_slurm.glob("script_*.sh")
@@ -135,7 +137,7 @@ def fake_squeue(bin_dir: Path, listed: str, status: int = 0) -> None:
     (bin_dir / "squeue").chmod(0o755)
 
 
-def test_resubmitting_skips_runs_whose_job_is_still_queued_or_running(tmp_path, fake_slurm, capsys):
+def test_resubmitting_skips_runs_whose_job_is_still_queued_or_running(tmp_path, fake_slurm, capsys):  # noqa: F811
     spec_path = write_spec(tmp_path, encodings=("xl", "alibi"), seeds=(0,))
     argv = ["grid", str(spec_path), "--results", str(tmp_path / "results"), "--launcher", "slurm"]
     assert main(argv) == 0

@@ -20,11 +20,11 @@ from statsmodels.stats.multitest import multipletests
 
 from fixtures.report_runs import ENCODINGS, make_grid, make_run
 from relpos_ablate.analysis import collect
-from relpos_ablate.studies import make_table
 from relpos_ablate.analysis.render import latex_escape, render
 from relpos_ablate.analysis.table_options import TableOptions
 from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
+from relpos_ablate.studies import make_table
 
 # xl is clearly better at length 32 (p < 0.01), alibi better at 64; 3 seeds each
 PPL = {

@@ -15,10 +15,10 @@ import pytest
 import torch
 import yaml
 
+from fixtures.runner import tiny_base
 from readme_scheme import registered_example, write_example
 from relpos_ablate.cli import main
 from relpos_ablate.config import registry
-from fixtures.runner import tiny_base
 from relpos_ablate.rundir import last_checkpoint, read_eval, read_status
 
 REPO = Path(__file__).resolve().parent.parent

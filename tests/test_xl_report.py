@@ -18,6 +18,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from relpos_ablate.analysis.collect import read_summary
+from relpos_ablate.config import ConfigError
 from relpos_ablate.studies import make_report
 from relpos_ablate.studies.xl.report import (
     context_report,
@@ -25,7 +26,6 @@ from relpos_ablate.studies.xl.report import (
     ladder_samples,
     table6_report,
 )
-from relpos_ablate.config import ConfigError
 
 # (encoding, memory, loss) -> ppl per seed at c = 16, 64 (the training attention lengths: 16 and 16 + 48)
 PPL = {

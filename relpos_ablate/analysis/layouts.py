@@ -12,8 +12,8 @@ value of a key (--best-over train.lr).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import pandas as pd
 

@@ -10,8 +10,8 @@ import io
 import math
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -21,7 +21,6 @@ from relpos_ablate import rundir
 from relpos_ablate.analysis import figures
 from relpos_ablate.analysis.collect import run_name
 from relpos_ablate.analysis.extrapolation import build_extrapolation, extrapolation_figure  # noqa: F401 (API)
-from relpos_ablate.analysis.trained import check_imports, load_drawable
 from relpos_ablate.analysis.settings import label
 from relpos_ablate.analysis.table_options import (
     axis_orders,
@@ -30,6 +29,7 @@ from relpos_ablate.analysis.table_options import (
     read_spec,
 )
 from relpos_ablate.analysis.tables import row_key, sort_key
+from relpos_ablate.analysis.trained import check_imports, load_drawable
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_bytes
 

@@ -56,7 +56,7 @@ class Table:
     them under the caption, CSV carries the p-values per cell."""
     power: str = ""
     """The tests' power line (stats.Family.power_line), under the list."""
-    appendix: "Table | None" = None
+    appendix: Table | None = None
     """A second table of the same data (a layout's summary), written after this one in the same format."""
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Mapping
 
 import numpy as np
 from scipy import stats
@@ -213,7 +213,7 @@ def _num(x: float, decimals: int) -> str:
 class Comparison:
     """One stated comparison of a family: its means, its test and, once the family is adjusted, its verdict."""
 
-    family: "Family"
+    family: Family
     name_a: str
     name_b: str
     mean_a: float

@@ -10,9 +10,9 @@ from __future__ import annotations
 import difflib
 import os
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -25,8 +25,8 @@ from relpos_ablate.analysis.settings import label, normalized, short_name
 from relpos_ablate.analysis.stats import CORRECTIONS
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice
-from relpos_ablate.config.yaml_io import load_yaml
 from relpos_ablate.config.evaluation import SPLITS
+from relpos_ablate.config.yaml_io import load_yaml
 
 HIGHER_IS_BETTER = ("acc", "accuracy", "exact_match")
 """Metrics where larger is better; every other metric (ppl, loss, bpc, nll) is lower-is-better."""
@@ -78,7 +78,7 @@ class TableOptions:
             if getattr(self, name) is not None:
                 check_choice(name, getattr(self, name), SPLITS)
 
-    def merged(self, fallback: "TableOptions") -> "TableOptions":
+    def merged(self, fallback: TableOptions) -> TableOptions:
         """These options, with unset fields taken from `fallback`."""
         return replace(
             self,

@@ -10,7 +10,11 @@ from pathlib import Path
 from relpos_ablate.cli import UsageError
 from relpos_ablate.studies import (
     FIGURE_KINDS as STUDY_FIGURES,
+)
+from relpos_ablate.studies import (
     LAYOUT_NAMES,
+)
+from relpos_ablate.studies import (
     SUMMARY_FIGURES as STUDY_SUMMARY_FIGURES,
 )
 

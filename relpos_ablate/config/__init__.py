@@ -2,7 +2,6 @@
 and --set overrides)."""
 
 from relpos_ablate.config.base import ConfigError, describe, from_dict, to_plain
-from relpos_ablate.config.yaml_io import apply_overrides, read_yaml
 from relpos_ablate.config.data import DataConfig
 from relpos_ablate.config.model import BIAS_TYPES, AttentionConfig, ModelConfig
 from relpos_ablate.config.run import (
@@ -18,6 +17,7 @@ from relpos_ablate.config.run import (
     unsupported_reason,
     what_to_run,
 )
+from relpos_ablate.config.yaml_io import apply_overrides, read_yaml
 
 __all__ = [
     "AttentionConfig",

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 from relpos_ablate.config.base import ConfigError, check_choice, check_range
 from relpos_ablate.config.registry import BUILTIN_BIASES, bias_types, check_bias
+from relpos_ablate.config.schedule import INPUT_POSITIONS, LayerKind, check_pattern, layer_overrides
 from relpos_ablate.config.scheme_checks import (
     QUERY_DEPENDENT_BIASES,
     check_materialised_schemes,
     check_newer_schemes,
 )
-from relpos_ablate.config.schedule import INPUT_POSITIONS, LayerKind, check_pattern, layer_overrides
 
 #: The built-in values of `bias`, from the registry (config/registry.py); `bias_types()` adds the
 #: schemes registered at run time with register_bias.

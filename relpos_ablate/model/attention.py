@@ -40,6 +40,10 @@ from relpos_ablate.config.model import (
     rotary_width,
     rotating_pairs,
 )
+from relpos_ablate.model.chunks import Chunks
+from relpos_ablate.model.cope import ContextualPositions
+from relpos_ablate.model.dape import DataAdaptive
+from relpos_ablate.model.fox import ForgetGate
 from relpos_ablate.model.kernels.call import (
     AttentionCall,
     AttentionOptions,
@@ -50,19 +54,14 @@ from relpos_ablate.model.kernels.call import (
     place,
     sum_terms,
 )
-from relpos_ablate.model.chunks import Chunks
-from relpos_ablate.model.cope import ContextualPositions
-from relpos_ablate.model.dape import DataAdaptive
 from relpos_ablate.model.kernels.dispatch import STORED_BLOCK_SCORES, attend
 from relpos_ablate.model.kernels.explicit import explicit_attention
-from relpos_ablate.model.fox import ForgetGate
 from relpos_ablate.model.path import PathTransforms
 from relpos_ablate.model.position import RopeScaling, build_bias, rotate_queries_keys, sinusoid
 from relpos_ablate.model.position.tables import table_row, table_rows
 from relpos_ablate.model.sinks import Sinks
 from relpos_ablate.model.stick_breaking import stick_breaking
 from relpos_ablate.model.temperature import Temperature, tuned_temperature
-
 
 TERM_ORDER = (
     "a",

@@ -24,7 +24,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-
 # The band kernel (`ContextualPositions.band_width`): keys are counted in chunks of BAND_CHUNK, and a count must pass
 # p_max - 1 by COUNT_MARGIN to leave the band, far above fp32's rounding of a sum of gates (n·ε·64 = 0.016 for
 # n = 4096 gates): the kernel, which counts in its own order, then finds no key beyond the band still counting

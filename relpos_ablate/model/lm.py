@@ -23,9 +23,9 @@ from relpos_ablate.config.base import ConfigError
 from relpos_ablate.config.model import AttentionConfig, ModelConfig
 from relpos_ablate.config.schedule import bias_key
 from relpos_ablate.model.attention import RelPosAttention, init_vector
-from relpos_ablate.model.kernels.call import AttentionOptions, SharedParameters
 from relpos_ablate.model.diagnostics import AttentionStatistics
-from relpos_ablate.model.position import BiasScheme, RopeScaling, bias_schemes, build_bias, sinusoid
+from relpos_ablate.model.kernels.call import AttentionOptions, SharedParameters
+from relpos_ablate.model.position import RopeScaling, bias_schemes, build_bias, sinusoid
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

@@ -9,8 +9,9 @@ import dataclasses
 import difflib
 import itertools
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from relpos_ablate.config import ConfigError, RunConfig
 from relpos_ablate.config.base import named_items

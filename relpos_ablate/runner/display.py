@@ -196,7 +196,7 @@ class PlainDisplay:
     def __init__(self, console: Console):
         self.console = console
 
-    def __enter__(self) -> "PlainDisplay":
+    def __enter__(self) -> PlainDisplay:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -224,7 +224,7 @@ class LiveDisplay(PlainDisplay):
             console=console, auto_refresh=False, transient=False, redirect_stdout=False
         )
 
-    def __enter__(self) -> "LiveDisplay":
+    def __enter__(self) -> LiveDisplay:
         self._live.start()
         return self
 

@@ -14,11 +14,12 @@ import subprocess
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
-from relpos_ablate.runner.local import Slot
 from relpos_ablate.runner.forkserver import ForkedWorker, die_with_parent, forkable, start_forked
+from relpos_ablate.runner.local import Slot
 from relpos_ablate.runner.worker import WORKER_PREFIX, stop, worker_env
 
 

@@ -295,7 +295,7 @@ def _child(request: dict, fds: list[int], channel: socket.socket) -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, (int, type(None))):
             print(exc.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - printed as the interpreter would, then the exit status 1
+    except BaseException:  # any error: printed as the interpreter would, then the exit status 1
         import traceback
 
         traceback.print_exc()

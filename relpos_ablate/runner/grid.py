@@ -32,10 +32,10 @@ from typing import Any
 
 from relpos_ablate.config import ConfigError, RunConfig, from_dict, read_yaml, run_id
 from relpos_ablate.config.base import ConfigErrors, check_range
-from relpos_ablate.config.yaml_io import set_path
 from relpos_ablate.config.presets import encoding_fields
 from relpos_ablate.config.registry import import_modules
 from relpos_ablate.config.schedule import shown_value
+from relpos_ablate.config.yaml_io import set_path
 from relpos_ablate.runner.axes import (
     ENCODING,
     Axis,

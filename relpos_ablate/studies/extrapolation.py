@@ -16,8 +16,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from relpos_ablate.analysis.stats import Comparison, Family
 from relpos_ablate.analysis.settings import normalized
+from relpos_ablate.analysis.stats import Comparison, Family
 from relpos_ablate.analysis.table_options import axis_orders, read_spec
 from relpos_ablate.analysis.tables import sort_key
 from relpos_ablate.config import ConfigError

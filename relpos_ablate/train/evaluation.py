@@ -21,7 +21,8 @@ import contextlib
 import io
 import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import numpy as np

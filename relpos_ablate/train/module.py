@@ -33,11 +33,10 @@ from torchmetrics import Metric
 
 from relpos_ablate.config import EvalSetting, RunConfig, TrainConfig, to_plain
 from relpos_ablate.model import TransformerLM
-from relpos_ablate.train.data.streams import TrainBatch, loss_mask
-from relpos_ablate.train.data.protocols import log_bins
-from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
 from relpos_ablate.model.position import RopeScaling, bias_schemes
-
+from relpos_ablate.train.data.protocols import log_bins
+from relpos_ablate.train.data.streams import TrainBatch, loss_mask
+from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
 
 RESUME_STATES = "relpos_resume_states"
 """Checkpoint key: per process, in rank order, its random state and training memory."""

@@ -8,15 +8,15 @@ Same data order, memory carrying and reset, loss, optimizer (then each bias sche
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from relpos_ablate.config import RunConfig
 from relpos_ablate.model import TransformerLM
-from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.model.lm import masked_mean
+from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.module import after_optimizer_step, build_optimizer, loss_mask, token_stats
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}

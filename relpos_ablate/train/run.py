@@ -37,15 +37,14 @@ from relpos_ablate.config.run import resolve_log_n_length
 from relpos_ablate.io import atomic_write_json, atomic_write_yaml
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data import build_datamodule
+from relpos_ablate.train.evaluation import evaluate, write_token_losses
 from relpos_ablate.train.loggers import (
     checkpoint_step,
     logged_identity,
     make_loggers,
     wandb_run_ends_with_the_attempt,
 )
-from relpos_ablate.train.evaluation import evaluate, write_token_losses
 from relpos_ablate.train.module import LitLM, NonFiniteLoss
-from relpos_ablate.train.stopping import StopAtExactMatch
 from relpos_ablate.train.records import (
     CONFIG_ERRORS,
     AtomicCheckpointIO,
@@ -55,6 +54,7 @@ from relpos_ablate.train.records import (
     close_log,
     open_log,
 )
+from relpos_ablate.train.stopping import StopAtExactMatch
 
 log = logging.getLogger("relpos_ablate.train")
 # Lightning advertises a hosted logger on every run; keep run logs to what concerns the run.

@@ -28,7 +28,7 @@ from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock, ScoreInp
 from relpos_ablate.model.kernels.shift import antidiagonal_sums, rel_shift
 
 
-def block_maps(call: AttentionCall, inputs: ScoreInputs) -> "StridedMaps | MaterialisedMaps":
+def block_maps(call: AttentionCall, inputs: ScoreInputs) -> StridedMaps | MaterialisedMaps:
     """The layout of this call's maps: strided views when they depend on the distance alone."""
     per_distance = inputs.distance_scores is not None or inputs.rel_keys is not None
     strided = (

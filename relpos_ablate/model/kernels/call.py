@@ -48,8 +48,8 @@ from relpos_ablate.model.kernels.geometry import (
     StatisticsSink,
     Visibility,
 )
-from relpos_ablate.model.position import BiasScheme, RopeScaling
 from relpos_ablate.model.kernels.shift import descending_distances, rel_shift, toeplitz
+from relpos_ablate.model.position import BiasScheme, RopeScaling
 
 MIN_BLOCK = 16  # fewest queries in a block when long key ranges shrink the blocks
 

@@ -28,10 +28,10 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from relpos_ablate.config.model import AttentionConfig
-from relpos_ablate.model.kernels.call import AttentionCall, ScoreInputs, sum_terms
-from relpos_ablate.model.kernels.geometry import StatisticsSink
 from relpos_ablate.model.kernels import band, calibration, flex, low_rank
 from relpos_ablate.model.kernels.blockwise import BlockwiseBiasedAttention, masked_softmax
+from relpos_ablate.model.kernels.call import AttentionCall, ScoreInputs, sum_terms
+from relpos_ablate.model.kernels.geometry import StatisticsSink
 
 # Score entries per head in one query block whose map is stored for backward (the block kernel sizes its
 # own blocks: block_maps.py)

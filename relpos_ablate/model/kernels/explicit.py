@@ -11,15 +11,15 @@ with the values and the call; this module knows nothing of the module that compu
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from relpos_ablate.model.kernels.blockwise import masked_softmax
 from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock
 from relpos_ablate.model.kernels.geometry import StatisticsSink
-from relpos_ablate.model.kernels.blockwise import masked_softmax
 from relpos_ablate.model.kernels.shift import rel_shift
 
 #: (scores [B, H, L_b, K_b], visible, own [L_b, K_b]) -> weights: the normaliser seam (default: softmax)

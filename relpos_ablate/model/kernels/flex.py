@@ -34,7 +34,6 @@ from torch import Tensor
 
 from relpos_ablate.model.kernels.call import AttentionCall, Visibility
 
-
 #: The least recompile limit set for compiled FlexAttention: every score_mod structure, dtype, autocast state
 #: and shape is one more compilation of the same function, and past torch's limit (8 by default) dynamo runs
 #: it eagerly: the full score matrix, 20-85x slower than compiled on an H200 (gpu_check, 2026-12-04).

@@ -318,7 +318,7 @@ class KeyOffsetAttention(torch.autograd.Function):
         if len(own) > 1:
             out, lse = q_aug.new_empty(b, h, lq, dh + width), q.new_empty(b, h, lq)
         for rows, n in own:
-            o, l = _forward(
+            o, o_lse = _forward(
                 _batched(q_aug, rows, n),
                 *(_batched(t, rows, n) for t in own_keys),
                 0.0,
@@ -326,9 +326,9 @@ class KeyOffsetAttention(torch.autograd.Function):
                 scale=scale,
             )
             if len(own) == 1:  # one call holds every query (no copy)
-                out, lse = _unbatched(o, h), _unbatched(l, h)
+                out, lse = _unbatched(o, h), _unbatched(o_lse, h)
             else:
-                out[:, :, rows], lse[:, :, rows] = _unbatched(o, h), _unbatched(l, h)
+                out[:, :, rows], lse[:, :, rows] = _unbatched(o, h), _unbatched(o_lse, h)
         for rows, k0 in _past_parts(layout, k_aug, key_offsets, scale, lead):
             past, past_lse = _forward(
                 q_aug[:, :, rows], k_aug[:, :, :k0], v_aug[:, :, :k0], 0.0, False, scale=scale

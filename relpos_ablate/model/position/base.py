@@ -20,7 +20,7 @@ from relpos_ablate.config.registry import bias_class
 
 def build_bias(
     config: AttentionConfig, n_heads: int, d_head: int | None = None
-) -> "BiasScheme | None":
+) -> BiasScheme | None:
     """The bias module registered under `config.bias` (None for 'none'); d_head: the attention's head width,
     set on the scheme for those that read it (Sandwich)."""
     if config.bias == "none":

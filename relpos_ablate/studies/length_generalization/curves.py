@@ -16,6 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from relpos_ablate.analysis.plots import save_figure
+from relpos_ablate.analysis.table_options import default_metric
 from relpos_ablate.studies.length_generalization.figures import (
     POSITIONS,
     TASK,
@@ -30,8 +32,6 @@ from relpos_ablate.studies.length_generalization.table import (
     train_range,
     variant_order,
 )
-from relpos_ablate.analysis.plots import save_figure
-from relpos_ablate.analysis.table_options import default_metric
 
 SHADE = "0.9"
 """Grey of the training lengths."""

@@ -25,7 +25,6 @@ from matplotlib.figure import Figure
 
 from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import RUN_COLUMNS
-from relpos_ablate.studies.length_generalization.table import variant_name
 from relpos_ablate.analysis.plots import save_figure
 from relpos_ablate.analysis.settings import label, layer_names
 from relpos_ablate.analysis.table_options import (
@@ -38,6 +37,7 @@ from relpos_ablate.analysis.table_options import (
 from relpos_ablate.analysis.tables import row_key, sort_key, variant_colors
 from relpos_ablate.config import ConfigError
 from relpos_ablate.config.data import DEPTH_TASKS
+from relpos_ablate.studies.length_generalization.table import variant_name
 
 TASK = "data.task"
 POSITIONS = "model.attention.positions"

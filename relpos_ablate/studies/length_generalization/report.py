@@ -26,6 +26,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from relpos_ablate.analysis.stats import Comparison, Family, listed
+from relpos_ablate.config import ConfigError
 from relpos_ablate.studies.length_generalization.table import (
     TASK,
     example_rows,
@@ -34,8 +36,6 @@ from relpos_ablate.studies.length_generalization.table import (
     variant_name,
     variant_order,
 )
-from relpos_ablate.analysis.stats import Comparison, Family, listed
-from relpos_ablate.config import ConfigError
 
 METRIC = "exact_match"
 ENCODING, POSITIONS = "encoding", "model.attention.positions"

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from relpos_ablate.studies.xl.report import ENCODINGS, ladder_ppl, row_label
 from relpos_ablate.config import ConfigError
+from relpos_ablate.studies.xl.report import ENCODINGS, ladder_ppl, row_label
 
 RELATIVE = ("xl", "shaw")
 """The encodings of the zoomed panel."""

@@ -31,8 +31,6 @@ from relpos_ablate.analysis.table_options import (
     run_level,
     varies,
 )
-from relpos_ablate.config import ConfigError
-from relpos_ablate.config.presets import presets
 from relpos_ablate.analysis.tables import (
     DECIMALS,
     mark_best,
@@ -43,6 +41,8 @@ from relpos_ablate.analysis.tables import (
     sort_key,
     values_by_key,
 )
+from relpos_ablate.config import ConfigError
+from relpos_ablate.config.presets import presets
 
 TABLE6_PROTOCOLS = ("xl", "sliding", "non_overlapping")
 """The protocols a Table 6 row falls back on, in this order, when it was not evaluated the way it was trained."""

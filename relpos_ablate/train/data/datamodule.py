@@ -38,7 +38,7 @@ class SegmentDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         if self.config.data.source == "text":
-            self._corpus  # downloads and tokenizes once; later runs hit the cache
+            self._corpus  # noqa: B018 - downloads and tokenizes once; later runs hit the cache
 
     @functools.cached_property
     def _corpus(self) -> text.Corpus:

@@ -12,7 +12,8 @@ segments would break recurrence). Gradient accumulation splits a process's rows 
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
