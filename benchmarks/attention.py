@@ -200,9 +200,8 @@ def peak_memory_child(name: str, length: int, device, dtype) -> float:
     torch.manual_seed(0)
     module = build(name, device, dtype)
     x = torch.randn(B, length, D_MODEL, device=device, dtype=dtype, requires_grad=True)
-    step(
-        module, x
-    )  # warm-up at the measured shape: a kernel choice timed at first use is not in the peak
+    # warm-up at the measured shape: a kernel choice timed at first use is not in the peak
+    step(module, x)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -124,11 +124,8 @@ def run_probe(package_root: Path, path: Path) -> None:
     subprocess.run(
         [sys.executable, "-W", "ignore", __file__, "--probe", str(path)],
         check=True,
-        env={
-            **os.environ,
-            "PYTHONPATH": str(package_root),
-            "RELPOS_ABLATE_CALIBRATE": "0",
-        },  # fixed order
+        # fixed order
+        env={**os.environ, "PYTHONPATH": str(package_root), "RELPOS_ABLATE_CALIBRATE": "0"},
         cwd=package_root,
     )
 

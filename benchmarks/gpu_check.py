@@ -150,9 +150,8 @@ def parity(
         for backend in backends:
             if not runs_on(fields, backend):
                 continue
-            backward = (
-                device.type == "cuda" or backend != "flex"
-            )  # CPU FlexAttention has no backward
+            # CPU FlexAttention has no backward
+            backward = device.type == "cuda" or backend != "flex"
             for dtype in dtypes:
                 row = dict(scheme=name, backend=backend, dtype=dtype, backward=backward)
                 try:
@@ -166,9 +165,8 @@ def parity(
                     row["out_error"] = relative_error(got[0], want[0])
                     row["grad_error"] = relative_error(got[1], want[1]) if backward else None
                     row["ok"] = max(row["out_error"], row["grad_error"] or 0.0) < TOLERANCE[dtype]
-                except (
-                    Exception
-                ) as err:  # a kernel that cannot run this case fails the check, with the reason
+                # a kernel that cannot run this case fails the check, with the reason
+                except Exception as err:
                     row.update(
                         ok=False, error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                     )
@@ -375,9 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.skip_parity
         else parity(names, device, args.backends.split(","), args.dtypes.split(",")),
     }
-    save(
-        result, out
-    )  # each phase's results are on disk before the next starts: a killed check keeps them
+    # each phase's results are on disk before the next starts: a killed check keeps them
+    save(result, out)
     if device.type == "cuda" and not args.skip_ddp:
         result["ddp"] = ddp(args.ddp_steps)
         save(result, out)

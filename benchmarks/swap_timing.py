@@ -108,9 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     x = torch.randn(B, args.length, D_MODEL, requires_grad=True)
     times: dict[str, list[float]] = {"old": [], "new": [], "sdpa_nope": []}
-    for r in range(
-        args.rounds + 1
-    ):  # the first round warms every version up (a kernel choice timed at first use)
+    # the first round warms every version up (a kernel choice timed at first use)
+    for r in range(args.rounds + 1):
         for version in ("old", "new", "sdpa_nope"):
             for swap in swaps:
                 swap.set(old=version == "old")

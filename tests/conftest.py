@@ -38,9 +38,8 @@ def pytest_collection_modifyitems(config, items):
     A process group's ranks wait on each other at every step, so a rank that shares the cores with other
     tests stalls the rest: test_ddp_parameters' check takes ~9 s alone and took 120 s beside other work on
     2 cores. (Its runs past the 240 s deadline were a deadlock on exit, not this: see that test.)"""
-    items.sort(
-        key=lambda item: not item.path.name.startswith("test_compiled_")
-    )  # stable: order kept otherwise
+    # stable: order kept otherwise
+    items.sort(key=lambda item: not item.path.name.startswith("test_compiled_"))
     mode = config.getoption("--process-groups")
     if mode == "with":
         return
@@ -64,9 +63,8 @@ def randomize(module: torch.nn.Module, seed: int = 0, scale: float = 0.5) -> Non
         for name, p in module.named_parameters():
             values = torch.randn(p.shape, generator=gen, dtype=torch.float64) * scale
             if name.endswith(("threshold",)):
-                values = (
-                    2.0 + values.abs() * 2
-                )  # small, so queries cross it in tests (FIRE's i-dependence)
+                # small, so queries cross it in tests (FIRE's i-dependence)
+                values = 2.0 + values.abs() * 2
             elif name.endswith((".c", ".a", ".p")) or name in ("c", "a", "p"):
                 values = 0.05 + values.abs()
             p.copy_(values.to(p.dtype))

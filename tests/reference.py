@@ -102,9 +102,8 @@ def _dynamic(cfg, p, widths, i, j):
 
 def _sandwich(cfg, p, widths, i, j):
     n_heads, d = widths
-    inner = sum(
-        math.cos(abs(i - j) * 10000 ** (-2 * k / d)) for k in range(1, d // 2 + 1)
-    )  # p_i·p_j
+    # p_i·p_j
+    inner = sum(math.cos(abs(i - j) * 10000 ** (-2 * k / d)) for k in range(1, d // 2 + 1))
     return torch.tensor(
         [(inner - d / 2) / (8 * h / n_heads) for h in range(1, n_heads + 1)], dtype=torch.float64
     )
@@ -154,9 +153,8 @@ def rope_rate(k: int, d_rot: int, base: float, scaling=None, p: float = 1.0) -> 
     if scaling is None:
         return theta
     s = scaling.factor
-    if (
-        scaling.kind == "llama3"
-    ):  # Llama 3.1: wavelength 2π/θ against L/1 (θ/s above) and L/4 (θ below)
+    # Llama 3.1: wavelength 2π/θ against L/1 (θ/s above) and L/4 (θ below)
+    if scaling.kind == "llama3":
         wavelength, length = 2 * math.pi / theta, scaling.original_length
         if wavelength < length / 4:
             return theta
@@ -244,9 +242,8 @@ def cope_scores(attn, q_content: Tensor, k: Tensor, visible: Tensor, s: float) -
         for j in range(k.shape[1]):
             p = gates[:, :, i, j:].sum(-1).clamp(max=top)  # (B, H)
             low, w = p.floor(), p - p.floor()
-            e = (1 - w)[..., None] * table[low.long()] + w[..., None] * table[
-                p.ceil().long()
-            ]  # (B, H, dh)
+            # (B, H, dh)
+            e = (1 - w)[..., None] * table[low.long()] + w[..., None] * table[p.ceil().long()]
             out[:, :, i, j] = s * (q_content[:, :, i] * e).sum(-1)
     return out
 
@@ -306,9 +303,8 @@ def dape_reference(attn, other: Tensor, bias: Tensor, visible: Tensor) -> Tensor
                 )
         return other + bias + adjust
 
-    def conv(
-        x: Tensor, weight: Tensor, b_: Tensor
-    ) -> Tensor:  # x (B, C, L, K), weight (C_out, C, 1, k)
+    # x (B, C, L, K), weight (C_out, C, 1, k)
+    def conv(x: Tensor, weight: Tensor, b_: Tensor) -> Tensor:
         taps = weight.shape[-1]
         y = b_[None, :, None, None].expand(x.shape[0], -1, lq, n_keys).clone()
         for j in range(n_keys):
@@ -399,9 +395,8 @@ def reference_attention(
     n_mem = n_keys - lq
     pos = list(range(n_keys)) if positions is None else [int(p) for p in positions]
 
-    def dist(
-        i: int, j: int
-    ) -> int:  # what the relative encodings read for query i (index n_mem + i), key j
+    # what the relative encodings read for query i (index n_mem + i), key j
+    def dist(i: int, j: int) -> int:
         if distances is None:
             return pos[n_mem + i] - pos[j]
         r = n_mem + i - j
@@ -435,9 +430,8 @@ def reference_attention(
             ],
             1,
         )
-    if (
-        cfg.temperature_tuning
-    ):  # Llama 4: q times 1 + a·log(floor((p + 1)/f) + 1) at the query's position p
+    # Llama 4: q times 1 + a·log(floor((p + 1)/f) + 1) at the query's position p
+    if cfg.temperature_tuning:
         tuned = [
             1
             + cfg.temperature_scale
@@ -457,12 +451,13 @@ def reference_attention(
         scores += torch.einsum("hd,bjhd->bhj", u, k)[:, :, None, :]
     if cfg.uses_r:
         wr = attn.r_net.weight.detach().double()
+        # (L, K, d_model): materialised on purpose
         r_pairs = torch.stack(
             [
                 torch.stack([relative_vector(attn, dist(i, j), clamp_len) for j in range(n_keys)])
                 for i in range(lq)
             ]
-        )  # (L, K, d_model): materialised on purpose
+        )
         wr_r = (r_pairs @ wr.T).view(lq, n_keys, h, dh)
         if "b" in terms:
             scores += torch.einsum("bihd,ijhd->bhij", q, wr_r)
@@ -472,6 +467,7 @@ def reference_attention(
     scores = scores * s
     bias_part = torch.zeros(1, h, lq, n_keys, dtype=torch.float64)  # s_B·B, kept apart for DAPE
     if attn.bias_scheme is not None:
+        # (H, L, K)
         bias = torch.stack(
             [
                 torch.stack(
@@ -487,7 +483,7 @@ def reference_attention(
                 for i in range(lq)
             ],
             dim=1,
-        )  # (H, L, K)
+        )
         bias_part = s_bias * bias[None]
         scores = scores + bias_part
     if cfg.forget_gate:
@@ -499,9 +495,8 @@ def reference_attention(
         visible = visible & ~padding[:, None, None, :]
     temperature = torch.ones(b, h, lq, 1, dtype=torch.float64)  # λ: log_n and the learned τ_h
     if cfg.score_scale in ("log_n", "ssmax"):
-        seen = (
-            visible.sum(-1, keepdim=True).double() + cfg.sinks
-        )  # keys each query sees, sinks included
+        # keys each query sees, sinks included
+        seen = visible.sum(-1, keepdim=True).double() + cfg.sinks
         if cfg.score_scale == "log_n":  # log_{L_train}(n)
             temperature = temperature * seen.clamp(min=1).log() / math.log(cfg.log_n_length)
         else:  # SSMax: s_h·log(n), s_h learned per head
@@ -518,9 +513,8 @@ def reference_attention(
     q_content = q_content * temperature  # (B, H, L, dh): the content query as the kernels scale it
     if cfg.cope_positions:
         scores = scores + cope_scores(attn, q_content, k, visible, s)
-    if (
-        cfg.dape != "none"
-    ):  # X: every term but the bias, as they enter the sum (temperature included)
+    # X: every term but the bias, as they enter the sum (temperature included)
+    if cfg.dape != "none":
         bias_part = bias_part * temperature
         scores = dape_reference(attn, scores - bias_part, bias_part.expand_as(scores), visible)
     if cfg.sinks:  # the slots first: logits s·q̃·k_s, visible to every query
@@ -536,18 +530,16 @@ def reference_attention(
         probs = stick_breaking_reference(scores, visible, n_mem)
     else:
         probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-    probs = probs.nan_to_num(
-        0.0
-    )  # a query that sees no key (all padded) attends to nothing: 0, not NaN
+    # a query that sees no key (all padded) attends to nothing: 0, not NaN
+    probs = probs.nan_to_num(0.0)
     out = torch.einsum("bhij,bjhd->bihd", probs[..., cfg.sinks :], v)
     if cfg.sinks:
         out = out + torch.einsum("bhis,hsd->bihd", probs[..., : cfg.sinks], sink_values)
     probs = probs[..., cfg.sinks :]
     if cfg.shaw_values:
         table = attn.value_table.detach().double()
-        c = (
-            clamp_len if clamp_len is not None else cfg.clamp_len
-        )  # the same clipped distance as the keys'
+        # the same clipped distance as the keys'
+        c = clamp_len if clamp_len is not None else cfg.clamp_len
         for i in range(lq):
             for j in range(n_keys):
                 d = dist(i, j)

@@ -298,9 +298,8 @@ def test_at_most_four_calls_from_forward_to_the_score_sum(case):
     flex = fields.get("backend") == "flex"
     sys.setprofile(profile)
     try:
-        with (
-            torch.no_grad() if flex else torch.enable_grad()
-        ):  # FlexAttention has no backward on CPU
+        # FlexAttention has no backward on CPU
+        with torch.no_grad() if flex else torch.enable_grad():
             attn(x, None if flex else mems, AttentionOptions(**options))
     finally:
         sys.setprofile(None)

@@ -38,9 +38,8 @@ def test_learned_table_is_checked_against_evaluation_clamps_at_validation():
         "model.attention.rel=learned",
         "model.attention.clamp_len=4",
     ]
-    load_run_config(
-        None, [*base, "eval.settings=[{segment_len: 8, clamp_len: 4}]"]
-    )  # within the table: fine
+    # within the table: fine
+    load_run_config(None, [*base, "eval.settings=[{segment_len: 8, clamp_len: 4}]"])
     with pytest.raises(ConfigError) as err:
         load_run_config(
             None, [*base, "eval.settings=[{segment_len: 8}, {segment_len: 8, clamp_len: 6}]"]

@@ -68,14 +68,12 @@ def test_flex_same_length_and_padding():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fields", CASES, ids=[str(c) for c in CASES])
 def test_flex_cuda_forward_and_backward_match_blocks(fields):
-    attn = (
-        make(d_head=16, **fields).float().cuda()
-    )  # compiled FlexAttention needs heads of >= 16 channels
+    # compiled FlexAttention needs heads of >= 16 channels
+    attn = make(d_head=16, **fields).float().cuda()
     x = torch.randn(2, 256, 16, device="cuda", requires_grad=True)
     mems = torch.randn(2, 64, 16, device="cuda")
-    if (
-        fields.get("bias") == "fire"
-    ):  # its compiled gradient is not trusted (flex.trains_pair_bias): forward only
+    # its compiled gradient is not trusted (flex.trains_pair_bias): forward only
+    if fields.get("bias") == "fire":
         with pytest.raises(ValueError, match="cannot train a query-dependent bias"):
             attn(x, mems)
         with torch.no_grad():
@@ -112,9 +110,8 @@ def test_fire_pair_scores_unit_by_unit_and_as_one_product_are_its_mlp(causal):
     k_pos = torch.arange(-3, 12, dtype=torch.float64)
     c, threshold = scheme.c.abs(), scheme.threshold.abs()
     psi = lambda x: torch.sign(x) * torch.log(1 + c * x.abs())  # noqa: E731
-    x = (
-        psi(q_pos[:, None] - k_pos[None, :]) / psi(torch.maximum(q_pos, threshold))[:, None]
-    )  # [Lq, K]
+    # [Lq, K]
+    x = psi(q_pos[:, None] - k_pos[None, :]) / psi(torch.maximum(q_pos, threshold))[:, None]
     hidden = torch.relu(x[..., None] * first.weight[:, 0] + first.bias)  # [Lq, K, 32]
     expected = (hidden @ second.weight.T + second.bias).permute(2, 0, 1)  # [H, Lq, K]
 
@@ -167,10 +164,8 @@ def test_compiling_flex_raises_dynamos_recompile_limit_and_never_lowers_it():
     limit (8) it would run eagerly with the whole score matrix (20-85x slower on an H200): the first compiled
     kernel raises the limit, and a user's larger one stays."""
     config = torch._dynamo.config
-    saved = (
-        config.recompile_limit,
-        config.accumulated_recompile_limit,
-    )  # (dynamo's config module: no monkeypatch)
+    # (dynamo's config module: no monkeypatch)
+    saved = (config.recompile_limit, config.accumulated_recompile_limit)
     flex._kernel.cache_clear()
     try:
         config.recompile_limit, config.accumulated_recompile_limit = 8, 256

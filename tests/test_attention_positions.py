@@ -113,9 +113,8 @@ def drawn_distances(n_keys, seed, spread=SPREAD):
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize(
-    "bias", [b for b in BIAS_TYPES if b != "fire"]
-)  # FIRE reads the query position too
+# FIRE reads the query position too
+@pytest.mark.parametrize("bias", [b for b in BIAS_TYPES if b != "fire"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_every_distance_scheme_reads_drawn_distances_on_every_kernel(bias, causal):
     """Ruoss et al.'s randomized relative encodings: offset r = i' - j reads d_r (mirrored for r < 0), in

@@ -20,16 +20,14 @@ D_MODEL, HEADS, D_HEAD, LQ, MEM = 16, 2, 8, 5, 3
 
 
 def make(seed=0, **fields):
-    fields.setdefault(
-        "query_chunk", 2
-    )  # several blocks even at L=5, so block boundaries are tested
+    # several blocks even at L=5, so block boundaries are tested
+    fields.setdefault("query_chunk", 2)
     if fields.get("bias") == "t5":
         fields.setdefault("num_buckets", 8)
         fields.setdefault("max_distance", 6)
     elif fields.get("bias") == "xl_table":
-        fields.setdefault(
-            "max_distance", 3
-        )  # smaller than the distances used: the clamp is exercised
+        # smaller than the distances used: the clamp is exercised
+        fields.setdefault("max_distance", 3)
     attn = RelPosAttention(D_MODEL, HEADS, D_HEAD, AttentionConfig(**fields)).double()
     randomize(attn, seed)
     return attn

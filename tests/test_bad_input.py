@@ -355,9 +355,8 @@ def test_bad_input_is_one_line_per_problem_exit_2_and_nothing_launched(
     assert code == 2, lines
     assert lines and all(line.startswith("error: ") for line in lines), lines
     assert not any("Traceback" in line for line in lines)
-    problems = [
-        line for line in lines if "problem(s) in the grid spec" not in line
-    ]  # a bad spec: a count first
+    # a bad spec: a count first
+    problems = [line for line in lines if "problem(s) in the grid spec" not in line]
     assert len(problems) == len(phrases), lines
     for phrase, line in zip(phrases, problems):
         assert phrase in line, (phrase, lines)

@@ -113,9 +113,8 @@ def _reference(
     return out, params
 
 
-@pytest.mark.parametrize(
-    "name", ["shaw", "t5"]
-)  # term b's clamped keys; a bias curve's last bucket
+# term b's clamped keys; a bias curve's last bucket
+@pytest.mark.parametrize("name", ["shaw", "t5"])
 def test_band_equals_the_float64_reference_at_4096_with_memory(name):
     """fp32 on the band kernel vs float64, L = 4096 after 256 memory keys: the output within 1e-5, every
     parameter's gradient within 1e-5 of its largest entry."""
@@ -273,9 +272,8 @@ def test_every_calibration_candidate_agrees_with_the_band():
     """band, blocks and sdpa (per query block) compute the same forward and gradients (fp32): within 2e-5 of the
     largest entry, 1e-4 for a bias table's gradient."""
 
-    def limit(
-        tensor: str,
-    ) -> float:  # a bias table's gradient sums dS over many pairs that cancel (rows sum to 0)
+    # a bias table's gradient sums dS over many pairs that cancel (rows sum to 0)
+    def limit(tensor: str) -> float:
         return 1e-4 if tensor.endswith("table") else 2e-5
 
     for name, fields in BANDED.items():

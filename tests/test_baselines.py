@@ -221,9 +221,8 @@ def test_no_position_parameter_gets_weight_decay(attention):
     position = position_parameters(model)
     assert position, "the case has position parameters"
     assert [position[id(p)] for p in decayed["params"] if id(p) in position] == []
-    assert any(
-        p is model.layers[0].attn.q_net.weight for p in decayed["params"]
-    )  # projections still decay
+    # projections still decay
+    assert any(p is model.layers[0].attn.q_net.weight for p in decayed["params"])
 
 
 def test_the_fair_baselines_study_runs_every_preset_end_to_end(tmp_path, capsys):

@@ -48,6 +48,7 @@ def results(tmp_path_factory):
         fields = [f"model.attention.{k}={v}" for k, v in preset_fields(preset).items()]
         for k, lr in enumerate(LRS):
             for seed, d in enumerate(OFFSETS):
+                # not at L: ignored
                 make_run(
                     root,
                     [*fields, f"train.lr={lr}", f"seed={seed}", "train.segment_len=64"],
@@ -58,7 +59,7 @@ def results(tmp_path_factory):
                         ({"segment_len": 64, "split": "test"}, {"ppl": test[k] + d}),
                         ({"segment_len": 128, "split": "test"}, {"ppl": 1.0}),
                     ],
-                )  # not at L: ignored
+                )
     return root / "fair_baselines"
 
 
@@ -140,9 +141,8 @@ def test_report_counts_edges_and_orderings(frame):
             f"{difference:.3f}, 95% CI [{ci.low:.3f}, {ci.high:.3f}], n = 3; p = {p:.2g}, Holm-adjusted p = "
             f"{adjusted[preset]:.2g})"
         ) in text
-    assert all(
-        a < 0.05 for a in adjusted.values()
-    )  # gaps of 0.5 or more, a spread of 0.1: all survive Holm
+    # gaps of 0.5 or more, a spread of 0.1: all survive Holm
+    assert all(a < 0.05 for a in adjusted.values())
     assert (
         'Family "every preset vs the best (xl)": 4 tests (Welch\'s t-test), Holm-corrected at α = 0.05'
         in text
@@ -256,7 +256,8 @@ def test_near_tie_picks_are_marked(frame):
     )
 
 
-LONGER = {  # preset -> (valid per lr, test per lr) of the sweep, then the test mean at the longer budget
+# preset -> (valid per lr, test per lr) of the sweep, then the test mean at the longer budget
+LONGER = {
     "xl": (([6.0, 5.5], [6.1, 5.6]), 5.0),
     "vaswani": (([9.0, 8.0], [9.1, 8.1]), 5.4),
     "al_rfou": (([9.5, 9.6], [9.6, 9.7]), 6.0),
@@ -307,9 +308,8 @@ def test_a_longer_budget_is_its_own_section_and_leaves_the_sweep_alone(budgets):
     text = report(budgets)
     sweep, longer = text.split("## A longer budget: 2000 steps")
     sweep_only = budgets[budgets["train.max_steps"] != 2000]
-    assert (
-        sweep == report(sweep_only).rstrip("\n") + "\n\n"
-    )  # the sweep's report does not see the 2000-step runs
+    # the sweep's report does not see the 2000-step runs
+    assert sweep == report(sweep_only).rstrip("\n") + "\n\n"
     test_at = {p: [m + 2 * d for d in OFFSETS] for p, (_, m) in LONGER.items()}
     best = min(test_at, key=lambda p: np.mean(test_at[p]))
     assert best == "xl" and f"(at 2000 steps: xl, {np.mean(test_at['xl']):.2f}," in longer

@@ -25,9 +25,8 @@ def _load(name: str):
 
 
 def test_the_attention_benchmark_json_names_the_machine_and_the_kernels(tmp_path, monkeypatch):
-    monkeypatch.setenv(
-        "RELPOS_ABLATE_CALIBRATE", "1"
-    )  # its own cache (conftest): the choice is measured here
+    # its own cache (conftest): the choice is measured here
+    monkeypatch.setenv("RELPOS_ABLATE_CALIBRATE", "1")
     bench = _load("attention")
     out = tmp_path / "bench.json"
     monkeypatch.setattr(
@@ -74,10 +73,8 @@ def test_train_step_times_every_variant_of_a_spec_against_nope(tmp_path, monkeyp
     bench.time_spec(str(spec), steps=2, warmup=1, repeats=1, device="cpu", out=str(out))
     result = json.loads(out.read_text())
     assert result["spec"] == "g" and result["processor"] and result["steps"] == 2
-    assert [row["variant"] for row in result["rows"]] == [
-        "encoding=xl",
-        "encoding=alibi",
-    ]  # seeds aside
+    # seeds aside
+    assert [row["variant"] for row in result["rows"]] == ["encoding=xl", "encoding=alibi"]
     for row in result["rows"]:
         assert row["seconds_per_step"] > 0 and row["nope_seconds_per_step"] > 0
         assert (

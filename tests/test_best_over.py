@@ -86,9 +86,8 @@ def test_each_row_reports_test_at_the_lr_valid_picks(frame):
         0.001,
         0.0005,
     )
-    assert (
-        min(LRS, key=lambda lr: statistics.mean(ppl("xl", lr, "test", 64))) == 0.001
-    )  # not what is reported
+    # not what is reported
+    assert min(LRS, key=lambda lr: statistics.mean(ppl("xl", lr, "test", 64))) == 0.001
     assert table.index == ["encoding"] and table.columns == [
         "eval len 64",
         "lr (eval len 64)",
@@ -124,9 +123,8 @@ def test_each_row_reports_test_at_the_lr_valid_picks(frame):
 def test_one_column_shows_the_pick_as_a_label_and_renders_in_every_format(tmp_path):
     frame = write_runs(tmp_path, lengths=(64,))
     table, _ = make_table(frame, TableOptions(best_over="train.lr", baseline="xl"))
-    assert table.index == ["encoding", "lr"] and table.columns == [
-        "test ppl"
-    ]  # one setting: no column key
+    # one setting: no column key
+    assert table.index == ["encoding", "lr"] and table.columns == ["test ppl"]
     rows = rows_of(table)
     assert rows["xl"][0] == ["xl", "0.002"] and rows["alibi"][0] == ["alibi", "0.001"]
     markdown = render(table, "markdown")
@@ -174,17 +172,15 @@ def test_ties_go_to_the_first_value_in_the_spec_order(tmp_path):
             ],
         )
     frame = collect(tmp_path / "res")
-    table, opts = make_table(
-        frame
-    )  # best_over from the spec's table: block; one row: the experiment
+    # best_over from the spec's table: block; one row: the experiment
+    table, opts = make_table(frame)
     assert (
         opts.best_over == "train.lr"
         and table.rows[0][0] == ["fair", "0.002"]
         and table.rows[0][1][0].mean == 6.0
     )
-    table, opts = make_table(
-        frame, TableOptions(best_over="none")
-    )  # off: every lr (in spec order) and split
+    # off: every lr (in spec order) and split
+    table, opts = make_table(frame, TableOptions(best_over="none"))
     assert (opts.best_over, opts.rows, opts.cols) == (None, ("train.lr",), ("split",))
     assert [labels for labels, _ in table.rows] == [["0.002"], ["0.001"]]
 

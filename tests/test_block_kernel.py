@@ -145,9 +145,8 @@ def test_several_key_tiles_per_block(name, padded, monkeypatch):
     )
     call, inputs = call_and_inputs(attn, x, mems)
     maps = block_maps(call, inputs)
-    if (
-        isinstance(maps, MaterialisedMaps) and maps.rows
-    ):  # several query blocks per range of keys, several ranges
+    # several query blocks per range of keys, several ranges
+    if isinstance(maps, MaterialisedMaps) and maps.rows:
         groups = maps.key_tiles(call, 8)
         assert len(groups) > 1 and max(len(tiles) for _, tiles in groups) > 1
     elif not TILED[name].get("cope_positions"):

@@ -121,9 +121,8 @@ def test_chunk_statistics_count_the_chunks_keys():
         _, probs = attn(x, mems, need_weights=True)
         attn(x, mems, AttentionOptions(statistics=stats.layer(0)))
     ref_probs = probs
-    first = torch.tensor(
-        [3, 3, 3, 3, 7, 7, 7, 7]
-    )  # the key index of each query's chunk start (after 3 memory keys)
+    # the key index of each query's chunk start (after 3 memory keys)
+    first = torch.tensor([3, 3, 3, 3, 7, 7, 7, 7])
     sink = ref_probs.gather(-1, first.view(1, 1, 8, 1).expand(2, 2, 8, 1)).squeeze(-1).sum((0, 2))
     torch.testing.assert_close(stats.sums[1, 0], sink)
 

@@ -94,12 +94,10 @@ def test_broken_runs_become_rows_and_every_problem_is_reported(tmp_path):
     )
     _write(tmp_path / "demo" / "notes.bin", "foreign")
     (tmp_path / "demo" / "junk").mkdir()
-    _write(
-        good / ".eval.json.x1.tmp", "{half"
-    )  # an interrupted atomic write: invisible, never a problem
-    _write(
-        tmp_path / "demo" / "summary.csv", "a,b\n"
-    )  # report outputs next to the runs are expected
+    # an interrupted atomic write: invisible, never a problem
+    _write(good / ".eval.json.x1.tmp", "{half")
+    # report outputs next to the runs are expected
+    _write(tmp_path / "demo" / "summary.csv", "a,b\n")
 
     df = collect(tmp_path)
     problems = df.attrs["problems"]

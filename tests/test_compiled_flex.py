@@ -79,9 +79,8 @@ def compiled(monkeypatch):
 
 def make(fields, seed=0, **extra):
     attn = RelPosAttention(16, 2, 8, AttentionConfig(**{"query_chunk": 2, **fields, **extra}))
-    if (
-        fields.get("bias") == "fire"
-    ):  # the kernel compares with each unit's breakpoint: 4 units compile faster than 32
+    # the kernel compares with each unit's breakpoint: 4 units compile faster than 32
+    if fields.get("bias") == "fire":
         attn.bias_scheme.mlp = torch.nn.Sequential(
             torch.nn.Linear(1, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)
         )

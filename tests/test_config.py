@@ -140,7 +140,8 @@ class LaterSection:
         check_choice("kind", self.kind, ("a", "b"))
         if self.low > self.high:
             raise ConfigError("low", f"{self.low} is above high ({self.high})")
-        8 // self.width  # a later computation that a bad width breaks (its check must be the report)
+        # a later computation that a bad width breaks (its check must be the report)
+        8 // self.width
 
 
 def problems(cls, data) -> list[str]:
@@ -174,9 +175,8 @@ def test_direct_construction_still_raises_at_the_first_failed_check():
     with pytest.raises(ConfigError, match=r"^width: 0 is out of range"):
         LaterSection(width=0, kind="c")
     problems(LaterSection, {"width": 0})
-    with pytest.raises(
-        ConfigError, match=r"^kind: 'c'"
-    ):  # nothing is left recording after from_dict
+    # nothing is left recording after from_dict
+    with pytest.raises(ConfigError, match=r"^kind: 'c'"):
         LaterSection(kind="c")
 
 

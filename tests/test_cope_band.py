@@ -121,9 +121,8 @@ def test_the_band_equals_the_float64_reference_at_4096_with_memory(monkeypatch):
     x, mems = torch.randn(1, 4096, 16, generator=gen), torch.randn(1, 256, 16, generator=gen)
     widths = _recorded_bands(monkeypatch)
     out, _ = attn(x, mems)
-    assert (
-        len(widths) == 1 and widths[0] < 200
-    )  # the band ran, and its pairs are a small part of the 4352 keys
+    # the band ran, and its pairs are a small part of the 4352 keys
+    assert len(widths) == 1 and widths[0] < 200
     ref, params = _reference(attn, x, mems)
     assert_matches_float64(attn, out, ref, params, gen, 1e-5, lambda name: 1e-5)
 
@@ -230,9 +229,8 @@ def test_only_cope_alone_on_plain_causal_attention_takes_the_band():
                 backend="band",
                 **{key: value for key, value in other.items() if key != "terms"},
             )
-    AttentionConfig(
-        terms="ac", cope_positions=4, backend="band"
-    )  # term c folds into the content query
+    # term c folds into the content query
+    AttentionConfig(terms="ac", cope_positions=4, backend="band")
 
 
 def test_the_band_under_bf16_autocast_matches_float32(monkeypatch):

@@ -29,9 +29,8 @@ def sequences(task, count=200, lengths=LENGTHS, **fields):
         task=task, num_keys=12, train_lengths=(1, 12), test_lengths=((3, 12),), **fields
     )
     found = generate(data, seed=7, split="train", count=count, lengths=lengths)
-    full = torch.cat(
-        [found.inputs[:, :1], found.targets], dim=1
-    )  # (N, T + 1): the whole padded sequences
+    # (N, T + 1): the whole padded sequences
+    full = torch.cat([found.inputs[:, :1], found.targets], dim=1)
     return data, found, full
 
 
@@ -69,9 +68,8 @@ def solve(task, data, tokens):
     if task == "passkey":
         key = prompt.index(FIRST + 10)
         return prompt[key + 1 : key + 1 + data.passkey_digits]
-    return solvers.solve(
-        data, tokens[: tokens.index(SEP) + 1]
-    )  # the long-context tasks: tests/test_ruler_tasks.py
+    # the long-context tasks: tests/test_ruler_tasks.py
+    return solvers.solve(data, tokens[: tokens.index(SEP) + 1])
 
 
 def assert_solved(task, data, found, full):
@@ -105,9 +103,8 @@ def test_lengths_masks_and_padding_are_what_the_config_says(task):
     )
     assert found.inputs.shape[1] == data.input_length(LENGTHS[1])
     read = found.inputs[:, 1:] != PAD
-    torch.testing.assert_close(
-        found.inputs[:, 1:][read], found.targets[:, :-1][read]
-    )  # targets: the next tokens
+    # targets: the next tokens
+    torch.testing.assert_close(found.inputs[:, 1:][read], found.targets[:, :-1][read])
     answer_tokens = {
         "copy": lambda n: n,
         "reverse": lambda n: n,
@@ -133,7 +130,9 @@ def test_lengths_masks_and_padding_are_what_the_config_says(task):
             assert int(found.mask[row].sum()) == answer_tokens[task](n)
             if task not in ("mqar",):  # the answer is the tail, right after <sep>
                 assert tokens[-answer_tokens[task](n) - 1] == SEP
-        else:  # flip_flop: one answer per read instruction; an opening write, then n instructions, the last reads
+        # flip_flop: one answer per read instruction; an opening write, then n instructions, the
+        # last reads
+        else:
             ops = tokens[1::2]
             assert len(ops) == n + 1 and ops[0] == FIRST and ops[-1] == FIRST + 1
             assert int(found.mask[row].sum()) == ops.count(FIRST + 1)
@@ -155,9 +154,8 @@ def test_passkey_hides_the_key_at_its_depth(depth):
     found = generate(data, seed=0, split="eval", count=50, lengths=(10, 20), depth=depth)
     for row, n in enumerate(found.lengths.tolist()):
         sequence = found.inputs[row].tolist()
-        assert sequence.index(FIRST + 10) == 1 + round(
-            depth * n
-        )  # <bos>, then round(depth·n) filler tokens
+        # <bos>, then round(depth·n) filler tokens
+        assert sequence.index(FIRST + 10) == 1 + round(depth * n)
     assert torch.equal(found.depths, torch.full((50,), depth, dtype=torch.float64))
 
 
@@ -194,9 +192,8 @@ def test_training_batches_are_of_about_one_length_and_cut_after_their_longest_ex
     data = DataConfig(task="copy", train_lengths=(1, 20))
     found = generate(data, 2, "train", 400, (1, 20))
     grouped = by_length(found, rows=8, seed=3)
-    assert sorted(grouped.lengths.tolist()) == sorted(
-        found.lengths.tolist()
-    )  # 400 = 50 batches of 8: all kept
+    # 400 = 50 batches of 8: all kept
+    assert sorted(grouped.lengths.tolist()) == sorted(found.lengths.tolist())
     batches = grouped.lengths.view(50, 8)
     assert int((batches.max(1).values - batches.min(1).values).max()) <= 1, (
         "20 lengths over 50 batches"
@@ -243,9 +240,8 @@ def test_the_datamodule_trains_on_padded_examples_and_evaluates_bin_by_bin():
         config.data.input_length(20),
         config.data.input_length(40),
     ]
-    inputs, _, _ = module.streams("eval", 30)[
-        0
-    ]  # an evaluation sample: the longest examples that fit
+    # an evaluation sample: the longest examples that fit
+    inputs, _, _ = module.streams("eval", 30)[0]
     assert (
         inputs.shape[1] == 30
         and int((inputs[0] != PAD).sum()) == config.data.input_length(18) == 30

@@ -138,9 +138,8 @@ def test_two_processes_train_and_evaluate_the_same_run_as_one(tmp_path):
     assert "Starting with 2 processes" in done.stdout + done.stderr
 
     rows_one, rows_two = metric_rows(one), metric_rows(two)
-    assert [r["step"] for r in rows_two] == [
-        str(s) for s in range(12)
-    ]  # rank 0 alone wrote each step once
+    # rank 0 alone wrote each step once
+    assert [r["step"] for r in rows_two] == [str(s) for s in range(12)]
     for column in ("train_loss", "train_acc"):
         torch.testing.assert_close(
             torch.tensor([float(r[column]) for r in rows_two]),
@@ -152,23 +151,19 @@ def test_two_processes_train_and_evaluate_the_same_run_as_one(tmp_path):
 
     eval_one, eval_two = (json.loads((d / "eval.json").read_text())["settings"] for d in (one, two))
     for a, b in zip(eval_one, eval_two):
-        assert (
-            b["metrics"]["tokens"] == a["metrics"]["tokens"]
-        )  # 3 streams over 2 processes: none lost or doubled
+        # 3 streams over 2 processes: none lost or doubled
+        assert b["metrics"]["tokens"] == a["metrics"]["tokens"]
         for name in ("loss", "acc"):
             assert b["metrics"][name] == pytest.approx(a["metrics"][name], rel=1e-5)
-    with (
-        np.load(one / "token_losses.npz") as a,
-        np.load(two / "token_losses.npz") as b,
-    ):  # every process's targets
+    # every process's targets
+    with np.load(one / "token_losses.npz") as a, np.load(two / "token_losses.npz") as b:
         assert a.files == b.files and len(a.files) == 1
         assert np.isnan(a[a.files[0]]).tolist() == np.isnan(b[b.files[0]]).tolist()
         np.testing.assert_allclose(b[b.files[0]], a[a.files[0]], rtol=1e-4, atol=1e-5)
     status = json.loads((two / "status.json").read_text())
     assert status["state"] == "done" and status["device"] == "cpu x 2 per node"
-    assert (
-        yaml.safe_load((two / "config.yaml").read_text())["train"]["devices"] == 2
-    )  # how this attempt ran
+    # how this attempt ran
+    assert yaml.safe_load((two / "config.yaml").read_text())["train"]["devices"] == 2
 
 
 def test_step_loss_over_any_split_of_the_streams_is_the_global_token_mean():
@@ -290,21 +285,17 @@ def test_slurm_started_processes_use_slurm_environment_without_its_requeue(monke
 
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
-    for key in (
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ):  # SLURMEnvironment writes them into os.environ: undo after the test
+    # SLURMEnvironment writes them into os.environ: undo after the test
+    for key in ("MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     assert cluster_environment(config().train) == []  # outside SLURM: Lightning's own detection
     for key, value in SLURM_TASK.items():
         monkeypatch.setenv(key, value)
     (env,) = cluster_environment(config("train.devices=2", "train.num_nodes=2").train)
-    assert (
-        isinstance(env, SLURMEnvironment) and not env.auto_requeue
-    )  # submitit requeues, not Lightning
+    # submitit requeues, not Lightning
+    assert isinstance(env, SLURMEnvironment) and not env.auto_requeue
     assert env.world_size() == 4 and env.main_address == "node1"
-    (env,) = cluster_environment(
-        config("train.devices=2").train
-    )  # a local slot inside an allocation
+    # a local slot inside an allocation
+    (env,) = cluster_environment(config("train.devices=2").train)
     assert type(env) is LightningEnvironment

@@ -25,15 +25,16 @@ from test_ddp import RECALL
 
 pytestmark = pytest.mark.process_group  # make test runs these alone (tests/conftest.py)
 
-MAX_STEPS = 100  # the SIGTERM lands near step 10: room to stop mid-run on a quiet machine too (40 was not: the run ended first)
+# the SIGTERM lands near step 10: room to stop mid-run on a quiet machine too (40 was not: the run
+# ended first)
+MAX_STEPS = 100
 
 
 def start(run_dir: Path):
     lock = RunLock(run_dir)
     assert lock.try_acquire()
-    proc = launch(
-        run_dir, lock, gpu="", threads=2, device="cpu:0", fork=True
-    )  # rank 0 forked, as the runner does
+    # rank 0 forked, as the runner does
+    proc = launch(run_dir, lock, gpu="", threads=2, device="cpu:0", fork=True)
     lock.release()  # the worker holds it now
     return proc
 
@@ -128,9 +129,8 @@ def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_
         time.sleep(0.1)
     killed_at = checkpoint_step(run_dir)
     assert killed_at >= 4
-    assert metric_steps(run_dir)[:killed_at] == list(
-        range(killed_at)
-    )  # the rerun resumes with every row
+    # the rerun resumes with every row
+    assert metric_steps(run_dir)[:killed_at] == list(range(killed_at))
 
     proc = start(run_dir)
     stopped_at = wait_for_checkpoint(run_dir, killed_at + 2, proc)  # a checkpoint the rerun wrote
@@ -139,9 +139,8 @@ def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_
     assert status["state"] == "interrupted" and status["reason"].startswith(
         "stopped by SIGTERM;"
     ), status
-    assert (
-        checkpoint_step(run_dir) == status["step"] >= stopped_at
-    )  # saved at the step every rank stopped at
+    # saved at the step every rank stopped at
+    assert checkpoint_step(run_dir) == status["step"] >= stopped_at
     assert 0 < status["step"] < MAX_STEPS
     assert metric_steps(run_dir)[: status["step"]] == list(range(status["step"]))
 

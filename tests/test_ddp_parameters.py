@@ -107,9 +107,8 @@ def test_a_projection_is_built_exactly_when_a_term_reads_it():
 def _two_steps_of_every_config(rank: int, world: int, store: str) -> None:
     """One process of the DDP check: every configuration, wrapped as Lightning's DDP wraps it, 2 SGD steps."""
     torch.set_num_threads(1)  # two processes on a 2-core machine
-    faulthandler.dump_traceback_later(
-        DUMP_AFTER
-    )  # a process that hangs says where before the deadline kills it
+    # a process that hangs says where before the deadline kills it
+    faulthandler.dump_traceback_later(DUMP_AFTER)
     # a file store, not a TCP port picked free before the processes start: nothing else can take it meanwhile
     dist.init_process_group(
         "gloo",
@@ -126,9 +125,8 @@ def _two_steps_of_every_config(rank: int, world: int, store: str) -> None:
             tokens = torch.randint(
                 0, VOCAB, (2, 2, 8), generator=torch.Generator().manual_seed(rank)
             )
-            for step in range(
-                2
-            ):  # DDP finds a parameter that got no gradient when the next step starts
+            # DDP finds a parameter that got no gradient when the next step starts
+            for step in range(2):
                 try:
                     logits, _ = model(tokens[step])
                 except RuntimeError as err:
@@ -227,7 +225,5 @@ def test_a_run_resumes_from_a_checkpoint_with_unread_projections(tmp_path):
         == "done"
     )
     with open(tmp_path / "run" / "metrics.csv") as f:
-        assert [row.split(",")[0] for row in f.read().split()[1:]] == [
-            "2",
-            "3",
-        ]  # resumed at step 2
+        # resumed at step 2
+        assert [row.split(",")[0] for row in f.read().split()[1:]] == ["2", "3"]

@@ -62,9 +62,8 @@ def test_sliding_windows_by_hand_window_4_stride_3():
     for (start, targets), batch in zip(expected, batches):
         assert batch[0].tolist() == [list(range(start, start + 4))]
         assert scored(batch) == targets
-        assert batch[3][batch[2]].tolist() == [
-            p for _, p, _ in targets
-        ]  # layout index b·T + p (B = 1)
+        # layout index b·T + p (B = 1)
+        assert batch[3][batch[2]].tolist() == [p for _, p, _ in targets]
 
 
 def test_sliding_last_window_ends_at_the_stream_end_and_scores_only_new_targets():
@@ -295,9 +294,8 @@ def test_every_protocol_scores_the_whole_layout_and_reports_it(evaluated):
     streams, per_stream = result["layout"]["streams"], result["layout"]["targets_per_stream"]
     assert streams == 3 and per_stream > 24
     tokens = [s["metrics"]["tokens"] for s in result["settings"]]
-    assert tokens == [streams * per_stream] * 3 + [
-        90
-    ]  # the last keeps 90 // 3 = 30 targets per stream
+    # the last keeps 90 // 3 = 30 targets per stream
+    assert tokens == [streams * per_stream] * 3 + [90]
     assert [s["attn_len"] for s in result["settings"]] == [8 + 8, 24, 16, 6]
     assert [s["protocol"] for s in result["settings"]] == [
         "non_overlapping",
@@ -332,9 +330,8 @@ def test_non_overlapping_with_memory_matches_a_segment_loop_by_hand(evaluated):
     model, inputs, targets = eval_streams(run_dir)
     losses, mems, expected = arrays[result["settings"][0]["token_losses"]], None, []
     with torch.no_grad():
-        for start in range(
-            0, inputs.shape[1], 8
-        ):  # the last segment is shorter: scored, not dropped
+        # the last segment is shorter: scored, not dropped
+        for start in range(0, inputs.shape[1], 8):
             logits, mems = model(inputs[:, start : start + 8], mems, mem_len=8)
             expected.append(
                 F.cross_entropy(

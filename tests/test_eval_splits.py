@@ -113,17 +113,13 @@ def test_evaluate_adds_a_test_setting_and_reads_old_records_as_eval_split(runs, 
         del record["split"]
     (run / rundir.EVAL).write_text(json.dumps(document))
     assert main(["evaluate", str(run), "--set", BOTH]) == 0
-    assert (
-        "evaluated 1 setting(s), 1 already in eval.json" in capsys.readouterr().out
-    )  # the old one is valid's
+    # the old one is valid's
+    assert "evaluated 1 setting(s), 1 already in eval.json" in capsys.readouterr().out
     added = rundir.read_eval(run)["settings"][1]
-    assert (
-        added == rundir.read_eval(both)["settings"][1]
-    )  # what training with both would have written
-    assert collect(run)["split"].tolist() == [
-        "valid",
-        "test",
-    ]  # the old record reads as the run's eval.split
+    # what training with both would have written
+    assert added == rundir.read_eval(both)["settings"][1]
+    # the old record reads as the run's eval.split
+    assert collect(run)["split"].tolist() == ["valid", "test"]
 
 
 @pytest.mark.parametrize(

@@ -164,10 +164,8 @@ def test_evaluate_adds_the_records_training_would_have_written(text_runs, tmp_pa
     assert {r["rope_scaling"] for r in got} == {None, "yarn", "ntk"}
     losses, twin_losses = rundir.read_token_losses(run), rundir.read_token_losses(every)
     ladder = [r for r in got if r["token_losses"]]
-    assert [(r["protocol"], r["attn_len"]) for r in ladder] == [
-        ("xl", 4),
-        ("xl", 8),
-    ]  # memory supplies the context
+    # memory supplies the context
+    assert [(r["protocol"], r["attn_len"]) for r in ladder] == [("xl", 4), ("xl", 8)]
     for record in ladder:
         twin = next(
             r for r in expected if r["token_losses"] and r["attn_len"] == record["attn_len"]

@@ -219,9 +219,8 @@ def test_xl_table6_specs_have_exactly_the_papers_nine_rows(name):
     configs = [run.config for run in spec.runs]
     rows = [(c.model.mem_len > 0, _table6_encoding(c), c.train.loss_on) for c in configs]
     assert set(rows) == TABLE6_ROWS and len(rows) == len(set(zip(rows, (c.seed for c in configs))))
-    if (
-        name == "xl_table6_cpu"
-    ):  # the committed study: every row 3 seeds or more, the XL rows at least 5
+    # the committed study: every row 3 seeds or more, the XL rows at least 5
+    if name == "xl_table6_cpu":
         seeds = {row: sum(r == row for r in rows) for row in TABLE6_ROWS}
         assert (
             min(seeds.values()) >= 3 and min(n for row, n in seeds.items() if row[1] == "ours") >= 5
@@ -264,15 +263,12 @@ def test_xl_table6_cpu_reads_the_shipped_corpus_fits_a_cpu_and_asks_for_the_recl
             s.max_targets == config.eval.recl_targets for s in ladder
         )
         attn = [s.attn_len(config.model.mem_len) for s in ladder]
-        assert (
-            config.train.segment_len + config.model.mem_len in attn
-        )  # PPL init: the training attention length
-        assert max(attn) >= 4 * (
-            config.train.segment_len + config.model.mem_len
-        )  # room for PPL best beyond it
-        assert (
-            len(attn) >= 4 and len({b - a for a, b in zip(attn, attn[1:])}) == 1
-        )  # RECL: one step Δ
+        # PPL init: the training attention length
+        assert config.train.segment_len + config.model.mem_len in attn
+        # room for PPL best beyond it
+        assert max(attn) >= 4 * (config.train.segment_len + config.model.mem_len)
+        # RECL: one step Δ
+        assert len(attn) >= 4 and len({b - a for a, b in zip(attn, attn[1:])}) == 1
     seeds = {run.config.seed for run in load_grid(EXPERIMENTS / "xl_table6_cpu.yaml").runs}
     assert len(seeds) >= 3
 
@@ -456,9 +452,8 @@ def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would
         for p in presets()
     }
     every = set.intersection(*(set(r) for r in rates.values()))
-    assert (
-        len(every) >= 3 and TrainConfig().lr in every
-    )  # a sweep every preset runs, the default in it
+    # a sweep every preset runs, the default in it
+    assert len(every) >= 3 and TrainConfig().lr in every
     # rates beyond it only below the default, for the presets whose pick sat at 1e-3 (the lower edge)
     assert {p: sorted(set(r) - every) for p, r in rates.items() if set(r) - every} == {
         "kerple_power": [5e-4],

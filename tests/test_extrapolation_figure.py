@@ -104,9 +104,8 @@ def test_more_than_ten_lines_go_to_rows_of_families(tmp_path):
         "absolute, rotary",
         "bias, data-dependent, other",
     ]
-    split = plots.extrapolation_figure(
-        collect(tmp_path), split_families=True
-    )  # --family-rows: a row each
+    # --family-rows: a row each
+    split = plots.extrapolation_figure(collect(tmp_path), split_families=True)
     assert [len(curves(ax)) for ax in panels(split)] == [2, 1, 8, 1, 1]
 
 
@@ -128,9 +127,8 @@ def test_the_ratio_is_each_seeds_value_over_its_own_at_the_training_length(tmp_p
             for k in range(3)
         ]
         assert list(curves(ax)[encoding].get_ydata()) == pytest.approx(expected)
-    wild = [
-        ppl[("rope", s)][2] / 10.0 for s in range(3)
-    ]  # ratios 1, 1, 10: mean 4, the band reaches 9.2
+    # ratios 1, 1, 10: mean 4, the band reaches 9.2
+    wild = [ppl[("rope", s)][2] / 10.0 for s in range(3)]
     assert (
         ax.get_ylim()[1]
         < statistics.mean(wild) * 1.2
@@ -183,11 +181,12 @@ def test_coinciding_lines_are_drawn_once_and_named_together(tmp_path):
     )
     fig = plots.extrapolation_figure(collect(tmp_path))
     (ax,) = panels(fig)
+    # ab first
     assert sorted(curves(ax)) == [
         "encoding=t5, terms=a",
         "encoding=xl, terms=a",
         "encoding=xl, terms=ab",
-    ]  # ab first
+    ]
     legend = [text.get_text() for text in fig.legends[0].get_texts()]
     assert (
         "encoding=xl, terms=ab / abcd / ad (overlap)" in legend and "encoding=xl, terms=a" in legend
@@ -214,7 +213,6 @@ def test_titles_name_the_variant_in_words_and_a_run_id_only_to_tell_twins_apart(
     twins = collect(tmp_path / "a").pipe(lambda a: [r for _, r in a.iterrows()]) + [
         r for _, r in collect(tmp_path / "b").iterrows()
     ]
-    titles = plots.unique_titles(
-        twins, ["encoding"]
-    )  # the same variant and seed in two results dirs
+    # the same variant and seed in two results dirs
+    titles = plots.unique_titles(twins, ["encoding"])
     assert sorted(titles.values()) == sorted(f"encoding=alibi, seed=0 ({d.name})" for d in made[:2])

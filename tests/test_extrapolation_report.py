@@ -21,7 +21,8 @@ from relpos_ablate.cli import main
 from relpos_ablate.studies import make_report
 from relpos_ablate.studies.extrapolation import report
 
-PPL = {  # (encoding, seed) -> ppl at L, 2L under non_overlapping, and at 2L under sliding (stride L)
+# (encoding, seed) -> ppl at L, 2L under non_overlapping, and at 2L under sliding (stride L)
+PPL = {
     ("alibi", 0): (6.50, 6.40, 6.35),
     ("alibi", 1): (6.60, 6.52, 6.45),
     ("alibi", 2): (6.55, 6.47, 6.41),
@@ -193,9 +194,8 @@ def test_ratios_to_l_and_sliding_minus_non_overlapping_paired_on_the_runs(text):
 def test_t5_against_rope_and_the_buckets_it_was_trained_with(text):
     t5 = [PPL[("t5", s)][1] / PPL[("t5", s)][0] for s in range(3)]
     rope = [PPL[("rope", s)][1] / PPL[("rope", s)][0] for s in range(3)]
-    test = t_test(
-        t5, rope, paired=False
-    )  # two encodings: Welch's; the section's only test, so Holm leaves p
+    # two encodings: Welch's; the section's only test, so Holm leaves p
+    test = t_test(t5, rope, paired=False)
     verdict = short("t5", "rope", test, holm([test[2]])[0], decimals=3)
     assert cell(text, "| 2L |") == [
         "2L",
@@ -213,13 +213,11 @@ def test_t5_against_rope_and_the_buckets_it_was_trained_with(text):
         f"num_buckets 16, max_distance 16 (0.25 L): the far bucket 15 starts at distance {far} "
         f"({far / 64:.2f} L); at L = 64, distances {far}..63 train it." in text
     )
-    paper = min(
-        n for n in range(16, 512) if 16 + int(math.log(n / 16) / math.log(8) * 16) >= 31
-    )  # 32 buckets, 128
+    # 32 buckets, 128
+    paper = min(n for n in range(16, 512) if 16 + int(math.log(n / 16) / math.log(8) * 16) >= 31)
     assert f"starts at distance {paper} ({paper / 512:.2f} L); max_distance = 0.25 L." in text
-    assert (
-        "num_buckets 32" not in text.split("## T5's buckets")[1].split("##")[0]
-    )  # only t5's own runs
+    # only t5's own runs
+    assert "num_buckets 32" not in text.split("## T5's buckets")[1].split("##")[0]
 
 
 def test_app_b_compares_strides_and_2l_on_the_same_targets(text):
@@ -238,9 +236,8 @@ def test_app_b_compares_strides_and_2l_on_the_same_targets(text):
     assert row[4] == short("stride 1", "stride 64", tests[0], adjusted[0], decimals=3)
     assert row[5] == short("stride 1", "non-overlapping", tests[1], adjusted[1], decimals=3)
     assert row[4].startswith("stride 1 better; ")
-    assert row[5].startswith(
-        "not significant; "
-    )  # stride 1 and non-overlapping at 2L: 6.21 vs 6.22
+    # stride 1 and non-overlapping at 2L: 6.21 vs 6.22
+    assert row[5].startswith("not significant; ")
     assert (
         'Family "App. B: stride 1 vs stride L and vs the longest non-overlapping segment, each encoding": '
         "6 tests (paired t-test), Holm-corrected at α = 0.05" in text
@@ -262,9 +259,8 @@ def test_the_trends_pair_one_encoding_at_two_lengths_and_welch_two_encodings(tex
     paired = sentence("alibi at 2L", at_2l, "at L", at_l, alibi, "paired t-test", adjusted[1])
     assert f"| T5 degrades later than rotary | {welch} |" in text
     assert f"| ALiBi improves up to ~2L | {paired} |" in text
-    assert (
-        "ALiBi degrades slowly after ~2L" not in text
-    )  # the runs stop at 2L: nothing after it to compare
+    # the runs stop at 2L: nothing after it to compare
+    assert "ALiBi degrades slowly after ~2L" not in text
     assert (
         "Family \"the papers' trends\": 2 tests (Welch's t-test, paired t-test), Holm-corrected"
         in text

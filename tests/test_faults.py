@@ -182,9 +182,8 @@ def test_sigkill_mid_checkpoint_leaves_a_whole_checkpoint_and_no_stray_staging_f
             leftover.unlink()
         staging.rmdir()
     assert usable_checkpoint(last.parent.parent)
-    assert [p.name for p in last.parent.iterdir()] == [
-        "last.ckpt"
-    ]  # temp files of killed writes cleared
+    # temp files of killed writes cleared
+    assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
 
 
 # --- full disk and damaged checkpoints (in-process runs) ----------------------------------------------
@@ -246,9 +245,8 @@ def test_truncated_checkpoint_is_set_aside_and_the_run_starts_over(tmp_path):
 
 # --- real grids: the runner killed at random moments; failures of several kinds in one grid ------------
 
-REAL_WORKER = {
-    "RELPOS_ABLATE_WORKER": None
-}  # runner processes launch the real `train`, not the fake worker
+# runner processes launch the real `train`, not the fake worker
+REAL_WORKER = {"RELPOS_ABLATE_WORKER": None}
 
 
 def write_grid(tmp_path: Path, name: str, base: dict, **axes) -> Path:
@@ -274,9 +272,8 @@ def test_runner_sigkilled_at_random_moments_then_rerun_finishes_every_run_once(
     run_dirs = [results / "kill" / run.run_id for run in spec.runs]
     argv = ["grid", str(spec_path), "--results", str(results), "--slots", "2"]
 
-    def training() -> (
-        bool
-    ):  # metrics.csv, not status.json: that is written at most once a second, and a
+    # metrics.csv, not status.json: that is written at most once a second, and a
+    def training() -> bool:
         # run of 40 steps takes about one on a fast core (it was done before the kill, and the test tested nothing)
         return any((d / "metrics.csv").exists() and len(metric_steps(d)) >= 2 for d in run_dirs)
 
@@ -285,9 +282,8 @@ def test_runner_sigkilled_at_random_moments_then_rerun_finishes_every_run_once(
         cli_body, (argv, tmp_path / "first.out", REAL_WORKER), 1, training, rng, longest_s=1.5
     )
     worker_pids = [(read_status(d) or {}).get("pid") for d in run_dirs]
-    wait_for(
-        lambda: not any(pid and alive(pid) for pid in worker_pids), timeout=15
-    )  # died with the runner
+    # died with the runner
+    wait_for(lambda: not any(pid and alive(pid) for pid in worker_pids), timeout=15)
     assert any((read_status(d) or {}).get("state") != "done" for d in run_dirs), (
         "the kill came after the runs ended"
     )

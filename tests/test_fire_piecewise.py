@@ -17,9 +17,8 @@ RTOL = {torch.float32: 2e-6, torch.float64: 1e-12}
 
 def mlp_float64(params: dict, x):
     """relu(W1·x + b1)·W2ᵀ + b2 with the hidden layer materialised, [H, *x.shape]."""
-    hidden = torch.relu(
-        params["mlp.0.weight"][:, 0] * x[..., None] + params["mlp.0.bias"]
-    )  # (..., U)
+    # (..., U)
+    hidden = torch.relu(params["mlp.0.weight"][:, 0] * x[..., None] + params["mlp.0.bias"])
     return (hidden @ params["mlp.2.weight"].T + params["mlp.2.bias"]).movedim(-1, 0)
 
 
@@ -136,13 +135,11 @@ def test_fire_pairs_by_hand_match_the_mlp_in_float64(queries, threshold, keys, d
         for c in range(0, 4096, 256):
             rows, cols = slice(r, r + 32), slice(c, c + 256)
             out[:, rows, cols], tile = pairs.block(rows, cols)
-            assert torch.equal(
-                out[:, rows, cols], pairs.values(rows, cols)
-            )  # forward's values are backward's
+            # forward's values are backward's
+            assert torch.equal(out[:, rows, cols], pairs.values(rows, cols))
             one_interval[rows, cols] = tile.interval is not None
-            pairs.add_gradient(
-                tile, grad[:, rows, cols].to(dtype, copy=True)
-            )  # (add_gradient overwrites it)
+            # (add_gradient overwrites it)
+            pairs.add_gradient(tile, grad[:, rows, cols].to(dtype, copy=True))
     names = [name for name, _ in scheme.named_parameters()]
     got = {
         "out": out,
@@ -186,9 +183,8 @@ def test_fire_curve_matches_the_mlp_in_float64():
 
 def _constant_units(w1, b1):
     w1[:6] = 0.0
-    b1[:6] = torch.tensor(
-        [0.5, -0.5, 0.0, 1.0, -1.0, -0.0]
-    )  # on everywhere where b1 > 0, else off (relu'(0) = 0)
+    # on everywhere where b1 > 0, else off (relu'(0) = 0)
+    b1[:6] = torch.tensor([0.5, -0.5, 0.0, 1.0, -1.0, -0.0])
 
 
 def _breakpoints_outside(w1, b1):

@@ -125,14 +125,12 @@ def test_a_forked_worker_is_the_process_a_new_interpreter_is_and_trains_the_same
     assert (facts["omp"], facts["cuda"], facts["marker"]) == ("1", "", "set by the test")
     assert facts["argv"][1:] == ["train", "--run-dir", str(run_dir), "--threads", "1"]
     assert facts["argv"][0].endswith(os.path.join("relpos_ablate", "__main__.py"))
-    assert (
-        facts["main"] == "relpos_ablate.__main__"
-    )  # as `python -m relpos_ablate`: Lightning starts ranks from it
+    # as `python -m relpos_ablate`: Lightning starts ranks from it
+    assert facts["main"] == "relpos_ablate.__main__"
     assert facts["cwd"] == str(tmp_path)
     log = (run_dir / "worker.log").read_text()
-    assert (
-        " forked\n" in log.splitlines(keepends=True)[0] and "eval len 32" in log
-    )  # the command's own table
+    # the command's own table
+    assert " forked\n" in log.splitlines(keepends=True)[0] and "eval len 32" in log
 
     # the same run trained in this process, one thread as the worker: the same losses and evaluation
     threads = torch.get_num_threads()
@@ -169,12 +167,10 @@ def test_a_worker_dies_with_its_server_and_the_next_launch_starts_a_new_server(t
     proc = fork_launch(run_dir)
     server = forkserver._server
     wait_for_step(run_dir, 3, proc)
-    os.kill(
-        server.process.pid, signal.SIGKILL
-    )  # what the runner's death does to it (PR_SET_DEATHSIG)
-    assert (
-        proc.wait(timeout=60) == -signal.SIGTERM
-    )  # what the server gave it; the worker saved and stopped
+    # what the runner's death does to it (PR_SET_DEATHSIG)
+    os.kill(server.process.pid, signal.SIGKILL)
+    # what the server gave it; the worker saved and stopped
+    assert proc.wait(timeout=60) == -signal.SIGTERM
     assert read_status(run_dir)["state"] == "interrupted"
     assert not server.alive
 
@@ -186,9 +182,8 @@ def test_a_worker_dies_with_its_server_and_the_next_launch_starts_a_new_server(t
 
 def test_after_fork_a_child_process_starts_its_own_server(monkeypatch):
     server = object.__new__(forkserver.ForkServer)
-    server.socket = open(
-        os.devnull
-    )  # stands for the socket to the parent's server: closed in the child
+    # stands for the socket to the parent's server: closed in the child
+    server.socket = open(os.devnull)
     monkeypatch.setattr(forkserver, "_server", server)
     with server.socket:
         pid = os.fork()
@@ -237,6 +232,5 @@ def test_when_the_server_fails_the_runner_goes_on_with_new_interpreters(tmp_path
     )
     assert "every later worker starts as a new interpreter" in console.file.getvalue()
     rerun = run_local(spec, tmp_path / "results", cpu_slots(1), PlainDisplay(console))
-    assert (
-        calls == [True, False, False, True] and rerun.states[failed] == "failed"
-    )  # tried again, by fork
+    # tried again, by fork
+    assert calls == [True, False, False, True] and rerun.states[failed] == "failed"

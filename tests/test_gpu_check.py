@@ -48,9 +48,8 @@ def test_the_parity_part_runs_on_cpu(tmp_path):
         if gpu_check.runs_on(gpu_check.PARITY[s], b)
     }
     assert all(r["ok"] for r in rows)
-    assert all(
-        r["grad_error"] is not None for r in rows if r["backend"] != "flex"
-    )  # (no CPU flex backward)
+    # (no CPU flex backward)
+    assert all(r["grad_error"] is not None for r in rows if r["backend"] != "flex")
     assert "| fox | flex | bf16 |" in (tmp_path / "gpu_check.md").read_text()
 
 

@@ -212,6 +212,7 @@ BAD_SPECS = [
         "model.attention.absolute",
         "use terms='a'",
     ),
+    # valid: one run
     (
         {
             "grid": {
@@ -223,7 +224,7 @@ BAD_SPECS = [
         },
         "",
         None,
-    ),  # valid: one run
+    ),
     (
         {"grid": {"encoding": ["nope", "vaswani"], "model.attention.absolute": ["none"]}},
         "grid",

@@ -95,9 +95,8 @@ def test_layers_of_one_bias_setting_share_one_module():
     schemes = [layer.attn.bias_scheme for layer in model.layers]
     assert schemes[0] is schemes[1] is model.shared_bias_scheme
     assert schemes[2] is model.other_bias_schemes[0] and schemes[3] is None
-    assert (
-        sum(1 for name, _ in model.named_parameters() if "bias_scheme" in name) == 2
-    )  # learned slopes, T5 table
+    # learned slopes, T5 table
+    assert sum(1 for name, _ in model.named_parameters() if "bias_scheme" in name) == 2
 
 
 def test_a_pattern_repeats_and_a_kind_keeps_the_models_other_fields():
@@ -295,9 +294,8 @@ def test_a_schedule_trains_with_memory_evaluates_again_and_every_plot_names_its_
     )
     assert train_run(config, run_dir) == "done"
     evaluation = json.loads((run_dir / "eval.json").read_text())
-    assert all(
-        len(s["diagnostics"]["entropy"]) == 4 for s in evaluation["settings"]
-    )  # one row per layer
+    # one row per layer
+    assert all(len(s["diagnostics"]["entropy"]) == 4 for s in evaluation["settings"])
     assert main(["evaluate", str(run_dir), "--replace"]) == 0
     _, model = load_run(run_dir)
     assert model.layer_names() == [

@@ -38,9 +38,8 @@ def test_a_panel_per_task_a_line_per_variant_with_its_seed_band(results):
         assert len(lines) == 4
         for line, variant in zip(lines, order):
             seeds = np.array(SCORES[(task, *variant)])
-            np.testing.assert_allclose(
-                line.get_xdata(), [2.5, 5.5, 7.5]
-            )  # bins 1-4, 5-6, 7-8 at their middle
+            # bins 1-4, 5-6, 7-8 at their middle
+            np.testing.assert_allclose(line.get_xdata(), [2.5, 5.5, 7.5])
             np.testing.assert_allclose(line.get_ydata(), seeds.mean(0))
         assert {k[1:] for k in keys} == set(order)
         bands = ax.collections
@@ -57,14 +56,14 @@ def test_a_panel_per_task_a_line_per_variant_with_its_seed_band(results):
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend == ["NoPE", "RoPE", "RoPE (randomized)", "T5", "training lengths"]
     assert fig.legends[0].get_title().get_text() == "mean over 3 seeds\nband: min-max over seeds"
+    # by hand
     assert panels[0].get_lines()[0].get_ydata()[1] == pytest.approx(
         statistics.mean([0.6, 0.5, 0.7])
-    )  # by hand
+    )
     assert [t.get_text() for t in panels[0].get_xticklabels()] == ["1-4", "5-6", "7-8"]
     assert panels[0].get_ylabel() == "exact match"
-    assert (
-        panels[0].get_xlabel() == "task length n (test bin)"
-    )  # no two lines lie on zero past n = 4 here
+    # no two lines lie on zero past n = 4 here
+    assert panels[0].get_xlabel() == "task length n (test bin)"
 
 
 def test_lines_on_the_zero_line_past_training_are_named_in_their_panel(tmp_path):

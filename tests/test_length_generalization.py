@@ -110,17 +110,17 @@ def runs(task, encoding):
 
 def test_bins_and_ood_mean_are_mean_and_std_over_seeds(grid):
     table, options = make_table(grid, TableOptions())
-    assert (
-        options.layout == "length_generalization" and options.metric == "exact_match"
-    )  # from the spec's block
+    # from the spec's block
+    assert options.layout == "length_generalization" and options.metric == "exact_match"
     assert table.index == ["task", "encoding"]
     assert table.columns == ["n=1-4", "n=5-6", "n=7-8", "OOD mean"]
+    # the spec's order
     assert [labels for labels, _ in table.rows] == [
         ["copy", "nope"],
         ["copy", "alibi"],
         ["reverse", "nope"],
         ["reverse", "alibi"],
-    ]  # the spec's order
+    ]
     for labels, cells in table.rows:
         seeds = runs(*labels)
         for k in range(3):
@@ -132,12 +132,8 @@ def test_bins_and_ood_mean_are_mean_and_std_over_seeds(grid):
             3
         ].std == pytest.approx(statistics.stdev(ood))
     best = {tuple(labels): [c.best for c in cells] for labels, cells in table.rows}
-    assert best[("copy", "nope")] == [
-        False,
-        True,
-        True,
-        True,
-    ]  # best per task and column; ties both bold
+    # best per task and column; ties both bold
+    assert best[("copy", "nope")] == [False, True, True, True]
     assert best[("copy", "alibi")] == [True, False, False, False]
     assert best[("reverse", "alibi")] == [True, True, True, True]
 
@@ -190,17 +186,15 @@ def test_passkey_depths_are_averaged_per_bin_and_drawn_as_a_depth_by_length_map(
     frame = collect(tmp_path)
     table, _ = make_table(frame, TableOptions(layout="length_generalization"))
     cells = table.rows[0][1]
-    assert cells[0].mean == pytest.approx(
-        0.5 + statistics.mean([0.0, 0.05, 0.1])
-    )  # depth adds depth/10 here
+    # depth adds depth/10 here
+    assert cells[0].mean == pytest.approx(0.5 + statistics.mean([0.0, 0.05, 0.1]))
     assert cells[1].mean == pytest.approx(statistics.mean([0.0, 0.2]) + 0.05)
     fig = passkey_figure(frame)
     panels = [ax for ax in fig.axes if ax.get_images()]
     assert [ax.get_title() for ax in panels] == ["ALiBi", "NoPE"]  # no spec: sorted; named in words
     image = panels[0].get_images()[0].get_array()
-    expected = np.array(
-        [[0.5 + d / 10, 0.1 + d / 10, 0.1 + d / 10] for d in (0.0, 0.5, 1.0)]
-    )  # seeds 0, 1 averaged
+    # seeds 0, 1 averaged
+    expected = np.array([[0.5 + d / 10, 0.1 + d / 10, 0.1 + d / 10] for d in (0.0, 0.5, 1.0)])
     np.testing.assert_allclose(np.asarray(image), expected)
 
 
@@ -246,17 +240,14 @@ def test_diagnostics_are_collected_per_layer_and_head_and_drawn_per_statistic(tm
     fig = diagnostics_figure(long, keys, variants, "t")
     panels = [ax for ax in fig.axes if ax.get_images()]
     bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
-    assert (
-        len(panels) == 4 and len(bars) == 4
-    )  # a panel per statistic, each with its own colour bar
+    # a panel per statistic, each with its own colour bar
+    assert len(panels) == 4 and len(bars) == 4
     entropy = np.asarray(panels[0].get_images()[0].get_array())  # rows: nope's layers, then alibi's
     # a row per layer: the mean over its 3 heads (head / 100: 0, 0.01, 0.02) and the 2 seeds (equal here)
     one_variant = [[hi / 10 + layer + 0.01 for _, hi in BINS] for layer in range(2)]
     np.testing.assert_allclose(entropy, one_variant + one_variant)
-    assert [t.get_text() for t in panels[0].get_yticklabels()] == [
-        "NoPE",
-        "ALiBi",
-    ]  # the variants in words
+    # the variants in words
+    assert [t.get_text() for t in panels[0].get_yticklabels()] == ["NoPE", "ALiBi"]
     right = panels[-1].child_axes[0]  # the layer names at the right of the last panel
     assert [t.get_text() for t in right.get_yticklabels()] == ["L0", "L1", "L0", "L1"]
     # a single run keeps its heads: a row per (layer, head)
@@ -298,9 +289,8 @@ def test_the_summary_draws_each_variant_in_its_own_colour_with_its_head_mean():
     fig = summary_figure(frame, ["encoding"], variants, "t")
     lines = fig.axes[0].get_lines()
     assert len({to_rgba(line.get_color()) for line in lines}) == 11
-    np.testing.assert_allclose(
-        lines[3].get_ydata(), [3 + 0.25, 3 + 1 + 0.25]
-    )  # mean over the two heads
+    # mean over the two heads
+    np.testing.assert_allclose(lines[3].get_ydata(), [3 + 0.25, 3 + 1 + 0.25])
 
 
 def test_the_summary_styles_variants_as_the_main_figure_does():

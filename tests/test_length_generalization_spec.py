@@ -36,9 +36,8 @@ def tiny_spec(directory: Path) -> Path:
     raw = yaml.safe_load(SPEC.read_text())
     for section, fields in SHRUNK.items():
         raw["base"][section].update(fields)
-    raw["zip"] = {
-        "encoding": ["nope", "alibi"]
-    }  # the spec zips the encoding with T5's bucket fields
+    # the spec zips the encoding with T5's bucket fields
+    raw["zip"] = {"encoding": ["nope", "alibi"]}
     raw["exclude"] = [{"encoding": "nope", "model.attention.positions": "randomized"}]
     raw["seeds"] = [0]
     path = directory / "length_generalization.yaml"
@@ -70,9 +69,8 @@ def test_every_run_of_the_tiny_spec_is_evaluated_bin_by_bin(results):
     frame = collect(results)
     tasks = yaml.safe_load(SPEC.read_text())["grid"]["data.task"]
     assert set(frame["data.task"]) == set(tasks) and frame["status"].eq("done").all()
-    assert (
-        frame["run_dir"].nunique() == len(tasks) * 3
-    )  # nope, alibi, alibi with randomized positions
+    # nope, alibi, alibi with randomized positions
+    assert frame["run_dir"].nunique() == len(tasks) * 3
     assert frame["exact_match"].between(0, 1).all()
     passkey = frame[frame["data.task"] == "passkey"]
     assert set(passkey["depth"]) == {0.0, 0.25, 0.5, 0.75, 1.0}

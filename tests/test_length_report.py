@@ -267,20 +267,17 @@ def test_the_trend_table_puts_each_claim_beside_these_runs(report):
     assert f"NoPE vs RoPE: {line((NOPE, ROPE, 'over', 'ood'))}" in trends
     assert f"NoPE vs T5: {line((NOPE, T5, 'over', 'ood'))}" in trends
     p, p_adjusted = family()[(NOPE, ROPE, "over", "ood")]
-    assert (
-        p < 0.05 <= p_adjusted
-    )  # NoPE 0.283 against RoPE 0.033 over the tasks: not once corrected
+    # NoPE 0.283 against RoPE 0.033 over the tasks: not once corrected
+    assert p < 0.05 <= p_adjusted
     assert "NoPE vs RoPE: NoPE 0.283, RoPE 0.033: not significant after correction" in trends
-    assert (
-        "T5 vs RoPE" not in trends and "0.69" not in trends
-    )  # Fig. 1's values are not in the paper's text
+    # Fig. 1's values are not in the paper's text
+    assert "T5 vs RoPE" not in trends and "0.69" not in trends
     assert (
         "by 12.0% on average over 15 tasks (abstract), and leave in-domain accuracy unaffected (Section 1); RoPE | "
         f"OOD {line((RANDOMIZED, ROPE, 'over', 'ood'))}; ID {line((RANDOMIZED, ROPE, 'over', 'id'))} |"
     ) in trends
-    assert (
-        "OOD RoPE (randomized) 0.367, RoPE 0.033: RoPE (randomized) better" in trends
-    )  # p ~ 1e-5 survives
+    # p ~ 1e-5 survives
+    assert "OOD RoPE (randomized) 0.367, RoPE 0.033: RoPE (randomized) better" in trends
 
 
 def welch(a, b):
@@ -295,9 +292,8 @@ def test_orderings_state_welchs_test_corrected_over_the_family(report):
     is stated only where that adjusted p is below 0.05."""
     orderings = report.split("## Orderings")[1]
     tests = family()
-    assert (
-        len(tests) == len(samples()) - 1
-    )  # reverse's RoPE ID: 1.0 on every run of both sides, no test
+    # reverse's RoPE ID: 1.0 on every run of both sides, no test
+    assert len(tests) == len(samples()) - 1
     for key in tests:
         _, _, task, column = key
         where = "over copy, reverse (per-seed mean)" if task == "over" else task
@@ -307,9 +303,8 @@ def test_orderings_state_welchs_test_corrected_over_the_family(report):
         "at α = 0.05; an ordering is stated only where the adjusted p < 0.05."
     ) in orderings
     p, p_adjusted = tests[(NOPE, T5, "copy", "ood")]
-    assert (
-        p < 0.05 <= p_adjusted
-    )  # NoPE 0.500 against T5 0.083 on copy: p ~ 0.013 alone, not over the family
+    # NoPE 0.500 against T5 0.083 on copy: p ~ 0.013 alone, not over the family
+    assert p < 0.05 <= p_adjusted
     assert (
         "- copy, OOD: NoPE 0.500, T5 0.083: not significant after correction (Welch's t-test"
         in orderings
@@ -326,9 +321,8 @@ def test_orderings_state_welchs_test_corrected_over_the_family(report):
         "- copy, OOD: RoPE (randomized) 0.467, RoPE 0.050: RoPE (randomized) better (Welch's t-test"
         in orderings
     )
-    assert (
-        "- copy, OOD: T5" not in report
-    )  # the explicit encodings are not ordered among themselves
+    # the explicit encodings are not ordered among themselves
+    assert "- copy, OOD: T5" not in report
     assert "ALiBi" not in orderings  # no ALiBi runs: no ALiBi line
 
 

@@ -90,9 +90,8 @@ def test_randomized_distances_are_zero_then_a_sorted_draw_from_one_up():
             d.shape == (8,) and int(d[0]) == 0 and bool((d.diff() > 0).all()) and int(d.max()) < 20
         )
     counts = torch.bincount(torch.cat([d[1:] for d in draws]), minlength=20).double() / len(draws)
-    assert (
-        counts[0] == 0 and counts[1:].min() > 0.2 and counts[1:].max() < 0.55
-    )  # each of 1..19 about 7/19
+    # each of 1..19 about 7/19
+    assert counts[0] == 0 and counts[1:].min() > 0.2 and counts[1:].max() < 0.55
     with pytest.raises(
         ValueError,
         match=r"max_position: randomized distances draw 20 distinct distances from \[1, 20\)",

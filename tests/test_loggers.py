@@ -85,15 +85,13 @@ def tensorboard_scalars(log_dir: Path, tag: str) -> dict[int, float]:
 def test_tensorboard_holds_the_logged_scalars_and_a_resume_continues_it(tmp_path):
     run_dir = run_dir_with_info(tmp_path)
     assert train_run(config("csv", "tensorboard"), run_dir, callbacks=(At(6, crash),)) == "failed"
-    assert (
-        train_run(config("csv", "tensorboard"), run_dir) == "done"
-    )  # steps 4 and 5 again, from the step-4 checkpoint
+    # steps 4 and 5 again, from the step-4 checkpoint
+    assert train_run(config("csv", "tensorboard"), run_dir) == "done"
     log_dir = run_dir / "tensorboard"
     scalars = tensorboard_scalars(log_dir, "train_loss")
     expected = csv_losses(run_dir)
-    assert (
-        sorted(scalars) == sorted(expected) == list(range(10))
-    )  # each step once: the retrained 4, 5 win
+    # each step once: the retrained 4, 5 win
+    assert sorted(scalars) == sorted(expected) == list(range(10))
     assert scalars == pytest.approx(expected, rel=1e-6)
     hparams = yaml.safe_load((log_dir / "hparams.yaml").read_text())
     assert (
@@ -132,9 +130,8 @@ def test_wandb_offline_run_is_named_by_the_run_id_and_holds_every_step(tmp_path,
     time.sleep(1.1)  # W&B names an offline attempt's directory by the second it starts in
     assert train_run(config("csv", "wandb"), run_dir) == "done"
     logs = sorted(run_dir.glob("wandb/offline-run-*-abc123/run-abc123.wandb"))
-    assert (
-        len(logs) == 2
-    )  # one per attempt, both of W&B run abc123 (resume="allow" joins them on sync)
+    # one per attempt, both of W&B run abc123 (resume="allow" joins them on sync)
+    assert len(logs) == 2
     history: dict[int, float] = {}
     for log in logs:
         records = list(wandb_records(log))

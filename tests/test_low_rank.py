@@ -86,9 +86,8 @@ def ordered(request, monkeypatch):
     return request.param
 
 
-@pytest.mark.parametrize(
-    "name", ["alibi_learned", "fox_alibi"]
-)  # both kinds of offset (fixed ALiBi: below)
+# both kinds of offset (fixed ALiBi: below)
+@pytest.mark.parametrize("name", ["alibi_learned", "fox_alibi"])
 def test_low_rank_equals_the_float64_reference_at_4096_with_memory(name):
     """fp32 on the low-rank kernel as this machine runs it (one block where its sums are in order, else blocks;
     both ways at small shapes: the loop reference below) vs float64, L = 4096 after 256 memory keys: the output
@@ -127,9 +126,8 @@ def test_low_rank_equals_the_loop_reference(name, ordered, monkeypatch):
     last block, past parts and memory all occur)."""
     attn = _layer(name)
     state, x, mems, ref = _loop_case(name)
-    assert (
-        state.keys() == attn.state_dict().keys()
-    )  # the layer the shared reference was computed from, exactly
+    # the layer the shared reference was computed from, exactly
+    assert state.keys() == attn.state_dict().keys()
     assert all(torch.equal(value, state[key]) for key, value in attn.state_dict().items())
     monkeypatch.setattr(low_rank, "MIN_BLOCK", 16)
     monkeypatch.setattr(low_rank, "MAX_BLOCK", 32)
@@ -226,18 +224,16 @@ def test_calibration_measures_once_and_caches_per_machine(tmp_path):
     assert stored[calibration.Calibration.section()]["key"]["choice"] == "blocks"
     assert calibration.processor() in calibration.Calibration.section()
     again = calibration.Calibration(tmp_path / "kernels.json", timer=lambda name, run: 1 / 0)
-    assert (
-        again.choose("key", ["low_rank", "blocks", "sdpa"], lambda name: None) == "blocks"
-    )  # from the file
+    # from the file
+    assert again.choose("key", ["low_rank", "blocks", "sdpa"], lambda name: None) == "blocks"
 
 
 def test_the_default_timing_takes_the_candidates_in_turns(tmp_path, monkeypatch):
     """Without a forced timer, one warm-up run each, then rounds in which every candidate runs once; each keeps its
     fastest run (a clock that only slows down: the first round's times)."""
     order, clock = [], iter(range(1000))
-    monkeypatch.setattr(
-        calibration.time, "perf_counter", lambda: next(clock) ** 2
-    )  # each interval longer than the last
+    # each interval longer than the last
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: next(clock) ** 2)
     cal = calibration.Calibration(tmp_path / "kernels.json")
     choice = cal.choose("key", ["low_rank", "blocks"], order.append)
     assert order == ["low_rank", "blocks"] * (1 + calibration.ROUNDS)

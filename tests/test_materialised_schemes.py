@@ -114,9 +114,8 @@ def test_dape_by_hand():
         other = torch.tensor([[[[1.0, 5.0]]]], dtype=torch.float64)
         bias = torch.tensor([[[[-3.0, 1.0]]]], dtype=torch.float64)
         out = attn.dape(other, bias, torch.tensor([[True, version == "v1"]]))
-        hidden = (
-            5.0 + 1.0 + (12.0 if version == "v1" else 0.0)
-        )  # v2: the hidden pair's f reads zeros
+        # v2: the hidden pair's f reads zeros
+        hidden = 5.0 + 1.0 + (12.0 if version == "v1" else 0.0)
         torch.testing.assert_close(out[0, 0, 0], torch.tensor([-2.04, hidden], dtype=torch.float64))
 
 
@@ -218,9 +217,8 @@ def test_the_four_presets_train_in_a_tiny_grid_through_the_cli(tmp_path):
     assert main(["grid", str(spec), "--results", str(results), "--slots", "2"]) == 0
     frame = collect(results / "materialised")
     assert set(frame["encoding"]) == set(SCHEMES)
-    assert (frame["status"] == "done").all() and len(frame) == 2 * len(
-        SCHEMES
-    )  # two eval lengths a run
+    # two eval lengths a run
+    assert (frame["status"] == "done").all() and len(frame) == 2 * len(SCHEMES)
     assert frame["loss"].map(math.isfinite).all() and frame["acc"].between(0, 1).all()
     assert main(["table", str(results / "materialised")]) == 0
 

@@ -181,9 +181,8 @@ def test_partial_rotary_turns_only_the_first_dimensions(scaling, rates, factor):
     context extension changes only those)."""
     attn = attention(terms="a", absolute="rope", rope_fraction=0.5)
     x, _ = inputs(3, 0)
-    maps = attn.score_terms(x, options=AttentionOptions(rope_scaling=scaling))[
-        "a"
-    ]  # (B, H, L, K), s·q_rot·k_rot
+    # (B, H, L, K), s·q_rot·k_rot
+    maps = attn.score_terms(x, options=AttentionOptions(rope_scaling=scaling))["a"]
     q = attn.q_net(x).view(2, 5, 2, 8).transpose(1, 2)
     k = attn.kv_net(x)[..., :16].view(2, 5, 2, 8).transpose(1, 2)
     i, j = 4, 1  # pair (0, 2): rate 1; pair (1, 3): rate 10000^(-1/2)
@@ -265,9 +264,8 @@ def test_fox_counts_the_querys_gate_and_not_the_keys():
     x, mems = inputs(6, 3)
     decay = attn.score_terms(x, mems)["decay"]  # (B, H, L, M + L)
     gate = attn.forget_gate.proj
-    log_f = torch.nn.functional.logsigmoid(
-        torch.cat([mems, x], 1) @ gate.weight.T + gate.bias
-    )  # (B, K, H)
+    # (B, K, H)
+    log_f = torch.nn.functional.logsigmoid(torch.cat([mems, x], 1) @ gate.weight.T + gate.bias)
     for i in range(5):
         assert decay[:, :, i, 3 + i].abs().max() == 0
         torch.testing.assert_close(decay[:, :, i, 3 + i - 1], log_f[:, 3 + i])
@@ -455,9 +453,8 @@ def test_p_rope_is_not_gpt_neox_partial_rotary():
 
 def test_p_rope_needs_a_rotating_pair_and_is_refused_with_xpos():
     with pytest.raises(ConfigError, match="rope_p"):
-        RelPosAttention(
-            16, 2, 8, AttentionConfig(terms="a", absolute="rope", rope_p=0.2)
-        )  # int(0.2·8 // 2) = 0
+        # int(0.2·8 // 2) = 0
+        RelPosAttention(16, 2, 8, AttentionConfig(terms="a", absolute="rope", rope_p=0.2))
     with pytest.raises(ConfigError, match="rope_p"):
         AttentionConfig(terms="a", absolute="rope", rope_p=0.5, xpos_scale_base=512.0)
     with pytest.raises(ConfigError, match="rope_p"):

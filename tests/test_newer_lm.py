@@ -79,9 +79,8 @@ def test_rope_scaling_reaches_every_layer_through_the_model():
             EvalSetting(segment_len=9, rope_scaling="pi"),
         ),
     )
-    torch.testing.assert_close(
-        maps["logits"], model(tokens)[0]
-    )  # auto: 9 / 9 -> s = 1, the trained RoPE
+    # auto: 9 / 9 -> s = 1, the trained RoPE
+    torch.testing.assert_close(maps["logits"], model(tokens)[0])
 
 
 # ------------------------------------------------------------------ presets and configs

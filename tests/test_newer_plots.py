@@ -64,12 +64,8 @@ def test_xpos_plots_each_pairs_decay_zeta_to_the_distance_over_b():
     (ax,) = [ax for ax in bias_figure(model, 32, 8).axes if ax.get_visible()]
     assert ax.get_title() == "xPos decay per rotary pair, all layers"
     drawn = lines(ax, "pair")
-    assert [line.get_label().split(" ")[1] for line in drawn] == [
-        "0",
-        "1",
-        "2",
-        "3",
-    ]  # d_head 8: 4 pairs
+    # d_head 8: 4 pairs
+    assert [line.get_label().split(" ")[1] for line in drawn] == ["0", "1", "2", "3"]
     for p, line in enumerate(drawn):
         zeta = (2 * p + 0.4 * 8) / (1.4 * 8)
         assert line.get_ydata() == pytest.approx(zeta ** (np.arange(33) / 16))

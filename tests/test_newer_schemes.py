@@ -24,9 +24,8 @@ SCHEMES = {
     "p_rope_partial_alibi": dict(
         terms="a", absolute="rope", rope_fraction=0.75, rope_p=0.4, bias="alibi"
     ),
-    "rope_xpos": dict(
-        terms="a", absolute="rope", xpos_scale_base=6.0
-    ),  # small B: the decay shows at these lengths
+    # small B: the decay shows at these lengths
+    "rope_xpos": dict(terms="a", absolute="rope", xpos_scale_base=6.0),
     "xpos_partial_alibi": dict(
         terms="a", absolute="rope", rope_fraction=0.75, xpos_scale_base=9.0, bias="alibi"
     ),
@@ -224,10 +223,11 @@ def test_the_explicit_path_reports_the_new_terms_separately():
     maps = attn.score_terms(x, mems)
     assert set(maps) == {"a", "decay", "cope", "visible"}
     assert maps["decay"].shape == maps["cope"].shape == (2, HEADS, LQ, MEM + LQ)
+    # D_ii = 0
     torch.testing.assert_close(
         torch.diagonal(maps["decay"][..., MEM:], dim1=-2, dim2=-1),
         torch.zeros(2, HEADS, LQ, dtype=torch.float64),
-    )  # D_ii = 0
+    )
 
 
 def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
@@ -237,9 +237,8 @@ def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
     torch.manual_seed(0)
     attn = RelPosAttention(32, 2, 16, AttentionConfig(terms="a", forget_gate=True, query_chunk=64))
     with torch.no_grad():
-        attn.forget_gate.proj.bias.fill_(
-            -2.0
-        )  # log f ≈ -2.1 per token: |Λ| reaches ~4000 at the end
+        # log f ≈ -2.1 per token: |Λ| reaches ~4000 at the end
+        attn.forget_gate.proj.bias.fill_(-2.0)
     x = torch.randn(1, 2048, 32)
     options = AttentionOptions()
     for backend in ("sdpa", "blocks"):

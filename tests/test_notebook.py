@@ -27,9 +27,8 @@ def test_notebook_runs_on_a_trained_results_dir(monkeypatch):
     monkeypatch.setenv("RELPOS_RESULTS", str(results))
     monkeypatch.setenv("RELPOS_RUN", xl)
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert all(
-        not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"
-    )  # committed clean
+    # committed clean
+    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
     NotebookClient(
         nb,
         timeout=300,

@@ -103,9 +103,8 @@ def test_extrapolation_lines_are_seed_means_with_std_bands(tmp_path):
         for e in ("xl", "alibi")
     )
     assert lows == pytest.approx(expected_lows)
-    assert ax.get_xscale() == "log" and vlines(ax, ":") == [
-        32.0
-    ]  # training segment_len (make_grid)
+    # training segment_len (make_grid)
+    assert ax.get_xscale() == "log" and vlines(ax, ":") == [32.0]
     assert "ppl" in ax.get_ylabel() and "evaluation length" in ax.get_xlabel()
 
 
@@ -202,9 +201,8 @@ def test_term_d_curve_matches_the_xl_formula_and_marks_the_clamp():
     fig = bias_figure(model, max_distance=16)
     d = np.minimum(np.arange(17), 6).astype(np.float64)
     inv_freq = 1.0 / 10000 ** (np.arange(0, 32, 2) / 32)
-    r = np.concatenate(
-        [np.sin(d[:, None] * inv_freq), np.cos(d[:, None] * inv_freq)], axis=1
-    )  # (n, D)
+    # (n, D)
+    r = np.concatenate([np.sin(d[:, None] * inv_freq), np.cos(d[:, None] * inv_freq)], axis=1)
     for layer, ax in enumerate(fig.axes):
         attn = model.attention_layers()[layer]
         w_r = attn.r_net.weight.detach().double().numpy()  # (H * dh, D)
@@ -244,9 +242,8 @@ def test_attention_heatmaps_are_the_probabilities_with_memory_columns():
         layer, head = divmod(k, 4)
         want = expected[layer][0, head].numpy()
         seen = ~np.isnan(image)
-        assert seen.sum(1).tolist() == [
-            9 + i for i in range(8)
-        ]  # query i sees 8 memory keys + i + 1
+        # query i sees 8 memory keys + i + 1
+        assert seen.sum(1).tolist() == [9 + i for i in range(8)]
         assert image[seen] == pytest.approx(want[seen], abs=1e-6)
         assert np.nansum(image, axis=1) == pytest.approx(np.ones(8), abs=1e-5)
         assert vlines(ax, "-") == [7.5]  # the memory / segment border
@@ -338,9 +335,8 @@ def test_grid_gets_one_figure_per_run_plus_an_overview_and_skips_runs_without_bi
     assert (
         len(notes) == 2 and notes[0].startswith(f"{nope}: skipped") and "no bias curve" in notes[0]
     )
-    overview = saved[
-        "bias_overview"
-    ]  # the runs left out are counted in the title, their variants named under it
+    # the runs left out are counted in the title, their variants named under it
+    overview = saved["bias_overview"]
     assert overview.get_suptitle() == (
         "bias: 2 runs (layer 0 or the shared module; seeds overlaid, one y scale per "
         "scheme); 1 not drawn\nno bias curve: encoding=nope"
@@ -350,9 +346,8 @@ def test_grid_gets_one_figure_per_run_plus_an_overview_and_skips_runs_without_bi
         == "bias_overview: left out: encoding=nope (seed 0): no bias curve: bias='none' and term d is off "
         "(terms='a'), no FoX gate, no xPos."
     )
-    assert (
-        saved[f"bias_encoding-xl_seed-0_{done['xl']}"].get_suptitle() == "encoding=xl, seed=0"
-    )  # no run id
+    # no run id
+    assert saved[f"bias_encoding-xl_seed-0_{done['xl']}"].get_suptitle() == "encoding=xl, seed=0"
     with pytest.raises(ConfigError, match=r"has no bias curve"):
         plots.save_model_figures(
             collect(nope), "bias", tmp_path / "one", loader=fake_loader, sampler=fake_sampler
@@ -397,9 +392,8 @@ def test_bias_overview_overlays_seeds_and_shares_one_y_scale_per_scheme(tmp_path
         "encoding=t5_short",
     ]
     for ax in panels:
-        curves = [
-            line for line in ax.get_lines() if len(line.get_xdata()) > 2
-        ]  # not the vertical marks
+        # not the vertical marks
+        curves = [line for line in ax.get_lines() if len(line.get_xdata()) > 2]
         assert [line.get_linestyle() for line in curves] == ["-"] * 4 + [
             "--"
         ] * 4  # 4 heads x 2 seeds
@@ -497,9 +491,8 @@ def test_trained_runs_through_load_run_and_a_corrupt_checkpoint(tmp_path):
         _, mems = model(tokens[:, :16])
         expected = model.inspect(tokens[:, 16:], mems)["probs"]
     panels = [ax for ax in fig.axes if ax.get_images()]
-    image = np.ma.filled(
-        panels[-1].get_images()[0].get_array().astype(float), np.nan
-    )  # layer 1, head 1
+    # layer 1, head 1
+    image = np.ma.filled(panels[-1].get_images()[0].get_array().astype(float), np.nan)
     seen = ~np.isnan(image)
     assert image[seen] == pytest.approx(expected[1][0, 1].numpy()[seen], abs=1e-6)
 
@@ -507,8 +500,7 @@ def test_trained_runs_through_load_run_and_a_corrupt_checkpoint(tmp_path):
     ckpt = alibi_dir / "checkpoints" / "last.ckpt"
     ckpt.write_bytes(ckpt.read_bytes()[:100])  # a truncated checkpoint
     written, notes = plots.save_model_figures(df, "bias", tmp_path / "figs", formats=("png",))
-    assert [p.name for p in written] == [
-        f"bias_encoding-xl_seed-0_{xl_dir.name}.png"
-    ]  # one drawable run: no overview
+    # one drawable run: no overview
+    assert [p.name for p in written] == [f"bias_encoding-xl_seed-0_{xl_dir.name}.png"]
     assert len(notes) == 1 and notes[0].startswith(f"{alibi_dir}: skipped")
     assert main(["plot", str(alibi_dir), "--kind", "bias"]) == 2

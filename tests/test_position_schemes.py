@@ -223,9 +223,8 @@ def test_rel_shift_and_toeplitz_index_by_distance(lq, n_keys, q_offset):
     distances = torch.arange(dmax, dmax - (lq + n_keys - 1), -1)  # descending
     per_distance = distances.double() * 10 + 0.5
     out = toeplitz(per_distance, lq, n_keys)
-    rows = (
-        per_distance[None].repeat(lq, 1) + torch.arange(lq)[:, None] * 1000.0
-    )  # row-dependent values
+    # row-dependent values
+    rows = per_distance[None].repeat(lq, 1) + torch.arange(lq)[:, None] * 1000.0
     shifted = rel_shift(rows, n_keys)
     for r in range(lq):
         for j in range(n_keys):

@@ -15,7 +15,8 @@ from relpos_ablate.analysis.positions import bin_centre, position_frame, positio
 from relpos_ablate.cli import main
 from relpos_ablate.io import atomic_write_json, read_json
 
-CURVES = {  # (encoding, seed) -> mean loss per bin [0, 1), [1, 2), [2, 4), [4, 8) of an 8-token window
+# (encoding, seed) -> mean loss per bin [0, 1), [1, 2), [2, 4), [4, 8) of an 8-token window
+CURVES = {
     ("alibi", 0): [3.0, 2.5, 2.0, 1.8],
     ("alibi", 1): [3.2, 2.7, 2.0, 1.6],
     ("rope", 0): [3.1, 2.4, 2.2, 2.4],
@@ -49,9 +50,8 @@ def curve_runs(root):
                 ),
             ],
         )
-    for path in root.glob(
-        "*/*/eval.json"
-    ):  # both settings get the curves (the sliding one shifted by -1)
+    # both settings get the curves (the sliding one shifted by -1)
+    for path in root.glob("*/*/eval.json"):
         data, variant = read_json(path), read_json(path.parent / "run.json")["variant"]
         for k, setting in enumerate(data["settings"]):
             setting["position_loss"] = {
@@ -117,6 +117,7 @@ def test_cli_plot_position_loss(tmp_path, capsys):
 
 def test_collected_protocol_reference_and_setting_index(tmp_path):
     curve_runs(tmp_path)
+    # an eval.json written before protocols
     make_run(
         tmp_path,
         ["seed=5", "model.mem_len=8"],
@@ -124,13 +125,11 @@ def test_collected_protocol_reference_and_setting_index(tmp_path):
             ({"segment_len": 8}, {"ppl": 8.0}),
             ({"segment_len": 8, "same_length": True}, {"ppl": 7.0}),
         ],
-    )  # an eval.json written before protocols
+    )
     df = collect(tmp_path)
     old = df[df["seed"] == 5]
-    assert old["protocol"].tolist() == [
-        "non_overlapping",
-        "xl",
-    ]  # same_length was Transformer-XL's evaluation
+    # same_length was Transformer-XL's evaluation
+    assert old["protocol"].tolist() == ["non_overlapping", "xl"]
     assert old["max_targets"].tolist() == [0, 0] and old["eval_setting"].tolist() == [0, 1]
     new = df[(df["seed"] == 0) & (df["encoding"] == "alibi")].sort_values("eval_setting")
     assert (
@@ -148,19 +147,15 @@ def test_extrapolation_has_a_panel_per_protocol_and_the_reference_in_its_legend(
     fig = plots.extrapolation_figure(collect(tmp_path))
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in panels] == ["non_overlapping", "sliding, stride 2"]
-    for ax, ppl in zip(
-        panels, (8.0, 7.0)
-    ):  # both encodings score the same in both panels: drawn once, named so
+    # both encodings score the same in both panels: drawn once, named so
+    for ax, ppl in zip(panels, (8.0, 7.0)):
         (line,) = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
         assert (
             line.get_label() == "alibi"
             and list(line.get_ydata()) == [ppl]
             and line.get_linestyle() == "-"
         )
-    legend = [
-        text.get_text() for text in fig.legends[0].get_texts()
-    ]  # the unigram (30) lies far outside 7-8:
-    assert legend == [
-        "alibi / rope (overlap)",
-        "training length",
-    ]  # off the axis, so out of the legend too
+    # the unigram (30) lies far outside 7-8:
+    legend = [text.get_text() for text in fig.legends[0].get_texts()]
+    # off the axis, so out of the legend too
+    assert legend == ["alibi / rope (overlap)", "training length"]

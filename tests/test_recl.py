@@ -55,9 +55,8 @@ def test_recl_half_of_the_hardest_targets_by_hand():
     but the search has stopped). c = 20 for A: b = [1.5, 0.8, 2.0, 0.5], T = {2, 0}, f = 1.75;
     min(b, l_A(30)) = (1.9 + 1.5) / 2 = 1.7, g = 1 - e^-0.05 = 4.9% > 1%: still gaining at the last step."""
     frame = tidy()
-    values = np.array(
-        [[LOSSES[m][c] for c in (10, 20, 30)] for m in "AB"]
-    )  # (models, contexts, targets)
+    # (models, contexts, targets)
+    values = np.array([[LOSSES[m][c] for c in (10, 20, 30)] for m in "AB"])
     assert relative_gain(values, 0, 0, 1, 0.5) == pytest.approx(gain(2.5, 1.75))
     assert relative_gain(values, 1, 0, 1, 0.5) == pytest.approx(0.0)
     assert relative_gain(values, 0, 1, 2, 0.5) == pytest.approx(gain(1.75, 1.7))
@@ -112,12 +111,10 @@ def test_a_model_whose_own_loss_rises_earns_no_recl_from_a_lucky_target():
 
 
 def test_top_fraction_rounds_keeps_one_and_breaks_ties_by_order():
-    assert (
-        len(top_fraction(np.arange(30.0), 0.1)) == 3
-    )  # 0.1 · 30 is 3.0000000000000004 in floating point
-    assert top_fraction(np.array([1.0, 5.0, 2.0, 9.0]), 0.1).tolist() == [
-        3
-    ]  # round(0.4) = 0 -> at least one
+    # 0.1 · 30 is 3.0000000000000004 in floating point
+    assert len(top_fraction(np.arange(30.0), 0.1)) == 3
+    # round(0.4) = 0 -> at least one
+    assert top_fraction(np.array([1.0, 5.0, 2.0, 9.0]), 0.1).tolist() == [3]
     assert top_fraction(np.array([2.0, 1.0, 2.0, 2.0]), 0.5).tolist() == [0, 2]
 
 
@@ -227,9 +224,8 @@ def test_xl_table8_layout(tmp_path):
     c_losses = {c: [v + 1.0 for v in LOSSES["A"][10]] for c in (10, 20, 30)}
     for seed in (0, 1):
         a = {**LOSSES["A"], **({30: [1.5, 1.0, 2.0, 0.5]} if seed else {})}
-        write_ladder_run(
-            tmp_path, "ours", 16, seed, a, other_kind=True
-        )  # its sliding ladder is not its own
+        # its sliding ladder is not its own
+        write_ladder_run(tmp_path, "ours", 16, seed, a, other_kind=True)
         write_ladder_run(tmp_path, "shaw", 16, seed, LOSSES["B"])
         write_ladder_run(tmp_path, "ours", 0, seed, c_losses)
     table, options = make_table(collect(tmp_path), TableOptions(layout="xl_table8"))

@@ -115,9 +115,8 @@ def test_killed_after_a_checkpoint_the_rerun_records_every_step_once(tmp_path, h
     shutil.rmtree(run_dir)
     killed.rename(run_dir)  # the rerun finds what the kill left
     assert (run_dir / "checkpoints" / ".last.ckpt.staged.tmp").exists() == (resumed_from == 2)
-    (run_dir / "checkpoints" / "..last.ckpt.staged.tmp.cut_short.tmp").write_bytes(
-        b"PK"
-    )  # a kill mid-write
+    # a kill mid-write
+    (run_dir / "checkpoints" / "..last.ckpt.staged.tmp.cut_short.tmp").write_bytes(b"PK")
     assert uncovered_steps(run_dir) == (resumed_from, [])
     assert train_run(config(), run_dir) == "done"
     assert "Restored all states from the checkpoint" in (run_dir / "log.txt").read_text()

@@ -62,9 +62,8 @@ def test_help_documents_the_correction(capsys):
     from relpos_ablate.analysis.stats import CORRECTIONS
     from relpos_ablate.cli.report import CORRECTION_CHOICES
 
-    assert CORRECTION_CHOICES == tuple(
-        CORRECTIONS
-    )  # the CLI's text copy (no scipy at start-up) stays in step
+    # the CLI's text copy (no scipy at start-up) stays in step
+    assert CORRECTION_CHOICES == tuple(CORRECTIONS)
     for command in ("table", "report"):
         with pytest.raises(SystemExit):
             main([command, "--help"])

@@ -58,9 +58,8 @@ def tiny(config: RunConfig, cache: Path) -> RunConfig:
     for setting in plain["eval"]["settings"]:
         setting["max_targets"] = EVAL_TARGETS
     if plain["eval"]["recl_contexts"]:
-        plain["eval"]["recl_targets"] = 2 * (
-            plain["eval"]["recl_contexts"][-1] + 4
-        )  # 5 targets per stream with c_max
+        # 5 targets per stream with c_max
+        plain["eval"]["recl_targets"] = 2 * (plain["eval"]["recl_contexts"][-1] + 4)
     return from_dict(RunConfig, plain)
 
 
@@ -96,31 +95,24 @@ def test_extrapolation_report(root):
     df = collect(results)
     assert df.attrs["problems"] == [] and set(df["status"]) == {"done"}
     scored = df[df["eval_error"].isna()]
-    assert set(scored["tokens"]) == {
-        EVAL_TARGETS
-    }  # every protocol and length scores the same targets
-    skipped = df[
-        df["eval_error"].notna()
-    ]  # RoPE context extension: only the RoPE model evaluates it
+    # every protocol and length scores the same targets
+    assert set(scored["tokens"]) == {EVAL_TARGETS}
+    # RoPE context extension: only the RoPE model evaluates it
+    skipped = df[df["eval_error"].notna()]
     assert (
         set(skipped["encoding"]) == {"vaswani", "alibi", "xl"}
         and skipped["rope_scaling"].notna().all()
     )
     rope = scored[scored["encoding"] == "rope"].groupby("run_id")["rope_scaling"]
-    assert set(rope.size()) == {16} and set(rope.count()) == {
-        6
-    }  # per RoPE run: 16 settings, 6 extended
+    # per RoPE run: 16 settings, 6 extended
+    assert set(rope.size()) == {16} and set(rope.count()) == {6}
     table, options = make_table(df)
     assert (
         options.cols == ("protocol", "segment_len", "stride", "rope_scaling")
         and options.metric == "ppl"
     )
-    assert [labels[0] for labels, _ in table.rows] == [
-        "vaswani",
-        "rope",
-        "alibi",
-        "xl",
-    ]  # the spec's order
+    # the spec's order
+    assert [labels[0] for labels, _ in table.rows] == ["vaswani", "rope", "alibi", "xl"]
     assert len(table.columns) == 16 and table.columns[-1] == "sliding, eval len 1024, stride 64"
     assert table.columns[3:6] == [
         f"non_overlapping, eval len 256, rope_scaling {k}" for k in ("ntk", "pi", "yarn")
@@ -138,15 +130,12 @@ def test_extrapolation_report(root):
     legends = [
         legend for legend in [*figure.legends, *(ax.get_legend() for ax in panels)] if legend
     ]
-    named = " | ".join(
-        text.get_text() for legend in legends for text in legend.get_texts()
-    )  # "a / b (overlap)"
-    extended = {
-        f"rope, rope_scaling {kind}" for kind in ("ntk", "pi", "yarn")
-    }  # rope_scale (auto) moves with x
-    assert (
-        all(name in named for name in extended) and not extended & drawn[1]
-    )  # extensions: non-overlapping only
+    # "a / b (overlap)"
+    named = " | ".join(text.get_text() for legend in legends for text in legend.get_texts())
+    # rope_scale (auto) moves with x
+    extended = {f"rope, rope_scaling {kind}" for kind in ("ntk", "pi", "yarn")}
+    # extensions: non-overlapping only
+    assert all(name in named for name in extended) and not extended & drawn[1]
     assert all(name in named for name in ("vaswani", "rope", "alibi", "xl"))
     assert "alibi_extrapolation_cpu: derived numbers" in make_report(df)
     positions = position_loss_figure(df)
@@ -184,12 +173,10 @@ def test_xl_tables_report(root):
     ladder = load_grid(EXPERIMENTS / "xl_table6_cpu.yaml").runs[0].config.eval.recl_contexts
     assert table8.columns == ["r = 0.1", "r = 0.5", "r = 1.0", *(f"ppl c={c}" for c in ladder)]
     assert f"contexts c = {', '.join(map(str, ladder))}" in table8.caption
-    assert (
-        "the 10 with 256 tokens of context" in table8.caption
-    )  # 2 streams x (260 - 256 + 1) targets
-    assert all(
-        re.fullmatch(r"≥?\d+", value) for _, values in table8.rows for value in values[:3]
-    )  # one seed
+    # 2 streams x (260 - 256 + 1) targets
+    assert "the 10 with 256 tokens of context" in table8.caption
+    # one seed
+    assert all(re.fullmatch(r"≥?\d+", value) for _, values in table8.rows for value in values[:3])
     report = make_report(df)
     assert (
         "| xl, memory 48, full loss |" in report and "recurrence, XL encoding (full loss)" in report
@@ -198,7 +185,6 @@ def test_xl_tables_report(root):
     entries = [
         t.get_text() for t in figure.legends[0].get_texts() if t.get_text().startswith("encoding=")
     ]
-    assert (
-        sum(1 + e.count(" / ") for e in entries) == 4
-    )  # a line per model (coinciding ones named together): the
+    # a line per model (coinciding ones named together): the
+    assert sum(1 + e.count(" / ") for e in entries) == 4
     # evaluation memory moves with the attention length

@@ -63,9 +63,8 @@ def examples(task, seed=0, count=150, lengths=(1, 40), depth=None, **fields):
         task=task, train_lengths=(1, 40), test_lengths=((1, 40),), num_symbols=5, **fields
     )
     found = generate(data, seed=seed, split="eval", count=count, lengths=lengths, depth=depth)
-    full = torch.cat(
-        [found.inputs[:, :1], found.targets], dim=1
-    )  # (N, T + 1): the whole padded sequences
+    # (N, T + 1): the whole padded sequences
+    full = torch.cat([found.inputs[:, :1], found.targets], dim=1)
     return data, found, full
 
 
@@ -379,11 +378,12 @@ def test_the_depth_by_length_figure_draws_a_row_of_panels_per_depth_task(tmp_pat
     depth_run(tmp_path, "variable_tracking", "rope", {0.0: [0.2, 0.0], 1.0: [0.4, 0.1]})
     fig = passkey_figure(collect(tmp_path))
     panels = [ax for ax in fig.axes if ax.get_images()]
+    # no panel for a run that is not there
     assert [ax.get_title() for ax in panels] == [
         "niah_multikey: NoPE",
         "niah_multikey: RoPE",
         "variable_tracking: RoPE",
-    ]  # no panel for a run that is not there
+    ]
     assert panels[0].get_ylabel() == "depth of the asked needle"
     np.testing.assert_allclose(
         np.asarray(panels[0].get_images()[0].get_array()), [multikey[0.0], multikey[1.0]]

@@ -23,7 +23,8 @@ from relpos_ablate.io import read_json
 from relpos_ablate.rundir import read_status
 from relpos_ablate.runner.grid import load_grid
 
-SMOKE_STEPS = 40  # past the spec's 20 warmup steps and 2 log rows; the final checkpoint is written at any step
+# past the spec's 20 warmup steps and 2 log rows; the final checkpoint is written at any step
+SMOKE_STEPS = 40
 
 
 def check_finished_run(run_dir, config):
@@ -112,9 +113,8 @@ def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, cap
     """The runner runs in this process and its worker is killed from a thread: the fork server the first
     grid starts forks the rerun's worker too (a runner process of its own would import torch and Lightning
     in a second fork server; a runner killed with its workers: tests/test_faults.py)."""
-    base = tiny_base(
-        max_steps=100
-    )  # killed once its checkpoint of step 40 is on disk: 60 steps of margin
+    # killed once its checkpoint of step 40 is on disk: 60 steps of margin
+    base = tiny_base(max_steps=100)
     base["train"].update(log_every=5, checkpoint_every=20)
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(yaml.safe_dump({"name": "kill", "base": base, "seeds": [0]}))

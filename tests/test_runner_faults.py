@@ -73,9 +73,8 @@ def assert_each_run_done_once(spec, results, log):
     assert sorted(ends(log)) == run_ids  # every run completed exactly once
     for rid in run_ids:
         assert read_status(results / spec.name / rid)["state"] == "done"
-        assert metric_steps(results / spec.name / rid) == list(
-            range(1, MAX_STEPS + 1)
-        )  # no step lost or repeated
+        # no step lost or repeated
+        assert metric_steps(results / spec.name / rid) == list(range(1, MAX_STEPS + 1))
 
 
 @pytest.mark.parametrize("moment", ["before", "after"])
@@ -135,9 +134,8 @@ def test_sigkill_runner_then_rerun_finishes_every_run_once(tmp_path, moment):
     proc.kill()
     proc.join()
     workers = [e["pid"] for e in read_log(log) if e["event"] == "start"]
-    wait_for(
-        lambda: not any(alive(pid) for pid in workers), timeout=10
-    )  # they died with the runner
+    # they died with the runner
+    wait_for(lambda: not any(alive(pid) for pid in workers), timeout=10)
 
     assert finish(runner(spec_path, results, log)) == 0
     assert_each_run_done_once(spec, results, log)
@@ -280,6 +278,5 @@ def test_a_worker_killed_by_a_signal_is_interrupted_with_that_signals_likely_cau
     assert (
         status["reason"].startswith(f"worker killed by {sig.name} (") and hint in status["reason"]
     )
-    assert (
-        "out of memory" not in status["reason"] or sig == signal.SIGKILL
-    )  # SIGTERM is not the OOM killer's
+    # SIGTERM is not the OOM killer's
+    assert "out of memory" not in status["reason"] or sig == signal.SIGKILL

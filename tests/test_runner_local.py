@@ -203,10 +203,11 @@ def test_dry_run_estimates_the_wall_time(tmp_path, fake, capsys):
     assert (
         main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "1"]) == 0
     )
+    # 3 runs x 6 steps x 10 s
     assert (
         f"3 run(s) to go on 1 slot(s): 3:00 (from {results / 'g' / 'train_step.json'}"
         in capsys.readouterr().out.replace("\n", "")
-    )  # 3 runs x 6 steps x 10 s
+    )
     done_dir = results / "g" / spec.runs[0].run_id
     atomic_write_json(
         done_dir / "status.json", {"state": "done", "wall_time_s": 12.0, "step": MAX_STEPS}
@@ -216,9 +217,8 @@ def test_dry_run_estimates_the_wall_time(tmp_path, fake, capsys):
         main(["grid", str(spec_path), "--results", str(results), "--dry-run", "--slots", "2"]) == 0
     )
     out = capsys.readouterr().out.replace("\n", "")
-    assert (
-        "2 run(s) to go on 2 slot(s): 0:12 (from 1 finished run(s) of this spec)" in out
-    )  # 2 s/step, 6 steps
+    # 2 s/step, 6 steps
+    assert "2 run(s) to go on 2 slot(s): 0:12 (from 1 finished run(s) of this spec)" in out
 
 
 def test_runs_locked_by_another_process_wait_for_it(tmp_path, fake):
@@ -269,12 +269,10 @@ def test_status_reports_broken_and_stale_runs(tmp_path, fake, capsys):
     capsys.readouterr()
     d0, d1, d2, d3 = (results / "g" / run.run_id for run in spec.runs)
     (d0 / "status.json").write_text('{"state": "do')  # truncated
-    (d3 / "eval.json").write_text(
-        '{"main_metric": "ac'
-    )  # truncated: the run is marked done, but is not
-    atomic_write_json(
-        d2 / "status.json", {"state": "running", "step": 3, "max_steps": 6}
-    )  # its process is gone
+    # truncated: the run is marked done, but is not
+    (d3 / "eval.json").write_text('{"main_metric": "ac')
+    # its process is gone
+    atomic_write_json(d2 / "status.json", {"state": "running", "step": 3, "max_steps": 6})
     (results / "g" / "notes.txt").write_text("foreign file")
     (results / "g" / "empty_dir").mkdir()
 

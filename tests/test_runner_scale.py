@@ -178,9 +178,8 @@ def test_tasks_other_than_0_start_their_process_only_when_task_0_launched(
     assert job() == "task 1: exit status 0"
     (start,) = [e for e in read_log(fake_worker) if e["event"] == "start"]
     assert start["settings"] == ["train.devices=2"]
-    monkeypatch.setenv(
-        "SLURM_RESTART_COUNT", "1"
-    )  # a requeued job waits for the new attempt's decision
+    # a requeued job waits for the new attempt's decision
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     assert job() == "task 1: task 0 did not decide within 0 s"
 
     env.global_rank = 0

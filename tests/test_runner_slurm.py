@@ -71,6 +71,7 @@ def test_sbatch_script_carries_spec_and_cli_settings(tmp_path, fake_slurm, capsy
     assert "4242" in capsys.readouterr().out
     (script_path,) = fake_slurm.glob("script_*.sh")  # one array job for the whole grid
     script = script_path.read_text()
+    # one task per GPU
     for line in (
         "#SBATCH --partition=gpu",
         "#SBATCH --time=90",
@@ -83,7 +84,7 @@ def test_sbatch_script_carries_spec_and_cli_settings(tmp_path, fake_slurm, capsy
         "#SBATCH --job-name=relpos-g",
         "#SBATCH --ntasks-per-node=2",
         "module load cuda/12",
-    ):  # one task per GPU
+    ):
         assert line in script.splitlines(), line
     assert any(line.startswith("#SBATCH --signal=USR2@") for line in script.splitlines())
     assert "-m submitit.core._submit" in script
@@ -110,9 +111,8 @@ def test_slurm_without_a_cluster_or_with_a_failing_sbatch_is_one_line(
         "#!/bin/sh\necho 'sbatch: error: invalid partition' >&2\nexit 1\n"
     )
     assert main(argv) == 2
-    last = (
-        capsys.readouterr().err.strip().splitlines()[-1]
-    )  # submitit echoes sbatch's stderr before it
+    # submitit echoes sbatch's stderr before it
+    last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == "error: --launcher: submitting to SLURM failed: sbatch: error: invalid partition"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert main(argv) == 2
@@ -139,9 +139,8 @@ def test_local_executor_runs_grid_and_requeues_a_preempted_job(tmp_path, monkeyp
     (first_attempt,) = [
         e for e in read_log(log) if e["event"] == "start" and e["run"] == slow_dir.name
     ]
-    os.kill(
-        first_attempt["ppid"], signal.SIGUSR2
-    )  # the job process: what SLURM signals before preempting
+    # the job process: what SLURM signals before preempting
+    os.kill(first_attempt["ppid"], signal.SIGUSR2)
 
     assert [job.result() for _plan, job in submitted] == ["done", "done"]
     attempts = [e for e in read_log(log) if e["event"] == "start" and e["run"] == slow_dir.name]

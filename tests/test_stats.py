@@ -45,9 +45,8 @@ def test_the_paired_test_matches_on_units_not_on_order():
     a = {"r0": 6.0, "r1": 7.0, "r2": 8.0}
     b = {"r2": 7.88, "r0": 5.9, "r1": 6.92}  # another order: the pairs are the runs
     assert stats.compare(b, a).p == pytest.approx(sp.ttest_rel(LONG, SHORT).pvalue)
-    assert (
-        stats.compare({"r0": 1.0, "r1": 2.0}, {"r0": 1.5, "r1": 2.5, "r2": 3.0}) is None
-    )  # 2 pairs: too few
+    # 2 pairs: too few
+    assert stats.compare({"r0": 1.0, "r1": 2.0}, {"r0": 1.5, "r1": 2.5, "r2": 3.0}) is None
 
 
 def test_confidence_intervals_follow_the_t_formulas():
@@ -110,9 +109,8 @@ def test_holm_and_bh_equal_statsmodels_and_scipy():
         list(sp.false_discovery_control(P_VALUES, method="bh"))
     )
     assert stats.adjust(P_VALUES, "none") == P_VALUES
-    with_nan = stats.adjust(
-        [0.01, math.nan, 0.02], "holm"
-    )  # an untested cell is not part of the family
+    # an untested cell is not part of the family
+    with_nan = stats.adjust([0.01, math.nan, 0.02], "holm")
     assert math.isnan(with_nan[1]) and with_nan[0] == pytest.approx(0.02)
     with pytest.raises(
         ValueError, match="correction: 'bonferroni' is not allowed; choose one of holm, bh, none"
@@ -164,9 +162,8 @@ def test_equivalence_is_a_tost_against_a_stated_margin():
     family.close()
     d = np.subtract([6.30, 6.41, 6.52], [6.35, 6.47, 6.56])
     se = statistics.stdev(d) / math.sqrt(3)
-    by_hand = max(
-        sp.t.sf((d.mean() + 0.1) / se, 2), sp.t.cdf((d.mean() - 0.1) / se, 2)
-    )  # the larger one-sided p
+    # the larger one-sided p
+    by_hand = max(sp.t.sf((d.mean() + 0.1) / se, 2), sp.t.cdf((d.mean() - 0.1) / se, 2))
     assert inside.test.p == pytest.approx(by_hand)
     assert str(inside).split(": ", 1)[1].startswith("equivalent within ±0.100 (TOST")
     assert str(outside).split(": ", 1)[1].startswith("equivalence not shown (TOST")

@@ -92,13 +92,11 @@ def test_a_run_that_reaches_the_threshold_stops_at_that_check(tmp_path):
         "threshold": 0.3,
         "checks": [[2, exact]],
     }
-    assert (
-        results["step"] == status["step"] == checkpoint(tmp_path)["global_step"] == 2
-    )  # not 8, the cap
+    # not 8, the cap
+    assert results["step"] == status["step"] == checkpoint(tmp_path)["global_step"] == 2
     assert status["stopped"] == "exact_match" and status["max_steps"] == 8
-    assert exact >= 0.3 and exact == pytest.approx(
-        exact_match_by_hand(tmp_path)
-    )  # last.ckpt is the stopped model
+    # last.ckpt is the stopped model
+    assert exact >= 0.3 and exact == pytest.approx(exact_match_by_hand(tmp_path))
     frame = collect(tmp_path)
     assert frame["stopped"].tolist() == ["exact_match"] and frame["step"].tolist() == [2]
 
@@ -109,19 +107,15 @@ def test_a_run_that_cannot_reach_it_trains_to_the_cap_with_the_weights_of_a_run_
     assert train_run(load_run_config(None, HARD), tmp_path / "checked") == "done"
     stopped = read(tmp_path / "checked", "eval.json")["stopped"]
     assert stopped["reason"] == "max_steps" and stopped["step"] == 8
-    assert [step for step, _ in stopped["checks"]] == [
-        2,
-        4,
-        6,
-    ]  # none at the cap: training ends there anyway
+    # none at the cap: training ends there anyway
+    assert [step for step, _ in stopped["checks"]] == [2, 4, 6]
     assert all(exact < 1.0 for _, exact in stopped["checks"])
     unchecked = [o for o in HARD if not o.startswith("train.stop_at")]
     assert train_run(load_run_config(None, unchecked), tmp_path / "plain") == "done"
     assert "stopped" not in read(tmp_path / "plain", "eval.json")
     a, b = (checkpoint(tmp_path / d)["state_dict"] for d in ("checked", "plain"))
-    assert all(
-        torch.equal(a[k], b[k]) for k in a
-    )  # the checks draw nothing from training's generator
+    # the checks draw nothing from training's generator
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 class CrashAt(L.Callback):
@@ -137,9 +131,8 @@ def test_a_resumed_run_keeps_checking_and_ends_as_the_uninterrupted_one(tmp_path
     config = load_run_config(None, [*HARD, "train.checkpoint_every=4"])
     assert train_run(config, tmp_path / "whole") == "done"
     assert train_run(config, tmp_path / "cut", callbacks=(CrashAt(5),)) == "failed"
-    assert (
-        checkpoint(tmp_path / "cut")["global_step"] == 4
-    )  # with the checks at 2 and 4 in its state
+    # with the checks at 2 and 4 in its state
+    assert checkpoint(tmp_path / "cut")["global_step"] == 4
     assert train_run(config, tmp_path / "cut") == "done"
     assert (
         read(tmp_path / "cut", "eval.json")["stopped"]
@@ -147,9 +140,8 @@ def test_a_resumed_run_keeps_checking_and_ends_as_the_uninterrupted_one(tmp_path
     )
 
 
-@pytest.mark.parametrize(
-    "every", [8, 2]
-)  # last.ckpt of the stopping step written here / by ModelCheckpoint
+# last.ckpt of the stopping step written here / by ModelCheckpoint
+@pytest.mark.parametrize("every", [8, 2])
 def test_a_run_that_had_stopped_stops_again_at_once(tmp_path, every):
     config = load_run_config(None, [*EASY, f"train.checkpoint_every={every}"])
     assert train_run(config, tmp_path) == "done"
@@ -195,9 +187,8 @@ def test_two_processes_stop_at_the_step_one_process_stops_at(tmp_path):
     assert train_run(load_run_config(None, EASY), tmp_path / "one") == "done"
     one, two = (read(tmp_path / d, "eval.json")["stopped"] for d in ("one", "two"))
     assert two["reason"] == one["reason"] == "exact_match" and two["step"] == one["step"] == 2
-    assert two["checks"][0][1] == pytest.approx(
-        one["checks"][0][1], abs=1e-12
-    )  # 20 + 20 examples, counts summed
+    # 20 + 20 examples, counts summed
+    assert two["checks"][0][1] == pytest.approx(one["checks"][0][1], abs=1e-12)
 
 
 def test_bad_stopping_settings_are_one_line():

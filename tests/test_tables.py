@@ -96,12 +96,10 @@ def test_defaults_mean_std_count_best_and_welch(grid):
     raw, adjusted = baseline_family()
     for k in range(2):
         assert cells["alibi"][k].p_raw == pytest.approx(raw[k])
-        assert cells["alibi"][k].p == pytest.approx(
-            adjusted[k]
-        )  # corrected over both columns' tests
-        assert math.isnan(cells["xl"][k].p) and math.isnan(
-            cells["xl"][k].p_raw
-        )  # the baseline is not tested
+        # corrected over both columns' tests
+        assert cells["alibi"][k].p == pytest.approx(adjusted[k])
+        # the baseline is not tested
+        assert math.isnan(cells["xl"][k].p) and math.isnan(cells["xl"][k].p_raw)
     for k in range(2):  # stars read the adjusted p
         p = adjusted[k]
         expected = "***" if p < 0.001 else "**" if p < 0.01 else "*" if p < 0.05 else ""
@@ -167,11 +165,12 @@ def test_tables_say_the_protocol_the_attention_length_and_the_tokens(tmp_path):
     protocol_runs(tmp_path)
     table, opts = make_table(collect(tmp_path))
     assert opts.cols == ("protocol", "segment_len", "stride")
+    # the RECL setting (99.0) is left out
     assert table.columns == [
         "non_overlapping, eval len 32",
         "non_overlapping, eval len 64",
         "sliding, eval len 64, stride 16",
-    ]  # the RECL setting (99.0) is left out
+    ]
     assert [c.mean for c in table.rows[0][1]] == pytest.approx([11.0, 12.0, 10.0])
     assert "Attn len (keys per query): non_overlapping: segment_len + mem_len" in table.caption
     assert (
@@ -264,10 +263,8 @@ def test_spec_table_block_and_axis_order(tmp_path):
     )
     table, opts = make_table(collect(tmp_path / "res"))
     assert opts.metric == "loss" and opts.format == "latex"
-    assert [labels[0] for labels, _ in table.rows] == [
-        "xl",
-        "alibi",
-    ]  # spec order, not alphabetical
+    # spec order, not alphabetical
+    assert [labels[0] for labels, _ in table.rows] == ["xl", "alibi"]
     assert table.rows[0][1][0].mean == pytest.approx(math.log(10.0))
     table, opts = make_table(collect(tmp_path / "res"), TableOptions(metric="ppl", format="csv"))
     assert opts.metric == "ppl" and opts.format == "csv"  # the command line wins over the spec
@@ -369,9 +366,8 @@ def test_csv_has_numbers(grid):
     assert pd.isna(frame.loc["xl", "eval len 32 p"]) and frame.loc["alibi", "eval len 32 p"] < 0.01
     raw, adjusted = baseline_family()
     for k, column in enumerate(("eval len 32", "eval len 64")):
-        assert frame.loc["alibi", f"{column} p"] == pytest.approx(
-            adjusted[k]
-        )  # the family-adjusted p
+        # the family-adjusted p
+        assert frame.loc["alibi", f"{column} p"] == pytest.approx(adjusted[k])
         assert frame.loc["alibi", f"{column} p raw"] == pytest.approx(raw[k])
         assert pd.isna(frame.loc["xl", f"{column} p raw"])
 
@@ -380,10 +376,8 @@ def xl_runs(root):
     """XL-Table-6 style runs: recurrence x encoding x loss, attention lengths via evaluation mem_len."""
     spec = {  # (mem_len, encoding, loss_on): [ppl per evaluation mem_len 0, 16, 32] per seed
         (16, "ours", "full"): [[30.0, 27.0, 26.5], [30.4, 27.2, 26.7]],
-        (16, "shaw", "full"): [
-            [31.0, 28.0, 28.0],
-            [31.2, 28.2, 28.2],
-        ],  # tie at 32/48: shortest wins
+        # tie at 32/48: shortest wins
+        (16, "shaw", "full"): [[31.0, 28.0, 28.0], [31.2, 28.2, 28.2]],
         (0, "ours", "half"): [[29.0, 29.5, 30.0], [29.2, 29.9, 30.4]],
     }
     encodings = {
@@ -437,9 +431,8 @@ def test_xl_table6_layout(tmp_path):
     assert rows[("✓", "ours", "Full")][1].best and rows[("✓", "ours", "Full")][
         1
     ].mean == pytest.approx(26.6)
-    assert (
-        rows[("✓", "ours", "Full")][0].best and not rows[("✗", "ours", "Half")][0].best
-    )  # 27.1 < 28.1 < 29.1
+    # 27.1 < 28.1 < 29.1
+    assert rows[("✓", "ours", "Full")][0].best and not rows[("✗", "ours", "Half")][0].best
     latex = render(table, "latex")
     assert r"\checkmark" in latex and r"$\times$" in latex
 
@@ -468,9 +461,8 @@ def test_xl_table6_compares_the_xl_protocol_settings(tmp_path):
         )
     table, _ = make_table(collect(tmp_path), TableOptions(layout="xl_table6"))
     rows = {labels[0]: values for labels, values in table.rows}
-    assert (
-        rows["✓"][0].mean == 8.0 and rows["✓"][1].mean == 8.0 and rows["✓"][2] == "32"
-    )  # init at attn 16 + 16
+    # init at attn 16 + 16
+    assert rows["✓"][0].mean == 8.0 and rows["✓"][1].mean == 8.0 and rows["✓"][2] == "32"
     assert rows["✗"][0].mean == 10.0  # init: its training attention length, 16
     assert rows["✗"][1].mean == 9.5 and rows["✗"][2] == "32"  # never the non_overlapping 1.0
     assert (

@@ -109,9 +109,8 @@ def test_stream_evaluation_records_the_diagnostics_of_its_own_batches(tmp_path):
     module = build_datamodule(config)
     for setting, record in zip(config.eval_settings(), results["settings"]):
         sums, count = torch.zeros(4, 2, 2, dtype=torch.float64), 0.0
-        for inputs, _, mask, _ in module.eval_dataloader(
-            setting
-        ):  # no memory: segments are independent
+        # no memory: segments are independent
+        for inputs, _, mask, _ in module.eval_dataloader(setting):
             with torch.no_grad():
                 model(
                     inputs,
@@ -128,9 +127,8 @@ def test_stream_evaluation_records_the_diagnostics_of_its_own_batches(tmp_path):
                 rtol=1e-5,
                 atol=1e-6,
             )
-    assert (
-        max(max(layer) for layer in results["settings"][0]["diagnostics"]["unseen"]) == 0.0
-    )  # at the training length
+    # at the training length
+    assert max(max(layer) for layer in results["settings"][0]["diagnostics"]["unseen"]) == 0.0
 
 
 def test_randomized_positions_train_and_evaluate_an_example_task(tmp_path):

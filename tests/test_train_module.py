@@ -136,9 +136,8 @@ def test_eval_json_matches_an_independent_evaluation(tmp_path):
         assert record["metrics"]["loss"] == pytest.approx(loss, rel=1e-5)
         assert record["metrics"]["acc"] == pytest.approx(acc)
         assert record["metrics"]["tokens"] == count
-        attn_len = (
-            mem_len if same_length else segment_len + mem_len
-        )  # xl: every query sees mem_len keys
+        # xl: every query sees mem_len keys
+        attn_len = mem_len if same_length else segment_len + mem_len
         assert (record["mem_len"], record["attn_len"]) == (mem_len, attn_len)
 
 

@@ -16,6 +16,7 @@ from test_train_module import tiny
 
 
 def test_plain_loop_matches_the_lightning_loop_step_by_step(tmp_path):
+    # 10 segments: the streams restart twice
     cfg = tiny(
         "model.mem_len=8",
         "data.train_tokens=160",
@@ -23,7 +24,7 @@ def test_plain_loop_matches_the_lightning_loop_step_by_step(tmp_path):
         "train.log_every=1",
         "train.grad_clip=0.5",
         "train.loss_on=half",
-    )  # 10 segments: the streams restart twice
+    )
     assert train_run(cfg, tmp_path) == "done"
     with open(tmp_path / "metrics.csv", newline="") as f:
         lightning_losses = [float(row["train_loss"]) for row in csv.DictReader(f)]

@@ -123,9 +123,8 @@ def test_resume_continues_the_steps_and_keeps_earlier_metrics(tmp_path, stop, st
 
     at_start = StatusAtStart()
     assert train_run(cfg, tmp_path, callbacks=(seen, at_start)) == "done"
-    assert (
-        at_start.status["state"] == "running" and at_start.status["step"] == resume_step
-    )  # not 17
+    # not 17
+    assert at_start.status["state"] == "running" and at_start.status["step"] == resume_step
     rows = read_metrics(tmp_path)
     steps = [int(r["step"]) for r in rows]
     assert steps == list(range(30))  # nothing lost, nothing twice
@@ -160,10 +159,8 @@ def uninterrupted(tmp_path_factory):
     [
         (crash, ("model.attention.positions=randomized", "model.attention.max_position=64")),
         (sigterm, ("model.attention.positions=randomized", "model.attention.max_position=64")),
-        (
-            crash,
-            ("model.mem_len=8",),
-        ),  # resumed at step 10, between the stream restarts at 0 and 12
+        # resumed at step 10, between the stream restarts at 0 and 12
+        (crash, ("model.mem_len=8",)),
     ],
 )
 def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(
@@ -203,9 +200,8 @@ def test_non_finite_loss_fails_the_run_naming_the_step(tmp_path):
 
     assert train_run(short(), tmp_path, callbacks=(At(3, poison),)) == "failed"
     status = read(tmp_path, "status.json")
-    assert (
-        status["reason"] == "non-finite loss at step 3"
-    )  # the first step that ran on the NaN weights
+    # the first step that ran on the NaN weights
+    assert status["reason"] == "non-finite loss at step 3"
     assert "NonFiniteLoss" in status["traceback"]
 
 
@@ -260,9 +256,8 @@ def test_validation_during_training_is_logged(tmp_path):
 def test_cli_runs_from_the_run_dir_config_and_exits_by_state(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(
-        yaml.safe_dump(to_plain(short()))
-    )  # as the grid runner writes it
+    # as the grid runner writes it
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_plain(short())))
     assert main(["train", "--run-dir", str(run_dir), "--threads", "1"]) == 0
     assert "acc" in capsys.readouterr().out and read(run_dir, "status.json")["state"] == "done"
     assert main(["train", "--run-dir", str(run_dir)]) == 0
@@ -320,9 +315,8 @@ def test_cli_ctrl_c_says_the_run_is_interrupted_and_how_to_resume(tmp_path, caps
         "train_run",
         lambda config, run_dir, **kw: train_run(config, run_dir, callbacks=(At(2, ctrl_c),), **kw),
     )
-    handler = signal.getsignal(
-        signal.SIGINT
-    )  # Lightning ignores further Ctrl-C while it shuts down
+    # Lightning ignores further Ctrl-C while it shuts down
+    handler = signal.getsignal(signal.SIGINT)
     try:
         assert main(text_run(tmp_path)) == 1
     finally:
@@ -428,7 +422,6 @@ def test_help_lists_every_config_field_with_its_default(capsys):
     text = capsys.readouterr().out
     for path, default, _doc in describe(RunConfig):
         assert f"{path} = {default}" in text
-    for field in dataclasses.fields(
-        EvalSetting
-    ):  # every field of an evaluation setting, none left out
+    # every field of an evaluation setting, none left out
+    for field in dataclasses.fields(EvalSetting):
         assert f"eval.settings[i].{field.name} = " in text, field.name

@@ -131,9 +131,8 @@ def test_without_the_module_on_the_path_the_error_names_it_once(in_work_dir, cap
     }
     (in_work_dir / "grid.yaml").write_text(yaml.safe_dump(spec))
     assert main(["grid", "grid.yaml", "--dry-run"]) == 2
-    problems = capsys.readouterr().err.splitlines()[
-        1:
-    ]  # after the headline: the import, then what it left unknown
+    # after the headline: the import, then what it left unknown
+    problems = capsys.readouterr().err.splitlines()[1:]
     assert problems[0].startswith(
         "error: base.imports[0]: cannot import 'my_schemes' (ModuleNotFoundError"
     )

@@ -95,9 +95,8 @@ def ladder_frame(ppl: dict = PPL) -> pd.DataFrame:
 
 
 def test_each_model_is_read_the_way_it_was_trained():
-    assert (
-        ladder_ppl(ladder_frame()) == PPL
-    )  # never the other kind's 99, never the non_overlapping 42
+    # never the other kind's 99, never the non_overlapping 42
+    assert ladder_ppl(ladder_frame()) == PPL
     # the same numbers keyed by the run each comes from: what pairs a model's values at two attention lengths
     assert ladder_samples(ladder_frame()) == {
         (encoding, memory, loss): {
@@ -178,9 +177,8 @@ def test_table6_report_by_hand():
         "stated only where the adjusted p < 0.05."
     ) in text
     assert "- vaswani, no memory, half loss: best at its training attention length, c = 16" in text
-    assert (
-        "Shaw" not in text.split("Comparisons")[1].split("Longer")[0]
-    )  # no Shaw rows: no Shaw comparison
+    # no Shaw rows: no Shaw comparison
+    assert "Shaw" not in text.split("Comparisons")[1].split("Longer")[0]
     # every model is best at its training attention length: nothing to test in the second family
     longer = text.split("Longer attention")[1]
     assert (
@@ -372,9 +370,8 @@ def test_the_context_figure_draws_each_model_the_way_it_was_trained(tmp_path):
     from relpos_ablate.studies.xl.figures import context_figure, save_context_figure
 
     fig = context_figure(ladder_frame(), train_segment=16)
-    panels = fig.axes[
-        :3
-    ]  # with memory; no memory, relative; no memory, absolute: each on its own linear scale
+    # with memory; no memory, relative; no memory, absolute: each on its own linear scale
+    panels = fig.axes[:3]
     where = {
         line.get_label(): k
         for k, panel in enumerate(panels)

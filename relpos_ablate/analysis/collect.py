@@ -92,9 +92,8 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
     config = _read_mapping(run_dir / rundir.CONFIG, problems, required=True) or {}
     row: dict[str, Any] = {
         "run_id": meta.get("run_id", run_dir.name),
-        "experiment": meta.get(
-            "experiment"
-        ),  # none for a run trained by `train` alone: its folder is no experiment
+        # none for a run trained by `train` alone: its folder is no experiment
+        "experiment": meta.get("experiment"),
         "status": status.get("state", "unknown"),
         "reason": status.get("reason"),
         "seed": config.get("seed", np.nan),
@@ -111,9 +110,8 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
         problems.append(f"{run_dir / rundir.RUN_INFO}: 'variant' is not a mapping; ignored")
         variant = {}
     for axis, value in variant.items():
-        if (
-            axis not in config_columns and axis not in row
-        ):  # a config path as axis: the resolved value wins
+        # a config path as axis: the resolved value wins
+        if axis not in config_columns and axis not in row:
             row[axis] = json.dumps(value) if isinstance(value, (list, dict)) else value
     row.update(config_columns)
     row["_variant_axes"] = [a for a in variant if a != "seed"]
@@ -140,12 +138,10 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
         if not isinstance(metrics, dict):
             problems.append(f"{path}: settings[{k}] has no 'metrics' mapping; ignored")
             continue
-        row = {
-            name: rundir.record_value(setting, name, data) for name in SETTING_FIELDS
-        }  # older files: defaults
-        row["eval_setting"] = (
-            k  # its place in eval.json: loss by position and token losses are found by it
-        )
+        # older files: defaults
+        row = {name: rundir.record_value(setting, name, data) for name in SETTING_FIELDS}
+        # its place in eval.json: loss by position and token losses are found by it
+        row["eval_setting"] = k
         row["token_losses"] = setting.get("token_losses")
         # fields a setting record adds (e.g. an example task's length_min, length_max, depth), as written
         row.update(

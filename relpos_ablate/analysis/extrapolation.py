@@ -339,9 +339,8 @@ def _format_axes(ax, layout: Layout, limits) -> None:
     if log:
         ax.set_yscale("log")
         ticks: list[float] = []
-        for tick in (
-            t for t in TICKS if low <= t <= high
-        ):  # at most ~8, evenly spread on the log scale
+        # at most ~8, evenly spread on the log scale
+        for tick in (t for t in TICKS if low <= t <= high):
             if not ticks or math.log(tick / ticks[-1]) >= math.log(high / low) / 8:
                 ticks.append(tick)
         ax.yaxis.set_major_locator(FixedLocator(ticks))

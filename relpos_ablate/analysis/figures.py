@@ -153,16 +153,16 @@ def draw_bias_curves(
                 "*inspect_sample(model, tokens, segment_len, mem_len))",
             )
         mean, slope = decays[id(attn)]
-        distances = distances[
-            (distances >= 0) & (distances < mean.shape[1])
-        ]  # the sample's distances
+        # the sample's distances
+        distances = distances[(distances >= 0) & (distances < mean.shape[1])]
         curves = mean[:, distances]
         labels = [f"head {h}: mean log f = {s:.2f}" for h, s in enumerate(slope)]
     else:
         with torch.no_grad():
+            # (H, n)
             curves = (
                 attn.bias_curve(torch.as_tensor(distances), source=source).float().cpu().numpy()
-            )  # (H, n)
+            )
         labels = [f"head {h}" for h in range(len(curves))]
     colors = _head_colors(len(curves))
     for h, curve in enumerate(curves):

@@ -64,9 +64,8 @@ def make_table(
     check_choice("layout", name, known)
     data = apply_where(df if known[name].reads_token_losses else table_settings(df), merged.where)
     resolved = resolve_options(data, options, spec)
-    if (
-        resolved.best_over
-    ):  # each row at its own best value of a key: a grid table of the chosen runs
+    # each row at its own best value of a key: a grid table of the chosen runs
+    if resolved.best_over:
         if name != "grid":
             raise ConfigError(
                 "best_over",

@@ -95,9 +95,8 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
     shared by every panel. Sliding panels start where every window scores (first_window_only)."""
     spec = read_spec(df)
     options = resolve_options(table_settings(df), TableOptions(metric="loss"), spec)
-    data = apply_where(
-        table_settings(df), options.where
-    )  # the spec's table: where (e.g. full-target settings)
+    # the spec's table: where (e.g. full-target settings)
+    data = apply_where(table_settings(df), options.where)
     rows = list(options.rows)
     frame = position_frame(finished(data, "loss")).dropna(subset=["position_loss"])
     frame = frame[~first_window_only(frame)]
@@ -113,17 +112,15 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
             f"no loss by position in these runs' {rundir.EVAL} (evaluated before it was recorded?)",
         )
     frame["_panel"] = [row_key(r, list(PANEL_KEYS)) for _, r in frame.iterrows()]
-    if (
-        "rope_scaling" in frame and frame["rope_scaling"].notna().any()
-    ):  # RoPE extended: a line of its own
+    # RoPE extended: a line of its own
+    if "rope_scaling" in frame and frame["rope_scaling"].notna().any():
         rows = rows + ["rope_scaling"]
     frame["_variant"] = [row_key(r, rows) for _, r in frame.iterrows()]
     panels = sorted(set(frame["_panel"]), key=lambda k: sort_key(k, list(PANEL_KEYS), {}))
     protocols = list(dict.fromkeys(p[0] for p in panels))
     ncols = max(sum(p[0] == name for p in panels) for name in protocols)
-    fig = Figure(
-        figsize=(4.2 * ncols + 2.2, 3.6 * len(protocols) + 0.8), layout="constrained"
-    )  # + the legend
+    # + the legend
+    fig = Figure(figsize=(4.2 * ncols + 2.2, 3.6 * len(protocols) + 0.8), layout="constrained")
     axes = fig.subplots(len(protocols), ncols, squeeze=False, sharey=True)
     orders = axis_orders(spec)
     variants = sorted(set(frame["_variant"]), key=lambda k: sort_key(k, rows, orders))

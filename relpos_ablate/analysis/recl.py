@@ -99,9 +99,8 @@ def recl(frame: pd.DataFrame, r: float, threshold: float = THRESHOLD) -> pd.Data
     full = pd.MultiIndex.from_product([models, contexts], names=["model", "context"])
     cube = cube.reindex(full)
     values = cube.to_numpy().reshape(len(models), len(contexts), -1)  # (models, contexts, targets)
-    values = values[
-        :, :, ~np.isnan(values).any(axis=(0, 1))
-    ]  # targets every model scored at every context
+    # targets every model scored at every context
+    values = values[:, :, ~np.isnan(values).any(axis=(0, 1))]
     if len(contexts) < 2 or values.shape[2] == 0:
         raise ConfigError(
             "recl",

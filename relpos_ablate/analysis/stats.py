@@ -112,9 +112,8 @@ def compare(a: Sample, b: Sample) -> Test | None:
     MIN_SEEDS values (pairs) or the values do not vary (no spread: no t statistic). Samples that share only
     some units (a run missing one of the two measurements) are paired over the units they share; NaN values
     count as missing."""
-    with (
-        warnings.catch_warnings()
-    ):  # near-identical seeds: scipy warns of precision loss, the test stands
+    # near-identical seeds: scipy warns of precision loss, the test stands
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return _compare(_finite(a), _finite(b))
 

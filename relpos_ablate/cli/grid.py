@@ -232,9 +232,8 @@ def slots_for(args: argparse.Namespace) -> list:
     if args.devices is not None:
         devices = _visible(_parse_devices(args.devices), visible)
     elif visible:
-        devices = _group_devices(
-            list(range(visible // group * group)), group
-        )  # whole groups of the visible GPUs
+        # whole groups of the visible GPUs
+        devices = _group_devices(list(range(visible // group * group)), group)
     else:
         if args.runs_per_device is not None or args.gpus_per_run is not None:
             flag = "--runs-per-device" if args.runs_per_device is not None else "--gpus-per-run"

@@ -414,9 +414,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
         from relpos_ablate.studies import figure
 
         written, notes = figure(args.kind)(_frame(args.target), out, formats, args)
-    elif (
-        args.kind == "extrapolation"
-    ):  # from the runs, or from the summary.csv collect wrote of them
+    # from the runs, or from the summary.csv collect wrote of them
+    elif args.kind == "extrapolation":
         written, notes = plots.save_extrapolation(
             _frame(args.target),
             out,

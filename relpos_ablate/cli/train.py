@@ -74,9 +74,8 @@ def config_help() -> str:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    started = (
-        time.monotonic()
-    )  # before torch loads: the run's wall time counts the command's start-up
+    # before torch loads: the run's wall time counts the command's start-up
+    started = time.monotonic()
     from relpos_ablate.cli import UsageError, check_dir_arg
 
     if args.threads is not None and args.threads < 1:

@@ -126,9 +126,8 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
     rows = []
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
-    choices = getattr(
-        cls, "field_choices", lambda name: None
-    )  # lists that live in a registry, not the source
+    # lists that live in a registry, not the source
+    choices = getattr(cls, "field_choices", lambda name: None)
     for f in dataclasses.fields(cls):
         path, tp = f"{prefix}{f.name}", hints[f.name]
         if dataclasses.is_dataclass(tp):
@@ -282,20 +281,20 @@ def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
                 ConfigError(_join(prefix, key), f"unknown key; {hint}allowed: {', '.join(names)}")
             )
     before_fields = getattr(cls, "before_fields", None)
-    if (
-        before_fields is not None
-    ):  # RunConfig imports the modules under `imports:` before validating the rest
+    # RunConfig imports the modules under `imports:` before validating the rest
+    if before_fields is not None:
         try:
             before_fields(data, prefix)
         except ConfigError as err:  # the rest cannot be checked without those modules: stop here
             raise_all(errors + [err])
     missing = dataclasses.MISSING
     required = [f.name for f in fields if f.default is missing and f.default_factory is missing]
+    # a misspelt required key is one error
     errors += [
         ConfigError(_join(prefix, name), "missing; this field has no default")
         for name in required
         if name not in data and name not in meant
-    ]  # a misspelt required key is one error
+    ]
     kwargs, conversion_errors = _convert_each(
         {
             key: (hints[key], value, _join(prefix, key))

@@ -224,9 +224,8 @@ class DataConfig:
                 f"(variable_hops + 1)); use num_keys >= {names}",
             )
         if self.task == "niah_multiquery":
-            check_range(
-                "niah_queries", self.niah_queries, 1, self.niah_keys
-            )  # asks keys that are hidden
+            # asks keys that are hidden
+            check_range("niah_queries", self.niah_queries, 1, self.niah_keys)
         distinct = {"niah_multivalue": "niah_values", "variable_tracking": "variable_chains"}.get(
             self.task
         )
@@ -256,12 +255,13 @@ class DataConfig:
     def sequence_length(self, n: int) -> int:
         """Tokens of one example of task length n, <bos> included (train/data/examples.py lays them out)."""
         queries, digits = min(self.mqar_queries, n), self.passkey_digits
+        # <key> k v
         needle, keys, values, asked = (
             digits + 2,
             self.niah_keys,
             self.niah_values,
             self.niah_queries,
-        )  # <key> k v
+        )
         hops, regions = self.variable_hops, self.counting_regions
         chain = digits + 2 + 3 * hops  # <key> X1 v, then <key> X_i+1 X_i per hop
         return {

@@ -379,9 +379,8 @@ def unsupported(config: RunConfig, setting: EvalSetting) -> tuple[str, str] | No
             f"learned absolute positions cover {a.max_position} tokens "
             f"(model.attention.max_position); segment_len {setting.segment_len} does not fit"
         )
-    if (
-        setting.rope_scaling is not None
-    ):  # it extends the RoPE layers; a layer with xPos has no published form
+    # it extends the RoPE layers; a layer with xPos has no published form
+    if setting.rope_scaling is not None:
         conflicts = [rope_scaling_conflict(layer) for layer in config.model.layer_attentions]
         xpos = [
             c
@@ -431,9 +430,8 @@ def resolve_log_n_length(config: RunConfig) -> RunConfig:
     scaled = any(
         layer.score_scale in LENGTH_AWARE_SCALES for layer in config.model.layer_attentions
     )
-    if (
-        not scaled or attention.log_n_length
-    ):  # a layer kind takes log_n_length from the model's attention
+    # a layer kind takes log_n_length from the model's attention
+    if not scaled or attention.log_n_length:
         return config
     attention = dataclasses.replace(attention, log_n_length=max(2, config.train_attn_len))
     return dataclasses.replace(config, model=dataclasses.replace(config.model, attention=attention))

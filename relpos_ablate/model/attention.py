@@ -63,15 +63,8 @@ from relpos_ablate.model.sinks import Sinks
 from relpos_ablate.model.stick_breaking import stick_breaking
 from relpos_ablate.model.temperature import Temperature, tuned_temperature
 
-TERM_ORDER = (
-    "a",
-    "b",
-    "c",
-    "d",
-    "bias",
-    "decay",
-    "cope",
-)  # the score terms as the module docstring sums them
+# the score terms as the module docstring sums them
+TERM_ORDER = ("a", "b", "c", "d", "bias", "decay", "cope")
 
 
 def init_vector(n_heads: int, d_head: int) -> nn.Parameter:
@@ -108,13 +101,11 @@ class RelPosAttention(nn.Module):
         # Only what a score term reads is built (terms c, d alone read neither q nor k): DDP with its default
         # find_unused_parameters=False stops at a parameter that gets no gradient.
         self.q_net = nn.Linear(d_model, inner, bias=False) if config.reads_queries else None
-        self.kv_net = nn.Linear(
-            d_model, (2 if config.reads_keys else 1) * inner, bias=False
-        )  # [W_k;] W_v
+        # [W_k;] W_v
+        self.kv_net = nn.Linear(d_model, (2 if config.reads_keys else 1) * inner, bias=False)
         self.out_net = nn.Linear(inner, d_model, bias=False)
-        self.r_net = (
-            nn.Linear(d_model, inner, bias=False) if config.uses_r else None
-        )  # W_R (paper's W_{k,R})
+        # W_R (paper's W_{k,R})
+        self.r_net = nn.Linear(d_model, inner, bias=False) if config.uses_r else None
         rows = table_rows(config.clamp_len, config.causal) if config.rel == "learned" else 0
         self.r_table = (
             nn.Parameter(torch.randn(rows, d_model) * 0.02) if rows and config.uses_r else None
@@ -172,9 +163,8 @@ class RelPosAttention(nn.Module):
         """scale·W_R R_d per head: [n] -> [H, n, dh], a view of the [n, H·dh] product (the scale multiplies
         W_R, not the product: one [n, H·dh] tensor in memory, and its transposed view is what the kernels'
         products read)."""
-        r = F.linear(
-            self.relative_vectors(distances, clamp_len), self.r_net.weight * scale
-        )  # (n, H·dh)
+        # (n, H·dh)
+        r = F.linear(self.relative_vectors(distances, clamp_len), self.r_net.weight * scale)
         return r.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # (n, H, dh) -> (H, n, dh)
 
     def _term_d(self, rel_keys: Tensor) -> Tensor:
@@ -276,11 +266,8 @@ class RelPosAttention(nn.Module):
         """The tensors every query block reads — s·W_R R_d (term b's keys), term d, the scores of distance alone
         (a distance-only bias; on the kernels with term d without b) — and a query-dependent bias
         (pair_bias: the scheme, its curve's end)."""
-        terms, scheme, distances = (
-            self.config.terms,
-            self.bias_scheme,
-            placed["distances"],
-        )  # (n,) descending
+        # (n,) descending
+        terms, scheme, distances = (self.config.terms, self.bias_scheme, placed["distances"])
         rel_keys = term_d = distance_scores = pair_bias = None
         if self.config.uses_r:
             rel_keys = self.projected_relative(distances, clamp_len, self.scale)  # (H, n, dh)
@@ -312,16 +299,14 @@ class RelPosAttention(nn.Module):
             if curve and dtype is not None and term_d is None and not placed.get("drawn_distances")
             else None
         )
-        if (
-            dtype is not None and term_d is not None and pair_bias is None
-        ):  # the kernels: one curve per distance
+        # the kernels: one curve per distance
+        if dtype is not None and term_d is not None and pair_bias is None:
             distance_scores, term_d = (
                 term_d if distance_scores is None else term_d + distance_scores,
                 None,
             )
-        if (
-            dtype is not None
-        ):  # the fast kernels: their dtype; term b's keys only where term b reads them
+        # the fast kernels: their dtype; term b's keys only where term b reads them
+        if dtype is not None:
             rel_keys = rel_keys.to(dtype) if rel_keys is not None and "b" in terms else None
             distance_scores = None if distance_scores is None else distance_scores.to(dtype)
             term_d = None if term_d is None else term_d.to(dtype)
@@ -373,17 +358,17 @@ class RelPosAttention(nn.Module):
         Llama 4's temperature tuning scales q (at tuned_positions [B, L], else the queries' positions). A
         query or key that no enabled term reads is not projected: zeros stand in (they add 0 to every score)."""
         b, lq, _ = x.shape
-        kv = self.kv_net(keys_input).view(
-            b, keys_input.shape[1], -1, self.n_heads, self.d_head
-        )  # (B, K, 2 or 1, H, dh)
+        # (B, K, 2 or 1, H, dh)
+        kv = self.kv_net(keys_input).view(b, keys_input.shape[1], -1, self.n_heads, self.d_head)
         # contiguous once, so that the key prefix each query block reads is a view, not a copy
         *k, v = kv.permute(2, 0, 3, 1, 4).contiguous()  # [k,] v: (B, H, K, dh)
         k = k[0] if k else torch.zeros_like(v)
+        # (B, L, H, dh) -> (B, H, L, dh)
         q = (
             v.new_zeros(b, self.n_heads, lq, self.d_head)
             if self.q_net is None
             else self.q_net(x).view(b, lq, self.n_heads, self.d_head).transpose(1, 2)
-        )  # (B, L, H, dh) -> (B, H, L, dh)
+        )
         conflict = None if rope_scaling is None else rope_scaling_conflict(self.config)
         if conflict:
             raise ValueError(f"rope_scaling: {rope_scaling.kind} {conflict}")
@@ -402,12 +387,10 @@ class RelPosAttention(nn.Module):
                 rotating_pairs(cfg, d_rot),
             )
         if self.config.temperature_tuning:
-            at = (
-                placed["query_positions"][None] if tuned_positions is None else tuned_positions
-            )  # (B or 1, L)
-            q = (
-                q * tuned_temperature(at, self.config).to(q.dtype)[:, None, :, None]
-            )  # (B, H, L, dh) × (B, 1, L, 1)
+            # (B or 1, L)
+            at = placed["query_positions"][None] if tuned_positions is None else tuned_positions
+            # (B, H, L, dh) × (B, 1, L, 1)
+            q = q * tuned_temperature(at, self.config).to(q.dtype)[:, None, :, None]
         return q, k, v
 
     def scores(
@@ -436,17 +419,15 @@ class RelPosAttention(nn.Module):
             out = {name: t * scale for name, t in out.items()}
         # the additive terms (b: s·q_i·W_R R_d, d: s·v·W_R R_d, the bias, FoX's decay, CoPE), as every kernel
         # builds them: term b's query is λ·q (not q + v: d is its own term here)
-        q_position = (
-            None if "b" not in terms else q_b if scale is None else q_b * scale
-        )  # the block's rows only
+        # the block's rows only
+        q_position = None if "b" not in terms else q_b if scale is None else q_b * scale
         q_content = (
             self.folded_queries(q, call)[0][:, :, rows] if self.contextual is not None else None
         )
         inputs = call.block_inputs(blk, call.inputs)._replace(q_position=q_position)
         out.update(call.additive_terms(blk, inputs, q_content, k_b))
-        return {
-            name: out[name] for name in TERM_ORDER if name in out
-        }  # the equation's order: a, b, c, d, ...
+        # the equation's order: a, b, c, d, ...
+        return {name: out[name] for name in TERM_ORDER if name in out}
 
     def score_sum(self, maps: dict[str, Tensor], visible: Tensor) -> Tensor:
         """The scores of the equation: the terms summed, or with DAPE X + B + f([X; B]) (X: every term but
@@ -463,9 +444,8 @@ class RelPosAttention(nn.Module):
         if "a" in terms:
             q_content = q + u[:, None] if u is not None else q  # (B, H, L, dh) + (H, 1, dh)
         elif u is not None:
-            q_content = (
-                u[None, :, None].expand_as(q).contiguous()
-            )  # a stride-0 query keeps SDPA off its flash kernel
+            # a stride-0 query keeps SDPA off its flash kernel
+            q_content = u[None, :, None].expand_as(q).contiguous()
         else:
             q_content = torch.zeros_like(q)
         q_position = (q + v[:, None] if v is not None else q) if "b" in terms else None
@@ -531,9 +511,8 @@ class RelPosAttention(nn.Module):
                 None,
             )
         b, _, lq, _ = out.shape
-        out = out.transpose(1, 2).reshape(
-            b, lq, self.n_heads * self.d_head
-        )  # (B, H, L, dh) -> (B, L, H·dh)
+        # (B, H, L, dh) -> (B, L, H·dh)
+        out = out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head)
         return self.out_net(out), probs if need_weights else None
 
     def _explicit(
@@ -598,9 +577,8 @@ class RelPosAttention(nn.Module):
         """Each enabled term of 'a', 'b', 'c', 'd', 'bias', 'decay', 'cope' as its own [B, H, L, M + L] map,
         scaled as it enters the scores, plus 'visible' (bool [L, M + L], or [B, 1, L, M + L] with key padding)."""
         options = options or AttentionOptions()
-        if (
-            self.config.chunk is not None
-        ):  # per chunk, as forward computes them; nothing outside the chunks
+        # per chunk, as forward computes them; nothing outside the chunks
+        if self.config.chunk is not None:
             chunks = Chunks(
                 self.config.chunk,
                 x.shape[1],
@@ -614,9 +592,8 @@ class RelPosAttention(nn.Module):
                 visible.expand(x.shape[0] * chunks.count, 1, *visible.shape[-2:]), fill=False
             )
             return {
-                **{
-                    name: chunks.scatter(t) for name, t in maps.items()
-                },  # (B·n, 1, C, C) -> (B, 1, L, M + L)
+                # (B·n, 1, C, C) -> (B, 1, L, M + L)
+                **{name: chunks.scatter(t) for name, t in maps.items()},
                 "visible": visible if options.key_padding_mask is not None else visible[0, 0],
             }
         return self._score_terms(x, mems, options)

@@ -50,9 +50,8 @@ class Chunks:
     def merge(self, t: Tensor) -> Tensor:
         """[B·n, C, ...] -> [B, L, ...]."""
         b = t.shape[0] // self.count
-        return t.reshape(b, self.count * self.size, *t.shape[2:])[
-            :, : self.n_queries
-        ]  # (B, n·C, ...) -> (B, L, ...)
+        # (B, n·C, ...) -> (B, L, ...)
+        return t.reshape(b, self.count * self.size, *t.shape[2:])[:, : self.n_queries]
 
     def query_positions(self, x: Tensor) -> Tensor:
         """[B·n, C]: where the queries of x [B, L, ...] sit in the whole call (M .. M + L - 1), split like them:
@@ -69,15 +68,13 @@ class Chunks:
             )
         padding = options.key_padding_mask
         if padding is not None:
-            padding = self.split(
-                padding[:, self.n_mem :], fill=True
-            )  # (B, M + L) -> (B·n, C): memory is not seen
+            # (B, M + L) -> (B·n, C): memory is not seen
+            padding = self.split(padding[:, self.n_mem :], fill=True)
         statistics = options.statistics
         if statistics is not None:
             target = statistics.target
-            weights = self.split(
-                target.query_weight, fill=0
-            )  # (B, L) -> (B·n, C): padded queries weigh 0
+            # (B, L) -> (B·n, C): padded queries weigh 0
+            weights = self.split(target.query_weight, fill=0)
             chunked = AttentionStatistics(
                 target.sums.shape[1],
                 target.sums.shape[2],

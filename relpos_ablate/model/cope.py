@@ -46,9 +46,8 @@ class ContextualPositions(nn.Module):
 
     def __init__(self, n_positions: int, d_head: int):
         super().__init__()
-        self.embeddings = nn.Parameter(
-            torch.zeros(n_positions, d_head)
-        )  # (p_max, dh), zeros as the authors
+        # (p_max, dh), zeros as the authors
+        self.embeddings = nn.Parameter(torch.zeros(n_positions, d_head))
 
     @staticmethod
     def gates_and_counts(
@@ -64,9 +63,8 @@ class ContextualPositions(nn.Module):
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
             gates = torch.sigmoid(logits * scale) * visible  # (B, H, L, K); unseen keys count 0
-            return gates, gates.flip(-1).cumsum(-1).flip(
-                -1
-            )  # from key j to the last key (later ones: 0)
+            # from key j to the last key (later ones: 0)
+            return gates, gates.flip(-1).cumsum(-1).flip(-1)
         # no graph (the block kernel's forward): the same in the product's own buffer, per block on a hot path
         gates = ContextualPositions._gates(q, k, scale)
         gates = gates.tril_(diagonal) if diagonal is not None else gates.masked_fill_(~visible, 0.0)
@@ -108,23 +106,22 @@ class ContextualPositions(nn.Module):
         if k.shape[2] < 2 * positions:
             return None
         threshold, rows = positions - 1 + COUNT_MARGIN, rows or max(16, 2 * positions)
-        wide = torch.promote_types(
-            q.dtype, torch.float32
-        )  # the block kernel's gates read fp32 q and k (bf16 widened)
+        # the block kernel's gates read fp32 q and k (bf16 widened)
+        wide = torch.promote_types(q.dtype, torch.float32)
         q, k = q.to(wide), k.to(wide)
-        width = (
-            -(-2 * positions // BAND_CHUNK) * BAND_CHUNK
-        )  # the keys before a block's first query its tile covers
+        # the keys before a block's first query its tile covers
+        width = -(-2 * positions // BAND_CHUNK) * BAND_CHUNK
         band = 1
         with torch.no_grad():
             for i0 in range(0, n_queries, rows):
                 i1 = min(i0 + rows, n_queries)
                 first, q_b, row = n_mem + i0, q[:, :, i0:i1], torch.arange(i1 - i0, device=q.device)
+                # keys to i'
                 own = (
                     self._gates(q_b, k[:, :, first : n_mem + i1], scale)
                     .tril_()
                     .sum(-1, keepdim=True)
-                )  # keys to i'
+                )
                 while True:
                     k0 = first - width
                     tile = self._gates(q_b, k[:, :, max(0, k0) : first], scale)
@@ -143,12 +140,10 @@ class ContextualPositions(nn.Module):
                     if k0 <= 0 or bool(reached.all()):
                         break
                     width *= 2
-                chunks = (
-                    passed.to(torch.uint8).argmax(-1) + 1
-                )  # to the far edge of the first chunk that passes
-                reach = torch.where(
-                    reached, row + BAND_CHUNK * chunks, first + row + 1
-                )  # (else the whole row)
+                # to the far edge of the first chunk that passes
+                chunks = passed.to(torch.uint8).argmax(-1) + 1
+                # (else the whole row)
+                reach = torch.where(reached, row + BAND_CHUNK * chunks, first + row + 1)
                 reach = torch.where(own[..., 0] > threshold, row + 1, reach).minimum(
                     first + row + 1
                 )
@@ -159,9 +154,8 @@ class ContextualPositions(nn.Module):
     def _gates(q: Tensor, k: Tensor, scale: float) -> Tensor:
         """σ(s·q·kᵀ) in at least fp32, in the product's own buffer (no autograd): [B, H, L, K]."""
         wide = torch.promote_types(q.dtype, torch.float32)
-        if (
-            wide == q.dtype
-        ):  # the scale on the queries, not on the scores: one pass over the block less
+        # the scale on the queries, not on the scores: one pass over the block less
+        if wide == q.dtype:
             return torch.sigmoid_(torch.matmul(q * scale, k.transpose(-1, -2)))
         return torch.sigmoid_((q @ k.transpose(-1, -2)).to(wide).mul_(scale))
 
@@ -183,12 +177,10 @@ class ContextualPositions(nn.Module):
         p = counted.clamp_(max=self.embeddings.shape[0] - 1)
         below = p.long()  # ⌊p⌋: counts are >= 0, where truncation is the floor
         weight = p.frac_()  # p - ⌊p⌋, exact
-        per_position = (
-            (q @ self.embeddings.to(q.dtype).T).to(wide).mul_(scale)
-        )  # (B, H, L_b, p_max)
-        steps = torch.nn.functional.pad(
-            per_position.diff(dim=-1), (0, 1)
-        )  # e[n + 1] - e[n]; 0 after the last
+        # (B, H, L_b, p_max)
+        per_position = (q @ self.embeddings.to(q.dtype).T).to(wide).mul_(scale)
+        # e[n + 1] - e[n]; 0 after the last
+        steps = torch.nn.functional.pad(per_position.diff(dim=-1), (0, 1))
         step = steps.gather(-1, below)
         scores = per_position.gather(-1, below).addcmul_(weight, step)
         if shifted:
@@ -216,9 +208,8 @@ class ContextualPositions(nn.Module):
         # where it does not pass, ⌊p⌋ = p_max - 1 and the step read there is 0 (steps' padding), so step·grad is 0
         # there already
         grad_counted = state.step * grad
-        grad_gates = grad_counted.cumsum_(
-            -1
-        )  # counted_j = Σ_{t >= j} gates_t: gates_t collects Σ_{j <= t}
+        # counted_j = Σ_{t >= j} gates_t: gates_t collects Σ_{j <= t}
+        grad_gates = grad_counted.cumsum_(-1)
         # σ' = σ(1 - σ): g·σ - (g·σ)·σ in place; hidden keys have σ = 0
         grad_logits = grad_gates.mul_(state.gates).addcmul_(grad_gates, state.gates, value=-1.0)
         grad_per_position.mul_(scale)

@@ -81,12 +81,13 @@ class LayerStatistics:
             [token_distance, position_distance > self.target.max_seen_distance], -1
         ).to(p.dtype)
         weighted = torch.einsum("bhlk,lkc->cbhl", p, weights)  # (2, B, H, L_b)
+        # (4, B, H, L_b)
         per_query = torch.cat(
             [
                 torch.special.entr(p).sum(-1)[None],  # -p log p, 0 at p = 0
                 p.gather(-1, first.expand(*p.shape[:-1], 1)).squeeze(-1)[None],
                 weighted,
             ]
-        )  # (4, B, H, L_b)
+        )
         weight = self.target.query_weight[:, view.rows].double()  # (B, L_b)
         self.target.sums[:, self.layer] += torch.einsum("sbhl,bl->sh", per_query.double(), weight)

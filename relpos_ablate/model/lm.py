@@ -158,9 +158,8 @@ class TransformerLM(nn.Module):
             raise ConfigError("vocab_size", "must be >= 1 (run configs take it from the data)")
         self.config = config
         a = config.attention
-        self.layer_configs = (
-            config.layer_attentions
-        )  # every layer's attention (layer_pattern, else the model's)
+        # every layer's attention (layer_pattern, else the model's)
+        self.layer_configs = config.layer_attentions
         # registered here once (one state_dict entry each); every layer's attention refers to them
         uv = [layer for layer in self.layer_configs if layer.share_uv]
         self.content_bias_u = (
@@ -172,9 +171,8 @@ class TransformerLM(nn.Module):
         shared = self._shared_bias_schemes()
         schemes = list(shared.values())
         self.shared_bias_scheme = schemes[0] if schemes else None
-        self.other_bias_schemes = (
-            nn.ModuleList(schemes[1:]) if len(schemes) > 1 else None
-        )  # layer kinds' own biases
+        # layer kinds' own biases
+        self.other_bias_schemes = nn.ModuleList(schemes[1:]) if len(schemes) > 1 else None
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.input_positions = (
             LearnedPositions(a.max_position, config.d_model) if a.absolute == "learned" else None
@@ -232,9 +230,8 @@ class TransformerLM(nn.Module):
         return [f"layer {k}" + (f" {word}" if word else "") for k, word in enumerate(words)]
 
     def _embed(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
-        h = (
-            self.embed(tokens) * self.config.embedding_multiplier
-        )  # (B, L, D); see ModelConfig.embed_scale
+        # (B, L, D); see ModelConfig.embed_scale
+        h = self.embed(tokens) * self.config.embedding_multiplier
         length = tokens.shape[1]
         if self.config.attention.absolute == "sinusoid":
             # Vaswani et al.: positions 0..L-1 of the segment (memory keeps its own; XL's point)
@@ -311,6 +308,7 @@ class TransformerLM(nn.Module):
         )
         at_input = randomized_positions(n_tokens, a.max_position, device) if absolute else None
         return at_input, [
+            # what reads per-distance tensors
             {
                 "positions": randomized_positions(n_tokens, a.max_position, device)
                 if x.absolute == "rope"
@@ -318,7 +316,7 @@ class TransformerLM(nn.Module):
                 "distances": randomized_distances(n_tokens, a.max_position, device)
                 if x.bias != "none" or x.uses_r or x.shaw_values
                 else None,
-            }  # what reads per-distance tensors
+            }
             for x in self.layer_configs
         ]
 
@@ -407,7 +405,6 @@ class TransformerLM(nn.Module):
 
     def loss(self, logits: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
         """Mean cross-entropy over positions where mask is True (all when None)."""
-        losses = F.cross_entropy(
-            logits.flatten(0, 1), targets.flatten(), reduction="none"
-        )  # (B·L, V) -> (B·L)
+        # (B·L, V) -> (B·L)
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
         return losses.mean() if mask is None else masked_mean(losses, mask.flatten())

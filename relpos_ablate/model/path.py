@@ -61,9 +61,8 @@ class PathTransforms(nn.Module):
     ) -> Tensor:
         """q_iᵀ H_i' ··· H_(j+1) k_j (unscaled): q [B, H, L, dh] (queries at key indices K - L ..), k [B, H, K, dh]
         -> [B, H, L, K]; entries with j > i' are left 0 (the causal mask hides them)."""
-        wide = torch.promote_types(
-            k.dtype, torch.float32
-        )  # bf16 products of many transforms would drift
+        # bf16 products of many transforms would drift
+        wide = torch.promote_types(k.dtype, torch.float32)
         with torch.autocast(k.device.type, enabled=False):
             w, beta = self.transforms(keys_input.to(wide), key_padding_mask)
             return path_logits(q.to(wide), k.to(wide), w.to(wide), beta.to(wide)).to(q.dtype)
@@ -76,22 +75,17 @@ def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = 64) 
     c = min(chunk, n_keys)
     n_chunks = -(-n_keys // c)
     pad = n_chunks * c - n_keys
-    queries = F.pad(
-        q, (0, 0, n_keys - n_queries, pad)
-    )  # a query row for every key index (memory rows: 0)
-    keys, w, beta = (
-        F.pad(k, (0, 0, 0, pad)),
-        F.pad(w, (0, 0, 0, pad)),
-        F.pad(beta, (0, pad)),
-    )  # β 0: H = I
+    # a query row for every key index (memory rows: 0)
+    queries = F.pad(q, (0, 0, n_keys - n_queries, pad))
+    # β 0: H = I
+    keys, w, beta = (F.pad(k, (0, 0, 0, pad)), F.pad(w, (0, 0, 0, pad)), F.pad(beta, (0, pad)))
     shape = (b, h, n_chunks, c)
     queries, keys, w = (t.view(*shape, dh) for t in (queries, keys, w))
     beta = beta.view(*shape, 1)
     intra, starts, ends, chunk_product = _within_chunks(queries, keys, w, beta)
     rows = []
-    carried = keys.new_zeros(
-        b, h, 0, dh
-    )  # earlier chunks' keys, through every transform up to this chunk
+    # earlier chunks' keys, through every transform up to this chunk
+    carried = keys.new_zeros(b, h, 0, dh)
     for n in range(n_chunks):
         across = starts[:, :, n] @ carried.transpose(-1, -2)  # (B, H, C, n·C)
         rows.append(F.pad(torch.cat([across, intra[:, :, n]], dim=-1), (0, (n_chunks - n - 1) * c)))
@@ -118,10 +112,8 @@ def _within_chunks(
     seen = (offsets[:, None] <= offsets[None, :]).to(q.dtype)  # [s, i]: s <= i
     rhs = torch.cat([beta * (w @ q.transpose(-1, -2)) * seen, beta * w], dim=-1)  # (.., C, C + d)
     solved = torch.linalg.solve_triangular(system, rhs, upper=True, unitriangular=True)
-    a, z = (
-        solved[..., :c],
-        solved[..., c:],
-    )  # a[s, i] = q_i·z_s (0 for s > i); z[s] for the chunk's end
+    # a[s, i] = q_i·z_s (0 for s > i); z[s] for the chunk's end
+    a, z = (solved[..., :c], solved[..., c:])
     before = (offsets[None, :] < offsets[:, None]).to(q.dtype)  # [s, j]: j < s
     key_weights = (w @ k.transpose(-1, -2)) * before  # [s, j]: w_s·k_j where H_s acts on key j
     intra = q @ k.transpose(-1, -2) - a.transpose(-1, -2) @ key_weights  # [i, j]

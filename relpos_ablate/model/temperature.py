@@ -41,14 +41,14 @@ class Temperature(nn.Module):
                 f"score_scale {config.score_scale} needs the training attention length "
                 "L_train (run configs fill it in; set it for a model of your own)",
             )
-        self.log_tau = (
-            nn.Parameter(torch.zeros(n_heads)) if config.learned_temperature else None
-        )  # (H,): t_h
+        # (H,): t_h
+        self.log_tau = nn.Parameter(torch.zeros(n_heads)) if config.learned_temperature else None
+        # (H,): s_h
         self.ssmax_scale = (
             nn.Parameter(torch.full((n_heads,), 1 / math.log(self.log_n_length)))
             if config.score_scale == "ssmax"
             else None
-        )  # (H,): s_h
+        )
 
     @property
     def counts_keys(self) -> bool:

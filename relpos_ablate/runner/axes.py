@@ -46,7 +46,8 @@ def check_key_path(path: str) -> None:
         return
     cls: Any = RunConfig
     parts = path.split(".")
-    named = None  # the item class of a field written as a mapping by name (model.layer_kinds.<name>.window)
+    # the item class of a field written as a mapping by name (model.layer_kinds.<name>.window)
+    named = None
     for depth, part in enumerate(parts):
         if named is not None:  # `part` is an item's name: any name
             cls, named = named, None

@@ -72,9 +72,8 @@ def estimate(plans, results: Path, spec_name: str, n_slots: int) -> Estimate | N
     durations = []
     for plan in todo:
         status = rundir.read_status(plan.run_dir) or {}
-        done_steps = (
-            status.get("step") if isinstance(status.get("step"), int) else 0
-        )  # resumed from last.ckpt
+        # resumed from last.ckpt
+        done_steps = status.get("step") if isinstance(status.get("step"), int) else 0
         remaining = max(plan.run.config.train.max_steps - done_steps, 0)
         durations.append(per_step.get(_variant(plan.run), fallback) * remaining)
     slots = [0.0] * max(n_slots, 1)

@@ -140,7 +140,8 @@ class ForkServer:
             if reply is None:
                 if not self.alive:
                     raise OSError("the fork server ended before it forked the worker")
-                self.process.kill()  # whatever it forks now dies with it (PR_SET_DEATHSIG): never two workers
+                # whatever it forks now dies with it (PR_SET_DEATHSIG): never two workers
+                self.process.kill()
                 self.alive = False
                 raise OSError(
                     f"the fork server did not fork the worker within {START_TIMEOUT_S:.0f} s"
@@ -228,9 +229,8 @@ def _main_module() -> types.ModuleType:
 def serve(fd: int) -> None:
     """The server's loop: import PRELOAD, then fork a child per request and report each child's exit, until the
     runner's end of the socket closes (then the children get SIGTERM from PR_SET_DEATHSIG)."""
-    signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # Ctrl-C is the runner's to handle; it stops the workers
+    # Ctrl-C is the runner's to handle; it stops the workers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel = socket.socket(fileno=fd)
     for module in PRELOAD:
         __import__(module)

@@ -165,9 +165,8 @@ def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
     base = _base_config(data.get("base", {}), path, errors)
     # the modules that register schemes: their bias types are encodings too
     if collect_error(errors, import_modules, base.get("imports", ()), "base.imports") is None:
-        base = {
-            key: value for key, value in base.items() if key != "imports"
-        }  # reported once, not once per run
+        # reported once, not once per run
+        base = {key: value for key, value in base.items() if key != "imports"}
     axes = grid_axes(data.get("grid", {}), errors) + zip_axes(data.get("zip", []), errors)
     axes += seed_axes(data, axes, errors)
     check_axis_keys_unique(axes, errors)

@@ -152,9 +152,8 @@ def _reap(proc: subprocess.Popen, timeout_s: float) -> None:
     handler while the same thread is inside Popen.wait, which would deadlock."""
     deadline = time.monotonic() + timeout_s
     while proc.returncode is None:
-        if not isinstance(
-            proc, subprocess.Popen
-        ):  # a ForkedWorker: the server relays its exit, poll() locks nothing
+        # a ForkedWorker: the server relays its exit, poll() locks nothing
+        if not isinstance(proc, subprocess.Popen):
             if proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.02)
                 continue

@@ -98,9 +98,8 @@ def layouts() -> dict:
 
 def make_table(df, options=None):
     """analysis.layouts.make_table with every study's layouts beside the generic ones."""
-    from relpos_ablate.analysis.layouts import (
-        make_table as generic,
-    )  # pandas and scipy only when a table is made
+    # pandas and scipy only when a table is made
+    from relpos_ablate.analysis.layouts import make_table as generic
     from relpos_ablate.analysis.table_options import TableOptions
 
     return generic(df, options or TableOptions(), layouts())

@@ -35,10 +35,8 @@ def frame(df: pd.DataFrame) -> pd.DataFrame:
     done = df[
         (df["status"] == "done") & np.isfinite(pd.to_numeric(df["ppl"], errors="coerce"))
     ].copy()
-    for key, kind in (
-        ("stride", int),
-        ("rope_scaling", str),
-    ):  # None where unset (object columns: NaN is no key)
+    # None where unset (object columns: NaN is no key)
+    for key, kind in (("stride", int), ("rope_scaling", str)):
         values = done[key] if key in done else [None] * len(done)
         done[key] = pd.Series(
             [None if normalized(v) is None else kind(v) for v in values],
@@ -70,9 +68,8 @@ def per_seed(
     if _settings[0] is not data:
         grouped: dict[tuple, dict[str, float]] = {}
         for *key, run, ppl in zip(*(data[c] for c in SETTING), data["run_dir"], data["ppl"]):
-            grouped.setdefault(tuple(key), {})[run] = float(
-                ppl
-            )  # equal numbers hash alike (512 and 512.0)
+            # equal numbers hash alike (512 and 512.0)
+            grouped.setdefault(tuple(key), {})[run] = float(ppl)
         _settings[:] = [data, grouped]
     return dict(
         _settings[1].get((encoding, protocol, length, max_targets, stride, rope_scaling), {})
@@ -163,9 +160,8 @@ def t5_section(df: pd.DataFrame, train: int) -> str:
     t5 = df[df["encoding"] == "t5"]
     if t5.empty:
         return ""
-    from relpos_ablate.model.position.tables import (
-        far_bucket_start,
-    )  # torch: only where a T5 run is reported
+    # torch: only where a T5 run is reported
+    from relpos_ablate.model.position.tables import far_bucket_start
 
     paper = far_bucket_start(32, 128)
     lines = [

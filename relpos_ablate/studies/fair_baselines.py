@@ -140,9 +140,8 @@ def over_tolerance(summary: pd.DataFrame, column: str = "ratio") -> list[str]:
 def report(df: pd.DataFrame, correction: str = "holm") -> str:
     """The study's Markdown (module docstring), then a section per longer budget (longer_budget)."""
     df, longer = by_budget(df)
-    summary = (
-        preset_summary(df).sort_values(["mean", "preset"]).reset_index(drop=True)
-    )  # display order only
+    # display order only
+    summary = preset_summary(df).sort_values(["mean", "preset"]).reset_index(drop=True)
     data = at_training_length(df)
     rates = {preset: sorted({float(v) for v in part[KEY]}) for preset, part in data.groupby(ROW)}
     seeds = data["seed"].nunique() if "seed" in data else 0
@@ -487,8 +486,6 @@ def _lr_sweep(
     return save_lr_figure(frame, out, formats, axis_orders(read_spec(frame)))
 
 
-REPORTS = {
-    "fair_baselines": report,
-    ("fair_baselines", "fair_baselines_2000"): report,
-}  # with the longer budget
+# with the longer budget
+REPORTS = {"fair_baselines": report, ("fair_baselines", "fair_baselines_2000"): report}
 FIGURES = {"lr-sweep": _lr_sweep}

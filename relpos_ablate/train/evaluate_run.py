@@ -178,9 +178,8 @@ def _plan(run_dir: Path, overrides: list[str], replace: bool) -> EvaluationPlan:
             continue
         if problem:
             plan.unsupported.append((f"{name}.{problem[0]}", problem[1]))
-        if (
-            found is not None
-        ):  # evaluated again: keep what the record had (per-target losses, diagnostics)
+        # evaluated again: keep what the record had (per-target losses, diagnostics)
+        if found is not None:
             if records[found].get("token_losses") and isinstance(item, EvalSetting):
                 item = dataclasses.replace(item, token_losses=True)
             plan.diagnostics |= "diagnostics" in records[found]
@@ -205,6 +204,7 @@ def _recorded(config: RunConfig, document: dict) -> list[tuple[str, Any, EvalSet
             continue
         scaling = rundir.record_value(old, "rope_scaling")
         split = rundir.record_value(old, "split", document)
+        # eval.split's: as written (synthetic: no split)
         setting = EvalSetting(
             segment_len=old["segment_len"],
             protocol=rundir.record_value(old, "protocol"),
@@ -216,7 +216,7 @@ def _recorded(config: RunConfig, document: dict) -> list[tuple[str, Any, EvalSet
             rope_scaling=scaling,
             rope_scale=old.get("rope_scale") if scaling else "auto",
             split=None if split == config.eval.split else split,
-        )  # eval.split's: as written (synthetic: no split)
+        )
         candidates.append((name, setting, setting, setting_record(config, setting)))
     return candidates
 
@@ -333,9 +333,8 @@ def evaluation_trainer(config: RunConfig) -> L.Trainer:
     """A Trainer that only evaluates: one device of the run's accelerator, the run's precision, no logger
     and no checkpoint (nothing of the run but eval.json changes)."""
     t = config.train
-    announcer = logging.getLogger(
-        "lightning.pytorch.utilities.rank_zero"
-    )  # "GPU available: ..." on every run
+    # "GPU available: ..." on every run
+    announcer = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     level = announcer.level
     announcer.setLevel(logging.WARNING)
     try:

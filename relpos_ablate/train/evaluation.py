@@ -85,9 +85,8 @@ def evaluate_settings(
     module.eval_indices = usable
     loaders = {i: datamodule.eval_dataloader(settings[i]) for i in usable}
     if usable:
-        module.eval_seed = (
-            config.seed
-        )  # every setting draws its (randomized) positions from this seed
+        # every setting draws its (randomized) positions from this seed
+        module.eval_seed = config.seed
         with torch.random.fork_rng(devices=_cuda_devices(module.device)):
             trainer.validate(module, dataloaders=list(loaders.values()), verbose=False)
         module.eval_seed = None

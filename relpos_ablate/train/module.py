@@ -237,9 +237,8 @@ class LitLM(L.LightningModule):
             else None
         )
         self.diagnostics_results: dict[int, dict[str, list[list[float]]]] = {}
-        self.train_segments = (
-            0  # set from the datamodule at fit start: memory resets every this many steps
-        )
+        # set from the datamodule at fit start: memory resets every this many steps
+        self.train_segments = 0
         self._train_mems: dict[int, list[Tensor]] = {}  # row group -> its memory
         self._step_sums = torch.zeros(2)  # this process's share of the step's (loss, accuracy)
         self._eval_mems: list[Tensor] | None = None
@@ -259,9 +258,8 @@ class LitLM(L.LightningModule):
         if batch.group == 0:
             self._check_finite()
             self._step_sums = torch.zeros(2, device=self.device)
-        restart = (
-            self.global_step % self.train_segments == 0
-        )  # the streams restart: nothing to remember
+        # the streams restart: nothing to remember
+        restart = self.global_step % self.train_segments == 0
         loss, acc = self.segment_loss(
             batch.inputs,
             batch.targets,
@@ -333,9 +331,8 @@ class LitLM(L.LightningModule):
         index = self.eval_indices[dataloader_idx]
         setting = self.settings[index]
         inputs, targets, mask, layout_index = batch
-        if (
-            batch_idx == 0 or not setting.uses_memory
-        ):  # a new setting starts with empty memory; windows have none
+        # a new setting starts with empty memory; windows have none
+        if batch_idx == 0 or not setting.uses_memory:
             self._eval_mems = None
         if batch_idx == 0 and self.eval_seed is not None:
             torch.manual_seed(self.eval_seed)

@@ -254,9 +254,8 @@ class RunRecorder(L.Callback):
         self._last_write = -math.inf
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.metrics.resume_from(
-            trainer.global_step
-        )  # status.json has this step already (run.py, from last.ckpt)
+        # status.json has this step already (run.py, from last.ckpt)
+        self.metrics.resume_from(trainer.global_step)
         self.checkpoints.holding = True
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:

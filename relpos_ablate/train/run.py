@@ -109,11 +109,8 @@ def train_run(
             _train_and_evaluate(config, run_dir, status, callbacks)
         status.finish("done")
         return "done"
-    except (
-        KeyboardInterrupt,
-        SystemExit,
-        LostProcess,
-    ) as err:  # Lightning turns Ctrl-C into SystemExit(1)
+    # Lightning turns Ctrl-C into SystemExit(1)
+    except (KeyboardInterrupt, SystemExit, LostProcess) as err:
         reason = (
             str(err)
             if isinstance(err, LostProcess)
@@ -185,9 +182,8 @@ def _train_and_evaluate(
     module.save_hyperparameters({**module.hparams, "run": {"id": name, "variant": variant}})
     resume = usable_checkpoint(run_dir, tidy=status is not None)
     first_step = checkpoint_step(run_dir) if resume else 0
-    if (
-        status is not None
-    ):  # not the step an earlier attempt reached: this one starts from its checkpoint
+    # not the step an earlier attempt reached: this one starts from its checkpoint
+    if status is not None:
         status.update(step=first_step)
     metrics = MetricsCSV(run_dir)
     loggers = [metrics, *make_loggers(config, run_dir, first_step)]
@@ -210,9 +206,8 @@ def _train_and_evaluate(
         checkpoints,
     )
     check_world_size(config, trainer.world_size)
-    if (
-        trainer.world_size > 1
-    ):  # same initial weights everywhere, but each process its own dropout draws
+    # same initial weights everywhere, but each process its own dropout draws
+    if trainer.world_size > 1:
         torch.manual_seed(config.seed + DROPOUT_SEED_STRIDE * trainer.global_rank)
     log.info(
         "run %s: %d parameters, %s, %d process(es)",

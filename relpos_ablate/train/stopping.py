@@ -101,9 +101,8 @@ class StopAtExactMatch(L.Callback):
         if exact >= self.threshold:
             self.stopped_at = step
             trainer.should_stop = True
-            if (
-                step % self.config.train.checkpoint_every
-            ):  # ModelCheckpoint saves its own steps (it runs after us)
+            # ModelCheckpoint saves its own steps (it runs after us)
+            if step % self.config.train.checkpoint_every:
                 trainer.save_checkpoint(self.checkpoint)
 
     def exact_match(self, trainer: L.Trainer, pl_module) -> float:

@@ -55,7 +55,8 @@ def _contextual_only(call: AttentionCall) -> bool:
     return call.contextual is not None and rest.plain_causal and not rest.has_additive
 
 
-@torch.compiler.disable  # its host syncs would break a compiled graph once per block: one break around it instead
+# its host syncs would break a compiled graph once per block: one break around it instead
+@torch.compiler.disable
 def with_contextual_band(
     call: AttentionCall, q_content: Tensor, k: Tensor, dropout_p: float
 ) -> AttentionCall:

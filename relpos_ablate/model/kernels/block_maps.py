@@ -70,13 +70,13 @@ def tile_scores(call: AttentionCall, d_head: int) -> int:
 
 
 class _Layout:
-    buffers = (
-        1  # [B, H, L_b, K_b]-sized tensors a backward tile holds besides the probabilities and dS
-    )
-    rows = 0  # queries per backward block, its keys in tiles (0: blocks shrink with their keys, one tile each)
-    forward_rows = (
-        0  # queries per forward block, at most query_chunk (0: blocks shrink with their keys)
-    )
+    # [B, H, L_b, K_b]-sized tensors a backward tile holds besides the probabilities and dS
+    buffers = 1
+    # queries per backward block, its keys in tiles (0: blocks shrink with their keys, one tile
+    # each)
+    rows = 0
+    # queries per forward block, at most query_chunk (0: blocks shrink with their keys)
+    forward_rows = 0
     forward_tiles = False  # forward splits a block's keys into tiles (term b's product per tile)
 
     def forward_blocks(self, call: AttentionCall, d_head: int) -> list[list[QueryBlock]]:
@@ -191,9 +191,8 @@ class StridedMaps(_Layout):
             return self.curve.as_strided(
                 (1, heads, lq, width), (0, n, 1, 1), self.curve.storage_offset() + cols.start
             )
-        if (
-            self._operands is None
-        ):  # forward: both operands for the whole call, each block reads its slices
+        # forward: both operands for the whole call, each block reads its slices
+        if self._operands is None:
             self._operands = (
                 self.term_b_queries(slice(None)),
                 self.term_b_keys(slice(0, self.curve.shape[-1])),
@@ -362,9 +361,8 @@ class MaterialisedMaps(_Layout):
         visible = self.call.visible(block)
         if not visible.all():  # causal: only tiles on the diagonal hide keys
             hidden = ~visible
-            if (
-                own and visible.dim() == 2
-            ):  # in place, from the first key any row hides (causal: the diagonal's)
+            # in place, from the first key any row hides (causal: the diagonal's)
+            if own and visible.dim() == 2:
                 first = int(hidden.any(0).to(torch.uint8).argmax())
                 # as an added [L_b, K_b] map of 0 and -inf: ~3x faster than masked_fill_ broadcasting the bool mask
                 # over batch and heads (B = 2, H = 8, 256 x 402: 0.36 against 0.98 ms, Intel Xeon)
@@ -374,9 +372,8 @@ class MaterialisedMaps(_Layout):
                 additive[..., first:].add_(minus_inf.masked_fill_(hidden[:, first:], float("-inf")))
             else:  # (key padding broadcasts a shared map over the batch)
                 additive = additive.masked_fill(hidden, float("-inf"))
-        return (
-            F.pad(additive, (block.n_sinks, 0)) if block.n_sinks else additive
-        )  # sinks carry no position: 0
+        # sinks carry no position: 0
+        return F.pad(additive, (block.n_sinks, 0)) if block.n_sinks else additive
 
     def rebuilt(
         self,

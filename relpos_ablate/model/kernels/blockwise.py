@@ -136,9 +136,8 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
                     _flip(out_b, maps.reversed),
                     _flip(lse_b, maps.reversed),
                 )
-            if (
-                call.far_from is not None
-            ):  # the pairs the band leaves to the causal flash kernel (band.py)
+            # the pairs the band leaves to the causal flash kernel (band.py)
+            if call.far_from is not None:
                 band.add_far(call, q_content, k, v, out, lse)
         ctx.call, ctx.params = call, params
         ctx.save_for_backward(q_content, k, v, *inputs, out, lse)
@@ -166,10 +165,8 @@ def _add_product(target: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> No
 
 def _backward(ctx, grad_out: Tensor):
     """Gradients of q_content, k, v, the score inputs and the params, block by block, tile by tile."""
-    call, first_param = (
-        ctx.call,
-        4 + N_INPUTS,
-    )  # forward's inputs: call, q_content, k, v, score inputs, params
+    # forward's inputs: call, q_content, k, v, score inputs, params
+    call, first_param = (ctx.call, 4 + N_INPUTS)
     q_content, k, v, *score_inputs, out, lse = ctx.saved_tensors
     inputs, d_head = ScoreInputs(*score_inputs), q_content.shape[-1]
     grad_q, grad_k, grad_v = (t.new_zeros(t.shape) for t in (q_content, k, v))
@@ -188,9 +185,8 @@ def _backward(ctx, grad_out: Tensor):
     maps = block_maps(call, inputs)
     flip = maps.reversed
     if _fused(q_content) and all(g is None for g in (*grads, *param_grads)):
-        for blk in (
-            t for tiles in maps.forward_blocks(call, d_head) for t in tiles
-        ):  # the fused backward does it all
+        # the fused backward does it all
+        for blk in (t for tiles in maps.forward_blocks(call, d_head) for t in tiles):
             rows, keys = blk.rows, blk.keys
             grads_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 _flip(grad_out[:, :, rows], flip),
@@ -208,12 +204,10 @@ def _backward(ctx, grad_out: Tensor):
             grad_k[:, :, keys] += grads_b[1]
             grad_v[:, :, keys] += grads_b[2]
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
-    minus_delta = (
-        (grad_out * out).sum(dim=-1, keepdim=True).neg_()
-    )  # -rowsum(dP ∘ P) = -rowsum(dO ∘ O)
-    v_ones = torch.cat(
-        [v, v.new_ones(*v.shape[:-1], 1)], dim=-1
-    )  # dP - delta as one product: [dO, -delta]·[V, 1]ᵀ
+    # -rowsum(dP ∘ P) = -rowsum(dO ∘ O)
+    minus_delta = (grad_out * out).sum(dim=-1, keepdim=True).neg_()
+    # dP - delta as one product: [dO, -delta]·[V, 1]ᵀ
+    v_ones = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
     if isinstance(maps, StridedMaps):
         _strided_backward(
             maps,
@@ -265,18 +259,18 @@ def _backward(ctx, grad_out: Tensor):
                 probs = _probabilities(q_b, k_t, mask, lse_b, call.scale)
                 if key_range is not None:
                     cols = slice(tile.k0 - key_range.start, tile.n_keys - key_range.start)
+                    # dV += Pᵀ·dO
                     _accumulate(
                         grad_v_g, cols, probs.flatten(0, 1).transpose(1, 2), go.flatten(0, 1)
-                    )  # dV += Pᵀ·dO
+                    )
                 else:
                     grad_v_t = (
                         grad_v[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(v_t)
                     )
                     _add_product(grad_v_t, probs.transpose(-1, -2), go)
                 go_delta = torch.cat([go, minus_delta_b], dim=-1).flatten(0, 1)
-                grad_probs = torch.bmm(
-                    go_delta, v_ones[:, :, keys].flatten(0, 1).transpose(1, 2)
-                )  # dO·Vᵀ - delta
+                # dO·Vᵀ - delta
+                grad_probs = torch.bmm(go_delta, v_ones[:, :, keys].flatten(0, 1).transpose(1, 2))
                 grad_scores = probs.mul_(grad_probs.view_as(probs))  # dS = P ∘ (dP - delta)
                 add_map_gradient(grad_scores)  # (CoPE adds its gates' gradient to dS)
                 _add_product(grad_q_b, grad_scores, k_t, alpha=call.scale)
@@ -291,9 +285,8 @@ def _backward(ctx, grad_out: Tensor):
                     continue
                 grad_k_t = grad_k[:, :, keys] if isinstance(keys, slice) else torch.zeros_like(k_t)
                 _add_product(grad_k_t, grad_scores.transpose(-1, -2), q_b, alpha=call.scale)
-                if not isinstance(
-                    keys, slice
-                ):  # sinks in front of skipped keys: two ranges, a copy
+                # sinks in front of skipped keys: two ranges, a copy
+                if not isinstance(keys, slice):
                     grad_k[:, :, keys] += grad_k_t
                     grad_v[:, :, keys] += grad_v_t
         if key_range is not None:
@@ -362,9 +355,8 @@ def _strided_backward(
                 per_distance = maps.per_distance(
                     tile, queries, maps.term_b_keys(tile.distance_cols, lse=True), LOG2_E
                 )
-                probs = rel_shift(per_distance, width).flatten(
-                    0, 1
-                )  # (B·H, L_b, K_t), a view of (B, H, L_b, m)
+                # (B·H, L_b, K_t), a view of (B, H, L_b, m)
+                probs = rel_shift(per_distance, width).flatten(0, 1)
                 torch.baddbmm(
                     product,
                     q_b.flatten(0, 1),
@@ -377,13 +369,14 @@ def _strided_backward(
             probs.exp2_()
             cols = slice(tile.k0 - keys.start, tile.n_keys - keys.start)
             _accumulate(grad_v_g, cols, probs.transpose(1, 2), go.flatten(0, 1))  # dV += Pᵀ·dO
+            # dO·Vᵀ - delta
             grad_probs = torch.baddbmm(
                 product,
                 go_delta,
                 v_ones[:, :, tile.keys].flatten(0, 1).transpose(1, 2),
                 beta=0,
                 out=product,
-            )  # dO·Vᵀ - delta
+            )
             grad_scores = probs.mul_(grad_probs)  # dS = P ∘ (dP - delta)
             if flip:
                 maps.add_curve_gradient(tile, grad_scores.view(batch, heads, lq, width), grads)

@@ -103,20 +103,16 @@ class ScoreInputs(NamedTuple):
     block kernel passes them to autograd explicitly, so that its backward can rebuild a block's map and
     differentiate it."""
 
-    q_position: Tensor | None = (
-        None  # [B, H, L, dh] term b's query: (q + v)·λ on the kernels, q·λ on the explicit path
-    )
+    # [B, H, L, dh] term b's query: (q + v)·λ on the kernels, q·λ on the explicit path
+    q_position: Tensor | None = None
     rel_keys: Tensor | None = None  # [H, n, dh] s·W_R R_d per distance (term b's keys)
-    term_d: Tensor | None = (
-        None  # [H, n] s·v·W_R R_d where term d is its own term (explicit path; kernels fold it)
-    )
-    distance_scores: Tensor | None = (
-        None  # [H, n] scores of distance alone (the bias; the kernels add term d without b)
-    )
+    # [H, n] s·v·W_R R_d where term d is its own term (explicit path; kernels fold it)
+    term_d: Tensor | None = None
+    # [H, n] scores of distance alone (the bias; the kernels add term d without b)
+    distance_scores: Tensor | None = None
     log_decay: Tensor | None = None  # [B, H, K] FoX's Λ_j = Σ_{l<=j} log f_l, float64
-    query_scale: Tensor | None = (
-        None  # [B or 1, H or 1, L, 1] λ: temperature × log_{L_train}(n) per query
-    )
+    # [B or 1, H or 1, L, 1] λ: temperature × log_{L_train}(n) per query
+    query_scale: Tensor | None = None
 
 
 def _narrow(t: Tensor | None, dim: int, cols: slice) -> Tensor | None:
@@ -202,37 +198,29 @@ class AttentionCall:
     scale: float  # s: the scale of terms a-d
     query_positions: Tensor  # [L] positions the encodings read
     key_positions: Tensor  # [K]
-    distances: (
-        Tensor  # [n] the distances the per-distance tensors list, descending (their column order)
-    )
-    distance_index: Tensor | None = (
-        None  # [L, K] column of each pair; None: consecutive positions (strided views)
-    )
-    drawn_distances: bool = (
-        False  # distances are drawn per offset (AttentionOptions.distances), not the positions'
-    )
+    # [n] the distances the per-distance tensors list, descending (their column order)
+    distances: Tensor
+    # [L, K] column of each pair; None: consecutive positions (strided views)
+    distance_index: Tensor | None = None
+    # distances are drawn per offset (AttentionOptions.distances), not the positions'
+    drawn_distances: bool = False
     key_padding_mask: Tensor | None = None  # [B, K]
     query_chunk: int = 0  # queries per block (0: one block)
-    n_sinks: int = (
-        0  # learned sink slots at the front of the kernels' keys and values (no position)
-    )
+    # learned sink slots at the front of the kernels' keys and values (no position)
+    n_sinks: int = 0
     dtype: torch.dtype = torch.float32  # the kernels' dtype (FoX's decay is built in at least fp32)
-    inputs: ScoreInputs = (
-        ScoreInputs()
-    )  # the per-call tensors (term b's query left out until a kernel adds it)
+    # the per-call tensors (term b's query left out until a kernel adds it)
+    inputs: ScoreInputs = ScoreInputs()
     # the score terms that are objects, each in its scheme's file with its dense, point-wise and gradient forms
     pair_bias: BiasScheme | None = None  # a bias that also depends on the query position (FIRE)
-    pair_bias_curve_until: float = float(
-        "inf"
-    )  # below this query position pair_bias is a curve over i' - j
+    # below this query position pair_bias is a curve over i' - j
+    pair_bias_curve_until: float = float("inf")
     bias_scale: float = 1.0  # s_B
-    linear_bias: Tensor | None = (
-        None  # [H] s_B·m_h where inputs.distance_scores is -s_B·m_h·(i' - j) (ALiBi, causal)
-    )
+    # [H] s_B·m_h where inputs.distance_scores is -s_B·m_h·(i' - j) (ALiBi, causal)
+    linear_bias: Tensor | None = None
     decay: DecayScores | None = None  # FoX (fox.py): D_ij = Λ_i' - Λ_j from inputs.log_decay
-    contextual: ContextualScores | None = (
-        None  # CoPE (cope.py): scores from the block's queries and keys
-    )
+    # CoPE (cope.py): scores from the block's queries and keys
+    contextual: ContextualScores | None = None
     # every per-distance input is the same at each distance >= saturation (a clamp of R, the bias's last bucket);
     # None: no such distance. far_from: the band kernel's call (band.py), the pairs at i' - j >= far_from left to
     # the causal flash kernel on s·q·kᵀ alone, the window far_from the band's
@@ -366,9 +354,8 @@ class AttentionCall:
         if not self.consecutive:  # distance_index picks the columns: every block reads them all
             every = slice(0, self.distances.numel())
             return QueryBlock(i0, i1, n_keys, every, every, self.n_sinks, k0)
-        t0 = (
-            self.n_queries - i1 + k0
-        )  # column of this block's largest distance in the descending layout
+        # column of this block's largest distance in the descending layout
+        t0 = self.n_queries - i1 + k0
         # causal up to the block's last query: K_b + 1 columns suffice for rel_shift (the rest would only fill
         # masked entries); a tile of keys before the diagonal sees every entry
         diagonal = self.causal and n_keys == self.n_mem + i1
@@ -459,9 +446,8 @@ class AttentionCall:
             terms["d"] = self.per_key(block, inputs.term_d)[None]
         if inputs.distance_scores is not None:
             terms["bias"] = self.per_key(block, inputs.distance_scores)[None]
-        elif (
-            self.pair_bias is not None and pair_bias
-        ):  # (the bias is a curve or a pair bias, never both)
+        # (the bias is a curve or a pair bias, never both)
+        elif self.pair_bias is not None and pair_bias:
             terms["bias"] = self.pair_bias_scores(block)
         if inputs.log_decay is not None:
             rows = slice(self.n_mem + block.i0, self.n_mem + block.i1)
@@ -490,12 +476,10 @@ class AttentionCall:
         """(q + v)·s·W_R R at each pair's distance: q_position [B, H, L_b, dh] and rel_keys [H, n, dh]
         (the block's columns) -> [B, H, L_b, K_b]."""
         if self.consecutive:  # one product per distance, laid out per key by a strided view
-            return rel_shift(
-                q_position @ rel_keys.transpose(1, 2), block.width
-            )  # (B, H, L_b, n) -> (B, H, L_b, K_b)
-        pairs = rel_keys[
-            :, self.distance_index[block.rows, block.k0 : block.n_keys]
-        ]  # (H, L_b, K_b, dh)
+            # (B, H, L_b, n) -> (B, H, L_b, K_b)
+            return rel_shift(q_position @ rel_keys.transpose(1, 2), block.width)
+        # (H, L_b, K_b, dh)
+        pairs = rel_keys[:, self.distance_index[block.rows, block.k0 : block.n_keys]]
         return torch.einsum("bhld,hlkd->bhlk", q_position, pairs)
 
     def pair_bias_scores(self, block: QueryBlock) -> Tensor:
@@ -518,9 +502,8 @@ class AttentionCall:
     def pair_bias_on_curve(self, block: QueryBlock) -> bool:
         """Whether the query-dependent bias is a curve over the distance for every query of the block."""
         last_query = self.n_mem + block.i1 - 1
-        return (
-            self.consecutive and last_query < self.pair_bias_curve_until
-        )  # (strictly: see attention.py)
+        # (strictly: see attention.py)
+        return self.consecutive and last_query < self.pair_bias_curve_until
 
 
 def _rows_within(block_scores: int, window: int) -> int:

@@ -75,9 +75,8 @@ def attend(
             return _plain(call, q_content, k, v, dropout_p)
         return _stored(call, q_content, k, v, q_position, dropout_p)
     if path is None and config.backend in ("auto", "band"):
-        call = band.with_contextual_band(
-            call, q_content, k, dropout_p
-        )  # CoPE: the band its data allows
+        # CoPE: the band its data allows
+        call = band.with_contextual_band(call, q_content, k, dropout_p)
     plan = _low_rank_plan(call, q_content, dropout_p) if path in (None, "low_rank") else None
     paths = [path] if path else _candidates(call, q_content, config, dropout_p, plan)
     path = (
@@ -215,9 +214,8 @@ def _calibrated(
     tensors: autograd.grad of their own graph, so no parameter's .grad and no graph of the model is touched."""
     grad = torch.is_grad_enabled()
 
-    def leaf(
-        t: Tensor | None,
-    ) -> Tensor | None:  # detached, differentiated as the original would be
+    # detached, differentiated as the original would be
+    def leaf(t: Tensor | None) -> Tensor | None:
         return (
             None
             if t is None

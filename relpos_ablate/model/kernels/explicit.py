@@ -78,9 +78,8 @@ def shaw_values(probs: Tensor, values: Tensor, call: AttentionCall) -> Tensor:
     the keys are), probabilities regrouped by distance (the inverse of rel_shift), then one product; at
     explicit positions, the row gathered per pair. [B, H, L, K] -> [B, H, L, dh]."""
     if not call.consecutive:
-        return torch.einsum(
-            "bhlk,lkd->bhld", probs, values[call.distance_index]
-        )  # (L, K, dh) per pair
+        # (L, K, dh) per pair
+        return torch.einsum("bhlk,lkd->bhld", probs, values[call.distance_index])
     b, h, lq, n_keys = probs.shape
     per_distance = probs.new_zeros(b, h, lq, lq + n_keys - 1)  # (B, H, L, n)
     rel_shift(per_distance, n_keys).copy_(probs)  # column t of row r <- key j = t - (L - 1 - r)

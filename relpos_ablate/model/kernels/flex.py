@@ -139,9 +139,8 @@ def _after_sinks(score_mod, n_sinks: int):
     """score_mod over [sinks; keys]: the sinks keep their content score, key kv_idx - n_sinks gets score_mod's."""
 
     def sink_mod(score, b, h, q_idx, kv_idx):
-        key = torch.clamp(
-            kv_idx - n_sinks, min=0
-        )  # both branches are evaluated: keep the index in range
+        # both branches are evaluated: keep the index in range
+        key = torch.clamp(kv_idx - n_sinks, min=0)
         return torch.where(kv_idx < n_sinks, score, score_mod(score, b, h, q_idx, key))
 
     return sink_mod
@@ -159,9 +158,8 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
         call.pair_bias,
         None,
     )
-    if (
-        scheme is not None and not scheme.pointwise
-    ):  # a scheme of one's own: its [H, L, K] map, precomputed
+    # a scheme of one's own: its [H, L, K] map, precomputed
+    if scheme is not None and not scheme.pointwise:
         pair_map = scheme.bias(call.query_positions, call.key_positions) * call.bias_scale
     # Λ restarted at the first query, in at least fp32 (in bf16 a Λ of 100 would be off by 0.25)
     wide = torch.promote_types(call.dtype, torch.float32)
@@ -201,9 +199,8 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
         if term_b is not None:
             score = score + term_b[b, h, q_idx, t]
         unscaled = []  # what does not come from the queries
-        if (
-            term_d is not None
-        ):  # term d without b next to a query-dependent bias (else in distance_scores)
+        # term d without b next to a query-dependent bias (else in distance_scores)
+        if term_d is not None:
             unscaled.append(term_d[h, t])
         if distance_scores is not None:
             unscaled.append(distance_scores[h, t])

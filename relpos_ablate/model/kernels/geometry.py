@@ -79,9 +79,8 @@ class BlockView(NamedTuple):
     visible: Tensor  # bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j
     query_index: Tensor  # [L_b] key index i' = M + i of each query
     key_index: Tensor  # [K_b] index of each key
-    query_positions: (
-        Tensor  # [L_b] positions the encodings read (explicit or randomized ones included)
-    )
+    # [L_b] positions the encodings read (explicit or randomized ones included)
+    query_positions: Tensor
     key_positions: Tensor  # [K_b]
 
 

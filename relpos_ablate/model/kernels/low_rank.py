@@ -35,9 +35,8 @@ from torch import Tensor
 
 from relpos_ablate.model.kernels.call import AttentionCall
 
-SPREAD_LIMIT = (
-    128.0  # largest spread of e over one block's queries: offsets within ±64, fp32 rounding ≤ ~4e-6
-)
+# largest spread of e over one block's queries: offsets within ±64, fp32 rounding ≤ ~4e-6
+SPREAD_LIMIT = 128.0
 MIN_BLOCK, MAX_BLOCK = 64, 1024
 # channels added to the head: OFFSET in front (the offsets' hi and lo parts against ones), then, where e needs a
 # gradient, one channel per gradient block (below), zeros up to a multiple of 8 (they add nothing to a product). At
@@ -68,7 +67,8 @@ def key_offsets(call: AttentionCall) -> Tensor | None:
     ):
         return None
     if call.linear_bias is not None and bool((call.linear_bias < 0).any()):
-        return None  # a slope below 0 (a scheme of your own) grows e toward the past: its far keys would round
+        # a slope below 0 (a scheme of your own) grows e toward the past: its far keys would round
+        return None
     offsets = None
     if call.linear_bias is not None:
         keys = torch.arange(call.n_keys, dtype=torch.float64, device=call.linear_bias.device)
@@ -126,10 +126,8 @@ def matches_float64(ordered: bool) -> bool:
     on two calls whose offsets climb in steps of 1000 every 100 keys (e / s up to ~10^5: a sum that holds one
     errs ~1e-4): 800 queries (the flash kernel's large query tiles) and 100 after 300 memory keys (its small ones,
     and a past part); output within 1e-5, gradients within 1e-5 of their largest entry."""
-    with (
-        torch.inference_mode(False),
-        torch.enable_grad(),
-    ):  # whatever the caller's mode: the check differentiates
+    # whatever the caller's mode: the check differentiates
+    with torch.inference_mode(False), torch.enable_grad():
         return _matches_float64(ordered)
 
 
@@ -205,10 +203,8 @@ def _set_keys(k_aug: Tensor, keys: slice, offsets: Tensor, scale: float, lead: i
     """The key channels of `keys` (from `lead` on): hi and lo of offsets / s (e differences in float64), each against
     a 1."""
     hi, lo = _split(offsets, scale, k_aug.dtype)
-    k_aug[:, :, keys, lead], k_aug[:, :, keys, lead + 2] = (
-        hi,
-        lo,
-    )  # broadcasts over the batch where e is shared
+    # broadcasts over the batch where e is shared
+    k_aug[:, :, keys, lead], k_aug[:, :, keys, lead + 2] = (hi, lo)
 
 
 def _lead(ordered: bool, head: int) -> int:
@@ -334,9 +330,8 @@ class KeyOffsetAttention(torch.autograd.Function):
                 q_aug[:, :, rows], k_aug[:, :, :k0], v_aug[:, :, :k0], 0.0, False, scale=scale
             )
             own_lse = lse[:, :, rows]
-            out[:, :, rows].lerp_(
-                past, torch.sigmoid(past_lse - own_lse)[..., None]
-            )  # weights e^(l_part - l)
+            # weights e^(l_part - l)
+            out[:, :, rows].lerp_(past, torch.sigmoid(past_lse - own_lse)[..., None])
             own_lse.copy_(torch.logaddexp(past_lse, own_lse))
         ctx.save_for_backward(q_aug, k_aug, v_aug, key_offsets, out, lse)
         ctx.scale, ctx.block, ctx.sums, ctx.lead = scale, block, sums, lead
@@ -355,9 +350,8 @@ class KeyOffsetAttention(torch.autograd.Function):
         # gates' gradients then sum (j - c)- and (c - i')-weighted terms instead of j- and i'-weighted ones: far
         # less cancellation
         grad_offsets = torch.zeros(b, h, k_aug.shape[2], dtype=torch.float64, device=q_aug.device)
-        totals = torch.zeros(
-            b, h, len(sums), dtype=torch.float64, device=q_aug.device
-        )  # rows' minus columns'
+        # rows' minus columns'
+        totals = torch.zeros(b, h, len(sums), dtype=torch.float64, device=q_aug.device)
         columns = slice(OFFSET + dh, OFFSET + dh + len(sums))
 
         def add_sums(rows: slice, keys: slice, gq: Tensor, gk: Tensor) -> None:
@@ -377,10 +371,8 @@ class KeyOffsetAttention(torch.autograd.Function):
         own_keys, own = (k_aug[:, :, n_mem:], v_aug[:, :, n_mem:]), _own_blocks(layout)
         if n_mem or len(own) > 1:
             dq, dk, dv = torch.empty_like(q_aug), torch.empty_like(k_aug), torch.empty_like(v_aug)
-            dk[:, :, :n_mem], dv[:, :, :n_mem] = (
-                0.0,
-                0.0,
-            )  # memory keys: only the past parts reach them
+            # memory keys: only the past parts reach them
+            dk[:, :, :n_mem], dv[:, :, :n_mem] = (0.0, 0.0)
         for rows, n in own:
             grads = _backward(
                 *(_batched(t, rows, n) for t in (grad_aug, q_aug)),

@@ -28,9 +28,8 @@ class ALiBiBias(BiasScheme):
 
     def __init__(self, n_heads, config):
         super().__init__(n_heads, config)
-        self.register_buffer(
-            "slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False
-        )  # (H,)
+        # (H,)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
 
     def slope(self):
         return self.slopes

@@ -93,9 +93,8 @@ class FIREPairs:
             x = self.scheme.psi(distances) / self.norm[rows, None]
             x_range = _range(x)
             interval = _one_interval(x_range, self.breakpoints)
-            if (
-                interval is not None
-            ):  # one α and β per head, no lookups (a tile far from the diagonal, mostly)
+            # one α and β per head, no lookups (a tile far from the diagonal, mostly)
+            if interval is not None:
                 bias = torch.addcmul(
                     self.interval_alpha[:, interval, None, None].expand(-1, *x.shape),
                     self.interval_beta[:, interval, None, None],
@@ -148,22 +147,19 @@ class FIREPairs:
                 piece = tile.below.add_(
                     _count_below(tile.x, self.breakpoints, tile.x_range, right=True)
                 )
-                on_cpu = (
-                    piece.device.type == "cpu"
-                )  # (elsewhere: no read-back, every piece may be present)
+                # (elsewhere: no read-back, every piece may be present)
+                on_cpu = piece.device.type == "cpu"
                 low, high = (
                     map(int, torch.aminmax(piece)) if on_cpu else (0, self.beta.shape[1] - 1)
                 )
-                if (
-                    high - low < FEW_PIECES
-                ):  # Σ_h G_h·β_h(s) for each piece s present, then each pair's own
+                # Σ_h G_h·β_h(s) for each piece s present, then each pair's own
+                if high - low < FEW_PIECES:
                     offset = piece.view(-1, 1) - low
                     few = (offset == torch.arange(high - low + 1, device=piece.device)).to(
                         grad.dtype
                     )
-                    per_piece = self.beta[:, low : high + 1].T @ grad.reshape(
-                        heads, -1
-                    )  # (span, L_b·K_b)
+                    # (span, L_b·K_b)
+                    per_piece = self.beta[:, low : high + 1].T @ grad.reshape(heads, -1)
                     grad_x = per_piece.gather(0, offset.view(1, -1)).view_as(tile.x)
                 else:
                     index = piece.view(1, -1).expand(heads, -1)
@@ -271,9 +267,8 @@ def _run_sums(values: Tensor, piece: Tensor, low: int, high: int) -> Tensor:
     span = high - low + 1
     rows = torch.arange(n_rows, device=piece.device)[:, None] * span - low
     counts = torch.bincount((piece + rows).view(-1), minlength=n_rows * span).view(n_rows, span)
-    ends = (
-        counts.flip(1).cumsum_(1).flip(1)
-    )  # (R, span): #keys of the row with piece >= s, piece s's run's end
+    # (R, span): #keys of the row with piece >= s, piece s's run's end
+    ends = counts.flip(1).cumsum_(1).flip(1)
     running = values.cumsum_(2)
     # Σ over the keys before each run's end, 0 above the row's pieces; piece s's run follows piece s + 1's
     upto = running.gather(2, (ends - 1).clamp_(min=0).expand(heads, -1, -1)).masked_fill_(

@@ -25,9 +25,8 @@ class _Kerple(BiasScheme):
     def __init__(self, n_heads, config):
         super().__init__(n_heads, config)
         self.a = nn.Parameter(torch.rand(n_heads).clamp(min=MIN_PARAM))  # (H,) ~ U(0, 1), in range
-        self.p = nn.Parameter(
-            (torch.rand(n_heads) * 2).clamp(min=MIN_PARAM, max=self.max_p)
-        )  # (H,) ~ U(0, 2)
+        # (H,) ~ U(0, 2)
+        self.p = nn.Parameter((torch.rand(n_heads) * 2).clamp(min=MIN_PARAM, max=self.max_p))
 
     @torch.no_grad()
     def after_optimizer_step(self) -> None:

@@ -40,9 +40,8 @@ class FIREBias(BiasScheme):
         return self.psi(distances) / self.psi(torch.maximum(q_pos, self.threshold.abs()))
 
     def bias(self, q_pos, k_pos):
-        return relu_mlp(
-            self.mlp[0], self.mlp[2], self._pair_input(q_pos[:, None], k_pos[None, :])
-        )  # (H, Lq, K)
+        # (H, Lq, K)
+        return relu_mlp(self.mlp[0], self.mlp[2], self._pair_input(q_pos[:, None], k_pos[None, :]))
 
     def pair_score(self, q_pos, k_pos, head):
         """The MLP unit by unit on scalars (FlexAttention's score_mod evaluates it per pair: no [H, Lq, K] map;
@@ -65,19 +64,16 @@ class FIREBias(BiasScheme):
         if distances is None:
             return super().compiled_pair_score(query_positions, key_positions, distances)
         breakpoints, alpha, beta = pieces(self.mlp[0], self.mlp[2])
-        alpha, beta = (
-            alpha[:, ::2].contiguous(),
-            beta[:, ::2].contiguous(),
-        )  # (H, U + 1): the open intervals
+        # (H, U + 1): the open intervals
+        alpha, beta = (alpha[:, ::2].contiguous(), beta[:, ::2].contiguous())
         q = query_positions.to(self.c.dtype)
         inverse_norm = 1.0 / self.psi(torch.maximum(q, self.threshold.abs()))  # (L,)
         psi = self.psi(distances.to(self.c.dtype))  # (n,)
 
         def score(head, q_idx, kv_idx, t):
             x = psi[t] * inverse_norm[q_idx]
-            below = sum(
-                (x > breakpoints[unit]).to(torch.int64) for unit in range(len(breakpoints))
-            )  # #breakpoints < x
+            # #breakpoints < x
+            below = sum((x > breakpoints[unit]).to(torch.int64) for unit in range(len(breakpoints)))
             return alpha[head, below] + beta[head, below] * x
 
         return score

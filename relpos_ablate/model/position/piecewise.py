@@ -43,10 +43,11 @@ def pieces(first: nn.Linear, second: nn.Linear) -> tuple[Tensor, Tensor, Tensor]
         finite = tau.isfinite()
         tau = torch.where(finite, tau, float("inf"))
         breakpoints = tau.sort().values
+        # (U,)
         below, upto = (
             torch.searchsorted(breakpoints, tau),
             torch.searchsorted(breakpoints, tau, right=True),
-        )  # (U,)
+        )
         piece = torch.arange(2 * len(breakpoints) + 1, device=w1.device)[:, None]  # (S, 1)
         on = torch.where(
             finite, ((w1 > 0) & (piece >= 2 * upto)) | ((w1 < 0) & (piece <= 2 * below)), b1 > 0
@@ -61,9 +62,8 @@ def pieces(first: nn.Linear, second: nn.Linear) -> tuple[Tensor, Tensor, Tensor]
 def _evaluate(x: Tensor, alpha: Tensor, beta: Tensor, below: Tensor) -> Tensor:
     """α + β·x of the interval each x lies in or ends (α, β [H, U + 1] of the intervals; below: #breakpoints < x):
     [H, *x.shape]."""
-    index = below.view(1, -1).expand(
-        len(alpha), -1
-    )  # (H, N): gather reads it ~1.7x faster than index_select
+    # (H, N): gather reads it ~1.7x faster than index_select
+    index = below.view(1, -1).expand(len(alpha), -1)
     out = alpha.gather(1, index).view(len(alpha), *x.shape)
     return out.addcmul_(beta.gather(1, index).view_as(out), x)
 
@@ -81,9 +81,8 @@ class _PiecewiseLinear(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, beta, breakpoints, below = ctx.saved_tensors
         rows = x.flatten(0, -2) if x.dim() > 1 else x.view(1, -1)  # (R, K)
-        piece = (below + torch.bucketize(x, breakpoints, right=True)).view(
-            rows.shape
-        )  # (see pieces)
+        # (see pieces)
+        piece = (below + torch.bucketize(x, breakpoints, right=True)).view(rows.shape)
         g = grad.reshape(len(beta), *rows.shape)  # (H, R, K)
         grad_x = grad_alpha = grad_beta = None
         if ctx.needs_input_grad[0]:

@@ -16,10 +16,8 @@ from torch import Tensor
 from relpos_ablate.model.position.sinusoid import inverse_frequencies
 
 XPOS_GAMMA = 0.4  # ζ_p = (2p/d + γ)/(1 + γ) (Sun et al. 2022, the authors' code)
-YARN_ALPHA, YARN_BETA = (
-    1.0,
-    32.0,
-)  # YaRN's ramp ends: pairs turning > β times within L keep θ, < α get θ/s
+# YaRN's ramp ends: pairs turning > β times within L keep θ, < α get θ/s
+YARN_ALPHA, YARN_BETA = (1.0, 32.0)
 # Llama 3's ramp ends (Llama 3.1's rope_scaling low_freq_factor, high_freq_factor): pairs whose wavelength exceeds
 # L/low get θ/s, below L/high keep θ, in between a blend linear in L/wavelength (Hugging Face, rope_type llama3)
 LLAMA3_LOW, LLAMA3_HIGH = 1.0, 4.0
@@ -187,11 +185,8 @@ class _Rotation(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
-        return (
-            _Rotation.apply(grad, cos, -sin),
-            None,
-            None,
-        )  # itself a _Rotation: differentiable again
+        # itself a _Rotation: differentiable again
+        return (_Rotation.apply(grad, cos, -sin), None, None)
 
 
 def rotate_queries_keys(

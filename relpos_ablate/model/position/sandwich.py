@@ -27,13 +27,10 @@ class SandwichBias(BiasScheme):
             raise ValueError(
                 "sandwich reads the head width: build it with build_bias(config, n_heads, d_head)"
             )
-        k = torch.arange(
-            1, self.d_head // 2 + 1, dtype=torch.float64, device=distances.device
-        )  # (d/2,)
-        angles = (
-            distances.abs().to(torch.float64)[:, None] * BASE ** (-2 * k / self.d_head)[None]
-        )  # (n, d/2)
-        inner = (angles.cos().sum(-1) - self.d_head / 2).to(
-            self.divisor.dtype
-        )  # (n,): p_i·p_j - d/2
+        # (d/2,)
+        k = torch.arange(1, self.d_head // 2 + 1, dtype=torch.float64, device=distances.device)
+        # (n, d/2)
+        angles = distances.abs().to(torch.float64)[:, None] * BASE ** (-2 * k / self.d_head)[None]
+        # (n,): p_i·p_j - d/2
+        inner = (angles.cos().sum(-1) - self.d_head / 2).to(self.divisor.dtype)
         return inner[None] / self.divisor[:, None]  # (H, n)

@@ -33,9 +33,8 @@ class XLTableBias(BiasScheme):
         super().__init__(n_heads, config)
         self.max_distance = config.max_distance
         rows = self.max_distance + 1 if self.causal else 2 * self.max_distance + 1
-        self.table = nn.Parameter(
-            nn.init.trunc_normal_(torch.empty(rows, n_heads), std=0.02)
-        )  # (rows, H)
+        # (rows, H)
+        self.table = nn.Parameter(nn.init.trunc_normal_(torch.empty(rows, n_heads), std=0.02))
 
     def row_index(self, distances: Tensor) -> Tensor:
         return table_row(distances, self.max_distance, self.max_distance, self.causal)

@@ -10,10 +10,11 @@ from relpos_ablate.studies.length_generalization.table import (
     rank_table,
 )
 
+# with the step-cap runs
 REPORTS = {
     "length_generalization": length_generalization_report,
     ("length_generalization", "length_generalization_cap"): length_generalization_report,
-}  # with the step-cap runs
+}
 LAYOUTS = {
     "length_generalization": LayoutSpec(
         length_generalization_table,

@@ -56,9 +56,8 @@ def curves(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str], list
     frame = bins.join(runs[keys], on="run_dir")
     frame["n"] = (frame["length_min"] + frame["length_max"]) / 2
     frame, variant_keys, variants = with_variants(frame, df)
-    if (
-        set(variant_keys) <= {"encoding", POSITIONS} and "encoding" in variant_keys
-    ):  # the study's order, spec or not
+    # the study's order, spec or not
+    if set(variant_keys) <= {"encoding", POSITIONS} and "encoding" in variant_keys:
         variants.sort(
             key=lambda v: variant_order(
                 *(dict(zip(variant_keys, v)).get(k) for k in ("encoding", POSITIONS))

@@ -109,14 +109,14 @@ def with_variants(
     """`frame` with a `variant` column (the values of the fields that tell runs apart, the task
     excluded), those fields, and the variants in the spec's order."""
     runs = finished_runs_frame(df).drop_duplicates("run_dir")
+    # one variant: named by its encoding
     keys = (
         [k for k in default_rows(runs) if k not in (TASK, "experiment")]
         or [k for k in ("encoding", POSITIONS) if k in runs]
         or ["experiment"]
-    )  # one variant: named by its encoding
-    if (
-        "encoding" in keys
-    ):  # fields an encoding fixes (T5's buckets, zipped with it) name no variant of their own
+    )
+    # fields an encoding fixes (T5's buckets, zipped with it) name no variant of their own
+    if "encoding" in keys:
         keys = [
             k
             for k in keys
@@ -285,9 +285,8 @@ def save_diagnostics(
     frame = collect_diagnostics(finished_runs_frame(df))
     if frame["run_dir"].nunique() == 1:
         run = frame.iloc[0]
-        named = isinstance(
-            run.get("encoding"), str
-        )  # the run in words; its id only when nothing else names it
+        # the run in words; its id only when nothing else names it
+        named = isinstance(run.get("encoding"), str)
         keys, value = (
             (["encoding", POSITIONS], (run["encoding"], run.get(POSITIONS)))
             if named

@@ -100,9 +100,8 @@ def length_generalization_report(df: pd.DataFrame, correction: str = "holm") -> 
         )
     scores = run_scores(df)
     family = Family("the orderings (per task and over tasks)", correction)
-    tasks = sorted(
-        set(scores["task"]), key=task_order
-    )  # not the spec's: summary.csv alone gives the same report
+    # not the spec's: summary.csv alone gives the same report
+    tasks = sorted(set(scores["task"]), key=task_order)
     lines = [
         "# Length generalization: derived numbers",
         "",

@@ -6,11 +6,12 @@ from relpos_ablate.studies.xl.figures import save_context_figure
 from relpos_ablate.studies.xl.report import context_report, table6_report
 from relpos_ablate.studies.xl.tables import xl_table6, xl_table8
 
+# Table 6 with its fair no-memory control
 REPORTS = {
     "xl_table6_cpu": table6_report,
     "xl_context_cpu": context_report,
     ("xl_context_cpu", "xl_table6_cpu"): table6_report,
-}  # Table 6 with its fair no-memory control
+}
 LAYOUTS = {
     # Table 6 reads the RECL ladder's settings as the evaluations at each attention length they are;
     # Table 8 computes RECL from their per-target losses

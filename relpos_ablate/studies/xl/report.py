@@ -22,7 +22,8 @@ ROW = ("encoding", "model.mem_len", "train.loss_on")
 """What tells the study's models apart (seeds pooled)."""
 ENCODINGS = ("xl", "shaw", "vaswani", "al_rfou")
 """Table 6's order of encodings."""
-COMPARISONS = (  # (what the comparison asks, row a, row b, context of a, context of b: "init" | "best" | c)
+# (what the comparison asks, row a, row b, context of a, context of b: "init" | "best" | c)
+COMPARISONS = (
     (
         "recurrence, XL encoding (full loss), each at its training attention length",
         ("xl", 48, "full"),

@@ -78,9 +78,8 @@ def model_rows(
         lines.append((labels, key, part))
     lines.sort(key=lambda line: line[0][0] != "✓")  # stable: recurrence first, as in the paper
     index = ["Recurrence", "Encoding", "Loss"]
-    if len({tuple(labels) for labels, _, _ in lines}) < len(
-        lines
-    ):  # other fields vary too: show them
+    # other fields vary too: show them
+    if len({tuple(labels) for labels, _, _ in lines}) < len(lines):
         index.append("Other")
         shown = ("encoding", "model.mem_len", "train.loss_on")  # in the three columns already
         segment = (
@@ -153,9 +152,8 @@ def _init_and_best(runs: pd.DataFrame, metric: str) -> tuple[Cell | None, Cell, 
         for s, c in settings
         if train_seg is not None and s.get("attn_len") == train_seg + train_mem
     ]
-    at_train.sort(
-        key=lambda sc: sc[0].get("segment_len") != train_seg
-    )  # prefer the training segment length
+    # prefer the training segment length
+    at_train.sort(key=lambda sc: sc[0].get("segment_len") != train_seg)
     sign = -1 if metric_direction(metric) == "max" else 1
     best_setting, best = min(
         settings, key=lambda sc: (sign * sc[1].mean, sc[0].get("attn_len") or 0)

@@ -121,9 +121,8 @@ class SegmentDataModule(L.LightningDataModule):
                 problems += [ConfigError(field, missing) for field in fields]
                 continue
             size = tokens.numel()
-            targets = (
-                size // rows - 1
-            )  # per stream: batchify's rows, each stream's first token not a target
+            # per stream: batchify's rows, each stream's first token not a target
+            targets = size // rows - 1
             if targets < 1:
                 raise ConfigError(
                     "eval.batch_size",

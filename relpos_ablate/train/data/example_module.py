@@ -64,6 +64,7 @@ class ExampleDataModule(SegmentDataModule):
                 f"segment_len {segment_len} is shorter than the shortest {data.task} "
                 f"example ({data.input_length(1)} tokens)",
             )
+        # test sets use (lo, hi[, depth])
         return examples.generate(
             data,
             self.config.seed,
@@ -71,7 +72,7 @@ class ExampleDataModule(SegmentDataModule):
             max(count, data.eval_examples),
             (fits[-1], fits[-1]),
             stream=(0,),
-        )  # test sets use (lo, hi[, depth])
+        )
 
     def test_sets(self, wanted: list[dict[str, Any]] | None = None) -> list[TestSet]:
         """One set per test-length bin (per bin and depth for depth tasks), data.eval_examples each; `wanted`:

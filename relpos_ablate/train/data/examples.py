@@ -52,25 +52,14 @@ from relpos_ablate.train.data.synthetic import SPLITS
 
 PAD, BOS, SEP = 0, 1, 2
 FIRST = 3  # the first task token
-DIGIT, PLUS, KEY = (
-    FIRST,
-    FIRST + 10,
-    FIRST + 10,
-)  # digits 0-9; addition's '+' and passkey's <key> follow them
-FILLER = (
-    KEY + 1
-)  # passkey, niah_*, variable_tracking: num_symbols filler symbols, then (not passkey) num_keys names
-COUNTED, OPEN, CLOSE = (
-    FIRST + 10,
-    FIRST + 12,
-    FIRST + 13,
-)  # contextual_counting: bits 0, 1 after the digits; '[', ']'
-WRITE, READ, IGNORE, BIT = (
-    FIRST,
-    FIRST + 1,
-    FIRST + 2,
-    FIRST + 3,
-)  # flip_flop's instructions, then bits 0 and 1
+# digits 0-9; addition's '+' and passkey's <key> follow them
+DIGIT, PLUS, KEY = (FIRST, FIRST + 10, FIRST + 10)
+# passkey, niah_*, variable_tracking: num_symbols filler symbols, then (not passkey) num_keys names
+FILLER = KEY + 1
+# contextual_counting: bits 0, 1 after the digits; '[', ']'
+COUNTED, OPEN, CLOSE = (FIRST + 10, FIRST + 12, FIRST + 13)
+# flip_flop's instructions, then bits 0 and 1
+WRITE, READ, IGNORE, BIT = (FIRST, FIRST + 1, FIRST + 2, FIRST + 3)
 
 
 @dataclass(frozen=True)
@@ -130,10 +119,11 @@ def vocab_size(data: DataConfig) -> int:
             "mqar": data.num_keys + data.num_symbols,  # keys, then values
             "flip_flop": 5,  # write, read, ignore, 0, 1
             "passkey": 11 + data.num_symbols,  # ten digits, <key>, filler symbols
+            # ten digits, <key>, filler symbols, names
             **dict.fromkeys(
                 ("niah_multikey", "niah_multivalue", "niah_multiquery", "variable_tracking"),
                 11 + data.num_symbols + data.num_keys,
-            ),  # ten digits, <key>, filler symbols, names
+            ),
             "contextual_counting": 14,  # ten digits (the counts), 0, 1, '[', ']'
         }[data.task]
     )
@@ -225,13 +215,11 @@ def _parity(data, rng, n, count, depths):
 
 def _mqar(data, rng, n, count, depths):
     """n pairs with distinct keys, then min(mqar_queries, n) distinct keys each followed by its value."""
-    keys = np.argsort(rng.random((count, data.num_keys)), axis=1)[
-        :, :n
-    ]  # distinct keys per example
+    # distinct keys per example
+    keys = np.argsort(rng.random((count, data.num_keys)), axis=1)[:, :n]
     values = rng.integers(0, data.num_symbols, size=(count, n))
-    asked = np.argsort(rng.random((count, n)), axis=1)[
-        :, : min(data.mqar_queries, n)
-    ]  # which pairs
+    # which pairs
+    asked = np.argsort(rng.random((count, n)), axis=1)[:, : min(data.mqar_queries, n)]
     value_token = FIRST + data.num_keys
     pairs = np.stack([keys + FIRST, values + value_token], axis=2).reshape(count, 2 * n)
     queries = np.stack(
@@ -301,9 +289,8 @@ def _niah_multivalue(data, rng, n, count, depths):
     order) among one needle of each other key (anywhere); the answer is the asked key's values."""
     filler, keys = _filler(data, rng, n, count), _names(data, rng, count, data.niah_keys)
     width, others = data.passkey_digits, data.niah_keys - 1
-    values = _digits(
-        _distinct(rng, count, data.niah_values, width), width
-    )  # [count, values, width]
+    # [count, values, width]
+    values = _digits(_distinct(rng, count, data.niah_values, width), width)
     distractors = _digits(rng.integers(0, 10**width, size=(count, others)), width)
     at = _depth_slot(depths, n)
     slots = np.concatenate(
@@ -351,12 +338,10 @@ def _variable_tracking(data, rng, n, count, depths):
 
 def _contextual_counting(data, rng, n, count, depths):
     bits = rng.integers(0, 2, size=(count, n))
-    bounds = np.sort(
-        rng.integers(0, n + 1, size=(count, 2 * data.counting_regions)), axis=1
-    )  # region r: 2r, 2r+1
-    ones = np.concatenate(
-        [np.zeros((count, 1), dtype=np.int64), np.cumsum(bits, axis=1)], axis=1
-    )  # before a slot
+    # region r: 2r, 2r+1
+    bounds = np.sort(rng.integers(0, n + 1, size=(count, 2 * data.counting_regions)), axis=1)
+    # before a slot
+    ones = np.concatenate([np.zeros((count, 1), dtype=np.int64), np.cumsum(bits, axis=1)], axis=1)
     counts = np.take_along_axis(ones, bounds[:, 1::2], 1) - np.take_along_axis(
         ones, bounds[:, 0::2], 1
     )
@@ -417,12 +402,10 @@ def _hide(filler, needles, slots):
     needles after the same number keep their order: [count, n + Σ w_j]."""
     count, n = filler.shape
     widths = np.array([block.shape[1] for block in needles])
-    order = np.argsort(
-        slots, axis=1, kind="stable"
-    )  # the needles in prompt order: by slot, then index
-    ahead = (
-        np.cumsum(widths[order], axis=1) - widths[order]
-    )  # needle tokens before each, in prompt order
+    # the needles in prompt order: by slot, then index
+    order = np.argsort(slots, axis=1, kind="stable")
+    # needle tokens before each, in prompt order
+    ahead = np.cumsum(widths[order], axis=1) - widths[order]
     start = np.empty_like(slots)
     np.put_along_axis(start, order, np.take_along_axis(slots, order, 1) + ahead, axis=1)
     prompt = np.full((count, n + int(widths.sum())), -1, dtype=np.int64)
@@ -458,10 +441,11 @@ def as_streams(examples: Examples, rows: int, segment_len: int) -> tuple[Tensor,
     if batches < 1:
         raise ValueError(f"{len(examples)} examples cannot fill {rows} rows")
     padded = examples.padded(segment_len)
+    # (S·rows, T) -> (S, rows, T) -> (rows, S·T)
     return tuple(
         t[: batches * rows].view(batches, rows, segment_len).transpose(0, 1).reshape(rows, -1)
         for t in (padded.inputs, padded.targets, padded.mask)
-    )  # (S·rows, T) -> (S, rows, T) -> (rows, S·T)
+    )
 
 
 def by_length(examples: Examples, rows: int, seed: int) -> Examples:
@@ -470,9 +454,8 @@ def by_length(examples: Examples, rows: int, seed: int) -> Examples:
     order = torch.argsort(examples.lengths, stable=True)
     batches = len(order) // rows
     shuffled = torch.randperm(batches, generator=torch.Generator().manual_seed(seed))
-    order = (
-        order[: batches * rows].view(batches, rows)[shuffled].reshape(-1)
-    )  # (batches, rows): whole batches move
+    # (batches, rows): whole batches move
+    order = order[: batches * rows].view(batches, rows)[shuffled].reshape(-1)
     return Examples(
         *(
             t[order]

@@ -116,9 +116,8 @@ class WindowBatches(Dataset):
     ):
         self.layout, self.window, self.per_batch = layout, window, per_batch
         ends = window_ends(layout.length, window, stride)  # (K,)
-        previous = torch.cat(
-            [ends.new_zeros(1), ends[:-1]]
-        )  # where the previous window's scoring stopped
+        # where the previous window's scoring stopped
+        previous = torch.cat([ends.new_zeros(1), ends[:-1]])
         starts = (ends - window).clamp(min=0)
         n = len(ends)
         rows = torch.arange(layout.streams) if rows is None else rows

@@ -59,9 +59,8 @@ def variable_tracking(body: list[int]) -> list[int]:
     needles, asked = _needles(body)
     held = {}
     for name, right in needles:
-        held[name] = (
-            tuple(right) if _is_digit(right[0]) else held.get(right[0])
-        )  # a copy of what Y holds
+        # a copy of what Y holds
+        held[name] = tuple(right) if _is_digit(right[0]) else held.get(right[0])
     return [name for name, _ in needles if held[name] == tuple(asked)]
 
 

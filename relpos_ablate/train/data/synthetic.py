@@ -99,16 +99,14 @@ def _answer_in_segment(
     """recall: count a query only if the segment so far stored exactly one value under its key, the target."""
     b, length = inputs.shape
     n_pairs = n_keys * n_values
-    pair_ids = torch.where(
-        inputs < n_pairs, inputs, n_pairs
-    )  # queries -> an extra class dropped below
+    # queries -> an extra class dropped below
+    pair_ids = torch.where(inputs < n_pairs, inputs, n_pairs)
     # A query is never itself a pair, so the inclusive cumulative count is "pairs seen before t".
     seen = F.one_hot(pair_ids, n_pairs + 1)[..., :n_pairs].cumsum(1) > 0  # [B, L, K*V]
     seen = seen.view(b, length, n_keys, n_values)
     key = (inputs - n_pairs).clamp(0, n_keys - 1)  # [B, L]; meaningful at queries only
-    values = seen.gather(2, key[:, :, None, None].expand(b, length, 1, n_values)).squeeze(
-        2
-    )  # [B, L, V]
+    # [B, L, V]
+    values = seen.gather(2, key[:, :, None, None].expand(b, length, 1, n_values)).squeeze(2)
     answer = key * n_values + values.int().argmax(-1)
     return mask & (values.sum(-1) == 1) & (answer == targets)
 
@@ -117,9 +115,8 @@ def _repeat(data: DataConfig, rng: np.random.Generator, rows: int, length: int) 
     period = data.period
     blocks = -(-(length + 1) // (2 * period))
     block = rng.integers(0, data.num_symbols, size=(rows, blocks, 1, period))
-    stream = torch.from_numpy(
-        np.tile(block, (1, 1, 2, 1)).reshape(rows, -1)[:, : length + 1]
-    )  # [rows, length+1]
+    # [rows, length+1]
+    stream = torch.from_numpy(np.tile(block, (1, 1, 2, 1)).reshape(rows, -1)[:, : length + 1])
     # Position of each target within its (block, repetition) pair: the repetition is the second half.
     target_pos = torch.arange(1, length + 1) % (2 * period)
     mask = (target_pos >= period).expand(rows, length)

@@ -135,9 +135,8 @@ def _read_files(files: dict[str, str], data: DataConfig) -> dict[str, str]:
             keep_linebreaks=True,
             cache_dir=str(cache_root(data) / "hf"),
         )
-    except (
-        Exception
-    ) as err:  # datasets wraps a decoding error into DatasetGenerationError; name the file
+    # datasets wraps a decoding error into DatasetGenerationError; name the file
+    except Exception as err:
         _raise_if_not_text(files, err)
         raise
     texts = {split: "".join(loaded[split]["text"]) for split in files}
