@@ -1,18 +1,21 @@
-"""Speed and memory of every attention scheme, as ratios to SDPA without positions (same projections).
+"""Speed and memory of every attention scheme, as ratios to SDPA without positions (same
+projections).
 
     python benchmarks/attention.py                       # all schemes, L = 512..4096, CPU fp32
     python benchmarks/attention.py --lengths 1024 --schemes xl_abcd,t5,alibi --pairs 7
     python benchmarks/attention.py --device cuda --dtype bf16 --lengths 1024,2048,4096,8192
 
 Time: forward + backward of one attention layer (B=2, H=8, d_head=64, causal), the scheme and the
-baseline run alternately, ratio = median over pairs of (scheme time / baseline time), so machine load
-hits both sides. Memory: peak bytes above the inputs during forward + backward, measured in a fresh
-child process per (scheme, L) on CPU (RSS with a fixed malloc mmap threshold, so freed blocks are
-returned, and the peak counter reset first), with torch.cuda.max_memory_allocated on CUDA. Writes a JSON file and prints a table.
+baseline run alternately, ratio = median over pairs of (scheme time / baseline time), so machine
+load hits both sides. Memory: peak bytes above the inputs during forward + backward, measured in a
+fresh child process per (scheme, L) on CPU (RSS with a fixed malloc mmap threshold, so freed blocks
+are returned, and the peak counter reset first), with torch.cuda.max_memory_allocated on CUDA.
+Writes a JSON file and prints a table.
 
-Backend 'auto' picks each call's kernel by timing the candidates at first use (kernels/calibration.py): that
-happens in the warm-up step, and the JSON lists the choices (kernel_choices) next to the processor, its
-flags, the cores, the date and whether denormals were flushed (relpos_ablate/model/denormals.py).
+Backend 'auto' picks each call's kernel by timing the candidates at first use
+(kernels/calibration.py): that happens in the warm-up step, and the JSON lists the choices
+(kernel_choices) next to the processor, its flags, the cores, the date and whether denormals were
+flushed (relpos_ablate/model/denormals.py).
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-# the package of this tree, or of another revision's (benchmarks/compare_revisions.py --time): only what
-# every revision has is imported here, the rest where a scheme needs it
+# the package of this tree, or of another revision's (benchmarks/compare_revisions.py --time): only
+# what every revision has is imported here, the rest where a scheme needs it
 sys.path.insert(
     0, os.environ.get("RELPOS_PACKAGE_ROOT", str(Path(__file__).resolve().parent.parent))
 )
@@ -72,8 +75,9 @@ SCHEMES: dict[str, dict | None] = {
     "log_n": dict(terms="a", score_scale="log_n", log_n_length=512),
     "ssmax": dict(terms="a", score_scale="ssmax", log_n_length=512),
     "temperature": dict(terms="a", learned_temperature=True),
-    # the schemes that read the scores themselves: the materialised path per query block (their floor on CPU),
-    # next to that path with a plain softmax and no position (explicit_nope: what no fused kernel costs)
+    # the schemes that read the scores themselves: the materialised path per query block (their
+    # floor on CPU), next to that path with a plain softmax and no position (explicit_nope: what no
+    # fused kernel costs)
     "explicit_nope": dict(terms="a", backend="explicit"),
     "stick_breaking": dict(terms="a", normaliser="stick_breaking"),
     "path": dict(terms="a", path=True),
@@ -124,7 +128,8 @@ class Seed000(RelPosAttention):
 
 
 class YaRNRoPE(RelPosAttention):
-    """RoPE called as an evaluation setting with rope_scaling yarn at s = 4 calls it (frequencies and temperature)."""
+    """RoPE called as an evaluation setting with rope_scaling yarn at s = 4 calls it (frequencies
+    and temperature)."""
 
     def __init__(self):
         super().__init__(D_MODEL, H, D_HEAD, AttentionConfig(terms="a", absolute="rope"))
@@ -156,7 +161,8 @@ def step(module, x) -> None:
 
 
 def seed000_fits(length: int, device) -> bool:
-    """R per pair is [L, L, d_model] several times over (R, W_R R, grads): skip when it cannot fit."""
+    """R per pair is [L, L, d_model] several times over (R, W_R R, grads): skip when it cannot
+    fit."""
     need = 4 * length * length * D_MODEL * 4
     limit = (
         torch.cuda.get_device_properties(device).total_memory
@@ -209,7 +215,8 @@ def peak_memory_child(name: str, length: int, device, dtype) -> float:
         step(module, x)
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20
-    # reset the kernel's peak-RSS counter (VmHWM), else the peak of importing torch hides small steps
+    # reset the kernel's peak-RSS counter (VmHWM), else the peak of importing torch hides small
+    # steps
     Path("/proc/self/clear_refs").write_text("5")
     before = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     step(module, x)
@@ -253,9 +260,9 @@ def fmt(value, suffix="x") -> str:
 
 
 def kernel_choices() -> dict:
-    """The kernels calibration chose in this run (kernels/calibration.py: key -> {"choice", "seconds" of each
-    candidate as timed at first use on this machine, from the cache where it was timed before}); {} for a
-    revision without calibration (compare_revisions.py)."""
+    """The kernels calibration chose in this run (kernels/calibration.py: key -> {"choice",
+    "seconds" of each candidate as timed at first use on this machine, from the cache where it was
+    timed before}); {} for a revision without calibration (compare_revisions.py)."""
     try:
         from relpos_ablate.model.kernels.calibration import CALIBRATION
     except ImportError:
@@ -264,7 +271,8 @@ def kernel_choices() -> dict:
 
 
 def denormals() -> str:
-    """Whether denormal floats are flushed to zero (relpos_ablate.model.denormals, from 2026-12-03 on)."""
+    """Whether denormal floats are flushed to zero (relpos_ablate.model.denormals, from 2026-12-03
+    on)."""
     try:
         from relpos_ablate.model import denormals as setting
     except ImportError:
@@ -273,8 +281,9 @@ def denormals() -> str:
 
 
 def machine() -> dict:
-    """What the timings belong to: the processor's model name, the instruction sets that pick the kernels
-    (AVX2, AVX-512, AMX), the cores this process may use and the UTC date (Linux: /proc/cpuinfo)."""
+    """What the timings belong to: the processor's model name, the instruction sets that pick the
+    kernels (AVX2, AVX-512, AMX), the cores this process may use and the UTC date (Linux:
+    /proc/cpuinfo)."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
 
     def field(key: str) -> str:
@@ -381,7 +390,8 @@ def main() -> None:
                 )
         results["rows"].append(row)
         cells = " | ".join(
-            f"{fmt(row.get(str(n), {}).get('ratio'))} ({fmt(row.get(str(n), {}).get('mem_ratio'))} mem)"
+            f"{fmt(row.get(str(n), {}).get('ratio'))} "
+            f"({fmt(row.get(str(n), {}).get('mem_ratio'))} mem)"
             for n in lengths
         )
         print(f"| {name} | {cells} |", flush=True)
@@ -398,7 +408,8 @@ def main() -> None:
         print(
             f"| {row['scheme']} | "
             + " | ".join(
-                f"{fmt(row.get(str(n), {}).get('ratio'))} ({fmt(row.get(str(n), {}).get('mem_ratio'))})"
+                f"{fmt(row.get(str(n), {}).get('ratio'))} "
+                f"({fmt(row.get(str(n), {}).get('mem_ratio'))})"
                 for n in lengths
             )
             + " |"

@@ -1,18 +1,21 @@
-"""Bit-for-bit check of a refactor: every scheme's outputs and gradients here against another revision.
+"""Bit-for-bit check of a refactor: every scheme's outputs and gradients here against another
+revision.
 
 Probes RelPosAttention for every term subset x bias type (plus RoPE, Shaw values, a clamped R) x
-causal/bidirectional x memory x backend (explicit, sdpa, blocks; flex forward, CPU eager), forward and
-backward, their `score_terms` maps, and TransformerLM with every absolute baseline over two segments
-with memory; all on fixed seeds in float64. The other revision's package is exported with `git archive`
-into a temporary folder, and each side runs in its own process. Prints the tensors that differ.
+causal/bidirectional x memory x backend (explicit, sdpa, blocks; flex forward, CPU eager), forward
+and backward, their `score_terms` maps, and TransformerLM with every absolute baseline over two
+segments with memory; all on fixed seeds in float64. The other revision's package is exported with
+`git archive` into a temporary folder, and each side runs in its own process. Prints the tensors
+that differ.
 
     python benchmarks/compare_revisions.py HEAD~1        # exit 1 when anything differs
 
-With --time it compares speed instead: benchmarks/attention.py of this tree times the attention of each
-revision (the same benchmark, the other revision's package: RELPOS_PACKAGE_ROOT), the two alternating
-round by round, each ratio to SDPA without positions measured in its own process:
+With --time it compares speed instead: benchmarks/attention.py of this tree times the attention of
+each revision (the same benchmark, the other revision's package: RELPOS_PACKAGE_ROOT), the two
+alternating round by round, each ratio to SDPA without positions measured in its own process:
 
-    python benchmarks/compare_revisions.py ea3d084 --time --schemes t5,xl_table,xl_abcd --lengths 1024 --rounds 2
+    python benchmarks/compare_revisions.py ea3d084 --time --schemes t5,xl_table,xl_abcd \\
+        --lengths 1024 --rounds 2
 """
 
 from __future__ import annotations
@@ -142,19 +145,24 @@ def export(revision: str, tmp: str) -> Path:
 
 
 def _largest_difference(old: list, new: list | None) -> str:
-    """', largest |new - old| = ... of the case's largest |old|' over its tensors of equal shapes. Relative to the
-    whole case, since some gradients are zero up to rounding (a bias b2 the softmax cancels)."""
+    """', largest |new - old| = ... of the case's largest |old|' over its tensors of equal shapes.
+    Relative to the whole case, since some gradients are zero up to rounding (a bias b2 the softmax
+    cancels)."""
     if new is None or len(old) != len(new):
         return " (missing or a different number of tensors)"
     pairs = [(a.double(), b.double()) for a, b in zip(old, new) if a.shape == b.shape and a.numel()]
     if not pairs:
         return ""
     scale = max(float(a.abs().max()) for a, _ in pairs) or 1.0
-    return f", largest |new - old| = {max(float((b - a).abs().max()) for a, b in pairs) / scale:.1e} of the largest |old|"
+    return (
+        f", largest |new - old| = "
+        f"{max(float((b - a).abs().max()) for a, b in pairs) / scale:.1e} of the largest |old|"
+    )
 
 
 def compare_speed(args: argparse.Namespace) -> int:
-    """Rounds of (revision, this tree) timings; prints each scheme's ratio to SDPA per round and side."""
+    """Rounds of (revision, this tree) timings; prints each scheme's ratio to SDPA per round and
+    side."""
     sides = {args.revision: None, "this tree": ROOT}
     ratios: dict[tuple[str, str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -188,7 +196,8 @@ def compare_speed(args: argparse.Namespace) -> int:
                             row[length]["ratio"]
                         )
     print(
-        f"| scheme | L | {args.revision}: ratio per round | this tree: ratio per round |\n|---|---|---|---|"
+        f"| scheme | L | {args.revision}: ratio per round | this tree: ratio per round |\n"
+        f"|---|---|---|---|"
     )
     for scheme in args.schemes.split(","):
         for length in args.lengths.split(","):
@@ -243,7 +252,8 @@ def main() -> int:
     for key in differ:
         print(f"differs: {key}{_largest_difference(old[key], new.get(key))}")
     print(
-        f"{len(old)} cases, {sum(map(len, old.values()))} tensors: {len(differ)} differ from {args.revision}"
+        f"{len(old)} cases, {sum(map(len, old.values()))} tensors: {len(differ)} differ from "
+        f"{args.revision}"
     )
     return 1 if differ else 0
 

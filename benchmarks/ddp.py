@@ -38,7 +38,8 @@ def measure(args: argparse.Namespace) -> None:
             raise SystemExit(f"the {args.processes}-process run ended {state}")
         tokens = args.steps * config.train.batch_size * config.train.segment_len
         print(
-            f"{RESULT} {tokens / clock.seconds:.0f} tokens/s ({1000 * clock.seconds / args.steps:.1f} ms/step)"
+            f"{RESULT} {tokens / clock.seconds:.0f} tokens/s "
+            f"({1000 * clock.seconds / args.steps:.1f} ms/step)"
         )
 
 
@@ -101,9 +102,9 @@ def main() -> None:
     ratio = float(two.split()[0]) / float(one.split()[0])
     config = benchmark_config(args)
     print(
-        f"CPU, {args.threads} thread(s) per process; d_model {config.model.d_model}, layers {config.model.n_layers}, "
-        f"segment {config.train.segment_len} x global batch {config.train.batch_size}, mem {config.model.mem_len}, "
-        f"{args.steps} timed steps"
+        f"CPU, {args.threads} thread(s) per process; d_model {config.model.d_model}, layers "
+        f"{config.model.n_layers}, segment {config.train.segment_len} x global batch "
+        f"{config.train.batch_size}, mem {config.model.mem_len}, {args.steps} timed steps"
     )
     print(f"1 process  : {one}")
     print(f"2 processes: {two}")

@@ -1,8 +1,8 @@
-"""What the attention diagnostics (eval.diagnostics) cost at evaluation: a no-grad TransformerLM forward
-with and without AttentionStatistics, CPU seconds (process time, so that other load on the machine
-counts less than in wall time), median of `--repeats` alternating pairs.
+"""What the attention diagnostics (eval.diagnostics) cost at evaluation: a no-grad TransformerLM
+forward with and without AttentionStatistics, CPU seconds (process time, so that other load on the
+machine counts less than in wall time), median of `--repeats` alternating pairs.
 
-    python benchmarks/diagnostics.py                          # d_model 128, 2 layers, 4 heads, batch 8
+    python benchmarks/diagnostics.py                # d_model 128, 2 layers, 4 heads, batch 8
     python benchmarks/diagnostics.py --lengths 64,256 --threads 2
 """
 

@@ -1,8 +1,9 @@
-"""How to batch example tasks: CPU time per training step (forward, backward, AdamW) of plain padding
-(every batch padded to the longest training example), of batches grouped by length and cut after their
-longest example (what ExampleDataModule does), and a lower bound for packing several examples into a row:
-the same real tokens in fewer full rows, without the block-diagonal mask and per-row positions packing
-would also need. Process time, so that other load on the machine counts less than in wall time.
+"""How to batch example tasks: CPU time per training step (forward, backward, AdamW) of plain
+padding (every batch padded to the longest training example), of batches grouped by length and cut
+after their longest example (what ExampleDataModule does), and a lower bound for packing several
+examples into a row: the same real tokens in fewer full rows, without the block-diagonal mask and
+per-row positions packing would also need. Process time, so that other load on the machine counts
+less than in wall time.
 
     python benchmarks/example_batches.py
 """

@@ -1,26 +1,30 @@
-"""The GPU check for the minutes a GPU is lent (`make gpu-check`; well over 10 min on one H200, split below).
+"""The GPU check for the minutes a GPU is lent (`make gpu-check`; well over 10 min on one H200,
+split below).
 
-    python benchmarks/gpu_check.py                    # CUDA: parity, DDP, timing; JSON + Markdown table
-    python benchmarks/gpu_check.py --device cpu --skip-timing --skip-ddp --schemes t5,fox   # dry run of the parity
+    python benchmarks/gpu_check.py      # CUDA: parity, DDP, timing; JSON + Markdown table
+    # a dry run of the parity:
+    python benchmarks/gpu_check.py --device cpu --skip-timing --skip-ddp --schemes t5,fox
 
-1. Parity (exit 1 on any failure): every scheme's fast paths (FlexAttention compiled, SDPA per block, the
-   block kernel) against the explicit path in float64, forward and backward (the output, and the gradients
-   of the input and every parameter), in fp32 (TF32 off) and under bf16 autocast, with memory, on small
-   shapes. Failure: relative error of the norm above 1e-4 (fp32) or 2.5e-2 (bf16, as
-   tests/test_attention_precision.py). CPU FlexAttention has no backward: there its forward only.
+1. Parity (exit 1 on any failure): every scheme's fast paths (FlexAttention compiled, SDPA per
+   block, the block kernel) against the explicit path in float64, forward and backward (the output,
+   and the gradients of the input and every parameter), in fp32 (TF32 off) and under bf16 autocast,
+   with memory, on small shapes. Failure: relative error of the norm above 1e-4 (fp32) or 2.5e-2
+   (bf16, as tests/test_attention_precision.py). CPU FlexAttention has no backward: there its
+   forward only.
 2. DDP: one short training run (`relpos-ablate train`, Lightning DDP, NCCL) on every visible GPU.
-3. Timing: each scheme of benchmarks/attention.py (backend auto: FlexAttention) against FlashAttention
-   without positions (`sdpa_nope`), forward + backward in bf16 at L = 1024, 4096, 16384, time ratio
-   (median of alternating pairs) and peak memory (in the process, torch.cuda.max_memory_allocated above the
-   inputs). Compilation happens in each cell's warm-up; the cells run in order of length, and those that
-   would start after --deadline seconds from the start are recorded as skipped, so the check ends in time
-   (every cell compiles FlexAttention again: about 9 s each on one H200, torch 2.11, 2026-12-04).
+3. Timing: each scheme of benchmarks/attention.py (backend auto: FlexAttention) against
+   FlashAttention without positions (`sdpa_nope`), forward + backward in bf16 at L = 1024, 4096,
+   16384, time ratio (median of alternating pairs) and peak memory (in the process,
+   torch.cuda.max_memory_allocated above the inputs). Compilation happens in each cell's warm-up;
+   the cells run in order of length, and those that would start after --deadline seconds from the
+   start are recorded as skipped, so the check ends in time (every cell compiles FlexAttention
+   again: about 9 s each on one H200, torch 2.11, 2026-12-04).
 
-Cost and splitting: parity compiles FlexAttention once per scheme and dtype (about 46 times), timing once per
-scheme and length (about 60): well over one 10-minute call. --backends, --dtypes, --schemes, --skip-parity,
---skip-ddp, --timed and --lengths take a part at a time; the JSON and Markdown are written after each phase and
-each timed cell, so a check stopped early keeps what it measured. What one H200 showed:
-benchmarks/results/gpu_check/README.md.
+Cost and splitting: parity compiles FlexAttention once per scheme and dtype (about 46 times), timing
+once per scheme and length (about 60): well over one 10-minute call. --backends, --dtypes,
+--schemes, --skip-parity, --skip-ddp, --timed and --lengths take a part at a time; the JSON and
+Markdown are written after each phase and each timed cell, so a check stopped early keeps what it
+measured. What one H200 showed: benchmarks/results/gpu_check/README.md.
 
 Without CUDA (and without --device cpu) it prints one line saying so and exits 0. Writes
 OUT/gpu_check.json and OUT/gpu_check.md (default benchmarks/results/gpu_check/).
@@ -107,7 +111,8 @@ def attention(fields: dict, backend: str, device) -> RelPosAttention:
 def forward_backward(
     attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor, autocast: bool, backward: bool
 ):
-    """The output and the gradients of (x, every parameter) of a fixed weighting of it, as one flat vector."""
+    """The output and the gradients of (x, every parameter) of a fixed weighting of it, as one flat
+    vector."""
     x = x.clone().requires_grad_(backward)
     with (
         torch.autocast(x.device.type, torch.bfloat16, enabled=autocast),
@@ -135,7 +140,8 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 def parity(
     names: list[str], device: torch.device, backends=BACKENDS, dtypes=tuple(TOLERANCE)
 ) -> list[dict]:
-    """One row per (scheme, backend, dtype): errors of the output and of the gradients, and whether they pass."""
+    """One row per (scheme, backend, dtype): errors of the output and of the gradients, and whether
+    they pass."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     gen = torch.Generator().manual_seed(1)
     x, mems = (
@@ -171,9 +177,13 @@ def parity(
                         ok=False, error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                     )
                 rows.append(row)
+                errors = {
+                    k: row[k]
+                    for k in ("out_error", "grad_error", "error")
+                    if row.get(k) is not None
+                }
                 print(
-                    f"parity {name} {backend} {dtype}: {'ok' if row['ok'] else 'FAILED'} "
-                    f"{ {k: row[k] for k in ('out_error', 'grad_error', 'error') if row.get(k) is not None} }",
+                    f"parity {name} {backend} {dtype}: {'ok' if row['ok'] else 'FAILED'} {errors}",
                     flush=True,
                 )
     return rows
@@ -244,8 +254,9 @@ def timing(
     device: torch.device,
     progress=lambda rows: None,
 ) -> list[dict]:
-    """Per (scheme, L): time ratio to FlashAttention without positions and peak memory, bf16; cells that would
-    start after `budget` seconds are skipped. `progress(rows)` is called after each measured cell."""
+    """Per (scheme, L): time ratio to FlashAttention without positions and peak memory, bf16; cells
+    that would start after `budget` seconds are skipped. `progress(rows)` is called after each
+    measured cell."""
     start, rows = time.perf_counter(), []
     for length in lengths:
         for name in names:
@@ -283,7 +294,8 @@ def peak_memory(name: str, length: int, device: torch.device) -> float:
 
 
 def save(result: dict, out: Path) -> None:
-    """gpu_check.json and gpu_check.md, each written to a temporary file and renamed over the old one."""
+    """gpu_check.json and gpu_check.md, each written to a temporary file and renamed over the old
+    one."""
     atomic_write_text(out / "gpu_check.json", json.dumps(result, indent=2) + "\n")
     atomic_write_text(out / "gpu_check.md", markdown(result))
 
@@ -394,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     if result.get("ddp") and not result["ddp"]["ok"]:
         failed.append("ddp")
     print(
-        f"gpu_check: {len(failed)} failure(s){': ' + ', '.join(failed) if failed else ''}; wrote {out}/gpu_check.md"
+        f"gpu_check: {len(failed)} failure(s){': ' + ', '.join(failed) if failed else ''}; "
+        f"wrote {out}/gpu_check.md"
     )
     return 1 if failed else 0
 

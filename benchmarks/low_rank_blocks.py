@@ -1,17 +1,19 @@
-"""The low-rank kernel's query blocks: its time and its rounding against the block size (model/kernels/low_rank.py).
+"""The low-rank kernel's query blocks: its time and its rounding against the block size
+(model/kernels/low_rank.py).
 
-    python benchmarks/low_rank_blocks.py            # Markdown: time per block size, then error per block size
+    python benchmarks/low_rank_blocks.py  # Markdown: time per block size, then error per block size
 
-1. Time: KeyOffsetAttention forward + backward at B=2, H=8, L=4096, d_head=64, fp32, FoX-like key offsets
-   (Λ rising 0.62-0.82 per key, as the benchmark's randomly initialised gates, with their gradient), per block size
-   with the queries' channels zero (the kernel where sums are not in order), and in one block with them (where
-   they are: `low_rank.ordered_sums`), against SDPA's causal call at 64, 72 and 80 channels (the low-rank kernel's
-   head widths without and with the gradient blocks' channels); best of 2 after a warm-up.
-2. The blocks the kernel picks in benchmarks/attention.py's FoX and learned ALiBi (random initialisation, seed 0),
-   and how far their key offsets rise over the queries.
-3. Rounding: ALiBi's slopes (2^(-8h/H), steepest 1/2) at B=1, L=4096: the output's largest absolute and relative
-   (norm) error against softmax(s·q·kᵀ + e) computed in float64, per block size (spread = slope · block), and in
-   one block with the queries' channels where sums are in order.
+1. Time: KeyOffsetAttention forward + backward at B=2, H=8, L=4096, d_head=64, fp32, FoX-like key
+   offsets (Λ rising 0.62-0.82 per key, as the benchmark's randomly initialised gates, with their
+   gradient), per block size with the queries' channels zero (the kernel where sums are not in
+   order), and in one block with them (where they are: `low_rank.ordered_sums`), against SDPA's
+   causal call at 64, 72 and 80 channels (the low-rank kernel's head widths without and with the
+   gradient blocks' channels); best of 2 after a warm-up.
+2. The blocks the kernel picks in benchmarks/attention.py's FoX and learned ALiBi (random
+   initialisation, seed 0), and how far their key offsets rise over the queries.
+3. Rounding: ALiBi's slopes (2^(-8h/H), steepest 1/2) at B=1, L=4096: the output's largest absolute
+   and relative (norm) error against softmax(s·q·kᵀ + e) computed in float64, per block size
+   (spread = slope · block), and in one block with the queries' channels where sums are in order.
 """
 
 from __future__ import annotations
@@ -146,8 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=4096)
     args = parser.parse_args(argv)
     print(
-        f"{processor()}, {torch.get_num_threads()} threads, torch {torch.__version__}, {platform.python_version()}, "
-        f"SPREAD_LIMIT {low_rank.SPREAD_LIMIT}, EXTRA {low_rank.EXTRA}, sums in order: {low_rank.ordered_sums()}\n"
+        f"{processor()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"{platform.python_version()}, SPREAD_LIMIT {low_rank.SPREAD_LIMIT}, EXTRA "
+        f"{low_rank.EXTRA}, sums in order: {low_rank.ordered_sums()}\n"
     )
     print("\n".join(timing(args.length)) + "\n")
     print("\n".join(chosen_blocks(args.length)) + "\n")

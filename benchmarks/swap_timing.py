@@ -1,18 +1,20 @@
 """Speed of one or more functions against their versions at another revision, in one process.
 
-Separate processes (`compare_revisions.py --time`) cannot resolve a change of a few percent on a machine whose
-speed moves by a third between minutes. Here one process builds benchmarks/attention.py's layer for the scheme and
-SDPA without positions, then alternates steps (forward + backward) of the layer as it is, of the layer with each
-`--swap`ped attribute replaced by its source at REV, and of SDPA-NoPE: both versions see the same phases of the
-machine. Prints each version's median and fastest step as ratios to SDPA-NoPE's.
+Separate processes (`compare_revisions.py --time`) cannot resolve a change of a few percent on a
+machine whose speed moves by a third between minutes. Here one process builds
+benchmarks/attention.py's layer for the scheme and SDPA without positions, then alternates steps
+(forward + backward) of the layer as it is, of the layer with each `--swap`ped attribute replaced
+by its source at REV, and of SDPA-NoPE: both versions see the same phases of the machine. Prints
+each version's median and fastest step as ratios to SDPA-NoPE's.
 
     python benchmarks/swap_timing.py --scheme cope --length 1024 --rounds 20 \\
         --swap relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._masked@bcd4456~1
 
-A swap is FILE:QUALNAME@REV: the file's text at REV (`git show`) is run as a module of its own (its imports are
-the current package's), and QUALNAME, a module function or a class attribute, is read from it and set in its place
-in the current module. A module function reaches only callers that look it up through its module (not those that
-imported its name). Several swaps (repeat --swap) make one old version.
+A swap is FILE:QUALNAME@REV: the file's text at REV (`git show`) is run as a module of its own
+(its imports are the current package's), and QUALNAME, a module function or a class attribute, is
+read from it and set in its place in the current module. A module function reaches only callers
+that look it up through its module (not those that imported its name). Several swaps (repeat
+--swap) make one old version.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def _owner_and_name(module: types.ModuleType, qualname: str) -> tuple[object, st
 
 
 def raw_attribute(module: types.ModuleType, qualname: str):
-    """The attribute as stored (a staticmethod stays one), raising a one-line error where it is missing."""
+    """The attribute as stored (a staticmethod stays one), raising a one-line error where it is
+    missing."""
     owner, name = _owner_and_name(module, qualname)
     stored = vars(owner)
     if name not in stored:
@@ -127,11 +130,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     for version in ("old", "new"):
         print(
-            f"  {version}: median {median[version] * 1e3:.1f} ms = {median[version] / median['sdpa_nope']:.3f}x, "
-            f"fastest {fastest[version] * 1e3:.1f} ms = {fastest[version] / fastest['sdpa_nope']:.3f}x"
+            f"  {version}: median {median[version] * 1e3:.1f} ms = "
+            f"{median[version] / median['sdpa_nope']:.3f}x, fastest {fastest[version] * 1e3:.1f} "
+            f"ms = {fastest[version] / fastest['sdpa_nope']:.3f}x"
         )
     print(
-        f"  sdpa_nope: median {median['sdpa_nope'] * 1e3:.1f} ms, fastest {fastest['sdpa_nope'] * 1e3:.1f} ms"
+        f"  sdpa_nope: median {median['sdpa_nope'] * 1e3:.1f} ms, fastest "
+        f"{fastest['sdpa_nope'] * 1e3:.1f} ms"
     )
 
 

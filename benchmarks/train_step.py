@@ -1,5 +1,6 @@
 """Training throughput of the LightningModule (the real `train_run`, with its logger, status and
-checkpoint callbacks) against the plain PyTorch loop in relpos_ablate/train/plain.py, same model and data.
+checkpoint callbacks) against the plain PyTorch loop in relpos_ablate/train/plain.py, same model and
+data.
 
 Both loops do identical work (tests/test_train_plain.py checks their losses agree step by step), so
 the ratio is Lightning's overhead. Timing covers steps warmup..warmup+steps of each loop, CUDA
@@ -9,18 +10,20 @@ synchronised at both ends; the runs alternate and the median of `--repeats` is r
     python benchmarks/train_step.py --device cuda --set model.d_model=512 --set model.n_layers=8
     python benchmarks/train_step.py --compile           # also Lightning with train.compile: true
 
-With --compile a third run, the LightningModule with `train.compile: true`, alternates with the other two;
-its warm-up steps hold the compilation (with memory the first steps have other shapes: warm up past them).
+With --compile a third run, the LightningModule with `train.compile: true`, alternates with the
+other two; its warm-up steps hold the compilation (with memory the first steps have other shapes:
+warm up past them).
 
-    python benchmarks/train_step.py --spec experiments/demo.yaml              # per variant of a grid
+    python benchmarks/train_step.py --spec experiments/demo.yaml     # per variant of a grid
     python benchmarks/train_step.py --spec experiments/alibi_extrapolation_cpu.yaml --steps 20
 
-With --spec, every variant of the grid (its first seed's run) trains `--steps` timed steps on the plain loop
-with the run's own model, data and batch, alternating with the same model on NoPE (terms 'a', no position:
-the attention config's defaults), median of `--repeats`: seconds per step, steps per second and the ratio
-to NoPE, written to results/<spec name>/train_step.json with the processor, its flags, the cores, torch and
-the date. `relpos-ablate grid SPEC --dry-run` reads it to estimate the grid's wall time where no run of the
-spec has finished yet (training steps only: evaluation and start-up are not in it).
+With --spec, every variant of the grid (its first seed's run) trains `--steps` timed steps on the
+plain loop with the run's own model, data and batch, alternating with the same model on NoPE (terms
+'a', no position: the attention config's defaults), median of `--repeats`: seconds per step, steps
+per second and the ratio to NoPE, written to results/<spec name>/train_step.json with the processor,
+its flags, the cores, torch and the date. `relpos-ablate grid SPEC --dry-run` reads it to estimate
+the grid's wall time where no run of the spec has finished yet (training steps only: evaluation and
+start-up are not in it).
 """
 
 from __future__ import annotations
@@ -51,7 +54,8 @@ DEFAULTS = [
 
 
 class StepClock:
-    """Wall time from the end of step `start` to the end of step `stop` (optimizer steps, 1-based)."""
+    """Wall time from the end of step `start` to the end of step `stop` (optimizer steps,
+    1-based)."""
 
     def __init__(self, start: int, stop: int):
         self.start, self.stop, self.t0, self.seconds = start, stop, 0.0, 0.0
@@ -94,7 +98,8 @@ def time_plain(config: RunConfig, device: str, warmup: int, steps: int) -> float
 def time_spec(
     spec_path: str, steps: int, warmup: int, repeats: int, device: str, out: str | None
 ) -> None:
-    """Seconds per training step of every variant of a grid spec and of its NoPE twin (module docstring)."""
+    """Seconds per training step of every variant of a grid spec and of its NoPE twin (module
+    docstring)."""
     import json
     import platform
     import sys
@@ -159,8 +164,8 @@ def time_spec(
 
 
 def _timed_config(config: RunConfig, steps: int, device: str) -> RunConfig:
-    """The run's config for a timing: `steps` steps on `device`, what a run fills in filled in (the vocabulary,
-    log-n's training length)."""
+    """The run's config for a timing: `steps` steps on `device`, what a run fills in filled in (the
+    vocabulary, log-n's training length)."""
     from relpos_ablate.config.run import resolve_log_n_length
 
     accelerator = "gpu" if device == "cuda" else "cpu"
@@ -220,20 +225,23 @@ def main() -> None:
     plain, lightning = statistics.median(plain_s), statistics.median(lightning_s)
     print(
         f"device {args.device}, d_model {config.model.d_model}, layers {config.model.n_layers}, "
-        f"segment {config.train.segment_len} x batch {config.train.batch_size}, mem {config.model.mem_len}, "
-        f"{args.steps} timed steps, median of {args.repeats}"
+        f"segment {config.train.segment_len} x batch {config.train.batch_size}, mem "
+        f"{config.model.mem_len}, {args.steps} timed steps, median of {args.repeats}"
     )
     print(
-        f"plain PyTorch : {tokens / plain:10.0f} tokens/s  ({1000 * plain / args.steps:.2f} ms/step)"
+        f"plain PyTorch : {tokens / plain:10.0f} tokens/s  ({1000 * plain / args.steps:.2f} "
+        f"ms/step)"
     )
     print(
-        f"Lightning     : {tokens / lightning:10.0f} tokens/s  ({1000 * lightning / args.steps:.2f} ms/step)"
+        f"Lightning     : {tokens / lightning:10.0f} tokens/s  "
+        f"({1000 * lightning / args.steps:.2f} ms/step)"
     )
     print(f"Lightning / plain throughput: {plain / lightning:.3f}")
     if compiled_s:
         compiled = statistics.median(compiled_s)
         print(
-            f"compiled      : {tokens / compiled:10.0f} tokens/s  ({1000 * compiled / args.steps:.2f} ms/step)"
+            f"compiled      : {tokens / compiled:10.0f} tokens/s  "
+            f"({1000 * compiled / args.steps:.2f} ms/step)"
         )
         print(f"Lightning compiled / Lightning throughput: {lightning / compiled:.3f}")
 

@@ -13,7 +13,8 @@ import yaml
 
 
 def now_iso(ago_s: float = 0.0) -> str:
-    """The current UTC time (or `ago_s` seconds before it) as ISO 8601 to the second: the timestamps in status.json."""
+    """The current UTC time (or `ago_s` seconds before it) as ISO 8601 to the second: the timestamps
+    in status.json."""
     stamp = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=ago_s)
     return stamp.isoformat(timespec="seconds")
 

@@ -16,7 +16,8 @@ from relpos_ablate.io import read_json
 CONFIG = "config.yaml"
 """The resolved RunConfig (training fills in model.vocab_size)."""
 RUN_INFO = "run.json"
-"""Written by the runner: run id, experiment, variant (axis values as the spec wrote them), spec path."""
+"""Written by the runner: run id, experiment, variant (axis values as the spec wrote them), spec
+path."""
 STATUS = "status.json"
 """State, reason, progress and the last training-batch metrics; rewritten atomically."""
 METRICS = "metrics.csv"
@@ -24,8 +25,9 @@ METRICS = "metrics.csv"
 EVAL = "eval.json"
 """Metrics per evaluation setting: written once training is over."""
 TOKEN_LOSSES = "token_losses.npz"
-"""Every scored target's loss for the settings with token_losses (RECL): one float32 [streams, targets]
-array per setting, named by token_losses_key(setting index), NaN where a target was not scored."""
+"""Every scored target's loss for the settings with token_losses (RECL): one float32 [streams,
+targets] array per setting, named by token_losses_key(setting index), NaN where a target was not
+scored."""
 LOG = "log.txt"
 """The training run's human-readable log."""
 WORKER_LOG = "worker.log"
@@ -61,7 +63,8 @@ KNOWN_SUFFIXES = (
     ".txt",
     ".lock",
 )
-"""Files next to run dirs with these suffixes (summaries, tables, specs, locks) are expected there."""
+"""Files next to run dirs with these suffixes (summaries, tables, specs, locks) are expected
+there."""
 MAX_DEPTH = 3
 """How deep below a results dir run dirs are searched (results/<experiment>/<run_id> is 2)."""
 
@@ -76,7 +79,8 @@ def token_losses_key(setting_index: int) -> str:
 
 
 def read_token_losses(run_dir: str | Path) -> dict | None:
-    """TOKEN_LOSSES as {name: float32 array [streams, targets]}, or None when missing or unreadable."""
+    """TOKEN_LOSSES as {name: float32 array [streams, targets]}, or None when missing or
+    unreadable."""
     import zipfile
 
     import numpy as np  # here, not at the top: the runner and `status` never read these arrays
@@ -89,15 +93,16 @@ def read_token_losses(run_dir: str | Path) -> dict | None:
 
 
 RECORD_DEFAULTS = {"max_targets": 0}
-"""Values of setting fields that eval.json files written before those fields existed leave out (any other
-missing field reads as None; protocol and split: record_value)."""
+"""Values of setting fields that eval.json files written before those fields existed leave out (any
+other missing field reads as None; protocol and split: record_value)."""
 
 
 def record_value(record: dict, name: str, document: dict | None = None):
-    """Field `name` of an eval.json setting record, as a current file would write it: a missing protocol
-    is xl for same_length (files written before protocols existed), else non_overlapping; a missing split
-    is the run's eval.split, which `document` (the eval.json holding the record) keeps in its layout
-    (records written before settings named their split all scored it; example tasks have none)."""
+    """Field `name` of an eval.json setting record, as a current file would write it: a missing
+    protocol is xl for same_length (files written before protocols existed), else non_overlapping; a
+    missing split is the run's eval.split, which `document` (the eval.json holding the record) keeps
+    in its layout (records written before settings named their split all scored it; example tasks
+    have none)."""
     if name == "protocol":
         return record.get("protocol") or ("xl" if record.get("same_length") else "non_overlapping")
     if name == "split" and "split" not in record:
@@ -125,21 +130,23 @@ def read_run_info(run_dir: str | Path) -> dict | None:
 
 
 def is_done(run_dir: str | Path) -> bool:
-    """Marked done with a readable eval.json. Done without it is resumed: fit ends at once, eval reruns."""
+    """Marked done with a readable eval.json. Done without it is resumed: fit ends at once, eval
+    reruns."""
     status = read_status(run_dir)
     return status is not None and status["state"] == "done" and read_eval(run_dir) is not None
 
 
 def stored_config(run_dir: str | Path) -> RunConfig | None:
-    """The run's config.yaml, or None when there is none (ConfigError when it is not a valid config)."""
+    """The run's config.yaml, or None when there is none (ConfigError when it is not a valid
+    config)."""
     path = Path(run_dir) / CONFIG
     return from_dict(RunConfig, read_yaml(path)) if path.exists() else None
 
 
 def same_run(a: RunConfig, b: RunConfig) -> bool:
     """Equal in what they compute (how-to-run fields such as train.devices aside: HOW_TO_RUN) up to
-    the vocabulary size training fills in (0 in a config means 'from the data'): a run directory holds
-    one run, and only its config.yaml says which."""
+    the vocabulary size training fills in (0 in a config means 'from the data'): a run directory
+    holds one run, and only its config.yaml says which."""
     plain_a, plain_b = what_to_run(a), what_to_run(b)
     if 0 in (a.model.vocab_size, b.model.vocab_size):
         plain_a["model"]["vocab_size"] = plain_b["model"]["vocab_size"] = 0

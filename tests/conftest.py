@@ -11,8 +11,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)
-# the kernels' fixed order, not a measured choice (kernels/calibration.py): a test's numbers never depend on the
-# machine's load; the calibration tests switch it on with their own cache. Subprocesses inherit both.
+# the kernels' fixed order, not a measured choice (kernels/calibration.py): a test's numbers never
+# depend on the machine's load; the calibration tests switch it on with their own cache.
+# Subprocesses inherit both.
 os.environ["RELPOS_ABLATE_CALIBRATE"] = "0"
 os.environ["RELPOS_ABLATE_CACHE"] = tempfile.mkdtemp(prefix="relpos_ablate_cache_")
 
@@ -30,14 +31,15 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     """The torch.compile tests first, then deselect by --process-groups.
 
-    The first compilation in a process costs ~13 s before its own graphs (Inductor's imports, its probe of
-    the vector ISA, the precompiled header; ~20 s with an empty compile cache): run first, all of them land
-    on one pytest-xdist worker (worksteal hands the first half of the list to one worker and takes tests
-    from the end of a queue) and pay it once, not once a worker.
+    The first compilation in a process costs ~13 s before its own graphs (Inductor's imports, its
+    probe of the vector ISA, the precompiled header; ~20 s with an empty compile cache): run first,
+    all of them land on one pytest-xdist worker (worksteal hands the first half of the list to one
+    worker and takes tests from the end of a queue) and pay it once, not once a worker.
 
-    A process group's ranks wait on each other at every step, so a rank that shares the cores with other
-    tests stalls the rest: test_ddp_parameters' check takes ~9 s alone and took 120 s beside other work on
-    2 cores. (Its runs past the 240 s deadline were a deadlock on exit, not this: see that test.)"""
+    A process group's ranks wait on each other at every step, so a rank that shares the cores with
+    other tests stalls the rest: test_ddp_parameters' check takes ~9 s alone and took 120 s beside
+    other work on 2 cores. (Its runs past the 240 s deadline were a deadlock on exit, not this: see
+    that test.)"""
     # stable: order kept otherwise
     items.sort(key=lambda item: not item.path.name.startswith("test_compiled_"))
     mode = config.getoption("--process-groups")
@@ -76,8 +78,8 @@ def rand():
 
 
 def assert_memory_and_causality_exact(model) -> None:
-    """A TransformerLM (float64, eval, mem_len 6): segment 2 with memory equals the tail of one long pass,
-    and later tokens never change earlier outputs."""
+    """A TransformerLM (float64, eval, mem_len 6): segment 2 with memory equals the tail of one long
+    pass, and later tokens never change earlier outputs."""
     tokens = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(5))
     full, _ = model(tokens)
     _, mems = model(tokens[:, :6])

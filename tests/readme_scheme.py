@@ -28,7 +28,8 @@ def readme_block(name: str) -> str:
 
 
 def write_example(directory: Path) -> Path:
-    """my_schemes.py, test_my_schemes.py and gaussian.yaml from the README, written to `directory`."""
+    """my_schemes.py, test_my_schemes.py and gaussian.yaml from the README, written to
+    `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     for name in (f"{MODULE}.py", f"test_{MODULE}.py", "gaussian.yaml"):
         (directory / name).write_text(readme_block(name))
@@ -37,7 +38,8 @@ def write_example(directory: Path) -> Path:
 
 @contextmanager
 def registered_example(directory: Path):
-    """Import the README's my_schemes from `directory`; on exit the registry and sys.modules are as before."""
+    """Import the README's my_schemes from `directory`; on exit the registry and sys.modules are as
+    before."""
     write_example(directory)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(registry, "_registered", dict(registry._registered))

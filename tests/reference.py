@@ -13,7 +13,8 @@ from torch import Tensor
 
 
 def sinusoid_row(pos: float, dim: int) -> list[float]:
-    """R_pos = [sin(pos·f_0) .. sin(pos·f_{D/2-1}), cos(pos·f_0) .. cos(pos·f_{D/2-1})], f_k = 10000^(-2k/D)."""
+    """R_pos = [sin(pos·f_0) .. sin(pos·f_{D/2-1}), cos(pos·f_0) .. cos(pos·f_{D/2-1})], f_k =
+    10000^(-2k/D)."""
     freqs = [1.0 / 10000 ** (k / dim) for k in range(0, dim, 2)]
     return [math.sin(pos * f) for f in freqs] + [math.cos(pos * f) for f in freqs]
 
@@ -21,7 +22,8 @@ def sinusoid_row(pos: float, dim: int) -> list[float]:
 def t5_bucket_hf(
     relative_position: int, bidirectional: bool, num_buckets: int, max_distance: int
 ) -> int:
-    """T5's bucket, written for relative_position = key - query, as HF T5 does (docs/formulas.md#t5)."""
+    """T5's bucket, written for relative_position = key - query, as HF T5 does
+    (docs/formulas.md#t5)."""
     bucket = 0
     if bidirectional:
         num_buckets //= 2
@@ -40,7 +42,8 @@ def t5_bucket_hf(
 
 
 def alibi_slopes_reference(n: int) -> list[float]:
-    """Press et al.: 2^(-8h/n) for powers of two; else p = 2^floor(log2 n) slopes + every other of 2p's."""
+    """Press et al.: 2^(-8h/n) for powers of two; else p = 2^floor(log2 n) slopes + every other of
+    2p's."""
     if n & (n - 1) == 0:
         return [2 ** (-8 * h / n) for h in range(1, n + 1)]
     p = 1 << (n.bit_length() - 1)
@@ -126,7 +129,8 @@ BIAS_FORMULAS = {
 
 
 def bias_value(attn, i: int, j: int) -> Tensor:
-    """B_h(i, j) for every head h [H] in float64, from the scheme's formula and the module's parameters."""
+    """B_h(i, j) for every head h [H] in float64, from the scheme's formula and the module's
+    parameters."""
     p = {name: t.detach().double() for name, t in attn.bias_scheme.named_parameters()}
     return BIAS_FORMULAS[attn.config.bias](attn.config, p, (attn.n_heads, attn.d_head), i, j)
 
@@ -144,9 +148,9 @@ def relative_vector(attn, d: int, clamp_len: int | None) -> Tensor:
 
 
 def rope_rate(k: int, d_rot: int, base: float, scaling=None, p: float = 1.0) -> float:
-    """θ_k of rotary pair k (docs/formulas.md#rope), as a context extension changes it (#rope-context-extension;
-    scaling: anything with kind, factor, original_length). p-RoPE (#p-rope): pairs k >= int(p·d_rot/2), the
-    lowest frequencies, do not turn."""
+    """θ_k of rotary pair k (docs/formulas.md#rope), as a context extension changes it
+    (#rope-context-extension; scaling: anything with kind, factor, original_length). p-RoPE
+    (#p-rope): pairs k >= int(p·d_rot/2), the lowest frequencies, do not turn."""
     if k >= int(p * d_rot // 2):
         return 0.0
     theta = base ** (-2 * k / d_rot)
@@ -167,8 +171,9 @@ def rope_rate(k: int, d_rot: int, base: float, scaling=None, p: float = 1.0) -> 
     if scaling.kind == "ntk":
         return (base * s ** (d_rot / (d_rot - 2))) ** (-2 * k / d_rot)
 
-    # yarn, as its authors' code: pairs up to the one that turns 32 times within L keep θ, from the one that
-    # turns once they get θ/s, linear in the pair index between (the ends rounded outwards, kept in range)
+    # yarn, as its authors' code: pairs up to the one that turns 32 times within L keep θ, from the
+    # one that turns once they get θ/s, linear in the pair index between (the ends rounded outwards,
+    # kept in range)
     def pair_turning(turns):
         return (
             d_rot * math.log(scaling.original_length / (2 * math.pi * turns)) / (2 * math.log(base))
@@ -214,7 +219,8 @@ def rope_reference(
 
 
 def fox_decay(attn, cat: Tensor, padding: Tensor | None, n_mem: int) -> Tensor:
-    """FoX's D_ij = Σ_{l=j+1..i'} log σ(w·x_l + b) literally, padded keys' gates counted as 1: [B, H, L, K]."""
+    """FoX's D_ij = Σ_{l=j+1..i'} log σ(w·x_l + b) literally, padded keys' gates counted as 1: [B,
+    H, L, K]."""
     gate = attn.forget_gate.proj
     logits = cat @ gate.weight.detach().double().T + gate.bias.detach().double()  # (B, K, H)
     log_f = torch.nn.functional.logsigmoid(logits)
@@ -230,9 +236,9 @@ def fox_decay(attn, cat: Tensor, padding: Tensor | None, n_mem: int) -> Tensor:
 
 
 def cope_scores(attn, q_content: Tensor, k: Tensor, visible: Tensor, s: float) -> Tensor:
-    """CoPE (docs/formulas.md#cope) pair by pair: p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t) clamped to p_max - 1,
-    s·q_i·e[p] with e interpolated between ⌊p⌋ and ⌈p⌉. q_content [B, H, L, dh], k [B, K, H, dh],
-    visible [B, 1, L, K] -> [B, H, L, K]."""
+    """CoPE (docs/formulas.md#cope) pair by pair: p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t) clamped to
+    p_max - 1, s·q_i·e[p] with e interpolated between ⌊p⌋ and ⌈p⌉. q_content [B, H, L, dh], k [B, K,
+    H, dh], visible [B, 1, L, K] -> [B, H, L, K]."""
     table = attn.contextual.embeddings.detach().double()
     top = table.shape[0] - 1
     b, h, lq, _ = q_content.shape
@@ -251,10 +257,10 @@ def cope_scores(attn, q_content: Tensor, k: Tensor, visible: Tensor, s: float) -
 def path_logits_reference(
     attn, q: Tensor, k: Tensor, cat: Tensor, padding: Tensor | None, n_mem: int
 ) -> Tensor:
-    """PaTH (docs/formulas.md#path) pair by pair: q_i·(H_i' ··· H_(j+1)) k_j with every H_t = I - β_t w_t w_tᵀ a
-    dense d×d matrix and the product multiplied out. w_t: the l2-normalised SiLU of a causal depthwise conv
-    (kernel 3) of W_up W_down x_t; β_t = 2σ(W_β x_t + b), 0 at padded keys. q [B, L, H, dh], k [B, K, H, dh],
-    cat [B, K, d_model] -> [B, H, L, K] (entries j > i' left 0)."""
+    """PaTH (docs/formulas.md#path) pair by pair: q_i·(H_i' ··· H_(j+1)) k_j with every H_t = I -
+    β_t w_t w_tᵀ a dense d×d matrix and the product multiplied out. w_t: the l2-normalised SiLU of a
+    causal depthwise conv (kernel 3) of W_up W_down x_t; β_t = 2σ(W_β x_t + b), 0 at padded keys. q
+    [B, L, H, dh], k [B, K, H, dh], cat [B, K, d_model] -> [B, H, L, K] (entries j > i' left 0)."""
     p = {name: t.detach().double() for name, t in attn.path.named_parameters()}
     b, n_keys, _ = cat.shape
     h, dh = attn.n_heads, attn.d_head
@@ -285,9 +291,10 @@ def path_logits_reference(
 
 
 def dape_reference(attn, other: Tensor, bias: Tensor, visible: Tensor) -> Tensor:
-    """DAPE (docs/formulas.md#dape) entry by entry: X + B + f([X; B]); v1: the MLP 2H -> width -> H (LeakyReLU
-    0.01) of each pair's 2H numbers; v2: two 1×k convolutions along the keys written as sums over taps, inputs
-    0 where a query sees no key and beyond the map's ends. other, bias [B, H, L, K]; visible [B, 1, L, K]."""
+    """DAPE (docs/formulas.md#dape) entry by entry: X + B + f([X; B]); v1: the MLP 2H -> width -> H
+    (LeakyReLU 0.01) of each pair's 2H numbers; v2: two 1×k convolutions along the keys written as
+    sums over taps, inputs 0 where a query sees no key and beyond the map's ends. other, bias [B, H,
+    L, K]; visible [B, 1, L, K]."""
     p = {name: t.detach().double() for name, t in attn.dape.named_parameters()}
     leaky = torch.nn.functional.leaky_relu
     features = torch.cat([other, bias], dim=1)  # (B, 2H, L, K)
@@ -321,9 +328,9 @@ def dape_reference(attn, other: Tensor, bias: Tensor, visible: Tensor) -> Tensor
 
 
 def stick_breaking_reference(scores: Tensor, visible: Tensor, n_mem: int) -> Tensor:
-    """Stick-breaking (docs/formulas.md#stick-breaking) as a literal product: A_ij = σ(z_ij)·∏(1 - σ(z_ik)) over
-    the visible keys k with j < k < i'; the remainder 1 - Σ_j A_ij on the query's own key i' when it is
-    visible. scores [B, H, L, K], visible [B, 1, L, K] -> weights [B, H, L, K]."""
+    """Stick-breaking (docs/formulas.md#stick-breaking) as a literal product: A_ij = σ(z_ij)·∏(1 -
+    σ(z_ik)) over the visible keys k with j < k < i'; the remainder 1 - Σ_j A_ij on the query's own
+    key i' when it is visible. scores [B, H, L, K], visible [B, 1, L, K] -> weights [B, H, L, K]."""
     b, h, lq, n_keys = scores.shape
     beta = torch.sigmoid(scores)
     out = torch.zeros_like(scores)
@@ -351,9 +358,9 @@ def reference_mask(
     n_queries: int, n_mem: int, causal: bool, window: int | None = None, chunk: int | None = None
 ) -> Tensor:
     """Bool [L, M + L], True where query i (at key position i' = M + i) may see key j: causal
-    attention sees j <= i'; a window W keeps the W most recent of those, i' - W < j (itself included);
-    chunks of C (counted from the segment's first token, memory before them) keep the keys of the query's own
-    chunk, floor(i / C) = floor((j - M) / C) with j >= M."""
+    attention sees j <= i'; a window W keeps the W most recent of those, i' - W < j (itself
+    included); chunks of C (counted from the segment's first token, memory before them) keep the
+    keys of the query's own chunk, floor(i / C) = floor((j - M) / C) with j >= M."""
     visible = torch.ones(n_queries, n_mem + n_queries, dtype=torch.bool)
     for i in range(n_queries):
         for j in range(n_mem + n_queries):
@@ -379,12 +386,12 @@ def reference_attention(
 ):
     """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of docs/formulas.md.
 
-    positions [M + L]: where the keys sit (queries: the last L), as every encoding reads them; the mask
-    stays by index. Default 0 .. M + L - 1. distances [M + L]: d_r for offsets r >= 0; the bias, terms b/d
-    and Shaw's values then read sign(i' - j)·d_|i' - j| instead of a difference of positions (RoPE still
-    reads the positions). window: the call's (the config's applies too, the narrower wins). rope_scaling:
-    kind, factor, original_length of a RoPE context extension. With sinks, probs are those of the stream's
-    keys (rows sum to 1 minus the sinks' share)."""
+    positions [M + L]: where the keys sit (queries: the last L), as every encoding reads them; the
+    mask stays by index. Default 0 .. M + L - 1. distances [M + L]: d_r for offsets r >= 0; the
+    bias, terms b/d and Shaw's values then read sign(i' - j)·d_|i' - j| instead of a difference of
+    positions (RoPE still reads the positions). window: the call's (the config's applies too, the
+    narrower wins). rope_scaling: kind, factor, original_length of a RoPE context extension. With
+    sinks, probs are those of the stream's keys (rows sum to 1 minus the sinks' share)."""
     cfg = attn.config
     terms = cfg.terms
     h, dh = attn.n_heads, attn.d_head

@@ -1,7 +1,8 @@
-"""The package's import rules (docs/architecture.md, "Import rules"): no two modules import each other,
-counting imports inside functions and under TYPE_CHECKING, and a package's __init__ counts as a module
-(a submodule that imports its own package while the package imports it back is a knot too). The check
-reads every module's imports with `ast`, so it sees what a function-level import would hide at run time.
+"""The package's import rules (docs/architecture.md, "Import rules"): no two modules import each
+other, counting imports inside functions and under TYPE_CHECKING, and a package's __init__ counts as
+a module (a submodule that imports its own package while the package imports it back is a knot too).
+The check reads every module's imports with `ast`, so it sees what a function-level import would
+hide at run time.
 
 Run: .venv/bin/python -m pytest tests/test_architecture.py -q
 """
@@ -25,8 +26,8 @@ def module_name(path: Path, root: Path) -> str:
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports anywhere in its file. `from pkg import name` points at
-    pkg.name when that is a module, else at pkg (its __init__)."""
+    """Module -> the package's modules it imports anywhere in its file. `from pkg import name`
+    points at pkg.name when that is a module, else at pkg (its __init__)."""
     files = {module_name(path, root): path for path in root.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
@@ -47,7 +48,8 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 
 def knots(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Groups of modules that reach each other through imports (strongly connected, more than one)."""
+    """Groups of modules that reach each other through imports (strongly connected, more than
+    one)."""
     order, low, stack, found = {}, {}, [], []
 
     def visit(node: str) -> None:
@@ -117,8 +119,9 @@ def test_bias_schemes_lists_each_scheme_once_shared_or_per_layer():
 
 
 def test_the_analysis_layer_names_no_study():
-    """analysis/ is generic (collect, tables, statistics, rendering, plot primitives): it imports nothing of
-    relpos_ablate/studies/ and names no study's experiment or layout; the studies build on it."""
+    """analysis/ is generic (collect, tables, statistics, rendering, plot primitives): it imports
+    nothing of relpos_ablate/studies/ and names no study's experiment or layout; the studies build
+    on it."""
     from relpos_ablate import studies
 
     graph = import_graph(PACKAGE)
@@ -154,8 +157,9 @@ SCHEME_MODULES = (
 
 
 def test_the_schemes_import_nothing_of_the_kernels():
-    """model/kernels/ holds how a call is computed (its contract in kernels/__init__.py); the schemes say what
-    the scores are and import nothing from it, so a kernel can change without touching a scheme."""
+    """model/kernels/ holds how a call is computed (its contract in kernels/__init__.py); the
+    schemes say what the scores are and import nothing from it, so a kernel can change without
+    touching a scheme."""
     graph = import_graph(PACKAGE)
     schemes = [module for module in graph if module.startswith(SCHEME_MODULES)]
     assert len(schemes) >= 10
@@ -173,8 +177,8 @@ def test_the_schemes_import_nothing_of_the_kernels():
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
 @pytest.mark.parametrize("backend", ["auto", "sdpa", "blocks", "explicit"])
 def test_a_forward_builds_its_attention_call_once(backend, autocast, monkeypatch):
-    """One description of a call per forward, on every CPU backend and under autocast: nothing rebuilds it
-    (no dataclasses.replace of the call on the way to the kernels)."""
+    """One description of a call per forward, on every CPU backend and under autocast: nothing
+    rebuilds it (no dataclasses.replace of the call on the way to the kernels)."""
     import torch
 
     from relpos_ablate import AttentionConfig, RelPosAttention
@@ -210,7 +214,8 @@ def test_a_forward_builds_its_attention_call_once(backend, autocast, monkeypatch
 
 
 def test_the_band_kernel_derives_one_call_for_its_band(monkeypatch):
-    """The one exception to a call built once: the band kernel's call for its band (band.banded), once a forward."""
+    """The one exception to a call built once: the band kernel's call for its band (band.banded),
+    once a forward."""
     import torch
 
     from relpos_ablate import AttentionConfig, RelPosAttention
@@ -233,10 +238,11 @@ def test_the_band_kernel_derives_one_call_for_its_band(monkeypatch):
     assert built == [None, 2]
 
 
-# Where each backend sums the score terms: `sum_terms` (call.py) on every dense path, StridedMaps.mask on the
-# per-distance layout (term b and the curves added per distance, then laid out as a view), FlexAttention's
-# point-wise twin, built by `_per_distance_mod` (flex.py: FlexAttention traces the score_mod it returns rather
-# than calling it, so the builder is what a profile sees)
+# Where each backend sums the score terms: `sum_terms` (call.py) on every dense path,
+# StridedMaps.mask on the per-distance layout (term b and the curves added per distance, then laid
+# out as a view), FlexAttention's point-wise twin, built by `_per_distance_mod` (flex.py:
+# FlexAttention traces the score_mod it returns rather than calling it, so the builder is what a
+# profile sees)
 SUM_SITES = {("call.py", "sum_terms"), ("block_maps.py", "mask"), ("flex.py", "_per_distance_mod")}
 HOP_CASES = {  # name: (config fields, forward options, the sum site the case reaches)
     "explicit": (dict(terms="abcd", bias="t5", backend="explicit"), {}, "sum_terms"),
@@ -256,9 +262,10 @@ HOP_CASES = {  # name: (config fields, forward options, the sum site the case re
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("case", list(HOP_CASES))
 def test_at_most_four_calls_from_forward_to_the_score_sum(case):
-    """The issue's measure of the attention core: from RelPosAttention.forward to where the score terms are
-    summed, at most 4 calls of the package's own functions on every backend (torch's frames in between, such
-    as autograd.Function.apply or FlexAttention's vmap, and comprehensions are not counted)."""
+    """The issue's measure of the attention core: from RelPosAttention.forward to where the score
+    terms are summed, at most 4 calls of the package's own functions on every backend (torch's
+    frames in between, such as autograd.Function.apply or FlexAttention's vmap, and comprehensions
+    are not counted)."""
     import sys
 
     import torch

@@ -14,7 +14,8 @@ from relpos_ablate.model import AttentionOptions
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_shaw_values_honour_the_evaluation_clamp(causal):
-    """Keys (term b) and values (a^V) index the same clipped distance: clamp 1 at evaluation changes both."""
+    """Keys (term b) and values (a^V) index the same clipped distance: clamp 1 at evaluation changes
+    both."""
     attn = RelPosAttention(
         16,
         2,
@@ -56,8 +57,9 @@ def test_learned_table_is_checked_against_evaluation_clamps_at_validation():
 
 
 def xl_same_length_mask(qlen: int, mlen: int, mem_len: int) -> torch.Tensor:
-    """Transformer-XL's evaluation mask, as written in kimiyoung/transformer-xl (pytorch/mem_transformer.py):
-    1 = masked there; returned here as True = visible, [qlen, mlen + qlen]."""
+    """Transformer-XL's evaluation mask, as written in kimiyoung/transformer-xl
+    (pytorch/mem_transformer.py): 1 = masked there; returned here as True = visible, [qlen, mlen +
+    qlen]."""
     klen = mlen + qlen
     ones = torch.ones(qlen, klen)
     mask_len = klen - mem_len
@@ -96,7 +98,8 @@ def lm(mem_len, backend="explicit"):
 @pytest.mark.parametrize("eval_mem_len", [None, 3], ids=["model-mem", "eval-mem"])
 def test_same_length_gives_every_query_the_configured_memory_window(segment_len, eval_mem_len):
     """Segment after segment from empty memory (empty, partly filled, full): every layer's mask is
-    XL's with M = the call's mem_len (else the model's), never the memory that happens to be present."""
+    XL's with M = the call's mem_len (else the model's), never the memory that happens to be
+    present."""
     model = lm(mem_len=6)
     m = 6 if eval_mem_len is None else eval_mem_len
     stream = torch.randint(0, 11, (2, 4 * segment_len), generator=torch.Generator().manual_seed(7))
@@ -114,7 +117,8 @@ def test_same_length_gives_every_query_the_configured_memory_window(segment_len,
     assert seen[0] == 0 and seen[-1] == m  # empty, (partly filled,) full memory all occurred
 
 
-# (segment L, memory present, configured memory M): empty, partly filled and full memory, L > M and L < M
+# (segment L, memory present, configured memory M): empty, partly filled and full memory, L > M and
+# L < M
 WINDOW_CASES = [
     (4, 0, 6),
     (4, 2, 6),

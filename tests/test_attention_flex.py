@@ -1,6 +1,6 @@
 """FlexAttention path (backend='flex') against the float64 reference. FlexAttention has no backward
-on CPU, so here the forward runs eagerly under no_grad; with CUDA, compiled forward+backward run too.
-Run: pytest tests/test_attention_flex.py -q"""
+on CPU, so here the forward runs eagerly under no_grad; with CUDA, compiled forward+backward run
+too. Run: pytest tests/test_attention_flex.py -q"""
 
 import dataclasses
 
@@ -98,9 +98,10 @@ def test_flex_cuda_forward_and_backward_match_blocks(fields):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_fire_pair_scores_unit_by_unit_and_as_one_product_are_its_mlp(causal):
-    """FIRE's two per-pair forms (pair_score: pointwise, for compiled FlexAttention; eager_pair_score: one
-    product over the hidden units, under vmap) against the MLP written out here, in float64, for queries on
-    both sides of the threshold and keys on both sides of the query."""
+    """FIRE's two per-pair forms (pair_score: pointwise, for compiled FlexAttention;
+    eager_pair_score: one product over the hidden units, under vmap) against the MLP written out
+    here, in float64, for queries on both sides of the threshold and keys on both sides of the
+    query."""
     attn = make(terms="a", bias="fire", causal=causal)
     scheme = attn.bias_scheme
     with torch.no_grad():
@@ -126,8 +127,9 @@ def test_fire_pair_scores_unit_by_unit_and_as_one_product_are_its_mlp(causal):
 
 
 def test_compiled_flex_with_heads_under_16_channels_says_so(monkeypatch):
-    """Compiled FlexAttention (CUDA) cannot lower heads narrower than 16 channels (inductor's NotImplementedError,
-    seen on an H200): a pinned 'flex' says so in one line; 'auto' never sends such heads there (dispatch.py)."""
+    """Compiled FlexAttention (CUDA) cannot lower heads narrower than 16 channels (inductor's
+    NotImplementedError, seen on an H200): a pinned 'flex' says so in one line; 'auto' never sends
+    such heads there (dispatch.py)."""
     monkeypatch.setattr(flex, "compiles", lambda q: True)
     monkeypatch.setattr(flex, "min_head_dim", lambda device_type: 16)  # CUDA's least, here on CPU
     attn = make(terms="a", bias="alibi").float()
@@ -140,9 +142,10 @@ def test_compiled_flex_with_heads_under_16_channels_says_so(monkeypatch):
 def test_training_fire_through_compiled_flex_is_refused_and_auto_leaves_it_to_the_others(
     monkeypatch,
 ):
-    """FIRE's gradient through compiled FlexAttention differed from the block kernel's on an H200: a pinned 'flex'
-    refuses to train it in one line (its forward stays: test_compiled_flex.py), and flex.trains_pair_bias, which
-    keeps 'auto' off FlexAttention on CUDA, says so only where a pair bias's parameters need gradients."""
+    """FIRE's gradient through compiled FlexAttention differed from the block kernel's on an H200: a
+    pinned 'flex' refuses to train it in one line (its forward stays: test_compiled_flex.py), and
+    flex.trains_pair_bias, which keeps 'auto' off FlexAttention on CUDA, says so only where a pair
+    bias's parameters need gradients."""
     monkeypatch.setattr(flex, "compiles", lambda q: True)
     fire, alibi = make(terms="a", bias="fire").float(), make(terms="a", bias="alibi").float()
     x = torch.randn(1, 4, 16)
@@ -160,9 +163,9 @@ def test_training_fire_through_compiled_flex_is_refused_and_auto_leaves_it_to_th
 
 
 def test_compiling_flex_raises_dynamos_recompile_limit_and_never_lowers_it():
-    """Each score_mod structure, dtype, autocast state and shape compiles flex_attention once more; past dynamo's
-    limit (8) it would run eagerly with the whole score matrix (20-85x slower on an H200): the first compiled
-    kernel raises the limit, and a user's larger one stays."""
+    """Each score_mod structure, dtype, autocast state and shape compiles flex_attention once more;
+    past dynamo's limit (8) it would run eagerly with the whole score matrix (20-85x slower on an
+    H200): the first compiled kernel raises the limit, and a user's larger one stays."""
     config = torch._dynamo.config
     # (dynamo's config module: no monkeypatch)
     saved = (config.recompile_limit, config.accumulated_recompile_limit)

@@ -27,7 +27,8 @@ def make(backend, **fields):
 
 
 def inputs():
-    """x [2, 5, 16] and a padding mask hiding key 0 of example 0: causal query 0 there sees nothing."""
+    """x [2, 5, 16] and a padding mask hiding key 0 of example 0: causal query 0 there sees
+    nothing."""
     x = torch.randn(2, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     padding = torch.zeros(2, 5, dtype=torch.bool)
     padding[0, 0] = True

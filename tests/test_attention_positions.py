@@ -3,12 +3,12 @@
 With positions p (one per key, shared by the batch), every encoding is the float64 reference
 (tests/reference.py) evaluated at p: RoPE rotates by p, every bias type and terms b/d take the
 distance p_query - p_key, Shaw's values too; the mask stays by index. Checked for term subsets that
-take every path x bias type x causal/bidirectional x memory on the explicit, SDPA-per-block, rebuild-in-backward and
-FlexAttention (CPU eager, forward) kernels, forward and backward. Explicit distances
-(AttentionOptions.distances, Ruoss et al.'s randomized relative encodings): every distance-only scheme and
-terms b/d read d_(i'-j), against the same reference one pair at a time. That consecutive positions leave
-the fast path bit for bit unchanged was checked against the previous revision with
-benchmarks/compare_revisions.py (the suite cannot hold the old code).
+take every path x bias type x causal/bidirectional x memory on the explicit, SDPA-per-block,
+rebuild-in-backward and FlexAttention (CPU eager, forward) kernels, forward and backward. Explicit
+distances (AttentionOptions.distances, Ruoss et al.'s randomized relative encodings): every
+distance-only scheme and terms b/d read d_(i'-j), against the same reference one pair at a time.
+That consecutive positions leave the fast path bit for bit unchanged was checked against the
+previous revision with benchmarks/compare_revisions.py (the suite cannot hold the old code).
 Run: pytest tests/test_attention_positions.py -q"""
 
 import dataclasses
@@ -23,8 +23,8 @@ from relpos_ablate.config.model import BIAS_TYPES
 from relpos_ablate.model import AttentionOptions
 from test_attention_reference import D_HEAD, D_MODEL, HEADS, LQ, MEM, inputs
 
-# every way a term reads positions: none (a, c), term b gathered per pair, term d as a gathered curve
-# (alone, beside b on the position query, or added to a bias curve)
+# every way a term reads positions: none (a, c), term b gathered per pair, term d as a gathered
+# curve (alone, beside b on the position query, or added to a bias curve)
 TERM_SUBSETS = ("a", "c", "b", "d", "ad", "bd", "abcd")
 SPREAD = 40  # positions are drawn from [0, SPREAD)
 BACKENDS = ("explicit", "sdpa", "blocks", "flex")
@@ -108,7 +108,8 @@ def test_rope_shaw_and_clamped_r_at_explicit_positions(fields, causal):
 
 
 def drawn_distances(n_keys, seed, spread=SPREAD):
-    """0, then sorted distinct distances from [1, spread), as randomized relative encodings draw them."""
+    """0, then sorted distinct distances from [1, spread), as randomized relative encodings draw
+    them."""
     return torch.cat([torch.zeros(1, dtype=torch.long), drawn(n_keys - 1, seed, spread - 1) + 1])
 
 
@@ -117,9 +118,9 @@ def drawn_distances(n_keys, seed, spread=SPREAD):
 @pytest.mark.parametrize("bias", [b for b in BIAS_TYPES if b != "fire"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_every_distance_scheme_reads_drawn_distances_on_every_kernel(bias, causal):
-    """Ruoss et al.'s randomized relative encodings: offset r = i' - j reads d_r (mirrored for r < 0), in
-    the reference one pair at a time, in the kernels through the strided layout (term b per distance, term
-    d alone and beside a bias as curves)."""
+    """Ruoss et al.'s randomized relative encodings: offset r = i' - j reads d_r (mirrored for r <
+    0), in the reference one pair at a time, in the kernels through the strided layout (term b per
+    distance, term d alone and beside a bias as curves)."""
     for i, terms in enumerate(("b", "d", "ad", "abcd")):
         attn = make(seed=i, terms=terms, bias=bias, causal=causal)
         x, mems = inputs(i, MEM)
@@ -225,7 +226,8 @@ def test_consecutive_positions_given_explicitly_equal_the_default(fields):
 
 
 def test_shifting_every_position_leaves_relative_schemes_unchanged():
-    """Translation invariance at explicit positions: XL terms, T5, ALiBi and RoPE see only differences."""
+    """Translation invariance at explicit positions: XL terms, T5, ALiBi and RoPE see only
+    differences."""
     for fields in (
         dict(terms="abcd", bias="t5"),
         dict(terms="a", bias="alibi"),

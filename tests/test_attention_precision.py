@@ -74,8 +74,9 @@ def test_bf16_autocast_forward_backward_matches_float32(backend, bias):
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("bias", ["none", "t5", "fire"])
 def test_bf16_autocast_flex_forward_matches_float32(bias):
-    """FlexAttention has no backward on CPU: forward only, and (slow in eager mode) the term sets that
-    exercise each of its score_mod inputs: term b's product, the per-distance curve, u alone."""
+    """FlexAttention has no backward on CPU: forward only, and (slow in eager mode) the term sets
+    that exercise each of its score_mod inputs: term b's product, the per-distance curve, u
+    alone."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     x, mems = inputs()
     for terms in ("a", "abcd", "bd", "c"):

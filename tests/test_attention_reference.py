@@ -184,8 +184,8 @@ SCALED_CASES = [
     "fields", SCALED_CASES, ids=["log_n-t5-scaled", "unscaled-temperature", "fox-cope"]
 )
 def test_score_term_maps_are_the_softmax_input_as_they_enter_it(fields):
-    """The README's promise: the maps already carry every scale (1/sqrt(d_head), log-n, temperature), so
-    their sum with the mask, softmaxed, is the attention's own probabilities."""
+    """The README's promise: the maps already carry every scale (1/sqrt(d_head), log-n,
+    temperature), so their sum with the mask, softmaxed, is the attention's own probabilities."""
     attn = make(seed=3, **fields)
     x, mems = inputs(10, MEM)
     maps = attn.score_terms(x, mems)
@@ -211,8 +211,9 @@ GRAD_CASES = [(terms, bias) for bias in BIAS_TYPES for terms in ("a", "abcd", "b
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 @pytest.mark.parametrize("backend", ["blocks", "sdpa"])
 def test_fast_backward_equals_autograd_of_explicit_scores(terms, bias, causal, backend):
-    """The block kernel's hand-written backward (scores and bias rebuilt per block) and the SDPA path
-    give the same gradients, for every parameter and the input, as autograd through the explicit scores."""
+    """The block kernel's hand-written backward (scores and bias rebuilt per block) and the SDPA
+    path give the same gradients, for every parameter and the input, as autograd through the
+    explicit scores."""
     attn = make(seed=11, terms=terms, bias=bias, causal=causal, backend=backend)
     x, mems = inputs(12, MEM)
     grads = []
@@ -232,9 +233,10 @@ def test_fast_backward_equals_autograd_of_explicit_scores(terms, bias, causal, b
 @pytest.mark.parametrize("threshold", [2.5, 100.0])
 @pytest.mark.parametrize("backend", ["blocks", "sdpa", "explicit"])
 def test_fire_curve_shortcut_and_pairwise_blocks_both_match(backend, threshold):
-    """Blocks whose queries all sit below FIRE's threshold use a per-distance curve, later blocks the
-    full (i, j) evaluation: with the threshold at 2.5 and blocks of 2 queries, both kinds occur. With every
-    query below it (100) the whole call's bias is one curve over distances, as a distance-only bias's."""
+    """Blocks whose queries all sit below FIRE's threshold use a per-distance curve, later blocks
+    the full (i, j) evaluation: with the threshold at 2.5 and blocks of 2 queries, both kinds occur.
+    With every query below it (100) the whole call's bias is one curve over distances, as a
+    distance-only bias's."""
     attn = make(terms="a", bias="fire", backend=backend)
     with torch.no_grad():
         attn.bias_scheme.threshold.fill_(threshold)

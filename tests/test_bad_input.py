@@ -1,11 +1,11 @@
-"""Every kind of bad input through the real CLI entry point (`relpos_ablate.cli.main`), as one table:
-`train --set` / `train --config` (bad values, unknown keys with "did you mean", wrong types,
-out-of-range, contradictions, several problems at once, unreadable files, a grid spec, a run dir that
-is a file), `grid` (bad specs and flags, a run config), `status`, `collect`, `table`, `plot` (bad
-options, no finished runs, unknown metric, a bias curve of a run without a bias) and argparse's own
-errors. Each must exit with status 2, print one line per problem starting with "error:" and naming
-the field (no traceback), and launch nothing. Also: `status` and `grid` say that their metric column
-is the last training batch's.
+"""Every kind of bad input through the real CLI entry point (`relpos_ablate.cli.main`), as one
+table: `train --set` / `train --config` (bad values, unknown keys with "did you mean", wrong types,
+out-of-range, contradictions, several problems at once, unreadable files, a grid spec, a run dir
+that is a file), `grid` (bad specs and flags, a run config), `status`, `collect`, `table`, `plot`
+(bad options, no finished runs, unknown metric, a bias curve of a run without a bias) and argparse's
+own errors. Each must exit with status 2, print one line per problem starting with "error:" and
+naming the field (no traceback), and launch nothing. Also: `status` and `grid` say that their metric
+column is the last training batch's.
 Run: pytest tests/test_bad_input.py -q   (about 10 s)
 """
 
@@ -42,7 +42,10 @@ def base_with(**sections):
     return base
 
 
-SEVERAL_BAD = "model: {dropout: '0', n_layers: 0, attention: {bias: foo}}\ntrain: {max_steps: 150.5, lr: -1}\n"
+SEVERAL_BAD = (
+    "model: {dropout: '0', n_layers: 0, attention: {bias: foo}}\ntrain: {max_steps: "
+    "150.5, lr: -1}\n"
+)
 SEVERAL_BAD_LINES = (
     "model.n_layers: 0 is out of range",
     "model.dropout: expected a number, got '0'",
@@ -51,9 +54,10 @@ SEVERAL_BAD_LINES = (
     "train.lr: -1.0 is out of range",
 )
 
-# (argv, a phrase of the error, or a tuple: one phrase per expected line). Placeholders: {tmp} a scratch
-# dir, {cfg} a valid run config, {spec} a valid grid spec, {runs} a dir of finished runs, {none} a dir
-# with no finished run, {nobias} a trained run without any bias, {bin} a binary file, {dir} a directory.
+# (argv, a phrase of the error, or a tuple: one phrase per expected line). Placeholders: {tmp} a
+# scratch dir, {cfg} a valid run config, {spec} a valid grid spec, {runs} a dir of finished runs,
+# {none} a dir with no finished run, {nobias} a trained run without any bias, {bin} a binary file,
+# {dir} a directory.
 BAD_INPUTS = [
     # train --set: values
     (sets("model.d_model=-1"), "model.d_model: -1 is out of range; allowed [1, inf]"),
@@ -123,7 +127,8 @@ BAD_INPUTS = [
     (
         sets("encoding=alibi"),
         "encoding: a grid spec word, not a run config key: in a grid spec `encoding: alibi` sets "
-        "model.attention.terms=a, model.attention.absolute=none, model.attention.bias=alibi; with train use those",
+        "model.attention.terms=a, model.attention.absolute=none, model.attention.bias=alibi; with "
+        "train use those",
     ),
     (
         sets("data.offset=100"),
@@ -218,7 +223,8 @@ BAD_INPUTS = [
     (spec(model={"d_model": 32}), "model: unknown spec key; a run config section goes under base:"),
     (
         ["grid", "{cfg}", "--results", "{tmp}/results"],
-        "{cfg}: a run config, not a grid spec; train it with: relpos-ablate train --config {cfg} --run-dir DIR",
+        "{cfg}: a run config, not a grid spec; train it with: relpos-ablate train --config "
+        "{cfg} --run-dir DIR",
     ),
     (
         spec(launcher={"partiton": "gpu"}),
@@ -307,7 +313,8 @@ def places(tmp_path_factory):
 
 
 def resolve(argv, places, tmp_path) -> list[str]:
-    """Fill in the placeholders; ("spec", changes) and ("file", text) become files under tmp_path."""
+    """Fill in the placeholders; ("spec", changes) and ("file", text) become files under
+    tmp_path."""
     out = []
     for i, item in enumerate(argv):
         if isinstance(item, tuple) and item[0] == "spec":
@@ -333,7 +340,8 @@ def argv_is_spec(argv) -> bool:
 
 
 def run_cli(argv, capsys) -> tuple[int, list[str]]:
-    """Exit status and stderr lines of the real entry point (argparse errors exit through SystemExit)."""
+    """Exit status and stderr lines of the real entry point (argparse errors exit through
+    SystemExit)."""
     try:
         code = main(argv)
     except SystemExit as exit_:
@@ -376,7 +384,8 @@ def test_the_table_is_big_enough_and_covers_every_command():
 
 
 def test_the_entry_point_in_a_fresh_process_prints_no_traceback(places, tmp_path):
-    """The same through `python -m relpos_ablate`, for one error of each layer (config, spec, argparse)."""
+    """The same through `python -m relpos_ablate`, for one error of each layer (config, spec,
+    argparse)."""
     import subprocess
     import sys
 
@@ -397,7 +406,8 @@ def test_the_entry_point_in_a_fresh_process_prints_no_traceback(places, tmp_path
 
 
 def test_status_and_grid_say_the_metric_is_the_last_training_batchs(tmp_path, capsys):
-    """status.json's last_metric is what the last training batch logged, not an evaluation result."""
+    """status.json's last_metric is what the last training batch logged, not an evaluation
+    result."""
     run_dir = make_run(tmp_path, ["seed=0"], state="running")
     status = json.loads((run_dir / "status.json").read_text())
     atomic_write_json(

@@ -1,9 +1,11 @@
-"""The band kernel (kernels/band.py): a map constant from a distance D on (a clamp of R, xl_table's end, T5's last
-bucket) as its band on the block kernel plus the pairs beyond D on the causal flash kernel.
+"""The band kernel (kernels/band.py): a map constant from a distance D on (a clamp of R, xl_table's
+end, T5's last bucket) as its band on the block kernel plus the pairs beyond D on the causal flash
+kernel.
 
-The reference is written out here in float64 with every score materialised: each per-distance value computed at
-its distance (R_d as the sinusoid or the learned table's row, T5's bucket by tests/reference.py's HF formula),
-indexed by i' - j, masked causally, softmax, times v, through W_o; its gradients by float64 autograd."""
+The reference is written out here in float64 with every score materialised: each per-distance value
+computed at its distance (R_d as the sinusoid or the learned table's row, T5's bucket by
+tests/reference.py's HF formula), indexed by i' - j, masked causally, softmax, times v, through W_o;
+its gradients by float64 autograd."""
 
 import math
 
@@ -46,7 +48,8 @@ def _layer(
 
 
 def _per_distance(attn: RelPosAttention, distances: range, params: dict) -> dict[str, torch.Tensor]:
-    """Per-distance values at each distance d >= 0, by the formulas: 'r' s·W_R R_d [n, H, dh], 'bias' [n, H]."""
+    """Per-distance values at each distance d >= 0, by the formulas: 'r' s·W_R R_d [n, H, dh],
+    'bias' [n, H]."""
     cfg, h, dh = attn.config, attn.n_heads, attn.d_head
     out = {}
     if cfg.uses_r:
@@ -116,8 +119,8 @@ def _reference(
 # term b's clamped keys; a bias curve's last bucket
 @pytest.mark.parametrize("name", ["shaw", "t5"])
 def test_band_equals_the_float64_reference_at_4096_with_memory(name):
-    """fp32 on the band kernel vs float64, L = 4096 after 256 memory keys: the output within 1e-5, every
-    parameter's gradient within 1e-5 of its largest entry."""
+    """fp32 on the band kernel vs float64, L = 4096 after 256 memory keys: the output within 1e-5,
+    every parameter's gradient within 1e-5 of its largest entry."""
     fields = {
         "shaw": dict(terms="ab", rel="learned", clamp_len=20),
         "t5": dict(terms="a", bias="t5"),
@@ -138,10 +141,10 @@ def test_band_equals_the_float64_reference_at_4096_with_memory(name):
 @pytest.mark.parametrize("n_mem", [0, 3, 10, 40])
 @pytest.mark.parametrize("name", list(BANDED))
 def test_band_equals_the_references(name, n_mem):
-    """Small shapes, blocks of 16 queries (a short last block): the forward against tests/reference.py's
-        pair-by-pair formula, and forward and every gradient against this file's float64 reference (within 1e-5 of
-    the largest entry). Memory shorter
-        and longer than the saturation distance gives both layouts of the far pairs (band.far_parts)."""
+    """Small shapes, blocks of 16 queries (a short last block): the forward against
+    tests/reference.py's pair-by-pair formula, and forward and every gradient against this file's
+    float64 reference (within 1e-5 of the largest entry). Memory shorter and longer than the
+    saturation distance gives both layouts of the far pairs (band.far_parts)."""
     attn = _layer(BANDED[name], query_chunk=16)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(2, 70, 32, generator=gen)
@@ -159,9 +162,9 @@ def test_band_equals_the_references(name, n_mem):
 @pytest.mark.parametrize("query_chunk", [0, 1, 7])
 @pytest.mark.parametrize("n_mem,n_queries", [(0, 12), (30, 12), (12, 1), (9, 3)])
 def test_band_edges_equal_the_explicit_path_in_float64(query_chunk, n_mem, n_queries):
-    """One block (query_chunk 0), one query per block, a single query, memory longer than the segment: the band
-    kernel's output and every gradient equal the explicit path's (itself held to tests/reference.py elsewhere) to
-    1e-12 in float64."""
+    """One block (query_chunk 0), one query per block, a single query, memory longer than the
+    segment: the band kernel's output and every gradient equal the explicit path's (itself held to
+    tests/reference.py elsewhere) to 1e-12 in float64."""
     for fields in (
         dict(terms="ab", rel="learned", clamp_len=4),
         dict(terms="a", bias="xl_table", max_distance=3),
@@ -192,7 +195,8 @@ def test_band_edges_equal_the_explicit_path_in_float64(query_chunk, n_mem, n_que
 
 
 def test_far_parts_cover_the_far_pairs_once():
-    """The flash-kernel calls of band.far_parts, with the band (window D), see every causal pair exactly once."""
+    """The flash-kernel calls of band.far_parts, with the band (window D), see every causal pair
+    exactly once."""
     for n_mem, lq, d in ((0, 20, 5), (3, 20, 5), (5, 20, 5), (12, 20, 5), (0, 5, 5), (2, 4, 9)):
         attn = _layer(dict(terms="a", bias="xl_table", max_distance=d))  # saturation = max_distance
         call, _, _ = attn.kernel_call(
@@ -216,8 +220,9 @@ def test_far_parts_cover_the_far_pairs_once():
 
 
 def test_saturation_of_each_scheme():
-    """The distance from which each per-distance input is constant: clamp_len for R, max_distance for xl_table,
-    T5's last bucket's first distance (by the HF formula); none for unclamped R or a bias that keeps changing."""
+    """The distance from which each per-distance input is constant: clamp_len for R, max_distance
+    for xl_table, T5's last bucket's first distance (by the HF formula); none for unclamped R or a
+    bias that keeps changing."""
     x = torch.randn(1, 300, 32)
     expected = {"shaw": 5, "xl_clamped": 6, "xl_table": 7}
     first_far = next(d for d in range(200) if t5_bucket_hf(-d, False, 8, 12) == 7)
@@ -238,8 +243,9 @@ def test_saturation_of_each_scheme():
 
 
 def test_the_band_only_takes_calls_it_can():
-    """A window, key padding, explicit positions, sinks, a query scale or too few keys send the call elsewhere; a
-    pinned band on such a call goes to the block kernel; a config the band can never take is a one-line error."""
+    """A window, key padding, explicit positions, sinks, a query scale or too few keys send the call
+    elsewhere; a pinned band on such a call goes to the block kernel; a config the band can never
+    take is a one-line error."""
     attn = _layer(BANDED["t5"], backend="auto")
     x = torch.randn(1, 40, 32)
     call, q, _ = attn.kernel_call(x)
@@ -269,8 +275,8 @@ def test_the_band_only_takes_calls_it_can():
 
 
 def test_every_calibration_candidate_agrees_with_the_band():
-    """band, blocks and sdpa (per query block) compute the same forward and gradients (fp32): within 2e-5 of the
-    largest entry, 1e-4 for a bias table's gradient."""
+    """band, blocks and sdpa (per query block) compute the same forward and gradients (fp32): within
+    2e-5 of the largest entry, 1e-4 for a bias table's gradient."""
 
     # a bias table's gradient sums dS over many pairs that cancel (rows sum to 0)
     def limit(tensor: str) -> float:
@@ -287,8 +293,9 @@ def test_every_calibration_candidate_agrees_with_the_band():
 
 @pytest.mark.parametrize("name", list(BANDED))
 def test_band_under_bf16_autocast_matches_float32(name):
-    """Under torch.autocast("cpu", bf16) the band kernel (both its parts in fp32, as the block kernel widens them)
-    gives the fp32 output and gradients within test_attention_precision's 2.5% of their norm."""
+    """Under torch.autocast("cpu", bf16) the band kernel (both its parts in fp32, as the block
+    kernel widens them) gives the fp32 output and gradients within test_attention_precision's 2.5%
+    of their norm."""
     attn = _layer(BANDED[name], query_chunk=16)
     randomize(attn, 0, scale=0.2)
     gen = torch.Generator().manual_seed(5)

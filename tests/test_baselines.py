@@ -7,9 +7,9 @@
   keeps learning (both training loops call the schemes' `after_optimizer_step`).
 - FIRE's and the dynamic MLP keep their own (PyTorch default Linear) init inside TransformerLM, and
   no position parameter gets weight decay.
-- The fair-baselines study (experiments/fair_baselines.yaml, `make fair-baselines`) runs end to end for
-  every preset, a tiny version of it (its 10% goal is the study's to check, on real text; see the README's
-  "Fair baselines").
+- The fair-baselines study (experiments/fair_baselines.yaml, `make fair-baselines`) runs end to end
+  for every preset, a tiny version of it (its 10% goal is the study's to check, on real text; see
+  the README's "Fair baselines").
 Run: pytest tests/test_baselines.py -q
 """
 
@@ -53,7 +53,8 @@ def lm(d_model=16, mem_len=0, **attention):
 
 
 def test_sinusoid_is_added_to_the_embedding_scaled_by_sqrt_d_model():
-    """Layer 0's input (kept as memory) = E[token]·sqrt(d_model) + PE(position), PE by hand in float64."""
+    """Layer 0's input (kept as memory) = E[token]·sqrt(d_model) + PE(position), PE by hand in
+    float64."""
     torch.manual_seed(0)
     m = lm(mem_len=6, terms="a", absolute="sinusoid").double()
     tokens = torch.randint(0, 11, (2, 6))
@@ -156,9 +157,9 @@ def linear_layers(scheme: BiasScheme) -> list[nn.Linear]:
 
 @pytest.mark.parametrize("bias", ["fire", "dynamic"])
 def test_bias_mlps_keep_their_own_init_inside_the_lm(bias):
-    """PyTorch's Linear init: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), std = bound/sqrt(3).
-    Pooled over 8 seeds, the MLP inside a TransformerLM has the standalone scheme's statistics (the
-    LM's N(0, 0.02) re-draw would make the biases exactly 0)."""
+    """PyTorch's Linear init: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), std =
+    bound/sqrt(3). Pooled over 8 seeds, the MLP inside a TransformerLM has the standalone scheme's
+    statistics (the LM's N(0, 0.02) re-draw would make the biases exactly 0)."""
     inside, alone = [], []
     for seed in range(8):
         torch.manual_seed(seed)
@@ -195,7 +196,8 @@ POSITION_CASES = [
 
 
 def position_parameters(model: TransformerLM) -> dict[int, str]:
-    """Every parameter that encodes position: bias schemes, u, v, learned R and value tables, absolute tables."""
+    """Every parameter that encodes position: bias schemes, u, v, learned R and value tables,
+    absolute tables."""
     found = {}
     for name, module in model.named_modules():
         if isinstance(module, (BiasScheme, LearnedPositions)):
@@ -226,10 +228,11 @@ def test_no_position_parameter_gets_weight_decay(attention):
 
 
 def test_the_fair_baselines_study_runs_every_preset_end_to_end(tmp_path, capsys):
-    """A tiny version of experiments/fair_baselines.yaml (test_reproductions.tiny: 2 steps of a 1-layer d_model
-    16 model, 600 targets a setting), trained in process on the shipped corpus: every preset at the default
-    lr, xl also at a second one, seed 0; then the report `make fair-baselines` writes: the best-over table
-    from the spec's block (a row per preset, each valid-picked lr shown), report.md and the figure."""
+    """A tiny version of experiments/fair_baselines.yaml (test_reproductions.tiny: 2 steps of a
+    1-layer d_model 16 model, 600 targets a setting), trained in process on the shipped corpus:
+    every preset at the default lr, xl also at a second one, seed 0; then the report `make
+    fair-baselines` writes: the best-over table from the spec's block (a row per preset, each
+    valid-picked lr shown), report.md and the figure."""
     from relpos_ablate.analysis import collect
     from relpos_ablate.io import atomic_write_json
     from relpos_ablate.runner.grid import load_grid

@@ -1,8 +1,9 @@
-"""The fair-baselines report (relpos_ablate/studies/fair_baselines.py): each preset's best learning rate picked on
-valid, its test perplexity there, the ratio to the best preset, the presets more than 10% above it (tuned
-and untuned), the picks at an edge of each preset's own sweep and each preset against the best by Welch's t-test
-(different models), the four tests one Holm-corrected family, all checked against numbers computed here from the
-fixture (scipy's test, statsmodels' correction); from the runs and from summary.csv alike.
+"""The fair-baselines report (relpos_ablate/studies/fair_baselines.py): each preset's best learning
+rate picked on valid, its test perplexity there, the ratio to the best preset, the presets more than
+10% above it (tuned and untuned), the picks at an edge of each preset's own sweep and each preset
+against the best by Welch's t-test (different models), the four tests one Holm-corrected family, all
+checked against numbers computed here from the fixture (scipy's test, statsmodels' correction); from
+the runs and from summary.csv alike.
 
 Run: .venv/bin/python -m pytest tests/test_baselines_report.py -q
 """
@@ -65,8 +66,9 @@ def results(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def collected(results):
-    """collect(results) once for the tests that read the frame (~0.35 s each: every run's config.yaml parsed);
-    each test takes a copy. The CLI tests still collect through `report`, `collect` and `plot` themselves."""
+    """collect(results) once for the tests that read the frame (~0.35 s each: every run's
+    config.yaml parsed); each test takes a copy. The CLI tests still collect through `report`,
+    `collect` and `plot` themselves."""
     return collect(results)
 
 
@@ -106,16 +108,16 @@ def test_report_counts_edges_and_orderings(frame):
     )
     assert (over, untuned) == (["vaswani"], ["vaswani", "t5"])
     assert (
-        f"- Presets that encode position more than 10% above the best at their best rate: {len(over)} of "
-        f"{len(judged)} (vaswani)."
+        f"- Presets that encode position more than 10% above the best at their best rate: "
+        f"{len(over)} of {len(judged)} (vaswani)."
     ) in text
     assert (
         f"- At lr 0.001 for every preset (untuned): {len(untuned)} of {len(judged)} (vaswani, t5)."
         in text
     )
     assert (
-        "- Best rate at the edge of its own sweep (the optimum may lie beyond it): at the lowest rate: none; "
-        "at the highest: xl (0.002), t5 (0.002), vaswani (0.002)."
+        "- Best rate at the edge of its own sweep (the optimum may lie beyond it): at the lowest "
+        "rate: none; at the highest: xl (0.002), t5 (0.002), vaswani (0.002)."
     ) in text
     assert "learning rates 0.0005, 0.001, 0.002; 3 seeds" in text
     assert "| nope (no position) | 0.001 | 7.80 | 8.00 ± 0.10 | 1.429 | 8.00 | 1.356 |" in text
@@ -137,21 +139,22 @@ def test_report_counts_edges_and_orderings(frame):
             else "not significant"
         )
         assert (
-            f"- xl {tuned['xl']:.2f}, {preset} {tuned[preset]:.2f}: {said} (Welch's t-test, difference "
-            f"{difference:.3f}, 95% CI [{ci.low:.3f}, {ci.high:.3f}], n = 3; p = {p:.2g}, Holm-adjusted p = "
-            f"{adjusted[preset]:.2g})"
+            f"- xl {tuned['xl']:.2f}, {preset} {tuned[preset]:.2f}: {said} (Welch's t-test, "
+            f"difference {difference:.3f}, 95% CI [{ci.low:.3f}, {ci.high:.3f}], n = 3; p = "
+            f"{p:.2g}, Holm-adjusted p = {adjusted[preset]:.2g})"
         ) in text
     # gaps of 0.5 or more, a spread of 0.1: all survive Holm
     assert all(a < 0.05 for a in adjusted.values())
     assert (
-        'Family "every preset vs the best (xl)": 4 tests (Welch\'s t-test), Holm-corrected at α = 0.05'
-        in text
+        'Family "every preset vs the best (xl)": 4 tests (Welch\'s t-test), Holm-corrected at '
+        "α = 0.05" in text
     )
 
 
 def test_a_rate_only_some_presets_ran_is_named_and_edges_are_each_presets_own(tmp_path):
-    """The sweep extended below 0.001 for xl only (its pick sat there): alibi's lowest rate is 0.001, its pick,
-    so alibi is at its own sweep's edge; xl, best at 0.001 with 0.0005 run, is not."""
+    """The sweep extended below 0.001 for xl only (its pick sat there): alibi's lowest rate is
+    0.001, its pick, so alibi is at its own sweep's edge; xl, best at 0.001 with 0.0005 run, is
+    not."""
     for preset, valid in {
         "xl": {0.0005: 6.2, 0.001: 5.6, 0.002: 5.9},
         "alibi": {0.001: 5.9, 0.002: 6.1},
@@ -172,8 +175,8 @@ def test_a_rate_only_some_presets_ran_is_named_and_edges_are_each_presets_own(tm
     text = report(collect(tmp_path / "fair_baselines"))
     assert "learning rates 0.001, 0.002 (and 0.0005: xl); 3 seeds" in text
     assert (
-        "- Best rate at the edge of its own sweep (the optimum may lie beyond it): at the lowest rate: "
-        "alibi (0.001); at the highest: none."
+        "- Best rate at the edge of its own sweep (the optimum may lie beyond it): at the lowest "
+        "rate: alibi (0.001); at the highest: none."
     ) in text
 
 
@@ -189,7 +192,8 @@ def test_the_figure_draws_each_ratio(results, frame, tmp_path):
     picks, tuned, default = expected()
     fig = lr_figure(frame)
     *lefts, right = fig.axes
-    # a panel for the presets without a bias table, one for the bias types: a line per preset, and its pick starred
+    # a panel for the presets without a bias table, one for the bias types: a line per preset, and
+    # its pick starred
     named = [
         [line for line in left.lines if not line.get_label().startswith("_")] for left in lefts
     ]
@@ -217,7 +221,8 @@ def test_the_figure_draws_each_ratio(results, frame, tmp_path):
     assert widths == pytest.approx(sorted(t / min(tuned.values()) - 1 for t in tuned.values()))
     for lines in named:  # a colour each within a panel (the legend beside it tells them apart)
         assert len({to_rgba(line.get_color()) for line in lines}) == len(lines)
-    # a bar's colour says its panel: baselines (xl, vaswani, nope) alike, bias types (alibi, t5) alike, not both
+    # a bar's colour says its panel: baselines (xl, vaswani, nope) alike, bias types (alibi, t5)
+    # alike, not both
     colour = {name: to_rgba(bar.get_facecolor()) for name, bar in zip(order, right.patches)}
     assert colour["xl"] == colour["vaswani"] == colour["nope"] != colour["alibi"] == colour["t5"]
     assert [t.get_text() for t in right.get_legend().get_texts()][-2:] == [
@@ -234,8 +239,9 @@ def test_the_figure_draws_each_ratio(results, frame, tmp_path):
 
 
 def test_near_tie_picks_are_marked(frame):
-    """A pick whose second-best rate's mean valid ppl lies within 0.5% of its own is marked †: here alibi's 0.002
-    is moved to 5.91 against the pick's 5.9 (+0.17%); every other runner-up is far (xl: 5.6 over 5.5, +1.8%)."""
+    """A pick whose second-best rate's mean valid ppl lies within 0.5% of its own is marked †: here
+    alibi's 0.002 is moved to 5.91 against the pick's 5.9 (+0.17%); every other runner-up is far
+    (xl: 5.6 over 5.5, +1.8%)."""
     moved = (
         (frame["encoding"] == "alibi")
         & np.isclose(frame["train.lr"], 0.002)
@@ -313,16 +319,19 @@ def test_a_longer_budget_is_its_own_section_and_leaves_the_sweep_alone(budgets):
     test_at = {p: [m + 2 * d for d in OFFSETS] for p, (_, m) in LONGER.items()}
     best = min(test_at, key=lambda p: np.mean(test_at[p]))
     assert best == "xl" and f"(at 2000 steps: xl, {np.mean(test_at['xl']):.2f}," in longer
-    # each row: the sweep's test ppl at the pick and its ratio, then the longer budget's and its ratio
+    # each row: the sweep's test ppl at the pick and its ratio, then the longer budget's and its
+    # ratio
     sweep_means = {p: min(zip(v, t))[1] for p, ((v, t), _) in LONGER.items()}
     for preset in ("vaswani", "al_rfou"):
         ratio_short = sweep_means[preset] / min(sweep_means.values())
         ratio_long = np.mean(test_at[preset]) / np.mean(test_at["xl"])
         assert (
-            f"| {preset} | {0.002 if preset == 'vaswani' else 0.001:g} | {sweep_means[preset]:.2f} ± 0.10 | "
-            f"{ratio_short:.3f} | {np.mean(test_at[preset]):.2f} ± 0.20 | {ratio_long:.3f} |"
+            f"| {preset} | {0.002 if preset == 'vaswani' else 0.001:g} | "
+            f"{sweep_means[preset]:.2f} ± 0.10 | {ratio_short:.3f} | "
+            f"{np.mean(test_at[preset]):.2f} ± 0.20 | {ratio_long:.3f} |"
         ) in longer
-    # judged: xl, vaswani, al_rfou (nope encodes no position); vaswani 1.08, al_rfou 1.20 over the best
+    # judged: xl, vaswani, al_rfou (nope encodes no position); vaswani 1.08, al_rfou 1.20 over the
+    # best
     assert "more than 10% above the best at 2000 steps: 1 of 3 (al_rfou)." in longer
     p_values = [
         stats.ttest_ind(test_at["xl"], test_at[p], equal_var=False).pvalue
@@ -337,8 +346,8 @@ def test_a_longer_budget_is_its_own_section_and_leaves_the_sweep_alone(budgets):
     long_p = stats.ttest_ind(test_at["al_rfou"], test_at["nope"], equal_var=False).pvalue
     pair = longer.split("Al-Rfou's per-layer")[1]
     assert (
-        f"p = {short_p:.2g}, Holm-adjusted p = {multipletests([short_p, long_p], method='holm')[1][0]:.2g}"
-        in pair
+        f"p = {short_p:.2g}, Holm-adjusted p = "
+        f"{multipletests([short_p, long_p], method='holm')[1][0]:.2g}" in pair
     )
     assert "al_rfou, 2000 steps 6.00, nope, 2000 steps 7.00: al_rfou, 2000 steps better" in pair
     # the lr figure draws the sweep alone

@@ -1,7 +1,8 @@
-"""The speed benchmarks record what their numbers belong to: benchmarks/attention.py's JSON names the processor,
-its flags, the cores, torch, the date, the denormal setting and the kernels calibration chose; train_step.py
---spec times every variant of a grid against its NoPE twin and writes what `grid --dry-run` reads; swap_timing.py
-times a function against its version at another revision in one process."""
+"""The speed benchmarks record what their numbers belong to: benchmarks/attention.py's JSON names
+the processor, its flags, the cores, torch, the date, the denormal setting and the kernels
+calibration chose; train_step.py --spec times every variant of a grid against its NoPE twin and
+writes what `grid --dry-run` reads; swap_timing.py times a function against its version at another
+revision in one process."""
 
 import importlib.util
 import json
@@ -58,7 +59,8 @@ def test_the_attention_benchmark_json_names_the_machine_and_the_kernels(tmp_path
     assert result["denormals"] == "flushed"
     assert [row["scheme"] for row in result["rows"]] == ["alibi", "t5"]
     assert all(row["64"]["ratio"] > 0 for row in result["rows"])
-    # ALiBi had two candidates in training (low-rank, block kernel): one measured choice; T5 one candidate
+    # ALiBi had two candidates in training (low-rank, block kernel): one measured choice; T5 one
+    # candidate
     alibi = [entry for key, entry in result["kernel_choices"].items() if "linear" in key]
     assert alibi and all(set(entry["seconds"]) == {"low_rank", "blocks"} for entry in alibi)
     assert all(
@@ -85,9 +87,9 @@ def test_train_step_times_every_variant_of_a_spec_against_nope(tmp_path, monkeyp
 
 
 def test_the_low_rank_block_benchmark_names_the_machine_and_bounds_each_blocks_rounding(capsys):
-    """benchmarks/low_rank_blocks.py (the README's block-size figures) at L = 256: a time per path, and per block
-    size the output's error against its float64 softmax, within the tests' 1e-5 where the spread is at most 128
-    (SPREAD_LIMIT)."""
+    """benchmarks/low_rank_blocks.py (the README's block-size figures) at L = 256: a time per path,
+    and per block size the output's error against its float64 softmax, within the tests' 1e-5 where
+    the spread is at most 128 (SPREAD_LIMIT)."""
     _load("low_rank_blocks").main(["--length", "256"])
     out = capsys.readouterr().out
     assert "SPREAD_LIMIT 128.0" in out.splitlines()[0]
@@ -102,9 +104,10 @@ def test_the_low_rank_block_benchmark_names_the_machine_and_bounds_each_blocks_r
 
 
 def test_swap_timing_runs_a_function_at_another_revision_beside_the_current_one(capsys):
-    """benchmarks/swap_timing.py: the attribute's source at the revision (HEAD here, which any clone has) is run as a
-    module of its own and swapped in and out; the report gives both versions against SDPA-NoPE; a malformed swap or
-    an attribute missing at the revision is a one-line error."""
+    """benchmarks/swap_timing.py: the attribute's source at the revision (HEAD here, which any clone
+    has) is run as a module of its own and swapped in and out; the report gives both versions
+    against SDPA-NoPE; a malformed swap or an attribute missing at the revision is a one-line
+    error."""
     bench = _load("swap_timing")
     current = MaterialisedMaps._masked
     swap = bench.Swap("relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._masked@HEAD")

@@ -1,6 +1,7 @@
-"""`table --best-over KEY`: every cell at its row's best value of KEY on the selection split, reporting the
-other split; checked against picks and statistics computed here from the fixture's numbers, in every
-format, from the command line and the spec's `table:` block, and the one-line errors.
+"""`table --best-over KEY`: every cell at its row's best value of KEY on the selection split,
+reporting the other split; checked against picks and statistics computed here from the fixture's
+numbers, in every format, from the command line and the spec's `table:` block, and the one-line
+errors.
 
 Run: .venv/bin/python -m pytest tests/test_best_over.py -q
 """
@@ -21,8 +22,9 @@ from relpos_ablate.studies import make_table
 
 LRS = (0.0005, 0.001, 0.002)
 SEEDS = (0, 1, 2)
-# (encoding, lr) -> per seed: ppl at COLUMNS. xl is best on valid at 0.002 at length 64 but best on test at 0.001
-# (a pick made on test would differ); the valid picks differ by length (alibi: 0.001 at 64, 0.0005 at 128).
+# (encoding, lr) -> per seed: ppl at COLUMNS. xl is best on valid at 0.002 at length 64 but best on
+# test at 0.001 (a pick made on test would differ); the valid picks differ by length (alibi: 0.001
+# at 64, 0.0005 at 128).
 PPL = {
     ("xl", 0.0005): [(9.0, 9.9, 9.5, 9.6), (9.2, 9.7, 9.4, 9.8), (9.1, 9.8, 9.6, 9.7)],
     ("xl", 0.001): [(8.0, 7.0, 8.5, 8.6), (8.1, 7.1, 8.4, 8.5), (8.2, 7.2, 8.6, 8.4)],
@@ -157,7 +159,8 @@ def test_the_splits_can_be_swapped(tmp_path):
 def test_ties_go_to_the_first_value_in_the_spec_order(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(
-        "name: fair\ngrid:\n  encoding: [xl]\n  train.lr: [0.002, 0.001]\ntable:\n  best_over: train.lr\n"
+        "name: fair\ngrid:\n  encoding: [xl]\n  train.lr: [0.002, 0.001]\ntable:\n  "
+        "best_over: train.lr\n"
     )
     for lr in (0.001, 0.002):
         make_run(

@@ -37,14 +37,16 @@ SCHEMES = [*BUILTIN_BIASES, "gaussian"]  # every built-in and the README's schem
 
 @pytest.fixture(scope="module")
 def gaussian(tmp_path_factory):
-    """The README's GaussianBias, registered from a module outside the package for this file's tests."""
+    """The README's GaussianBias, registered from a module outside the package for this file's
+    tests."""
     with registered_example(tmp_path_factory.mktemp("user")) as module:
         yield module
 
 
 @pytest.fixture
 def fresh_registry(monkeypatch):
-    """Only the built-ins are registered during the test, and what it registers is gone afterwards."""
+    """Only the built-ins are registered during the test, and what it registers is gone
+    afterwards."""
     monkeypatch.setattr(registry, "_registered", {})
 
 
@@ -220,7 +222,8 @@ def test_imports_are_imported_before_the_model_is_validated(fresh_registry, tmp_
     sys.modules.pop("late_schemes")
 
 
-# ------------------------------------------------------------------ structure, on every registered scheme
+# ------------------------------------------------------------------ structure, on every registered
+# scheme
 def attention(name, **fields):
     attn = RelPosAttention(
         16, 2, 8, AttentionConfig(bias=name, max_distance=6, num_buckets=8, **fields)
@@ -270,7 +273,8 @@ def test_every_kernel_matches_the_explicit_scores(gaussian, name, causal):
 
 @pytest.mark.parametrize("name", SCHEMES)
 def test_memory_and_causality_are_exact(gaussian, name):
-    """Segment 2 with memory equals the tail of one long pass; later tokens never change earlier outputs."""
+    """Segment 2 with memory equals the tail of one long pass; later tokens never change earlier
+    outputs."""
     assert_memory_and_causality_exact(lm(name, mem_len=6))
 
 

@@ -1,7 +1,8 @@
-"""The block kernel (model/kernels/blockwise.py) and the layouts of its maps (model/kernels/block_maps.py): the strided views
-equal the materialised map of every block, hold no [L_b, K_b] tensor of their own, and the tensor-op
-forward used off CPU gives what the fused CPU flash kernel gives, gradients included. Parity with the
-float64 reference on every scheme: test_attention_reference.py, test_newer_schemes.py.
+"""The block kernel (model/kernels/blockwise.py) and the layouts of its maps
+(model/kernels/block_maps.py): the strided views equal the materialised map of every block, hold no
+[L_b, K_b] tensor of their own, and the tensor-op forward used off CPU gives what the fused CPU
+flash kernel gives, gradients included. Parity with the float64 reference on every scheme:
+test_attention_reference.py, test_newer_schemes.py.
 Run: pytest tests/test_block_kernel.py -q"""
 
 import dataclasses
@@ -44,8 +45,9 @@ def call_and_inputs(attn, x, mems):
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_every_block_map_equals_the_materialised_one(name):
-    """Each block's mask as the kernel reads it (rows in its order) equals the sum of call.additive_terms with -inf
-    where a key is hidden; the Hankel layout is a view of the curve (no map in memory)."""
+    """Each block's mask as the kernel reads it (rows in its order) equals the sum of
+    call.additive_terms with -inf where a key is hidden; the Hankel layout is a view of the curve
+    (no map in memory)."""
     fields, layout = LAYOUTS[name]
     attn = attention(fields)
     gen = torch.Generator().manual_seed(1)
@@ -75,7 +77,8 @@ def test_every_block_map_equals_the_materialised_one(name):
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_the_tensor_op_forward_equals_the_fused_kernel(name, monkeypatch):
     """Off CPU the kernel's forward is tensor ops (and its backward always is, but for maps nobody
-    differentiates): outputs and every gradient equal the fused CPU kernel's and the explicit scores'."""
+    differentiates): outputs and every gradient equal the fused CPU kernel's and the explicit
+    scores'."""
     fields, _ = LAYOUTS[name]
     attn = attention(fields, seed=2)
     gen = torch.Generator().manual_seed(3)
@@ -92,8 +95,9 @@ def test_the_tensor_op_forward_equals_the_fused_kernel(name, monkeypatch):
 
 
 def test_a_map_nobody_differentiates_takes_the_fused_backward():
-    """Fixed ALiBi on term a: no input of the map needs a gradient, so the CPU flash kernel's own backward
-    computes dQ, dK, dV (the hand-written one is not called), equal to the explicit scores' gradients."""
+    """Fixed ALiBi on term a: no input of the map needs a gradient, so the CPU flash kernel's own
+    backward computes dQ, dK, dV (the hand-written one is not called), equal to the explicit scores'
+    gradients."""
     attn = attention(dict(terms="a", bias="alibi"), seed=4)
     x, mems = torch.randn(2, 7, 16, dtype=torch.float64), torch.randn(2, 4, 16, dtype=torch.float64)
     called = []
@@ -132,9 +136,10 @@ TILED = {
 @pytest.mark.parametrize("padded", [False, True], ids=["", "padded"])
 @pytest.mark.parametrize("name", TILED)
 def test_several_key_tiles_per_block(name, padded, monkeypatch):
-    """Tiles of 2-3 keys: forward merges each block's tiles by their log-sum-exp (every query sees a key of
-    every tile, windows included), backward adds their gradients (materialised maps: key padding, FIRE past
-    its threshold, FoX; CoPE keeps whole rows); both equal the explicit scores'."""
+    """Tiles of 2-3 keys: forward merges each block's tiles by their log-sum-exp (every query sees a
+    key of every tile, windows included), backward adds their gradients (materialised maps: key
+    padding, FIRE past its threshold, FoX; CoPE keeps whole rows); both equal the explicit
+    scores'."""
     monkeypatch.setattr(layouts, "tile_scores", lambda call, d_head: 4)
     monkeypatch.setattr(layouts, "MATERIALISED_ROWS", 2)
     attn = attention(TILED[name], seed=5)
@@ -172,8 +177,8 @@ STRIDED = {
 
 
 def small_strided_tiles(monkeypatch):
-    """The strided maps' backward in key ranges of 3 keys and blocks of 2 queries (the tiles of a range then start and
-    end inside it: the diagonal, windows, memory)."""
+    """The strided maps' backward in key ranges of 3 keys and blocks of 2 queries (the tiles of a
+    range then start and end inside it: the diagonal, windows, memory)."""
     monkeypatch.setattr(layouts, "TERM_B_ROWS", (2, 2))
     monkeypatch.setattr(layouts, "HANKEL_ROWS", 2)
     monkeypatch.setattr(layouts, "tile_scores", lambda call, d_head: 6)
@@ -211,9 +216,9 @@ def test_strided_tiles_by_keys_cover_every_visible_pair_once(name, monkeypatch):
 
 @pytest.mark.parametrize("name", STRIDED)
 def test_strided_backward_in_small_key_ranges_equals_the_explicit_path(name, monkeypatch):
-    """Every gradient through the strided maps' own backward loop (term b: dS in the per-distance layout; Hankel:
-    the curve's view as the product's accumulator; dK and dV summed per range of keys, a tile's range partly
-    outside the tile) equals the explicit scores' (float64)."""
+    """Every gradient through the strided maps' own backward loop (term b: dS in the per-distance
+    layout; Hankel: the curve's view as the product's accumulator; dK and dV summed per range of
+    keys, a tile's range partly outside the tile) equals the explicit scores' (float64)."""
     small_strided_tiles(monkeypatch)
     attn, x, mems, _ = strided_call(name, seed=7)
     called = []
@@ -225,10 +230,10 @@ def test_strided_backward_in_small_key_ranges_equals_the_explicit_path(name, mon
 
 
 def test_term_b_equals_the_float64_reference_at_4096_with_memory():
-    """fp32 XL abcd (sinusoidal R) on the block kernel vs float64, L = 4096 after 256 memory keys: the per-distance
-    scores with the curve and -lse as channels of the product (an -inf among them: the hidden distances), key
-    ranges of 544 keys with tiles ending inside them; the output within 1e-5, every parameter's gradient within
-    1e-5 of its largest entry."""
+    """fp32 XL abcd (sinusoidal R) on the block kernel vs float64, L = 4096 after 256 memory keys:
+    the per-distance scores with the curve and -lse as channels of the product (an -inf among them:
+    the hidden distances), key ranges of 544 keys with tiles ending inside them; the output within
+    1e-5, every parameter's gradient within 1e-5 of its largest entry."""
     from fixtures.kernels import assert_matches_float64
     from test_band import _layer, _reference
 
@@ -247,8 +252,9 @@ def test_term_b_equals_the_float64_reference_at_4096_with_memory():
 
 
 def test_windowed_blocks_hold_as_many_rows_as_the_budget_allows():
-    """A block of n queries under a window W reads at most n + W - 1 keys: blocks are sized by that (the most rows
-    whose n x (n + W - 1) fits the budget), not by the keys of a block of query_chunk queries."""
+    """A block of n queries under a window W reads at most n + W - 1 keys: blocks are sized by that
+    (the most rows whose n x (n + W - 1) fits the budget), not by the keys of a block of query_chunk
+    queries."""
     attn = RelPosAttention(
         16, 2, 8, AttentionConfig(backend="blocks", query_chunk=64, window=16, bias="alibi")
     )

@@ -1,6 +1,7 @@
-"""Chunked attention (attention.chunk, Llama 4's attention_chunk_size) and Llama 4's temperature tuning, against
-the float64 reference's explicit mask (tests/reference.py: floor(i / C) = floor((j - M) / C), no memory key) on every
-backend, forward and backward. Run: pytest tests/test_chunked_attention.py -q"""
+"""Chunked attention (attention.chunk, Llama 4's attention_chunk_size) and Llama 4's temperature
+tuning, against the float64 reference's explicit mask (tests/reference.py: floor(i / C) = floor((j -
+M) / C), no memory key) on every backend, forward and backward. Run: pytest
+tests/test_chunked_attention.py -q"""
 
 import math
 
@@ -14,7 +15,8 @@ from relpos_ablate.config import ConfigError
 from relpos_ablate.model import AttentionOptions
 from relpos_ablate.model.temperature import tuned_temperature
 
-# each backend with a scheme it takes (low_rank: ALiBi; flex: forward only on CPU, as tests/test_attention_flex.py)
+# each backend with a scheme it takes (low_rank: ALiBi; flex: forward only on CPU, as
+# tests/test_attention_flex.py)
 BACKENDS = [
     ("auto", dict(terms="abcd", bias="t5", num_buckets=8, max_distance=6)),
     ("blocks", dict(terms="a", bias="kerple_log", query_chunk=3)),
@@ -55,8 +57,8 @@ def inputs(length=11, n_mem=3, seed=0):
 )
 @pytest.mark.parametrize("chunk,window", [(4, None), (3, 2), (16, None)])
 def test_chunks_match_the_explicit_mask(backend, fields, chunk, window):
-    """11 queries after 3 memory keys in chunks of 4 (the last one short), 3 with a window of 2, 16 (one chunk):
-    output and input gradient equal the float64 reference's."""
+    """11 queries after 3 memory keys in chunks of 4 (the last one short), 3 with a window of 2, 16
+    (one chunk): output and input gradient equal the float64 reference's."""
     if backend == "low_rank" and window:
         pytest.skip("low_rank takes no window (a config error, tests/test_low_rank.py)")
     attn = make(backend, chunk, window, **fields)
@@ -84,7 +86,8 @@ def test_chunks_on_flex_match_the_explicit_mask():
 
 
 def test_reference_mask_of_chunks_by_hand():
-    """The reference's rule, written out for L = 5 after M = 2 in chunks of 2: rows see their chunk's keys only."""
+    """The reference's rule, written out for L = 5 after M = 2 in chunks of 2: rows see their
+    chunk's keys only."""
     expected = torch.tensor(
         [
             [0, 0, 1, 0, 0, 0, 0],
@@ -99,7 +102,8 @@ def test_reference_mask_of_chunks_by_hand():
 
 
 def test_chunked_score_terms_show_the_chunks():
-    """inspect's maps of a chunked layer: 'visible' is the chunk mask, the bias map its chunks' blocks."""
+    """inspect's maps of a chunked layer: 'visible' is the chunk mask, the bias map its chunks'
+    blocks."""
     attn = make("auto", 4, **dict(terms="a", bias="alibi"))
     x, mems = inputs()
     maps = attn.score_terms(x, mems)
@@ -110,8 +114,8 @@ def test_chunked_score_terms_show_the_chunks():
 
 
 def test_chunk_statistics_count_the_chunks_keys():
-    """Diagnostics of a chunked layer: the first key a query sees is its chunk's first (sink share = 1 for the
-    first query of each chunk), distances within the chunk."""
+    """Diagnostics of a chunked layer: the first key a query sees is its chunk's first (sink share =
+    1 for the first query of each chunk), distances within the chunk."""
     from relpos_ablate.model.diagnostics import AttentionStatistics
 
     attn = make("auto", 4, **dict(terms="a"))
@@ -128,8 +132,8 @@ def test_chunk_statistics_count_the_chunks_keys():
 
 
 def test_temperature_tuning_at_fixed_positions():
-    """1 + 0.1·log(floor((p + 1)/8192) + 1): 1 up to p = 8190, 1 + 0.1·ln 2 at 8191, 1 + 0.1·ln 3 at 16383,
-    1 + 0.1·ln 13 at 100000 (floor(100001/8192) = 12)."""
+    """1 + 0.1·log(floor((p + 1)/8192) + 1): 1 up to p = 8190, 1 + 0.1·ln 2 at 8191, 1 + 0.1·ln 3 at
+    16383, 1 + 0.1·ln 13 at 100000 (floor(100001/8192) = 12)."""
     p = torch.tensor([0, 8190, 8191, 16383, 100000])
     expected = torch.tensor(
         [1.0, 1.0, 1 + 0.1 * math.log(2), 1 + 0.1 * math.log(3), 1 + 0.1 * math.log(13)],
@@ -141,8 +145,8 @@ def test_temperature_tuning_at_fixed_positions():
 
 
 def test_temperature_tuning_scales_the_query_only():
-    """With floor scale 2 the query at position p is multiplied by 1 + 0.1·log(floor((p+1)/2) + 1): term a's map is
-    the untuned one times that factor per row, and the bias is untouched."""
+    """With floor scale 2 the query at position p is multiplied by 1 + 0.1·log(floor((p+1)/2) + 1):
+    term a's map is the untuned one times that factor per row, and the bias is untouched."""
     plain = make("auto", None, terms="a", bias="alibi")
     tuned = make(
         "auto", None, terms="a", bias="alibi", temperature_tuning=True, temperature_floor_scale=2.0

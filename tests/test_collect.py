@@ -199,8 +199,8 @@ def test_cli_collect_bad_inputs_are_one_line_errors(tmp_path, capsys):
 
 
 def test_cli_collect_merges_an_earlier_summary_and_keeps_only_planned_runs(tmp_path, capsys):
-    """A committed study keeps summary.csv, not run dirs: runs added later merge with it (the run dirs win for a
-    run in both), and --spec drops the runs a changed spec no longer plans."""
+    """A committed study keeps summary.csv, not run dirs: runs added later merge with it (the run
+    dirs win for a run in both), and --spec drops the runs a changed spec no longer plans."""
     runs = make_grid(tmp_path / "res", PPL, lengths=(32, 64))
     summary = tmp_path / "summary.csv"
     assert main(["collect", str(tmp_path / "res"), "--out", str(summary)]) == 0
@@ -223,8 +223,8 @@ def test_cli_collect_merges_an_earlier_summary_and_keeps_only_planned_runs(tmp_p
     assert by_run[added.name] == [9.0, 9.5] and by_run[runs[2].name] == [12.0, 12.5]
     spec = tmp_path / "xl_only.yaml"
     spec.write_text(
-        "name: demo\nbase: {model: {vocab_size: 16, attention: {terms: abcd}}, train: {segment_len: 32}}\n"
-        "seeds: [0, 1, 2]\n"
+        "name: demo\nbase: {model: {vocab_size: 16, attention: {terms: abcd}}, train: "
+        "{segment_len: 32}}\nseeds: [0, 1, 2]\n"
     )
     out = tmp_path / "xl.csv"
     assert (
@@ -261,8 +261,9 @@ def test_cli_collect_merge_and_spec_bad_inputs_are_one_line_errors(tmp_path, cap
 
 
 def test_ladder_loss_is_the_mean_on_the_targets_every_fixed_context_scores_in_full(tmp_path):
-    """ladder_loss: on each fixed-context setting with token losses, the mean over the targets at stream
-    position >= longest context - 1 (the same targets for every context), computed here by hand."""
+    """ladder_loss: on each fixed-context setting with token losses, the mean over the targets at
+    stream position >= longest context - 1 (the same targets for every context), computed here by
+    hand."""
     import numpy as np
 
     from relpos_ablate import rundir

@@ -1,13 +1,15 @@
-"""The compiled FlexAttention path on CPU: torch.compile(flex_attention) generates a C++ kernel (gcc), the
-kernel CUDA runs too, and finds what eager flex cannot (captured tensors, graph breaks, recompilation,
-dtype rules). CPU FlexAttention has no backward: forward only, in fp32, equal to the explicit path.
+"""The compiled FlexAttention path on CPU: torch.compile(flex_attention) generates a C++ kernel
+(gcc), the kernel CUDA runs too, and finds what eager flex cannot (captured tensors, graph breaks,
+recompilation, dtype rules). CPU FlexAttention has no backward: forward only, in fp32, equal to the
+explicit path.
 
-Every score_mod ingredient of flex.py is compiled once, and every scheme that uses it runs through the same
-compiled kernel (a new scheme of the same structure must not recompile): term b with every bias type,
-FIRE's MLP per pair, FoX's decay, log-n and the learned temperature, sinks, windows, key padding, memory,
-explicit positions, bidirectional attention, RoPE and its variants (rotated before the kernel: on FoX's). 8 graphs
-(dynamo's count): ~60 s the first time alone on this project's 2-core machine, ~90 s beside other tests, ~15 s once
-torch's compile cache holds them. Run: pytest tests/test_compiled_flex.py -q"""
+Every score_mod ingredient of flex.py is compiled once, and every scheme that uses it runs through
+the same compiled kernel (a new scheme of the same structure must not recompile): term b with every
+bias type, FIRE's MLP per pair, FoX's decay, log-n and the learned temperature, sinks, windows, key
+padding, memory, explicit positions, bidirectional attention, RoPE and its variants (rotated before
+the kernel: on FoX's). 8 graphs (dynamo's count): ~60 s the first time alone on this project's
+2-core machine, ~90 s beside other tests, ~15 s once torch's compile cache holds them. Run: pytest
+tests/test_compiled_flex.py -q"""
 
 import functools
 
@@ -47,7 +49,8 @@ CASES = {  # name -> (attention fields, call options, explicit positions)
         False,
     ),
     "bidirectional_fire": (dict(terms="a", bias="fire", causal=False), dict(), False),
-    # RoPE rotates q and k before the kernel: its cases add it to FoX's, whose compiled kernel they reuse
+    # RoPE rotates q and k before the kernel: its cases add it to FoX's, whose compiled kernel they
+    # reuse
     "rope_xpos": (
         dict(FOX, absolute="rope", rope_fraction=0.5, xpos_scale_base=6.0),
         dict(padded=True),
@@ -70,8 +73,8 @@ def compiled_kernel():
 
 @pytest.fixture
 def compiled(monkeypatch):
-    """backend 'flex' on CPU through the compiled kernel (dispatch.py compiles it on CUDA only); yields a
-    function returning the number of graphs compiled so far."""
+    """backend 'flex' on CPU through the compiled kernel (dispatch.py compiles it on CUDA only);
+    yields a function returning the number of graphs compiled so far."""
     monkeypatch.setattr(flex, "compiles", lambda q: True)  # and so FIRE's compiled_pair_score
     monkeypatch.setattr(flex, "_kernel", lambda compiled: compiled_kernel())
     return lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -125,9 +128,9 @@ def test_compiled_flex_forward_equals_the_explicit_path(name, compiled):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_every_bias_type_shares_one_compiled_kernel(compiled):
-    """Term b with each distance-only bias type: the same score_mod structure, so the learned ones share one
-    compilation and the fixed ones (ALiBi, Sandwich: a curve that needs no gradient, which dynamo's guards
-    tell apart) another; their tensors differ in values, not in shape or kind."""
+    """Term b with each distance-only bias type: the same score_mod structure, so the learned ones
+    share one compilation and the fixed ones (ALiBi, Sandwich: a curve that needs no gradient, which
+    dynamo's guards tell apart) another; their tensors differ in values, not in shape or kind."""
     distance_only = [b for b in BIAS_TYPES if b not in ("none", "fire")]
     before = compiled()
     for seed, bias in enumerate(distance_only):
@@ -144,7 +147,8 @@ def test_every_bias_type_shares_one_compiled_kernel(compiled):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_a_new_length_compiles_once_and_a_repeated_one_not_at_all(compiled):
-    """dynamic=False (flex.py): each new (L, M + L) compiles once; a length seen before reuses its kernel."""
+    """dynamic=False (flex.py): each new (L, M + L) compiles once; a length seen before reuses its
+    kernel."""
     fields, options, _ = CASES["xl_window_sinks_padded"]
     assert_close(*run(fields, options, False))
     before = compiled()
@@ -157,7 +161,8 @@ def test_a_new_length_compiles_once_and_a_repeated_one_not_at_all(compiled):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_rope_rotates_q_and_k_before_the_kernel_and_compiles_nothing_new(compiled):
-    """RoPE, xPos and YaRN change q and k, not the score_mod: on FoX's scores they reuse FoX's kernel."""
+    """RoPE, xPos and YaRN change q and k, not the score_mod: on FoX's scores they reuse FoX's
+    kernel."""
     assert_close(*run(*CASES["fox_log_n_tau_alibi"]))
     before = compiled()
     for name in ("rope_xpos", "rope_yarn"):

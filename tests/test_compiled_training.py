@@ -1,5 +1,6 @@
-"""train.compile: the training forward through torch.compile (Inductor generates C++ on CPU). A how-to-run
-field: it changes no number beyond rounding, so not the run id. Run: pytest tests/test_compiled_training.py -q"""
+"""train.compile: the training forward through torch.compile (Inductor generates C++ on CPU). A
+how-to-run field: it changes no number beyond rounding, so not the run id. Run: pytest
+tests/test_compiled_training.py -q"""
 
 import csv
 
@@ -23,9 +24,10 @@ def losses(run_dir) -> list[float]:
 
 
 def test_a_compiled_run_trains_the_same_steps(tmp_path):
-    """XL terms with memory (the block kernel runs eagerly between compiled graphs: dispatch.py), two steps:
-    the losses equal the uncompiled run's up to rounding, the checkpoint keeps the model's own keys, and the
-    final evaluation (uncompiled) runs. About 45 s the first time Inductor compiles in a process."""
+    """XL terms with memory (the block kernel runs eagerly between compiled graphs: dispatch.py),
+    two steps: the losses equal the uncompiled run's up to rounding, the checkpoint keeps the
+    model's own keys, and the final evaluation (uncompiled) runs. About 45 s the first time Inductor
+    compiles in a process."""
     fields = [
         "model.n_layers=1",
         "model.mem_len=8",

@@ -1,4 +1,5 @@
-"""Config machinery: YAML/dict -> frozen dataclasses with one-line errors. Run: pytest tests/test_config.py"""
+"""Config machinery: YAML/dict -> frozen dataclasses with one-line errors. Run: pytest
+tests/test_config.py"""
 
 import dataclasses
 
@@ -88,8 +89,8 @@ def test_run_id_ignores_fields_left_at_their_defaults():
 
 
 def test_run_id_ignores_defaults_inside_evaluation_settings_too():
-    """An eval.settings item is compared field by field with EvalSetting's defaults, so a field added to
-    EvalSetting later (with its default) keeps the ids of runs that list settings."""
+    """An eval.settings item is compared field by field with EvalSetting's defaults, so a field
+    added to EvalSetting later (with its default) keeps the ids of runs that list settings."""
     short = load_run_config(
         None, ["eval.settings=[{segment_len: 32}, {segment_len: 64, mem_len: 16}]"]
     )
@@ -159,8 +160,9 @@ def test_every_failed_check_of_a_section_is_reported_at_once_in_field_order():
     ]
 
 
-def test_a_wrong_type_is_reported_with_the_other_fields_checks_but_no_contradiction_with_a_stand_in():
-    """low='x' is dropped (its default stands in), so only the checks of the fields given are judged."""
+def test_a_wrong_type_is_reported_with_other_fields_checks_but_no_contradiction_with_a_stand_in():
+    """low='x' is dropped (its default stands in), so only the checks of the fields given are
+    judged."""
     assert problems(LaterSection, {"low": "x", "high": -1.0, "kind": "c"}) == [
         "kind: 'c' is not allowed; choose one of a, b",
         "low: expected a number, got 'x'",

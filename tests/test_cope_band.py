@@ -1,11 +1,12 @@
-"""CoPE on the band kernel (kernels/band.py, cope.band_width): once a query's count has passed p_max - 1, every key
-further back scores s·q_i·e[p_max - 1], one constant per query, so those pairs ride on the causal flash kernel and
-CoPE's scores, minus that constant, are built within the band D only. D is read from the data.
+"""CoPE on the band kernel (kernels/band.py, cope.band_width): once a query's count has passed
+p_max - 1, every key further back scores s·q_i·e[p_max - 1], one constant per query, so those pairs
+ride on the causal flash kernel and CoPE's scores, minus that constant, are built within the band D
+only. D is read from the data.
 
-The reference is written out here in float64 with every score materialised: the gates σ(s·q·kᵀ) of the visible
-keys, each key's count as the sum of the gates from it to the query, clamped at p_max - 1, e interpolated between
-⌊p⌋ and ⌈p⌉, s·q·e[p] added to s·q·kᵀ, masked causally, softmax, times v, through W_o; its gradients by float64
-autograd."""
+The reference is written out here in float64 with every score materialised: the gates σ(s·q·kᵀ) of
+the visible keys, each key's count as the sum of the gates from it to the query, clamped at p_max -
+1, e interpolated between ⌊p⌋ and ⌈p⌉, s·q·e[p] added to s·q·kᵀ, masked causally, softmax, times v,
+through W_o; its gradients by float64 autograd."""
 
 import math
 
@@ -47,7 +48,8 @@ def _layer(
 def _reference(
     attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor | None
 ) -> tuple[torch.Tensor, dict]:
-    """(out, the float64 parameters it was computed from), every score materialised (module docstring)."""
+    """(out, the float64 parameters it was computed from), every score materialised (module
+    docstring)."""
     params = {name: p.detach().double().requires_grad_() for name, p in attn.named_parameters()}
     h, dh = attn.n_heads, attn.d_head
     x = x.double()
@@ -73,7 +75,8 @@ def _reference(
 
 
 def _counted_reference(q: torch.Tensor, k: torch.Tensor, n_mem: int, scale: float) -> torch.Tensor:
-    """Each visible key's count Σ_{t >= j} σ(s·q_i·k_t) in float64, NaN at hidden keys: [B, H, L, K]."""
+    """Each visible key's count Σ_{t >= j} σ(s·q_i·k_t) in float64, NaN at hidden keys: [B, H, L,
+    K]."""
     lq, n_keys = q.shape[2], k.shape[2]
     visible = ((n_mem + torch.arange(lq))[:, None] - torch.arange(n_keys)[None, :]) >= 0
     gates = torch.sigmoid(scale * q.double() @ k.double().transpose(-1, -2)) * visible
@@ -81,9 +84,10 @@ def _counted_reference(q: torch.Tensor, k: torch.Tensor, n_mem: int, scale: floa
 
 
 def test_the_band_is_the_farthest_key_a_count_is_near_p_max_minus_one_at():
-    """band_width against the counts in float64: every key at distance D or more has a count above p_max - 1 (by
-    the margin), and D is at most one chunk wider than the counts need (the farthest key whose count is at most
-    p_max - 1 + the margin, plus 1), with blocks of the default 2·p_max queries and others."""
+    """band_width against the counts in float64: every key at distance D or more has a count above
+    p_max - 1 (by the margin), and D is at most one chunk wider than the counts need (the farthest
+    key whose count is at most p_max - 1 + the margin, plus 1), with blocks of the default 2·p_max
+    queries and others."""
     gen = torch.Generator().manual_seed(0)
     n_mem, lq, positions = 40, 600, 16
     q, k = torch.randn(2, 3, lq, 8, generator=gen), torch.randn(2, 3, n_mem + lq, 8, generator=gen)
@@ -101,8 +105,8 @@ def test_the_band_is_the_farthest_key_a_count_is_near_p_max_minus_one_at():
 
 
 def test_a_query_whose_count_never_passes_p_max_minus_one_puts_its_row_in_the_band():
-    """Gates near 0 for one query: its count stays below p_max - 1 over its whole row, so the band covers that
-    row (D beyond its key index); fewer than 2·p_max keys give no band at all."""
+    """Gates near 0 for one query: its count stays below p_max - 1 over its whole row, so the band
+    covers that row (D beyond its key index); fewer than 2·p_max keys give no band at all."""
     gen = torch.Generator().manual_seed(1)
     q, k = torch.randn(1, 1, 300, 4, generator=gen), torch.randn(1, 1, 300, 4, generator=gen)
     k[..., 0] = 1.0
@@ -114,8 +118,9 @@ def test_a_query_whose_count_never_passes_p_max_minus_one_puts_its_row_in_the_ba
 
 
 def test_the_band_equals_the_float64_reference_at_4096_with_memory(monkeypatch):
-    """fp32 on the band kernel vs float64, L = 4096 after 256 memory keys, p_max 16, one head (the small shapes
-    below have two): the output within 1e-5, every parameter's gradient within 1e-5 of its largest entry."""
+    """fp32 on the band kernel vs float64, L = 4096 after 256 memory keys, p_max 16, one head (the
+    small shapes below have two): the output within 1e-5, every parameter's gradient within 1e-5 of
+    its largest entry."""
     attn = _layer(positions=16, heads=1, d_head=16, scale=0.2)
     gen = torch.Generator().manual_seed(1)
     x, mems = torch.randn(1, 4096, 16, generator=gen), torch.randn(1, 256, 16, generator=gen)
@@ -139,9 +144,9 @@ def _recorded_bands(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("query_chunk", [0, 7, 32])
 @pytest.mark.parametrize("n_mem,n_queries", [(0, 90), (5, 90), (70, 40), (200, 3)])
 def test_the_band_equals_the_explicit_path_in_float64(query_chunk, n_mem, n_queries, monkeypatch):
-    """One block, short blocks, a band that starts in the memory or covers it, a few queries after a long memory:
-    output and every gradient equal the explicit path's (itself held to tests/reference.py elsewhere) to 1e-12 in
-    float64."""
+    """One block, short blocks, a band that starts in the memory or covers it, a few queries after a
+    long memory: output and every gradient equal the explicit path's (itself held to
+    tests/reference.py elsewhere) to 1e-12 in float64."""
     results = []
     widths = _recorded_bands(monkeypatch)
     for backend in ("band", "explicit"):
@@ -160,7 +165,8 @@ def test_the_band_equals_the_explicit_path_in_float64(query_chunk, n_mem, n_quer
 
 
 def test_the_band_equals_the_pair_by_pair_reference():
-    """The band kernel's forward (fp32) against tests/reference.py's CoPE written pair by pair, after memory."""
+    """The band kernel's forward (fp32) against tests/reference.py's CoPE written pair by pair,
+    after memory."""
     attn = _layer(positions=4, heads=2, d_head=8, query_chunk=16)
     gen = torch.Generator().manual_seed(3)
     x, mems = torch.randn(2, 40, 16, generator=gen), torch.randn(2, 12, 16, generator=gen)
@@ -170,8 +176,8 @@ def test_the_band_equals_the_pair_by_pair_reference():
 
 
 def test_every_calibration_candidate_agrees_with_the_band():
-    """band, blocks and sdpa (per query block) compute the same forward and gradients of a CoPE layer (fp32):
-    within 2e-5 of the largest entry."""
+    """band, blocks and sdpa (per query block) compute the same forward and gradients of a CoPE
+    layer (fp32): within 2e-5 of the largest entry."""
     assert_candidates_agree(
         lambda backend: _layer(backend, positions=4, query_chunk=32),
         ("band", "blocks", "sdpa"),
@@ -182,7 +188,8 @@ def test_every_calibration_candidate_agrees_with_the_band():
 
 @pytest.mark.parametrize("fastest", ["band", "blocks"])
 def test_forced_timings_pick_each_path_of_a_cope_call(fastest, tmp_path, monkeypatch):
-    """Through the model, with forced timings: each of band and blocks is chosen for a CoPE call and run."""
+    """Through the model, with forced timings: each of band and blocks is chosen for a CoPE call and
+    run."""
     cal = forced_calibration(monkeypatch, tmp_path, fastest)
     ran = []
     real_banded, real_blockwise = band.banded, dispatch._blockwise
@@ -202,8 +209,8 @@ def test_forced_timings_pick_each_path_of_a_cope_call(fastest, tmp_path, monkeyp
 
 
 def test_only_cope_alone_on_plain_causal_attention_takes_the_band():
-    """With a bias, term b, FoX, sinks, a window or key padding the call goes elsewhere; backend 'band' is a config
-    error there (CoPE itself is causal only)."""
+    """With a bias, term b, FoX, sinks, a window or key padding the call goes elsewhere; backend
+    'band' is a config error there (CoPE itself is causal only)."""
     x = torch.randn(1, 64, 32)
     attn = _layer("auto", positions=4)
     call, q, _ = attn.kernel_call(x)
@@ -234,9 +241,9 @@ def test_only_cope_alone_on_plain_causal_attention_takes_the_band():
 
 
 def test_the_band_under_bf16_autocast_matches_float32(monkeypatch):
-    """Under torch.autocast("cpu", bf16) the band (its gates counted from the widened fp32 queries and keys, as the
-    block kernel counts them) gives the fp32 output and gradients within test_attention_precision's 2.5% of their
-    norm."""
+    """Under torch.autocast("cpu", bf16) the band (its gates counted from the widened fp32 queries
+    and keys, as the block kernel counts them) gives the fp32 output and gradients within
+    test_attention_precision's 2.5% of their norm."""
     attn = _layer("auto", positions=4, query_chunk=16)
     gen = torch.Generator().manual_seed(5)
     x, mems = torch.randn(2, 70, 32, generator=gen), torch.randn(2, 10, 32, generator=gen)

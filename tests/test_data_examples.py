@@ -1,6 +1,6 @@
-"""Example tasks (train/data/examples.py): a hand-written solver per task reads each example's prompt
-and gets every answer token right (100%), and lengths, masks and padding are what the config says.
-Run: pytest tests/test_data_examples.py -q"""
+"""Example tasks (train/data/examples.py): a hand-written solver per task reads each example's
+prompt and gets every answer token right (100%), and lengths, masks and padding are what the config
+says. Run: pytest tests/test_data_examples.py -q"""
 
 import pytest
 import torch
@@ -73,7 +73,8 @@ def solve(task, data, tokens):
 
 
 def assert_solved(task, data, found, full):
-    """Every example's marked answer tokens, non-empty, are what the solver computes from its prompt."""
+    """Every example's marked answer tokens, non-empty, are what the solver computes from its
+    prompt."""
     for row in range(len(found)):
         tokens = unpadded(full, row)
         answer = [t for t, m in zip(found.targets[row].tolist(), found.mask[row].tolist()) if m]
@@ -89,7 +90,8 @@ def test_a_hand_written_solver_answers_every_example(task, fields):
 
 @pytest.mark.parametrize("task", EXAMPLE_TASKS)
 def test_the_shortest_examples_are_answerable(task):
-    """n = 1 and 2 (the bottom of a train_lengths [1, max]): every answer follows from the prompt."""
+    """n = 1 and 2 (the bottom of a train_lengths [1, max]): every answer follows from the
+    prompt."""
     data, found, full = sequences(task, lengths=(1, 2))
     assert set(found.lengths.tolist()) == {1, 2}
     assert_solved(task, data, found, full)
@@ -283,8 +285,8 @@ def test_mqar_needs_a_key_per_pair():
 
 
 def test_a_process_share_of_trimmed_example_batches_is_still_trimmed():
-    """Data parallelism gives each process some of the rows (select): the share keeps cutting each batch
-    after its longest example."""
+    """Data parallelism gives each process some of the rows (select): the share keeps cutting each
+    batch after its longest example."""
     rows = torch.full((4, 12), PAD)
     rows[:, :5] = 3
     segments = TrimmedSegments(rows, rows.clone(), rows != PAD, 12)

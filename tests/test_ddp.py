@@ -3,13 +3,13 @@
 Covers: two real processes (`train --set train.devices=2`, launched by Lightning itself, as a user
 would) train the same loss curve and final weights as one process with the same global batch, with
 memory on, and evaluate to the same numbers over uneven shares of the evaluation streams (every
-protocol; the per-target losses of a sliding setting gathered from both processes); the
-step's loss over any split of the streams (processes x accumulate groups) is the global token mean,
-not a mean of means (float64 reference); gradient accumulation trains the same steps; which fields are "how to run"
-(not in the run id); sharding errors; the cluster environment chosen under SLURM.
-Run: pytest tests/test_ddp.py -q   (about 30 s; one real 2-process run). The SIGKILL/SIGTERM tests of a
-2-process run are in tests/test_ddp_faults.py, whose runs of terms d alone (no query, no key projection) are
-also the check that such a run trains on 2 processes.
+protocol; the per-target losses of a sliding setting gathered from both processes); the step's loss
+over any split of the streams (processes x accumulate groups) is the global token mean, not a mean
+of means (float64 reference); gradient accumulation trains the same steps; which fields are "how to
+run" (not in the run id); sharding errors; the cluster environment chosen under SLURM.
+Run: pytest tests/test_ddp.py -q   (about 30 s; one real 2-process run). The SIGKILL/SIGTERM
+tests of a 2-process run are in tests/test_ddp_faults.py, whose runs of terms d alone (no query,
+no key projection) are also the check that such a run trains on 2 processes.
 """
 
 import csv
@@ -75,11 +75,11 @@ RECALL = {
 
 
 def assert_same_weights(a: dict, b: dict) -> None:
-    """Equal to fp32 tolerance after 12 AdamW steps at lr 3e-3 (each step moves a weight by up to ~3e-3).
-    Summation order differs (2 x 2 rows vs 4 rows, an all-reduce), and Adam's division by sqrt(v) turns
-    that rounding into up to ~1e-5 on the few coordinates whose gradients nearly cancel (observed: 1e-5
-    on ~1% of XL's r_net weights, <1e-7 elsewhere). A wrong split of the streams or of the loss moves
-    every weight by orders of magnitude more."""
+    """Equal to fp32 tolerance after 12 AdamW steps at lr 3e-3 (each step moves a weight by up to
+    ~3e-3). Summation order differs (2 x 2 rows vs 4 rows, an all-reduce), and Adam's division by
+    sqrt(v) turns that rounding into up to ~1e-5 on the few coordinates whose gradients nearly
+    cancel (observed: 1e-5 on ~1% of XL's r_net weights, <1e-7 elsewhere). A wrong split of the
+    streams or of the loss moves every weight by orders of magnitude more."""
     assert a.keys() == b.keys()
     diff = torch.cat([(a[name] - b[name]).abs().flatten() for name in a])
     assert diff.max().item() <= 5e-5 and diff.mean().item() <= 1e-6, (
@@ -167,9 +167,9 @@ def test_two_processes_train_and_evaluate_the_same_run_as_one(tmp_path):
 
 
 def test_step_loss_over_any_split_of_the_streams_is_the_global_token_mean():
-    """Σ over the row groups of (Σ nll over counted targets) / counted_in_step equals the float64 token mean
-    of the whole batch for 1, 2 and 4 groups; the mean of per-group means does not (that is the bug this
-    guards against)."""
+    """Σ over the row groups of (Σ nll over counted targets) / counted_in_step equals the float64
+    token mean of the whole batch for 1, 2 and 4 groups; the mean of per-group means does not (that
+    is the bug this guards against)."""
     cfg = config("train.batch_size=8", "train.loss_on=half")
     datamodule = build_datamodule(cfg)
     cfg = resolve_vocab(cfg, datamodule.vocab_size)
@@ -256,7 +256,8 @@ def test_uneven_sharding_is_a_one_line_error_naming_the_field():
         match=r"over 2 processes x 4 micro-batches \(train.accumulate\); use a multiple of 8$",
     ):
         config("train.devices=2", "train.accumulate=4")
-    # devices: auto learns the world size only at run time, where train checks it before launching the others
+    # devices: auto learns the world size only at run time, where train checks it before launching
+    # the others
     with pytest.raises(
         ConfigError, match=r"^train.batch_size: 4 streams do not split evenly over 3 processes"
     ):

@@ -1,11 +1,14 @@
-"""Faults of a 2-process run (Lightning DDP, gloo on CPU), started as the grid runner starts a worker.
+"""Faults of a 2-process run (Lightning DDP, gloo on CPU), started as the grid runner starts a
+worker.
 
 One rank SIGKILLed mid-run (the OOM killer's way): the whole run stops, is recorded interrupted and
 leaves no process behind; SIGTERM (the runner stopping, preemption): every rank stops at one step,
 last.ckpt holds that step; each rerun resumes from the checkpoint and the run finishes with every
-step in metrics.csv exactly once; the run so stopped and resumed ends with the weights of one never stopped.
-The runs are of term d alone, so the one never stopped is also the check that such a run trains on 2 processes.
-Run: pytest tests/test_ddp_faults.py -q   (about a minute: four 2-process attempts, rank 0 forked as the runner does)
+step in metrics.csv exactly once; the run so stopped and resumed ends with the weights of one never
+stopped. The runs are of term d alone, so the one never stopped is also the check that such a run
+trains on 2 processes.
+Run: pytest tests/test_ddp_faults.py -q   (about a minute: four 2-process attempts, rank 0 forked
+as the runner does)
 """
 
 import os
@@ -40,9 +43,10 @@ def start(run_dir: Path):
 
 
 def wait_for_checkpoint(run_dir: Path, step: int, proc, timeout_s: float = 90) -> int:
-    """Wait until last.ckpt holds `step` or later (checkpoint_every 2: within two steps of it), not for status.json,
-    which is written at most once a second: on a fast core this 100-step run could end before status.json
-    showed the step to stop at (the SIGTERM once landed after the run was done)."""
+    """Wait until last.ckpt holds `step` or later (checkpoint_every 2: within two steps of it), not
+    for status.json, which is written at most once a second: on a fast core this 100-step run could
+    end before status.json showed the step to stop at (the SIGTERM once landed after the run was
+    done)."""
     deadline = time.monotonic() + timeout_s
     while (reached := checkpoint_step(run_dir) or 0) < step:
         assert proc.poll() is None, (run_dir / "worker.log").read_text()[-3000:]
@@ -70,9 +74,9 @@ def write_config(run_dir: Path, config: dict) -> Path:
 
 
 def fault_config() -> dict:
-    """RECALL on 2 processes with dropout (each rank's random state must survive a stop) and term d alone,
-    which reads neither q nor k (Lightning's DDP, find_unused_parameters off, stopped at step 1 while the model
-    still built their projections); one evaluation setting."""
+    """RECALL on 2 processes with dropout (each rank's random state must survive a stop) and term d
+    alone, which reads neither q nor k (Lightning's DDP, find_unused_parameters off, stopped at step
+    1 while the model still built their projections); one evaluation setting."""
     config = yaml.safe_load(yaml.safe_dump(RECALL))
     config["model"].update(dropout=0.2)
     config["model"]["attention"] = {"terms": "d"}
@@ -83,9 +87,10 @@ def fault_config() -> dict:
 
 @pytest.fixture(scope="module")
 def never_stopped(tmp_path_factory) -> Path:
-    """fault_config() trained start to end by 2 processes, launched as the runner launches a worker: the run the
-    interrupted one must end at, and the run of term d alone that must train. One launch for both checks: each
-    2-process attempt costs two interpreters' imports of torch and Lightning."""
+    """fault_config() trained start to end by 2 processes, launched as the runner launches a worker:
+    the run the interrupted one must end at, and the run of term d alone that must train. One launch
+    for both checks: each 2-process attempt costs two interpreters' imports of torch and
+    Lightning."""
     run_dir = write_config(tmp_path_factory.mktemp("ddp_faults") / "whole", fault_config())
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", str(REPO))
@@ -97,8 +102,9 @@ def never_stopped(tmp_path_factory) -> Path:
 
 
 def test_a_run_whose_terms_read_no_query_trains_on_two_processes(never_stopped):
-    """Terms d alone read neither q nor k: Lightning's DDP (find_unused_parameters off) stopped at step 1
-    while the model still built their projections. Every configuration under DDP: tests/test_ddp_parameters.py."""
+    """Terms d alone read neither q nor k: Lightning's DDP (find_unused_parameters off) stopped at
+    step 1 while the model still built their projections. Every configuration under DDP:
+    tests/test_ddp_parameters.py."""
     assert (
         yaml.safe_load((never_stopped / "config.yaml").read_text())["model"]["attention"]["terms"]
         == "d"
@@ -107,13 +113,15 @@ def test_a_run_whose_terms_read_no_query_trains_on_two_processes(never_stopped):
     assert metric_steps(never_stopped) == list(range(MAX_STEPS))
 
 
-def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_where_the_uninterrupted_one_does(
+# a long name, kept: benchmarks/results/suite_durations_*.md record it
+def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_where_the_uninterrupted_one_does(  # noqa: E501
     never_stopped, tmp_path, monkeypatch
 ):
-    """One run SIGKILLed in a rank, rerun and SIGTERMed, rerun to the end, against the same run never stopped:
-    each rank's dropout continues from the random state the checkpoint keeps, and its memory from the
-    checkpointed memory (RECALL trains with mem_len 16), across both kinds of stop. (One test, not two: each
-    2-process attempt costs two interpreters' imports, and the interrupted run is the one to compare.)"""
+    """One run SIGKILLed in a rank, rerun and SIGTERMed, rerun to the end, against the same run
+    never stopped: each rank's dropout continues from the random state the checkpoint keeps, and its
+    memory from the checkpointed memory (RECALL trains with mem_len 16), across both kinds of stop.
+    (One test, not two: each 2-process attempt costs two interpreters' imports, and the interrupted
+    run is the one to compare.)"""
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     run_dir = write_config(tmp_path / "cut", fault_config())
     proc = start(run_dir)

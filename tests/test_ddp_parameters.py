@@ -1,12 +1,13 @@
-"""Every configuration trains under DDP's defaults (find_unused_parameters off): a model builds only the
-parameters its forward uses, for each of the 15 term subsets, every preset and the axes that add
+"""Every configuration trains under DDP's defaults (find_unused_parameters off): a model builds only
+the parameters its forward uses, for each of the 15 term subsets, every preset and the axes that add
 parameters (sinks, temperature, FoX, CoPE, Shaw values, unshared u/v and biases).
 
-DDP stops at the second step when a parameter got no gradient in the first ("parameters that were not
-used in producing the loss"). Covered here: one backward gives every parameter a gradient (one process);
-2 gloo processes wrap each configuration in DistributedDataParallel and take 2 steps; a checkpoint
-written when the projections no term reads were still built (every attention had q_net and the keys'
-half of kv_net) loads and resumes. The real 2-process Lightning runs with terms d are in tests/test_ddp_faults.py.
+DDP stops at the second step when a parameter got no gradient in the first ("parameters that were
+not used in producing the loss"). Covered here: one backward gives every parameter a gradient (one
+process); 2 gloo processes wrap each configuration in DistributedDataParallel and take 2 steps; a
+checkpoint written when the projections no term reads were still built (every attention had q_net
+and the keys' half of kv_net) loads and resumes. The real 2-process Lightning runs with terms d are
+in tests/test_ddp_faults.py.
 Run: pytest tests/test_ddp_parameters.py -q   (about 10 s)
 """
 
@@ -50,7 +51,8 @@ AXES = {
     "cd_window_fire": {"terms": "cd", "window": 4, "bias": "fire"},
     "ac_cope_sinks": {"terms": "ac", "cope_positions": 6, "sinks": 1},
 }
-# a model built outside a run gives log-n scaling its training length itself (a run fills it in: resolve_log_n_length)
+# a model built outside a run gives log-n scaling its training length itself (a run fills it in:
+# resolve_log_n_length)
 RUNNABLE_PRESETS = {
     name: {
         **fields,
@@ -61,12 +63,13 @@ RUNNABLE_PRESETS = {
 CONFIGS = {**{f"terms_{t}": {"terms": t} for t in TERM_SUBSETS}, **RUNNABLE_PRESETS, **AXES}
 VOCAB = 11
 DEADLINE, DUMP_AFTER, EXIT_GRACE = 240, 200, 30
-"""Seconds: the DDP check fails at DEADLINE unless both processes have trained every configuration; each
-process still running at DUMP_AFTER prints its threads' stacks first (alone the check takes ~10 s). Processes
-that have trained every configuration (each writes a marker) but not exited EXIT_GRACE later are killed with
-a warning. That hang on exit was a deadlock in torch's teardown (the last DDP model destroyed at interpreter
-exit: see _two_steps_of_every_config); with the model dropped before the group is destroyed, 16 of 16 trials
-exited (2 of 3 had hung before). The kill stays as a guard."""
+"""Seconds: the DDP check fails at DEADLINE unless both processes have trained every configuration;
+each process still running at DUMP_AFTER prints its threads' stacks first (alone the check takes ~10
+s). Processes that have trained every configuration (each writes a marker) but not exited EXIT_GRACE
+later are killed with a warning. That hang on exit was a deadlock in torch's teardown (the last DDP
+model destroyed at interpreter exit: see _two_steps_of_every_config); with the model dropped before
+the group is destroyed, 16 of 16 trials exited (2 of 3 had hung before). The kill stays as a
+guard."""
 
 
 def model_config(fields: dict, *extra: str):
@@ -105,11 +108,13 @@ def test_a_projection_is_built_exactly_when_a_term_reads_it():
 
 
 def _two_steps_of_every_config(rank: int, world: int, store: str) -> None:
-    """One process of the DDP check: every configuration, wrapped as Lightning's DDP wraps it, 2 SGD steps."""
+    """One process of the DDP check: every configuration, wrapped as Lightning's DDP wraps it, 2 SGD
+    steps."""
     torch.set_num_threads(1)  # two processes on a 2-core machine
     # a process that hangs says where before the deadline kills it
     faulthandler.dump_traceback_later(DUMP_AFTER)
-    # a file store, not a TCP port picked free before the processes start: nothing else can take it meanwhile
+    # a file store, not a TCP port picked free before the processes start: nothing else can take it
+    # meanwhile
     dist.init_process_group(
         "gloo",
         init_method=f"file://{store}",
@@ -134,11 +139,11 @@ def _two_steps_of_every_config(rank: int, world: int, store: str) -> None:
                 logits.square().mean().backward()
                 optimizer.step()
                 optimizer.zero_grad()
-        # the last DDP model's Reducer holds the process group: left to the interpreter's exit, its destructor
-        # joins gloo's worker thread while holding the GIL, and that thread waits for the GIL to drop a Python
-        # object of its thread-local state: a deadlock (gdb: ~Reducer -> ~ProcessGroupGloo -> thread join;
-        # pt_gloo_runloop in ~ThreadLocalState -> gil_scoped_acquire). Dropped here, destroy_process_group frees
-        # the group itself
+        # the last DDP model's Reducer holds the process group: left to the interpreter's exit, its
+        # destructor joins gloo's worker thread while holding the GIL, and that thread waits for the
+        # GIL to drop a Python object of its thread-local state: a deadlock (gdb: ~Reducer ->
+        # ~ProcessGroupGloo -> thread join; pt_gloo_runloop in ~ThreadLocalState ->
+        # gil_scoped_acquire). Dropped here, destroy_process_group frees the group itself
         del model, optimizer
         gc.collect()
         trained_marker(store, rank).write_text("every configuration trained")
@@ -153,11 +158,11 @@ def trained_marker(store: str, rank: int) -> Path:
 
 @pytest.mark.process_group
 def test_every_config_trains_under_ddp_on_two_gloo_processes(tmp_path):
-    """Spawned, not forked: a child forked from a test process that has compiled something (inductor's
-    worker pool) or started OpenMP threads can inherit a held lock and hang; a fresh interpreter costs an
-    import of torch (a few seconds). A process that hangs prints its stacks, then fails the test after 4 minutes
-    instead of pytest's 10; processes that trained every configuration and hang only on exit are killed
-    (EXIT_GRACE) with a warning."""
+    """Spawned, not forked: a child forked from a test process that has compiled something
+    (inductor's worker pool) or started OpenMP threads can inherit a held lock and hang; a fresh
+    interpreter costs an import of torch (a few seconds). A process that hangs prints its stacks,
+    then fails the test after 4 minutes instead of pytest's 10; processes that trained every
+    configuration and hang only on exit are killed (EXIT_GRACE) with a warning."""
     store = str(tmp_path / "store")
     processes = mp.start_processes(
         _two_steps_of_every_config, args=(2, store), nprocs=2, join=False, start_method="spawn"
@@ -172,11 +177,12 @@ def test_every_config_trains_under_ddp_on_two_gloo_processes(tmp_path):
                 process.kill()
             if trained is None:
                 pytest.fail(
-                    f"the DDP check was still running after {DEADLINE} s (stacks above, from {DUMP_AFTER} s)"
+                    f"the DDP check was still running after {DEADLINE} s (stacks above, from "
+                    f"{DUMP_AFTER} s)"
                 )
             warnings.warn(
-                f"both DDP processes trained every configuration but had not exited {EXIT_GRACE} s later "
-                f"(stacks above if it was past {DUMP_AFTER} s); killed",
+                f"both DDP processes trained every configuration but had not exited {EXIT_GRACE} "
+                f"s later (stacks above if it was past {DUMP_AFTER} s); killed",
                 stacklevel=1,
             )
             return
@@ -184,9 +190,10 @@ def test_every_config_trains_under_ddp_on_two_gloo_processes(tmp_path):
 
 @pytest.mark.parametrize("saved, built", [("ad", "d"), ("ab", "b"), ("ac", "c")])
 def test_weights_and_optimizer_state_saved_with_unread_projections_load(saved, built):
-    """Checkpoints written while every attention built q_net and both halves of kv_net: a model whose terms
-    add a to these has exactly that layout. Its weights load strictly (load_run, Lightning) and its AdamW
-    moments map onto the parameters the model builds, the value rows of kv_net included."""
+    """Checkpoints written while every attention built q_net and both halves of kv_net: a model
+    whose terms add a to these has exactly that layout. Its weights load strictly (load_run,
+    Lightning) and its AdamW moments map onto the parameters the model builds, the value rows of
+    kv_net included."""
     train = load_run_config(None, []).train
     torch.manual_seed(0)
     old = TransformerLM(model_config({"terms": saved}))
@@ -210,8 +217,8 @@ def test_weights_and_optimizer_state_saved_with_unread_projections_load(saved, b
 
 @pytest.mark.filterwarnings("ignore:The dirpath has changed")
 def test_a_run_resumes_from_a_checkpoint_with_unread_projections(tmp_path):
-    """Through Lightning: the checkpoint of a terms-ad run (the layout every terms-d run had) resumes a
-    terms-d run at its step."""
+    """Through Lightning: the checkpoint of a terms-ad run (the layout every terms-d run had)
+    resumes a terms-d run at its step."""
     from test_train_module import tiny
 
     short = ("train.log_every=1", "eval.settings=[{segment_len: 16}]")

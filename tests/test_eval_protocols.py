@@ -1,7 +1,8 @@
-"""Evaluation protocols (docs/formulas.md#evaluation-protocols): which targets each batch scores, with
-what context, checked by hand on small layouts; every protocol and length scores every target of the
-layout exactly once; a trained run's eval.json and token_losses.npz against an independent evaluation
-(every target's window run through the model by hand); loss by position; the unigram reference.
+"""Evaluation protocols (docs/formulas.md#evaluation-protocols): which targets each batch scores,
+with what context, checked by hand on small layouts; every protocol and length scores every target
+of the layout exactly once; a trained run's eval.json and token_losses.npz against an independent
+evaluation (every target's window run through the model by hand); loss by position; the unigram
+reference.
 
 Run: .venv/bin/python -m pytest tests/test_eval_protocols.py -q
 """
@@ -31,7 +32,8 @@ from relpos_ablate.train.run import load_run, train_run
 
 
 def layout(streams: int, length: int, max_targets: int = 0) -> EvalLayout:
-    """Inputs are their own column numbers (stream b holds 100·b + p), so a batch shows where it came from."""
+    """Inputs are their own column numbers (stream b holds 100·b + p), so a batch shows where it
+    came from."""
     inputs = torch.arange(length)[None] + 100 * torch.arange(streams)[:, None]  # (B, T)
     return EvalLayout(
         SegmentStreams(inputs, inputs + 1, torch.ones(streams, length, dtype=torch.bool), 1),
@@ -67,7 +69,8 @@ def test_sliding_windows_by_hand_window_4_stride_3():
 
 
 def test_sliding_last_window_ends_at_the_stream_end_and_scores_only_new_targets():
-    """T = 9, L = 4, S = 3: the last window is [5, 9) and scores only 7 and 8 (3 and 4 tokens of context)."""
+    """T = 9, L = 4, S = 3: the last window is [5, 9) and scores only 7 and 8 (3 and 4 tokens of
+    context)."""
     assert window_ends(9, 4, 3).tolist() == [4, 7, 9]
     last = WindowBatches(layout(1, 9), window=4, stride=3, per_batch=1)[2]
     assert last[0].tolist() == [[5, 6, 7, 8]]
@@ -90,7 +93,8 @@ def test_a_stream_shorter_than_the_window_is_one_padded_window():
 
 
 def test_non_overlapping_pads_and_masks_the_last_partial_segment():
-    """T = 10, L = 4: segments [0, 4), [4, 8), [8, 10) + 2 masked columns; every target once, in order."""
+    """T = 10, L = 4: segments [0, 4), [4, 8), [8, 10) + 2 masked columns; every target once, in
+    order."""
     batches = SegmentBatches(layout(2, 10), 4)
     assert len(batches) == 3
     inputs, _targets, mask, index = batches[2]
@@ -145,8 +149,8 @@ def test_token_counts_match_across_settings_exactly_for_the_tasks_the_readme_say
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     section = " ".join(readme.split("\n## Evaluation\n")[1].split("\n## ")[0].split())
     assert (
-        "For text and the `repeat` task every one of them counts, so token counts match across settings"
-        in section
+        "For text and the `repeat` task every one of them counts, so token counts match "
+        "across settings" in section
     )
     assert "`offset_copy` and `recall` count a target only when" in section
 
@@ -243,9 +247,9 @@ TINY = [
     "data.source=text",
 ]
 SETTINGS = (
-    "eval.settings=[{segment_len: 8, token_losses: true}, {segment_len: 24, protocol: sliding, stride: 5, "
-    "token_losses: true}, {segment_len: 12, protocol: xl, mem_len: 16}, {segment_len: 6, protocol: sliding, "
-    "stride: 1, max_targets: 90, token_losses: true}]"
+    "eval.settings=[{segment_len: 8, token_losses: true}, {segment_len: 24, protocol: sliding, "
+    "stride: 5, token_losses: true}, {segment_len: 12, protocol: xl, mem_len: 16}, {segment_len: "
+    "6, protocol: sliding, stride: 1, max_targets: 90, token_losses: true}]"
 )
 
 
@@ -282,7 +286,8 @@ def eval_streams(run_dir):
 
 
 def window_loss(model, inputs, targets, b, p, context, **kwargs) -> float:
-    """Loss on target p of stream b with the `context` tokens before it (itself included), computed alone."""
+    """Loss on target p of stream b with the `context` tokens before it (itself included), computed
+    alone."""
     window = inputs[b, p - context + 1 : p + 1][None]
     with torch.no_grad():
         logits, _ = model(window, **kwargs)

@@ -1,7 +1,8 @@
-"""Evaluation settings that name their split: one run scored on valid and test in one eval.json (each
-record checked against an evaluation written here from the files themselves), `evaluate` adding a test
-setting to a trained run (and reading records written before settings named a split as the run's
-eval.split), `collect`'s split column, and the one-line errors for a split a run cannot have.
+"""Evaluation settings that name their split: one run scored on valid and test in one eval.json
+(each record checked against an evaluation written here from the files themselves), `evaluate`
+adding a test setting to a trained run (and reading records written before settings named a split as
+the run's eval.split), `collect`'s split column, and the one-line errors for a split a run cannot
+have.
 
 Run: .venv/bin/python -m pytest tests/test_eval_splits.py -q   (about 20 s)
 """
@@ -63,7 +64,8 @@ def train(run_dir: Path, overrides: list[str]) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The same model (same seed: the same weights) trained twice: scored on valid only, and on both."""
+    """The same model (same seed: the same weights) trained twice: scored on valid only, and on
+    both."""
     root = tmp_path_factory.mktemp("splits")
     data = files(root)
     valid_only = train(root / "valid_only", [*MODEL, *data, "eval.settings=[{segment_len: 16}]"])
@@ -72,9 +74,9 @@ def runs(tmp_path_factory):
 
 
 def independent_ppl(run_dir: Path, split: str) -> tuple[float, int]:
-    """Perplexity and target count of the trained model on `split`, from the text itself: characters of the
-    training text in code point order from id 1 (0: unknown), eval.batch_size contiguous streams, segments
-    of 16 scored on their own (no memory), every next character a target."""
+    """Perplexity and target count of the trained model on `split`, from the text itself: characters
+    of the training text in code point order from id 1 (0: unknown), eval.batch_size contiguous
+    streams, segments of 16 scored on their own (no memory), every next character a target."""
     config, model = load_run(run_dir)
     alphabet = sorted(set(TEXTS["train"]))
     ids = torch.tensor([alphabet.index(c) + 1 if c in alphabet else 0 for c in TEXTS[split]])

@@ -1,12 +1,12 @@
 """`relpos-ablate evaluate`: new evaluation settings on trained runs, from their checkpoints.
 
 The records `evaluate` adds are compared with those of a run that was trained with the same settings
-from the start (same seed, so the same weights): every protocol (non_overlapping with memory, sliding,
-xl), RoPE context extension, the RECL ladder's per-target losses, attention diagnostics, and the test
-bins of an example task. Then: settings already evaluated are skipped (or replaced with --replace),
-a kill during evaluation leaves eval.json as it was and a rerun finishes the job, a grid rerun
-afterwards retrains nothing and keeps the added settings, and bad input is one line before anything
-is computed.
+from the start (same seed, so the same weights): every protocol (non_overlapping with memory,
+sliding, xl), RoPE context extension, the RECL ladder's per-target losses, attention diagnostics,
+and the test bins of an example task. Then: settings already evaluated are skipped (or replaced with
+--replace), a kill during evaluation leaves eval.json as it was and a rerun finishes the job, a grid
+rerun afterwards retrains nothing and keeps the added settings, and bad input is one line before
+anything is computed.
 
 Run: .venv/bin/python -m pytest tests/test_evaluate.py -q
 """
@@ -124,8 +124,8 @@ def without_losses_key(record: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def text_runs(tmp_path_factory):
-    """The same RoPE model with memory (same seed: the same weights) trained twice: once evaluated at
-    one setting, once at every setting, the RECL ladder and diagnostics included."""
+    """The same RoPE model with memory (same seed: the same weights) trained twice: once evaluated
+    at one setting, once at every setting, the RECL ladder and diagnostics included."""
     root = tmp_path_factory.mktemp("evaluate_text")
     data = corpus(root)
     few = train(root / "few", [*ROPE, *data, FIRST])
@@ -155,7 +155,8 @@ def test_evaluate_adds_the_records_training_would_have_written(text_runs, tmp_pa
         == 0
     )
     got, expected = settings(run), settings(every)
-    # the first setting was in eval.json already: kept as it was (evaluated again only to add diagnostics)
+    # the first setting was in eval.json already: kept as it was (evaluated again only to add
+    # diagnostics)
     assert len(got) == len(expected) == 8
     by_fields = {fields(r): r for r in expected}
     for record in got:
@@ -195,8 +196,8 @@ def test_settings_already_evaluated_are_skipped_unless_replace(text_runs, tmp_pa
 
 
 def test_example_task_test_bins_equal_those_trained_with_them(tmp_path):
-    """New bins of an example task (randomized positions at evaluation too: each set draws from its own
-    fixed random state) equal the records of a run trained with every bin."""
+    """New bins of an example task (randomized positions at evaluation too: each set draws from its
+    own fixed random state) equal the records of a run trained with every bin."""
     few = train(tmp_path / "few", [*COPY, "data.test_lengths=[[1, 4]]"])
     every = train(tmp_path / "every", [*COPY, "data.test_lengths=[[1, 4], [6, 8], [9, 12]]"])
     assert evaluate(few, "--set", "data.test_lengths=[[6, 8], [9, 12], [1, 4]]") == 0
@@ -302,9 +303,9 @@ def test_bad_input_is_one_line_before_anything_is_computed(
 
 
 def test_a_setting_the_model_cannot_take_names_the_run_and_the_field(tmp_path, capsys, monkeypatch):
-    """A clamp beyond a learned R table (config check) and RoPE scaling on a model without RoPE (the run's
-    model), both before anything is loaded or computed; a directory where only some runs can take a
-    setting records it in the others with its reason, as training does."""
+    """A clamp beyond a learned R table (config check) and RoPE scaling on a model without RoPE (the
+    run's model), both before anything is loaded or computed; a directory where only some runs can
+    take a setting records it in the others with its reason, as training does."""
     from fixtures.report_runs import make_run
 
     monkeypatch.setattr(
@@ -325,8 +326,8 @@ def test_a_setting_the_model_cannot_take_names_the_run_and_the_field(tmp_path, c
     assert evaluate(shaw, "--set", "eval.settings=[{segment_len: 32, rope_scaling: pi}]") == 2
     err = capsys.readouterr().err
     assert (
-        f"{shaw}: eval.settings[0].rope_scaling: this run cannot take it: rope_scaling 'pi' extends RoPE"
-        in err
+        f"{shaw}: eval.settings[0].rope_scaling: this run cannot take it: rope_scaling 'pi' "
+        f"extends RoPE" in err
     )
     rope = make_run(
         tmp_path,
@@ -347,20 +348,19 @@ def test_a_setting_the_model_cannot_take_names_the_run_and_the_field(tmp_path, c
 
 
 def test_evaluate_a_grid_on_slots_then_the_grid_rerun_trains_nothing(tmp_path, capsys, monkeypatch):
-    """A real grid (two runs), evaluated on 2 slots, each run by its own worker; the grid rerun skips
-    both and the added settings stay; collect and table show them. `grid` and `evaluate` themselves run in
-    this process (their workers are real processes, forked from one fork server): another interpreter
-    would only add an import of torch, and a runner of its own a second fork server importing torch and
-    Lightning (`python -m relpos_ablate grid` end to end: tests/test_runner_e2e.py)."""
+    """A real grid (two runs), evaluated on 2 slots, each run by its own worker; the grid rerun
+    skips both and the added settings stay; collect and table show them. `grid` and `evaluate`
+    themselves run in this process (their workers are real processes, forked from one fork server):
+    another interpreter would only add an import of torch, and a runner of its own a second fork
+    server importing torch and Lightning (`python -m relpos_ablate grid` end to end:
+    tests/test_runner_e2e.py)."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(
-        "name: tiny\n"
-        "base: {model: {d_model: 16, n_layers: 1, n_heads: 2, d_head: 8, d_inner: 32, dropout: 0.0},\n"
-        "       data: {num_symbols: 8, offset: 4, train_tokens: 512, eval_tokens: 128},\n"
-        "       train: {segment_len: 16, batch_size: 4, max_steps: 3, warmup_steps: 0, log_every: 1,\n"
-        "               checkpoint_every: 3, accelerator: cpu},\n"
-        "       eval: {batch_size: 2, settings: [{segment_len: 16}]}}\n"
-        "grid: {encoding: [xl, alibi]}\n"
+        "name: tiny\nbase: {model: {d_model: 16, n_layers: 1, n_heads: 2, d_head: 8, d_inner: 32, "
+        "dropout: 0.0},\n       data: {num_symbols: 8, offset: 4, train_tokens: 512, eval_tokens: "
+        "128},\n       train: {segment_len: 16, batch_size: 4, max_steps: 3, warmup_steps: 0, "
+        "log_every: 1,\n               checkpoint_every: 3, accelerator: cpu},\n       eval: "
+        "{batch_size: 2, settings: [{segment_len: 16}]}}\ngrid: {encoding: [xl, alibi]}\n"
     )
     results = tmp_path / "results"
     monkeypatch.delenv("RELPOS_ABLATE_WORKER", raising=False)  # the real `train` worker, forked

@@ -1,7 +1,8 @@
 """The shipped experiments/ (listed by name, so a user's own spec there is not held to these tests):
 every grid spec parses and expands (dry, no training), says what it reproduces and what it costs,
-carries a usable `table:` block; the paper specs hold the paper's settings; the demo grid stays small
-enough for `make demo`; only the reports (demo, reproductions, length_generalization) are committed.
+carries a usable `table:` block; the paper specs hold the paper's settings; the demo grid stays
+small enough for `make demo`; only the reports (demo, reproductions, length_generalization) are
+committed.
 
 Run: .venv/bin/python -m pytest tests/test_experiments.py -q   (about a second, no training)
 """
@@ -41,8 +42,8 @@ SHIPPED_SPECS = (
     "xl_table6_cpu",
     "xl_terms",
 )
-"""The grid specs this project ships, by name: a spec of the user's own in experiments/ is not held to
-these tests (add a new shipped spec here)."""
+"""The grid specs this project ships, by name: a spec of the user's own in experiments/ is not held
+to these tests (add a new shipped spec here)."""
 SHIPPED_RUN_CONFIGS = ("tiny_run",)
 REQUIRED = {
     "demo",
@@ -59,7 +60,8 @@ REQUIRED = {
     "hybrid_schedules_retrieval",
 }
 DEMO_BUDGET_STEPS = 14_000
-"""Upper bound on training steps summed over the demo's runs (27 x 500 today: the grid ~4 min on 2 cores)."""
+"""Upper bound on training steps summed over the demo's runs (27 x 500 today: the grid ~4 min on 2
+cores)."""
 
 
 def _raw(path: Path) -> dict:
@@ -170,9 +172,9 @@ def test_xl_terms_covers_all_15_subsets_with_and_without_memory():
 
 
 def test_bias_types_covers_every_bias_type_and_the_baselines_on_one_footing():
-    """The spec is the experiment's literal record (its runs and cost are written in it), so it lists
-    its encodings; the registry says which bias types it must cover: every built-in one (a scheme of
-    your own joins a copy of the spec, with `imports:` in its base)."""
+    """The spec is the experiment's literal record (its runs and cost are written in it), so it
+    lists its encodings; the registry says which bias types it must cover: every built-in one (a
+    scheme of your own joins a copy of the spec, with `imports:` in its base)."""
     from relpos_ablate.config.registry import BUILTIN_BIASES
 
     configs = [run.config for run in load_grid(EXPERIMENTS / "bias_types.yaml").runs]
@@ -318,8 +320,8 @@ def test_alibi_extrapolation_cpu_evaluates_1x_to_16x_with_both_protocols():
 
 
 def causal_t5_bucket(distance: int, num_buckets: int, max_distance: int) -> int:
-    """T5's unidirectional bucket of a distance i - j >= 0 (Mesh TensorFlow / HuggingFace `_relative_position_bucket`,
-    bidirectional=False), written here from that definition."""
+    """T5's unidirectional bucket of a distance i - j >= 0 (Mesh TensorFlow / HuggingFace
+    `_relative_position_bucket`, bidirectional=False), written here from that definition."""
     exact = num_buckets // 2
     if distance < exact:
         return distance
@@ -339,10 +341,10 @@ def far_bucket_start(num_buckets: int, max_distance: int) -> int:
 
 
 def test_alibi_extrapolation_cpus_t5_trains_its_far_bucket_as_the_paper_did():
-    """The ALiBi paper's T5 bias is HuggingFace's (32 buckets, max_distance 128) trained at L = 512: every distance
-    from 113 on shares the far bucket, and training reaches it. Here max_distance / L is the paper's 1/4 and the
-    far bucket starts at about the same share of L, well inside the training length; the other rows keep the
-    defaults (their run ids unchanged)."""
+    """The ALiBi paper's T5 bias is HuggingFace's (32 buckets, max_distance 128) trained at L = 512:
+    every distance from 113 on shares the far bucket, and training reaches it. Here max_distance / L
+    is the paper's 1/4 and the far bucket starts at about the same share of L, well inside the
+    training length; the other rows keep the defaults (their run ids unchanged)."""
     runs = load_grid(EXPERIMENTS / "alibi_extrapolation_cpu.yaml").runs
     (t5,) = {
         (
@@ -379,10 +381,10 @@ def test_alibi_table2_trains_at_l_and_evaluates_up_to_about_30x():
 
 
 def test_length_generalization_is_the_issues_suite_on_equal_footing():
-    """9 encodings (+ randomized RoPE and ALiBi) x example tasks x 3 seeds; trained on short examples until
-    they are learnt (or the cap), tested up to 3x longer with the in-distribution bin kept, enough examples
-    per bin for a standard error of a seed's exact match <= 0.02; every variant with the same model, budget
-    and evaluation."""
+    """9 encodings (+ randomized RoPE and ALiBi) x example tasks x 3 seeds; trained on short
+    examples until they are learnt (or the cap), tested up to 3x longer with the in-distribution bin
+    kept, enough examples per bin for a standard error of a seed's exact match <= 0.02; every
+    variant with the same model, budget and evaluation."""
     configs = [run.config for run in load_grid(EXPERIMENTS / "length_generalization.yaml").runs]
     assert len({c.seed for c in configs}) == 3
     assert all(c.data.example_task for c in configs) and len({c.data.task for c in configs}) >= 4
@@ -437,9 +439,10 @@ def test_length_generalization_is_the_issues_suite_on_equal_footing():
 
 
 def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would():
-    """Every encoding preset, 3 layers of d_model 128 on segments of 64 characters of the shipped corpus and
-    every other field at its default, but the learning rate: a sweep that holds the default; 3 seeds; each
-    run scored at L on valid and on test, the table picking the rate on valid."""
+    """Every encoding preset, 3 layers of d_model 128 on segments of 64 characters of the shipped
+    corpus and every other field at its default, but the learning rate: a sweep that holds the
+    default; 3 seeds; each run scored at L on valid and on test, the table picking the rate on
+    valid."""
     from relpos_ablate.config import ModelConfig, TrainConfig
     from relpos_ablate.config.presets import presets
 
@@ -454,7 +457,8 @@ def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would
     every = set.intersection(*(set(r) for r in rates.values()))
     # a sweep every preset runs, the default in it
     assert len(every) >= 3 and TrainConfig().lr in every
-    # rates beyond it only below the default, for the presets whose pick sat at 1e-3 (the lower edge)
+    # rates beyond it only below the default, for the presets whose pick sat at 1e-3 (the lower
+    # edge)
     assert {p: sorted(set(r) - every) for p, r in rates.items() if set(r) - every} == {
         "kerple_power": [5e-4],
         "fox": [5e-4],

@@ -1,8 +1,8 @@
-"""`plot --kind extrapolation` as a paper figure: a panel per protocol, a colour per line and a line style per
-family, at most 10 lines a panel (more: rows of families), the ratio to each run's value at its training length,
-a y range set by the seed means (not a wild band), coinciding lines drawn once and named, a zoomed row for the
-lines that hold; and run titles that name the variant in words. Expected values are computed here from the
-fixture's numbers.
+"""`plot --kind extrapolation` as a paper figure: a panel per protocol, a colour per line and a line
+style per family, at most 10 lines a panel (more: rows of families), the ratio to each run's value
+at its training length, a y range set by the seed means (not a wild band), coinciding lines drawn
+once and named, a zoomed row for the lines that hold; and run titles that name the variant in words.
+Expected values are computed here from the fixture's numbers.
 
 Run: .venv/bin/python -m pytest tests/test_extrapolation_figure.py -q
 """
@@ -35,8 +35,8 @@ LENGTHS = (8, 16, 32)
 
 
 def runs(root, ppl: dict, protocols=("non_overlapping", "sliding")):
-    """A done run per (encoding, seed) trained at 8: ppl[(encoding, seed)][k] at LENGTHS[k], both protocols
-    (sliding: windows moved by 8, ppl - 0.5)."""
+    """A done run per (encoding, seed) trained at 8: ppl[(encoding, seed)][k] at LENGTHS[k], both
+    protocols (sliding: windows moved by 8, ppl - 0.5)."""
     for (encoding, seed), values in ppl.items():
         terms = [] if encoding == "xl" else ["model.attention.terms=a"]
         settings = [
@@ -87,7 +87,8 @@ def test_a_panel_per_protocol_a_colour_per_encoding_and_a_style_per_family(tmp_p
 
 
 def test_more_than_ten_lines_go_to_rows_of_families(tmp_path):
-    # 2 absolute, 1 rotary, 8 bias, 1 data-dependent, 1 other: 13 lines; consecutive families packed up to 10
+    # 2 absolute, 1 rotary, 8 bias, 1 data-dependent, 1 other: 13 lines; consecutive families packed
+    # up to 10
     runs(
         tmp_path,
         {(e, 0): [10.0, 10.0 + k, 10.0 + 2 * k] for k, e in enumerate(FAMILY)},

@@ -1,7 +1,8 @@
-"""The alibi_extrapolation_cpu report (relpos_ablate/studies/extrapolation.py) on a fixture frame, its
-numbers checked against values computed here by hand: each test by scipy (paired for the same runs measured
-two ways, Welch's for two encodings), each section's adjusted p by statsmodels' Holm over the raw p-values
-of that section computed here; `table --where` and summary.csv's restored attrs.
+"""The alibi_extrapolation_cpu report (relpos_ablate/studies/extrapolation.py) on a fixture frame,
+its numbers checked against values computed here by hand: each test by scipy (paired for the same
+runs measured two ways, Welch's for two encodings), each section's adjusted p by statsmodels' Holm
+over the raw p-values of that section computed here; `table --where` and summary.csv's restored
+attrs.
 
 Run: .venv/bin/python -m pytest tests/test_extrapolation_report.py -q
 """
@@ -39,8 +40,8 @@ APPB = {
     "rope": {1: 6.0, 64: 6.1, "2L": 6.3},
 }
 APPB_SEEDS = {1: (0.0, 0.01, 0.02), 64: (0.0, 0.02, 0.01), "2L": (0.02, 0.0, 0.01)}
-"""Seed s of an App. B setting is APPB's value + APPB_SEEDS[setting][s]: the same runs, their differences
-between settings varying by seed (a paired test needs a spread of differences)."""
+"""Seed s of an App. B setting is APPB's value + APPB_SEEDS[setting][s]: the same runs, their
+differences between settings varying by seed (a paired test needs a spread of differences)."""
 
 
 def appb(encoding, setting):
@@ -113,7 +114,8 @@ def frame():
 
 @pytest.fixture(scope="module")
 def text():
-    """The report on ppl_frame(), written once for the tests that read it (each writing is seconds of tests)."""
+    """The report on ppl_frame(), written once for the tests that read it (each writing is seconds
+    of tests)."""
     return report(ppl_frame())
 
 
@@ -123,7 +125,8 @@ def cell(text: str, row_start: str) -> list[str]:
 
 
 def t_test(a, b, paired):
-    """(mean difference a - b, its 95% CI, two-sided p) by scipy: paired over the seeds, or Welch's."""
+    """(mean difference a - b, its 95% CI, two-sided p) by scipy: paired over the seeds, or
+    Welch's."""
     result = stats.ttest_rel(a, b) if paired else stats.ttest_ind(a, b, equal_var=False)
     ci = result.confidence_interval(0.95)
     return statistics.mean(a) - statistics.mean(b), (ci.low, ci.high), result.pvalue
@@ -142,27 +145,32 @@ def said(name_a, name_b, difference, p, adjusted):
 
 
 def short(name_a, name_b, test, adjusted, decimals=2):
-    """A table cell's verdict: `A better; 95% CI [lo, hi]; p = raw, adj. adjusted` (CI to decimals + 1)."""
+    """A table cell's verdict: `A better; 95% CI [lo, hi]; p = raw, adj. adjusted` (CI to decimals +
+    1)."""
     difference, (lo, hi), p = test
     d = decimals + 1
-    return f"{said(name_a, name_b, difference, p, adjusted)}; 95% CI [{lo:.{d}f}, {hi:.{d}f}]; p = {p:.2g}, adj. {adjusted:.2g}"
+    return (
+        f"{said(name_a, name_b, difference, p, adjusted)}; 95% CI [{lo:.{d}f}, {hi:.{d}f}]; p "
+        f"= {p:.2g}, adj. {adjusted:.2g}"
+    )
 
 
 def sentence(name_a, a, name_b, b, test, kind, adjusted, decimals=2):
-    """A stated comparison: `A 6.41, B 6.52: A better (paired t-test, difference ..., 95% CI [...], n = 3; p = ...,
-    Holm-adjusted p = ...)`."""
+    """A stated comparison: `A 6.41, B 6.52: A better (paired t-test, difference ..., 95% CI [...],
+    n = 3; p = ..., Holm-adjusted p = ...)`."""
     difference, (lo, hi), p = test
     d = decimals + 1
     return (
         f"{name_a} {statistics.mean(a):.{decimals}f}, {name_b} {statistics.mean(b):.{decimals}f}: "
-        f"{said(name_a, name_b, difference, p, adjusted)} ({kind}, difference {difference:.{d}f}, 95% CI "
-        f"[{lo:.{d}f}, {hi:.{d}f}], n = {len(a)}; p = {p:.2g}, Holm-adjusted p = {adjusted:.2g})"
+        f"{said(name_a, name_b, difference, p, adjusted)} ({kind}, difference {difference:.{d}f}, "
+        f"95% CI [{lo:.{d}f}, {hi:.{d}f}], n = {len(a)}; p = {p:.2g}, Holm-adjusted p = "
+        f"{adjusted:.2g})"
     )
 
 
 def test_ratios_to_l_and_sliding_minus_non_overlapping_paired_on_the_runs(text):
-    """Sliding and non-overlapping scores of one encoding are the same runs: a paired t-test over them, the
-    section's three tests (one per encoding at 2L) Holm-corrected together."""
+    """Sliding and non-overlapping scores of one encoding are the same runs: a paired t-test over
+    them, the section's three tests (one per encoding at 2L) Holm-corrected together."""
     alibi = [PPL[("alibi", s)] for s in range(3)]
     ratio = statistics.mean(p[1] / p[0] for p in alibi)
     assert cell(text, "| alibi | non_overlapping |")[2:] == [
@@ -185,8 +193,9 @@ def test_ratios_to_l_and_sliding_minus_non_overlapping_paired_on_the_runs(text):
         'Family "sliding vs non-overlapping, each encoding at each length": 3 tests (paired t-test)'
         in text
     )
-    # alibi's 0.06 lower is within its seeds' spread (Welch's test, for different models, would not see it), but
-    # every run is 0.05 to 0.07 lower: paired on the runs it holds, after the correction too
+    # alibi's 0.06 lower is within its seeds' spread (Welch's test, for different models, would not
+    # see it), but every run is 0.05 to 0.07 lower: paired on the runs it holds, after the
+    # correction too
     assert stats.ttest_ind(sliding["alibi"], plain["alibi"], equal_var=False).pvalue > 0.05
     assert adjusted["alibi"] < 0.05 and "| alibi | -0.06 (sliding better; " in text
 
@@ -207,7 +216,8 @@ def test_t5_against_rope_and_the_buckets_it_was_trained_with(text):
         'Family "T5 vs rotary, ppl at nL over ppl at L, each length": 1 test (Welch\'s t-test)'
         in text
     )
-    # 16 causal buckets (8 exact), max_distance 16: 8 + floor(log(n / 8) / log(2) * 8) reaches 15 at n = 15
+    # 16 causal buckets (8 exact), max_distance 16: 8 + floor(log(n / 8) / log(2) * 8) reaches 15 at
+    # n = 15
     far = min(n for n in range(8, 64) if 8 + int(math.log(n / 8) / math.log(2) * 8) >= 15)
     assert (
         f"num_buckets 16, max_distance 16 (0.25 L): the far bucket 15 starts at distance {far} "
@@ -221,8 +231,8 @@ def test_t5_against_rope_and_the_buckets_it_was_trained_with(text):
 
 
 def test_app_b_compares_strides_and_2l_on_the_same_targets(text):
-    """Every App. B column scores the same runs: paired t-tests, the section's six (stride 1 vs stride L and vs
-    non-overlapping 2L, each encoding) Holm-corrected together."""
+    """Every App. B column scores the same runs: paired t-tests, the section's six (stride 1 vs
+    stride L and vs non-overlapping 2L, each encoding) Holm-corrected together."""
     assert "ppl on the first 2,048 targets" in text
     row = cell(text, "| alibi | 6.4")  # stride 64, then 1, then non-overlapping 2L
     one, full, two = appb("alibi", 1), appb("alibi", 64), appb("alibi", "2L")
@@ -239,14 +249,15 @@ def test_app_b_compares_strides_and_2l_on_the_same_targets(text):
     # stride 1 and non-overlapping at 2L: 6.21 vs 6.22
     assert row[5].startswith("not significant; ")
     assert (
-        'Family "App. B: stride 1 vs stride L and vs the longest non-overlapping segment, each encoding": '
-        "6 tests (paired t-test), Holm-corrected at α = 0.05" in text
+        'Family "App. B: stride 1 vs stride L and vs the longest non-overlapping segment, '
+        'each encoding": 6 tests (paired t-test), Holm-corrected at α = 0.05' in text
     )
 
 
 def test_the_trends_pair_one_encoding_at_two_lengths_and_welch_two_encodings(text):
-    """One family mixing both tests: alibi at 2L against the same runs at L (paired), t5's ratio against rope's
-    (Welch's); alibi at 2L against itself at the longest length (also 2L here) has no spread: not tested."""
+    """One family mixing both tests: alibi at 2L against the same runs at L (paired), t5's ratio
+    against rope's (Welch's); alibi at 2L against itself at the longest length (also 2L here) has no
+    spread: not tested."""
     text = text.split("## The papers' trends, tested")[1]
     t5 = [PPL[("t5", s)][1] / PPL[("t5", s)][0] for s in range(3)]
     rope = [PPL[("rope", s)][1] / PPL[("rope", s)][0] for s in range(3)]
@@ -343,13 +354,14 @@ LADDER = {
     "alibi": {32: (1.80, 1.81, 1.79), 64: (1.84, 1.86, 1.83)},
     "rope": {32: (1.90, 1.92, 1.91), 64: (1.85, 1.86, 1.86)},
 }
-"""ladder_loss (nats) per seed at an exact context c, on the targets every window scores in full: ALiBi's is lowest
-at 32 (the puzzle App. B's strides show), RoPE's at L."""
+"""ladder_loss (nats) per seed at an exact context c, on the targets every window scores in full:
+ALiBi's is lowest at 32 (the puzzle App. B's strides show), RoPE's at L."""
 
 
 def test_exact_context_explains_a_stride_beating_stride_1(frame):
-    """ppl = exp(ladder_loss) at each c, mean over seeds; the best c against c = L and App. B's best stride against
-    stride 1, both paired over the runs, one Holm family; encodings without a ladder are left out."""
+    """ppl = exp(ladder_loss) at each c, mean over seeds; the best c against c = L and App. B's best
+    stride against stride 1, both paired over the runs, one Holm family; encodings without a ladder
+    are left out."""
     rows = [
         {
             **record(e, seed, "sliding", c, 9.9, stride=1, max_targets=2048),
@@ -379,8 +391,9 @@ def test_exact_context_explains_a_stride_beating_stride_1(frame):
     alibi = cell(section, "| alibi")
     assert alibi[1:3] == [f"{statistics.mean(ppl['alibi'][c]):.3f}" for c in (32, 64)]
     at_c = t_test(ppl["alibi"][32], ppl["alibi"][64], paired=True)
-    # App. B's sweep at L (stride 1 and 64, APPB): ALiBi and RoPE are best at stride 1, so the family holds the one
-    # test of ALiBi's best c (T5, best at stride 64, has no ladder and no row here)
+    # App. B's sweep at L (stride 1 and 64, APPB): ALiBi and RoPE are best at stride 1, so the
+    # family holds the one test of ALiBi's best c (T5, best at stride 64, has no ladder and no row
+    # here)
     assert alibi[3] == short("c = 32", "c = 64", at_c, holm([at_c[2]])[0], decimals=3)
     assert alibi[4] == "best at stride 1"
     rope = cell(section, "| rope")

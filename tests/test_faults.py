@@ -88,7 +88,8 @@ def tiny_config(max_steps: int, *overrides: str) -> RunConfig:
     return from_dict(RunConfig, apply_overrides(base, list(overrides)))
 
 
-# --- atomic writes under SIGKILL ---------------------------------------------------------------------
+# --- atomic writes under SIGKILL
+# ---------------------------------------------------------------------
 
 PAYLOAD = 200_000  # list items: about 1.5 MB of indented JSON, so kills land mid-write
 
@@ -152,8 +153,8 @@ def _checkpoint_forever(path: Path, staging: Path) -> None:
 
 
 def test_sigkill_mid_checkpoint_leaves_a_whole_checkpoint_and_no_stray_staging_files(tmp_path):
-    """Staging on /dev/shm (another filesystem than tmp_path on most machines) is the cluster case of
-    node-local $TMPDIR and shared results, where a move is a copy that a kill cuts short."""
+    """Staging on /dev/shm (another filesystem than tmp_path on most machines) is the cluster case
+    of node-local $TMPDIR and shared results, where a move is a copy that a kill cuts short."""
     shm = Path("/dev/shm")
     staging = (
         Path(__import__("tempfile").mkdtemp(dir=shm)) if shm.is_dir() else tmp_path / "staging"
@@ -186,11 +187,13 @@ def test_sigkill_mid_checkpoint_leaves_a_whole_checkpoint_and_no_stray_staging_f
     assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
 
 
-# --- full disk and damaged checkpoints (in-process runs) ----------------------------------------------
+# --- full disk and damaged checkpoints (in-process runs)
+# ----------------------------------------------
 
 
 def fail_writes_of(monkeypatch, name: str, module, function: str) -> None:
-    """Make `module`'s `function` raise ENOSPC for files called `name` or staged for it (a full results disk)."""
+    """Make `module`'s `function` raise ENOSPC for files called `name` or staged for it (a full
+    results disk)."""
     real = getattr(module, function)
 
     def write(path, data):
@@ -243,7 +246,8 @@ def test_truncated_checkpoint_is_set_aside_and_the_run_starts_over(tmp_path):
     assert metric_steps(tmp_path) == list(range(10))
 
 
-# --- real grids: the runner killed at random moments; failures of several kinds in one grid ------------
+# --- real grids: the runner killed at random moments; failures of several kinds in one grid
+# ------------
 
 # runner processes launch the real `train`, not the fake worker
 REAL_WORKER = {"RELPOS_ABLATE_WORKER": None}
@@ -263,7 +267,8 @@ def write_grid(tmp_path: Path, name: str, base: dict, **axes) -> Path:
 def test_runner_sigkilled_at_random_moments_then_rerun_finishes_every_run_once(
     tmp_path, monkeypatch
 ):
-    # random.Random(66) kills 0.1 s past step 2 (mid-run), then 1.7 s into the relaunch (its fork server still imports)
+    # random.Random(66) kills 0.1 s past step 2 (mid-run), then 1.7 s into the relaunch (its fork
+    # server still imports)
     max_steps = 40
     base = tiny_base(max_steps)
     base["train"].update(log_every=1, checkpoint_every=1)
@@ -274,7 +279,8 @@ def test_runner_sigkilled_at_random_moments_then_rerun_finishes_every_run_once(
 
     # metrics.csv, not status.json: that is written at most once a second, and a
     def training() -> bool:
-        # run of 40 steps takes about one on a fast core (it was done before the kill, and the test tested nothing)
+        # run of 40 steps takes about one on a fast core (it was done before the kill, and the test
+        # tested nothing)
         return any((d / "metrics.csv").exists() and len(metric_steps(d)) >= 2 for d in run_dirs)
 
     rng = random.Random(66)

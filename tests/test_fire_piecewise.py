@@ -1,6 +1,7 @@
-"""FIRE's MLP evaluated as a piecewise-linear function (model/position/piecewise.py) against the MLP written out
-in float64: values, and the gradients of W1, b1, W2, b2, c, L and the MLP's input, at a block's size and on the
-edge cases (units without a breakpoint, breakpoints outside the data or exactly on it). Run:
+"""FIRE's MLP evaluated as a piecewise-linear function (model/position/piecewise.py) against the MLP
+written out in float64: values, and the gradients of W1, b1, W2, b2, c, L and the MLP's input, at a
+block's size and on the edge cases (units without a breakpoint, breakpoints outside the data or
+exactly on it). Run:
 pytest tests/test_fire_piecewise.py -q"""
 
 import pytest
@@ -10,8 +11,8 @@ from relpos_ablate import AttentionConfig
 from relpos_ablate.model.position import build_bias
 from relpos_ablate.model.position.piecewise import relu_mlp
 
-# largest error / largest float64 value, per tensor. Measured at the block's size: <= 9e-7; the MLP's layers in
-# fp32 reach 1.2e-5 (W1), one running fp32 sum per piece over the block's pairs 7e-6
+# largest error / largest float64 value, per tensor. Measured at the block's size: <= 9e-7; the
+# MLP's layers in fp32 reach 1.2e-5 (W1), one running fp32 sum per piece over the block's pairs 7e-6
 RTOL = {torch.float32: 2e-6, torch.float64: 1e-12}
 
 
@@ -23,15 +24,16 @@ def mlp_float64(params: dict, x):
 
 
 def fire_float64(params: dict, distances, query):
-    """B [H, *distances.shape] from docs/formulas.md#fire: MLP(ψ(i - j) / ψ(query)), query = max(i, L) (broadcast
-    against the distances), ψ(x) = sign(x)·log(1 + |c|·|x|)."""
+    """B [H, *distances.shape] from docs/formulas.md#fire: MLP(ψ(i - j) / ψ(query)), query = max(i,
+    L) (broadcast against the distances), ψ(x) = sign(x)·log(1 + |c|·|x|)."""
     c, d = params["c"].abs(), distances.double()
     return mlp_float64(params, d.sign() * torch.log(1 + c * d.abs()) / torch.log(1 + c * query))
 
 
 def assert_close_to(got: dict, want: dict, dtype, spread: dict | None = None) -> None:
-    """Each entry within RTOL of the largest wanted one; an entry named in `spread` (Σ|term| of a gradient summed
-    over every pair) may add one ulp of that sum, which is all a sum that cancels to a small value can promise."""
+    """Each entry within RTOL of the largest wanted one; an entry named in `spread` (Σ|term| of a
+    gradient summed over every pair) may add one ulp of that sum, which is all a sum that cancels to
+    a small value can promise."""
     for name, w in want.items():
         err = (got[name].double() - w).abs().max()
         limit = RTOL[dtype] * w.abs().max() + torch.finfo(dtype).eps * (spread or {}).get(name, 0.0)
@@ -39,7 +41,8 @@ def assert_close_to(got: dict, want: dict, dtype, spread: dict | None = None) ->
 
 
 def spread_of_sum(f, leaves: dict, name: str, grad) -> float:
-    """Σ |grad · ∂f/∂leaf| over every output entry for the scalar leaf `name` (forward mode, float64)."""
+    """Σ |grad · ∂f/∂leaf| over every output entry for the scalar leaf `name` (forward mode,
+    float64)."""
     constants = {key: value.detach() for key, value in leaves.items()}
 
     def with_leaf(value):
@@ -79,8 +82,8 @@ def fire(dtype, threshold: float, seed: int = 0):
     ids=["causal_block", "keys_both_sides"],
 )
 def test_fire_block_matches_the_mlp_in_float64(queries, threshold, dtype):
-    """A block of 64 queries × 4096 keys (the block kernel's), half the queries below L: the bias and the
-    gradient of each parameter under a random output gradient."""
+    """A block of 64 queries × 4096 keys (the block kernel's), half the queries below L: the bias
+    and the gradient of each parameter under a random output gradient."""
     scheme = fire(dtype, threshold)
     q_pos, k_pos = torch.tensor(queries), torch.arange(4096)
     grad = torch.randn(
@@ -105,10 +108,11 @@ def test_fire_block_matches_the_mlp_in_float64(queries, threshold, dtype):
     ids=["causal_block", "keys_both_sides"],
 )
 def test_fire_pairs_by_hand_match_the_mlp_in_float64(queries, threshold, keys, dtype):
-    """The block kernel's FIRE (fire_pairs.FIREPairs) over tiles of 32 queries x 256 keys: the map, and the
-    parameters' gradients summed by hand (runs of keys in order, scatter_add shuffled) then taken through the
-    pieces once, against the MLP written out in float64. The threshold sits on a query position (torch.maximum
-    gives L half of that query's gradient); with keys in order, tiles far from the diagonal lie inside one interval."""
+    """The block kernel's FIRE (fire_pairs.FIREPairs) over tiles of 32 queries x 256 keys: the map,
+    and the parameters' gradients summed by hand (runs of keys in order, scatter_add shuffled) then
+    taken through the pieces once, against the MLP written out in float64. The threshold sits on a
+    query position (torch.maximum gives L half of that query's gradient); with keys in order, tiles
+    far from the diagonal lie inside one interval."""
     scheme = fire(dtype, threshold)
     q_pos = torch.tensor(queries)
     k_pos = (
@@ -147,16 +151,16 @@ def test_fire_pairs_by_hand_match_the_mlp_in_float64(queries, threshold, keys, d
     }
     if keys == "in_order":  # both kinds of tile occur (shuffled keys span every distance)
         assert 0 < int(one_interval.sum()) // (32 * 256) < 2 * 16
-    # c's sum cancels: shuffled, keys on both sides, it is Σ|term| / 4300 (the autograd of FIREBias.bias is off
-    # by 1.0e-5 of it in fp32, these sums by 5.3e-6, 1.2e-9 of Σ|term|)
+    # c's sum cancels: shuffled, keys on both sides, it is Σ|term| / 4300 (the autograd of
+    # FIREBias.bias is off by 1.0e-5 of it in fp32, these sums by 5.3e-6, 1.2e-9 of Σ|term|)
     assert_close_to(
         got,
         want,
         dtype,
         {name: spread_of_sum(on_pairs, params, name, grad) for name in ("c", "threshold")},
     )
-    # inside one interval the same values as FIREBias.bias, to the bit; elsewhere the same function (hinges) rounded
-    # otherwise
+    # inside one interval the same values as FIREBias.bias, to the bit; elsewhere the same function
+    # (hinges) rounded otherwise
     mlp = scheme.bias(q_pos, k_pos).detach()
     assert torch.equal(out[:, one_interval], mlp[:, one_interval])
     torch.testing.assert_close(
@@ -199,8 +203,8 @@ def _no_breakpoint(w1, b1):
 
 
 def _on_breakpoints(w1, b1):
-    """Breakpoints x = 0 (b1 = 0, both slopes, also -0.0), 0.5 and 1 hit exactly by data points, some of them
-    shared by units of opposite and equal slopes."""
+    """Breakpoints x = 0 (b1 = 0, both slopes, also -0.0), 0.5 and 1 hit exactly by data points,
+    some of them shared by units of opposite and equal slopes."""
     w1[:8] = torch.tensor([0.75, -1.5, 0.5, -0.25, 1.0, 2.0, -2.0, 0.25])
     b1[:8] = torch.tensor([0.0, -0.0, -0.25, 0.125, -0.5, -2.0, 2.0, -0.25])
 
@@ -216,8 +220,8 @@ EDGES = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("edge", EDGES)
 def test_edge_cases_match_the_mlp_in_float64(edge, dtype):
-    """x in [-1, 1] (bidirectional FIRE) with its ends, 0, -0.0 and 0.5 among the data: the value, and the
-    gradients of x, W1, b1, W2, b2."""
+    """x in [-1, 1] (bidirectional FIRE) with its ends, 0, -0.0 and 0.5 among the data: the value,
+    and the gradients of x, W1, b1, W2, b2."""
     scheme = fire(dtype, 512, seed=3)
     first, second = scheme.mlp[0], scheme.mlp[2]
     with torch.no_grad():
@@ -246,8 +250,8 @@ def test_edge_cases_match_the_mlp_in_float64(edge, dtype):
 
 
 def test_on_a_shared_breakpoint_every_unit_is_off_as_torch_relu_has_it():
-    """|x| as relu(x) + relu(-x): at x = 0 torch's ReLU gives both units derivative 0, where the interval on either
-    side would give the slope -1 or +1 and the gradient of one unit."""
+    """|x| as relu(x) + relu(-x): at x = 0 torch's ReLU gives both units derivative 0, where the
+    interval on either side would give the slope -1 or +1 and the gradient of one unit."""
     linear = torch.nn.Linear(1, 2), torch.nn.Linear(2, 1)
     with torch.no_grad():
         linear[0].weight.copy_(torch.tensor([[1.0], [-1.0]]))
@@ -266,7 +270,8 @@ def test_on_a_shared_breakpoint_every_unit_is_off_as_torch_relu_has_it():
 
 
 def test_no_grad_gives_the_same_values_without_a_graph():
-    """Bit for bit: the block kernel's forward (no_grad) and its rebuild in backward compute the same map."""
+    """Bit for bit: the block kernel's forward (no_grad) and its rebuild in backward compute the
+    same map."""
     scheme = fire(torch.float32, 100)
     q_pos, k_pos = torch.arange(50, 150), torch.arange(150)
     with torch.no_grad():
@@ -276,7 +281,8 @@ def test_no_grad_gives_the_same_values_without_a_graph():
 
 
 def test_autocast_leaves_the_bias_in_float32():
-    """The MLP's layers ran in bf16 under autocast; the pieces are elementwise work and stay in fp32."""
+    """The MLP's layers ran in bf16 under autocast; the pieces are elementwise work and stay in
+    fp32."""
     scheme = fire(torch.float32, 100)
     q_pos, k_pos = torch.arange(50, 150), torch.arange(150)
     with torch.autocast("cpu", torch.bfloat16):

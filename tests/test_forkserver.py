@@ -1,10 +1,12 @@
-"""The fork server (relpos_ablate/runner/forkserver.py): a forked CPU worker is the process a new interpreter
-would be (session, output, stdin, lock, environment, argv, working directory, PYTHONPATH), trains the run
-bit for bit as in-process training does, stops on SIGTERM as a worker does, and dies with the server.
-Which runs are forked, and the grid without forking: here; a runner SIGKILLed with forked workers:
-tests/test_faults.py; a forked worker SIGKILLed and resumed: tests/test_runner_e2e.py; a grid driven by a
-script without a __main__ guard: tests/test_user_scheme.py.
-Run: pytest tests/test_forkserver.py -q   (about half a minute: the server imports torch and Lightning once)
+"""The fork server (relpos_ablate/runner/forkserver.py): a forked CPU worker is the process a new
+interpreter would be (session, output, stdin, lock, environment, argv, working directory,
+PYTHONPATH), trains the run bit for bit as in-process training does, stops on SIGTERM as a worker
+does, and dies with the server. Which runs are forked, and the grid without forking: here; a runner
+SIGKILLed with forked workers: tests/test_faults.py; a forked worker SIGKILLed and resumed:
+tests/test_runner_e2e.py; a grid driven by a script without a __main__ guard:
+tests/test_user_scheme.py.
+Run: pytest tests/test_forkserver.py -q   (about half a minute: the server imports torch and
+Lightning once)
 """
 
 import io
@@ -50,9 +52,12 @@ if run_dir is not None and os.environ.get("PROBE_OUT"):
              if os.path.exists(f"/proc/self/fd/{n}")}
     facts = {"pid": os.getpid(), "sid": os.getsid(0), "argv": sys.argv, "cwd": os.getcwd(),
              "stdin": links.get("0"), "stdout": links.get("1"), "stderr": links.get("2"),
-             "holds_lock": str(lock.resolve()) in links.values(), "locked_elsewhere": locked_elsewhere,
-             "omp": os.environ.get("OMP_NUM_THREADS"), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
-             "marker": os.environ.get("PROBE_MARKER"), "main": sys.modules["__main__"].__spec__.name}
+             "holds_lock": str(lock.resolve()) in links.values(),
+             "locked_elsewhere": locked_elsewhere,
+             "omp": os.environ.get("OMP_NUM_THREADS"),
+             "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+             "marker": os.environ.get("PROBE_MARKER"),
+             "main": sys.modules["__main__"].__spec__.name}
     with open(os.environ["PROBE_OUT"], "a") as f:
         f.write(json.dumps(facts) + "\\n")
 """
@@ -60,8 +65,9 @@ if run_dir is not None and os.environ.get("PROBE_OUT"):
 
 @pytest.fixture
 def probe(tmp_path, monkeypatch) -> Path:
-    """A module of the run's `imports:` that records, in the worker, what kind of process it runs in; found
-    only through PYTHONPATH, which the test sets after the server started (the child must read it)."""
+    """A module of the run's `imports:` that records, in the worker, what kind of process it runs
+    in; found only through PYTHONPATH, which the test sets after the server started (the child must
+    read it)."""
     modules = tmp_path / "modules"
     modules.mkdir()
     (modules / "forkprobe.py").write_text(PROBE)
@@ -92,14 +98,16 @@ def fork_launch(run_dir: Path) -> ForkedWorker:
 
 
 def steps_logged(run_dir: Path) -> int:
-    """Rows of metrics.csv (a run with log_every 1: one a trained step, flushed at the start of the next)."""
+    """Rows of metrics.csv (a run with log_every 1: one a trained step, flushed at the start of the
+    next)."""
     metrics = run_dir / "metrics.csv"
     return max(0, len(metrics.read_text().splitlines()) - 1) if metrics.exists() else 0
 
 
 def wait_for_step(run_dir: Path, step: int, proc: ForkedWorker, timeout_s: float = 120) -> None:
-    """Until the run has trained `step` steps, seen in metrics.csv: status.json's step is written at most once
-    a second (after step 1, then a second later), which kept each test waiting that second."""
+    """Until the run has trained `step` steps, seen in metrics.csv: status.json's step is written at
+    most once a second (after step 1, then a second later), which kept each test waiting that
+    second."""
     deadline = time.monotonic() + timeout_s
     while steps_logged(run_dir) < step:
         assert proc.poll() is None, (run_dir / "worker.log").read_text()[-3000:]
@@ -207,8 +215,8 @@ def test_only_runs_on_cpu_slots_of_this_machine_are_forked(nodes, gpu, forked):
 
 
 def test_when_the_server_fails_the_runner_goes_on_with_new_interpreters(tmp_path, monkeypatch):
-    """A fork that fails (the server cannot start, or dies) fails that run's launch; every later run of the
-    grid starts as a new interpreter, and a rerun launches the failed one again."""
+    """A fork that fails (the server cannot start, or dies) fails that run's launch; every later run
+    of the grid starts as a new interpreter, and a rerun launches the failed one again."""
     for key, value in fake_env(tmp_path / "worker_log.jsonl").items():
         monkeypatch.setenv(key, value)
     calls = []

@@ -1,7 +1,8 @@
-"""benchmarks/gpu_check.py (`make gpu-check`) without a GPU: its one-line answer, and its parity logic on CPU
-(the CUDA parts, DDP and timing, skipped): every fast path against the explicit path in fp32 and bf16, and a
-wrong kernel fails the check. Its run on CPU found FlexAttention's FoX decay and CoPE's gate counts rounded
-to bf16 under autocast (both now in fp32). Run: pytest tests/test_gpu_check.py -q"""
+"""benchmarks/gpu_check.py (`make gpu-check`) without a GPU: its one-line answer, and its parity
+logic on CPU (the CUDA parts, DDP and timing, skipped): every fast path against the explicit path in
+fp32 and bf16, and a wrong kernel fails the check. Its run on CPU found FlexAttention's FoX decay
+and CoPE's gate counts rounded to bf16 under autocast (both now in fp32). Run: pytest
+tests/test_gpu_check.py -q"""
 
 import json
 import os
@@ -54,7 +55,8 @@ def test_the_parity_part_runs_on_cpu(tmp_path):
 
 
 def test_the_check_runs_in_parts(tmp_path):
-    """--backends and --dtypes take one part of the parity (a GPU's 10-minute calls hold no whole check)."""
+    """--backends and --dtypes take one part of the parity (a GPU's 10-minute calls hold no whole
+    check)."""
     assert (
         gpu_check.main(
             [
@@ -92,8 +94,8 @@ def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
 
 def test_the_profile_script_names_where_the_time_goes(capsys):
     """benchmarks/profile_attention.py (the README's profiles): a table per scheme, SDPA first, the
-    operators' shares of the scheme's own total; an unknown scheme is one line naming it. Its main, called in
-    this process (a new interpreter would import torch again for nothing)."""
+    operators' shares of the scheme's own total; an unknown scheme is one line naming it. Its main,
+    called in this process (a new interpreter would import torch again for nothing)."""
     import profile_attention
 
     profile_attention.main(["--scheme", "t5", "--length", "64", "--top", "3"])

@@ -47,7 +47,8 @@ CONTRACT = {
 
 
 def expected_config(base: dict, encoding: str | None = None, **paths) -> RunConfig:
-    """The config a variant should resolve to, built by hand: base, preset fields, then key paths."""
+    """The config a variant should resolve to, built by hand: base, preset fields, then key
+    paths."""
     data = copy.deepcopy(base)
     attention = data.setdefault("model", {}).setdefault("attention", {})
     attention.update(CONTRACT[encoding] if encoding else {})

@@ -1,6 +1,7 @@
-"""Per-layer attention (model.layer_kinds, model.layer_pattern): a two-layer model with a different encoding per
-layer against a float64 reference written out here layer by layer, the config's resolution and errors, the
-schedule presets, and a grid over three patterns through the CLI. Run: pytest tests/test_layer_schedules.py -q"""
+"""Per-layer attention (model.layer_kinds, model.layer_pattern): a two-layer model with a different
+encoding per layer against a float64 reference written out here layer by layer, the config's
+resolution and errors, the schedule presets, and a grid over three patterns through the CLI. Run:
+pytest tests/test_layer_schedules.py -q"""
 
 import json
 import math
@@ -37,8 +38,9 @@ TWO_LAYERS = {
 
 
 def reference_lm(model: TransformerLM, tokens, mems=None):
-    """Logits [B, L, V] in float64: embedding, then per layer pre-LN attention (tests/reference.py, with the layer's
-    own config) and feed-forward, each with its residual, the final LN and the tied head; and the new memory."""
+    """Logits [B, L, V] in float64: embedding, then per layer pre-LN attention (tests/reference.py,
+    with the layer's own config) and feed-forward, each with its residual, the final LN and the tied
+    head; and the new memory."""
     ln = lambda t, norm: F.layer_norm(t, t.shape[-1:], norm.weight.double(), norm.bias.double())  # noqa: E731
     h = model.embed.weight.double()[tokens]
     new_mems = []
@@ -57,8 +59,9 @@ def reference_lm(model: TransformerLM, tokens, mems=None):
 
 @pytest.mark.parametrize("mem_len", [0, 4])
 def test_two_layers_with_their_own_encodings_match_the_reference(mem_len):
-    """Layer 0: T5 with a window of 3; layer 1: RoPE base 50, chunks of 4, Llama 4's temperature (floor scale 2).
-    Two segments, so that the second reads memory (which the chunked layer never sees)."""
+    """Layer 0: T5 with a window of 3; layer 1: RoPE base 50, chunks of 4, Llama 4's temperature
+    (floor scale 2). Two segments, so that the second reads memory (which the chunked layer never
+    sees)."""
     config = from_dict(ModelConfig, {**TWO_LAYERS, "mem_len": mem_len})
     model = TransformerLM(config).double().eval()
     randomize(model, 7, scale=0.3)
@@ -77,7 +80,8 @@ def test_two_layers_with_their_own_encodings_match_the_reference(mem_len):
 
 
 def test_layers_of_one_bias_setting_share_one_module():
-    """share_bias: the layers of one bias setting share a module whatever their windows; another setting has its own."""
+    """share_bias: the layers of one bias setting share a module whatever their windows; another
+    setting has its own."""
     config = from_dict(
         ModelConfig,
         {
@@ -159,7 +163,8 @@ def test_help_documents_the_pattern_and_chunks():
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_schedule_presets_resolve_to_valid_models(name):
-    """Each preset is a valid 6-layer model, its sizes the published ones (config/presets.py cites them)."""
+    """Each preset is a valid 6-layer model, its sizes the published ones (config/presets.py cites
+    them)."""
     data = {"model": {"n_layers": 6, "vocab_size": 7}}
     config = resolve_variant(data, {"encoding": name}).model
     layers = config.layer_attentions
@@ -181,7 +186,8 @@ def test_schedule_presets_resolve_to_valid_models(name):
 
 
 def tiny_base(steps: int, lengths: tuple[int, ...]) -> dict:
-    """A 4-layer model of width 16 on offset_copy, trained at 16 tokens for `steps` steps, evaluated at `lengths`."""
+    """A 4-layer model of width 16 on offset_copy, trained at 16 tokens for `steps` steps, evaluated
+    at `lengths`."""
     return {
         "model": {
             "d_model": 16,
@@ -212,7 +218,8 @@ def tiny_base(steps: int, lengths: tuple[int, ...]) -> dict:
 
 
 def test_grid_over_three_patterns_trains_evaluates_and_labels_them(tmp_path):
-    """NoPE never / every 2nd / every 4th layer as one grid axis, through the CLI; the table names each pattern."""
+    """NoPE never / every 2nd / every 4th layer as one grid axis, through the CLI; the table names
+    each pattern."""
     spec = {
         "name": "patterns",
         "base": tiny_base(steps=6, lengths=(16, 32)),
@@ -239,7 +246,8 @@ def test_grid_over_three_patterns_trains_evaluates_and_labels_them(tmp_path):
 
 
 def test_schedule_presets_train_through_the_cli(tmp_path):
-    """`encoding: [rnope, llama4_like, gemma3_like]` with the local kind's window and chunk scaled to the segment."""
+    """`encoding: [rnope, llama4_like, gemma3_like]` with the local kind's window and chunk scaled
+    to the segment."""
     spec = {
         "name": "schedules",
         "base": tiny_base(steps=4, lengths=(32,)),
@@ -264,8 +272,9 @@ def test_schedule_presets_train_through_the_cli(tmp_path):
 
 
 def test_a_schedule_trains_with_memory_evaluates_again_and_every_plot_names_its_layers(tmp_path):
-    """A 4-layer pattern (T5 with a window, RoPE chunked, NoPE tuned) trained in-process with XL memory and
-    diagnostics; `evaluate` again, and the bias, attention, terms and diagnostics figures, each naming the kinds."""
+    """A 4-layer pattern (T5 with a window, RoPE chunked, NoPE tuned) trained in-process with XL
+    memory and diagnostics; `evaluate` again, and the bias, attention, terms and diagnostics
+    figures, each naming the kinds."""
     from fixtures.report_runs import TINY_TRAINING
     from relpos_ablate.analysis import figures
     from relpos_ablate.config import load_run_config, run_id

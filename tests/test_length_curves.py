@@ -1,8 +1,9 @@
-"""The length-generalization study's main figure (`plot --kind lengthgen`, relpos_ablate/studies/length_generalization/curves.py) on the
-hand-made runs of tests/test_length_report.py: a panel per task in the config's order, a line per variant at
-the bins' middle n with its mean over seeds, the seeds' min-max as its band, the training lengths shaded,
-a colour per encoding and dashes for randomized positions, the variants named in words, and the lines that
-lie on each other at zero past the training lengths named in their panel.
+"""The length-generalization study's main figure (`plot --kind lengthgen`,
+relpos_ablate/studies/length_generalization/curves.py) on the hand-made runs of
+tests/test_length_report.py: a panel per task in the config's order, a line per variant at the bins'
+middle n with its mean over seeds, the seeds' min-max as its band, the training lengths shaded, a
+colour per encoding and dashes for randomized positions, the variants named in words, and the lines
+that lie on each other at zero past the training lengths named in their panel.
 Run: pytest tests/test_length_curves.py -q"""
 
 import statistics
@@ -67,8 +68,8 @@ def test_a_panel_per_task_a_line_per_variant_with_its_seed_band(results):
 
 
 def test_lines_on_the_zero_line_past_training_are_named_in_their_panel(tmp_path):
-    """RoPE and T5 are 0 in every bin past n = 4 on copy (in every seed): their lines hide each other, and
-    the panel says which they are; NoPE (above zero) is not named."""
+    """RoPE and T5 are 0 in every bin past n = 4 on copy (in every seed): their lines hide each
+    other, and the panel says which they are; NoPE (above zero) is not named."""
     from fixtures.report_runs import make_run
     from relpos_ablate.io import atomic_write_json
     from test_length_report import BINS, VARIANTS

@@ -1,6 +1,6 @@
-"""The length-generalization report: `table --layout length_generalization` (bins + OOD mean per task
-and encoding, the rank-per-task summary) and `plot --kind diagnostics | passkey`, on hand-made run
-dirs whose every number is known; each expected value is computed here from those numbers.
+"""The length-generalization report: `table --layout length_generalization` (bins + OOD mean per
+task and encoding, the rank-per-task summary) and `plot --kind diagnostics | passkey`, on hand-made
+run dirs whose every number is known; each expected value is computed here from those numbers.
 Run: pytest tests/test_length_generalization.py -q"""
 
 import statistics
@@ -147,8 +147,8 @@ def test_rank_per_task_and_mean_rank(grid):
     )
     assert table.columns == ["copy", "reverse", "mean rank"]
     rows = {labels[0]: values for labels, values in table.rows}
-    # copy: nope's OOD mean (0.292) beats alibi's (0.083); reverse: alibi (0.233) beats nope (0.017); in
-    # brackets the mean over seeds of the in-distribution bin n=1-4
+    # copy: nope's OOD mean (0.292) beats alibi's (0.083); reverse: alibi (0.233) beats nope
+    # (0.017); in brackets the mean over seeds of the in-distribution bin n=1-4
     iid = {
         (t, e): statistics.mean(s[0] for s in runs(t, e))
         for t in ("copy", "reverse")
@@ -216,7 +216,8 @@ def test_the_table_command_prints_both_tables(grid, capsys):
 
 
 def statistics_of(hi):
-    """Diagnostics of a bin (up to n = hi), [layers=2][heads=3], with values that encode where they are."""
+    """Diagnostics of a bin (up to n = hi), [layers=2][heads=3], with values that encode where they
+    are."""
     return {
         name: [[k + hi / 10 + layer + head / 100 for head in range(3)] for layer in range(2)]
         for k, name in enumerate(("entropy", "sink", "distance", "unseen"))
@@ -243,7 +244,8 @@ def test_diagnostics_are_collected_per_layer_and_head_and_drawn_per_statistic(tm
     # a panel per statistic, each with its own colour bar
     assert len(panels) == 4 and len(bars) == 4
     entropy = np.asarray(panels[0].get_images()[0].get_array())  # rows: nope's layers, then alibi's
-    # a row per layer: the mean over its 3 heads (head / 100: 0, 0.01, 0.02) and the 2 seeds (equal here)
+    # a row per layer: the mean over its 3 heads (head / 100: 0, 0.01, 0.02) and the 2 seeds (equal
+    # here)
     one_variant = [[hi / 10 + layer + 0.01 for _, hi in BINS] for layer in range(2)]
     np.testing.assert_allclose(entropy, one_variant + one_variant)
     # the variants in words
@@ -294,8 +296,8 @@ def test_the_summary_draws_each_variant_in_its_own_colour_with_its_head_mean():
 
 
 def test_the_summary_styles_variants_as_the_main_figure_does():
-    """(encoding, positions) variants: randomized RoPE takes RoPE's colour, dashed (a colour each would pair
-    unrelated encodings in tab20's light and dark shades)."""
+    """(encoding, positions) variants: randomized RoPE takes RoPE's colour, dashed (a colour each
+    would pair unrelated encodings in tab20's light and dark shades)."""
     import pandas as pd
     from matplotlib.colors import to_rgba
 

@@ -1,7 +1,7 @@
 """A tiny version of experiments/length_generalization.yaml, end to end as `make lengthgen` runs it:
 every task of the spec with a sequential and a randomized encoding, one seed, a few steps, a small
-model; then collect, `table` (bins + OOD mean and the rank summary, from the spec's table block), `report`
-from summary.csv and `plot --kind lengthgen | diagnostics | passkey` on the results.
+model; then collect, `table` (bins + OOD mean and the rank summary, from the spec's table block),
+`report` from summary.csv and `plot --kind lengthgen | diagnostics | passkey` on the results.
 Run: pytest tests/test_length_generalization_spec.py -q   (about half a minute)"""
 
 from pathlib import Path
@@ -32,7 +32,8 @@ SHRUNK = {
 
 
 def tiny_spec(directory: Path) -> Path:
-    """The shipped spec with a small model and budget, two encodings (one randomized) and one seed."""
+    """The shipped spec with a small model and budget, two encodings (one randomized) and one
+    seed."""
     raw = yaml.safe_load(SPEC.read_text())
     for section, fields in SHRUNK.items():
         raw["base"][section].update(fields)
@@ -80,8 +81,8 @@ def test_the_report_commands_work_on_the_results(results, tmp_path, capsys):
     assert main(["table", str(results)]) == 0
     out = capsys.readouterr().out
     assert (
-        "| task | encoding | positions | n=1-10 | n=11-15 | n=16-20 | n=21-25 | n=26-30 | OOD mean |"
-        in out
+        "| task | encoding | positions | n=1-10 | n=11-15 | n=16-20 | n=21-25 | n=26-30 | OOD "
+        "mean |" in out
     )
     assert "| encoding | positions | copy | reverse | flip_flop | passkey | mean rank |" in out
     assert main(["collect", str(results), "--out", str(tmp_path / "summary.csv")]) == 0

@@ -1,9 +1,10 @@
-"""The length-generalization report (relpos_ablate/studies/length_generalization/report.py, `relpos-ablate report`): on hand-made run
-dirs whose every number is known, each derived number (ID and OOD means per run, steps and runs that
-reached the threshold, rank per task and mean reciprocal rank, the Welch test behind each ordering and its
-Holm-adjusted p over the report's one family of orderings, per task and over tasks) is computed here by hand
-(scipy's Welch test, statsmodels' multipletests); the report reads the results dir and its summary.csv alike.
-Run: pytest tests/test_length_report.py -q"""
+"""The length-generalization report (relpos_ablate/studies/length_generalization/report.py,
+`relpos-ablate report`): on hand-made run dirs whose every number is known, each derived number (ID
+and OOD means per run, steps and runs that reached the threshold, rank per task and mean reciprocal
+rank, the Welch test behind each ordering and its Holm-adjusted p over the report's one family of
+orderings, per task and over tasks) is computed here by hand (scipy's Welch test, statsmodels'
+multipletests); the report reads the results dir and its summary.csv alike. Run: pytest
+tests/test_length_report.py -q"""
 
 import functools
 import statistics
@@ -34,7 +35,8 @@ VARIANTS = {
         "model.attention.max_position=64",
     ],
 }
-# exact match per bin, per (task, encoding, positions) and seed 0, 1, 2; steps trained per seed (cap 900)
+# exact match per bin, per (task, encoding, positions) and seed 0, 1, 2; steps trained per seed
+# (cap 900)
 SCORES = {
     ("copy", "nope", "sequential"): [[1.0, 0.6, 0.4], [1.0, 0.5, 0.3], [0.99, 0.7, 0.5]],
     ("copy", "t5", "sequential"): [[1.0, 0.1, 0.0], [1.0, 0.2, 0.0], [1.0, 0.1, 0.1]],
@@ -109,7 +111,8 @@ def results(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(results):
-    """The report on `results`, written once for the tests that read it (each writing is seconds of YAML and tests)."""
+    """The report on `results`, written once for the tests that read it (each writing is seconds of
+    YAML and tests)."""
     return make_report(collect(results))
 
 
@@ -149,8 +152,8 @@ def test_training_rows_quote_steps_reached_and_id_ood(report):
         f"{fmt(ood(('copy', 'nope', 'sequential')))} |"
     ) in report
     assert (
-        f"| copy | RoPE (randomized) | 0/3 | 600 (300-900) | {fmt(iid(('copy', 'rope', 'randomized')))} |"
-        in report
+        f"| copy | RoPE (randomized) | 0/3 | 600 (300-900) | "
+        f"{fmt(iid(('copy', 'rope', 'randomized')))} |" in report
     )
     assert "a run stopped once held-out in-distribution exact match reached 0.99" in report
     # below 0.99 ID: copy's three randomized RoPE runs, reverse's three NoPE runs
@@ -162,8 +165,8 @@ def test_training_rows_quote_steps_reached_and_id_ood(report):
 
 def test_ranks_and_mean_reciprocal_rank(report):
     means = {key: statistics.mean(ood(key)) for key in SCORES}
-    # copy: NoPE 0.5 > RoPE (randomized) 0.467 > T5 0.083 > RoPE 0.05; reverse: RoPE (rand.) 0.267 > T5 0.2 >
-    # NoPE 0.067 > RoPE 0.017
+    # copy: NoPE 0.5 > RoPE (randomized) 0.467 > T5 0.083 > RoPE 0.05; reverse: RoPE (rand.) 0.267 >
+    # T5 0.2 > NoPE 0.067 > RoPE 0.017
     assert sorted((means[k], k[1:]) for k in means if k[0] == "copy")[-1][1] == (
         "nope",
         "sequential",
@@ -183,8 +186,8 @@ NAMES = {
 }
 NOPE, T5, ROPE = ("nope", "sequential"), ("t5", "sequential"), ("rope", "sequential")
 RANDOMIZED = ("rope", "randomized")
-# the report's orderings: NoPE against each explicit encoding run here (OOD), randomized against sequential RoPE
-# (ID and OOD); never the explicit encodings among themselves
+# the report's orderings: NoPE against each explicit encoding run here (OOD), randomized against
+# sequential RoPE (ID and OOD); never the explicit encodings among themselves
 ORDERINGS = [
     (NOPE, T5, "ood"),
     (NOPE, ROPE, "ood"),
@@ -201,8 +204,8 @@ def over(variant, column):
 
 @functools.cache
 def samples():
-    """(variant a, variant b, task or "over", column) -> (a's values, b's values), seeds in order: every
-    comparison of the report's orderings, per task and over the tasks."""
+    """(variant a, variant b, task or "over", column) -> (a's values, b's values), seeds in order:
+    every comparison of the report's orderings, per task and over the tasks."""
     found = {}
     for a, b, column in ORDERINGS:
         pick = ood if column == "ood" else iid
@@ -214,8 +217,9 @@ def samples():
 
 @functools.cache  # line() asks for it once per ordering
 def family():
-    """The family the report corrects together: every ordering that has a test (two sides that do not vary at
-    all have no t statistic), each key -> (raw Welch p, Holm-adjusted p over the family)."""
+    """The family the report corrects together: every ordering that has a test (two sides that do
+    not vary at all have no t statistic), each key -> (raw Welch p, Holm-adjusted p over the
+    family)."""
     tested = {
         key: pair
         for key, pair in samples().items()
@@ -226,8 +230,9 @@ def family():
 
 
 def line(key, corrected=True):
-    """The ordering as the report states it (higher is better; 3 decimals for the means, 4 for the difference),
-    every number computed here: means, the verdict the (adjusted) p supports, difference and 95% CI, n, p."""
+    """The ordering as the report states it (higher is better; 3 decimals for the means, 4 for the
+    difference), every number computed here: means, the verdict the (adjusted) p supports,
+    difference and 95% CI, n, p."""
     a_variant, b_variant, _, _ = key
     a, b = samples()[key]
     with warnings.catch_warnings():
@@ -245,8 +250,9 @@ def line(key, corrected=True):
         said = "not significant after correction" if p < 0.05 else "not significant"
     adjusted = f", Holm-adjusted p = {p_adjusted:.2g}" if corrected else ""
     return (
-        f"{name_a} {statistics.mean(a):.3f}, {name_b} {statistics.mean(b):.3f}: {said} (Welch's t-test, "
-        f"difference {difference:.4f}, 95% CI [{low:.4f}, {high:.4f}], n = 3; p = {p:.2g}{adjusted})"
+        f"{name_a} {statistics.mean(a):.3f}, {name_b} {statistics.mean(b):.3f}: {said} (Welch's "
+        f"t-test, difference {difference:.4f}, 95% CI [{low:.4f}, {high:.4f}], n = 3; p = "
+        f"{p:.2g}{adjusted})"
     )
 
 
@@ -254,16 +260,18 @@ def test_the_trend_table_puts_each_claim_beside_these_runs(report):
     trends = report.split("## Trends: the papers' and ours")[1].split("##")[0]
     # ID: copy's randomized RoPE (0.800) and reverse's NoPE (0.943) stay below 0.99
     assert (
-        "6 of 8 (task, variant) pairs reach a mean ID exact match of 0.99; below it: RoPE (randomized) on copy "
-        "(0.800); NoPE on reverse (0.943)" in trends
+        "6 of 8 (task, variant) pairs reach a mean ID exact match of 0.99; below it: RoPE "
+        "(randomized) on copy (0.800); NoPE on reverse (0.943)" in trends
     )
-    # the rank table's ranks, among every variant (randomized RoPE too): one definition of MRR in the report
+    # the rank table's ranks, among every variant (randomized RoPE too): one definition of MRR in
+    # the report
     assert (
-        "(ranks among all 4 variants run here, as in the rank table): NoPE 0.67, T5 0.42, RoPE 0.25."
-        in trends
+        "(ranks among all 4 variants run here, as in the rank table): NoPE 0.67, T5 0.42, "
+        "RoPE 0.25." in trends
     )
-    # the abstract's claim: NoPE against each explicit encoding, not the explicit ones among themselves; the
-    # tests are the orderings' over-tasks ones, with their p adjusted over the whole family of orderings
+    # the abstract's claim: NoPE against each explicit encoding, not the explicit ones among
+    # themselves; the tests are the orderings' over-tasks ones, with their p adjusted over the whole
+    # family of orderings
     assert f"NoPE vs RoPE: {line((NOPE, ROPE, 'over', 'ood'))}" in trends
     assert f"NoPE vs T5: {line((NOPE, T5, 'over', 'ood'))}" in trends
     p, p_adjusted = family()[(NOPE, ROPE, "over", "ood")]
@@ -273,8 +281,9 @@ def test_the_trend_table_puts_each_claim_beside_these_runs(report):
     # Fig. 1's values are not in the paper's text
     assert "T5 vs RoPE" not in trends and "0.69" not in trends
     assert (
-        "by 12.0% on average over 15 tasks (abstract), and leave in-domain accuracy unaffected (Section 1); RoPE | "
-        f"OOD {line((RANDOMIZED, ROPE, 'over', 'ood'))}; ID {line((RANDOMIZED, ROPE, 'over', 'id'))} |"
+        f"by 12.0% on average over 15 tasks (abstract), and leave in-domain accuracy unaffected "
+        f"(Section 1); RoPE | OOD {line((RANDOMIZED, ROPE, 'over', 'ood'))}; ID "
+        f"{line((RANDOMIZED, ROPE, 'over', 'id'))} |"
     ) in trends
     # p ~ 1e-5 survives
     assert "OOD RoPE (randomized) 0.367, RoPE 0.033: RoPE (randomized) better" in trends
@@ -287,9 +296,9 @@ def welch(a, b):
 
 
 def test_orderings_state_welchs_test_corrected_over_the_family(report):
-    """Every ordering, per task and over the tasks, is Welch's t-test (two variants are different models)
-    and the whole list is one family: each line's adjusted p is Holm's over all of its tests, and an ordering
-    is stated only where that adjusted p is below 0.05."""
+    """Every ordering, per task and over the tasks, is Welch's t-test (two variants are different
+    models) and the whole list is one family: each line's adjusted p is Holm's over all of its
+    tests, and an ordering is stated only where that adjusted p is below 0.05."""
     orderings = report.split("## Orderings")[1]
     tests = family()
     # reverse's RoPE ID: 1.0 on every run of both sides, no test
@@ -299,8 +308,9 @@ def test_orderings_state_welchs_test_corrected_over_the_family(report):
         where = "over copy, reverse (per-seed mean)" if task == "over" else task
         assert f"- {where}, {column.upper()}: {line(key)}" in orderings
     assert (
-        f'Family "the orderings (per task and over tasks)": {len(tests)} tests (Welch\'s t-test), Holm-corrected '
-        "at α = 0.05; an ordering is stated only where the adjusted p < 0.05."
+        f'Family "the orderings (per task and over tasks)": {len(tests)} tests '
+        "(Welch's t-test), Holm-corrected at α = 0.05; an ordering is stated only where the "
+        "adjusted p < 0.05."
     ) in orderings
     p, p_adjusted = tests[(NOPE, T5, "copy", "ood")]
     # NoPE 0.500 against T5 0.083 on copy: p ~ 0.013 alone, not over the family
@@ -327,7 +337,8 @@ def test_orderings_state_welchs_test_corrected_over_the_family(report):
 
 
 def test_uncorrected_orderings_read_the_raw_p(results):
-    """--correction none: the same tests, each ordering stated where its own Welch p is below 0.05."""
+    """--correction none: the same tests, each ordering stated where its own Welch p is below
+    0.05."""
     report = make_report(collect(results), correction="none")
     orderings = report.split("## Orderings")[1]
     for key in family():
@@ -357,12 +368,14 @@ def test_the_report_reads_the_committed_summary_csv_as_the_results_dir(
 
 
 def test_t5_buckets_line_names_the_untrained_test_distances(report):
-    """T5 with the default 32 buckets / max_distance 128, trained on inputs of 9 tokens (distances <= 8), tested
-    to 17 (distances <= 16): bucket(d) = d below 16 exact buckets, and bucket 16 = 16 + floor(log(16/16) /
-    log(128/16) * 16) at d = 16, worked out here; distances 9..16 read buckets no training distance reached."""
+    """T5 with the default 32 buckets / max_distance 128, trained on inputs of 9 tokens (distances
+    <= 8), tested to 17 (distances <= 16): bucket(d) = d below 16 exact buckets, and bucket 16 =
+    16 + floor(log(16/16) / log(128/16) * 16) at d = 16, worked out here; distances 9..16 read
+    buckets no training distance reached."""
     assert (
-        "- num_buckets 32, max_distance 128 (causal): the far bucket 31 starts at distance 113; training distances "
-        "reach 8 (buckets up to 8): test distances 9..16 read buckets 9..16, never trained."
+        "- num_buckets 32, max_distance 128 (causal): the far bucket 31 starts at distance 113; "
+        "training distances reach 8 (buckets up to 8): test distances 9..16 read buckets 9..16, "
+        "never trained."
     ) in report
 
 
@@ -422,13 +435,13 @@ def test_the_step_cap_section_compares_the_higher_cap_with_the_study(tmp_path):
     section = text.split("## The step cap")[1]
     capped_ood = [statistics.mean(s[1:]) for s in CAPPED]
     assert (
-        f"| reverse | RoPE (randomized) | 1800 | 3/3 | 1100 (1000-1200) | 1.000 ± 0.000 (3) | {fmt(capped_ood)} |"
-        in section
+        f"| reverse | RoPE (randomized) | 1800 | 3/3 | 1100 (1000-1200) | 1.000 ± 0.000 (3) | "
+        f"{fmt(capped_ood)} |" in section
     )
     key = ("reverse", "rope", "randomized")
     assert "| reverse | RoPE (randomized) | 900 | " in section and fmt(ood(key)) in section
-    # three Welch tests, one family: ID at the higher cap vs the study's runs; randomized vs sequential, ID and OOD
-    # (ID: both sides 1.0 at every seed there is no spread to test)
+    # three Welch tests, one family: ID at the higher cap vs the study's runs; randomized vs
+    # sequential, ID and OOD (ID: both sides 1.0 at every seed there is no spread to test)
     sequential = ("reverse", "rope", "sequential")
     p_ood = stats.ttest_ind(capped_ood, ood(sequential), equal_var=False).pvalue
     assert "reverse, RoPE (randomized) at cap 1800 vs RoPE, OOD: " in section

@@ -1,12 +1,13 @@
 """TransformerLM with explicit and randomized positions (Ruoss et al. 2023).
 
 Randomized positions, randomized_draw per_layer (the default, as the authors' code): the absolute
-baselines add their table or sinusoid at one draw of L sorted distinct positions from [0, max_position);
-every layer draws its own RoPE positions and its own relative distances (d_0 = 0, then sorted distinct
-draws from [1, max_position)); the ALiBi bias then is -m·d_(i-j). shared_positions: one draw of positions
-for every layer and encoding. Draws are shared by the batch; evaluation draws too only when asked
-(`eval_positions`, by default as in training). The attention's arithmetic at drawn distances against the
-float64 reference: tests/test_attention_positions.py. Run: pytest tests/test_lm_positions.py -q"""
+baselines add their table or sinusoid at one draw of L sorted distinct positions from [0,
+max_position); every layer draws its own RoPE positions and its own relative distances (d_0 = 0,
+then sorted distinct draws from [1, max_position)); the ALiBi bias then is -m·d_(i-j).
+shared_positions: one draw of positions for every layer and encoding. Draws are shared by the batch;
+evaluation draws too only when asked (`eval_positions`, by default as in training). The attention's
+arithmetic at drawn distances against the float64 reference: tests/test_attention_positions.py. Run:
+pytest tests/test_lm_positions.py -q"""
 
 import pytest
 import torch
@@ -110,9 +111,9 @@ def test_randomized_distances_are_zero_then_a_sorted_draw_from_one_up():
     ],
 )
 def test_per_layer_draws_follow_the_authors_order(encoding):
-    """A training forward equals the forward whose every layer gets, by hand, what the authors' code draws
-    from the same generator state: the input's positions (absolute encodings), then per layer RoPE's
-    positions or the relative distances."""
+    """A training forward equals the forward whose every layer gets, by hand, what the authors' code
+    draws from the same generator state: the input's positions (absolute encodings), then per layer
+    RoPE's positions or the relative distances."""
     model = lm(positions="randomized", max_position=64, **encoding).train()
     torch.manual_seed(5)
     randomized, _ = model(tokens())
@@ -135,9 +136,10 @@ def test_per_layer_draws_follow_the_authors_order(encoding):
 
 
 def test_randomized_alibi_is_the_slope_times_the_drawn_distance():
-    """Ruoss et al.'s noisy ALiBi (compute_noisy_alibi_encodings_biases): offset r >= 1 reads -m·d_r, the
-    r-th smallest drawn distance; 0 on the diagonal. (Their +0.5 on keys before the query breaks left/right
-    symmetry in their bidirectional encoder; in a causal decoder it is not part of ALiBi, here or there.)"""
+    """Ruoss et al.'s noisy ALiBi (compute_noisy_alibi_encodings_biases): offset r >= 1 reads
+    -m·d_r, the r-th smallest drawn distance; 0 on the diagonal. (Their +0.5 on keys before the
+    query breaks left/right symmetry in their bidirectional encoder; in a causal decoder it is not
+    part of ALiBi, here or there.)"""
     attn = RelPosAttention(16, 4, 4, AttentionConfig(terms="a", bias="alibi"))
     d = torch.tensor([0, 3, 4, 9, 17, 30])
     bias = attn.score_terms(torch.randn(1, L, 16), None, AttentionOptions(distances=d))["bias"][0]
@@ -200,8 +202,8 @@ def test_evaluation_draws_as_in_training_unless_eval_positions_says_otherwise():
 
 
 def test_absolute_sinusoid_is_added_at_the_given_positions():
-    """sqrt(d_model)·E[token] + P(p_t), P the sinusoid of docs/formulas.md (the embedding scaled as Vaswani
-    et al.'s): one layer's input, built by hand."""
+    """sqrt(d_model)·E[token] + P(p_t), P the sinusoid of docs/formulas.md (the embedding scaled as
+    Vaswani et al.'s): one layer's input, built by hand."""
     model = lm(terms="a", absolute="sinusoid")
     positions = torch.tensor([3, 9, 10, 17, 30, 31])
     expected = (

@@ -1,4 +1,5 @@
-"""TensorBoard and W&B (train.loggers), read back from what they wrote; metrics.csv stays the record.
+"""TensorBoard and W&B (train.loggers), read back from what they wrote; metrics.csv stays the
+record.
 
 Covers: TensorBoard's events file holds every logged training scalar at its step with the values
 of metrics.csv, the run id and variant as hyperparameters, and a resumed run continues the same log
@@ -101,8 +102,9 @@ def test_tensorboard_holds_the_logged_scalars_and_a_resume_continues_it(tmp_path
 
 
 def wandb_records(path: Path):
-    """The protobuf records of a W&B transaction log (.wandb): a 7-byte header, then LevelDB-log records in
-    32 KiB blocks (crc: 4 bytes, length: 2, type: 1 full / 2 first / 3 middle / 4 last)."""
+    """The protobuf records of a W&B transaction log (.wandb): a 7-byte header, then LevelDB-log
+    records in 32 KiB blocks (crc: 4 bytes, length: 2, type: 1 full / 2 first / 3 middle / 4
+    last)."""
     from wandb.proto import wandb_internal_pb2
 
     data, pos, block, chunk = path.read_bytes(), 7, 32768, b""

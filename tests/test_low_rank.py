@@ -1,9 +1,9 @@
-"""The low-rank kernel (ALiBi, learned ALiBi, FoX as one key channel on the flash kernel), the kernel
-calibration (measure once per machine, cache, pin) and the denormal setting.
+"""The low-rank kernel (ALiBi, learned ALiBi, FoX as one key channel on the flash kernel), the
+kernel calibration (measure once per machine, cache, pin) and the denormal setting.
 
-The reference is written out here in float64 with every score materialised: s·q_i·k_j - m_h·(i' - j) for
-ALiBi, + Σ_{l=j+1..i'} log f_l for FoX (as a difference of cumulative sums, in float64), masked causally,
-softmax, times v, through W_o; its gradients by float64 autograd."""
+The reference is written out here in float64 with every score materialised: s·q_i·k_j - m_h·(i' - j)
+for ALiBi, + Σ_{l=j+1..i'} log f_l for FoX (as a difference of cumulative sums, in float64), masked
+causally, softmax, times v, through W_o; its gradients by float64 autograd."""
 
 import functools
 import json
@@ -39,14 +39,16 @@ def _layer(
 
 
 def _limit(name: str) -> float:
-    """Gradient tolerance relative to the largest entry: the sums that cancel get more (see the 4096 test)."""
+    """Gradient tolerance relative to the largest entry: the sums that cancel get more (see the 4096
+    test)."""
     return 1e-4 if "forget_gate" in name else 5e-5 if "slopes" in name else 1e-5
 
 
 def _reference(
     attn: RelPosAttention, x: torch.Tensor, mems: torch.Tensor
 ) -> tuple[torch.Tensor, list]:
-    """(out, the float64 parameters it was computed from) by the formula, everything materialised."""
+    """(out, the float64 parameters it was computed from) by the formula, everything
+    materialised."""
     params = {name: p.detach().double().requires_grad_() for name, p in attn.named_parameters()}
     h, dh = attn.n_heads, attn.d_head
     x, cat = x.double(), torch.cat([mems, x], dim=1).double()
@@ -77,9 +79,10 @@ def _reference(
 
 @pytest.fixture(params=[True, False], ids=["sums_in_order", "blocks"])
 def ordered(request, monkeypatch):
-    """The kernel both ways: one block with the queries' channels (where this machine's flash kernel sums channels in
-    order: low_rank.ordered_sums), and query blocks centred in float64 (the rest). The first is skipped where the
-    machine's sums are not in order (it would not be chosen there)."""
+    """The kernel both ways: one block with the queries' channels (where this machine's flash kernel
+    sums channels in order: low_rank.ordered_sums), and query blocks centred in float64 (the rest).
+    The first is skipped where the machine's sums are not in order (it would not be chosen
+    there)."""
     if request.param and not low_rank.ordered_sums():
         pytest.skip("this machine's CPU flash kernel does not sum a score's channels in order")
     monkeypatch.setattr(low_rank, "ordered_sums", lambda: request.param)
@@ -89,12 +92,13 @@ def ordered(request, monkeypatch):
 # both kinds of offset (fixed ALiBi: below)
 @pytest.mark.parametrize("name", ["alibi_learned", "fox_alibi"])
 def test_low_rank_equals_the_float64_reference_at_4096_with_memory(name):
-    """fp32 on the low-rank kernel as this machine runs it (one block where its sums are in order, else blocks;
-    both ways at small shapes: the loop reference below) vs float64, L = 4096 after 256 memory keys: the output
-    within 1e-5, every projection's gradient within 1e-5 of its largest entry. Two gradients sum millions of terms
-    that cancel (a softmax's rows sum to zero): the learned slopes' (Σ dS_ij·(i' - j); 1.1e-5 .. 1.4e-5 in one
-    block, 1.3e-5 in blocks, the block kernel 3e-7) within 5e-5, FoX's gate's (a reverse cumulative sum of column
-    sums; 1.6e-6 .. 1.4e-5 in one block, 1e-5 in blocks, the block kernel 3e-4) within 1e-4."""
+    """fp32 on the low-rank kernel as this machine runs it (one block where its sums are in order,
+    else blocks; both ways at small shapes: the loop reference below) vs float64, L = 4096 after 256
+    memory keys: the output within 1e-5, every projection's gradient within 1e-5 of its largest
+    entry. Two gradients sum millions of terms that cancel (a softmax's rows sum to zero): the
+    learned slopes' (Σ dS_ij·(i' - j); 1.1e-5 .. 1.4e-5 in one block, 1.3e-5 in blocks, the block
+    kernel 3e-7) within 5e-5, FoX's gate's (a reverse cumulative sum of column sums; 1.6e-6 ..
+    1.4e-5 in one block, 1e-5 in blocks, the block kernel 3e-4) within 1e-4."""
     attn = _layer(name)
     gen = torch.Generator().manual_seed(1)
     x, mems = torch.randn(1, 4096, 32, generator=gen), torch.randn(1, 256, 32, generator=gen)
@@ -110,9 +114,9 @@ def test_low_rank_equals_the_float64_reference_at_4096_with_memory(name):
 
 @functools.cache
 def _loop_case(name: str) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(the layer's state, x, mems, tests/reference.py's output) of the small case of `name`. The reference reads
-    only the layer and the inputs, never the kernel: computed once for both ways of running the kernel (`ordered`),
-    not once each (FoX's decay pair by pair takes ~1 s)."""
+    """(the layer's state, x, mems, tests/reference.py's output) of the small case of `name`. The
+    reference reads only the layer and the inputs, never the kernel: computed once for both ways of
+    running the kernel (`ordered`), not once each (FoX's decay pair by pair takes ~1 s)."""
     attn = _layer(name)
     gen = torch.Generator().manual_seed(2)
     x, mems = torch.randn(2, 70, 32, generator=gen), torch.randn(2, 9, 32, generator=gen)
@@ -122,8 +126,8 @@ def _loop_case(name: str) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tenso
 
 @pytest.mark.parametrize("name", list(LOW_RANK))
 def test_low_rank_equals_the_loop_reference(name, ordered, monkeypatch):
-    """Small shapes against tests/reference.py's pair-by-pair formula: in one block, and in blocks of 32 (a short
-    last block, past parts and memory all occur)."""
+    """Small shapes against tests/reference.py's pair-by-pair formula: in one block, and in blocks
+    of 32 (a short last block, past parts and memory all occur)."""
     attn = _layer(name)
     state, x, mems, ref = _loop_case(name)
     # the layer the shared reference was computed from, exactly
@@ -139,9 +143,10 @@ def test_low_rank_equals_the_loop_reference(name, ordered, monkeypatch):
 
 
 def test_in_float64_the_offsets_stay_float64(ordered):
-    """A float64 layer on the kernel matches the formula in float64 (`_reference`) to float64's rounding, both ways:
-    its offsets are not cut to two fp32 parts (in one block those err ~2^-48 of e / s: 1.5e-13 here, 2.5e-14 kept
-    float64; L = 1000 after 24 memory keys, ALiBi's slopes and FoX's gates)."""
+    """A float64 layer on the kernel matches the formula in float64 (`_reference`) to float64's
+    rounding, both ways: its offsets are not cut to two fp32 parts (in one block those err ~2^-48 of
+    e / s: 1.5e-13 here, 2.5e-14 kept float64; L = 1000 after 24 memory keys, ALiBi's slopes and
+    FoX's gates)."""
     attn = _layer("fox_alibi").double()
     gen = torch.Generator().manual_seed(6)
     x, mems = (torch.randn(1, n, 32, generator=gen, dtype=torch.float64) for n in (1000, 24))
@@ -154,9 +159,9 @@ def test_in_float64_the_offsets_stay_float64(ordered):
 
 
 def test_the_check_of_ordered_sums_tells_the_two_apart():
-    """low_rank.matches_float64 fails where the queries' channels are zero in one block (the offsets then round
-    with their size, whatever the order of the sums): the check can say no. Where it says yes, one block with the
-    queries' channels matched float64 on this machine."""
+    """low_rank.matches_float64 fails where the queries' channels are zero in one block (the offsets
+    then round with their size, whatever the order of the sums): the check can say no. Where it says
+    yes, one block with the queries' channels matched float64 on this machine."""
     assert not low_rank.matches_float64(False)
     assert low_rank.ordered_sums() == low_rank.matches_float64(True)
 
@@ -173,7 +178,8 @@ def test_every_calibration_candidate_agrees():
 
 
 def test_the_kernel_only_takes_calls_of_key_offsets():
-    """A window, key padding, explicit positions or another term send the call to the block kernel."""
+    """A window, key padding, explicit positions or another term send the call to the block
+    kernel."""
     attn = _layer("alibi")
     x = torch.randn(1, 40, 32)
     for options in (
@@ -192,8 +198,8 @@ def test_the_kernel_only_takes_calls_of_key_offsets():
 
 
 def test_offsets_too_steep_for_fp32_leave_the_kernel(monkeypatch):
-    """Where sums are not in order, a slope whose offsets spread over more than SPREAD_LIMIT within the smallest
-    block is not taken; where they are, it is, in one block, and matches float64."""
+    """Where sums are not in order, a slope whose offsets spread over more than SPREAD_LIMIT within
+    the smallest block is not taken; where they are, it is, in one block, and matches float64."""
     attn = _layer("alibi_learned")
     with torch.no_grad():
         attn.bias_scheme.log_slopes.fill_(
@@ -212,7 +218,8 @@ def test_offsets_too_steep_for_fp32_leave_the_kernel(monkeypatch):
         assert torch.allclose(out.double(), ref, atol=2e-6, rtol=0)
 
 
-# ---------------------------------------------------------------------------------------------- calibration
+# ----------------------------------------------------------------------------------------------
+# calibration
 def test_calibration_measures_once_and_caches_per_machine(tmp_path):
     timings = {"low_rank": 3.0, "blocks": 1.0, "sdpa": 2.0}
     cal = calibration.Calibration(tmp_path / "kernels.json", timer=lambda name, run: timings[name])
@@ -229,8 +236,8 @@ def test_calibration_measures_once_and_caches_per_machine(tmp_path):
 
 
 def test_the_default_timing_takes_the_candidates_in_turns(tmp_path, monkeypatch):
-    """Without a forced timer, one warm-up run each, then rounds in which every candidate runs once; each keeps its
-    fastest run (a clock that only slows down: the first round's times)."""
+    """Without a forced timer, one warm-up run each, then rounds in which every candidate runs once;
+    each keeps its fastest run (a clock that only slows down: the first round's times)."""
     order, clock = [], iter(range(1000))
     # each interval longer than the last
     monkeypatch.setattr(calibration.time, "perf_counter", lambda: next(clock) ** 2)
@@ -243,7 +250,8 @@ def test_the_default_timing_takes_the_candidates_in_turns(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("fastest", ["low_rank", "blocks", "sdpa"])
 def test_forced_timings_pick_each_path(fastest, tmp_path, monkeypatch):
-    """Through the model: with forced timings each candidate is chosen and run (it is the kernel called)."""
+    """Through the model: with forced timings each candidate is chosen and run (it is the kernel
+    called)."""
     cal = forced_calibration(monkeypatch, tmp_path, fastest)
     ran = []
     for name, module, function in (

@@ -1,9 +1,10 @@
-"""Stick-breaking, PaTH and DAPE / DAPE v2, the schemes that read the materialised scores (the normaliser, logit
-product and score-transform seams of the explicit and per-block paths): known values by hand, the exact chunked
-PaTH product against itself at every chunk size, float64 gradients against finite differences, fp32 against the
-float64 reference forward and backward, one-line config errors, and a tiny grid of the four presets through
-the CLI. The float64 reference on every backend, with memory, padding, windows and explicit positions:
-tests/test_newer_schemes.py (SCHEMES). Run: pytest tests/test_materialised_schemes.py -q"""
+"""Stick-breaking, PaTH and DAPE / DAPE v2, the schemes that read the materialised scores (the
+normaliser, logit product and score-transform seams of the explicit and per-block paths): known
+values by hand, the exact chunked PaTH product against itself at every chunk size, float64 gradients
+against finite differences, fp32 against the float64 reference forward and backward, one-line config
+errors, and a tiny grid of the four presets through the CLI. The float64 reference on every backend,
+with memory, padding, windows and explicit positions: tests/test_newer_schemes.py (SCHEMES). Run:
+pytest tests/test_materialised_schemes.py -q"""
 
 import math
 
@@ -27,8 +28,9 @@ SCHEMES = {
 
 
 def test_stick_breaking_by_hand():
-    """Three earlier keys with z = 0 (β = 1/2) and the query's own key: the nearest takes 1/2, the next 1/4,
-    the first 1/8, the own key the remaining 1/8; a key outside the window breaks nothing."""
+    """Three earlier keys with z = 0 (β = 1/2) and the query's own key: the nearest takes 1/2, the
+    next 1/4, the first 1/8, the own key the remaining 1/8; a key outside the window breaks
+    nothing."""
     scores = torch.zeros(1, 1, 1, 4, dtype=torch.float64)
     own = torch.tensor([[False, False, False, True]])
     weights = stick_breaking(scores, torch.ones(1, 4, dtype=torch.bool), own)
@@ -48,8 +50,8 @@ def test_stick_breaking_by_hand():
 
 
 def test_stick_breaking_keeps_far_keys_in_fp32():
-    """A long row of large negative logs: the suffix sums are formed as sums, never as a difference of two
-    large totals, so a key far back keeps its tiny weight to fp32 precision."""
+    """A long row of large negative logs: the suffix sums are formed as sums, never as a difference
+    of two large totals, so a key far back keeps its tiny weight to fp32 precision."""
     z = torch.full((1, 1, 1, 2001), 3.0)  # each nearer key keeps σ(-3) ≈ 0.047 of the stick
     own = torch.zeros(1, 2001, dtype=torch.bool)
     own[0, -1] = True
@@ -64,9 +66,9 @@ def test_stick_breaking_keeps_far_keys_in_fp32():
 
 
 def test_path_product_by_hand():
-    """K = 3, the query at index 2: H_1 a reflection of e_1 (β = 2), H_2 = I - e_2e_2ᵀ (β = 1). With q = e_1:
-    key 0 = e_1 meets H_2 H_1 e_1 = -e_1 (logit -1); key 1 = e_2 meets H_2 e_2 = 0 (logit 0); key 2 = e_1
-    itself (logit 1)."""
+    """K = 3, the query at index 2: H_1 a reflection of e_1 (β = 2), H_2 = I - e_2e_2ᵀ (β = 1). With
+    q = e_1: key 0 = e_1 meets H_2 H_1 e_1 = -e_1 (logit -1); key 1 = e_2 meets H_2 e_2 = 0 (logit
+    0); key 2 = e_1 itself (logit 1)."""
     e = torch.eye(3, dtype=torch.float64)
     q = e[0].view(1, 1, 1, 3)
     k = torch.stack([e[0], e[1], e[0]]).view(1, 1, 3, 3)
@@ -80,7 +82,8 @@ def test_path_product_by_hand():
 
 
 def test_path_chunks_give_the_same_logits():
-    """Every chunk size (1 .. K and beyond) gives the same visible logits: the chunked carry is exact."""
+    """Every chunk size (1 .. K and beyond) gives the same visible logits: the chunked carry is
+    exact."""
     gen = torch.Generator().manual_seed(0)
     b, h, n_keys, n_queries, dh = 2, 3, 13, 9, 5
     q, k, w = (
@@ -96,8 +99,9 @@ def test_path_chunks_give_the_same_logits():
 
 
 def test_dape_by_hand():
-    """One head, width 1: f = 2·LeakyReLU(X + B) (v1); X = 1, B = -3 gives 1 - 3 + 2·(-0.02) = -2.04. v2 with
-    kernel 1 is the same map (no neighbours), with the hidden entries' inputs set to 0."""
+    """One head, width 1: f = 2·LeakyReLU(X + B) (v1); X = 1, B = -3 gives 1 - 3 + 2·(-0.02) =
+    -2.04. v2 with kernel 1 is the same map (no neighbours), with the hidden entries' inputs set
+    to 0."""
     for version in ("v1", "v2"):
         attn = RelPosAttention(
             4,
@@ -129,8 +133,8 @@ def make(fields, backend="sdpa", seed=0, dtype=torch.float64):
 
 @pytest.mark.parametrize("name", SCHEMES)
 def test_gradients_equal_finite_differences(name):
-    """float64 gradcheck of the per-block path's output against the input, the memory-free input and every
-    parameter (the schemes' own included)."""
+    """float64 gradcheck of the per-block path's output against the input, the memory-free input and
+    every parameter (the schemes' own included)."""
     attn = make(SCHEMES[name])
     gen = torch.Generator().manual_seed(1)
     x, mems = (
@@ -149,9 +153,10 @@ def test_gradients_equal_finite_differences(name):
 @pytest.mark.parametrize("backend", ["sdpa", "explicit"])
 @pytest.mark.parametrize("name", SCHEMES)
 def test_float32_matches_the_float64_reference_forward_and_backward(name, backend):
-    """fp32 within 1e-5 of the float64 reference (forward) and of float64 autograd (every gradient), relative
-    to the largest entry (or absolute below 1: DAPE's output bias adds a constant per row, which the softmax
-    ignores, so its float64 gradient is rounding, ~1e-15), at 12 queries with 6 memory keys."""
+    """fp32 within 1e-5 of the float64 reference (forward) and of float64 autograd (every gradient),
+    relative to the largest entry (or absolute below 1: DAPE's output bias adds a constant per row,
+    which the softmax ignores, so its float64 gradient is rounding, ~1e-15), at 12 queries with 6
+    memory keys."""
     fields = SCHEMES[name]
     gen = torch.Generator().manual_seed(2)
     x, mems = (
@@ -203,9 +208,9 @@ def test_bad_settings_get_one_line_naming_the_field(fields, field):
 
 
 def test_the_four_presets_train_in_a_tiny_grid_through_the_cli(tmp_path):
-    """`relpos-ablate grid` on a spec of the presets stick_breaking, path, dape, dape_v2 (2 steps each, a worker
-    process each, two at a time), then `table`: a row per preset with a finite perplexity at both evaluation
-    lengths."""
+    """`relpos-ablate grid` on a spec of the presets stick_breaking, path, dape, dape_v2 (2 steps
+    each, a worker process each, two at a time), then `table`: a row per preset with a finite
+    perplexity at both evaluation lengths."""
     from fixtures.runner import write_spec
     from relpos_ablate.analysis import collect
     from relpos_ablate.cli import main
@@ -224,8 +229,8 @@ def test_the_four_presets_train_in_a_tiny_grid_through_the_cli(tmp_path):
 
 
 def test_every_newer_preset_is_a_row_of_the_benchmark():
-    """The presets of the 2024-25 schemes share their names with rows of benchmarks/attention.py (--schemes),
-    each row the preset's fields."""
+    """The presets of the 2024-25 schemes share their names with rows of benchmarks/attention.py
+    (--schemes), each row the preset's fields."""
     import importlib.util
     from pathlib import Path
 

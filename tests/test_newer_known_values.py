@@ -1,8 +1,8 @@
-"""Known values and defining properties of the 2022-2025 schemes (docs/formulas.md): RoPE's frequencies
-under PI / NTK / YaRN, xPos's decay and its centring, FoX as data-dependent ALiBi, CoPE's counting,
-Sandwich's curve, windows, sinks, log-n scaling and the learned temperature. Each expected value is
-computed here by hand or quoted from the paper / reference code, never read back from the code under test.
-Run: pytest tests/test_newer_known_values.py -q"""
+"""Known values and defining properties of the 2022-2025 schemes (docs/formulas.md): RoPE's
+frequencies under PI / NTK / YaRN, xPos's decay and its centring, FoX as data-dependent ALiBi,
+CoPE's counting, Sandwich's curve, windows, sinks, log-n scaling and the learned temperature. Each
+expected value is computed here by hand or quoted from the paper / reference code, never read back
+from the code under test. Run: pytest tests/test_newer_known_values.py -q"""
 
 import math
 import re
@@ -39,7 +39,8 @@ def test_position_interpolation_divides_every_frequency_by_s():
 
 
 def test_ntk_keeps_the_fastest_pair_and_interpolates_the_slowest():
-    """YaRN Def. 1: b' = b·s^(d/(d-2)); for d = 64, s = 4, b' ≈ 41 829 (the paper's example values)."""
+    """YaRN Def. 1: b' = b·s^(d/(d-2)); for d = 64, s = 4, b' ≈ 41 829 (the paper's example
+    values)."""
     plain, ntk = (
         rope_frequencies(64, 10000.0),
         rope_frequencies(64, 10000.0, RopeScaling("ntk", 4.0, 512)),
@@ -52,11 +53,11 @@ def test_ntk_keeps_the_fastest_pair_and_interpolates_the_slowest():
 
 
 def test_yarn_ramps_linearly_in_the_pair_index_between_its_correction_pairs():
-    """As YaRN's authors' code and Hugging Face: d = 16, base 10^4, L = 1000. Pair p turns L·θ_p/2π times
-    within L, so the pair that turns r times is p(r) = d·ln(L/(2πr))/(2 ln base): p(32) = 1.393 and
-    p(1) = 4.404, rounded outwards to 1 and 5. Pairs 0-1 keep θ, pairs 5-7 get θ/s, pairs 2-4 keep
-    3/4, 1/2, 1/4 of θ (linear in p). The paper's Eq. 18, linear in the turns (159, 50, 15.9, 5.0, ...),
-    would keep 48%, 13% and 2% of them."""
+    """As YaRN's authors' code and Hugging Face: d = 16, base 10^4, L = 1000. Pair p turns L·θ_p/2π
+    times within L, so the pair that turns r times is p(r) = d·ln(L/(2πr))/(2 ln base): p(32) =
+    1.393 and p(1) = 4.404, rounded outwards to 1 and 5. Pairs 0-1 keep θ, pairs 5-7 get θ/s, pairs
+    2-4 keep 3/4, 1/2, 1/4 of θ (linear in p). The paper's Eq. 18, linear in the turns (159, 50,
+    15.9, 5.0, ...), would keep 48%, 13% and 2% of them."""
     length, s = 1000, 8.0
     assert 16 * math.log(length / (2 * math.pi * 32)) / (2 * math.log(10000)) == pytest.approx(
         1.393, abs=1e-3
@@ -82,7 +83,8 @@ def test_yarn_ramps_linearly_in_the_pair_index_between_its_correction_pairs():
     ],
 )
 def test_yarn_equals_hugging_faces_compute_yarn_parameters(head, fraction, base, s, length):
-    """Frequencies and attention factor equal transformers' `_compute_yarn_parameters` (float32 there)."""
+    """Frequencies and attention factor equal transformers' `_compute_yarn_parameters` (float32
+    there)."""
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import _compute_yarn_parameters
 
@@ -128,7 +130,8 @@ def test_a_factor_of_one_is_the_trained_rope(kind):
 
 
 def test_rope_scaling_is_a_pure_function_of_its_arguments():
-    """No state carried between calls: the same call twice, or after another scaling, gives the same output."""
+    """No state carried between calls: the same call twice, or after another scaling, gives the same
+    output."""
     attn = attention(terms="a", absolute="rope")
     x, mems = inputs(2, 3)
     yarn = AttentionOptions(rope_scaling=RopeScaling("yarn", 4.0, 8))
@@ -154,8 +157,9 @@ def test_bad_rope_scalings_are_one_line_errors(kind, factor, phrase):
     ids=["xpos", "alibi"],
 )
 def test_rope_scaling_of_a_model_without_plain_rope_is_a_one_line_error(fields, model):
-    """xPos has no published context extension, a model without RoPE nothing to extend: the call is refused
-    (it was ignored), as evaluation skips such settings (train/run.py unsupported_reason)."""
+    """xPos has no published context extension, a model without RoPE nothing to extend: the call is
+    refused (it was ignored), as evaluation skips such settings (train/run.py
+    unsupported_reason)."""
     attn = attention(terms="a", **fields)
     x, mems = inputs(1, 3)
     with pytest.raises(
@@ -169,16 +173,16 @@ def test_rope_scaling_of_a_model_without_plain_rope_is_a_one_line_error(fields, 
     "scaling, rates, factor",
     [
         (None, (1.0, 0.01), 1.0),
-        # d_rot 4, L 8: p(32) < 0 and p(1) = 4·ln(8/2π)/(2 ln 10^4) = 0.05, so the ramp runs from pair 0 to
-        # pair 1: pair 0 keeps its rate, pair 1 gets 0.01/s; the rotated dimensions of q and of k are
-        # multiplied by 0.1 ln 2 + 1 each (as HF's partial rotary), the others are not
+        # d_rot 4, L 8: p(32) < 0 and p(1) = 4·ln(8/2π)/(2 ln 10^4) = 0.05, so the ramp runs from
+        # pair 0 to pair 1: pair 0 keeps its rate, pair 1 gets 0.01/s; the rotated dimensions of q
+        # and of k are multiplied by 0.1 ln 2 + 1 each (as HF's partial rotary), the others are not
         (RopeScaling("yarn", 2.0, 8), (1.0, 0.01 / 2), 0.1 * math.log(2) + 1),
     ],
     ids=["rope", "yarn"],
 )
 def test_partial_rotary_turns_only_the_first_dimensions(scaling, rates, factor):
-    """rope_fraction 0.5 of d_head 8: dimensions 4..7 score as NoPE, 0..3 as RoPE over a width of 4 (a
-    context extension changes only those)."""
+    """rope_fraction 0.5 of d_head 8: dimensions 4..7 score as NoPE, 0..3 as RoPE over a width of 4
+    (a context extension changes only those)."""
     attn = attention(terms="a", absolute="rope", rope_fraction=0.5)
     x, _ = inputs(3, 0)
     # (B, H, L, K), s·q_rot·k_rot
@@ -206,8 +210,9 @@ def test_xpos_decay_rates_are_the_papers():
 
 
 def test_xpos_centring_keeps_far_positions_finite_in_float32():
-    """Uncentred, a key 40 000 positions in would be scaled by ζ_0^(-78) ≈ 1e42 (fp32 overflows at 3e38);
-    with one centre for q and k the output is that of positions 0 .. K - 1 (only differences matter)."""
+    """Uncentred, a key 40 000 positions in would be scaled by ζ_0^(-78) ≈ 1e42 (fp32 overflows at
+    3e38); with one centre for q and k the output is that of positions 0 .. K - 1 (only differences
+    matter)."""
     attn = attention(terms="a", absolute="rope", xpos_scale_base=512.0).float()
     x, mems = (t.float() for t in inputs(4, 3))
     near, _ = attn(x, mems)
@@ -217,7 +222,8 @@ def test_xpos_centring_keeps_far_positions_finite_in_float32():
 
 
 def test_xpos_pair_terms_decay_as_zeta_to_the_distance_over_b():
-    """One rotary pair, q = k = (1, 0) at every position: the score of distance r is ζ^(r/B)·cos(r·θ)·s."""
+    """One rotary pair, q = k = (1, 0) at every position: the score of distance r is
+    ζ^(r/B)·cos(r·θ)·s."""
     attn = attention(
         d_model=2,
         heads=1,
@@ -241,8 +247,8 @@ def test_xpos_pair_terms_decay_as_zeta_to_the_distance_over_b():
 
 # ------------------------------------------------------------------ FoX
 def test_fox_with_a_constant_gate_is_alibi():
-    """f = e^(-m_h) for every token (w = 0, b_h = -log(e^(m_h) - 1)) gives D_ij = -m_h·(i - j): ALiBi
-    exactly (Lin et al. 2025: FoX is data-dependent ALiBi), memory included."""
+    """f = e^(-m_h) for every token (w = 0, b_h = -log(e^(m_h) - 1)) gives D_ij = -m_h·(i - j):
+    ALiBi exactly (Lin et al. 2025: FoX is data-dependent ALiBi), memory included."""
     fox, alibi = (
         attention(seed=5, terms="a", forget_gate=True),
         attention(seed=5, terms="a", bias="alibi"),
@@ -288,7 +294,8 @@ def test_cope_counts_half_a_position_per_key_when_every_gate_is_a_half():
 
 
 def test_cope_interpolates_the_table_linearly():
-    """e[n] = n·c makes q·e[p] = p·(q·c) for fractional p as well (gates all 1/2: p = 0.5, 1, 1.5, ...)."""
+    """e[n] = n·c makes q·e[p] = p·(q·c) for fractional p as well (gates all 1/2: p = 0.5, 1, 1.5,
+    ...)."""
     attn = attention(terms="a", cope_positions=16)
     c = torch.randn(8, dtype=torch.float64)
     with torch.no_grad():
@@ -303,7 +310,8 @@ def test_cope_interpolates_the_table_linearly():
 
 def test_the_documented_cope_interpolation_is_e_itself_at_whole_positions():
     """docs/formulas.md#cope's e[p], evaluated as written: e[n] at every whole n (the authors' code:
-    (p - ⌊p⌋)·e[⌈p⌉] + (1 - p + ⌊p⌋)·e[⌊p⌋]; a weight ⌈p⌉ - p would give 0 there), linear between."""
+    (p - ⌊p⌋)·e[⌈p⌉] + (1 - p + ⌊p⌋)·e[⌊p⌋]; a weight ⌈p⌉ - p would give 0 there), linear
+    between."""
     text = (Path(__file__).resolve().parent.parent / "docs" / "formulas.md").read_text()
     written = re.search(r"e\[p\] = (.+?),$", text[text.index("### CoPE") :], flags=re.M).group(1)
     python = (
@@ -350,7 +358,8 @@ def test_a_window_leaves_each_query_its_window_of_keys():
 
 
 def test_zero_sinks_add_e_to_the_zero_to_the_softmax_denominator():
-    """Sink keys and values 0: logit 0 each, so with S sinks p_ij = e^(s_ij) / (S + Σ_j e^(s_ij))."""
+    """Sink keys and values 0: logit 0 each, so with S sinks p_ij = e^(s_ij) / (S + Σ_j
+    e^(s_ij))."""
     attn = attention(seed=8, terms="a", sinks=3)
     plain = attention(seed=8, terms="a")
     plain.load_state_dict({k: v for k, v in attn.state_dict().items() if not k.startswith("sinks")})
@@ -365,8 +374,8 @@ def test_zero_sinks_add_e_to_the_zero_to_the_softmax_denominator():
 
 
 def test_log_n_is_one_at_the_training_length():
-    """The query that sees exactly log_n_length keys is scored as with score_scale sqrt_d; earlier ones
-    (fewer keys) are cooler, log(n)/log(L) < 1."""
+    """The query that sees exactly log_n_length keys is scored as with score_scale sqrt_d; earlier
+    ones (fewer keys) are cooler, log(n)/log(L) < 1."""
     scaled = attention(seed=9, terms="a", bias="alibi", score_scale="log_n", log_n_length=6)
     plain = attention(seed=9, terms="a", bias="alibi")
     x, mems = inputs(9, 3)  # query i sees 3 + i + 1 keys: i = 2 sees 6
@@ -399,8 +408,9 @@ def test_log_n_needs_the_training_length():
 
 # ------------------------------------------------------------------ p-RoPE, Llama 3 scaling, SSMax
 def test_p_rope_keeps_the_highest_frequencies_and_stops_the_lowest():
-    """p = 0.75 of d_rot = 16 (8 pairs): int(0.75·16 // 2) = 6 pairs turn at RoPE's own θ_p = 10^4^(-2p/16);
-    pairs 6 and 7 get frequency 0 (Barbero et al.'s apply_p_rope: timescale padded with inf)."""
+    """p = 0.75 of d_rot = 16 (8 pairs): int(0.75·16 // 2) = 6 pairs turn at RoPE's own θ_p =
+    10^4^(-2p/16); pairs 6 and 7 get frequency 0 (Barbero et al.'s apply_p_rope: timescale padded
+    with inf)."""
     cfg = AttentionConfig(terms="a", absolute="rope", rope_p=0.75)
     from relpos_ablate.config.model import rotating_pairs
 
@@ -411,10 +421,10 @@ def test_p_rope_keeps_the_highest_frequencies_and_stops_the_lowest():
 
 
 def test_p_rope_is_not_gpt_neox_partial_rotary():
-    """rope_fraction 0.75 (GPT-NeoX) rotates dims 0-11 with θ_p = 10^4^(-2p/12), p < 6, and leaves dims 12-15;
-    rope_p 0.75 rotates pairs (p, p + 8), p < 6, at 10^4^(-2p/16) and leaves pairs (6, 14) and (7, 15). So a
-    query and key that live on dims 6 and 14 carry position under partial rotary and none under p-RoPE; on
-    dims 12 and 13 the other way round."""
+    """rope_fraction 0.75 (GPT-NeoX) rotates dims 0-11 with θ_p = 10^4^(-2p/12), p < 6, and leaves
+    dims 12-15; rope_p 0.75 rotates pairs (p, p + 8), p < 6, at 10^4^(-2p/16) and leaves pairs
+    (6, 14) and (7, 15). So a query and key that live on dims 6 and 14 carry position under partial
+    rotary and none under p-RoPE; on dims 12 and 13 the other way round."""
 
     def score(fields, dims, distance):
         attn = attention(seed=0, d_model=16, heads=1, d_head=16, **fields)
@@ -444,7 +454,8 @@ def test_p_rope_is_not_gpt_neox_partial_rotary():
     assert score(neox, [6, 14], 37) != pytest.approx(2.0, abs=1e-3)
     assert score(neox, [12, 13], 37) == pytest.approx(2.0, abs=1e-12)
     assert score(p_rope, [12, 13], 37) != pytest.approx(2.0, abs=1e-3)
-    # the pairs both rotate (pair 1: dims 1 and 9 under p-RoPE, 1 and 7 under NeoX) turn at different rates
+    # the pairs both rotate (pair 1: dims 1 and 9 under p-RoPE, 1 and 7 under NeoX) turn at
+    # different rates
     assert score(p_rope, [1, 9], 5) == pytest.approx(
         2 * math.cos(5 * 10000 ** (-2 / 16)), abs=1e-12
     )
@@ -462,9 +473,10 @@ def test_p_rope_needs_a_rotating_pair_and_is_refused_with_xpos():
 
 
 def test_llama3_scaling_by_hand():
-    """d_rot 16, base 10^4, L = 1000, s = 8. Wavelengths 2π/θ_p = 2π·10^(p/2): 6.3, 19.9, 62.8, 198.7 (below L/4 =
-    250: θ kept), 628.3 (between: γ = (1000/628.3 - 1)/(4 - 1) = 0.197, θ·(γ + (1 - γ)/8)), then 1987, 6283,
-    19869 (above L: θ/8), as Llama 3.1's rope_scaling (low_freq_factor 1, high_freq_factor 4)."""
+    """d_rot 16, base 10^4, L = 1000, s = 8. Wavelengths 2π/θ_p = 2π·10^(p/2): 6.3, 19.9, 62.8,
+    198.7 (below L/4 = 250: θ kept), 628.3 (between: γ = (1000/628.3 - 1)/(4 - 1) = 0.197, θ·(γ +
+    (1 - γ)/8)), then 1987, 6283, 19869 (above L: θ/8), as Llama 3.1's rope_scaling (low_freq_factor
+    1, high_freq_factor 4)."""
     theta = [10000 ** (-2 * p / 16) for p in range(8)]
     gamma = (1000 / (2 * math.pi / theta[4]) - 1) / 3
     assert gamma == pytest.approx(0.19718, abs=1e-5)
@@ -479,7 +491,8 @@ def test_llama3_scaling_by_hand():
     [(128, 500000.0, 8.0, 8192), (64, 10000.0, 4.0, 512), (16, 10000.0, 8.0, 1000)],
 )
 def test_llama3_equals_hugging_faces_compute_llama3_parameters(head, base, s, length):
-    """Frequencies equal transformers' `_compute_llama3_parameters` (float32 there) at Llama 3.1's factors."""
+    """Frequencies equal transformers' `_compute_llama3_parameters` (float32 there) at Llama 3.1's
+    factors."""
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import _compute_llama3_parameters
 
@@ -511,8 +524,8 @@ def test_llama3_equals_hugging_faces_compute_llama3_parameters(head, base, s, le
 
 
 def test_ssmax_starts_as_log_n_and_scales_by_s_log_n():
-    """At s_h = 1/log(L_train) SSMax is log_n; with s_h = c/log(L_train) it is log_n with a temperature of c;
-    the score of a query that sees n keys is s_h·log(n) times the sqrt_d one."""
+    """At s_h = 1/log(L_train) SSMax is log_n; with s_h = c/log(L_train) it is log_n with a
+    temperature of c; the score of a query that sees n keys is s_h·log(n) times the sqrt_d one."""
     ssmax = attention(seed=11, terms="a", bias="alibi", score_scale="ssmax", log_n_length=6)
     log_n = attention(seed=11, terms="a", bias="alibi", score_scale="log_n", log_n_length=6)
     plain = attention(seed=11, terms="a", bias="alibi")

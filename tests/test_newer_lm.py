@@ -1,6 +1,6 @@
-"""The newer schemes inside the language model and the run: memory equivalence and causality, sinks that
-memory does not count, presets, one-line config errors, RoPE context extension as an evaluation setting
-(a pure function of the setting), log-n's training length filled in when the run starts.
+"""The newer schemes inside the language model and the run: memory equivalence and causality, sinks
+that memory does not count, presets, one-line config errors, RoPE context extension as an evaluation
+setting (a pure function of the setting), log-n's training length filled in when the run starts.
 Run: pytest tests/test_newer_lm.py -q"""
 
 import json
@@ -50,8 +50,9 @@ def lm(fields, mem_len, **model):
 
 @pytest.mark.parametrize("name", LM_SCHEMES)
 def test_memory_equals_one_long_pass_and_the_future_never_leaks(name):
-    """Segment 2 with memory (FoX's gates recomputed from it, CoPE counting over it, the window reaching
-    into it) is the tail of one pass over both; changing later tokens leaves earlier outputs alone."""
+    """Segment 2 with memory (FoX's gates recomputed from it, CoPE counting over it, the window
+    reaching into it) is the tail of one pass over both; changing later tokens leaves earlier
+    outputs alone."""
     assert_memory_and_causality_exact(lm(LM_SCHEMES[name], mem_len=6))
 
 
@@ -264,8 +265,9 @@ def test_a_run_records_rope_scaling_per_setting_and_fills_in_log_n(tmp_path):
 
 
 def test_a_table_splits_the_settings_by_rope_scaling(tmp_path):
-    """cols [segment_len, rope_scaling] (bias_types.yaml): RoPE rows get a cell per extension; a model
-    that skipped those settings (its eval.json says why) has blanks there, not a mix of settings."""
+    """cols [segment_len, rope_scaling] (bias_types.yaml): RoPE rows get a cell per extension; a
+    model that skipped those settings (its eval.json says why) has blanks there, not a mix of
+    settings."""
     from fixtures.report_runs import make_run
     from relpos_ablate.analysis import collect
     from relpos_ablate.analysis.render import render

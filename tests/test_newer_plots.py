@@ -1,6 +1,6 @@
-"""Bias/decay plots of the newer schemes: FoX's decay read from a sample (mean D per distance and each
-head's mean log-gate), xPos's per-pair decay, Sandwich's per-head curve; values compared with the
-papers' formulas computed here. Run: pytest tests/test_newer_plots.py -q"""
+"""Bias/decay plots of the newer schemes: FoX's decay read from a sample (mean D per distance and
+each head's mean log-gate), xPos's per-pair decay, Sandwich's per-head curve; values compared with
+the papers' formulas computed here. Run: pytest tests/test_newer_plots.py -q"""
 
 import math
 

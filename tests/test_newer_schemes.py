@@ -1,8 +1,9 @@
-"""The schemes of 2022-2025 against the float64 reference (tests/reference.py, written from docs/formulas.md):
-partial rotary, p-RoPE, xPos, RoPE context extension (Llama 3's too), FoX, CoPE, sliding windows, learned sinks,
-log-n scaling, SSMax and a learned temperature, alone and combined, on every kernel (explicit, SDPA per block, the block kernel
-that rebuilds in backward, FlexAttention forward on CPU), with memory, key padding and explicit
-(randomized) positions; their fast backward equals autograd through the explicit scores.
+"""The schemes of 2022-2025 against the float64 reference (tests/reference.py, written from
+docs/formulas.md): partial rotary, p-RoPE, xPos, RoPE context extension (Llama 3's too), FoX, CoPE,
+sliding windows, learned sinks, log-n scaling, SSMax and a learned temperature, alone and combined,
+on every kernel (explicit, SDPA per block, the block kernel that rebuilds in backward, FlexAttention
+forward on CPU), with memory, key padding and explicit (randomized) positions; their fast backward
+equals autograd through the explicit scores.
 Run: pytest tests/test_newer_schemes.py -q"""
 
 import dataclasses
@@ -109,8 +110,8 @@ def make(fields, backend="auto", seed=0, **extra):
 
 
 def runs_on(fields, backend):
-    """CoPE needs each query's whole row before the softmax: no FlexAttention; stick-breaking, PaTH and DAPE
-    need the materialised scores: the explicit and per-block paths only."""
+    """CoPE needs each query's whole row before the softmax: no FlexAttention; stick-breaking, PaTH
+    and DAPE need the materialised scores: the explicit and per-block paths only."""
     if AttentionConfig(**fields).needs_scores:
         return backend in ("explicit", "sdpa", "auto")
     return not (fields.get("cope_positions") and backend == "flex")
@@ -193,8 +194,8 @@ def test_fast_backward_equals_autograd_of_explicit_scores(name, backend):
 )
 @pytest.mark.parametrize("backend", KERNELS)
 def test_rope_context_extension_matches_the_reference(kind, factor, backend):
-    """Llama 3 at L = 40, base 50: pair 0 (wavelength 6.3 < L/4) keeps θ, pair 1 (16.7) is blended, the rest
-    (> L) get θ/s; at L = 6 every pair would be beyond L (position interpolation)."""
+    """Llama 3 at L = 40, base 50: pair 0 (wavelength 6.3 < L/4) keeps θ, pair 1 (16.7) is blended,
+    the rest (> L) get θ/s; at L = 6 every pair would be beyond L (position interpolation)."""
     scaling = RopeScaling(kind, factor, original_length=40 if kind == "llama3" else 6)
     for fields in (
         SCHEMES["rope_partial"],
@@ -217,7 +218,8 @@ def test_a_window_in_the_config_and_one_in_the_call_give_the_narrower():
 
 
 def test_the_explicit_path_reports_the_new_terms_separately():
-    """score_terms: FoX's decay and CoPE's scores are their own maps, the sinks are not a key of the stream."""
+    """score_terms: FoX's decay and CoPE's scores are their own maps, the sinks are not a key of the
+    stream."""
     attn = make(dict(terms="a", forget_gate=True, cope_positions=3, sinks=2))
     x, mems = inputs(9, MEM)
     maps = attn.score_terms(x, mems)
@@ -231,9 +233,9 @@ def test_the_explicit_path_reports_the_new_terms_separately():
 
 
 def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
-    """Λ grows with the context (here ~2.1 per token, |Λ| up to ~4300): summed in float64 and differenced
-    in float64 before the cast, the fp32 kernels stay within a few fp32 roundings of float64 (a difference
-    of fp32 Λs is off by ~7e-5, one restarted per query block by ~2e-6)."""
+    """Λ grows with the context (here ~2.1 per token, |Λ| up to ~4300): summed in float64 and
+    differenced in float64 before the cast, the fp32 kernels stay within a few fp32 roundings of
+    float64 (a difference of fp32 Λs is off by ~7e-5, one restarted per query block by ~2e-6)."""
     torch.manual_seed(0)
     attn = RelPosAttention(32, 2, 16, AttentionConfig(terms="a", forget_gate=True, query_chunk=64))
     with torch.no_grad():
@@ -263,9 +265,9 @@ def test_float32_fox_on_long_contexts_keeps_the_decay_of_near_keys():
 )
 @pytest.mark.parametrize("backend", ["sdpa", "blocks"])
 def test_windowed_blocks_skip_the_keys_before_their_window(fields, backend):
-    """Several query blocks of 16 over 48 queries and 7 memory keys with a window of 5: each block reads
-    keys from its first query's window on (k0 > 0, with the sinks in front: two ranges); forward and
-    every gradient equal the explicit scores, which read every key."""
+    """Several query blocks of 16 over 48 queries and 7 memory keys with a window of 5: each block
+    reads keys from its first query's window on (k0 > 0, with the sinks in front: two ranges);
+    forward and every gradient equal the explicit scores, which read every key."""
     if not runs_on(fields, backend):
         pytest.skip("not a kernel of this scheme (runs_on)")
     attn = make(fields, backend, seed=11, window=5, query_chunk=16)
@@ -286,9 +288,9 @@ def test_windowed_blocks_skip_the_keys_before_their_window(fields, backend):
 @pytest.mark.parametrize("backend", ["explicit", "sdpa", "blocks"])
 @pytest.mark.parametrize("name", SCHEMES)
 def test_attention_statistics_of_every_scheme_match_their_definitions(name, backend):
-    """The diagnostics gathered in the same forward (model/diagnostics.py) equal their definitions on the
-    reference probabilities of the stream's keys (with sinks, rows sum to less than 1), and leave the
-    output unchanged."""
+    """The diagnostics gathered in the same forward (model/diagnostics.py) equal their definitions
+    on the reference probabilities of the stream's keys (with sinks, rows sum to less than 1), and
+    leave the output unchanged."""
     from relpos_ablate.model.diagnostics import AttentionStatistics
     from test_attention_diagnostics import reference_statistics
 
@@ -311,9 +313,9 @@ def test_attention_statistics_of_every_scheme_match_their_definitions(name, back
 
 @pytest.mark.parametrize("name", SCHEMES)
 def test_bf16_autocast_forward_backward_matches_float32(name):
-    """Under torch.autocast("cpu", bfloat16) every backend's output and gradients stay within 2.5% (of
-    the norm) of float32, as for the older schemes (test_attention_precision.py explains the tolerance);
-    FoX's float64 Λ and the sinks' fp32 slots meet bf16 queries and keys."""
+    """Under torch.autocast("cpu", bfloat16) every backend's output and gradients stay within 2.5%
+    (of the norm) of float32, as for the older schemes (test_attention_precision.py explains the
+    tolerance); FoX's float64 Λ and the sinks' fp32 slots meet bf16 queries and keys."""
     from test_attention_precision import BACKENDS, RTOL, forward_backward, relative_error
 
     fields = SCHEMES[name]
@@ -342,9 +344,10 @@ def test_bf16_autocast_forward_backward_matches_float32(name):
     ],
 )
 def test_the_rotation_is_the_pairwise_turn_and_differentiable_to_second_order(d_rot, xpos, scaling):
-    """position/rope.py's one-Function rotation against the turn written out here (x_p·cos - x_p+h·sin,
-    x_p+h·cos + x_p·sin per pair p, angle position·θ_p, times xPos's ζ_p^(position/B) and YaRN's factor), in
-    float64, with its first and second derivatives checked numerically (its backward is itself a rotation)."""
+    """position/rope.py's one-Function rotation against the turn written out here (x_p·cos -
+    x_p+h·sin, x_p+h·cos + x_p·sin per pair p, angle position·θ_p, times xPos's ζ_p^(position/B) and
+    YaRN's factor), in float64, with its first and second derivatives checked numerically (its
+    backward is itself a rotation)."""
     from relpos_ablate.model.position.rope import rope_frequencies, rotate, xpos_decay
 
     gen = torch.Generator().manual_seed(3)

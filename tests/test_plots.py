@@ -1,7 +1,7 @@
-"""Figures: extrapolation curves from collect(), and bias curves / attention heatmaps / score-term maps
-of tiny TransformerLMs. The plotted data are read back from the figures and compared with values
-computed here from the papers' formulas (ALiBi slopes, T5 buckets, the XL sinusoid), not from the
-code under test. Also `relpos-ablate plot` and its one-line errors.
+"""Figures: extrapolation curves from collect(), and bias curves / attention heatmaps / score-term
+maps of tiny TransformerLMs. The plotted data are read back from the figures and compared with
+values computed here from the papers' formulas (ALiBi slopes, T5 buckets, the XL sinusoid), not from
+the code under test. Also `relpos-ablate plot` and its one-line errors.
 
 Run: .venv/bin/python -m pytest tests/test_plots.py -q
 """
@@ -157,7 +157,8 @@ def test_alibi_curves_follow_the_paper_slopes_and_the_shared_module_is_drawn_onc
 
 
 def t5_bucket_reference(rp, num_buckets, max_distance):
-    """T5's bidirectional bucket of relative_position = j - i, written from the paper's description."""
+    """T5's bidirectional bucket of relative_position = j - i, written from the paper's
+    description."""
     nb = num_buckets // 2
     offset = nb if rp > 0 else 0
     n = abs(rp)
@@ -185,7 +186,8 @@ def test_t5_bidirectional_curves_and_bucket_edges():
     for h, line in enumerate(lines(ax)):
         assert list(line.get_xdata()) == list(distances)
         assert line.get_ydata() == pytest.approx(table[buckets, h])
-    # the logarithmic buckets' edges, from where the exact ones (one distance each: 8 a side, 4 of them exact) end
+    # the logarithmic buckets' edges, from where the exact ones (one distance each: 8 a side, 4 of
+    # them exact) end
     positive = [
         d
         for d in range(4, 25)
@@ -343,8 +345,8 @@ def test_grid_gets_one_figure_per_run_plus_an_overview_and_skips_runs_without_bi
     )
     assert (
         notes[1]
-        == "bias_overview: left out: encoding=nope (seed 0): no bias curve: bias='none' and term d is off "
-        "(terms='a'), no FoX gate, no xPos."
+        == "bias_overview: left out: encoding=nope (seed 0): no bias curve: bias='none' and term "
+        "d is off (terms='a'), no FoX gate, no xPos."
     )
     # no run id
     assert saved[f"bias_encoding-xl_seed-0_{done['xl']}"].get_suptitle() == "encoding=xl, seed=0"
@@ -470,9 +472,10 @@ def test_plot_names_a_module_the_runs_import_that_cannot_be_imported_here(tmp_pa
     for target, which in ((tmp_path, f"runs {ids}"), (runs[0], f"run {runs[0].name}")):
         assert main(["plot", str(target), "--kind", "bias"]) == 2
         assert capsys.readouterr().err.splitlines() == [
-            "error: imports: cannot import 'my_missing_schemes' (ModuleNotFoundError: No module named "
-            f"'my_missing_schemes'), listed under imports: by {which}; run plot from the folder that holds "
-            "my_missing_schemes (where the runs were trained), or add that folder to PYTHONPATH"
+            f"error: imports: cannot import 'my_missing_schemes' (ModuleNotFoundError: No module "
+            f"named 'my_missing_schemes'), listed under imports: by {which}; run plot from the "
+            f"folder that holds my_missing_schemes (where the runs were trained), or add that "
+            f"folder to PYTHONPATH"
         ]
 
 

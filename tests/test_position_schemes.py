@@ -1,5 +1,5 @@
-"""Each bias scheme against known values from the papers and its closed form (docs/formulas.md), plus
-the rel-shift / Toeplitz layouts. Run: pytest tests/test_position_schemes.py -q"""
+"""Each bias scheme against known values from the papers and its closed form (docs/formulas.md),
+plus the rel-shift / Toeplitz layouts. Run: pytest tests/test_position_schemes.py -q"""
 
 import math
 import re
@@ -218,7 +218,8 @@ def test_sinusoid_matches_the_xl_layout():
 
 @pytest.mark.parametrize("lq, n_keys, q_offset", [(4, 4, 0), (3, 7, 4), (1, 5, 4), (5, 9, 2)])
 def test_rel_shift_and_toeplitz_index_by_distance(lq, n_keys, q_offset):
-    """out[r, j] must be the value at distance (q_offset + r) - j, for every entry (bidirectional layout)."""
+    """out[r, j] must be the value at distance (q_offset + r) - j, for every entry (bidirectional
+    layout)."""
     dmax = q_offset + lq - 1
     distances = torch.arange(dmax, dmax - (lq + n_keys - 1), -1)  # descending
     per_distance = distances.double() * 10 + 0.5

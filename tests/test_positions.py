@@ -1,6 +1,7 @@
-"""Loss by position: the tidy frame from eval.json, `plot --kind position-loss` (one line per variant,
-the seed spread as a band, one panel per setting, the training length marked), the collected protocol
-and reference columns, and the extrapolation plot's reference line and per-protocol lines.
+"""Loss by position: the tidy frame from eval.json, `plot --kind position-loss` (one line per
+variant, the seed spread as a band, one panel per setting, the training length marked), the
+collected protocol and reference columns, and the extrapolation plot's reference line and
+per-protocol lines.
 
 Run: .venv/bin/python -m pytest tests/test_positions.py -q
 """
@@ -78,8 +79,8 @@ def test_position_loss_figure_lines_bands_panels_and_training_length(tmp_path):
     curve_runs(tmp_path)
     fig = position_loss_figure(collect(tmp_path))
     panels = [ax for ax in fig.axes if ax.get_visible()]
-    # windows of 8 moved by 2 score positions 6 and 7 but in a stream's first window: the sliding panel keeps only
-    # the bins at or past 8 - 2, here one bin, and a panel of one bin is left out
+    # windows of 8 moved by 2 score positions 6 and 7 but in a stream's first window: the sliding
+    # panel keeps only the bins at or past 8 - 2, here one bin, and a panel of one bin is left out
     assert [ax.get_title() for ax in panels] == ["non_overlapping, L=8"]
     edges = [(0, 1), (1, 2), (2, 4), (4, 8)]
     for k, (ax, kept) in enumerate(zip(panels, ([0, 1, 2, 3],))):

@@ -1,5 +1,5 @@
-"""RECL (docs/formulas.md#recl) on frames whose answer is worked out by hand below, and the xl_table8
-layout on fixture run dirs (eval.json + token_losses.npz as training writes them).
+"""RECL (docs/formulas.md#recl) on frames whose answer is worked out by hand below, and the
+xl_table8 layout on fixture run dirs (eval.json + token_losses.npz as training writes them).
 
 Run: .venv/bin/python -m pytest tests/test_recl.py -q
 """
@@ -51,9 +51,11 @@ def gain(f_short, f_long):
 def test_recl_half_of_the_hardest_targets_by_hand():
     """r = 0.5: two targets. c = 10: b = [2.0, 0.8, 3.0, 0.5], T = {2, 0}, f(10, 10) = 2.5.
     A: min(b, l_A(20)) on T = (2.0 + 1.5) / 2 = 1.75, g = 1 - e^-0.75 = 0.53 > 1%: go on.
-    B: min(b, l_B(20)) on T = (3.0 + 2.0) / 2 = 2.5, g = 0 < 1%: RECL_B = 10 (it would gain from 20 to 30,
-    but the search has stopped). c = 20 for A: b = [1.5, 0.8, 2.0, 0.5], T = {2, 0}, f = 1.75;
-    min(b, l_A(30)) = (1.9 + 1.5) / 2 = 1.7, g = 1 - e^-0.05 = 4.9% > 1%: still gaining at the last step."""
+    B: min(b, l_B(20)) on T = (3.0 + 2.0) / 2 = 2.5, g = 0 < 1%: RECL_B = 10 (it would gain from 20
+    to 30, but the search has stopped). c = 20 for A: b = [1.5, 0.8, 2.0, 0.5], T = {2, 0}, f =
+    1.75;
+    min(b, l_A(30)) = (1.9 + 1.5) / 2 = 1.7, g = 1 - e^-0.05 = 4.9% > 1%: still gaining at the last
+    step."""
     frame = tidy()
     # (models, contexts, targets)
     values = np.array([[LOSSES[m][c] for c in (10, 20, 30)] for m in "AB"])
@@ -71,7 +73,8 @@ def test_recl_half_of_the_hardest_targets_by_hand():
 
 def test_recl_all_targets_by_hand():
     """r = 1: T is every target. c = 10: f = 6.3 / 4; A: (1.5 + 0.8 + 2.0 + 0.5) / 4 = 1.2.
-    c = 20: f = 4.8 / 4 = 1.2; A at 30: (1.5 + 0.8 + 1.9 + 0.5) / 4 = 1.175, g = 1 - e^-0.025 = 2.5%."""
+    c = 20: f = 4.8 / 4 = 1.2; A at 30: (1.5 + 0.8 + 1.9 + 0.5) / 4 = 1.175, g = 1 - e^-0.025 =
+    2.5%."""
     values = np.array([[LOSSES[m][c] for c in (10, 20, 30)] for m in "AB"])
     assert relative_gain(values, 0, 0, 1, 1.0) == pytest.approx(gain(6.3 / 4, 1.2))
     assert relative_gain(values, 0, 1, 2, 1.0) == pytest.approx(gain(1.2, 1.175))
@@ -80,9 +83,9 @@ def test_recl_all_targets_by_hand():
 
 
 def test_the_token_set_is_chosen_again_for_every_context():
-    """b(10) puts target 3 first, b(20) target 0: A gains on target 3 at 10 -> 20 (from 4.0 to 1.0) and
-    nothing on target 0; from 20 to 30 A gains on target 0 only. With r = 0.25 (one target) a token set
-    fixed at c = 10 would see no gain from 20 to 30; re-chosen, it sees 3.0 -> 1.0."""
+    """b(10) puts target 3 first, b(20) target 0: A gains on target 3 at 10 -> 20 (from 4.0 to 1.0)
+    and nothing on target 0; from 20 to 30 A gains on target 0 only. With r = 0.25 (one target) a
+    token set fixed at c = 10 would see no gain from 20 to 30; re-chosen, it sees 3.0 -> 1.0."""
     losses = {
         "A": {10: [3.0, 0.1, 0.1, 4.0], 20: [3.0, 0.1, 0.1, 1.0], 30: [1.0, 0.1, 0.1, 1.0]},
         "B": {10: [3.5, 0.1, 0.1, 4.5], 20: [3.5, 0.1, 0.1, 4.5], 30: [3.5, 0.1, 0.1, 4.5]},
@@ -97,9 +100,9 @@ def test_the_token_set_is_chosen_again_for_every_context():
 
 
 def test_a_model_whose_own_loss_rises_earns_no_recl_from_a_lucky_target():
-    """V is far above the group's best A; from 10 to 20 it beats b on target 0 (1.0 < 2.0) but its own
-    mean loss rises (3.0 -> 3.5). The paper's gain alone: f_V(10, 20) = (1.0 + 2.0) / 2 = 1.5 against
-    f(10, 10) = 2.0, g = 1 - e^-0.5 = 39% (RECL >= 20); the guard stops V at 10."""
+    """V is far above the group's best A; from 10 to 20 it beats b on target 0 (1.0 < 2.0) but its
+    own mean loss rises (3.0 -> 3.5). The paper's gain alone: f_V(10, 20) = (1.0 + 2.0) / 2 = 1.5
+    against f(10, 10) = 2.0, g = 1 - e^-0.5 = 39% (RECL >= 20); the guard stops V at 10."""
     losses = {"A": {10: [2.0, 2.0], 20: [2.0, 2.0]}, "V": {10: [3.0, 3.0], 20: [1.0, 6.0]}}
     values = np.array([[losses[m][c] for c in (10, 20)] for m in "AV"])
     assert relative_gain(values, 1, 0, 1, 1.0) == pytest.approx(gain(2.0, 1.5))
@@ -123,7 +126,8 @@ def test_targets_some_model_did_not_score_are_left_out():
     frame.loc[
         (frame["model"] == "B") & (frame["context"] == 20) & (frame["target"] == 2), "loss"
     ] = np.nan
-    # without target 2: c = 10, b = [2.0, 0.8, ·, 0.5], r = 0.5 of 3 targets -> 2: T = {0, 1}: A gains 0.5 on target 0
+    # without target 2: c = 10, b = [2.0, 0.8, ·, 0.5], r = 0.5 of 3 targets -> 2: T = {0, 1}: A
+    # gains 0.5 on target 0
     values = np.array(
         [[[v for t, v in enumerate(LOSSES[m][c]) if t != 2] for c in (10, 20, 30)] for m in "AB"]
     )
@@ -159,7 +163,8 @@ JUNK = 50.0
 
 
 def ladder_setting(c: int, mem: int, k: int) -> dict:
-    """Context c as the run's kind gets it: memory of c keys (xl) with memory, else a sliding window of c."""
+    """Context c as the run's kind gets it: memory of c keys (xl) with memory, else a sliding window
+    of c."""
     own = (
         {"segment_len": 16, "protocol": "xl", "mem_len": c}
         if mem
@@ -171,9 +176,10 @@ def ladder_setting(c: int, mem: int, k: int) -> dict:
 def write_ladder_run(
     root, encoding, mem, seed, usable: dict[int, list[float]], other_kind: bool = False
 ):
-    """A done run with the RECL ladder 10, 20, 30 on one stream of 33 targets: positions 29..32 carry
-    `usable[c]`, the first 29 carry JUNK (they have less than 30 tokens of context). `other_kind`: the
-    ladder of the other kind too (sliding for a model with memory), with JUNK everywhere."""
+    """A done run with the RECL ladder 10, 20, 30 on one stream of 33 targets: positions 29..32
+    carry `usable[c]`, the first 29 carry JUNK (they have less than 30 tokens of context).
+    `other_kind`: the ladder of the other kind too (sliding for a model with memory), with JUNK
+    everywhere."""
     ladder = [(ladder_setting(c, mem, k), {"ppl": 5.0, "loss": 1.6}) for k, c in enumerate(usable)]
     if other_kind:
         ladder += [
@@ -219,8 +225,9 @@ def test_token_loss_frame_keeps_the_targets_with_the_longest_context(tmp_path):
 
 
 def test_xl_table8_layout(tmp_path):
-    """A (ours, recurrence) and B (shaw, recurrence) as in the hand-computed frame; C (ours, no recurrence)
-    never the best: b(c, t) is still A and B's. Seed 1 repeats seed 0 with A's last step smaller (stops at 20)."""
+    """A (ours, recurrence) and B (shaw, recurrence) as in the hand-computed frame; C (ours, no
+    recurrence) never the best: b(c, t) is still A and B's. Seed 1 repeats seed 0 with A's last step
+    smaller (stops at 20)."""
     c_losses = {c: [v + 1.0 for v in LOSSES["A"][10]] for c in (10, 20, 30)}
     for seed in (0, 1):
         a = {**LOSSES["A"], **({30: [1.5, 1.0, 2.0, 0.5]} if seed else {})}
@@ -233,11 +240,13 @@ def test_xl_table8_layout(tmp_path):
     assert table.index == ["Recurrence", "Encoding", "Loss"]
     assert table.columns == ["r = 0.1", "r = 0.5", "r = 1.0", "ppl c=10", "ppl c=20", "ppl c=30"]
     rows = {tuple(labels): values for labels, values in table.rows}
-    # r = 0.5 and 1.0: seed 0 gives A >= 30 (censored), seed 1 gives 20; B stops at 10; C gains nothing over b
+    # r = 0.5 and 1.0: seed 0 gives A >= 30 (censored), seed 1 gives 20; B stops at 10; C gains
+    # nothing over b
     assert rows[("✓", "ours", "Full")][1:3] == ["≥25 ± 7", "≥25 ± 7"]
     assert rows[("✓", "shaw", "Full")][1:3] == ["10 ± 0", "10 ± 0"]
     assert rows[("✗", "ours", "Full")][:3] == ["10 ± 0"] * 3
-    # each model's perplexity at c on the 4 targets used: exp of the mean loss, per seed, then mean ± std
+    # each model's perplexity at c on the 4 targets used: exp of the mean loss, per seed, then mean
+    # ± std
     assert (
         rows[("✗", "ours", "Full")][3:]
         == [f"{math.exp(np.mean([3.0, 2.0, 4.0, 1.5])):.2f} ± 0.00"] * 3

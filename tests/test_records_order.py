@@ -44,7 +44,8 @@ def rows_on_disk(run_dir: Path) -> dict[int, dict]:
 
 def uncovered_steps(run_dir: Path) -> tuple[int | None, list[str]]:
     """What a SIGKILL now would leave: the checkpoint's step and the steps below it that metrics.csv
-    lacks, or has without their validation (steps whose global step after them is a multiple of VAL_EVERY)."""
+    lacks, or has without their validation (steps whose global step after them is a multiple of
+    VAL_EVERY)."""
     step, rows = checkpoint_step(run_dir), rows_on_disk(run_dir)
     if step is None:
         return None, []
@@ -59,8 +60,9 @@ def uncovered_steps(run_dir: Path) -> tuple[int | None, list[str]]:
 
 
 def test_every_write_leaves_metrics_covering_the_checkpoint(tmp_path, monkeypatch):
-    """Checked right after each rename of last.ckpt or metrics.csv: the only moments the files on disk
-    change, so the only states a kill can leave behind. Through a SIGTERM stop and the rerun."""
+    """Checked right after each rename of last.ckpt or metrics.csv: the only moments the files on
+    disk change, so the only states a kill can leave behind. Through a SIGTERM stop and the
+    rerun."""
     watched = {tmp_path / "metrics.csv", tmp_path / "checkpoints" / "last.ckpt"}
     real_replace = os.replace
     seen_checkpoints, gaps = [], []
@@ -85,8 +87,9 @@ def test_every_write_leaves_metrics_covering_the_checkpoint(tmp_path, monkeypatc
 
 
 class CopyAt(L.Callback):
-    """Copies the run dir to `to` when `hook` is called at global step `step` during training: what a
-    SIGKILL at that moment leaves on disk. Runs after RunRecorder's hooks, as every extra callback does."""
+    """Copies the run dir to `to` when `hook` is called at global step `step` during training: what
+    a SIGKILL at that moment leaves on disk. Runs after RunRecorder's hooks, as every extra callback
+    does."""
 
     def __init__(self, hook: str, step: int, run_dir: Path, to: Path):
         self.hook, self.step, self.run_dir, self.to = hook, step, run_dir, to
@@ -128,8 +131,8 @@ def test_killed_after_a_checkpoint_the_rerun_records_every_step_once(tmp_path, h
 
 class PeerDiesAtSaveBarrier(L.Callback):
     """The barrier that ends Trainer.save_checkpoint fails at global step `step`, as it does in a
-    multi-process run whose other process was killed: after the checkpoint is saved, before Lightning
-    logs the step."""
+    multi-process run whose other process was killed: after the checkpoint is saved, before
+    Lightning logs the step."""
 
     def __init__(self, step: int):
         self.step = step
@@ -147,7 +150,8 @@ class PeerDiesAtSaveBarrier(L.Callback):
 
 def test_an_error_between_the_save_and_the_log_of_a_step_drops_that_checkpoint(tmp_path):
     """The 2-process fault test's failure (last.ckpt at step 18, no row for step 17): a rank killed
-    while rank 0 waits in the barrier after writing a checkpoint. The run resumes from the one before."""
+    while rank 0 waits in the barrier after writing a checkpoint. The run resumes from the one
+    before."""
     assert train_run(config(), tmp_path, callbacks=(PeerDiesAtSaveBarrier(4),)) == "failed"
     assert uncovered_steps(tmp_path) == (2, [])
     assert train_run(config(), tmp_path) == "done"

@@ -1,5 +1,6 @@
-"""`relpos-ablate report`: a study's report function, found through the studies registry by the experiment its
-runs belong to, reads the collected frame or the committed summary.csv alike; `--correction` reaches it.
+"""`relpos-ablate report`: a study's report function, found through the studies registry by the
+experiment its runs belong to, reads the collected frame or the committed summary.csv alike;
+`--correction` reaches it.
 
 Run: .venv/bin/python -m pytest tests/test_reports.py -q
 """
@@ -44,10 +45,12 @@ def test_an_experiment_without_a_report_is_one_line(grid, monkeypatch, capsys):
 
 
 def test_every_study_entry_names_what_its_module_holds():
-    """The registry's text (what the command line lists without importing pandas) and the modules agree."""
+    """The registry's text (what the command line lists without importing pandas) and the modules
+    agree."""
     for study in studies.STUDIES:
         module = study.load()
-        # every experiment has its own report; a report of several experiments together names experiments of its study
+        # every experiment has its own report; a report of several experiments together names
+        # experiments of its study
         singles = {key for key in module.REPORTS if isinstance(key, str)}
         together = {name for key in module.REPORTS if isinstance(key, tuple) for name in key}
         assert singles <= set(study.experiments) and together <= set(study.experiments)
@@ -76,8 +79,9 @@ def test_help_documents_the_correction(capsys):
 
 
 def test_table_and_figures_read_a_summary_csv_as_the_runs(grid, capsys, tmp_path):
-    """A committed study keeps its summary.csv, not its run dirs: `table` and the figures drawn from the frame
-    alone take it and give what the results dir gives; the figures that read run files say so in one line."""
+    """A committed study keeps its summary.csv, not its run dirs: `table` and the figures drawn from
+    the frame alone take it and give what the results dir gives; the figures that read run files say
+    so in one line."""
     assert main(["collect", str(grid / "demo"), "--out", str(grid / "summary.csv")]) == 0
     capsys.readouterr()
     assert main(["table", str(grid / "demo"), "--baseline", "xl"]) == 0

@@ -1,7 +1,7 @@
-"""Tiny versions of the committed reproductions (README "Reproductions"): runs of each spec shrunk to a
-1-layer d_model 16 model, 2 training steps and a few hundred evaluation targets per setting, trained in
-process on the shipped corpus with the spec's own encodings and evaluation settings (protocols, RECL
-ladder), then the report `make repro-*` writes: collect, the tables, the figures.
+"""Tiny versions of the committed reproductions (README "Reproductions"): runs of each spec shrunk
+to a 1-layer d_model 16 model, 2 training steps and a few hundred evaluation targets per setting,
+trained in process on the shipped corpus with the spec's own encodings and evaluation settings
+(protocols, RECL ladder), then the report `make repro-*` writes: collect, the tables, the figures.
 
 Run: .venv/bin/python -m pytest tests/test_reproductions.py -q   (about 30 s)
 """
@@ -53,7 +53,8 @@ KEPT = {  # the variants each tiny version trains
 
 
 def tiny(config: RunConfig, cache: Path) -> RunConfig:
-    """The run shrunk: a small model, two steps, EVAL_TARGETS per setting and the RECL ladder's minimum."""
+    """The run shrunk: a small model, two steps, EVAL_TARGETS per setting and the RECL ladder's
+    minimum."""
     plain = apply_overrides(to_plain(config), [*TINY, f"data.cache_dir={cache}"])
     for setting in plain["eval"]["settings"]:
         setting["max_targets"] = EVAL_TARGETS
@@ -65,7 +66,8 @@ def tiny(config: RunConfig, cache: Path) -> RunConfig:
 
 @functools.cache
 def trained(name: str, root: Path) -> Path:
-    """results/<name>/ of the tiny version, with run.json pointing at the spec as the runner writes it."""
+    """results/<name>/ of the tiny version, with run.json pointing at the spec as the runner writes
+    it."""
     spec = load_grid(EXPERIMENTS / f"{name}.yaml")
     results = root / name
     for run in (r for r in spec.runs if KEPT[name](r.variant)):

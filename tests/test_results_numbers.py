@@ -1,10 +1,10 @@
-"""Numbers that cannot drift: every decimal number a results README (and the top-level README's summaries of
-the reproductions and of the fair baselines) quotes appears in a committed table or report of that study, or
-in its summary.csv; and every committed report.md is what `relpos-ablate report` computes from the committed
-summary.csv today.
+"""Numbers that cannot drift: every decimal number a results README (and the top-level README's
+summaries of the reproductions and of the fair baselines) quotes appears in a committed table or
+report of that study, or in its summary.csv; and every committed report.md is what `relpos-ablate
+report` computes from the committed summary.csv today.
 
-Run metadata is exempt (lines about wall time and the machine, software versions), and so are integers
-(counts, lengths, seeds): the test is about measured values.
+Run metadata is exempt (lines about wall time and the machine, software versions), and so are
+integers (counts, lengths, seeds): the test is about measured values.
 
 Run: .venv/bin/python -m pytest tests/test_results_numbers.py -q
 """
@@ -41,7 +41,8 @@ def quoted(text: str) -> list[str]:
 
 
 def committed_numbers(study: Path) -> tuple[set[str], pd.DataFrame | None]:
-    """Every decimal number in the study's committed tables and reports (as written), and its summary."""
+    """Every decimal number in the study's committed tables and reports (as written), and its
+    summary."""
     texts = [
         p.read_text()
         for pattern in TABLE_FILES
@@ -108,9 +109,9 @@ READ_WITH = {
     "fair_baselines": ("fair_baselines_2000",),
     "hybrid_schedules": ("hybrid_schedules_retrieval",),
 }
-"""The reports written from more than one study's summary.csv (the Makefile's repro-xl, lengthgen and
-fair-baselines): Table 6 with its fair no-memory control, the length study with its step-cap runs, the fair
-baselines with their longer budget."""
+"""The reports written from more than one study's summary.csv (the Makefile's repro-xl, lengthgen
+and fair-baselines): Table 6 with its fair no-memory control, the length study with its step-cap
+runs, the fair baselines with their longer budget."""
 
 
 @pytest.mark.parametrize("report", sorted(RESULTS.glob("*/report.md")), ids=lambda p: p.parent.name)
@@ -127,8 +128,12 @@ def test_a_committed_report_is_what_its_summary_gives_today(report):
 
 
 def test_the_checks_see_a_typed_number(tmp_path):
-    """Not vacuous: a number typed into prose that no table holds is found; metadata and code are not."""
-    text = "ALiBi reaches 6.45 at 4L.\n**Wall time:** 47.6 min\n```\nmake 1.5\n```\ntorch 2.13, 3 seeds\n"
+    """Not vacuous: a number typed into prose that no table holds is found; metadata and code are
+    not."""
+    text = (
+        "ALiBi reaches 6.45 at 4L.\n**Wall time:** 47.6 min\n```\nmake 1.5\n```\ntorch 2.13, 3 "
+        "seeds\n"
+    )
     assert quoted(text) == ["6.45"]
     assert not in_summary("6.45", pd.DataFrame({"ppl": [6.4649]})) and in_summary(
         "6.46", pd.DataFrame({"ppl": [6.4649]})
@@ -150,7 +155,8 @@ WORDED = sorted({*RESULTS.glob("*/report.md"), *RESULTS.glob("*/README.md"), REA
 
 
 def clauses(text: str) -> list[str]:
-    """Table cells, lines, sentences and semicolon-separated parts: the span a verdict speaks for."""
+    """Table cells, lines, sentences and semicolon-separated parts: the span a verdict speaks
+    for."""
     return [
         c
         for line in text.splitlines()
@@ -161,9 +167,10 @@ def clauses(text: str) -> list[str]:
 
 @pytest.mark.parametrize("path", WORDED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_not_significant_is_never_worded_as_sameness(path):
-    """A test that finds no difference is no evidence of sameness: with n = 3 seeds it is mostly low power. Such a
-    result is written "not significant (difference, 95% CI)", never "ties", "matches", "the same", "unaffected"
-    (a claim of equivalence needs a margin and a TOST: analysis/stats.py)."""
+    """A test that finds no difference is no evidence of sameness: with n = 3 seeds it is mostly low
+    power. Such a result is written "not significant (difference, 95% CI)", never "ties", "matches",
+    "the same", "unaffected" (a claim of equivalence needs a margin and a TOST:
+    analysis/stats.py)."""
     text = path.read_text()
     worded = [c.strip() for c in clauses(text) if NOT_SIGNIFICANT.search(c) and SAMENESS.search(c)]
     assert worded == [], f"{path}: a non-significant result worded as sameness"

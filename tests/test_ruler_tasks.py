@@ -1,8 +1,9 @@
 """The long-context example tasks (RULER-style niah_multikey, niah_multivalue, niah_multiquery,
 variable_tracking; contextual_counting): every generated answer is what the brute-force solver
-(train/data/solvers.py) reads off the prompt, over many seeds, lengths and depths; small examples written
-out by hand have the answers worked out by hand; token counts, vocabulary, depths and the config's errors;
-experiments/ruler_tiny.yaml trained through the CLI, its table and its depth x length figure.
+(train/data/solvers.py) reads off the prompt, over many seeds, lengths and depths; small examples
+written out by hand have the answers worked out by hand; token counts, vocabulary, depths and the
+config's errors; experiments/ruler_tiny.yaml trained through the CLI, its table and its depth x
+length figure.
 Run: pytest tests/test_ruler_tasks.py -q   (about half a minute)"""
 
 from pathlib import Path
@@ -68,9 +69,9 @@ def examples(task, seed=0, count=150, lengths=(1, 40), depth=None, **fields):
     return data, found, full
 
 
-# Vocabulary of the hand-written examples (examples.py): <pad> 0, <bos> 1, <sep> 2, digits 0-9 are 3-12, <key>
-# is 13, then the filler symbols (num_symbols = 2: 14, 15), then the names (num_keys = 8: 16-23);
-# contextual_counting: digits 3-12, bits 0 and 1 are 13 and 14, '[' 15 and ']' 16.
+# Vocabulary of the hand-written examples (examples.py): <pad> 0, <bos> 1, <sep> 2, digits 0-9 are
+# 3-12, <key> is 13, then the filler symbols (num_symbols = 2: 14, 15), then the names (num_keys =
+# 8: 16-23); contextual_counting: digits 3-12, bits 0 and 1 are 13 and 14, '[' 15 and ']' 16.
 HAND = {"num_symbols": 2, "num_keys": 8, "passkey_digits": 2}
 HAND_WRITTEN = [
     # key 17 -> 45 and key 16 -> 07 in filler; asked: 16
@@ -208,7 +209,8 @@ def test_the_shortest_examples_are_answerable(task):
 
 
 def filler_before(tokens, name, num_symbols):
-    """(filler tokens before the first needle `<key> name ..`, all filler tokens) of an example's prompt."""
+    """(filler tokens before the first needle `<key> name ..`, all filler tokens) of an example's
+    prompt."""
     body = tokens[1 : tokens.index(SEP)]
     at = next(i for i in range(len(body) - 1) if body[i] == KEY and body[i + 1] == name)
     filler = [i for i, t in enumerate(body) if FILLER <= t < FILLER + num_symbols]
@@ -218,9 +220,9 @@ def filler_before(tokens, name, num_symbols):
 @pytest.mark.parametrize("task", [t for t in TASKS if t in DEPTH_TASKS])
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
 def test_the_depth_places_its_needle(task, depth):
-    """round(depth·n) filler tokens come before the asked needle, the first value, the first asked needle, the
-    first assignment: the first needle under the name after the question's <key> (variable_tracking: under the
-    name the answer starts with)."""
+    """round(depth·n) filler tokens come before the asked needle, the first value, the first asked
+    needle, the first assignment: the first needle under the name after the question's <key>
+    (variable_tracking: under the name the answer starts with)."""
     data, found, full = examples(
         task, count=80, lengths=(5, 30), depth=depth, num_keys=12, variable_chains=2
     )
@@ -256,7 +258,8 @@ def test_other_tasks_have_no_depth_and_every_depth_task_is_evaluated_depth_by_de
 
 
 def test_token_counts_and_vocabulary_as_laid_out():
-    """Counted here from the layout: <bos>, n filler (or bits), the needles, the question, <sep>, the answer."""
+    """Counted here from the layout: <bos>, n filler (or bits), the needles, the question, <sep>,
+    the answer."""
     w, n = 3, 7
     fields = {
         "passkey_digits": w,
@@ -302,7 +305,8 @@ def test_token_counts_and_vocabulary_as_laid_out():
         ),
         (
             {"task": "niah_multivalue", "niah_values": 11, "passkey_digits": 1},
-            "niah_values: 11 distinct values of passkey_digits = 1 digits do not exist; use at most 10",
+            "niah_values: 11 distinct values of passkey_digits = 1 digits do not exist; use "
+            "at most 10",
         ),
         (
             {
@@ -394,7 +398,8 @@ def test_the_depth_by_length_figure_draws_a_row_of_panels_per_depth_task(tmp_pat
 
 
 def tiny_copy_of_the_spec(directory):
-    """experiments/ruler_tiny.yaml with a few steps on few examples (every task and encoding kept)."""
+    """experiments/ruler_tiny.yaml with a few steps on few examples (every task and encoding
+    kept)."""
     raw = yaml.safe_load(SPEC.read_text())
     raw["base"]["data"].update({"train_examples": 32, "eval_examples": 4})
     raw["base"]["train"].update(
@@ -414,8 +419,9 @@ def tiny_copy_of_the_spec(directory):
 def test_the_tiny_spec_trains_and_reports_through_the_cli_with_every_depth_task_in_the_figure(
     tmp_path, capsys
 ):
-    """Each run trained in process as the runner's workers would (a worker process per run would cost ~5 s
-    of imports each); then `grid` finds them all done, and `table` and `plot --kind passkey` read them."""
+    """Each run trained in process as the runner's workers would (a worker process per run would
+    cost ~5 s of imports each); then `grid` finds them all done, and `table` and `plot --kind
+    passkey` read them."""
     spec_path, raw = tiny_copy_of_the_spec(tmp_path)
     assert raw["grid"]["data.task"] == list(TASKS)
     spec = load_grid(spec_path)

@@ -1,6 +1,6 @@
-"""relpos_ablate/rundir.py owns the run-directory layout: its file names appear in no other module of
-the package; "done" means the same to training, the runner and `train`; every reader finds the same
-run dirs (`status` and `collect`), and damaged files read as None.
+"""relpos_ablate/rundir.py owns the run-directory layout: its file names appear in no other module
+of the package; "done" means the same to training, the runner and `train`; every reader finds the
+same run dirs (`status` and `collect`), and damaged files read as None.
 Run: pytest tests/test_rundir.py -q   (about a second)
 """
 
@@ -33,7 +33,8 @@ NAMES = (
 
 
 def string_literals(path: Path):
-    """(line, text) of every string constant in a module that is not a docstring (prose may name files)."""
+    """(line, text) of every string constant in a module that is not a docstring (prose may name
+    files)."""
     tree = ast.parse(path.read_text())
     prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
     for node in ast.walk(tree):
@@ -102,7 +103,8 @@ def test_same_run_ignores_only_the_vocabulary_training_fills_in():
 
 
 def test_status_and_collect_find_the_same_runs_from_any_level(tmp_path, capsys):
-    """A results root, an experiment dir, one run dir, and a run claimed by a runner (only .lock yet)."""
+    """A results root, an experiment dir, one run dir, and a run claimed by a runner (only .lock
+    yet)."""
     first = make_run(
         tmp_path, ["seed=0"], experiment="first", results=[({"segment_len": 32}, {"ppl": 2.0})]
     )

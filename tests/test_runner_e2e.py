@@ -1,9 +1,9 @@
 """The runner with the real `relpos-ablate train` worker: experiments/smoke.yaml end to end on 2 CPU
 slots (its 4 runs at SMOKE_STEPS steps instead of 300: the checks are about the runner and the run
-dirs, not what 300 steps learn) and a rerun that launches nothing, and a worker SIGKILLed mid-training
-that the runner records as interrupted and the rerun resumes from last.ckpt with a complete,
-duplicate-free step series. Run: pytest tests/test_runner_e2e.py -q   (under a minute; the smoke grid is
-marked slow)
+dirs, not what 300 steps learn) and a rerun that launches nothing, and a worker SIGKILLed
+mid-training that the runner records as interrupted and the rerun resumes from last.ckpt with a
+complete, duplicate-free step series. Run: pytest tests/test_runner_e2e.py -q   (under a minute;
+the smoke grid is marked slow)
 """
 
 import os
@@ -83,9 +83,9 @@ def test_smoke_grid_on_two_cpu_slots_then_rerun_launches_nothing(tmp_path):
 
 
 def killer(run_dir, step, errors: list, timeout_s: float = 120) -> threading.Thread:
-    """A thread that SIGKILLs the run's worker (e.g. the OOM killer) once its last.ckpt is of `step` or later;
-    what went wrong goes to `errors`. The checkpoint is loaded only when a new one was renamed into place:
-    loading it at every poll took a share of the cores the worker trains on."""
+    """A thread that SIGKILLs the run's worker (e.g. the OOM killer) once its last.ckpt is of `step`
+    or later; what went wrong goes to `errors`. The checkpoint is loaded only when a new one was
+    renamed into place: loading it at every poll took a share of the cores the worker trains on."""
 
     def kill() -> None:
         deadline, seen = time.monotonic() + timeout_s, None
@@ -110,9 +110,10 @@ def killer(run_dir, step, errors: list, timeout_s: float = 120) -> threading.Thr
 
 
 def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, capsys, monkeypatch):
-    """The runner runs in this process and its worker is killed from a thread: the fork server the first
-    grid starts forks the rerun's worker too (a runner process of its own would import torch and Lightning
-    in a second fork server; a runner killed with its workers: tests/test_faults.py)."""
+    """The runner runs in this process and its worker is killed from a thread: the fork server the
+    first grid starts forks the rerun's worker too (a runner process of its own would import torch
+    and Lightning in a second fork server; a runner killed with its workers:
+    tests/test_faults.py)."""
     # killed once its checkpoint of step 40 is on disk: 60 steps of margin
     base = tiny_base(max_steps=100)
     base["train"].update(log_every=5, checkpoint_every=20)
@@ -123,8 +124,8 @@ def test_killed_worker_is_recorded_and_resumed_from_its_checkpoint(tmp_path, cap
     argv = ["grid", str(spec_path), "--results", str(tmp_path / "results"), "--slots", "1"]
     monkeypatch.delenv("RELPOS_ABLATE_WORKER", raising=False)  # the real `train` worker, forked
 
-    # the checkpoint, not status.json's step: that is written at most once a second, about when a fast core
-    # ends this run (test_faults' kill once came after its runs had ended)
+    # the checkpoint, not status.json's step: that is written at most once a second, about when a
+    # fast core ends this run (test_faults' kill once came after its runs had ended)
     errors = []
     thread = killer(run_dir, 40, errors)
     thread.start()

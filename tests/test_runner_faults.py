@@ -1,7 +1,7 @@
 """Runner faults with real processes and signals (fake worker, tests/fixtures/runner.py):
 SIGKILL of the runner while launching and mid-training (its workers die with it; the rerun resumes
-every run, each ends done exactly once), SIGTERM or Ctrl-C (workers stopped, recorded interrupted with
-the runner's reason, exit 130),
+every run, each ends done exactly once), SIGTERM or Ctrl-C (workers stopped, recorded interrupted
+with the runner's reason, exit 130),
 two runners on one results dir (no run executed twice), a results dir that cannot be written.
 Run: pytest tests/test_runner_faults.py -q   (about 30 s)
 """
@@ -81,9 +81,10 @@ def assert_each_run_done_once(spec, results, log):
 def test_fake_worker_stopped_as_it_checkpoints_resumes_with_every_step_once(
     tmp_path, monkeypatch, moment
 ):
-    """The tests above count the fake worker's metrics.csv rows; a runner's death reaches its workers as
-    SIGTERM, which can land just before or after a checkpoint is written: no row may be lost (it was,
-    once in a while, when the fake wrote the checkpoint before the row) or repeated."""
+    """The tests above count the fake worker's metrics.csv rows; a runner's death reaches its
+    workers as SIGTERM, which can land just before or after a checkpoint is written: no row may be
+    lost (it was, once in a while, when the fake wrote the checkpoint before the row) or
+    repeated."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"seed": 0, **tiny_base(MAX_STEPS)}))
@@ -264,7 +265,8 @@ def test_rerun_redoes_exactly_the_runs_with_broken_files(tmp_path):
 def test_a_worker_killed_by_a_signal_is_interrupted_with_that_signals_likely_cause(
     tmp_path, sig, hint
 ):
-    """A real process ended by the signal, recorded as the runner records a worker that wrote no final state."""
+    """A real process ended by the signal, recorded as the runner records a worker that wrote no
+    final state."""
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -30,7 +30,8 @@ MAX_STEPS = 6
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    """Route the runner to the fake worker; returns a setter for per-seed behaviours and the log path."""
+    """Route the runner to the fake worker; returns a setter for per-seed behaviours and the log
+    path."""
     log = tmp_path / "worker_log.jsonl"
 
     def use(behaviour=None):
@@ -149,8 +150,8 @@ def test_failures_are_isolated_recorded_and_rerun_is_idempotent(tmp_path, fake, 
 
 
 def test_rerunning_a_finished_grid_and_status_never_import_torch(tmp_path, fake):
-    """They only read run dirs; counting GPUs for the default slots or touching the model would import
-    torch (seconds at every call). Checked in a fresh process, at exit."""
+    """They only read run dirs; counting GPUs for the default slots or touching the model would
+    import torch (seconds at every call). Checked in a fresh process, at exit."""
     spec_path = write_spec(tmp_path, encodings=("xl",), seeds=(0,))
     results = tmp_path / "results"
     assert main(["grid", str(spec_path), "--results", str(results), "--slots", "1"]) == 0
@@ -187,8 +188,8 @@ def test_dry_run_writes_nothing_and_shows_actions(tmp_path, fake, capsys):
 
 
 def test_dry_run_estimates_the_wall_time(tmp_path, fake, capsys):
-    """From the spec's finished runs (seconds per step of the variant), else from train_step.json; the runs
-    packed on the slots; without either it says what to run."""
+    """From the spec's finished runs (seconds per step of the variant), else from train_step.json;
+    the runs packed on the slots; without either it says what to run."""
     spec_path = write_spec(tmp_path, encodings=("xl",), seeds=(0, 1, 2))
     results = tmp_path / "results"
     spec = load_grid(spec_path)
@@ -222,8 +223,9 @@ def test_dry_run_estimates_the_wall_time(tmp_path, fake, capsys):
 
 
 def test_runs_locked_by_another_process_wait_for_it(tmp_path, fake):
-    """X and Y are held by 'another runner'; Z has a lock file left by a dead process. The runner runs
-    the free runs and Z, never X or Y while held; once released, done X is skipped and Y runs."""
+    """X and Y are held by 'another runner'; Z has a lock file left by a dead process. The runner
+    runs the free runs and Z, never X or Y while held; once released, done X is skipped and Y
+    runs."""
     log = fake()
     spec = load_grid(write_spec(tmp_path, encodings=("xl", "alibi"), seeds=(0, 1, 2)))
     results = tmp_path / "results"

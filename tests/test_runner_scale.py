@@ -108,8 +108,9 @@ def test_uneven_split_names_the_run_and_the_field(tmp_path, capsys):
     )
     (run,) = load_grid(spec_path).runs
     assert capsys.readouterr().err.strip() == (
-        f"error: --gpus/--nodes: run {run.run_id} [encoding=xl seed=0] cannot be split over 3 processes: "
-        "train.batch_size: 4 streams do not split evenly over 3 processes; use a multiple of 3"
+        f"error: --gpus/--nodes: run {run.run_id} [encoding=xl seed=0] cannot be split over 3 "
+        f"processes: train.batch_size: 4 streams do not split evenly over 3 processes; use a "
+        f"multiple of 3"
     )
 
 

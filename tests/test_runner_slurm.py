@@ -27,7 +27,8 @@ echo "Submitted batch job 4242"
 
 @pytest.fixture
 def fake_slurm(tmp_path, monkeypatch):
-    """`sbatch` that records its script and answers with a job id; `srun` so submitit sees a cluster."""
+    """`sbatch` that records its script and answers with a job id; `srun` so submitit sees a
+    cluster."""
     bin_dir, record = tmp_path / "bin", tmp_path / "sbatch_record"
     bin_dir.mkdir()
     record.mkdir()

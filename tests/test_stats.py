@@ -1,7 +1,7 @@
-"""The statistics behind stars and orderings (relpos_ablate/analysis/stats.py): the test chosen from the data
-(paired for the same runs, Welch's for different models), the family's correction against statsmodels and
-scipy, confidence intervals and power against their textbook formulas, TOST, and the table's use of all of it
-on a grid where paired and Welch's tests disagree.
+"""The statistics behind stars and orderings (relpos_ablate/analysis/stats.py): the test chosen from
+the data (paired for the same runs, Welch's for different models), the family's correction against
+statsmodels and scipy, confidence intervals and power against their textbook formulas, TOST, and the
+table's use of all of it on a grid where paired and Welch's tests disagree.
 
 Run: .venv/bin/python -m pytest tests/test_stats.py -q
 """
@@ -22,9 +22,9 @@ from relpos_ablate.cli import main
 from relpos_ablate.config import ConfigError
 from relpos_ablate.studies import make_table
 
-# Three seeds far apart, each improving by about 0.1 from length 32 to 64: the same runs measured twice.
-# Paired on the runs the gain is clear; Welch's test (which would treat the lengths as different models)
-# sees only the spread between seeds.
+# Three seeds far apart, each improving by about 0.1 from length 32 to 64: the same runs measured
+# twice. Paired on the runs the gain is clear; Welch's test (which would treat the lengths as
+# different models) sees only the spread between seeds.
 SHORT, LONG = [6.0, 7.0, 8.0], [5.9, 6.92, 7.88]
 
 
@@ -64,7 +64,8 @@ def test_confidence_intervals_follow_the_t_formulas():
 
 
 def noncentral_power(effect: float, n: int, alpha: float) -> float:
-    """Power of a two-sided one-sample (paired) t-test at standardized effect `effect`, from the noncentral t."""
+    """Power of a two-sided one-sample (paired) t-test at standardized effect `effect`, from the
+    noncentral t."""
     crit = sp.t.ppf(1 - alpha / 2, n - 1)
     nc = effect * math.sqrt(n)
     return sp.nct.sf(crit, n - 1, nc) + sp.nct.cdf(-crit, n - 1, nc)
@@ -176,7 +177,8 @@ def test_equivalence_is_a_tost_against_a_stated_margin():
 
 @pytest.fixture
 def lengths(tmp_path):
-    """alibi, rope, t5 x 3 seeds at 32 and 64: every column's two cells come from the same three runs."""
+    """alibi, rope, t5 x 3 seeds at 32 and 64: every column's two cells come from the same three
+    runs."""
     rng = np.random.default_rng(0)
     ppl = {}
     for k, enc in enumerate(("xl", "alibi")):

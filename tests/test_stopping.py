@@ -1,8 +1,9 @@
-"""Training until in-distribution success (train.stop_at_exact_match, train/stopping.py): a tiny run that
-reaches the threshold stops at that check, with last.ckpt, eval.json and status.json at that step and the
-check's exact match equal to one recomputed here example by example; one that cannot reach it trains to the
-cap, to the very weights of a run without checks; a resumed run keeps checking, and a run that had stopped
-stops again at once; two processes stop at the step one process stops at; bad values are one line.
+"""Training until in-distribution success (train.stop_at_exact_match, train/stopping.py): a tiny run
+that reaches the threshold stops at that check, with last.ckpt, eval.json and status.json at that
+step and the check's exact match equal to one recomputed here example by example; one that cannot
+reach it trains to the cap, to the very weights of a run without checks; a resumed run keeps
+checking, and a run that had stopped stops again at once; two processes stop at the step one process
+stops at; bad values are one line.
 Run: pytest tests/test_stopping.py -q   (about 15 s, and 35 s more for the two-process run)"""
 
 import json
@@ -48,7 +49,8 @@ TINY = [
     "eval.batch_size=16",
 ]
 EASY = [*TINY, "data.train_lengths=[1, 1]", "train.segment_len=3", "train.stop_at_exact_match=0.3"]
-"""One symbol of two: about half the held-out examples are right from the start, so the first check stops."""
+"""One symbol of two: about half the held-out examples are right from the start, so the first check
+stops."""
 HARD = [*TINY, "data.train_lengths=[1, 2]", "train.segment_len=5", "train.stop_at_exact_match=1.0"]
 """Two symbols, eight steps: never all 40 held-out examples right."""
 
@@ -62,7 +64,8 @@ def checkpoint(run_dir):
 
 
 def exact_match_by_hand(run_dir) -> float:
-    """The held-out share exactly right, one unpadded example at a time (eval mode, no randomization here)."""
+    """The held-out share exactly right, one unpadded example at a time (eval mode, no randomization
+    here)."""
     config, model = load_run(run_dir)
     held_out = examples.generate(
         config.data,

@@ -1,7 +1,8 @@
-"""Tables from collect(): mean ± std over seeds, best in bold, Welch's t-test against a baseline row (different
-models) with the table's tests one Holm-corrected family, defaults (data and the spec's `table:` block), the
-XL-Table-6 layout, Markdown / LaTeX / CSV output and the `table` command.
-Every number is checked against statistics / the Welch formula / statsmodels' Holm correction computed here.
+"""Tables from collect(): mean ± std over seeds, best in bold, Welch's t-test against a baseline row
+(different models) with the table's tests one Holm-corrected family, defaults (data and the spec's
+`table:` block), the XL-Table-6 layout, Markdown / LaTeX / CSV output and the `table` command.
+Every number is checked against statistics / the Welch formula / statsmodels' Holm correction
+computed here.
 
 Run: .venv/bin/python -m pytest tests/test_tables.py -q
 """
@@ -38,8 +39,8 @@ PPL = {
 
 
 def welch_test(a, b):
-    """Welch's test of a - b from its textbook formula (Welch–Satterthwaite degrees of freedom): the difference
-    of the means, its 95% CI and the two-sided p-value."""
+    """Welch's test of a - b from its textbook formula (Welch–Satterthwaite degrees of freedom): the
+    difference of the means, its 95% CI and the two-sided p-value."""
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     difference = statistics.mean(a) - statistics.mean(b)
     t = difference / math.sqrt(va + vb)
@@ -54,8 +55,8 @@ def welch(a, b):
 
 
 def baseline_family():
-    """The `--baseline xl` table's family on PPL: alibi against xl in each column (different runs: Welch's),
-    both tests Holm-corrected together; (raw p per column, adjusted p per column)."""
+    """The `--baseline xl` table's family on PPL: alibi against xl in each column (different runs:
+    Welch's), both tests Holm-corrected together; (raw p per column, adjusted p per column)."""
     raw = [
         welch([PPL[("alibi", s)][k] for s in range(3)], [PPL[("xl", s)][k] for s in range(3)])
         for k in range(2)
@@ -110,7 +111,8 @@ def test_defaults_mean_std_count_best_and_welch(grid):
 
 
 def test_no_welch_star_below_three_seeds(tmp_path):
-    """Two seeds a side: a t-test with one degree of freedom per side is not starred (it was before)."""
+    """Two seeds a side: a t-test with one degree of freedom per side is not starred (it was
+    before)."""
     make_grid(
         tmp_path,
         {("xl", 0): [10.0], ("xl", 1): [10.01], ("alibi", 0): [20.0], ("alibi", 1): [20.01]},
@@ -130,8 +132,8 @@ def test_no_welch_star_below_three_seeds(tmp_path):
 
 
 def protocol_runs(root):
-    """Two seeds of one run evaluated non_overlapping at 32 and 64, sliding (stride 16) at 64, and a RECL
-    ladder setting (sliding, stride 1, a subset of the targets) that grid tables leave out."""
+    """Two seeds of one run evaluated non_overlapping at 32 and 64, sliding (stride 16) at 64, and a
+    RECL ladder setting (sliding, stride 1, a subset of the targets) that grid tables leave out."""
     for seed, ppl in enumerate((10.0, 12.0)):
         make_run(
             root,
@@ -192,10 +194,11 @@ def test_markdown_renders_bold_stars_and_seed_count(grid):
     assert re.search(r"12\.13 ± 0\.15(\\\*)+ \|", alibi_row)
     assert "n=3 seeds" in text and "Welch's t-test" in text
     assert (
-        'Family "every row vs xl, column by column": 2 tests (Welch\'s t-test), Holm-corrected at α = 0.05'
-        in text
+        'Family "every row vs xl, column by column": 2 tests (Welch\'s t-test), '
+        "Holm-corrected at α = 0.05" in text
     )
-    # each test listed under the table: means, the difference with its 95% CI, raw and Holm-adjusted p
+    # each test listed under the table: means, the difference with its 95% CI, raw and Holm-adjusted
+    # p
     raw, adjusted = baseline_family()
     expected = []
     for k, column in enumerate(("eval len 32", "eval len 64")):
@@ -210,9 +213,9 @@ def test_markdown_renders_bold_stars_and_seed_count(grid):
             else "not significant"
         )
         expected.append(
-            f"- alibi ({column}) {statistics.mean(a):.2f}, xl ({column}) {statistics.mean(b):.2f}: {said} "
-            f"(Welch's t-test, difference {difference:.3f}, 95% CI [{lo:.3f}, {hi:.3f}], n = 3; "
-            f"p = {p:.2g}, Holm-adjusted p = {adjusted[k]:.2g})"
+            f"- alibi ({column}) {statistics.mean(a):.2f}, xl ({column}) "
+            f"{statistics.mean(b):.2f}: {said} (Welch's t-test, difference {difference:.3f}, 95% "
+            f"CI [{lo:.3f}, {hi:.3f}], n = 3; p = {p:.2g}, Holm-adjusted p = {adjusted[k]:.2g})"
         )
     tests = text.split("\nTests:\n", 1)[1].strip().splitlines()
     assert tests[:2] == expected and tests[3].startswith("Power: with n = 3 per side")
@@ -343,7 +346,10 @@ def test_latex_compiles(tmp_path, grid):
         make_table(collect(tmp_path / "xl"), TableOptions(layout="xl_table6"))[0],
     ]
     body = "".join(render(table, "latex") for table in tables)
-    doc = f"\\documentclass{{article}}\\usepackage{{booktabs,amssymb}}\\begin{{document}}\n{body}\\end{{document}}\n"
+    doc = (
+        f"\\documentclass{{article}}\\usepackage{{booktabs,amssymb}}\\begin{{document}}\n"
+        f"{body}\\end{{document}}\n"
+    )
     (tmp_path / "t.tex").write_text(doc)
     result = subprocess.run(
         ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
@@ -373,7 +379,8 @@ def test_csv_has_numbers(grid):
 
 
 def xl_runs(root):
-    """XL-Table-6 style runs: recurrence x encoding x loss, attention lengths via evaluation mem_len."""
+    """XL-Table-6 style runs: recurrence x encoding x loss, attention lengths via evaluation
+    mem_len."""
     spec = {  # (mem_len, encoding, loss_on): [ppl per evaluation mem_len 0, 16, 32] per seed
         (16, "ours", "full"): [[30.0, 27.0, 26.5], [30.4, 27.2, 26.7]],
         # tie at 32/48: shortest wins
@@ -472,9 +479,9 @@ def test_xl_table6_compares_the_xl_protocol_settings(tmp_path):
 
 
 def test_xl_table6_measures_each_row_the_way_it_was_trained(tmp_path):
-    """With memory: the xl settings (init at attention length 16 + 16 = 32); without: the sliding windows of
-    stride 1 (init at the training window, 16), never the xl settings that feed it memory it never had,
-    nor a sliding window of another stride."""
+    """With memory: the xl settings (init at attention length 16 + 16 = 32); without: the sliding
+    windows of stride 1 (init at the training window, 16), never the xl settings that feed it memory
+    it never had, nor a sliding window of another stride."""
     for mem, xl, sliding in ((16, (9.0, 8.0), (7.0, 6.0)), (0, (1.0, 1.0), (10.0, 9.5))):
         make_run(
             tmp_path,
@@ -591,16 +598,17 @@ def test_axis_orders_follow_grid_and_zip_columns():
 
 
 def test_latex_output_is_plain_ascii(grid):
-    """pdflatex without extra packages rejects characters like α (the family's level in a baseline caption):
-    checked here even where pdflatex is not installed."""
+    """pdflatex without extra packages rejects characters like α (the family's level in a baseline
+    caption): checked here even where pdflatex is not installed."""
     text = render(make_table(grid, TableOptions(baseline="xl"))[0], "latex")
     assert "$\\alpha$" in text and text.isascii(), [c for c in text if not c.isascii()]
 
 
 def test_table_settings_leaves_out_recl_ladders_only():
-    """Settings saving token losses at a fixed context that is one of the run's eval.recl_contexts are RECL's ladder
-    (a subset of targets), left out of plain tables; any other (a run without recl_contexts, or a setting of the
-    user's at another context or protocol, in the same run) stays."""
+    """Settings saving token losses at a fixed context that is one of the run's eval.recl_contexts
+    are RECL's ladder (a subset of targets), left out of plain tables; any other (a run without
+    recl_contexts, or a setting of the user's at another context or protocol, in the same run)
+    stays."""
     import pandas as pd
 
     from relpos_ablate.analysis.settings import table_settings

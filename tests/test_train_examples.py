@@ -1,7 +1,7 @@
-"""Training and evaluating example tasks end to end (tiny runs): eval.json has one record per test bin
-with exact match and per-token accuracy on the answers, recomputed here example by example from the
-trained model; the attention diagnostics come from the evaluation's own forward (one per batch), for
-example tasks and for streams alike; randomized positions train and evaluate.
+"""Training and evaluating example tasks end to end (tiny runs): eval.json has one record per test
+bin with exact match and per-token accuracy on the answers, recomputed here example by example from
+the trained model; the attention diagnostics come from the evaluation's own forward (one per batch),
+for example tasks and for streams alike; randomized positions train and evaluate.
 Run: pytest tests/test_train_examples.py -q"""
 
 import pytest

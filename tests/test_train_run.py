@@ -1,4 +1,5 @@
-"""One run in a run directory: the files it writes, resuming, failure records and the `train` command.
+"""One run in a run directory: the files it writes, resuming, failure records and the `train`
+command.
 
 Covers: the run-dir contract (config.yaml with vocab filled in, status.json, metrics.csv, eval.json,
 checkpoints/last.ckpt, log.txt); resume after a crash and after SIGTERM (step count continues, every
@@ -58,7 +59,8 @@ def checkpoint_step(run_dir):
 
 
 class At(L.Callback):
-    """Does `action(trainer, module)` once, after the optimizer step that reaches global step `step`."""
+    """Does `action(trainer, module)` once, after the optimizer step that reaches global step
+    `step`."""
 
     def __init__(self, step, action):
         self.step, self.action = step, action
@@ -139,8 +141,9 @@ def test_resume_continues_the_steps_and_keeps_earlier_metrics(tmp_path, stop, st
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """uninterrupted(cfg): the run dir of `cfg` trained without a stop, trained once per config in this process (a
-    crash and a SIGTERM with randomized positions resume to the same one), not once a test."""
+    """uninterrupted(cfg): the run dir of `cfg` trained without a stop, trained once per config in
+    this process (a crash and a SIGTERM with randomized positions resume to the same one), not once
+    a test."""
     runs = {}
 
     def run(cfg):
@@ -166,7 +169,8 @@ def uninterrupted(tmp_path_factory):
 def test_a_resumed_run_ends_bit_for_bit_where_the_uninterrupted_one_does(
     tmp_path, uninterrupted, stop, overrides
 ):
-    """Dropout and randomized positions draw from the random state the checkpoint keeps; memory continues."""
+    """Dropout and randomized positions draw from the random state the checkpoint keeps; memory
+    continues."""
     cfg = short("model.dropout=0.2", *overrides)
     whole = uninterrupted(cfg)
     assert train_run(cfg, tmp_path / "cut", callbacks=(At(17, stop),)) in ("failed", "interrupted")
@@ -219,8 +223,9 @@ def test_learned_positions_beyond_their_table_are_recorded_not_fatal(tmp_path):
 
 
 def test_a_rerun_with_the_same_thread_count_evaluates_bit_for_bit_the_same(tmp_path):
-    """The README's promise for the same machine, torch and thread count: one training in this process and
-    one through `train` in a fresh process, 1 thread each, write identical eval.json files (with dropout)."""
+    """The README's promise for the same machine, torch and thread count: one training in this
+    process and one through `train` in a fresh process, 1 thread each, write identical eval.json
+    files (with dropout)."""
     cfg = short("model.dropout=0.1", "train.max_steps=10")
     assert train_run(cfg, tmp_path / "here") == "done"
     (tmp_path / "again.yaml").write_text(yaml.safe_dump(to_plain(cfg)))
@@ -271,7 +276,8 @@ def test_cli_runs_from_the_run_dir_config_and_exits_by_state(tmp_path, capsys):
 
 
 def text_run(tmp_path, *overrides):
-    """`train` argv of a char-level run on local files: a train split of 2,000 characters, a valid split of 600."""
+    """`train` argv of a char-level run on local files: a train split of 2,000 characters, a valid
+    split of 600."""
     (tmp_path / "train.txt").write_text("to be or not to be\n" * 105)
     (tmp_path / "valid.txt").write_text("abcdefghi\n" * 60)
     cfg = tmp_path / "cfg.yaml"
@@ -334,7 +340,8 @@ def test_cli_ctrl_c_says_the_run_is_interrupted_and_how_to_resume(tmp_path, caps
 def test_an_evaluation_the_text_split_cannot_feed_is_bad_input_before_any_training_step(
     tmp_path, capsys
 ):
-    """600 valid tokens in 8 streams leave 74 targets per stream: segment_len 128 is named before training."""
+    """600 valid tokens in 8 streams leave 74 targets per stream: segment_len 128 is named before
+    training."""
     argv = text_run(
         tmp_path, "eval.settings=[{segment_len: 16}, {segment_len: 128}]", "eval.batch_size=8"
     )
@@ -343,8 +350,9 @@ def test_an_evaluation_the_text_split_cannot_feed_is_bad_input_before_any_traini
     assert "Traceback" not in err and [
         line for line in err.splitlines() if line.startswith("error")
     ] == [
-        "error: eval.settings[1].segment_len: 128 does not fit the valid split: its 600 tokens cut into "
-        "eval.batch_size=8 streams leave 74 targets per stream; use segment_len <= 74 (or fewer streams)"
+        "error: eval.settings[1].segment_len: 128 does not fit the valid split: its 600 tokens "
+        "cut into eval.batch_size=8 streams leave 74 targets per stream; use segment_len <= 74 "
+        "(or fewer streams)"
     ]
     assert (
         not (tmp_path / "run" / "metrics.csv").exists()
@@ -366,8 +374,8 @@ def test_an_evaluation_the_text_split_cannot_feed_is_bad_input_before_any_traini
 def test_a_training_split_too_short_is_bad_input_too_and_the_wall_time_counts_the_start_up(
     tmp_path, capsys, monkeypatch
 ):
-    """status.json's wall time (status's elapsed) runs from the command's start, its start-up included
-    (here a slow config read stands for importing torch and reading the data)."""
+    """status.json's wall time (status's elapsed) runs from the command's start, its start-up
+    included (here a slow config read stands for importing torch and reading the data)."""
     import relpos_ablate.cli.train as cli_train
 
     def slow(*args):

@@ -44,7 +44,8 @@ def run_config(directory: Path) -> dict:
 
 
 def console_script(directory: Path, *argv: str) -> subprocess.CompletedProcess:
-    """`relpos-ablate ARGV` run from `directory` as the console script runs, with only the package on PYTHONPATH."""
+    """`relpos-ablate ARGV` run from `directory` as the console script runs, with only the package
+    on PYTHONPATH."""
     script = directory.parent / "bin" / "relpos-ablate"
     script.parent.mkdir(exist_ok=True)
     script.write_text(CONSOLE_SCRIPT)
@@ -78,8 +79,8 @@ def assert_trained_the_gaussian(run_dir: Path) -> None:
 
 @pytest.fixture
 def in_work_dir(tmp_path, monkeypatch):
-    """The README's files in a fresh working directory, entered as `relpos-ablate` would be run from it;
-    the registry, sys.path and sys.modules are restored afterwards."""
+    """The README's files in a fresh working directory, entered as `relpos-ablate` would be run from
+    it; the registry, sys.path and sys.modules are restored afterwards."""
     work = write_example(tmp_path / "work")
     (work / "run.yaml").write_text(yaml.safe_dump(run_config(work)))
     monkeypatch.chdir(work)
@@ -91,8 +92,9 @@ def in_work_dir(tmp_path, monkeypatch):
 
 
 def test_a_grid_runs_the_readme_scheme_by_name_in_its_workers(in_work_dir, capsys):
-    """The grid as the console script, then its dry-run rerun in this process from the same directory (the
-    import of my_schemes through `imports:` again, without another interpreter importing torch for it)."""
+    """The grid as the console script, then its dry-run rerun in this process from the same
+    directory (the import of my_schemes through `imports:` again, without another interpreter
+    importing torch for it)."""
     work = in_work_dir
     base = run_config(work)
     spec = {"name": "mine", "base": base, "grid": {"encoding": ["gaussian"]}}
@@ -121,8 +123,8 @@ def test_without_the_module_on_the_path_the_error_names_it_once(in_work_dir, cap
     (in_work_dir / "my_schemes.py").rename(in_work_dir / "elsewhere.py")
     assert main(["train", "--config", "run.yaml", "--run-dir", "runs/gaussian"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "error: imports[0]: cannot import 'my_schemes' (ModuleNotFoundError: No module named 'my_schemes'); "
-        "the module must be on PYTHONPATH or in the working directory"
+        "error: imports[0]: cannot import 'my_schemes' (ModuleNotFoundError: No module named "
+        "'my_schemes'); the module must be on PYTHONPATH or in the working directory"
     ]
     assert not (in_work_dir / "runs").exists()
     spec = {

@@ -1,4 +1,5 @@
-"""Results dir -> pandas (collect) -> paper-style tables (tables, render) and figures (plots, figures)."""
+"""Results dir -> pandas (collect) -> paper-style tables (tables, render) and figures (plots,
+figures)."""
 
 from relpos_ablate.analysis.collect import collect
 from relpos_ablate.analysis.layouts import make_table

@@ -1,17 +1,17 @@
 """`table --best-over KEY`: each row at its own best value of KEY, as papers tune every baseline's
 learning rate before comparing them.
 
-For every row (the row keys, KEY not among them) and column (an evaluation setting), the cell reads the
-runs of the KEY value whose metric on the selection split (valid) is best: the mean over seeds of the
-same row, the same column and that value, scored on the selection split. It then reports the metric of
-those runs on the report split (test): mean ± std over their seeds, bold and the tests against a baseline as in any
-grid table (tables.grid_table, on the chosen runs). The picked value is shown next to the cell: one
-label column when the table has one column, else a column after each value column. Ties go to the
-value first in the spec's axis order (else the smaller number).
+For every row (the row keys, KEY not among them) and column (an evaluation setting), the cell reads
+the runs of the KEY value whose metric on the selection split (valid) is best: the mean over seeds
+of the same row, the same column and that value, scored on the selection split. It then reports the
+metric of those runs on the report split (test): mean ± std over their seeds, bold and the tests
+against a baseline as in any grid table (tables.grid_table, on the chosen runs). The picked value is
+shown next to the cell: one label column when the table has one column, else a column after each
+value column. Ties go to the value first in the spec's axis order (else the smaller number).
 
 Selecting on the split that is reported would be tuning on the test set; the two splits are the same
-runs scored twice (an evaluation setting's `split`), so a row's pick and its report come from the same
-trained models.
+runs scored twice (an evaluation setting's `split`), so a row's pick and its report come from the
+same trained models.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from relpos_ablate.config import ConfigError
 def best_over_table(
     df: pd.DataFrame, options: TableOptions, orders: dict[str, list] | None = None
 ) -> Table:
-    """The grid table at each cell's best value of options.best_over (module docstring); options resolved."""
+    """The grid table at each cell's best value of options.best_over (module docstring); options
+    resolved."""
     orders = orders or {}
     key, rows, cols, metric = (
         options.best_over,
@@ -114,8 +115,8 @@ def pick_values(
     metric: str,
     orders: dict[str, list],
 ) -> dict[tuple, object]:
-    """{row + column key: the value of `key` with the best seed-mean metric in `select`} (ties: the first
-    in sort_key order)."""
+    """{row + column key: the value of `key` with the best seed-mean metric in `select`} (ties: the
+    first in sort_key order)."""
     means: dict[tuple, list[tuple[object, float]]] = {}
     for k, values in values_by_key(select, [*rows, key, *cols], metric).items():
         cell = k[: len(rows)] + k[len(rows) + 1 :]
@@ -137,7 +138,8 @@ def _with_picks(
     options: TableOptions,
     missing: list[str],
 ) -> Table:
-    """The table with the picked value of every cell beside it, and a caption saying how it was picked."""
+    """The table with the picked value of every cell beside it, and a caption saying how it was
+    picked."""
     row_of = {tuple(label(v) for v in k[: len(rows)]): k[: len(rows)] for k in picks}
     col_of = {column_label(cols, k[len(rows) :], metric): k[len(rows) :] for k in picks}
     name = short_name(key)
@@ -158,9 +160,10 @@ def _with_picks(
         index, columns = table.index, [x for c in header for x in (c, f"{name} ({c})")]
     better = "highest" if metric_direction(metric) == "max" else "lowest"
     caption = (
-        f"{options.report_split} {metric} at each row's best {key}: per cell, the {key} whose mean "
-        f"{options.select_split} {metric} over seeds at the same evaluation setting is {better} (ties: the "
-        f"first in the spec's order), shown in the {name} column{'' if len(table.columns) == 1 else 's'}. "
+        f"{options.report_split} {metric} at each row's best {key}: per cell, the {key} whose "
+        f"mean {options.select_split} {metric} over seeds at the same evaluation setting is "
+        f"{better} (ties: the first in the spec's order), shown in the {name} "
+        f"column{'' if len(table.columns) == 1 else 's'}. "
         + table.caption
         + (
             f" No {options.report_split} {metric} at the picked {key} for: {'; '.join(missing)}."

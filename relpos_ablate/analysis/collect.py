@@ -34,10 +34,12 @@ SETTING_FIELDS = (
     "rope_scale",
     "split",
 )
-"""Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol; rope_scale:
-the factor s of the setting's RoPE context extension, resolved; split: the text split scored, valid or test)."""
+"""Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol;
+rope_scale: the factor s of the setting's RoPE context extension, resolved; split: the text split
+scored, valid or test)."""
 NOT_SETTING_FIELDS = ("metrics", "error", "diagnostics", "position_loss", "token_losses")
-"""Keys of a setting record that are not plain setting columns (diagnostics: analysis/diagnostics.py reads them)."""
+"""Keys of a setting record that are not plain setting columns (diagnostics: analysis/diagnostics.py
+reads them)."""
 RUN_COLUMNS = (
     "run_id",
     "experiment",
@@ -49,11 +51,13 @@ RUN_COLUMNS = (
     "max_steps",
     "stopped",
 )
-"""Per-run columns first in every collected frame (stopped: why training ended, with train.stop_at_exact_match)."""
+"""Per-run columns first in every collected frame (stopped: why training ended, with
+train.stop_at_exact_match)."""
 
 
 def flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
-    """Nested dict -> {"a.b.c": leaf}; lists become compact JSON strings so columns stay hashable."""
+    """Nested dict -> {"a.b.c": leaf}; lists become compact JSON strings so columns stay
+    hashable."""
     flat: dict[str, Any] = {}
     for key, value in mapping.items():
         path = f"{prefix}{key}"
@@ -67,7 +71,8 @@ def flatten(mapping: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _read_mapping(path: Path, problems: list[str], required: bool) -> dict | None:
-    """A JSON or YAML mapping, or None with a problem line when it is missing, truncated or not a mapping."""
+    """A JSON or YAML mapping, or None with a problem line when it is missing, truncated or not a
+    mapping."""
     if not path.exists():
         if required:
             problems.append(f"{path}: missing")
@@ -119,8 +124,8 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
 
 
 def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list[dict], dict]:
-    """One dict per evaluation setting in eval.json (setting fields + metrics), and the run-level fields
-    (main_metric, the reference's name and metrics)."""
+    """One dict per evaluation setting in eval.json (setting fields + metrics), and the run-level
+    fields (main_metric, the reference's name and metrics)."""
     path = run_dir / rundir.EVAL
     if not path.exists():
         if status == "done":
@@ -143,7 +148,8 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
         # its place in eval.json: loss by position and token losses are found by it
         row["eval_setting"] = k
         row["token_losses"] = setting.get("token_losses")
-        # fields a setting record adds (e.g. an example task's length_min, length_max, depth), as written
+        # fields a setting record adds (e.g. an example task's length_min, length_max, depth), as
+        # written
         row.update(
             {
                 name: value
@@ -169,12 +175,12 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
 
 
 def _add_ladder_losses(run_dir: Path, rows: list[dict], problems: list[str]) -> None:
-    """ladder_loss and ladder_targets on each of a run's fixed-context settings that saved their token losses
-    (sliding windows at stride 1, or memory with protocol xl: every target sees exactly attn_len tokens) when
-    it has two or more: the mean loss on the targets with the longest such context in their stream, which
-    every one of them scores with its full context (RECL's shared targets; analysis/recl.py). Unlike ppl,
-    these compare contexts on the same targets, without each stream's first window; kept in summary.csv,
-    they outlive the token-loss files."""
+    """ladder_loss and ladder_targets on each of a run's fixed-context settings that saved their
+    token losses (sliding windows at stride 1, or memory with protocol xl: every target sees exactly
+    attn_len tokens) when it has two or more: the mean loss on the targets with the longest such
+    context in their stream, which every one of them scores with its full context (RECL's shared
+    targets; analysis/recl.py). Unlike ppl, these compare contexts on the same targets, without each
+    stream's first window; kept in summary.csv, they outlive the token-loss files."""
     ladder = [
         row
         for row in rows
@@ -218,7 +224,8 @@ def run_name(run: pd.Series) -> str:
 
 
 def run_names(frame: pd.DataFrame) -> str:
-    """The names of a frame's runs for a title: their experiments (and run dir names), sorted, once each."""
+    """The names of a frame's runs for a title: their experiments (and run dir names), sorted, once
+    each."""
     return ", ".join(
         sorted({run_name(run) for _, run in frame.drop_duplicates("run_dir").iterrows()})
     )
@@ -237,15 +244,16 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
     """One row per (run, evaluation setting) for every run dir at or below `results_dir`.
 
     Columns: run_id, experiment (None for a run trained by `train` alone, without run.json), status,
-    reason, seed, wall_time_s, step, max_steps, stopped (exact_match or max_steps: why training ended, when
-    train.stop_at_exact_match is set), the variant axes from run.json, the evaluation setting (protocol, segment_len, stride, mem_len, clamp_len,
-    same_length, attn_len, max_targets, rope_scaling, rope_scale, split), the metrics (ppl, acc, loss, bpc,
-    tokens, ... as eval.json has them), main_metric, eval_setting (the setting's index in eval.json),
-    token_losses (its array in token_losses.npz, if saved), reference and reference_<metric> (the
-    unigram or chance baseline), eval_error (why a setting was not evaluated, if so), run_dir, spec (the
-    grid spec path from run.json), then every flattened config field (`model.attention.terms`, ...). Runs
-    without eval.json (queued, running, failed, broken) get one row with NaN metrics. The loss by
-    position: analysis.positions.position_frame(df); token losses: analysis.recl.token_loss_frame(df).
+    reason, seed, wall_time_s, step, max_steps, stopped (exact_match or max_steps: why training
+    ended, when train.stop_at_exact_match is set), the variant axes from run.json, the evaluation
+    setting (protocol, segment_len, stride, mem_len, clamp_len, same_length, attn_len, max_targets,
+    rope_scaling, rope_scale, split), the metrics (ppl, acc, loss, bpc, tokens, ... as eval.json has
+    them), main_metric, eval_setting (the setting's index in eval.json), token_losses (its array in
+    token_losses.npz, if saved), reference and reference_<metric> (the unigram or chance baseline),
+    eval_error (why a setting was not evaluated, if so), run_dir, spec (the grid spec path from
+    run.json), then every flattened config field (`model.attention.terms`, ...). Runs without
+    eval.json (queued, running, failed, broken) get one row with NaN metrics. The loss by position:
+    analysis.positions.position_frame(df); token losses: analysis.recl.token_loss_frame(df).
 
     attrs: "problems" (one line each), "variant_axes", "metrics", "results_dir".
     """
@@ -272,7 +280,8 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
 
 
 def _column_order(rows: list[dict], axes: list[str], metrics: list[str]) -> list[str]:
-    """Run columns, variant axes, setting, metrics, main_metric, then config fields in file order."""
+    """Run columns, variant axes, setting, metrics, main_metric, then config fields in file
+    order."""
     head = [
         *RUN_COLUMNS,
         *axes,
@@ -290,9 +299,9 @@ def _column_order(rows: list[dict], axes: list[str], metrics: list[str]) -> list
 
 
 def read_summary(path) -> pd.DataFrame:
-    """A committed summary.csv as the frame `collect` gave (what the report functions and the extrapolation
-    figure read), its attrs restored from collect's column order: run columns, variant axes, setting fields,
-    metrics, then main_metric (analysis/collect.py, _column_order)."""
+    """A committed summary.csv as the frame `collect` gave (what the report functions and the
+    extrapolation figure read), its attrs restored from collect's column order: run columns, variant
+    axes, setting fields, metrics, then main_metric (analysis/collect.py, _column_order)."""
     frame = pd.read_csv(path)
     columns = list(frame.columns)
     first_setting = min(
@@ -310,11 +319,13 @@ def read_summary(path) -> pd.DataFrame:
 
 
 def merge_frames(found: pd.DataFrame, earlier: pd.DataFrame) -> pd.DataFrame:
-    """The rows of `found` plus those of `earlier` (a summary.csv read back) for the runs `found` lacks.
+    """The rows of `found` plus those of `earlier` (a summary.csv read back) for the runs `found`
+    lacks.
 
-    A committed study keeps its summary.csv, not its run dirs: seeds or runs added later are collected from
-    their run dirs and merged with it. A run in both takes its rows from `found` (the run dirs are the
-    source). Columns in collect's order (_column_order) over the union of both; attrs: the union of both."""
+    A committed study keeps its summary.csv, not its run dirs: seeds or runs added later are
+    collected from their run dirs and merged with it. A run in both takes its rows from `found` (the
+    run dirs are the source). Columns in collect's order (_column_order) over the union of both;
+    attrs: the union of both."""
     kept = earlier[~earlier["run_id"].isin(set(found["run_id"]))]
     axes, metrics = (
         [*dict.fromkeys([*earlier.attrs.get(key, []), *found.attrs.get(key, [])])]

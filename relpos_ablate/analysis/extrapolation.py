@@ -1,11 +1,12 @@
 """`plot --kind extrapolation`: the metric against evaluation length, from `collect` alone.
 
-A figure for a paper as it is: one panel per protocol (or another field), a colour per line and a line style
-per family of encodings (absolute, rotary, bias, data-dependent, other), at most MAX_LINES lines a panel (more:
-the families go to rows of panels, each row with its own legend and y range), optionally as the ratio to each
-run's metric at its training length (`y="ratio"`), which puts every line at 1 where training stopped and shows
-how each encoding degrades or improves whatever its level there. The y range is set by the seed means, never by
-a seed band (a wild seed would squeeze the lines that matter); lines that coincide are drawn once and said so.
+A figure for a paper as it is: one panel per protocol (or another field), a colour per line and a
+line style per family of encodings (absolute, rotary, bias, data-dependent, other), at most
+MAX_LINES lines a panel (more: the families go to rows of panels, each row with its own legend and y
+range), optionally as the ratio to each run's metric at its training length (`y="ratio"`), which
+puts every line at 1 where training stopped and shows how each encoding degrades or improves
+whatever its level there. The y range is set by the seed means, never by a seed band (a wild seed
+would squeeze the lines that matter); lines that coincide are drawn once and said so.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ FAMILY_STYLES = {
     "other": (0, (5, 1.5, 1, 1.5, 1, 1.5)),
 }
 OVERLAP = 0.005
-"""Lines whose means differ by less than this share of the panel's y span at every length hide each other:
-drawn once, the legend (or the panel) names them."""
+"""Lines whose means differ by less than this share of the panel's y span at every length hide each
+other: drawn once, the legend (or the panel) names them."""
 X_LABELS = {
     "segment_len": "evaluation length (tokens per segment)",
     "attn_len": "attention length (keys per query)",
@@ -106,8 +107,9 @@ def build_extrapolation(
     split_families: bool = False,
     where: tuple[str, ...] | None = None,
 ) -> tuple[Figure, list[str]]:
-    """(figure, notes): a column of panels per panel value, a row per family group (family_rows), and with
-    y='ratio' a last row zooming on the lines that stay within ZOOM of their training-length value."""
+    """(figure, notes): a column of panels per panel value, a row per family group (family_rows),
+    and with y='ratio' a last row zooming on the lines that stay within ZOOM of their
+    training-length value."""
     layout = extrapolation_lines(df, metric, x, y, panels, where)
     set_identities(layout)
     groups = group_rows(layout.lines, split_families)
@@ -180,7 +182,8 @@ def build_extrapolation(
 
 
 def _distinct(colors: list, identities: list[tuple]) -> dict:
-    """The given colours (each line's colour in its family row), a free tab10 colour where two would repeat."""
+    """The given colours (each line's colour in its family row), a free tab10 colour where two would
+    repeat."""
     free = [c for c in _colors(10) if c not in colors]
     chosen: dict[tuple, object] = {}
     for identity, color in zip(identities, colors):
@@ -193,8 +196,8 @@ def _colors(count: int) -> list:
 
 
 def _limits(layout: Layout, lines: list[Line]) -> tuple[float, float, bool]:
-    """(low, high, log) of a row's y axis from the seed means of its lines (never the bands); the ratio's 1 and a
-    reference level (unigram, chance) within one span of the lines are included."""
+    """(low, high, log) of a row's y axis from the seed means of its lines (never the bands); the
+    ratio's 1 and a reference level (unigram, chance) within one span of the lines are included."""
     means = np.concatenate([ln.mean for ln in lines]) if lines else np.array([1.0])
     means = means[np.isfinite(means)]
     low, high = float(means.min()), float(means.max())
@@ -219,7 +222,8 @@ def _limits(layout: Layout, lines: list[Line]) -> tuple[float, float, bool]:
 
 
 def _reference_levels(layout: Layout) -> list[float]:
-    """The runs' shared reference level (unigram, chance) in the metric's units: none for a ratio."""
+    """The runs' shared reference level (unigram, chance) in the metric's units: none for a
+    ratio."""
     if layout.y == "ratio":
         return []
     column = f"reference_{layout.metric}"
@@ -228,7 +232,8 @@ def _reference_levels(layout: Layout) -> list[float]:
 
 
 def _close(a: Line, b: Line, limits: tuple[float, float, bool]) -> bool:
-    """Whether two lines hide each other: the same lengths, means within OVERLAP of the y span everywhere."""
+    """Whether two lines hide each other: the same lengths, means within OVERLAP of the y span
+    everywhere."""
     if a.xs != b.xs:
         return False
     low, high, log = limits
@@ -251,7 +256,8 @@ def _overlap_groups(lines: list[Line], limits) -> list[list[Line]]:
 
 
 def _overlaps_everywhere(lines: list[Line], limits) -> list[tuple]:
-    """Groups of identities that coincide in every panel where they are drawn: one legend entry each."""
+    """Groups of identities that coincide in every panel where they are drawn: one legend entry
+    each."""
     panels = {ln.panel for ln in lines}
     together = None
     for panel in panels:
@@ -278,8 +284,9 @@ def _overlaps_everywhere(lines: list[Line], limits) -> list[tuple]:
 def _draw_panel(
     ax, layout: Layout, lines: list[Line], colors: dict, limits, merged: list[tuple]
 ) -> None:
-    """The panel's lines (seed mean, ± std band), each coinciding group drawn once (named in the legend when it
-    coincides in every panel, else in a note in the panel's corner); axes as _format_axes."""
+    """The panel's lines (seed mean, ± std band), each coinciding group drawn once (named in the
+    legend when it coincides in every panel, else in a note in the panel's corner); axes as
+    _format_axes."""
     low, high, log = limits
     hidden = {identity for group in merged for identity in group[1:]}
     local = [
@@ -328,8 +335,8 @@ def _draw_panel(
 
 
 def _format_axes(ax, layout: Layout, limits) -> None:
-    """Log-2 x for length sweeps with the training length dotted; y from `limits` (plain tick labels on a log
-    axis); the ratio's 1 or the reference level dashed."""
+    """Log-2 x for length sweeps with the training length dotted; y from `limits` (plain tick labels
+    on a log axis); the ratio's 1 or the reference level dashed."""
     low, high, log = limits
     xs = sorted({v for ln in layout.lines for v in ln.xs})
     if xs and xs[0] > 0 and xs[-1] / xs[0] >= 4:
@@ -379,8 +386,9 @@ def _legend_handles(
     merged: list[tuple],
     limits: tuple[float, float, bool],
 ):
-    """A legend entry per identity of the row (coinciding ones as one, 'A / B (overlap)'), then the marks the
-    row's panels draw (the training length when the runs share one, the reference level within the y range)."""
+    """A legend entry per identity of the row (coinciding ones as one, 'A / B (overlap)'), then the
+    marks the row's panels draw (the training length when the runs share one, the reference level
+    within the y range)."""
     families = {ln.identity: ln.family for ln in lines}
     hidden = {identity for g in merged for identity in g[1:]}
     handles = []
@@ -413,7 +421,8 @@ def _legend_handles(
 
 
 def _overlap_name(layout: Layout, members: tuple) -> str:
-    """`encoding=xl, terms=abcd / ab / ad (overlap)`: the first line's label, then what differs in the others."""
+    """`encoding=xl, terms=abcd / ab / ad (overlap)`: the first line's label, then what differs in
+    the others."""
     first = _name(layout, members[0]).split(", ")
     rest = []
     for identity in members[1:]:

@@ -1,7 +1,7 @@
-"""The lines of the extrapolation figure (extrapolation.py draws them): one per variant, setting and panel, with
-its runs' values per length (or their ratios to each run's value at its training length), the encoding family
-of each, and how the lines are grouped into rows of panels (at most MAX_LINES a panel; a zoomed row for the
-lines that hold)."""
+"""The lines of the extrapolation figure (extrapolation.py draws them): one per variant, setting and
+panel, with its runs' values per length (or their ratios to each run's value at its training
+length), the encoding family of each, and how the lines are grouped into rows of panels (at most
+MAX_LINES a panel; a zoomed row for the lines that hold)."""
 
 from __future__ import annotations
 
@@ -33,23 +33,25 @@ from relpos_ablate.config.base import check_choice
 
 FAMILIES = ("absolute", "rotary", "bias", "data-dependent", "other")
 MAX_LINES = 10
-"""Lines a panel holds at most (distinct colours of tab10); more, and the families go to rows of panels."""
+"""Lines a panel holds at most (distinct colours of tab10); more, and the families go to rows of
+panels."""
 ZOOM = 1.15
-"""y='ratio': lines within this factor of their training-length value at every length get a zoomed row when
-others leave ZOOM² (the encodings that extrapolate would otherwise share a sliver of the axis)."""
+"""y='ratio': lines within this factor of their training-length value at every length get a zoomed
+row when others leave ZOOM² (the encodings that extrapolate would otherwise share a sliver of the
+axis)."""
 Y_MODES = ("value", "ratio")
 LENGTH_FIELDS = {
     "segment_len": ("segment_len", "attn_len", "rope_scale"),
     "attn_len": ("attn_len", "segment_len", "mem_len", "rope_scale"),
 }
-"""Setting fields that move with the x axis (attn_len: a protocol's segment_len and memory; rope_scale: auto
-follows the length): not a line each."""
+"""Setting fields that move with the x axis (attn_len: a protocol's segment_len and memory;
+rope_scale: auto follows the length): not a line each."""
 
 
 def family(record) -> str:
-    """The encoding family of a run, from its attention config: absolute (sinusoid / learned positions at the
-    input), rotary (RoPE, xPos), data-dependent (FoX's forget gate, CoPE), bias (a bias type), other (XL's
-    terms, Shaw's table, NoPE)."""
+    """The encoding family of a run, from its attention config: absolute (sinusoid / learned
+    positions at the input), rotary (RoPE, xPos), data-dependent (FoX's forget gate, CoPE), bias (a
+    bias type), other (XL's terms, Shaw's table, NoPE)."""
 
     def get(name):
         return normalized(record.get(f"model.attention.{name}"))
@@ -111,11 +113,12 @@ def extrapolation_lines(
     panels: str | None = None,
     where: tuple[str, ...] | None = None,
 ) -> Layout:
-    """The lines of the extrapolation figure: rows and metric from the options (command line, the spec's `table:`
-    block, the data); settings that differ in more than x (protocol, stride, RoPE extension) give lines of their
-    own, and `panels` (default: the protocol, when it varies) a panel each. y='ratio': each run's values over its
-    own value at its training length (x = train.segment_len, + model.mem_len for attn_len), under the same
-    setting when evaluated there, else its plain setting (no RoPE extension) of the same protocol."""
+    """The lines of the extrapolation figure: rows and metric from the options (command line, the
+    spec's `table:` block, the data); settings that differ in more than x (protocol, stride, RoPE
+    extension) give lines of their own, and `panels` (default: the protocol, when it varies) a panel
+    each. y='ratio': each run's values over its own value at its training length (x =
+    train.segment_len, + model.mem_len for attn_len), under the same setting when evaluated there,
+    else its plain setting (no RoPE extension) of the same protocol."""
     check_choice("y", y, Y_MODES)
     spec = read_spec(df)
     options = resolve_options(df, TableOptions(metric=metric, cols=(x,), where=where), spec)
@@ -173,8 +176,9 @@ def extrapolation_lines(
 def _references(
     data: pd.DataFrame, x: str, metric: str, split: list[str], panel_fields: list[str]
 ) -> dict:
-    """(run_dir, setting, panel) -> the run's metric at its training length: under that setting when the run
-    was evaluated there, else under its plain setting of the same panel (no RoPE extension), else any plain one."""
+    """(run_dir, setting, panel) -> the run's metric at its training length: under that setting when
+    the run was evaluated there, else under its plain setting of the same panel (no RoPE extension),
+    else any plain one."""
     at_train = data[data[x] == data["_train"]]
     found: dict[tuple, float] = {}
     for run_dir, rows in data.groupby("run_dir"):
@@ -196,9 +200,9 @@ def _references(
 
 
 def family_rows(lines: list[Line], split_all: bool = False) -> list[list[str]]:
-    """The families of each row of panels: one row when every panel holds at most MAX_LINES lines, else
-    consecutive families packed into rows of at most MAX_LINES line identities (a family with more is
-    split); `split_all`: one row per family."""
+    """The families of each row of panels: one row when every panel holds at most MAX_LINES lines,
+    else consecutive families packed into rows of at most MAX_LINES line identities (a family with
+    more is split); `split_all`: one row per family."""
     present = [f for f in FAMILIES if any(ln.family == f for ln in lines)]
     count = {f: len({ln.identity for ln in lines if ln.family == f}) for f in present}
     per_panel = max(
@@ -218,9 +222,10 @@ def family_rows(lines: list[Line], split_all: bool = False) -> list[list[str]]:
 
 
 def zoomed(layout: Layout) -> list[tuple]:
-    """With y='ratio': the identities whose every mean stays within a factor ZOOM of 1, when there are at least
-    two and some other line leaves [1/ZOOM², ZOOM²]: the lines that hold are then squeezed into a sliver of
-    their row's y range, and get a row of their own (at most MAX_LINES, in figure order)."""
+    """With y='ratio': the identities whose every mean stays within a factor ZOOM of 1, when there
+    are at least two and some other line leaves [1/ZOOM², ZOOM²]: the lines that hold are then
+    squeezed into a sliver of their row's y range, and get a row of their own (at most MAX_LINES, in
+    figure order)."""
     if layout.y != "ratio":
         return []
     means = {}
@@ -234,9 +239,9 @@ def zoomed(layout: Layout) -> list[tuple]:
 
 
 def set_identities(layout: Layout) -> None:
-    """A line's identity (its colour and legend entry): the variant and the setting fields that vary within some
-    panel (a RoPE extension); a field constant within each panel (the sliding panel's stride) is named in the
-    panel's title instead, so a variant keeps one colour in every panel."""
+    """A line's identity (its colour and legend entry): the variant and the setting fields that vary
+    within some panel (a RoPE extension); a field constant within each panel (the sliding panel's
+    stride) is named in the panel's title instead, so a variant keeps one colour in every panel."""
     panels = {ln.panel for ln in layout.lines}
     kept = [
         k
@@ -260,7 +265,8 @@ def set_identities(layout: Layout) -> None:
 
 
 def panel_setting(layout: Layout, panel: tuple) -> str:
-    """The setting fields every line of a panel shares and no identity names, as a title part (`stride 64`)."""
+    """The setting fields every line of a panel shares and no identity names, as a title part
+    (`stride 64`)."""
     mine = [ln for ln in layout.lines if ln.panel == panel]
     fields = [
         (f, mine[0].setting[k])

@@ -31,8 +31,8 @@ MAX_HEATMAP_HEADS = 8
 
 
 def bias_sources(model) -> list[str]:
-    """'bias' when the attention adds a bias-type encoding, 'd' when term d is on, 'decay' with FoX's
-    forget gate (its curve is read from a sample: `decay_curves`), 'xpos' with xPos."""
+    """'bias' when the attention adds a bias-type encoding, 'd' when term d is on, 'decay' with
+    FoX's forget gate (its curve is read from a sample: `decay_curves`), 'xpos' with xPos."""
     return [s for s in SOURCES if any(_has(attn.config, s) for attn in model.attention_layers())]
 
 
@@ -40,7 +40,8 @@ SOURCES = ("bias", "d", "decay", "xpos")
 
 
 def _has(cfg, source: str) -> bool:
-    """Whether one layer's attention has this curve (a layer pattern may give it to some layers only)."""
+    """Whether one layer's attention has this curve (a layer pattern may give it to some layers
+    only)."""
     return {
         "bias": cfg.bias != "none",
         "d": "d" in cfg.terms,
@@ -82,9 +83,9 @@ def bias_panels(model, source: str) -> list[tuple[str, object]]:
 
 
 def decay_curves(model, details: dict, n_mem: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """FoX's decay read from `model.inspect` output: per attention layer (by id), the mean of D_ij over
-    the sample's (query, key) pairs at each distance r = i' - j, [H, n], and each head's mean log-gate
-    per token (the slope of that curve, D_{i,i-1} = log f_i), [H]."""
+    """FoX's decay read from `model.inspect` output: per attention layer (by id), the mean of D_ij
+    over the sample's (query, key) pairs at each distance r = i' - j, [H, n], and each head's mean
+    log-gate per token (the slope of that curve, D_{i,i-1} = log f_i), [H]."""
     curves = {}
     for attn, terms in zip(model.attention_layers(), details["terms"]):
         decay = terms["decay"].double()  # (B, H, L, M + L)
@@ -120,7 +121,8 @@ def distance_range(causal: bool, max_distance: int) -> np.ndarray:
 
 
 def marks(attn, source: str) -> list[float]:
-    """Distances where the scheme changes regime: bucket edges and table clamps, or R's clamp_len."""
+    """Distances where the scheme changes regime: bucket edges and table clamps, or R's
+    clamp_len."""
     if source == "bias":
         return list(attn.bias_scheme.boundaries())
     clamp = attn.config.clamp_len
@@ -141,8 +143,9 @@ def draw_bias_curves(
     decays: dict | None = None,
 ) -> None:
     """One curve per head of `attn`'s bias (or term d, or FoX's decay on a sample: `decays` from
-    decay_curves) against distance, or per rotary pair of xPos's decay; boundaries marked. Overlaying
-    several seeds: a linestyle each, and `first` only for the first (it labels the heads and marks)."""
+    decay_curves) against distance, or per rotary pair of xPos's decay; boundaries marked.
+    Overlaying several seeds: a linestyle each, and `first` only for the first (it labels the heads
+    and marks)."""
     if source == "xpos":
         curves, labels = _xpos_curves(attn, distances)
     elif source == "decay":
@@ -207,8 +210,9 @@ def bias_figure(
     title: str = "",
     decays: dict | None = None,
 ) -> Figure:
-    """Every layer's (or the shared module's) per-head bias and term-d curves, FoX's decay on a sample
-    (`decays`, from decay_curves; needed with a forget gate) and xPos's decay, one row per source."""
+    """Every layer's (or the shared module's) per-head bias and term-d curves, FoX's decay on a
+    sample (`decays`, from decay_curves; needed with a forget gate) and xPos's decay, one row per
+    source."""
     rows = [
         (source, bias_panels(model, source))
         for source in check_has_bias(model, title or "this model")
@@ -267,8 +271,8 @@ def draw_map(ax, values: np.ndarray, n_mem: int, cmap: str, norm=None, labels: b
 def attention_figure(
     details: dict, n_mem: int, title: str = "", names: list[str] | None = None
 ) -> Figure:
-    """Attention probabilities for sample 0: a layer x head grid, memory columns left of the red line; names: each
-    layer's title (TransformerLM.layer_names; default `layer k`)."""
+    """Attention probabilities for sample 0: a layer x head grid, memory columns left of the red
+    line; names: each layer's title (TransformerLM.layer_names; default `layer k`)."""
     probs = details["probs"]  # per layer [B, H, L, M + L]
     n_layers, n_heads = len(probs), min(probs[0].shape[1], MAX_HEATMAP_HEADS)
     fig = Figure(figsize=(2.3 * n_heads + 1, 2.1 * n_layers + 0.6), layout="constrained")
@@ -296,14 +300,15 @@ def attention_figure(
 
 
 def enabled_terms(terms: dict) -> list[str]:
-    """The score terms (a-d, then the bias, decay, cope) present in one layer's `inspect` maps, in that order."""
+    """The score terms (a-d, then the bias, decay, cope) present in one layer's `inspect` maps, in
+    that order."""
     return [name for name in TERM_NAMES if name in terms]
 
 
 def terms_figure(details: dict, layer: int, head: int, n_mem: int, title: str = "") -> Figure:
-    """The enabled score terms among a, b, c, d (and the bias, FoX's decay, CoPE's term) of one head as
-    separate maps, as they enter the scores (scaled), with masked entries blank; the title names the
-    disabled ones."""
+    """The enabled score terms among a, b, c, d (and the bias, FoX's decay, CoPE's term) of one head
+    as separate maps, as they enter the scores (scaled), with masked entries blank; the title names
+    the disabled ones."""
     layer = resolve_index(layer, len(details["terms"]), "layer")
     head = resolve_index(head, details["probs"][0].shape[1], "head")
     terms = details["terms"][layer]

@@ -1,13 +1,14 @@
-"""`--layout`: the table layouts by name, and `make_table`, which picks one. Each layout is a function
-(data, resolved options, the spec's axis orders) -> Table built on the shared machinery of tables.py;
-this module sits above them, so tables.py needs to know none of them.
+"""`--layout`: the table layouts by name, and `make_table`, which picks one. Each layout is a
+function (data, resolved options, the spec's axis orders) -> Table built on the shared machinery of
+tables.py; this module sits above them, so tables.py needs to know none of them.
 
-Here lives one generic layout, `grid` (tables.py): rows and columns by any config field, variant axis or
-evaluation setting. A study adds its paper's layouts (Transformer-XL's Table 6 and 8, the length-generalization
-table) in its own module under relpos_ablate/studies/ and hands them to `make_table` as `layouts`
-(`relpos_ablate.studies.make_table` passes every study's); this layer names none of them.
-`best_over` (best_over.py) is no layout but a choice of runs: the grid table, each cell at its row's best
-value of a key (--best-over train.lr).
+Here lives one generic layout, `grid` (tables.py): rows and columns by any config field, variant
+axis or evaluation setting. A study adds its paper's layouts (Transformer-XL's Table 6 and 8, the
+length-generalization table) in its own module under relpos_ablate/studies/ and hands them to
+`make_table` as `layouts` (`relpos_ablate.studies.make_table` passes every study's); this layer
+names none of them.
+`best_over` (best_over.py) is no layout but a choice of runs: the grid table, each cell at its row's
+best value of a key (--best-over train.lr).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ Layout = Callable[[pd.DataFrame, TableOptions, dict[str, list]], Table]
 
 @dataclass(frozen=True)
 class LayoutSpec:
-    """A named layout: its function, whether it reads the settings that save per-token losses (the RECL
-    ladder, which every other layout leaves out: they score a subset of the targets), and an optional second
-    table printed after it (e.g. a rank summary) from the same data and options."""
+    """A named layout: its function, whether it reads the settings that save per-token losses (the
+    RECL ladder, which every other layout leaves out: they score a subset of the targets), and an
+    optional second table printed after it (e.g. a rank summary) from the same data and options."""
 
     build: Layout
     reads_token_losses: bool = False
@@ -55,8 +56,8 @@ def make_table(
     options: TableOptions = TableOptions(),
     layouts: Mapping[str, LayoutSpec] | None = None,
 ) -> tuple[Table, TableOptions]:
-    """The table the options ask for, and the resolved options (format, layout, ...) it used. `layouts`:
-    more layouts by name (a study's) beside the generic ones."""
+    """The table the options ask for, and the resolved options (format, layout, ...) it used.
+    `layouts`: more layouts by name (a study's) beside the generic ones."""
     known = {**LAYOUTS, **(layouts or {})}
     spec = read_spec(df)
     merged = options.merged(spec_options(spec))

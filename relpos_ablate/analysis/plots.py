@@ -39,7 +39,8 @@ LINE_STYLES = ("-", "--", ":", "-.", (0, (6, 2, 1, 2, 1, 2)), (0, (1, 4)))
 
 
 def save_figure(fig: Figure, stem: Path, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
-    """`stem`.png / .pdf / .svg, each written atomically; PDFs carry no date (reproducible files)."""
+    """`stem`.png / .pdf / .svg, each written atomically; PDFs carry no date (reproducible
+    files)."""
     written = []
     for fmt in formats:
         buffer = io.BytesIO()
@@ -97,9 +98,10 @@ def finished_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def variant_label(run: pd.Series, keys: list[str], axes: Iterable[str] = ()) -> str:
-    """The run's variant in words: `encoding=xl, mem_len=64`, the fields that tell the runs apart (seed excluded);
-    for a run with nothing to tell apart, every axis of its variant (run.json), else its attention as far as it
-    differs from the defaults (`terms=a, bias=alibi`), else its name."""
+    """The run's variant in words: `encoding=xl, mem_len=64`, the fields that tell the runs apart
+    (seed excluded); for a run with nothing to tell apart, every axis of its variant (run.json),
+    else its attention as far as it differs from the defaults (`terms=a, bias=alibi`), else its
+    name."""
     shown = [k for k in keys if k in run.index and k not in ("experiment", "run_id")]
     shown = shown or [a for a in axes if a in run.index and a not in ("seed", "experiment")]
     parts = [f"{k.rsplit('.', 1)[-1]}={label(run[k])}" for k in shown] or attention_words(run)
@@ -107,7 +109,8 @@ def variant_label(run: pd.Series, keys: list[str], axes: Iterable[str] = ()) -> 
 
 
 def attention_words(run: pd.Series) -> list[str]:
-    """`field=value` for each attention field of the run's config that differs from AttentionConfig's default."""
+    """`field=value` for each attention field of the run's config that differs from
+    AttentionConfig's default."""
     from dataclasses import fields
 
     from relpos_ablate.config import AttentionConfig
@@ -125,8 +128,8 @@ def attention_words(run: pd.Series) -> list[str]:
 
 
 def run_title(run: pd.Series, keys: list[str], axes: Iterable[str] = ()) -> str:
-    """`encoding=xl, terms=abcd, seed=0`: the variant in words and the seed (a run id only where save_model_figures
-    finds two runs with the same title)."""
+    """`encoding=xl, terms=abcd, seed=0`: the variant in words and the seed (a run id only where
+    save_model_figures finds two runs with the same title)."""
     return f"{variant_label(run, keys, axes)}, seed={label(run.get('seed'))}"
 
 
@@ -142,8 +145,9 @@ def run_slug(run: pd.Series, keys: list[str]) -> str:
 
 
 def attention_lengths(config, run_dir: Path | None = None) -> tuple[int, int]:
-    """(training attention length, longest evaluated attention length): the bias plot's x range. With the
-    run dir, the settings its eval.json holds count too (`evaluate` adds settings config.yaml does not list)."""
+    """(training attention length, longest evaluated attention length): the bias plot's x range.
+    With the run dir, the settings its eval.json holds count too (`evaluate` adds settings
+    config.yaml does not list)."""
     mem = config.model.mem_len
     train = config.train.segment_len + mem
     recorded = (rundir.read_eval(run_dir) or {}).get("settings", []) if run_dir is not None else []
@@ -166,7 +170,8 @@ def inspect_run(config, model, sampler: Callable) -> tuple[dict, int]:
 
 
 def sample_decays(config, model, sampler: Callable) -> dict | None:
-    """FoX's decay curves on a training-length sample of the run's data (None without a forget gate)."""
+    """FoX's decay curves on a training-length sample of the run's data (None without a forget
+    gate)."""
     if "decay" not in figures.bias_sources(model):
         return None
     return figures.decay_curves(model, *inspect_run(config, model, sampler))
@@ -206,9 +211,10 @@ def overview_figure(
     left_out: list[tuple[str, str, str]] = (),
     titles: dict | None = None,
 ) -> Figure:
-    """All drawn runs together: bias curves per variant (seeds overlaid, one y scale per scheme family),
-    head-mean last-layer attention per run, or the enabled terms per run. The runs left out are counted in the
-    title and their variants named under it by reason (the notes save_model_figures returns give the seeds)."""
+    """All drawn runs together: bias curves per variant (seeds overlaid, one y scale per scheme
+    family), head-mean last-layer attention per run, or the enabled terms per run. The runs left out
+    are counted in the title and their variants named under it by reason (the notes
+    save_model_figures returns give the seeds)."""
     titles = titles or {}
     named = [
         (titles.get(run["run_dir"]) or run_title(run, keys), config, model)
@@ -237,8 +243,8 @@ def overview_figure(
 
 
 def left_out_note(left_out: list[tuple[str, str, str]]) -> str:
-    """'left out: encoding=nope (seeds 0, 1), ...: no bias curve ...' from (variant, seed, reason) triples,
-    the runs grouped by reason."""
+    """'left out: encoding=nope (seeds 0, 1), ...: no bias curve ...' from (variant, seed, reason)
+    triples, the runs grouped by reason."""
     by_reason: dict[str, dict[str, list[str]]] = {}
     for variant, seed, reason in left_out:
         by_reason.setdefault(reason, {}).setdefault(variant, []).append(seed)
@@ -345,7 +351,8 @@ def _attention_overview(items: list[tuple[str, object, object]], layer: int, sam
 
 
 def _terms_overview(items, layer: int, head: int, sampler) -> Figure:
-    """One row per run: the terms enabled in any run (a disabled one marked off), and the bias when any has one."""
+    """One row per run: the terms enabled in any run (a disabled one marked off), and the bias when
+    any has one."""
     inspected = [(title, *inspect_run(config, model, sampler)) for title, config, model in items]
     maps = [
         details["terms"][figures.resolve_index(layer, len(details["terms"]), "layer")]
@@ -385,8 +392,9 @@ def save_model_figures(
     loader: Callable | None = None,
     sampler: Callable | None = None,
 ) -> tuple[list[Path], list[str]]:
-    """One `kind` figure per finished run, named by the fields that tell the runs apart with the run id
-    last (`bias_encoding-xl_seed-0_<id>.png`), plus an overview for several; returns (files, notes).
+    """One `kind` figure per finished run, named by the fields that tell the runs apart with the run
+    id last (`bias_encoding-xl_seed-0_<id>.png`), plus an overview for several; returns (files,
+    notes).
 
     A single run that cannot be drawn (no checkpoint, no bias for kind='bias') is a one-line error;
     in a grid such runs are skipped with a note (and named in the overview), and it is an error only
@@ -447,7 +455,8 @@ def save_model_figures(
 def unique_titles(
     runs: list[pd.Series], keys: list[str], axes: Iterable[str] = ()
 ) -> dict[str, str]:
-    """run_dir -> run_title; the run id is added only to titles two runs share (runs otherwise identical)."""
+    """run_dir -> run_title; the run id is added only to titles two runs share (runs otherwise
+    identical)."""
     titles = {run["run_dir"]: run_title(run, keys, axes) for run in runs}
     counts = Counter(titles.values())
     return {

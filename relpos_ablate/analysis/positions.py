@@ -1,9 +1,10 @@
-"""Loss by position in the evaluated segment or window (the "early token curse", ALiBi paper App. B):
-a tidy frame from the runs' eval.json and `plot --kind position-loss`.
+"""Loss by position in the evaluated segment or window (the "early token curse", ALiBi paper App.
+B): a tidy frame from the runs' eval.json and `plot --kind position-loss`.
 
 Evaluation bins each scored target by its position p in its segment (non_overlapping, xl) or window
-(sliding), 0-based, in log-spaced bins [0, 1), [1, 2), [2, 4), ... up to the segment length: a target
-at position p has seen p + 1 tokens of that segment or window (plus memory, for protocols with one).
+(sliding), 0-based, in log-spaced bins [0, 1), [1, 2), [2, 4), ... up to the segment length: a
+target at position p has seen p + 1 tokens of that segment or window (plus memory, for protocols
+with one).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ PANEL_KEYS = ("protocol", "segment_len", "stride", "mem_len")
 
 
 def position_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, evaluation setting, position bin): the collected row's columns, then bin_lo and
-    bin_hi (positions [lo, hi), 0-based), position_loss (mean loss in nats) and position_tokens."""
+    """One row per (run, evaluation setting, position bin): the collected row's columns, then bin_lo
+    and bin_hi (positions [lo, hi), 0-based), position_loss (mean loss in nats) and
+    position_tokens."""
     rows = []
     for run_dir, run in df.groupby("run_dir", sort=False) if "eval_setting" in df else ():
         settings = (rundir.read_eval(run_dir) or {}).get("settings")
@@ -72,14 +74,16 @@ def _curve(settings, k: int) -> list[tuple]:
 
 
 def bin_centre(lo: float, hi: float) -> float:
-    """Where a bin is drawn on the log axis: the geometric middle of the context counts lo + 1 .. hi."""
+    """Where a bin is drawn on the log axis: the geometric middle of the context counts lo + 1 ..
+    hi."""
     return math.sqrt((lo + 1) * hi)
 
 
 def first_window_only(frame: pd.DataFrame) -> pd.Series:
-    """The bins of a sliding setting that only each stream's first window reaches: a window moved by `stride`
-    scores its last `stride` positions, so positions below segment_len - stride are scored in the first
-    window alone (a few targets per stream, the stream's opening characters): left out of the figure."""
+    """The bins of a sliding setting that only each stream's first window reaches: a window moved by
+    `stride` scores its last `stride` positions, so positions below segment_len - stride are scored
+    in the first window alone (a few targets per stream, the stream's opening characters): left out
+    of the figure."""
     if "protocol" not in frame or "stride" not in frame:
         return pd.Series(False, index=frame.index)
     sliding = (frame["protocol"] == "sliding") & frame["stride"].notna()
@@ -90,9 +94,10 @@ def first_window_only(frame: pd.DataFrame) -> pd.Series:
 
 
 def position_loss_figure(df: pd.DataFrame) -> Figure:
-    """One panel per evaluation setting (rows: protocols, columns: lengths), one line per variant (mean
-    over seeds, ± std as a band; distinct colour and line style each), the training segment length marked; y
-    shared by every panel. Sliding panels start where every window scores (first_window_only)."""
+    """One panel per evaluation setting (rows: protocols, columns: lengths), one line per variant
+    (mean over seeds, ± std as a band; distinct colour and line style each), the training segment
+    length marked; y shared by every panel. Sliding panels start where every window scores
+    (first_window_only)."""
     spec = read_spec(df)
     options = resolve_options(table_settings(df), TableOptions(metric="loss"), spec)
     # the spec's table: where (e.g. full-target settings)
@@ -100,8 +105,8 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
     rows = list(options.rows)
     frame = position_frame(finished(data, "loss")).dropna(subset=["position_loss"])
     frame = frame[~first_window_only(frame)]
-    # a panel whose remaining positions fall in one log bin draws points, not curves: left out (its loss by
-    # position is that of non_overlapping at the same length, past its first window)
+    # a panel whose remaining positions fall in one log bin draws points, not curves: left out (its
+    # loss by position is that of non_overlapping at the same length, past its first window)
     spans = frame.groupby([*[k for k in PANEL_KEYS if k in frame]], dropna=False)[
         "bin_lo"
     ].transform("nunique")
@@ -151,8 +156,8 @@ def position_loss_figure(df: pd.DataFrame) -> Figure:
         else ""
     )
     fig.suptitle(
-        f"{run_names(frame)}: loss by position in the segment / window, log-spaced bins, mean ± std over "
-        f"seeds{sliding}"
+        f"{run_names(frame)}: loss by position in the segment / window, log-spaced bins, mean ± "
+        f"std over seeds{sliding}"
     )
     return fig
 

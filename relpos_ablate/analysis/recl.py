@@ -1,19 +1,19 @@
-"""RECL, the Relative Effective Context Length of Transformer-XL (Dai et al. 2019, §4.3 and App. C), for a
-group of models, from per-token losses at a ladder of context lengths (docs/formulas.md#recl).
+"""RECL, the Relative Effective Context Length of Transformer-XL (Dai et al. 2019, §4.3 and App. C),
+for a group of models, from per-token losses at a ladder of context lengths (docs/formulas.md#recl).
 
 For each context c of the ladder, l_i(c, t) is model i's loss on target t with exactly c tokens of
 context (runs evaluate it with `eval.recl_contexts`, saving every target's loss: a model with memory
 through its memory, every query seeing c keys, as the paper measures recurrent models; one without
-through sliding windows of c tokens, stride 1). With b(c, t) = min_i l_i(c, t) the group's best loss and
-T the top-r fraction of targets by b(c, t) (re-chosen for every c):
+through sliding windows of c tokens, stride 1). With b(c, t) = min_i l_i(c, t) the group's best loss
+and T the top-r fraction of targets by b(c, t) (re-chosen for every c):
 
     f_i(c, c') = mean over t in T of min(b(c, t), l_i(c', t))
     g_i(c, c') = (exp f_i(c, c) - exp f_i(c, c')) / exp f_i(c, c)
 
 Starting at the ladder's first c with c' the next one, RECL_i is the first c whose gain g_i(c, c')
-falls below the threshold (1%), or (our guard, not the paper's) whose own mean loss on T does not fall
-from c to c'; c then steps to c'. A model still gaining at the last step gets the last context, marked as
-a lower bound (censored).
+falls below the threshold (1%), or (our guard, not the paper's) whose own mean loss on T does not
+fall from c to c'; c then steps to c'. A model still gaining at the last step gets the last context,
+marked as a lower bound (censored).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def top_fraction(values: np.ndarray, r: float) -> np.ndarray:
 
 
 def relative_gain(losses: np.ndarray, i: int, short: int, long: int, r: float) -> float:
-    """g_i(c, c') for model i between ladder steps short (c) and long (c'); losses [models, contexts, targets]."""
+    """g_i(c, c') for model i between ladder steps short (c) and long (c'); losses [models,
+    contexts, targets]."""
     baseline = losses[:, short].min(0)  # b(c, t): the group's best loss at context c
     hardest = top_fraction(baseline, r)  # T, chosen again for every c
     f_short = np.minimum(
@@ -69,10 +70,10 @@ def own_gain(losses: np.ndarray, i: int, short: int, long: int, r: float) -> flo
 def recl_search(
     losses: np.ndarray, contexts: list[int], r: float, threshold: float = THRESHOLD
 ) -> list[Recl]:
-    """RECL of every model of the group; losses [models, contexts, targets] on the same targets. A step
-    counts only while the model's own loss on T falls too (own_gain > 0; our guard, not the paper's):
-    the gain g compares against the group's best loss at c, so a model far above it could otherwise
-    collect gains from a few noisy targets while its own loss rises with context."""
+    """RECL of every model of the group; losses [models, contexts, targets] on the same targets. A
+    step counts only while the model's own loss on T falls too (own_gain > 0; our guard, not the
+    paper's): the gain g compares against the group's best loss at c, so a model far above it could
+    otherwise collect gains from a few noisy targets while its own loss rises with context."""
     found = []
     for i in range(losses.shape[0]):
         step = next(
@@ -89,8 +90,8 @@ def recl_search(
 
 
 def recl(frame: pd.DataFrame, r: float, threshold: float = THRESHOLD) -> pd.DataFrame:
-    """RECL per model of one group from a tidy frame with columns model, context, target, loss (every
-    model at every context on the same targets). Returns columns model, recl, censored."""
+    """RECL per model of one group from a tidy frame with columns model, context, target, loss
+    (every model at every context on the same targets). Returns columns model, recl, censored."""
     cube = frame.pivot_table(
         index=["model", "context"], columns="target", values="loss", aggfunc="first"
     )
@@ -118,23 +119,24 @@ def recl(frame: pd.DataFrame, r: float, threshold: float = THRESHOLD) -> pd.Data
 
 
 def fixed_context(protocol, stride):
-    """Whether an evaluation setting gives every target exactly its attn_len tokens of context: memory with
-    same_length (protocol xl), or sliding windows moved by one token. Works on one setting's values (a bool)
-    and on a frame's columns (a boolean Series)."""
+    """Whether an evaluation setting gives every target exactly its attn_len tokens of context:
+    memory with same_length (protocol xl), or sliding windows moved by one token. Works on one
+    setting's values (a bool) and on a frame's columns (a boolean Series)."""
     return (protocol == "xl") | ((protocol == "sliding") & (stride == 1))
 
 
 def shared_targets(losses: np.ndarray, longest: int) -> np.ndarray:
-    """The part of a (streams, targets) token-loss array that every setting of a ladder scores with its full
-    context: the targets at stream position p >= longest - 1, longest being the ladder's longest context."""
+    """The part of a (streams, targets) token-loss array that every setting of a ladder scores with
+    its full context: the targets at stream position p >= longest - 1, longest being the ladder's
+    longest context."""
     return losses[:, longest - 1 :]
 
 
 def ladder_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Collected rows of each run's RECL ladder: the settings that saved their token losses with a fixed
-    context, of the run's own kind (config.evaluation.recl_settings): memory with same_length (protocol
-    xl) for a model trained with memory, sliding windows with stride 1 for one without. Context c is the
-    setting's attn_len (the keys every query sees: the window, or mem_len)."""
+    """Collected rows of each run's RECL ladder: the settings that saved their token losses with a
+    fixed context, of the run's own kind (config.evaluation.recl_settings): memory with same_length
+    (protocol xl) for a model trained with memory, sliding windows with stride 1 for one without.
+    Context c is the setting's attn_len (the keys every query sees: the window, or mem_len)."""
     if "token_losses" not in df:
         return df.iloc[0:0]
     recurrent = (
@@ -153,9 +155,9 @@ def ladder_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def token_loss_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """Per-target losses of the ladder, tidy: run_dir, context, target, loss, for the targets with the
-    ladder's longest context in their stream (stream position p >= c_max - 1), so every context of
-    the ladder scores them with exactly c tokens of context. `target` is the place b·T + p in the
+    """Per-target losses of the ladder, tidy: run_dir, context, target, loss, for the targets with
+    the ladder's longest context in their stream (stream position p >= c_max - 1), so every context
+    of the ladder scores them with exactly c tokens of context. `target` is the place b·T + p in the
     evaluation layout, the same for every run evaluated on the same split and streams."""
     rows = ladder_rows(df)
     if rows.empty:

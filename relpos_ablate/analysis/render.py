@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 FORMATS = ("markdown", "latex", "csv")
 STAR_LEVELS = ((0.001, "***"), (0.01, "**"), (0.05, "*"))
-"""Adjusted p-value thresholds for the significance stars (the family's correction applied: stats.py)."""
+"""Adjusted p-value thresholds for the significance stars (the family's correction applied:
+stats.py)."""
 STAR_LEGEND = "* p<0.05, ** p<0.01, *** p<0.001"
 
 
@@ -26,7 +27,8 @@ class Cell:
     n: int
     best: bool = False
     p: float = math.nan
-    """The test's p-value against the baseline row, adjusted for the table's family (NaN: no test)."""
+    """The test's p-value against the baseline row, adjusted for the table's family (NaN: no
+    test)."""
     p_raw: float = math.nan
     """The same test's p-value before the correction."""
 
@@ -52,12 +54,13 @@ class Table:
     """Print the seed count in every cell (when counts differ between cells)."""
     notes: list[str] = field(default_factory=list)
     tests: list[str] = field(default_factory=list)
-    """One line per test the table states (its means, difference, 95% CI, raw and adjusted p); Markdown lists
-    them under the caption, CSV carries the p-values per cell."""
+    """One line per test the table states (its means, difference, 95% CI, raw and adjusted p);
+    Markdown lists them under the caption, CSV carries the p-values per cell."""
     power: str = ""
     """The tests' power line (stats.Family.power_line), under the list."""
     appendix: Table | None = None
-    """A second table of the same data (a layout's summary), written after this one in the same format."""
+    """A second table of the same data (a layout's summary), written after this one in the same
+    format."""
 
 
 def format_stat(cell: Cell, decimals: int, show_n: bool, pm: str = "±") -> str:
@@ -68,7 +71,8 @@ def format_stat(cell: Cell, decimals: int, show_n: bool, pm: str = "±") -> str:
 
 
 def to_markdown(table: Table) -> str:
-    """A GitHub pipe table; best cells in **bold**, stars escaped so they are not read as emphasis."""
+    """A GitHub pipe table; best cells in **bold**, stars escaped so they are not read as
+    emphasis."""
     header = [*table.index, *table.columns]
     lines = [
         _md_row(header),
@@ -163,8 +167,8 @@ def _latex_value(value: Value, table: Table) -> str:
 
 
 def to_csv(table: Table) -> str:
-    """Numbers, not strings: per value column `<col>`, `<col> std`, `<col> n`, `<col> best`, `<col> p` (adjusted
-    for the table's family), `<col> p raw`."""
+    """Numbers, not strings: per value column `<col>`, `<col> std`, `<col> n`, `<col> best`, `<col>
+    p` (adjusted for the table's family), `<col> p raw`."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     stat_cols = [

@@ -1,7 +1,8 @@
 """What the evaluation settings of collected runs mean for a table or a figure: which rows a table
-compares (RECL's ladder scores a subset of the targets and is left out), how a setting and a key value
-are labelled (tables, figures and the summary `train` prints use the same labels), and the caption
-sentence on how each protocol counts the attention length and how many tokens were scored."""
+compares (RECL's ladder scores a subset of the targets and is left out), how a setting and a key
+value are labelled (tables, figures and the summary `train` prints use the same labels), and the
+caption sentence on how each protocol counts the attention length and how many tokens were
+scored."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ SETTING_LABELS = {
     "max_targets": "targets",
 }
 OPTIONAL_SETTINGS = ("stride", "rope_scaling")
-"""Setting columns left out of a label where unset (stride belongs to sliding settings only; rope_scaling
-to RoPE context extension)."""
+"""Setting columns left out of a label where unset (stride belongs to sliding settings only;
+rope_scaling to RoPE context extension)."""
 
 
 def normalized(value: Any) -> Any:
@@ -57,7 +58,8 @@ def label(value: Any) -> str:
 
 
 def word_list(value: Any) -> list[str] | None:
-    """A list of words stored as a JSON column (collect.flatten), e.g. model.layer_pattern; else None."""
+    """A list of words stored as a JSON column (collect.flatten), e.g. model.layer_pattern; else
+    None."""
     if not (isinstance(value, str) and value.startswith("[")):
         return None
     try:
@@ -104,8 +106,9 @@ SUMMARY_FIELDS = (
 
 
 def setting_labels(records: list[dict]) -> list[str]:
-    """A label per eval.json setting record of one run, as table columns name settings: the protocol and
-    length always (a stride, a RoPE extension where set), any other field where the records differ."""
+    """A label per eval.json setting record of one run, as table columns name settings: the protocol
+    and length always (a stride, a RoPE extension where set), any other field where the records
+    differ."""
     always = ("protocol", "segment_len", *OPTIONAL_SETTINGS)
     shown = [
         name
@@ -119,8 +122,8 @@ def setting_labels(records: list[dict]) -> list[str]:
 def table_settings(df: pd.DataFrame) -> pd.DataFrame:
     """The rows of settings that score every target: RECL's ladder (the settings of a run with
     eval.recl_contexts that save token losses at one of those contexts, fixed for every target:
-    recl.fixed_context) is left out; any other setting, one the user asked to save its token losses (an
-    exact-context ladder of App. B) included, stays a setting like any other."""
+    recl.fixed_context) is left out; any other setting, one the user asked to save its token losses
+    (an exact-context ladder of App. B) included, stays a setting like any other."""
     if "token_losses" not in df or "eval.recl_contexts" not in df:
         return df
     contexts = df["eval.recl_contexts"].map(_contexts)
@@ -136,7 +139,8 @@ def table_settings(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _contexts(value: Any) -> set[int]:
-    """A run's eval.recl_contexts as collected (a list, or its text '[16, 32]'): the set of contexts."""
+    """A run's eval.recl_contexts as collected (a list, or its text '[16, 32]'): the set of
+    contexts."""
     value = normalized(value)
     if isinstance(value, str):
         value = yaml.safe_load(value)
@@ -163,8 +167,8 @@ def evaluation_note(data: pd.DataFrame, keys: list[str]) -> str:
 
 
 def layer_names(run: Any, n_layers: int, prefix: str = "layer ") -> list[str]:
-    """`layer k` for each layer, with its kind where the run has a layer pattern (`layer 3 global`): run is a row of
-    collect's frame (model.layer_pattern a JSON column)."""
+    """`layer k` for each layer, with its kind where the run has a layer pattern (`layer 3 global`):
+    run is a row of collect's frame (model.layer_pattern a JSON column)."""
     pattern = word_list(run.get("model.layer_pattern")) if hasattr(run, "get") else None
     return [
         f"{prefix}{k}" + (f" {pattern[k % len(pattern)]}" if pattern else "")

@@ -1,23 +1,26 @@
 """The statistics behind every star in a table and every ordering in a report.
 
-- **The test is chosen from the data, never by the caller.** A sample is a mapping unit -> value, where a
-  unit names the runs a value comes from (a run dir, or a tuple of run dirs for a value averaged over
-  several runs). Two samples that share units are the same runs measured two ways (another length,
-  protocol, stride, RoPE scaling, memory length at evaluation): a paired t-test over the matched units
-  (`scipy.stats.ttest_rel`). Samples with no unit in common come from different models: Welch's t-test
-  (`scipy.stats.ttest_ind(equal_var=False)`). There is no switch that runs Welch on same-run values.
-- **Every set of tests a table or a report states is one family**, corrected together: Holm (1979) by
-  default, Benjamini-Hochberg, or none (`statsmodels.stats.multitest.multipletests`). Stars and every
-  sentence that states an ordering read the adjusted p; the raw p stands beside it.
-- **A difference comes with its 95% confidence interval** (t-based over seeds: the paired one for a paired
-  test, Welch's otherwise; scipy's `confidence_interval`). A result that is not significant is written as
-  such, with the difference and its interval; it is never evidence that two things are the same. A claim
-  of equivalence needs its margin and a TOST (`statsmodels.stats.weightstats.ttost_paired` / `ttost_ind`).
-- **Power**: per family, the smallest difference each test could detect at 80% power given the observed
-  spread (statsmodels' `TTestPower` / `TTestIndPower`), so a reader sees what "not significant" can mean.
+- **The test is chosen from the data, never by the caller.** A sample is a mapping unit -> value,
+  where a unit names the runs a value comes from (a run dir, or a tuple of run dirs for a value
+  averaged over several runs). Two samples that share units are the same runs measured two ways
+  (another length, protocol, stride, RoPE scaling, memory length at evaluation): a paired t-test
+  over the matched units (`scipy.stats.ttest_rel`). Samples with no unit in common come from
+  different models: Welch's t-test (`scipy.stats.ttest_ind(equal_var=False)`). There is no switch
+  that runs Welch on same-run values.
+- **Every set of tests a table or a report states is one family**, corrected together: Holm (1979)
+  by default, Benjamini-Hochberg, or none (`statsmodels.stats.multitest.multipletests`). Stars and
+  every sentence that states an ordering read the adjusted p; the raw p stands beside it.
+- **A difference comes with its 95% confidence interval** (t-based over seeds: the paired one for a
+  paired test, Welch's otherwise; scipy's `confidence_interval`). A result that is not significant
+  is written as such, with the difference and its interval; it is never evidence that two things are
+  the same. A claim of equivalence needs its margin and a TOST
+  (`statsmodels.stats.weightstats.ttost_paired` / `ttost_ind`).
+- **Power**: per family, the smallest difference each test could detect at 80% power given the
+  observed spread (statsmodels' `TTestPower` / `TTestIndPower`), so a reader sees what "not
+  significant" can mean.
 
-Agarwal et al., "Deep RL at the Edge of the Statistical Precipice" (NeurIPS 2021) argue for the same:
-interval estimates, not bare p-values.
+Agarwal et al., "Deep RL at the Edge of the Statistical Precipice" (NeurIPS 2021) argue for the
+same: interval estimates, not bare p-values.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ ALPHA = 0.05
 POWER = 0.8
 """The power at which the smallest detectable difference is stated."""
 MIN_SEEDS = 3
-"""A test is run only with at least this many values a side (pairs, for a paired test): two seeds give one
-degree of freedom, a p-value but not one to star."""
+"""A test is run only with at least this many values a side (pairs, for a paired test): two seeds
+give one degree of freedom, a p-value but not one to star."""
 CORRECTIONS = {"holm": "holm", "bh": "fdr_bh", "none": None}
 """`--correction` names -> statsmodels' multipletests method."""
 CORRECTION_WORDS = {
@@ -57,17 +60,20 @@ Sample = Mapping[Hashable, float]
 
 @dataclass
 class Test:
-    """One two-sided test of a - b (or a TOST against a margin); `p_adjusted` is filled by its family."""
+    """One two-sided test of a - b (or a TOST against a margin); `p_adjusted` is filled by its
+    family."""
 
     kind: str
     n_a: int
     n_b: int
     difference: float
-    """mean(a) - mean(b); for a paired test the mean of the per-unit differences (the same number)."""
+    """mean(a) - mean(b); for a paired test the mean of the per-unit differences (the same
+    number)."""
     ci: tuple[float, float]
     p: float
     spread: float
-    """The standard deviation the test divides by: of the differences (paired), the pooled one (Welch)."""
+    """The standard deviation the test divides by: of the differences (paired), the pooled one
+    (Welch)."""
     margin: float = math.nan
     p_adjusted: float = math.nan
 
@@ -77,8 +83,9 @@ class Test:
         return min(self.n_a, self.n_b)
 
     def detectable(self, alpha: float = ALPHA, power: float = POWER) -> float:
-        """The smallest |difference| this test would find at `power` (two-sided, level alpha), given the
-        observed spread; NaN where no sample size of this design reaches it or the spread is zero."""
+        """The smallest |difference| this test would find at `power` (two-sided, level alpha), given
+        the observed spread; NaN where no sample size of this design reaches it or the spread is
+        zero."""
         if not self.spread > 0:
             return math.nan
         try:
@@ -97,7 +104,8 @@ class Test:
 
 
 def matched(a: Sample, b: Sample) -> list[Hashable]:
-    """The units both samples measured, in a's order: non-empty means the same runs (a paired test)."""
+    """The units both samples measured, in a's order: non-empty means the same runs (a paired
+    test)."""
     return [unit for unit in a if unit in b]
 
 
@@ -108,10 +116,10 @@ def _finite(sample: Sample) -> dict:
 
 
 def compare(a: Sample, b: Sample) -> Test | None:
-    """The t-test of a against b the data calls for (module docstring); None when a side has fewer than
-    MIN_SEEDS values (pairs) or the values do not vary (no spread: no t statistic). Samples that share only
-    some units (a run missing one of the two measurements) are paired over the units they share; NaN values
-    count as missing."""
+    """The t-test of a against b the data calls for (module docstring); None when a side has fewer
+    than MIN_SEEDS values (pairs) or the values do not vary (no spread: no t statistic). Samples
+    that share only some units (a run missing one of the two measurements) are paired over the units
+    they share; NaN values count as missing."""
     # near-identical seeds: scipy warns of precision loss, the test stands
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -157,8 +165,9 @@ def _constant(values: np.ndarray) -> bool:
 
 
 def equivalence(a: Sample, b: Sample, margin: float) -> Test | None:
-    """TOST of |mean(a) - mean(b)| < margin (paired over matched units, else Welch's form): a small p says
-    the difference lies within ±margin. The interval is the difference's 90% CI, the one TOST inverts."""
+    """TOST of |mean(a) - mean(b)| < margin (paired over matched units, else Welch's form): a small
+    p says the difference lies within ±margin. The interval is the difference's 90% CI, the one TOST
+    inverts."""
     if not margin > 0:
         raise ValueError(f"margin: an equivalence test needs a margin > 0; got {margin}")
     base = compare(a, b)
@@ -210,7 +219,8 @@ def _num(x: float, decimals: int) -> str:
 
 @dataclass
 class Comparison:
-    """One stated comparison of a family: its means, its test and, once the family is adjusted, its verdict."""
+    """One stated comparison of a family: its means, its test and, once the family is adjusted, its
+    verdict."""
 
     family: Family
     name_a: str
@@ -230,14 +240,16 @@ class Comparison:
 
     @property
     def winner(self) -> str | None:
-        """The better side's name when the adjusted test supports it, else None (never for a TOST)."""
+        """The better side's name when the adjusted test supports it, else None (never for a
+        TOST)."""
         if not self.significant or self.test.kind == TOST:
             return None
         return self.name_a if (self.test.difference < 0) == self.lower_is_better else self.name_b
 
     def said(self) -> str:
-        """What the test says, in words: `A better`, `not significant (after correction)`, `equivalent within
-        ±m`, `equivalence not shown`; why there is no test where there is none."""
+        """What the test says, in words: `A better`, `not significant (after correction)`,
+        `equivalent within ±m`, `equivalence not shown`; why there is no test where there is
+        none."""
         if self.test is None:
             return self.reason
         if self.test.kind == TOST:
@@ -257,7 +269,8 @@ class Comparison:
         return f"{'90%' if t.kind == TOST else '95%'} CI [{_num(t.ci[0], d)}, {_num(t.ci[1], d)}]"
 
     def evidence(self) -> str:
-        """`paired t-test, difference -0.11, 95% CI [-0.15, -0.07]; p = 0.003, Holm-adjusted p = 0.012`."""
+        """`paired t-test, difference -0.11, 95% CI [-0.15, -0.07]; p = 0.003, Holm-adjusted p =
+        0.012`."""
         self.family.close()
         t, d = self.test, self.decimals + 1
         what = f"{t.kind}, margin ±{_num(t.margin, d)}, " if t.kind == TOST else f"{t.kind}, "
@@ -273,12 +286,13 @@ class Comparison:
         )
 
     def verdict(self) -> str:
-        """The part after the means: `A better (...)`, `not significant (...)`, `equivalent within ±m (...)`."""
+        """The part after the means: `A better (...)`, `not significant (...)`, `equivalent within
+        ±m (...)`."""
         return self.said() if self.test is None else f"{self.said()} ({self.evidence()})"
 
     def short(self) -> str:
-        """The verdict for a table cell whose row already names the test: `A better; 95% CI [lo, hi]; p = 0.003,
-        adj. 0.012` or `not significant; ...`."""
+        """The verdict for a table cell whose row already names the test: `A better; 95% CI [lo,
+        hi]; p = 0.003, adj. 0.012` or `not significant; ...`."""
         self.family.close()
         if self.test is None:
             return self.reason
@@ -297,8 +311,9 @@ class Comparison:
 
 @dataclass
 class Family:
-    """A set of tests stated together, corrected together (module docstring). Add comparisons first; the
-    first time a verdict is read the family closes and adjusts, and adding to it after that is an error."""
+    """A set of tests stated together, corrected together (module docstring). Add comparisons first;
+    the first time a verdict is read the family closes and adjusts, and adding to it after that is
+    an error."""
 
     name: str
     correction: str = "holm"
@@ -322,7 +337,8 @@ class Family:
         lower_is_better: bool = True,
         decimals: int = 2,
     ) -> Comparison:
-        """Add the test of a against b that the data calls for (paired for shared units, else Welch)."""
+        """Add the test of a against b that the data calls for (paired for shared units, else
+        Welch)."""
         return self._add(name_a, a, name_b, b, compare(a, b), lower_is_better, decimals)
 
     def equivalent(
@@ -334,7 +350,8 @@ class Family:
     def _add(self, name_a, a, name_b, b, test, lower_is_better, decimals) -> Comparison:
         if self.closed:
             raise RuntimeError(
-                f"family {self.name!r} was already corrected; add every comparison before reading one"
+                f"family {self.name!r} was already corrected; add every comparison before "
+                f"reading one"
             )
         a, b = _finite(a), _finite(b)
         reason = (
@@ -374,14 +391,15 @@ class Family:
             test.p_adjusted = p
 
     def heading(self) -> str:
-        """`Family "NAME": 12 tests, Holm-corrected at α = 0.05 (...)`: the line that names the family."""
+        """`Family "NAME": 12 tests, Holm-corrected at α = 0.05 (...)`: the line that names the
+        family."""
         self.close()
         kinds = sorted({t.kind for t in self.tests})
         return (
             f'Family "{self.name}": {len(self.tests)} test{"s" if len(self.tests) != 1 else ""} '
-            f"({', '.join(kinds) or 'none run'}), {CORRECTION_WORDS[self.correction]} at α = {self.alpha}; "
-            f"an ordering is stated only where the {'' if self.correction == 'none' else 'adjusted '}"
-            f"p < {self.alpha}."
+            f"({', '.join(kinds) or 'none run'}), {CORRECTION_WORDS[self.correction]} "
+            f"at α = {self.alpha}; an ordering is stated only where the "
+            f"{'' if self.correction == 'none' else 'adjusted '}p < {self.alpha}."
         )
 
     def summary(self) -> str:
@@ -389,7 +407,8 @@ class Family:
         return f"{self.heading()}\n\n{self.power_line()}"
 
     def power_line(self) -> str:
-        """The smallest differences the family's t-tests could detect at 80% power (observed spread)."""
+        """The smallest differences the family's t-tests could detect at 80% power (observed
+        spread)."""
         self.close()
         tests = [t for t in self.tests if t.kind != TOST]
         if not tests:
@@ -403,8 +422,9 @@ class Family:
         )
         ns = sorted({t.n for t in tests})
         text = (
-            f"Power: with n = {'/'.join(map(str, ns))} per side, the smallest difference a test of this family "
-            f"could detect at {POWER:.0%} power is {_spread(plain)} at α = {self.alpha}"
+            f"Power: with n = {'/'.join(map(str, ns))} per side, the smallest difference a test "
+            f"of this family could detect at {POWER:.0%} power is {_spread(plain)} at α = "
+            f"{self.alpha}"
         )
         if strict:
             text += f", {_spread(strict)} at α/{m} (the strictest step of the correction)"
@@ -412,8 +432,8 @@ class Family:
 
 
 def listed(items: list) -> list[str]:
-    """A report's lines once their families are complete: text as it is, (prefix, comparison) as a list item
-    `- prefix` + the comparison (its means and verdict)."""
+    """A report's lines once their families are complete: text as it is, (prefix, comparison) as a
+    list item `- prefix` + the comparison (its means and verdict)."""
     return [item if isinstance(item, str) else f"- {item[0]}{item[1]}" for item in items]
 
 
@@ -434,8 +454,8 @@ def _spread(values: list[float]) -> str:
 def ordering(
     name_a: str, a: Sample, name_b: str, b: Sample, lower_is_better: bool = True, decimals: int = 2
 ) -> str:
-    """One comparison stated on its own (a family of one test: no correction to make), the test chosen from the
-    data as in `compare`: `A 6.41, B 6.52: A better (paired t-test, difference ..., 95% CI [...]; p = ...)`.
-    A report that states several tests puts them in one Family instead."""
+    """One comparison stated on its own (a family of one test: no correction to make), the test
+    chosen from the data as in `compare`: `A 6.41, B 6.52: A better (paired t-test, difference ...,
+    95% CI [...]; p = ...)`. A report that states several tests puts them in one Family instead."""
     family = Family(f"{name_a} vs {name_b}", correction="none")
     return str(family.compare(name_a, a, name_b, b, lower_is_better, decimals))

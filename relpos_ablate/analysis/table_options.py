@@ -1,8 +1,9 @@
-"""What a table shows and where each choice comes from: `TableOptions` (the command line's flags, the spec's
-`table:` block), the spec the runs came from, and the defaults the data suggests (rows = what varies between
-runs, seed excluded; columns = the evaluation settings that vary within a run; metric = the task's main
-metric), resolved and checked by `resolve_options`; plus the `--where` filter. Every table layout
-(tables.py's grid, best_over, a study's own layouts) and the plots read their options here.
+"""What a table shows and where each choice comes from: `TableOptions` (the command line's flags,
+the spec's `table:` block), the spec the runs came from, and the defaults the data suggests (rows =
+what varies between runs, seed excluded; columns = the evaluation settings that vary within a run;
+metric = the task's main metric), resolved and checked by `resolve_options`; plus the `--where`
+filter. Every table layout (tables.py's grid, best_over, a study's own layouts) and the plots read
+their options here.
 """
 
 from __future__ import annotations
@@ -36,38 +37,43 @@ ALIASES = {"eval_len": "segment_len", "eval_length": "segment_len"}
 
 @dataclass(frozen=True)
 class TableOptions:
-    """What a table shows; every field unset (None) falls back to the spec block, then to the data."""
+    """What a table shows; every field unset (None) falls back to the spec block, then to the
+    data."""
 
     rows: tuple[str, ...] | None = None
-    """Row keys: config fields (`model.attention.terms` or `terms`), variant axes, evaluation settings."""
+    """Row keys: config fields (`model.attention.terms` or `terms`), variant axes, evaluation
+    settings."""
     cols: tuple[str, ...] | None = None
     """Column keys, same names as rows (e.g. segment_len / eval_len, attn_len)."""
     metric: str | None = None
     """Metric in the cells (ppl, acc, loss, bpc, ...); default: the task's main metric."""
     baseline: str | None = None
-    """Row label the other rows are tested against, column by column; several row keys: 'a,b'. The test is
-    chosen from the data (analysis/stats.py): a paired t-test over the matched runs where a cell and the
-    baseline's come from the same runs (another evaluation length, protocol, ...), Welch's t-test where they
-    come from different models."""
+    """Row label the other rows are tested against, column by column; several row keys: 'a,b'. The
+    test is chosen from the data (analysis/stats.py): a paired t-test over the matched runs where a
+    cell and the baseline's come from the same runs (another evaluation length, protocol, ...),
+    Welch's t-test where they come from different models."""
     correction: str | None = None
-    """How the table's tests against the baseline, one family, are corrected for multiple comparisons: holm
-    (default), bh (Benjamini-Hochberg, false discovery rate) or none. Stars read the adjusted p."""
+    """How the table's tests against the baseline, one family, are corrected for multiple
+    comparisons: holm (default), bh (Benjamini-Hochberg, false discovery rate) or none. Stars read
+    the adjusted p."""
     layout: str | None = None
-    """grid (rows x columns) or a study's paper layout (relpos_ablate/studies/: Transformer-XL's Table 6 and
-    Table 8, the length-generalization table); checked by make_table."""
+    """grid (rows x columns) or a study's paper layout (relpos_ablate/studies/: Transformer-XL's
+    Table 6 and Table 8, the length-generalization table); checked by make_table."""
     format: str | None = None
     """markdown | latex | csv."""
     best_over: str | None = None
-    """A key (e.g. train.lr) tuned per row, as papers tune each baseline: every cell reports the value of
-    the key whose select_split metric is best (analysis/best_over.py); none: off (over the spec's block)."""
+    """A key (e.g. train.lr) tuned per row, as papers tune each baseline: every cell reports the
+    value of the key whose select_split metric is best (analysis/best_over.py); none: off (over the
+    spec's block)."""
     select_split: str | None = None
     """best_over: the split the value is picked on (default valid)."""
     report_split: str | None = None
     """best_over: the split the cells report (default test)."""
     where: tuple[str, ...] | None = None
-    """Keep only the collected rows whose field has (`FIELD=VALUE`) or has not (`FIELD!=VALUE`) this value, e.g.
-    `protocol=sliding`; several must all hold. E.g. a stride sweep on a max_targets subset (ALiBi App. B) in a
-    table of its own (`max_targets=2048`) and out of the main one (`max_targets!=2048`)."""
+    """Keep only the collected rows whose field has (`FIELD=VALUE`) or has not (`FIELD!=VALUE`) this
+    value, e.g. `protocol=sliding`; several must all hold. E.g. a stride sweep on a max_targets
+    subset (ALiBi App. B) in a table of its own (`max_targets=2048`) and out of the main one
+    (`max_targets!=2048`)."""
 
     def __post_init__(self):
         if self.format is not None:
@@ -96,7 +102,8 @@ def metric_direction(metric: str) -> str:
 
 
 def read_spec(df: pd.DataFrame) -> dict:
-    """The grid spec the runs came from (run.json `spec`), or {} when none is recorded or readable."""
+    """The grid spec the runs came from (run.json `spec`), or {} when none is recorded or
+    readable."""
     root = Path(df.attrs.get("results_dir", "."))
     pairs = (
         df[["run_dir", "spec"]].dropna().drop_duplicates().itertuples(index=False)
@@ -104,8 +111,8 @@ def read_spec(df: pd.DataFrame) -> dict:
         else ()
     )
     for run_dir, raw in pairs:
-        # run.json stores the spec relative to the run dir (older runs: absolute or relative to the cwd); for a
-        # committed summary.csv the run dir is gone, so its '..' are resolved by name
+        # run.json stores the spec relative to the run dir (older runs: absolute or relative to the
+        # cwd); for a committed summary.csv the run dir is gone, so its '..' are resolved by name
         for path in (
             Path(run_dir) / raw,
             Path(os.path.normpath(Path(run_dir) / raw)),
@@ -187,7 +194,8 @@ def check_metric(df: pd.DataFrame, metric: str) -> str:
 
 
 def resolve_column(df: pd.DataFrame, name: str, what: str) -> str:
-    """A column by full name, alias or unique last dotted component (`terms` -> `model.attention.terms`)."""
+    """A column by full name, alias or unique last dotted component (`terms` ->
+    `model.attention.terms`)."""
     name = ALIASES.get(name, name) if name not in df else name
     if name in df:
         return name
@@ -213,11 +221,11 @@ def varies(frame: pd.DataFrame, column: str) -> bool:
 
 
 def default_rows(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
-    """What varies between runs, seed excluded: the variant axes, else the flattened config fields (of the
-    runs whose config.yaml could be read); the experiment first when there are several. When nothing
-    varies: the experiment, or the run (its dir name) for a run trained by `train` alone (no experiment).
-    Pass every run, not only the finished ones: a run without results must not take a label away.
-    `exclude`: fields that are no row key (best_over's tuned key)."""
+    """What varies between runs, seed excluded: the variant axes, else the flattened config fields
+    (of the runs whose config.yaml could be read); the experiment first when there are several. When
+    nothing varies: the experiment, or the run (its dir name) for a run trained by `train` alone (no
+    experiment). Pass every run, not only the finished ones: a run without results must not take a
+    label away. `exclude`: fields that are no row key (best_over's tuned key)."""
     runs = run_level(df)
     axes = [a for a in df.attrs.get("variant_axes", []) if a in df and a != "seed"]
     config = [
@@ -234,7 +242,8 @@ def default_rows(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
 
 
 def left_out_runs(df: pd.DataFrame, metric: str, rows: Iterable[str]) -> list[str]:
-    """One line per run without a value of `metric` (so left out of a table): its id, its row label and why."""
+    """One line per run without a value of `metric` (so left out of a table): its id, its row label
+    and why."""
     scored = df.assign(_scored=np.isfinite(pd.to_numeric(df[metric], errors="coerce"))).groupby(
         "run_dir"
     )["_scored"]
@@ -277,7 +286,8 @@ def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> Tabl
     opts = options.merged(spec_options(spec))
     metric = check_metric(df, opts.metric or default_metric(df))
     data = finished(df, metric)
-    # best_over: the tuned key and the split are chosen per cell, so neither is a default row or column
+    # best_over: the tuned key and the split are chosen per cell, so neither is a default row or
+    # column
     tuned = (
         resolve_column(df, opts.best_over, "best_over")
         if opts.best_over not in (None, "none")
@@ -314,9 +324,10 @@ def resolve_options(df: pd.DataFrame, options: TableOptions, spec: dict) -> Tabl
 
 
 def apply_where(df: pd.DataFrame, where: Iterable[str] | None) -> pd.DataFrame:
-    """The rows whose fields have (`FIELD=VALUE`) or do not have (`FIELD!=VALUE`) the values `where` asks for,
-    values compared as a table labels them (`max_targets!=2048`, `protocol=sliding`); a field that is no column,
-    a malformed condition or a condition no row meets is a one-line error."""
+    """The rows whose fields have (`FIELD=VALUE`) or do not have (`FIELD!=VALUE`) the values `where`
+    asks for, values compared as a table labels them (`max_targets!=2048`, `protocol=sliding`); a
+    field that is no column, a malformed condition or a condition no row meets is a one-line
+    error."""
     kept = df
     for condition in where or ():
         field, sep, value = str(condition).partition("=")

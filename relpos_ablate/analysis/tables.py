@@ -1,9 +1,9 @@
-"""Paper-style tables from `collect`: the machinery every layout shares (labels, seed cells, best in bold,
-the tests against a baseline row: paired or Welch's as the data says, one family corrected together, see
-stats.py) and the `grid` layout (rows and columns by any config field, variant axis or evaluation
-setting). What a table shows (rows, columns, metric, ...) is resolved in table_options.py. The other
-layouts build on this module and layouts.py, above them all, maps `--layout` names to them (`make_table`);
-this module knows none of them.
+"""Paper-style tables from `collect`: the machinery every layout shares (labels, seed cells, best in
+bold, the tests against a baseline row: paired or Welch's as the data says, one family corrected
+together, see stats.py) and the `grid` layout (rows and columns by any config field, variant axis or
+evaluation setting). What a table shows (rows, columns, metric, ...) is resolved in
+table_options.py. The other layouts build on this module and layouts.py, above them all, maps
+`--layout` names to them (`make_table`); this module knows none of them.
 Settings that save per-token losses (RECL's ladder) are left out of the grid layout and of the
 extrapolation plot: they score a subset of the targets (a study layout that reads them says so:
 layouts.LayoutSpec.reads_token_losses).
@@ -60,8 +60,9 @@ def sort_key(key: tuple, names: list[str], orders: dict[str, list]) -> tuple:
 def samples_by_key(
     data: pd.DataFrame, keys: list[str], metric: str
 ) -> dict[tuple, dict[str, float]]:
-    """{key tuple: {run dir: metric value}}: which run each value comes from, so that a test can see whether
-    two cells hold the same runs (stats.compare); a run contributing twice to one key is an error."""
+    """{key tuple: {run dir: metric value}}: which run each value comes from, so that a test can see
+    whether two cells hold the same runs (stats.compare); a run contributing twice to one key is an
+    error."""
     samples: dict[tuple, dict[str, float]] = defaultdict(dict)
     twice = False
     for record in data[[*keys, metric, "run_dir"]].itertuples(index=False):
@@ -128,8 +129,9 @@ def _find_baseline(baseline: str, row_keys: list[tuple]) -> tuple:
 def grid_table(
     df: pd.DataFrame, options: TableOptions, orders: dict[str, list] | None = None
 ) -> Table:
-    """Rows x columns of mean ± std over seeds (options must be resolved: see resolve_options); with a
-    baseline, every other cell tested against the baseline row's cell of its column, one family."""
+    """Rows x columns of mean ± std over seeds (options must be resolved: see resolve_options); with
+    a baseline, every other cell tested against the baseline row's cell of its column, one
+    family."""
     rows, cols, metric = list(options.rows), list(options.cols), options.metric
     data = finished(df, metric)
     samples = samples_by_key(data, rows + cols, metric)
@@ -169,9 +171,9 @@ def baseline_tests(
     options: TableOptions,
     columns: list[str],
 ) -> Family:
-    """Each cell against the baseline row's cell of its column, all in one family (stats.Family): the test
-    the data calls for (paired where both cells hold the same runs), corrected by options.correction; each
-    tested cell gets its adjusted p (its stars) and its raw p."""
+    """Each cell against the baseline row's cell of its column, all in one family (stats.Family):
+    the test the data calls for (paired where both cells hold the same runs), corrected by
+    options.correction; each tested cell gets its adjusted p (its stars) and its raw p."""
     baseline = ", ".join(label(v) for v in base)
     family = Family(f"every row vs {baseline}, column by column", options.correction or "holm")
     tested = []
@@ -211,8 +213,8 @@ def seed_caption(metric: str, cells: list[Cell], family: Family | None) -> str:
     if family is not None:
         kinds = sorted({t.kind for t in family.tests})
         text += (
-            f" Each cell against the baseline row's: a paired t-test where both hold the same runs, Welch's "
-            f"t-test where they hold different models (here: "
+            f" Each cell against the baseline row's: a paired t-test where both hold the same "
+            f"runs, Welch's t-test where they hold different models (here: "
             f"{', '.join(kinds) if kinds else f'none, fewer than {MIN_SEEDS} seeds'}). "
             f"{family.heading()} Stars on the adjusted p: {STAR_LEGEND}."
         )
@@ -220,14 +222,16 @@ def seed_caption(metric: str, cells: list[Cell], family: Family | None) -> str:
 
 
 def variant_styles(count: int) -> list[tuple]:
-    """(colour, line style) per variant of a line figure: the 10 distinct colours of matplotlib's cycle, solid,
-    then again dashed, then dotted, so that no two variants share a look and none is a paler shade of another."""
+    """(colour, line style) per variant of a line figure: the 10 distinct colours of matplotlib's
+    cycle, solid, then again dashed, then dotted, so that no two variants share a look and none is a
+    paler shade of another."""
     styles = ("-", "--", ":", "-.")
     return [(f"C{k % 10}", styles[(k // 10) % len(styles)]) for k in range(count)]
 
 
 def variant_colors(count: int) -> list:
-    """A colour per variant of a figure: matplotlib's cycle up to 10, tab20 beyond (distinct to 20)."""
+    """A colour per variant of a figure: matplotlib's cycle up to 10, tab20 beyond (distinct to
+    20)."""
     if count <= 10:
         return [f"C{k}" for k in range(count)]
     from matplotlib import colormaps  # figures only: tables themselves need no matplotlib

@@ -1,5 +1,6 @@
-"""Loading the trained runs a figure of a model draws (`plot --kind bias | attention | terms`), and why
-a run cannot be drawn: a module its config imports is missing, no or a corrupt checkpoint, no bias."""
+"""Loading the trained runs a figure of a model draws (`plot --kind bias | attention | terms`), and
+why a run cannot be drawn: a module its config imports is missing, no or a corrupt checkpoint, no
+bias."""
 
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ UNLOADABLE = (
     KeyError,
     pickle.UnpicklingError,
 )
-"""What loading a trained run can raise (no or a corrupt checkpoint, a config the code rejects): that
-run is skipped in a grid, and a one-line error for a single run."""
+"""What loading a trained run can raise (no or a corrupt checkpoint, a config the code rejects):
+that run is skipped in a grid, and a one-line error for a single run."""
 
 
 def check_imports(runs: pd.DataFrame) -> None:
-    """When no run can be loaded because a module its config lists under `imports:` cannot be imported
-    here, one line per such module: the runs that need it and how to make it importable. (When some
-    runs can be drawn, the others are left out one by one, each note naming its module.)"""
+    """When no run can be loaded because a module its config lists under `imports:` cannot be
+    imported here, one line per such module: the runs that need it and how to make it importable.
+    (When some runs can be drawn, the others are left out one by one, each note naming its
+    module.)"""
     needs: dict[str, list[str]] = {}
     for _, run in runs.iterrows():
         for module in _imports(run):
@@ -51,10 +53,10 @@ def check_imports(runs: pd.DataFrame) -> None:
         [
             ConfigError(
                 "imports",
-                f"cannot import {module!r} ({why}), listed under imports: by run"
-                f"{'s' if len(needs[module]) > 1 else ''} {', '.join(needs[module])}; run plot from the "
-                f"folder that holds {module.split('.')[0]} (where the runs were trained), or add that "
-                "folder to PYTHONPATH",
+                f"cannot import {module!r} ({why}), listed under imports: by "
+                f"run{'s' if len(needs[module]) > 1 else ''} {', '.join(needs[module])}; run plot "
+                f"from the folder that holds {module.split('.')[0]} (where the runs were "
+                f"trained), or add that folder to PYTHONPATH",
             )
             for module, why in failed.items()
         ]
@@ -62,7 +64,8 @@ def check_imports(runs: pd.DataFrame) -> None:
 
 
 def _imports(run: pd.Series) -> list[str]:
-    """The modules a collected run's config lists under `imports:` (collect keeps lists as JSON text)."""
+    """The modules a collected run's config lists under `imports:` (collect keeps lists as JSON
+    text)."""
     try:
         modules = json.loads(run.get("imports") or "[]")
     except (TypeError, json.JSONDecodeError):
@@ -71,7 +74,8 @@ def _imports(run: pd.Series) -> list[str]:
 
 
 def load_drawable(run_dir: Path, kind: str, loader: Callable):
-    """(config, model) of a run that can be drawn as `kind`, else a one-line ConfigError naming the run."""
+    """(config, model) of a run that can be drawn as `kind`, else a one-line ConfigError naming the
+    run."""
     try:
         config, model = loader(run_dir)
     except UNLOADABLE as err:

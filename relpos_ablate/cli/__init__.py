@@ -1,8 +1,8 @@
 """`relpos-ablate` command line: argument parsing only; each command lives in its own module.
 
-Commands register themselves through `register(subparsers)` in the modules listed in COMMAND_MODULES.
-A bad config or argument prints one line per problem (`error: <key>: <what is allowed>`) and exits
-with status 2.
+Commands register themselves through `register(subparsers)` in the modules listed in
+COMMAND_MODULES. A bad config or argument prints one line per problem (`error: <key>: <what is
+allowed>`) and exits with status 2.
 
 The command modules import what a command needs (torch, pandas, the runner) inside the function
 that runs it, not at the top: `--help`, `status` and the rerun of a finished grid start in a
@@ -50,7 +50,8 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="relpos-ablate",
-        description="Ablate relative position encodings: train runs, sweep grids, tabulate and plot results.",
+        description="Ablate relative position encodings: train runs, sweep grids, tabulate and "
+        "plot results.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:

@@ -1,5 +1,5 @@
-"""`relpos-ablate evaluate DIR`: new evaluation settings on trained runs, from their checkpoints, without
-retraining (train/evaluate_run.py; several runs at once on slots: runner/evaluate.py)."""
+"""`relpos-ablate evaluate DIR`: new evaluation settings on trained runs, from their checkpoints,
+without retraining (train/evaluate_run.py; several runs at once on slots: runner/evaluate.py)."""
 
 from __future__ import annotations
 
@@ -22,16 +22,18 @@ EXAMPLE = (
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "evaluate",
-        help="evaluate trained runs at new evaluation settings, from their trained weights (no retraining)",
+        help="evaluate trained runs at new evaluation settings, from their trained weights (no "
+        "retraining)",
         description=textwrap.fill(
-            f"Load each done run's trained weights ({rundir.CHECKPOINTS}/{rundir.LAST_CHECKPOINT}) and evaluate the "
-            "settings the --set overrides give (eval.* fields: lengths, protocols, strides, RoPE scaling, RECL "
-            f"contexts, diagnostics). The records join the run's {rundir.EVAL}; settings already there are kept, "
-            "and one already evaluated with the same fields is skipped unless --replace. The run id, "
-            f"{rundir.CONFIG}, {rundir.CHECKPOINTS}, {rundir.METRICS} and {rundir.STATUS} do not change, so a rerun "
-            "of the run's grid still sees it done. Every "
-            "problem is reported before anything is computed. Exit status: 0 every run evaluated, 1 some failed, "
-            "2 bad arguments or settings, 130 stopped.",
+            f"Load each done run's trained weights "
+            f"({rundir.CHECKPOINTS}/{rundir.LAST_CHECKPOINT}) and evaluate the settings the --set "
+            f"overrides give (eval.* fields: lengths, protocols, strides, RoPE scaling, RECL "
+            f"contexts, diagnostics). The records join the run's {rundir.EVAL}; settings already "
+            f"there are kept, and one already evaluated with the same fields is skipped unless "
+            f"--replace. The run id, {rundir.CONFIG}, {rundir.CHECKPOINTS}, {rundir.METRICS} and "
+            f"{rundir.STATUS} do not change, so a rerun of the run's grid still sees it done. "
+            f"Every problem is reported before anything is computed. Exit status: 0 every run "
+            f"evaluated, 1 some failed, 2 bad arguments or settings, 130 stopped.",
             width=96,
         )
         + f"\n\nexample (ALiBi App. B):\n  {EXAMPLE}",
@@ -49,8 +51,9 @@ def register(subparsers) -> None:
         default=[],
         metavar="KEY=VALUE",
         dest="overrides",
-        help="an evaluation field, e.g. --set 'eval.settings=[{segment_len: 256}]' or --set eval.diagnostics=true "
-        "(eval.* keys; example tasks also data.test_lengths, data.eval_examples, data.passkey_depths); repeatable",
+        help="an evaluation field, e.g. --set 'eval.settings=[{segment_len: 256}]' or --set "
+        "eval.diagnostics=true (eval.* keys; example tasks also data.test_lengths, "
+        "data.eval_examples, data.passkey_depths); repeatable",
     )
     p.add_argument(
         "--replace",
@@ -99,7 +102,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     todo = [plan for plan in plans if plan.todo]
     if not todo:
         print(
-            f"{args.dir}: nothing to evaluate: every setting is already in {rundir.EVAL} (--replace evaluates again)"
+            f"{args.dir}: nothing to evaluate: every setting is already in {rundir.EVAL} "
+            f"(--replace evaluates again)"
         )
         return 0
     if len(todo) > 1 and (args.devices is not None or (args.slots or 1) > 1):
@@ -108,13 +112,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _runs(directory: Path) -> list[Path]:
-    """DIR itself when it is a run dir, else every done run under it (the others are named and left out)."""
+    """DIR itself when it is a run dir, else every done run under it (the others are named and left
+    out)."""
     if rundir.is_run_dir(directory):
         return [directory]
     found = rundir.find_run_dirs(directory).runs
     if not found:
         raise UsageError(
-            f"{directory}: no run directories found (expected a run dir, results/<experiment> or results/)"
+            f"{directory}: no run directories found (expected a run dir, results/<experiment> "
+            f"or results/)"
         )
     done = [run for run in found if rundir.is_done(run)]
     for run in found:
@@ -137,8 +143,8 @@ def _in_process(plans) -> int:
         lock = RunLock(plan.run_dir)
         if not lock.try_acquire():
             print(
-                f"{plan.run_dir}: busy: another process holds {rundir.LOCK} (a grid or another evaluate); "
-                "rerun when it ends",
+                f"{plan.run_dir}: busy: another process holds {rundir.LOCK} (a grid or another "
+                f"evaluate); rerun when it ends",
                 file=sys.stderr,
             )
             worst = 1
@@ -148,8 +154,8 @@ def _in_process(plans) -> int:
             count = run_evaluation(plan)
         except KeyboardInterrupt:
             print(
-                f"{plan.run_dir}: interrupted by the user; its {rundir.EVAL} is as it was: rerun the same command "
-                "to finish",
+                f"{plan.run_dir}: interrupted by the user; its {rundir.EVAL} is as it was: rerun "
+                f"the same command to finish",
                 file=sys.stderr,
             )
             return 130
@@ -163,8 +169,8 @@ def _in_process(plans) -> int:
         finally:
             lock.release()
         print(
-            f"{plan.run_dir}: evaluated {count} setting(s), {plan.skipped} already in {rundir.EVAL} "
-            f"({time.monotonic() - started:.1f} s)"
+            f"{plan.run_dir}: evaluated {count} setting(s), {plan.skipped} already in "
+            f"{rundir.EVAL} ({time.monotonic() - started:.1f} s)"
         )
     return worst
 
@@ -181,8 +187,8 @@ def _on_slots(plans, args: argparse.Namespace) -> int:
         return evaluate_on_slots([plan.run_dir for plan in plans], arguments, slots)
     except KeyboardInterrupt:
         print(
-            f"interrupted by the user; each run's {rundir.EVAL} is as it was or complete: rerun the same "
-            "command to finish",
+            f"interrupted by the user; each run's {rundir.EVAL} is as it was or complete: rerun "
+            f"the same command to finish",
             file=sys.stderr,
         )
         return 130

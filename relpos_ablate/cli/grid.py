@@ -15,9 +15,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "grid",
         help="run every run of a grid spec that is not done yet (local slots or SLURM)",
-        description="Idempotent: done runs are skipped, interrupted ones resume from their last checkpoint, "
-        "failed ones are skipped unless --retry-failed. Exit status: 0 all done, 1 some failed or "
-        "incomplete, 2 a bad spec or flag, 130 stopped.",
+        description="Idempotent: done runs are skipped, interrupted ones resume from their last "
+        "checkpoint, failed ones are skipped unless --retry-failed. Exit status: 0 all done, 1 "
+        "some failed or incomplete, 2 a bad spec or flag, 130 stopped.",
     )
     p.add_argument(
         "spec",
@@ -60,14 +60,15 @@ def register(subparsers) -> None:
     p.add_argument(
         "--retry-failed",
         action="store_true",
-        help="run failed runs again (from their last checkpoint; delete a run's dir to start it over)",
+        help="run failed runs again (from their last checkpoint; delete a run's dir to start it "
+        "over)",
     )
     p.add_argument("--dry-run", action="store_true", help="print what would run and exit")
     p.add_argument(
         "--fresh-workers",
         action="store_true",
-        help="start every worker as a new interpreter (default: a worker on a CPU slot is forked from a "
-        "server that imported torch and Lightning once; relpos_ablate/runner/forkserver.py)",
+        help="start every worker as a new interpreter (default: a worker on a CPU slot is forked "
+        "from a server that imported torch and Lightning once; relpos_ablate/runner/forkserver.py)",
     )
     p.add_argument(
         "--launcher",
@@ -177,8 +178,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         args.devices or args.slots or args.runs_per_device or args.gpus_per_run
     ):
         raise UsageError(
-            "--devices/--slots/--runs-per-device/--gpus-per-run are for --launcher local; SLURM jobs "
-            "use --gpus (per node) and --nodes"
+            "--devices/--slots/--runs-per-device/--gpus-per-run are for --launcher local; SLURM "
+            "jobs use --gpus (per node) and --nodes"
         )
     if args.devices is not None:
         _group_devices(_parse_devices(args.devices), args.gpus_per_run or 1)
@@ -218,8 +219,8 @@ def _visible(devices: list[int], visible: int) -> list[int]:
 
 
 def slots_for(args: argparse.Namespace) -> list:
-    """The slots the flags ask for. Counting GPUs imports torch (seconds), so call it only when a run
-    is to be launched: the rerun of a finished grid stays torch-free."""
+    """The slots the flags ask for. Counting GPUs imports torch (seconds), so call it only when a
+    run is to be launched: the rerun of a finished grid stays torch-free."""
     from relpos_ablate.runner.local import cpu_slots, gpu_slots
     from relpos_ablate.runner.worker import available_cores
 
@@ -245,7 +246,8 @@ def slots_for(args: argparse.Namespace) -> list:
 
 
 def _check_runs_fit(plans, processes: int, flag: str) -> None:
-    """Every run to launch can split its streams over `processes` (one line naming the first that cannot)."""
+    """Every run to launch can split its streams over `processes` (one line naming the first that
+    cannot)."""
     from relpos_ablate.config import ConfigError, check_world_size
     from relpos_ablate.runner.display import short_variant
 
@@ -254,8 +256,8 @@ def _check_runs_fit(plans, processes: int, flag: str) -> None:
             check_world_size(plan.run.config, processes)
         except ConfigError as err:
             raise UsageError(
-                f"{flag}: run {plan.run.run_id} [{short_variant(plan.run.variant)}] cannot be split "
-                f"over {processes} processes: {err}"
+                f"{flag}: run {plan.run.run_id} [{short_variant(plan.run.variant)}] cannot be "
+                f"split over {processes} processes: {err}"
             ) from None
 
 
@@ -282,8 +284,9 @@ def _dry_run(spec, args: argparse.Namespace) -> int:
     guess = estimate(plans, args.results, spec.name, n_slots)
     if guess is None:
         console.print(
-            f"no wall-time estimate: no run of this spec has finished and {args.results / spec.name}/"
-            f"train_step.json is missing (python benchmarks/train_step.py --spec {spec.path or spec.name})",
+            f"no wall-time estimate: no run of this spec has finished and "
+            f"{args.results / spec.name}/train_step.json is missing (python "
+            f"benchmarks/train_step.py --spec {spec.path or spec.name})",
             highlight=False,
         )
     elif guess.runs:
@@ -400,7 +403,8 @@ def _submit(spec, args: argparse.Namespace) -> int:
 
 
 def _wait_for_jobs(spec, submitted) -> int:
-    """The live table of the submitted runs until every job has ended; 0 when all are done, else 1."""
+    """The live table of the submitted runs until every job has ended; 0 when all are done,
+    else 1."""
     from relpos_ablate.rundir import read_status
     from relpos_ablate.runner.display import make_console, make_display, row_for, run_table
     from relpos_ablate.runner.slurm import follow

@@ -1,4 +1,5 @@
-"""`relpos-ablate collect | table | plot`: results dir -> summary frame, paper-style tables, figures."""
+"""`relpos-ablate collect | table | plot`: results dir -> summary frame, paper-style tables,
+figures."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ MAX_PROBLEMS = 20
 SUMMARY_FIGURES = ("extrapolation", *STUDY_SUMMARY_FIGURES)
 """Plot kinds drawn from the collected frame alone, so also from a committed summary.csv."""
 CORRECTION_CHOICES = ("holm", "bh", "none")
-"""Multiple-comparison corrections (analysis/stats.py CORRECTIONS; text here so --help needs no scipy)."""
+"""Multiple-comparison corrections (analysis/stats.py CORRECTIONS; text here so --help needs no
+scipy)."""
 
 
 def register(subparsers) -> None:
@@ -43,16 +45,17 @@ def register(subparsers) -> None:
         "--merge",
         type=Path,
         metavar="SUMMARY.csv",
-        help="keep the rows of this earlier summary.csv for the runs the dir lacks (a committed study "
-        "keeps its summary, not its run dirs: merge the runs added since); --out may be the same file",
+        help="keep the rows of this earlier summary.csv for the runs the dir lacks (a committed "
+        "study keeps its summary, not its run dirs: merge the runs added since); --out may be the "
+        "same file",
     )
     p.add_argument(
         "--spec",
         type=Path,
         nargs="+",
         metavar="SPEC",
-        help="keep only the runs these grid specs plan (drops the rows of runs a changed spec no longer "
-        "has, e.g. after a fix to one encoding's settings); the dropped runs are counted",
+        help="keep only the runs these grid specs plan (drops the rows of runs a changed spec no "
+        "longer has, e.g. after a fix to one encoding's settings); the dropped runs are counted",
     )
     p.set_defaults(func=cmd_collect)
 
@@ -66,9 +69,9 @@ def register(subparsers) -> None:
         type=Path,
         nargs="+",
         metavar="DIR|summary.csv",
-        help="results dir, or the summary.csv `collect` wrote of one (a layout that reads per-target "
-        "losses, xl_table8, needs the run dirs); several: their runs together (e.g. a study and its "
-        "control experiment)",
+        help="results dir, or the summary.csv `collect` wrote of one (a layout that reads "
+        "per-target losses, xl_table8, needs the run dirs); several: their runs together (e.g. a "
+        "study and its control experiment)",
     )
     p.add_argument(
         "--rows",
@@ -96,24 +99,25 @@ def register(subparsers) -> None:
     p.add_argument(
         "--correction",
         choices=CORRECTION_CHOICES,
-        help="the table's tests against the baseline are one family, corrected together: holm (default), "
-        "bh (Benjamini-Hochberg false discovery rate) or none; stars read the adjusted p, the "
-        "Markdown test list and the CSV give the raw p beside it (spec: table: {correction: ...})",
+        help="the table's tests against the baseline are one family, corrected together: holm "
+        "(default), bh (Benjamini-Hochberg false discovery rate) or none; stars read the adjusted "
+        "p, the Markdown test list and the CSV give the raw p beside it (spec: table: "
+        "{correction: ...})",
     )
     p.add_argument(
         "--where",
         nargs="+",
         metavar="FIELD=VALUE",
-        help="keep only the evaluations whose field has (FIELD=VALUE) or has not (FIELD!=VALUE) this value, "
-        "e.g. max_targets=2048 or protocol=sliding (default: the spec's table: where)",
+        help="keep only the evaluations whose field has (FIELD=VALUE) or has not (FIELD!=VALUE) "
+        "this value, e.g. max_targets=2048 or protocol=sliding (default: the spec's table: where)",
     )
     p.add_argument(
         "--layout",
         metavar="NAME",
         choices=("grid", *LAYOUT_NAMES),
-        help="grid (default), Transformer-XL's Table 6 (PPL init / best / Attn Len) or Table 8 (RECL at "
-        "r = 0.1, 0.5, 1.0; needs eval.recl_contexts), or length_generalization (example tasks: "
-        "test-length bins + OOD mean per task and encoding, then a rank-per-task summary)",
+        help="grid (default), Transformer-XL's Table 6 (PPL init / best / Attn Len) or Table 8 "
+        "(RECL at r = 0.1, 0.5, 1.0; needs eval.recl_contexts), or length_generalization (example "
+        "tasks: test-length bins + OOD mean per task and encoding, then a rank-per-task summary)",
     )
     p.add_argument(
         "--best-over",
@@ -147,16 +151,16 @@ def register(subparsers) -> None:
         type=Path,
         nargs="+",
         metavar="DIR|summary.csv",
-        help="an experiment's results dir or its summary.csv; several: a report that reads more than one "
-        "experiment (xl_table6_cpu with xl_context_cpu, its no-memory control)",
+        help="an experiment's results dir or its summary.csv; several: a report that reads more "
+        "than one experiment (xl_table6_cpu with xl_context_cpu, its no-memory control)",
     )
     p.add_argument(
         "--correction",
         choices=CORRECTION_CHOICES,
         default="holm",
-        help="each family of tests the report states (named in its heading) is corrected together: holm "
-        "(default), bh (Benjamini-Hochberg false discovery rate) or none; orderings read the "
-        "adjusted p, the raw p stands beside it",
+        help="each family of tests the report states (named in its heading) is corrected "
+        "together: holm (default), bh (Benjamini-Hochberg false discovery rate) or none; "
+        "orderings read the adjusted p, the raw p stands beside it",
     )
     p.add_argument("--out", type=Path, help="write the report to FILE instead of printing it")
     p.set_defaults(func=cmd_report)
@@ -166,10 +170,10 @@ def register(subparsers) -> None:
         help="bias curves, attention / term heatmaps, extrapolation and loss-by-position "
         "curves, length generalization, attention diagnostics, passkey retrieval",
         description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
-        "(extrapolation and position-loss: one figure of every run; lengthgen: exact "
-        "match against task length, one panel per task; diagnostics: one per task; "
-        "passkey: the depth tasks (passkey, niah_*, variable_tracking), a row of panels per task, one panel "
-        "per variant).",
+        "(extrapolation and position-loss: one figure of every run; lengthgen: exact match "
+        "against task length, one panel per task; diagnostics: one per task; passkey: the depth "
+        "tasks (passkey, niah_*, variable_tracking), a row of panels per task, one panel per "
+        "variant).",
     )
     p.add_argument(
         "target",
@@ -182,11 +186,12 @@ def register(subparsers) -> None:
         "--kind",
         required=True,
         choices=("bias", "attention", "terms", "extrapolation", "position-loss", *STUDY_FIGURES),
-        help="position-loss: mean loss by position in the segment / window, one panel per evaluation "
-        "setting; lengthgen: example tasks, a line per variant (mean over seeds, min-max band), training "
-        "lengths shaded; lr-sweep: the fair-baselines study, valid ppl against train.lr per encoding and "
-        "each one's test ppl at its best lr over the best encoding's; context: the Transformer-XL study, "
-        "each model's ppl against the context it sees on its RECL ladder (memory or sliding windows)",
+        help="position-loss: mean loss by position in the segment / window, one panel per "
+        "evaluation setting; lengthgen: example tasks, a line per variant (mean over seeds, "
+        "min-max band), training lengths shaded; lr-sweep: the fair-baselines study, valid ppl "
+        "against train.lr per encoding and each one's test ppl at its best lr over the best "
+        "encoding's; context: the Transformer-XL study, each model's ppl against the context it "
+        "sees on its RECL ladder (memory or sliding windows)",
     )
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
     p.add_argument(
@@ -214,9 +219,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "--family-rows",
         action="store_true",
-        help="extrapolation: a row of panels per encoding family (absolute, rotary, bias, data-dependent, "
-        "other), each with its own y range; without it, families share a row unless a panel would "
-        "hold more than 10 lines",
+        help="extrapolation: a row of panels per encoding family (absolute, rotary, bias, "
+        "data-dependent, other), each with its own y range; without it, families share a row "
+        "unless a panel would hold more than 10 lines",
     )
     p.add_argument(
         "--where",
@@ -248,8 +253,8 @@ def _collect(directory: Path):
 
 
 def _frame(source: Path | list[Path]):
-    """The collected frame of a results dir, or of the summary.csv `collect` wrote of one (the committed
-    studies' data: their run dirs stay local); of several, their runs together."""
+    """The collected frame of a results dir, or of the summary.csv `collect` wrote of one (the
+    committed studies' data: their run dirs stay local); of several, their runs together."""
     from relpos_ablate.analysis.collect import merge_frames, read_summary
 
     if isinstance(source, list):
@@ -399,13 +404,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
     bad = [f for f in formats if f not in plots.FIGURE_FORMATS]
     if bad or not formats:
         raise UsageError(
-            f"--formats: {','.join(bad) or 'nothing'} not allowed; choose from {', '.join(plots.FIGURE_FORMATS)}"
+            f"--formats: {','.join(bad) or 'nothing'} not allowed; choose from "
+            f"{', '.join(plots.FIGURE_FORMATS)}"
         )
     from_csv = args.target.suffix == ".csv"
     if from_csv and args.kind not in SUMMARY_FIGURES:
         raise UsageError(
-            f"--kind {args.kind} reads the run dirs (trained models, evaluation records), not a summary.csv; "
-            f"from a summary.csv: {', '.join(SUMMARY_FIGURES)}"
+            f"--kind {args.kind} reads the run dirs (trained models, evaluation records), not a "
+            f"summary.csv; from a summary.csv: {', '.join(SUMMARY_FIGURES)}"
         )
     if not (args.target.is_file() if from_csv else args.target.is_dir()):
         raise UsageError(f"{args.target}: not {'found' if from_csv else 'a directory'}")

@@ -27,10 +27,11 @@ def register(subparsers) -> None:
         "train",
         help="train and evaluate one run in a run directory",
         description=textwrap.fill(
-            f"Train one run (resuming from RUN_DIR/{rundir.CHECKPOINTS}/{rundir.LAST_CHECKPOINT} when there is "
-            f"one), evaluate it at every eval setting and record {rundir.CONFIG}, {rundir.STATUS}, {rundir.METRICS}, "
-            f"{rundir.EVAL} and {rundir.LOG} in RUN_DIR. A run marked done is not trained again. Exit status: 0 "
-            "done, 1 failed or interrupted, 2 bad arguments or config.",
+            f"Train one run (resuming from RUN_DIR/{rundir.CHECKPOINTS}/{rundir.LAST_CHECKPOINT} "
+            f"when there is one), evaluate it at every eval setting and record {rundir.CONFIG}, "
+            f"{rundir.STATUS}, {rundir.METRICS}, {rundir.EVAL} and {rundir.LOG} in RUN_DIR. A run "
+            f"marked done is not trained again. Exit status: 0 done, 1 failed or interrupted, 2 "
+            f"bad arguments or config.",
             width=96,
         ),
         epilog=config_help(),
@@ -63,7 +64,8 @@ def register(subparsers) -> None:
 
 
 def config_help() -> str:
-    """Every config field with its default and docstring (the field docstrings are the documentation)."""
+    """Every config field with its default and docstring (the field docstrings are the
+    documentation)."""
     lines = ["config fields (YAML keys; --set KEY=VALUE):"]
     for path, default, doc in describe(RunConfig):
         lines.append(f"  {path} = {default}")
@@ -104,7 +106,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 def check_config_accepted(run_dir: Path, state: str) -> None:
     """A run failed by its config (found once the data is there, before training) is bad input: its
-    problems become the command's one-line errors (exit 2), as those found before the run started."""
+    problems become the command's one-line errors (exit 2), as those found before the run
+    started."""
     from relpos_ablate.train.records import CONFIG_ERRORS
 
     problems = (rundir.read_status(run_dir) or {}).get(CONFIG_ERRORS) if state == "failed" else None
@@ -120,8 +123,8 @@ def cpu_processes(train, cuda: bool) -> int:
 
 
 def resolve_config(config_file: Path | None, run_dir: Path, overrides: list[str]) -> RunConfig:
-    """The config to run: --config (+ --set), else RUN_DIR/config.yaml (+ --set). It must agree with an
-    existing RUN_DIR/config.yaml: a run directory belongs to one config."""
+    """The config to run: --config (+ --set), else RUN_DIR/config.yaml (+ --set). It must agree with
+    an existing RUN_DIR/config.yaml: a run directory belongs to one config."""
     from relpos_ablate.cli import UsageError
 
     stored_path = run_dir / rundir.CONFIG
@@ -155,7 +158,8 @@ def check_not_a_grid_spec(path: Path, data: dict) -> None:
 
 
 def explain_grid_words(problem: ConfigError, data: dict) -> ConfigError:
-    """`encoding` (a grid axis) given to train is unknown as a run config key; say what it would set."""
+    """`encoding` (a grid axis) given to train is unknown as a run config key; say what it would
+    set."""
     if problem.field != "encoding" or not problem.message.startswith("unknown key"):
         return problem
     from relpos_ablate.runner.presets import not_a_run_key

@@ -1,5 +1,5 @@
-"""Frozen, validated dataclasses for every part of a run (see base.py for the machinery, yaml_io.py for YAML files
-and --set overrides)."""
+"""Frozen, validated dataclasses for every part of a run (see base.py for the machinery, yaml_io.py
+for YAML files and --set overrides)."""
 
 from relpos_ablate.config.base import ConfigError, describe, from_dict, to_plain
 from relpos_ablate.config.data import DataConfig

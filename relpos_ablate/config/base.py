@@ -1,5 +1,5 @@
-"""Machinery shared by every config section: plain dicts <-> frozen dataclasses, validated (YAML files and
-`--set` overrides into those dicts: yaml_io.py).
+"""Machinery shared by every config section: plain dicts <-> frozen dataclasses, validated (YAML
+files and `--set` overrides into those dicts: yaml_io.py).
 
 Each config is a frozen dataclass whose fields carry *attribute docstrings* (a string literal on
 the line after the field). Those docstrings are the documentation: `field_docs` reads them for
@@ -29,7 +29,8 @@ from typing import Any
 
 
 class ConfigError(ValueError):
-    """A bad config value. `str(err)` is one line: `<key path>: <what is wrong and what is allowed>`."""
+    """A bad config value. `str(err)` is one line: `<key path>: <what is wrong and what is
+    allowed>`."""
 
     def __init__(self, field: str, message: str):
         self.field = field
@@ -76,7 +77,8 @@ _recorded: contextvars.ContextVar[list[ConfigError] | None] = contextvars.Contex
 
 
 def reject(field: str, message: str) -> None:
-    """A failed check: raised, or recorded while from_dict builds the config (see the module docstring)."""
+    """A failed check: raised, or recorded while from_dict builds the config (see the module
+    docstring)."""
     recorded = _recorded.get()
     if recorded is None:
         raise ConfigError(field, message)
@@ -121,8 +123,8 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
     """(key path, default, doc) for every leaf field of a (nested) config class; a list of configs
-    (eval.settings) is followed by the fields of one item (`eval.settings[i].segment_len`), read from
-    its class, so the help cannot leave one out."""
+    (eval.settings) is followed by the fields of one item (`eval.settings[i].segment_len`), read
+    from its class, so the help cannot leave one out."""
     rows = []
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
@@ -154,9 +156,10 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
 
 
 def named_items(tp: Any) -> type | None:
-    """The item class of a `tuple[Item, ...]` annotation whose items have a `name` field (model.layer_kinds), else
-    None. YAML may write such a field as a mapping {name: fields} (key paths then reach into it by name:
-    `model.layer_kinds.local.window`) or as a list of items with their names."""
+    """The item class of a `tuple[Item, ...]` annotation whose items have a `name` field
+    (model.layer_kinds), else None. YAML may write such a field as a mapping {name: fields} (key
+    paths then reach into it by name: `model.layer_kinds.local.window`) or as a list of items with
+    their names."""
     if typing.get_origin(tp) is not tuple:
         return None
     item = typing.get_args(tp)[0]
@@ -336,8 +339,8 @@ def _build(cls: type, kwargs: dict, checks_only: bool) -> tuple[Any, list[Config
 
 
 def _in_field_order(errors: list[ConfigError], names: list[str], prefix: str) -> list[ConfigError]:
-    """Every problem once per key path (a bad value often fails a later check of the same field too),
-    in the order the dataclass declares its fields."""
+    """Every problem once per key path (a bad value often fails a later check of the same field
+    too), in the order the dataclass declares its fields."""
     kept: dict[str, ConfigError] = {}
     for err in (problem for error in errors for problem in error.errors):
         kept.setdefault(err.field, err)

@@ -8,8 +8,8 @@ from relpos_ablate.config.base import ConfigError, check_choice, check_range
 
 SOURCES = ("synthetic", "text")
 STREAM_TASKS = ("offset_copy", "recall", "repeat")
-#: Tasks made of independent examples `<bos> prompt <sep> answer` (train/data/examples.py). A new task goes last: a
-#: task's index seeds its examples.
+#: Tasks made of independent examples `<bos> prompt <sep> answer` (train/data/examples.py). A new
+#: task goes last: a task's index seeds its examples.
 EXAMPLE_TASKS = (
     "copy",
     "reverse",
@@ -25,9 +25,9 @@ EXAMPLE_TASKS = (
     "variable_tracking",
     "contextual_counting",
 )
-#: Example tasks with needles in n filler tokens, one of them at a depth (round(depth·n) filler tokens before it),
-#: and the needle it is. Their test bins are evaluated depth by depth (passkey_depths), drawn by
-#: `plot --kind passkey` as depth x length maps.
+#: Example tasks with needles in n filler tokens, one of them at a depth (round(depth·n) filler
+#: tokens before it), and the needle it is. Their test bins are evaluated depth by depth
+#: (passkey_depths), drawn by `plot --kind passkey` as depth x length maps.
 DEPTH_TASKS = {
     "passkey": "the key",
     "niah_multikey": "the asked needle",
@@ -37,8 +37,8 @@ DEPTH_TASKS = {
 }
 TASKS = STREAM_TASKS + EXAMPLE_TASKS
 TOKENIZERS = ("char", "byte", "word")
-#: Named corpora: one shipped inside the package (offline), the others downloaded by `datasets` (hub ids and the
-#: shipped files in relpos_ablate/train/data/text.py).
+#: Named corpora: one shipped inside the package (offline), the others downloaded by `datasets` (hub
+#: ids and the shipped files in relpos_ablate/train/data/text.py).
 CORPORA = ("tinyshakespeare", "wikitext-2", "wikitext-103", "enwik8", "text8")
 
 
@@ -47,35 +47,37 @@ class DataConfig:
     """Where the tokens come from."""
 
     source: str = "synthetic"
-    """'synthetic' (a task generated from the seed, no download) or 'text' (a corpus via datasets)."""
+    """'synthetic' (a task generated from the seed, no download) or 'text' (a corpus via
+    datasets)."""
     task: str = "offset_copy"
     """synthetic streams: offset_copy (emit the input token `offset` positions back: needs relative
-    position) | recall (answer a query with the pair stored under its key: needs content only) | repeat
-    (a random block of `period` tokens is repeated right after itself: needs memory + relative position).
-    Synthetic examples `<bos> prompt <sep> answer`, loss and accuracy on the answer only, of length n:
-    copy, reverse, sort (n symbols) | addition (two n-digit numbers, their n+1-digit sum) | parity (n
-    bits, answer their parity) | mqar (n key-value pairs, then mqar_queries keys to answer) | flip_flop (a
-    write, then n instructions write/ignore/read with a bit, the last a read; a read repeats the last
-    written bit) | passkey (n filler tokens with a passkey_digits-digit key hidden at a depth, asked for at
-    the end). Long-context tasks in the style of RULER (Hsieh et al. 2024), n filler tokens with needles
-    `<key> name value` (values of passkey_digits digits) at random places: niah_multikey (niah_keys needles,
-    one key asked: its value) | niah_multivalue (one key with niah_values values among niah_keys - 1 other
-    keys' needles: all its values, in order) | niah_multiquery (niah_keys needles, niah_queries keys asked:
-    their values in the asked order) | variable_tracking (chains X1 = v, X2 = X1, ... of variable_hops hops,
-    variable_chains of them, each its own value; a value asked: every name holding it, in chain order) |
-    contextual_counting (Golkar et al. 2024: n bits with counting_regions regions marked by [ ]: the count of
-    ones in each region)."""
+    position) | recall (answer a query with the pair stored under its key: needs content only) |
+    repeat (a random block of `period` tokens is repeated right after itself: needs memory +
+    relative position). Synthetic examples `<bos> prompt <sep> answer`, loss and accuracy on the
+    answer only, of length n: copy, reverse, sort (n symbols) | addition (two n-digit numbers, their
+    n+1-digit sum) | parity (n bits, answer their parity) | mqar (n key-value pairs, then
+    mqar_queries keys to answer) | flip_flop (a write, then n instructions write/ignore/read with a
+    bit, the last a read; a read repeats the last written bit) | passkey (n filler tokens with a
+    passkey_digits-digit key hidden at a depth, asked for at the end). Long-context tasks in the
+    style of RULER (Hsieh et al. 2024), n filler tokens with needles `<key> name value` (values of
+    passkey_digits digits) at random places: niah_multikey (niah_keys needles, one key asked: its
+    value) | niah_multivalue (one key with niah_values values among niah_keys - 1 other keys'
+    needles: all its values, in order) | niah_multiquery (niah_keys needles, niah_queries keys
+    asked: their values in the asked order) | variable_tracking (chains X1 = v, X2 = X1, ... of
+    variable_hops hops, variable_chains of them, each its own value; a value asked: every name
+    holding it, in chain order) | contextual_counting (Golkar et al. 2024: n bits with
+    counting_regions regions marked by [ ]: the count of ones in each region)."""
     num_symbols: int = 16
-    """synthetic: size of the random symbol alphabet (recall: number of values per key; passkey, niah_*,
-    variable_tracking: the filler's)."""
+    """synthetic: size of the random symbol alphabet (recall: number of values per key; passkey,
+    niah_*, variable_tracking: the filler's)."""
     offset: int = 8
     """offset_copy: how many tokens back the target is (must be below train.segment_len)."""
     period: int = 96
     """repeat: block length = distance between a token and its repetition (above train.segment_len,
     the task needs memory)."""
     num_keys: int = 8
-    """recall, mqar: number of distinct keys; niah_*: key names; variable_tracking: variable names (distinct
-    names are drawn from them)."""
+    """recall, mqar: number of distinct keys; niah_*: key names; variable_tracking: variable names
+    (distinct names are drawn from them)."""
     rebind_every: int = 256
     """recall: every stream draws a new key -> value map every this many tokens."""
     train_tokens: int = 65536
@@ -83,8 +85,9 @@ class DataConfig:
     eval_tokens: int = 4096
     """synthetic: tokens per evaluation stream (text evaluates the whole split)."""
     corpus: str = ""
-    """text: a named corpus: tinyshakespeare (ships with the package, ~1 MB of characters, fixed train/valid/test
-    split, works offline) or one downloaded by `datasets`: wikitext-2, wikitext-103 (raw), enwik8, text8."""
+    """text: a named corpus: tinyshakespeare (ships with the package, ~1 MB of characters, fixed
+    train/valid/test split, works offline) or one downloaded by `datasets`: wikitext-2, wikitext-103
+    (raw), enwik8, text8."""
     train_file: str = ""
     """text: a local training file (instead of `corpus`)."""
     valid_file: str = ""
@@ -101,47 +104,52 @@ class DataConfig:
     train_lengths: tuple[int, ...] = (1, 20)
     """example tasks: [min, max] of the task length n of training examples (drawn uniformly)."""
     test_lengths: tuple[tuple[int, ...], ...] = ((1, 20), (21, 25), (26, 30), (31, 35), (36, 40))
-    """example tasks: bins [lo, hi] of n, each evaluated on its own (n uniform in the bin); bins above
-    train_lengths' max are out of distribution (the tables' OOD mean)."""
+    """example tasks: bins [lo, hi] of n, each evaluated on its own (n uniform in the bin); bins
+    above train_lengths' max are out of distribution (the tables' OOD mean)."""
     train_examples: int = 65536
-    """example tasks: distinct training examples, generated once from the seed; batches cycle through them."""
+    """example tasks: distinct training examples, generated once from the seed; batches cycle
+    through them."""
     eval_examples: int = 256
     """example tasks: examples per test bin (per bin and depth for the depth tasks: passkey, niah_*,
     variable_tracking)."""
     addition_reversed: bool = False
-    """addition: write the sum least significant digit first (each digit then follows from the digits
-    already written and a carry)."""
+    """addition: write the sum least significant digit first (each digit then follows from the
+    digits already written and a carry)."""
     mqar_queries: int = 4
     """mqar: keys asked after the pairs (at most n), each answered by its value."""
     flip_flop_ignore: float = 0.8
-    """flip_flop: probability of an ignore instruction (Liu et al. 2023's FFL(0.8)); writes and reads
-    share the rest. An opening write comes before the n instructions; the last of them reads."""
+    """flip_flop: probability of an ignore instruction (Liu et al. 2023's FFL(0.8)); writes and
+    reads share the rest. An opening write comes before the n instructions; the last of them
+    reads."""
     passkey_digits: int = 5
-    """passkey: digits of the key (the answer); niah_*, variable_tracking: digits of each value (1 to 18)."""
+    """passkey: digits of the key (the answer); niah_*, variable_tracking: digits of each value (1
+    to 18)."""
     passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-    """depth tasks (passkey, niah_*, variable_tracking): depths evaluated (filler tokens before the depth's
-    needle / n: 0 = first, 1 = last; which needle: data.DEPTH_TASKS); training draws depths uniformly."""
+    """depth tasks (passkey, niah_*, variable_tracking): depths evaluated (filler tokens before the
+    depth's needle / n: 0 = first, 1 = last; which needle: data.DEPTH_TASKS); training draws depths
+    uniformly."""
     niah_keys: int = 4
-    """niah_multikey, niah_multiquery: needles, each under its own key (RULER's num_needle_k); niah_multivalue:
-    keys hidden, the asked one with niah_values values, each other one with one value (distractors)."""
+    """niah_multikey, niah_multiquery: needles, each under its own key (RULER's num_needle_k);
+    niah_multivalue: keys hidden, the asked one with niah_values values, each other one with one
+    value (distractors)."""
     niah_values: int = 4
-    """niah_multivalue: distinct values hidden under the asked key, the answer in order of appearance (RULER's
-    num_needle_v)."""
+    """niah_multivalue: distinct values hidden under the asked key, the answer in order of
+    appearance (RULER's num_needle_v)."""
     niah_queries: int = 4
-    """niah_multiquery: keys asked at once (at most niah_keys), answered by their values in the asked order
-    (RULER's num_needle_q)."""
+    """niah_multiquery: keys asked at once (at most niah_keys), answered by their values in the
+    asked order (RULER's num_needle_q)."""
     variable_hops: int = 4
-    """variable_tracking: copies X2 = X1, X3 = X2, ... after a chain's X1 = v, so hops + 1 names hold v (RULER's
-    num_hops)."""
+    """variable_tracking: copies X2 = X1, X3 = X2, ... after a chain's X1 = v, so hops + 1 names
+    hold v (RULER's num_hops)."""
     variable_chains: int = 1
-    """variable_tracking: chains in the filler, each bound to its own value; the first is asked, the others are
-    distractors (RULER's num_chains)."""
+    """variable_tracking: chains in the filler, each bound to its own value; the first is asked, the
+    others are distractors (RULER's num_chains)."""
     counting_regions: int = 4
-    """contextual_counting: regions marked by [ ] among the n bits, non-overlapping, maybe empty (Golkar et al.
-    2024 use 4); the answer is their counts of ones, in order."""
+    """contextual_counting: regions marked by [ ] among the n bits, non-overlapping, maybe empty
+    (Golkar et al. 2024 use 4); the answer is their counts of ones, in order."""
     counting_digits: int = 2
-    """contextual_counting: digits of each count (most significant first, zero-padded); a region can hold all n
-    bits, so 10**counting_digits must exceed the longest n."""
+    """contextual_counting: digits of each count (most significant first, zero-padded); a region can
+    hold all n bits, so 10**counting_digits must exceed the longest n."""
 
     def __post_init__(self):
         check_choice("source", self.source, SOURCES)
@@ -210,7 +218,8 @@ class DataConfig:
         self._check_needles(longest)
 
     def _check_needles(self, longest: int) -> None:
-        """The long-context tasks: enough distinct names and values for their needles, counts that fit."""
+        """The long-context tasks: enough distinct names and values for their needles, counts that
+        fit."""
         names = {
             "niah_multikey": self.niah_keys,
             "niah_multivalue": self.niah_keys,
@@ -253,7 +262,8 @@ class DataConfig:
         return self.example_task and self.task in DEPTH_TASKS
 
     def sequence_length(self, n: int) -> int:
-        """Tokens of one example of task length n, <bos> included (train/data/examples.py lays them out)."""
+        """Tokens of one example of task length n, <bos> included (train/data/examples.py lays them
+        out)."""
         queries, digits = min(self.mqar_queries, n), self.passkey_digits
         # <key> k v
         needle, keys, values, asked = (
@@ -273,7 +283,8 @@ class DataConfig:
             "mqar": 2 * n + 2 + 2 * queries,  # <bos> (k v)*n <sep> (q a)*queries
             "flip_flop": 2 * n + 3,  # <bos> (instruction bit)*(n + 1): the opening write, then n
             "passkey": n + 2 * digits + 3,  # <bos> filler with <key> digits inside <sep> digits
-            # <bos> filler with the needles inside, the question (<key> and names or a value) <sep> answer
+            # <bos> filler with the needles inside, the question (<key> and names or a value) <sep>
+            # answer
             "niah_multikey": n + keys * needle + digits + 4,  # <key> k <sep> v
             "niah_multivalue": n
             + (values + keys - 1) * needle
@@ -304,8 +315,8 @@ class DataConfig:
 
 
 def check_example_run(data: DataConfig, model, segment_len: int, eval_settings: tuple) -> None:
-    """The run-level rules of an example task (RunConfig calls this): no memory, the test bins are the
-    evaluation, training examples fit train.segment_len."""
+    """The run-level rules of an example task (RunConfig calls this): no memory, the test bins are
+    the evaluation, training examples fit train.segment_len."""
     if not data.example_task:
         return
     if model.mem_len:

@@ -1,5 +1,5 @@
-"""Evaluation settings: the protocol, length, memory and RoPE context extension of each evaluation, and
-RECL's context ladder (docs/formulas.md#evaluation-protocols)."""
+"""Evaluation settings: the protocol, length, memory and RoPE context extension of each evaluation,
+and RECL's context ladder (docs/formulas.md#evaluation-protocols)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,19 @@ SPLITS = ("valid", "test")
 
 @dataclass(frozen=True)
 class EvalSetting:
-    """One evaluation: protocol, segment (window) length, memory, clamp (docs/formulas.md#evaluation-protocols)."""
+    """One evaluation: protocol, segment (window) length, memory, clamp
+    (docs/formulas.md#evaluation-protocols)."""
 
     segment_len: int
     """Tokens per evaluated segment (the window length for `sliding`)."""
     protocol: str = "non_overlapping"
-    """non_overlapping: consecutive segments, each target scored once, memory carried when there is one |
-    sliding: windows of segment_len moved by `stride`, each scoring only its last `stride` targets (the
-    first window all of its own), no memory (ALiBi's evaluation) | xl: consecutive segments with memory
-    carried and same_length, every query seeing the mem_len most recent keys (Transformer-XL's evaluation).
-    Every protocol goes over the same targets of the split (offset_copy and recall count those determined
-    inside the segment or window, so their counts depend on the protocol and length)."""
+    """non_overlapping: consecutive segments, each target scored once, memory carried when there is
+    one | sliding: windows of segment_len moved by `stride`, each scoring only its last `stride`
+    targets (the first window all of its own), no memory (ALiBi's evaluation) | xl: consecutive
+    segments with memory carried and same_length, every query seeing the mem_len most recent keys
+    (Transformer-XL's evaluation). Every protocol goes over the same targets of the split
+    (offset_copy and recall count those determined inside the segment or window, so their counts
+    depend on the protocol and length)."""
     stride: int | None = None
     """sliding: targets scored per window, 1..segment_len (each then has segment_len - stride + 1 to
     segment_len tokens of context; stride = segment_len is non_overlapping without memory)."""
@@ -35,31 +37,32 @@ class EvalSetting:
     clamp_len: int | None = None
     """Clamp of R at evaluation (null: the model's)."""
     same_length: bool = False
-    """Set by protocol xl (every query sees the M most recent keys, itself included, i - M < j <= i, with M
-    this setting's mem_len, else the model's; fewer only while the stream has fewer). Kept for configs
-    written before `protocol`: true is accepted only with protocol xl."""
+    """Set by protocol xl (every query sees the M most recent keys, itself included, i - M < j <= i,
+    with M this setting's mem_len, else the model's; fewer only while the stream has fewer). Kept
+    for configs written before `protocol`: true is accepted only with protocol xl."""
     max_targets: int = 0
-    """Score only the first max_targets // eval.batch_size targets of each evaluation stream (0: all): a
-    subset that is the same for every model and protocol, for costly evaluations (sliding, stride 1)."""
+    """Score only the first max_targets // eval.batch_size targets of each evaluation stream (0:
+    all): a subset that is the same for every model and protocol, for costly evaluations (sliding,
+    stride 1)."""
     token_losses: bool = False
     """Save every scored target's loss in the run dir (token_losses.npz): what RECL reads."""
     rope_scaling: str | None = None
-    """RoPE context extension at this evaluation: pi (position interpolation, Chen et al. 2023) | ntk
-    (NTK-aware base) | yarn (Peng et al. 2023: per-frequency ramp and attention temperature) | llama3 (Llama
-    3.1's NTK-by-parts: θ/s for wavelengths above the training context, θ kept below a quarter of it, a
-    blend between; no temperature) | null: the
-    trained RoPE (docs/formulas.md#rope-context-extension). A model without RoPE (or with xPos) skips the
-    setting, with the reason in eval.json."""
+    """RoPE context extension at this evaluation: pi (position interpolation, Chen et al. 2023) |
+    ntk (NTK-aware base) | yarn (Peng et al. 2023: per-frequency ramp and attention temperature) |
+    llama3 (Llama 3.1's NTK-by-parts: θ/s for wavelengths above the training context, θ kept below a
+    quarter of it, a blend between; no temperature) | null: the
+    trained RoPE (docs/formulas.md#rope-context-extension). A model without RoPE (or with xPos)
+    skips the setting, with the reason in eval.json."""
     rope_scale: float | str = "auto"
-    """rope_scaling's factor s >= 1 (target / training context): a number, or auto = this setting's attention
-    length (attn_len: the keys a query sees under its protocol) / the training one, train.segment_len +
-    model.mem_len; at least 1.
+    """rope_scaling's factor s >= 1 (target / training context): a number, or auto = this setting's
+    attention length (attn_len: the keys a query sees under its protocol) / the training one,
+    train.segment_len + model.mem_len; at least 1.
     Fixed per setting: the same (i, j) pair always gets the same score."""
     split: str | None = None
-    """The text split this setting scores: valid | test | null (eval.split). One run can so be scored on
-    both (papers pick a learning rate on valid and report test: `table --best-over`); eval.json records
-    the resolved split. Text only: a synthetic task draws one evaluation stream from the seed, so it
-    leaves split unset."""
+    """The text split this setting scores: valid | test | null (eval.split). One run can so be
+    scored on both (papers pick a learning rate on valid and report test: `table --best-over`);
+    eval.json records the resolved split. Text only: a synthetic task draws one evaluation stream
+    from the seed, so it leaves split unset."""
 
     def __post_init__(self):
         check_range("segment_len", self.segment_len, low=1)
@@ -109,7 +112,8 @@ class EvalSetting:
 
     @property
     def uses_memory(self) -> bool:
-        """Memory carried from segment to segment (non_overlapping with a memory, xl); sliding has none."""
+        """Memory carried from segment to segment (non_overlapping with a memory, xl); sliding has
+        none."""
         return self.protocol != "sliding"
 
     def memory(self, model_mem_len: int) -> int:
@@ -150,28 +154,30 @@ class EvalConfig:
     (docs/formulas.md#evaluation-protocols); empty means 1x, 2x and 4x the training segment length,
     non_overlapping, with the training mem_len."""
     split: str = "valid"
-    """Which split to evaluate: valid | test; a setting's own `split` overrides it for that setting."""
+    """Which split to evaluate: valid | test; a setting's own `split` overrides it for that
+    setting."""
     batch_size: int = 8
-    """Evaluation streams: the split is cut into this many contiguous streams (the remainder dropped; each
-    stream's first token is never a target); non_overlapping and xl evaluate one segment of each per forward."""
+    """Evaluation streams: the split is cut into this many contiguous streams (the remainder
+    dropped; each stream's first token is never a target); non_overlapping and xl evaluate one
+    segment of each per forward."""
     sliding_batch_tokens: int = 8192
-    """Tokens per forward for protocol sliding: as many windows as fit (at least one) are batched; the
-    windows are independent, so the result does not depend on it."""
+    """Tokens per forward for protocol sliding: as many windows as fit (at least one) are batched;
+    the windows are independent, so the result does not depend on it."""
     recl_contexts: tuple[int, ...] = ()
-    """RECL's ladder (docs/formulas.md#recl): for each context length c, an extra setting that scores every
-    target with exactly c tokens of context (recl_protocol: a sliding window of c, or memory of c keys) and
-    saves each target's loss."""
+    """RECL's ladder (docs/formulas.md#recl): for each context length c, an extra setting that
+    scores every target with exactly c tokens of context (recl_protocol: a sliding window of c, or
+    memory of c keys) and saves each target's loss."""
     recl_targets: int = 4096
     """max_targets of the RECL settings: sliding with stride 1 costs one forward per target."""
     recl_protocol: str = "auto"
-    """How the RECL ladder gives a target exactly c tokens of context: sliding (a window of c tokens, stride 1:
-    the context is in the input) | xl (memory with same_length, mem_len c: every query sees c keys, and the
-    memory supplies them, as the paper measures recurrent models) | auto: xl for a model with memory
-    (model.mem_len > 0), sliding without (docs/formulas.md#recl)."""
+    """How the RECL ladder gives a target exactly c tokens of context: sliding (a window of c
+    tokens, stride 1: the context is in the input) | xl (memory with same_length, mem_len c: every
+    query sees c keys, and the memory supplies them, as the paper measures recurrent models) | auto:
+    xl for a model with memory (model.mem_len > 0), sliding without (docs/formulas.md#recl)."""
     diagnostics: bool = False
-    """Also record per layer and head the attention's entropy, sink mass, mean attended distance and mass
-    on distances unseen in training (docs/formulas.md#attention-diagnostics), from the same forward:
-    probabilities are then computed per query block instead of by fused kernels."""
+    """Also record per layer and head the attention's entropy, sink mass, mean attended distance and
+    mass on distances unseen in training (docs/formulas.md#attention-diagnostics), from the same
+    forward: probabilities are then computed per query block instead of by fused kernels."""
 
     def __post_init__(self):
         check_choice("split", self.split, SPLITS)
@@ -189,8 +195,9 @@ class EvalConfig:
             )
 
     def recl_settings(self, recurrent: bool, segment_len: int) -> tuple[EvalSetting, ...]:
-        """The ladder's settings: exactly c tokens of context for every target used by RECL, by recl_protocol
-        (`recurrent`: the model has memory; xl evaluates segments of `segment_len`, the training one)."""
+        """The ladder's settings: exactly c tokens of context for every target used by RECL, by
+        recl_protocol (`recurrent`: the model has memory; xl evaluates segments of `segment_len`,
+        the training one)."""
         memory = self.recl_protocol == "xl" or (self.recl_protocol == "auto" and recurrent)
         if memory:
             return tuple(

@@ -36,13 +36,15 @@ class AttentionConfig:
     """One attention layer: which Transformer-XL score terms, which bias, which baseline."""
 
     terms: str = "abcd"
-    """Transformer-XL score terms, a subset of 'abcd' in that order: (a) q·k content, (b) q·W_R R_{i-j}
-    content-position, (c) u·k global content bias, (d) v·W_R R_{i-j} global position bias."""
+    """Transformer-XL score terms, a subset of 'abcd' in that order: (a) q·k content, (b) q·W_R
+    R_{i-j} content-position, (c) u·k global content bias, (d) v·W_R R_{i-j} global position
+    bias."""
     rel: str = "sinusoid"
     """Source of R_{i-j} for terms b/d: 'sinusoid' (fixed, Transformer-XL) or 'learned' (a table of
     2·clamp_len+1 rows, Shaw et al.)."""
     clamp_len: int | None = None
-    """Distances beyond clamp_len share R_{clamp_len} (null: no clamp). Required for rel='learned'."""
+    """Distances beyond clamp_len share R_{clamp_len} (null: no clamp). Required for
+    rel='learned'."""
     share_uv: bool = True
     """u and v shared by all layers (XL PyTorch) or one pair per layer (false; XL TF `untie_r`)."""
     bias: str = "none"
@@ -53,86 +55,99 @@ class AttentionConfig:
     max_distance: int = 128
     """t5: distance where the log buckets end; xl_table: largest distance with its own row."""
     share_bias: bool = True
-    """One bias module for all layers (HF T5 computes it once in layer 0) or one per layer (false)."""
+    """One bias module for all layers (HF T5 computes it once in layer 0) or one per layer
+    (false)."""
     absolute: str = "none"
-    """Absolute positions: none (NoPE) | sinusoid (added to the input, Vaswani) | learned (added to the
-    input) | learned_per_layer (added at every layer, Al-Rfou) | rope (rotate q and k of term a)."""
+    """Absolute positions: none (NoPE) | sinusoid (added to the input, Vaswani) | learned (added to
+    the input) | learned_per_layer (added at every layer, Al-Rfou) | rope (rotate q and k of term
+    a)."""
     max_position: int = 2048
-    """learned / learned_per_layer: size of the position table; longer segments are an error. Randomized
-    positions are drawn from [0, max_position) (it must exceed the longest evaluated segment)."""
+    """learned / learned_per_layer: size of the position table; longer segments are an error.
+    Randomized positions are drawn from [0, max_position) (it must exceed the longest evaluated
+    segment)."""
     positions: str = "sequential"
-    """Positions every encoding reads in training: sequential (0 .. L - 1) | randomized (Ruoss et al.
-    2023: every forward draws them from [0, max_position), so training meets the positions and distances
-    of longer tests; how: randomized_draw; needs mem_len 0). Attention masks stay by token order."""
+    """Positions every encoding reads in training: sequential (0 .. L - 1) | randomized (Ruoss et
+    al. 2023: every forward draws them from [0, max_position), so training meets the positions and
+    distances of longer tests; how: randomized_draw; needs mem_len 0). Attention masks stay by token
+    order."""
     eval_positions: str | None = None
     """Positions at evaluation: sequential | randomized (a fresh draw per batch, as Ruoss et al.'s
     code evaluates) | null: as in training."""
     randomized_draw: str = "per_layer"
-    """randomized: per_layer (Ruoss et al.'s code, models/transformer.py: the absolute tables and sinusoid
-    read one draw of L sorted distinct positions from [0, max_position); every attention layer draws its own:
-    RoPE L sorted positions for q and k, the relative encodings (every bias, terms b/d, Shaw's tables) the
-    distance d_r each offset r = i - j reads, d_0 = 0 and d_1 < ... < d_(K-1) distinct from [1, max_position),
-    mirrored for r < 0; docs/formulas.md#explicit-and-randomized-positions) | shared_positions (one draw of
-    positions for the whole forward, every layer and encoding reads it, the relative ones at p_i - p_j).
-    Draws are shared by the batch."""
+    """randomized: per_layer (Ruoss et al.'s code, models/transformer.py: the absolute tables and
+    sinusoid read one draw of L sorted distinct positions from [0, max_position); every attention
+    layer draws its own: RoPE L sorted positions for q and k, the relative encodings (every bias,
+    terms b/d, Shaw's tables) the distance d_r each offset r = i - j reads, d_0 = 0 and d_1 < ... <
+    d_(K-1) distinct from [1, max_position), mirrored for r < 0;
+    docs/formulas.md#explicit-and-randomized-positions) | shared_positions (one draw of positions
+    for the whole forward, every layer and encoding reads it, the relative ones at p_i - p_j). Draws
+    are shared by the batch."""
     rope_base: float = 10000.0
     """rope: base of the inverse frequencies."""
     rope_fraction: float = 1.0
-    """rope: fraction of each head's dimensions that rotate (partial rotary, GPT-NeoX `rotary_pct`): the first
-    int(fraction·d_head) dimensions (an even number), with frequencies over that width; the others carry
-    no position."""
+    """rope: fraction of each head's dimensions that rotate (partial rotary, GPT-NeoX `rotary_pct`):
+    the first int(fraction·d_head) dimensions (an even number), with frequencies over that width;
+    the others carry no position."""
     rope_p: float = 1.0
-    """rope: p-RoPE (Barbero et al. 2025, "Round and Round We Go!"): the fraction p of the rotary pairs that
-    rotate. The first int(p·d_rot/2) pairs, those of the highest frequencies, keep RoPE's θ_i = base^(-2i/d_rot);
-    the other (lowest-frequency) pairs get frequency 0 and are not rotated. Unlike rope_fraction (GPT-NeoX's
-    partial rotary, which spreads the whole frequency schedule over fewer dimensions) the schedule is cut, not
-    squeezed (docs/formulas.md#p-rope). 1: plain RoPE; the `p_rope` preset: 0.75."""
+    """rope: p-RoPE (Barbero et al. 2025, "Round and Round We Go!"): the fraction p of the rotary
+    pairs that rotate. The first int(p·d_rot/2) pairs, those of the highest frequencies, keep RoPE's
+    θ_i = base^(-2i/d_rot); the other (lowest-frequency) pairs get frequency 0 and are not rotated.
+    Unlike rope_fraction (GPT-NeoX's partial rotary, which spreads the whole frequency schedule over
+    fewer dimensions) the schedule is cut, not squeezed (docs/formulas.md#p-rope). 1: plain RoPE;
+    the `p_rope` preset: 0.75."""
     xpos_scale_base: float | None = None
-    """rope: xPos (Sun et al. 2022) with this scale base B (the paper's 512): rotary pair p of a query at
-    position n is scaled by ζ_p^(n/B), of a key at m by ζ_p^(-m/B), so its part of the score decays as
-    ζ_p^((n-m)/B), ζ_p = (2p/d_rot + 0.4)/1.4 (docs/formulas.md#xpos); causal only. null: plain RoPE."""
+    """rope: xPos (Sun et al. 2022) with this scale base B (the paper's 512): rotary pair p of a
+    query at position n is scaled by ζ_p^(n/B), of a key at m by ζ_p^(-m/B), so its part of the
+    score decays as ζ_p^((n-m)/B), ζ_p = (2p/d_rot + 0.4)/1.4 (docs/formulas.md#xpos); causal only.
+    null: plain RoPE."""
     forget_gate: bool = False
-    """FoX (Lin et al. 2025, Forgetting Transformer): a forget gate f_t = σ(w·x_t + b) per head and token
-    adds Σ_{l=j+1..i} log f_l to the score of query i for key j, a data-dependent decay
+    """FoX (Lin et al. 2025, Forgetting Transformer): a forget gate f_t = σ(w·x_t + b) per head and
+    token adds Σ_{l=j+1..i} log f_l to the score of query i for key j, a data-dependent decay
     (docs/formulas.md#fox); causal only. The `fox` preset is this on NoPE."""
     cope_positions: int = 0
-    """CoPE (Golovneva et al. 2024): number of contextual positions p_max (0: off). Query i counts the keys
-    j..i it sees with gates σ(content score), p_ij = Σ of the gates, and adds s·q_i·e[p_ij] (interpolated,
-    p clamped to p_max - 1) to its score (docs/formulas.md#cope); causal, needs term a."""
+    """CoPE (Golovneva et al. 2024): number of contextual positions p_max (0: off). Query i counts
+    the keys j..i it sees with gates σ(content score), p_ij = Σ of the gates, and adds s·q_i·e[p_ij]
+    (interpolated, p clamped to p_max - 1) to its score (docs/formulas.md#cope); causal, needs term
+    a."""
     window: int | None = None
-    """Causal only: a sliding window, in training and at evaluation: query i' sees key j iff
-    0 <= i' - j < window (itself and window - 1 earlier keys, memory keys included). null: no window."""
+    """Causal only: a sliding window, in training and at evaluation: query i' sees key j iff 0 <=
+    i' - j < window (itself and window - 1 earlier keys, memory keys included). null: no window."""
     chunk: int | None = None
-    """Causal only: chunked attention (Llama 4's attention_chunk_size): the segment is cut into chunks of this many
-    tokens from its first token, and a query sees only the keys of its own chunk up to itself (memory keys lie in
-    earlier chunks: none). With a window, both hold. null: no chunks."""
+    """Causal only: chunked attention (Llama 4's attention_chunk_size): the segment is cut into
+    chunks of this many tokens from its first token, and a query sees only the keys of its own chunk
+    up to itself (memory keys lie in earlier chunks: none). With a window, both hold. null: no
+    chunks."""
     temperature_tuning: bool = False
-    """Llama 4's attention temperature tuning (Hugging Face modeling_llama4.py, on its NoPE layers): the query at
-    position p is multiplied by 1 + temperature_scale·log(floor((p + 1)/temperature_floor_scale) + 1) after RoPE
-    (terms a and b read it); p as the encodings read it (M + i with memory). docs/formulas.md#temperature-tuning."""
+    """Llama 4's attention temperature tuning (Hugging Face modeling_llama4.py, on its NoPE layers):
+    the query at position p is multiplied by 1 + temperature_scale·log(floor((p +
+    1)/temperature_floor_scale) + 1) after RoPE (terms a and b read it); p as the encodings read it
+    (M + i with memory). docs/formulas.md#temperature-tuning."""
     temperature_floor_scale: float = 8192.0
     """temperature_tuning: Llama 4's floor_scale (8192)."""
     temperature_scale: float = 0.1
     """temperature_tuning: Llama 4's attn_scale (0.1)."""
     sinks: int = 0
-    """Learned sink slots per layer: this many key/value pairs per head that every query sees besides its
-    keys, whatever the window; they carry no position (docs/formulas.md#sinks); memory does not count them."""
+    """Learned sink slots per layer: this many key/value pairs per head that every query sees
+    besides its keys, whatever the window; they carry no position (docs/formulas.md#sinks); memory
+    does not count them."""
     shaw_values: bool = False
-    """Shaw et al. value embeddings: add Σ_j p_ij a^V_{clip(i-j)} to the output (needs rel='learned')."""
+    """Shaw et al. value embeddings: add Σ_j p_ij a^V_{clip(i-j)} to the output (needs
+    rel='learned')."""
     normaliser: str = "softmax"
-    """What turns a query's scores into weights: softmax | stick_breaking (Tan et al. 2025: key j takes a share
-    σ(z_ij) of what the nearer keys left, the rest goes to the query's own key; docs/formulas.md#stick-breaking;
-    causal, no sinks). stick_breaking needs the scores themselves: backend auto, sdpa (per query block) or
-    explicit."""
+    """What turns a query's scores into weights: softmax | stick_breaking (Tan et al. 2025: key j
+    takes a share σ(z_ij) of what the nearer keys left, the rest goes to the query's own key;
+    docs/formulas.md#stick-breaking; causal, no sinks). stick_breaking needs the scores themselves:
+    backend auto, sdpa (per query block) or explicit."""
     path: bool = False
-    """PaTH (Yang et al. 2025): term a's q_i·k_j becomes q_iᵀ H_i'···H_(j+1) k_j, through data-dependent
-    transforms H_t = I - β_t·w_t·w_tᵀ of the tokens between (docs/formulas.md#path); terms 'a', no RoPE,
-    causal. Needs the scores themselves: backend auto, sdpa (per query block) or explicit."""
+    """PaTH (Yang et al. 2025): term a's q_i·k_j becomes q_iᵀ H_i'···H_(j+1) k_j, through
+    data-dependent transforms H_t = I - β_t·w_t·w_tᵀ of the tokens between (docs/formulas.md#path);
+    terms 'a', no RoPE, causal. Needs the scores themselves: backend auto, sdpa (per query block) or
+    explicit."""
     dape: str = "none"
-    """DAPE (Zheng et al. 2024): the bias B adjusted by a network of the other scores X and B,
-    X + B + f([X; B]): v1 a per-pair MLP over the heads, v2 two 1×dape_kernel convolutions along the keys
-    (docs/formulas.md#dape); needs a bias. Needs the scores themselves: backend auto, sdpa (per query block)
-    or explicit. none: off."""
+    """DAPE (Zheng et al. 2024): the bias B adjusted by a network of the other scores X and B, X +
+    B + f([X; B]): v1 a per-pair MLP over the heads, v2 two 1×dape_kernel convolutions along the
+    keys (docs/formulas.md#dape); needs a bias. Needs the scores themselves: backend auto, sdpa (per
+    query block) or explicit. none: off."""
     dape_width: int = 32
     """dape: hidden width of f (the authors' mlp_width, 32)."""
     dape_kernel: int = 3
@@ -140,32 +155,37 @@ class AttentionConfig:
     score_scale: str = "sqrt_d"
     """Scale of terms a-d: 'sqrt_d' multiplies their sum by 1/sqrt(d_head) (XL); 'none' leaves them
     unscaled (T5); 'log_n' is sqrt_d with the whole score of a query that sees n keys multiplied by
-    log(n)/log(log_n_length) (scalable softmax with a fixed s; docs/formulas.md#length-aware-scaling); 'ssmax'
-    is sqrt_d with it multiplied by s_h·log(n), s_h learned per head and layer (Nakanishi 2025's SSMax),
-    initialised at 1/log(log_n_length) so that a query seeing L_train keys starts at a multiplier of 1."""
+    log(n)/log(log_n_length) (scalable softmax with a fixed s;
+    docs/formulas.md#length-aware-scaling); 'ssmax' is sqrt_d with it multiplied by s_h·log(n), s_h
+    learned per head and layer (Nakanishi 2025's SSMax), initialised at 1/log(log_n_length) so that
+    a query seeing L_train keys starts at a multiplier of 1."""
     log_n_length: int = 0
-    """score_scale log_n / ssmax: the length L_train with log_{L_train}(n) = 1 (0: the run's training attention
-    length, train.segment_len + model.mem_len, filled in when the run starts)."""
+    """score_scale log_n / ssmax: the length L_train with log_{L_train}(n) = 1 (0: the run's
+    training attention length, train.segment_len + model.mem_len, filled in when the run starts)."""
     learned_temperature: bool = False
-    """Multiply the whole score of head h by a learned τ_h = exp(t_h), t_h initialised at 0 (τ = 1)."""
+    """Multiply the whole score of head h by a learned τ_h = exp(t_h), t_h initialised at 0 (τ =
+    1)."""
     bias_scaled: bool = False
-    """Whether the additive bias is scaled with the terms (false: added unscaled, as T5 and ALiBi do)."""
+    """Whether the additive bias is scaled with the terms (false: added unscaled, as T5 and ALiBi
+    do)."""
     causal: bool = True
     """Causal (query i sees key j iff j <= i + mem_len) or bidirectional."""
     backend: str = "auto"
-    """Kernel: auto (FlexAttention on CUDA; on CPU the fastest of the kernels that can take the call, measured
-    at first use and cached per machine: kernels/calibration.py) | blocks (query blocks, bias rebuilt in
-    backward: O(L·d) memory) | sdpa (SDPA per block with the additive map stored) | flex | explicit
-    (materialised) | low_rank (ALiBi, learned ALiBi and FoX as extra channels of the flash kernel's heads; calls it
-    cannot take, e.g. with a window, go to blocks) | band (a map constant from a distance on — a clamp_len,
-    xl_table's max_distance, T5's last bucket —: the pairs beyond it on the causal flash kernel, the band on the
-    block kernel; calls it cannot take go to blocks)."""
+    """Kernel: auto (FlexAttention on CUDA; on CPU the fastest of the kernels that can take the
+    call, measured at first use and cached per machine: kernels/calibration.py) | blocks (query
+    blocks, bias rebuilt in backward: O(L·d) memory) | sdpa (SDPA per block with the additive map
+    stored) | flex | explicit (materialised) | low_rank (ALiBi, learned ALiBi and FoX as extra
+    channels of the flash kernel's heads; calls it cannot take, e.g. with a window, go to blocks) |
+    band (a map constant from a distance on — a clamp_len, xl_table's max_distance, T5's last bucket
+    —: the pairs beyond it on the causal flash kernel, the band on the block kernel; calls it cannot
+    take go to blocks)."""
     query_chunk: int = 256
     """Queries per block; causal blocks skip keys no query of theirs can see (0: one block)."""
     max_stored_scores_mb: int = 0
-    """backend 'auto' without a GPU: while the score maps of one layer fit in this many MB they are stored for
-    backward (SDPA per block); above it they are rebuilt in backward ('blocks', O(L·d) memory). 0: always
-    rebuilt, the memory-safe default (storing trades memory for the rebuild: README, Speed and memory)."""
+    """backend 'auto' without a GPU: while the score maps of one layer fit in this many MB they are
+    stored for backward (SDPA per block); above it they are rebuilt in backward ('blocks', O(L·d)
+    memory). 0: always rebuilt, the memory-safe default (storing trades memory for the rebuild:
+    README, Speed and memory)."""
 
     def __post_init__(self):
         if not isinstance(self.terms, str) or not self.terms:
@@ -232,7 +252,8 @@ class AttentionConfig:
 
     @property
     def needs_scores(self) -> bool:
-        """Whether a scheme reads the materialised scores (stick-breaking, PaTH, DAPE): the per-block path."""
+        """Whether a scheme reads the materialised scores (stick-breaking, PaTH, DAPE): the
+        per-block path."""
         return self.normaliser != "softmax" or self.path or self.dape != "none"
 
     @staticmethod
@@ -252,7 +273,8 @@ class AttentionConfig:
 
     @property
     def reads_queries(self) -> bool:
-        """Terms a or b read the query q_i (CoPE and RoPE need term a); c and d use u and v instead."""
+        """Terms a or b read the query q_i (CoPE and RoPE need term a); c and d use u and v
+        instead."""
         return "a" in self.terms or "b" in self.terms
 
     @property
@@ -286,27 +308,29 @@ class ModelConfig:
     tie_weights: bool = True
     """Output projection shares the token embedding."""
     embed_scale: str = "auto"
-    """Multiplier of the token embedding (N(0, 0.02)) at the input; tied output weights stay unscaled.
-    'sqrt_d_model' | 'none' (x1) | 'auto': each absolute baseline's published default. sinusoid:
-    sqrt(d_model) (Vaswani et al. 2017 §3.4 "we multiply those weights by sqrt(d_model)"; Transformer-XL's
-    code, AdaptiveEmbedding emb_scale = d_proj**0.5), else the fixed sinusoid (entries in [-1, 1]) swamps
-    the embedding, ~35x its norm at d_model 410. learned_per_layer: sqrt(d_model) (Transformer-XL's
-    code for its Al-Rfou baseline, attn_type 3). learned: x1 (GPT-2: wte N(0, 0.02), wpe N(0, 0.01),
-    unscaled). none, rope and the relative schemes: x1 (GPT-2, T5, GPT-NeoX); nothing is added at the
-    input, so the scale only sizes the embedding against the residual branches (Transformer-XL's and
-    fairseq's code scale every model: 'sqrt_d_model' matches them)."""
+    """Multiplier of the token embedding (N(0, 0.02)) at the input; tied output weights stay
+    unscaled. 'sqrt_d_model' | 'none' (x1) | 'auto': each absolute baseline's published default.
+    sinusoid: sqrt(d_model) (Vaswani et al. 2017 §3.4 "we multiply those weights by sqrt(d_model)";
+    Transformer-XL's code, AdaptiveEmbedding emb_scale = d_proj**0.5), else the fixed sinusoid
+    (entries in [-1, 1]) swamps the embedding, ~35x its norm at d_model 410. learned_per_layer:
+    sqrt(d_model) (Transformer-XL's code for its Al-Rfou baseline, attn_type 3). learned: x1 (GPT-2:
+    wte N(0, 0.02), wpe N(0, 0.01), unscaled). none, rope and the relative schemes: x1 (GPT-2, T5,
+    GPT-NeoX); nothing is added at the input, so the scale only sizes the embedding against the
+    residual branches (Transformer-XL's and fairseq's code scale every model: 'sqrt_d_model' matches
+    them)."""
     mem_len: int = 0
     """Tokens of memory per layer carried from segment to segment (0: no recurrence)."""
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    """Attention settings (see AttentionConfig); every layer's, unless layer_pattern gives a layer its own."""
+    """Attention settings (see AttentionConfig); every layer's, unless layer_pattern gives a layer
+    its own."""
     layer_kinds: tuple[LayerKind, ...] = ()
-    """Named kinds of layer for layer_pattern, written as a mapping {name: fields}: e.g. {local: {encoding: rope,
-    window: 64}, global: {encoding: nope}}. A kind is the model's attention with its encoding preset and its own
-    fields on top (docs/formulas.md#layer-schedules)."""
+    """Named kinds of layer for layer_pattern, written as a mapping {name: fields}: e.g. {local:
+    {encoding: rope, window: 64}, global: {encoding: nope}}. A kind is the model's attention with
+    its encoding preset and its own fields on top (docs/formulas.md#layer-schedules)."""
     layer_pattern: tuple[str, ...] = ()
-    """Per-layer attention: layer l uses word l mod len(pattern), a layer kind or an encoding preset (e.g. [rope,
-    rope, rope, nope]: NoPE every 4th layer). A grid axis like any field: model.layer_pattern: [[rope], [rope, nope]].
-    []: every layer uses attention."""
+    """Per-layer attention: layer l uses word l mod len(pattern), a layer kind or an encoding preset
+    (e.g. [rope, rope, rope, nope]: NoPE every 4th layer). A grid axis like any field:
+    model.layer_pattern: [[rope], [rope, nope]]. []: every layer uses attention."""
 
     def __post_init__(self):
         check_range("vocab_size", self.vocab_size, low=0)
@@ -356,7 +380,8 @@ class ModelConfig:
             check_widths(attention, self.d_model, self.d_head)
 
     def _word_attention(self, word: str) -> AttentionConfig:
-        """The attention a pattern word stands for: the model's, with the kind's or the preset's fields on top."""
+        """The attention a pattern word stands for: the model's, with the kind's or the preset's
+        fields on top."""
         kinds = {kind.name: kind for kind in self.layer_kinds}
         return dataclasses.replace(self.attention, **layer_overrides(word, kinds))
 
@@ -386,8 +411,9 @@ class ModelConfig:
 
 
 def check_widths(attention: AttentionConfig, d_model: int, d_head: int) -> None:
-    """The widths an attention layer's sinusoids need: RoPE rotates pairs of a head's dimensions, and
-    R_{i-j} has a sine and a cosine half. (ModelConfig and a bare RelPosAttention both check them.)"""
+    """The widths an attention layer's sinusoids need: RoPE rotates pairs of a head's dimensions,
+    and R_{i-j} has a sine and a cosine half. (ModelConfig and a bare RelPosAttention both check
+    them.)"""
     if attention.absolute == "rope" and d_head % 2:
         raise ConfigError("d_head", f"rope needs an even d_head (got {d_head})")
     if attention.absolute == "rope" and rotary_width(attention, d_head) < 2:
@@ -409,8 +435,9 @@ def check_widths(attention: AttentionConfig, d_model: int, d_head: int) -> None:
 
 
 def check_randomized_range(attention: AttentionConfig, lengths: dict[str, tuple[int, int]]) -> None:
-    """Randomized positions draw each segment's positions from [0, max_position) without replacement and
-    keep no memory: every {field: (segment_len, mem_len)} of a run must fit (RunConfig calls this)."""
+    """Randomized positions draw each segment's positions from [0, max_position) without replacement
+    and keep no memory: every {field: (segment_len, mem_len)} of a run must fit (RunConfig calls
+    this)."""
     if not attention.randomized:
         return
     for field_name, (segment_len, mem_len) in lengths.items():
@@ -430,9 +457,10 @@ def check_randomized_range(attention: AttentionConfig, lengths: dict[str, tuple[
 
 
 def rope_scaling_conflict(attention: AttentionConfig) -> str | None:
-    """Why a RoPE context extension (an evaluation setting's rope_scaling: PI, NTK, YaRN) cannot apply to this
-    attention, or None when it can: it rescales RoPE's frequencies, and xPos has no published extension.
-    The model refuses such a call; an evaluation skips such a setting and records this reason."""
+    """Why a RoPE context extension (an evaluation setting's rope_scaling: PI, NTK, YaRN) cannot
+    apply to this attention, or None when it can: it rescales RoPE's frequencies, and xPos has no
+    published extension. The model refuses such a call; an evaluation skips such a setting and
+    records this reason."""
     if attention.absolute == "rope" and attention.xpos_scale_base is None:
         return None
     xpos = (
@@ -444,10 +472,12 @@ def rope_scaling_conflict(attention: AttentionConfig) -> str | None:
 
 
 def rotary_width(attention: AttentionConfig, d_head: int) -> int:
-    """d_rot: how many of a head's dimensions RoPE rotates, int(rope_fraction·d_head) rounded down to even."""
+    """d_rot: how many of a head's dimensions RoPE rotates, int(rope_fraction·d_head) rounded down
+    to even."""
     return int(attention.rope_fraction * d_head) // 2 * 2
 
 
 def rotating_pairs(attention: AttentionConfig, d_rot: int) -> int:
-    """How many of the d_rot/2 rotary pairs p-RoPE rotates: int(rope_p·d_rot/2) (all of them at rope_p 1)."""
+    """How many of the d_rot/2 rotary pairs p-RoPE rotates: int(rope_p·d_rot/2) (all of them at
+    rope_p 1)."""
     return int(attention.rope_p * d_rot // 2)

@@ -23,7 +23,8 @@ from typing import Any
 
 from relpos_ablate.config.base import ConfigError, reject
 
-#: Built-in bias types: name -> "module:Class" of the implementation (imported when a model is built).
+#: Built-in bias types: name -> "module:Class" of the implementation (imported when a model is
+#: built).
 BUILTIN_BIASES: dict[str, str] = {
     "xl_table": "relpos_ablate.model.position.tables:XLTableBias",
     "t5": "relpos_ablate.model.position.tables:T5Bias",
@@ -50,7 +51,8 @@ def bias_types() -> tuple[str, ...]:
 
 
 def register_bias(name: str):
-    """Class decorator: `@register_bias("gaussian")` on a BiasScheme subclass makes `bias: gaussian` valid."""
+    """Class decorator: `@register_bias("gaussian")` on a BiasScheme subclass makes `bias: gaussian`
+    valid."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
             f"register_bias: {name!r}: use lowercase letters, digits and '_' (e.g. 'gaussian')"
@@ -106,7 +108,8 @@ def bias_class(name: str) -> type:
 
 
 def import_modules(modules: Any, field: str = "imports") -> tuple[str, ...]:
-    """Import each module a run config names under `imports:` (your schemes register on import); returns them.
+    """Import each module a run config names under `imports:` (your schemes register on import);
+    returns them.
 
     Modules are looked up on sys.path, then in the working directory (after everything else, so it
     never shadows an installed package): a module next to your config is found by the

@@ -44,8 +44,8 @@ class TrainConfig:
     segment_len: int = 64
     """Tokens per segment (the backprop length, XL's tgt_len)."""
     batch_size: int = 16
-    """Contiguous streams per optimizer step, over all processes together (the global batch; each row
-    carries its own memory)."""
+    """Contiguous streams per optimizer step, over all processes together (the global batch; each
+    row carries its own memory)."""
     max_steps: int = 300
     """Optimizer steps."""
     optimizer: str = "adamw"
@@ -67,33 +67,35 @@ class TrainConfig:
     accelerator: str = "auto"
     """Lightning accelerator: auto | cpu | gpu. (How to run: not part of the run id.)"""
     devices: int | str = 1
-    """Data-parallel copies of the model per node: GPUs with accelerator gpu, processes with cpu; "auto":
-    every visible GPU. Rank r of W trains streams [r*B/W, (r+1)*B/W) of the B = batch_size streams and
-    keeps their memory, so the run computes the same steps on any number of devices. (How to run: not
-    part of the run id.)"""
+    """Data-parallel copies of the model per node: GPUs with accelerator gpu, processes with cpu;
+    "auto": every visible GPU. Rank r of W trains streams [r*B/W, (r+1)*B/W) of the B = batch_size
+    streams and keeps their memory, so the run computes the same steps on any number of devices.
+    (How to run: not part of the run id.)"""
     num_nodes: int = 1
-    """Machines the run spans, each with `devices` copies (SLURM: nodes of one job). (How to run.)"""
+    """Machines the run spans, each with `devices` copies (SLURM: nodes of one job). (How to
+    run.)"""
     strategy: str = "auto"
     """Lightning strategy: auto (ddp when there are several devices) | ddp. (How to run.)"""
     accumulate: int = 1
-    """Micro-batches per optimizer step: each device trains its streams in this many groups of rows, one
-    after the other, each group with its own memory, and the gradients add up. It lowers memory per device
-    (reach a paper's batch_size on fewer GPUs); the step is the same as without it up to rounding. (How to
-    run.)"""
+    """Micro-batches per optimizer step: each device trains its streams in this many groups of rows,
+    one after the other, each group with its own memory, and the gradients add up. It lowers memory
+    per device (reach a paper's batch_size on fewer GPUs); the step is the same as without it up to
+    rounding. (How to run.)"""
     deterministic: bool = False
     """torch deterministic algorithms (slower). (How to run.)"""
     compile: bool = False
-    """torch.compile the model's training forward (and so its backward): fused kernels around the attention,
-    the same numbers up to rounding. Evaluation runs uncompiled (its lengths would each compile again).
-    Inductor traces what it can and runs the rest eagerly: on CPU the attention's block kernel (a Python loop
-    over blocks in an autograd.Function) and randomized positions (read on the host) break the graph, so the
-    gain there is the layers around the attention (README, Speed and memory). The first steps pay the
-    compilation (tens of seconds). (How to run: not part of the run id.)"""
+    """torch.compile the model's training forward (and so its backward): fused kernels around the
+    attention, the same numbers up to rounding. Evaluation runs uncompiled (its lengths would each
+    compile again). Inductor traces what it can and runs the rest eagerly: on CPU the attention's
+    block kernel (a Python loop over blocks in an autograd.Function) and randomized positions (read
+    on the host) break the graph, so the gain there is the layers around the attention (README,
+    Speed and memory). The first steps pay the compilation (tens of seconds). (How to run: not part
+    of the run id.)"""
     loggers: tuple[str, ...] = ("csv",)
-    """Where training metrics go, from rank 0: csv (metrics.csv, always written: the run's record that
-    collect and plots read) | tensorboard (RUN_DIR/tensorboard/, pip install relpos-ablate[tensorboard]) |
-    wandb (run id as name and W&B id, resumed runs continue it; pip install relpos-ablate[wandb]). (How to
-    run.)"""
+    """Where training metrics go, from rank 0: csv (metrics.csv, always written: the run's record
+    that collect and plots read) | tensorboard (RUN_DIR/tensorboard/, pip install
+    relpos-ablate[tensorboard]) | wandb (run id as name and W&B id, resumed runs continue it; pip
+    install relpos-ablate[wandb]). (How to run.)"""
     log_every: int = 10
     """Log training metrics every N steps."""
     checkpoint_every: int = 100
@@ -107,10 +109,11 @@ class TrainConfig:
     share, checked every stop_check_every steps; max_steps stays the cap. status.json and eval.json
     record the step training stopped at and why (`stopped`). null: train max_steps."""
     stop_check_every: int = 100
-    """stop_at_exact_match: steps between two checks (each check is a no-grad pass over stop_examples)."""
+    """stop_at_exact_match: steps between two checks (each check is a no-grad pass over
+    stop_examples)."""
     stop_examples: int = 512
-    """stop_at_exact_match: held-out in-distribution examples per check (standard error of a share p:
-    sqrt(p(1-p)/stop_examples), 0.004 at p = 0.99 with 512)."""
+    """stop_at_exact_match: held-out in-distribution examples per check (standard error of a share
+    p: sqrt(p(1-p)/stop_examples), 0.004 at p = 0.99 with 512)."""
 
     def __post_init__(self):
         for name in ("segment_len", "batch_size", "max_steps", "log_every", "checkpoint_every"):
@@ -157,18 +160,18 @@ HOW_TO_RUN = (
     "loggers",
     "compile",
 )
-"""TrainConfig fields that say how a run executes, not what it computes: the hardware, how one optimizer
-step's streams are spread over it, and where metrics are shown. Changing them changes the numbers at most
-by floating-point rounding (summation order, different kernels; with dropout, each process draws its own
-masks: the same distribution, other draws), so they are not part of the run id: the
-same run on more devices (or compiled) is the same run, and a run may resume on other hardware. Precision stays part of
-the id (bf16 arithmetic changes results beyond rounding), and so do log_every / checkpoint_every /
-val_every (they shape what the run records)."""
+"""TrainConfig fields that say how a run executes, not what it computes: the hardware, how one
+optimizer step's streams are spread over it, and where metrics are shown. Changing them changes the
+numbers at most by floating-point rounding (summation order, different kernels; with dropout, each
+process draws its own masks: the same distribution, other draws), so they are not part of the run
+id: the same run on more devices (or compiled) is the same run, and a run may resume on other
+hardware. Precision stays part of the id (bf16 arithmetic changes results beyond rounding), and so
+do log_every / checkpoint_every / val_every (they shape what the run records)."""
 
 
 def check_world_size(config: RunConfig, world: int) -> None:
-    """A one-line ConfigError unless `world` processes can share the run's streams: the training streams
-    evenly (per micro-batch too), the evaluation streams at least one each."""
+    """A one-line ConfigError unless `world` processes can share the run's streams: the training
+    streams evenly (per micro-batch too), the evaluation streams at least one each."""
     check_streams_split("train.batch_size", config.train.batch_size, world, config.train.accumulate)
     if config.eval.batch_size < world:
         raise ConfigError(
@@ -179,7 +182,8 @@ def check_world_size(config: RunConfig, world: int) -> None:
 
 
 def check_streams_split(field: str, streams: int, processes: int, accumulate: int = 1) -> None:
-    """Every process (and each of its micro-batches) gets the same number of streams, or a one-line error."""
+    """Every process (and each of its micro-batches) gets the same number of streams, or a one-line
+    error."""
     groups = processes * accumulate
     if streams % groups:
         detail = f"{processes} processes" + (
@@ -206,8 +210,9 @@ class RunConfig:
     seed: int = 0
     """Seed for parameters, data order and synthetic data."""
     imports: tuple[str, ...] = ()
-    """Python modules imported before the rest of the config is read: your own bias schemes, registered
-    with @register_bias (e.g. [my_schemes]; found on PYTHONPATH or in the working directory)."""
+    """Python modules imported before the rest of the config is read: your own bias schemes,
+    registered with @register_bias (e.g. [my_schemes]; found on PYTHONPATH or in the working
+    directory)."""
 
     @staticmethod
     def before_fields(data: dict, prefix: str) -> None:
@@ -270,9 +275,10 @@ class RunConfig:
             ):
                 raise ConfigError(
                     f"eval.settings[{i}].clamp_len",
-                    f"{setting.clamp_len} exceeds the learned position "
-                    f"table (model.attention.rel='learned' covers distances up to "
-                    f"model.attention.clamp_len={attention.clamp_len}); use at most {attention.clamp_len}",
+                    f"{setting.clamp_len} exceeds the learned position table "
+                    f"(model.attention.rel='learned' covers distances up to "
+                    f"model.attention.clamp_len={attention.clamp_len}); use at most "
+                    f"{attention.clamp_len}",
                 )
             if setting.protocol == "xl" and (
                 setting.memory(self.model.mem_len) == 0 or not attention.causal
@@ -287,8 +293,9 @@ class RunConfig:
         self._check_splits()
 
     def _check_splits(self) -> None:
-        """Every split asked for exists: local files have a test split only with data.test_file; a synthetic
-        task has one evaluation stream, drawn from the seed, so its settings name no split."""
+        """Every split asked for exists: local files have a test split only with data.test_file; a
+        synthetic task has one evaluation stream, drawn from the seed, so its settings name no
+        split."""
         data = self.data
         if (
             data.source == "text"
@@ -312,7 +319,8 @@ class RunConfig:
                 )
 
     def _check_eval_subsets(self) -> None:
-        """A target subset leaves each stream at least one target, and RECL some with its longest context."""
+        """A target subset leaves each stream at least one target, and RECL some with its longest
+        context."""
         streams = self.eval.batch_size
         for i, setting in enumerate(self.eval.settings):
             if 0 < setting.max_targets < streams:
@@ -327,20 +335,21 @@ class RunConfig:
         ):
             raise ConfigError(
                 "eval.recl_targets",
-                f"{self.eval.recl_targets} targets in eval.batch_size={streams} "
-                f"streams leave none with {self.eval.recl_contexts[-1]} tokens of context (the longest "
-                f"of recl_contexts); use >= {streams * self.eval.recl_contexts[-1]}",
+                f"{self.eval.recl_targets} targets in eval.batch_size={streams} streams leave "
+                f"none with {self.eval.recl_contexts[-1]} tokens of context (the longest of "
+                f"recl_contexts); use >= {streams * self.eval.recl_contexts[-1]}",
             )
 
     @property
     def train_attn_len(self) -> int:
-        """Keys the last training query sees: train.segment_len + model.mem_len (L_train of log-n scaling
-        and of RoPE context extension)."""
+        """Keys the last training query sees: train.segment_len + model.mem_len (L_train of log-n
+        scaling and of RoPE context extension)."""
         return self.train.segment_len + self.model.mem_len
 
     def eval_setting_field(self, i: int, name: str = "segment_len") -> str:
-        """The key a problem with field `name` of eval_settings()[i] is reported under: its eval.settings
-        entry, eval.settings itself for the default settings, or the RECL context it comes from."""
+        """The key a problem with field `name` of eval_settings()[i] is reported under: its
+        eval.settings entry, eval.settings itself for the default settings, or the RECL context it
+        comes from."""
         configured = len(self.eval.settings)
         if i < configured:
             return f"eval.settings[{i}].{name}"
@@ -350,8 +359,9 @@ class RunConfig:
         )
 
     def eval_settings(self) -> tuple[EvalSetting, ...]:
-        """The configured settings (or the documented default: 1x, 2x, 4x the training length), then the
-        RECL ladder's. Example tasks: one per bin of data.test_lengths, as long as its longest example."""
+        """The configured settings (or the documented default: 1x, 2x, 4x the training length), then
+        the RECL ladder's. Example tasks: one per bin of data.test_lengths, as long as its longest
+        example."""
         if self.data.example_task:
             return tuple(
                 EvalSetting(segment_len=self.data.input_length(hi))
@@ -371,8 +381,8 @@ def unsupported_reason(config: RunConfig, setting: EvalSetting) -> str | None:
 
 
 def unsupported(config: RunConfig, setting: EvalSetting) -> tuple[str, str] | None:
-    """(the setting's field at fault, why) when the model cannot take `setting`: learned absolute tables
-    end; a RoPE context extension needs RoPE (and has no published form for xPos)."""
+    """(the setting's field at fault, why) when the model cannot take `setting`: learned absolute
+    tables end; a RoPE context extension needs RoPE (and has no published form for xPos)."""
     a = config.model.attention
     if a.absolute in ("learned", "learned_per_layer") and setting.segment_len > a.max_position:
         return "segment_len", (
@@ -393,10 +403,10 @@ def unsupported(config: RunConfig, setting: EvalSetting) -> tuple[str, str] | No
 
 
 def _non_default(config: Any) -> Any:
-    """The parts of a config that differ from their declared defaults, as plain data: a dataclass keeps
-    the fields that differ (recursively), and so does every dataclass inside a list (eval.settings items:
-    a field added to EvalSetting later, with its default, leaves them unchanged). The how-to-run fields
-    (HOW_TO_RUN) are left out."""
+    """The parts of a config that differ from their declared defaults, as plain data: a dataclass
+    keeps the fields that differ (recursively), and so does every dataclass inside a list
+    (eval.settings items: a field added to EvalSetting later, with its default, leaves them
+    unchanged). The how-to-run fields (HOW_TO_RUN) are left out."""
     if isinstance(config, (list, tuple)):
         return [_non_default(item) for item in config]
     if not dataclasses.is_dataclass(config):
@@ -425,7 +435,8 @@ def what_to_run(config: RunConfig) -> dict:
 
 
 def resolve_log_n_length(config: RunConfig) -> RunConfig:
-    """score_scale log_n or ssmax with log_n_length 0: fill in the training attention length (when the run starts)."""
+    """score_scale log_n or ssmax with log_n_length 0: fill in the training attention length (when
+    the run starts)."""
     attention = config.model.attention
     scaled = any(
         layer.score_scale in LENGTH_AWARE_SCALES for layer in config.model.layer_attentions
@@ -438,9 +449,9 @@ def resolve_log_n_length(config: RunConfig) -> RunConfig:
 
 
 def run_id(config: RunConfig) -> str:
-    """Short hash of the what-to-run fields that differ from the defaults: the same run always gets the
-    same id, on any hardware (HOW_TO_RUN), and adding a config field (with a default) later does not
-    rename finished runs."""
+    """Short hash of the what-to-run fields that differ from the defaults: the same run always gets
+    the same id, on any hardware (HOW_TO_RUN), and adding a config field (with a default) later does
+    not rename finished runs."""
     canonical = json.dumps(_non_default(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 

@@ -1,17 +1,18 @@
 """Per-layer attention: named layer kinds and the pattern that repeats them over the layers.
 
-Layer l reads `layer_pattern[l % len(layer_pattern)]`, a kind of `layer_kinds` or an encoding preset's word. A
-kind starts from the model's `attention`, applies its `encoding` preset (only the fields the preset lists,
-as the `encoding:` grid axis does), then its own fields; a field a kind leaves unset keeps the model's
-value. So `layer_pattern: [rope, rope, rope, nope]` is "NoPE every 4th layer" without any kind, and
+Layer l reads `layer_pattern[l % len(layer_pattern)]`, a kind of `layer_kinds` or an encoding
+preset's word. A kind starts from the model's `attention`, applies its `encoding` preset (only the
+fields the preset lists, as the `encoding:` grid axis does), then its own fields; a field a kind
+leaves unset keeps the model's value. So `layer_pattern: [rope, rope, rope, nope]` is "NoPE every
+4th layer" without any kind, and
 
     layer_kinds:
       local: {encoding: rope, window: 64}
       global: {encoding: nope, temperature_tuning: true}
     layer_pattern: [local, local, local, global]
 
-is an RNoPE / Llama-4 style model (docs/formulas.md#layer-schedules). Without a pattern every layer uses the
-model's attention, as before.
+is an RNoPE / Llama-4 style model (docs/formulas.md#layer-schedules). Without a pattern every layer
+uses the model's attention, as before.
 """
 
 from __future__ import annotations
@@ -23,21 +24,24 @@ from typing import Any
 from relpos_ablate.config.base import ConfigError, check_range
 from relpos_ablate.config.presets import SCHEDULES, preset_fields, presets
 
-#: Absolute encodings added once, at the model's input: the model's attention decides them for every layer.
+#: Absolute encodings added once, at the model's input: the model's attention decides them for every
+#: layer.
 INPUT_POSITIONS = frozenset({"sinusoid", "learned"})
 
 
 @dataclass(frozen=True)
 class LayerKind:
-    """One named kind of layer: an encoding and the visibility and scaling settings of its attention."""
+    """One named kind of layer: an encoding and the visibility and scaling settings of its
+    attention."""
 
     name: str
     """The kind's name, used in layer_pattern (in YAML the key of its mapping)."""
     encoding: str = ""
-    """An encoding preset (the words of the `encoding:` grid axis, e.g. rope, nope, alibi, t5) applied on top of the
-    model's attention; '': the model's encoding."""
+    """An encoding preset (the words of the `encoding:` grid axis, e.g. rope, nope, alibi, t5)
+    applied on top of the model's attention; '': the model's encoding."""
     window: int | None = None
-    """Sliding window of this kind's layers (attention.window); 0: none (full attention); null: the model's."""
+    """Sliding window of this kind's layers (attention.window); 0: none (full attention); null: the
+    model's."""
     chunk: int | None = None
     """Chunked attention of this kind's layers (attention.chunk); 0: none; null: the model's."""
     rope_base: float | None = None
@@ -45,9 +49,11 @@ class LayerKind:
     sinks: int | None = None
     """Learned sink slots of this kind's layers (attention.sinks); null: the model's."""
     temperature_tuning: bool | None = None
-    """Llama 4's attention temperature on this kind's layers (attention.temperature_tuning); null: the model's."""
+    """Llama 4's attention temperature on this kind's layers (attention.temperature_tuning); null:
+    the model's."""
     score_scale: str | None = None
-    """Score scale of this kind's layers (attention.score_scale: sqrt_d, none, log_n, ssmax); null: the model's."""
+    """Score scale of this kind's layers (attention.score_scale: sqrt_d, none, log_n, ssmax); null:
+    the model's."""
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -64,7 +70,8 @@ class LayerKind:
                 check_range(name, getattr(self, name), low=0)
 
     def overrides(self) -> dict[str, Any]:
-        """The attention fields this kind sets: its preset's, then its own (0 window / chunk: None)."""
+        """The attention fields this kind sets: its preset's, then its own (0 window / chunk:
+        None)."""
         fields = preset_fields(self.encoding) if self.encoding else {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -75,8 +82,9 @@ class LayerKind:
 
 
 def bias_key(layer: Any, model: Any) -> Any:
-    """What tells two layers' bias settings apart: their attention with a kind's own fields (window, chunk, ...)
-    set back to the model's. Layers with equal keys share one bias module under share_bias."""
+    """What tells two layers' bias settings apart: their attention with a kind's own fields (window,
+    chunk, ...) set back to the model's. Layers with equal keys share one bias module under
+    share_bias."""
     own = [f.name for f in dataclasses.fields(LayerKind) if f.name not in ("name", "encoding")]
     return dataclasses.replace(layer, **{name: getattr(model, name) for name in own})
 
@@ -87,7 +95,8 @@ def layer_overrides(word: str, kinds: dict[str, LayerKind]) -> dict[str, Any]:
 
 
 def check_pattern(pattern: tuple[str, ...], kinds: tuple[LayerKind, ...]) -> dict[str, LayerKind]:
-    """{name: kind}, after checking that names are unique and every pattern word is a kind or a preset."""
+    """{name: kind}, after checking that names are unique and every pattern word is a kind or a
+    preset."""
     by_name: dict[str, LayerKind] = {}
     for kind in kinds:
         if kind.name in by_name:
@@ -108,7 +117,8 @@ def check_pattern(pattern: tuple[str, ...], kinds: tuple[LayerKind, ...]) -> dic
 
 
 def pattern_label(pattern: tuple[str, ...] | list[str]) -> str:
-    """A pattern in words, runs of one word counted: [local, local, local, global] -> 'local×3 global'."""
+    """A pattern in words, runs of one word counted: [local, local, local, global] -> 'local×3
+    global'."""
     parts: list[list[Any]] = []
     for word in pattern:
         if parts and parts[-1][0] == word:

@@ -1,7 +1,8 @@
-"""The checks of AttentionConfig that span several fields of the newer schemes (RoPE variants, FoX, CoPE, windows,
-chunks, sinks, length-aware scaling) and of the schemes that read the scores (stick-breaking, PaTH, DAPE): each a
-one-line ConfigError naming the field and what is allowed. AttentionConfig.__post_init__ runs them on itself (the
-`config` they read; they import no config class)."""
+"""The checks of AttentionConfig that span several fields of the newer schemes (RoPE variants, FoX,
+CoPE, windows, chunks, sinks, length-aware scaling) and of the schemes that read the scores
+(stick-breaking, PaTH, DAPE): each a one-line ConfigError naming the field and what is allowed.
+AttentionConfig.__post_init__ runs them on itself (the `config` they read; they import no config
+class)."""
 
 from __future__ import annotations
 
@@ -55,9 +56,10 @@ def check_newer_schemes(config: Any) -> None:
     if config.chunk is not None and (config.randomized or config.bias in QUERY_DEPENDENT_BIASES):
         raise ConfigError(
             "chunk",
-            "every chunk is computed at the positions of the first (only distances differ "
-            f"between chunks), which {'randomized positions' if config.randomized else repr(config.bias)} "
-            "would see; use sequential positions and a distance-only bias",
+            f"every chunk is computed at the positions of the first (only distances differ "
+            f"between chunks), which "
+            f"{'randomized positions' if config.randomized else repr(config.bias)} would see; use "
+            f"sequential positions and a distance-only bias",
         )
     if config.xpos_scale_base is not None and config.rope_p != 1.0:
         raise ConfigError(
@@ -133,8 +135,8 @@ def check_materialised_schemes(config: Any) -> None:
     if config.backend == "band" and not band_form(config):
         raise ConfigError(
             "backend",
-            "'band' takes causal attention whose position terms are constant from a "
-            "distance on (terms b/d with clamp_len set, bias xl_table or t5, or CoPE alone) with no FoX, "
+            "'band' takes causal attention whose position terms are constant from a distance on "
+            "(terms b/d with clamp_len set, bias xl_table or t5, or CoPE alone) with no FoX, "
             "sinks, window or score scaling; use auto",
         )
     if config.needs_scores and config.backend in ("blocks", "flex"):
@@ -146,9 +148,10 @@ def check_materialised_schemes(config: Any) -> None:
 
 
 def _plain_causal(config: Any, cope: bool = False) -> bool:
-    """Causal attention over the whole stream with the plain softmax of the scaled scores: no CoPE (unless `cope`),
-    sinks, window, length-aware or learned scale, scheme that reads the scores, or randomized positions (what the
-    low-rank and band kernels need beside their own position terms)."""
+    """Causal attention over the whole stream with the plain softmax of the scaled scores: no CoPE
+    (unless `cope`), sinks, window, length-aware or learned scale, scheme that reads the scores, or
+    randomized positions (what the low-rank and band kernels need beside their own position
+    terms)."""
     return (
         config.causal
         and (cope or not config.cope_positions)
@@ -162,7 +165,8 @@ def _plain_causal(config: Any, cope: bool = False) -> bool:
 
 
 def low_rank_form(config: Any) -> bool:
-    """Whether every position term is a key offset up to a per-query constant (kernels/low_rank.py)."""
+    """Whether every position term is a key offset up to a per-query constant
+    (kernels/low_rank.py)."""
     offsets = config.bias in ("alibi", "alibi_learned") or (
         config.bias == "none" and config.forget_gate
     )
@@ -170,8 +174,9 @@ def low_rank_form(config: Any) -> bool:
 
 
 def band_form(config: Any) -> bool:
-    """Whether every position term is constant from a distance on, up to a per-query constant: R clamped at
-    clamp_len for terms b/d, the bias xl_table or t5, or CoPE alone, whose clamped count is (kernels/band.py)."""
+    """Whether every position term is constant from a distance on, up to a per-query constant: R
+    clamped at clamp_len for terms b/d, the bias xl_table or t5, or CoPE alone, whose clamped count
+    is (kernels/band.py)."""
     if config.cope_positions:
         return (
             not config.uses_r

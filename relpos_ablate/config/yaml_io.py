@@ -1,5 +1,6 @@
-"""YAML in and out of configs: the project's YAML loader (exponent floats are floats), config files read with a
-one-line error, and `--set KEY=VALUE` overrides applied to a plain dict before `from_dict` (config/base.py)."""
+"""YAML in and out of configs: the project's YAML loader (exponent floats are floats), config files
+read with a one-line error, and `--set KEY=VALUE` overrides applied to a plain dict before
+`from_dict` (config/base.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from relpos_ablate.config.base import ConfigError, raise_all
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 without its surprise: `3e-3` and `1e5` are numbers (PyYAML reads them as strings)."""
+    """YAML 1.1 without its surprise: `3e-3` and `1e5` are numbers (PyYAML reads them as
+    strings)."""
 
 
 _Loader.add_implicit_resolver(
@@ -42,8 +44,8 @@ def set_path(data: dict, dotted: str, value: Any) -> None:
 
 
 def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
-    """Apply `key.path=value` strings (values parsed as YAML: `3`, `true`, `[1, 2]`, `ac`); every malformed
-    one is reported, one line each."""
+    """Apply `key.path=value` strings (values parsed as YAML: `3`, `true`, `[1, 2]`, `ac`); every
+    malformed one is reported, one line each."""
     errors = []
     for item in overrides:
         try:
@@ -56,7 +58,8 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
 
 
 def _parse_override(item: str) -> tuple[str, Any]:
-    """(dotted key, value) of one `KEY=VALUE`, or a one-line ConfigError naming what is malformed."""
+    """(dotted key, value) of one `KEY=VALUE`, or a one-line ConfigError naming what is
+    malformed."""
     if "=" not in item:
         raise ConfigError("--set", f"expected KEY=VALUE, got {item!r}")
     key, raw = (part.strip() for part in item.split("=", 1))

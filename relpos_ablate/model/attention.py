@@ -1,27 +1,27 @@
 """RelPosAttention: Transformer-XL's four score terms, any bias-type encoding, RoPE — one module.
 
 Notation: B batch, H heads, dh head width, L queries (this segment), M memory keys, K = M + L keys.
-Query i sits at key index i' = M + i; key j; d = i' - j is the distance (query minus key); n = K + L - 1
-distances occur, kept in descending order (shift.py). s = 1/sqrt(dh) (score_scale 'sqrt_d', 'log_n', 'ssmax',
-else 1), s_B = s when bias_scaled else 1. The score of query i for key j is
+Query i sits at key index i' = M + i; key j; d = i' - j is the distance (query minus key); n = K +
+L - 1 distances occur, kept in descending order (shift.py). s = 1/sqrt(dh) (score_scale 'sqrt_d',
+'log_n', 'ssmax', else 1), s_B = s when bias_scaled else 1. The score of query i for key j is
 
-    score_ij = λ_hi·( s·[ (a) q_i·k_j + (b) q_i·W_R R_d + (c) u·k_j + (d) v·W_R R_d ] + s_B·B_h(i', j)
-                      + D_ij (FoX) ) + s·q̃_i·e[p_ij] (CoPE)
+    score_ij = λ_hi·( s·[ (a) q_i·k_j + (b) q_i·W_R R_d + (c) u·k_j + (d) v·W_R R_d ]
+                      + s_B·B_h(i', j) + D_ij (FoX) ) + s·q̃_i·e[p_ij] (CoPE)
 
-followed by the mask (applied after everything is summed) and a softmax over keys and the learned sink
-slots (sinks.py). λ is 1 unless score_scale is log_n or ssmax or the temperature is learned (temperature.py);
-q̃_i is the kernels' content query λ·(q_i + u). RoPE and its variants rotate q and k first
-(position/rope.py). Only enabled terms are computed. `scores` is this equation term by term
+followed by the mask (applied after everything is summed) and a softmax over keys and the learned
+sink slots (sinks.py). λ is 1 unless score_scale is log_n or ssmax or the temperature is learned
+(temperature.py); q̃_i is the kernels' content query λ·(q_i + u). RoPE and its variants rotate q and
+k first (position/rope.py). Only enabled terms are computed. `scores` is this equation term by term
 (need_weights, score_terms, Shaw values, backend='explicit'). The fast kernels (dispatch.py) fold
 what the term set allows: (q + u)·k is one product for a + c, (q + v)·W_R R one for b + d; term d
-alone and every distance-only bias are one per-head curve over distances, laid out as a Toeplitz map.
-`forward` reads: project -> per-distance tensors -> pick a kernel -> out.
+alone and every distance-only bias are one per-head curve over distances, laid out as a Toeplitz
+map. `forward` reads: project -> per-distance tensors -> pick a kernel -> out.
 
 Positions: the encodings read where queries and keys sit, by default their key indices (query i at
-M + i). Explicit positions (`AttentionOptions.positions`, e.g. randomized ones) replace them for RoPE,
-the bias and terms b/d, which then see d = pos(i) - pos(j); explicit distances (`AttentionOptions.distances`,
-Ruoss et al.'s randomized relative encodings) give the bias and terms b/d the drawn d_(i'-j) instead. The
-mask stays by index (call.py).
+M + i). Explicit positions (`AttentionOptions.positions`, e.g. randomized ones) replace them for
+RoPE, the bias and terms b/d, which then see d = pos(i) - pos(j); explicit distances
+(`AttentionOptions.distances`, Ruoss et al.'s randomized relative encodings) give the bias and terms
+b/d the drawn d_(i'-j) instead. The mask stays by index (call.py).
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ class RelPosAttention(nn.Module):
         self.scale = d_head**-0.5 if config.score_scale != "none" else 1.0
         self.bias_scale = self.scale if config.bias_scaled else 1.0
         inner = n_heads * d_head
-        # Only what a score term reads is built (terms c, d alone read neither q nor k): DDP with its default
-        # find_unused_parameters=False stops at a parameter that gets no gradient.
+        # Only what a score term reads is built (terms c, d alone read neither q nor k): DDP with
+        # its default find_unused_parameters=False stops at a parameter that gets no gradient.
         self.q_net = nn.Linear(d_model, inner, bias=False) if config.reads_queries else None
         # [W_k;] W_v
         self.kv_net = nn.Linear(d_model, (2 if config.reads_keys else 1) * inner, bias=False)
@@ -142,10 +142,12 @@ class RelPosAttention(nn.Module):
 
     # ------------------------------------------------------------------ per-distance tensors
     def table_row(self, distances: Tensor, clamp: int) -> Tensor:
-        """Rows of the learned R (and Shaw value) table for distances [n], clipped at clamp <= clamp_len."""
+        """Rows of the learned R (and Shaw value) table for distances [n], clipped at clamp <=
+        clamp_len."""
         if clamp > self.config.clamp_len:
             raise ValueError(
-                f"clamp_len: {clamp} exceeds the learned table (rel='learned', clamp_len={self.config.clamp_len})"
+                f"clamp_len: {clamp} exceeds the learned table (rel='learned', "
+                f"clamp_len={self.config.clamp_len})"
             )
         return table_row(distances, clamp, self.config.clamp_len, self.config.causal)
 
@@ -160,9 +162,9 @@ class RelPosAttention(nn.Module):
     def projected_relative(
         self, distances: Tensor, clamp_len: int | None = None, scale: float = 1.0
     ) -> Tensor:
-        """scale·W_R R_d per head: [n] -> [H, n, dh], a view of the [n, H·dh] product (the scale multiplies
-        W_R, not the product: one [n, H·dh] tensor in memory, and its transposed view is what the kernels'
-        products read)."""
+        """scale·W_R R_d per head: [n] -> [H, n, dh], a view of the [n, H·dh] product (the scale
+        multiplies W_R, not the product: one [n, H·dh] tensor in memory, and its transposed view is
+        what the kernels' products read)."""
         # (n, H·dh)
         r = F.linear(self.relative_vectors(distances, clamp_len), self.r_net.weight * scale)
         return r.view(-1, self.n_heads, self.d_head).transpose(0, 1)  # (n, H, dh) -> (H, n, dh)
@@ -176,7 +178,8 @@ class RelPosAttention(nn.Module):
     ) -> Tensor:
         """Additive score per head at distances i - j: [n] -> [H, n].
 
-        source='bias': the bias-type encoding (as added to the scores); source='d': term d, s·v·W_R R_d.
+        source='bias': the bias-type encoding (as added to the scores); source='d': term d, s·v·W_R
+        R_d.
         """
         distances = torch.as_tensor(distances, device=self.out_net.weight.device)
         if source == "bias":
@@ -196,10 +199,11 @@ class RelPosAttention(nn.Module):
     def _placement(
         self, x: Tensor, keys_input: Tensor, options: AttentionOptions
     ) -> tuple[Visibility, dict]:
-        """Which keys each query sees (the config's window and the call's, the narrower), where queries and
-        keys sit (call.place: what RoPE reads before the call is built) and FoX's Λ from the keys' layer
-        inputs [memory; x] (before the projections, so that autograd sums the input's gradient in the same
-        order as ever: a table computed before and after the call was built once is the same to the bit)."""
+        """Which keys each query sees (the config's window and the call's, the narrower), where
+        queries and keys sit (call.place: what RoPE reads before the call is built) and FoX's Λ from
+        the keys' layer inputs [memory; x] (before the projections, so that autograd sums the
+        input's gradient in the same order as ever: a table computed before and after the call was
+        built once is the same to the bit)."""
         cfg = self.config
         if options.window is not None and not cfg.causal:
             raise ValueError("window (same_length) applies to causal attention only")
@@ -220,11 +224,11 @@ class RelPosAttention(nn.Module):
         placed: dict,
         dtype: torch.dtype | None = None,
     ) -> AttentionCall:
-        """The call, built once: its geometry and positions (`placed`, FoX's Λ with them), what the other
-        data-dependent schemes read (CoPE's table, the sinks, the query scale) and the
-        per-distance tensors every query block reads. dtype: the fast kernels' (their per-distance tensors and
-        query scale are cast to it, and term b's keys left out where no kernel reads them); None: the explicit
-        path's (everything in its own dtype)."""
+        """The call, built once: its geometry and positions (`placed`, FoX's Λ with them), what the
+        other data-dependent schemes read (CoPE's table, the sinks, the query scale) and the
+        per-distance tensors every query block reads. dtype: the fast kernels' (their per-distance
+        tensors and query scale are cast to it, and term b's keys left out where no kernel reads
+        them); None: the explicit path's (everything in its own dtype)."""
         cfg, lq, padding = self.config, x.shape[1], options.key_padding_mask
         query_scale = None
         if self.temperature is not None:
@@ -263,16 +267,16 @@ class RelPosAttention(nn.Module):
         clamp_len: int | None,
         dtype: torch.dtype | None,
     ) -> tuple[dict, dict]:
-        """The tensors every query block reads — s·W_R R_d (term b's keys), term d, the scores of distance alone
-        (a distance-only bias; on the kernels with term d without b) — and a query-dependent bias
-        (pair_bias: the scheme, its curve's end)."""
+        """The tensors every query block reads — s·W_R R_d (term b's keys), term d, the scores of
+        distance alone (a distance-only bias; on the kernels with term d without b) — and a
+        query-dependent bias (pair_bias: the scheme, its curve's end)."""
         # (n,) descending
         terms, scheme, distances = (self.config.terms, self.bias_scheme, placed["distances"])
         rel_keys = term_d = distance_scores = pair_bias = None
         if self.config.uses_r:
             rel_keys = self.projected_relative(distances, clamp_len, self.scale)  # (H, n, dh)
-            # its own term on the explicit path; on the kernels only without b (with b it rides on the position
-            # query q + v), and then added to the bias's curve where there is one
+            # its own term on the explicit path; on the kernels only without b (with b it rides on
+            # the position query q + v), and then added to the bias's curve where there is one
             if "d" in terms and (dtype is None or "b" not in terms):
                 term_d = self._term_d(rel_keys)
         if scheme is not None and not scheme.distance_only and placed.get("drawn_distances"):
@@ -281,9 +285,10 @@ class RelPosAttention(nn.Module):
                 f"model.attention.randomized_draw: {self.config.bias!r} reads the query position "
                 "besides the distance; per_layer draws distances only (use shared_positions)"
             )
-        # a query-dependent bias (FIRE) is a curve over distances too while every query of the call is within
-        # its distance-only range (consecutive positions: the query positions are M .. K - 1); strictly below
-        # its end, where a query at the end would send part of the gradient to it (FIRE's max(i, L))
+        # a query-dependent bias (FIRE) is a curve over distances too while every query of the call
+        # is within its distance-only range (consecutive positions: the query positions are M .. K -
+        # 1); strictly below its end, where a query at the end would send part of the gradient to it
+        # (FIRE's max(i, L))
         n_keys = visibility.n_mem + n_queries
         curve = scheme is not None and (
             scheme.distance_only
@@ -293,7 +298,8 @@ class RelPosAttention(nn.Module):
             distance_scores = scheme.curve(distances) * self.bias_scale  # (H, n)
         elif scheme is not None:
             pair_bias = scheme
-        # a bias linear in the distance with nothing folded into its curve: the low-rank kernel's slope
+        # a bias linear in the distance with nothing folded into its curve: the low-rank kernel's
+        # slope
         linear = (
             scheme.linear_slope()
             if curve and dtype is not None and term_d is None and not placed.get("drawn_distances")
@@ -310,7 +316,8 @@ class RelPosAttention(nn.Module):
             rel_keys = rel_keys.to(dtype) if rel_keys is not None and "b" in terms else None
             distance_scores = None if distance_scores is None else distance_scores.to(dtype)
             term_d = None if term_d is None else term_d.to(dtype)
-        # the distance from which every per-distance input is constant (a clamp of R, the bias's saturation)
+        # the distance from which every per-distance input is constant (a clamp of R, the bias's
+        # saturation)
         ends = (
             [clamp_len if clamp_len is not None else self.config.clamp_len]
             if self.config.uses_r
@@ -332,8 +339,8 @@ class RelPosAttention(nn.Module):
     def kernel_call(
         self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None
     ) -> tuple[AttentionCall, Tensor, Tensor | None]:
-        """What a forward on the fast kernels hands them: (the call, the content queries q + u, the position
-        queries q + v or None), for tools and tests that drive a kernel directly."""
+        """What a forward on the fast kernels hands them: (the call, the content queries q + u, the
+        position queries q + v or None), for tools and tests that drive a kernel directly."""
         options = options or AttentionOptions()
         keys_input = (
             x if mems is None or mems.shape[1] == 0 else torch.cat([mems.to(x.dtype), x], dim=1)
@@ -354,9 +361,10 @@ class RelPosAttention(nn.Module):
         rope_scaling: RopeScaling | None,
         tuned_positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """q [B, H, L, dh] from x; k, v [B, H, K, dh] from keys_input = [mems; x]; RoPE rotates q and k, then
-        Llama 4's temperature tuning scales q (at tuned_positions [B, L], else the queries' positions). A
-        query or key that no enabled term reads is not projected: zeros stand in (they add 0 to every score)."""
+        """q [B, H, L, dh] from x; k, v [B, H, K, dh] from keys_input = [mems; x]; RoPE rotates q
+        and k, then Llama 4's temperature tuning scales q (at tuned_positions [B, L], else the
+        queries' positions). A query or key that no enabled term reads is not projected: zeros stand
+        in (they add 0 to every score)."""
         b, lq, _ = x.shape
         # (B, K, 2 or 1, H, dh)
         kv = self.kv_net(keys_input).view(b, keys_input.shape[1], -1, self.n_heads, self.d_head)
@@ -401,10 +409,11 @@ class RelPosAttention(nn.Module):
         block: QueryBlock | None = None,
         product: Tensor | None = None,
     ) -> dict[str, Tensor]:
-        """The module docstring's equation, term by term, for the block's queries and keys (default: the
-        whole call): each enabled term of 'a', 'b', 'c', 'd', 'bias', 'decay' (FoX), 'cope', scaled as it
-        enters the sum, broadcastable to [B, H, L_b, K_b] (sinks: explicit.py). product: PaTH's q·k through
-        its transforms for the block's queries and every key, [B, H, L_b, K], in place of term a's q·k."""
+        """The module docstring's equation, term by term, for the block's queries and keys (default:
+        the whole call): each enabled term of 'a', 'b', 'c', 'd', 'bias', 'decay' (FoX), 'cope',
+        scaled as it enters the sum, broadcastable to [B, H, L_b, K_b] (sinks: explicit.py).
+        product: PaTH's q·k through its transforms for the block's queries and every key, [B, H,
+        L_b, K], in place of term a's q·k."""
         blk = block or call.all_queries
         terms, s, rows, keys = self.config.terms, self.scale, blk.rows, slice(blk.k0, blk.n_keys)
         q_b, k_b = q[:, :, rows], k[:, :, keys]
@@ -417,9 +426,9 @@ class RelPosAttention(nn.Module):
             out["c"] = (self.content_bias_u[None, :, None] * s) @ k_t  # s·u·k_j: (B, H, 1, K_b)
         if scale is not None:
             out = {name: t * scale for name, t in out.items()}
-        # the additive terms (b: s·q_i·W_R R_d, d: s·v·W_R R_d, the bias, FoX's decay, CoPE), as every kernel
-        # builds them: term b's query is λ·q (not q + v: d is its own term here)
-        # the block's rows only
+        # the additive terms (b: s·q_i·W_R R_d, d: s·v·W_R R_d, the bias, FoX's decay, CoPE), as
+        # every kernel builds them: term b's query is λ·q (not q + v: d is its own term here) the
+        # block's rows only
         q_position = None if "b" not in terms else q_b if scale is None else q_b * scale
         q_content = (
             self.folded_queries(q, call)[0][:, :, rows] if self.contextual is not None else None
@@ -430,16 +439,17 @@ class RelPosAttention(nn.Module):
         return {name: out[name] for name in TERM_ORDER if name in out}
 
     def score_sum(self, maps: dict[str, Tensor], visible: Tensor) -> Tensor:
-        """The scores of the equation: the terms summed, or with DAPE X + B + f([X; B]) (X: every term but
-        the bias B)."""
+        """The scores of the equation: the terms summed, or with DAPE X + B + f([X; B]) (X: every
+        term but the bias B)."""
         if self.dape is None:
             return sum_terms(maps)
         other = sum_terms({name: t for name, t in maps.items() if name != "bias"})
         return self.dape(other, maps["bias"], visible)
 
     def folded_queries(self, q: Tensor, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
-        """The fast kernels' queries: content q + u (terms a, c) and position q + v (terms b, d; None
-        without term b, when term d is a curve in call.distance_scores), times the query scale."""
+        """The fast kernels' queries: content q + u (terms a, c) and position q + v (terms b, d;
+        None without term b, when term d is a curve in call.distance_scores), times the query
+        scale."""
         terms, u, v = self.config.terms, self.content_bias_u, self.position_bias_v
         if "a" in terms:
             q_content = q + u[:, None] if u is not None else q  # (B, H, L, dh) + (H, 1, dh)
@@ -464,12 +474,14 @@ class RelPosAttention(nn.Module):
         need_weights: bool = False,
         tuned_positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x [B, L, d_model], mems [B, M, d_model] -> (out [B, L, d_model], probs [B, H, L, M + L] or None).
+        """x [B, L, d_model], mems [B, M, d_model] -> (out [B, L, d_model], probs [B, H, L, M + L]
+        or None).
 
         mems is what this same layer received as input x for the previous M tokens (TransformerLM
         keeps it); no gradient flows into it. options: this call's clamp_len, window, key padding.
-        A chunked layer runs its chunks as the rows of one call (chunks.py), with tuned_positions [B·n, C] the
-        positions temperature tuning reads (None: where the encodings place the queries).
+        A chunked layer runs its chunks as the rows of one call (chunks.py), with tuned_positions
+        [B·n, C] the positions temperature tuning reads (None: where the encodings place the
+        queries).
         """
         options = options or AttentionOptions()
         mems = None if mems is None or mems.shape[1] == 0 else mems.detach()
@@ -526,9 +538,10 @@ class RelPosAttention(nn.Module):
         product: Tensor | None = None,
         whole: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
-        """The materialised path (explicit.py) on this layer's summed scores, sinks and Shaw value rows: for the
-        whole call at once (`whole`: probabilities returned), else per query block (the schemes that read the
-        scores: probabilities None). DAPE v2 reads neighbouring keys: its blocks keep whole rows of keys."""
+        """The materialised path (explicit.py) on this layer's summed scores, sinks and Shaw value
+        rows: for the whole call at once (`whole`: probabilities returned), else per query block
+        (the schemes that read the scores: probabilities None). DAPE v2 reads neighbouring keys: its
+        blocks keep whole rows of keys."""
         sinks, values = self.sinks, None
         if self.value_table is not None:
             clamp = options.clamp_len if options.clamp_len is not None else self.config.clamp_len
@@ -543,8 +556,9 @@ class RelPosAttention(nn.Module):
             blocks = call.blocks(STORED_BLOCK_SCORES, windowed=True)
         normaliser = stick_breaking if self.config.normaliser == "stick_breaking" else None
         q_content = self.folded_queries(q, call)[0] if sinks is not None else None
-        # PaTH's product split into the blocks' rows at once: slicing it per block would give each block's
-        # backward a zero-filled gradient of the whole [B, H, L, K] product (O(L³) work over the blocks)
+        # PaTH's product split into the blocks' rows at once: slicing it per block would give each
+        # block's backward a zero-filled gradient of the whole [B, H, L, K] product (O(L³) work over
+        # the blocks)
         products = (
             [None] * len(blocks)
             if product is None
@@ -574,8 +588,9 @@ class RelPosAttention(nn.Module):
     def score_terms(
         self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None
     ) -> dict[str, Tensor]:
-        """Each enabled term of 'a', 'b', 'c', 'd', 'bias', 'decay', 'cope' as its own [B, H, L, M + L] map,
-        scaled as it enters the scores, plus 'visible' (bool [L, M + L], or [B, 1, L, M + L] with key padding)."""
+        """Each enabled term of 'a', 'b', 'c', 'd', 'bias', 'decay', 'cope' as its own [B, H, L, M +
+        L] map, scaled as it enters the scores, plus 'visible' (bool [L, M + L], or [B, 1, L, M + L]
+        with key padding)."""
         options = options or AttentionOptions()
         # per chunk, as forward computes them; nothing outside the chunks
         if self.config.chunk is not None:
@@ -625,9 +640,9 @@ class RelPosAttention(nn.Module):
 
 
 def _kernel_dtype(*tensors: Tensor) -> torch.dtype:
-    """One dtype for the fast kernels: autocast's where it is on (q + u is fp32 there, as u is, while k is
-    bf16), else the widest of the tensors. FoX's Λ stays float64: each block forms D_ij = Λ_i - Λ_j in float64
-    before the cast (AttentionCall.decay)."""
+    """One dtype for the fast kernels: autocast's where it is on (q + u is fp32 there, as u is,
+    while k is bf16), else the widest of the tensors. FoX's Λ stays float64: each block forms D_ij =
+    Λ_i - Λ_j in float64 before the cast (AttentionCall.decay)."""
     device = tensors[0].device.type
     if torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
@@ -637,7 +652,8 @@ def _kernel_dtype(*tensors: Tensor) -> torch.dtype:
 def _visible_counts(
     visibility: Visibility, n_queries: int, padding: Tensor | None, device
 ) -> Tensor:
-    """The keys each query sees by index ([L], or [B, 1, L] with key padding: padded keys not counted)."""
+    """The keys each query sees by index ([L], or [B, 1, L] with key padding: padded keys not
+    counted)."""
     rows = torch.arange(n_queries, device=device)
     seen = visibility(
         rows[:, None], torch.arange(visibility.n_mem + n_queries, device=rows.device)[None, :]
@@ -650,9 +666,9 @@ def _visible_counts(
 def _without_unread_projections(
     attn: RelPosAttention, state_dict: dict, prefix: str, *args
 ) -> None:
-    """Loads checkpoints written while every attention built q_net and both halves of kv_net: the weights
-    no enabled term read (q_net without terms a and b, W_k without a and c) are dropped. They never
-    changed the output, so the loaded model computes what the saved one did."""
+    """Loads checkpoints written while every attention built q_net and both halves of kv_net: the
+    weights no enabled term read (q_net without terms a and b, W_k without a and c) are dropped.
+    They never changed the output, so the loaded model computes what the saved one did."""
     if attn.q_net is None:
         state_dict.pop(prefix + "q_net.weight", None)
     kv, rows = state_dict.get(prefix + "kv_net.weight"), attn.kv_net.weight.shape[0]

@@ -1,20 +1,20 @@
 """CoPE (Golovneva et al. 2024, "Contextual Position Encoding: Learning to Count What's Important").
 
-Query i gates every key it sees, g_ij = σ(s·q_i·k_j), and counts backwards: the contextual position of
-key j is p_ij = Σ_{t=j..i} g_it over the keys t the query sees (keys it does not see count 0), so
-p_ii = g_ii ∈ (0, 1) and p = i - j + 1 when every gate is 1. p is clamped to p_max - 1 and read from a
-learned table e [p_max, d_head] by linear interpolation between ⌊p⌋ and ⌈p⌉; the score gets
-s·q_i·e[p_ij]. As the authors' code (facebookresearch/RAM, projects/cope, default options): gates from
-the scaled content logits, the position logit scaled by s like q·k, e shared by a layer's heads and
-initialised at 0. docs/formulas.md#cope.
+Query i gates every key it sees, g_ij = σ(s·q_i·k_j), and counts backwards: the contextual position
+of key j is p_ij = Σ_{t=j..i} g_it over the keys t the query sees (keys it does not see count 0), so
+p_ii = g_ii ∈ (0, 1) and p = i - j + 1 when every gate is 1. p is clamped to p_max - 1 and read from
+a learned table e [p_max, d_head] by linear interpolation between ⌊p⌋ and ⌈p⌉; the score gets
+s·q_i·e[p_ij]. As the authors' code (facebookresearch/RAM, projects/cope, default options): gates
+from the scaled content logits, the position logit scaled by s like q·k, e shared by a layer's heads
+and initialised at 0. docs/formulas.md#cope.
 
 Here q is the content query the kernels use (q + u with term c, times the query scale when there is
-one), so the gates read the content score as it enters the softmax. The gates need each query's whole
-row of keys before the softmax (a cumulative sum over keys): the kernels run it on whole rows of keys per
-query block. `scores` is the formula under autograd (explicit path, SDPA per block); the block kernel
-(kernels/blockwise.py) calls `block_scores` and `block_backward`, the same scores and their gradient by hand, so that
-nothing of a block is kept for backward and the gates' gradient joins the attention's own dS (the gates read
-the same product s·q·kᵀ).
+one), so the gates read the content score as it enters the softmax. The gates need each query's
+whole row of keys before the softmax (a cumulative sum over keys): the kernels run it on whole rows
+of keys per query block. `scores` is the formula under autograd (explicit path, SDPA per block); the
+block kernel (kernels/blockwise.py) calls `block_scores` and `block_backward`, the same scores and
+their gradient by hand, so that nothing of a block is kept for backward and the gates' gradient
+joins the attention's own dS (the gates read the same product s·q·kᵀ).
 """
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-# The band kernel (`ContextualPositions.band_width`): keys are counted in chunks of BAND_CHUNK, and a count must pass
-# p_max - 1 by COUNT_MARGIN to leave the band, far above fp32's rounding of a sum of gates (n·ε·64 = 0.016 for
-# n = 4096 gates): the kernel, which counts in its own order, then finds no key beyond the band still counting
+# The band kernel (`ContextualPositions.band_width`): keys are counted in chunks of BAND_CHUNK, and
+# a count must pass p_max - 1 by COUNT_MARGIN to leave the band, far above fp32's rounding of a sum
+# of gates (n·ε·64 = 0.016 for n = 4096 gates): the kernel, which counts in its own order, then
+# finds no key beyond the band still counting
 BAND_CHUNK = 16
 COUNT_MARGIN = 0.25
 
 
 class BlockPositions(NamedTuple):
-    """What block_backward needs of a block's forward: the gates, ⌊p⌋, the fraction and the table's step
-    e[n + 1] - e[n] read at ⌊p⌋ (all [B, H, L_b, K_b])."""
+    """What block_backward needs of a block's forward: the gates, ⌊p⌋, the fraction and the table's
+    step e[n + 1] - e[n] read at ⌊p⌋ (all [B, H, L_b, K_b])."""
 
     gates: Tensor
     below: Tensor
@@ -54,18 +55,21 @@ class ContextualPositions(nn.Module):
         q: Tensor, k: Tensor, scale: float, visible: Tensor, diagonal: int | None = None
     ) -> tuple[Tensor, Tensor]:
         """g_ij = σ(s·q_i·k_j) (0 for unseen keys) and Σ_{t >= j} g_it, unclamped: q [B, H, L, dh],
-        k [B, H, K, dh] -> two [B, H, L, K]. `diagonal` (no autograd only), where visibility is causal: row r sees
-        no key past column r + diagonal, and its other hidden keys lie before its window, where no visible key's
-        count reaches; only the gates past the diagonal are then zeroed (tril_: 0.04 ms against masked_fill_'s 0.9 ms
-        with the [L, K] mask on a block of 256 x 402, B = 2, H = 8, Intel Xeon), those before the window keep their
-        values (the kernels mask their scores)."""
-        # counted in at least fp32: a bf16 sum of a hundred gates would be off by a quarter of a position
+        k [B, H, K, dh] -> two [B, H, L, K]. `diagonal` (no autograd only), where visibility is
+        causal: row r sees no key past column r + diagonal, and its other hidden keys lie before its
+        window, where no visible key's count reaches; only the gates past the diagonal are then
+        zeroed (tril_: 0.04 ms against masked_fill_'s 0.9 ms with the [L, K] mask on a block of 256
+        x 402, B = 2, H = 8, Intel Xeon), those before the window keep their values (the kernels
+        mask their scores)."""
+        # counted in at least fp32: a bf16 sum of a hundred gates would be off by a quarter of a
+        # position
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             logits = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
             gates = torch.sigmoid(logits * scale) * visible  # (B, H, L, K); unseen keys count 0
             # from key j to the last key (later ones: 0)
             return gates, gates.flip(-1).cumsum(-1).flip(-1)
-        # no graph (the block kernel's forward): the same in the product's own buffer, per block on a hot path
+        # no graph (the block kernel's forward): the same in the product's own buffer, per block on
+        # a hot path
         gates = ContextualPositions._gates(q, k, scale)
         gates = gates.tril_(diagonal) if diagonal is not None else gates.masked_fill_(~visible, 0.0)
         return gates, gates.flip(-1).cumsum_(-1).flip(-1)
@@ -77,8 +81,9 @@ class ContextualPositions(nn.Module):
         )
 
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
-        """s·q_i·e[p_ij], e interpolated between ⌊p⌋ and ⌈p⌉: [B, H, L, K] (geometry.ContextualScores: a
-        block's queries, the kernels' content query, and its keys, without sinks)."""
+        """s·q_i·e[p_ij], e interpolated between ⌊p⌋ and ⌈p⌉: [B, H, L, K]
+        (geometry.ContextualScores: a block's queries, the kernels' content query, and its keys,
+        without sinks)."""
         p = self.positions(q, k, scale, visible)
         per_position = (q @ self.embeddings.to(q.dtype).T) * scale  # (B, H, L, p_max): s·q_i·e[n]
         below = p.floor()
@@ -90,18 +95,21 @@ class ContextualPositions(nn.Module):
     def band_width(
         self, q: Tensor, k: Tensor, scale: float, n_mem: int, rows: int | None = None
     ) -> int | None:
-        """The band of a causal call, D: every query's count has passed p_max - 1 at each key D or more behind it
-        (q [B, H, L, dh], k [B, H, M + L, dh]; query i at key index M + i). There its score is s·q_i·e[p_max - 1],
-        one constant per query, which the softmax ignores: the band kernel (kernels/band.py) leaves those pairs to
-        the causal flash kernel and builds the scores, minus that constant, within D only.
+        """The band of a causal call, D: every query's count has passed p_max - 1 at each key D or
+        more behind it (q [B, H, L, dh], k [B, H, M + L, dh]; query i at key index M + i). There its
+        score is s·q_i·e[p_max - 1], one constant per query, which the softmax ignores: the band
+        kernel (kernels/band.py) leaves those pairs to the causal flash kernel and builds the
+        scores, minus that constant, within D only.
 
-        Per block of `rows` queries (default 2·p_max, about the keys a count of gates near 1/2 needs): each query's
-        gates over the block's keys up to itself, then over the keys before the block in chunks of BAND_CHUNK,
-        nearest first, on a tile widened (doubled) until every query's count passes p_max - 1 + COUNT_MARGIN; a
-        query's band ends at the far edge of the chunk where it does (at most BAND_CHUNK - 1 keys wider than its
-        count needs), or at the block's first key if its count passes before. A query whose count never passes
-        puts its whole row in the band: how far the band reaches is the data's (host syncs). None for fewer than
-        2·p_max keys: a count passes p_max - 1 after p_max keys at the least, so the band would be the whole call."""
+        Per block of `rows` queries (default 2·p_max, about the keys a count of gates near 1/2
+        needs): each query's gates over the block's keys up to itself, then over the keys before the
+        block in chunks of BAND_CHUNK, nearest first, on a tile widened (doubled) until every
+        query's count passes p_max - 1 + COUNT_MARGIN; a query's band ends at the far edge of the
+        chunk where it does (at most BAND_CHUNK - 1 keys wider than its count needs), or at the
+        block's first key if its count passes before. A query whose count never passes puts its
+        whole row in the band: how far the band reaches is the data's (host syncs). None for fewer
+        than 2·p_max keys: a count passes p_max - 1 after p_max keys at the least, so the band would
+        be the whole call."""
         positions, n_queries = self.embeddings.shape[0], q.shape[2]
         if k.shape[2] < 2 * positions:
             return None
@@ -168,10 +176,10 @@ class ContextualPositions(nn.Module):
         shifted: bool = False,
         diagonal: int | None = None,
     ) -> tuple[Tensor, BlockPositions]:
-        """`scores` without autograd, as s·q·e[⌊p⌋] + (p - ⌊p⌋)·s·q·(e[⌊p⌋ + 1] - e[⌊p⌋]) (one index for both
-        reads), and what its backward needs. `shifted`: minus each query's s·q_i·e[p_max - 1], the score of every
-        key its count has passed p_max - 1 at (the band kernel's form: 0 beyond the band, `band_width`).
-        `diagonal` as in gates_and_counts."""
+        """`scores` without autograd, as s·q·e[⌊p⌋] + (p - ⌊p⌋)·s·q·(e[⌊p⌋ + 1] - e[⌊p⌋]) (one index
+        for both reads), and what its backward needs. `shifted`: minus each query's s·q_i·e[p_max -
+        1], the score of every key its count has passed p_max - 1 at (the band kernel's form: 0
+        beyond the band, `band_width`). `diagonal` as in gates_and_counts."""
         wide = torch.promote_types(q.dtype, torch.float32)
         gates, counted = self.gates_and_counts(q, k, scale, visible, diagonal)  # (B, H, L_b, K_b)
         p = counted.clamp_(max=self.embeddings.shape[0] - 1)
@@ -190,9 +198,9 @@ class ContextualPositions(nn.Module):
     def block_backward(
         self, state: BlockPositions, grad: Tensor, q: Tensor, scale: float, shifted: bool = False
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """The gradient of the scores' sum against grad [B, H, L_b, K_b]: (its part through the gates, to add to
-        the gradient of the product s·q·kᵀ, i.e. dS, divided by s; q's gradient through the table; the
-        table's gradient). `shifted` as in `block_scores`."""
+        """The gradient of the scores' sum against grad [B, H, L_b, K_b]: (its part through the
+        gates, to add to the gradient of the product s·q·kᵀ, i.e. dS, divided by s; q's gradient
+        through the table; the table's gradient). `shifted` as in `block_scores`."""
         n_positions = self.embeddings.shape[0]
         grad_above = grad * state.weight  # to s·q·e[⌊p⌋ + 1]
         grad_per_position = torch.zeros(
@@ -204,9 +212,9 @@ class ContextualPositions(nn.Module):
         )
         if shifted:  # every key's score minus s·q·e[p_max - 1]
             grad_per_position[..., -1] -= grad.sum(-1)
-        # through the fraction: p = counted clamped at p_max - 1, passing where counted <= p_max - 1 (torch.clamp);
-        # where it does not pass, ⌊p⌋ = p_max - 1 and the step read there is 0 (steps' padding), so step·grad is 0
-        # there already
+        # through the fraction: p = counted clamped at p_max - 1, passing where counted <= p_max - 1
+        # (torch.clamp); where it does not pass, ⌊p⌋ = p_max - 1 and the step read there is 0
+        # (steps' padding), so step·grad is 0 there already
         grad_counted = state.step * grad
         # counted_j = Σ_{t >= j} gates_t: gates_t collects Σ_{j <= t}
         grad_gates = grad_counted.cumsum_(-1)

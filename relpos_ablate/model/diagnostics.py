@@ -2,9 +2,12 @@
 
 For every counted query (the evaluation's mask) and every head of every layer, from the attention
 probabilities p_ij over the keys the query sees:
-- `entropy`: -Σ_j p_ij log p_ij in nats (log of the number of visible keys when attention is uniform);
-- `sink`: p_ij at the first key the query sees, the first token of its window (key 0 without a window);
-- `distance`: Σ_j p_ij |i' - j|, the mean attended distance in tokens (by index, query i at i' = M + i);
+- `entropy`: -Σ_j p_ij log p_ij in nats (log of the number of visible keys when attention is
+  uniform);
+- `sink`: p_ij at the first key the query sees, the first token of its window (key 0 without a
+  window);
+- `distance`: Σ_j p_ij |i' - j|, the mean attended distance in tokens (by index, query i at i' = M +
+  i);
 - `unseen`: Σ_j p_ij [|q_pos_i - k_pos_j| > max_seen_distance], the mass on distances the encoding
   (which reads positions, so randomized ones count as drawn) never met in training.
 

@@ -5,8 +5,8 @@ pre-LN (default) or post-LN (Transformer-XL); absolute baselines (sinusoid / lea
 learned at every layer as Al-Rfou et al.); segment recurrence: layer l's input from earlier segments
 is kept as memory (FIFO, `mem_len` tokens, detached: no gradient ever flows into it) and prepended
 to its keys and values. Evaluation may use another mem_len and clamp_len than training, and
-`same_length`. Positions are 0 .. L - 1 unless given (`positions=`) or randomized (Ruoss et al. 2023,
-`attention.positions: randomized`: each forward draws them). Evaluation can collect attention
+`same_length`. Positions are 0 .. L - 1 unless given (`positions=`) or randomized (Ruoss et al.
+2023, `attention.positions: randomized`: each forward draws them). Evaluation can collect attention
 statistics in the same pass (`statistics=`, diagnostics.py). `inspect` returns every layer's
 attention probabilities and separate score-term maps.
 """
@@ -49,8 +49,9 @@ class LearnedPositions(nn.Module):
             )
         if length > self.table.num_embeddings:
             raise ValueError(
-                f"model.attention.max_position: learned absolute positions cover 0..{self.table.num_embeddings - 1};"
-                f" a segment of {length} tokens does not fit (relative schemes have no such limit)"
+                f"model.attention.max_position: learned absolute positions cover "
+                f"0..{self.table.num_embeddings - 1}; a segment of {length} tokens does not fit "
+                f"(relative schemes have no such limit)"
             )
         return self.table.weight[:length]
 
@@ -66,11 +67,12 @@ def check_positions(positions: Tensor, max_position: int, what: str) -> Tensor:
 
 
 def randomized_positions(n_tokens: int, max_position: int, device=None, generator=None) -> Tensor:
-    """Ruoss et al. 2023: n distinct positions drawn from [0, max_position) without replacement, sorted: [n]."""
+    """Ruoss et al. 2023: n distinct positions drawn from [0, max_position) without replacement,
+    sorted: [n]."""
     if n_tokens > max_position:
         raise ValueError(
-            f"model.attention.max_position: randomized positions draw {n_tokens} distinct positions "
-            f"from [0, {max_position}); raise max_position to at least {n_tokens}"
+            f"model.attention.max_position: randomized positions draw {n_tokens} distinct "
+            f"positions from [0, {max_position}); raise max_position to at least {n_tokens}"
         )
     return torch.randperm(max_position, device=device, generator=generator)[:n_tokens].sort().values
 
@@ -80,8 +82,8 @@ def randomized_distances(n_keys: int, max_position: int, device=None, generator=
     [1, max_position) without replacement, sorted: d_r is what offset r reads. [n]"""
     if n_keys > max_position:
         raise ValueError(
-            f"model.attention.max_position: randomized distances draw {n_keys - 1} distinct distances "
-            f"from [1, {max_position}); raise max_position to at least {n_keys}"
+            f"model.attention.max_position: randomized distances draw {n_keys - 1} distinct "
+            f"distances from [1, {max_position}); raise max_position to at least {n_keys}"
         )
     drawn = (
         torch.randperm(max_position - 1, device=device, generator=generator)[: n_keys - 1]
@@ -93,7 +95,8 @@ def randomized_distances(n_keys: int, max_position: int, device=None, generator=
 
 
 class Layer(nn.Module):
-    """One transformer layer: attention over [memory; input] then feed-forward, each with a residual."""
+    """One transformer layer: attention over [memory; input] then feed-forward, each with a
+    residual."""
 
     def __init__(
         self, cfg: ModelConfig, shared: SharedParameters, attention: AttentionConfig | None = None
@@ -197,9 +200,10 @@ class TransformerLM(nn.Module):
             self.head.weight = self.embed.weight
 
     def _shared_bias_schemes(self) -> dict:
-        """share_bias: one bias module per distinct bias setting among the layers (layers whose attention differs
-        in a layer kind's own fields only, e.g. their window, share one), by `bias_key`, in the layers' order (the
-        model's attention's first); a layer without a bias or with share_bias off is in none."""
+        """share_bias: one bias module per distinct bias setting among the layers (layers whose
+        attention differs in a layer kind's own fields only, e.g. their window, share one), by
+        `bias_key`, in the layers' order (the model's attention's first); a layer without a bias or
+        with share_bias off is in none."""
         schemes = {}
         for layer in self.layer_configs:
             key = bias_key(layer, self.config.attention)
@@ -208,10 +212,10 @@ class TransformerLM(nn.Module):
         return schemes
 
     def _init_weights(self) -> None:
-        """Linear and Embedding weights N(0, 0.02), Linear biases 0 (GPT-2; Transformer-XL's init_std),
-        except inside bias schemes, which keep their own published init: FIRE's and the dynamic MLP's
-        PyTorch default Linear init (zero biases would put every first-layer kink at distance 0, leaving
-        the MLP linear in its input for all causal distances)."""
+        """Linear and Embedding weights N(0, 0.02), Linear biases 0 (GPT-2; Transformer-XL's
+        init_std), except inside bias schemes, which keep their own published init: FIRE's and the
+        dynamic MLP's PyTorch default Linear init (zero biases would put every first-layer kink at
+        distance 0, leaving the MLP linear in its input for all causal distances)."""
         own_init = {id(m) for scheme in bias_schemes(self) for m in scheme.modules()}
         for module in self.modules():
             if id(module) in own_init:
@@ -225,7 +229,8 @@ class TransformerLM(nn.Module):
         return [layer.attn for layer in self.layers]
 
     def layer_names(self) -> list[str]:
-        """`layer k` per layer, with its pattern word where the config has a layer_pattern (`layer 3 global`)."""
+        """`layer k` per layer, with its pattern word where the config has a layer_pattern (`layer 3
+        global`)."""
         words = [self.config.layer_word(k) for k in range(len(self.layers))]
         return [f"layer {k}" + (f" {word}" if word else "") for k, word in enumerate(words)]
 
@@ -251,14 +256,17 @@ class TransformerLM(nn.Module):
         positions: Tensor | None,
         rope_scaling: RopeScaling | None = None,
     ) -> tuple[int, Tensor | None, list[AttentionOptions]]:
-        """This call's memory length M (the argument, else the config's), the positions of its tokens as the
-        input's absolute encodings read them (None: 0 .. L - 1 of the segment) and each layer's options."""
+        """This call's memory length M (the argument, else the config's), the positions of its
+        tokens as the input's absolute encodings read them (None: 0 .. L - 1 of the segment) and
+        each layer's options."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
         if same_length and mem_len == 0:
             raise ValueError(
-                "same_length: every query sees the last mem_len keys, and mem_len is 0; set mem_len > 0"
+                "same_length: every query sees the last mem_len keys, and mem_len is 0; set "
+                "mem_len > 0"
             )
-        # Transformer-XL's same_length: each query sees its mem_len most recent keys, itself included
+        # Transformer-XL's same_length: each query sees its mem_len most recent keys, itself
+        # included
         options = AttentionOptions(
             clamp_len=clamp_len,
             window=mem_len if same_length else None,
@@ -267,7 +275,8 @@ class TransformerLM(nn.Module):
         )
         per_layer = [options] * len(self.layers)
         if rope_scaling is not None and any(a.absolute == "rope" for a in self.layer_configs):
-            # a context extension rescales the RoPE layers' frequencies; the others of a layer pattern have none
+            # a context extension rescales the RoPE layers' frequencies; the others of a layer
+            # pattern have none
             per_layer = [
                 options if a.absolute == "rope" else dataclasses.replace(options, rope_scaling=None)
                 for a in self.layer_configs
@@ -287,10 +296,11 @@ class TransformerLM(nn.Module):
         self, n_tokens: int, n_mem: int, device
     ) -> tuple[Tensor | None, list[dict[str, Tensor | None]]]:
         """Randomized positions when the config asks for them in this mode (training, or evaluation:
-        `eval_positions`), else none (0 .. M + L - 1): (the input's, each layer's positions and distances).
-        randomized_draw per_layer (Ruoss et al.'s code, models/transformer.py): one draw of positions for the
-        absolute encodings at the input, then every layer its own RoPE positions and relative distances;
-        shared_positions: one draw of positions for every encoding of every layer."""
+        `eval_positions`), else none (0 .. M + L - 1): (the input's, each layer's positions and
+        distances). randomized_draw per_layer (Ruoss et al.'s code, models/transformer.py): one draw
+        of positions for the absolute encodings at the input, then every layer its own RoPE
+        positions and relative distances; shared_positions: one draw of positions for every encoding
+        of every layer."""
         a = self.config.attention
         mode = a.positions if self.training else (a.eval_positions or a.positions)
         if mode == "sequential":
@@ -364,7 +374,8 @@ class TransformerLM(nn.Module):
         statistics: AttentionStatistics | None = None,
         rope_scaling: RopeScaling | None = None,
     ) -> tuple[Tensor, list[Tensor] | None]:
-        """tokens [B, L] -> (logits [B, L, V], new_mems: per layer [B, <= mem_len, D] detached, or None).
+        """tokens [B, L] -> (logits [B, L, V], new_mems: per layer [B, <= mem_len, D] detached, or
+        None).
 
         mem_len / clamp_len override the config for this call (e.g. evaluation with longer memory);
         same_length: every query sees its mem_len most recent keys (Transformer-XL's evaluation);
@@ -394,7 +405,8 @@ class TransformerLM(nn.Module):
         rope_scaling: RopeScaling | None = None,
     ) -> dict:
         """Everything the plots need: logits, new mems, per-layer probabilities [B, H, L, M+L] and
-        per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', 'decay', 'cope', 'visible'} (enabled ones only)."""
+        per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', 'decay', 'cope', 'visible'} (enabled
+        ones only)."""
         mem_len, at_input, options = self._options(
             tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling
         )

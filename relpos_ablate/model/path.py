@@ -1,23 +1,25 @@
-"""PaTH attention (Yang et al., NeurIPS 2025, "PaTH Attention: Position Encoding via Accumulating Householder
-Transformations"): the content product q_i·k_j replaced by a product through data-dependent transforms,
+"""PaTH attention (Yang et al., NeurIPS 2025, "PaTH Attention: Position Encoding via Accumulating
+Householder Transformations"): the content product q_i·k_j replaced by a product through
+data-dependent transforms,
 
     logit_ij = q_iᵀ (H_i' H_(i'-1) ··· H_(j+1)) k_j,      H_t = I - β_t·w_t·w_tᵀ,
 
-one transform per token t of [memory; x] and head, applied to the key from the one after it up to the
-query's own (j = i': no transform). As the reference code (fla-org/flash-linear-attention, `PaTHAttention`
-with its defaults): w_t = l2-normalised SiLU(causal depthwise conv, kernel 3, of a rank-32 projection
-W_2 W_1 x_t), β_t = 2·σ(W_β x_t + b) in (0, 2) (negative eigenvalues allowed), the score s·logit with
-s = 1/sqrt(d_head). It replaces term a (terms 'a' only) and carries the positions itself (no RoPE).
-With memory the transforms are recomputed from the memory's layer inputs, as FoX's gates are; the conv
-starts afresh at the first memory token. A padded key gets β = 0 (H = I). PaTH-FoX: `forget_gate: true`.
+one transform per token t of [memory; x] and head, applied to the key from the one after it up to
+the query's own (j = i': no transform). As the reference code (fla-org/flash-linear-attention,
+`PaTHAttention` with its defaults): w_t = l2-normalised SiLU(causal depthwise conv, kernel 3, of a
+rank-32 projection W_2 W_1 x_t), β_t = 2·σ(W_β x_t + b) in (0, 2) (negative eigenvalues allowed),
+the score s·logit with s = 1/sqrt(d_head). It replaces term a (terms 'a' only) and carries the
+positions itself (no RoPE). With memory the transforms are recomputed from the memory's layer
+inputs, as FoX's gates are; the conv starts afresh at the first memory token. A padded key gets β =
+0 (H = I). PaTH-FoX: `forget_gate: true`.
 
-Exact, O(K²·d + K·C²) work and O(K²) memory (the logits are materialised), in chunks of C = 64 tokens:
-within a chunk the products of its transforms come from one unit-triangular solve (the compact form of a
-product of Householder-like matrices, `_within_chunks`): the logits between the chunk's own tokens, its
-queries taken back to its first token, its keys forward to its last, and the chunk's product
-T_c = H_(a+C-1) ··· H_a as a d×d matrix; the keys of earlier chunks are carried forward chunk by chunk
-through T_c (K/C steps), and each query meets them after the transforms of its own chunk up to itself.
-docs/formulas.md#path.
+Exact, O(K²·d + K·C²) work and O(K²) memory (the logits are materialised), in chunks of C = 64
+tokens: within a chunk the products of its transforms come from one unit-triangular solve (the
+compact form of a product of Householder-like matrices, `_within_chunks`): the logits between the
+chunk's own tokens, its queries taken back to its first token, its keys forward to its last, and the
+chunk's product T_c = H_(a+C-1) ··· H_a as a d×d matrix; the keys of earlier chunks are carried
+forward chunk by chunk through T_c (K/C steps), and each query meets them after the transforms of
+its own chunk up to itself. docs/formulas.md#path.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class PathTransforms(nn.Module):
     def transforms(
         self, keys_input: Tensor, key_padding_mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """(w [B, H, K, dh] unit vectors, β [B, H, K]) from the keys' layer inputs [B, K, d_model]."""
+        """(w [B, H, K, dh] unit vectors, β [B, H, K]) from the keys' layer inputs [B, K,
+        d_model]."""
         b, n_keys, _ = keys_input.shape
         w = self.w_up(self.w_down(keys_input)).transpose(1, 2)  # (B, H·dh, K)
         w = F.silu(self.w_conv(F.pad(w, (CONV - 1, 0))))  # causal: token t reads t-2 .. t
@@ -59,8 +62,9 @@ class PathTransforms(nn.Module):
     def logits(
         self, q: Tensor, k: Tensor, keys_input: Tensor, key_padding_mask: Tensor | None = None
     ) -> Tensor:
-        """q_iᵀ H_i' ··· H_(j+1) k_j (unscaled): q [B, H, L, dh] (queries at key indices K - L ..), k [B, H, K, dh]
-        -> [B, H, L, K]; entries with j > i' are left 0 (the causal mask hides them)."""
+        """q_iᵀ H_i' ··· H_(j+1) k_j (unscaled): q [B, H, L, dh] (queries at key indices K - L ..),
+        k [B, H, K, dh] -> [B, H, L, K]; entries with j > i' are left 0 (the causal mask hides
+        them)."""
         # bf16 products of many transforms would drift
         wide = torch.promote_types(k.dtype, torch.float32)
         with torch.autocast(k.device.type, enabled=False):
@@ -69,7 +73,8 @@ class PathTransforms(nn.Module):
 
 
 def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = 64) -> Tensor:
-    """The module docstring's algorithm: q [B, H, L, dh], k and w [B, H, K, dh], β [B, H, K] -> [B, H, L, K]."""
+    """The module docstring's algorithm: q [B, H, L, dh], k and w [B, H, K, dh], β [B, H, K] -> [B,
+    H, L, K]."""
     b, h, n_queries, dh = q.shape
     n_keys = k.shape[2]
     c = min(chunk, n_keys)
@@ -99,12 +104,13 @@ def path_logits(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = 64) 
 def _within_chunks(
     q: Tensor, k: Tensor, w: Tensor, beta: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per chunk of C tokens a..e (every tensor [B, H, n, C, ·]): the logits between its own tokens, its queries
-    through its transforms back to a (H_a ··· H_i q_i), its keys through them up to e (H_e ··· H_(j+1) k_j), and
-    T = H_e ··· H_a [.., d, d]. Expanding H_i ··· H_(j+1) = I - Σ_{s=j+1..i} z_s w_sᵀ from the right gives
-    z_s = β_s (w_s - Σ_{r=s+1..i} (w_r·w_s) z_r), a unit upper-triangular system in s (the compact form of a
-    product of Householder-like matrices): its solution for a query's coefficients a_s = q_i·z_s and for the
-    chunk's end (the z_s with i = e) is one triangular solve per chunk."""
+    """Per chunk of C tokens a..e (every tensor [B, H, n, C, ·]): the logits between its own tokens,
+    its queries through its transforms back to a (H_a ··· H_i q_i), its keys through them up to e
+    (H_e ··· H_(j+1) k_j), and T = H_e ··· H_a [.., d, d]. Expanding H_i ··· H_(j+1) = I -
+    Σ_{s=j+1..i} z_s w_sᵀ from the right gives z_s = β_s (w_s - Σ_{r=s+1..i} (w_r·w_s) z_r), a unit
+    upper-triangular system in s (the compact form of a product of Householder-like matrices): its
+    solution for a query's coefficients a_s = q_i·z_s and for the chunk's end (the z_s with i = e)
+    is one triangular solve per chunk."""
     c, dh = q.shape[-2], q.shape[-1]
     offsets = torch.arange(c, device=q.device)
     upper = torch.triu(w @ w.transpose(-1, -2), diagonal=1)  # (.., C, C): w_s·w_r for r > s

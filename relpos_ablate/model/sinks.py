@@ -1,11 +1,13 @@
-"""Learned attention sinks: K key/value slots per layer and head that every query sees besides its keys.
+"""Learned attention sinks: K key/value slots per layer and head that every query sees besides its
+keys.
 
-Attention-sink studies (Xiao et al. 2024, StreamingLLM; registers, Darcet et al. 2024) show that models
-park surplus attention on a few tokens; learned slots give them a place that is not a token of the
-stream. A slot has no position: its score is the content score s·q·k_sink of the kernels' query (q + u
-with term c), no term b/d, no bias, no FoX decay, no CoPE count, not rotated by RoPE (so under RoPE the
-rotated query meets an unrotated slot); every query sees every slot whatever its window; memory holds
-stream tokens only, so mem_len does not count the slots. docs/formulas.md#sinks.
+Attention-sink studies (Xiao et al. 2024, StreamingLLM; registers, Darcet et al. 2024) show that
+models park surplus attention on a few tokens; learned slots give them a place that is not a token
+of the stream. A slot has no position: its score is the content score s·q·k_sink of the kernels'
+query (q + u with term c), no term b/d, no bias, no FoX decay, no CoPE count, not rotated by RoPE
+(so under RoPE the rotated query meets an unrotated slot); every query sees every slot whatever its
+window; memory holds stream tokens only, so mem_len does not count the slots.
+docs/formulas.md#sinks.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Grid spec -> runs -> worker processes -> run directories.
 
-grid.py parses and expands a YAML grid (axes.py its axes, presets.py the encodings), store.py owns the run
-directories (status, the per-run lock, what each run needs next), worker.py starts and stops one
-run's process, local.py schedules runs on device slots, slurm.py submits them through submitit, and
-display.py draws the table. `relpos-ablate grid` and `relpos-ablate status` (cli/grid.py) call these.
+grid.py parses and expands a YAML grid (axes.py its axes, presets.py the encodings), store.py owns
+the run directories (status, the per-run lock, what each run needs next), worker.py starts and stops
+one run's process, local.py schedules runs on device slots, slurm.py submits them through submitit,
+and display.py draws the table. `relpos-ablate grid` and `relpos-ablate status` (cli/grid.py) call
+these.
 """
 
 from relpos_ablate.runner.grid import (

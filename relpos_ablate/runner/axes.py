@@ -23,7 +23,8 @@ SEED = "seed"
 
 @dataclass
 class Axis:
-    """Axes varied together (one key for a grid axis, several for a zip group); `rows` are their values."""
+    """Axes varied together (one key for a grid axis, several for a zip group); `rows` are their
+    values."""
 
     keys: tuple[str, ...]
     rows: list[tuple[Any, ...]]
@@ -41,7 +42,8 @@ def collect_error(errors: list[ConfigError], fn, *args) -> Any:
 
 
 def check_key_path(path: str) -> None:
-    """Raise ConfigError unless `path` names a field of RunConfig (or is the `encoding` preset axis)."""
+    """Raise ConfigError unless `path` names a field of RunConfig (or is the `encoding` preset
+    axis)."""
     if path == ENCODING:
         return
     cls: Any = RunConfig
@@ -68,7 +70,8 @@ def _axis_values(
     where: str, values: Any, errors: list[ConfigError], distinct: bool = True
 ) -> list | None:
     """The axis's list of values; None (with an error) when it is not a non-empty list (of distinct
-    values, unless `distinct` is False: a zip column may repeat values as long as its rows differ)."""
+    values, unless `distinct` is False: a zip column may repeat values as long as its rows
+    differ)."""
     if not isinstance(values, list):
         errors.append(ConfigError(where, f"expected a list of values, got {values!r}"))
         return None
@@ -165,7 +168,8 @@ def zip_axes(groups: Any, errors: list[ConfigError]) -> list[Axis]:
 
 
 def seed_axes(data: dict, axes: list[Axis], errors: list[ConfigError]) -> list[Axis]:
-    """`seeds:` becomes the `seed` axis: last in a variant, but the outermost loop of the product."""
+    """`seeds:` becomes the `seed` axis: last in a variant, but the outermost loop of the
+    product."""
     if "seeds" not in data:
         return []
     if any(SEED in axis.keys for axis in axes):
@@ -191,7 +195,8 @@ def check_axis_keys_unique(axes: list[Axis], errors: list[ConfigError]) -> None:
 
 
 def declared_axes(data: dict) -> set:
-    """Every axis key the spec names, valid or not (an exclude on an invalid axis is not a second error)."""
+    """Every axis key the spec names, valid or not (an exclude on an invalid axis is not a second
+    error)."""
     grid = data.get("grid") if isinstance(data.get("grid"), dict) else {}
     groups = data.get("zip", [])
     groups = [groups] if isinstance(groups, dict) else groups if isinstance(groups, list) else []
@@ -202,7 +207,8 @@ def declared_axes(data: dict) -> set:
 def checked_excludes(
     entries: Any, axes: list[Axis], declared: set, errors: list[ConfigError]
 ) -> list[dict]:
-    """Each exclude entry maps axis -> value; a combination matching every pair of one entry is dropped."""
+    """Each exclude entry maps axis -> value; a combination matching every pair of one entry is
+    dropped."""
     if not isinstance(entries, list):
         errors.append(
             ConfigError("exclude", f"expected a list of {{axis: value}} mappings, got {entries!r}")

@@ -39,7 +39,8 @@ STATE_STYLES = {
 
 @dataclass
 class RunRow:
-    """One run as displayed; `metric` is what the last training batch logged (status.json `last_metric`)."""
+    """One run as displayed; `metric` is what the last training batch logged (status.json
+    `last_metric`)."""
 
     run_id: str
     variant: str
@@ -68,7 +69,8 @@ def parse_time(value: Any) -> float | None:
 
 
 def short_variant(variant: Any) -> str:
-    """`model.attention.terms=ac seed=0` -> `terms=ac seed=0` (full key paths only where ambiguous)."""
+    """`model.attention.terms=ac seed=0` -> `terms=ac seed=0` (full key paths only where
+    ambiguous)."""
     if not isinstance(variant, dict):
         return "?"
     leaves = [str(key).rsplit(".", 1)[-1] for key in variant]
@@ -116,7 +118,8 @@ def _int(value: Any) -> int | None:
 
 
 def row_for(run_dir: Path, variant: Any = None, probe_lock: bool = False) -> RunRow:
-    """A run's row from its files; `probe_lock` tells a `running` run whose process is gone (stale)."""
+    """A run's row from its files; `probe_lock` tells a `running` run whose process is gone
+    (stale)."""
     if variant is None:
         variant = (rundir.read_run_info(run_dir) or {}).get("variant")
     status = rundir.read_status(run_dir)
@@ -236,7 +239,8 @@ class LiveDisplay(PlainDisplay):
 
 
 def make_console() -> Console:
-    """A terminal console, or a wide one for logs and pipes (rich would wrap tables at 80 columns)."""
+    """A terminal console, or a wide one for logs and pipes (rich would wrap tables at 80
+    columns)."""
     console = Console()
     return console if console.is_terminal else Console(width=max(console.width, 200))
 

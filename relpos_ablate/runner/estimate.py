@@ -1,10 +1,11 @@
 """How long the runs a grid still has to train will take (`grid --dry-run`).
 
 From the spec's finished runs where there are any: each one's wall time per training step (start-up,
-training and evaluation together), the mean per variant (seeds aside), else over every finished run of the
-spec. Else from `benchmarks/train_step.py --spec`'s measurement (results/<spec>/train_step.json: seconds
-per training step per variant, training only). A run to resume or retry counts the steps its status has left. Runs are packed on
-the slots as the runner does (the next run on the first free slot), so the estimate is the longest slot.
+training and evaluation together), the mean per variant (seeds aside), else over every finished run
+of the spec. Else from `benchmarks/train_step.py --spec`'s measurement
+(results/<spec>/train_step.json: seconds per training step per variant, training only). A run to
+resume or retry counts the steps its status has left. Runs are packed on the slots as the runner
+does (the next run on the first free slot), so the estimate is the longest slot.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""`relpos-ablate evaluate` on several runs at once: one worker process per slot, a slot refilled as soon
-as it frees (the slots of `grid`: a share of the CPU cores, or a GPU).
+"""`relpos-ablate evaluate` on several runs at once: one worker process per slot, a slot refilled as
+soon as it frees (the slots of `grid`: a share of the CPU cores, or a GPU).
 
-Each worker is `python -m relpos_ablate evaluate RUN_DIR ... --threads T` (on a CPU slot forked from the fork
-server, runner/forkserver.py), which takes the run's lock,
-evaluates and merges its eval.json on its own (train/evaluate_run.py), so a stopped worker leaves its
-run's eval.json as it was. The worker's output is printed when it ends, as one block per run.
+Each worker is `python -m relpos_ablate evaluate RUN_DIR ... --threads T` (on a CPU slot forked from
+the fork server, runner/forkserver.py), which takes the run's lock,
+evaluates and merges its eval.json on its own (train/evaluate_run.py), so a stopped worker leaves
+its run's eval.json as it was. The worker's output is printed when it ends, as one block per run.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from relpos_ablate.runner.worker import WORKER_PREFIX, stop, worker_env
 
 
 def evaluate_command(run_dir: Path, arguments: list[str], threads: int) -> list[str]:
-    """The worker's command line: `arguments` are the evaluate flags (--set ..., --replace) for one run."""
+    """The worker's command line: `arguments` are the evaluate flags (--set ..., --replace) for one
+    run."""
     return [*WORKER_PREFIX, "evaluate", str(run_dir), *arguments, "--threads", str(threads)]
 
 
@@ -36,8 +37,9 @@ def evaluate_on_slots(
     poll_s: float = 0.1,
     grace_s: float = 30.0,
 ) -> int:
-    """Evaluate every run on `slots`; returns the worst worker exit status (0: every run evaluated). Ctrl-C
-    or SIGTERM stops the workers (each run's eval.json stays as it was or complete) and is re-raised."""
+    """Evaluate every run on `slots`; returns the worst worker exit status (0: every run evaluated).
+    Ctrl-C or SIGTERM stops the workers (each run's eval.json stays as it was or complete) and is
+    re-raised."""
     queue = deque(run_dirs)
     active: dict[int, tuple[subprocess.Popen | ForkedWorker, IO]] = {}
     worst = 0
@@ -64,7 +66,8 @@ def evaluate_on_slots(
 def _start(
     run_dir: Path, arguments: list[str], slot: Slot
 ) -> tuple[subprocess.Popen | ForkedWorker, IO]:
-    """The worker, forked from the fork server on a CPU slot (runner/forkserver.py), else a new interpreter."""
+    """The worker, forked from the fork server on a CPU slot (runner/forkserver.py), else a new
+    interpreter."""
     output = tempfile.TemporaryFile("w+b")
     command, env = (
         evaluate_command(run_dir, arguments, slot.threads),

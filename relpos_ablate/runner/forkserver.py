@@ -1,32 +1,35 @@
-"""CPU workers forked from a server that imported torch and Lightning once, instead of a new interpreter each.
+"""CPU workers forked from a server that imported torch and Lightning once, instead of a new
+interpreter each.
 
-A worker started as `python -m relpos_ablate train` spends seconds importing before it trains (torch and
-Lightning: 5-8 s of one core on a 2-core Xeon), and a small grid's runs train for about as long. On CPU
-slots the runner instead asks a fork server: one process per runner, started at the first launch, that
-imports what every worker imports (PRELOAD) and then forks one child per run. The child is made what
-`worker.start_worker` makes of a new interpreter:
+A worker started as `python -m relpos_ablate train` spends seconds importing before it trains (torch
+and Lightning: 5-8 s of one core on a 2-core Xeon), and a small grid's runs train for about as long.
+On CPU slots the runner instead asks a fork server: one process per runner, started at the first
+launch, that imports what every worker imports (PRELOAD) and then forks one child per run. The child
+is made what `worker.start_worker` makes of a new interpreter:
 
 - its own session, so stopping the run signals its process group; stdin from /dev/null;
 - stdout and stderr on the run's worker.log, the descriptor the runner opened;
 - the run's lock: the locked descriptor itself, passed over the server's socket (SCM_RIGHTS);
-- the runner's working directory, the slot's environment (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES="", ...),
-  sys.argv and `__main__` of `python -m relpos_ablate train ...` (Lightning starts the other processes of a
-  multi-process run from them), and the working directory and PYTHONPATH first on sys.path;
-- SIGTERM when the runner dies: the server gets it from the runner (PR_SET_DEATHSIG) and the child from the
-  server, so the child checkpoints and stops as a worker of a killed runner does;
-- its exit status as Popen gives it (negative: the signal), relayed by the server, and the interpreter's
-  exit handlers (atexit) run when the command returns.
+- the runner's working directory, the slot's environment (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES="",
+  ...), sys.argv and `__main__` of `python -m relpos_ablate train ...` (Lightning starts the other
+  processes of a multi-process run from them), and the working directory and PYTHONPATH first on
+  sys.path;
+- SIGTERM when the runner dies: the server gets it from the runner (PR_SET_DEATHSIG) and the child
+  from the server, so the child checkpoints and stops as a worker of a killed runner does;
+- its exit status as Popen gives it (negative: the signal), relayed by the server, and the
+  interpreter's exit handlers (atexit) run when the command returns.
 
-Nothing of the runner's own script runs in the child (unlike multiprocessing's forkserver, which imports the
-parent's __main__ again), so a script that calls the runner needs no `if __name__ == "__main__"` guard.
-Only runs on CPU slots of this machine are forked (`forkable`): a GPU slot's CUDA_VISIBLE_DEVICES must be set
-before CUDA starts. Of a run of several processes the worker is rank 0; Lightning starts the others as new
-interpreters. `grid --fresh-workers` starts every worker as a new interpreter.
-The server never runs a torch operation, so its children start with no thread pool copied mid-use; it runs
-with CUDA_VISIBLE_DEVICES="" (what torch caches about GPUs there is what a CPU slot's worker must see). A
-child runs the code of PRELOAD's modules as the server imported it when the runner started it (an edit of
-relpos_ablate during a grid reaches the runs of the next grid); the modules under a run's `imports:` are
-imported by each child.
+Nothing of the runner's own script runs in the child (unlike multiprocessing's forkserver, which
+imports the parent's __main__ again), so a script that calls the runner needs no `if __name__ ==
+"__main__"` guard. Only runs on CPU slots of this machine are forked (`forkable`): a GPU slot's
+CUDA_VISIBLE_DEVICES must be set before CUDA starts. Of a run of several processes the worker is
+rank 0; Lightning starts the others as new interpreters. `grid --fresh-workers` starts every worker
+as a new interpreter.
+The server never runs a torch operation, so its children start with no thread pool copied mid-use;
+it runs with CUDA_VISIBLE_DEVICES="" (what torch caches about GPUs there is what a CPU slot's worker
+must see). A child runs the code of PRELOAD's modules as the server imported it when the runner
+started it (an edit of relpos_ablate during a grid reaches the runs of the next grid); the modules
+under a run's `imports:` are imported by each child.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ import types
 PRELOAD = ("relpos_ablate.cli.train", "relpos_ablate.train.run")
 """What the server imports before it forks: the modules every worker imports."""
 START_TIMEOUT_S = 300.0
-"""How long a launch waits for the server to fork the child (the first waits for the server's imports)."""
+"""How long a launch waits for the server to fork the child (the first waits for the server's
+imports)."""
 _PACKET = 1 << 20
 _PR_SET_DEATHSIG = 1
 
@@ -61,8 +65,9 @@ def _libc():
 
 
 def die_with_parent(parent_pid: int):
-    """preexec_fn (or a call in a forked child): the process gets SIGTERM when its parent dies (Linux), so a
-    killed runner leaves no orphan training on its GPU; the rerun resumes those runs from their checkpoints."""
+    """preexec_fn (or a call in a forked child): the process gets SIGTERM when its parent dies
+    (Linux), so a killed runner leaves no orphan training on its GPU; the rerun resumes those runs
+    from their checkpoints."""
     libc = _libc()
 
     def preexec() -> None:
@@ -75,14 +80,15 @@ def die_with_parent(parent_pid: int):
 
 
 def forkable(num_nodes: int, gpu: str | None) -> bool:
-    """Whether a worker can be forked: on Linux (the server needs SOCK_SEQPACKET and PR_SET_DEATHSIG), a CPU
-    slot (gpu "") and a run on this machine (its rank 0 is the worker; Lightning starts the others)."""
+    """Whether a worker can be forked: on Linux (the server needs SOCK_SEQPACKET and
+    PR_SET_DEATHSIG), a CPU slot (gpu "") and a run on this machine (its rank 0 is the worker;
+    Lightning starts the others)."""
     return sys.platform.startswith("linux") and gpu == "" and num_nodes == 1
 
 
 class ForkedWorker:
-    """A worker forked by the server, with the part of subprocess.Popen the runner uses: pid, returncode,
-    poll(), wait(timeout)."""
+    """A worker forked by the server, with the part of subprocess.Popen the runner uses: pid,
+    returncode, poll(), wait(timeout)."""
 
     def __init__(self, server: ForkServer, pid: int):
         self._server, self.pid, self.returncode = server, pid, None
@@ -104,8 +110,8 @@ class ForkedWorker:
 
 
 class ForkServer:
-    """The runner's end: starts the server process and talks to it over a SOCK_SEQPACKET socket pair (one
-    packet per message: a request with its descriptors, a child's pid, a child's exit)."""
+    """The runner's end: starts the server process and talks to it over a SOCK_SEQPACKET socket pair
+    (one packet per message: a request with its descriptors, a child's pid, a child's exit)."""
 
     def __init__(self):
         self.socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -125,7 +131,8 @@ class ForkServer:
     def fork(
         self, argv: list[str], env: dict[str, str], output: int, lock: int | None
     ) -> ForkedWorker:
-        """A child running `relpos-ablate ARGV` with `output` as stdout/stderr, holding descriptor `lock`."""
+        """A child running `relpos-ablate ARGV` with `output` as stdout/stderr, holding descriptor
+        `lock`."""
         request = {"argv": argv, "env": env, "cwd": os.getcwd()}
         fds = [output] if lock is None else [output, lock]
         try:
@@ -151,9 +158,10 @@ class ForkServer:
         return ForkedWorker(self, reply["pid"])
 
     def exit_code(self, pid: int, timeout_s: float | None) -> int | None:
-        """The child's exit status once the server has reported it; None if not within `timeout_s`. Should
-        the server end first (it is not meant to while the runner lives), it gave its children SIGTERM: a
-        child counts as killed by SIGTERM once it has exited (its own status.json says how it ended)."""
+        """The child's exit status once the server has reported it; None if not within `timeout_s`.
+        Should the server end first (it is not meant to while the runner lives), it gave its
+        children SIGTERM: a child counts as killed by SIGTERM once it has exited (its own
+        status.json says how it ended)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while pid not in self._exits:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -169,7 +177,8 @@ class ForkServer:
         return self._exits[pid]
 
     def _receive(self, timeout_s: float | None) -> dict | None:
-        """The next message (a child's exit is also recorded), waiting up to `timeout_s`; None when none came."""
+        """The next message (a child's exit is also recorded), waiting up to `timeout_s`; None when
+        none came."""
         ready, _, _ = select.select([self.socket], [], [], timeout_s)
         if not ready:
             return None
@@ -184,7 +193,8 @@ class ForkServer:
 
 
 def _running(pid: int) -> bool:
-    """Whether the process exists and has not exited (a zombie has: nobody may reap an orphan in a container)."""
+    """Whether the process exists and has not exited (a zombie has: nobody may reap an orphan in a
+    container)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -196,8 +206,8 @@ _server: ForkServer | None = None
 
 
 def _forget_server() -> None:
-    """In a child forked from a process with a server (a runner started by fork): the server is the parent's;
-    the child starts its own when it launches."""
+    """In a child forked from a process with a server (a runner started by fork): the server is the
+    parent's; the child starts its own when it launches."""
     global _server
     if _server is not None:
         _server.socket.close()
@@ -210,7 +220,8 @@ os.register_at_fork(after_in_child=_forget_server)
 def start_forked(
     argv: list[str], env: dict[str, str], output: int, lock: int | None
 ) -> ForkedWorker:
-    """Fork `relpos-ablate ARGV` from this process's fork server, started (again) when there is none."""
+    """Fork `relpos-ablate ARGV` from this process's fork server, started (again) when there is
+    none."""
     global _server
     if _server is None or not _server.alive:
         _server = ForkServer()
@@ -218,17 +229,20 @@ def start_forked(
 
 
 def _main_module() -> types.ModuleType:
-    """`__main__` as `python -m relpos_ablate` makes it (its code not run): Lightning starts the other processes
-    of a multi-process run as `python -m <__main__.__spec__.name> <sys.argv[1:]>`."""
+    """`__main__` as `python -m relpos_ablate` makes it (its code not run): Lightning starts the
+    other processes of a multi-process run as `python -m <__main__.__spec__.name>
+    <sys.argv[1:]>`."""
     module = importlib.util.module_from_spec(importlib.util.find_spec("relpos_ablate.__main__"))
     module.__name__ = "__main__"
     return module
 
 
-# --- the server process --------------------------------------------------------------------------------------
+# --- the server process
+# --------------------------------------------------------------------------------------
 def serve(fd: int) -> None:
-    """The server's loop: import PRELOAD, then fork a child per request and report each child's exit, until the
-    runner's end of the socket closes (then the children get SIGTERM from PR_SET_DEATHSIG)."""
+    """The server's loop: import PRELOAD, then fork a child per request and report each child's
+    exit, until the runner's end of the socket closes (then the children get SIGTERM from
+    PR_SET_DEATHSIG)."""
     # Ctrl-C is the runner's to handle; it stops the workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel = socket.socket(fileno=fd)
@@ -267,7 +281,8 @@ def serve(fd: int) -> None:
 
 
 def _child(request: dict, fds: list[int], channel: socket.socket) -> None:
-    """In the forked child: become the worker process, run the command, exit as the interpreter would."""
+    """In the forked child: become the worker process, run the command, exit as the interpreter
+    would."""
     code = 1
     try:
         channel.close()

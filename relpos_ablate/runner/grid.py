@@ -2,22 +2,22 @@
 
 A spec looks like
 
-    name: xl_terms                  # results go to <results>/<name>/<run_id>/ (default: the file's name)
+    name: xl_terms             # results go to <results>/<name>/<run_id>/ (default: the file's name)
     base: {model: {...}, train: {...}}   # a run config, or a path to one (relative to the spec)
-    grid:                           # key path (or `encoding`, a preset) -> values; Cartesian product
+    grid:                      # key path (or `encoding`, a preset) -> values; Cartesian product
       encoding: [xl, shaw, rope]
       model.mem_len: [0, 64]
-    zip:                            # axes varied together (one group per list item)
+    zip:                       # axes varied together (one group per list item)
       - {train.segment_len: [32, 64], data.offset: [8, 16]}
-    exclude:                        # combinations to drop
+    exclude:                   # combinations to drop
       - {encoding: rope, model.mem_len: 64}
     seeds: [0, 1, 2]
     launcher: {partition: gpu, time: 240}   # SLURM settings (LauncherConfig)
 
-Seeds are the outermost loop, so a grid stopped half way has every variant of the first seeds. A run's
-id is `run_id(config)`: two specs that produce the same config share the run. Spec errors (unknown
-key path, empty axis, a value the config rejects, duplicate runs) are all collected and raised
-together as one GridSpecError, one line each.
+Seeds are the outermost loop, so a grid stopped half way has every variant of the first seeds. A
+run's id is `run_id(config)`: two specs that produce the same config share the run. Spec errors
+(unknown key path, empty axis, a value the config rejects, duplicate runs) are all collected and
+raised together as one GridSpecError, one line each.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 @dataclass(frozen=True)
 class LauncherConfig:
-    """SLURM settings for `--launcher slurm`: a `launcher:` block in the spec, overridden by CLI flags."""
+    """SLURM settings for `--launcher slurm`: a `launcher:` block in the spec, overridden by CLI
+    flags."""
 
     partition: str = ""
     """SLURM partition (empty: the cluster's default)."""
@@ -78,8 +79,8 @@ class LauncherConfig:
     time: int = 240
     """Wall-clock limit per job in minutes; a longer run is requeued and resumes from last.ckpt."""
     gpus: int = 1
-    """GPUs per node of a job (each job trains one run, data-parallel over all its GPUs: one SLURM task
-    per GPU; 0: a CPU job of one task)."""
+    """GPUs per node of a job (each job trains one run, data-parallel over all its GPUs: one SLURM
+    task per GPU; 0: a CPU job of one task)."""
     nodes: int = 1
     """Nodes per job: one run spans nodes x gpus GPUs."""
     cpus: int = 8
@@ -135,12 +136,14 @@ class GridSpecError(ConfigErrors):
 
 
 def is_grid_spec(data: dict) -> bool:
-    """Only grid spec keys, and a base or an axis: a file for `grid` (`train` would reject every key)."""
+    """Only grid spec keys, and a base or an axis: a file for `grid` (`train` would reject every
+    key)."""
     return set(data) <= set(SPEC_KEYS) and bool(set(data) & {"base", "grid", "zip", "seeds"})
 
 
 def is_run_config(data: dict) -> bool:
-    """Only run config keys (model, data, ...): a file for `train` (or a spec's `base:`), not `grid`."""
+    """Only run config keys (model, data, ...): a file for `train` (or a spec's `base:`), not
+    `grid`."""
     return bool(data) and set(data) <= set(RUN_CONFIG_KEYS)
 
 
@@ -151,7 +154,8 @@ def load_grid(path: str | Path) -> GridSpec:
 
 
 def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
-    """Validate a spec mapping and expand it into runs; raise GridSpecError listing every problem."""
+    """Validate a spec mapping and expand it into runs; raise GridSpecError listing every
+    problem."""
     errors: list[ConfigError] = []
     where = str(path) if path is not None else "grid spec"
     if is_run_config(data):
@@ -226,7 +230,8 @@ def _base_config(base: Any, path: Path | None, errors: list[ConfigError]) -> dic
 
 
 def resolve_variant(base: dict, variant: dict[str, Any]) -> RunConfig:
-    """The run config of one combination: base, then the encoding preset, then explicit key paths."""
+    """The run config of one combination: base, then the encoding preset, then explicit key
+    paths."""
     data = copy.deepcopy(base)
     if ENCODING in variant:
         for path, value in encoding_fields(variant[ENCODING]).items():
@@ -267,8 +272,9 @@ def _expand(
                 errors.append(
                     ConfigError(
                         "grid",
-                        f"runs {{{format_variant(first_by_id[rid])}}} and {{{format_variant(variant)}}} "
-                        f"resolve to the same config (run {rid}); drop one",
+                        f"runs {{{format_variant(first_by_id[rid])}}} and "
+                        f"{{{format_variant(variant)}}} resolve to the same config (run {rid}); "
+                        f"drop one",
                     )
                 )
             continue

@@ -1,13 +1,14 @@
-"""Run a grid on this machine: one worker process per device slot, a slot refilled as soon as it frees.
+"""Run a grid on this machine: one worker process per device slot, a slot refilled as soon as it
+frees.
 
 Each slot is a GPU, or a group of GPUs that one run trains on data-parallel (--gpus-per-run; the
 worker gets CUDA_VISIBLE_DEVICES and train.devices for them; K slots per GPU group with
---runs-per-device), or a share of the CPU (torch threads split evenly between slots). A run is claimed (store.claim)
-right before it is launched, so several runners on one results directory share the work and never
-run a run twice; a run another runner holds is retried until that runner lets go of it, then
-skipped when it is done or resumed when its runner died. A failed or killed run is recorded and
-the others go on. SIGINT/SIGTERM stop the workers (they checkpoint), mark them interrupted, and
-leave everything resumable.
+--runs-per-device), or a share of the CPU (torch threads split evenly between slots). A run is
+claimed (store.claim) right before it is launched, so several runners on one results directory share
+the work and never run a run twice; a run another runner holds is retried until that runner lets go
+of it, then skipped when it is done or resumed when its runner died. A failed or killed run is
+recorded and the others go on. SIGINT/SIGTERM stop the workers (they checkpoint), mark them
+interrupted, and leave everything resumable.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from relpos_ablate.runner.worker import available_cores, kill_leftovers, launch,
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one worker runs: a label for the table, the GPUs it sees ("0,1"; "" none), its torch threads."""
+    """Where one worker runs: a label for the table, the GPUs it sees ("0,1"; "" none), its torch
+    threads."""
 
     device: str
     gpu: str
@@ -47,8 +49,8 @@ class Slot:
 
     @property
     def settings(self) -> tuple[str, ...]:
-        """How the worker runs on this slot: as many processes as the slot has GPUs (none for CPU slots,
-        where the run config decides)."""
+        """How the worker runs on this slot: as many processes as the slot has GPUs (none for CPU
+        slots, where the run config decides)."""
         return (f"train.devices={len(self.gpu.split(','))}",) if self.gpu else ()
 
 
@@ -61,8 +63,8 @@ def cpu_slots(n: int, cores: int | None = None) -> list[Slot]:
 def gpu_slots(
     devices: list[int], runs_per_device: int = 1, cores: int | None = None, gpus_per_run: int = 1
 ) -> list[Slot]:
-    """Groups of `gpus_per_run` consecutive GPUs, K slots per group, spread across groups first. Device
-    numbers index the GPUs this process sees, so they are mapped through an inherited
+    """Groups of `gpus_per_run` consecutive GPUs, K slots per group, spread across groups first.
+    Device numbers index the GPUs this process sees, so they are mapped through an inherited
     CUDA_VISIBLE_DEVICES (--devices 0 under "4,5" is GPU 4)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = visible.split(",") if visible else None

@@ -1,5 +1,5 @@
-"""The `encoding:` grid word as a run config key: why `train` refuses it, and what it would set. The presets
-themselves live one floor down, in config/presets.py (layer kinds read them too)."""
+"""The `encoding:` grid word as a run config key: why `train` refuses it, and what it would set. The
+presets themselves live one floor down, in config/presets.py (layer kinds read them too)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ from relpos_ablate.config.presets import encoding_fields, encoding_words
 
 
 def not_a_run_key(value: Any) -> str:
-    """Why `encoding` is no key of a run config, and what `encoding: <value>` sets in a grid spec (read from
-    the preset table), for a one-line error of `train`."""
+    """Why `encoding` is no key of a run config, and what `encoding: <value>` sets in a grid spec
+    (read from the preset table), for a one-line error of `train`."""
     if isinstance(value, str) and value in encoding_words():
         sets = ", ".join(f"{path}={_word(v)}" for path, v in encoding_fields(value).items())
         what = f"`encoding: {value}` sets {sets}; with train use those --set keys"
     else:
         what = (
-            f"`encoding:` picks one of {', '.join(encoding_words())}, each a set of model.attention fields or "
-            "(a schedule) model.layer_kinds and model.layer_pattern; with train set those fields"
+            f"`encoding:` picks one of {', '.join(encoding_words())}, each a set of "
+            f"model.attention fields or (a schedule) model.layer_kinds and model.layer_pattern; "
+            f"with train set those fields"
         )
     return f"a grid spec word, not a run config key: in a grid spec {what}"
 

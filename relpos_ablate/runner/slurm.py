@@ -6,11 +6,11 @@ SLURM task per GPU on each of its nodes, and every task starts one process of th
 SLURMEnvironment finds the others from SLURM's variables); task 0 owns the run (claim, status, lock)
 and tells the others, through a file in the job's submitit folder, whether to start theirs.
 
-submitit owns requeueing: before a time limit or on preemption it signals the job, `RunJob.checkpoint`
-(task 0) stops its worker, whose rank 0 stops every rank at one step and saves checkpoints/last.ckpt,
-and submitit requeues the same job, which resumes from that checkpoint. Lightning's own SLURM
-auto-requeue stays off in the worker, or both would requeue. Tested without a cluster with submitit's
-local executor and a mocked `sbatch` / `squeue`.
+submitit owns requeueing: before a time limit or on preemption it signals the job,
+`RunJob.checkpoint` (task 0) stops its worker, whose rank 0 stops every rank at one step and saves
+checkpoints/last.ckpt, and submitit requeues the same job, which resumes from that checkpoint.
+Lightning's own SLURM auto-requeue stays off in the worker, or both would requeue. Tested without a
+cluster with submitit's local executor and a mocked `sbatch` / `squeue`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ LAUNCH, NO_LAUNCH = "launch", "no launch"
 
 
 class RunJob(submitit.helpers.Checkpointable):
-    """One run as a checkpointable submitit job; every task of the job executes it (module docstring)."""
+    """One run as a checkpointable submitit job; every task of the job executes it (module
+    docstring)."""
 
     def __init__(
         self,
@@ -105,7 +106,10 @@ class RunJob(submitit.helpers.Checkpointable):
         deadline = time.monotonic() + self.wait_for_task0_s
         while not decision.exists():
             if time.monotonic() > deadline:
-                return f"task {env.global_rank}: task 0 did not decide within {self.wait_for_task0_s:.0f} s"
+                return (
+                    f"task {env.global_rank}: task 0 did not decide within "
+                    f"{self.wait_for_task0_s:.0f} s"
+                )
             time.sleep(0.5)
         if decision.read_text() != LAUNCH:
             return f"task {env.global_rank}: not run (task 0 did not launch it)"
@@ -116,12 +120,14 @@ class RunJob(submitit.helpers.Checkpointable):
 
     @staticmethod
     def _decision_file(env: submitit.JobEnvironment) -> Path:
-        """Task 0's decision for this attempt of the job (a requeued job keeps its id: SLURM counts restarts)."""
+        """Task 0's decision for this attempt of the job (a requeued job keeps its id: SLURM counts
+        restarts)."""
         attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
         return Path(env.paths.folder) / f"{env.job_id}_attempt{attempt}_decision"
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
-        """Called by submitit (task 0 only) on timeout/preemption: stop the worker so it saves, then requeue."""
+        """Called by submitit (task 0 only) on timeout/preemption: stop the worker so it saves, then
+        requeue."""
         if self._proc is not None and self._proc.returncode is None:
             returncode = stop(self._proc, self.grace_s)
             record_exit(Path(self.run_dir), returncode, "job preempted or timed out; requeued")
@@ -129,12 +135,14 @@ class RunJob(submitit.helpers.Checkpointable):
 
 
 def worker_settings(launcher: LauncherConfig) -> tuple[str, ...]:
-    """How a job's tasks run the run: one process per GPU on every node (one process on a CPU job)."""
+    """How a job's tasks run the run: one process per GPU on every node (one process on a CPU
+    job)."""
     return (f"train.devices={max(1, launcher.gpus)}", f"train.num_nodes={launcher.nodes}")
 
 
 def executor_parameters(launcher: LauncherConfig, name: str) -> dict[str, Any]:
-    """submitit AutoExecutor parameters for the launcher settings (empty strings: cluster defaults)."""
+    """submitit AutoExecutor parameters for the launcher settings (empty strings: cluster
+    defaults)."""
     params: dict[str, Any] = {
         "name": f"relpos-{name}",
         "timeout_min": launcher.time,
@@ -166,10 +174,12 @@ def submit_grid(
     cluster: str = "slurm",
     folder: Path | None = None,
 ) -> list[tuple[RunPlan, Any]]:
-    """Prepare every pending run and submit them as one job array; returns (plan, submitit job) pairs.
+    """Prepare every pending run and submit them as one job array; returns (plan, submitit job)
+    pairs.
 
-    A run whose SLURM job (status.json `slurm_job`) is still queued or running is not submitted again.
-    `cluster="local"` uses submitit's local executor (real processes on this machine, for tests)."""
+    A run whose SLURM job (status.json `slurm_job`) is still queued or running is not submitted
+    again. `cluster="local"` uses submitit's local executor (real processes on this machine, for
+    tests)."""
     if cluster == "slurm" and not (shutil.which("sbatch") and shutil.which("srun")):
         raise ConfigError(
             "--launcher", "slurm needs sbatch and srun on PATH; run it on a SLURM login node"
@@ -224,8 +234,9 @@ def _recorded_jobs(plans: list[RunPlan]) -> list[str]:
 
 
 def live_jobs(job_ids: list[str]) -> set[str]:
-    """The ids among `job_ids` that SLURM still has pending or running: your jobs as squeue lists them,
-    one line per array task. A failing squeue is an error (guessing 'ended' would submit duplicates)."""
+    """The ids among `job_ids` that SLURM still has pending or running: your jobs as squeue lists
+    them, one line per array task. A failing squeue is an error (guessing 'ended' would submit
+    duplicates)."""
     if not job_ids:
         return set()
     command = ["squeue", "--noheader", "--array", "--format=%i", f"--user={getpass.getuser()}"]

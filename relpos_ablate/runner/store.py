@@ -27,7 +27,8 @@ from relpos_ablate.config import ConfigError, RunConfig, to_plain
 from relpos_ablate.io import atomic_write_json, atomic_write_yaml, now_iso
 from relpos_ablate.runner.grid import GridSpec, PlannedRun
 
-#: What the runner does with a run: start/resume/retry run it, skip leaves it, busy waits for its owner.
+#: What the runner does with a run: start/resume/retry run it, skip leaves it, busy waits for its
+#: owner.
 ACTIONS = ("start", "resume", "retry", "skip", "busy")
 RUNNABLE = ("start", "resume", "retry")
 DONE_WITHOUT_EVAL = (
@@ -46,8 +47,9 @@ def update_status(run_dir: Path, **fields: Any) -> dict:
 
 
 def mark_queued(run_dir: Path, **fields: Any) -> dict:
-    """A fresh `queued` status; the previous step count is kept so progress shows through a resume, and
-    the SLURM job that runs it (so a second submission skips it while that job is queued or running)."""
+    """A fresh `queued` status; the previous step count is kept so progress shows through a resume,
+    and the SLURM job that runs it (so a second submission skips it while that job is queued or
+    running)."""
     previous = rundir.read_status(run_dir) or {}
     kept = {key: previous[key] for key in ("step", "max_steps", SLURM_JOB) if key in previous}
     status = {"state": "queued", "queued_at": now_iso(), **kept, **fields}
@@ -124,7 +126,8 @@ def decide(run_dir: Path, retry_failed: bool) -> tuple[str, str]:
 
 
 def claim(run_dir: Path, retry_failed: bool) -> tuple[RunLock | None, str, str]:
-    """Lock the run and re-check it under the lock: (lock, action, note); lock is None unless it must run."""
+    """Lock the run and re-check it under the lock: (lock, action, note); lock is None unless it
+    must run."""
     lock = RunLock(run_dir)
     if not lock.try_acquire():
         return None, "busy", f"held by {lock_holder(run_dir) or 'another process'}"
@@ -169,7 +172,8 @@ def _holds(run_dir: Path, config: RunConfig) -> bool:
 
 
 def write_run_files(plan: RunPlan, experiment: str, spec_path: Path | None) -> None:
-    """run.json, and config.yaml unless an equivalent one is there (call with the run's lock held)."""
+    """run.json, and config.yaml unless an equivalent one is there (call with the run's lock
+    held)."""
     run_dir = plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     info = {

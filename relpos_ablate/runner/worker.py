@@ -1,8 +1,8 @@
 """One run in one process: the worker command, its environment, launching, stopping, and its exit.
 
 Local slots and SLURM jobs both go through `launch` / `stop` / `record_exit`, so a run behaves the
-same wherever it executes. The worker is `python -m relpos_ablate train --run-dir DIR --threads T` (on
-a CPU slot forked from the fork server instead: forkserver.py, the same process otherwise);
+same wherever it executes. The worker is `python -m relpos_ablate train --run-dir DIR --threads T`
+(on a CPU slot forked from the fork server instead: forkserver.py, the same process otherwise);
 it writes status.json running/done/failed itself and resumes from checkpoints/last.ckpt. When it
 dies without a final state (SIGKILL, OOM killer, a crash before logging), `record_exit` writes one.
 """
@@ -24,7 +24,8 @@ from relpos_ablate.io import now_iso
 from relpos_ablate.runner.forkserver import die_with_parent, start_forked
 from relpos_ablate.runner.store import RunLock, mark_queued, update_status
 
-#: Testing hook: a command line that replaces `python -m relpos_ablate train` (it gets the same arguments).
+#: Testing hook: a command line that replaces `python -m relpos_ablate train` (it gets the same
+#: arguments).
 WORKER_ENV = "RELPOS_ABLATE_WORKER"
 LOG_TAIL_LINES = 30
 
@@ -38,8 +39,9 @@ WORKER_PREFIX = (sys.executable, "-m", "relpos_ablate")
 
 
 def worker_arguments(run_dir: Path, threads: int, settings: tuple[str, ...] = ()) -> list[str]:
-    """`relpos-ablate train`'s arguments for the run; `settings` are how-to-run overrides (train.devices=K,
-    ...) that the slot or the job decides, passed as --set (they do not change the run's identity)."""
+    """`relpos-ablate train`'s arguments for the run; `settings` are how-to-run overrides
+    (train.devices=K, ...) that the slot or the job decides, passed as --set (they do not change
+    the run's identity)."""
     return [
         "train",
         "--run-dir",
@@ -51,14 +53,16 @@ def worker_arguments(run_dir: Path, threads: int, settings: tuple[str, ...] = ()
 
 
 def worker_command(run_dir: Path, threads: int, settings: tuple[str, ...] = ()) -> list[str]:
-    """The worker's command line: `python -m relpos_ablate train ...`, or RELPOS_ABLATE_WORKER's command."""
+    """The worker's command line: `python -m relpos_ablate train ...`, or RELPOS_ABLATE_WORKER's
+    command."""
     override = os.environ.get(WORKER_ENV)
     arguments = worker_arguments(run_dir, threads, settings)
     return [*shlex.split(override), *arguments[1:]] if override else [*WORKER_PREFIX, *arguments]
 
 
 def worker_env(gpu: str | None, threads: int) -> dict[str, str]:
-    """The parent's environment with the slot's GPU (None: leave as is; "": hide all) and thread count."""
+    """The parent's environment with the slot's GPU (None: leave as is; "": hide all) and thread
+    count."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     if gpu is not None:
@@ -76,16 +80,19 @@ def launch(
     settings: tuple[str, ...] = (),
     fork: bool = False,
 ):
-    """Mark the run queued and start its worker in its own session, holding the run's lock with it: a new
-    interpreter (subprocess.Popen), or with `fork` a child of the fork server (forkserver.ForkedWorker: the
-    caller checks `forkserver.forkable`; not with RELPOS_ABLATE_WORKER, whose command it cannot fork).
+    """Mark the run queued and start its worker in its own session, holding the run's lock with it:
+    a new interpreter (subprocess.Popen), or with `fork` a child of the fork server
+    (forkserver.ForkedWorker: the caller checks `forkserver.forkable`; not with
+    RELPOS_ABLATE_WORKER, whose command it cannot fork).
 
-    Call from a thread that outlives the worker (PR_SET_DEATHSIG fires when the spawning thread exits)."""
+    Call from a thread that outlives the worker (PR_SET_DEATHSIG fires when the spawning thread
+    exits)."""
     mark_queued(run_dir, device=device, host=socket.gethostname())
     fork = fork and not os.environ.get(WORKER_ENV)
     with open(run_dir / rundir.WORKER_LOG, "ab") as log:
         log.write(
-            f"=== {now_iso()} launch on {device} ({socket.gethostname()}){' forked' if fork else ''}\n".encode()
+            f"=== {now_iso()} launch on {device} "
+            f"({socket.gethostname()}){' forked' if fork else ''}\n".encode()
         )
         log.flush()
         if not fork:
@@ -108,8 +115,9 @@ def start_worker(
     lock: RunLock | None = None,
 ) -> subprocess.Popen:
     """The worker process alone, in its own session (the processes it starts for a multi-process run
-    join that session, so stopping or cleaning up the session reaches them all); `output`: a file for
-    its stdout/stderr (default: this process's); `lock`: the run's lock, handed to the worker."""
+    join that session, so stopping or cleaning up the session reaches them all); `output`: a file
+    for its stdout/stderr (default: this process's); `lock`: the run's lock, handed to the
+    worker."""
     return subprocess.Popen(
         worker_command(run_dir, threads, settings),
         env=worker_env(gpu, threads),
@@ -123,8 +131,9 @@ def start_worker(
 
 
 def stop(proc, grace_s: float) -> int | None:
-    """SIGTERM the worker's process group (Lightning stops after the batch), SIGKILL after `grace_s`;
-    returns its exit code. Safe inside a signal handler that interrupted `proc.wait()` (see _reap)."""
+    """SIGTERM the worker's process group (Lightning stops after the batch), SIGKILL after
+    `grace_s`; returns its exit code. Safe inside a signal handler that interrupted `proc.wait()`
+    (see _reap)."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         if proc.returncode is not None:
             break
@@ -181,7 +190,8 @@ def log_tail(run_dir: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 SIGNAL_HINTS = {
     "SIGKILL": "out of memory (the OOM killer), or killed by hand?",
-    "SIGTERM": "stopped by a scheduler or by hand before it could save; it saves when stopped after it starts",
+    "SIGTERM": "stopped by a scheduler or by hand before it could save; it saves when stopped "
+    "after it starts",
     "SIGINT": "interrupted by hand?",
 }
 """Likely causes named in an interrupted run's reason, by the signal that ended its worker."""
@@ -205,8 +215,8 @@ def exit_reason(returncode: int, stopped: str | None = None) -> tuple[str, str]:
 def record_exit(run_dir: Path, returncode: int, stopped: str | None = None) -> dict:
     """The run's final status: the worker's own when it wrote one, else one made from its exit.
 
-    `stopped` says why the runner stopped the worker (shutdown, preemption): the run is interrupted, for that
-    reason (the worker itself only saw the SIGTERM the runner sent it)."""
+    `stopped` says why the runner stopped the worker (shutdown, preemption): the run is interrupted,
+    for that reason (the worker itself only saw the SIGTERM the runner sent it)."""
     status = rundir.read_status(run_dir)
     if status is not None and status["state"] in rundir.FINAL_STATES:
         return (

@@ -1,13 +1,15 @@
-"""The committed studies, one module (or small package) each, found by the grid spec's `name:` through
-STUDIES, the one registry. The generic analysis layer (relpos_ablate/analysis/: collect, tables, the
-statistics, rendering, plot primitives) names no study; a study builds on it, never the other way.
+"""The committed studies, one module (or small package) each, found by the grid spec's `name:`
+through STUDIES, the one registry. The generic analysis layer (relpos_ablate/analysis/: collect,
+tables, the statistics, rendering, plot primitives) names no study; a study builds on it, never the
+other way.
 
-A study module exposes up to three maps, and its entry here names what they hold, so that the command
-line can list a study's layouts and figure kinds without importing pandas:
-- `REPORTS`: experiment name (or a sorted tuple of names: a report that reads several experiments' runs
-  together) -> report function (frame, correction) -> Markdown (`relpos-ablate report`);
+A study module exposes up to three maps, and its entry here names what they hold, so that the
+command line can list a study's layouts and figure kinds without importing pandas:
+- `REPORTS`: experiment name (or a sorted tuple of names: a report that reads several experiments'
+  runs together) -> report function (frame, correction) -> Markdown (`relpos-ablate report`);
 - `LAYOUTS`: layout name -> analysis.layouts.LayoutSpec (`table --layout NAME`);
-- `FIGURES`: plot kind -> function (collected frame, out dir, formats, parsed args) -> (written, notes).
+- `FIGURES`: plot kind -> function (collected frame, out dir, formats, parsed args) -> (written,
+  notes).
 A new study is one module plus its spec, and one entry below.
 """
 
@@ -28,7 +30,8 @@ class Study:
     layouts: tuple[str, ...] = ()
     figures: tuple[str, ...] = ()
     run_figures: tuple[str, ...] = ()
-    """Those of its figures that read the run dirs (eval.json, checkpoints): not drawable from a summary.csv."""
+    """Those of its figures that read the run dirs (eval.json, checkpoints): not drawable from a
+    summary.csv."""
 
     def load(self):
         return importlib.import_module(self.module)
@@ -66,8 +69,8 @@ SUMMARY_FIGURES = tuple(
 
 
 def make_report(df, correction: str = "holm") -> str:
-    """The report of the one experiment the frame holds (one line naming what is wrong otherwise); every
-    family of tests in it corrected by `correction` (analysis/stats.py)."""
+    """The report of the one experiment the frame holds (one line naming what is wrong otherwise);
+    every family of tests in it corrected by `correction` (analysis/stats.py)."""
     names = (
         sorted(str(name) for name in df["experiment"].dropna().unique())
         if "experiment" in df

@@ -3,13 +3,13 @@ learning rate, as papers tune each baseline before comparing them.
 
 From the collected frame (or the committed summary.csv) at the training length L: per preset, the
 learning rate whose mean valid perplexity over seeds is lowest (best_over.pick_values, as `table
---best-over train.lr` picks it), the test perplexity of its seeds at that rate, its ratio to the best
-preset's, and how many presets that encode position end more than TOLERANCE above the best (`nope`,
-which encodes none, is reported, not judged); the same count at the default learning rate for every
-preset, which is what an untuned comparison gets; the presets whose best rate is at an edge of their own sweep
-(their optimum may lie beyond it); and each preset against the best, one family of Welch's t-tests (different
-models), corrected together (analysis/stats.py). `report` gives the Markdown (the studies registry),
-`lr_figure` the figure (`plot --kind lr-sweep`).
+--best-over train.lr` picks it), the test perplexity of its seeds at that rate, its ratio to the
+best preset's, and how many presets that encode position end more than TOLERANCE above the best
+(`nope`, which encodes none, is reported, not judged); the same count at the default learning rate
+for every preset, which is what an untuned comparison gets; the presets whose best rate is at an
+edge of their own sweep (their optimum may lie beyond it); and each preset against the best, one
+family of Welch's t-tests (different models), corrected together (analysis/stats.py). `report` gives
+the Markdown (the studies registry), `lr_figure` the figure (`plot --kind lr-sweep`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ from relpos_ablate.config import ConfigError
 from relpos_ablate.config.run import TrainConfig
 
 TOLERANCE = 0.10
-"""A preset more than this above the best preset's test perplexity (ratio > 1.10) is not a fair baseline."""
+"""A preset more than this above the best preset's test perplexity (ratio > 1.10) is not a fair
+baseline."""
 UNJUDGED = ("nope",)
 """Presets that encode no position: reported, not held to the tolerance."""
 NEAR_TIE = 0.005
-"""A pick whose runner-up rate's mean valid ppl lies within this fraction of its own is marked: on validation
-the pick is not clearly better than that rate."""
+"""A pick whose runner-up rate's mean valid ppl lies within this fraction of its own is marked: on
+validation the pick is not clearly better than that rate."""
 KEY, ROW, METRIC = "train.lr", "encoding", "ppl"
 SELECT, REPORT = "valid", "test"
 DEFAULT_LR = TrainConfig().lr
@@ -44,8 +45,8 @@ GROUP_COLORS = ("0.45", "tab:orange")
 
 
 def at_training_length(df: pd.DataFrame) -> pd.DataFrame:
-    """The finished rows evaluated at the training length, non_overlapping, without RECL's ladder (a subset of
-    the targets): what the study compares (one line naming what is missing otherwise)."""
+    """The finished rows evaluated at the training length, non_overlapping, without RECL's ladder (a
+    subset of the targets): what the study compares (one line naming what is missing otherwise)."""
     missing = [
         c for c in (ROW, KEY, "split", "segment_len", "train.segment_len", METRIC) if c not in df
     ]
@@ -71,8 +72,8 @@ STEPS = "train.max_steps"
 
 
 def by_budget(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, pd.DataFrame]]:
-    """The learning-rate sweep's runs (the training budget most runs have) and, per other budget, its runs
-    (experiments/fair_baselines_2000.yaml: some presets at their pick, trained longer)."""
+    """The learning-rate sweep's runs (the training budget most runs have) and, per other budget,
+    its runs (experiments/fair_baselines_2000.yaml: some presets at their pick, trained longer)."""
     if STEPS not in df or df[STEPS].isna().all():
         return df, {}
     steps = pd.to_numeric(df[STEPS], errors="coerce")
@@ -86,10 +87,11 @@ def by_budget(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, pd.DataFrame]]:
 
 
 def preset_summary(df: pd.DataFrame, orders: dict[str, list] | None = None) -> pd.DataFrame:
-    """One row per preset (in `orders`' order, else by name): best_lr (valid's pick), valid (its mean valid
-    ppl), test (its seeds' test ppl, {run dir: ppl}), mean, std, n, ratio (mean / the best preset's mean), and the
-    same at DEFAULT_LR: default_mean, default_ratio (NaN where the sweep lacks it); runner_up: how far the
-    second-best rate's mean valid ppl lies above the pick's (a fraction; NaN with one rate)."""
+    """One row per preset (in `orders`' order, else by name): best_lr (valid's pick), valid (its
+    mean valid ppl), test (its seeds' test ppl, {run dir: ppl}), mean, std, n, ratio (mean / the
+    best preset's mean), and the same at DEFAULT_LR: default_mean, default_ratio (NaN where the
+    sweep lacks it); runner_up: how far the second-best rate's mean valid ppl lies above the pick's
+    (a fraction; NaN with one rate)."""
     orders = orders or {}
     data = at_training_length(df)
     split = data["split"].map(normalized)
@@ -132,7 +134,8 @@ def _values(frame: pd.DataFrame, preset: str, lr: float) -> dict[str, float]:
 
 
 def over_tolerance(summary: pd.DataFrame, column: str = "ratio") -> list[str]:
-    """The judged presets (UNJUDGED aside) whose `column` ratio is above 1 + TOLERANCE, worst first."""
+    """The judged presets (UNJUDGED aside) whose `column` ratio is above 1 + TOLERANCE, worst
+    first."""
     judged = summary[~summary["preset"].isin(UNJUDGED) & (summary[column] > 1 + TOLERANCE)]
     return judged.sort_values(column, ascending=False)["preset"].tolist()
 
@@ -156,21 +159,24 @@ def report(df: pd.DataFrame, correction: str = "holm") -> str:
     lines = [
         "# Fair baselines: each preset at its own best learning rate",
         "",
-        f"Every preset trained at L = {int(data['train.segment_len'].iloc[0])} and evaluated there "
-        f"(non_overlapping); learning rates {_sweep(rates)}; {seeds} seeds. Per preset, the "
-        f"rate with the lowest mean {SELECT} ppl over seeds (`best lr`); {REPORT} ppl at that rate, mean ± std over "
-        f"its seeds; `/ best`: over the best preset's {REPORT} mean ({best['preset']}, {best['mean']:.2f}). The last "
-        f"two columns give every preset the default {default}, untuned. Rows by {REPORT} mean: a display order, "
-        "not a ranking (the tests below say which gaps hold).",
+        f"Every preset trained at L = {int(data['train.segment_len'].iloc[0])} and evaluated "
+        f"there (non_overlapping); learning rates {_sweep(rates)}; {seeds} seeds. Per preset, the "
+        f"rate with the lowest mean {SELECT} ppl over seeds (`best lr`); {REPORT} ppl at that "
+        f"rate, mean ± std over its seeds; `/ best`: over the best preset's {REPORT} mean "
+        f"({best['preset']}, {best['mean']:.2f}). The last two columns give every preset the "
+        f"default {default}, untuned. Rows by {REPORT} mean: a display order, not a ranking (the "
+        f"tests below say which gaps hold).",
         "",
-        f"| preset | best lr | {SELECT} ppl | {REPORT} ppl | / best | {REPORT} ppl at {default} | / best at {default} |",
+        f"| preset | best lr | {SELECT} ppl | {REPORT} ppl | / best | {REPORT} ppl at "
+        f"{default} | / best at {default} |",
         "|:---|---:|---:|---:|---:|---:|---:|",
         *(_table_row(row) for row in summary.itertuples()),
         "",
         *_findings(summary, rates),
         "",
-        f"## Each preset against the best ({REPORT} ppl of the seeds at each one's best rate; two models: Welch's "
-        "t-test; the best is the lowest mean, picked from the same data, so its gaps are if anything overstated)",
+        f"## Each preset against the best ({REPORT} ppl of the seeds at each one's best rate; two "
+        f"models: Welch's t-test; the best is the lowest mean, picked from the same data, so its "
+        f"gaps are if anything overstated)",
         "",
         *(f"- {test}" for test in tests),
         "",
@@ -185,9 +191,10 @@ def report(df: pd.DataFrame, correction: str = "holm") -> str:
 def longer_budget(
     summary: pd.DataFrame, runs: pd.DataFrame, steps: int, sweep_steps: int | None, correction: str
 ) -> list[str]:
-    """Markdown lines: the presets trained for `steps` at their sweep pick, their test ppl and ratio to the best
-    at both budgets, the count beyond the tolerance at the longer one, each against its best (Welch), and
-    al_rfou against nope at both budgets (the sweep found the per-layer absolute embeddings behind no position)."""
+    """Markdown lines: the presets trained for `steps` at their sweep pick, their test ppl and ratio
+    to the best at both budgets, the count beyond the tolerance at the longer one, each against its
+    best (Welch), and al_rfou against nope at both budgets (the sweep found the per-layer absolute
+    embeddings behind no position)."""
     data = at_training_length(runs)
     report = data[data["split"].map(normalized) == REPORT]
     picks = dict(zip(summary["preset"], summary["best_lr"]))
@@ -218,9 +225,10 @@ def longer_budget(
         f"## A longer budget: {steps} steps",
         "",
         f"{len(table)} presets trained for {steps} steps at the rate each picked at {before} "
-        f"(experiments/fair_baselines_{steps}.yaml), {seeds} seeds, evaluated as above; `/ best`: over the best "
-        f"preset's {REPORT} mean at that budget (at {steps} steps: {best['preset']}, {best['mean']:.2f}, among "
-        "the presets run there). Rows by the longer budget's mean: a display order.",
+        f"(experiments/fair_baselines_{steps}.yaml), {seeds} seeds, evaluated as above; `/ best`: "
+        f"over the best preset's {REPORT} mean at that budget (at {steps} steps: "
+        f"{best['preset']}, {best['mean']:.2f}, among the presets run there). Rows by the longer "
+        f"budget's mean: a display order.",
         "",
         f"| preset | lr | {REPORT} ppl, {before} | / best | {REPORT} ppl, {steps} steps | / best |",
         "|:---|---:|---:|---:|---:|---:|",
@@ -245,8 +253,8 @@ def longer_budget(
     )
     lines += [
         "",
-        f"- Presets that encode position more than {TOLERANCE:.0%} above the best at {steps} steps: "
-        f"{len(over)} of {len(judged)}" + (f" ({', '.join(over)})." if over else "."),
+        f"- Presets that encode position more than {TOLERANCE:.0%} above the best at {steps} "
+        f"steps: {len(over)} of {len(judged)}" + (f" ({', '.join(over)})." if over else "."),
     ]
     family = Family(f"every preset vs the best ({best['preset']}) at {steps} steps", correction)
     tests = [
@@ -279,8 +287,8 @@ def longer_budget(
         ]
         lines += [
             "",
-            "Al-Rfou's per-layer learned absolute embeddings against no position at all (two models: "
-            "Welch's t-test):",
+            "Al-Rfou's per-layer learned absolute embeddings against no position at all (two "
+            "models: Welch's t-test):",
             "",
             *(f"- {test}" for test in tests),
             "",
@@ -294,14 +302,14 @@ def _table_row(row) -> str:
     name = f"{row.preset} (no position)" if row.preset in UNJUDGED else row.preset
     tie = " †" if row.runner_up < NEAR_TIE else ""
     return (
-        f"| {name} | {row.best_lr:g}{tie} | {row.valid:.2f} | {row.mean:.2f}{spread} | {row.ratio:.3f} | "
-        f"{_number(row.default_mean)} | {_number(row.default_ratio, 3)} |"
+        f"| {name} | {row.best_lr:g}{tie} | {row.valid:.2f} | {row.mean:.2f}{spread} | "
+        f"{row.ratio:.3f} | {_number(row.default_mean)} | {_number(row.default_ratio, 3)} |"
     )
 
 
 def _sweep(rates: dict[str, list[float]]) -> str:
-    """The rates every preset ran, then each rate only some ran, naming them: '0.001, 0.002 (and 0.0005:
-    fox, kerple_power)'."""
+    """The rates every preset ran, then each rate only some ran, naming them: '0.001, 0.002 (and
+    0.0005: fox, kerple_power)'."""
     every = sorted(set.intersection(*(set(r) for r in rates.values())))
     some = sorted({lr for r in rates.values() for lr in r} - set(every))
     extra = [f"{lr:g}: {', '.join(sorted(p for p, r in rates.items() if lr in r))}" for lr in some]
@@ -309,20 +317,21 @@ def _sweep(rates: dict[str, list[float]]) -> str:
 
 
 def _findings(summary: pd.DataFrame, rates: dict[str, list[float]]) -> list[str]:
-    """The counts beyond the tolerance (tuned, and at the default rate) and the picks at an edge of the preset's
-    own sweep (its lowest or highest rate)."""
+    """The counts beyond the tolerance (tuned, and at the default rate) and the picks at an edge of
+    the preset's own sweep (its lowest or highest rate)."""
     judged = (~summary["preset"].isin(UNJUDGED)).sum()
 
     def count(presets: list[str]) -> str:
         return f"{len(presets)} of {judged}" + (f" ({', '.join(presets)})." if presets else ".")
 
     lines = [
-        f"- Presets that encode position more than {TOLERANCE:.0%} above the best at their best rate: "
-        f"{count(over_tolerance(summary))}"
+        f"- Presets that encode position more than {TOLERANCE:.0%} above the best at their best "
+        f"rate: {count(over_tolerance(summary))}"
     ]
     if summary["default_mean"].notna().all():
         lines.append(
-            f"- At lr {DEFAULT_LR:g} for every preset (untuned): {count(over_tolerance(summary, 'default_ratio'))}"
+            f"- At lr {DEFAULT_LR:g} for every preset (untuned): "
+            f"{count(over_tolerance(summary, 'default_ratio'))}"
         )
     else:
         lines.append(f"- The sweep lacks lr {DEFAULT_LR:g} for some preset: no untuned comparison.")
@@ -335,8 +344,8 @@ def _findings(summary: pd.DataFrame, rates: dict[str, list[float]]) -> list[str]
         for end in (0, -1)
     ]
     lines.append(
-        f"- Best rate at the edge of its own sweep (the optimum may lie beyond it): at the lowest rate: "
-        f"{', '.join(edges[0]) or 'none'}; at the highest: {', '.join(edges[1]) or 'none'}."
+        f"- Best rate at the edge of its own sweep (the optimum may lie beyond it): at the lowest "
+        f"rate: {', '.join(edges[0]) or 'none'}; at the highest: {', '.join(edges[1]) or 'none'}."
     )
     ties = [
         f"{row.preset} (+{row.runner_up:.1%})"
@@ -345,7 +354,8 @@ def _findings(summary: pd.DataFrame, rates: dict[str, list[float]]) -> list[str]
     ]
     lines.append(
         f"- † Close calls on {SELECT} (the second-best rate's mean {SELECT} ppl within "
-        f"{NEAR_TIE:.1%} of the pick's, so the pick is not clearly better): {', '.join(ties) or 'none'}."
+        f"{NEAR_TIE:.1%} of the pick's, so the pick is not clearly better): "
+        f"{', '.join(ties) or 'none'}."
     )
     return lines
 
@@ -355,13 +365,13 @@ def _number(value: float, decimals: int = 2) -> str:
 
 
 def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
-    """Left: each preset's mean valid ppl against the learning rate over the best preset's valid ppl at its
-    pick (one denominator for every line, so the lines show both level and shape; each pick starred), a panel
-    for the presets without a bias table (the baselines) and one for the bias types (at most ~10 lines a
-    panel, a colour each within the panel, the legend beside it). Right: each preset's test ppl at its best
-    rate over the best preset's, mean ± std, a bar colour per panel, against the tolerance; each preset's test
-    ppl at the default rate over the same denominator as a cross (so a cross on its bar's end: tuning did not
-    change it)."""
+    """Left: each preset's mean valid ppl against the learning rate over the best preset's valid ppl
+    at its pick (one denominator for every line, so the lines show both level and shape; each pick
+    starred), a panel for the presets without a bias table (the baselines) and one for the bias
+    types (at most ~10 lines a panel, a colour each within the panel, the legend beside it). Right:
+    each preset's test ppl at its best rate over the best preset's, mean ± std, a bar colour per
+    panel, against the tolerance; each preset's test ppl at the default rate over the same
+    denominator as a cross (so a cross on its bar's end: tuning did not change it)."""
     from matplotlib.figure import Figure  # figures only: `report` needs no matplotlib
     from matplotlib.patches import Patch
 
@@ -454,8 +464,9 @@ def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
 
 
 def preset_groups(data: pd.DataFrame, names: list[str]) -> list[tuple[str, list[str]]]:
-    """The presets without a bias table (the baselines) and those with one (the bias types), in `names`' order,
-    when the runs record model.attention.bias and both groups are there; else one group of all."""
+    """The presets without a bias table (the baselines) and those with one (the bias types), in
+    `names`' order, when the runs record model.attention.bias and both groups are there; else one
+    group of all."""
     if "model.attention.bias" not in data:
         return [("", names)]
     bias = data.groupby(ROW)["model.attention.bias"].first().map(normalized)

@@ -1,12 +1,13 @@
-"""The report of the per-layer schedule study (`hybrid_schedules` on text, `hybrid_schedules_retrieval` on the
-long-context tasks; the studies registry): every number its README quotes, computed from the collected frame or
-the committed summary.csv.
+"""The report of the per-layer schedule study (`hybrid_schedules` on text,
+`hybrid_schedules_retrieval` on the long-context tasks; the studies registry): every number its
+README quotes, computed from the collected frame or the committed summary.csv.
 
-Sections: what the papers claim (their own words, docs/formulas.md#layer-schedules), perplexity per schedule
-and evaluation length, each schedule against all-RoPE at L and at the longest length (two schedules: Welch's
-t-test), each schedule's perplexity at the longest length against its own at L (the same runs: paired), and
-the retrieval tasks' exact match per test-length bin against all-RoPE. Each section's tests are one family
-(analysis/stats.py), corrected together, each difference with its 95% CI and the family's power line.
+Sections: what the papers claim (their own words, docs/formulas.md#layer-schedules), perplexity per
+schedule and evaluation length, each schedule against all-RoPE at L and at the longest length (two
+schedules: Welch's t-test), each schedule's perplexity at the longest length against its own at L
+(the same runs: paired), and the retrieval tasks' exact match per test-length bin against all-RoPE.
+Each section's tests are one family (analysis/stats.py), corrected together, each difference with
+its 95% CI and the family's power line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from relpos_ablate.config import ConfigError
 
 TEXT, RETRIEVAL = "hybrid_schedules", "hybrid_schedules_retrieval"
 BASELINE = "rope"
+# the text of results/hybrid_schedules/report.md, its lines as the report has them (E501 is
+# suppressed at the string's end)
 CLAIMS = """## What the papers say (their text), and what is tested here
 
 - Cohere, "Rope to Nope and Back Again" (Yang et al. 2025, arXiv 2501.18795), abstract: a hybrid of local RoPE
@@ -39,7 +42,7 @@ CLAIMS = """## What the papers say (their text), and what is tested here
 These are claims about models of billions of parameters trained on up to trillions of tokens at contexts of
 thousands; here a 6-layer model of width 64 is trained on characters at L = 64 (experiments/hybrid_schedules.yaml,
 where the windows and chunks are scaled to L/4). A trend that does not show here is reported as not shown.
-"""
+"""  # noqa: E501
 
 
 def _done(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -61,7 +64,8 @@ def _schedules(data: pd.DataFrame) -> list[str]:
 def per_run(
     data: pd.DataFrame, schedule: str, protocol: str, length: int, metric: str = "ppl"
 ) -> dict[str, float]:
-    """run dir -> the metric of one schedule under one setting (the run dir is the unit a test pairs on)."""
+    """run dir -> the metric of one schedule under one setting (the run dir is the unit a test pairs
+    on)."""
     rows = data[
         (data["encoding"] == schedule)
         & (data["protocol"] == protocol)
@@ -99,12 +103,11 @@ def text_sections(df: pd.DataFrame, correction: str) -> list[str]:
         rows.append(f"| {schedule} | " + " | ".join(cells) + " |")
     longest = max(n for _, n in settings)
     parts = [
-        f"## Text: perplexity per schedule and evaluation length\n\nCharacter perplexity on the validation "
-        f"split of Tiny Shakespeare, mean ± std over seeds ({', '.join(sorted({str(s) for s in seeds}))} per "
-        f"schedule), trained at L = {train}; non-overlapping segments of nL, and sliding windows of nL moved by "
-        f"L (every scored character sees at least (n − 1)L + 1 of context).\n\n"
-        + "\n".join(rows)
-        + "\n"
+        f"## Text: perplexity per schedule and evaluation length\n\nCharacter perplexity on the "
+        f"validation split of Tiny Shakespeare, mean ± std over seeds "
+        f"({', '.join(sorted({str(s) for s in seeds}))} per schedule), trained at L = {train}; "
+        f"non-overlapping segments of nL, and sliding windows of nL moved by L (every scored "
+        f"character sees at least (n − 1)L + 1 of context).\n\n" + "\n".join(rows) + "\n"
     ]
     if BASELINE in schedules:
         family = Family("each schedule against all-RoPE", correction)
@@ -131,8 +134,8 @@ def text_sections(df: pd.DataFrame, correction: str) -> list[str]:
                     )
                 )
         parts.append(
-            "## Text: each schedule against all-RoPE (Welch's t-test over seeds)\n\nLower perplexity is "
-            "better; the difference is the schedule's minus all-RoPE's.\n\n"
+            "## Text: each schedule against all-RoPE (Welch's t-test over seeds)\n\nLower "
+            "perplexity is better; the difference is the schedule's minus all-RoPE's.\n\n"
             + "\n".join(listed(items))
             + f"\n\n{family.summary()}\n"
         )
@@ -187,8 +190,10 @@ def retrieval_sections(df: pd.DataFrame, correction: str) -> list[str]:
                 + " |"
             )
         parts.append(
-            f"## Long-context task: {task}, exact match per test-length bin\n\nMean ± std over seeds, each run's "
-            "value the mean over its evaluated depths.\n\n" + "\n".join(rows) + "\n"
+            f"## Long-context task: {task}, exact match per test-length bin\n\nMean ± std over "
+            f"seeds, each run's value the mean over its evaluated depths.\n\n"
+            + "\n".join(rows)
+            + "\n"
         )
         if BASELINE not in schedules:
             continue
@@ -210,10 +215,9 @@ def retrieval_sections(df: pd.DataFrame, correction: str) -> list[str]:
                 )
     if items:
         parts.append(
-            "## Long-context task: each schedule against all-RoPE beyond the training lengths (Welch's t-test)\n\n"
-            "Higher exact match is better; the difference is the schedule's minus all-RoPE's.\n\n"
-            + "\n".join(listed(items))
-            + f"\n\n{family.summary()}\n"
+            "## Long-context task: each schedule against all-RoPE beyond the training lengths "
+            "(Welch's t-test)\n\nHigher exact match is better; the difference is the schedule's "
+            "minus all-RoPE's.\n\n" + "\n".join(listed(items)) + f"\n\n{family.summary()}\n"
         )
     return parts
 
@@ -229,11 +233,12 @@ def report(df: pd.DataFrame, correction: str = "holm") -> str:
     runs = df[df["status"] == "done"]["run_dir"].nunique() if "status" in df else 0
     parts = [
         "# hybrid_schedules: derived numbers\n",
-        f"Generated by `relpos-ablate report` from {runs} finished runs. Each section's tests are one family, "
-        f"corrected together ({correction}); an ordering is stated only where the adjusted p < 0.05, and a "
-        "result that is not significant is stated as such, with its difference and interval. Two schedules are "
-        "compared by Welch's t-test over seeds, one schedule at two lengths by a paired t-test over its runs; "
-        "each difference comes with its 95% CI; fewer than 3 seeds a side: not tested.\n",
+        f"Generated by `relpos-ablate report` from {runs} finished runs. Each section's tests are "
+        f"one family, corrected together ({correction}); an ordering is stated only where the "
+        f"adjusted p < 0.05, and a result that is not significant is stated as such, with its "
+        f"difference and interval. Two schedules are compared by Welch's t-test over seeds, one "
+        f"schedule at two lengths by a paired t-test over its runs; each difference comes with "
+        f"its 95% CI; fewer than 3 seeds a side: not tested.\n",
         CLAIMS,
         *text_sections(df, correction),
         *retrieval_sections(df, correction),

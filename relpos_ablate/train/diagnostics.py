@@ -1,6 +1,7 @@
-"""Attention diagnostics of an evaluation (docs/formulas.md#attention-diagnostics): the training-side
-bookkeeping around model/diagnostics.py — what counts as a distance seen in training, and a metric
-that sums the statistics over batches (and processes) and gives per layer and head means."""
+"""Attention diagnostics of an evaluation (docs/formulas.md#attention-diagnostics): the
+training-side bookkeeping around model/diagnostics.py — what counts as a distance seen in training,
+and a metric that sums the statistics over batches (and processes) and gives per layer and head
+means."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from relpos_ablate.model.diagnostics import STATISTICS, AttentionStatistics
 
 
 def max_seen_distance(config: RunConfig) -> int:
-    """The largest |q_pos - k_pos| training met: max_position - 1 with randomized positions; else the
-    longest training input minus one (example tasks), or segment + memory minus one (streams)."""
+    """The largest |q_pos - k_pos| training met: max_position - 1 with randomized positions; else
+    the longest training input minus one (example tasks), or segment + memory minus one
+    (streams)."""
     a = config.model.attention
     if a.positions == "randomized":
         return a.max_position - 1
@@ -24,7 +26,8 @@ def max_seen_distance(config: RunConfig) -> int:
 
 
 class AttentionDiagnostics(Metric):
-    """Sums of the attention statistics over the counted queries, [4, layers, heads], and their count."""
+    """Sums of the attention statistics over the counted queries, [4, layers, heads], and their
+    count."""
 
     full_state_update = False
 
@@ -39,11 +42,13 @@ class AttentionDiagnostics(Metric):
         self.add_state("count", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, mask: Tensor) -> None:
-        """Count a batch's queries (mask [B, L]); the model then adds their statistics (`for_batch`)."""
+        """Count a batch's queries (mask [B, L]); the model then adds their statistics
+        (`for_batch`)."""
         self.count += mask.sum()
 
     def for_batch(self, mask: Tensor) -> AttentionStatistics:
-        """Where the model adds the statistics of a batch whose counted queries are `mask` [B, L]."""
+        """Where the model adds the statistics of a batch whose counted queries are `mask` [B,
+        L]."""
         self.update(mask)
         return AttentionStatistics(self.n_layers, self.n_heads, mask, self.max_seen, sums=self.sums)
 

@@ -1,4 +1,5 @@
-"""New evaluation settings on a finished run, from its checkpoint: what `relpos-ablate evaluate` does.
+"""New evaluation settings on a finished run, from its checkpoint: what `relpos-ablate evaluate`
+does.
 
 A paper evaluates one trained model many ways (ALiBi's App. B: one checkpoint at strides 1 ... L;
 context-extension work: one model under PI / NTK / YaRN). Here the run's config.yaml, checkpoints,
@@ -8,8 +9,8 @@ still sees it done; only eval.json (and token_losses.npz) gain the new settings'
 - `plan_evaluation(run_dir, overrides, replace)` checks everything before anything is computed: the
   run is done, the overrides touch only evaluation fields (EVALUATION_KEYS), the run's config with
   them is valid, and which settings are new. A setting already in eval.json with the same fields is
-  skipped unless `replace` (then its record is replaced in place), and one whose record lacks what is
-  now asked (diagnostics, per-target losses) is evaluated again.
+  skipped unless `replace` (then its record is replaced in place), and one whose record lacks what
+  is now asked (diagnostics, per-target losses) is evaluated again.
 - `run_evaluation(plan)` evaluates the new settings with the evaluation layer (train/evaluation.py),
   exactly as training's final evaluation would, and merges the records: token_losses.npz first, then
   eval.json, each written atomically. A kill at any moment leaves eval.json as it was or complete
@@ -61,10 +62,11 @@ EVALUATION_KEYS = ("eval.",)
 EXAMPLE_KEYS = ("data.test_lengths", "data.eval_examples", "data.passkey_depths")
 """Also allowed for example tasks, whose evaluation is their test sets."""
 SETTINGS_KEYS = ("eval.settings", "eval.recl_contexts", "data.test_lengths", "data.passkey_depths")
-"""Keys that give the settings to evaluate; without any of them, every setting eval.json holds is."""
+"""Keys that give the settings to evaluate; without any of them, every setting eval.json holds
+is."""
 FIXED_KEYS = ("eval.batch_size", "eval.split")
-"""The evaluation streams of one eval.json (its `layout`, and the split of every setting that names none):
-fixed by training. A setting's own `split` scores another split."""
+"""The evaluation streams of one eval.json (its `layout`, and the split of every setting that names
+none): fixed by training. A setting's own `split` scores another split."""
 RESULT_KEYS = ("metrics", "position_loss", "token_losses", "diagnostics", "error")
 """Record keys that hold what an evaluation found, not which setting it was."""
 
@@ -79,14 +81,15 @@ class EvaluationPlan:
     todo: list[Any] = field(default_factory=list)
     """EvalSettings (text and synthetic streams) or test-set fields (example tasks) to evaluate."""
     names: list[str] = field(default_factory=list)
-    """Per todo item: the config field it comes from (eval.settings[i], eval.recl_contexts, data.test_lengths[k])."""
+    """Per todo item: the config field it comes from (eval.settings[i], eval.recl_contexts,
+    data.test_lengths[k])."""
     targets: list[int | None] = field(default_factory=list)
     """Per todo item: the eval.json record it replaces, or None (appended)."""
     skipped: int = 0
     """Settings already evaluated with the same fields (not asked to --replace)."""
     unsupported: list[tuple[str, str]] = field(default_factory=list)
-    """(key, reason) of each setting this model cannot take (key: its name and the field at fault, e.g.
-    eval.settings[0].rope_scaling): recorded with its reason, as training does."""
+    """(key, reason) of each setting this model cannot take (key: its name and the field at fault,
+    e.g. eval.settings[0].rope_scaling): recorded with its reason, as training does."""
     diagnostics: bool = False
     """Collect attention diagnostics (asked now, or kept by a record being replaced)."""
 
@@ -94,9 +97,9 @@ class EvaluationPlan:
 def plan_all(
     run_dirs: list[Path], overrides: list[str], replace: bool = False
 ) -> tuple[list[EvaluationPlan], list[ConfigError]]:
-    """The plans of several runs and every problem found (one line each). A setting that none of the runs
-    can take is a problem; one that only some cannot take is recorded in theirs with its reason, as
-    training does with a setting its model cannot take."""
+    """The plans of several runs and every problem found (one line each). A setting that none of the
+    runs can take is a problem; one that only some cannot take is recorded in theirs with its
+    reason, as training does with a setting its model cannot take."""
     plans, errors = [], []
     for run_dir in run_dirs:
         try:
@@ -190,8 +193,9 @@ def _plan(run_dir: Path, overrides: list[str], replace: bool) -> EvaluationPlan:
 
 
 def _recorded(config: RunConfig, document: dict) -> list[tuple[str, Any, EvalSetting, dict]]:
-    """The candidates (as _candidates) of every setting eval.json (`document`) holds: what a run is evaluated
-    at when --set gives no settings (e.g. --set eval.diagnostics=true, or --replace alone)."""
+    """The candidates (as _candidates) of every setting eval.json (`document`) holds: what a run is
+    evaluated at when --set gives no settings (e.g. --set eval.diagnostics=true, or --replace
+    alone)."""
     candidates = []
     for k, old in enumerate(document["settings"]):
         name = f"{rundir.EVAL} settings[{k}]"
@@ -222,8 +226,8 @@ def _recorded(config: RunConfig, document: dict) -> list[tuple[str, Any, EvalSet
 
 
 def _candidates(config: RunConfig) -> list[tuple[str, Any, EvalSetting, dict]]:
-    """(config field, what to evaluate, its EvalSetting, its record before results) of every setting the
-    config asks for: eval settings, or the test sets of an example task."""
+    """(config field, what to evaluate, its EvalSetting, its record before results) of every setting
+    the config asks for: eval settings, or the test sets of an example task."""
     if not config.data.example_task:
         return [
             (config.eval_setting_field(i, "").rstrip("."), s, s, setting_record(config, s))
@@ -245,7 +249,8 @@ def _candidates(config: RunConfig) -> list[tuple[str, Any, EvalSetting, dict]]:
 
 
 def check_keys(overrides: list[str], example_task: bool) -> None:
-    """Only evaluation fields may change (EVALUATION_KEYS; EXAMPLE_KEYS for example tasks), and not FIXED_KEYS."""
+    """Only evaluation fields may change (EVALUATION_KEYS; EXAMPLE_KEYS for example tasks), and not
+    FIXED_KEYS."""
     allowed = EVALUATION_KEYS + (EXAMPLE_KEYS if example_task else ())
     for item in overrides:
         key = item.split("=", 1)[0].strip()
@@ -266,17 +271,18 @@ def check_keys(overrides: list[str], example_task: bool) -> None:
 
 
 def same_setting(old: dict, new: dict, document: dict | None = None) -> bool:
-    """Whether eval.json record `old` is the setting of record `new`: equal in every field of a setting, its
-    split included (not in what was found; a field an older eval.json lacks reads as its default,
-    rundir.record_value, the split as the run's eval.split kept in `document`, the eval.json of `old`)."""
+    """Whether eval.json record `old` is the setting of record `new`: equal in every field of a
+    setting, its split included (not in what was found; a field an older eval.json lacks reads as
+    its default, rundir.record_value, the split as the run's eval.split kept in `document`, the
+    eval.json of `old`)."""
     return all(
         rundir.record_value(old, k, document) == v for k, v in new.items() if k not in RESULT_KEYS
     )
 
 
 def _complete(record: dict, setting: EvalSetting, diagnostics: bool) -> bool:
-    """Whether an existing record already holds what is asked now: metrics (no error), per-target losses
-    when the setting saves them, diagnostics when eval.diagnostics."""
+    """Whether an existing record already holds what is asked now: metrics (no error), per-target
+    losses when the setting saves them, diagnostics when eval.diagnostics."""
     return (
         "error" not in record
         and (not setting.token_losses or bool(record.get("token_losses")))
@@ -285,8 +291,8 @@ def _complete(record: dict, setting: EvalSetting, diagnostics: bool) -> bool:
 
 
 def run_evaluation(plan: EvaluationPlan) -> int:
-    """Evaluate the plan's settings and merge their records into the run's eval.json; returns how many
-    records were added or replaced."""
+    """Evaluate the plan's settings and merge their records into the run's eval.json; returns how
+    many records were added or replaced."""
     if not plan.todo:
         return 0
     handler = open_log(plan.run_dir)
@@ -330,8 +336,8 @@ def _evaluate(plan: EvaluationPlan) -> tuple[list[dict], dict[str, np.ndarray]]:
 
 
 def evaluation_trainer(config: RunConfig) -> L.Trainer:
-    """A Trainer that only evaluates: one device of the run's accelerator, the run's precision, no logger
-    and no checkpoint (nothing of the run but eval.json changes)."""
+    """A Trainer that only evaluates: one device of the run's accelerator, the run's precision, no
+    logger and no checkpoint (nothing of the run but eval.json changes)."""
     t = config.train
     # "GPU available: ..." on every run
     announcer = logging.getLogger("lightning.pytorch.utilities.rank_zero")
@@ -355,9 +361,9 @@ def evaluation_trainer(config: RunConfig) -> L.Trainer:
 def merge_records(
     run_dir: Path, targets: list[int | None], records: list[dict], arrays: dict[str, np.ndarray]
 ) -> None:
-    """Put `records` into the run's eval.json (each at its target, or appended) and their per-target losses
-    into token_losses.npz under names no record used before, npz first: whenever a kill comes, eval.json
-    names only arrays that are there."""
+    """Put `records` into the run's eval.json (each at its target, or appended) and their per-target
+    losses into token_losses.npz under names no record used before, npz first: whenever a kill
+    comes, eval.json names only arrays that are there."""
     document = rundir.read_eval(run_dir)
     settings = list(document["settings"])
     kept = rundir.read_token_losses(run_dir) or {}

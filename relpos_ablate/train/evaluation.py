@@ -2,17 +2,19 @@
 per-target losses of token_losses.npz, and the reference a model must beat.
 
 Two callers: `train/run.py` evaluates every setting once training ends, and `relpos-ablate evaluate`
-(train/evaluate_run.py) evaluates new settings of a finished run from its checkpoint. Both go through
-`evaluate_settings` (text and synthetic streams, by protocol: train/data/protocols.py) or
-`evaluate_examples` (example tasks, test set by test set), so a setting gives the same record whichever
-path computed it. Whether a model can take a setting at all: config.run.unsupported_reason.
+(train/evaluate_run.py) evaluates new settings of a finished run from its checkpoint. Both go
+through `evaluate_settings` (text and synthetic streams, by protocol: train/data/protocols.py) or
+`evaluate_examples` (example tasks, test set by test set), so a setting gives the same record
+whichever path computed it. Whether a model can take a setting at all:
+config.run.unsupported_reason.
 
-Example tasks: one record per test set, with the fields of an evaluation setting (segment_len = the input
-length of the bin's longest n, as RunConfig.eval_settings), the set's `length_min`, `length_max` (and
-`depth`), its metrics — `exact_match` (the share of examples with every answer token right), `acc` (answer
-tokens right), `loss` (nats per answer token), `tokens`, `examples` — and, with eval.diagnostics,
-`diagnostics`. Each set is evaluated under its own fixed random state (seeded by the run's seed), so
-randomized positions at evaluation draw the same positions whichever sets are evaluated with it.
+Example tasks: one record per test set, with the fields of an evaluation setting (segment_len = the
+input length of the bin's longest n, as RunConfig.eval_settings), the set's `length_min`,
+`length_max` (and `depth`), its metrics — `exact_match` (the share of examples with every answer
+token right), `acc` (answer tokens right), `loss` (nats per answer token), `tokens`, `examples` —
+and, with eval.diagnostics, `diagnostics`. Each set is evaluated under its own fixed random state
+(seeded by the run's seed), so randomized positions at evaluation draw the same positions whichever
+sets are evaluated with it.
 """
 
 from __future__ import annotations
@@ -48,10 +50,12 @@ EXAMPLE_METRIC = "exact_match"
 def evaluate(
     trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, config: RunConfig
 ) -> tuple[dict, dict[str, np.ndarray]]:
-    """(eval.json, token_losses.npz arrays) at the end of training. eval.json: one record per setting
-    (protocol, lengths, attention length, split, metrics, loss by position, attention diagnostics with
-    eval.diagnostics), the layout of eval.split's streams and the reference (unigram or chance) on them
-    (a setting with a split of its own scores that split's streams); the arrays: each target's loss for the settings that ask for it. Example tasks: one record per test set."""
+    """(eval.json, token_losses.npz arrays) at the end of training. eval.json: one record per
+    setting (protocol, lengths, attention length, split, metrics, loss by position, attention
+    diagnostics with eval.diagnostics), the layout of eval.split's streams and the reference
+    (unigram or chance) on them (a setting with a split of its own scores that split's streams); the
+    arrays: each target's loss for the settings that ask for it. Example tasks: one record per test
+    set."""
     if config.data.example_task:
         return evaluate_examples(
             module.model,
@@ -78,8 +82,9 @@ def evaluate(
 def evaluate_settings(
     trainer: L.Trainer, module: LitLM, datamodule: SegmentDataModule, config: RunConfig
 ) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """One record per setting of config.eval_settings() (a setting the model cannot take: its reason,
-    no metrics), and the per-target loss arrays named as the records say (token_losses_key(i))."""
+    """One record per setting of config.eval_settings() (a setting the model cannot take: its
+    reason, no metrics), and the per-target loss arrays named as the records say
+    (token_losses_key(i))."""
     settings = config.eval_settings()
     usable = [i for i, s in enumerate(settings) if unsupported_reason(config, s) is None]
     module.eval_indices = usable
@@ -117,8 +122,9 @@ def _cuda_devices(device: torch.device) -> list:
 
 
 def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
-    """The resolved setting as eval.json writes it (attn_len: the keys a query sees, EvalSetting.attn_len;
-    split: the setting's own, else eval.split, so a record says which split it scored)."""
+    """The resolved setting as eval.json writes it (attn_len: the keys a query sees,
+    EvalSetting.attn_len; split: the setting's own, else eval.split, so a record says which split it
+    scored)."""
     clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
     return {
         "protocol": setting.protocol,
@@ -137,7 +143,8 @@ def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
 
 
 def example_record(config: RunConfig, fields: dict[str, Any]) -> dict:
-    """A test set's record before its metrics: the setting fields of its bin's longest input, and `fields`."""
+    """A test set's record before its metrics: the setting fields of its bin's longest input, and
+    `fields`."""
     length = config.data.input_length(fields["length_max"])
     return {
         "segment_len": length,
@@ -185,8 +192,8 @@ def evaluate_examples(
     forward_context: Callable = contextlib.nullcontext,
     wanted: list[dict[str, Any]] | None = None,
 ) -> dict:
-    """eval.json of an example task (module docstring); `wanted`: only these test sets (their fields).
-    forward_context: e.g. the trainer's precision."""
+    """eval.json of an example task (module docstring); `wanted`: only these test sets (their
+    fields). forward_context: e.g. the trainer's precision."""
     was_training = model.training
     model.eval()
     records = [
@@ -205,9 +212,10 @@ def example_totals(
     forward_context: Callable = contextlib.nullcontext,
     diagnostics: AttentionDiagnostics | None = None,
 ) -> torch.Tensor:
-    """Sums over `examples` in batches of eval.batch_size, float64 [5]: answer-token loss, answer tokens right,
-    answer tokens, examples exactly right, examples. The model's mode is the caller's (eval for evaluation).
-    From a fixed random state (the run's seed), so randomized positions draw the same whatever ran before."""
+    """Sums over `examples` in batches of eval.batch_size, float64 [5]: answer-token loss, answer
+    tokens right, answer tokens, examples exactly right, examples. The model's mode is the caller's
+    (eval for evaluation). From a fixed random state (the run's seed), so randomized positions draw
+    the same whatever ran before."""
     device = next(model.parameters()).device
     totals = torch.zeros(5, dtype=torch.float64, device=device)
     with torch.random.fork_rng(devices=_cuda_devices(device)):

@@ -1,24 +1,27 @@
 """LightningModule: TransformerLM trained with segment recurrence and evaluated at many lengths.
 
-- Recurrence as in Transformer-XL: every batch row is a contiguous stream, so the (detached) memory the
-  model returns for batch t is the context of batch t + 1. It is reset when the streams restart and
-  at the start of every evaluation setting. Each row group of gradient accumulation keeps its own.
+- Recurrence as in Transformer-XL: every batch row is a contiguous stream, so the (detached) memory
+  the model returns for batch t is the context of batch t + 1. It is reset when the streams restart
+  and at the start of every evaluation setting. Each row group of gradient accumulation keeps its
+  own.
 - A checkpoint keeps every process's training memory and random state (dropout masks, randomized
   position draws), so a run resumed on as many processes trains exactly what the uninterrupted run
   would have; the data order needs nothing (the loader resumes from the step). Resumed on another
   number of processes, memory starts empty (like at the start of a stream) and the draws are seeded.
-- Data parallel: each process trains and evaluates its own streams (train/data/streams.py). The step's
-  loss is the token mean over the whole global batch, and evaluation adds every process's token sums
-  before dividing, so the numbers do not depend on the number of processes (up to rounding).
-- Loss on the whole segment or its most recent half (`train.loss_on`, XL Table 6), over the positions
-  the batch mask marks (synthetic tasks count only determined targets).
-- AdamW (decay on Linear weights outside bias schemes) or Adam, linear warm-up then cosine decay to 0
-  or constant; after every optimizer step each bias scheme restores its parameters' range (KERPLE).
+- Data parallel: each process trains and evaluates its own streams (train/data/streams.py). The
+  step's loss is the token mean over the whole global batch, and evaluation adds every process's
+  token sums before dividing, so the numbers do not depend on the number of processes (up to
+  rounding).
+- Loss on the whole segment or its most recent half (`train.loss_on`, XL Table 6), over the
+  positions the batch mask marks (synthetic tasks count only determined targets).
+- AdamW (decay on Linear weights outside bias schemes) or Adam, linear warm-up then cosine decay to
+  0 or constant; after every optimizer step each bias scheme restores its parameters' range
+  (KERPLE).
 - Metrics: loss and token accuracy everywhere; perplexity for text, plus bits per character for
   char/byte tokenizers. Main metric: `acc` for synthetic tasks, `ppl` for text.
-- Evaluation: each setting's protocol (train/data/protocols.py) decides memory and same_length; in the
-  same pass the loss by position in the segment/window (log-spaced bins) and, when asked, every scored
-  target's loss (RECL).
+- Evaluation: each setting's protocol (train/data/protocols.py) decides memory and same_length; in
+  the same pass the loss by position in the segment/window (log-spaced bins) and, when asked, every
+  scored target's loss (RECL).
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ def token_stats(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def lr_factor(step: int, train: TrainConfig) -> float:
-    """Multiplier of train.lr at optimizer step `step`: linear warm-up, then cosine to 0 or constant."""
+    """Multiplier of train.lr at optimizer step `step`: linear warm-up, then cosine to 0 or
+    constant."""
     if step < train.warmup_steps:
         return (step + 1) / train.warmup_steps
     if train.schedule == "constant":
@@ -88,9 +92,10 @@ def lr_factor(step: int, train: TrainConfig) -> float:
 
 
 def build_optimizer(model: nn.Module, train: TrainConfig, device: torch.device):
-    """(optimizer, LambdaLR scheduler). Weight decay applies to Linear weights (incl. a tied embedding
-    and W_R, a projection like W_k) outside bias schemes only: norms, biases, u/v, position tables and
-    every parameter of a bias scheme (FIRE's and the dynamic MLPs too) are not pulled towards zero."""
+    """(optimizer, LambdaLR scheduler). Weight decay applies to Linear weights (incl. a tied
+    embedding and W_R, a projection like W_k) outside bias schemes only: norms, biases, u/v,
+    position tables and every parameter of a bias scheme (FIRE's and the dynamic MLPs too) are not
+    pulled towards zero."""
     decay, rest = parameter_groups(model)
     decay_wd = train.weight_decay if train.optimizer == "adamw" else 0.0
     groups = [{"params": decay, "weight_decay": decay_wd}, {"params": rest, "weight_decay": 0.0}]
@@ -101,7 +106,8 @@ def build_optimizer(model: nn.Module, train: TrainConfig, device: torch.device):
 
 
 def parameter_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """(decayed, not decayed), each in the order the optimizer holds them (build_optimizer says which)."""
+    """(decayed, not decayed), each in the order the optimizer holds them (build_optimizer says
+    which)."""
     in_schemes = {id(p) for scheme in bias_schemes(model) for p in scheme.parameters()}
     decay = {
         id(m.weight): m.weight
@@ -112,10 +118,11 @@ def parameter_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Para
 
 
 def without_unread_projections(model: TransformerLM, state: dict) -> dict:
-    """The optimizer state of a checkpoint for this model's optimizer, also when the checkpoint was written
-    while every attention built q_net and both halves of kv_net (attention.py loads such weights): q_net's
-    entries (decayed, each just before its layer's kv_net) left out where q_net is not built, the keys' half of
-    kv_net's moments where W_k is not. Those weights never changed the output: the run resumes as it was."""
+    """The optimizer state of a checkpoint for this model's optimizer, also when the checkpoint was
+    written while every attention built q_net and both halves of kv_net (attention.py loads such
+    weights): q_net's entries (decayed, each just before its layer's kv_net) left out where q_net is
+    not built, the keys' half of kv_net's moments where W_k is not. Those weights never changed the
+    output: the run resumes as it was."""
     decay, rest = parameter_groups(model)
     unbuilt_q = {id(a.kv_net.weight) for a in model.attention_layers() if a.q_net is None}
     old = iter(i for group in state["param_groups"] for i in group["params"])
@@ -139,7 +146,8 @@ def without_unread_projections(model: TransformerLM, state: dict) -> dict:
 
 
 def after_optimizer_step(model: nn.Module) -> None:
-    """Every bias scheme restores its parameters' range once they moved (KERPLE clamps a, p in place)."""
+    """Every bias scheme restores its parameters' range once they moved (KERPLE clamps a, p in
+    place)."""
     for scheme in bias_schemes(model):
         scheme.after_optimizer_step()
 
@@ -163,8 +171,8 @@ class MaskedMean(Metric):
         return self.total / self.count
 
     def synced(self) -> tuple[Tensor, Tensor]:
-        """(mean, count) over the tokens of every process: their sums are added before dividing (exact,
-        not a mean of means); in one process, this one's."""
+        """(mean, count) over the tokens of every process: their sums are added before dividing
+        (exact, not a mean of means); in one process, this one's."""
         with self.sync_context():
             return self.total / self.count, self.count.clone()
 
@@ -183,7 +191,8 @@ class PositionLoss(Metric):
         self.count += weights.sum(0)
 
     def compute(self) -> dict[str, list]:
-        """{"edges": log-spaced bin edges, "loss": mean loss per bin (None when empty), "tokens": count}."""
+        """{"edges": log-spaced bin edges, "loss": mean loss per bin (None when empty), "tokens":
+        count}."""
         edges = log_bins(len(self.total))
         loss, tokens = [], []
         for lo, hi in zip(edges, edges[1:]):
@@ -201,7 +210,8 @@ def rope_scale(config: RunConfig, setting: EvalSetting) -> float | None:
 
 
 def rope_scaling(config: RunConfig, setting: EvalSetting) -> RopeScaling | None:
-    """The setting's RoPE context extension as the model takes it: a pure function of the setting."""
+    """The setting's RoPE context extension as the model takes it: a pure function of the
+    setting."""
     scale = rope_scale(config, setting)
     return (
         None if scale is None else RopeScaling(setting.rope_scaling, scale, config.train_attn_len)
@@ -223,7 +233,8 @@ class LitLM(L.LightningModule):
         self.eval_acc = nn.ModuleList(MaskedMean() for _ in self.settings)
         self.eval_positions = nn.ModuleList(PositionLoss(s.segment_len) for s in self.settings)
         self.eval_results: dict[int, dict] = {}
-        """Per evaluated setting: {"metrics", "position_loss"[, "token_losses": (layout index, loss)]}."""
+        """Per evaluated setting: {"metrics", "position_loss"[, "token_losses": (layout index,
+        loss)]}."""
         self._token_losses: dict[int, list[tuple[Tensor, Tensor]]] = {}
         # eval.diagnostics: attention statistics per setting, from the evaluation's own forward
         self.eval_diagnostics = (
@@ -243,12 +254,13 @@ class LitLM(L.LightningModule):
         self._step_sums = torch.zeros(2)  # this process's share of the step's (loss, accuracy)
         self._eval_mems: list[Tensor] | None = None
         self.eval_seed: int | None = None
-        """Set by the final evaluation (train/evaluation.py): each setting starts from this random state, so
-        randomized positions at evaluation draw the same positions whichever settings come before."""
+        """Set by the final evaluation (train/evaluation.py): each setting starts from this random
+        state, so randomized positions at evaluation draw the same positions whichever settings come
+        before."""
         self._pending_loss: tuple[int, Tensor] | None = None
         self._resumed_state: dict | None = None
-        # train.compile: the training forward compiled (a function, not a module: the state dict and the
-        # checkpoints keep their keys, and evaluation calls the model uncompiled)
+        # train.compile: the training forward compiled (a function, not a module: the state dict and
+        # the checkpoints keep their keys, and evaluation calls the model uncompiled)
         self._compiled_forward = torch.compile(self.model.forward) if config.train.compile else None
 
     def on_fit_start(self) -> None:
@@ -271,16 +283,18 @@ class LitLM(L.LightningModule):
         self._step_sums += torch.stack([loss.detach(), acc])
         if batch.group == self.config.train.accumulate - 1:
             self._end_step()
-        # Lightning averages a step's micro-batches and DDP the processes' gradients: scaled by their
-        # number, both averages become sums, and the step's gradient is that of the global token mean.
+        # Lightning averages a step's micro-batches and DDP the processes' gradients: scaled by
+        # their number, both averages become sums, and the step's gradient is that of the global
+        # token mean.
         return loss * (self.trainer.world_size * self.trainer.accumulate_grad_batches)
 
     def _end_step(self) -> None:
-        """The step's loss and accuracy over the whole global batch (summed over processes): checked to be
-        finite at the next step and logged every log_every steps."""
+        """The step's loss and accuracy over the whole global batch (summed over processes): checked
+        to be finite at the next step and logged every log_every steps."""
         loss, acc = self.trainer.strategy.reduce(self._step_sums, reduce_op="sum")
         self._pending_loss = (self.global_step, loss)
-        # Lightning writes logs every log_every steps; logging only then saves ~1 ms of bookkeeping a step
+        # Lightning writes logs every log_every steps; logging only then saves ~1 ms of bookkeeping
+        # a step
         if (self.global_step + 1) % self.config.train.log_every == 0:
             metrics = {f"train_{name}": value for name, value in self._metrics(loss, acc).items()}
             self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=True)
@@ -295,9 +309,10 @@ class LitLM(L.LightningModule):
         group: int = 0,
         counted_in_step: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """(loss, accuracy) of one training segment of the streams of row group `group`, with their memory
-        of the previous segment unless `restart`: sums over the counted targets divided by
-        `counted_in_step` (default: the targets counted here, i.e. this segment's own token means)."""
+        """(loss, accuracy) of one training segment of the streams of row group `group`, with their
+        memory of the previous segment unless `restart`: sums over the counted targets divided by
+        `counted_in_step` (default: the targets counted here, i.e. this segment's own token
+        means)."""
         if restart:
             self._train_mems.pop(group, None)
         forward = self._compiled_forward or self.model
@@ -308,7 +323,8 @@ class LitLM(L.LightningModule):
         return (nll * counted).sum() / total, ((correct * counted).sum() / total).detach()
 
     def _metrics(self, loss: Tensor, acc: Tensor) -> dict[str, Tensor]:
-        """loss (nats per token) and accuracy; perplexity for text, bits per character for char/byte text."""
+        """loss (nats per token) and accuracy; perplexity for text, bits per character for char/byte
+        text."""
         values = {"loss": loss, "acc": acc}
         if main_metric(self.config) == "ppl":
             values["ppl"] = loss.exp()
@@ -317,7 +333,8 @@ class LitLM(L.LightningModule):
         return values
 
     def _check_finite(self) -> None:
-        """Checks the previous step's loss: by now it is computed, so this costs no pipeline stall."""
+        """Checks the previous step's loss: by now it is computed, so this costs no pipeline
+        stall."""
         if self._pending_loss is not None:
             step, loss = self._pending_loss
             self._pending_loss = None
@@ -382,15 +399,16 @@ class LitLM(L.LightningModule):
                 self.eval_diagnostics[index].reset()
 
     def _all_processes(self, pairs: list[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
-        """Every process's (layout index, loss) pairs: each evaluated its own streams (one process: its own)."""
+        """Every process's (layout index, loss) pairs: each evaluated its own streams (one process:
+        its own)."""
         if self.trainer.world_size == 1:
             return pairs
         shares = self._from_every_process([(i.cpu(), loss.cpu()) for i, loss in pairs])
         return [pair for share in shares for pair in share]
 
     def _from_every_process(self, value) -> list:
-        """`value` (picklable, on the CPU) of every process, in rank order: a collective, so every process
-        calls it at the same point; one process: [value]."""
+        """`value` (picklable, on the CPU) of every process, in rank order: a collective, so every
+        process calls it at the same point; one process: [value]."""
         if self.trainer.world_size == 1:
             return [value]
         gathered: list = [None] * self.trainer.world_size
@@ -408,10 +426,11 @@ class LitLM(L.LightningModule):
         )
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        """Resuming a fit: this process's random state and memory, when the checkpoint has them for as
-        many processes as now run. Set at the first training batch: Lightning draws from the generator
-        while it sets up the loop (the loader's base seed), which the uninterrupted run did before. The
-        optimizer state is laid out for this model (a checkpoint may hold projections it no longer builds)."""
+        """Resuming a fit: this process's random state and memory, when the checkpoint has them for
+        as many processes as now run. Set at the first training batch: Lightning draws from the
+        generator while it sets up the loop (the loader's base seed), which the uninterrupted run
+        did before. The optimizer state is laid out for this model (a checkpoint may hold
+        projections it no longer builds)."""
         trainer, states = self._trainer, checkpoint.get(RESUME_STATES)
         if trainer is not None and states is not None and len(states) == trainer.world_size:
             self._resumed_state = states[trainer.global_rank]

@@ -1,5 +1,6 @@
 """The same training as LitLM in a plain PyTorch loop: the baseline Lightning's overhead is measured
-against (benchmarks/train_step.py) and a parity check of the Lightning loop (tests/test_train_plain.py).
+against (benchmarks/train_step.py) and a parity check of the Lightning loop
+(tests/test_train_plain.py).
 
 Same data order, memory carrying and reset, loss, optimizer (then each bias scheme's
 `after_optimizer_step`), schedule and gradient clipping; no checkpoints, logging or evaluation.
@@ -30,7 +31,8 @@ def train_plain(
 ) -> tuple[TransformerLM, list[Tensor]]:
     """Train `steps` (default train.max_steps) steps; returns the model and the per-step losses.
 
-    config.model.vocab_size must be resolved (non-zero). `on_step(step)` runs after each optimizer step.
+    config.model.vocab_size must be resolved (non-zero). `on_step(step)` runs after each optimizer
+    step.
     """
     device = torch.device(device)
     t = config.train

@@ -36,7 +36,8 @@ from relpos_ablate.io import (
 )
 
 CONFIG_ERRORS = "config_errors"
-"""status.json field of a run failed by its config (one line per problem): `train` reports them as bad input."""
+"""status.json field of a run failed by its config (one line per problem): `train` reports them as
+bad input."""
 #: Fields of a previous attempt that no longer describe the run once it starts again.
 STALE_FIELDS = (
     "reason",
@@ -50,7 +51,8 @@ STALE_FIELDS = (
 
 
 class RunStatus:
-    """status.json of one run: every update merges fields into the file and rewrites it atomically."""
+    """status.json of one run: every update merges fields into the file and rewrites it
+    atomically."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / rundir.STATUS
@@ -67,7 +69,8 @@ class RunStatus:
         atomic_write_json(self.path, self.fields)
 
     def start(self, device: str, max_steps: int, since: float | None = None) -> None:
-        """`since`: time.monotonic() when the attempt began, if before now (the command's start-up counts)."""
+        """`since`: time.monotonic() when the attempt began, if before now (the command's start-up
+        counts)."""
         for key in STALE_FIELDS:
             self.fields.pop(key, None)
         self._t0 = time.monotonic() if since is None else since
@@ -81,7 +84,8 @@ class RunStatus:
         )
 
     def finish(self, state: str, **fields: Any) -> None:
-        """done | failed | interrupted, with the end time and this attempt's wall time (from `since`)."""
+        """done | failed | interrupted, with the end time and this attempt's wall time (from
+        `since`)."""
         self.update(
             state=state,
             finished_at=now_iso(),
@@ -187,12 +191,13 @@ def _number(text: str) -> float | int:
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints written like every other run file (relpos_ablate.io): a temp file next to the
-    target, fsync, rename. Lightning's own writer stages the file in $TMPDIR and moves it over, which
-    is a copy, not a rename, when $TMPDIR is another filesystem (node-local /tmp, results on a shared
-    disk): a kill during that copy left a truncated last.ckpt, and every kill a stray temp file.
+    target, fsync, rename. Lightning's own writer stages the file in $TMPDIR and moves it over,
+    which is a copy, not a rename, when $TMPDIR is another filesystem (node-local /tmp, results on a
+    shared disk): a kill during that copy left a truncated last.ckpt, and every kill a stray temp
+    file.
 
-    While `holding`, a checkpoint is written whole to `.<name>.staged.tmp` beside its target and only
-    `commit()` renames it into place (RunRecorder decides when)."""
+    While `holding`, a checkpoint is written whole to `.<name>.staged.tmp` beside its target and
+    only `commit()` renames it into place (RunRecorder decides when)."""
 
     def __init__(self):
         super().__init__()
@@ -230,11 +235,12 @@ class RunRecorder(L.Callback):
     checkpoint reaches the disk, so a kill at any moment loses no step.
 
     Lightning saves the checkpoint of global step G (ModelCheckpoint, in on_train_batch_end) before
-    it logs step G - 1 (the step that reached G) and runs its validation: during training checkpoints
-    are held (AtomicCheckpointIO) and committed, right after a flush, once that step is recorded: at
-    the start of the next step, at the end of training, or on an exception that came after the step
-    was logged. An exception between the save and the log (the barrier that ends the save fails when
-    another process died) drops the held checkpoint: the rerun resumes from the one before."""
+    it logs step G - 1 (the step that reached G) and runs its validation: during training
+    checkpoints are held (AtomicCheckpointIO) and committed, right after a flush, once that step is
+    recorded: at the start of the next step, at the end of training, or on an exception that came
+    after the step was logged. An exception between the save and the log (the barrier that ends the
+    save fails when another process died) drops the held checkpoint: the rerun resumes from the one
+    before."""
 
     def __init__(
         self,
@@ -282,7 +288,8 @@ class RunRecorder(L.Callback):
         self._commit(keep_holding=False)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
-        """A checkpoint written right away (not held) comes after the log of every step it covers."""
+        """A checkpoint written right away (not held) comes after the log of every step it
+        covers."""
         if not self.checkpoints.holding:
             self.metrics.flush()
 
@@ -295,7 +302,8 @@ class RunRecorder(L.Callback):
         self.status.update(step=trainer.global_step)
 
     def _logged_up_to(self, global_step: int) -> bool:
-        """Whether step global_step - 1 has its row, or is not a step that logs one (every log_every-th)."""
+        """Whether step global_step - 1 has its row, or is not a step that logs one (every
+        log_every-th)."""
         return global_step % self.log_every != 0 or global_step - 1 in self.metrics.rows
 
     def _commit(self, keep_holding: bool) -> None:

@@ -1,5 +1,6 @@
-"""One run in one run directory: train (resuming from checkpoints/last.ckpt), evaluate every setting,
-record everything (the file names: relpos_ablate/rundir.py; the contract: docs/architecture.md).
+"""One run in one run directory: train (resuming from checkpoints/last.ckpt), evaluate every
+setting, record everything (the file names: relpos_ablate/rundir.py; the contract:
+docs/architecture.md).
 
 `train_run(config, run_dir)` is what `relpos-ablate train` calls; `load_run(run_dir)` gives the
 analysis layer the trained model back.
@@ -89,8 +90,9 @@ def train_run(
     A done run is left alone. Anything else resumes from checkpoints/last.ckpt when it exists.
     `callbacks` are extra Lightning callbacks (tests use one to interrupt a run). With several
     processes every one of them calls this; only rank 0 writes the run's records, the others let
-    their errors end their process (Lightning then stops the whole run). `started`: time.monotonic() when
-    the command began, so the attempt's wall time counts its start-up (imports, data) too; default now.
+    their errors end their process (Lightning then stops the whole run). `started`: time.monotonic()
+    when the command began, so the attempt's wall time counts its start-up (imports, data) too;
+    default now.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -142,9 +144,9 @@ def train_run(
 
 
 def launched_as_rank_zero() -> bool:
-    """Whether this process is rank 0 of its run, known before the Trainer exists: the processes of a
-    multi-process run are started with their rank in RANK (torchrun), SLURM_PROCID (SLURM tasks) or
-    NODE_RANK / LOCAL_RANK (Lightning's own launcher); a single process has none of them set."""
+    """Whether this process is rank 0 of its run, known before the Trainer exists: the processes of
+    a multi-process run are started with their rank in RANK (torchrun), SLURM_PROCID (SLURM tasks)
+    or NODE_RANK / LOCAL_RANK (Lightning's own launcher); a single process has none of them set."""
     return all(
         int(os.environ.get(name) or 0) == 0
         for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK")
@@ -178,7 +180,8 @@ def _train_and_evaluate(
     L.seed_everything(config.seed, workers=True, verbose=False)
     module = LitLM(config)
     name, variant = logged_identity(run_dir)
-    # TensorBoard / W&B show the run's id and variant next to its config (Lightning logs the hyperparameters)
+    # TensorBoard / W&B show the run's id and variant next to its config (Lightning logs the
+    # hyperparameters)
     module.save_hyperparameters({**module.hparams, "run": {"id": name, "variant": variant}})
     resume = usable_checkpoint(run_dir, tidy=status is not None)
     first_step = checkpoint_step(run_dir) if resume else 0
@@ -235,11 +238,12 @@ def _train_and_evaluate(
 
 
 def _leave_process_group(trainer: L.Trainer) -> None:
-    """End a multi-process run's process group once every process is past its last collective (the evaluation),
-    with the DDP wrapper Lightning dropped after fit collected first. Left to the interpreter's exit, the group
-    and gloo's threads went in whatever order the exit took: a process then aborted now and then ('terminate
-    called without an active exception', SIGABRT after `Trainer.fit` ended; Lightning then kills the run's other
-    processes), or hung (test_ddp_parameters.py)."""
+    """End a multi-process run's process group once every process is past its last collective (the
+    evaluation), with the DDP wrapper Lightning dropped after fit collected first. Left to the
+    interpreter's exit, the group and gloo's threads went in whatever order the exit took: a process
+    then aborted now and then ('terminate called without an active exception', SIGABRT after
+    `Trainer.fit` ended; Lightning then kills the run's other processes), or hung
+    (test_ddp_parameters.py)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
     trainer.strategy.barrier("leave_process_group")
@@ -248,14 +252,15 @@ def _leave_process_group(trainer: L.Trainer) -> None:
 
 
 class LostProcess(RuntimeError):
-    """Another process of the run died (killed, out of memory): the run is interrupted, not failed, and a
-    rerun resumes it from last.ckpt."""
+    """Another process of the run died (killed, out of memory): the run is interrupted, not failed,
+    and a rerun resumes it from last.ckpt."""
 
 
 @contextlib.contextmanager
 def _lost_process_interrupts(trainer: L.Trainer, wait_s: float = 1.0):
-    """An error caused by the death of a process Lightning launched for this run (the collective it was in
-    fails with 'connection reset by peer') becomes LostProcess, naming the process and its exit."""
+    """An error caused by the death of a process Lightning launched for this run (the collective it
+    was in fails with 'connection reset by peer') becomes LostProcess, naming the process and its
+    exit."""
     try:
         yield
     except Exception as err:
@@ -278,7 +283,8 @@ def _lost_process_interrupts(trainer: L.Trainer, wait_s: float = 1.0):
 
 
 DROPOUT_SEED_STRIDE = 1_000_003
-"""Process r of a multi-process run reseeds its dropout with seed + r * this (distinct for any seed)."""
+"""Process r of a multi-process run reseeds its dropout with seed + r * this (distinct for any
+seed)."""
 
 
 def usable_checkpoint(run_dir: Path, tidy: bool = True) -> bool:
@@ -351,12 +357,12 @@ def make_trainer(
 
 
 def cluster_environment(train: TrainConfig) -> list[ClusterEnvironment]:
-    """How this process finds the others. Inside a SLURM job step that started one task per process of
-    the run (`grid --launcher slurm` submits them so), Lightning's SLURMEnvironment, with its own
+    """How this process finds the others. Inside a SLURM job step that started one task per process
+    of the run (`grid --launcher slurm` submits them so), Lightning's SLURMEnvironment, with its own
     auto-requeue off: submitit requeues the job (runner/slurm.py), and two requeues would race. A
-    process started any other way inside a SLURM allocation (a local grid on an allocated node) starts
-    the others itself: LightningEnvironment. Outside SLURM Lightning detects torchrun or launches
-    the processes itself (empty list)."""
+    process started any other way inside a SLURM allocation (a local grid on an allocated node)
+    starts the others itself: LightningEnvironment. Outside SLURM Lightning detects torchrun or
+    launches the processes itself (empty list)."""
     if not SLURMEnvironment.detect():
         return []
     tasks = int(os.environ.get("SLURM_NTASKS", 1))
@@ -366,8 +372,9 @@ def cluster_environment(train: TrainConfig) -> list[ClusterEnvironment]:
 
 
 class StopOnSigterm(L.Callback):
-    """SIGTERM (preemption, the runner stopping) stops the run at the end of the current step, on every
-    process at the same step, and keeps that step's progress by writing last.ckpt before exiting.
+    """SIGTERM (preemption, the runner stopping) stops the run at the end of the current step, on
+    every process at the same step, and keeps that step's progress by writing last.ckpt before
+    exiting.
 
     Lightning's own handling hangs a multi-process run (seen with 2 CPU processes and gloo): its
     handler forwards the signal and broadcasts from inside the handler, and each process checks its
@@ -387,7 +394,8 @@ class StopOnSigterm(L.Callback):
         self._handle_sigterm(trainer)
 
     def _handle_sigterm(self, trainer: L.Trainer) -> None:
-        """Replaces the handler Lightning installed for this stage (it restores the previous one after)."""
+        """Replaces the handler Lightning installed for this stage (it restores the previous one
+        after)."""
 
         def note(signum, frame) -> None:
             self.signalled = True
@@ -411,13 +419,14 @@ class StopOnSigterm(L.Callback):
 
 
 def _stop_lightning(trainer: L.Trainer) -> None:
-    """Lightning's flag (no public setter; trainer.received_sigterm reads it): the loop stops after this step."""
+    """Lightning's flag (no public setter; trainer.received_sigterm reads it): the loop stops after
+    this step."""
     trainer._signal_connector.received_sigterm = True
 
 
 def quiet_known_warnings() -> None:
-    """Warnings that do not apply to this layout: batches are slices of in-memory tensors (no workers
-    needed) and the training loader resumes from the global step itself."""
+    """Warnings that do not apply to this layout: batches are slices of in-memory tensors (no
+    workers needed) and the training loader resumes from the global step itself."""
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
     warnings.filterwarnings("ignore", message=".*Total length of `list` across ranks is zero.*")
@@ -426,8 +435,8 @@ def quiet_known_warnings() -> None:
 
 def load_run(run_dir: str | Path) -> tuple[RunConfig, TransformerLM]:
     """The run's resolved config (config.yaml) and its model with the trained weights of
-    checkpoints/last.ckpt, in eval mode: a trained model to analyse in Python (`from relpos_ablate import
-    load_run`). The config imports the modules its `imports:` lists first."""
+    checkpoints/last.ckpt, in eval mode: a trained model to analyse in Python (`from relpos_ablate
+    import load_run`). The config imports the modules its `imports:` lists first."""
     config = rundir.stored_config(run_dir)
     if config is None:
         raise FileNotFoundError(f"{Path(run_dir) / rundir.CONFIG} not found: not a run directory")
@@ -437,7 +446,8 @@ def load_run(run_dir: str | Path) -> tuple[RunConfig, TransformerLM]:
 
 
 def load_weights(run_dir: str | Path, model: TransformerLM) -> None:
-    """Load the weights of the run's checkpoints/last.ckpt into `model` (built from the run's config)."""
+    """Load the weights of the run's checkpoints/last.ckpt into `model` (built from the run's
+    config)."""
     path = rundir.last_checkpoint(run_dir)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: the run has no trained weights yet")

@@ -2,23 +2,24 @@
 
 Out-of-distribution accuracy means little for a model that has not learnt the task at the training
 lengths, so a length-generalization run may train until it has: every `stop_check_every` steps the
-callback measures exact match on a held-out set of in-distribution examples and stops the run once it
-reaches the threshold.
+callback measures exact match on a held-out set of in-distribution examples and stops the run once
+it reaches the threshold.
 
-- The held-out set: `stop_examples` examples with n drawn from data.train_lengths, from a stream of its
-  own (STOP_STREAM), apart from the training examples and the test bins (only short examples, of
+- The held-out set: `stop_examples` examples with n drawn from data.train_lengths, from a stream of
+  its own (STOP_STREAM), apart from the training examples and the test bins (only short examples, of
   which there are few distinct ones, coincide with some of those by chance).
-- Deterministic: each check runs in eval mode, without gradients, from a fixed random state (randomized
-  positions draw the same positions at every check) inside a forked generator, so training draws exactly
-  what it would without checks: a run that never reaches the threshold trains the same weights as one
-  with no stopping at all.
-- Resume: the checks so far and the step it stopped at are part of the checkpoint (the callback's state).
-  The checkpoint of the stopping step is written at that step (by ModelCheckpoint when the step is one of
-  its own, else here), so last.ckpt holds the model the final evaluation scores, and a run resumed from it
-  (killed before eval.json was written) stops again at once instead of training on.
-- Several processes: each scores its share of the held-out set (rows rank, rank + W, ...) and the counts
-  are summed over processes before dividing (one all-reduce), so every process computes the same share
-  and they all stop at the same step.
+- Deterministic: each check runs in eval mode, without gradients, from a fixed random state
+  (randomized positions draw the same positions at every check) inside a forked generator, so
+  training draws exactly what it would without checks: a run that never reaches the threshold trains
+  the same weights as one with no stopping at all.
+- Resume: the checks so far and the step it stopped at are part of the checkpoint (the callback's
+  state). The checkpoint of the stopping step is written at that step (by ModelCheckpoint when the
+  step is one of its own, else here), so last.ckpt holds the model the final evaluation scores, and
+  a run resumed from it (killed before eval.json was written) stops again at once instead of
+  training on.
+- Several processes: each scores its share of the held-out set (rows rank, rank + W, ...) and the
+  counts are summed over processes before dividing (one all-reduce), so every process computes the
+  same share and they all stop at the same step.
 - Recorded: eval.json and status.json `stopped` (run.py): why training ended (`exact_match` or
   `max_steps`), the step, the threshold and every check as [step, exact match].
 """
@@ -38,13 +39,13 @@ from relpos_ablate.train.evaluation import example_totals
 log = logging.getLogger("relpos_ablate.train")
 
 STOP_STREAM = (0, 1)
-"""The held-out set's stream of the eval split: test bins use (lo, hi[, depth]) with lo >= 1, and the
-evaluation streams of example tasks (0,)."""
+"""The held-out set's stream of the eval split: test bins use (lo, hi[, depth]) with lo >= 1, and
+the evaluation streams of example tasks (0,)."""
 
 
 class StopAtExactMatch(L.Callback):
-    """Stops training once held-out in-distribution exact match reaches `train.stop_at_exact_match` (module
-    docstring). `checkpoint`: the run's last.ckpt."""
+    """Stops training once held-out in-distribution exact match reaches `train.stop_at_exact_match`
+    (module docstring). `checkpoint`: the run's last.ckpt."""
 
     def __init__(self, config: RunConfig, checkpoint: Path):
         self.config, self.checkpoint = config, checkpoint
@@ -83,7 +84,8 @@ class StopAtExactMatch(L.Callback):
         self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        # with gradient accumulation every micro-batch ends here: check once per step, and never at the cap
+        # with gradient accumulation every micro-batch ends here: check once per step, and never at
+        # the cap
         if (
             step % self.every
             or step >= trainer.max_steps

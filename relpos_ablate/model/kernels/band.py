@@ -1,22 +1,26 @@
-"""The band kernel: a per-distance map that is constant from a distance D on, with its map only within D.
+"""The band kernel: a per-distance map that is constant from a distance D on, with its map only
+within D.
 
-Where every per-distance input (term b's keys s·W_R R_d, term d, the bias's curve) is the same at each distance
-d >= D (`AttentionCall.saturation`: a clamp of R such as Shaw's, the end of xl_table, T5's last bucket), a query's
-scores at those distances differ from s·q·kᵀ by one constant per query (term b: (q + v)·s·W_R R_D; the curve: its
-value at D), which the softmax ignores. With the per-distance inputs shifted by their value at D (`banded`: by
-autograd, outside the kernel, so their gradients reach the unshifted ones) the map is 0 from D on, and the call
-splits into
-- the far pairs, i' - j >= D: s·q·kᵀ alone, i.e. causal attention of each query against the keys at least D behind
-  it (`far_parts`): one call of the CPU flash kernel, two with memory keys that every query sees at D or more;
+Where every per-distance input (term b's keys s·W_R R_d, term d, the bias's curve) is the same at
+each distance d >= D (`AttentionCall.saturation`: a clamp of R such as Shaw's, the end of xl_table,
+T5's last bucket), a query's scores at those distances differ from s·q·kᵀ by one constant per query
+(term b: (q + v)·s·W_R R_D; the curve: its value at D), which the softmax ignores. With the
+per-distance inputs shifted by their value at D (`banded`: by autograd, outside the kernel, so their
+gradients reach the unshifted ones) the map is 0 from D on, and the call splits into
+- the far pairs, i' - j >= D: s·q·kᵀ alone, i.e. causal attention of each query against the keys at
+  least D behind it (`far_parts`): one call of the CPU flash kernel, two with memory keys that every
+  query sees at D or more;
 - the band, 0 <= i' - j < D: the block kernel (blockwise.py) on the shifted map with window D.
-BlockwiseBiasedAttention merges the far pairs into the band's output by their log-sum-exp (`add_far`), and its
-backward hands them to the flash kernel's backward with the merged output and log-sum-exp (`far_backward`): the
-gradients of q, k and v are then those of the whole softmax, and the shifted map, 0 there, has none.
+BlockwiseBiasedAttention merges the far pairs into the band's output by their log-sum-exp
+(`add_far`), and its backward hands them to the flash kernel's backward with the merged output and
+log-sum-exp (`far_backward`): the gradients of q, k and v are then those of the whole softmax, and
+the shifted map, 0 there, has none.
 
-CoPE (cope.py) has no per-distance input, but a count clamped at p_max - 1: once a query's count has passed it,
-every key further back scores s·q_i·e[p_max - 1], again one constant per query. How far back that happens is the
-data's: `with_contextual_band` finds the band D of a call from its queries and keys (cope.band_width) and sets it as
-the call's saturation; the block kernel then builds CoPE's scores minus that constant within D only.
+CoPE (cope.py) has no per-distance input, but a count clamped at p_max - 1: once a query's count has
+passed it, every key further back scores s·q_i·e[p_max - 1], again one constant per query. How far
+back that happens is the data's: `with_contextual_band` finds the band D of a call from its queries
+and keys (cope.band_width) and sets it as the call's saturation; the block kernel then builds CoPE's
+scores minus that constant within D only.
 
 The far pairs cost what causal attention without positions costs; the band L·D map entries.
 """
@@ -34,9 +38,10 @@ from relpos_ablate.model.kernels.geometry import Visibility
 
 
 def takes(call: AttentionCall, q_content: Tensor, dropout_p: float) -> bool:
-    """Whether the band kernel can take the call: CPU (the flash kernel's own entry points), no attention dropout,
-    causal, consecutive positions, no window, key padding, sinks or query scale, nothing but per-distance inputs
-    (no query-dependent bias or FoX) or CoPE alone, a saturation distance D, and at least 2·D keys."""
+    """Whether the band kernel can take the call: CPU (the flash kernel's own entry points), no
+    attention dropout, causal, consecutive positions, no window, key padding, sinks or query scale,
+    nothing but per-distance inputs (no query-dependent bias or FoX) or CoPE alone, a saturation
+    distance D, and at least 2·D keys."""
     saturation = call.saturation
     return (
         saturation is not None
@@ -60,8 +65,8 @@ def _contextual_only(call: AttentionCall) -> bool:
 def with_contextual_band(
     call: AttentionCall, q_content: Tensor, k: Tensor, dropout_p: float
 ) -> AttentionCall:
-    """A CoPE call with its band from the data (cope.band_width) as its saturation, where the band kernel could
-    take it: the call itself otherwise."""
+    """A CoPE call with its band from the data (cope.band_width) as its saturation, where the band
+    kernel could take it: the call itself otherwise."""
     if (
         call.contextual is None
         or q_content.device.type != "cpu"
@@ -75,8 +80,8 @@ def with_contextual_band(
 
 
 def banded(call: AttentionCall) -> AttentionCall:
-    """The call with its per-distance inputs shifted by their value at distance `saturation` (0 from there on), its
-    window the band, and `far_from` set (module docstring)."""
+    """The call with its per-distance inputs shifted by their value at distance `saturation` (0 from
+    there on), its window the band, and `far_from` set (module docstring)."""
     d = call.saturation
     column = call.n_keys - 1 - d  # distance d's column in the descending layout (K - 1 .. -(L - 1))
     shifted = {
@@ -91,7 +96,8 @@ def banded(call: AttentionCall) -> AttentionCall:
 
 
 class FarPart(NamedTuple):
-    """Queries `rows` against keys `keys` (kernel indices), causal (top-left: row r sees keys up to r) or all."""
+    """Queries `rows` against keys `keys` (kernel indices), causal (top-left: row r sees keys up to
+    r) or all."""
 
     rows: slice
     keys: slice
@@ -99,9 +105,10 @@ class FarPart(NamedTuple):
 
 
 def far_parts(call: AttentionCall) -> list[FarPart]:
-    """The pairs at i' - j >= far_from as flash-kernel calls. Query i (key index M + i) sees keys j <= i + e with
-    e = M - D: with e >= 0, the first e keys are seen by every query and keys e .. e + L - 1 form a causal square;
-    with e < 0, queries -e .. L - 1 against keys 0 .. L + e - 1 form one."""
+    """The pairs at i' - j >= far_from as flash-kernel calls. Query i (key index M + i) sees keys j
+    <= i + e with e = M - D: with e >= 0, the first e keys are seen by every query and keys e .. e +
+    L - 1 form a causal square; with e < 0, queries -e .. L - 1 against keys 0 .. L + e - 1 form
+    one."""
     e, lq = call.n_mem - call.far_from, call.n_queries
     if e >= 0:
         square = [FarPart(slice(0, lq), slice(e, e + lq), True)]
@@ -141,7 +148,8 @@ def far_backward(
     grad_k: Tensor,
     grad_v: Tensor,
 ) -> None:
-    """Add the far pairs' gradients of q, k and v (from the merged out and lse [B, H, L, 1]) in place."""
+    """Add the far pairs' gradients of q, k and v (from the merged out and lse [B, H, L, 1]) in
+    place."""
     for part in far_parts(call):
         rows, keys = part.rows, part.keys
         g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(

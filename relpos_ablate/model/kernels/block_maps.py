@@ -1,21 +1,24 @@
-"""How the block kernel (blockwise.py) hands a query block's additive map to a fused attention kernel, and
-takes the map's gradient back onto the tensors it was built from.
+"""How the block kernel (blockwise.py) hands a query block's additive map to a fused attention
+kernel, and takes the map's gradient back onto the tensors it was built from.
 
 The CPU flash kernel (`aten::_scaled_dot_product_flash_attention_for_cpu` and its backward) adds an
-`attn_mask` to each tile of scores it computes, reading the mask through its strides (any row stride, unit
-column stride). So a map that is a function of the distance need not exist as an [L_b, K_b] tensor:
-- `StridedMaps`, consecutive positions: the mask's -inf (causal, window) is a function of the distance too
-  and joins the curve (`AttentionCall.hidden_distances`). Without term b, with the block's queries taken in
-  reverse order, entry (r, j) of the map is curve[t0 + r + j]: a Hankel view of the per-distance curve
-  (strides 1, 1), O(H·n) memory and no pass over the map. With term b, the product (q + v)·s·W_R R over the
-  block's L_b + K_b - 1 distances, the curve added by the product itself (one more channel: 1 against the
-  curve), laid out per key by rel_shift's view (strides m - 1, 1). Gradients are reduced by hand: along the
-  map's anti-diagonals onto the curve, and through the per-distance layout onto (q + v) and W_R R (the strided
-  maps' backward, blockwise._strided_backward, computes dS in that layout).
-- `MaterialisedMaps`: everything else (key padding, explicit positions, FIRE past its threshold, FoX's
-  decay, the query scale, sink columns): `sum_terms` of `AttentionCall.additive_terms` per block (the one sum of the
-  terms), masked, and its gradient by autograd through a rebuild of the block's map, but for the terms that
-  give their gradient by hand (FoX's decay: fox.py; CoPE: cope.py).
+`attn_mask` to each tile of scores it computes, reading the mask through its strides (any row
+stride, unit column stride). So a map that is a function of the distance need not exist as an [L_b,
+K_b] tensor:
+- `StridedMaps`, consecutive positions: the mask's -inf (causal, window) is a function of the
+  distance too and joins the curve (`AttentionCall.hidden_distances`). Without term b, with the
+  block's queries taken in reverse order, entry (r, j) of the map is curve[t0 + r + j]: a Hankel
+  view of the per-distance curve (strides 1, 1), O(H·n) memory and no pass over the map. With term
+  b, the product (q + v)·s·W_R R over the block's L_b + K_b - 1 distances, the curve added by the
+  product itself (one more channel: 1 against the curve), laid out per key by rel_shift's view
+  (strides m - 1, 1). Gradients are reduced by hand: along the map's anti-diagonals onto the curve,
+  and through the per-distance layout onto (q + v) and W_R R (the strided maps' backward,
+  blockwise._strided_backward, computes dS in that layout).
+- `MaterialisedMaps`: everything else (key padding, explicit positions, FIRE past its threshold,
+  FoX's decay, the query scale, sink columns): `sum_terms` of `AttentionCall.additive_terms` per
+  block (the one sum of the terms), masked, and its gradient by autograd through a rebuild of the
+  block's map, but for the terms that give their gradient by hand (FoX's decay: fox.py; CoPE:
+  cope.py).
 """
 
 from __future__ import annotations
@@ -44,20 +47,20 @@ def block_maps(call: AttentionCall, inputs: ScoreInputs) -> StridedMaps | Materi
     return StridedMaps(call, inputs) if strided else MaterialisedMaps(call, inputs)
 
 
-# How the kernel walks a call (README "Speed and memory"). Each backward tile holds [B, H, L_b, K_t] buffers
-# (probabilities, dS, the map and its gradient) of `tile_scores` entries per head: half as many as the keys
-# have numbers (K·d_head / 2), so that the kernel's transients stay O(L·d) like FlashAttention's (peak memory
-# at most 2x attention without positions at L = 1024 and 4096), in few tiles: on a loaded machine every
-# tensor op costs a thread barrier, and a few thousand of them cost more than the products. The CPU flash
-# kernel pays per call for packing its keys, so forward blocks keep query_chunk queries where the map is a
-# view (256: within ~20% of one causal call; 16 cost ~4x), and a built map may be 4 times larger in forward
-# (which keeps no gradients).
+# How the kernel walks a call (README "Speed and memory"). Each backward tile holds [B, H, L_b, K_t]
+# buffers (probabilities, dS, the map and its gradient) of `tile_scores` entries per head: half as
+# many as the keys have numbers (K·d_head / 2), so that the kernel's transients stay O(L·d) like
+# FlashAttention's (peak memory at most 2x attention without positions at L = 1024 and 4096), in few
+# tiles: on a loaded machine every tensor op costs a thread barrier, and a few thousand of them cost
+# more than the products. The CPU flash kernel pays per call for packing its keys, so forward blocks
+# keep query_chunk queries where the map is a view (256: within ~20% of one causal call; 16 cost
+# ~4x), and a built map may be 4 times larger in forward (which keeps no gradients).
 FORWARD_TILES = 4
-# Term b: a tile's product covers L_b + K_t - 1 distances, so its tiles are long and have few queries: 64, and in
-# backward 128 where that leaves tiles of at least TERM_B_WIDE_TILE keys (half the passes over dK and dV; at
-# L = 1024 the 64 rows waste less on the L_b - 1 distances past the keys). Its backward holds two tile-sized
-# buffers (the per-distance scores, then dS in place; the content scores, then dP), as many as the generic
-# loop's probabilities and dS.
+# Term b: a tile's product covers L_b + K_t - 1 distances, so its tiles are long and have few
+# queries: 64, and in backward 128 where that leaves tiles of at least TERM_B_WIDE_TILE keys (half
+# the passes over dK and dV; at L = 1024 the 64 rows waste less on the L_b - 1 distances past the
+# keys). Its backward holds two tile-sized buffers (the per-distance scores, then dS in place; the
+# content scores, then dP), as many as the generic loop's probabilities and dS.
 TERM_B_ROWS = (64, 128)
 TERM_B_WIDE_TILE = 1024
 HANKEL_ROWS = 128  # queries per backward block of the Hankel view (no product over distances)
@@ -106,13 +109,14 @@ class _Layout:
         ]
 
     def key_tiles(self, call: AttentionCall, d_head: int) -> list[tuple[slice, list[QueryBlock]]]:
-        """Backward's tiles by keys, where blocks have `rows` queries: (a range of keys, the tiles of every query
-        block in it), so that dK and dV of the range are summed in place in one buffer."""
+        """Backward's tiles by keys, where blocks have `rows` queries: (a range of keys, the tiles
+        of every query block in it), so that dK and dV of the range are summed in place in one
+        buffer."""
         return self._by_keys(call, tile_scores(call, d_head) * 2 // (2 + self.buffers))
 
     def _by_keys(self, call: AttentionCall, scores: int) -> list[tuple[slice, list[QueryBlock]]]:
-        """Blocks of `rows` queries cut into tiles at the multiples of a width (tiles of about `scores` entries per
-        head), grouped by that range of keys."""
+        """Blocks of `rows` queries cut into tiles at the multiples of a width (tiles of about
+        `scores` entries per head), grouped by that range of keys."""
         width = max(self.rows, scores // self.rows)
         groups: dict[int, list[QueryBlock]] = {}
         for blk in call.blocks(scores, windowed=True, rows=self.rows):
@@ -131,9 +135,9 @@ def _columns(t: Tensor, cols: slice) -> Tensor:
 class StridedMaps(_Layout):
     """Maps of distance-only scores and term b as views of per-distance tensors (module docstring).
 
-    `reversed`: the block's queries are taken last to first (the Hankel layout, used without term b). Backward is
-    its own loop (blockwise._strided_backward), built on `per_distance` and `add_term_b_gradients` with term b, on
-    `mask` and `add_curve_gradient` without."""
+    `reversed`: the block's queries are taken last to first (the Hankel layout, used without term
+    b). Backward is its own loop (blockwise._strided_backward), built on `per_distance` and
+    `add_term_b_gradients` with term b, on `mask` and `add_curve_gradient` without."""
 
     def __init__(self, call: AttentionCall, inputs: ScoreInputs):
         self.call, self.inputs = call, inputs
@@ -166,9 +170,10 @@ class StridedMaps(_Layout):
         return groups
 
     def _reserved(self, blocks: list[list[QueryBlock]]) -> list[list[QueryBlock]]:
-        """The blocks, with term b's buffer allocated at once for the largest of them (a buffer grown block by
-        block is a fresh allocation each time, its pages faulted in again: forward's products at L = 4096 took 207
-        ms so, 177 ms allocated once, in blocks of 256 queries, Intel Xeon)."""
+        """The blocks, with term b's buffer allocated at once for the largest of them (a buffer
+        grown block by block is a fresh allocation each time, its pages faulted in again: forward's
+        products at L = 4096 took 207 ms so, 177 ms allocated once, in blocks of 256 queries, Intel
+        Xeon)."""
         if not self.reversed:
             size = max(
                 (t.i1 - t.i0) * (t.distance_cols.stop - t.distance_cols.start)
@@ -183,8 +188,8 @@ class StridedMaps(_Layout):
     def mask(
         self, block: QueryBlock, q_content: Tensor | None = None, k: Tensor | None = None
     ) -> Tensor:
-        """The block's map with -inf where a key is hidden: [1 or B, H, L_b, K_b], a view (with term b, of a buffer
-        the next call of `mask` overwrites)."""
+        """The block's map with -inf where a key is hidden: [1 or B, H, L_b, K_b], a view (with term
+        b, of a buffer the next call of `mask` overwrites)."""
         lq, width, cols = block.i1 - block.i0, block.width, block.distance_cols
         if self.reversed:  # entry (r, j) is the curve at column t0 + r + j
             heads, n = self.curve.shape
@@ -206,7 +211,8 @@ class StridedMaps(_Layout):
         )
 
     def term_b_queries(self, rows: slice, minus_lse: Tensor | None = None) -> Tensor:
-        """[B, H, L_b, dh + 1 or 2]: the position query of the rows, with channels [-lse,] 1 (term_b_keys)."""
+        """[B, H, L_b, dh + 1 or 2]: the position query of the rows, with channels [-lse,] 1
+        (term_b_keys)."""
         q_position = self.inputs.q_position[:, :, rows]
         extra = [] if minus_lse is None else [minus_lse]
         return torch.cat(
@@ -214,9 +220,9 @@ class StridedMaps(_Layout):
         )
 
     def term_b_keys(self, cols: slice, lse: bool = False) -> Tensor:
-        """[H, m, dh + 1 or 2]: s·W_R R at the distance columns, with channels [1,] curve: against term_b_queries,
-        the product is term b plus the curve (its -inf included) [minus lse], with no pass of its own over the
-        scores."""
+        """[H, m, dh + 1 or 2]: s·W_R R at the distance columns, with channels [1,] curve: against
+        term_b_queries, the product is term b plus the curve (its -inf included) [minus lse], with
+        no pass of its own over the scores."""
         rel_keys = _columns(self.inputs.rel_keys, cols)
         curve = _columns(self.curve, cols).expand(rel_keys.shape[:-1])[..., None]
         extra = [torch.ones_like(curve)] if lse else []
@@ -225,9 +231,9 @@ class StridedMaps(_Layout):
     def per_distance(
         self, block: QueryBlock, queries: Tensor, keys: Tensor, scale: float = 1.0
     ) -> Tensor:
-        """scale·queries·keysᵀ for the block's queries [B, H, L_b, e] and distances [H, m, e] (m = L_b + K_b - 1):
-        [B, H, L_b, m], in a buffer the next block reuses; one product per batch row, W_R R read once per head
-        and row."""
+        """scale·queries·keysᵀ for the block's queries [B, H, L_b, e] and distances [H, m, e] (m =
+        L_b + K_b - 1): [B, H, L_b, m], in a buffer the next block reuses; one product per batch
+        row, W_R R read once per head and row."""
         batch, heads, lq = queries.shape[:3]
         m = keys.shape[1]
         size = batch * heads * lq * m
@@ -243,8 +249,9 @@ class StridedMaps(_Layout):
     def add_term_b_gradients(
         self, block: QueryBlock, grad_per_distance: Tensor, grads: ScoreInputs
     ) -> None:
-        """Add the gradient of the block's per-distance scores [B, H, L_b, m] (per_distance's layout, zero outside
-        each row's keys) onto grads' q_position, rel_keys and distance_scores (None: not wanted)."""
+        """Add the gradient of the block's per-distance scores [B, H, L_b, m] (per_distance's
+        layout, zero outside each row's keys) onto grads' q_position, rel_keys and distance_scores
+        (None: not wanted)."""
         cols = block.distance_cols
         if grads.distance_scores is not None:
             _columns(grads.distance_scores, cols).add_(grad_per_distance.sum((0, 2)))
@@ -262,26 +269,28 @@ class StridedMaps(_Layout):
     def add_curve_gradient(
         self, block: QueryBlock, grad_scores: Tensor, grads: ScoreInputs
     ) -> None:
-        """Add the gradient of the Hankel view's map, grad_scores [B, H, L_b, K_b] (rows in the order of `mask`), onto
-        the curve's (None: not wanted)."""
+        """Add the gradient of the Hankel view's map, grad_scores [B, H, L_b, K_b] (rows in the
+        order of `mask`), onto the curve's (None: not wanted)."""
         if grads.distance_scores is not None:
             _columns(grads.distance_scores, block.distance_cols).add_(
                 antidiagonal_sums(grad_scores)
             )
 
 
-# backward blocks of 256 queries: FIRE 220 -> 197 ms at L = 1024 and 2.34 -> 2.22 s at 4096, FoX on this kernel
-# 1.84 -> 1.58 s at 4096, against 64 (one layer step, Intel Xeon, 2026-12-04; 512 and 1024 alike). Tiles are then
-# at least 256 keys wide, above tile_scores at L = 1024 (FIRE's peak memory 1.55x / 1.14x attention without
-# positions at 1024 / 4096); twice or four times wider tiles gained nothing
+# backward blocks of 256 queries: FIRE 220 -> 197 ms at L = 1024 and 2.34 -> 2.22 s at 4096, FoX on
+# this kernel 1.84 -> 1.58 s at 4096, against 64 (one layer step, Intel Xeon, 2026-12-04; 512 and
+# 1024 alike). Tiles are then at least 256 keys wide, above tile_scores at L = 1024 (FIRE's peak
+# memory 1.55x / 1.14x attention without positions at 1024 / 4096); twice or four times wider tiles
+# gained nothing
 MATERIALISED_ROWS = 256
 
 
 class MaterialisedMaps(_Layout):
-    """Each block's map as a tensor: the sum of `call.additive_terms`, the sink columns in front, -inf where hidden.
+    """Each block's map as a tensor: the sum of `call.additive_terms`, the sink columns in front,
+    -inf where hidden.
 
-    Backward splits a block's keys into tiles, but for sinks (in front of the first tile only) and CoPE (whose
-    positions count over a query's whole row)."""
+    Backward splits a block's keys into tiles, but for sinks (in front of the first tile only) and
+    CoPE (whose positions count over a query's whole row)."""
 
     reversed = False
     buffers = 3  # the map, the mask, and what autograd keeps to differentiate the map
@@ -289,8 +298,8 @@ class MaterialisedMaps(_Layout):
     def __init__(self, call: AttentionCall, inputs: ScoreInputs):
         self.call, self.inputs = call, inputs
         self.rows = 0 if call.n_sinks or call.contextual is not None else MATERIALISED_ROWS
-        # FIRE past its threshold: its pairs' bias and gradient by hand (fire_pairs.py), where it is the last term
-        # of the sum (no FoX decay after it, no query scale on it, no CoPE)
+        # FIRE past its threshold: its pairs' bias and gradient by hand (fire_pairs.py), where it is
+        # the last term of the sum (no FoX decay after it, no query scale on it, no CoPE)
         self.by_hand = (
             call.pair_bias is not None
             and inputs.query_scale is None
@@ -300,8 +309,9 @@ class MaterialisedMaps(_Layout):
         self._pairs = None
 
     def pairs(self, grad: bool = False):
-        """The call's query-dependent bias with its gradient by hand (BiasScheme.by_hand), made at first use;
-        `grad`: its parameters get gradients (backward; made again if the first use had none)."""
+        """The call's query-dependent bias with its gradient by hand (BiasScheme.by_hand), made at
+        first use; `grad`: its parameters get gradients (backward; made again if the first use had
+        none)."""
         grad = grad and any(p.requires_grad for p in self.call.pair_bias.parameters())
         if self._pairs is None or (grad and not self._pairs.trained):
             self._pairs = self.call.pair_bias.by_hand(
@@ -310,8 +320,8 @@ class MaterialisedMaps(_Layout):
         return self._pairs
 
     def _pair_map(self, block: QueryBlock, grad: bool = False):
-        """(the block's query-dependent bias [1, H, L_b, K_b] times s_B, what its gradient reads (`grad`: backward;
-        forward: None)), where it is taken by hand (else None)."""
+        """(the block's query-dependent bias [1, H, L_b, K_b] times s_B, what its gradient reads
+        (`grad`: backward; forward: None)), where it is taken by hand (else None)."""
         if not self.by_hand or self.call.pair_bias_on_curve(block) or self.pairs(grad) is None:
             return None
         keys = slice(block.k0, block.n_keys)
@@ -334,8 +344,8 @@ class MaterialisedMaps(_Layout):
     def mask(
         self, block: QueryBlock, q_content: Tensor | None = None, k: Tensor | None = None
     ) -> Tensor:
-        """[B or 1, H, L_b, S + K_b]; q_content [B, H, L_b, dh] and the block's keys k [B, H, K_b, dh] (no
-        sinks) for CoPE."""
+        """[B or 1, H, L_b, S + K_b]; q_content [B, H, L_b, dh] and the block's keys k [B, H, K_b,
+        dh] (no sinks) for CoPE."""
         pair = self._pair_map(block)
         additive = sum_terms(
             self.call.additive_terms(
@@ -364,8 +374,9 @@ class MaterialisedMaps(_Layout):
             # in place, from the first key any row hides (causal: the diagonal's)
             if own and visible.dim() == 2:
                 first = int(hidden.any(0).to(torch.uint8).argmax())
-                # as an added [L_b, K_b] map of 0 and -inf: ~3x faster than masked_fill_ broadcasting the bool mask
-                # over batch and heads (B = 2, H = 8, 256 x 402: 0.36 against 0.98 ms, Intel Xeon)
+                # as an added [L_b, K_b] map of 0 and -inf: ~3x faster than masked_fill_
+                # broadcasting the bool mask over batch and heads (B = 2, H = 8, 256 x 402: 0.36
+                # against 0.98 ms, Intel Xeon)
                 minus_inf = torch.zeros(
                     hidden[:, first:].shape, dtype=additive.dtype, device=additive.device
                 )
@@ -383,11 +394,11 @@ class MaterialisedMaps(_Layout):
         param_grads: list[Tensor | None],
         content: tuple[Tensor, Tensor, Tensor] | None = None,
     ):
-        """(the block's mask, a function adding the gradient of a map gradient [B, H, L_b, S + K_b] onto
-        `grads` and `param_grads`): the map rebuilt under autograd from leaves, FoX's decay and CoPE's scores
-        differentiated by hand. `content` for CoPE: (q_content rows, their gradient, the block's keys without
-        sinks); the gates' gradient is added to the map gradient itself (the kernel's dS: it then reaches q
-        and k through the products that carry s·q·kᵀ's)."""
+        """(the block's mask, a function adding the gradient of a map gradient [B, H, L_b, S + K_b]
+        onto `grads` and `param_grads`): the map rebuilt under autograd from leaves, FoX's decay and
+        CoPE's scores differentiated by hand. `content` for CoPE: (q_content rows, their gradient,
+        the block's keys without sinks); the gates' gradient is added to the map gradient itself
+        (the kernel's dS: it then reaches q and k through the products that carry s·q·kᵀ's)."""
         call = self.call
         block_grads = call.block_inputs(block, grads)
         pair = self._pair_map(block, grad=True)
@@ -468,7 +479,8 @@ class MaterialisedMaps(_Layout):
         return self._masked(block, additive, own=not wanted or pair is not None), add_gradients
 
     def finish(self, params: list[Tensor], param_grads: list[Tensor | None]) -> None:
-        """Add the parameters' gradients that the tiles summed by hand (FIRE's pairs) onto param_grads."""
+        """Add the parameters' gradients that the tiles summed by hand (FIRE's pairs) onto
+        param_grads."""
         if self._pairs is None:
             return
         trained = [(g, p) for g, p in zip(param_grads, params) if g is not None and p.requires_grad]
@@ -483,8 +495,8 @@ class MaterialisedMaps(_Layout):
     def _decay_gradient(
         self, block: QueryBlock, grad_scores: Tensor, grad_log_decay: Tensor
     ) -> None:
-        """FoX's term (times the query scale, if any) differentiated by its own hand (fox.py) from the
-        map's gradient [B, H, L_b, K_b]."""
+        """FoX's term (times the query scale, if any) differentiated by its own hand (fox.py) from
+        the map's gradient [B, H, L_b, K_b]."""
         scale = self.inputs.query_scale
         grad_decay = grad_scores if scale is None else grad_scores * scale[:, :, block.rows]
         self.call.decay.block_gradient(

@@ -1,19 +1,22 @@
 """Block-wise attention with an additive map: FlashAttention's memory, the map rebuilt in backward.
 
-`F.scaled_dot_product_attention` with a learned additive mask falls back to its math kernel, which keeps
-the [B, H, L, K] probabilities for backward: at L = 4096 that is ~10x the memory of attention without
-positions. `BlockwiseBiasedAttention` keeps what FlashAttention keeps (q, k, v, the output, the row
-log-sum-exp: O(L·d)) plus the tensors the map is built from.
+`F.scaled_dot_product_attention` with a learned additive mask falls back to its math kernel, which
+keeps the [B, H, L, K] probabilities for backward: at L = 4096 that is ~10x the memory of attention
+without positions. `BlockwiseBiasedAttention` keeps what FlashAttention keeps (q, k, v, the output,
+the row log-sum-exp: O(L·d)) plus the tensors the map is built from.
 
-Forward: per query block, the map as block_maps.py lays it out (a strided view of per-distance tensors
-where the map depends on the distance alone, else materialised) and one call of the CPU flash kernel,
-which adds it to each tile of scores and never writes scores or probabilities out (other devices: the
-same in tensor ops). Backward: per block, scores and map rebuilt and FlashAttention-2's gradients in five
-products (P = exp(s·q·kᵀ + map - lse); dV = Pᵀ·dO; dS = P ∘ (dO·Vᵀ - rowsum(dO ∘ O)); dQ = s·dS·K;
-dK = s·dSᵀ·Q), dS then reduced onto the map's inputs (block_maps.py); maps of the distance (block_maps.StridedMaps)
-have a loop of their own (`_strided_backward`: fewer passes over each tile, dK and dV summed per range of keys).
-A map whose inputs need no gradient (fixed ALiBi, Sandwich) leaves dQ, dK, dV to the CPU flash kernel's own backward. A band call (`far_from` set:
-band.py) computes its band here and adds the pairs beyond it from the causal flash kernel, forward and backward.
+Forward: per query block, the map as block_maps.py lays it out (a strided view of per-distance
+tensors where the map depends on the distance alone, else materialised) and one call of the CPU
+flash kernel, which adds it to each tile of scores and never writes scores or probabilities out
+(other devices: the same in tensor ops). Backward: per block, scores and map rebuilt and
+FlashAttention-2's gradients in five products (P = exp(s·q·kᵀ + map - lse); dV = Pᵀ·dO; dS = P ∘
+(dO·Vᵀ - rowsum(dO ∘ O)); dQ = s·dS·K;
+dK = s·dSᵀ·Q), dS then reduced onto the map's inputs (block_maps.py); maps of the distance
+(block_maps.StridedMaps) have a loop of their own (`_strided_backward`: fewer passes over each tile,
+dK and dV summed per range of keys). A map whose inputs need no gradient (fixed ALiBi, Sandwich)
+leaves dQ, dK, dV to the CPU flash kernel's own backward. A band call (`far_from` set: band.py)
+computes its band here and adds the pairs beyond it from the causal flash kernel, forward and
+backward.
 """
 
 from __future__ import annotations
@@ -48,25 +51,25 @@ def _fused(q: Tensor) -> bool:
 
 
 def _probabilities(q: Tensor, k: Tensor, mask: Tensor, lse: Tensor, scale: float) -> Tensor:
-    """exp(s·q·kᵀ + mask - lse) in one [B, H, L_b, K_b] buffer: the mask minus the row log-sum-exp written
-    once, the product added onto it (lse [B, H, L_b, 1])."""
+    """exp(s·q·kᵀ + mask - lse) in one [B, H, L_b, K_b] buffer: the mask minus the row log-sum-exp
+    written once, the product added onto it (lse [B, H, L_b, 1])."""
     b, h, lq, dh = q.shape
-    # written into a row-major buffer: from the strided views of block_maps.py alone, broadcasting would
-    # lay the result out column by column
+    # written into a row-major buffer: from the strided views of block_maps.py alone, broadcasting
+    # would lay the result out column by column
     scores = torch.sub(mask, lse, out=q.new_empty(b, h, lq, k.shape[2]))
     scores.view(b * h, lq, -1).baddbmm_(
         q.reshape(b * h, lq, dh), k.transpose(-1, -2).reshape(b * h, dh, -1), alpha=scale
     )
-    # as 2^(x·log2 e): torch's exp takes a slow path below about -87 (4-10x slower there, and FoX's decay puts
-    # most of a row there), its exp2 does not
+    # as 2^(x·log2 e): torch's exp takes a slow path below about -87 (4-10x slower there, and FoX's
+    # decay puts most of a row there), its exp2 does not
     return torch.exp2(scores.mul_(LOG2_E), out=scores)
 
 
 def _attend_block(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
 ) -> tuple[Tensor, Tensor]:
-    """(out [B, H, L_b, dh], lse [B, H, L_b, 1]) of softmax(s·q·kᵀ + mask)·v; a query whose keys are all
-    -inf gets output 0 and lse 0."""
+    """(out [B, H, L_b, dh], lse [B, H, L_b, 1]) of softmax(s·q·kᵀ + mask)·v; a query whose keys are
+    all -inf gets output 0 and lse 0."""
     if _fused(q):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask, scale=scale
@@ -83,8 +86,8 @@ def _flip(t: Tensor, flipped: bool) -> Tensor:
 
 
 def _merged(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """(out, lse) of a block from those of its key tiles: lse = log Σ e^lse_t, out = Σ e^(lse_t - lse)·out_t
-    (every query sees a key of every tile: call.key_tiles)."""
+    """(out, lse) of a block from those of its key tiles: lse = log Σ e^lse_t, out = Σ e^(lse_t -
+    lse)·out_t (every query sees a key of every tile: call.key_tiles)."""
     if len(parts) == 1:
         return parts[0]
     lse = torch.logsumexp(torch.stack([lse_t for _, lse_t in parts]), dim=0)
@@ -96,10 +99,10 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
     """out = softmax(s·q_content·kᵀ + map, masked)·v, block by block (see module docstring).
 
     The map of each block is built from the score inputs (ScoreInputs: q_position, rel_keys,
-    distance_scores, log_decay, query_scale). `params` are module parameters it reads directly (FIRE's
-    MLP); they get gradients through a rebuild of each block's map under autograd. Autocast is off inside,
-    so that forward and the rebuild in backward compute the same thing in the inputs' dtype. k and v start
-    with the call's sink slots.
+    distance_scores, log_decay, query_scale). `params` are module parameters it reads directly
+    (FIRE's MLP); they get gradients through a rebuild of each block's map under autograd. Autocast
+    is off inside, so that forward and the rebuild in backward compute the same thing in the inputs'
+    dtype. k and v start with the call's sink slots.
     """
 
     @staticmethod
@@ -158,13 +161,14 @@ def _stream(block: QueryBlock) -> slice:
 
 
 def _add_product(target: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> None:
-    """target += alpha·a @ b for [B, H, ., .] tensors (target often a slice along dim 2, which baddbmm_ would
-    update one matrix at a time)."""
+    """target += alpha·a @ b for [B, H, ., .] tensors (target often a slice along dim 2, which
+    baddbmm_ would update one matrix at a time)."""
     target.add_(a @ b, alpha=alpha)
 
 
 def _backward(ctx, grad_out: Tensor):
-    """Gradients of q_content, k, v, the score inputs and the params, block by block, tile by tile."""
+    """Gradients of q_content, k, v, the score inputs and the params, block by block, tile by
+    tile."""
     # forward's inputs: call, q_content, k, v, score inputs, params
     call, first_param = (ctx.call, 4 + N_INPUTS)
     q_content, k, v, *score_inputs, out, lse = ctx.saved_tensors
@@ -224,12 +228,14 @@ def _backward(ctx, grad_out: Tensor):
             grads,
         )
         return (grad_q, grad_k, grad_v, *grads, *param_grads)
-    # q and grad_out come in the projections' (B, L, H, dh) layout: copied once here, where each tile's products would
-    # copy their rows (FIRE at L = 4096: 448 copies, 29 ms); not in forward or above, where the copy of q would be
-    # kept beside its original (peak memory +0.1x for every scheme on this kernel, Shaw's 1.99x at 4096)
+    # q and grad_out come in the projections' (B, L, H, dh) layout: copied once here, where each
+    # tile's products would copy their rows (FIRE at L = 4096: 448 copies, 29 ms); not in forward or
+    # above, where the copy of q would be kept beside its original (peak memory +0.1x for every
+    # scheme on this kernel, Shaw's 1.99x at 4096)
     q_content, grad_out = q_content.contiguous(), grad_out.contiguous()
-    # materialised maps (rows in order): by ranges of keys, dK and dV summed in one contiguous buffer per range
-    # (as _strided_backward); sinks and CoPE (rows = 0) by query blocks, each its tiles
+    # materialised maps (rows in order): by ranges of keys, dK and dV summed in one contiguous
+    # buffer per range (as _strided_backward); sinks and CoPE (rows = 0) by query blocks, each its
+    # tiles
     groups = (
         maps.key_tiles(call, d_head)
         if maps.rows
@@ -310,15 +316,16 @@ def _strided_backward(
     grad_v: Tensor,
     grads: ScoreInputs,
 ) -> None:
-    """The five products per tile for maps of the distance (block_maps.StridedMaps), in two tile-sized buffers and
-    with c·(map + s·q·kᵀ - lse) (c = log2 e) written in one pass: with term b, the per-distance product with the
-    curve and -lse as channels, the content product added through the per-key view; on the Hankel view of a curve,
-    map - lse written from the view, s·q·kᵀ added in place by the product, times c. Then exp2 in place
-    (P), dV = Pᵀ·dO, dP = dO·Vᵀ - delta as one product ([dO, -delta]·[V, 1]) in the second buffer, dS = P ∘ dP in
-    place: with term b already in the per-distance layout its gradients read, once the columns outside each row's
-    keys are zeroed; on the Hankel view summed along its anti-diagonals. dK and dV are summed per range of keys in
-    one contiguous buffer (1.1 ms a tile against 1.5 ms for a product added to a slice of grad_k: B = 2, H = 8,
-    128 x 1024, Intel Xeon)."""
+    """The five products per tile for maps of the distance (block_maps.StridedMaps), in two
+    tile-sized buffers and with c·(map + s·q·kᵀ - lse) (c = log2 e) written in one pass: with term
+    b, the per-distance product with the curve and -lse as channels, the content product added
+    through the per-key view; on the Hankel view of a curve, map - lse written from the view, s·q·kᵀ
+    added in place by the product, times c. Then exp2 in place (P), dV = Pᵀ·dO, dP = dO·Vᵀ - delta
+    as one product ([dO, -delta]·[V, 1]) in the second buffer, dS = P ∘ dP in place: with term b
+    already in the per-distance layout its gradients read, once the columns outside each row's keys
+    are zeroed; on the Hankel view summed along its anti-diagonals. dK and dV are summed per range
+    of keys in one contiguous buffer (1.1 ms a tile against 1.5 ms for a product added to a slice of
+    grad_k: B = 2, H = 8, 128 x 1024, Intel Xeon)."""
     d_head, scale, flip = q_content.shape[-1], call.scale, maps.reversed
     batch, heads = q_content.shape[:2]
     groups = maps.key_tiles(call, d_head)
@@ -343,8 +350,9 @@ def _strided_backward(
                     lse_b,
                     out=scratch[size : size + n].view(batch, heads, lq, width),
                 )
-                # (c applied last, as the generic loop does: folded into the product as beta and alpha it rounds once
-                # more, 1.09e-5 against 8.9e-6 for one gradient of test_band's xl_d_and_t5, whose limit is 1e-5)
+                # (c applied last, as the generic loop does: folded into the product as beta and
+                # alpha it rounds once more, 1.09e-5 against 8.9e-6 for one gradient of test_band's
+                # xl_d_and_t5, whose limit is 1e-5)
                 probs = (
                     probs.flatten(0, 1)
                     .baddbmm_(q_b.flatten(0, 1), k_t.transpose(1, 2), alpha=scale)
@@ -394,7 +402,8 @@ def _strided_backward(
 
 
 def _accumulate(target: Tensor, cols: slice, a: Tensor, b: Tensor, alpha: float = 1.0) -> None:
-    """target[:, cols] += alpha·a @ b: in place in the product where cols are all of target's rows."""
+    """target[:, cols] += alpha·a @ b: in place in the product where cols are all of target's
+    rows."""
     if cols.start == 0 and cols.stop == target.shape[1]:
         target.baddbmm_(a, b, alpha=alpha)
     else:

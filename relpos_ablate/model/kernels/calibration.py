@@ -1,21 +1,23 @@
-"""Which kernel is fastest for a call, measured on this machine at first use and remembered (cuDNN's benchmark
-mode and Triton's autotune are the models).
+"""Which kernel is fastest for a call, measured on this machine at first use and remembered (cuDNN's
+benchmark mode and Triton's autotune are the models).
 
-The fastest path depends on the processor: on one Xeon, SDPA with a float mask costs 2.6x its causal call, on
-one EPYC 1.4x; the CPU flash kernel's speed relative to tensor products differs as much. So where more than
-one kernel can compute a call (dispatch.candidates: the low-rank form, the block kernel, SDPA per query block),
-`Calibration.choose` times them on the call's own shapes (forward, and backward where autograd is on: after
-one warm-up run each, three rounds in which the candidates take turns, each candidate's fastest run kept, so that
-a machine whose speed drifts while it measures moves every candidate alike) and keeps the fastest for that key:
-the scheme class (which score terms, which options), a shape bucket (batch, heads, head width, the powers of two
-at or above the queries and memory keys), device, dtype and train/eval. The choices live in memory and in a JSON file under the user's cache directory
-($RELPOS_ABLATE_CACHE or $XDG_CACHE_HOME/relpos_ablate or ~/.cache/relpos_ablate), one section per processor
-and torch version, written atomically. A second call with the same key measures nothing.
+The fastest path depends on the processor: on one Xeon, SDPA with a float mask costs 2.6x its causal
+call, on one EPYC 1.4x; the CPU flash kernel's speed relative to tensor products differs as much. So
+where more than one kernel can compute a call (dispatch.candidates: the low-rank form, the block
+kernel, SDPA per query block), `Calibration.choose` times them on the call's own shapes (forward,
+and backward where autograd is on: after one warm-up run each, three rounds in which the candidates
+take turns, each candidate's fastest run kept, so that a machine whose speed drifts while it
+measures moves every candidate alike) and keeps the fastest for that key: the scheme class (which
+score terms, which options), a shape bucket (batch, heads, head width, the powers of two at or above
+the queries and memory keys), device, dtype and train/eval. The choices live in memory and in a JSON
+file under the user's cache directory ($RELPOS_ABLATE_CACHE or $XDG_CACHE_HOME/relpos_ablate or
+~/.cache/relpos_ablate), one section per processor and torch version, written atomically. A second
+call with the same key measures nothing.
 
-Every candidate computes the same attention (the parity tests hold them to the float64 reference), so the
-choice changes results by rounding only. Pin a kernel with `model.attention.backend` (no timing then), or
-set RELPOS_ABLATE_CALIBRATE=0 for the fixed order (`candidates`' first: what the test suite runs, so that
-its numbers never depend on the machine's load).
+Every candidate computes the same attention (the parity tests hold them to the float64 reference),
+so the choice changes results by rounding only. Pin a kernel with `model.attention.backend` (no
+timing then), or set RELPOS_ABLATE_CALIBRATE=0 for the fixed order (`candidates`' first: what the
+test suite runs, so that its numbers never depend on the machine's load).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def enabled() -> bool:
     value = os.environ.get(ENV_SWITCH, "1")
     if value not in ("0", "1"):
         raise ValueError(
-            f"{ENV_SWITCH}: {value!r} is not allowed; use 1 (measure the kernels) or 0 (fixed order)"
+            f"{ENV_SWITCH}: {value!r} is not allowed; use 1 (measure the kernels) or 0 (fixed "
+            f"order)"
         )
     return value == "1"
 
@@ -67,10 +70,10 @@ ROUNDS = 3
 
 
 def time_alternating(runs: dict[str, Callable[[], None]], rounds: int = ROUNDS) -> dict[str, float]:
-    """Seconds of each run's fastest of `rounds`, after one warm-up run each, the runs taking turns round by round
-    (timed one after the other, a drift of the machine's speed between them decided: learned ALiBi at L = 1024 on
-    a 2-core Xeon got the block kernel at 0.054 against 0.058 s for the low-rank one, which takes 98 against 105 ms
-    in seven alternating pairs)."""
+    """Seconds of each run's fastest of `rounds`, after one warm-up run each, the runs taking turns
+    round by round (timed one after the other, a drift of the machine's speed between them decided:
+    learned ALiBi at L = 1024 on a 2-core Xeon got the block kernel at 0.054 against 0.058 s for the
+    low-rank one, which takes 98 against 105 ms in seven alternating pairs)."""
     for run in runs.values():
         run()
     best = dict.fromkeys(runs, float("inf"))
@@ -83,9 +86,9 @@ def time_alternating(runs: dict[str, Callable[[], None]], rounds: int = ROUNDS) 
 
 
 class Calibration:
-    """The measured choices of this process and machine (module docstring). `timer(path, run) -> seconds`, where
-    given, measures one candidate (tests force timings through it; default: time_alternating over the candidates);
-    `path` of the cache file (None: cache_dir())."""
+    """The measured choices of this process and machine (module docstring). `timer(path, run) ->
+    seconds`, where given, measures one candidate (tests force timings through it; default:
+    time_alternating over the candidates); `path` of the cache file (None: cache_dir())."""
 
     def __init__(
         self,
@@ -109,8 +112,9 @@ class Calibration:
         return f"{processor()} | torch {torch.__version__}"
 
     def choose(self, key: str, candidates: list[str], run: Callable[[str], None]) -> str:
-        """The fastest of `candidates` for `key`: remembered, else read from the cache file, else measured by
-        `run(name)` (one forward, and backward where autograd is on) and written there."""
+        """The fastest of `candidates` for `key`: remembered, else read from the cache file, else
+        measured by `run(name)` (one forward, and backward where autograd is on) and written
+        there."""
         if len(candidates) == 1:
             return candidates[0]
         stored = (
@@ -145,8 +149,9 @@ class Calibration:
         return self._read().get(self.section(), {})
 
     def _store(self, key: str, entry: dict) -> None:
-        """Merges the entry into the file (re-read first: other processes may have written) and replaces it
-        atomically; a cache that cannot be written only costs a measurement next time."""
+        """Merges the entry into the file (re-read first: other processes may have written) and
+        replaces it atomically; a cache that cannot be written only costs a measurement next
+        time."""
         try:
             data = self._read()
             data.setdefault(self.section(), {})[key] = entry

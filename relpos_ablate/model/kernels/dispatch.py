@@ -3,17 +3,20 @@
 `attend(call, q_content, k, v, q_position, config, dropout_p)` -> out [B, H, L, dh], where
 q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without term b):
 - nothing beyond causal attention: one SDPA call (flash kernels);
-- FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout for heads of at
-  least 16 channels (its compiled kernel's least), unless FIRE's parameters need gradients (flex.trains_pair_bias);
-- on CPU, a map that is a key offset (ALiBi, FoX) on the low-rank kernel (low_rank.py), and one that is constant
-  from a distance on (a clamp, T5's last bucket) on the band kernel (band.py), where calibration finds them fastest;
-- the block kernel that rebuilds each block's map in backward (blockwise.py) for backend 'blocks', and
-  'auto' without attention dropout unless the maps fit in max_stored_scores_mb (default 0: never);
+- FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout for heads
+  of at least 16 channels (its compiled kernel's least), unless FIRE's parameters need gradients
+  (flex.trains_pair_bias);
+- on CPU, a map that is a key offset (ALiBi, FoX) on the low-rank kernel (low_rank.py), and one that
+  is constant from a distance on (a clamp, T5's last bucket) on the band kernel (band.py), where
+  calibration finds them fastest;
+- the block kernel that rebuilds each block's map in backward (blockwise.py) for backend 'blocks',
+  and 'auto' without attention dropout unless the maps fit in max_stored_scores_mb (default 0:
+  never);
 - else SDPA per query block, each with its additive map (stored for backward);
 - with statistics to collect (evaluation diagnostics), explicit probabilities per query block, each
   block's handed to the statistics before it is multiplied by v (no fused kernel has them);
-- CoPE (call.contextual) never on FlexAttention: its positions need each block's whole score rows before
-  the softmax (the block kernel builds its blocks with whole rows of keys).
+- CoPE (call.contextual) never on FlexAttention: its positions need each block's whole score rows
+  before the softmax (the block kernel builds its blocks with whole rows of keys).
 k and v start with the call's learned sink slots (call.n_sinks; none: plain keys).
 A new kernel is one function of (call, q_content, k, v, q_position) and one branch in `attend`.
 """
@@ -33,8 +36,8 @@ from relpos_ablate.model.kernels.blockwise import BlockwiseBiasedAttention, mask
 from relpos_ablate.model.kernels.call import AttentionCall, ScoreInputs, sum_terms
 from relpos_ablate.model.kernels.geometry import StatisticsSink
 
-# Score entries per head in one query block whose map is stored for backward (the block kernel sizes its
-# own blocks: block_maps.py)
+# Score entries per head in one query block whose map is stored for backward (the block kernel sizes
+# its own blocks: block_maps.py)
 STORED_BLOCK_SCORES = 256 * 1024
 
 
@@ -49,18 +52,18 @@ def attend(
     statistics: StatisticsSink | None = None,
     path: str | None = None,
 ) -> Tensor:
-    """[B, H, L, dh] attention output by the kernel the config and the call select (module docstring); path:
-    one of `candidates` (calibration times each so)."""
-    # the call's tensors are in the kernels' dtype (call.dtype, autocast's under autocast); so are the queries,
-    # keys and values from here. FoX's Λ stays float64 (AttentionCall.decay)
+    """[B, H, L, dh] attention output by the kernel the config and the call select (module
+    docstring); path: one of `candidates` (calibration times each so)."""
+    # the call's tensors are in the kernels' dtype (call.dtype, autocast's under autocast); so are
+    # the queries, keys and values from here. FoX's Λ stays float64 (AttentionCall.decay)
     dtype = call.dtype
     q_content, k, v, q_position = (
         None if t is None else t.to(dtype) for t in (q_content, k, v, q_position)
     )
     if statistics is not None:
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
-    # compiled FlexAttention (CUDA) needs heads of at least 16 channels, and is not trusted with FIRE's gradient:
-    # 'auto' leaves those calls to the others
+    # compiled FlexAttention (CUDA) needs heads of at least 16 channels, and is not trusted with
+    # FIRE's gradient: 'auto' leaves those calls to the others
     on_flex = config.backend == "flex" or (
         config.backend == "auto"
         and q_content.is_cuda
@@ -95,12 +98,13 @@ def attend(
 def candidates(
     call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float
 ) -> list[str]:
-    """The kernels that may compute this call, the fixed order's choice first: 'low_rank' (every term a key
-    offset: ALiBi, FoX; low_rank.py), 'band' (a map constant from a distance on: its band on the block kernel, the
-    rest on the causal flash kernel; band.py), 'blocks' (the block kernel: no attention dropout) and 'sdpa' (SDPA
-    per query block with its map: stored for backward, so in training only while the maps fit
-    max_stored_scores_mb). A pinned backend is the only candidate where it can take the call; low_rank and band
-    otherwise leave it to the block kernel (its results are the same, by rounding)."""
+    """The kernels that may compute this call, the fixed order's choice first: 'low_rank' (every
+    term a key offset: ALiBi, FoX; low_rank.py), 'band' (a map constant from a distance on: its band
+    on the block kernel, the rest on the causal flash kernel; band.py), 'blocks' (the block kernel:
+    no attention dropout) and 'sdpa' (SDPA per query block with its map: stored for backward, so in
+    training only while the maps fit max_stored_scores_mb). A pinned backend is the only candidate
+    where it can take the call; low_rank and band otherwise leave it to the block kernel (its
+    results are the same, by rounding)."""
     return _candidates(
         call, q_content, config, dropout_p, _low_rank_plan(call, q_content, dropout_p)
     )
@@ -113,7 +117,8 @@ def _candidates(
     dropout_p: float,
     plan: tuple[Tensor, int] | None,
 ) -> list[str]:
-    """`candidates`, given the low-rank kernel's plan (`_low_rank_plan`: computed once a forward)."""
+    """`candidates`, given the low-rank kernel's plan (`_low_rank_plan`: computed once a
+    forward)."""
     if config.backend == "sdpa" or (config.backend == "blocks" and dropout_p > 0.0):
         return ["sdpa"]
     rebuild = "blocks" if dropout_p == 0.0 else "sdpa"
@@ -128,15 +133,16 @@ def _candidates(
     paths = (["low_rank"] if plan is not None else []) + (["band"] if banded else [])
     if _stores_too_much(call, q_content, config):
         return [*paths, "blocks"]
-    # storing the maps is allowed: in training it is the fixed order's choice (max_stored_scores_mb's promise)
+    # storing the maps is allowed: in training it is the fixed order's choice
+    # (max_stored_scores_mb's promise)
     return [*paths, "sdpa", "blocks"] if torch.is_grad_enabled() else [*paths, "blocks", "sdpa"]
 
 
 def _low_rank_plan(
     call: AttentionCall, q_content: Tensor, dropout_p: float
 ) -> tuple[Tensor, int] | None:
-    """The low-rank kernel's key offsets and query block for this call, computed once a forward; None where it
-    cannot take the call."""
+    """The low-rank kernel's key offsets and query block for this call, computed once a forward;
+    None where it cannot take the call."""
     if dropout_p > 0.0 or q_content.device.type != "cpu":
         return None
     offsets = low_rank.key_offsets(call)
@@ -145,8 +151,8 @@ def _low_rank_plan(
 
 
 def _stores_too_much(call: AttentionCall, q_content: Tensor, config: AttentionConfig) -> bool:
-    """Whether training on SDPA per block would store score maps beyond max_stored_scores_mb (never without
-    autograd: nothing is stored)."""
+    """Whether training on SDPA per block would store score maps beyond max_stored_scores_mb (never
+    without autograd: nothing is stored)."""
     if not torch.is_grad_enabled():
         return False
     lq = call.n_queries
@@ -156,10 +162,11 @@ def _stores_too_much(call: AttentionCall, q_content: Tensor, config: AttentionCo
 
 
 def call_key(call: AttentionCall, q_content: Tensor, dropout_p: float) -> str:
-    """The calibration key: scheme class, shape bucket, device, dtype, train/eval (calibration.py)."""
+    """The calibration key: scheme class, shape bucket, device, dtype, train/eval
+    (calibration.py)."""
     inputs = call.inputs
-    # a tensor autograd differentiates is its own class: the block kernel's backward is the fused one only where
-    # no map input needs a gradient (fixed ALiBi: yes; learned ALiBi: no)
+    # a tensor autograd differentiates is its own class: the block kernel's backward is the fused
+    # one only where no map input needs a gradient (fixed ALiBi: yes; learned ALiBi: no)
     terms = [
         name + ("'" if t.requires_grad else "")
         for name, t in zip(inputs._fields, inputs)
@@ -210,8 +217,9 @@ def _calibrated(
     dropout_p: float,
     paths: list[str],
 ) -> str:
-    """The measured choice among `paths` (calibration.CALIBRATION), timed on detached copies of this call's
-    tensors: autograd.grad of their own graph, so no parameter's .grad and no graph of the model is touched."""
+    """The measured choice among `paths` (calibration.CALIBRATION), timed on detached copies of this
+    call's tensors: autograd.grad of their own graph, so no parameter's .grad and no graph of the
+    model is touched."""
     grad = torch.is_grad_enabled()
 
     # detached, differentiated as the original would be
@@ -254,18 +262,19 @@ def _plain(
     )
 
 
-# The block kernel (BlockwiseBiasedAttention: O(L·d) memory). torch.compile (train.compile) does not trace into
-# it: its Python loop over blocks and tiles, the strides of its views and the host checks of its masks would
-# break the graph in every block; one break around it leaves the rest of the layer compiled
+# The block kernel (BlockwiseBiasedAttention: O(L·d) memory). torch.compile (train.compile) does not
+# trace into it: its Python loop over blocks and tiles, the strides of its views and the host checks
+# of its masks would break the graph in every block; one break around it leaves the rest of the
+# layer compiled
 _blockwise = torch.compiler.disable(BlockwiseBiasedAttention.apply)
 
 
 def _widened(
     call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None
 ) -> list:
-    """The block kernel's arguments after the call: q_content, k, v, the score inputs and the parameters the
-    maps read. bf16/fp16 are widened to fp32, so that scores and softmax statistics stay in fp32 as
-    FlashAttention keeps them (FoX's float64 Λ is left as it is)."""
+    """The block kernel's arguments after the call: q_content, k, v, the score inputs and the
+    parameters the maps read. bf16/fp16 are widened to fp32, so that scores and softmax statistics
+    stay in fp32 as FlashAttention keeps them (FoX's float64 Λ is left as it is)."""
     wide = torch.promote_types(q_content.dtype, torch.float32)
     widen = [t.to(wide) for t in (q_content, k, v)]
     inputs = [
@@ -289,8 +298,8 @@ def _stored(
     q_position: Tensor | None,
     dropout_p: float,
 ) -> Tensor:
-    """SDPA per query block (skipping the keys outside its windows), with the block's additive map and
-    mask as one float mask."""
+    """SDPA per query block (skipping the keys outside its windows), with the block's additive map
+    and mask as one float mask."""
     inputs, outs = call.score_inputs(q_position), []
     for blk in call.blocks(STORED_BLOCK_SCORES, windowed=True):
         visible = call.with_sinks(call.visible(blk), True)
@@ -326,8 +335,8 @@ def _observed(
     dropout_p: float,
     statistics: StatisticsSink,
 ) -> Tensor:
-    """Probabilities per query block, handed to `statistics` (the stream's keys, sinks left out) before
-    the product with v."""
+    """Probabilities per query block, handed to `statistics` (the stream's keys, sinks left out)
+    before the product with v."""
     inputs, outs = call.score_inputs(q_position), []
     for blk in call.blocks(STORED_BLOCK_SCORES):
         q_b, k_b, v_b = q_content[:, :, blk.rows], k[:, :, blk.keys], v[:, :, blk.keys]

@@ -1,12 +1,12 @@
-"""The materialised path of RelPosAttention (`backend: explicit`, `need_weights`, Shaw value embeddings, and
-per query block for the schemes that need the scores themselves: stick-breaking, PaTH, DAPE): every score
-of the equation summed into one [B, H, L_b, K_b] map, the normaliser over it (softmax, or stick-breaking),
-then the values.
+"""The materialised path of RelPosAttention (`backend: explicit`, `need_weights`, Shaw value
+embeddings, and per query block for the schemes that need the scores themselves: stick-breaking,
+PaTH, DAPE): every score of the equation summed into one [B, H, L_b, K_b] map, the normaliser over
+it (softmax, or stick-breaking), then the values.
 
 Slow and memory-hungry by design: the readable reference the fast kernels (dispatch.py) are tested
-against, and the only path that returns probabilities or adds Shaw et al.'s value term. A function of
-tensors: the attention computes its equation (RelPosAttention.scores) and hands the summed map down
-with the values and the call; this module knows nothing of the module that computed them.
+against, and the only path that returns probabilities or adds Shaw et al.'s value term. A function
+of tensors: the attention computes its equation (RelPosAttention.scores) and hands the summed map
+down with the values and the call; this module knows nothing of the module that computed them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock
 from relpos_ablate.model.kernels.geometry import StatisticsSink
 from relpos_ablate.model.kernels.shift import rel_shift
 
-#: (scores [B, H, L_b, K_b], visible, own [L_b, K_b]) -> weights: the normaliser seam (default: softmax)
+#: (scores [B, H, L_b, K_b], visible, own [L_b, K_b]) -> weights: the normaliser seam (default:
+#: softmax)
 Normaliser = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
@@ -39,14 +40,15 @@ def explicit_attention(
     value_rows: Tensor | None = None,
     normaliser: Normaliser | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """(output [B, H, L_b, dh], probabilities [B, H, L_b, K_b] of the stream's keys: with sinks a row sums to 1
-    minus the sinks' share) of the block's queries (default: the whole call).
+    """(output [B, H, L_b, dh], probabilities [B, H, L_b, K_b] of the stream's keys: with sinks a
+    row sums to 1 minus the sinks' share) of the block's queries (default: the whole call).
 
-    scores: every score of the equation summed, broadcastable to [B, H, L_b, K_b]; v [B, H, K_b, dh], the
-    block's keys' values; the learned sinks' logits [B, H, L_b, S] and values [H, S, dh]; value_rows [n, dh]:
-    Shaw et al.'s a^V at each of the call's distances (whole call only). normaliser: what turns the scores into
-    weights, (scores, visible, own) -> weights, own True at each query's own key (default: the softmax over
-    the visible keys; stick_breaking.py replaces it)."""
+    scores: every score of the equation summed, broadcastable to [B, H, L_b, K_b]; v [B, H, K_b,
+    dh], the block's keys' values; the learned sinks' logits [B, H, L_b, S] and values [H, S, dh];
+    value_rows [n, dh]: Shaw et al.'s a^V at each of the call's distances (whole call only).
+    normaliser: what turns the scores into weights, (scores, visible, own) -> weights, own True at
+    each query's own key (default: the softmax over the visible keys; stick_breaking.py replaces
+    it)."""
     blk = block or call.all_queries
     b, h = v.shape[:2]
     scores = scores.expand(b, h, blk.i1 - blk.i0, blk.width)  # terms broadcast: (B, H, L_b, K_b)
@@ -74,9 +76,9 @@ def explicit_attention(
 
 
 def shaw_values(probs: Tensor, values: Tensor, call: AttentionCall) -> Tensor:
-    """Shaw et al. value term Σ_j p_ij a^V_{clip(i'-j)}: values [n, dh] per distance of the call (clipped as
-    the keys are), probabilities regrouped by distance (the inverse of rel_shift), then one product; at
-    explicit positions, the row gathered per pair. [B, H, L, K] -> [B, H, L, dh]."""
+    """Shaw et al. value term Σ_j p_ij a^V_{clip(i'-j)}: values [n, dh] per distance of the call
+    (clipped as the keys are), probabilities regrouped by distance (the inverse of rel_shift), then
+    one product; at explicit positions, the row gathered per pair. [B, H, L, K] -> [B, H, L, dh]."""
     if not call.consecutive:
         # (L, K, dh) per pair
         return torch.einsum("bhlk,lkd->bhld", probs, values[call.distance_index])

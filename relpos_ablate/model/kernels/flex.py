@@ -1,27 +1,30 @@
-"""FlexAttention path (CUDA; compiled on CPU in the tests): the same scores as the block kernel, as a
-`score_mod` + `block_mask`.
+"""FlexAttention path (CUDA; compiled on CPU in the tests): the same scores as the block kernel, as
+a `score_mod` + `block_mask`.
 
-score_mod reads per-distance tensors at the pair's column t in the descending-distance order (shift.py):
-t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at explicit ones.
-It reads distance_scores [H, n] (term d without b, distance-only biases and FIRE below its threshold; term d
-its own [H, n] next to FIRE past it),
-FoX's Λ [B, H, K] (D = Λ_i' - Λ_j, restarted at the first query, in fp32 like the authors' kernel), the query
-scale [B or 1, H or 1, L], and evaluates FIRE's MLP per pair (`BiasScheme.compiled_pair_score` compiled: its
-piecewise-linear tables; `eager_pair_score` in eager mode, under vmap): memory O(L·d) for all
-of them. Term b is the exception: (q + v)·s·W_R R is precomputed for every query and distance, a
-[B, H, L, M + 2L - 1] tensor (O(L²): 8.6 GB at B = 1, H = 8, L = 16384 in bf16, as much as the scores
-themselves; a product of d_head numbers per pair has no pointwise form, and its bilinear form through the
-sinusoid's angle sums costs d_model / d_head times the q·kᵀ work); backend 'blocks' keeps it O(L·d). A
-bias scheme of one's own that depends on the query position (no pointwise `pair_score`) is precomputed as
-[H, L, K]. The block mask is the call's Visibility (causal, window), with the learned sink slots (the first
-n_sinks keys) visible to every query and free of position; key padding is applied in score_mod. CoPE does
-not run here (dispatch.py). On CPU FlexAttention has no backward: forward only.
+score_mod reads per-distance tensors at the pair's column t in the descending-distance order
+(shift.py):
+t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at
+explicit ones. It reads distance_scores [H, n] (term d without b, distance-only biases and FIRE
+below its threshold; term d its own [H, n] next to FIRE past it),
+FoX's Λ [B, H, K] (D = Λ_i' - Λ_j, restarted at the first query, in fp32 like the authors' kernel),
+the query scale [B or 1, H or 1, L], and evaluates FIRE's MLP per pair
+(`BiasScheme.compiled_pair_score` compiled: its piecewise-linear tables; `eager_pair_score` in eager
+mode, under vmap): memory O(L·d) for all of them. Term b is the exception: (q + v)·s·W_R R is
+precomputed for every query and distance, a [B, H, L, M + 2L - 1] tensor (O(L²): 8.6 GB at B = 1,
+H = 8, L = 16384 in bf16, as much as the scores themselves; a product of d_head numbers per pair has
+no pointwise form, and its bilinear form through the sinusoid's angle sums costs d_model / d_head
+times the q·kᵀ work); backend 'blocks' keeps it O(L·d). A bias scheme of one's own that depends on
+the query position (no pointwise `pair_score`) is precomputed as [H, L, K]. The block mask is the
+call's Visibility (causal, window), with the learned sink slots (the first n_sinks keys) visible to
+every query and free of position; key padding is applied in score_mod. CoPE does not run here
+(dispatch.py). On CPU FlexAttention has no backward: forward only.
 
-Compilation: `dynamic=False` (torch 2.13's CPU code generation of FlexAttention fails with dynamic shapes),
-so every new shape of q, k (batch, L, M + L) compiles once more, as does every new score_mod structure, dtype
-and autocast state; dynamo runs a function eagerly past its recompile limit (8 by default), which for
-FlexAttention means the full score matrix: the first compiled call raises the limit to RECOMPILE_LIMIT. A
-repeated shape does not recompile, nor does a new call of the same scheme (tests/test_compiled_flex.py).
+Compilation: `dynamic=False` (torch 2.13's CPU code generation of FlexAttention fails with dynamic
+shapes), so every new shape of q, k (batch, L, M + L) compiles once more, as does every new
+score_mod structure, dtype and autocast state; dynamo runs a function eagerly past its recompile
+limit (8 by default), which for FlexAttention means the full score matrix: the first compiled call
+raises the limit to RECOMPILE_LIMIT. A repeated shape does not recompile, nor does a new call of the
+same scheme (tests/test_compiled_flex.py).
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from torch import Tensor
 
 from relpos_ablate.model.kernels.call import AttentionCall, Visibility
 
-#: The least recompile limit set for compiled FlexAttention: every score_mod structure, dtype, autocast state
-#: and shape is one more compilation of the same function, and past torch's limit (8 by default) dynamo runs
-#: it eagerly: the full score matrix, 20-85x slower than compiled on an H200 (gpu_check, 2026-12-04).
+#: The least recompile limit set for compiled FlexAttention: every score_mod structure, dtype,
+#: autocast state and shape is one more compilation of the same function, and past torch's limit (8
+#: by default) dynamo runs it eagerly: the full score matrix, 20-85x slower than compiled on an H200
+#: (gpu_check, 2026-12-04).
 RECOMPILE_LIMIT = 256
 
 
@@ -74,16 +78,18 @@ def _block_mask(visibility: Visibility, n_queries: int, n_sinks: int, device: st
 
 
 def min_head_dim(device_type: str) -> int:
-    """The compiled kernel's least head width on a device: 16 on CUDA (torch's lowering: "embedding dimension of
-    the query, key, and value must be at least 16"; seen on an H200, torch 2.11, 2026-12-04), none on CPU."""
+    """The compiled kernel's least head width on a device: 16 on CUDA (torch's lowering: "embedding
+    dimension of the query, key, and value must be at least 16"; seen on an H200, torch 2.11,
+    2026-12-04), none on CPU."""
     return 16 if device_type == "cuda" else 1
 
 
 def trains_pair_bias(call: AttentionCall) -> bool:
-    """Whether the call would differentiate a query-dependent bias's parameters (FIRE's MLP, c, L) through compiled
-    FlexAttention's score_mod, which is not trusted: on an H200 (torch 2.11, 2026-12-04) its gradient of FIRE's first
-    layer's bias differed from the block kernel's by up to 0.08 in 13 of 32 entries (the forward matched on CPU,
-    compiled). 'auto' sends such calls to the other kernels; a pinned 'flex' refuses them."""
+    """Whether the call would differentiate a query-dependent bias's parameters (FIRE's MLP, c, L)
+    through compiled FlexAttention's score_mod, which is not trusted: on an H200 (torch 2.11,
+    2026-12-04) its gradient of FIRE's first layer's bias differed from the block kernel's by up to
+    0.08 in 13 of 32 entries (the forward matched on CPU, compiled). 'auto' sends such calls to the
+    other kernels; a pinned 'flex' refuses them."""
     return (
         call.pair_bias is not None
         and torch.is_grad_enabled()
@@ -92,8 +98,8 @@ def trains_pair_bias(call: AttentionCall) -> bool:
 
 
 def compiles(q: Tensor) -> bool:
-    """Whether FlexAttention runs compiled: on CUDA; elsewhere eagerly (torch 2.13's CPU code generation has
-    no backward; tests/test_compiled_flex.py compiles it on CPU for the forward)."""
+    """Whether FlexAttention runs compiled: on CUDA; elsewhere eagerly (torch 2.13's CPU code
+    generation has no backward; tests/test_compiled_flex.py compiles it on CPU for the forward)."""
     return q.is_cuda
 
 
@@ -111,9 +117,9 @@ def flex_attend(
         )
     if compiled and trains_pair_bias(call):
         raise ValueError(
-            f"model.attention.backend: 'flex' on {q_content.device.type} cannot train a query-dependent "
-            "bias (fire: its compiled gradient is not trusted, flex.trains_pair_bias); use 'auto' or "
-            "'blocks'"
+            f"model.attention.backend: 'flex' on {q_content.device.type} cannot train a "
+            f"query-dependent bias (fire: its compiled gradient is not trusted, "
+            f"flex.trains_pair_bias); use 'auto' or 'blocks'"
         )
     score_mod = _per_distance_mod(call, q_position, compiled)
     if padding is not None:
@@ -136,7 +142,8 @@ def _padded(score_mod, padding: Tensor):
 
 
 def _after_sinks(score_mod, n_sinks: int):
-    """score_mod over [sinks; keys]: the sinks keep their content score, key kv_idx - n_sinks gets score_mod's."""
+    """score_mod over [sinks; keys]: the sinks keep their content score, key kv_idx - n_sinks gets
+    score_mod's."""
 
     def sink_mod(score, b, h, q_idx, kv_idx):
         # both branches are evaluated: keep the index in range
@@ -147,10 +154,12 @@ def _after_sinks(score_mod, n_sinks: int):
 
 
 def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: bool):
-    """score_mod reading per-distance tensors at column t of the pair's distance: t = (L - 1 - q_idx) + kv_idx
-    for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at explicit ones."""
+    """score_mod reading per-distance tensors at column t of the pair's distance: t = (L - 1 -
+    q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at explicit
+    ones."""
     n_queries, n_mem, n_distances = call.n_queries, call.n_mem, call.distances.numel()
-    # the one O(L²) tensor of this path: (q + v)·s·W_R R for every query and distance, [B, H, L, M + 2L - 1]
+    # the one O(L²) tensor of this path: (q + v)·s·W_R R for every query and distance, [B, H, L, M +
+    # 2L - 1]
     term_b = None if q_position is None else q_position @ call.rel_keys.transpose(1, 2)
     term_d, distance_scores, scheme, pair_map = (
         call.inputs.term_d,
@@ -163,8 +172,8 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
         pair_map = scheme.bias(call.query_positions, call.key_positions) * call.bias_scale
     # Λ restarted at the first query, in at least fp32 (in bf16 a Λ of 100 would be off by 0.25)
     wide = torch.promote_types(call.dtype, torch.float32)
-    # the queries' Λ [B, H, L] and the keys' [B, H, K] as two tensors: compiled FlexAttention cannot differentiate
-    # two reads of one tensor (fox.point)
+    # the queries' Λ [B, H, L] and the keys' [B, H, K] as two tensors: compiled FlexAttention cannot
+    # differentiate two reads of one tensor (fox.point)
     decays = (
         None
         if call.log_decay is None

@@ -27,7 +27,8 @@ class Visibility:
     window: int | None = None
 
     def __call__(self, query_index: Tensor, key_index: Tensor) -> Tensor:
-        """Bool, broadcast over the two index tensors (flex.py calls it with scalars as its mask_mod)."""
+        """Bool, broadcast over the two index tensors (flex.py calls it with scalars as its
+        mask_mod)."""
         return self.at_distance(self.n_mem + query_index - key_index)
 
     def at_distance(self, distance: Tensor) -> Tensor:
@@ -41,8 +42,8 @@ class Visibility:
 @dataclass(frozen=True)
 class QueryBlock:
     """Queries i0 .. i1 - 1 against keys k0 .. n_keys - 1 (k0 > 0: the keys before lie outside every
-    window of the block); rel_cols / distance_cols: the columns of rel_keys and distance_scores this block
-    reads; n_sinks: learned sink slots the kernels' keys start with."""
+    window of the block); rel_cols / distance_cols: the columns of rel_keys and distance_scores this
+    block reads; n_sinks: learned sink slots the kernels' keys start with."""
 
     i0: int
     i1: int
@@ -63,8 +64,8 @@ class QueryBlock:
 
     @property
     def keys(self) -> slice | list[int]:
-        """The block's columns of the kernels' keys and values, [sinks; keys k0 .. n_keys - 1]: a slice
-        (a view) unless both sinks and skipped keys make it two ranges."""
+        """The block's columns of the kernels' keys and values, [sinks; keys k0 .. n_keys - 1]: a
+        slice (a view) unless both sinks and skipped keys make it two ranges."""
         if not self.k0:
             return slice(0, self.n_sinks + self.n_keys)
         if not self.n_sinks:
@@ -88,7 +89,8 @@ class ContextualScores(Protocol):
     """A scheme whose scores read the block's queries and keys (CoPE: cope.ContextualPositions)."""
 
     def scores(self, q: Tensor, k: Tensor, scale: float, visible: Tensor) -> Tensor:
-        """q [B, H, L_b, dh], k [B, H, K_b, dh], visible as BlockView.visible -> additive scores [B, H, L_b, K_b]."""
+        """q [B, H, L_b, dh], k [B, H, K_b, dh], visible as BlockView.visible -> additive scores [B,
+        H, L_b, K_b]."""
 
     def block_scores(
         self,
@@ -99,32 +101,34 @@ class ContextualScores(Protocol):
         shifted: bool = False,
         diagonal: int | None = None,
     ) -> tuple[Tensor, Any]:
-        """`scores` without autograd, and what `block_backward` needs (the block kernel); `shifted`: each query's
-        scores minus the constant they take beyond `band_width` (the band kernel's form); `diagonal`: visibility
-        is causal, row r seeing no key past column r + diagonal (AttentionCall.causal_diagonal)."""
+        """`scores` without autograd, and what `block_backward` needs (the block kernel); `shifted`:
+        each query's scores minus the constant they take beyond `band_width` (the band kernel's
+        form); `diagonal`: visibility is causal, row r seeing no key past column r + diagonal
+        (AttentionCall.causal_diagonal)."""
 
     def block_backward(
         self, state: Any, grad: Tensor, q: Tensor, scale: float, shifted: bool = False
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """(the gradient to add to that of the block's s·q·kᵀ, divided by s; q's other gradient; the gradient of
-        its one parameter) of the scores' sum against grad."""
+        """(the gradient to add to that of the block's s·q·kᵀ, divided by s; q's other gradient; the
+        gradient of its one parameter) of the scores' sum against grad."""
 
     def band_width(self, q: Tensor, k: Tensor, scale: float, n_mem: int) -> int | None:
-        """D of a causal call: beyond D every query's scores are one constant per query (the band kernel); None:
-        no such D short of the whole call."""
+        """D of a causal call: beyond D every query's scores are one constant per query (the band
+        kernel); None: no such D short of the whole call."""
 
     def parameters(self) -> Iterator[Tensor]:
         """Its learned tensors (block_backward's third result is the gradient of the one it has)."""
 
 
 class DecayScores(Protocol):
-    """A term built from a per-key cumulative sum, D_ij = Λ_i' - Λ_j (FoX: fox.ForgetGate), in the three forms
-    the kernels ask for. Λ is float64 ([B, H, K]); i' and j are key indices."""
+    """A term built from a per-key cumulative sum, D_ij = Λ_i' - Λ_j (FoX: fox.ForgetGate), in the
+    three forms the kernels ask for. Λ is float64 ([B, H, K]); i' and j are key indices."""
 
     def block_scores(
         self, log_decay: Tensor, queries: slice, keys: slice, dtype: torch.dtype
     ) -> Tensor:
-        """[B, H, L_b, K_b] in dtype: the queries' key indices (rows of Λ) against the keys (columns)."""
+        """[B, H, L_b, K_b] in dtype: the queries' key indices (rows of Λ) against the keys
+        (columns)."""
 
     def point(
         self,
@@ -135,9 +139,9 @@ class DecayScores(Protocol):
         query: Tensor,
         key: Tensor,
     ) -> Tensor:
-        """The same for one pair (FlexAttention's score_mod; indices as tensors): Λ_i' from query_decay [B, H, L] at
-        the query's index, Λ_j from key_decay [B, H, K] (compiled FlexAttention cannot differentiate two reads of
-        one tensor in a score_mod)."""
+        """The same for one pair (FlexAttention's score_mod; indices as tensors): Λ_i' from
+        query_decay [B, H, L] at the query's index, Λ_j from key_decay [B, H, K] (compiled
+        FlexAttention cannot differentiate two reads of one tensor in a score_mod)."""
 
     def block_gradient(
         self, grad: Tensor, grad_log_decay: Tensor, queries: slice, keys: slice
@@ -146,7 +150,8 @@ class DecayScores(Protocol):
 
 
 class StatisticsSink(Protocol):
-    """Where a call hands each block's probabilities (AttentionOptions.statistics: diagnostics.LayerStatistics)."""
+    """Where a call hands each block's probabilities (AttentionOptions.statistics:
+    diagnostics.LayerStatistics)."""
 
     def add(self, view: BlockView, probs: Tensor) -> None:
         """probs [B, H, L_b, K_b] over the stream's keys of the block (sinks left out)."""

@@ -1,29 +1,33 @@
-"""Biases that are a key's offset up to a per-query constant ride on SDPA's flash kernel: no score map.
+"""Biases that are a key's offset up to a per-query constant ride on SDPA's flash kernel: no score
+map.
 
-ALiBi's -m·(i' - j) is m·j - m·i', and FoX's D_ij = Λ_i' - Λ_j is (-Λ_j) - (-Λ_i'): both are e_j - e_i'
-with a key offset e (ALiBi, learned ALiBi: e_j = s_B·m_h·j; FoX: e_j = -Λ_j; both: the sum). The scores
-s·q_i·k_j + e_j - e_i' are one product of wider heads: q gets the channels [1, -hi_i', 1, -lo_i'], k
-[hi_j, 1, lo_j, 1] (hi + lo: e / s in two fp32 numbers), v zeros behind its own (the CPU kernel wants one
-head width), each padded with zeros to a multiple of EXTRA channels. Causal only (bidirectional ALiBi's
-|i - j| is not of this form).
+ALiBi's -m·(i' - j) is m·j - m·i', and FoX's D_ij = Λ_i' - Λ_j is (-Λ_j) - (-Λ_i'): both are e_j -
+e_i' with a key offset e (ALiBi, learned ALiBi: e_j = s_B·m_h·j; FoX: e_j = -Λ_j; both: the sum).
+The scores s·q_i·k_j + e_j - e_i' are one product of wider heads: q gets the channels [1, -hi_i', 1,
+-lo_i'], k [hi_j, 1, lo_j, 1] (hi + lo: e / s in two fp32 numbers), v zeros behind its own (the CPU
+kernel wants one head width), each padded with zeros to a multiple of EXTRA channels. Causal only
+(bidirectional ALiBi's |i - j| is not of this form).
 
-Rounding: e grows with the context (m·j up to m·K; Λ without bound), and an fp32 sum that holds e_j carries
-an error of about 2^-24·|e_j|. Where the CPU kernel sums a score's channels in their order (`ordered_sums`:
-checked once a process against float64), those channels lead, so that hi_j - hi_i' comes first, exact for the
-keys that matter (near ones: Sterbenz), then the small rest: one call whatever the spread of e (rounding
-~1e-6 at L = 4096 with ALiBi's slope 1/2 or FoX's gates). Elsewhere they follow the head's own channels, the
-query's -hi, -lo are zeros (the softmax ignores its constant) and the queries go in blocks: each block's keys
-get e_j - e_c, c the block's middle query, so the keys a query of the block attends to most (its near ones)
-carry offsets of at most half the block's spread, the far ones large negative offsets whose weights are below
-fp32's resolution anyway. The differences are taken in float64. `block_size` picks the largest block (a power
-of two) whose offsets spread over at most SPREAD_LIMIT; a call that needs blocks below MIN_BLOCK (a gate near
-0, a slope grown large) is not taken here (None: the caller takes another kernel).
+Rounding: e grows with the context (m·j up to m·K; Λ without bound), and an fp32 sum that holds e_j
+carries an error of about 2^-24·|e_j|. Where the CPU kernel sums a score's channels in their order
+(`ordered_sums`: checked once a process against float64), those channels lead, so that hi_j - hi_i'
+comes first, exact for the keys that matter (near ones: Sterbenz), then the small rest: one call
+whatever the spread of e (rounding ~1e-6 at L = 4096 with ALiBi's slope 1/2 or FoX's gates).
+Elsewhere they follow the head's own channels, the query's -hi, -lo are zeros (the softmax ignores
+its constant) and the queries go in blocks: each block's keys get e_j - e_c, c the block's middle
+query, so the keys a query of the block attends to most (its near ones) carry offsets of at most
+half the block's spread, the far ones large negative offsets whose weights are below fp32's
+resolution anyway. The differences are taken in float64. `block_size` picks the largest block (a
+power of two) whose offsets spread over at most SPREAD_LIMIT; a call that needs blocks below
+MIN_BLOCK (a gate near 0, a slope grown large) is not taken here (None: the caller takes another
+kernel).
 
 Per block the keys before it (no mask) and its own keys (causal) are two flash calls merged by their
-log-sum-exps; the blocks' own parts are one batched call. Backward calls the flash backward per part with
-the merged output and log-sum-exp (each part's probabilities are then exact). The gradient of e_j is the
-column sum of dS at key j minus the row sum at query j, both from the flash backward's gradients of the added
-channels (GRADIENT_BLOCKS below). CPU only (the CPU flash kernel's ops); CUDA takes FlexAttention.
+log-sum-exps; the blocks' own parts are one batched call. Backward calls the flash backward per part
+with the merged output and log-sum-exp (each part's probabilities are then exact). The gradient of
+e_j is the column sum of dS at key j minus the row sum at query j, both from the flash backward's
+gradients of the added channels (GRADIENT_BLOCKS below). CPU only (the CPU flash kernel's ops); CUDA
+takes FlexAttention.
 """
 
 from __future__ import annotations
@@ -38,17 +42,19 @@ from relpos_ablate.model.kernels.call import AttentionCall
 # largest spread of e over one block's queries: offsets within ±64, fp32 rounding ≤ ~4e-6
 SPREAD_LIMIT = 128.0
 MIN_BLOCK, MAX_BLOCK = 64, 1024
-# channels added to the head: OFFSET in front (the offsets' hi and lo parts against ones), then, where e needs a
-# gradient, one channel per gradient block (below), zeros up to a multiple of 8 (they add nothing to a product). At
-# L = 4096 heads of 72 channels took 5-15% less time than of 65 on an AMD EPYC (torch 2.13, the CPU flash kernel's
-# backward; benchmarks/results/compare_revisions_low_rank_width.md); on an Intel Xeon 65 .. 80 cost alike, ~15%
-# above 64, and 88 or 96 ~40%
+# channels added to the head: OFFSET in front (the offsets' hi and lo parts against ones), then,
+# where e needs a gradient, one channel per gradient block (below), zeros up to a multiple of 8
+# (they add nothing to a product). At L = 4096 heads of 72 channels took 5-15% less time than of 65
+# on an AMD EPYC (torch 2.13, the CPU flash kernel's backward;
+# benchmarks/results/compare_revisions_low_rank_width.md); on an Intel Xeon 65 .. 80 cost alike,
+# ~15% above 64, and 88 or 96 ~40%
 OFFSET, EXTRA = 4, 8
-# e's gradient sums column and row sums of dS that cancel: the column sums are taken per block of queries (a
-# channel of ones at its queries against keys of zeros: dk there is s·Σ_{i in block} dS_ij), each block's total
-# moved to its middle query c (backward), so that rounding is weighted by j - c rather than by j. At most
-# GRADIENT_BLOCKS (heads of <= 80 channels), of at least GRADIENT_ROWS queries; at L = 4096 the learned slopes'
-# gradient then errs 1.1e-5 .. 1.4e-5 of its largest entry against float64 (3 seeds; 4 blocks: up to 4.3e-5)
+# e's gradient sums column and row sums of dS that cancel: the column sums are taken per block of
+# queries (a channel of ones at its queries against keys of zeros: dk there is s·Σ_{i in block}
+# dS_ij), each block's total moved to its middle query c (backward), so that rounding is weighted by
+# j - c rather than by j. At most GRADIENT_BLOCKS (heads of <= 80 channels), of at least
+# GRADIENT_ROWS queries; at L = 4096 the learned slopes' gradient then errs 1.1e-5 .. 1.4e-5 of its
+# largest entry against float64 (3 seeds; 4 blocks: up to 4.3e-5)
 GRADIENT_BLOCKS, GRADIENT_ROWS = 8, 256
 
 _forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -56,9 +62,9 @@ _backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
 def key_offsets(call: AttentionCall) -> Tensor | None:
-    """e [B or 1, H, K] float64 of a call whose every additive term is a key offset (ALiBi's s_B·m_h·j, FoX's
-    -Λ_j), else None: causal, consecutive positions, no window, key padding, sinks, query scale, term b or d,
-    query-dependent bias or CoPE."""
+    """e [B or 1, H, K] float64 of a call whose every additive term is a key offset (ALiBi's
+    s_B·m_h·j, FoX's -Λ_j), else None: causal, consecutive positions, no window, key padding, sinks,
+    query scale, term b or d, query-dependent bias or CoPE."""
     inputs = call.inputs
     if (
         not call.plain_causal
@@ -81,8 +87,8 @@ def key_offsets(call: AttentionCall) -> Tensor | None:
 def attend_low_rank(
     call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, block: int
 ) -> Tensor:
-    """The call on the low-rank kernel: q (the content query), k, v in fp32 at least (the offsets' rounding
-    argument is fp32's), back in the call's dtype."""
+    """The call on the low-rank kernel: q (the content query), k, v in fp32 at least (the offsets'
+    rounding argument is fp32's), back in the call's dtype."""
     wide = torch.promote_types(q.dtype, torch.float32)
     out = KeyOffsetAttention.apply(
         q.to(wide), k.to(wide), v.to(wide), offsets, call.scale, block, ordered_sums()
@@ -91,10 +97,10 @@ def attend_low_rank(
 
 
 def block_size(key_offsets: Tensor, n_queries: int) -> int | None:
-    """All queries in one block where the kernel sums channels in order (`ordered_sums`); else the largest
-    power-of-two query block (MIN_BLOCK .. MAX_BLOCK) whose offsets spread over at most SPREAD_LIMIT (e is
-    non-decreasing: the spread of a block is e at its last query minus e at its first), None where even
-    MIN_BLOCK spreads wider."""
+    """All queries in one block where the kernel sums channels in order (`ordered_sums`); else the
+    largest power-of-two query block (MIN_BLOCK .. MAX_BLOCK) whose offsets spread over at most
+    SPREAD_LIMIT (e is non-decreasing: the spread of a block is e at its last query minus e at its
+    first), None where even MIN_BLOCK spreads wider."""
     if ordered_sums():
         return max(n_queries, 1)
     queries = key_offsets[..., key_offsets.shape[-1] - n_queries :].detach()
@@ -115,17 +121,18 @@ def block_size(key_offsets: Tensor, n_queries: int) -> int | None:
 @torch.compiler.disable
 @functools.cache
 def ordered_sums() -> bool:
-    """Whether this machine's CPU flash kernel sums a score's channels in their order, so that the leading
-    hi_j - hi_i' cancel exactly: `matches_float64(True)`, once a process (~0.1 s). On the Intel Xeon and AMD EPYC
-    machines of this project's development: True."""
+    """Whether this machine's CPU flash kernel sums a score's channels in their order, so that the
+    leading hi_j - hi_i' cancel exactly: `matches_float64(True)`, once a process (~0.1 s). On the
+    Intel Xeon and AMD EPYC machines of this project's development: True."""
     return matches_float64(True)
 
 
 def matches_float64(ordered: bool) -> bool:
-    """Whether the kernel in one block (with the queries' channels if `ordered`, else zeros there) matches float64
-    on two calls whose offsets climb in steps of 1000 every 100 keys (e / s up to ~10^5: a sum that holds one
-    errs ~1e-4): 800 queries (the flash kernel's large query tiles) and 100 after 300 memory keys (its small ones,
-    and a past part); output within 1e-5, gradients within 1e-5 of their largest entry."""
+    """Whether the kernel in one block (with the queries' channels if `ordered`, else zeros there)
+    matches float64 on two calls whose offsets climb in steps of 1000 every 100 keys (e / s up to
+    ~10^5: a sum that holds one errs ~1e-4): 800 queries (the flash kernel's large query tiles) and
+    100 after 300 memory keys (its small ones, and a past part); output within 1e-5, gradients
+    within 1e-5 of their largest entry."""
     # whatever the caller's mode: the check differentiates
     with torch.inference_mode(False), torch.enable_grad():
         return _matches_float64(ordered)
@@ -165,7 +172,8 @@ def _matches_float64(ordered: bool) -> bool:
 
 
 class _Layout:
-    """The blocks of one call: block b has queries i0 = b·size .. i1 and key index c of its middle query."""
+    """The blocks of one call: block b has queries i0 = b·size .. i1 and key index c of its middle
+    query."""
 
     def __init__(self, n_queries: int, n_mem: int, size: int):
         self.n_queries, self.n_mem, self.size = n_queries, n_mem, size
@@ -176,8 +184,8 @@ class _Layout:
         return self.n_mem + (i0 + i1 - 1) // 2
 
     def own_offsets(self, key_offsets: Tensor) -> Tensor:
-        """[.., L] e_j - e_c for each query-key j against its own block's middle (the blocks' own keys, and the
-        queries' own offsets)."""
+        """[.., L] e_j - e_c for each query-key j against its own block's middle (the blocks' own
+        keys, and the queries' own offsets)."""
         own = key_offsets[..., self.n_mem :]
         centres = torch.cat(
             [
@@ -192,32 +200,32 @@ class _Layout:
 
 
 def _split(offsets: Tensor, scale: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """(hi, lo): offsets / s (float64) as two tensors of dtype whose sum carries it (fp32: to ~2^-48 of its size;
-    float64: hi is all of it, lo 0)."""
+    """(hi, lo): offsets / s (float64) as two tensors of dtype whose sum carries it (fp32: to ~2^-48
+    of its size; float64: hi is all of it, lo 0)."""
     scaled = offsets / scale
     hi = scaled.to(dtype)
     return hi, (scaled - hi.double()).to(dtype)
 
 
 def _set_keys(k_aug: Tensor, keys: slice, offsets: Tensor, scale: float, lead: int) -> None:
-    """The key channels of `keys` (from `lead` on): hi and lo of offsets / s (e differences in float64), each against
-    a 1."""
+    """The key channels of `keys` (from `lead` on): hi and lo of offsets / s (e differences in
+    float64), each against a 1."""
     hi, lo = _split(offsets, scale, k_aug.dtype)
     # broadcasts over the batch where e is shared
     k_aug[:, :, keys, lead], k_aug[:, :, keys, lead + 2] = (hi, lo)
 
 
 def _lead(ordered: bool, head: int) -> int:
-    """Where the OFFSET channels sit: in front where sums are in order (hi_j - hi_i' first), else behind the head's
-    own (bounded by the block's spread; on a kernel that sums in order, met once, last, by the head's small sum:
-    the blocks' measured rounding, benchmarks/low_rank_blocks.py)."""
+    """Where the OFFSET channels sit: in front where sums are in order (hi_j - hi_i' first), else
+    behind the head's own (bounded by the block's spread; on a kernel that sums in order, met once,
+    last, by the head's small sum: the blocks' measured rounding, benchmarks/low_rank_blocks.py)."""
     return 0 if ordered else head
 
 
 def _augmented(t: Tensor, offsets: Tensor | None, back: int | Tensor, lead: int = 0) -> Tensor:
-    """q and k: the OFFSET channels `offsets` at `lead` (in front of t or behind it), then `back`; v (offsets None):
-    [t, back]. back: a number of zero channels (zeroed in place, not made as a tensor to be concatenated), or the
-    channels themselves. Written into one new tensor."""
+    """q and k: the OFFSET channels `offsets` at `lead` (in front of t or behind it), then `back`; v
+    (offsets None): [t, back]. back: a number of zero channels (zeroed in place, not made as a
+    tensor to be concatenated), or the channels themselves. Written into one new tensor."""
     n_back = back if isinstance(back, int) else back.shape[-1]
     n_offsets = 0 if offsets is None else OFFSET
     out = t.new_empty(*t.shape[:-1], t.shape[-1] + n_offsets + n_back)
@@ -234,7 +242,8 @@ def _augmented(t: Tensor, offsets: Tensor | None, back: int | Tensor, lead: int 
 
 
 def _gradient_blocks(n_queries: int) -> list[tuple[int, int]]:
-    """The query blocks (i0, i1) whose column sums of dS e's gradient takes one by one (GRADIENT_BLOCKS)."""
+    """The query blocks (i0, i1) whose column sums of dS e's gradient takes one by one
+    (GRADIENT_BLOCKS)."""
     n = max(1, min(GRADIENT_BLOCKS, -(-n_queries // GRADIENT_ROWS)))
     return [(n_queries * b // n, n_queries * (b + 1) // n) for b in range(n)]
 
@@ -247,7 +256,8 @@ def _own_blocks(layout: _Layout) -> list[tuple[slice, int]]:
 
 
 def _past_parts(layout: _Layout, k_aug: Tensor, key_offsets: Tensor, scale: float, lead: int):
-    """(rows, k0) of each block with keys before it (k0 of them), the key channels set to e_j - e_c there."""
+    """(rows, k0) of each block with keys before it (k0 of them), the key channels set to e_j - e_c
+    there."""
     for i0, i1 in layout.blocks:
         k0 = layout.n_mem + i0
         if k0:
@@ -273,9 +283,10 @@ def _unbatched(t: Tensor, heads: int) -> Tensor:
 
 
 class KeyOffsetAttention(torch.autograd.Function):
-    """softmax over causal keys of s·q·kᵀ + e_j - e_i', times v: q [B, H, L, dh], k, v [B, H, K, dh] (K = M + L:
-    the queries are the last L keys), key_offsets e [B or 1, H, K] (float64, non-decreasing), block (block_size),
-    ordered (ordered_sums: the queries' channels carry -e_i') -> [B, H, L, dh]."""
+    """softmax over causal keys of s·q·kᵀ + e_j - e_i', times v: q [B, H, L, dh], k, v [B, H, K, dh]
+    (K = M + L: the queries are the last L keys), key_offsets e [B or 1, H, K] (float64,
+    non-decreasing), block (block_size), ordered (ordered_sums: the queries' channels carry -e_i')
+    -> [B, H, L, dh]."""
 
     @staticmethod
     def forward(
@@ -344,11 +355,11 @@ class KeyOffsetAttention(torch.autograd.Function):
         n_mem = k_aug.shape[2] - lq
         layout = _Layout(lq, n_mem, ctx.block)
         grad_aug = _augmented(grad_out, None, v_aug.shape[-1] - dh)
-        # ∂L/∂e_j = Σ_i dS_ij - Σ_k dS_jk (as a key, as a query): the column sums of each gradient block at the
-        # keys, the row sums (the query channel's gradient) at the queries, and, at each block's middle query c,
-        # its rows' total minus its columns' (the same entries of dS: 0 but for rounding). The slopes' and the
-        # gates' gradients then sum (j - c)- and (c - i')-weighted terms instead of j- and i'-weighted ones: far
-        # less cancellation
+        # ∂L/∂e_j = Σ_i dS_ij - Σ_k dS_jk (as a key, as a query): the column sums of each gradient
+        # block at the keys, the row sums (the query channel's gradient) at the queries, and, at
+        # each block's middle query c, its rows' total minus its columns' (the same entries of dS: 0
+        # but for rounding). The slopes' and the gates' gradients then sum (j - c)- and (c -
+        # i')-weighted terms instead of j- and i'-weighted ones: far less cancellation
         grad_offsets = torch.zeros(b, h, k_aug.shape[2], dtype=torch.float64, device=q_aug.device)
         # rows' minus columns'
         totals = torch.zeros(b, h, len(sums), dtype=torch.float64, device=q_aug.device)

@@ -5,7 +5,8 @@ a built-in is one "module:Class" line there, a scheme of your own one `@register
 Formulas, sign conventions and defaults of every scheme: docs/formulas.md#bias-types.
 
 Distances are i - j everywhere (query minus key: "how far back the key is"; negative = a future key,
-seen only when attention is bidirectional). Schemes defined the other way (T5) convert at their edge.
+seen only when attention is bidirectional). Schemes defined the other way (T5) convert at their
+edge.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from relpos_ablate.config.registry import bias_class
 def build_bias(
     config: AttentionConfig, n_heads: int, d_head: int | None = None
 ) -> BiasScheme | None:
-    """The bias module registered under `config.bias` (None for 'none'); d_head: the attention's head width,
-    set on the scheme for those that read it (Sandwich)."""
+    """The bias module registered under `config.bias` (None for 'none'); d_head: the attention's
+    head width, set on the scheme for those that read it (Sandwich)."""
     if config.bias == "none":
         return None
     cls = bias_class(config.bias)
@@ -43,10 +44,11 @@ class BiasScheme(nn.Module):
     or override `bias(q_pos, k_pos)` when it also depends on the query position (FIRE).
     """
 
-    #: True when B depends on i - j alone; the attention then builds the [H, Lq, K] map from a curve.
+    #: True when B depends on i - j alone; the attention then builds the [H, Lq, K] map from a
+    #: curve.
     distance_only: ClassVar[bool] = True
-    #: True when `pair_score` gives B of one pair in pointwise tensor ops (FlexAttention then evaluates it
-    #: inside its kernel instead of reading a precomputed [H, Lq, K] map).
+    #: True when `pair_score` gives B of one pair in pointwise tensor ops (FlexAttention then
+    #: evaluates it inside its kernel instead of reading a precomputed [H, Lq, K] map).
     pointwise: ClassVar[bool] = False
 
     def __init__(self, n_heads: int, config: AttentionConfig):
@@ -71,30 +73,33 @@ class BiasScheme(nn.Module):
     def compiled_pair_score(
         self, query_positions: Tensor, key_positions: Tensor, distances: Tensor | None
     ):
-        """Compiled FlexAttention's score of a pair, as a function (head, q_idx, kv_idx, t) -> B of tensors: the
-        query's and key's indices into query_positions [L] and key_positions [K], and t the pair's column in
-        `distances` [n] (the pair's q_pos - k_pos there; None where the distances are drawn, not the positions'). A
-        scheme may precompute tables here (read once each in the score_mod: inductor differentiates no tensor
-        read twice). Default: `pair_score` at the pair's positions."""
+        """Compiled FlexAttention's score of a pair, as a function (head, q_idx, kv_idx, t) -> B of
+        tensors: the query's and key's indices into query_positions [L] and key_positions [K], and t
+        the pair's column in `distances` [n] (the pair's q_pos - k_pos there; None where the
+        distances are drawn, not the positions'). A scheme may precompute tables here (read once
+        each in the score_mod: inductor differentiates no tensor read twice). Default: `pair_score`
+        at the pair's positions."""
         return lambda head, q_idx, kv_idx, t: self.pair_score(
             query_positions[q_idx], key_positions[kv_idx], head
         )
 
     def eager_pair_score(self, q_pos: Tensor, k_pos: Tensor, head: Tensor) -> Tensor:
-        """`pair_score` for FlexAttention in eager mode (CPU), which runs score_mod under vmap, so any tensor
-        op may appear (a sum over a vector, a matrix product); compiled FlexAttention (CUDA) takes pointwise
-        ops only and calls `pair_score`. Default: `pair_score`."""
+        """`pair_score` for FlexAttention in eager mode (CPU), which runs score_mod under vmap, so
+        any tensor op may appear (a sum over a vector, a matrix product); compiled FlexAttention
+        (CUDA) takes pointwise ops only and calls `pair_score`. Default: `pair_score`."""
         return self.pair_score(q_pos, k_pos, head)
 
     def linear_slope(self) -> Tensor | None:
-        """[H] m_h where B_h = -m_h·(i - j) on causal pairs (i >= j), else None: such a bias is m_h·j up to a
-        per-query constant, which the low-rank kernel (kernels/low_rank.py) adds as extra channels of the heads."""
+        """[H] m_h where B_h = -m_h·(i - j) on causal pairs (i >= j), else None: such a bias is
+        m_h·j up to a per-query constant, which the low-rank kernel (kernels/low_rank.py) adds as
+        extra channels of the heads."""
         return None
 
     def saturation(self) -> int | None:
-        """The distance D from which `curve` is constant on causal distances (every d >= D has the bias of D:
-        a clamp, T5's last bucket), else None. Those pairs then differ from s·q·kᵀ by one constant per query,
-        which the softmax ignores: the band kernel (kernels/band.py) leaves them to the causal flash kernel."""
+        """The distance D from which `curve` is constant on causal distances (every d >= D has the
+        bias of D: a clamp, T5's last bucket), else None. Those pairs then differ from s·q·kᵀ by one
+        constant per query, which the softmax ignores: the band kernel (kernels/band.py) leaves them
+        to the causal flash kernel."""
         return None
 
     def distance_only_until(self) -> float:
@@ -102,21 +107,23 @@ class BiasScheme(nn.Module):
         return float("inf")
 
     def by_hand(self, query_positions: Tensor, key_positions: Tensor, grad: bool = False):
-        """An object giving the bias at every pair of these positions and taking its gradient by hand
-        (fire_pairs.FIREPairs: block, add_gradient, parameter_gradients, trained), or None: the block kernel then
-        differentiates `bias` by autograd. Only schemes that read the query position (not distance_only) need it."""
+        """An object giving the bias at every pair of these positions and taking its gradient by
+        hand (fire_pairs.FIREPairs: block, add_gradient, parameter_gradients, trained), or None: the
+        block kernel then differentiates `bias` by autograd. Only schemes that read the query
+        position (not distance_only) need it."""
         return None
 
     def after_optimizer_step(self) -> None:
-        """Called after every optimizer step (train/module.py, train/plain.py; a loop of your own should
-        too): restore constraints on the parameters in place. Default: none."""
+        """Called after every optimizer step (train/module.py, train/plain.py; a loop of your own
+        should too): restore constraints on the parameters in place. Default: none."""
 
     def boundaries(self) -> list[float]:
-        """Distances where the scheme changes regime (clamps, bucket edges): marked in bias plots."""
+        """Distances where the scheme changes regime (clamps, bucket edges): marked in bias
+        plots."""
         return []
 
 
 def bias_schemes(model: nn.Module) -> list[BiasScheme]:
-    """Every bias scheme inside `model`, each once (one shared by all layers is one module): the one walk
-    the model's init, the optimizer's groups and the after-step range restoration take."""
+    """Every bias scheme inside `model`, each once (one shared by all layers is one module): the one
+    walk the model's init, the optimizer's groups and the after-step range restoration take."""
     return [module for module in model.modules() if isinstance(module, BiasScheme)]

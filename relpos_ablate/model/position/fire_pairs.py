@@ -1,22 +1,24 @@
-"""FIRE's bias at every (query, key) pair of one attention call, and its gradient by hand: the block kernel's
-materialised maps (kernels/block_maps.py) use it for the queries past FIRE's threshold.
+"""FIRE's bias at every (query, key) pair of one attention call, and its gradient by hand: the block
+kernel's materialised maps (kernels/block_maps.py) use it for the queries past FIRE's threshold.
 
-Autograd through each tile's map (FIREBias.bias) would compute the MLP's pieces again per tile, keep a graph of
-the tile's pairs, and sum each piece's gradient by scatter_add (several passes over the map). Here what depends
-on the call alone is computed once: the pieces (α, β [H, S], piecewise.py), ψ(max(i, L)) per query and its
-derivatives in c and L. A tile's map gradient G [H, L_b, K_b] (summed over the batch) is reduced to
-- α's and β's: the sums of G and of G·x over each piece's pairs. Where a tile holds fewer than FEW_PIECES
-  pieces, by matmul with their one-hot [pairs, pieces]. Elsewhere, with keys in order, x falls along each row
-  (ψ rises with the distance), so each row's pieces are runs of keys: running sums along the row read at the
-  runs' ends (scatter_add where keys are not in order);
-- |c|'s and |L|'s: Σ g_x·∂x/∂c and Σ g_x·∂x/∂L over the pairs, g_x = Σ_h G_h·β_h(piece) (with few pieces,
-  Σ_h G_h·β_h(s) for each piece s by one matmul, then a gather of each pair's own), the weight ∂x/∂c
-  formed per pair (it is a difference of two terms of about the same size where i - j ≈ i: summed apart,
-  the two sums cancel to ~2e-6 of error in fp32).
-`parameter_gradients` takes the sums to FIRE's parameters once per call, by autograd through the pieces.
-Values: in a tile inside one interval, those of FIREBias.bias to the bit (the same operations per pair); elsewhere
-on the CPU the line of the tile's lowest interval plus a hinge per breakpoint inside its range (`_hinged`), the
-same function rounded differently (~2e-7), in forward and in backward's rebuild alike.
+Autograd through each tile's map (FIREBias.bias) would compute the MLP's pieces again per tile, keep
+a graph of the tile's pairs, and sum each piece's gradient by scatter_add (several passes over the
+map). Here what depends on the call alone is computed once: the pieces (α, β [H, S], piecewise.py),
+ψ(max(i, L)) per query and its derivatives in c and L. A tile's map gradient G [H, L_b, K_b] (summed
+over the batch) is reduced to
+- α's and β's: the sums of G and of G·x over each piece's pairs. Where a tile holds fewer than
+  FEW_PIECES pieces, by matmul with their one-hot [pairs, pieces]. Elsewhere, with keys in order, x
+  falls along each row (ψ rises with the distance), so each row's pieces are runs of keys: running
+  sums along the row read at the runs' ends (scatter_add where keys are not in order);
+- |c|'s and |L|'s: Σ g_x·∂x/∂c and Σ g_x·∂x/∂L over the pairs, g_x = Σ_h G_h·β_h(piece) (with few
+  pieces, Σ_h G_h·β_h(s) for each piece s by one matmul, then a gather of each pair's own), the
+  weight ∂x/∂c formed per pair (it is a difference of two terms of about the same size where i - j ≈
+  i: summed apart, the two sums cancel to ~2e-6 of error in fp32).
+`parameter_gradients` takes the sums to FIRE's parameters once per call, by autograd through the
+pieces. Values: in a tile inside one interval, those of FIREBias.bias to the bit (the same
+operations per pair); elsewhere on the CPU the line of the tile's lowest interval plus a hinge per
+breakpoint inside its range (`_hinged`), the same function rounded differently (~2e-7), in forward
+and in backward's rebuild alike.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from relpos_ablate.model.position.piecewise import _evaluate, _piece_sums, piece
 
 
 class Tile(NamedTuple):
-    """What a tile's gradient reads again: the tile's query rows, distances d, inputs x and #breakpoints < x."""
+    """What a tile's gradient reads again: the tile's query rows, distances d, inputs x and
+    #breakpoints < x."""
 
     rows: slice
     distances: Tensor  # (L_b, K_b)
@@ -42,9 +45,10 @@ class Tile(NamedTuple):
 
 
 class FIREPairs:
-    """FIRE (`scheme`, a FIREBias) at the pairs of `query_positions` [L] and `key_positions` [K]: `block` gives a
-    tile's map, `add_gradient` takes a map gradient, `parameter_gradients` returns the parameters' gradients.
-    `grad`: keep the graph from the parameters to the pieces (backward)."""
+    """FIRE (`scheme`, a FIREBias) at the pairs of `query_positions` [L] and `key_positions` [K]:
+    `block` gives a tile's map, `add_gradient` takes a map gradient, `parameter_gradients` returns
+    the parameters' gradients. `grad`: keep the graph from the parameters to the pieces
+    (backward)."""
 
     def __init__(self, scheme, query_positions: Tensor, key_positions: Tensor, grad: bool = False):
         self.scheme = scheme
@@ -75,7 +79,8 @@ class FIREPairs:
         self._scratch = torch.empty(0, dtype=dtype, device=c.device)
 
     def block(self, rows: slice, keys: slice) -> tuple[Tensor, Tile]:
-        """(the bias [H, L_b, K_b] of queries `rows` against keys `keys`, what its gradient reads)."""
+        """(the bias [H, L_b, K_b] of queries `rows` against keys `keys`, what its gradient
+        reads)."""
         bias, tile = self._bias(rows, keys)
         if tile.interval is None and tile.below is None:
             tile = tile._replace(below=_count_below(tile.x, self.breakpoints, tile.x_range))
@@ -109,11 +114,12 @@ class FIREPairs:
             )
 
     def _hinged(self, x: Tensor, x_range: Tensor) -> Tensor:
-        """α + β·x of each x's interval, [H, *x.shape], as the line of min(x)'s interval plus, for each breakpoint
-        τ in [min(x), max(x)), the change of slope there times relu(x - τ): one product [H, 2 + n] @ [2 + n, pairs]
-        in place of a lookup of each pair's interval and of α and β per pair and head (FIRE at L = 4096, B = 2,
-        H = 8: its forward blocks 158 -> 66 ms, backward tiles 88 -> 73 ms, Intel Xeon). f is continuous, so this
-        is the same function; it rounds differently (2.4e-7 against values up to 0.54 there)."""
+        """α + β·x of each x's interval, [H, *x.shape], as the line of min(x)'s interval plus, for
+        each breakpoint τ in [min(x), max(x)), the change of slope there times relu(x - τ): one
+        product [H, 2 + n] @ [2 + n, pairs] in place of a lookup of each pair's interval and of α
+        and β per pair and head (FIRE at L = 4096, B = 2, H = 8: its forward blocks 158 -> 66 ms,
+        backward tiles 88 -> 73 ms, Intel Xeon). f is continuous, so this is the same function; it
+        rounds differently (2.4e-7 against values up to 0.54 there)."""
         first, last = torch.searchsorted(
             self.breakpoints, x_range
         ).tolist()  # #breakpoints < min(x), < max(x)
@@ -134,8 +140,8 @@ class FIREPairs:
         return (coefficients @ basis).view(len(beta), *x.shape)
 
     def add_gradient(self, tile: Tile, grad: Tensor) -> None:
-        """Add the gradient [H, L_b, K_b] of the tile's map onto the sums of α, β, |c| and |L|. grad is this
-        call's to overwrite."""
+        """Add the gradient [H, L_b, K_b] of the tile's map onto the sums of α, β, |c| and |L|. grad
+        is this call's to overwrite."""
         with torch.no_grad():
             heads, n = grad.shape[0], grad.numel()
             if self._scratch.numel() < n:
@@ -219,13 +225,14 @@ class FIREPairs:
 
 
 def _range(x: Tensor) -> Tensor | None:
-    """[min(x), max(x)] on the CPU; None on other devices (reading it back would wait for the device) or empty."""
+    """[min(x), max(x)] on the CPU; None on other devices (reading it back would wait for the
+    device) or empty."""
     return torch.stack(torch.aminmax(x)) if x.device.type == "cpu" and x.numel() else None
 
 
 def _one_interval(x_range: Tensor | None, breakpoints: Tensor) -> int | None:
-    """The interval between breakpoints that holds every x of the range [min(x), max(x)], if one does (no x on a
-    breakpoint either); None without a range."""
+    """The interval between breakpoints that holds every x of the range [min(x), max(x)], if one
+    does (no x on a breakpoint either); None without a range."""
     if x_range is None:
         return None
     # #breakpoints < min(x) and <= max(x): equal where none lies in [min(x), max(x)]
@@ -234,16 +241,17 @@ def _one_interval(x_range: Tensor | None, breakpoints: Tensor) -> int | None:
     return below if below == upto else None
 
 
-# a tile's x spans few of the breakpoints but near the diagonal: up to this many, compared one by one
+# a tile's x spans few of the breakpoints but near the diagonal: up to this many, compared one by
+# one
 FEW_BREAKPOINTS = 6
 
 
 def _count_below(
     x: Tensor, breakpoints: Tensor, x_range: Tensor | None, right: bool = False
 ) -> Tensor:
-    """torch.bucketize(x, breakpoints, right=right): #breakpoints < x (right: <= x), int64. Where x's range
-    [min(x), max(x)] (`_range`) holds at most FEW_BREAKPOINTS of them, by comparing with those alone (~5x faster
-    than its binary searches)."""
+    """torch.bucketize(x, breakpoints, right=right): #breakpoints < x (right: <= x), int64. Where
+    x's range [min(x), max(x)] (`_range`) holds at most FEW_BREAKPOINTS of them, by comparing with
+    those alone (~5x faster than its binary searches)."""
     if x_range is None:
         return torch.bucketize(x, breakpoints, right=right)
     low, high = torch.searchsorted(breakpoints, x_range, right=right).tolist()
@@ -260,9 +268,9 @@ FEW_PIECES = 8
 
 
 def _run_sums(values: Tensor, piece: Tensor, low: int, high: int) -> Tensor:
-    """Σ of values [H, R, K] over the pairs of each piece low .. high (every piece of the tile): [H, high - low + 1],
-    where each row's pieces do not rise along the row (runs). values is overwritten (its running sums along the
-    rows)."""
+    """Σ of values [H, R, K] over the pairs of each piece low .. high (every piece of the tile): [H,
+    high - low + 1], where each row's pieces do not rise along the row (runs). values is overwritten
+    (its running sums along the rows)."""
     heads, n_rows, _ = values.shape
     span = high - low + 1
     rows = torch.arange(n_rows, device=piece.device)[:, None] * span - low
@@ -270,7 +278,8 @@ def _run_sums(values: Tensor, piece: Tensor, low: int, high: int) -> Tensor:
     # (R, span): #keys of the row with piece >= s, piece s's run's end
     ends = counts.flip(1).cumsum_(1).flip(1)
     running = values.cumsum_(2)
-    # Σ over the keys before each run's end, 0 above the row's pieces; piece s's run follows piece s + 1's
+    # Σ over the keys before each run's end, 0 above the row's pieces; piece s's run follows piece
+    # s + 1's
     upto = running.gather(2, (ends - 1).clamp_(min=0).expand(heads, -1, -1)).masked_fill_(
         ends == 0, 0.0
     )

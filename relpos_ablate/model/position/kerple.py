@@ -14,11 +14,11 @@ MIN_PARAM = 0.01  # a, p are kept >= 0.01 (the paper's clamp) so the kernels sta
 
 
 class _Kerple(BiasScheme):
-    """a ~ U(0, 1), p ~ U(0, 2) per head, kept in [MIN_PARAM, max_p] by clamping the stored values in
-    place after every optimizer step, as the authors' code does before every forward
-    (chijames/KERPLE, megatron/mpu/layers.py: `self.bias_p.data = self.bias_p.data.clamp(min=self.eps)`).
-    A value put back on the floor keeps its gradient; clamping only inside forward would give a value
-    below the floor a zero gradient for good."""
+    """a ~ U(0, 1), p ~ U(0, 2) per head, kept in [MIN_PARAM, max_p] by clamping the stored values
+    in place after every optimizer step, as the authors' code does before every forward
+    (chijames/KERPLE, megatron/mpu/layers.py: `self.bias_p.data =
+    self.bias_p.data.clamp(min=self.eps)`). A value put back on the floor keeps its gradient;
+    clamping only inside forward would give a value below the floor a zero gradient for good."""
 
     max_p: ClassVar[float] = math.inf
 
@@ -34,8 +34,8 @@ class _Kerple(BiasScheme):
         self.p.clamp_(min=MIN_PARAM, max=self.max_p)
 
     def params(self):
-        """a, p as [H, 1]; the clamp is a guard for loops that skip after_optimizer_step (in range it
-        passes the gradient unchanged)."""
+        """a, p as [H, 1]; the clamp is a guard for loops that skip after_optimizer_step (in range
+        it passes the gradient unchanged)."""
         return self.a.clamp(min=MIN_PARAM)[:, None], self.p.clamp(min=MIN_PARAM, max=self.max_p)[
             :, None
         ]
@@ -58,6 +58,7 @@ class KerplePowerBias(_Kerple):
     def curve(self, distances):
         a, p = self.params()
         r = distances.abs().to(self.a.dtype)[None]
-        # r^p as exp(p·log r) only where r > 0: at r = 0 the gradient w.r.t. p would be 0·log 0 = nan
+        # r^p as exp(p·log r) only where r > 0: at r = 0 the gradient w.r.t. p would be 0·log 0 =
+        # nan
         power = torch.where(r > 0, r.clamp(min=1.0) ** p, torch.zeros_like(r))
         return -a * power

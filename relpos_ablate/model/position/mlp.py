@@ -16,8 +16,8 @@ class FIREBias(BiasScheme):
     c (init 0.1) and the threshold L (init 512) are learned. The normaliser depends on the query
     position i, so FIRE is not a function of i - j alone once i > L. Bidirectionally the distance
     keeps its sign (ψ is made odd), so keys before and after the query get different biases.
-    `bias` and `curve` evaluate the MLP as the piecewise-linear function it is (piecewise.py); FlexAttention's
-    `pair_score` unit by unit.
+    `bias` and `curve` evaluate the MLP as the piecewise-linear function it is (piecewise.py);
+    FlexAttention's `pair_score` unit by unit.
     """
 
     distance_only = False
@@ -44,8 +44,8 @@ class FIREBias(BiasScheme):
         return relu_mlp(self.mlp[0], self.mlp[2], self._pair_input(q_pos[:, None], k_pos[None, :]))
 
     def pair_score(self, q_pos, k_pos, head):
-        """The MLP unit by unit on scalars (FlexAttention's score_mod evaluates it per pair: no [H, Lq, K] map;
-        compiled, score_mod takes pointwise ops only)."""
+        """The MLP unit by unit on scalars (FlexAttention's score_mod evaluates it per pair: no [H,
+        Lq, K] map; compiled, score_mod takes pointwise ops only)."""
         x = self._pair_input(q_pos, k_pos)
         first, _, second = self.mlp
         out = second.bias[head]
@@ -56,11 +56,12 @@ class FIREBias(BiasScheme):
         return out
 
     def compiled_pair_score(self, query_positions, key_positions, distances):
-        """The MLP as the piecewise-linear function it is (piecewise.py), from tables each read once per pair:
-        x = ψ(d)[t]·(1 / ψ(max(i, L)))[q_idx], its interval by comparisons with the breakpoints (no gradient), then
-        α[h, interval] + β[h, interval]·x. Compiled FlexAttention (inductor, torch 2.11) cannot differentiate a
-        tensor read more than once in a score_mod, which the unit-by-unit `pair_score` does with the layers'
-        weights (FIRE failed to compile on an H200, 2026-12-04). Drawn distances: `pair_score`."""
+        """The MLP as the piecewise-linear function it is (piecewise.py), from tables each read once
+        per pair: x = ψ(d)[t]·(1 / ψ(max(i, L)))[q_idx], its interval by comparisons with the
+        breakpoints (no gradient), then α[h, interval] + β[h, interval]·x. Compiled FlexAttention
+        (inductor, torch 2.11) cannot differentiate a tensor read more than once in a score_mod,
+        which the unit-by-unit `pair_score` does with the layers' weights (FIRE failed to compile on
+        an H200, 2026-12-04). Drawn distances: `pair_score`."""
         if distances is None:
             return super().compiled_pair_score(query_positions, key_positions, distances)
         breakpoints, alpha, beta = pieces(self.mlp[0], self.mlp[2])
@@ -79,9 +80,9 @@ class FIREBias(BiasScheme):
         return score
 
     def eager_pair_score(self, q_pos, k_pos, head):
-        """The MLP as one product over the hidden units, for eager FlexAttention: traced ~14x faster than the
-        units one by one (a 32-unit MLP score_mod's first eager call: 0.29 s against 4.1 s at H = 2, L = 64 on
-        a 2-core Xeon)."""
+        """The MLP as one product over the hidden units, for eager FlexAttention: traced ~14x faster
+        than the units one by one (a 32-unit MLP score_mod's first eager call: 0.29 s against 4.1 s
+        at H = 2, L = 64 on a 2-core Xeon)."""
         first, _, second = self.mlp
         hidden = torch.relu(first.weight[:, 0] * self._pair_input(q_pos, k_pos) + first.bias)
         return second.bias[head] + hidden @ second.weight[head]

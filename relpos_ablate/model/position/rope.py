@@ -1,8 +1,9 @@
-"""Rotary position embedding (RoPE, Su et al. 2021) and its variants: partial rotary, p-RoPE, xPos, and the
-evaluation-time context extensions (position interpolation, NTK-aware base, YaRN).
+"""Rotary position embedding (RoPE, Su et al. 2021) and its variants: partial rotary, p-RoPE, xPos,
+and the evaluation-time context extensions (position interpolation, NTK-aware base, YaRN).
 
-Formulas, defaults and papers: docs/formulas.md#rope and the sections after it. Pairs are (p, p + d_rot/2)
-of the first d_rot dimensions (rotate-half pairing); angles and scales are computed in float64.
+Formulas, defaults and papers: docs/formulas.md#rope and the sections after it. Pairs are (p, p +
+d_rot/2) of the first d_rot dimensions (rotate-half pairing); angles and scales are computed in
+float64.
 """
 
 from __future__ import annotations
@@ -18,17 +19,18 @@ from relpos_ablate.model.position.sinusoid import inverse_frequencies
 XPOS_GAMMA = 0.4  # ζ_p = (2p/d + γ)/(1 + γ) (Sun et al. 2022, the authors' code)
 # YaRN's ramp ends: pairs turning > β times within L keep θ, < α get θ/s
 YARN_ALPHA, YARN_BETA = (1.0, 32.0)
-# Llama 3's ramp ends (Llama 3.1's rope_scaling low_freq_factor, high_freq_factor): pairs whose wavelength exceeds
-# L/low get θ/s, below L/high keep θ, in between a blend linear in L/wavelength (Hugging Face, rope_type llama3)
+# Llama 3's ramp ends (Llama 3.1's rope_scaling low_freq_factor, high_freq_factor): pairs whose
+# wavelength exceeds L/low get θ/s, below L/high keep θ, in between a blend linear in L/wavelength
+# (Hugging Face, rope_type llama3)
 LLAMA3_LOW, LLAMA3_HIGH = 1.0, 4.0
 SCALINGS = ("pi", "ntk", "yarn", "llama3")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE extended to a context s times the training one, at evaluation: `kind` pi | ntk | yarn | llama3,
-    `factor` s >= 1, `original_length` L the training context (YaRN's and Llama 3's ramps read it). A pure
-    function of these three: nothing is carried from one call to the next."""
+    """RoPE extended to a context s times the training one, at evaluation: `kind` pi | ntk | yarn |
+    llama3, `factor` s >= 1, `original_length` L the training context (YaRN's and Llama 3's ramps
+    read it). A pure function of these three: nothing is carried from one call to the next."""
 
     kind: str
     factor: float
@@ -44,16 +46,17 @@ class RopeScaling:
 
     @property
     def attention_factor(self) -> float:
-        """What the rotated dimensions of q and of k are multiplied by: YaRN's √(1/t) = 0.1 ln s + 1 (their
-        product, by its square); 1 for pi and ntk."""
+        """What the rotated dimensions of q and of k are multiplied by: YaRN's √(1/t) = 0.1 ln s + 1
+        (their product, by its square); 1 for pi and ntk."""
         return 0.1 * math.log(self.factor) + 1.0 if self.kind == "yarn" else 1.0
 
 
 def yarn_ramp(d_rot: int, base: float, original_length: int, device=None) -> Tensor:
-    """YaRN's γ_p per rotary pair, 1: θ_p kept, 0: θ_p/s, as the authors' code (jquesnelle/yarn) and Hugging
-    Face compute it: linear in the pair index p from the pair that turns β times within L to the one that
-    turns α times (pair p(r) = d_rot·ln(L/(2πr))/(2 ln base) turns r times; the ends rounded outwards and
-    clipped to [0, d_rot - 1]). The paper's Eq. 18 is linear in the turns instead (docs/formulas.md). [d_rot/2]."""
+    """YaRN's γ_p per rotary pair, 1: θ_p kept, 0: θ_p/s, as the authors' code (jquesnelle/yarn) and
+    Hugging Face compute it: linear in the pair index p from the pair that turns β times within L to
+    the one that turns α times (pair p(r) = d_rot·ln(L/(2πr))/(2 ln base) turns r times; the ends
+    rounded outwards and clipped to [0, d_rot - 1]). The paper's Eq. 18 is linear in the turns
+    instead (docs/formulas.md). [d_rot/2]."""
 
     def turning(turns: float) -> float:
         return d_rot * math.log(original_length / (2 * math.pi * turns)) / (2 * math.log(base))
@@ -68,9 +71,9 @@ def yarn_ramp(d_rot: int, base: float, original_length: int, device=None) -> Ten
 
 
 def llama3_ramp(theta: Tensor, original_length: int) -> Tensor:
-    """Llama 3's γ per rotary pair (Hugging Face's `_compute_llama3_parameters`, rope_type llama3): with
-    wavelength λ_p = 2π/θ_p and the training context L, γ = 1 (θ kept) where λ_p < L/high, 0 (θ/s) where
-    λ_p > L/low, else (L/λ_p - low)/(high - low): linear in the turns L/λ_p.
+    """Llama 3's γ per rotary pair (Hugging Face's `_compute_llama3_parameters`, rope_type llama3):
+    with wavelength λ_p = 2π/θ_p and the training context L, γ = 1 (θ kept) where λ_p < L/high, 0
+    (θ/s) where λ_p > L/low, else (L/λ_p - low)/(high - low): linear in the turns L/λ_p.
     [d_rot/2] float64."""
     turns = original_length * theta / (2 * math.pi)  # L/λ_p
     wavelength = 2 * math.pi / theta
@@ -88,10 +91,10 @@ def rope_frequencies(
 ) -> Tensor:
     """θ_p = base^(-2p/d_rot), p = 0 .. d_rot/2 - 1, as `scaling` changes them: [d_rot/2] float64.
 
-    pi: θ_p / s. ntk: the base becomes base·s^(d_rot/(d_rot - 2)). yarn: γ_p·θ_p + (1 - γ_p)·θ_p/s with
-    γ the ramp of `yarn_ramp`. llama3: the same blend with Llama 3's ramp (`llama3_ramp`). rotating (p-RoPE):
-    only the first `rotating` pairs, the highest frequencies, keep theirs; the others get θ_p = 0 (not
-    rotated; scaling leaves 0 at 0). None or d_rot/2: every pair turns."""
+    pi: θ_p / s. ntk: the base becomes base·s^(d_rot/(d_rot - 2)). yarn: γ_p·θ_p + (1 - γ_p)·θ_p/s
+    with γ the ramp of `yarn_ramp`. llama3: the same blend with Llama 3's ramp (`llama3_ramp`).
+    rotating (p-RoPE): only the first `rotating` pairs, the highest frequencies, keep theirs; the
+    others get θ_p = 0 (not rotated; scaling leaves 0 at 0). None or d_rot/2: every pair turns."""
     theta = _scaled_frequencies(d_rot, base, scaling, device)
     if rotating is not None:
         theta[rotating:] = 0.0
@@ -102,7 +105,8 @@ def _scaled_frequencies(d_rot: int, base: float, scaling: RopeScaling | None, de
     if scaling is not None and scaling.kind == "ntk":
         if d_rot <= 2:
             raise ValueError(
-                "rope_scaling: ntk rescales the base by s^(d/(d-2)); it needs at least 2 rotary pairs"
+                "rope_scaling: ntk rescales the base by s^(d/(d-2)); it needs at least 2 "
+                "rotary pairs"
             )
         base = base * scaling.factor ** (d_rot / (d_rot - 2))
     theta = inverse_frequencies(d_rot, base, device)
@@ -118,7 +122,8 @@ def _scaled_frequencies(d_rot: int, base: float, scaling: RopeScaling | None, de
 
 
 def xpos_decay(d_rot: int, device=None) -> Tensor:
-    """ζ_p = (2p + γ·d_rot)/((1 + γ)·d_rot) for p = 0 .. d_rot/2 - 1: [d_rot/2] float64, in [0.29, 1)."""
+    """ζ_p = (2p + γ·d_rot)/((1 + γ)·d_rot) for p = 0 .. d_rot/2 - 1: [d_rot/2] float64, in [0.29,
+    1)."""
     p = torch.arange(0, d_rot, 2, dtype=torch.float64, device=device)  # 2p
     return (p + XPOS_GAMMA * d_rot) / ((1 + XPOS_GAMMA) * d_rot)
 
@@ -135,11 +140,11 @@ def rotate(
     xpos_centre: Tensor | float = 0.0,
     rotating: int | None = None,
 ) -> Tensor:
-    """x [..., n, d] with its first d_rot dimensions rotated by angle position·θ_p per pair (p, p + d_rot/2)
-    and multiplied by the scaling's attention factor (YaRN's; as Hugging Face's partial rotary, the others
-    are left as they are). xPos also scales pair p by ζ_p^(sign·(position - centre)/B): sign +1 for
-    queries, -1 for keys, one centre for both (it cancels in their product and keeps the scales in range).
-    rotating: p-RoPE's rotating pairs (rope_frequencies)."""
+    """x [..., n, d] with its first d_rot dimensions rotated by angle position·θ_p per pair (p, p +
+    d_rot/2) and multiplied by the scaling's attention factor (YaRN's; as Hugging Face's partial
+    rotary, the others are left as they are). xPos also scales pair p by ζ_p^(sign·(position -
+    centre)/B): sign +1 for queries, -1 for keys, one centre for both (it cancels in their product
+    and keeps the scales in range). rotating: p-RoPE's rotating pairs (rope_frequencies)."""
     pos = positions.to(torch.float64)[:, None]  # (n, 1)
     angles = pos * rope_frequencies(d_rot, base, scaling, x.device, rotating)[None]  # (n, d_rot/2)
     factor = 1.0 if scaling is None else scaling.attention_factor
@@ -157,10 +162,10 @@ def rotate(
 
 
 def _turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Pair p of x's first 2·len(cos) dimensions, (x_p, x_p+h), turned to (x_p·c - x_p+h·s, x_p+h·c + x_p·s);
-    the rest copied. Written into one new tensor: four passes over the rotated half-widths, where
-    x·cos + cat(-second, first)·sin and its autograd made about twelve (RoPE at L = 1024 on 2 Xeon cores:
-    ~10% of the layer's forward + backward)."""
+    """Pair p of x's first 2·len(cos) dimensions, (x_p, x_p+h), turned to (x_p·c - x_p+h·s,
+    x_p+h·c + x_p·s); the rest copied. Written into one new tensor: four passes over the rotated
+    half-widths, where x·cos + cat(-second, first)·sin and its autograd made about twelve (RoPE at
+    L = 1024 on 2 Xeon cores: ~10% of the layer's forward + backward)."""
     half = cos.shape[-1]
     out = torch.empty_like(x)
     first, second = x[..., :half], x[..., half : 2 * half]
@@ -173,9 +178,10 @@ def _turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class _Rotation(torch.autograd.Function):
-    """x turned pair by pair (`_turn`); its gradient is the transposed turn, the same with sin negated (the cos
-    and sin of xPos and YaRN carry a common factor per pair, which transposing keeps), itself a _Rotation, so
-    derivatives of any order exist. No gradient reaches the angles: positions and frequencies are not learned."""
+    """x turned pair by pair (`_turn`); its gradient is the transposed turn, the same with sin
+    negated (the cos and sin of xPos and YaRN carry a common factor per pair, which transposing
+    keeps), itself a _Rotation, so derivatives of any order exist. No gradient reaches the angles:
+    positions and frequencies are not learned."""
 
     @staticmethod
     def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -200,8 +206,9 @@ def rotate_queries_keys(
     xpos_scale_base: float | None = None,
     rotating: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """RoPE of one attention call: q [B, H, L, d] at query_positions [L], k [B, H, K, d] at key_positions
-    [K]; xPos centred once for both (the middle of the keys' positions); rotating: p-RoPE's pairs."""
+    """RoPE of one attention call: q [B, H, L, d] at query_positions [L], k [B, H, K, d] at
+    key_positions [K]; xPos centred once for both (the middle of the keys' positions); rotating:
+    p-RoPE's pairs."""
     centre = (key_positions.amin() + key_positions.amax()).double() / 2
     q = rotate(
         q,

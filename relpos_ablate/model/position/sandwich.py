@@ -1,4 +1,5 @@
-"""Sandwich (Chi et al. 2023): the inner product of two sinusoidal position vectors as a per-head bias."""
+"""Sandwich (Chi et al. 2023): the inner product of two sinusoidal position vectors as a per-head
+bias."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ BASE = 10000.0
 
 
 class SandwichBias(BiasScheme):
-    """B_h(r) = [Σ_{k=1..d/2} cos(r·10000^(-2k/d)) - d/2] / (8h/H), r = |i - j|, d = d_head, h = 1 .. H.
+    """B_h(r) = [Σ_{k=1..d/2} cos(r·10000^(-2k/d)) - d/2] / (8h/H), r = |i - j|, d = d_head, h = 1
+    .. H.
 
     The sum is p_i·p_j of d-wide sinusoids, a function of r alone: 0 at r = 0, below 0 elsewhere,
     decaying about logarithmically (not monotonically) for 1 << r << 10^4; head h divides it by 8h/H

@@ -1,4 +1,5 @@
-"""Parameter-free sinusoids: Transformer-XL's R_{i-j} and Vaswani's absolute positions (RoPE: rope.py)."""
+"""Parameter-free sinusoids: Transformer-XL's R_{i-j} and Vaswani's absolute positions (RoPE:
+rope.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ def inverse_frequencies(dim: int, base: float = 10000.0, device=None) -> Tensor:
 
 
 def sinusoid(positions: Tensor, dim: int) -> Tensor:
-    """[n] positions -> [n, dim] = cat(sin(pos·inv_freq), cos(pos·inv_freq)) (halves, not interleaved)."""
+    """[n] positions -> [n, dim] = cat(sin(pos·inv_freq), cos(pos·inv_freq)) (halves, not
+    interleaved)."""
     angles = (
         positions.to(torch.float64)[:, None]
         * inverse_frequencies(dim, device=positions.device)[None]

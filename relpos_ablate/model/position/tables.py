@@ -1,5 +1,5 @@
-"""Learned tables indexed by distance: their rows (also term b/d's R table and Shaw's value table), the
-Transformer-XL-style clamped bias table and T5 buckets."""
+"""Learned tables indexed by distance: their rows (also term b/d's R table and Shaw's value table),
+the Transformer-XL-style clamped bias table and T5 buckets."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def table_rows(max_distance: int, causal: bool) -> int:
 
 
 def table_row(distances: Tensor, clamp: int, max_distance: int, causal: bool) -> Tensor:
-    """Row of that table for each distance, distances beyond clamp (<= max_distance) sharing clamp's row."""
+    """Row of that table for each distance, distances beyond clamp (<= max_distance) sharing clamp's
+    row."""
     return distances.clamp(0, clamp) if causal else distances.clamp(-clamp, clamp) + max_distance
 
 
@@ -85,8 +86,9 @@ class T5Bias(BiasScheme):
         return self.table[t5_bucket(distances, self.causal, self.num_buckets, self.max_distance)].T
 
     def boundaries(self):
-        """Distances where a logarithmic bucket starts, the first of them where the exact buckets (one distance
-        each, which a plot need not mark one by one) end (one side; mirrored when bidirectional)."""
+        """Distances where a logarithmic bucket starts, the first of them where the exact buckets
+        (one distance each, which a plot need not mark one by one) end (one side; mirrored when
+        bidirectional)."""
         buckets = self.num_buckets if self.causal else self.num_buckets // 2
         d = torch.arange(0, 2 * self.max_distance + 1)
         b = t5_bucket(d, True, buckets, self.max_distance)
@@ -95,8 +97,8 @@ class T5Bias(BiasScheme):
 
 
 def far_bucket_start(num_buckets: int, max_distance: int) -> int:
-    """The smallest distance in T5's last (far) causal bucket, by t5_bucket itself: every longer distance
-    shares it, so a model whose training distances stop below it never trains it."""
+    """The smallest distance in T5's last (far) causal bucket, by t5_bucket itself: every longer
+    distance shares it, so a model whose training distances stop below it never trains it."""
     distances = torch.arange(0, 2 * max_distance + num_buckets + 1)
     buckets = t5_bucket(distances, True, num_buckets, max_distance)
     return int(distances[buckets == num_buckets - 1][0])

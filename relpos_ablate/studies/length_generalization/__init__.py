@@ -1,5 +1,6 @@
-"""Length generalization (Kazemnejad et al. 2023, Ruoss et al. 2023 style): the table layout with its
-rank summary, the report, the main figure (exact match against n), attention diagnostics and passkey."""
+"""Length generalization (Kazemnejad et al. 2023, Ruoss et al. 2023 style): the table layout with
+its rank summary, the report, the main figure (exact match against n), attention diagnostics and
+passkey."""
 
 from relpos_ablate.analysis.layouts import LayoutSpec
 from relpos_ablate.studies.length_generalization.curves import save_lengthgen

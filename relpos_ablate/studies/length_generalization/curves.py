@@ -1,8 +1,9 @@
-"""The length-generalization study's main figure, `plot --kind lengthgen`: exact match against the task
-length n, one panel per task, a line per variant (its mean over seeds, the seeds' min-max as a band) and
-the training lengths shaded, so that in-distribution and out-of-distribution accuracy read at a glance
-(Kazemnejad et al.'s Fig. 3 draws their tasks so). A colour per encoding, solid for sequential and dashed
-for randomized positions; each test bin is drawn at its middle n (the depth tasks: averaged over their depths).
+"""The length-generalization study's main figure, `plot --kind lengthgen`: exact match against the
+task length n, one panel per task, a line per variant (its mean over seeds, the seeds' min-max as a
+band) and the training lengths shaded, so that in-distribution and out-of-distribution accuracy read
+at a glance (Kazemnejad et al.'s Fig. 3 draws their tasks so). A colour per encoding, solid for
+sequential and dashed for randomized positions; each test bin is drawn at its middle n (the depth
+tasks: averaged over their depths).
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from relpos_ablate.studies.length_generalization.table import (
 SHADE = "0.9"
 """Grey of the training lengths."""
 FLAT = 0.01
-"""A variant whose mean stays below this in every bin past the training lengths draws a line on the zero
-line, under the others there: each panel names those variants, since their lines hide each other."""
+"""A variant whose mean stays below this in every bin past the training lengths draws a line on the
+zero line, under the others there: each panel names those variants, since their lines hide each
+other."""
 
 
 def curves(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str], list[tuple]]:
-    """One row per (run, bin): task, variant, seed, the bin's bounds and middle n, the run's metric there and
-    its training lengths; the variant keys and the variants in order."""
+    """One row per (run, bin): task, variant, seed, the bin's bounds and middle n, the run's metric
+    there and its training lengths; the variant keys and the variants in order."""
     data = example_rows(df, metric)
     bins = per_run_bins(data, metric)
     runs = data.drop_duplicates("run_dir").set_index("run_dir")
@@ -146,7 +148,8 @@ def lengthgen_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
 
 
 def _flat(part: pd.DataFrame, metric: str, train_max: float, variants: list[tuple]) -> list[tuple]:
-    """The variants (in drawing order) whose mean over seeds is below FLAT in every bin past train_max."""
+    """The variants (in drawing order) whose mean over seeds is below FLAT in every bin past
+    train_max."""
     beyond = part[part["length_min"] > train_max]
     means = beyond.groupby(["variant", "n"])[metric].mean()
     return [

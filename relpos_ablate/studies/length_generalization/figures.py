@@ -2,16 +2,17 @@
 
 - `plot --kind diagnostics`: the attention diagnostics of every evaluation setting (entropy, sink
   mass, mean attended distance, mass on unseen distances; docs/formulas.md#attention-diagnostics) as
-  heatmaps of (layer, head) x evaluation length, one panel per statistic with its colour bar under it:
-  one figure for a run; for a grid, per task, the appendix figure (each panel stacks every variant's
-  layers, each the mean over its heads and the seeds: heads are not comparable across seeds, layers are)
-  and a summary of the head means against length, one line per variant (mean over seeds);
-- `plot --kind passkey`: the accuracy of passkey and the other depth tasks (niah_*, variable_tracking:
-  data.DEPTH_TASKS) as a depth x length heatmap, one panel per variant (mean over seeds), a row of
-  panels per task.
-Evaluation length is the test-length bin of n for example tasks (depths averaged), else
-segment_len. Variants are named in words (`variant_words`). The study's main figure, exact match against
-n: length_curves.py.
+  heatmaps of (layer, head) x evaluation length, one panel per statistic with its colour bar under
+  it: one figure for a run; for a grid, per task, the appendix figure (each panel stacks every
+  variant's layers, each the mean over its heads and the seeds: heads are not comparable across
+  seeds, layers are) and a summary of the head means against length, one line per variant (mean over
+  seeds);
+- `plot --kind passkey`: the accuracy of passkey and the other depth tasks (niah_*,
+  variable_tracking: data.DEPTH_TASKS) as a depth x length heatmap, one panel per variant (mean over
+  seeds), a row of panels per task.
+Evaluation length is the test-length bin of n for example tasks (depths averaged), else segment_len.
+Variants are named in words (`variant_words`). The study's main figure, exact match against n:
+length_curves.py.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ STATISTIC_LABELS = {
 
 
 def collect_diagnostics(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, evaluation setting, layer, head) with each statistic as a column, read from the
-    eval.json of every run in collect's frame; `length` is the setting's evaluation length label."""
+    """One row per (run, evaluation setting, layer, head) with each statistic as a column, read from
+    the eval.json of every run in collect's frame; `length` is the setting's evaluation length
+    label."""
     axes = df.attrs.get("variant_axes", [])
     keep = [
         c
@@ -159,8 +161,8 @@ def variant_words(keys: list[str], value: tuple) -> str:
 
 
 def variant_styles(keys: list[str], variants: list[tuple]) -> dict[tuple, tuple]:
-    """(colour, line style) per variant: a colour per encoding and dashes for randomized positions when the
-    variants are (encoding, positions); else a colour each."""
+    """(colour, line style) per variant: a colour per encoding and dashes for randomized positions
+    when the variants are (encoding, positions); else a colour each."""
     if keys and keys[0] == "encoding":
         encodings = list(dict.fromkeys(v[0] for v in variants))
         colors = variant_colors(len(encodings))
@@ -173,7 +175,8 @@ def variant_styles(keys: list[str], variants: list[tuple]) -> dict[tuple, tuple]
 
 
 def _row_names(mine: pd.DataFrame, rows_of: list, by_head: bool) -> list[str]:
-    """`L3` (or `L3 h1`) per row, with the layer's kind where the variant has a layer pattern (`L3 global`)."""
+    """`L3` (or `L3 h1`) per row, with the layer's kind where the variant has a layer pattern (`L3
+    global`)."""
     layers = layer_names(mine.iloc[0], max(u[0] if by_head else u for u in rows_of) + 1, prefix="L")
     return [f"{layers[u[0]]} h{u[1]}" if by_head else layers[u] for u in rows_of]
 
@@ -181,11 +184,11 @@ def _row_names(mine: pd.DataFrame, rows_of: list, by_head: bool) -> list[str]:
 def diagnostics_figure(
     frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str, by_head: bool = False
 ) -> Figure:
-    """The appendix figure of a task: one heatmap per statistic, its columns the evaluation lengths, its rows
-    every layer of every variant (mean over the layer's heads and the variant's seeds: a head is not the same
-    head across seeds, a layer is), grouped by variant (named at the left, white lines between, layers
-    numbered at the right); `by_head`: a row per (layer, head) instead (one run). Each statistic has its own
-    units, so its own colour bar, under its panel."""
+    """The appendix figure of a task: one heatmap per statistic, its columns the evaluation lengths,
+    its rows every layer of every variant (mean over the layer's heads and the variant's seeds: a
+    head is not the same head across seeds, a layer is), grouped by variant (named at the left,
+    white lines between, layers numbered at the right); `by_head`: a row per (layer, head) instead
+    (one run). Each statistic has its own units, so its own colour bar, under its panel."""
     statistics = [s for s in STATISTIC_LABELS if s in frame]
     unit = ["layer", "head"] if by_head else ["layer"]
     rows_of = (
@@ -248,8 +251,8 @@ def diagnostics_figure(
 def summary_figure(
     frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str
 ) -> Figure:
-    """Each statistic's mean over layers, heads and seeds against evaluation length, one line per variant
-    (styled as the main figure: a colour per encoding, dashed for randomized positions)."""
+    """Each statistic's mean over layers, heads and seeds against evaluation length, one line per
+    variant (styled as the main figure: a colour per encoding, dashed for randomized positions)."""
     statistics = [s for s in STATISTIC_LABELS if s in frame]
     fig = Figure(figsize=(3.4 * len(statistics) + 2.5, 3.4), layout="constrained")
     axes = fig.subplots(1, len(statistics), squeeze=False)[0]
@@ -281,7 +284,8 @@ def summary_figure(
 def save_diagnostics(
     df: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png", "pdf")
 ) -> list[Path]:
-    """diagnostics.<fmt> for one run; for a grid, diagnostics_<task>.<fmt> and diagnostics_summary_<task>.<fmt>."""
+    """diagnostics.<fmt> for one run; for a grid, diagnostics_<task>.<fmt> and
+    diagnostics_summary_<task>.<fmt>."""
     frame = collect_diagnostics(finished_runs_frame(df))
     if frame["run_dir"].nunique() == 1:
         run = frame.iloc[0]
@@ -325,8 +329,9 @@ def save_diagnostics(
 
 
 def passkey_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
-    """Accuracy of the depth tasks (data.DEPTH_TASKS: passkey, niah_*, variable_tracking), depth x test length,
-    one panel per variant (mean over seeds); a row of panels per task when there are several."""
+    """Accuracy of the depth tasks (data.DEPTH_TASKS: passkey, niah_*, variable_tracking), depth x
+    test length, one panel per variant (mean over seeds); a row of panels per task when there are
+    several."""
     data = (
         df[df[TASK].isin(list(DEPTH_TASKS)) & df["depth"].notna()]
         if TASK in df and "depth" in df
@@ -367,7 +372,8 @@ def passkey_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
 
 
 def _depth_map(ax, runs: pd.DataFrame, metric: str):
-    """One variant's depth x test-length map of `metric` (mean over its seeds), each cell written in it."""
+    """One variant's depth x test-length map of `metric` (mean over its seeds), each cell written in
+    it."""
     grid = runs.pivot_table(
         index="depth", columns=["length_min", "length_max"], values=metric, aggfunc="mean"
     )

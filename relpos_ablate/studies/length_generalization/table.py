@@ -1,13 +1,14 @@
-"""The length-generalization table (Kazemnejad et al. 2023) from `collect`'s frame of example-task runs.
+"""The length-generalization table (Kazemnejad et al. 2023) from `collect`'s frame of example-task
+runs.
 
 `table DIR --layout length_generalization`:
 - one row per (task, encoding), columns = the test-length bins of n, then "OOD mean" (the mean over
   the bins that start beyond the longest training length); a cell is the mean ± std over seeds of
-  each run's metric in that bin (depth tasks: first averaged over their depths); best per task and column
-  in bold;
-- `rank_table`: each encoding's rank per task by its OOD mean (1 = best, ties share their mean rank),
-  its ID mean beside it (a rank of a task not learnt at the training lengths says little), and its mean
-  rank over the tasks, as Kazemnejad et al.'s Figs. 1-2 summarise their tasks.
+  each run's metric in that bin (depth tasks: first averaged over their depths); best per task and
+  column in bold;
+- `rank_table`: each encoding's rank per task by its OOD mean (1 = best, ties share their mean
+  rank), its ID mean beside it (a rank of a task not learnt at the training lengths says little),
+  and its mean rank over the tasks, as Kazemnejad et al.'s Figs. 1-2 summarise their tasks.
 Rows are the run's varying fields other than the task (e.g. encoding and model.attention.positions).
 """
 
@@ -31,7 +32,8 @@ TASK = "data.task"
 BIN_FIELDS = ("length_min", "length_max")
 OOD = "OOD mean"
 IID = "ID mean"
-"""A run's mean over the bins within its training lengths (the rank summary shows it beside each rank)."""
+"""A run's mean over the bins within its training lengths (the rank summary shows it beside each
+rank)."""
 
 
 def example_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -47,7 +49,8 @@ def example_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def train_range(run: pd.Series) -> tuple[int, int]:
-    """A run's training task lengths [min, max] (data.train_lengths, flattened by collect as JSON)."""
+    """A run's training task lengths [min, max] (data.train_lengths, flattened by collect as
+    JSON)."""
     value = run.get("data.train_lengths")
     low, high = json.loads(value) if isinstance(value, str) else value
     return int(low), int(high)
@@ -59,8 +62,9 @@ def train_max(run: pd.Series) -> int:
 
 
 def per_run_bins(data: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """One row per (run, bin): the run's metric in that bin (depth tasks: the mean over the depths), the
-    bin's bounds, and whether the bin lies beyond the run's training lengths (`ood`) or within them (`iid`)."""
+    """One row per (run, bin): the run's metric in that bin (depth tasks: the mean over the depths),
+    the bin's bounds, and whether the bin lies beyond the run's training lengths (`ood`) or within
+    them (`iid`)."""
     grouped = data.groupby(["run_dir", *BIN_FIELDS], sort=False)[metric].mean().reset_index()
     limits = grouped["run_dir"].map(
         data.drop_duplicates("run_dir").set_index("run_dir").apply(train_max, axis=1)
@@ -87,11 +91,13 @@ ENCODING_NAMES = {
     "dape": "DAPE",
     "dape_v2": "DAPE v2",
 }
-"""The study's encodings (runner presets) in words, in the order its tables and figures list them."""
+"""The study's encodings (runner presets) in words, in the order its tables and figures list
+them."""
 
 
 def variant_name(encoding, positions=None) -> str:
-    """An encoding in words, `(randomized)` after it when its positions are: e.g. 'RoPE (randomized)'."""
+    """An encoding in words, `(randomized)` after it when its positions are: e.g. 'RoPE
+    (randomized)'."""
     name = ENCODING_NAMES.get(encoding, label(encoding))
     return f"{name} (randomized)" if positions == "randomized" else name
 
@@ -102,7 +108,8 @@ def task_order(task) -> tuple:
 
 
 def variant_order(encoding, positions=None) -> tuple:
-    """Sort key: the study's encodings in ENCODING_NAMES order, others after by name; sequential first."""
+    """Sort key: the study's encodings in ENCODING_NAMES order, others after by name; sequential
+    first."""
     names = list(ENCODING_NAMES)
     return (
         names.index(encoding) if encoding in names else len(names),
@@ -138,8 +145,8 @@ def _scores(data: pd.DataFrame, rows: list[str], metric: str):
 def length_generalization_table(
     df: pd.DataFrame, options: TableOptions, orders: dict | None = None
 ) -> Table:
-    """Rows (task, *options.rows) x test-length bins + OOD mean of options.metric (module docstring). The
-    columns are fixed."""
+    """Rows (task, *options.rows) x test-length bins + OOD mean of options.metric (module
+    docstring). The columns are fixed."""
     orders, metric, rows = orders or {}, options.metric, list(options.rows)
     data = example_rows(df, metric)
     rows = study_order([r for r in rows if r != TASK]) or ["experiment"]
@@ -155,8 +162,9 @@ def length_generalization_table(
     counts = sorted({c.n for c in present})
     better = "higher" if metric_direction(metric) == "max" else "lower"
     caption = (
-        f"{metric} per test length n: mean ± std over {_seeds(counts)}; best per task and column in bold "
-        f"({better} is better). {OOD}: the mean over the bins that start beyond the training lengths."
+        f"{metric} per test length n: mean ± std over {_seeds(counts)}; best per task and column "
+        f"in bold ({better} is better). {OOD}: the mean over the bins that start beyond the "
+        f"training lengths."
     )
     return Table(
         index=["task", *(r.rsplit(".", 1)[-1] for r in rows)],
@@ -169,15 +177,16 @@ def length_generalization_table(
 
 
 def study_order(rows: list[str]) -> list[str]:
-    """The variant fields as the study names a variant: the encoding, then its positions, then the rest (a spec
-    may list them in another order, e.g. the encoding in a zip after the grid's fields)."""
+    """The variant fields as the study names a variant: the encoding, then its positions, then the
+    rest (a spec may list them in another order, e.g. the encoding in a zip after the grid's
+    fields)."""
     first = [key for key in ("encoding", "model.attention.positions") if key in rows]
     return first + [key for key in rows if key not in first]
 
 
 def rank_table(df: pd.DataFrame, metric: str, rows: list[str], orders: dict | None = None) -> Table:
-    """Each encoding's rank per task by its mean OOD score over seeds (1 = best, ties averaged), and its
-    mean rank over the tasks; best mean rank in bold."""
+    """Each encoding's rank per task by its mean OOD score over seeds (1 = best, ties averaged), and
+    its mean rank over the tasks; best mean rank in bold."""
     orders = orders or {}
     data = example_rows(df, metric)
     rows = study_order([r for r in rows if r != TASK]) or ["experiment"]
@@ -209,9 +218,9 @@ def rank_table(df: pd.DataFrame, metric: str, rows: list[str], orders: dict | No
         index=[r.rsplit(".", 1)[-1] for r in rows],
         columns=[*map(label, tasks), "mean rank"],
         rows=lines,
-        caption=f"Rank by {OOD} of {metric} per task (1 = best; ties share their mean rank), in brackets the "
-        f"{IID} of {metric} over seeds (a low one: the task not learnt at the training lengths), and "
-        "the mean rank over the tasks (best in bold).",
+        caption=f"Rank by {OOD} of {metric} per task (1 = best; ties share their mean rank), in "
+        f"brackets the {IID} of {metric} over seeds (a low one: the task not learnt at the "
+        f"training lengths), and the mean rank over the tasks (best in bold).",
         decimals=2,
     )
 

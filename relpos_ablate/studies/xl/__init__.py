@@ -1,5 +1,6 @@
-"""Transformer-XL at CPU scale: Table 6 (the ablation, PPL init / best / Attn Len) and Table 8 (RECL), the
-context probe of a model without memory (`xl_context_cpu`), their reports and the context figure."""
+"""Transformer-XL at CPU scale: Table 6 (the ablation, PPL init / best / Attn Len) and Table 8
+(RECL), the context probe of a model without memory (`xl_context_cpu`), their reports and the
+context figure."""
 
 from relpos_ablate.analysis.layouts import LayoutSpec
 from relpos_ablate.studies.xl.figures import save_context_figure

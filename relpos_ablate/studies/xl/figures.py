@@ -1,12 +1,12 @@
-"""The Transformer-XL study's figure (`plot --kind context`): each model's perplexity against the context c it
-sees, measured the way it was trained (the RECL ladder: memory for a recurrent model, sliding windows of c for
-one without; analysis/recl.ladder_rows), so the comparison Table 6 is about -- does recurrence let a model use
-more context? -- is a curve per model rather than one cell.
+"""The Transformer-XL study's figure (`plot --kind context`): each model's perplexity against the
+context c it sees, measured the way it was trained (the RECL ladder: memory for a recurrent model,
+sliding windows of c for one without; analysis/recl.ladder_rows), so the comparison Table 6 is about
+-- does recurrence let a model use more context? -- is a curve per model rather than one cell.
 
-A panel per kind of model (PANELS), each on its own linear scale: with memory; without memory, relative
-encodings; without memory, absolute encodings (which jump by about 3x past their training length). Colour:
-encoding and loss; solid: with memory, dashed: without; band: the seeds' min-max; a ring: the training
-attention length.
+A panel per kind of model (PANELS), each on its own linear scale: with memory; without memory,
+relative encodings; without memory, absolute encodings (which jump by about 3x past their training
+length). Colour: encoding and loss; solid: with memory, dashed: without; band: the seeds' min-max; a
+ring: the training attention length.
 """
 
 from __future__ import annotations
@@ -53,12 +53,14 @@ PANELS = (
         lambda key: key[1] == 0 and key[0] not in RELATIVE,
     ),
 )
-"""A panel per kind of model, each on its own linear scale: recurrence's effect is a few percent, the
-absolute encodings' jump past their training length about 3x; one axis for all hid the first under the second."""
+"""A panel per kind of model, each on its own linear scale: recurrence's effect is a few percent,
+the absolute encodings' jump past their training length about 3x; one axis for all hid the first
+under the second."""
 
 
 def context_figure(df: pd.DataFrame, train_segment: int):
-    """The figure (matplotlib Figure) of every model's ladder; train_segment: the training segment length."""
+    """The figure (matplotlib Figure) of every model's ladder; train_segment: the training segment
+    length."""
     from matplotlib.figure import Figure  # figures only: `report` needs no matplotlib
 
     ladders = ladder_ppl(df)

@@ -1,12 +1,16 @@
-"""The reports of the Transformer-XL study at CPU scale (`relpos-ablate report`, the studies registry): every
-number its README quotes besides Tables 6 and 8 themselves, from the collected frame or summary.csv.
+"""The reports of the Transformer-XL study at CPU scale (`relpos-ablate report`, the studies
+registry): every number its README quotes besides Tables 6 and 8 themselves, from the collected
+frame or summary.csv.
 
-- `xl_table6_cpu`: each model's perplexity at every attention length of the ladder, measured the way it
-  was trained (recl.ladder_rows: memory for the recurrent rows, sliding windows for the others), its PPL
-  init and PPL best, and the comparisons Table 6 is about (two models: Welch's t-test over seeds), then each
-  model at its best attention length against its training one (the same runs: a paired t-test).
-- `xl_context_cpu`: how much context a model without memory uses (perplexity at sliding windows of c).
-Each list of tests is one family, corrected together (analysis/stats.py), each difference with its 95% CI.
+- `xl_table6_cpu`: each model's perplexity at every attention length of the ladder, measured the way
+  it was trained (recl.ladder_rows: memory for the recurrent rows, sliding windows for the others),
+  its PPL init and PPL best, and the comparisons Table 6 is about (two models: Welch's t-test over
+  seeds), then each model at its best attention length against its training one (the same runs: a
+  paired t-test).
+- `xl_context_cpu`: how much context a model without memory uses (perplexity at sliding windows of
+  c).
+Each list of tests is one family, corrected together (analysis/stats.py), each difference with its
+95% CI.
 """
 
 from __future__ import annotations
@@ -83,8 +87,9 @@ COMPARISONS = (
 )
 
 CONTROL = "xl_context_cpu"
-"""The experiment of the fair no-memory control: XL attention without memory trained on 64-character segments
-(as many characters per step), scored by sliding windows of c characters on the same validation targets."""
+"""The experiment of the fair no-memory control: XL attention without memory trained on 64-character
+segments (as many characters per step), scored by sliding windows of c characters on the same
+validation targets."""
 CONTROL_KEY = ("xl", 0, "full", 64)
 CONTROL_QUESTION = (
     "memory vs no memory at equal keys and equal training context (the fair control: no memory, "
@@ -97,16 +102,16 @@ def _key(run: pd.Series) -> tuple:
 
 
 def row_label(key: tuple) -> str:
-    """(encoding, memory, loss[, training segment]) -> "xl, memory 48, full loss"; the figure names its lines
-    the same way. The fair control (CONTROL_KEY) names its training segments."""
+    """(encoding, memory, loss[, training segment]) -> "xl, memory 48, full loss"; the figure names
+    its lines the same way. The fair control (CONTROL_KEY) names its training segments."""
     encoding, memory, loss = key[:3]
     trained = f", trained on {key[3]}" if len(key) > 3 else ""
     return f"{encoding}, {'memory ' + str(memory) if memory else 'no memory'}, {loss} loss{trained}"
 
 
 def control_samples(df: pd.DataFrame) -> dict[int, dict[str, float]]:
-    """The fair control's {window c: {run dir: ppl}} (sliding windows, stride 1), from CONTROL's runs in the
-    frame; empty when the frame has none."""
+    """The fair control's {window c: {run dir: ppl}} (sliding windows, stride 1), from CONTROL's
+    runs in the frame; empty when the frame has none."""
     if "experiment" not in df:
         return {}
     rows = df[
@@ -122,7 +127,8 @@ def control_samples(df: pd.DataFrame) -> dict[int, dict[str, float]]:
 
 
 def ladder_samples(df: pd.DataFrame) -> dict[tuple, dict[int, dict[str, float]]]:
-    """row key -> {attention length c: {run dir: ppl}} on the ladder's shared targets, seeds in order."""
+    """row key -> {attention length c: {run dir: ppl}} on the ladder's shared targets, seeds in
+    order."""
     found: dict[tuple, dict[int, dict[str, float]]] = {}
     for _, run in ladder_rows(df).sort_values("seed").iterrows():
         found.setdefault(_key(run), {}).setdefault(int(run["attn_len"]), {})[run["run_dir"]] = (
@@ -179,9 +185,10 @@ def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
     )
     seeds = sorted({len(v) for by_c in ladders.values() for v in by_c.values()})
     lines = [
-        f"Perplexity on the ladder's {_targets(df)} validation targets, mean ± std over {_seeds(seeds)} seeds; "
-        "each model measured the way it was trained (with memory: protocol xl, every query sees c keys; "
-        "without: sliding windows of c characters, stride 1).",
+        f"Perplexity on the ladder's {_targets(df)} validation targets, mean ± std over "
+        f"{_seeds(seeds)} seeds; each model measured the way it was trained (with memory: "
+        f"protocol xl, every query sees c keys; without: sliding windows of c characters, stride "
+        f"1).",
         "",
         "| model | " + " | ".join(f"c = {c}" for c in contexts) + " | init (c) | best (c) |",
         "|:---|" + "---:|" * (len(contexts) + 2),
@@ -193,7 +200,8 @@ def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
         lines.append(
             f"| {row_label(key)} | "
             + " | ".join(cells)
-            + f" | {_cell(by_c[init]) if init in by_c else '-'} ({init}) | {_cell(by_c[best])} ({best}) |"
+            + f" | {_cell(by_c[init]) if init in by_c else '-'} ({init}) | {_cell(by_c[best])} "
+            f"({best}) |"
         )
     if control:
         init, best = CONTROL_KEY[3], _best(control)
@@ -201,16 +209,18 @@ def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
         lines.append(
             f"| {row_label(CONTROL_KEY)} ({CONTROL}) | "
             + " | ".join(cells)
-            + f" | {_cell(control[init]) if init in control else '-'} ({init}) | {_cell(control[best])} ({best}) |"
+            + f" | {_cell(control[init]) if init in control else '-'} ({init}) | "
+            f"{_cell(control[best])} ({best}) |"
         )
         lines += [
             "",
-            f"The last row is the fair control for memory ({CONTROL}, results/{CONTROL}): the same model "
-            "without memory, trained on 64-character segments (16 x 64 characters per step, as many as the "
-            "rows above), scored by sliding windows of c characters, stride 1, on the same validation "
-            f"targets; evaluated at c = {', '.join(map(str, sorted(control)))}. A row above without memory "
-            f"was trained on {segment} characters: at c > {segment} it extrapolates, so comparing memory with it "
-            "at an equal c measures extrapolation as much as memory.",
+            f"The last row is the fair control for memory ({CONTROL}, results/{CONTROL}): the "
+            f"same model without memory, trained on 64-character segments (16 x 64 characters per "
+            f"step, as many as the rows above), scored by sliding windows of c characters, stride "
+            f"1, on the same validation targets; evaluated at c = "
+            f"{', '.join(map(str, sorted(control)))}. A row above without memory was trained on "
+            f"{segment} characters: at c > {segment} it extrapolates, so comparing memory with it "
+            f"at an equal c measures extrapolation as much as memory.",
         ]
     family = Family("Table 6's comparisons", correction)
     items, asked = [], {}
@@ -286,8 +296,8 @@ def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
             items.append(f"- {row_label(key)}: best at its training attention length, c = {init}")
     lines += [
         "",
-        "Longer attention at evaluation than in training (each model: its best attention length against "
-        "its training one; the same runs: a paired t-test):",
+        "Longer attention at evaluation than in training (each model: its best attention length "
+        "against its training one; the same runs: a paired t-test):",
         "",
         *_tested(family, items),
     ]
@@ -295,8 +305,9 @@ def table6_report(df: pd.DataFrame, correction: str = "holm") -> str:
 
 
 def _detectable_share(family: Family, reference: dict[str, float] | None) -> list[str]:
-    """The family's smallest detectable difference as a share of XL-with-memory's perplexity (the power line
-    gives it in ppl): what a gain from memory must be, relative, for these seeds to show it."""
+    """The family's smallest detectable difference as a share of XL-with-memory's perplexity (the
+    power line gives it in ppl): what a gain from memory must be, relative, for these seeds to show
+    it."""
     found = [t.detectable() for t in family.tests]
     found = [d for d in found if np.isfinite(d)]
     if not found or not reference:
@@ -304,9 +315,9 @@ def _detectable_share(family: Family, reference: dict[str, float] | None) -> lis
     base = float(np.mean(list(reference.values())))
     return [
         "",
-        f"Relative to the perplexity of XL with memory ({base:.3f}), that smallest detectable difference is "
-        f"{np.median(found) / base:.1%} (median; range {min(found) / base:.1%}-{max(found) / base:.1%}) at "
-        "α = 0.05 before correction.",
+        f"Relative to the perplexity of XL with memory ({base:.3f}), that smallest detectable "
+        f"difference is {np.median(found) / base:.1%} (median; range "
+        f"{min(found) / base:.1%}-{max(found) / base:.1%}) at α = 0.05 before correction.",
     ]
 
 
@@ -328,8 +339,8 @@ def _seeds(counts: list[int]) -> str:
 
 
 def context_report(df: pd.DataFrame, correction: str = "holm") -> str:
-    """Markdown: the perplexity of a model without memory at sliding windows of c, and whether each doubling
-    of c still lowers it (module docstring)."""
+    """Markdown: the perplexity of a model without memory at sliding windows of c, and whether each
+    doubling of c still lowers it (module docstring)."""
     rows = df[(df["status"] == "done") & (df["protocol"] == "sliding") & (df["stride"] == 1)]
     by_c = {
         int(c): dict(zip(part["run_dir"], part["ppl"].astype(float)))
@@ -339,15 +350,15 @@ def context_report(df: pd.DataFrame, correction: str = "holm") -> str:
     seeds = sorted({len(v) for v in by_c.values()})
     tokens = sorted(set(rows["tokens"].dropna().astype(int)))
     lines = [
-        f"Perplexity at sliding windows of c characters (stride 1) on {tokens[0]:,} validation targets, "
-        f"mean ± std over {_seeds(seeds)} seeds:",
+        f"Perplexity at sliding windows of c characters (stride 1) on {tokens[0]:,} validation "
+        f"targets, mean ± std over {_seeds(seeds)} seeds:",
         "",
         "| " + " | ".join(f"c = {c}" for c in contexts) + " |",
         "|" + "---:|" * len(contexts),
         "| " + " | ".join(_cell(by_c[c]) for c in contexts) + " |",
         "",
-        "Does doubling the context still help? The same models at two windows: a paired t-test over the runs "
-        "(first minus second).",
+        "Does doubling the context still help? The same models at two windows: a paired t-test "
+        "over the runs (first minus second).",
         "",
     ]
     family = Family("each doubling of the window", correction)

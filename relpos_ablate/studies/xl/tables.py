@@ -1,15 +1,15 @@
-"""Transformer-XL's tables (Dai et al. 2019) from `collect`, one row per model as the paper labels it
-(Recurrence, Encoding, Loss; seeds pooled, recurrence first):
+"""Transformer-XL's tables (Dai et al. 2019) from `collect`, one row per model as the paper labels
+it (Recurrence, Encoding, Loss; seeds pooled, recurrence first):
 
-- `xl_table6`: PPL init (at the training attention length), PPL best (best over the row's settings) and
-  Attn Len (the shortest attention length reaching PPL best). Each row is measured the way it was
-  trained: a model with memory by the xl protocol (memory + same_length: every query sees mem_len keys),
-  one without by sliding windows (stride 1 where evaluated so: every target sees the window), as the
-  paper evaluates its vanilla Transformer. The RECL ladder's settings count (they are these evaluations,
-  on a shared subset of targets).
-- `xl_table8`: RECL at r = 0.1, 0.5, 1.0 within the group of every model in the table (recl.py), and each
-  model's perplexity at every context of the ladder on the targets RECL uses, so a RECL can be read
-  against the losses it comes from.
+- `xl_table6`: PPL init (at the training attention length), PPL best (best over the row's settings)
+  and Attn Len (the shortest attention length reaching PPL best). Each row is measured the way it
+  was trained: a model with memory by the xl protocol (memory + same_length: every query sees
+  mem_len keys), one without by sliding windows (stride 1 where evaluated so: every target sees the
+  window), as the paper evaluates its vanilla Transformer. The RECL ladder's settings count (they
+  are these evaluations, on a shared subset of targets).
+- `xl_table8`: RECL at r = 0.1, 0.5, 1.0 within the group of every model in the table (recl.py), and
+  each model's perplexity at every context of the ladder on the targets RECL uses, so a RECL can be
+  read against the losses it comes from.
 """
 
 from __future__ import annotations
@@ -45,14 +45,15 @@ from relpos_ablate.config import ConfigError
 from relpos_ablate.config.presets import presets
 
 TABLE6_PROTOCOLS = ("xl", "sliding", "non_overlapping")
-"""The protocols a Table 6 row falls back on, in this order, when it was not evaluated the way it was trained."""
+"""The protocols a Table 6 row falls back on, in this order, when it was not evaluated the way it
+was trained."""
 
 
 def model_rows(
     data: pd.DataFrame, orders: dict[str, list]
 ) -> tuple[list[str], list[tuple[list[str], pd.DataFrame]]]:
-    """(index names, [(labels, that model's rows)]): Recurrence, Encoding, Loss, and Other when those
-    three do not tell the models apart."""
+    """(index names, [(labels, that model's rows)]): Recurrence, Encoding, Loss, and Other when
+    those three do not tell the models apart."""
     keys = default_rows(data)
     runs = run_level(data)
     attention = [
@@ -95,8 +96,8 @@ def model_rows(
 
 
 def _encoding_label(run: pd.Series, attention_fields: list[str]) -> str:
-    """The run's `encoding` word; for a run configured by its attention fields (no `encoding` axis), the one
-    preset those fields match, else the fields themselves."""
+    """The run's `encoding` word; for a run configured by its attention fields (no `encoding` axis),
+    the one preset those fields match, else the fields themselves."""
     if "encoding" in run.index and normalized(run["encoding"]) is not None:
         return label(run["encoding"])
     matches = [
@@ -116,8 +117,9 @@ def _encoding_label(run: pd.Series, attention_fields: list[str]) -> str:
 
 
 def row_protocol(runs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The settings a Table 6 row is compared on, and their protocol: the row's training condition, xl
-    (memory) for a model trained with memory, sliding (stride 1 where evaluated so) for one without."""
+    """The settings a Table 6 row is compared on, and their protocol: the row's training condition,
+    xl (memory) for a model trained with memory, sliding (stride 1 where evaluated so) for one
+    without."""
     if "protocol" not in runs:
         return runs, "non_overlapping"
     recurrent = (normalized(runs.iloc[0].get("model.mem_len")) or 0) > 0
@@ -140,7 +142,8 @@ def _setting_cells(runs: pd.DataFrame, metric: str) -> list[tuple[dict, Cell]]:
 
 
 def _init_and_best(runs: pd.DataFrame, metric: str) -> tuple[Cell | None, Cell, str]:
-    """PPL init (at the training attention length), PPL best, and the shortest attn_len reaching it."""
+    """PPL init (at the training attention length), PPL best, and the shortest attn_len reaching
+    it."""
     first = runs.iloc[0]
     train_seg, train_mem = (
         normalized(first.get("train.segment_len")),
@@ -178,7 +181,8 @@ def xl_table6(
     name = metric.upper() if metric == "ppl" else metric
     cells = [c for _, values in lines for c in values[:2] if c is not None]
     measured = "; ".join(
-        f"{protocol} ({n} row{'s' * (n > 1)}): attn len = {ATTN_LEN.get(protocol, 'segment_len + mem_len')}"
+        f"{protocol} ({n} row{'s' * (n > 1)}): attn len = "
+        f"{ATTN_LEN.get(protocol, 'segment_len + mem_len')}"
         for protocol, n in protocols.items()
     )
     return Table(
@@ -186,8 +190,8 @@ def xl_table6(
         columns=[f"{name} init", f"{name} best", "Attn Len"],
         rows=lines,
         caption=seed_caption(metric, cells, None)
-        + " Each row measured the way it was trained (memory: protocol xl; "
-        f"none: sliding windows). Protocol {measured}. init: at the training attention length (segment + "
+        + f" Each row measured the way it was trained (memory: protocol xl; none: sliding "
+        f"windows). Protocol {measured}. init: at the training attention length (segment + "
         f"memory); Attn Len: the shortest reaching the best.{_targets_note(df)}",
         decimals=DECIMALS.get(metric, 3),
         show_n=len({c.n for c in cells}) > 1,
@@ -205,9 +209,9 @@ def _targets_note(df: pd.DataFrame) -> str:
 def xl_table8(
     df: pd.DataFrame, options: TableOptions | None = None, orders: dict[str, list] | None = None
 ) -> Table:
-    """Transformer-XL Table 8: RECL at each r in R_VALUES per model, the group being every model shown;
-    with several seeds, RECL within each seed's group, then mean ± std (the metric is RECL: options
-    choose nothing here)."""
+    """Transformer-XL Table 8: RECL at each r in R_VALUES per model, the group being every model
+    shown; with several seeds, RECL within each seed's group, then mean ± std (the metric is RECL:
+    options choose nothing here)."""
     losses = token_loss_frame(df)
     rows = ladder_rows(df)
     index, models = model_rows(rows, orders or {})
@@ -249,7 +253,8 @@ def xl_table8(
 
 
 def _ppl_by_context(losses: pd.DataFrame) -> dict[tuple[int, int], list[float]]:
-    """(model, context) -> the perplexity of each seed on the targets RECL uses (exp of the mean loss)."""
+    """(model, context) -> the perplexity of each seed on the targets RECL uses (exp of the mean
+    loss)."""
     means = losses.groupby(["model", "context", "seed"])["loss"].mean()
     found: dict[tuple[int, int], list[float]] = defaultdict(list)
     for (model, context, _seed), loss in means.items():
@@ -268,7 +273,8 @@ def _ppl_label(values: list[float]) -> str:
 
 
 def _recl_label(values: list[tuple[int, bool]]) -> str:
-    """RECL of one model: the context (one seed) or mean ± std over seeds; '≥' when the search ran off the ladder."""
+    """RECL of one model: the context (one seed) or mean ± std over seeds; '≥' when the search ran
+    off the ladder."""
     contexts = np.array([c for c, _ in values], dtype=float)
     bound = "≥" if any(censored for _, censored in values) else ""
     if len(contexts) == 1:
@@ -291,14 +297,15 @@ def _table8_caption(rows: pd.DataFrame, losses: pd.DataFrame, n_models: int) -> 
         else f" (seed {used})"
     )
     return (
-        f"RECL (Transformer-XL, Dai et al. 2019, App. C) within the group of these {n_models} models{per_seed}. "
-        f"r: the fraction of hardest targets (largest group-best loss b(c, t), re-chosen for every c); "
-        f"threshold: relative gain {THRESHOLD:.0%}; contexts c = {', '.join(map(str, contexts))} "
-        f"(start c = {contexts[0]}, {step}). Each target's loss at exactly c tokens of context ({_how(rows)}) on "
-        f"the first {max_targets:,} targets of the {split} split; the {targets:,} with {contexts[-1]} tokens of "
-        f"context in their stream are used. A step counts only while the model's own loss on those targets "
-        f"falls (our guard against gains from noise). ≥: still gaining at the longest context. ppl c: each "
-        f"model's perplexity at context c on the targets used."
+        f"RECL (Transformer-XL, Dai et al. 2019, App. C) within the group of these {n_models} "
+        f"models{per_seed}. r: the fraction of hardest targets (largest group-best loss b(c, t), "
+        f"re-chosen for every c); threshold: relative gain {THRESHOLD:.0%}; contexts c = "
+        f"{', '.join(map(str, contexts))} (start c = {contexts[0]}, {step}). Each target's loss "
+        f"at exactly c tokens of context ({_how(rows)}) on the first {max_targets:,} targets of "
+        f"the {split} split; the {targets:,} with {contexts[-1]} tokens of context in their "
+        f"stream are used. A step counts only while the model's own loss on those targets falls "
+        f"(our guard against gains from noise). ≥: still gaining at the longest context. ppl c: "
+        f"each model's perplexity at context c on the targets used."
     )
 
 

@@ -23,7 +23,8 @@ from relpos_ablate.train.data.streams import (
 
 
 class SegmentDataModule(L.LightningDataModule):
-    """Training streams (train.batch_size rows) and one evaluation loader per eval setting (eval.batch_size rows).
+    """Training streams (train.batch_size rows) and one evaluation loader per eval setting
+    (eval.batch_size rows).
 
     Training is one pass of train.max_steps steps; step i trains segment i mod train_segments of the
     streams, so the streams restart (and memory is reset) every train_segments steps. Resuming
@@ -64,13 +65,14 @@ class SegmentDataModule(L.LightningDataModule):
 
     @property
     def vocab(self) -> list[str] | None:
-        """Token strings for text corpora (None for synthetic tasks, whose tokens are plain symbols)."""
+        """Token strings for text corpora (None for synthetic tasks, whose tokens are plain
+        symbols)."""
         return self._corpus.vocab if self.config.data.source == "text" else None
 
     def streams(self, split: str, segment_len: int) -> SegmentStreams:
-        """The 'train' or 'eval' streams cut into segments of `segment_len`. For text, 'eval' is eval.split's
-        streams, and 'valid' or 'test' names a split (a setting's own: eval_split); a synthetic task has one
-        evaluation stream, 'eval'."""
+        """The 'train' or 'eval' streams cut into segments of `segment_len`. For text, 'eval' is
+        eval.split's streams, and 'valid' or 'test' names a split (a setting's own: eval_split); a
+        synthetic task has one evaluation stream, 'eval'."""
         if self.config.data.source == "synthetic":
             return self._task(split).segments(segment_len)
         name = self.config.eval.split if split == "eval" else split
@@ -89,16 +91,16 @@ class SegmentDataModule(L.LightningDataModule):
         )
 
     def eval_split(self, setting: EvalSetting) -> str:
-        """The streams `setting` scores (a name for `streams`): its text split, else eval.split's; 'eval' for
-        a synthetic task's one evaluation stream."""
+        """The streams `setting` scores (a name for `streams`): its text split, else eval.split's;
+        'eval' for a synthetic task's one evaluation stream."""
         if self.config.data.source != "text":
             return "eval"
         return setting.split_of(self.config.eval.split)
 
     def check_evaluation(self) -> None:
-        """Every evaluation setting fits its text split, checked once the data is prepared: a split missing or
-        too short would otherwise fail the run after all its training steps. One line per setting that does
-        not fit. (Synthetic streams: RunConfig checks data.eval_tokens.)"""
+        """Every evaluation setting fits its text split, checked once the data is prepared: a split
+        missing or too short would otherwise fail the run after all its training steps. One line per
+        setting that does not fit. (Synthetic streams: RunConfig checks data.eval_tokens.)"""
         if self.config.data.source != "text":
             return
         rows, problems = self._rows("eval"), []
@@ -108,7 +110,10 @@ class SegmentDataModule(L.LightningDataModule):
         ):
             tokens = self._corpus.splits.get(name)
             if tokens is None:  # e.g. a hub corpus published without a test split
-                missing = f"{name!r}: this corpus has no {name} split (it has {', '.join(self._corpus.splits)})"
+                missing = (
+                    f"{name!r}: this corpus has no {name} split (it has "
+                    f"{', '.join(self._corpus.splits)})"
+                )
                 fields = (
                     [
                         self.config.eval_setting_field(i, "split")
@@ -132,9 +137,9 @@ class SegmentDataModule(L.LightningDataModule):
             problems += [
                 ConfigError(
                     self.config.eval_setting_field(i),
-                    f"{s.segment_len} does not fit the {name} "
-                    f"split: its {size} tokens cut into eval.batch_size={rows} streams leave "
-                    f"{targets} targets per stream; use segment_len <= {targets} (or fewer streams)",
+                    f"{s.segment_len} does not fit the {name} split: its {size} tokens cut into "
+                    f"eval.batch_size={rows} streams leave {targets} targets per stream; use "
+                    f"segment_len <= {targets} (or fewer streams)",
                 )
                 for i, s in enumerate(settings)
                 if self.eval_split(s) == name and s.segment_len > targets
@@ -166,14 +171,16 @@ class SegmentDataModule(L.LightningDataModule):
         return step * self.config.train.accumulate
 
     def val_dataloader(self) -> list[DataLoader]:
-        """Validation during training (train.val_every > 0): the first evaluation setting; else none."""
+        """Validation during training (train.val_every > 0): the first evaluation setting; else
+        none."""
         if not self.config.train.val_every:
             return []
         return [self.eval_dataloader(self.config.eval_settings()[0])]
 
     def eval_dataloader(self, setting: EvalSetting) -> DataLoader:
-        """`setting`'s protocol (train/data/protocols.py) over this process's share of its split's streams;
-        shares may differ by one stream (the metrics add token sums across processes, so the result is exact)."""
+        """`setting`'s protocol (train/data/protocols.py) over this process's share of its split's
+        streams; shares may differ by one stream (the metrics add token sums across processes, so
+        the result is exact)."""
         rank, world = self._process()
         streams = self.streams(self.eval_split(setting), setting.segment_len)
         return eval_loader(

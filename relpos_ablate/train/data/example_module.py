@@ -46,9 +46,9 @@ class ExampleDataModule(SegmentDataModule):
         return examples.by_length(found, self._rows("train"), self.config.seed)
 
     def streams(self, split: str, segment_len: int) -> SegmentStreams:
-        """Training examples (batches of about one length), or (any other split) evaluation examples at
-        the longest task length whose input fits `segment_len`, as rows of segments of `segment_len`
-        tokens, each segment cut after its longest example."""
+        """Training examples (batches of about one length), or (any other split) evaluation examples
+        at the longest task length whose input fits `segment_len`, as rows of segments of
+        `segment_len` tokens, each segment cut after its longest example."""
         rows = self._rows(split)
         found = self._train_examples if split == "train" else self._fitting(segment_len, count=rows)
         return examples.TrimmedSegments(*examples.as_streams(found, rows, segment_len), segment_len)
@@ -75,9 +75,10 @@ class ExampleDataModule(SegmentDataModule):
         )
 
     def test_sets(self, wanted: list[dict[str, Any]] | None = None) -> list[TestSet]:
-        """One set per test-length bin (per bin and depth for depth tasks), data.eval_examples each; `wanted`:
-        only these (test_set_fields entries). A set's examples depend on its bin and depth alone, not on
-        the other bins listed, so a bin evaluated later (`relpos-ablate evaluate`) gets the same examples."""
+        """One set per test-length bin (per bin and depth for depth tasks), data.eval_examples each;
+        `wanted`: only these (test_set_fields entries). A set's examples depend on its bin and depth
+        alone, not on the other bins listed, so a bin evaluated later (`relpos-ablate evaluate`)
+        gets the same examples."""
         data = self.config.data
         sets = []
         for fields in test_set_fields(data) if wanted is None else wanted:

@@ -9,32 +9,34 @@ need no restart). Exact match = every answer token right under teacher forcing, 
 decoding's exact match: a fully right answer is reproduced token by token, and the first wrong token
 of greedy decoding is wrong under teacher forcing too.
 
-Answers inline: mqar answers each query right after it (`<sep> q1 a1 q2 a2 ...`); flip_flop's answers
-are the bits after its read instructions (no <sep>).
+Answers inline: mqar answers each query right after it (`<sep> q1 a1 q2 a2 ...`); flip_flop's
+answers are the bits after its read instructions (no <sep>).
 
-Long-context tasks (RULER, Hsieh et al. 2024, at token level; mqar has no filler, these do): n filler
-symbols with needles inside, each needle after a number of filler tokens (`_hide`), the one that a depth
-places (data.DEPTH_TASKS) after round(depth·n) of them, the others uniform over [0, n]. Needles are
-`<key> name value` (a name of data.num_keys, a value of passkey_digits digits); the question follows the
-haystack, starting with <key>:
+Long-context tasks (RULER, Hsieh et al. 2024, at token level; mqar has no filler, these do): n
+filler symbols with needles inside, each needle after a number of filler tokens (`_hide`), the one
+that a depth places (data.DEPTH_TASKS) after round(depth·n) of them, the others uniform over [0, n].
+Needles are `<key> name value` (a name of data.num_keys, a value of passkey_digits digits); the
+question follows the haystack, starting with <key>:
 
 - niah_multikey: niah_keys needles, distinct keys; `<key> k <sep>` asks one, the answer its value;
-- niah_multivalue: niah_values needles of the asked key (distinct values, the first at the depth, the
-  others after it) among one needle of each of niah_keys - 1 other keys; `<key> k <sep>`: its values in
-  order of appearance;
-- niah_multiquery: niah_keys needles, distinct keys; `<key> k1 .. kQ <sep>` asks niah_queries of them (the
-  first at the depth): their values in the asked order;
-- variable_tracking: variable_chains chains `<key> X1 v`, then `<key> X2 X1`, `<key> X3 X2`, ... (X_i+1 =
-  X_i, variable_hops of them, in chain order; distinct names, a distinct value per chain); `<key> v <sep>`
-  asks the first chain's value (its first assignment at the depth): the names X1 .. X_hops+1 that hold it;
+- niah_multivalue: niah_values needles of the asked key (distinct values, the first at the depth,
+  the others after it) among one needle of each of niah_keys - 1 other keys; `<key> k <sep>`: its
+  values in order of appearance;
+- niah_multiquery: niah_keys needles, distinct keys; `<key> k1 .. kQ <sep>` asks niah_queries of
+  them (the first at the depth): their values in the asked order;
+- variable_tracking: variable_chains chains `<key> X1 v`, then `<key> X2 X1`, `<key> X3 X2`, ...
+  (X_i+1 = X_i, variable_hops of them, in chain order; distinct names, a distinct value per chain);
+  `<key> v <sep>` asks the first chain's value (its first assignment at the depth): the names X1 ..
+  X_hops+1 that hold it;
 - contextual_counting (Golkar et al. 2024, arXiv 2406.02585): n bits (0 and 1 equally likely) with
-  counting_regions non-overlapping regions `[ ... ]` among them (the 2·regions delimiters at sorted uniform
-  places, so a region may be empty and bits lie outside the regions too, as in the paper's
-  `[ 0 ] [ 1 0 1 ] 0 [ 1 ] 1 [ ] 0` -> 0 2 1 0); `<sep>`, then the number of ones in each region, in order,
-  each in counting_digits digits (the paper's decoder is prompted with the region labels instead).
+  counting_regions non-overlapping regions `[ ... ]` among them (the 2·regions delimiters at sorted
+  uniform places, so a region may be empty and bits lie outside the regions too, as in the paper's
+  `[ 0 ] [ 1 0 1 ] 0 [ 1 ] 1 [ ] 0` -> 0 2 1 0); `<sep>`, then the number of ones in each region, in
+  order, each in counting_digits digits (the paper's decoder is prompted with the region labels
+  instead).
 
-Every answer follows from the prompt's tokens alone: solvers.py computes it there, token class by token
-class (digits, <key>, the rest).
+Every answer follows from the prompt's tokens alone: solvers.py computes it there, token class by
+token class (digits, <key>, the rest).
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ class Examples:
     lengths: Tensor
     """[N] task length n of each example."""
     depths: Tensor
-    """[N] depth tasks (data.DEPTH_TASKS): where their needle sits, as a fraction of the filler (NaN for other
-    tasks)."""
+    """[N] depth tasks (data.DEPTH_TASKS): where their needle sits, as a fraction of the filler (NaN
+    for other tasks)."""
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
@@ -138,8 +140,9 @@ def generate(
     depth: float | None = None,
     stream: tuple[int, ...] = (),
 ) -> Examples:
-    """`count` examples of `data.task` with n uniform in [lengths[0], lengths[1]]; depth tasks at `depth`
-    (None: uniform). `stream` tells apart the example sets of one split (e.g. a bin and a depth)."""
+    """`count` examples of `data.task` with n uniform in [lengths[0], lengths[1]]; depth tasks at
+    `depth` (None: uniform). `stream` tells apart the example sets of one split (e.g. a bin and a
+    depth)."""
     rng = np.random.default_rng([seed, SPLITS.index(split), TASKS.index(data.task), *stream])
     sizes = rng.integers(lengths[0], lengths[1] + 1, size=count)
     if depth is None:
@@ -195,7 +198,8 @@ def _sort(data, rng, n, count, depths):
 
 
 def _addition(data, rng, n, count, depths):
-    """Two n-digit numbers (leading zeros allowed), most significant digit first; their n+1-digit sum."""
+    """Two n-digit numbers (leading zeros allowed), most significant digit first; their n+1-digit
+    sum."""
     a, b = rng.integers(0, 10, size=(2, count, n))
     total, carry = np.zeros((count, n + 1), dtype=np.int64), np.zeros(count, dtype=np.int64)
     for k in range(n - 1, -1, -1):  # schoolbook addition from the least significant digit
@@ -214,7 +218,8 @@ def _parity(data, rng, n, count, depths):
 
 
 def _mqar(data, rng, n, count, depths):
-    """n pairs with distinct keys, then min(mqar_queries, n) distinct keys each followed by its value."""
+    """n pairs with distinct keys, then min(mqar_queries, n) distinct keys each followed by its
+    value."""
     # distinct keys per example
     keys = np.argsort(rng.random((count, data.num_keys)), axis=1)[:, :n]
     values = rng.integers(0, data.num_symbols, size=(count, n))
@@ -236,7 +241,8 @@ def _mqar(data, rng, n, count, depths):
 
 
 def _flip_flop(data, rng, n, count, depths):
-    """An opening write, then n instructions with a bit each, the last a read; reads repeat the last write.
+    """An opening write, then n instructions with a bit each, the last a read; reads repeat the last
+    write.
 
     The opening write makes every n >= 1 answerable (n = 1: write b, read -> b)."""
     p_write = (1.0 - data.flip_flop_ignore) / 2
@@ -255,7 +261,8 @@ def _flip_flop(data, rng, n, count, depths):
 
 
 def _passkey(data, rng, n, count, depths):
-    """n filler symbols with <key> d_1 .. d_k inserted after round(depth·n) of them; then <sep> d_1 .. d_k."""
+    """n filler symbols with <key> d_1 .. d_k inserted after round(depth·n) of them; then <sep> d_1
+    .. d_k."""
     filler = _filler(data, rng, n, count)
     digits = rng.integers(0, 10, size=(count, data.passkey_digits)) + DIGIT
     hidden = np.concatenate([np.full((count, 1), KEY), digits], axis=1)
@@ -271,8 +278,8 @@ def _niah_multiquery(data, rng, n, count, depths):
 
 
 def _niah_asking(data, rng, n, count, depths, asked):
-    """niah_keys needles under distinct keys, the first at the depth, the others anywhere; the first `asked`
-    keys are asked, answered by their values in that order."""
+    """niah_keys needles under distinct keys, the first at the depth, the others anywhere; the first
+    `asked` keys are asked, answered by their values in that order."""
     filler, keys = _filler(data, rng, n, count), _names(data, rng, count, data.niah_keys)
     values = _digits(
         rng.integers(0, 10**data.passkey_digits, size=(count, data.niah_keys)), data.passkey_digits
@@ -285,8 +292,9 @@ def _niah_asking(data, rng, n, count, depths, asked):
 
 
 def _niah_multivalue(data, rng, n, count, depths):
-    """niah_values distinct values under the asked key (the first at the depth, the others after it, in
-    order) among one needle of each other key (anywhere); the answer is the asked key's values."""
+    """niah_values distinct values under the asked key (the first at the depth, the others after it,
+    in order) among one needle of each other key (anywhere); the answer is the asked key's
+    values."""
     filler, keys = _filler(data, rng, n, count), _names(data, rng, count, data.niah_keys)
     width, others = data.passkey_digits, data.niah_keys - 1
     # [count, values, width]
@@ -307,8 +315,9 @@ def _niah_multivalue(data, rng, n, count, depths):
 
 
 def _variable_tracking(data, rng, n, count, depths):
-    """variable_chains chains X1 = v, X2 = X1, .. in order (the first chain's X1 = v at the depth, its copies
-    after it; the other chains anywhere), distinct names and values; the first chain's value is asked."""
+    """variable_chains chains X1 = v, X2 = X1, .. in order (the first chain's X1 = v at the depth,
+    its copies after it; the other chains anywhere), distinct names and values; the first chain's
+    value is asked."""
     chains, hops, width = data.variable_chains, data.variable_hops, data.passkey_digits
     filler = _filler(data, rng, n, count)
     names = _names(data, rng, count, chains * (hops + 1)).reshape(count, chains, hops + 1)
@@ -364,7 +373,8 @@ def _names(data, rng, count, k):
 
 
 def _distinct(rng, count, k, width):
-    """[count, k] distinct numbers below 10**width per example, uniform: drawn one at a time from those left."""
+    """[count, k] distinct numbers below 10**width per example, uniform: drawn one at a time from
+    those left."""
     chosen = np.empty((count, k), dtype=np.int64)
     for j in range(k):
         value = rng.integers(0, 10**width - j, size=count)
@@ -380,7 +390,8 @@ def _digits(numbers, width):
 
 
 def _needles(keys, values):
-    """`<key> k v_1 .. v_w` per key: keys [count, m], values [count, m, w] -> m blocks [count, w + 2]."""
+    """`<key> k v_1 .. v_w` per key: keys [count, m], values [count, m, w] -> m blocks [count, w +
+    2]."""
     return [
         np.concatenate([np.full((len(keys), 1), KEY), keys[:, j : j + 1], values[:, j]], axis=1)
         for j in range(keys.shape[1])
@@ -398,8 +409,8 @@ def _depth_slot(depths, n):
 
 
 def _hide(filler, needles, slots):
-    """The filler [count, n] with needle j (a block [count, w_j]) inserted after slots[:, j] of its tokens;
-    needles after the same number keep their order: [count, n + Σ w_j]."""
+    """The filler [count, n] with needle j (a block [count, w_j]) inserted after slots[:, j] of its
+    tokens; needles after the same number keep their order: [count, n + Σ w_j]."""
     count, n = filler.shape
     widths = np.array([block.shape[1] for block in needles])
     # the needles in prompt order: by slot, then index
@@ -434,9 +445,9 @@ _TASKS = {
 
 
 def as_streams(examples: Examples, rows: int, segment_len: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(inputs, targets, mask), each [rows, S·segment_len]: segment t of row r is example t·rows + r,
-    padded to segment_len, so segment t of streams.py is the batch of examples t·rows .. (t+1)·rows - 1.
-    The examples that do not fill a last batch are left out."""
+    """(inputs, targets, mask), each [rows, S·segment_len]: segment t of row r is example t·rows +
+    r, padded to segment_len, so segment t of streams.py is the batch of examples t·rows ..
+    (t+1)·rows - 1. The examples that do not fill a last batch are left out."""
     batches = len(examples) // rows
     if batches < 1:
         raise ValueError(f"{len(examples)} examples cannot fill {rows} rows")
@@ -471,8 +482,8 @@ def by_length(examples: Examples, rows: int, seed: int) -> Examples:
 
 
 class TrimmedSegments(SegmentStreams):
-    """Segments of example batches (as_streams), each cut after its longest example: the columns where
-    every row is padding are dropped (a causal model's real tokens never read them)."""
+    """Segments of example batches (as_streams), each cut after its longest example: the columns
+    where every row is padding are dropped (a causal model's real tokens never read them)."""
 
     def __getitem__(self, t: int):
         inputs, targets, mask = super().__getitem__(t)

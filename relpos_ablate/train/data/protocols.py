@@ -1,24 +1,25 @@
-"""Evaluation protocols on one canonical layout: which targets each forward scores, with what context
-(docs/formulas.md#evaluation-protocols).
+"""Evaluation protocols on one canonical layout: which targets each forward scores, with what
+context (docs/formulas.md#evaluation-protocols).
 
-The layout, the same for every protocol and length: the evaluation split cut into B = eval.batch_size
-contiguous streams, inputs x[b, 0..T-1] and targets x[b, 1..T] (each stream's first token is never a
-target, as in Transformer-XL's evaluation; `max_targets` keeps the first max_targets // B targets of
-each stream). Every protocol scores each of the B·T targets exactly once, so token counts match across
-protocols and lengths; for a task with a per-segment rule (offset_copy, recall: the segment_mask of its
-streams) only the targets the rule finds determined inside their segment or window count, and those
-depend on where segments and windows start:
+The layout, the same for every protocol and length: the evaluation split cut into B =
+eval.batch_size contiguous streams, inputs x[b, 0..T-1] and targets x[b, 1..T] (each stream's first
+token is never a target, as in Transformer-XL's evaluation; `max_targets` keeps the first
+max_targets // B targets of each stream). Every protocol scores each of the B·T targets exactly
+once, so token counts match across protocols and lengths; for a task with a per-segment rule
+(offset_copy, recall: the segment_mask of its streams) only the targets the rule finds determined
+inside their segment or window count, and those depend on where segments and windows start:
 
-- non_overlapping / xl: batch t is columns [tL, (t+1)L) of every stream; the last, partial segment is
-  padded and the padding masked (not dropped); memory, if any, carries from batch t to t + 1.
+- non_overlapping / xl: batch t is columns [tL, (t+1)L) of every stream; the last, partial segment
+  is padded and the padding masked (not dropped); memory, if any, carries from batch t to t + 1.
 - sliding (window L, stride S): window k of a stream ends at e_k = min(L + kS, T) and covers columns
   [e_k - L, e_k); it scores the targets after the previous window's end, i.e. all L for the first
-  window and the last S (fewer for the final one) after it: each with L - S + 1 .. L tokens of context.
-  Windows are independent rows (no memory), batched sliding_batch_tokens // L at a time.
+  window and the last S (fewer for the final one) after it: each with L - S + 1 .. L tokens of
+  context. Windows are independent rows (no memory), batched sliding_batch_tokens // L at a time.
 
-Every batch is (inputs, targets, mask, index), each [R, L]: `mask` marks the targets this batch scores,
-`index` their place b·T + p in the layout (-1 elsewhere); per-token losses are stored in that order.
-The column is the target's position in its segment or window, which the loss-by-position curve bins.
+Every batch is (inputs, targets, mask, index), each [R, L]: `mask` marks the targets this batch
+scores, `index` their place b·T + p in the layout (-1 elsewhere); per-token losses are stored in
+that order. The column is the target's position in its segment or window, which the loss-by-position
+curve bins.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class EvalLayout:
 
     def window(self, rows: Tensor, starts: Tensor, first_scored: Tensor, length: int) -> EvalBatch:
         """Columns [start, start + length) of stream `rows[r]` for each r, scoring columns from
-        start + first_scored[r] on; columns past T are padding (masked). rows, starts, first_scored: [R]."""
+        start + first_scored[r] on; columns past T are padding (masked). rows, starts, first_scored:
+        [R]."""
         offsets = torch.arange(length)
         columns = starts[:, None] + offsets  # (R, L)
         inside = columns < self.length
@@ -79,7 +81,8 @@ class EvalLayout:
 
 
 class SegmentBatches(Dataset):
-    """non_overlapping and xl: item t = segment t (columns [tL, (t+1)L)) of every stream in `rows`."""
+    """non_overlapping and xl: item t = segment t (columns [tL, (t+1)L)) of every stream in
+    `rows`."""
 
     def __init__(self, layout: EvalLayout, segment_len: int, rows: Tensor | None = None):
         self.layout, self.segment_len = layout, segment_len
@@ -96,15 +99,15 @@ class SegmentBatches(Dataset):
 
 
 def window_ends(length: int, window: int, stride: int) -> Tensor:
-    """End column (exclusive) of every sliding window over `length` targets: window, window + stride, ...,
-    then `length` itself; a single window when length <= window."""
+    """End column (exclusive) of every sliding window over `length` targets: window, window +
+    stride, ..., then `length` itself; a single window when length <= window."""
     ends = torch.arange(window, max(window, length), stride)
     return torch.cat([ends, torch.tensor([length])])
 
 
 class WindowBatches(Dataset):
-    """sliding: every (stream, window) pair of the streams in `rows`, in stream-major order, `per_batch`
-    windows per item."""
+    """sliding: every (stream, window) pair of the streams in `rows`, in stream-major order,
+    `per_batch` windows per item."""
 
     def __init__(
         self,
@@ -144,8 +147,8 @@ class WindowBatches(Dataset):
 def protocol_batches(
     layout: EvalLayout, setting: EvalSetting, sliding_batch_tokens: int, rows: slice | None = None
 ) -> Dataset:
-    """The batches that evaluate `setting` on `layout`'s streams `rows` (all by default: a process of a
-    data-parallel run evaluates its share; indices stay those of the whole layout)."""
+    """The batches that evaluate `setting` on `layout`'s streams `rows` (all by default: a process
+    of a data-parallel run evaluates its share; indices stay those of the whole layout)."""
     owned = torch.arange(layout.streams)[rows if rows is not None else slice(None)]
     if setting.protocol == "sliding":
         per_batch = max(1, sliding_batch_tokens // setting.segment_len)
@@ -159,7 +162,8 @@ def eval_loader(
     sliding_batch_tokens: int,
     rows: slice | None = None,
 ) -> DataLoader:
-    """A DataLoader of `setting`'s batches over the evaluation streams `rows` (in order: memory carries)."""
+    """A DataLoader of `setting`'s batches over the evaluation streams `rows` (in order: memory
+    carries)."""
     layout = EvalLayout(streams, setting.max_targets)
     return DataLoader(
         protocol_batches(layout, setting, sliding_batch_tokens, rows),

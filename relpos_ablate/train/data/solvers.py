@@ -1,11 +1,11 @@
-"""Brute-force solvers of the long-context example tasks: the answer tokens computed from an example's
-prompt alone, by reading it token by token as its definition says (examples.py's module docstring), with
-none of the generator's bookkeeping (where the needles were put, which were asked). The tests check every
-generated answer against them.
+"""Brute-force solvers of the long-context example tasks: the answer tokens computed from an
+example's prompt alone, by reading it token by token as its definition says (examples.py's module
+docstring), with none of the generator's bookkeeping (where the needles were put, which were asked).
+The tests check every generated answer against them.
 
-`solve(data, prompt)`: `prompt` is the example's tokens up to its <sep> (a leading <bos> and the <sep>
-itself may be there); `data` names the task and, for contextual_counting, the answer's format (the digits
-of a count), which the prompt does not show.
+`solve(data, prompt)`: `prompt` is the example's tokens up to its <sep> (a leading <bos> and the
+<sep> itself may be there); `data` names the task and, for contextual_counting, the answer's format
+(the digits of a count), which the prompt does not show.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def niah_multiquery(body: list[int]) -> list[int]:
 
 
 def variable_tracking(body: list[int]) -> list[int]:
-    """Runs the assignments in order (`X v`: X = v, `X Y`: X = Y) and names every variable that ends up
-    holding the asked value, in order of assignment."""
+    """Runs the assignments in order (`X v`: X = v, `X Y`: X = Y) and names every variable that ends
+    up holding the asked value, in order of assignment."""
     needles, asked = _needles(body)
     held = {}
     for name, right in needles:
@@ -83,8 +83,8 @@ def _is_digit(token: int) -> bool:
 
 
 def _needles(body: list[int]) -> tuple[list[tuple[int, list[int]]], list[int]]:
-    """The needles `<key> name right` of the haystack as (name, right) in order (right: a run of digits, or
-    one name), and the question: the tokens after the last <key>."""
+    """The needles `<key> name right` of the haystack as (name, right) in order (right: a run of
+    digits, or one name), and the question: the tokens after the last <key>."""
     last = len(body) - 1 - body[::-1].index(KEY)
     needles, i = [], 0
     while i < last:

@@ -20,16 +20,17 @@ from torch import Tensor
 from torch.utils.data import Dataset, Sampler
 
 Batch = tuple[Tensor, Tensor, Tensor]
-#: Refines the mask of one segment given its (inputs, targets, mask), all [B, L]; used by tasks whose
-#: answer is only determined when the evidence lies inside the segment.
+#: Refines the mask of one segment given its (inputs, targets, mask), all [B, L]; used by tasks
+#: whose answer is only determined when the evidence lies inside the segment.
 SegmentMask = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 class SegmentStreams(Dataset):
     """B streams of N tokens; item t = (inputs, targets, mask) of segment t, each [B, segment_len].
 
-    The tail of each stream that does not fill a whole segment is dropped. Arrays may be stored compactly
-    (int32 tokens, an expanded all-True mask); each segment comes out as long tokens and a bool mask.
+    The tail of each stream that does not fill a whole segment is dropped. Arrays may be stored
+    compactly (int32 tokens, an expanded all-True mask); each segment comes out as long tokens and a
+    bool mask.
     """
 
     def __init__(
@@ -54,8 +55,8 @@ class SegmentStreams(Dataset):
         return self.inputs.shape[0]
 
     def select(self, rows: slice) -> SegmentStreams:
-        """The same segments of some of the streams (views, no copy; the per-segment rule is per row),
-        as the same class (a subclass's way of cutting segments is kept)."""
+        """The same segments of some of the streams (views, no copy; the per-segment rule is per
+        row), as the same class (a subclass's way of cutting segments is kept)."""
         return type(self)(
             self.inputs[rows],
             self.targets[rows],
@@ -102,18 +103,19 @@ class TrainBatch(NamedTuple):
     mask: Tensor
     """[b, L] targets determined by the stream (the task's rule)."""
     counted_in_step: Tensor
-    """() the targets the loss counts in this step's whole global batch (every process, every group): the
-    denominator of the step's token mean."""
+    """() the targets the loss counts in this step's whole global batch (every process, every
+    group): the denominator of the step's token mean."""
     group: int
     """Which of the process's `accumulate` row groups this is; each group keeps its own memory."""
 
 
 class TrainingSegments(Dataset):
-    """Micro-batch i = row group i % accumulate of this process's streams, at segment (i // accumulate)
-    mod len(streams): training is one long pass of `steps` optimizer steps.
+    """Micro-batch i = row group i % accumulate of this process's streams, at segment (i //
+    accumulate) mod len(streams): training is one long pass of `steps` optimizer steps.
 
-    Indexing by the step (instead of epochs of len(streams) batches) makes resuming exact: the sampler
-    starts at the restored step, and the streams restart (memory reset) every len(streams) steps.
+    Indexing by the step (instead of epochs of len(streams) batches) makes resuming exact: the
+    sampler starts at the restored step, and the streams restart (memory reset) every len(streams)
+    steps.
     """
 
     def __init__(
@@ -148,8 +150,8 @@ class TrainingSegments(Dataset):
         return TrainBatch(*self.groups[group][t], counted_in_step=self._counted(t), group=group)
 
     def _counted(self, t: int) -> Tensor:
-        """Targets the loss counts in segment t of all the streams (every process computes the same); at
-        least 1, so a segment with nothing to count adds 0 to the loss."""
+        """Targets the loss counts in segment t of all the streams (every process computes the
+        same); at least 1, so a segment with nothing to count adds 0 to the loss."""
         if t not in self._counted_at:
             _inputs, _targets, mask = self.streams[t]
             self._counted_at[t] = loss_mask(mask, self.loss_on).sum().clamp(min=1)
@@ -157,7 +159,8 @@ class TrainingSegments(Dataset):
 
 
 class ResumeSampler(Sampler[int]):
-    """Yields start(), ..., total - 1, where start() is read when iteration begins (the restored position)."""
+    """Yields start(), ..., total - 1, where start() is read when iteration begins (the restored
+    position)."""
 
     def __init__(self, total: int, start: Callable[[], int]):
         self.total, self.start = total, start
@@ -170,7 +173,8 @@ class ResumeSampler(Sampler[int]):
 
 
 def batchify(tokens: Tensor, rows: int) -> tuple[Tensor, Tensor]:
-    """Next-token (inputs, targets), each [rows, N]: the 1-D token array cut into `rows` contiguous streams."""
+    """Next-token (inputs, targets), each [rows, N]: the 1-D token array cut into `rows` contiguous
+    streams."""
     per_row = tokens.numel() // rows
     if per_row < 2:
         raise ValueError(f"{tokens.numel()} tokens cannot fill {rows} streams")

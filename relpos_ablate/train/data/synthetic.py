@@ -1,15 +1,16 @@
-"""Synthetic tasks, each probing one capability of a position scheme. Generated from the seed, no download.
+"""Synthetic tasks, each probing one capability of a position scheme. Generated from the seed, no
+download.
 
-Every task yields B streams of (inputs, targets, mask), [B, N]; mask marks the positions whose target
-is determined by what the model can see, the only ones that count for loss and accuracy.
+Every task yields B streams of (inputs, targets, mask), [B, N]; mask marks the positions whose
+target is determined by what the model can see, the only ones that count for loss and accuracy.
 
 - offset_copy: i.i.d. symbols; the target at t is the input at t - offset. Symbols carry no hint of
-  where they are, so only an exact relative position (terms b/d, a bias, rope) solves it; NoPE cannot.
-  Counted only where t - offset lies inside the segment: memory does not help.
-- recall: "pair" tokens (key, value) and "query" tokens (key); the target at a query is the pair stored
-  under its key. Each stream's key -> value map is redrawn every `rebind_every` tokens. Counted only
-  where the segment so far holds pairs of that key with exactly one value (the right one): the answer
-  is then found by content alone (term a), no position needed.
+  where they are, so only an exact relative position (terms b/d, a bias, rope) solves it; NoPE
+  cannot. Counted only where t - offset lies inside the segment: memory does not help.
+- recall: "pair" tokens (key, value) and "query" tokens (key); the target at a query is the pair
+  stored under its key. Each stream's key -> value map is redrawn every `rebind_every` tokens.
+  Counted only where the segment so far holds pairs of that key with exactly one value (the right
+  one): the answer is then found by content alone (term a), no position needed.
 - repeat: a random block of `period` symbols followed by the same block again; next-token targets,
   counted inside the repetition. With period > segment_len the source lies in an earlier segment:
   needs memory plus the relative distance `period`.
@@ -50,14 +51,16 @@ class TaskStreams:
 
 
 def vocab_size(data: DataConfig) -> int:
-    """Symbols of the task: recall has num_keys * num_symbols pair tokens plus num_keys query tokens."""
+    """Symbols of the task: recall has num_keys * num_symbols pair tokens plus num_keys query
+    tokens."""
     if data.task == "recall":
         return data.num_keys * data.num_symbols + data.num_keys
     return data.num_symbols
 
 
 def generate(data: DataConfig, seed: int, split: str, rows: int, length: int) -> TaskStreams:
-    """`rows` streams of `length` tokens of `data.task`; train and eval streams are independent draws."""
+    """`rows` streams of `length` tokens of `data.task`; train and eval streams are independent
+    draws."""
     rng = np.random.default_rng([seed, SPLITS.index(split), TASKS.index(data.task)])
     return _GENERATORS[data.task](data, rng, rows, length)
 
@@ -96,7 +99,8 @@ def _recall(data: DataConfig, rng: np.random.Generator, rows: int, length: int) 
 def _answer_in_segment(
     inputs: Tensor, targets: Tensor, mask: Tensor, n_keys: int, n_values: int
 ) -> Tensor:
-    """recall: count a query only if the segment so far stored exactly one value under its key, the target."""
+    """recall: count a query only if the segment so far stored exactly one value under its key, the
+    target."""
     b, length = inputs.shape
     n_pairs = n_keys * n_values
     # queries -> an extra class dropped below
@@ -117,7 +121,8 @@ def _repeat(data: DataConfig, rng: np.random.Generator, rows: int, length: int) 
     block = rng.integers(0, data.num_symbols, size=(rows, blocks, 1, period))
     # [rows, length+1]
     stream = torch.from_numpy(np.tile(block, (1, 1, 2, 1)).reshape(rows, -1)[:, : length + 1])
-    # Position of each target within its (block, repetition) pair: the repetition is the second half.
+    # Position of each target within its (block, repetition) pair: the repetition is the second
+    # half.
     target_pos = torch.arange(1, length + 1) % (2 * period)
     mask = (target_pos >= period).expand(rows, length)
     return TaskStreams(stream[:, :-1], stream[:, 1:], mask)

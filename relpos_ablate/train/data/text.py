@@ -1,10 +1,10 @@
 """Real text through `datasets`: named corpora and local files take the same path, then a tokenizer.
 
 Named corpora are mapped to their Hugging Face hub ids, except the one shipped inside the package
-(relpos_ablate/corpora/, xz-compressed train/valid/test files), which goes through the `text` builder
-like local files do.
-Tokenized splits are cached under `<cache_dir>/tokens/<hash>.pt`, keyed by the source (corpus name, or
-each file's path, size and modification time), the tokenizer and min_freq.
+(relpos_ablate/corpora/, xz-compressed train/valid/test files), which goes through the `text`
+builder like local files do.
+Tokenized splits are cached under `<cache_dir>/tokens/<hash>.pt`, keyed by the source (corpus name,
+or each file's path, size and modification time), the tokenizer and min_freq.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ CORPORA = {
 }
 
 
-#: Corpora shipped with the package: name -> directory holding {train,valid,test}.txt.xz (source, license and
-#: split in its README.md). Read offline through the same `text` builder as local files.
+#: Corpora shipped with the package: name -> directory holding {train,valid,test}.txt.xz (source,
+#: license and split in its README.md). Read offline through the same `text` builder as local files.
 PACKAGED = {"tinyshakespeare": Path(__file__).resolve().parents[2] / "corpora" / "tinyshakespeare"}
 PACKAGED_SPLITS = ("train", "valid", "test")
 
@@ -72,7 +72,8 @@ def cache_root(data: DataConfig) -> Path:
 
 
 def load_corpus(data: DataConfig) -> Corpus:
-    """Tokenized train/valid/test splits, from the cache when the same source was tokenized before."""
+    """Tokenized train/valid/test splits, from the cache when the same source was tokenized
+    before."""
     path = cache_root(data) / "tokens" / f"{cache_key(data)}.pt"
     if path.exists():
         blob = torch.load(path, weights_only=True)
@@ -85,7 +86,8 @@ def load_corpus(data: DataConfig) -> Corpus:
 
 
 def cache_key(data: DataConfig) -> str:
-    """Hash of what determines the token arrays; a changed local file (size or mtime) gets a new key."""
+    """Hash of what determines the token arrays; a changed local file (size or mtime) gets a new
+    key."""
     if data.corpus:
         source = {"corpus": data.corpus}
     else:
@@ -125,7 +127,8 @@ def read_splits(data: DataConfig) -> dict[str, str]:
 
 
 def _read_files(files: dict[str, str], data: DataConfig) -> dict[str, str]:
-    """Text files (plain or compressed: `datasets` extracts .xz/.gz/.bz2) through the `text` builder."""
+    """Text files (plain or compressed: `datasets` extracts .xz/.gz/.bz2) through the `text`
+    builder."""
     from datasets import load_dataset
 
     try:
@@ -147,7 +150,8 @@ def _read_files(files: dict[str, str], data: DataConfig) -> dict[str, str]:
 
 
 def _raise_if_not_text(files: dict[str, str], err: Exception) -> None:
-    """A ConfigError naming the first file that is not UTF-8 text, when that is what `err` came from."""
+    """A ConfigError naming the first file that is not UTF-8 text, when that is what `err` came
+    from."""
     cause = err
     while cause is not None and not isinstance(cause, UnicodeDecodeError):
         cause = cause.__cause__ or cause.__context__
@@ -203,7 +207,8 @@ def _bytes(texts: dict[str, str], _min_freq: int) -> Corpus:
 
 
 def _chars(texts: dict[str, str], _min_freq: int) -> Corpus:
-    """Id 0 is <unk> (characters absent from train), then the train characters in code point order."""
+    """Id 0 is <unk> (characters absent from train), then the train characters in code point
+    order."""
     points = {split: np.frombuffer(t.encode("utf-32-le"), np.uint32) for split, t in texts.items()}
     alphabet = np.unique(points["train"])
     splits = {}
