@@ -1,5 +1,5 @@
-"""The GPU check for the minutes a GPU is lent (`make gpu-check`; well over 10 min on one H200,
-split below).
+"""The GPU check for the minutes a GPU is lent (`make gpu-check`; well over 10 min on the GPU of
+docs/performance.md, split below).
 
     python benchmarks/gpu_check.py      # CUDA: parity, DDP, timing; JSON + Markdown table
     # a dry run of the parity:
@@ -18,13 +18,13 @@ split below).
    torch.cuda.max_memory_allocated above the inputs). Compilation happens in each cell's warm-up;
    the cells run in order of length, and those that would start after --deadline seconds from the
    start are recorded as skipped, so the check ends in time (every cell compiles FlexAttention
-   again: about 9 s each on one H200, torch 2.11, 2026-12-04).
+   again: about 9 s each with torch 2.11; docs/performance.md).
 
 Cost and splitting: parity compiles FlexAttention once per scheme and dtype (about 46 times), timing
 once per scheme and length (about 60): well over one 10-minute call. --backends, --dtypes,
 --schemes, --skip-parity, --skip-ddp, --timed and --lengths take a part at a time; the JSON and
 Markdown are written after each phase and each timed cell, so a check stopped early keeps what it
-measured. What one H200 showed: benchmarks/results/gpu_check/README.md.
+measured. What it showed so far: benchmarks/results/gpu_check/README.md.
 
 Without CUDA (and without --device cpu) it prints one line saying so and exits 0. Writes
 OUT/gpu_check.json and OUT/gpu_check.md (default benchmarks/results/gpu_check/).

@@ -1,7 +1,7 @@
 """Where an attention scheme's time goes: torch.profiler over one forward + backward of
 benchmarks/attention.py's layer (B=2, H=8, d_head=64, causal), the operators by self CPU time, next
-to SDPA without positions at the same length. The README's "Speed and memory" quotes it for the
-goals a scheme does not meet.
+to SDPA without positions at the same length. docs/performance.md quotes it for the goals a scheme
+does not meet.
 
     python benchmarks/profile_attention.py --scheme fox --length 2048
     python benchmarks/profile_attention.py --scheme fire,cope --length 4096 --top 12

@@ -87,9 +87,9 @@ def test_train_step_times_every_variant_of_a_spec_against_nope(tmp_path, monkeyp
 
 
 def test_the_low_rank_block_benchmark_names_the_machine_and_bounds_each_blocks_rounding(capsys):
-    """benchmarks/low_rank_blocks.py (the README's block-size figures) at L = 256: a time per path,
-    and per block size the output's error against its float64 softmax, within the tests' 1e-5 where
-    the spread is at most 128 (SPREAD_LIMIT)."""
+    """benchmarks/low_rank_blocks.py (the block-size figures of docs/performance.md) at L = 256: a
+    time per path, and per block size the output's error against its float64 softmax, within the
+    tests' 1e-5 where the spread is at most 128 (SPREAD_LIMIT)."""
     _load("low_rank_blocks").main(["--length", "256"])
     out = capsys.readouterr().out
     assert "SPREAD_LIMIT 128.0" in out.splitlines()[0]

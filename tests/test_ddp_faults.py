@@ -113,7 +113,7 @@ def test_a_run_whose_terms_read_no_query_trains_on_two_processes(never_stopped):
     assert metric_steps(never_stopped) == list(range(MAX_STEPS))
 
 
-# a long name, kept: benchmarks/results/suite_durations_*.md record it
+# a long name, kept: benchmarks/results/records/suite_durations_xeon_20261206.md records it
 def test_a_killed_rank_or_sigterm_interrupts_the_run_and_reruns_end_bit_for_bit_where_the_uninterrupted_one_does(  # noqa: E501
     never_stopped, tmp_path, monkeypatch
 ):

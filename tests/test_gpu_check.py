@@ -93,9 +93,10 @@ def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
 
 
 def test_the_profile_script_names_where_the_time_goes(capsys):
-    """benchmarks/profile_attention.py (the README's profiles): a table per scheme, SDPA first, the
-    operators' shares of the scheme's own total; an unknown scheme is one line naming it. Its main,
-    called in this process (a new interpreter would import torch again for nothing)."""
+    """benchmarks/profile_attention.py (the profiles of docs/performance.md): a table per scheme,
+    SDPA first, the operators' shares of the scheme's own total; an unknown scheme is one line
+    naming it. Its main, called in this process (a new interpreter would import torch again for
+    nothing)."""
     import profile_attention
 
     profile_attention.main(["--scheme", "t5", "--length", "64", "--top", "3"])

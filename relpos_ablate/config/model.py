@@ -185,7 +185,7 @@ class AttentionConfig:
     """backend 'auto' without a GPU: while the score maps of one layer fit in this many MB they are
     stored for backward (SDPA per block); above it they are rebuilt in backward ('blocks', O(L·d)
     memory). 0: always rebuilt, the memory-safe default (storing trades memory for the rebuild:
-    README, Speed and memory)."""
+    docs/performance.md)."""
 
     def __post_init__(self):
         if not isinstance(self.terms, str) or not self.terms:

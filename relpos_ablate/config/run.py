@@ -88,9 +88,9 @@ class TrainConfig:
     attention, the same numbers up to rounding. Evaluation runs uncompiled (its lengths would each
     compile again). Inductor traces what it can and runs the rest eagerly: on CPU the attention's
     block kernel (a Python loop over blocks in an autograd.Function) and randomized positions (read
-    on the host) break the graph, so the gain there is the layers around the attention (README,
-    Speed and memory). The first steps pay the compilation (tens of seconds). (How to run: not part
-    of the run id.)"""
+    on the host) break the graph, so the gain there is the layers around the attention
+    (docs/performance.md). The first steps pay the compilation (tens of seconds). (How to run: not
+    part of the run id.)"""
     loggers: tuple[str, ...] = ("csv",)
     """Where training metrics go, from rank 0: csv (metrics.csv, always written: the run's record
     that collect and plots read) | tensorboard (RUN_DIR/tensorboard/, pip install

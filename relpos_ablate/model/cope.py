@@ -59,8 +59,8 @@ class ContextualPositions(nn.Module):
         causal: row r sees no key past column r + diagonal, and its other hidden keys lie before its
         window, where no visible key's count reaches; only the gates past the diagonal are then
         zeroed (tril_: 0.04 ms against masked_fill_'s 0.9 ms with the [L, K] mask on a block of 256
-        x 402, B = 2, H = 8, Intel Xeon), those before the window keep their values (the kernels
-        mask their scores)."""
+        x 402, B = 2, H = 8), those before the window keep their values (the kernels mask their
+        scores)."""
         # counted in at least fp32: a bf16 sum of a hundred gates would be off by a quarter of a
         # position
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):

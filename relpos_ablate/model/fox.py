@@ -66,7 +66,7 @@ class ForgetGate(nn.Module):
         """D of one pair (FlexAttention's score_mod): Λ as the caller holds it (restarted, fp32),
         the queries' [B, H, L] and the keys' [B, H, K] in two tensors, each read once (inductor:
         "multiple indexing operations on the same tensor that requires gradients in a score_mod
-        function is not currently supported", an H200, torch 2.11); query: the query's index, key:
+        function is not currently supported", on CUDA, torch 2.11); query: the query's index, key:
         the key's."""
         return query_decay[b, h, query] - key_decay[b, h, key]
 

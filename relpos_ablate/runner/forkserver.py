@@ -2,7 +2,7 @@
 interpreter each.
 
 A worker started as `python -m relpos_ablate train` spends seconds importing before it trains (torch
-and Lightning: 5-8 s of one core on a 2-core Xeon), and a small grid's runs train for about as long.
+and Lightning: 5-8 s of one CPU core), and a small grid's runs train for about as long.
 On CPU slots the runner instead asks a fork server: one process per runner, started at the first
 launch, that imports what every worker imports (PRELOAD) and then forks one child per run. The child
 is made what `worker.start_worker` makes of a new interpreter:

@@ -47,7 +47,7 @@ def block_maps(call: AttentionCall, inputs: ScoreInputs) -> StridedMaps | Materi
     return StridedMaps(call, inputs) if strided else MaterialisedMaps(call, inputs)
 
 
-# How the kernel walks a call (README "Speed and memory"). Each backward tile holds [B, H, L_b, K_t]
+# How the kernel walks a call (docs/performance.md). Each backward tile holds [B, H, L_b, K_t]
 # buffers (probabilities, dS, the map and its gradient) of `tile_scores` entries per head: half as
 # many as the keys have numbers (K·d_head / 2), so that the kernel's transients stay O(L·d) like
 # FlashAttention's (peak memory at most 2x attention without positions at L = 1024 and 4096), in few
@@ -172,8 +172,7 @@ class StridedMaps(_Layout):
     def _reserved(self, blocks: list[list[QueryBlock]]) -> list[list[QueryBlock]]:
         """The blocks, with term b's buffer allocated at once for the largest of them (a buffer
         grown block by block is a fresh allocation each time, its pages faulted in again: forward's
-        products at L = 4096 took 207 ms so, 177 ms allocated once, in blocks of 256 queries, Intel
-        Xeon)."""
+        products at L = 4096 took 207 ms so, 177 ms allocated once, in blocks of 256 queries)."""
         if not self.reversed:
             size = max(
                 (t.i1 - t.i0) * (t.distance_cols.stop - t.distance_cols.start)
@@ -278,10 +277,9 @@ class StridedMaps(_Layout):
 
 
 # backward blocks of 256 queries: FIRE 220 -> 197 ms at L = 1024 and 2.34 -> 2.22 s at 4096, FoX on
-# this kernel 1.84 -> 1.58 s at 4096, against 64 (one layer step, Intel Xeon, 2026-12-04; 512 and
-# 1024 alike). Tiles are then at least 256 keys wide, above tile_scores at L = 1024 (FIRE's peak
-# memory 1.55x / 1.14x attention without positions at 1024 / 4096); twice or four times wider tiles
-# gained nothing
+# this kernel 1.84 -> 1.58 s at 4096, against 64 (one layer step; 512 and 1024 alike). Tiles are
+# then at least 256 keys wide, above tile_scores at L = 1024 (FIRE's peak memory 1.55x / 1.14x
+# attention without positions at 1024 / 4096); twice or four times wider tiles gained nothing
 MATERIALISED_ROWS = 256
 
 
@@ -376,7 +374,7 @@ class MaterialisedMaps(_Layout):
                 first = int(hidden.any(0).to(torch.uint8).argmax())
                 # as an added [L_b, K_b] map of 0 and -inf: ~3x faster than masked_fill_
                 # broadcasting the bool mask over batch and heads (B = 2, H = 8, 256 x 402: 0.36
-                # against 0.98 ms, Intel Xeon)
+                # against 0.98 ms)
                 minus_inf = torch.zeros(
                     hidden[:, first:].shape, dtype=additive.dtype, device=additive.device
                 )

@@ -1,8 +1,9 @@
 """Which kernel is fastest for a call, measured on this machine at first use and remembered (cuDNN's
 benchmark mode and Triton's autotune are the models).
 
-The fastest path depends on the processor: on one Xeon, SDPA with a float mask costs 2.6x its causal
-call, on one EPYC 1.4x; the CPU flash kernel's speed relative to tensor products differs as much. So
+The fastest path depends on the processor: SDPA with a float mask has cost 2.6x its causal call on
+one processor, 1.4x on another (docs/performance.md names the processors measured); the CPU flash
+kernel's speed relative to tensor products differs as much. So
 where more than one kernel can compute a call (dispatch.candidates: the low-rank form, the block
 kernel, SDPA per query block), `Calibration.choose` times them on the call's own shapes (forward,
 and backward where autograd is on: after one warm-up run each, three rounds in which the candidates
@@ -72,8 +73,8 @@ ROUNDS = 3
 def time_alternating(runs: dict[str, Callable[[], None]], rounds: int = ROUNDS) -> dict[str, float]:
     """Seconds of each run's fastest of `rounds`, after one warm-up run each, the runs taking turns
     round by round (timed one after the other, a drift of the machine's speed between them decided:
-    learned ALiBi at L = 1024 on a 2-core Xeon got the block kernel at 0.054 against 0.058 s for the
-    low-rank one, which takes 98 against 105 ms in seven alternating pairs)."""
+    learned ALiBi at L = 1024 got the block kernel at 0.054 against 0.058 s for the low-rank one,
+    which takes 98 against 105 ms in seven alternating pairs)."""
     for run in runs.values():
         run()
     best = dict.fromkeys(runs, float("inf"))

@@ -39,8 +39,8 @@ from relpos_ablate.model.kernels.call import AttentionCall, Visibility
 
 #: The least recompile limit set for compiled FlexAttention: every score_mod structure, dtype,
 #: autocast state and shape is one more compilation of the same function, and past torch's limit (8
-#: by default) dynamo runs it eagerly: the full score matrix, 20-85x slower than compiled on an H200
-#: (gpu_check, 2026-12-04).
+#: by default) dynamo runs it eagerly: the full score matrix, 20-85x slower than compiled on a GPU
+#: (benchmarks/gpu_check.py; docs/performance.md).
 RECOMPILE_LIMIT = 256
 
 
@@ -79,15 +79,15 @@ def _block_mask(visibility: Visibility, n_queries: int, n_sinks: int, device: st
 
 def min_head_dim(device_type: str) -> int:
     """The compiled kernel's least head width on a device: 16 on CUDA (torch's lowering: "embedding
-    dimension of the query, key, and value must be at least 16"; seen on an H200, torch 2.11,
-    2026-12-04), none on CPU."""
+    dimension of the query, key, and value must be at least 16"; seen with torch 2.11), none on
+    CPU."""
     return 16 if device_type == "cuda" else 1
 
 
 def trains_pair_bias(call: AttentionCall) -> bool:
     """Whether the call would differentiate a query-dependent bias's parameters (FIRE's MLP, c, L)
-    through compiled FlexAttention's score_mod, which is not trusted: on an H200 (torch 2.11,
-    2026-12-04) its gradient of FIRE's first layer's bias differed from the block kernel's by up to
+    through compiled FlexAttention's score_mod, which is not trusted: on CUDA (torch 2.11) its
+    gradient of FIRE's first layer's bias differed from the block kernel's by up to
     0.08 in 13 of 32 entries (the forward matched on CPU, compiled). 'auto' sends such calls to the
     other kernels; a pinned 'flex' refuses them."""
     return (

@@ -45,8 +45,8 @@ MIN_BLOCK, MAX_BLOCK = 64, 1024
 # channels added to the head: OFFSET in front (the offsets' hi and lo parts against ones), then,
 # where e needs a gradient, one channel per gradient block (below), zeros up to a multiple of 8
 # (they add nothing to a product). At L = 4096 heads of 72 channels took 5-15% less time than of 65
-# on an AMD EPYC (torch 2.13, the CPU flash kernel's backward;
-# benchmarks/results/compare_revisions_low_rank_width.md); on an Intel Xeon 65 .. 80 cost alike,
+# on one processor (torch 2.13, the CPU flash kernel's backward;
+# benchmarks/results/records/compare_revisions_low_rank_width.md); on another 65 .. 80 cost alike,
 # ~15% above 64, and 88 or 96 ~40%
 OFFSET, EXTRA = 4, 8
 # e's gradient sums column and row sums of dS that cancel: the column sums are taken per block of
@@ -123,7 +123,7 @@ def block_size(key_offsets: Tensor, n_queries: int) -> int | None:
 def ordered_sums() -> bool:
     """Whether this machine's CPU flash kernel sums a score's channels in their order, so that the
     leading hi_j - hi_i' cancel exactly: `matches_float64(True)`, once a process (~0.1 s). On the
-    Intel Xeon and AMD EPYC machines of this project's development: True."""
+    processors this project was developed on (docs/performance.md): True."""
     return matches_float64(True)
 
 

@@ -118,7 +118,7 @@ class FIREPairs:
         each breakpoint τ in [min(x), max(x)), the change of slope there times relu(x - τ): one
         product [H, 2 + n] @ [2 + n, pairs] in place of a lookup of each pair's interval and of α
         and β per pair and head (FIRE at L = 4096, B = 2, H = 8: its forward blocks 158 -> 66 ms,
-        backward tiles 88 -> 73 ms, Intel Xeon). f is continuous, so this is the same function; it
+        backward tiles 88 -> 73 ms). f is continuous, so this is the same function; it
         rounds differently (2.4e-7 against values up to 0.54 there)."""
         first, last = torch.searchsorted(
             self.breakpoints, x_range

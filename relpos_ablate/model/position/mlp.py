@@ -61,7 +61,7 @@ class FIREBias(BiasScheme):
         breakpoints (no gradient), then α[h, interval] + β[h, interval]·x. Compiled FlexAttention
         (inductor, torch 2.11) cannot differentiate a tensor read more than once in a score_mod,
         which the unit-by-unit `pair_score` does with the layers' weights (FIRE failed to compile on
-        an H200, 2026-12-04). Drawn distances: `pair_score`."""
+        CUDA). Drawn distances: `pair_score`."""
         if distances is None:
             return super().compiled_pair_score(query_positions, key_positions, distances)
         breakpoints, alpha, beta = pieces(self.mlp[0], self.mlp[2])
@@ -82,7 +82,7 @@ class FIREBias(BiasScheme):
     def eager_pair_score(self, q_pos, k_pos, head):
         """The MLP as one product over the hidden units, for eager FlexAttention: traced ~14x faster
         than the units one by one (a 32-unit MLP score_mod's first eager call: 0.29 s against 4.1 s
-        at H = 2, L = 64 on a 2-core Xeon)."""
+        at H = 2, L = 64 on CPU)."""
         first, _, second = self.mlp
         hidden = torch.relu(first.weight[:, 0] * self._pair_input(q_pos, k_pos) + first.bias)
         return second.bias[head] + hidden @ second.weight[head]

@@ -4,7 +4,7 @@ MLP).
 Unit k switches at its breakpoint τ_k = -b1_k / W1_k, so between consecutive breakpoints the active
 units are fixed and f_h(x) = α_h + β_h·x, α = b2 + Σ_active W2·b1, β = Σ_active W2·W1. A pair then
 costs a lookup of its piece and one multiply-add per head instead of a U-wide hidden layer, a GEMM
-and their backward (FIRE's block of 256 x 4096 pairs, H = 8, 2-core Xeon: forward ~2.5x, forward +
+and their backward (FIRE's block of 256 x 4096 pairs, H = 8, on CPU: forward ~2.5x, forward +
 backward ~2x faster). Gradients reach W1, b1, W2 and b2 through the small [H, S] tables α and β
 (autograd), x through β.
 

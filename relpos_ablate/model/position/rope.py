@@ -165,7 +165,7 @@ def _turn(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Pair p of x's first 2·len(cos) dimensions, (x_p, x_p+h), turned to (x_p·c - x_p+h·s,
     x_p+h·c + x_p·s); the rest copied. Written into one new tensor: four passes over the rotated
     half-widths, where x·cos + cat(-second, first)·sin and its autograd made about twelve (RoPE at
-    L = 1024 on 2 Xeon cores: ~10% of the layer's forward + backward)."""
+    L = 1024 on CPU: ~10% of the layer's forward + backward)."""
     half = cos.shape[-1]
     out = torch.empty_like(x)
     first, second = x[..., :half], x[..., half : 2 * half]
