@@ -40,7 +40,7 @@ from relpos_ablate.model.kernels.call import AttentionCall, Visibility
 #: The least recompile limit set for compiled FlexAttention: every score_mod structure, dtype,
 #: autocast state and shape is one more compilation of the same function, and past torch's limit (8
 #: by default) dynamo runs it eagerly: the full score matrix, 20-85x slower than compiled on a GPU
-#: (benchmarks/gpu_check.py; docs/performance.md).
+#: (benchmarks/gpu_check.py).
 RECOMPILE_LIMIT = 256
 
 
