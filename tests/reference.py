@@ -1,7 +1,7 @@
 """An obviously-right reference for RelPosAttention: every term materialised in float64.
 
 Slow on purpose (seed-000 style: R is built for every (i, j) pair, [L, K, d_model]); it shares no
-code with the module, only its parameters, and follows docs/formulas.md literally.
+code with the module, only its parameters, and follows docs/schemes/index.md literally.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def t5_bucket_hf(
     relative_position: int, bidirectional: bool, num_buckets: int, max_distance: int
 ) -> int:
     """T5's bucket, written for relative_position = key - query, as HF T5 does
-    (docs/formulas.md#t5)."""
+    (docs/schemes/distance-biases.md#t5)."""
     bucket = 0
     if bidirectional:
         num_buckets //= 2
@@ -112,9 +112,10 @@ def _sandwich(cfg, p, widths, i, j):
     )
 
 
-#: B_h(i, j) of every built-in bias type, written from docs/formulas.md#bias-types (a test demands
-#: one per built-in; a scheme of your own is checked against its formula in its own test file).
-#: Arguments: the config, the scheme's parameters in float64, (n_heads, d_head), query i, key j.
+#: B_h(i, j) of every built-in bias type, written from docs/schemes/distance-biases.md#bias-types (a
+#: test demands one per built-in; a scheme of your own is checked against its formula in its own
+#: test file). Arguments: the config, the scheme's parameters in float64, (n_heads, d_head), query
+#: i, key j.
 BIAS_FORMULAS = {
     "xl_table": _xl_table,
     "t5": _t5,
@@ -148,7 +149,7 @@ def relative_vector(attn, d: int, clamp_len: int | None) -> Tensor:
 
 
 def rope_rate(k: int, d_rot: int, base: float, scaling=None, p: float = 1.0) -> float:
-    """θ_k of rotary pair k (docs/formulas.md#rope), as a context extension changes it
+    """θ_k of rotary pair k (docs/schemes/baselines.md#rope), as a context extension changes it
     (#rope-context-extension; scaling: anything with kind, factor, original_length). p-RoPE
     (#p-rope): pairs k >= int(p·d_rot/2), the lowest frequencies, do not turn."""
     if k >= int(p * d_rot // 2):
@@ -236,9 +237,9 @@ def fox_decay(attn, cat: Tensor, padding: Tensor | None, n_mem: int) -> Tensor:
 
 
 def cope_scores(attn, q_content: Tensor, k: Tensor, visible: Tensor, s: float) -> Tensor:
-    """CoPE (docs/formulas.md#cope) pair by pair: p_ij = Σ_{t >= j, t seen} σ(s·q_i·k_t) clamped to
-    p_max - 1, s·q_i·e[p] with e interpolated between ⌊p⌋ and ⌈p⌉. q_content [B, H, L, dh], k [B, K,
-    H, dh], visible [B, 1, L, K] -> [B, H, L, K]."""
+    """CoPE (docs/schemes/data-dependent.md#cope) pair by pair: p_ij = Σ_{t >= j, t seen}
+    σ(s·q_i·k_t) clamped to p_max - 1, s·q_i·e[p] with e interpolated between ⌊p⌋ and ⌈p⌉. q_content
+    [B, H, L, dh], k [B, K, H, dh], visible [B, 1, L, K] -> [B, H, L, K]."""
     table = attn.contextual.embeddings.detach().double()
     top = table.shape[0] - 1
     b, h, lq, _ = q_content.shape
@@ -257,10 +258,11 @@ def cope_scores(attn, q_content: Tensor, k: Tensor, visible: Tensor, s: float) -
 def path_logits_reference(
     attn, q: Tensor, k: Tensor, cat: Tensor, padding: Tensor | None, n_mem: int
 ) -> Tensor:
-    """PaTH (docs/formulas.md#path) pair by pair: q_i·(H_i' ··· H_(j+1)) k_j with every H_t = I -
-    β_t w_t w_tᵀ a dense d×d matrix and the product multiplied out. w_t: the l2-normalised SiLU of a
-    causal depthwise conv (kernel 3) of W_up W_down x_t; β_t = 2σ(W_β x_t + b), 0 at padded keys. q
-    [B, L, H, dh], k [B, K, H, dh], cat [B, K, d_model] -> [B, H, L, K] (entries j > i' left 0)."""
+    """PaTH (docs/schemes/score-readers.md#path) pair by pair: q_i·(H_i' ··· H_(j+1)) k_j with every
+    H_t = I - β_t w_t w_tᵀ a dense d×d matrix and the product multiplied out. w_t: the l2-normalised
+    SiLU of a causal depthwise conv (kernel 3) of W_up W_down x_t; β_t = 2σ(W_β x_t + b), 0 at
+    padded keys. q [B, L, H, dh], k [B, K, H, dh], cat [B, K, d_model] -> [B, H, L, K] (entries j >
+    i' left 0)."""
     p = {name: t.detach().double() for name, t in attn.path.named_parameters()}
     b, n_keys, _ = cat.shape
     h, dh = attn.n_heads, attn.d_head
@@ -291,10 +293,10 @@ def path_logits_reference(
 
 
 def dape_reference(attn, other: Tensor, bias: Tensor, visible: Tensor) -> Tensor:
-    """DAPE (docs/formulas.md#dape) entry by entry: X + B + f([X; B]); v1: the MLP 2H -> width -> H
-    (LeakyReLU 0.01) of each pair's 2H numbers; v2: two 1×k convolutions along the keys written as
-    sums over taps, inputs 0 where a query sees no key and beyond the map's ends. other, bias [B, H,
-    L, K]; visible [B, 1, L, K]."""
+    """DAPE (docs/schemes/score-readers.md#dape) entry by entry: X + B + f([X; B]); v1: the MLP 2H
+    -> width -> H (LeakyReLU 0.01) of each pair's 2H numbers; v2: two 1×k convolutions along the
+    keys written as sums over taps, inputs 0 where a query sees no key and beyond the map's ends.
+    other, bias [B, H, L, K]; visible [B, 1, L, K]."""
     p = {name: t.detach().double() for name, t in attn.dape.named_parameters()}
     leaky = torch.nn.functional.leaky_relu
     features = torch.cat([other, bias], dim=1)  # (B, 2H, L, K)
@@ -328,9 +330,10 @@ def dape_reference(attn, other: Tensor, bias: Tensor, visible: Tensor) -> Tensor
 
 
 def stick_breaking_reference(scores: Tensor, visible: Tensor, n_mem: int) -> Tensor:
-    """Stick-breaking (docs/formulas.md#stick-breaking) as a literal product: A_ij = σ(z_ij)·∏(1 -
-    σ(z_ik)) over the visible keys k with j < k < i'; the remainder 1 - Σ_j A_ij on the query's own
-    key i' when it is visible. scores [B, H, L, K], visible [B, 1, L, K] -> weights [B, H, L, K]."""
+    """Stick-breaking (docs/schemes/score-readers.md#stick-breaking) as a literal product: A_ij =
+    σ(z_ij)·∏(1 - σ(z_ik)) over the visible keys k with j < k < i'; the remainder 1 - Σ_j A_ij on
+    the query's own key i' when it is visible. scores [B, H, L, K], visible [B, 1, L, K] -> weights
+    [B, H, L, K]."""
     b, h, lq, n_keys = scores.shape
     beta = torch.sigmoid(scores)
     out = torch.zeros_like(scores)
@@ -384,7 +387,8 @@ def reference_attention(
     rope_scaling=None,
     distances=None,
 ):
-    """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of docs/formulas.md.
+    """(out [B, L, d_model], probs [B, H, L, M+L]) in float64 by the formulas of
+    docs/schemes/index.md.
 
     positions [M + L]: where the keys sit (queries: the last L), as every encoding reads them; the
     mask stays by index. Default 0 .. M + L - 1. distances [M + L]: d_r for offsets r >= 0; the

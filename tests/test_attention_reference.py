@@ -1,8 +1,9 @@
-"""RelPosAttention equals the float64 reference (tests/reference.py, written from docs/formulas.md)
-for every term subset × memory × causal/bidirectional × built-in bias type (BIAS_TYPES, from the
-registry), on both kernels (SDPA query blocks and explicit scores), with random weights. Schemes
-registered from outside the package have no reference formula here: test_bias_registry.py checks
-their kernels, memory and causality. Run: pytest tests/test_attention_reference.py -q"""
+"""RelPosAttention equals the float64 reference (tests/reference.py, written from
+docs/schemes/index.md) for every term subset × memory × causal/bidirectional × built-in bias type
+(BIAS_TYPES, from the registry), on both kernels (SDPA query blocks and explicit scores), with
+random weights. Schemes registered from outside the package have no reference formula here:
+test_bias_registry.py checks their kernels, memory and causality. Run: pytest
+tests/test_attention_reference.py -q"""
 
 import itertools
 

@@ -1,9 +1,10 @@
 """The bias registry (relpos_ablate/config/registry.py) is the one list of bias names: validation,
 `--help`, presets and the model read it; built-ins resolve lazily without torch; every built-in has
-its formula in docs/formulas.md and an independent one in tests/reference.py; a scheme registered
-from outside the package (the README's Gaussian) is as good as a built-in. Structural properties
-that need no reference formula (kernels agree, causality, memory, translation invariance) run on
-every registered scheme. Run: pytest tests/test_bias_registry.py -q
+its formula in docs/schemes/distance-biases.md and an independent one in tests/reference.py; a
+scheme registered from outside the package (the worked example's Gaussian,
+docs/extending/new-bias.md) is as good as a built-in. Structural properties that need no reference
+formula (kernels agree, causality, memory, translation invariance) run on every registered scheme.
+Run: pytest tests/test_bias_registry.py -q
 """
 
 import re
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from conftest import assert_memory_and_causality_exact, randomize
-from readme_scheme import registered_example
+from docs_scheme import registered_example
 from reference import BIAS_FORMULAS
 from relpos_ablate import AttentionConfig, ModelConfig, RelPosAttention, TransformerLM
 from relpos_ablate.config import ConfigError, RunConfig, describe, load_run_config, registry
@@ -32,13 +33,16 @@ from relpos_ablate.model import AttentionOptions
 from relpos_ablate.model.position import BiasScheme, build_bias
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMES = [*BUILTIN_BIASES, "gaussian"]  # every built-in and the README's scheme of one's own
+SCHEMES = [
+    *BUILTIN_BIASES,
+    "gaussian",
+]  # every built-in and the worked example's scheme of one's own
 
 
 @pytest.fixture(scope="module")
 def gaussian(tmp_path_factory):
-    """The README's GaussianBias, registered from a module outside the package for this file's
-    tests."""
+    """The worked example's GaussianBias, registered from a module outside the package for this
+    file's tests."""
     with registered_example(tmp_path_factory.mktemp("user")) as module:
         yield module
 
@@ -65,11 +69,11 @@ def test_every_builtin_has_an_independent_reference_formula_and_a_documented_one
     assert set(BIAS_FORMULAS) == set(BUILTIN_BIASES), (
         "every built-in bias type needs a float64 formula in tests/reference.py BIAS_FORMULAS"
     )
-    doc = (REPO / "docs" / "formulas.md").read_text()
+    doc = (REPO / "docs" / "schemes" / "distance-biases.md").read_text()
     section = doc.split("\n## Bias types", 1)[1].split("\n## ", 1)[0]
     documented = re.findall(r"^### `(\w+)`", section, flags=re.M)
     assert documented == list(BUILTIN_BIASES), (
-        "docs/formulas.md: one '### `name`' section per built-in, in order"
+        "docs/schemes/distance-biases.md: one '### `name`' section per built-in, in order"
     )
 
 

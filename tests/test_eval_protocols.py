@@ -1,8 +1,8 @@
-"""Evaluation protocols (docs/formulas.md#evaluation-protocols): which targets each batch scores,
-with what context, checked by hand on small layouts; every protocol and length scores every target
-of the layout exactly once; a trained run's eval.json and token_losses.npz against an independent
-evaluation (every target's window run through the model by hand); loss by position; the unigram
-reference.
+"""Evaluation protocols (docs/guide/evaluation.md#evaluation-protocols): which targets each batch
+scores, with what context, checked by hand on small layouts; every protocol and length scores every
+target of the layout exactly once; a trained run's eval.json and token_losses.npz against an
+independent evaluation (every target's window run through the model by hand); loss by position; the
+unigram reference.
 
 Run: .venv/bin/python -m pytest tests/test_eval_protocols.py -q
 """
@@ -146,11 +146,11 @@ def test_token_counts_match_across_settings_exactly_for_the_tasks_the_readme_say
         (matching if len(counts) == 1 else differing).add(task)
         assert (len(counts) == 1) == (streams.segment_mask is None), task
     assert matching == {"repeat"} and differing == {"offset_copy", "recall"}
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = " ".join(readme.split("\n## Evaluation\n")[1].split("\n## ")[0].split())
+    guide = (Path(__file__).parent.parent / "docs" / "guide" / "evaluation.md").read_text()
+    section = " ".join(guide.split())
     assert (
-        "For text and the `repeat` task every one of them counts, so token counts match "
-        "across settings" in section
+        "For text and the `repeat` task every target counts, so token counts match across "
+        "settings" in section
     )
     assert "`offset_copy` and `recall` count a target only when" in section
 

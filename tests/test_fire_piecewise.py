@@ -24,8 +24,8 @@ def mlp_float64(params: dict, x):
 
 
 def fire_float64(params: dict, distances, query):
-    """B [H, *distances.shape] from docs/formulas.md#fire: MLP(ψ(i - j) / ψ(query)), query = max(i,
-    L) (broadcast against the distances), ψ(x) = sign(x)·log(1 + |c|·|x|)."""
+    """B [H, *distances.shape] from docs/schemes/distance-biases.md#fire: MLP(ψ(i - j) / ψ(query)),
+    query = max(i, L) (broadcast against the distances), ψ(x) = sign(x)·log(1 + |c|·|x|)."""
     c, d = params["c"].abs(), distances.double()
     return mlp_float64(params, d.sign() * torch.log(1 + c * d.abs()) / torch.log(1 + c * query))
 

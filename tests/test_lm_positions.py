@@ -202,8 +202,8 @@ def test_evaluation_draws_as_in_training_unless_eval_positions_says_otherwise():
 
 
 def test_absolute_sinusoid_is_added_at_the_given_positions():
-    """sqrt(d_model)·E[token] + P(p_t), P the sinusoid of docs/formulas.md (the embedding scaled as
-    Vaswani et al.'s): one layer's input, built by hand."""
+    """sqrt(d_model)·E[token] + P(p_t), P the sinusoid of docs/schemes/index.md (the embedding
+    scaled as Vaswani et al.'s): one layer's input, built by hand."""
     model = lm(terms="a", absolute="sinusoid")
     positions = torch.tensor([3, 9, 10, 17, 30, 31])
     expected = (

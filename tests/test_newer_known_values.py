@@ -1,4 +1,4 @@
-"""Known values and defining properties of the 2022-2025 schemes (docs/formulas.md): RoPE's
+"""Known values and defining properties of the 2022-2025 schemes (docs/schemes/index.md): RoPE's
 frequencies under PI / NTK / YaRN, xPos's decay and its centring, FoX as data-dependent ALiBi,
 CoPE's counting, Sandwich's curve, windows, sinks, log-n scaling and the learned temperature. Each
 expected value is computed here by hand or quoted from the paper / reference code, never read back
@@ -309,11 +309,13 @@ def test_cope_interpolates_the_table_linearly():
 
 
 def test_the_documented_cope_interpolation_is_e_itself_at_whole_positions():
-    """docs/formulas.md#cope's e[p], evaluated as written: e[n] at every whole n (the authors' code:
-    (p - ⌊p⌋)·e[⌈p⌉] + (1 - p + ⌊p⌋)·e[⌊p⌋]; a weight ⌈p⌉ - p would give 0 there), linear
-    between."""
-    text = (Path(__file__).resolve().parent.parent / "docs" / "formulas.md").read_text()
-    written = re.search(r"e\[p\] = (.+?),$", text[text.index("### CoPE") :], flags=re.M).group(1)
+    """docs/schemes/data-dependent.md#cope's e[p], evaluated as written: e[n] at every whole n (the
+    authors' code: (p - ⌊p⌋)·e[⌈p⌉] + (1 - p + ⌊p⌋)·e[⌊p⌋]; a weight ⌈p⌉ - p would give 0 there),
+    linear between."""
+    text = (
+        Path(__file__).resolve().parent.parent / "docs" / "schemes" / "data-dependent.md"
+    ).read_text()
+    written = re.search(r"e\[p\] = (.+?),$", text[text.index("## CoPE") :], flags=re.M).group(1)
     python = (
         written.replace("⌈p⌉", "ceil(p)")
         .replace("⌊p⌋", "floor(p)")

@@ -1,9 +1,9 @@
 """The schemes of 2022-2025 against the float64 reference (tests/reference.py, written from
-docs/formulas.md): partial rotary, p-RoPE, xPos, RoPE context extension (Llama 3's too), FoX, CoPE,
-sliding windows, learned sinks, log-n scaling, SSMax and a learned temperature, alone and combined,
-on every kernel (explicit, SDPA per block, the block kernel that rebuilds in backward, FlexAttention
-forward on CPU), with memory, key padding and explicit (randomized) positions; their fast backward
-equals autograd through the explicit scores.
+docs/schemes/index.md): partial rotary, p-RoPE, xPos, RoPE context extension (Llama 3's too), FoX,
+CoPE, sliding windows, learned sinks, log-n scaling, SSMax and a learned temperature, alone and
+combined, on every kernel (explicit, SDPA per block, the block kernel that rebuilds in backward,
+FlexAttention forward on CPU), with memory, key padding and explicit (randomized) positions; their
+fast backward equals autograd through the explicit scores.
 Run: pytest tests/test_newer_schemes.py -q"""
 
 import dataclasses

@@ -1,5 +1,6 @@
-"""Each bias scheme against known values from the papers and its closed form (docs/formulas.md),
-plus the rel-shift / Toeplitz layouts. Run: pytest tests/test_position_schemes.py -q"""
+"""Each bias scheme against known values from the papers and its closed form
+(docs/schemes/index.md), plus the rel-shift / Toeplitz layouts. Run: pytest
+tests/test_position_schemes.py -q"""
 
 import math
 import re
@@ -13,7 +14,7 @@ from relpos_ablate import AttentionConfig, RelPosAttention
 from relpos_ablate.model.kernels.shift import rel_shift, toeplitz
 from relpos_ablate.model.position import alibi_slopes, build_bias, sinusoid, t5_bucket
 
-# docs/formulas.md#t5: the check vector, rp = j - i (HF T5's relative_position)
+# docs/schemes/distance-biases.md#t5: the check vector, rp = j - i (HF T5's relative_position)
 RP = [
     -200,
     -128,
@@ -91,7 +92,7 @@ UNIDIRECTIONAL = [31, 31, 31, 30, 26, 26, 21, 21, 16, 15, 12, 11, 9, 8, 7, 1, 0]
 
 @pytest.mark.parametrize("causal, expected", [(False, BIDIRECTIONAL), (True, UNIDIRECTIONAL)])
 def test_t5_buckets_match_the_reference_vector(causal, expected):
-    """docs/formulas.md#t5: HF T5's buckets for the check vector, both directions."""
+    """docs/schemes/distance-biases.md#t5: HF T5's buckets for the check vector, both directions."""
     distances = -torch.tensor(RP)  # our distance i - j = -(j - i)
     assert t5_bucket(distances, causal, 32, 128).tolist() == expected
 
@@ -103,7 +104,9 @@ def test_t5_bias_reads_its_table_at_the_bucket():
 
 
 def test_the_documented_check_vector_is_the_tested_one():
-    text = (Path(__file__).resolve().parent.parent / "docs" / "formulas.md").read_text()
+    text = (
+        Path(__file__).resolve().parent.parent / "docs" / "schemes" / "distance-biases.md"
+    ).read_text()
     rows = re.search(r"^ +rp( .*)\n +bidirectional( .*)\n +causal( .*)$", text, flags=re.M)
     assert [[int(v) for v in row.split()] for row in rows.groups()] == [
         RP,
@@ -121,7 +124,8 @@ def test_the_documented_check_vector_is_the_tested_one():
     ],
 )
 def test_alibi_slopes_match_the_paper(heads, exponents):
-    """docs/formulas.md#alibi: the paper's slopes for 8 and 12 heads, and 6 (not a power of two)."""
+    """docs/schemes/distance-biases.md#alibi: the paper's slopes for 8 and 12 heads, and 6 (not a
+    power of two)."""
     expected = [2.0**-e for e in exponents]
     assert alibi_slopes(heads) == pytest.approx(expected, rel=1e-12)
     assert alibi_slopes_reference(heads) == pytest.approx(expected, rel=1e-12)
@@ -144,7 +148,8 @@ def test_alibi_learned_starts_at_the_fixed_slopes():
 
 
 def test_kerple_closed_forms():
-    """docs/formulas.md#kerple_log and #kerple_power, with the 0.01 floor and the cap p <= 2."""
+    """docs/schemes/distance-biases.md#kerple_log and #kerple_power, with the 0.01 floor and the cap
+    p <= 2."""
     log_k = build_bias(AttentionConfig(bias="kerple_log"), 2)
     power = build_bias(AttentionConfig(bias="kerple_power"), 2)
     with torch.no_grad():
@@ -168,7 +173,8 @@ def test_kerple_power_gradient_is_finite_at_distance_zero():
 
 
 def test_fire_closed_form_and_query_dependence():
-    """docs/formulas.md#fire: MLP(psi(i - j) / psi(max(i, L))), a function of i - j only below L."""
+    """docs/schemes/distance-biases.md#fire: MLP(psi(i - j) / psi(max(i, L))), a function of i - j
+    only below L."""
     fire = build_bias(AttentionConfig(bias="fire"), 2)
     with torch.no_grad():
         fire.c.fill_(0.1)
@@ -196,7 +202,8 @@ def test_fire_closed_form_and_query_dependence():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_xl_table_clamps_beyond_its_range(causal):
-    """docs/formulas.md#xl_table: distances beyond max_distance share the last row."""
+    """docs/schemes/distance-biases.md#xl_table: distances beyond max_distance share the last
+    row."""
     scheme = build_bias(AttentionConfig(bias="xl_table", max_distance=4, causal=causal), 3)
     d = torch.tensor([0, 3, 4, 5, 1000])
     curve = scheme.curve(d)

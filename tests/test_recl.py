@@ -1,4 +1,4 @@
-"""RECL (docs/formulas.md#recl) on frames whose answer is worked out by hand below, and the
+"""RECL (docs/guide/evaluation.md#recl) on frames whose answer is worked out by hand below, and the
 xl_table8 layout on fixture run dirs (eval.json + token_losses.npz as training writes them).
 
 Run: .venv/bin/python -m pytest tests/test_recl.py -q

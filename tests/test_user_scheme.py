@@ -1,9 +1,10 @@
-"""The README's "Your own bias scheme" example, run exactly as printed, from a directory outside the
-package: its own formula test passes; `grid`, run as the `relpos-ablate` console script from that
-directory, validates it and its worker process (`relpos-ablate train`) trains it by name, both
-importing `my_schemes` because the run config lists it under `imports:`; `train` through the CLI
-entry point does too; without the module, each says so in one line. (Causality, memory and kernel
-agreement on it: test_bias_registry.py.) Run: pytest tests/test_user_scheme.py -q   (about 20 s)
+"""The worked example of docs/extending/new-bias.md, run exactly as printed, from a directory
+outside the package: its own formula test passes; `grid`, run as the `relpos-ablate` console script
+from that directory, validates it and its worker process (`relpos-ablate train`) trains it by name,
+both importing `my_schemes` because the run config lists it under `imports:`; `train` through the
+CLI entry point does too; without the module, each says so in one line. (Causality, memory and
+kernel agreement on it: test_bias_registry.py.) Run: pytest tests/test_user_scheme.py -q   (about 20
+s)
 """
 
 import os
@@ -15,8 +16,8 @@ import pytest
 import torch
 import yaml
 
+from docs_scheme import page_block, registered_example, write_example
 from fixtures.runner import tiny_base
-from readme_scheme import registered_example, write_example
 from relpos_ablate.cli import main
 from relpos_ablate.config import registry
 from relpos_ablate.rundir import last_checkpoint, read_eval, read_status
@@ -27,7 +28,12 @@ REPO = Path(__file__).resolve().parent.parent
 CONSOLE_SCRIPT = "import sys\nfrom relpos_ablate.cli import main\nsys.exit(main())\n"
 
 
-def test_the_readme_formula_test_passes(tmp_path):
+def test_the_readme_shows_the_pages_scheme():
+    """The README's own-scheme example is the page's my_schemes.py, not a copy that may drift."""
+    assert page_block("my_schemes.py", REPO / "README.md") == page_block("my_schemes.py")
+
+
+def test_the_pages_formula_test_passes(tmp_path):
     with registered_example(tmp_path):
         import test_my_schemes
 
@@ -35,7 +41,7 @@ def test_the_readme_formula_test_passes(tmp_path):
 
 
 def run_config(directory: Path) -> dict:
-    """The README's gaussian.yaml on the tiny test model and task (2 steps)."""
+    """The worked example's gaussian.yaml on the tiny test model and task (2 steps)."""
     config = tiny_base(max_steps=2)
     readme = yaml.safe_load((directory / "gaussian.yaml").read_text())
     config["imports"] = readme["imports"]
@@ -79,8 +85,8 @@ def assert_trained_the_gaussian(run_dir: Path) -> None:
 
 @pytest.fixture
 def in_work_dir(tmp_path, monkeypatch):
-    """The README's files in a fresh working directory, entered as `relpos-ablate` would be run from
-    it; the registry, sys.path and sys.modules are restored afterwards."""
+    """The worked example's files in a fresh working directory, entered as `relpos-ablate` would be
+    run from it; the registry, sys.path and sys.modules are restored afterwards."""
     work = write_example(tmp_path / "work")
     (work / "run.yaml").write_text(yaml.safe_dump(run_config(work)))
     monkeypatch.chdir(work)
@@ -91,7 +97,7 @@ def in_work_dir(tmp_path, monkeypatch):
     sys.modules.pop("my_schemes", None)
 
 
-def test_a_grid_runs_the_readme_scheme_by_name_in_its_workers(in_work_dir, capsys):
+def test_a_grid_runs_the_docs_scheme_by_name_in_its_workers(in_work_dir, capsys):
     """The grid as the console script, then its dry-run rerun in this process from the same
     directory (the import of my_schemes through `imports:` again, without another interpreter
     importing torch for it)."""

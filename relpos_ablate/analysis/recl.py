@@ -1,5 +1,6 @@
 """RECL, the Relative Effective Context Length of Transformer-XL (Dai et al. 2019, §4.3 and App. C),
-for a group of models, from per-token losses at a ladder of context lengths (docs/formulas.md#recl).
+for a group of models, from per-token losses at a ladder of context lengths
+(docs/guide/evaluation.md#recl).
 
 For each context c of the ladder, l_i(c, t) is model i's loss on target t with exactly c tokens of
 context (runs evaluate it with `eval.recl_contexts`, saving every target's loss: a model with memory

@@ -1,5 +1,5 @@
 """Evaluation settings: the protocol, length, memory and RoPE context extension of each evaluation,
-and RECL's context ladder (docs/formulas.md#evaluation-protocols)."""
+and RECL's context ladder (docs/guide/evaluation.md#evaluation-protocols)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ SPLITS = ("valid", "test")
 @dataclass(frozen=True)
 class EvalSetting:
     """One evaluation: protocol, segment (window) length, memory, clamp
-    (docs/formulas.md#evaluation-protocols)."""
+    (docs/guide/evaluation.md#evaluation-protocols)."""
 
     segment_len: int
     """Tokens per evaluated segment (the window length for `sliding`)."""
@@ -51,8 +51,8 @@ class EvalSetting:
     ntk (NTK-aware base) | yarn (Peng et al. 2023: per-frequency ramp and attention temperature) |
     llama3 (Llama 3.1's NTK-by-parts: θ/s for wavelengths above the training context, θ kept below a
     quarter of it, a blend between; no temperature) | null: the
-    trained RoPE (docs/formulas.md#rope-context-extension). A model without RoPE (or with xPos)
-    skips the setting, with the reason in eval.json."""
+    trained RoPE (docs/schemes/rope-scaling.md#rope-context-extension). A model without RoPE (or
+    with xPos) skips the setting, with the reason in eval.json."""
     rope_scale: float | str = "auto"
     """rope_scaling's factor s >= 1 (target / training context): a number, or auto = this setting's
     attention length (attn_len: the keys a query sees under its protocol) / the training one,
@@ -151,8 +151,8 @@ class EvalConfig:
 
     settings: tuple[EvalSetting, ...] = ()
     """Evaluation settings, a list of mappings with the fields eval.settings[i].*
-    (docs/formulas.md#evaluation-protocols); empty means 1x, 2x and 4x the training segment length,
-    non_overlapping, with the training mem_len."""
+    (docs/guide/evaluation.md#evaluation-protocols); empty means 1x, 2x and 4x the training segment
+    length, non_overlapping, with the training mem_len."""
     split: str = "valid"
     """Which split to evaluate: valid | test; a setting's own `split` overrides it for that
     setting."""
@@ -164,20 +164,21 @@ class EvalConfig:
     """Tokens per forward for protocol sliding: as many windows as fit (at least one) are batched;
     the windows are independent, so the result does not depend on it."""
     recl_contexts: tuple[int, ...] = ()
-    """RECL's ladder (docs/formulas.md#recl): for each context length c, an extra setting that
-    scores every target with exactly c tokens of context (recl_protocol: a sliding window of c, or
-    memory of c keys) and saves each target's loss."""
+    """RECL's ladder (docs/guide/evaluation.md#recl): for each context length c, an extra setting
+    that scores every target with exactly c tokens of context (recl_protocol: a sliding window of c,
+    or memory of c keys) and saves each target's loss."""
     recl_targets: int = 4096
     """max_targets of the RECL settings: sliding with stride 1 costs one forward per target."""
     recl_protocol: str = "auto"
     """How the RECL ladder gives a target exactly c tokens of context: sliding (a window of c
     tokens, stride 1: the context is in the input) | xl (memory with same_length, mem_len c: every
     query sees c keys, and the memory supplies them, as the paper measures recurrent models) | auto:
-    xl for a model with memory (model.mem_len > 0), sliding without (docs/formulas.md#recl)."""
+    xl for a model with memory (model.mem_len > 0), sliding without
+    (docs/guide/evaluation.md#recl)."""
     diagnostics: bool = False
     """Also record per layer and head the attention's entropy, sink mass, mean attended distance and
-    mass on distances unseen in training (docs/formulas.md#attention-diagnostics), from the same
-    forward: probabilities are then computed per query block instead of by fused kernels."""
+    mass on distances unseen in training (docs/guide/evaluation.md#attention-diagnostics), from the
+    same forward: probabilities are then computed per query block instead of by fused kernels."""
 
     def __post_init__(self):
         check_choice("split", self.split, SPLITS)

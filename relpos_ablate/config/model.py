@@ -48,8 +48,8 @@ class AttentionConfig:
     share_uv: bool = True
     """u and v shared by all layers (XL PyTorch) or one pair per layer (false; XL TF `untie_r`)."""
     bias: str = "none"
-    """Additive per-head bias B_h(i, j) (formulas: docs/formulas.md#bias-types); your own scheme:
-    @register_bias in a module listed under `imports:`."""
+    """Additive per-head bias B_h(i, j) (formulas: docs/schemes/distance-biases.md#bias-types); your
+    own scheme: @register_bias in a module listed under `imports:`."""
     num_buckets: int = 32
     """t5: number of buckets (split in two halves when bidirectional)."""
     max_distance: int = 128
@@ -79,9 +79,9 @@ class AttentionConfig:
     layer draws its own: RoPE L sorted positions for q and k, the relative encodings (every bias,
     terms b/d, Shaw's tables) the distance d_r each offset r = i - j reads, d_0 = 0 and d_1 < ... <
     d_(K-1) distinct from [1, max_position), mirrored for r < 0;
-    docs/formulas.md#explicit-and-randomized-positions) | shared_positions (one draw of positions
-    for the whole forward, every layer and encoding reads it, the relative ones at p_i - p_j). Draws
-    are shared by the batch."""
+    docs/schemes/conventions.md#explicit-and-randomized-positions) | shared_positions (one draw of
+    positions for the whole forward, every layer and encoding reads it, the relative ones at p_i -
+    p_j). Draws are shared by the batch."""
     rope_base: float = 10000.0
     """rope: base of the inverse frequencies."""
     rope_fraction: float = 1.0
@@ -93,22 +93,22 @@ class AttentionConfig:
     pairs that rotate. The first int(p·d_rot/2) pairs, those of the highest frequencies, keep RoPE's
     θ_i = base^(-2i/d_rot); the other (lowest-frequency) pairs get frequency 0 and are not rotated.
     Unlike rope_fraction (GPT-NeoX's partial rotary, which spreads the whole frequency schedule over
-    fewer dimensions) the schedule is cut, not squeezed (docs/formulas.md#p-rope). 1: plain RoPE;
-    the `p_rope` preset: 0.75."""
+    fewer dimensions) the schedule is cut, not squeezed (docs/schemes/baselines.md#p-rope). 1: plain
+    RoPE; the `p_rope` preset: 0.75."""
     xpos_scale_base: float | None = None
     """rope: xPos (Sun et al. 2022) with this scale base B (the paper's 512): rotary pair p of a
     query at position n is scaled by ζ_p^(n/B), of a key at m by ζ_p^(-m/B), so its part of the
-    score decays as ζ_p^((n-m)/B), ζ_p = (2p/d_rot + 0.4)/1.4 (docs/formulas.md#xpos); causal only.
-    null: plain RoPE."""
+    score decays as ζ_p^((n-m)/B), ζ_p = (2p/d_rot + 0.4)/1.4 (docs/schemes/baselines.md#xpos);
+    causal only. null: plain RoPE."""
     forget_gate: bool = False
     """FoX (Lin et al. 2025, Forgetting Transformer): a forget gate f_t = σ(w·x_t + b) per head and
     token adds Σ_{l=j+1..i} log f_l to the score of query i for key j, a data-dependent decay
-    (docs/formulas.md#fox); causal only. The `fox` preset is this on NoPE."""
+    (docs/schemes/data-dependent.md#fox); causal only. The `fox` preset is this on NoPE."""
     cope_positions: int = 0
     """CoPE (Golovneva et al. 2024): number of contextual positions p_max (0: off). Query i counts
     the keys j..i it sees with gates σ(content score), p_ij = Σ of the gates, and adds s·q_i·e[p_ij]
-    (interpolated, p clamped to p_max - 1) to its score (docs/formulas.md#cope); causal, needs term
-    a."""
+    (interpolated, p clamped to p_max - 1) to its score (docs/schemes/data-dependent.md#cope);
+    causal, needs term a."""
     window: int | None = None
     """Causal only: a sliding window, in training and at evaluation: query i' sees key j iff 0 <=
     i' - j < window (itself and window - 1 earlier keys, memory keys included). null: no window."""
@@ -121,33 +121,33 @@ class AttentionConfig:
     """Llama 4's attention temperature tuning (Hugging Face modeling_llama4.py, on its NoPE layers):
     the query at position p is multiplied by 1 + temperature_scale·log(floor((p +
     1)/temperature_floor_scale) + 1) after RoPE (terms a and b read it); p as the encodings read it
-    (M + i with memory). docs/formulas.md#temperature-tuning."""
+    (M + i with memory). docs/schemes/windows-sinks-temperature.md#temperature-tuning."""
     temperature_floor_scale: float = 8192.0
     """temperature_tuning: Llama 4's floor_scale (8192)."""
     temperature_scale: float = 0.1
     """temperature_tuning: Llama 4's attn_scale (0.1)."""
     sinks: int = 0
     """Learned sink slots per layer: this many key/value pairs per head that every query sees
-    besides its keys, whatever the window; they carry no position (docs/formulas.md#sinks); memory
-    does not count them."""
+    besides its keys, whatever the window; they carry no position
+    (docs/schemes/windows-sinks-temperature.md#sinks); memory does not count them."""
     shaw_values: bool = False
     """Shaw et al. value embeddings: add Σ_j p_ij a^V_{clip(i-j)} to the output (needs
     rel='learned')."""
     normaliser: str = "softmax"
     """What turns a query's scores into weights: softmax | stick_breaking (Tan et al. 2025: key j
     takes a share σ(z_ij) of what the nearer keys left, the rest goes to the query's own key;
-    docs/formulas.md#stick-breaking; causal, no sinks). stick_breaking needs the scores themselves:
-    backend auto, sdpa (per query block) or explicit."""
+    docs/schemes/score-readers.md#stick-breaking; causal, no sinks). stick_breaking needs the scores
+    themselves: backend auto, sdpa (per query block) or explicit."""
     path: bool = False
     """PaTH (Yang et al. 2025): term a's q_i·k_j becomes q_iᵀ H_i'···H_(j+1) k_j, through
-    data-dependent transforms H_t = I - β_t·w_t·w_tᵀ of the tokens between (docs/formulas.md#path);
-    terms 'a', no RoPE, causal. Needs the scores themselves: backend auto, sdpa (per query block) or
-    explicit."""
+    data-dependent transforms H_t = I - β_t·w_t·w_tᵀ of the tokens between
+    (docs/schemes/score-readers.md#path); terms 'a', no RoPE, causal. Needs the scores themselves:
+    backend auto, sdpa (per query block) or explicit."""
     dape: str = "none"
     """DAPE (Zheng et al. 2024): the bias B adjusted by a network of the other scores X and B, X +
     B + f([X; B]): v1 a per-pair MLP over the heads, v2 two 1×dape_kernel convolutions along the
-    keys (docs/formulas.md#dape); needs a bias. Needs the scores themselves: backend auto, sdpa (per
-    query block) or explicit. none: off."""
+    keys (docs/schemes/score-readers.md#dape); needs a bias. Needs the scores themselves: backend
+    auto, sdpa (per query block) or explicit. none: off."""
     dape_width: int = 32
     """dape: hidden width of f (the authors' mlp_width, 32)."""
     dape_kernel: int = 3
@@ -156,9 +156,9 @@ class AttentionConfig:
     """Scale of terms a-d: 'sqrt_d' multiplies their sum by 1/sqrt(d_head) (XL); 'none' leaves them
     unscaled (T5); 'log_n' is sqrt_d with the whole score of a query that sees n keys multiplied by
     log(n)/log(log_n_length) (scalable softmax with a fixed s;
-    docs/formulas.md#length-aware-scaling); 'ssmax' is sqrt_d with it multiplied by s_h·log(n), s_h
-    learned per head and layer (Nakanishi 2025's SSMax), initialised at 1/log(log_n_length) so that
-    a query seeing L_train keys starts at a multiplier of 1."""
+    docs/schemes/windows-sinks-temperature.md#length-aware-scaling); 'ssmax' is sqrt_d with it
+    multiplied by s_h·log(n), s_h learned per head and layer (Nakanishi 2025's SSMax), initialised
+    at 1/log(log_n_length) so that a query seeing L_train keys starts at a multiplier of 1."""
     log_n_length: int = 0
     """score_scale log_n / ssmax: the length L_train with log_{L_train}(n) = 1 (0: the run's
     training attention length, train.segment_len + model.mem_len, filled in when the run starts)."""
@@ -326,7 +326,7 @@ class ModelConfig:
     layer_kinds: tuple[LayerKind, ...] = ()
     """Named kinds of layer for layer_pattern, written as a mapping {name: fields}: e.g. {local:
     {encoding: rope, window: 64}, global: {encoding: nope}}. A kind is the model's attention with
-    its encoding preset and its own fields on top (docs/formulas.md#layer-schedules)."""
+    its encoding preset and its own fields on top (docs/schemes/schedules.md#layer-schedules)."""
     layer_pattern: tuple[str, ...] = ()
     """Per-layer attention: layer l uses word l mod len(pattern), a layer kind or an encoding preset
     (e.g. [rope, rope, rope, nope]: NoPE every 4th layer). A grid axis like any field:

@@ -89,10 +89,10 @@ def preset_fields(name: Any, field: str = "encoding") -> dict[str, Any]:
     return dict(table[name])
 
 
-#: Published per-layer schedules (docs/formulas.md#layer-schedules): each sets model.layer_kinds and
-#: model.layer_pattern, with one kind named `local` and one `global`, so that one grid can scale the
-#: local kind's window or chunk for all of them (`model.layer_kinds.local.window`). Sizes are the
-#: published ones.
+#: Published per-layer schedules (docs/schemes/schedules.md#layer-schedules): each sets
+#: model.layer_kinds and model.layer_pattern, with one kind named `local` and one `global`, so that
+#: one grid can scale the local kind's window or chunk for all of them
+#: (`model.layer_kinds.local.window`). Sizes are the published ones.
 SCHEDULES: dict[str, dict[str, Any]] = {
     # Cohere, "Rope to Nope and Back Again" (arXiv 2501.18795), RNoPE-SWA as Command A ships it:
     # three RoPE layers with a sliding window of 4096, then one NoPE layer with full attention.

@@ -6,7 +6,7 @@ validating a config (and rerunning a finished grid) must not import torch, so a 
 registered as "module:Class" text and its module is imported only when a model is built.
 
 - A built-in scheme: its module under relpos_ablate/model/position/ and one line in BUILTIN_BIASES
-  (its formula goes in docs/formulas.md, an independent float64 formula in tests/reference.py).
+  (its formula goes in docs/schemes/index.md, an independent float64 formula in tests/reference.py).
 - A scheme of your own: `@register_bias("name")` on a BiasScheme subclass in your module, and the
   module listed under `imports:` in the run config, so every process that reads the config (the
   grid runner, its workers, SLURM jobs) imports it before `bias: name` is checked.

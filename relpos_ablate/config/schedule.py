@@ -11,8 +11,8 @@ leaves unset keeps the model's value. So `layer_pattern: [rope, rope, rope, nope
       global: {encoding: nope, temperature_tuning: true}
     layer_pattern: [local, local, local, global]
 
-is an RNoPE / Llama-4 style model (docs/formulas.md#layer-schedules). Without a pattern every layer
-uses the model's attention, as before.
+is an RNoPE / Llama-4 style model (docs/schemes/schedules.md#layer-schedules). Without a pattern
+every layer uses the model's attention, as before.
 """
 
 from __future__ import annotations

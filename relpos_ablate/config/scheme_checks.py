@@ -17,7 +17,7 @@ NORMALISERS = ("softmax", "stick_breaking")
 
 
 def check_newer_schemes(config: Any) -> None:
-    """RoPE variants, FoX, CoPE, windows, sinks and length-aware scaling (docs/formulas.md)."""
+    """RoPE variants, FoX, CoPE, windows, sinks and length-aware scaling (docs/schemes/index.md)."""
     check_range("rope_fraction", config.rope_fraction, low=1e-9, high=1.0)
     check_range("rope_p", config.rope_p, low=1e-9, high=1.0)
     if config.xpos_scale_base is not None:
@@ -88,7 +88,7 @@ def check_newer_schemes(config: Any) -> None:
 
 
 def check_materialised_schemes(config: Any) -> None:
-    """Stick-breaking, PaTH and DAPE (docs/formulas.md)."""
+    """Stick-breaking, PaTH and DAPE (docs/schemes/index.md)."""
     check_choice("normaliser", config.normaliser, NORMALISERS)
     check_choice("dape", config.dape, DAPE_VERSIONS)
     check_range("dape_width", config.dape_width, low=1)

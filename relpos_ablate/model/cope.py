@@ -6,7 +6,7 @@ p_ii = g_ii ∈ (0, 1) and p = i - j + 1 when every gate is 1. p is clamped to p
 a learned table e [p_max, d_head] by linear interpolation between ⌊p⌋ and ⌈p⌉; the score gets
 s·q_i·e[p_ij]. As the authors' code (facebookresearch/RAM, projects/cope, default options): gates
 from the scaled content logits, the position logit scaled by s like q·k, e shared by a layer's heads
-and initialised at 0. docs/formulas.md#cope.
+and initialised at 0. docs/schemes/data-dependent.md#cope.
 
 Here q is the content query the kernels use (q + u with term c, times the query scale when there is
 one), so the gates read the content score as it enters the softmax. The gates need each query's

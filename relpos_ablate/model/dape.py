@@ -17,7 +17,7 @@ as channels:
 
 f mixes heads and, in v2, neighbouring keys, so it needs the materialised scores: DAPE runs on the
 explicit and per-block paths (backends auto, sdpa, explicit), never on the block kernel or
-FlexAttention. docs/formulas.md#dape.
+FlexAttention. docs/schemes/score-readers.md#dape.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Every head has a forget gate per token, f_t = σ(w·x_t + b) from the layer's in
 of query i for key j gets D_ij = Σ_{l=j+1..i} log f_l = Λ_i - Λ_j, Λ_t = Σ_{l<=t} log f_l (a
 cumulative sum, O(L) memory). The key's own gate is left out, the query's counted; D_ii = 0; D is
 not scaled by 1/√d.
-A constant gate e^(-m) gives ALiBi's -m·(i - j): FoX is data-dependent ALiBi. docs/formulas.md#fox.
+A constant gate e^(-m) gives ALiBi's -m·(i - j): FoX is data-dependent ALiBi.
+docs/schemes/data-dependent.md#fox.
 
 With memory the sum runs over [memory; x], the gates recomputed from the memory's layer inputs, as
 keys and values are. Padded keys get log f = 0 (they neither decay nor count). Λ is summed in
@@ -50,7 +51,7 @@ class ForgetGate(nn.Module):
         """D for the queries' key indices against the keys: [B, H, K] (float64) -> [B, H, L_b, K_b]
         in dtype. The difference is taken in float64 and then cast: |Λ| grows with the context, and
         a difference of two large fp32 numbers would lose the near keys' decays
-        (docs/formulas.md#fox)."""
+        (docs/schemes/data-dependent.md#fox)."""
         query, key = log_decay[..., queries, None], log_decay[..., None, keys]
         if torch.is_grad_enabled() and log_decay.requires_grad:
             return (query - key).to(dtype)  # the difference in float64, under autograd

@@ -19,7 +19,7 @@ compact form of a product of Householder-like matrices, `_within_chunks`): the l
 chunk's own tokens, its queries taken back to its first token, its keys forward to its last, and the
 chunk's product T_c = H_(a+C-1) ··· H_a as a d×d matrix; the keys of earlier chunks are carried
 forward chunk by chunk through T_c (K/C steps), and each query meets them after the transforms of
-its own chunk up to itself. docs/formulas.md#path.
+its own chunk up to itself. docs/schemes/score-readers.md#path.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ of the stream. A slot has no position: its score is the content score s·q·k_si
 query (q + u with term c), no term b/d, no bias, no FoX decay, no CoPE count, not rotated by RoPE
 (so under RoPE the rotated query meets an unrotated slot); every query sees every slot whatever its
 window; memory holds stream tokens only, so mem_len does not count the slots.
-docs/formulas.md#sinks.
+docs/schemes/windows-sinks-temperature.md#sinks.
 """
 
 from __future__ import annotations

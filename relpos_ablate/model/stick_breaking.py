@@ -13,7 +13,7 @@ to it: their layer adds rem·v_i to the output, which is the weight rem on the q
 therefore sum to 1 when the query's own key is visible (a padded own key drops the remainder). Keys
 outside a window break nothing. Computed in log space: log A_ij = log σ(z_ij) + Σ_{k>j} log
 σ(-z_ik), the sum a reverse cumulative sum shifted by one key (a suffix sum, not a difference of two
-large sums), in at least fp32. docs/formulas.md#stick-breaking.
+large sums), in at least fp32. docs/schemes/score-readers.md#stick-breaking.
 """
 
 from __future__ import annotations

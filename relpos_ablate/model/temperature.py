@@ -13,11 +13,11 @@ the whole score.
   sees L_train keys starts at the plain softmax.
 - `learned_temperature`: τ_h = exp(t_h) per head, t_h initialised at 0.
 Both multiply every term and the bias (a softmax temperature: an ALiBi slope is scaled too).
-docs/formulas.md#length-aware-scaling.
+docs/schemes/windows-sinks-temperature.md#length-aware-scaling.
 - `temperature_tuning` (Llama 4, Hugging Face modeling_llama4.py): the query alone, after RoPE,
   times 1 + a·log(floor((p + 1)/f) + 1) at its position p (a = temperature_scale 0.1, f =
   temperature_floor_scale 8192), so terms a and b only; 1 below position f - 1.
-  docs/formulas.md#temperature-tuning.
+  docs/schemes/windows-sinks-temperature.md#temperature-tuning.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 `hybrid_schedules_retrieval` on the long-context tasks; the studies registry): every number its
 README quotes, computed from the collected frame or the committed summary.csv.
 
-Sections: what the papers claim (their own words, docs/formulas.md#layer-schedules), perplexity per
-schedule and evaluation length, each schedule against all-RoPE at L and at the longest length (two
-schedules: Welch's t-test), each schedule's perplexity at the longest length against its own at L
-(the same runs: paired), and the retrieval tasks' exact match per test-length bin against all-RoPE.
-Each section's tests are one family (analysis/stats.py), corrected together, each difference with
-its 95% CI and the family's power line.
+Sections: what the papers claim (their own words, docs/schemes/schedules.md#layer-schedules),
+perplexity per schedule and evaluation length, each schedule against all-RoPE at L and at the
+longest length (two schedules: Welch's t-test), each schedule's perplexity at the longest length
+against its own at L (the same runs: paired), and the retrieval tasks' exact match per test-length
+bin against all-RoPE. Each section's tests are one family (analysis/stats.py), corrected together,
+each difference with its 95% CI and the family's power line.
 """
 
 from __future__ import annotations

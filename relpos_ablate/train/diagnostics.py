@@ -1,4 +1,4 @@
-"""Attention diagnostics of an evaluation (docs/formulas.md#attention-diagnostics): the
+"""Attention diagnostics of an evaluation (docs/guide/evaluation.md#attention-diagnostics): the
 training-side bookkeeping around model/diagnostics.py — what counts as a distance seen in training,
 and a metric that sums the statistics over batches (and processes) and gives per layer and head
 means."""

@@ -2,7 +2,7 @@
 
 The names live in relpos_ablate/config/registry.py (torch-free, so configs validate without torch):
 a built-in is one "module:Class" line there, a scheme of your own one `@register_bias("name")` line.
-Formulas, sign conventions and defaults of every scheme: docs/formulas.md#bias-types.
+Formulas, sign conventions and defaults of every scheme: docs/schemes/distance-biases.md#bias-types.
 
 Distances are i - j everywhere (query minus key: "how far back the key is"; negative = a future key,
 seen only when attention is bidirectional). Schemes defined the other way (T5) convert at their

@@ -1,9 +1,9 @@
 """Rotary position embedding (RoPE, Su et al. 2021) and its variants: partial rotary, p-RoPE, xPos,
 and the evaluation-time context extensions (position interpolation, NTK-aware base, YaRN).
 
-Formulas, defaults and papers: docs/formulas.md#rope and the sections after it. Pairs are (p, p +
-d_rot/2) of the first d_rot dimensions (rotate-half pairing); angles and scales are computed in
-float64.
+Formulas, defaults and papers: docs/schemes/baselines.md#rope and the sections after it. Pairs are
+(p, p + d_rot/2) of the first d_rot dimensions (rotate-half pairing); angles and scales are computed
+in float64.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def yarn_ramp(d_rot: int, base: float, original_length: int, device=None) -> Ten
     Hugging Face compute it: linear in the pair index p from the pair that turns β times within L to
     the one that turns α times (pair p(r) = d_rot·ln(L/(2πr))/(2 ln base) turns r times; the ends
     rounded outwards and clipped to [0, d_rot - 1]). The paper's Eq. 18 is linear in the turns
-    instead (docs/formulas.md). [d_rot/2]."""
+    instead (docs/schemes/index.md). [d_rot/2]."""
 
     def turning(turns: float) -> float:
         return d_rot * math.log(original_length / (2 * math.pi * turns)) / (2 * math.log(base))

@@ -1,12 +1,12 @@
 """Figures that explain length generalization, from a results dir (collect's frame + eval.json):
 
 - `plot --kind diagnostics`: the attention diagnostics of every evaluation setting (entropy, sink
-  mass, mean attended distance, mass on unseen distances; docs/formulas.md#attention-diagnostics) as
-  heatmaps of (layer, head) x evaluation length, one panel per statistic with its colour bar under
-  it: one figure for a run; for a grid, per task, the appendix figure (each panel stacks every
-  variant's layers, each the mean over its heads and the seeds: heads are not comparable across
-  seeds, layers are) and a summary of the head means against length, one line per variant (mean over
-  seeds);
+  mass, mean attended distance, mass on unseen distances;
+  docs/guide/evaluation.md#attention-diagnostics) as heatmaps of (layer, head) x evaluation length,
+  one panel per statistic with its colour bar under it: one figure for a run; for a grid, per task,
+  the appendix figure (each panel stacks every variant's layers, each the mean over its heads and
+  the seeds: heads are not comparable across seeds, layers are) and a summary of the head means
+  against length, one line per variant (mean over seeds);
 - `plot --kind passkey`: the accuracy of passkey and the other depth tasks (niah_*,
   variable_tracking: data.DEPTH_TASKS) as a depth x length heatmap, one panel per variant (mean over
   seeds), a row of panels per task.

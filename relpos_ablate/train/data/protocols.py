@@ -1,5 +1,5 @@
 """Evaluation protocols on one canonical layout: which targets each forward scores, with what
-context (docs/formulas.md#evaluation-protocols).
+context (docs/guide/evaluation.md#evaluation-protocols).
 
 The layout, the same for every protocol and length: the evaluation split cut into B =
 eval.batch_size contiguous streams, inputs x[b, 0..T-1] and targets x[b, 1..T] (each stream's first
