@@ -1,6 +1,7 @@
 # make test  — create .venv (torch CPU wheel first), install the project, run the test suite (2 pytest-xdist
 #   workers, then the multi-process DDP tests alone; PYTEST_WORKERS, PYTEST_ARGS)
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
+# make docs  — build the documentation site into site/ (mkdocs build --strict); make lint — ruff check and format --check
 # make gpu-check — on a CUDA machine: every fast path against the explicit one, a DDP run, timing against
 #   FlashAttention (benchmarks/gpu_check.py; well over 10 min on one H200: its flags split it); without a GPU it
 #   says so in one line
@@ -17,7 +18,7 @@ TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test demo bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines hybrid-schedules
+.PHONY: install test demo docs lint bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines hybrid-schedules
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -44,7 +45,7 @@ test: install
 
 # demo: train the grid (done runs are skipped, so a rerun only redraws), then write the report files
 # results/demo/{summary.csv,table.md,table.tex,figures/}. Only those are committed (.gitignore): the run
-# dirs with their checkpoints stay local, so on a fresh clone `make demo` retrains (27 runs, ~3 min on 2 cores).
+# dirs with their checkpoints stay local, so on a fresh clone `make demo` retrains (27 runs, ~5 min on 2 cores).
 DEMO := results/demo
 DEMO_FIRST_RUN = $(BIN)/python -c "from relpos_ablate.runner.grid import load_grid; \
 	print(load_grid('experiments/demo.yaml').runs[0].run_id)"
@@ -157,6 +158,15 @@ hybrid-schedules: install
 	$(BIN)/relpos-ablate plot $(HYBRID)/summary.csv --kind extrapolation --out $(HYBRID)/figures
 	$(BIN)/relpos-ablate plot $(HYBRID)_retrieval/summary.csv --kind lengthgen --out $(HYBRID)/figures
 
+# docs: the site into site/; --strict turns a broken link, a missing page or a docstring the API reference
+# cannot read into an error (the docs' runnable blocks and named paths are tests: tests/test_docs.py)
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
 bench: install
 	$(BIN)/python benchmarks/attention.py
 
@@ -164,4 +174,4 @@ gpu-check: install
 	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

@@ -5,6 +5,8 @@ The configs import at once; the model (torch) and `collect` (pandas, scipy) load
 commands that only read run directories (`grid` reruns, `status`) start fast.
 """
 
+from importlib import metadata as _metadata
+
 from relpos_ablate.config import AttentionConfig, ConfigError, ModelConfig, RunConfig
 from relpos_ablate.config.registry import register_bias
 
@@ -19,7 +21,10 @@ __all__ = [
     "load_run",
     "register_bias",
 ]
-__version__ = "0.1.0"
+try:  # the installed distribution's version: pyproject.toml is its one source
+    __version__ = _metadata.version("relpos-ablate")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "unknown"
 
 _LAZY = {
     "RelPosAttention": "relpos_ablate.model.attention",

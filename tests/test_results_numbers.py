@@ -1,5 +1,5 @@
-"""Numbers that cannot drift: every decimal number a results README (and the top-level README's
-summaries of the reproductions and of the fair baselines) quotes appears in a committed table or
+"""Numbers that cannot drift: every decimal number a results README (and the summaries of the
+studies in the top-level README and docs/reproductions.md) quotes appears in a committed table or
 report of that study, or in its summary.csv; and every committed report.md is what `relpos-ablate
 report` computes from the committed summary.csv today.
 
@@ -92,15 +92,18 @@ def section(title: str) -> str:
     return README.read_text().split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
-@pytest.mark.parametrize("title", ["Reproductions", "Fair baselines"])
-def test_the_top_level_summaries_quote_only_committed_numbers(title):
-    assert (
-        unsourced(
-            section(title),
-            [committed_numbers(study) for study in RESULTS.iterdir() if study.is_dir()],
-        )
-        == []
-    )
+REPRODUCTIONS = RESULTS.parent / "docs" / "reproductions.md"
+SUMMARIES = {
+    "README.md#reproductions": lambda: section("Reproductions"),
+    "docs/reproductions.md": REPRODUCTIONS.read_text,
+}
+"""The summaries of the studies outside results/: the README's and the documentation's."""
+
+
+@pytest.mark.parametrize("where", SUMMARIES)
+def test_the_summaries_quote_only_committed_numbers(where):
+    pools = [committed_numbers(study) for study in RESULTS.iterdir() if study.is_dir()]
+    assert unsourced(SUMMARIES[where](), pools) == []
 
 
 READ_WITH = {
@@ -151,7 +154,7 @@ SAMENESS = re.compile(
     re.I,
 )
 RANK_TIE = re.compile(r"\bties (share|averaged|all bold)")
-WORDED = sorted({*RESULTS.glob("*/report.md"), *RESULTS.glob("*/README.md"), README})
+WORDED = sorted({*RESULTS.glob("*/report.md"), *RESULTS.glob("*/README.md"), README, REPRODUCTIONS})
 
 
 def clauses(text: str) -> list[str]:

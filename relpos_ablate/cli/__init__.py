@@ -16,6 +16,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from relpos_ablate import __version__
 from relpos_ablate.config import ConfigError
 
 COMMAND_MODULES = (
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ablate relative position encodings: train runs, sweep grids, tabulate and "
         "plot results.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
