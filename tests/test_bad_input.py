@@ -204,7 +204,10 @@ BAD_INPUTS = [
     ([*TRAIN, "--bogus"], "unrecognized arguments: --bogus"),
     # grid: specs
     (spec(grdi={}), "grdi: unknown spec key; did you mean 'grid'?"),
-    (spec(grid={"encoding": ["xl", "xll"]}), "grid.encoding"),
+    (
+        spec(grid={"encoding": ["xl", "kerpel_log"]}),
+        "grid.encoding: unknown encoding 'kerpel_log'; did you mean 'kerple_log'?",
+    ),
     (spec(grid={"model.atention.terms": ["a"]}), "grid.model.atention.terms"),
     (spec(grid={"model.mem_len": []}), "grid.model.mem_len: empty axis"),
     (spec(grid={"model.mem_len": [-1]}), "model.mem_len: -1 is out of range"),
@@ -220,7 +223,11 @@ BAD_INPUTS = [
             "train.max_steps: expected an integer, got 150.5",
         ),
     ),
-    (spec(model={"d_model": 32}), "model: unknown spec key; a run config section goes under base:"),
+    (spec(model={"d_model": 32}), "model: unknown spec key; a run config's key goes under base:"),
+    (
+        spec(imports=["my_schemes"]),
+        "imports: unknown spec key; a run config's key goes under base:",
+    ),
     (
         ["grid", "{cfg}", "--results", "{tmp}/results"],
         "{cfg}: a run config, not a grid spec; train it with: relpos-ablate train --config "

@@ -9,7 +9,9 @@ integers (counts, lengths, seeds): the test is about measured values.
 Run: .venv/bin/python -m pytest tests/test_results_numbers.py -q
 """
 
+import io
 import re
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -40,19 +42,33 @@ def quoted(text: str) -> list[str]:
     return found
 
 
+def committed(path: Path) -> str | None:
+    """A file as the last commit holds it (`make demo` rewrites results/demo/ on another machine,
+    within its rounding, and a quote is checked against what was committed); the working tree's
+    where git has no copy (a tree that is not a clone, a file not committed yet)."""
+    shown = subprocess.run(
+        ["git", "show", f"HEAD:{path.relative_to(RESULTS.parent).as_posix()}"],
+        cwd=RESULTS.parent,
+        capture_output=True,
+        text=True,
+    )
+    if shown.returncode == 0:
+        return shown.stdout
+    return path.read_text() if path.exists() else None
+
+
 def committed_numbers(study: Path) -> tuple[set[str], pd.DataFrame | None]:
     """Every decimal number in the study's committed tables and reports (as written), and its
     summary."""
     texts = [
-        p.read_text()
+        committed(p)
         for pattern in TABLE_FILES
         for p in study.glob(pattern)
         if p.name != "README.md"
     ]
-    summary = study / "summary.csv"
-    return {n for text in texts for n in NUMBER.findall(text)}, read_summary(
-        summary
-    ) if summary.exists() else None
+    summary = committed(study / "summary.csv")
+    numbers = {n for text in texts if text for n in NUMBER.findall(text)}
+    return numbers, read_summary(io.StringIO(summary)) if summary is not None else None
 
 
 def in_summary(number: str, summary: pd.DataFrame | None) -> bool:

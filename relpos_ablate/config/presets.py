@@ -12,6 +12,7 @@ name: term a plus that bias, nothing else.
 from __future__ import annotations
 
 import copy
+import difflib
 from typing import Any
 
 from relpos_ablate.config.base import ConfigError
@@ -85,8 +86,15 @@ def preset_fields(name: Any, field: str = "encoding") -> dict[str, Any]:
     words."""
     table = presets()
     if not isinstance(name, str) or name not in table:
-        raise ConfigError(field, f"unknown encoding {name!r}; allowed: {', '.join(table)}")
+        raise unknown_encoding(name, list(table), field)
     return dict(table[name])
+
+
+def unknown_encoding(name: Any, words: list[str], field: str) -> ConfigError:
+    """The one-line error for a word `encoding:` does not take: the closest word, then all."""
+    close = difflib.get_close_matches(str(name), words, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(field, f"unknown encoding {name!r}; {hint}allowed: {', '.join(words)}")
 
 
 #: Published per-layer schedules (docs/schemes/schedules.md#layer-schedules): each sets
@@ -137,7 +145,5 @@ def encoding_fields(name: Any, field: str = "encoding") -> dict[str, Any]:
     if isinstance(name, str) and name in SCHEDULES:
         return {f"model.{key}": copy.deepcopy(value) for key, value in SCHEDULES[name].items()}
     if not isinstance(name, str) or name not in presets():
-        raise ConfigError(
-            field, f"unknown encoding {name!r}; allowed: {', '.join(encoding_words())}"
-        )
+        raise unknown_encoding(name, encoding_words(), field)
     return {f"model.attention.{key}": value for key, value in preset_fields(name, field).items()}

@@ -190,12 +190,13 @@ def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
 
 def _check_top_keys(data: dict, errors: list[ConfigError]) -> None:
     for key in (key for key in data if key not in SPEC_KEYS):
+        # a run config's own key (model, imports, ...) is far likelier than a typo of a spec key
         close = difflib.get_close_matches(str(key), SPEC_KEYS, n=1)
         hint = (
-            f"did you mean '{close[0]}'? "
-            if close
-            else "a run config section goes under base:; "
+            f"a run config's key goes under base: (base: {{{key}: ...}}); "
             if key in RUN_CONFIG_KEYS
+            else f"did you mean '{close[0]}'? "
+            if close
             else ""
         )
         errors.append(
