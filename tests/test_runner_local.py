@@ -77,7 +77,7 @@ def max_overlap(spans):
 
 
 def test_every_run_once_on_cpu_slots_with_threads_split(tmp_path, fake):
-    log = fake()
+    log = fake({0: "await_peer"})  # seed 0's runs wait for a second one: the overlap is certain
     spec = load_grid(
         write_spec(tmp_path, encodings=("xl", "alibi", "rope"), seeds=(0, 1), max_steps=MAX_STEPS)
     )
