@@ -3,11 +3,14 @@ record.
 
 Covers: TensorBoard's events file holds every logged training scalar at its step with the values
 of metrics.csv, the run id and variant as hyperparameters, and a resumed run continues the same log
-dir without the steps of the interrupted attempt past its checkpoint; W&B in offline mode writes
-its run under the run dir, named and identified by the run id, tagged with the variant, with every
-step's metrics in its transaction log, and a resumed run appends to the same W&B run; a missing
-extra is a one-line failure naming `pip install relpos-ablate[...]`.
-Run: pytest tests/test_loggers.py -q   (about 10 s)
+dir without the steps of the interrupted attempt past its checkpoint; TensorBoard's HParams, read by
+TensorBoard's own plugin, shows one session group per variant (its axes but the seed as the
+hyperparameters, the seed a metric, each metric the mean over the variant's seeds); W&B in offline
+mode writes its run under the run dir, named and identified by the run id, tagged with the variant,
+grouped by it (every field but the seed), with every step's metrics in its transaction log, and a
+resumed run appends to the same W&B run; a missing extra is a one-line failure naming
+`pip install relpos-ablate[...]`.
+Run: pytest tests/test_loggers.py -q   (about 25 s)
 """
 
 import csv
@@ -101,6 +104,77 @@ def test_tensorboard_holds_the_logged_scalars_and_a_resume_continues_it(tmp_path
     )
 
 
+def hparams_session_groups(log_dir: Path) -> dict[str, dict]:
+    """TensorBoard's HParams table of a log dir as its plugin computes it (one row per session
+    group, metrics averaged over the group's sessions): {group: {hparams, sessions, metrics}}."""
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider
+    from tensorboard.backend.event_processing import plugin_event_multiplexer as pem
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+
+    mux = pem.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(log_dir))
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, str(log_dir))
+    backend = backend_context.Context(
+        base_plugin.TBContext(logdir=str(log_dir), multiplexer=mux, data_provider=provider)
+    )
+    request = api_pb2.ListSessionGroupsRequest(
+        start_index=0,
+        slice_size=100,
+        aggregation_type=api_pb2.AGGREGATION_AVG,
+        allowed_statuses=list(api_pb2.Status.values()),  # the page's default: every status
+    )
+    response = list_session_groups.Handler(context.RequestContext(), backend, "", request).run()
+    return {
+        group.name: {
+            "hparams": {
+                k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
+                for k, v in group.hparams.items()
+            },
+            "sessions": [session.name for session in group.sessions],
+            "metrics": {m.name.tag: m.value for m in group.metric_values},
+        }
+        for group in response.session_groups
+    }
+
+
+def test_tensorboard_hparams_show_one_entry_per_variant_with_the_seed_as_a_metric(tmp_path):
+    pytest.importorskip("tensorboard")
+    runs = {"xl0": ("xl", 0), "xl1": ("xl", 1), "alibi0": ("alibi", 0)}
+    for rid, (encoding, seed) in runs.items():
+        run_dir = tmp_path / "g" / rid
+        run_dir.mkdir(parents=True)
+        variant = {"encoding": encoding, "train.lr": 0.001, "seed": seed}
+        (run_dir / "run.json").write_text(
+            json.dumps({"run_id": rid, "experiment": "g", "variant": variant})
+        )
+        short = load_run_config(
+            None,
+            [f"{k}={json.dumps(v)}" for k, v in RUN.items()]
+            + ["train.loggers=[csv, tensorboard]", f"seed={seed}", "train.max_steps=3"],
+        )
+        assert train_run(short, run_dir) == "done"
+    groups = hparams_session_groups(tmp_path / "g")
+    # the variant's seeds in one row; its hyperparameters the axes but the seed
+    assert {name: group["sessions"] for name, group in groups.items()} == {
+        "g: encoding=xl train.lr=0.001": ["xl0/tensorboard", "xl1/tensorboard"],
+        "g: encoding=alibi train.lr=0.001": ["alibi0/tensorboard"],
+    }
+    assert groups["g: encoding=xl train.lr=0.001"]["hparams"] == {
+        "encoding": "xl",
+        "train.lr": 0.001,
+    }
+    # the row's metrics: the mean over its seeds of each run's last value (metrics.csv)
+    last_loss = {rid: csv_losses(tmp_path / "g" / rid)[2] for rid in runs}
+    xl = groups["g: encoding=xl train.lr=0.001"]["metrics"]
+    assert xl["seed"] == 0.5
+    assert xl["train_loss"] == pytest.approx((last_loss["xl0"] + last_loss["xl1"]) / 2, rel=1e-6)
+    alibi = groups["g: encoding=alibi train.lr=0.001"]["metrics"]
+    assert alibi["train_loss"] == pytest.approx(last_loss["alibi0"], rel=1e-6)
+
+
 def wandb_records(path: Path):
     """The protobuf records of a W&B transaction log (.wandb): a 7-byte header, then LevelDB-log
     records in 32 KiB blocks (crc: 4 bytes, length: 2, type: 1 full / 2 first / 3 middle / 4
@@ -144,6 +218,7 @@ def test_wandb_offline_run_is_named_by_the_run_id_and_holds_every_step(tmp_path,
             "g",
             ["encoding=xl", "seed=0"],
         )
+        assert run.run_group == "encoding=xl"  # the variant but its seed: seeds grouped
         for record in records:
             if record.WhichOneof("record_type") == "history":
                 items = {
