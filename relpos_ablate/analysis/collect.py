@@ -327,22 +327,43 @@ def merge_frames(found: pd.DataFrame, earlier: pd.DataFrame) -> pd.DataFrame:
     run dirs are the source). Columns in collect's order (_column_order) over the union of both;
     attrs: the union of both."""
     kept = earlier[~earlier["run_id"].isin(set(found["run_id"]))]
+    merged = _concat([earlier, found], [kept, found])
+    merged.attrs.update(
+        problems=list(found.attrs.get("problems", [])),
+        results_dir=found.attrs.get("results_dir", ""),
+    )
+    return merged
+
+
+def pool_frames(frames: list[pd.DataFrame], sources: list[str]) -> pd.DataFrame:
+    """Every row of every frame (one per source), each marked with its source in column `_source`:
+    a run in two sources is there twice, for analysis/sources.py one_copy_per_run to merge. Columns
+    in collect's order over the union; attrs: the union (results_dir: the first frame's)."""
+    pooled = _concat(frames, frames)
+    # after the concat, whose copy leaves one block per dtype: a column added then is no insert
+    # into a fragmented frame
+    pooled["_source"] = np.repeat(sources, [len(frame) for frame in frames]).astype(object)
+    pooled.attrs.update(
+        problems=[line for frame in frames for line in frame.attrs.get("problems", [])],
+        results_dir=frames[0].attrs.get("results_dir", "") if frames else "",
+    )
+    return pooled
+
+
+def _concat(frames: list[pd.DataFrame], parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """The rows of `parts` in one frame, columns in collect's order (_column_order) over the union;
+    attrs variant_axes and metrics: the union over `frames`, in their order."""
     axes, metrics = (
-        [*dict.fromkeys([*earlier.attrs.get(key, []), *found.attrs.get(key, [])])]
+        [*dict.fromkeys(name for frame in frames for name in frame.attrs.get(key, []))]
         for key in ("variant_axes", "metrics")
     )
-    present = [row for part in (kept, found) if len(part) for row in [dict.fromkeys(part.columns)]]
+    present = [row for part in parts if len(part) for row in [dict.fromkeys(part.columns)]]
     columns = [c for c in _column_order(present, axes, metrics) if any(c in row for row in present)]
-    parts = [part.reindex(columns=columns) for part in (kept, found) if len(part)]
+    parts = [part.reindex(columns=columns) for part in parts if len(part)]
     merged = (
         pd.concat(parts, ignore_index=True).copy()
         if parts
         else pd.DataFrame(columns=list(RUN_COLUMNS))
     )
-    merged.attrs.update(
-        problems=list(found.attrs.get("problems", [])),
-        results_dir=found.attrs.get("results_dir", ""),
-        variant_axes=axes,
-        metrics=metrics,
-    )
+    merged.attrs.update(variant_axes=axes, metrics=metrics)
     return merged
