@@ -352,3 +352,17 @@ def test_a_longer_budget_is_its_own_section_and_leaves_the_sweep_alone(budgets):
     assert "al_rfou, 2000 steps 6.00, nope, 2000 steps 7.00: al_rfou, 2000 steps better" in pair
     # the lr figure draws the sweep alone
     assert len(lr_figure(budgets).axes) == len(lr_figure(sweep_only).axes)
+
+
+def test_the_best_rows_zero_width_bar_is_marked(frame):
+    """The best preset's bar is 1 - 1 = 0 wide (issue 56): a mark at 1 on its row, in its colour."""
+    _, tuned, _ = expected()
+    right = lr_figure(frame).axes[-1]
+    order = [t.get_text().split()[0] for t in right.get_yticklabels()]
+    best = min(tuned, key=tuned.get)
+    marks = [c for c in right.collections if isinstance(c, PathCollection)][1]
+    assert marks.get_offsets().tolist() == [[1.0, float(order.index(best))]]
+    bar = right.patches[order.index(best)]
+    assert bar.get_width() == pytest.approx(0.0)
+    # the same colour (the bar drawn at alpha 0.85)
+    assert to_rgba(marks.get_facecolors()[0])[:3] == pytest.approx(to_rgba(bar.get_facecolor())[:3])

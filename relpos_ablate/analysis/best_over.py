@@ -62,7 +62,18 @@ def best_over_table(
         tuple(normalized(v) for v in t) for t in chosen[[*rows, *cols]].itertuples(index=False)
     }
     missing = sorted({", ".join(label(v) for v in k[: len(rows)]) for k in picks if k not in found})
-    return _with_picks(table, picks, key, rows, cols, metric, options, missing)
+    # a column reported but never scored on the selection split has no pick, so no cell: named
+    picked = {k[len(rows) :] for k in picks}
+    unpicked = sorted(
+        {
+            column_label(cols, k, metric)
+            for k in (
+                tuple(normalized(v) for v in t) for t in reported[cols].itertuples(index=False)
+            )
+            if k not in picked
+        }
+    )
+    return _with_picks(table, picks, key, rows, cols, metric, options, missing, unpicked)
 
 
 _NOTHING = object()
@@ -137,6 +148,7 @@ def _with_picks(
     metric: str,
     options: TableOptions,
     missing: list[str],
+    unpicked: list[str] = (),
 ) -> Table:
     """The table with the picked value of every cell beside it, and a caption saying how it was
     picked."""
@@ -168,6 +180,12 @@ def _with_picks(
         + (
             f" No {options.report_split} {metric} at the picked {key} for: {'; '.join(missing)}."
             if missing
+            else ""
+        )
+        + (
+            f" Left out: {'; '.join(unpicked)}: no {options.select_split} {metric} there to pick "
+            f"{key} on (evaluate those settings with split: {options.select_split} too)."
+            if unpicked
             else ""
         )
     )

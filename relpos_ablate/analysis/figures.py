@@ -131,6 +131,20 @@ def marks(attn, source: str) -> list[float]:
     return [float(clamp)] + ([] if attn.config.causal else [-float(clamp)])
 
 
+DISTANCE_LABEL = "distance i − j"
+"""The x label of every bias-curve panel (log_distance finds them by it)."""
+
+
+def log_distance(fig: Figure) -> Figure:
+    """Every bias-curve panel's distance axis on a symmetric log scale, linear within ±1 (distance 0
+    and a bidirectional model's negative distances stay): a bias's far tail reads beside its first
+    distances."""
+    for ax in fig.axes:
+        if ax.get_xlabel() == DISTANCE_LABEL:
+            ax.set_xscale("symlog", linthresh=1.0)
+    return fig
+
+
 def draw_bias_curves(
     ax,
     attn,
@@ -179,7 +193,7 @@ def draw_bias_curves(
         )
     if first:
         _mark_lengths(ax, attn, source, distances, train_len)
-    ax.set_xlabel("distance i − j")
+    ax.set_xlabel(DISTANCE_LABEL)
     ax.set_ylabel("weight of a pair's q·k" if source == "xpos" else "added score")
     if legend:
         ax.legend(fontsize=7, ncol=2 if len(curves) > 4 else 1)
@@ -266,6 +280,16 @@ def draw_map(ax, values: np.ndarray, n_mem: int, cmap: str, norm=None, labels: b
         ax.set_xlabel("key j" + (f" (first {n_mem}: memory)" if n_mem else ""), fontsize=8)
         ax.set_ylabel("query i", fontsize=8)
     return image
+
+
+def shared_colorbar(fig: Figure, images: list, axes, label: str) -> None:
+    """One colour scale for every map (0 to the largest value of any), and its bar beside them: the
+    colours of two panels then compare."""
+    top = max((float(np.nanmax(np.ma.filled(i.get_array(), np.nan))) for i in images), default=1.0)
+    for image in images:
+        image.set_clim(0.0, top)
+    if images:
+        fig.colorbar(images[-1], ax=list(axes), shrink=0.6, label=label)
 
 
 def attention_figure(

@@ -28,6 +28,7 @@ from relpos_ablate.analysis.table_options import (
     read_spec,
     resolve_options,
     spec_options,
+    unscaled_unless_asked,
 )
 from relpos_ablate.analysis.tables import grid_table
 from relpos_ablate.config import ConfigError
@@ -65,6 +66,7 @@ def make_table(
     check_choice("layout", name, known)
     data = apply_where(df if known[name].reads_token_losses else table_settings(df), merged.where)
     resolved = resolve_options(data, options, spec)
+    data, left_out = unscaled_unless_asked(data, resolved)
     # each row at its own best value of a key: a grid table of the chosen runs
     if resolved.best_over:
         if name != "grid":
@@ -72,8 +74,10 @@ def make_table(
                 "best_over",
                 f"picks a value per row of the grid layout; the {name} layout has its own",
             )
-        return best_over_table(data, resolved, axis_orders(spec)), resolved
-    table = known[name].build(data, resolved, axis_orders(spec))
-    if known[name].appendix is not None:
-        table.appendix = known[name].appendix(data, resolved, axis_orders(spec))
+        table = best_over_table(data, resolved, axis_orders(spec))
+    else:
+        table = known[name].build(data, resolved, axis_orders(spec))
+        if known[name].appendix is not None:
+            table.appendix = known[name].appendix(data, resolved, axis_orders(spec))
+    table.caption += f" {left_out}" if left_out else ""
     return table, resolved

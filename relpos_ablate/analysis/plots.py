@@ -339,14 +339,18 @@ def _bias_overview(
 
 def _attention_overview(items: list[tuple[str, object, object]], layer: int, sampler) -> Figure:
     fig, axes = _panels(len(items), 4.0, 3.2)
+    images = []
     for ax, (title, config, model) in zip(axes, items):
         ax.set_title(title, fontsize=8)
         details, n_mem = inspect_run(config, model, sampler)
         k = figures.resolve_index(layer, len(details["probs"]), "layer")
         probs = details["probs"][k][0].mean(0)  # (L, M + L), mean over heads
-        figures.draw_map(
-            ax, figures.masked(probs, details["terms"][k].get("visible")), n_mem, "viridis"
+        images.append(
+            figures.draw_map(
+                ax, figures.masked(probs, details["terms"][k].get("visible")), n_mem, "viridis"
+            )
         )
+    figures.shared_colorbar(fig, images, axes, "attention probability (mean over heads)")
     return fig
 
 
@@ -391,6 +395,7 @@ def save_model_figures(
     formats: tuple[str, ...] = ("png", "pdf"),
     loader: Callable | None = None,
     sampler: Callable | None = None,
+    log_distance: bool = False,
 ) -> tuple[list[Path], list[str]]:
     """One `kind` figure per finished run, named by the fields that tell the runs apart with the run
     id last (`bias_encoding-xl_seed-0_<id>.png`), plus an overview for several; returns (files,
@@ -400,7 +405,9 @@ def save_model_figures(
     in a grid such runs are skipped with a note (and named in the overview), and it is an error only
     when none can be drawn. loader(run_dir) -> (RunConfig, model) and sampler(config, length) ->
     tokens [1, length] default to the training package's load_run and sample_inputs.
+    `log_distance`: bias curves against distance on a log scale (figures.log_distance).
     """
+    scaled = figures.log_distance if log_distance and kind == "bias" else (lambda fig: fig)
     if kind not in MODEL_KINDS:
         raise ConfigError(
             "kind", f"{kind!r} is not allowed; choose one of {', '.join(MODEL_KINDS)}"
@@ -439,14 +446,14 @@ def save_model_figures(
             Path(run["run_dir"]),
         )
         written += save_figure(
-            fig, Path(out) / (kind if single else f"{kind}_{run_slug(run, keys)}"), formats
+            scaled(fig), Path(out) / (kind if single else f"{kind}_{run_slug(run, keys)}"), formats
         )
         drawn.append((run, config, model))
     if not drawn:
         raise ConfigError("kind", f"no run could be drawn as {kind!r}: {notes[0] if notes else ''}")
     if len(drawn) > 1:
         overview = overview_figure(kind, drawn, keys, layer, head, sampler, left_out, titles)
-        written += save_figure(overview, Path(out) / f"{kind}_overview", formats)
+        written += save_figure(scaled(overview), Path(out) / f"{kind}_overview", formats)
         if left_out:
             notes.append(f"{kind}_overview: {left_out_note(left_out)}")
     return written, notes

@@ -32,9 +32,12 @@ SETTING_LABELS = {
     "protocol": "",
     "max_targets": "targets",
 }
-OPTIONAL_SETTINGS = ("stride", "rope_scaling")
+OPTIONAL_SETTINGS = ("stride", "rope_scaling", "rope_scale")
 """Setting columns left out of a label where unset (stride belongs to sliding settings only;
-rope_scaling to RoPE context extension)."""
+rope_scaling and its scale to RoPE context extension)."""
+MISSING_WORDS = ("—", "none", "null")
+"""How `--where` may name a missing value (an unscaled setting's rope_scaling): as a table labels
+it, or its YAML spellings."""
 
 
 def normalized(value: Any) -> Any:

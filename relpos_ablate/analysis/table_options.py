@@ -22,7 +22,7 @@ import yaml
 from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import SETTING_FIELDS
 from relpos_ablate.analysis.render import FORMATS
-from relpos_ablate.analysis.settings import label, normalized, short_name
+from relpos_ablate.analysis.settings import MISSING_WORDS, label, normalized, short_name
 from relpos_ablate.analysis.stats import CORRECTIONS
 from relpos_ablate.config import ConfigError, from_dict
 from relpos_ablate.config.base import check_choice
@@ -244,11 +244,12 @@ def default_rows(df: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
 def left_out_runs(df: pd.DataFrame, metric: str, rows: Iterable[str]) -> list[str]:
     """One line per run without a value of `metric` (so left out of a table): its id, its row label
     and why."""
-    scored = df.assign(_scored=np.isfinite(pd.to_numeric(df[metric], errors="coerce"))).groupby(
-        "run_dir"
-    )["_scored"]
+    # a Series grouped, not a column added: assign would copy a frame of many columns (pandas warns
+    # when collect's frame is fragmented)
+    scored = pd.Series(np.isfinite(pd.to_numeric(df[metric], errors="coerce")), index=df.index)
+    scored = scored.groupby(df["run_dir"]).any()
     lines = []
-    for _, run in run_level(df[~df["run_dir"].map(scored.any())]).iterrows():
+    for _, run in run_level(df[~df["run_dir"].map(scored)]).iterrows():
         status, reason = run.get("status"), normalized(run.get("reason"))
         if status == "done" or status == "unknown":
             why = (f"{rundir.STATUS} missing or unreadable; " if status == "unknown" else "") + (
@@ -268,13 +269,14 @@ def left_out_runs(df: pd.DataFrame, metric: str, rows: Iterable[str]) -> list[st
 def default_cols(df: pd.DataFrame, rows: list[str]) -> list[str]:
     """Evaluation-setting fields that vary within some row: the natural columns of the table."""
     candidates = [f for f in SETTING_FIELDS if f != "attn_len" and f not in rows and f in df]
-    keyed = df.assign(
-        _row=[tuple(normalized(v) for v in t) for t in df[rows].itertuples(index=False)]
+    # the row key as a Series to group by, not a column added (as in left_out_runs)
+    row = pd.Series(
+        [tuple(normalized(v) for v in t) for t in df[rows].itertuples(index=False)], index=df.index
     )
     chosen = [
         f
         for f in candidates
-        if keyed.groupby("_row")[f].agg(lambda s: s.map(normalized).nunique(dropna=False)).max() > 1
+        if df[f].groupby(row).agg(lambda s: s.map(normalized).nunique(dropna=False)).max() > 1
     ]
     if "protocol" in chosen:  # same_length is the xl protocol's, not a setting of its own
         chosen = [f for f in chosen if f != "same_length"]
@@ -339,6 +341,9 @@ def apply_where(df: pd.DataFrame, where: Iterable[str] | None) -> pd.DataFrame:
             )
         column = resolve_column(df, field, "where")
         match = (kept[column].map(label) == value) != negate
+        if value in MISSING_WORDS:  # rope_scaling=none: the unscaled settings
+            unset = kept[column].map(normalized).isna()
+            match = (unset | (kept[column].map(label) == value)) != negate
         if not match.any():
             seen = ", ".join(sorted({label(v) for v in kept[column]})) or "none"
             raise ConfigError(
@@ -346,6 +351,35 @@ def apply_where(df: pd.DataFrame, where: Iterable[str] | None) -> pd.DataFrame:
             )
         kept = kept[match]
     return kept
+
+
+SCALING_FIELDS = ("rope_scaling", "rope_scale")
+"""A setting's RoPE context extension (eval.settings[].rope_scaling)."""
+
+
+def unscaled_unless_asked(data: pd.DataFrame, options: TableOptions) -> tuple[pd.DataFrame, str]:
+    """The records without RoPE context extension when the resolved rows and columns and --where do
+    not name rope_scaling (e.g. a spec's `cols: [segment_len]`), and a caption sentence saying what
+    was left out ('' when nothing was). A scaled record is another evaluation of a run at a length
+    it also has unscaled (`evaluate --set` adds them): such a cell would average the two, or show a
+    scaled value as the plain one."""
+    if "rope_scaling" not in data:
+        return data, ""
+    named = [str(c).partition("=")[0].removesuffix("!").strip() for c in options.where or ()]
+    if {short_name(k) for k in (*options.rows, *options.cols, *named)} & set(SCALING_FIELDS):
+        return data, ""
+    scaled = data["rope_scaling"].map(normalized).notna()
+    if scaled.all():  # nothing unscaled to show instead
+        return data, ""
+    shown = scaled & np.isfinite(pd.to_numeric(data[options.metric], errors="coerce"))
+    if not shown.any():  # only records of runs that cannot take it (no metric): nothing lost
+        return data[~scaled], ""
+    kinds = ", ".join(sorted(set(data.loc[shown, "rope_scaling"])))
+    cols = ",".join(short_name(c) for c in options.cols)
+    return data[~scaled], (
+        f"Left out: {int(shown.sum())} evaluation(s) with RoPE context extension (rope_scaling "
+        f"{kinds}); --cols {cols + ',' if cols else ''}rope_scaling shows them."
+    )
 
 
 def finished(df: pd.DataFrame, metric: str) -> pd.DataFrame:

@@ -74,6 +74,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)"
     )
+    # a worker of --slots: its runs were planned with the others (_plans), and their lines printed
+    p.add_argument("--planned", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_evaluate, runs_per_device=None, gpus_per_run=None)
 
 
@@ -89,14 +91,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from relpos_ablate.config.base import ConfigErrors
-    from relpos_ablate.train.evaluate_run import plan_all
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    plans, errors = plan_all(runs, args.overrides, args.replace)
+    plans, errors = _plans(runs, args)
     if errors:
         raise ConfigErrors(errors)
-    for plan in plans:
+    for plan in plans if not args.planned else ():
         for name, reason in plan.unsupported:
             print(f"{plan.run_dir}: {name}: not evaluated, recorded with its reason: {reason}")
     todo = [plan for plan in plans if plan.todo]
@@ -109,6 +110,25 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if len(todo) > 1 and (args.devices is not None or (args.slots or 1) > 1):
         return _on_slots(todo, args)
     return _in_process(todo)
+
+
+def _plans(runs: list[Path], args: argparse.Namespace):
+    """The runs' plans and every problem found. A worker of --slots (--planned) plans its one run
+    without asking whether any run can take each setting: the parent asked that of every run
+    together, so a setting only some runs cannot take is recorded in theirs with its reason, as
+    without --slots (planned alone, the run would be the only one and fail)."""
+    from relpos_ablate.config.base import ConfigError
+    from relpos_ablate.train.evaluate_run import plan_all, plan_evaluation
+
+    if not args.planned:
+        return plan_all(runs, args.overrides, args.replace)
+    plans, errors = [], []
+    for run in runs:
+        try:
+            plans.append(plan_evaluation(run, args.overrides, args.replace))
+        except ConfigError as err:
+            errors.extend(err.errors)
+    return plans, errors
 
 
 def _runs(directory: Path) -> list[Path]:
@@ -180,9 +200,11 @@ def _on_slots(plans, args: argparse.Namespace) -> int:
     from relpos_ablate.runner.evaluate import evaluate_on_slots
 
     slots = slots_for(args)
-    arguments = [a for item in args.overrides for a in ("--set", item)] + (
-        ["--replace"] if args.replace else []
-    )
+    arguments = [
+        *(a for item in args.overrides for a in ("--set", item)),
+        *(["--replace"] if args.replace else []),
+        "--planned",  # planned here with the other runs (_plans)
+    ]
     try:
         return evaluate_on_slots([plan.run_dir for plan in plans], arguments, slots)
     except KeyboardInterrupt:

@@ -212,11 +212,29 @@ def exit_reason(returncode: int, stopped: str | None = None) -> tuple[str, str]:
     return "failed", f"worker exited with status {returncode} without recording a result"
 
 
+def note_stop(run_dir: Path, stopped: str) -> None:
+    """One line in the run's logs (those that exist) after the worker's own: the worker saw only a
+    SIGTERM and logged "stopped by SIGTERM", whatever stopped it (Ctrl-C on grid, a scheduler)."""
+    line = (
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING relpos_ablate.runner: why the run was "
+        f"stopped (its worker saw only a SIGTERM): {stopped}\n"
+    )
+    for path in (Path(run_dir) / rundir.LOG, Path(run_dir) / rundir.WORKER_LOG):
+        try:
+            if path.exists():
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(line)
+        except OSError:  # a log that cannot be written loses a line, not the run's status
+            pass
+
+
 def record_exit(run_dir: Path, returncode: int, stopped: str | None = None) -> dict:
     """The run's final status: the worker's own when it wrote one, else one made from its exit.
 
     `stopped` says why the runner stopped the worker (shutdown, preemption): the run is interrupted,
     for that reason (the worker itself only saw the SIGTERM the runner sent it)."""
+    if stopped:
+        note_stop(run_dir, stopped)
     status = rundir.read_status(run_dir)
     if status is not None and status["state"] in rundir.FINAL_STATES:
         return (

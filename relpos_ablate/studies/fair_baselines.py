@@ -441,6 +441,19 @@ def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
         zorder=3,
         label=f"at lr {DEFAULT_LR:g} (untuned), over the same best",
     )
+    # the best preset's bar is 1 - 1 = 0 wide: a mark at 1 shows its row is drawn, not missing
+    best = order["ratio"] == order["ratio"].min()
+    right.scatter(
+        np.ones(int(best.sum())),
+        ys[best.to_numpy()],
+        marker="D",
+        s=30,
+        color=[bar_colors[p] for p in order.loc[best, "preset"]],
+        edgecolors="black",
+        linewidths=0.5,
+        zorder=3,
+        label="the best (its bar has no length)",
+    )
     right.axvline(
         1 + TOLERANCE, color="grey", linestyle="--", linewidth=1, label=f"best + {TOLERANCE:.0%}"
     )
