@@ -5,17 +5,20 @@ Run alone: `.venv/bin/python -m pytest tests/test_docs.py`. The site itself is b
 (`mkdocs build --strict`, in `.ci/run`), which checks the links between its pages.
 
 A Python block runs when the line `<!-- runnable -->` stands directly above its ```python fence. A
-page's runnable blocks run in order, in one namespace, in a new interpreter (a block may register a
-scheme, which must not leak into other tests) whose working directory is a temporary folder; a
-traceback names the Markdown file and line.
+page's runnable blocks run in order, in one namespace, in a process forked from the test's (a block
+may register a scheme, which must not leak into other tests) whose working directory is a temporary
+folder; a traceback names the Markdown file and line.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
+import traceback
 import unicodedata
 from dataclasses import dataclass
 from functools import cache
@@ -95,12 +98,42 @@ def code_spans(text: str) -> list[str]:
 
 RUNNABLE = [path for path in DOC_FILES if any(block.runnable for block in blocks(path.read_text()))]
 
-DRIVER = """
-import json, sys
-namespace = {"__name__": "__main__"}
-for path, line, code in json.load(open(sys.argv[1])):
-    exec(compile("\\n" * (line - 1) + code, path, "exec"), namespace)
-"""
+
+def run_blocks(path: Path, runnable: list[Block], workdir: Path, timeout_s: float = 300) -> str:
+    """Run a page's blocks in order, in one namespace, in a process forked from this one (torch and
+    the package already imported: seconds less a page than a new interpreter; a scheme a block
+    registers stays in the child), in `workdir`. Returns what they printed; fails on an
+    exception."""
+    import torch  # noqa: F401  (imported before the fork, not in each child)
+
+    output = workdir / "output.txt"
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            os.chdir(workdir)
+            sys.stdout = sys.stderr = open(output, "w", buffering=1)
+            namespace = {"__name__": "__main__"}
+            for block in runnable:
+                exec(compile("\n" * (block.line - 1) + block.code, str(path), "exec"), namespace)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail(f"{rel(path)}: its runnable blocks ran past {timeout_s} s")
+    printed = output.read_text() if output.exists() else ""
+    assert os.waitstatus_to_exitcode(done[1]) == 0, (
+        f"{rel(path)}: a runnable block failed\n{printed}"
+    )
+    return printed
 
 
 def test_runnable_blocks_exist():
@@ -114,18 +147,7 @@ def test_runnable_blocks_run(path, tmp_path):
     assert all(block.info == "python" for block in runnable), (
         f"{rel(path)}: {MARKER} must stand above ```python"
     )
-    spec = tmp_path / "blocks.json"
-    spec.write_text(json.dumps([[str(path), block.line, block.code] for block in runnable]))
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(spec)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, (
-        f"{rel(path)}: a runnable block failed\n{done.stdout}\n{done.stderr}"
-    )
+    run_blocks(path, runnable, tmp_path)
 
 
 def test_marker_stands_above_a_fence():

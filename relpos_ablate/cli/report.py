@@ -8,6 +8,7 @@ import io
 import sys
 from pathlib import Path
 
+from relpos_ablate import rundir
 from relpos_ablate.cli import UsageError
 from relpos_ablate.studies import (
     FIGURE_KINDS as STUDY_FIGURES,
@@ -136,6 +137,22 @@ def register(subparsers) -> None:
         choices=("valid", "test"),
         help="--best-over: the split reported (default test)",
     )
+    versions = p.add_mutually_exclusive_group()
+    versions.add_argument(
+        "--spec",
+        type=Path,
+        nargs="+",
+        metavar="SPEC",
+        help="keep only the runs these grid specs plan (default: the runs each run's own spec, "
+        f"recorded in its {rundir.RUN_INFO}, still plans; a run of an earlier version of the "
+        "spec is left out and counted)",
+    )
+    versions.add_argument(
+        "--all-runs",
+        action="store_true",
+        help="keep the runs their spec no longer plans (an earlier version's, e.g. before a "
+        "change of train.max_steps under the same spec name)",
+    )
     p.add_argument("--out", type=Path, help="write the table to FILE instead of printing it")
     p.set_defaults(func=cmd_table)
 
@@ -144,7 +161,8 @@ def register(subparsers) -> None:
         help="a study's derived numbers (trends, the tests behind orderings) as Markdown",
         description="The report function registered for the experiment the runs belong to "
         "(relpos_ablate/studies/), from DIR (a results dir) or a "
-        "committed summary.csv.",
+        "committed summary.csv; for a grid no study reports on, the table of its spec's table: "
+        "block with the tests against its baseline.",
     )
     p.add_argument(
         "source",
@@ -157,18 +175,27 @@ def register(subparsers) -> None:
     p.add_argument(
         "--correction",
         choices=CORRECTION_CHOICES,
-        default="holm",
         help="each family of tests the report states (named in its heading) is corrected "
         "together: holm (default), bh (Benjamini-Hochberg false discovery rate) or none; "
-        "orderings read the adjusted p, the raw p stands beside it",
+        "orderings read the adjusted p, the raw p stands beside it (a grid no study reports on: "
+        "its spec's table: correction, else holm)",
     )
     p.add_argument("--out", type=Path, help="write the report to FILE instead of printing it")
+    p.add_argument(
+        "--html",
+        type=Path,
+        metavar="OUT.html",
+        help="one self-contained page of any grid's results dir instead (opens offline): runs' "
+        "status and cost, the table with its tests, extrapolation, training curves, each run's "
+        "bias curves and attention heatmaps by variant, seed, layer and head; with --out, the "
+        "Markdown report too",
+    )
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser(
         "plot",
-        help="bias curves, attention / term heatmaps, extrapolation and loss-by-position "
-        "curves, length generalization, attention diagnostics, passkey retrieval",
+        help="bias curves, attention / term heatmaps, extrapolation, loss-by-position and "
+        "training curves, length generalization, attention diagnostics, passkey retrieval",
         description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
         "(extrapolation and position-loss: one figure of every run; lengthgen: exact match "
         "against task length, one panel per task; diagnostics: one per task; passkey: the depth "
@@ -185,18 +212,28 @@ def register(subparsers) -> None:
     p.add_argument(
         "--kind",
         required=True,
-        choices=("bias", "attention", "terms", "extrapolation", "position-loss", *STUDY_FIGURES),
-        help="position-loss: mean loss by position in the segment / window, one panel per "
-        "evaluation setting; lengthgen: example tasks, a line per variant (mean over seeds, "
-        "min-max band), training lengths shaded; lr-sweep: the fair-baselines study, valid ppl "
-        "against train.lr per encoding and each one's test ppl at its best lr over the best "
-        "encoding's; context: the Transformer-XL study, each model's ppl against the context it "
-        "sees on its RECL ladder (memory or sliding windows)",
+        choices=(
+            "bias",
+            "attention",
+            "terms",
+            "extrapolation",
+            "position-loss",
+            "curves",
+            *STUDY_FIGURES,
+        ),
+        help=f"curves: training curves from each run's {rundir.METRICS}, loss against step, a "
+        "line per variant (mean over seeds, min-max band); position-loss: mean loss by position "
+        "in the segment / window, one panel per evaluation setting; lengthgen: example tasks, a "
+        "line per variant (mean over seeds, min-max band), training lengths shaded; lr-sweep: the "
+        "fair-baselines study, valid ppl against train.lr per encoding and each one's test ppl "
+        "at its best lr over the best encoding's; context: the Transformer-XL study, each "
+        "model's ppl against the context it sees on its RECL ladder (memory or sliding windows)",
     )
     p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
     p.add_argument(
         "--metric",
-        help="extrapolation, lengthgen, passkey: the metric shown (default: the main metric)",
+        help="extrapolation, lengthgen, passkey: the metric shown (default: the main metric); "
+        f"curves: a {rundir.METRICS} column (default: train_loss, and val_loss when logged)",
     )
     p.add_argument(
         "--x",
@@ -231,6 +268,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("--layer", type=int, default=-1, help="terms: layer index (default: the last)")
     p.add_argument("--head", type=int, default=0, help="terms: head index")
+    p.add_argument(
+        "--log-distance",
+        action="store_true",
+        help="bias: distance on a log scale (symmetric, linear within ±1)",
+    )
     p.add_argument(
         "--formats", default="png,pdf", help="comma-separated figure formats (png, pdf, svg)"
     )
@@ -343,9 +385,30 @@ def _planned_only(frame, specs: list[Path]):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.html is not None:
+        _html_report(args.source, args.html)
+        if args.out is None:
+            return 0
     from relpos_ablate.studies import make_report
 
     return _emit(make_report(_frame(args.source), args.correction), args.out)
+
+
+def _html_report(sources: list[Path], out: Path) -> None:
+    """`report DIR --html OUT.html` (analysis/html_report.py): the page reads the run dirs
+    (the training metrics, checkpoints), so one results dir, not a summary.csv."""
+    from relpos_ablate.analysis.html_report import write_html_report
+    from relpos_ablate.studies import layouts
+
+    if len(sources) != 1 or sources[0].suffix == ".csv":
+        raise UsageError(
+            "--html: give one results dir (the page reads its run dirs: training curves, "
+            "trained weights), not a summary.csv or several sources"
+        )
+    frame = _collect(sources[0])
+    for line in write_html_report(frame, out, str(sources[0]), layouts=layouts()):
+        print(f"warning: {line}", file=sys.stderr)
+    print(f"wrote {out}", file=sys.stderr)
 
 
 def cmd_table(args: argparse.Namespace) -> int:
@@ -372,11 +435,36 @@ def cmd_table(args: argparse.Namespace) -> int:
         report_split=args.report_split,
         where=_keys(args.where),
     )
-    frame = _frame(args.dir)
+    frame = _table_frame(args)
     table, resolved = make_table(frame, options)
     for line in left_out_runs(frame, resolved.metric, resolved.rows):
         print(f"warning: {line}", file=sys.stderr)
     return _emit(render(table, resolved.format), args.out)
+
+
+def _table_frame(args: argparse.Namespace):
+    """cmd_table's runs: each source's runs (those their spec still plans, or --spec's), pooled,
+    each run once with its evaluations merged over its copies (analysis/sources.py). The order
+    they are given in never changes the table: the source with the most runs comes first (a study
+    before its control; its spec's table: block is read), then by name."""
+    from relpos_ablate.analysis.collect import pool_frames
+    from relpos_ablate.analysis.sources import one_copy_per_run, planned_by_their_specs
+
+    found = {path: _frame(path) for path in args.dir}
+    runs = {path: frame.get("run_dir", frame.index).nunique() for path, frame in found.items()}
+    paths = sorted(found, key=lambda path: (-runs[path], str(path)))
+    frames, lines = [found[path] for path in paths], []
+    if not (args.spec or args.all_runs):
+        for k, frame in enumerate(frames):
+            frames[k], notes = planned_by_their_specs(frame)
+            lines += notes
+    frame = pool_frames(frames, [str(path) for path in paths])
+    if args.spec:
+        frame = _planned_only(frame, args.spec)
+    frame, notes = one_copy_per_run(frame)
+    for line in [*lines, *notes]:
+        print(f"warning: {line}", file=sys.stderr)
+    return frame.drop(columns="_source")
 
 
 def _emit(text: str, out: Path | None) -> int:
@@ -433,13 +521,23 @@ def cmd_plot(args: argparse.Namespace) -> int:
             where=_keys(args.where),
             formats=formats,
         )
+    elif args.kind == "curves":
+        from relpos_ablate.analysis.curves import save_curves
+
+        written, notes = save_curves(_collect(args.target), out, args.metric, formats)
     elif args.kind == "position-loss":
         from relpos_ablate.analysis.positions import save_position_loss
 
         written, notes = save_position_loss(_collect(args.target), out, formats=formats)
     else:
         written, notes = plots.save_model_figures(
-            _collect(args.target), args.kind, out, layer=args.layer, head=args.head, formats=formats
+            _collect(args.target),
+            args.kind,
+            out,
+            layer=args.layer,
+            head=args.head,
+            formats=formats,
+            log_distance=args.log_distance,
         )
     for line in notes:
         print(f"warning: {line}", file=sys.stderr)

@@ -68,9 +68,12 @@ SUMMARY_FIGURES = tuple(
 )
 
 
-def make_report(df, correction: str = "holm") -> str:
+def make_report(df, correction: str | None = "holm") -> str:
     """The report of the one experiment the frame holds (one line naming what is wrong otherwise);
-    every family of tests in it corrected by `correction` (analysis/stats.py)."""
+    every family of tests in it corrected by `correction` (analysis/stats.py; None: holm, or for a
+    grid's own report its spec's `table: {correction: ...}`). An experiment no study reports on
+    gets the report of its grid spec's `table:` block (analysis/grid_report.py) when its runs
+    record a spec."""
     names = (
         sorted(str(name) for name in df["experiment"].dropna().unique())
         if "experiment" in df
@@ -81,6 +84,11 @@ def make_report(df, correction: str = "holm") -> str:
     key = names[0] if len(names) == 1 else tuple(names)
     study = next((s for s in STUDIES if set(names) <= set(s.experiments)), None)
     reports = study.load().REPORTS if study else {}
+    if key not in reports and len(names) == 1:
+        from relpos_ablate.analysis.grid_report import grid_report, has_spec
+
+        if has_spec(df):
+            return grid_report(df, correction, layouts())
     if key not in reports:
         known = sorted(
             " + ".join(k) if isinstance(k, tuple) else k for s in STUDIES for k in s.load().REPORTS
@@ -90,8 +98,16 @@ def make_report(df, correction: str = "holm") -> str:
             if len(names) == 1
             else f"the experiments {' + '.join(names)} together"
         )
-        raise ConfigError("report", f"no report for {what}; reports exist for: {', '.join(known)}")
-    return reports[key](df, correction)
+        # a grid's own report needs its spec (the `table:` block; each run's record names it)
+        own = (
+            ", and no grid spec readable from its runs' records for a report of its `table:` block"
+            if len(names) == 1
+            else ""
+        )
+        raise ConfigError(
+            "report", f"no report for {what}{own}; reports exist for: {', '.join(known)}"
+        )
+    return reports[key](df, correction or "holm")
 
 
 def layouts() -> dict:
