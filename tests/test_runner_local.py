@@ -316,6 +316,58 @@ def test_live_table_shows_variant_state_progress_metric():
         assert piece in text
 
 
+@pytest.mark.parametrize("width", [80, 100, 200])
+def test_the_live_table_stays_readable_from_80_columns(width):
+    """Run ids, states, devices and progress whole on one line, every line within the width, the
+    free text (variant, metrics, a failure's note) wrapped but all there."""
+    rows = [
+        RunRow(
+            "9e4e79a8c3",
+            "encoding=rope model.attention.terms=abcd seed=0",
+            "running",
+            "cpu:0-1",
+            120,
+            300,
+            "loss 2.314 acc 0.412",
+            37.0,
+        ),
+        RunRow(
+            "5ad50b00c0",
+            "encoding=t5 seed=2",
+            "incomplete",
+            "",
+            10,
+            300,
+            "",
+            3.0,
+            "RuntimeError: the worker went away",
+        ),
+    ]
+    console = Console(record=True, width=width, force_terminal=True)
+    console.print(run_table(rows, title="grid tour", live=True))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= width
+    for whole in (
+        "9e4e79a8c3",
+        "5ad50b00c0",
+        "running",
+        "incomplete",
+        "cpu:0-1",
+        "120/300",
+        "0:37",
+    ):
+        assert any(whole in line for line in lines), (width, whole)
+    # each column's text, top to bottom, without the spaces wrapping put in
+    cells = [line.split("│")[1:-1] for line in lines if line.startswith("│")]
+    columns = ["".join(row[j].replace(" ", "") for row in cells) for j in range(len(cells[0]))]
+    for text in (
+        "encoding=ropemodel.attention.terms=abcdseed=0",
+        "loss2.314acc0.412",
+        "RuntimeError:theworkerwentaway",
+    ):
+        assert any(text in column for column in columns), (width, text)
+
+
 def test_runner_draws_the_live_table_on_a_terminal(tmp_path, fake):
     spec = load_grid(write_spec(tmp_path, encodings=("xl",), seeds=(0,)))
     out = io.StringIO()

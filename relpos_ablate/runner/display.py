@@ -144,44 +144,74 @@ def row_for(run_dir: Path, variant: Any = None, probe_lock: bool = False) -> Run
     return row
 
 
-def _progress(row: RunRow, live: bool) -> Any:
+def _progress(row: RunRow, live: bool, bar_width: int) -> Any:
     if row.step is None:
         return ""
     if row.max_steps is None:
         return str(row.step)
     label = f"{row.step}/{row.max_steps}"
-    if not live:
+    if not live or bar_width == 0:
         return label
     bar = Table.grid(padding=(0, 1))
-    bar.add_row(ProgressBar(total=row.max_steps, completed=row.step, width=12), label)
+    bar.add_row(ProgressBar(total=row.max_steps, completed=row.step, width=bar_width), label)
     return bar
 
 
-def run_table(rows: list[RunRow], title: str = "", live: bool = False) -> Table:
-    table = Table(title=title or None, show_lines=False, expand=False)
-    for name in (
-        "run",
-        "variant",
-        "state",
-        "device",
-        "progress",
-        "last train batch",
-        "elapsed",
-        "note",
-    ):
-        table.add_column(name, no_wrap=name != "note", overflow="fold")
-    for row in rows:
-        table.add_row(
-            row.run_id,
-            row.variant,
-            Text(row.state, style=STATE_STYLES.get(row.state, "")),
-            row.device,
-            _progress(row, live),
-            row.metric,
-            format_elapsed(row.elapsed_s),
-            row.note,
+WIDE = 140
+"""Columns from which the table gives every field its own column and a 12-character progress bar;
+narrower, the device goes under the state and the note under the variant, and below 100 columns
+the bar goes, so that run ids, states and progress stay whole from 80 columns up."""
+
+
+class RunTable:
+    """The runs' table, laid out for the width it is drawn at (a rich renderable)."""
+
+    def __init__(self, rows: list[RunRow], title: str = "", live: bool = False):
+        self.rows, self.title, self.live = rows, title, live
+
+    def __rich_console__(self, console: Console, options: Any):
+        yield self.table(options.max_width)
+
+    def table(self, width: int) -> Table:
+        wide = width >= WIDE
+        bar_width = 12 if wide else 6 if width >= 100 else 0
+        table = Table(title=self.title or None, show_lines=False, expand=False)
+        # whole: what identifies a run and where it stands; wrapped: the free text
+        table.add_column(
+            "run", no_wrap=True, min_width=max((len(r.run_id) for r in self.rows), default=3)
         )
-    return table
+        table.add_column("variant", overflow="fold", ratio=2)
+        table.add_column("state", no_wrap=True)
+        if wide:
+            table.add_column("device", no_wrap=True)
+        table.add_column("progress", no_wrap=True)
+        table.add_column("last train batch", overflow="fold", ratio=1)
+        table.add_column("elapsed", no_wrap=True)
+        if wide:
+            table.add_column("note", overflow="fold")
+        for row in self.rows:
+            state = Text(row.state, style=STATE_STYLES.get(row.state, ""))
+            variant = Text(row.variant)
+            if not wide and row.device:
+                state.append(f"\n{row.device}", style="dim")
+            if not wide and row.note:
+                variant.append(f"\n{row.note}", style="dim")
+            table.add_row(
+                row.run_id,
+                variant,
+                state,
+                *([row.device] if wide else []),
+                _progress(row, self.live, bar_width),
+                row.metric,
+                format_elapsed(row.elapsed_s),
+                *([row.note] if wide else []),
+            )
+        return table
+
+
+def run_table(rows: list[RunRow], title: str = "", live: bool = False) -> RunTable:
+    """The runs' table: one row per run, its columns chosen by the width it is drawn at."""
+    return RunTable(rows, title, live)
 
 
 def state_counts(rows: list[RunRow]) -> str:
