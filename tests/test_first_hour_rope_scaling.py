@@ -16,10 +16,9 @@ import io
 import shutil
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
+from fixtures.notebook import run_notebook
 from relpos_ablate import rundir
 from relpos_ablate.analysis import collect
 from relpos_ablate.analysis.settings import normalized
@@ -34,7 +33,6 @@ SPEC = (
     "table: {rows: [encoding], cols: [segment_len]}\n"
 )
 YARN = "eval.settings=[{segment_len: 32, rope_scaling: yarn}]"
-NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "inspect.ipynb"
 
 
 @pytest.fixture(scope="module")
@@ -177,15 +175,7 @@ def test_where_rope_scaling_none_keeps_the_unscaled_settings(scaled, capsys, wor
 def test_the_notebook_runs_on_a_dir_with_rope_scaling_records(scaled, monkeypatch):
     frame = collect(scaled)
     rope = frame.loc[frame["encoding"] == "rope", "run_id"].iloc[0]
-    monkeypatch.setenv("RELPOS_RESULTS", str(scaled))
-    monkeypatch.setenv("RELPOS_RUN", rope)
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(
-        nb,
-        timeout=300,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
-    ).execute()
+    nb = run_notebook(scaled, rope, monkeypatch)
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o["output_type"] == "error"]
     markdown = "".join(

@@ -5,15 +5,11 @@ as collect(), and draw the extrapolation, bias, attention and term figures of th
 Run: .venv/bin/python -m pytest tests/test_notebook.py -q
 """
 
-from pathlib import Path
-
 import nbformat
-from nbclient import NotebookClient
 
+from fixtures.notebook import NOTEBOOK, run_notebook
 from fixtures.report_runs import trained_results
 from relpos_ablate.analysis import collect
-
-NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "inspect.ipynb"
 
 
 def outputs(nb, kind):
@@ -24,17 +20,10 @@ def test_notebook_runs_on_a_trained_results_dir(monkeypatch):
     results = trained_results()
     df = collect(results)
     xl = df.loc[df["encoding"] == "xl", "run_id"].iloc[0]
-    monkeypatch.setenv("RELPOS_RESULTS", str(results))
-    monkeypatch.setenv("RELPOS_RUN", xl)
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    committed = nbformat.read(NOTEBOOK, as_version=4)
     # committed clean
-    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code")
-    NotebookClient(
-        nb,
-        timeout=300,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(NOTEBOOK.parent)}},
-    ).execute()
+    assert all(not cell.get("outputs") for cell in committed.cells if cell.cell_type == "code")
+    nb = run_notebook(results, xl, monkeypatch)
 
     markdown = "".join(
         o["data"]["text/markdown"]

@@ -19,8 +19,8 @@ from matplotlib.patches import Patch
 
 from relpos_ablate import rundir
 from relpos_ablate.analysis.settings import label
-from relpos_ablate.analysis.table_options import axis_orders, default_rows, read_spec, run_level
-from relpos_ablate.analysis.tables import row_key, sort_key
+from relpos_ablate.analysis.table_options import run_level
+from relpos_ablate.analysis.tables import runs_in_spec_order
 from relpos_ablate.config import ConfigError
 
 DEFAULT_METRICS = ("train_loss", "val_loss")
@@ -49,14 +49,7 @@ def variant_runs(df: pd.DataFrame) -> dict[str, list[pd.Series]]:
     excluded; plots.variant_label words them), variants and seeds in the spec's order."""
     from relpos_ablate.analysis.plots import variant_label  # plots imports the figure modules
 
-    runs = run_level(df)
-    keys = default_rows(runs)
-    order = [*keys, "seed"]
-    orders = axis_orders(read_spec(df))
-    ordered = sorted(
-        (run for _, run in runs.iterrows()),
-        key=lambda r: sort_key(row_key(r, order), order, orders),
-    )
+    keys, ordered = runs_in_spec_order(run_level(df), df)
     variants: dict[str, list[pd.Series]] = {}
     for run in ordered:
         name = variant_label(run, keys, df.attrs.get("variant_axes", ()))

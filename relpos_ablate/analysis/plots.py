@@ -23,12 +23,9 @@ from relpos_ablate.analysis.collect import run_name
 from relpos_ablate.analysis.extrapolation import build_extrapolation, extrapolation_figure  # noqa: F401 (API)
 from relpos_ablate.analysis.settings import label
 from relpos_ablate.analysis.table_options import (
-    axis_orders,
-    default_rows,
     no_finished_runs,
-    read_spec,
 )
-from relpos_ablate.analysis.tables import row_key, sort_key
+from relpos_ablate.analysis.tables import runs_in_spec_order
 from relpos_ablate.analysis.trained import check_imports, load_drawable
 from relpos_ablate.config import ConfigError
 from relpos_ablate.io import atomic_write_bytes
@@ -416,13 +413,7 @@ def save_model_figures(
     runs = finished_runs(df)
     check_imports(runs)
     single = len(runs) == 1
-    keys = default_rows(runs)
-    order = [*keys, "seed"]
-    orders = axis_orders(read_spec(df))
-    ordered = sorted(
-        (run for _, run in runs.iterrows()),
-        key=lambda r: sort_key(row_key(r, order), order, orders),
-    )
+    keys, ordered = runs_in_spec_order(runs, df)
     titles = unique_titles(ordered, keys, df.attrs.get("variant_axes", ()))
     written, notes, drawn, left_out = [], [], [], []
     for run in ordered:

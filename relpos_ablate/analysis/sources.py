@@ -18,7 +18,6 @@ changing a field): `planned_by_their_specs` keeps the runs each run's recorded s
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import pandas as pd
 
 from relpos_ablate.analysis.collect import RUN_COLUMNS
 from relpos_ablate.analysis.settings import label
+from relpos_ablate.analysis.table_options import spec_files
 from relpos_ablate.config.run import HOW_TO_RUN
 
 CONFIG_SECTIONS = ("model.", "data.", "train.", "eval.")
@@ -299,19 +299,8 @@ def _ambiguous_line(ambiguous: list[str]) -> list[str]:
 
 
 def spec_path(run_dir: str, raw: str, root: Path) -> Path | None:
-    """The spec file a run records (run.json `spec`: relative to its run dir; older runs: absolute
-    or relative to the cwd; a summary.csv's run dirs may be gone, so '..' is resolved by name and
-    the results dir is searched too), or None; as analysis/table_options.py read_spec looks."""
-    for path in (
-        Path(run_dir) / raw,
-        Path(os.path.normpath(Path(run_dir) / raw)),
-        Path(raw),
-        root / raw,
-        root / Path(raw).name,
-    ):
-        if path.is_file():
-            return path
-    return None
+    """The spec file a run records, or None (table_options.spec_files, the first found)."""
+    return next(iter(spec_files(run_dir, raw, root)), None)
 
 
 def planned_by_their_specs(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:

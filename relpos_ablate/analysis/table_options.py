@@ -101,6 +101,21 @@ def metric_direction(metric: str) -> str:
     return "max" if metric.lower().startswith(HIGHER_IS_BETTER) else "min"
 
 
+def spec_files(run_dir: str, raw: str, root: Path) -> Iterable[Path]:
+    """The files a run's recorded spec may be, most likely first: run.json stores it relative to
+    the run dir (older runs: absolute or relative to the cwd); for a committed summary.csv the run
+    dir is gone, so its '..' are resolved by name and the results dir `root` is searched too."""
+    for path in (
+        Path(run_dir) / raw,
+        Path(os.path.normpath(Path(run_dir) / raw)),
+        Path(raw),
+        root / raw,
+        root / Path(raw).name,
+    ):
+        if path.is_file():
+            yield path
+
+
 def read_spec(df: pd.DataFrame) -> dict:
     """The grid spec the runs came from (run.json `spec`), or {} when none is recorded or
     readable."""
@@ -111,22 +126,13 @@ def read_spec(df: pd.DataFrame) -> dict:
         else ()
     )
     for run_dir, raw in pairs:
-        # run.json stores the spec relative to the run dir (older runs: absolute or relative to the
-        # cwd); for a committed summary.csv the run dir is gone, so its '..' are resolved by name
-        for path in (
-            Path(run_dir) / raw,
-            Path(os.path.normpath(Path(run_dir) / raw)),
-            Path(raw),
-            root / raw,
-            root / Path(raw).name,
-        ):
-            if path.is_file():
-                try:
-                    spec = load_yaml(path.read_text())
-                except yaml.YAMLError:
-                    continue
-                if isinstance(spec, dict):
-                    return spec
+        for path in spec_files(run_dir, raw, root):
+            try:
+                spec = load_yaml(path.read_text())
+            except yaml.YAMLError:
+                continue
+            if isinstance(spec, dict):
+                return spec
     return {}
 
 

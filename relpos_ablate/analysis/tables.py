@@ -27,7 +27,14 @@ from relpos_ablate.analysis.settings import (
     short_name,
 )
 from relpos_ablate.analysis.stats import MIN_SEEDS, Family
-from relpos_ablate.analysis.table_options import TableOptions, finished, metric_direction
+from relpos_ablate.analysis.table_options import (
+    TableOptions,
+    axis_orders,
+    default_rows,
+    finished,
+    metric_direction,
+    read_spec,
+)
 from relpos_ablate.config import ConfigError
 
 DECIMALS = {"ppl": 2, "acc": 3, "loss": 3, "bpc": 3}
@@ -55,6 +62,19 @@ def sort_key(key: tuple, names: list[str], orders: dict[str, list]) -> tuple:
         else:
             parts.append((3, 0, 0, str(value)))
     return tuple(parts)
+
+
+def runs_in_spec_order(runs: pd.DataFrame, df: pd.DataFrame) -> tuple[list[str], list[pd.Series]]:
+    """The fields that tell `runs` apart (seed aside) and the runs in the spec's order of them, then
+    by seed (figures that draw a line or a panel per run or variant)."""
+    keys = default_rows(runs)
+    order = [*keys, "seed"]
+    orders = axis_orders(read_spec(df))
+    ordered = sorted(
+        (run for _, run in runs.iterrows()),
+        key=lambda r: sort_key(row_key(r, order), order, orders),
+    )
+    return keys, ordered
 
 
 def samples_by_key(
