@@ -36,7 +36,7 @@ install: $(VENV)/.installed
 # times over when other tests share the cores. A pytest that selects no test (exit 5, e.g. PYTEST_ARGS names
 # one file) is fine as long as the other one ran tests. Without PYTEST_ARGS the second pytest collects only the
 # files that name the marker (GROUP_FILES), not the whole suite again (~13 s on 2 cores).
-GROUP_FILES = $(shell grep -l 'mark\.process_group' tests/test_*.py)
+GROUP_FILES = $(sort $(shell grep -rl --include='test_*.py' 'mark\.process_group' tests))
 test: install
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal --process-groups=skip $(PYTEST_ARGS); \
 		rest=$$?; [ $$rest = 0 ] || [ $$rest = 5 ] || exit $$rest; \

@@ -39,7 +39,11 @@ sys.path.insert(
     0, os.environ.get("RELPOS_PACKAGE_ROOT", str(Path(__file__).resolve().parent.parent))
 )
 from relpos_ablate import AttentionConfig, RelPosAttention
-from relpos_ablate.model.position import sinusoid
+
+try:  # (compare_revisions.py runs this file against revisions from before model/schemes/)
+    from relpos_ablate.model.schemes import RopeScaling, sinusoid
+except ImportError:
+    from relpos_ablate.model.position import RopeScaling, sinusoid
 
 B, H, D_HEAD, D_MODEL = 2, 8, 64, 512
 TERM_SUBSETS = [
@@ -136,7 +140,6 @@ class YaRNRoPE(RelPosAttention):
 
     def forward(self, x, mems=None, **_):
         from relpos_ablate.model import AttentionOptions
-        from relpos_ablate.model.position import RopeScaling
 
         return super().forward(
             x, mems, AttentionOptions(rope_scaling=RopeScaling("yarn", 4.0, 512))

@@ -36,36 +36,54 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def probe(path: str) -> None:
     """Every case's tensors, saved to `path` (run inside the revision under test)."""
-    from relpos_ablate import AttentionConfig, ModelConfig, RelPosAttention, TransformerLM
-    from relpos_ablate.config.model import BIAS_TYPES
+    from relpos_ablate import (
+        AttentionConfig,
+        ConfigError,
+        ModelConfig,
+        RelPosAttention,
+        TransformerLM,
+    )
+    from relpos_ablate.config import registry  # (BUILTIN_BIASES: in every revision since a1e4c80)
     from relpos_ablate.model import AttentionOptions
+
+    bias_types = ("none", *registry.BUILTIN_BIASES)
 
     torch.set_num_threads(1)
     subsets = ["".join(c) for n in range(1, 5) for c in itertools.combinations("abcd", n)]
-    cases = [dict(terms=t, bias=b) for t in subsets for b in BIAS_TYPES] + [
+    cases = [dict(terms=t, bias=b) for t in subsets for b in bias_types] + [
         dict(terms="a", absolute="rope"),
         dict(terms="ab", rel="learned", clamp_len=3, shaw_values=True),
         dict(terms="abcd", clamp_len=2),
+        # the score terms and the call's other parts (causal only: the bidirectional cases of
+        # these are config errors, skipped on both sides)
+        dict(terms="a", forget_gate=True),
+        dict(terms="a", bias="alibi", forget_gate=True),
+        dict(terms="a", bias="alibi_learned"),
+        dict(terms="a", cope_positions=3),
+        dict(terms="a", bias="alibi", sinks=2),
+        dict(terms="ab", bias="t5", score_scale="log_n", log_n_length=4),
+        dict(terms="a", bias="kerple_log", learned_temperature=True),
+        dict(terms="a", forget_gate=True, score_scale="ssmax", log_n_length=4),
+        dict(terms="a", bias="fire", forget_gate=True),
     ]
     out = {}
     for k, fields in enumerate(cases):
         for causal, n_mem, backend in itertools.product(
-            [True, False], [0, 3], ["explicit", "sdpa", "blocks", "flex"]
+            [True, False], [0, 3], ["explicit", "sdpa", "blocks", "flex", "auto"]
         ):
             torch.manual_seed(k)
-            attn = RelPosAttention(
-                16,
-                2,
-                8,
-                AttentionConfig(
+            try:
+                config = AttentionConfig(
                     causal=causal,
                     backend=backend,
                     query_chunk=2,
                     num_buckets=8,
                     max_distance=6,
                     **fields,
-                ),
-            ).double()
+                )
+            except ConfigError:
+                continue
+            attn = RelPosAttention(16, 2, 8, config).double()
             with torch.no_grad():
                 for p in attn.parameters():
                     p.copy_(torch.randn_like(p) * 0.5)

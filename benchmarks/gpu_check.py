@@ -9,7 +9,7 @@ docs/performance.md, split below).
    block, the block kernel) against the explicit path in float64, forward and backward (the output,
    and the gradients of the input and every parameter), in fp32 (TF32 off) and under bf16 autocast,
    with memory, on small shapes. Failure: relative error of the norm above 1e-4 (fp32) or 2.5e-2
-   (bf16, as tests/test_attention_precision.py). CPU FlexAttention has no backward: there its
+   (bf16, as tests/model/test_attention_precision.py). CPU FlexAttention has no backward: there its
    forward only.
 2. DDP: one short training run (`relpos-ablate train`, Lightning DDP, NCCL) on every visible GPU.
 3. Timing: each scheme of benchmarks/attention.py (backend auto: FlexAttention) against
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import attention as bench  # benchmarks/attention.py: the timed schemes and their step
 from relpos_ablate import AttentionConfig, RelPosAttention
-from relpos_ablate.config.model import BIAS_TYPES
+from relpos_ablate.config.attention import BIAS_TYPES
 from relpos_ablate.io import atomic_write_text
 
 PARITY = {  # name -> AttentionConfig fields, small enough for float64 on any device

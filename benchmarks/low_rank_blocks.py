@@ -26,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from relpos_ablate.model.kernels import low_rank
+from relpos_ablate.model.kernels import key_offset_attention, low_rank
 from relpos_ablate.model.kernels.calibration import processor
 
 BLOCKS = (64, 128, 256, 512, 1024, 4096)
@@ -52,7 +52,7 @@ def timing(length: int) -> list[str]:
 
     def kernel(block, ordered=False):
         return lambda: (
-            low_rank.KeyOffsetAttention.apply(q, k, v, offsets, d**-0.5, block, ordered)
+            key_offset_attention.KeyOffsetAttention.apply(q, k, v, offsets, d**-0.5, block, ordered)
             .sum()
             .backward()
         )
@@ -135,7 +135,8 @@ def rounding(length: int) -> list[str]:
         [(f"{length}, sums in order", length, True)] if low_rank.ordered_sums() else []
     )
     for label, n, ordered in runs:
-        got = low_rank.KeyOffsetAttention.apply(q, k, v, offsets, scale, n, ordered).double()
+        attend = key_offset_attention.KeyOffsetAttention.apply
+        got = attend(q, k, v, offsets, scale, n, ordered).double()
         lines.append(
             f"| {label} | {float(slopes.max()) * n:.0f} | {(got - want).abs().max().item():.2e} | "
             f"{((got - want).norm() / want.norm()).item():.2e} |"
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{processor()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
         f"{platform.python_version()}, SPREAD_LIMIT {low_rank.SPREAD_LIMIT}, EXTRA "
-        f"{low_rank.EXTRA}, sums in order: {low_rank.ordered_sums()}\n"
+        f"{key_offset_attention.EXTRA}, sums in order: {low_rank.ordered_sums()}\n"
     )
     print("\n".join(timing(args.length)) + "\n")
     print("\n".join(chosen_blocks(args.length)) + "\n")

@@ -2,9 +2,9 @@
 checkpoint callbacks) against the plain PyTorch loop in relpos_ablate/train/plain.py, same model and
 data.
 
-Both loops do identical work (tests/test_train_plain.py checks their losses agree step by step), so
-the ratio is Lightning's overhead. Timing covers steps warmup..warmup+steps of each loop, CUDA
-synchronised at both ends; the runs alternate and the median of `--repeats` is reported.
+Both loops do identical work (tests/train/test_train_plain.py checks their losses agree step by
+step), so the ratio is Lightning's overhead. Timing covers steps warmup..warmup+steps of each loop,
+CUDA synchronised at both ends; the runs alternate and the median of `--repeats` is reported.
 
     python benchmarks/train_step.py                     # CPU, a small model
     python benchmarks/train_step.py --device cuda --set model.d_model=512 --set model.n_layers=8

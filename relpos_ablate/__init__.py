@@ -8,7 +8,7 @@ commands that only read run directories (`grid` reruns, `status`) start fast.
 from importlib import metadata as _metadata
 
 from relpos_ablate.config import AttentionConfig, ConfigError, ModelConfig, RunConfig
-from relpos_ablate.config.registry import register_bias
+from relpos_ablate.config.registry import register_bias, register_term
 
 __all__ = [
     "AttentionConfig",
@@ -20,6 +20,7 @@ __all__ = [
     "collect",
     "load_run",
     "register_bias",
+    "register_term",
 ]
 try:  # the installed distribution's version: pyproject.toml is its one source
     __version__ = _metadata.version("relpos-ablate")

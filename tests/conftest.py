@@ -1,5 +1,7 @@
-"""Shared test setup: small thread count (the CI machine has 2 cores), repo root on sys.path, and
---process-groups (make test runs the tests marked process_group alone, after the rest)."""
+"""Shared test setup: small thread count (the CI machine has 2 cores), tests/ on sys.path (so every
+subfolder imports the helpers of tests/fixtures/ as `fixtures.<module>`), --process-groups (make
+test runs the tests marked process_group alone, after the rest), and the fixtures used by name
+(`rand`, `fake_slurm`)."""
 
 import os
 import sys
@@ -10,6 +12,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from fixtures.attention import randomize
+
 torch.set_num_threads(1)
 # the kernels' fixed order, not a measured choice (kernels/calibration.py): a test's numbers never
 # depend on the machine's load; the calibration tests switch it on with their own cache.
@@ -57,47 +61,28 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-def randomize(module: torch.nn.Module, seed: int = 0, scale: float = 0.5) -> None:
-    """Overwrite every parameter with random values (so a missing term or table cannot hide behind
-    its init values); scalars that must stay positive (FIRE's c and threshold) stay positive."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            values = torch.randn(p.shape, generator=gen, dtype=torch.float64) * scale
-            if name.endswith(("threshold",)):
-                # small, so queries cross it in tests (FIRE's i-dependence)
-                values = 2.0 + values.abs() * 2
-            elif name.endswith((".c", ".a", ".p")) or name in ("c", "a", "p"):
-                values = 0.05 + values.abs()
-            p.copy_(values.to(p.dtype))
-
-
 @pytest.fixture
 def rand():
     return randomize
 
 
-def assert_memory_and_causality_exact(model) -> None:
-    """A TransformerLM (float64, eval, mem_len 6): segment 2 with memory equals the tail of one long
-    pass, and later tokens never change earlier outputs."""
-    tokens = torch.randint(0, 11, (2, 10), generator=torch.Generator().manual_seed(5))
-    full, _ = model(tokens)
-    _, mems = model(tokens[:, :6])
-    torch.testing.assert_close(model(tokens[:, 6:], mems)[0], full[:, 6:], rtol=1e-9, atol=1e-9)
-    changed = tokens.clone()
-    changed[:, 7:] = (changed[:, 7:] + 1) % 11
-    torch.testing.assert_close(model(changed)[0][:, :7], full[:, :7], rtol=1e-9, atol=1e-9)
+FAKE_SBATCH = """#!/bin/sh
+cp "$1" "{record}/script_$(ls {record} | wc -l).sh"
+echo "$@" >> "{record}/calls.txt"
+echo "Submitted batch job 4242"
+"""
 
 
-def fast_and_explicit_gradients(attn, x, mems, options):
-    """Gradients of a fixed weighting of the output w.r.t. x and every parameter, once through the
-    attention's fast kernels and once through its explicit scores: (fast, explicit) tuples."""
-    grads = []
-    for explicit in (False, True):
-        xx = x.clone().requires_grad_(True)
-        out, _ = attn(xx, mems, options, need_weights=explicit)
-        weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
-        grads.append(
-            torch.autograd.grad((out * weights).sum(), [xx, *attn.parameters()], allow_unused=True)
-        )
-    return grads
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch):
+    """`sbatch` that records its script and answers with a job id; `srun` so submitit sees a
+    cluster."""
+    bin_dir, record = tmp_path / "bin", tmp_path / "sbatch_record"
+    bin_dir.mkdir()
+    record.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH.format(record=record))
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("sbatch", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return record

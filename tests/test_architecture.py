@@ -15,7 +15,7 @@ import pytest
 from torch import nn
 
 from relpos_ablate import AttentionConfig, ModelConfig, TransformerLM
-from relpos_ablate.model.position import BiasScheme, bias_schemes
+from relpos_ablate.model.schemes import BiasScheme, bias_schemes
 
 PACKAGE = Path(__file__).resolve().parents[1] / "relpos_ablate"
 
@@ -144,34 +144,118 @@ def test_the_analysis_layer_names_no_study():
     )
 
 
-SCHEME_MODULES = (
-    "relpos_ablate.model.position",
-    "relpos_ablate.model.fox",
-    "relpos_ablate.model.cope",
-    "relpos_ablate.model.sinks",
-    "relpos_ablate.model.temperature",
-    "relpos_ablate.model.stick_breaking",
-    "relpos_ablate.model.path",
-    "relpos_ablate.model.dape",
+# ------------------------------------------------- the house (docs/architecture.md)
+KERNELS, SCHEMES = "relpos_ablate.model.kernels", "relpos_ablate.model.schemes"
+#: how the schemes are named in prose and code (the registry's names are added to these)
+SCHEME_WORDS = (
+    "FoX",
+    "CoPE",
+    "FIRE",
+    "ALiBi",
+    "KERPLE",
+    "DAPE",
+    "Shaw",
+    "stick.breaking",
+    "forget",
+    "contextual",
+    "pair_bias",
+    "log_decay",
+    "xPos",
+    "Sandwich",
 )
 
 
-def test_the_schemes_import_nothing_of_the_kernels():
-    """model/kernels/ holds how a call is computed (its contract in kernels/__init__.py); the
-    schemes say what the scores are and import nothing from it, so a kernel can change without
-    touching a scheme."""
+def _reached(prefix: str, target: str) -> set[tuple[str, str]]:
     graph = import_graph(PACKAGE)
-    schemes = [module for module in graph if module.startswith(SCHEME_MODULES)]
-    assert len(schemes) >= 10
-    reached = {
-        (module, target)
-        for module in schemes
-        for target in graph[module]
-        if target.startswith("relpos_ablate.model.kernels")
+    return {
+        (module, t)
+        for module, targets in graph.items()
+        if module.startswith(prefix)
+        for t in targets
+        if t.startswith(target)
     }
-    assert not reached
-    kernels = [module for module in graph if module.startswith("relpos_ablate.model.kernels.")]
-    assert len(kernels) == 11
+
+
+def test_the_schemes_import_nothing_of_the_kernels():
+    """model/kernels/ holds how a call is computed; the schemes say what the scores are (in their
+    forms, core/terms.py) and import nothing from it, so a kernel can change without touching a
+    scheme."""
+    assert len([m for m in import_graph(PACKAGE) if m.startswith(SCHEMES)]) >= 15
+    assert not _reached(SCHEMES, KERNELS)
+
+
+def test_the_kernels_import_no_config_and_no_scheme():
+    assert not _reached(KERNELS, "relpos_ablate.config")
+    assert not _reached(KERNELS, SCHEMES)
+
+
+def test_the_runner_imports_no_cli():
+    """The one arrow that pointed up: the fork server gets its command from its caller."""
+    assert not _reached("relpos_ablate.runner", "relpos_ablate.cli")
+
+
+def test_no_scheme_is_named_in_the_kernels():
+    """Kernels ask for a form, never for a scheme: no scheme's name in their code, docstrings or
+    comments."""
+    from relpos_ablate.config.registry import BUILTIN_BIASES, BUILTIN_TERMS
+
+    # ('dynamic', an English word, as in dynamic=False)
+    names = [*SCHEME_WORDS, *(n for n in (*BUILTIN_BIASES, *BUILTIN_TERMS) if n != "dynamic")]
+    pattern = re.compile(rf"\b({'|'.join(names)})\b", re.IGNORECASE)
+    path_scheme = re.compile(r"\bPaTH\b")  # (case matters: a path is not PaTH)
+    found = [
+        f"{path.name}:{n}: {line.strip()}"
+        for path in sorted((PACKAGE / "model" / "kernels").glob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) or path_scheme.search(line)
+    ]
+    assert not found, found
+
+
+def test_a_terms_own_tensor_is_named_in_its_file_only():
+    """FoX's Λ (log_decay) lives in schemes/fox.py: the call carries it inside the term."""
+    holders = [p for p in PACKAGE.rglob("*.py") if "log_decay" in p.read_text()]
+    assert [p.relative_to(PACKAGE).as_posix() for p in holders] == ["model/schemes/fox.py"]
+
+
+def test_the_call_is_geometry_and_terms():
+    """At most 10 fields, none named after a scheme (the schemes travel as terms)."""
+    import dataclasses
+
+    from relpos_ablate.model.core.call import AttentionCall
+
+    fields = [f.name for f in dataclasses.fields(AttentionCall)]
+    assert len(fields) <= 10, fields
+    pattern = re.compile("|".join(SCHEME_WORDS + ("decay", "bias", "linear", "saturation")), re.I)
+    assert not [name for name in fields if pattern.search(name)], fields
+
+
+def test_the_config_lists_no_scheme_names():
+    """Which kernels take which schemes is the planner's answer from the schemes' forms
+    (relpos_ablate/planner.py), so config/ holds no tuple or list of scheme names but the
+    registry's own and the presets (named encodings)."""
+    from relpos_ablate.config.registry import BUILTIN_BIASES, BUILTIN_TERMS
+
+    names = {*BUILTIN_BIASES, *BUILTIN_TERMS}
+    found = []
+    for path in (PACKAGE / "config").glob("*.py"):
+        if path.name in ("registry.py", "presets.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                listed = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if listed & names:
+                    found.append(f"{path.name}:{node.lineno}: {sorted(listed & names)}")
+    assert not found, found
+
+
+def test_no_module_is_over_400_lines():
+    long = {
+        p.relative_to(PACKAGE).as_posix(): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert not long, long
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
@@ -182,7 +266,7 @@ def test_a_forward_builds_its_attention_call_once(backend, autocast, monkeypatch
     import torch
 
     from relpos_ablate import AttentionConfig, RelPosAttention
-    from relpos_ablate.model.kernels.call import AttentionCall
+    from relpos_ablate.model.core.call import AttentionCall
 
     built = []
     init = AttentionCall.__init__
@@ -219,14 +303,17 @@ def test_the_band_kernel_derives_one_call_for_its_band(monkeypatch):
     import torch
 
     from relpos_ablate import AttentionConfig, RelPosAttention
-    from relpos_ablate.model.kernels.call import AttentionCall
+    from relpos_ablate.model.core.call import AttentionCall
 
     built = []
     init = AttentionCall.__init__
     monkeypatch.setattr(
         AttentionCall,
         "__init__",
-        lambda self, *a, **kw: (built.append(kw.get("far_from")), init(self, *a, **kw))[1],
+        lambda self, *a, **kw: (
+            built.append(kw.get("band", (None, None))[1]),
+            init(self, *a, **kw),
+        )[1],
     )
     attn = RelPosAttention(
         16,
@@ -243,11 +330,15 @@ def test_the_band_kernel_derives_one_call_for_its_band(monkeypatch):
 # out as a view), FlexAttention's point-wise twin, built by `_per_distance_mod` (flex.py:
 # FlexAttention traces the score_mod it returns rather than calling it, so the builder is what a
 # profile sees)
-SUM_SITES = {("call.py", "sum_terms"), ("block_maps.py", "mask"), ("flex.py", "_per_distance_mod")}
+SUM_SITES = {
+    ("call.py", "sum_terms"),
+    ("block_maps.py", "additive_map"),
+    ("flex.py", "_per_distance_mod"),
+}
 HOP_CASES = {  # name: (config fields, forward options, the sum site the case reaches)
     "explicit": (dict(terms="abcd", bias="t5", backend="explicit"), {}, "sum_terms"),
     "stored_sdpa": (dict(terms="abcd", bias="alibi", backend="sdpa"), {}, "sum_terms"),
-    "blocks_strided": (dict(terms="a", bias="alibi", backend="blocks"), {}, "mask"),
+    "blocks_strided": (dict(terms="a", bias="alibi", backend="blocks"), {}, "additive_map"),
     "blocks_materialised": (dict(terms="a", forget_gate=True, backend="blocks"), {}, "sum_terms"),
     "statistics": (dict(terms="abcd", bias="t5"), {"statistics": True}, "sum_terms"),
     "materialised_seam": (
@@ -271,7 +362,7 @@ def test_at_most_four_calls_from_forward_to_the_score_sum(case):
     import torch
 
     from relpos_ablate import RelPosAttention
-    from relpos_ablate.model.kernels.call import AttentionOptions
+    from relpos_ablate.model.core.options import AttentionOptions
 
     class Statistics:  # a StatisticsSink that keeps nothing
         def add(self, view, probs):
@@ -313,3 +404,23 @@ def test_at_most_four_calls_from_forward_to_the_score_sum(case):
     at_site = [n for name, n in reached if name == site and n is not None]
     assert at_site, f"{case} never reached {site}: {reached}"
     assert max(at_site) <= 4, reached
+
+
+def test_no_test_module_imports_another():
+    """Helpers shared by tests live in tests/fixtures/, never in another test module."""
+    tests = Path(__file__).resolve().parent
+    found = [
+        f"{path.relative_to(tests)}:{node.lineno}"
+        for path in tests.rglob("test_*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom | ast.Import)
+        and any(
+            name.startswith("test_")
+            for name in (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+            )
+        )
+    ]
+    assert not found, found

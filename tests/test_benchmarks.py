@@ -13,7 +13,7 @@ import pytest
 
 from fixtures.runner import write_spec
 from relpos_ablate.model.kernels import low_rank
-from relpos_ablate.model.kernels.block_maps import MaterialisedMaps
+from relpos_ablate.model.kernels.materialised_maps import MaterialisedMaps
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -61,7 +61,7 @@ def test_the_attention_benchmark_json_names_the_machine_and_the_kernels(tmp_path
     assert all(row["64"]["ratio"] > 0 for row in result["rows"])
     # ALiBi had two candidates in training (low-rank, block kernel): one measured choice; T5 one
     # candidate
-    alibi = [entry for key, entry in result["kernel_choices"].items() if "linear" in key]
+    alibi = [entry for key, entry in result["kernel_choices"].items() if "distance_slope" in key]
     assert alibi and all(set(entry["seconds"]) == {"low_rank", "blocks"} for entry in alibi)
     assert all(
         entry["choice"] == min(entry["seconds"], key=entry["seconds"].get) for entry in alibi
@@ -110,12 +110,13 @@ def test_swap_timing_runs_a_function_at_another_revision_beside_the_current_one(
     error."""
     bench = _load("swap_timing")
     current = MaterialisedMaps._masked
-    swap = bench.Swap("relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._masked@HEAD")
+    where = "relpos_ablate/model/kernels/materialised_maps.py"
+    swap = bench.Swap(f"{where}:MaterialisedMaps._masked@HEAD")
     swap.set(old=True)
     assert MaterialisedMaps._masked is swap.old is not current
     assert (
         swap.old.__globals__["__name__"]
-        == "relpos_ablate.model.kernels.block_maps@HEAD:relpos_ablate/model/kernels/block_maps.py"
+        == f"relpos_ablate.model.kernels.materialised_maps@HEAD:{where}"
     )
     swap.set(old=False)
     assert MaterialisedMaps._masked is current
@@ -128,7 +129,7 @@ def test_swap_timing_runs_a_function_at_another_revision_beside_the_current_one(
             "--rounds",
             "1",
             "--swap",
-            "relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._masked@HEAD",
+            "relpos_ablate/model/kernels/materialised_maps.py:MaterialisedMaps._masked@HEAD",
         ]
     )
     lines = capsys.readouterr().out.splitlines()

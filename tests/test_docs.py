@@ -286,7 +286,7 @@ def test_docs_anchors_cited_in_code_exist():
     sources = [
         *ROOT.glob("relpos_ablate/**/*.py"),
         *ROOT.glob("benchmarks/*.py"),
-        *ROOT.glob("tests/*.py"),
+        *ROOT.glob("tests/**/*.py"),
     ]
     for source in (path for path in sources if path.name != Path(__file__).name):
         for page, anchor in re.findall(r"\b(docs/[\w/.-]+\.md)(?:#([\w-]+))?", source.read_text()):

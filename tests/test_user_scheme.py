@@ -7,6 +7,7 @@ kernel agreement on it: test_bias_registry.py.) Run: pytest tests/test_user_sche
 s)
 """
 
+import importlib
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from docs_scheme import page_block, registered_example, write_example
+from fixtures.docs_scheme import page_block, registered_example, write_example
 from fixtures.runner import tiny_base
 from relpos_ablate.cli import main
 from relpos_ablate.config import registry
@@ -35,9 +36,9 @@ def test_the_readme_shows_the_pages_scheme():
 
 def test_the_pages_formula_test_passes(tmp_path):
     with registered_example(tmp_path):
-        import test_my_schemes
-
-        test_my_schemes.test_gaussian_is_minus_a_times_squared_distance()
+        # the page's own test file, as pytest would import it from the reader's folder
+        page_test = importlib.import_module("test_my_schemes")
+        page_test.test_gaussian_is_minus_a_times_squared_distance()
 
 
 def run_config(directory: Path) -> dict:

@@ -18,6 +18,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from relpos_ablate import rundir
+from relpos_ablate.analysis.run_labels import variant_label
 from relpos_ablate.analysis.settings import label
 from relpos_ablate.analysis.table_options import run_level
 from relpos_ablate.analysis.tables import runs_in_spec_order
@@ -46,9 +47,7 @@ def read_metrics(run_dir: str | Path) -> pd.DataFrame | None:
 
 def variant_runs(df: pd.DataFrame) -> dict[str, list[pd.Series]]:
     """The runs of the collected frame grouped by variant (the fields that tell runs apart, seed
-    excluded; plots.variant_label words them), variants and seeds in the spec's order."""
-    from relpos_ablate.analysis.plots import variant_label  # plots imports the figure modules
-
+    excluded; run_labels.variant_label words them), variants and seeds in the spec's order."""
     keys, ordered = runs_in_spec_order(run_level(df), df)
     variants: dict[str, list[pd.Series]] = {}
     for run in ordered:

@@ -107,8 +107,8 @@ def decay_curves(model, details: dict, n_mem: int) -> dict[int, tuple[np.ndarray
 
 def _xpos_curves(attn, distances: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """ζ_p^(r/B) for five rotary pairs from the fastest to the slowest: [5, n] and their labels."""
-    from relpos_ablate.config.model import rotary_width
-    from relpos_ablate.model.position import xpos_decay
+    from relpos_ablate.config.scheme_checks import rotary_width
+    from relpos_ablate.model.schemes import xpos_decay
 
     zeta = xpos_decay(rotary_width(attn.config, attn.d_head)).numpy()
     pairs = sorted({round(k * (len(zeta) - 1) / 4) for k in range(5)})

@@ -5,7 +5,8 @@ run's per-head bias curves and attention heatmaps with a choice of variant, seed
 Drawn by the project's own figure code (tables via analysis/layouts + render's Table,
 extrapolation.py, curves.py, figures.py), each figure a PNG embedded as a base64 data URI; the only
 script is inline and the page names no other file or address, so it opens offline. A figure that
-cannot be drawn leaves its section with the one-line reason instead.
+cannot be drawn leaves its section with the one-line reason instead. The status and table
+sections are html_sections.py's; this module holds the figures, the per-run explorers and the page.
 
 The explorers hold one pre-rendered image per (run, layer, head): their cost grows with the grid
 (about 40 kB an image; experiments/tour.yaml's 9 runs: 122 images, 5 MB, docs/guide/plots.md);
@@ -15,10 +16,8 @@ MAX_IMAGES bounds it and the page says where it stopped.
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -26,7 +25,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from relpos_ablate.analysis import figures
-from relpos_ablate.analysis.render import Cell, Table, format_stat, render
+from relpos_ablate.analysis.html_sections import esc, notes_html, status_section, table_section
+from relpos_ablate.analysis.model_figures import attention_lengths, inspect_run, sample_decays
 from relpos_ablate.analysis.settings import label
 from relpos_ablate.config import ConfigError
 
@@ -86,119 +86,6 @@ def png_uri(fig: Figure) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def esc(text) -> str:
-    return html.escape(str(text))
-
-
-def notes_html(notes: list[str]) -> str:
-    return "".join(f'<p class="note">{esc(line)}</p>' for line in notes)
-
-
-# ---------------------------------------------------------------- status and cost
-
-
-def status_section(variants: dict[str, list[pd.Series]]) -> str:
-    """A row per run (variant, seed, id, state and reason, steps, wall time), then the totals."""
-    rows, wall, steps, states = [], 0.0, 0, {}
-    for name, runs in variants.items():
-        for run in runs:
-            state = str(run.get("status"))
-            states[state] = states.get(state, 0) + 1
-            seconds = _number(run.get("wall_time_s"))
-            step = _number(run.get("step"))
-            wall += 0.0 if math.isnan(seconds) else seconds
-            steps += 0 if math.isnan(step) else int(step)
-            reason = run.get("reason")
-            cells = [
-                name,
-                label(run.get("seed")),
-                run.get("run_id"),
-                state + (f": {reason}" if isinstance(reason, str) and reason else ""),
-            ]
-            rows.append(
-                "<tr>"
-                + "".join(f'<td class="label">{esc(c)}</td>' for c in cells)
-                + f"<td>{_count(step)} / {_count(_number(run.get('max_steps')))}</td>"
-                + f"<td>{'—' if math.isnan(seconds) else f'{seconds:.1f}'}</td></tr>"
-            )
-    head = (
-        "".join(f'<th class="label">{h}</th>' for h in ("variant", "seed", "run id", "state"))
-        + "<th>steps / max</th><th>wall time (s)</th>"
-    )
-    counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
-    total = (
-        f"<p>{sum(states.values())} runs ({counts}); {steps} training steps, "
-        f"{wall:.1f} s of wall time in all (the runs' own clocks: runs on parallel slots "
-        f"overlap).</p>"
-    )
-    return total + f"<table><tr>{head}</tr>{''.join(rows)}</table>"
-
-
-def _number(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _count(value: float) -> str:
-    return "—" if math.isnan(value) else str(int(value))
-
-
-# ---------------------------------------------------------------- the table
-
-
-def table_section(df: pd.DataFrame, layouts: Mapping | None = None) -> tuple[str, list[str]]:
-    """The table `relpos-ablate table DIR` makes (the spec's table: block, else defaults from the
-    data) with its tests against the baseline: the block's, else the first row's (`--baseline
-    <first row>`); as HTML, and as the Markdown text the command prints. `layouts`: the studies'
-    (relpos_ablate.studies.layouts(), which the command line passes: this layer names no study)."""
-    from relpos_ablate.analysis.layouts import make_table
-    from relpos_ablate.analysis.table_options import TableOptions, left_out_runs
-
-    table, resolved = make_table(df, TableOptions(format="markdown"), layouts)
-    notes = []
-    if resolved.baseline is None and len(table.rows) > 1:
-        first = ",".join(table.rows[0][0])
-        try:
-            options = TableOptions(format="markdown", baseline=first)
-            table, resolved = make_table(df, options, layouts)
-        except ConfigError as err:  # a label the baseline option cannot name (a comma in it)
-            notes.append(f"no tests against the first row {first!r}: {err}")
-    notes += left_out_runs(df, resolved.metric, resolved.rows)  # `table` warns of them likewise
-    text = render(table, "markdown")
-    parts = [table_html(t) for t in (table, table.appendix) if t is not None]
-    source = f"<details><summary>as Markdown</summary><pre>{esc(text)}</pre></details>"
-    return "".join(parts) + notes_html(notes) + source, notes
-
-
-def table_html(table: Table) -> str:
-    """A Table as an HTML table: best cells bold, stars after the value; caption, notes, the tests
-    and their power line under it."""
-    head = "".join(f'<th class="label">{esc(c)}</th>' for c in table.index) + "".join(
-        f"<th>{esc(c)}</th>" for c in table.columns
-    )
-    body = []
-    for labels, values in table.rows:
-        cells = "".join(f'<td class="label">{esc(v)}</td>' for v in labels)
-        cells += "".join(f"<td>{_cell(v, table)}</td>" for v in values)
-        body.append(f"<tr>{cells}</tr>")
-    tests = "".join(f"<li>{esc(line)}</li>" for line in table.tests)
-    return (
-        f"<table><tr>{head}</tr>{''.join(body)}</table><p>{esc(table.caption)}</p>"
-        + notes_html(table.notes)
-        + (f"<p>Tests:</p><ul>{tests}</ul>" if tests else "")
-        + (f"<p>{esc(table.power)}</p>" if table.power else "")
-    )
-
-
-def _cell(value, table: Table) -> str:
-    if not isinstance(value, Cell):
-        return "—" if value is None else esc(value)
-    text = esc(format_stat(value, table.decimals, table.show_n))
-    return (f"<b>{text}</b>" if value.best else text) + esc(value.stars)
 
 
 # ---------------------------------------------------------------- figures of the collected frame
@@ -293,7 +180,7 @@ def run_explorers(
             except ConfigError as err:
                 bias.reasons[run_key] = attention.reasons[run_key] = f"{title}: {err.message}"
                 continue
-            details, n_mem = plots.inspect_run(config, model, sampler)
+            details, n_mem = inspect_run(config, model, sampler)
             layers = max(layers, len(details["probs"]))
             heads = max(heads, details["probs"][0].shape[1])
             draw_run_bias(bias, (v, s), title, config, model, run, sampler)
@@ -316,8 +203,6 @@ def draw_run_bias(
 ) -> None:
     """Per layer, a panel per curve source of that layer (figures.bias_sources), every head's curve
     drawn and the chosen head's in bold: one image per (layer, head)."""
-    from relpos_ablate.analysis import plots
-
     sources = figures.bias_sources(model)
     if not sources:
         try:
@@ -325,8 +210,8 @@ def draw_run_bias(
         except ConfigError as err:
             explorer.reasons["|".join(map(str, key))] = err.message.split("; try")[0]
         return
-    train, longest = plots.attention_lengths(config, Path(run["run_dir"]))
-    decays = plots.sample_decays(config, model, sampler)
+    train, longest = attention_lengths(config, Path(run["run_dir"]))
+    decays = sample_decays(config, model, sampler)
     names = model.layer_names()
     heads = min(model.attention_layers()[0].n_heads, figures.MAX_HEATMAP_HEADS)
     every = {source: figures.bias_panels(model, source) for source in sources}

@@ -6,7 +6,7 @@ allowed>`) and exits with status 2.
 
 The command modules import what a command needs (torch, pandas, the runner) inside the function
 that runs it, not at the top: `--help`, `status` and the rerun of a finished grid start in a
-fraction of a second and never load torch (tests/test_runner_local.py checks the rerun).
+fraction of a second and never load torch (tests/runner/test_runner_local.py checks the rerun).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "relpos_ablate.cli.train",
     "relpos_ablate.cli.grid",
     "relpos_ablate.cli.report",
+    "relpos_ablate.cli.plot",
     "relpos_ablate.cli.evaluate",
 )
 

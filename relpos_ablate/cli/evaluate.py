@@ -196,7 +196,7 @@ def _in_process(plans) -> int:
 
 
 def _on_slots(plans, args: argparse.Namespace) -> int:
-    from relpos_ablate.cli.grid import slots_for
+    from relpos_ablate.cli.grid_slots import slots_for
     from relpos_ablate.runner.evaluate import evaluate_on_slots
 
     slots = slots_for(args)

@@ -1,4 +1,7 @@
-"""`relpos-ablate grid SPEC` (run a sweep locally or on SLURM) and `relpos-ablate status DIR`."""
+"""`relpos-ablate grid SPEC` (run a sweep locally or on SLURM) and `relpos-ablate status DIR`.
+
+The flags turned into slots: cli/grid_slots.py; the SLURM submission: cli/grid_slurm.py.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from relpos_ablate.cli import UsageError, check_dir_arg
-
-SLURM_FLAGS = ("partition", "time", "gpus", "nodes", "account", "array_parallelism")
+from relpos_ablate.cli import UsageError
+from relpos_ablate.cli.grid_slots import check_flags, check_runs_fit, slots_for
+from relpos_ablate.cli.grid_slurm import submit
 
 
 def register(subparsers) -> None:
@@ -131,7 +134,7 @@ def register(subparsers) -> None:
 def cmd_grid(args: argparse.Namespace) -> int:
     from relpos_ablate.runner.grid import GridSpecError, load_grid
 
-    _check_flags(args)
+    check_flags(args)
     try:
         spec = load_grid(args.spec)
     except GridSpecError as err:
@@ -145,120 +148,8 @@ def cmd_grid(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(spec, args)
     if args.launcher == "slurm":
-        return _submit(spec, args)
+        return submit(spec, args)
     return _run_local(spec, args)
-
-
-def _check_flags(args: argparse.Namespace) -> None:
-    """Contradictory or out-of-range flags are one-line usage errors, never silently ignored."""
-    if args.devices is not None and args.slots is not None:
-        raise UsageError("--devices (GPUs) and --slots (CPU) exclude each other; give one")
-    if args.slots is not None and args.slots < 1:
-        raise UsageError(f"--slots: {args.slots} is out of range; allowed >= 1")
-    if args.runs_per_device is not None and args.runs_per_device < 1:
-        raise UsageError(f"--runs-per-device: {args.runs_per_device} is out of range; allowed >= 1")
-    if args.runs_per_device is not None and args.slots is not None:
-        raise UsageError(
-            "--runs-per-device applies to GPUs; with --slots give the number of CPU slots only"
-        )
-    if args.gpus_per_run is not None and args.gpus_per_run < 1:
-        raise UsageError(f"--gpus-per-run: {args.gpus_per_run} is out of range; allowed >= 1")
-    if args.gpus_per_run is not None and args.slots is not None:
-        raise UsageError("--gpus-per-run groups GPUs; CPU slots (--slots) train one process each")
-    given = [
-        f"--{name.replace('_', '-')}" for name in SLURM_FLAGS if getattr(args, name) is not None
-    ]
-    given += ["--wait"] if args.wait else []
-    if args.launcher == "local" and given:
-        raise UsageError(
-            f"{', '.join(given)}: only with --launcher slurm"
-            + (" (a local grid always waits)" if args.wait else "")
-        )
-    if args.launcher == "slurm" and (
-        args.devices or args.slots or args.runs_per_device or args.gpus_per_run
-    ):
-        raise UsageError(
-            "--devices/--slots/--runs-per-device/--gpus-per-run are for --launcher local; SLURM "
-            "jobs use --gpus (per node) and --nodes"
-        )
-    if args.devices is not None:
-        _group_devices(_parse_devices(args.devices), args.gpus_per_run or 1)
-    check_dir_arg("--results", args.results)
-
-
-def _parse_devices(text: str) -> list[int]:
-    try:
-        devices = [int(item) for item in text.split(",")]
-    except ValueError:
-        raise UsageError(f"--devices: {text!r}: give GPU numbers like 0,1,2,3") from None
-    if len(set(devices)) != len(devices):
-        raise UsageError(
-            f"--devices: {text!r} lists a GPU twice; use --runs-per-device for several runs per GPU"
-        )
-    return devices
-
-
-def _group_devices(devices: list[int], gpus_per_run: int) -> list[int]:
-    if len(devices) % gpus_per_run:
-        raise UsageError(
-            f"--gpus-per-run: {len(devices)} GPU(s) do not form groups of {gpus_per_run}; "
-            f"give a multiple of {gpus_per_run} in --devices"
-        )
-    return devices
-
-
-def _visible(devices: list[int], visible: int) -> list[int]:
-    bad = [d for d in devices if not 0 <= d < visible]
-    if bad:
-        raise UsageError(
-            f"--devices: GPU {bad[0]} is not visible; allowed 0..{visible - 1}"
-            if visible
-            else "--devices: no CUDA GPU is visible; use --slots N for CPU slots"
-        )
-    return devices
-
-
-def slots_for(args: argparse.Namespace) -> list:
-    """The slots the flags ask for. Counting GPUs imports torch (seconds), so call it only when a
-    run is to be launched: the rerun of a finished grid stays torch-free."""
-    from relpos_ablate.runner.local import cpu_slots, gpu_slots
-    from relpos_ablate.runner.worker import available_cores
-
-    if args.slots is not None:
-        return cpu_slots(args.slots)
-    import torch
-
-    visible = torch.cuda.device_count()
-    group = args.gpus_per_run or 1
-    if args.devices is not None:
-        devices = _visible(_parse_devices(args.devices), visible)
-    elif visible:
-        # whole groups of the visible GPUs
-        devices = _group_devices(list(range(visible // group * group)), group)
-    else:
-        if args.runs_per_device is not None or args.gpus_per_run is not None:
-            flag = "--runs-per-device" if args.runs_per_device is not None else "--gpus-per-run"
-            raise UsageError(f"{flag}: no CUDA GPU is visible; use --slots N for CPU slots")
-        return cpu_slots(max(1, available_cores() // 2))
-    if not devices:
-        raise UsageError(f"--gpus-per-run: {group} is more than the {visible} visible GPU(s)")
-    return gpu_slots(devices, args.runs_per_device or 1, gpus_per_run=group)
-
-
-def _check_runs_fit(plans, processes: int, flag: str) -> None:
-    """Every run to launch can split its streams over `processes` (one line naming the first that
-    cannot)."""
-    from relpos_ablate.config import ConfigError, check_world_size
-    from relpos_ablate.runner.display import short_variant
-
-    for plan in plans:
-        try:
-            check_world_size(plan.run.config, processes)
-        except ConfigError as err:
-            raise UsageError(
-                f"{flag}: run {plan.run.run_id} [{short_variant(plan.run.variant)}] cannot be "
-                f"split over {processes} processes: {err}"
-            ) from None
 
 
 def _dry_run(spec, args: argparse.Namespace) -> int:
@@ -307,7 +198,7 @@ def _run_local(spec, args: argparse.Namespace) -> int:
         plan for plan in plan_grid(spec, args.results, args.retry_failed) if plan.action != "skip"
     ]
     slots = slots_for(args) if pending else []
-    _check_runs_fit(
+    check_runs_fit(
         pending,
         max((len(slot.gpu.split(",")) for slot in slots if slot.gpu), default=1),
         "--gpus-per-run",
@@ -358,76 +249,6 @@ def _print_summary(console, spec, outcome, plans, retry_failed: bool) -> None:
         console.print(
             f"stopped by {outcome.stopped}; rerun the same command to resume", highlight=False
         )
-
-
-def _submit(spec, args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from relpos_ablate.rundir import read_status
-    from relpos_ablate.runner.slurm import submit_grid
-    from relpos_ablate.runner.store import plan_grid
-
-    overrides = {
-        name: getattr(args, name) for name in SLURM_FLAGS if getattr(args, name) is not None
-    }
-    launcher = dataclasses.replace(spec.launcher, **overrides)
-    _check_runs_fit(
-        [p for p in plan_grid(spec, args.results, args.retry_failed) if p.action != "skip"],
-        max(1, launcher.gpus) * launcher.nodes,
-        "--gpus/--nodes",
-    )
-    submitted = submit_grid(spec, args.results, launcher, retry_failed=args.retry_failed)
-    if not submitted:
-        plans = plan_grid(spec, args.results, args.retry_failed)
-        open_runs = [p for p in plans if (read_status(p.run_dir) or {}).get("state") != "done"]
-        print(
-            f"grid {spec.name}: nothing to submit; "
-            + (
-                f"{len(open_runs)} run(s) failed or running elsewhere, see relpos-ablate status "
-                f"{args.results / spec.name}"
-                if open_runs
-                else "every run is done"
-            )
-        )
-        return 1 if open_runs else 0
-    job_ids = sorted({str(job.job_id).split("_")[0] for _plan, job in submitted})
-    print(
-        f"grid {spec.name}: submitted {len(submitted)} run(s) as SLURM job {', '.join(job_ids)}; "
-        + (
-            "following them to the end"
-            if args.wait
-            else f"follow with: relpos-ablate status {args.results / spec.name}"
-        )
-    )
-    return _wait_for_jobs(spec, submitted) if args.wait else 0
-
-
-def _wait_for_jobs(spec, submitted) -> int:
-    """The live table of the submitted runs until every job has ended; 0 when all are done,
-    else 1."""
-    from relpos_ablate.rundir import read_status
-    from relpos_ablate.runner.display import make_console, make_display, row_for, run_table
-    from relpos_ablate.runner.slurm import follow
-
-    console = make_console()
-    display = make_display(console)
-
-    def table():
-        rows = [
-            row_for(plan.run_dir, plan.run.variant, probe_lock=True) for plan, _job in submitted
-        ]
-        return run_table(rows, title=f"grid {spec.name}", live=display.live)
-
-    with display:
-        follow(submitted, lambda: display.refresh(table()))
-    if not display.live:
-        console.print(table())
-    states = [(read_status(plan.run_dir) or {}).get("state") for plan, _job in submitted]
-    print(
-        f"grid {spec.name}: "
-        + ", ".join(f"{states.count(s)} {s}" for s in sorted(set(map(str, states))))
-    )
-    return 0 if all(state == "done" for state in states) else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
-"""`relpos-ablate collect | table | plot`: results dir -> summary frame, paper-style tables,
-figures."""
+"""`relpos-ablate collect | table | report`: results dir -> summary frame, paper-style tables, the
+studies' reports (`plot`: cli/plot.py; the results each reads: cli/sources.py)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,11 @@ from pathlib import Path
 
 from relpos_ablate import rundir
 from relpos_ablate.cli import UsageError
-from relpos_ablate.studies import (
-    FIGURE_KINDS as STUDY_FIGURES,
-)
-from relpos_ablate.studies import (
-    LAYOUT_NAMES,
-)
-from relpos_ablate.studies import (
-    SUMMARY_FIGURES as STUDY_SUMMARY_FIGURES,
-)
+from relpos_ablate.cli.sources import collected, frame_of, keys, planned_only
+from relpos_ablate.studies import LAYOUT_NAMES
 
 SUFFIX_FORMATS = {".md": "markdown", ".tex": "latex", ".csv": "csv"}
 SUMMARY_COLUMNS = ("run_id", "status", "seed", "segment_len", "mem_len", "attn_len")
-MAX_PROBLEMS = 20
-SUMMARY_FIGURES = ("extrapolation", *STUDY_SUMMARY_FIGURES)
-"""Plot kinds drawn from the collected frame alone, so also from a committed summary.csv."""
 CORRECTION_CHOICES = ("holm", "bh", "none")
 """Multiple-comparison corrections (analysis/stats.py CORRECTIONS; text here so --help needs no
 scipy)."""
@@ -192,132 +182,11 @@ def register(subparsers) -> None:
     )
     p.set_defaults(func=cmd_report)
 
-    p = subparsers.add_parser(
-        "plot",
-        help="bias curves, attention / term heatmaps, extrapolation, loss-by-position and "
-        "training curves, length generalization, attention diagnostics, passkey retrieval",
-        description="On a run dir: that run's figure. On a grid dir: one per run plus an overview "
-        "(extrapolation and position-loss: one figure of every run; lengthgen: exact match "
-        "against task length, one panel per task; diagnostics: one per task; passkey: the depth "
-        "tasks (passkey, niah_*, variable_tracking), a row of panels per task, one panel per "
-        "variant).",
-    )
-    p.add_argument(
-        "target",
-        type=Path,
-        help="a run dir or a results dir; for the kinds drawn from the collected "
-        f"frame alone ({', '.join(SUMMARY_FIGURES)}) also a summary.csv that "
-        "collect wrote",
-    )
-    p.add_argument(
-        "--kind",
-        required=True,
-        choices=(
-            "bias",
-            "attention",
-            "terms",
-            "extrapolation",
-            "position-loss",
-            "curves",
-            *STUDY_FIGURES,
-        ),
-        help=f"curves: training curves from each run's {rundir.METRICS}, loss against step, a "
-        "line per variant (mean over seeds, min-max band); position-loss: mean loss by position "
-        "in the segment / window, one panel per evaluation setting; lengthgen: example tasks, a "
-        "line per variant (mean over seeds, min-max band), training lengths shaded; lr-sweep: the "
-        "fair-baselines study, valid ppl against train.lr per encoding and each one's test ppl "
-        "at its best lr over the best encoding's; context: the Transformer-XL study, each "
-        "model's ppl against the context it sees on its RECL ladder (memory or sliding windows)",
-    )
-    p.add_argument("--out", type=Path, help="folder for the figures (default: TARGET/figures)")
-    p.add_argument(
-        "--metric",
-        help="extrapolation, lengthgen, passkey: the metric shown (default: the main metric); "
-        f"curves: a {rundir.METRICS} column (default: train_loss, and val_loss when logged)",
-    )
-    p.add_argument(
-        "--x",
-        default="segment_len",
-        choices=("segment_len", "attn_len"),
-        help="extrapolation: x axis",
-    )
-    p.add_argument(
-        "--y",
-        default="value",
-        choices=("value", "ratio"),
-        help="extrapolation: the metric, or its ratio to each run's metric at its training length",
-    )
-    p.add_argument(
-        "--panels",
-        metavar="FIELD",
-        help="extrapolation: a panel per value of this field (default: "
-        "the protocol, when it varies)",
-    )
-    p.add_argument(
-        "--family-rows",
-        action="store_true",
-        help="extrapolation: a row of panels per encoding family (absolute, rotary, bias, "
-        "data-dependent, other), each with its own y range; without it, families share a row "
-        "unless a panel would hold more than 10 lines",
-    )
-    p.add_argument(
-        "--where",
-        nargs="+",
-        metavar="FIELD=VALUE",
-        help="extrapolation: keep only these evaluations (default: the spec's table: where)",
-    )
-    p.add_argument("--layer", type=int, default=-1, help="terms: layer index (default: the last)")
-    p.add_argument("--head", type=int, default=0, help="terms: head index")
-    p.add_argument(
-        "--log-distance",
-        action="store_true",
-        help="bias: distance on a log scale (symmetric, linear within ±1)",
-    )
-    p.add_argument(
-        "--formats", default="png,pdf", help="comma-separated figure formats (png, pdf, svg)"
-    )
-    p.set_defaults(func=cmd_plot)
-
-
-def _collect(directory: Path):
-    """collect() with its problems printed as warnings; a missing dir is a one-line error."""
-    from relpos_ablate.analysis.collect import collect
-
-    if not directory.is_dir():
-        raise UsageError(f"{directory}: not a directory")
-    frame = collect(directory)
-    problems = frame.attrs["problems"]
-    for line in problems[:MAX_PROBLEMS]:
-        print(f"warning: {line}", file=sys.stderr)
-    if len(problems) > MAX_PROBLEMS:
-        print(f"warning: ... and {len(problems) - MAX_PROBLEMS} more problems", file=sys.stderr)
-    return frame
-
-
-def _frame(source: Path | list[Path]):
-    """The collected frame of a results dir, or of the summary.csv `collect` wrote of one (the
-    committed studies' data: their run dirs stay local); of several, their runs together."""
-    from relpos_ablate.analysis.collect import merge_frames, read_summary
-
-    if isinstance(source, list):
-        frames = [_frame(one) for one in source]
-        merged = frames[0]
-        for frame in frames[1:]:
-            merged = merge_frames(frame, merged)
-        return merged
-    if source.suffix == ".csv":
-        if not source.is_file():
-            raise UsageError(
-                f"{source}: not found; give a results dir or a summary.csv that `collect` wrote"
-            )
-        return read_summary(source)
-    return _collect(source)
-
 
 def cmd_collect(args: argparse.Namespace) -> int:
     from relpos_ablate.io import atomic_write_bytes, atomic_write_text
 
-    frame = _collect(args.dir)
+    frame = collected(args.dir)
     if args.merge is not None:
         from relpos_ablate.analysis.collect import merge_frames, read_summary
 
@@ -327,7 +196,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             )
         frame = merge_frames(frame, read_summary(args.merge))
     if args.spec:
-        frame = _planned_only(frame, args.spec)
+        frame = planned_only(frame, args.spec)
     runs = frame.drop_duplicates("run_id") if "run_id" in frame else frame
     states = (
         ", ".join(f"{n} {s}" for s, n in runs["status"].value_counts().items())
@@ -361,29 +230,6 @@ def cmd_collect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _planned_only(frame, specs: list[Path]):
-    """The rows of the runs the grid specs plan; the others are dropped with a one-line note."""
-    from relpos_ablate.config import ConfigError
-    from relpos_ablate.runner.grid import load_grid
-
-    planned: set[str] = set()
-    for spec in specs:
-        try:
-            planned |= {run.run_id for run in load_grid(spec).runs}
-        except (OSError, ConfigError) as err:
-            raise UsageError(f"--spec: {spec}: {err}") from None
-    kept = frame[frame["run_id"].isin(planned)]
-    dropped = sorted(set(frame["run_id"]) - planned)
-    if dropped:
-        print(
-            f"--spec: dropped {len(dropped)} runs no spec plans ({', '.join(dropped[:5])}"
-            f"{', ...' if len(dropped) > 5 else ''})",
-            file=sys.stderr,
-        )
-    kept.attrs.update(frame.attrs)
-    return kept
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     if args.html is not None:
         _html_report(args.source, args.html)
@@ -391,7 +237,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             return 0
     from relpos_ablate.studies import make_report
 
-    return _emit(make_report(_frame(args.source), args.correction), args.out)
+    return _emit(make_report(frame_of(args.source), args.correction), args.out)
 
 
 def _html_report(sources: list[Path], out: Path) -> None:
@@ -405,7 +251,7 @@ def _html_report(sources: list[Path], out: Path) -> None:
             "--html: give one results dir (the page reads its run dirs: training curves, "
             "trained weights), not a summary.csv or several sources"
         )
-    frame = _collect(sources[0])
+    frame = collected(sources[0])
     for line in write_html_report(frame, out, str(sources[0]), layouts=layouts()):
         print(f"warning: {line}", file=sys.stderr)
     print(f"wrote {out}", file=sys.stderr)
@@ -423,8 +269,8 @@ def cmd_table(args: argparse.Namespace) -> int:
         )
     fmt = args.format or (SUFFIX_FORMATS.get(args.out.suffix) if args.out else None)
     options = TableOptions(
-        rows=_keys(args.rows),
-        cols=_keys(args.cols),
+        rows=keys(args.rows),
+        cols=keys(args.cols),
         metric=args.metric,
         baseline=args.baseline,
         correction=args.correction,
@@ -433,7 +279,7 @@ def cmd_table(args: argparse.Namespace) -> int:
         best_over=args.best_over,
         select_split=args.select_split,
         report_split=args.report_split,
-        where=_keys(args.where),
+        where=keys(args.where),
     )
     frame = _table_frame(args)
     table, resolved = make_table(frame, options)
@@ -450,7 +296,7 @@ def _table_frame(args: argparse.Namespace):
     from relpos_ablate.analysis.collect import pool_frames
     from relpos_ablate.analysis.sources import one_copy_per_run, planned_by_their_specs
 
-    found = {path: _frame(path) for path in args.dir}
+    found = {path: frame_of(path) for path in args.dir}
     runs = {path: frame.get("run_dir", frame.index).nunique() for path, frame in found.items()}
     paths = sorted(found, key=lambda path: (-runs[path], str(path)))
     frames, lines = [found[path] for path in paths], []
@@ -460,7 +306,7 @@ def _table_frame(args: argparse.Namespace):
             lines += notes
     frame = pool_frames(frames, [str(path) for path in paths])
     if args.spec:
-        frame = _planned_only(frame, args.spec)
+        frame = planned_only(frame, args.spec)
     frame, notes = one_copy_per_run(frame)
     for line in [*lines, *notes]:
         print(f"warning: {line}", file=sys.stderr)
@@ -476,71 +322,3 @@ def _emit(text: str, out: Path | None) -> int:
         print(f"wrote {out}", file=sys.stderr)
     else:
         print(text, end="")
-
-
-def _keys(values: list[str] | None) -> tuple[str, ...] | None:
-    """`--rows a b` and `--rows a,b` alike."""
-    if values is None:
-        return None
-    return tuple(part for value in values for part in value.split(",") if part)
-
-
-def cmd_plot(args: argparse.Namespace) -> int:
-    from relpos_ablate.analysis import plots
-
-    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
-    bad = [f for f in formats if f not in plots.FIGURE_FORMATS]
-    if bad or not formats:
-        raise UsageError(
-            f"--formats: {','.join(bad) or 'nothing'} not allowed; choose from "
-            f"{', '.join(plots.FIGURE_FORMATS)}"
-        )
-    from_csv = args.target.suffix == ".csv"
-    if from_csv and args.kind not in SUMMARY_FIGURES:
-        raise UsageError(
-            f"--kind {args.kind} reads the run dirs (trained models, evaluation records), not a "
-            f"summary.csv; from a summary.csv: {', '.join(SUMMARY_FIGURES)}"
-        )
-    if not (args.target.is_file() if from_csv else args.target.is_dir()):
-        raise UsageError(f"{args.target}: not {'found' if from_csv else 'a directory'}")
-    out = args.out or (args.target.parent if from_csv else args.target) / "figures"
-    if args.kind in STUDY_FIGURES:
-        from relpos_ablate.studies import figure
-
-        written, notes = figure(args.kind)(_frame(args.target), out, formats, args)
-    # from the runs, or from the summary.csv collect wrote of them
-    elif args.kind == "extrapolation":
-        written, notes = plots.save_extrapolation(
-            _frame(args.target),
-            out,
-            metric=args.metric,
-            x=args.x,
-            y=args.y,
-            panels=args.panels,
-            split_families=args.family_rows,
-            where=_keys(args.where),
-            formats=formats,
-        )
-    elif args.kind == "curves":
-        from relpos_ablate.analysis.curves import save_curves
-
-        written, notes = save_curves(_collect(args.target), out, args.metric, formats)
-    elif args.kind == "position-loss":
-        from relpos_ablate.analysis.positions import save_position_loss
-
-        written, notes = save_position_loss(_collect(args.target), out, formats=formats)
-    else:
-        written, notes = plots.save_model_figures(
-            _collect(args.target),
-            args.kind,
-            out,
-            layer=args.layer,
-            head=args.head,
-            formats=formats,
-            log_distance=args.log_distance,
-        )
-    for line in notes:
-        print(f"warning: {line}", file=sys.stderr)
-    for path in written:
-        print(path)
-    return 0

@@ -1,9 +1,10 @@
 """Frozen, validated dataclasses for every part of a run (see base.py for the machinery, yaml_io.py
 for YAML files and --set overrides)."""
 
+from relpos_ablate.config.attention import BIAS_TYPES, AttentionConfig
 from relpos_ablate.config.base import ConfigError, describe, from_dict, to_plain
 from relpos_ablate.config.data import DataConfig
-from relpos_ablate.config.model import BIAS_TYPES, AttentionConfig, ModelConfig
+from relpos_ablate.config.model import ModelConfig
 from relpos_ablate.config.run import (
     HOW_TO_RUN,
     EvalConfig,

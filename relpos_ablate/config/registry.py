@@ -1,15 +1,20 @@
-"""The bias-type registry: every allowed value of `model.attention.bias` and the class behind it.
+"""The scheme registry: every allowed value of `model.attention.bias` and of
+`model.attention.term_schemes`, the class behind each, and the forms it supplies.
 
-This is the one list of bias names: config validation, `--help`, the grid's `encoding:` presets and
-the tests read it here, and the model builds a scheme from it. It is torch-free on purpose:
-validating a config (and rerunning a finished grid) must not import torch, so a built-in scheme is
-registered as "module:Class" text and its module is imported only when a model is built.
+This is the one list of scheme names: config validation, `--help`, the grid's `encoding:` presets,
+the kernel planner (relpos_ablate/planner.py) and the tests read it here, and the model builds a
+scheme from it. It is torch-free on purpose: validating a config (and rerunning a finished grid)
+must not import torch, so a built-in scheme is registered as "module:Class" text with its forms
+(planner.FORMS, as its class declares them: a test checks they agree) and its module is imported
+only when a model is built.
 
-- A built-in scheme: its module under relpos_ablate/model/position/ and one line in BUILTIN_BIASES
-  (its formula goes in docs/schemes/index.md, an independent float64 formula in tests/reference.py).
-- A scheme of your own: `@register_bias("name")` on a BiasScheme subclass in your module, and the
-  module listed under `imports:` in the run config, so every process that reads the config (the
-  grid runner, its workers, SLURM jobs) imports it before `bias: name` is checked.
+- A built-in scheme: its module under relpos_ablate/model/ and one line in BUILTIN_BIASES or
+  BUILTIN_TERMS (its formula goes in docs/schemes/, an independent float64 formula in
+  tests/fixtures/reference.py).
+- A scheme of your own: `@register_bias("name")` on a BiasScheme subclass, or
+  `@register_term("name")` on a TermScheme subclass, in your module, and the module listed under
+  `imports:` in the run config, so every process that reads the config (the grid runner, its
+  workers, SLURM jobs) imports it before `bias: name` or `term_schemes: [name]` is checked.
 """
 
 from __future__ import annotations
@@ -19,28 +24,48 @@ import importlib
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 from relpos_ablate.config.base import ConfigError, reject
 
-#: Built-in bias types: name -> "module:Class" of the implementation (imported when a model is
-#: built).
-BUILTIN_BIASES: dict[str, str] = {
-    "xl_table": "relpos_ablate.model.position.tables:XLTableBias",
-    "t5": "relpos_ablate.model.position.tables:T5Bias",
-    "alibi": "relpos_ablate.model.position.alibi:ALiBiBias",
-    "alibi_learned": "relpos_ablate.model.position.alibi:LearnedALiBiBias",
-    "kerple_log": "relpos_ablate.model.position.kerple:KerpleLogBias",
-    "kerple_power": "relpos_ablate.model.position.kerple:KerplePowerBias",
-    "fire": "relpos_ablate.model.position.mlp:FIREBias",
-    "dynamic": "relpos_ablate.model.position.mlp:DynamicBias",
-    "sandwich": "relpos_ablate.model.position.sandwich:SandwichBias",
+
+class Builtin(NamedTuple):
+    """A built-in scheme: "module:Class" (imported when a model is built), the forms it supplies
+    (space-separated planner.FORMS) and, for a score term, the config field that switches it on."""
+
+    target: str
+    forms: str = ""
+    switch: str | None = None
+
+
+#: Built-in bias types (model.attention.bias).
+BUILTIN_BIASES: dict[str, Builtin] = {
+    "xl_table": Builtin("relpos_ablate.model.schemes.tables:XLTableBias", "band"),
+    "t5": Builtin("relpos_ablate.model.schemes.tables:T5Bias", "band"),
+    "alibi": Builtin("relpos_ablate.model.schemes.alibi:ALiBiBias", "key_offsets"),
+    "alibi_learned": Builtin("relpos_ablate.model.schemes.alibi:LearnedALiBiBias", "key_offsets"),
+    "kerple_log": Builtin("relpos_ablate.model.schemes.kerple:KerpleLogBias"),
+    "kerple_power": Builtin("relpos_ablate.model.schemes.kerple:KerplePowerBias"),
+    "fire": Builtin("relpos_ablate.model.schemes.fire:FIREBias", "query_position"),
+    "dynamic": Builtin("relpos_ablate.model.schemes.fire:DynamicBias"),
+    "sandwich": Builtin("relpos_ablate.model.schemes.sandwich:SandwichBias"),
+}
+#: Built-in score-term schemes (model.attention.term_schemes, or their own switch).
+BUILTIN_TERMS: dict[str, Builtin] = {
+    "fox": Builtin("relpos_ablate.model.schemes.fox:ForgetGate", "key_offsets hand", "forget_gate"),
+    "cope": Builtin(
+        "relpos_ablate.model.schemes.cope:ContextualPositions",
+        "content band hand",
+        "cope_positions",
+    ),
 }
 HOW_TO_REGISTER = "your own: @register_bias in a module listed under `imports:`"
+HOW_TO_REGISTER_TERM = "your own: @register_term in a module listed under `imports:`"
 
 _registered: dict[
     str, type
 ] = {}  # register_bias: schemes defined outside the package, in this process
+_registered_terms: dict[str, type] = {}  # register_term: likewise
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -50,29 +75,41 @@ def bias_types() -> tuple[str, ...]:
     return ("none", *BUILTIN_BIASES, *_registered)
 
 
+def term_schemes() -> tuple[str, ...]:
+    """Every allowed entry of `term_schemes`: the built-ins, then those registered in this
+    process."""
+    return (*BUILTIN_TERMS, *_registered_terms)
+
+
 def register_bias(name: str):
     """Class decorator: `@register_bias("gaussian")` on a BiasScheme subclass makes `bias: gaussian`
     valid."""
+    return _register("register_bias", "a BiasScheme subclass", name, _registered, BUILTIN_BIASES)
+
+
+def register_term(name: str):
+    """Class decorator: `@register_term("gated_alibi")` on a TermScheme subclass makes
+    `term_schemes: [gated_alibi]` valid."""
+    return _register(
+        "register_term", "a TermScheme subclass", name, _registered_terms, BUILTIN_TERMS
+    )
+
+
+def _register(caller: str, what: str, name: str, registered: dict, builtins: dict):
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
-            f"register_bias: {name!r}: use lowercase letters, digits and '_' (e.g. 'gaussian')"
+            f"{caller}: {name!r}: use lowercase letters, digits and '_' (e.g. 'gaussian')"
         )
-    if name in BUILTIN_BIASES or name == "none":
-        raise ValueError(
-            f"register_bias: {name!r} is built in; register your scheme under another name"
-        )
+    if name in builtins or name == "none":
+        raise ValueError(f"{caller}: {name!r} is built in; register your scheme under another name")
 
     def add(cls: type) -> type:
         if not isinstance(cls, type):
-            raise ValueError(
-                f"register_bias({name!r}) decorates a class (a BiasScheme subclass), not {cls!r}"
-            )
-        previous = _registered.get(name)
+            raise ValueError(f"{caller}({name!r}) decorates a class ({what}), not {cls!r}")
+        previous = registered.get(name)
         if previous is not None and _qualified(previous) != _qualified(cls):
-            raise ValueError(
-                f"register_bias: {name!r} is already registered by {_qualified(previous)}"
-            )
-        _registered[name] = cls
+            raise ValueError(f"{caller}: {name!r} is already registered by {_qualified(previous)}")
+        registered[name] = cls
         return cls
 
     return add
@@ -85,15 +122,20 @@ def _qualified(cls: type) -> str:
 def check_bias(field: str, name: Any) -> None:
     """A one-line ConfigError unless `name` is registered (with a did-you-mean and how to register);
     recorded with the config's other problems while from_dict builds it (config.base.reject)."""
-    allowed = bias_types()
+    _check(field, name, bias_types(), HOW_TO_REGISTER)
+
+
+def check_term(field: str, name: Any) -> None:
+    """A one-line ConfigError unless `name` is a registered term scheme (as check_bias)."""
+    _check(field, name, term_schemes(), HOW_TO_REGISTER_TERM)
+
+
+def _check(field: str, name: Any, allowed: tuple[str, ...], how: str) -> None:
     if name in allowed:
         return
     close = difflib.get_close_matches(str(name), allowed, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    reject(
-        field,
-        f"{name!r} is not registered; {hint}registered: {', '.join(allowed)} ({HOW_TO_REGISTER})",
-    )
+    reject(field, f"{name!r} is not registered; {hint}registered: {', '.join(allowed)} ({how})")
 
 
 def bias_class(name: str) -> type:
@@ -103,8 +145,43 @@ def bias_class(name: str) -> type:
         raise ValueError("bias 'none' has no class: the attention adds no bias")
     if name in _registered:
         return _registered[name]
-    module, _, cls = BUILTIN_BIASES[name].partition(":")
+    return _imported(BUILTIN_BIASES[name].target)
+
+
+def term_class(name: str) -> type:
+    """The term scheme registered under `name`, importing a built-in's module on first use."""
+    check_term("term_schemes", name)
+    if name in _registered_terms:
+        return _registered_terms[name]
+    return _imported(BUILTIN_TERMS[name].target)
+
+
+def _imported(target: str) -> type:
+    module, _, cls = target.partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def bias_forms(name: str) -> frozenset[str]:
+    """The forms of bias `name` (planner.FORMS): a built-in's from its registry line (no torch),
+    one of your own from its class (`forms`, a frozenset)."""
+    if name in BUILTIN_BIASES:
+        return frozenset(BUILTIN_BIASES[name].forms.split())
+    return frozenset(getattr(bias_class(name), "forms", ()))
+
+
+def term_forms(name: str) -> frozenset[str]:
+    """The forms of the terms scheme `name` makes: a built-in's from its registry line, one of your
+    own from its class (`Term.forms`)."""
+    if name in BUILTIN_TERMS:
+        return frozenset(BUILTIN_TERMS[name].forms.split())
+    return frozenset(term_class(name).Term.forms)
+
+
+def switched_terms(config: Any) -> tuple[str, ...]:
+    """The built-in term schemes a config switches on by their own field (e.g. forget_gate)."""
+    return tuple(
+        name for name, entry in BUILTIN_TERMS.items() if getattr(config, entry.switch, None)
+    )
 
 
 def import_modules(modules: Any, field: str = "imports") -> tuple[str, ...]:

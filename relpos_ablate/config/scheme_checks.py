@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from relpos_ablate import planner
 from relpos_ablate.config.base import ConfigError, check_choice, check_range
+from relpos_ablate.config.registry import bias_forms, switched_terms, term_forms
 
-#: Built-in bias types that read the query position besides the distance (FIRE's normaliser).
-QUERY_DEPENDENT_BIASES = ("fire",)
 DAPE_VERSIONS = ("none", "v1", "v2")
 NORMALISERS = ("softmax", "stick_breaking")
 
@@ -53,7 +53,7 @@ def check_newer_schemes(config: Any) -> None:
             raise ConfigError(
                 name, "is defined for causal attention only (keys up to the query); set causal=true"
             )
-    if config.chunk is not None and (config.randomized or config.bias in QUERY_DEPENDENT_BIASES):
+    if config.chunk is not None and (config.randomized or reads_query_position(config)):
         raise ConfigError(
             "chunk",
             f"every chunk is computed at the positions of the first (only distances differ "
@@ -121,23 +121,32 @@ def check_materialised_schemes(config: Any) -> None:
             "CoPE's gates read the plain content score q·k, which PaTH replaces; use one "
             "of path and cope_positions",
         )
+    for name, on in (("path", config.path), ("dape", config.dape == "v2")):
+        if on and config.chunk is not None:
+            # found in issue 57: both differ from the float64 reference on chunked rows (PaTH by up
+            # to 1.1; DAPE v2's convolution along the keys at a chunk's padded edge)
+            raise ConfigError(
+                "chunk",
+                f"{name}={getattr(config, name)!r} on chunked rows does not match its float64 "
+                "reference; use window, or no chunk",
+            )
     if config.dape != "none" and config.bias == "none":
         raise ConfigError(
             "dape", "adjusts a bias-type encoding; set bias (the `dape` presets use kerple_log)"
         )
-    if config.backend == "low_rank" and not low_rank_form(config):
+    if config.backend == "low_rank" and not planner.low_rank(plan(config)):
         raise ConfigError(
             "backend",
-            "'low_rank' takes causal attention whose only position term is a key offset "
-            "(bias alibi or alibi_learned, and/or forget_gate) with terms='a', no CoPE, sinks, "
-            "window or score scaling; use auto",
+            "'low_rank' takes causal attention whose every position part is a key offset (a "
+            "bias and score terms with the key_offsets form, no term b or d: "
+            f"{_forms(config)}), no sinks, window or score scaling; use auto",
         )
-    if config.backend == "band" and not band_form(config):
+    if config.backend == "band" and not planner.band(plan(config)):
         raise ConfigError(
             "backend",
-            "'band' takes causal attention whose position terms are constant from a distance on "
-            "(terms b/d with clamp_len set, bias xl_table or t5, or CoPE alone) with no FoX, "
-            "sinks, window or score scaling; use auto",
+            "'band' takes causal attention whose position parts are constant from a distance on "
+            "(terms b/d with clamp_len set and a bias with the band form, or score terms that "
+            f"all have it: {_forms(config)}), no sinks, window or score scaling; use auto",
         )
     if config.needs_scores and config.backend in ("blocks", "flex"):
         raise ConfigError(
@@ -147,53 +156,121 @@ def check_materialised_schemes(config: Any) -> None:
         )
 
 
-def _plain_causal(config: Any, cope: bool = False) -> bool:
-    """Causal attention over the whole stream with the plain softmax of the scaled scores: no CoPE
-    (unless `cope`), sinks, window, length-aware or learned scale, scheme that reads the scores, or
-    randomized positions (what the low-rank and band kernels need beside their own position
-    terms)."""
-    return (
+def plan(config: Any) -> planner.Plan:
+    """What the kernel planner reads of an attention config (relpos_ablate/planner.py): the
+    geometry a config fixes, the forms of its per-distance parts and of its score terms (from the
+    registry: no torch)."""
+    plain = (
         config.causal
-        and (cope or not config.cope_positions)
         and not config.sinks
         and config.window is None
         and config.score_scale in ("sqrt_d", "none")
         and not config.learned_temperature
-        and not config.needs_scores
         and not config.randomized
-    )
-
-
-def low_rank_form(config: Any) -> bool:
-    """Whether every position term is a key offset up to a per-query constant
-    (kernels/low_rank.py)."""
-    offsets = config.bias in ("alibi", "alibi_learned") or (
-        config.bias == "none" and config.forget_gate
-    )
-    return offsets and config.terms == "a" and _plain_causal(config)
-
-
-def band_form(config: Any) -> bool:
-    """Whether every position term is constant from a distance on, up to a per-query constant: R
-    clamped at clamp_len for terms b/d, the bias xl_table or t5, or CoPE alone, whose clamped count
-    is (kernels/band.py)."""
-    if config.cope_positions:
-        return (
-            not config.uses_r
-            and config.bias == "none"
-            and _plain_causal(config, cope=True)
-            and not config.forget_gate
-            and not config.shaw_values
-        )
-    saturating = (not config.uses_r or config.clamp_len is not None) and config.bias in (
-        "none",
-        "xl_table",
-        "t5",
-    )
-    return (
-        saturating
-        and (config.uses_r or config.bias != "none")
-        and _plain_causal(config)
-        and not config.forget_gate
         and not config.shaw_values
     )
+    bias = bias_forms(config.bias) if config.bias != "none" else None
+    pair_bias = bias is not None and "query_position" in bias
+    term_d, distance_bias = "d" in config.terms, bias is not None and not pair_bias
+    # one curve over distances: term d, a bias of distance alone, or both summed (no slope then)
+    curve = (bias if not term_d else frozenset()) if distance_bias or term_d else None
+    saturates = (not config.uses_r or config.clamp_len is not None) and (
+        bias is None or pair_bias or "band" in bias
+    )
+    terms = [bias] if pair_bias else []
+    terms += [term_forms(name) for name in (*switched_terms(config), *config.term_schemes)]
+    return planner.Plan(
+        plain_causal=plain,
+        product="b" in config.terms,
+        curve=curve,
+        saturates=saturates,
+        terms=tuple(terms),
+        reads_scores=config.needs_scores,
+    )
+
+
+def _forms(config: Any) -> str:
+    """The forms of the config's bias and score terms, for an error message."""
+    parts = [("bias " + config.bias, bias_forms(config.bias))] if config.bias != "none" else []
+    parts += [(name, term_forms(name)) for name in config.active_terms]
+    if not parts:
+        return "no bias or score term"
+    return "; ".join(f"{name}: {' '.join(sorted(forms)) or 'none'}" for name, forms in parts)
+
+
+def reads_query_position(config: Any) -> bool:
+    """Whether a part of the attention reads the query position besides the distance."""
+    return config.bias != "none" and "query_position" in bias_forms(config.bias)
+
+
+def check_widths(attention: Any, d_model: int, d_head: int) -> None:
+    """The widths an attention layer's sinusoids need: RoPE rotates pairs of a head's dimensions,
+    and R_{i-j} has a sine and a cosine half. (ModelConfig and a bare RelPosAttention both check
+    them.)"""
+    if attention.absolute == "rope" and d_head % 2:
+        raise ConfigError("d_head", f"rope needs an even d_head (got {d_head})")
+    if attention.absolute == "rope" and rotary_width(attention, d_head) < 2:
+        raise ConfigError(
+            "rope_fraction",
+            f"{attention.rope_fraction} of d_head {d_head} rotates no pair of dimensions",
+        )
+    if (
+        attention.absolute == "rope"
+        and rotating_pairs(attention, rotary_width(attention, d_head)) < 1
+    ):
+        raise ConfigError(
+            "rope_p",
+            f"{attention.rope_p} of the {rotary_width(attention, d_head) // 2} rotary pairs "
+            "rotates none of them",
+        )
+    if attention.uses_r and attention.rel == "sinusoid" and d_model % 2:
+        raise ConfigError("d_model", f"sinusoid R needs an even d_model (got {d_model})")
+
+
+def check_randomized_range(attention: Any, lengths: dict[str, tuple[int, int]]) -> None:
+    """Randomized positions draw each segment's positions from [0, max_position) without replacement
+    and keep no memory: every {field: (segment_len, mem_len)} of a run must fit (RunConfig calls
+    this)."""
+    if not attention.randomized:
+        return
+    for field_name, (segment_len, mem_len) in lengths.items():
+        if mem_len:
+            raise ConfigError(
+                field_name,
+                f"mem_len {mem_len} with randomized positions (drawn per segment, memory "
+                "would keep another draw's); use mem_len 0",
+            )
+        if segment_len > attention.max_position:
+            raise ConfigError(
+                "model.attention.max_position",
+                f"{attention.max_position} is below the {segment_len} "
+                f"tokens of {field_name}: randomized positions draw that many distinct positions "
+                f"from [0, max_position)",
+            )
+
+
+def rope_scaling_conflict(attention: Any) -> str | None:
+    """Why a RoPE context extension (an evaluation setting's rope_scaling: PI, NTK, YaRN) cannot
+    apply to this attention, or None when it can: it rescales RoPE's frequencies, and xPos has no
+    published extension. The model refuses such a call; an evaluation skips such a setting and
+    records this reason."""
+    if attention.absolute == "rope" and attention.xpos_scale_base is None:
+        return None
+    xpos = (
+        ""
+        if attention.xpos_scale_base is None
+        else " with xPos (xpos_scale_base), which has no published extension"
+    )
+    return f"extends RoPE; this model has absolute={attention.absolute!r}{xpos}"
+
+
+def rotary_width(attention: Any, d_head: int) -> int:
+    """d_rot: how many of a head's dimensions RoPE rotates, int(rope_fraction·d_head) rounded down
+    to even."""
+    return int(attention.rope_fraction * d_head) // 2 * 2
+
+
+def rotating_pairs(attention: Any, d_rot: int) -> int:
+    """How many of the d_rot/2 rotary pairs p-RoPE rotates: int(rope_p·d_rot/2) (all of them at
+    rope_p 1)."""
+    return int(attention.rope_p * d_rot // 2)

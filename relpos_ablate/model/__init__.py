@@ -6,9 +6,10 @@ from relpos_ablate.model import denormals  # noqa: F401
 # isort: split
 
 from relpos_ablate.model.attention import RelPosAttention
-from relpos_ablate.model.kernels.call import AttentionOptions, SharedParameters
+from relpos_ablate.model.core.options import AttentionOptions, SharedParameters
+from relpos_ablate.model.core.terms import HandGradient, ScoreTerm, TermScheme
 from relpos_ablate.model.lm import TransformerLM
-from relpos_ablate.model.position import (
+from relpos_ablate.model.schemes import (
     BiasScheme,
     alibi_slopes,
     build_bias,
@@ -21,6 +22,9 @@ __all__ = [
     "BiasScheme",
     "RelPosAttention",
     "SharedParameters",
+    "HandGradient",
+    "ScoreTerm",
+    "TermScheme",
     "TransformerLM",
     "alibi_slopes",
     "build_bias",

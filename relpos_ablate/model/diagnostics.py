@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from relpos_ablate.model.kernels.geometry import BlockView
+from relpos_ablate.model.core.geometry import BlockView
 
 STATISTICS = ("entropy", "sink", "distance", "unseen")
 

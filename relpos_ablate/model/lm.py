@@ -19,79 +19,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from relpos_ablate.config.attention import AttentionConfig
 from relpos_ablate.config.base import ConfigError
-from relpos_ablate.config.model import AttentionConfig, ModelConfig
+from relpos_ablate.config.model import ModelConfig
 from relpos_ablate.config.schedule import bias_key
 from relpos_ablate.model.attention import RelPosAttention, init_vector
+from relpos_ablate.model.core.options import AttentionOptions, SharedParameters
 from relpos_ablate.model.diagnostics import AttentionStatistics
-from relpos_ablate.model.kernels.call import AttentionOptions, SharedParameters
-from relpos_ablate.model.position import RopeScaling, bias_schemes, build_bias, sinusoid
+from relpos_ablate.model.schemes import RopeScaling, bias_schemes, build_bias, sinusoid
+from relpos_ablate.model.schemes.absolute import (
+    LearnedPositions,
+    randomized_distances,
+    randomized_positions,
+)
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     """Mean over marked positions, without a host sync (an all-False mask gives 0)."""
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp(min=1)
-
-
-class LearnedPositions(nn.Module):
-    """A learned absolute position table; a segment longer than the table is a clear error."""
-
-    def __init__(self, max_position: int, d_model: int):
-        super().__init__()
-        self.table = nn.Embedding(max_position, d_model)
-
-    def forward(self, length: int, positions: Tensor | None = None) -> Tensor:
-        """Rows 0 .. length - 1, or the rows of explicit positions [length]: [length, d_model]."""
-        if positions is not None:
-            return self.table(
-                check_positions(positions, self.table.num_embeddings, "learned absolute positions")
-            )
-        if length > self.table.num_embeddings:
-            raise ValueError(
-                f"model.attention.max_position: learned absolute positions cover "
-                f"0..{self.table.num_embeddings - 1}; a segment of {length} tokens does not fit "
-                f"(relative schemes have no such limit)"
-            )
-        return self.table.weight[:length]
-
-
-def check_positions(positions: Tensor, max_position: int, what: str) -> Tensor:
-    """positions, or a one-line error when one of them is outside 0 .. max_position - 1."""
-    if positions.min() < 0 or positions.max() >= max_position:
-        raise ValueError(
-            f"model.attention.max_position: {what} cover 0..{max_position - 1}; got positions "
-            f"{int(positions.min())}..{int(positions.max())}"
-        )
-    return positions
-
-
-def randomized_positions(n_tokens: int, max_position: int, device=None, generator=None) -> Tensor:
-    """Ruoss et al. 2023: n distinct positions drawn from [0, max_position) without replacement,
-    sorted: [n]."""
-    if n_tokens > max_position:
-        raise ValueError(
-            f"model.attention.max_position: randomized positions draw {n_tokens} distinct "
-            f"positions from [0, {max_position}); raise max_position to at least {n_tokens}"
-        )
-    return torch.randperm(max_position, device=device, generator=generator)[:n_tokens].sort().values
-
-
-def randomized_distances(n_keys: int, max_position: int, device=None, generator=None) -> Tensor:
-    """Ruoss et al.'s code for relative encodings: d_0 = 0, then n - 1 distinct distances drawn from
-    [1, max_position) without replacement, sorted: d_r is what offset r reads. [n]"""
-    if n_keys > max_position:
-        raise ValueError(
-            f"model.attention.max_position: randomized distances draw {n_keys - 1} distinct "
-            f"distances from [1, {max_position}); raise max_position to at least {n_keys}"
-        )
-    drawn = (
-        torch.randperm(max_position - 1, device=device, generator=generator)[: n_keys - 1]
-        .sort()
-        .values
-        + 1
-    )
-    return torch.cat([drawn.new_zeros(1), drawn])
 
 
 class Layer(nn.Module):
@@ -405,8 +351,8 @@ class TransformerLM(nn.Module):
         rope_scaling: RopeScaling | None = None,
     ) -> dict:
         """Everything the plots need: logits, new mems, per-layer probabilities [B, H, L, M+L] and
-        per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', 'decay', 'cope', 'visible'} (enabled
-        ones only)."""
+        per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', each score term's name, 'visible'}
+        (enabled ones only)."""
         mem_len, at_input, options = self._options(
             tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling
         )

@@ -74,7 +74,7 @@ def _start(
         worker_env(slot.gpu, slot.threads),
     )
     if forkable(1, slot.gpu):
-        return start_forked(command[len(WORKER_PREFIX) :], env, output.fileno(), None), output
+        return start_forked(command, env, output.fileno(), None), output
     proc = subprocess.Popen(
         command,
         env=env,

@@ -4,16 +4,17 @@ interpreter each.
 A worker started as `python -m relpos_ablate train` spends seconds importing before it trains (torch
 and Lightning: 5-8 s of one CPU core), and a small grid's runs train for about as long.
 On CPU slots the runner instead asks a fork server: one process per runner, started at the first
-launch, that imports what every worker imports (PRELOAD) and then forks one child per run. The child
-is made what `worker.start_worker` makes of a new interpreter:
+launch, that imports what every worker imports (PRELOAD) and then forks one child per run. The
+caller gives the command, the `python -m MODULE ARGS` line a new interpreter would run, and the
+child runs it as `python -m` does (MODULE's `__main__`), so the server knows no command of its own.
+The child is made what `worker.start_worker` makes of a new interpreter:
 
 - its own session, so stopping the run signals its process group; stdin from /dev/null;
 - stdout and stderr on the run's worker.log, the descriptor the runner opened;
 - the run's lock: the locked descriptor itself, passed over the server's socket (SCM_RIGHTS);
 - the runner's working directory, the slot's environment (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES="",
-  ...), sys.argv and `__main__` of `python -m relpos_ablate train ...` (Lightning starts the other
-  processes of a multi-process run from them), and the working directory and PYTHONPATH first on
-  sys.path;
+  ...), sys.argv and `__main__` of `python -m MODULE ARGS` (Lightning starts the other processes of
+  a multi-process run from them), and the working directory and PYTHONPATH first on sys.path;
 - SIGTERM when the runner dies: the server gets it from the runner (PR_SET_DEATHSIG) and the child
   from the server, so the child checkpoints and stops as a worker of a killed runner does;
 - its exit status as Popen gives it (negative: the signal), relayed by the server, and the
@@ -49,8 +50,9 @@ import sys
 import time
 import types
 
-PRELOAD = ("relpos_ablate.cli.train", "relpos_ablate.train.run")
-"""What the server imports before it forks: the modules every worker imports."""
+PRELOAD = ("relpos_ablate.train.run",)
+"""What the server imports before it forks: what makes a worker's start slow (torch and Lightning,
+through the training code every worker imports)."""
 START_TIMEOUT_S = 300.0
 """How long a launch waits for the server to fork the child (the first waits for the server's
 imports)."""
@@ -129,11 +131,12 @@ class ForkServer:
         self.alive = True
 
     def fork(
-        self, argv: list[str], env: dict[str, str], output: int, lock: int | None
+        self, command: list[str], env: dict[str, str], output: int, lock: int | None
     ) -> ForkedWorker:
-        """A child running `relpos-ablate ARGV` with `output` as stdout/stderr, holding descriptor
-        `lock`."""
-        request = {"argv": argv, "env": env, "cwd": os.getcwd()}
+        """A child running `command` (`python -m MODULE ARGS`) with `output` as stdout/stderr,
+        holding descriptor `lock`."""
+        module, argv = _module_command(command)
+        request = {"module": module, "argv": argv, "env": env, "cwd": os.getcwd()}
         fds = [output] if lock is None else [output, lock]
         try:
             socket.send_fds(self.socket, [json.dumps(request).encode()], fds)
@@ -218,21 +221,33 @@ os.register_at_fork(after_in_child=_forget_server)
 
 
 def start_forked(
-    argv: list[str], env: dict[str, str], output: int, lock: int | None
+    command: list[str], env: dict[str, str], output: int, lock: int | None
 ) -> ForkedWorker:
-    """Fork `relpos-ablate ARGV` from this process's fork server, started (again) when there is
-    none."""
+    """Fork `command`, a `python -m MODULE ARGS` line (what a new interpreter would run), from this
+    process's fork server, started (again) when there is none."""
     global _server
     if _server is None or not _server.alive:
         _server = ForkServer()
-    return _server.fork(argv, env, output, lock)
+    return _server.fork(command, env, output, lock)
 
 
-def _main_module() -> types.ModuleType:
-    """`__main__` as `python -m relpos_ablate` makes it (its code not run): Lightning starts the
-    other processes of a multi-process run as `python -m <__main__.__spec__.name>
-    <sys.argv[1:]>`."""
-    module = importlib.util.module_from_spec(importlib.util.find_spec("relpos_ablate.__main__"))
+def _module_command(command: list[str]) -> tuple[str, list[str]]:
+    """(MODULE, ARGS) of `python -m MODULE ARGS`: the only form of command the server runs."""
+    if len(command) < 3 or command[1] != "-m":
+        raise ValueError(f"the fork server runs `python -m MODULE ARGS` commands, not {command}")
+    return command[2], list(command[3:])
+
+
+def _main_module(name: str) -> types.ModuleType:
+    """`__main__` as `python -m NAME` makes it, its code not run yet (a package's NAME.__main__):
+    Lightning starts the other processes of a multi-process run as `python -m
+    <__main__.__spec__.name> <sys.argv[1:]>`."""
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.submodule_search_locations is not None:
+        spec = importlib.util.find_spec(f"{name}.__main__")
+    if spec is None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    module = importlib.util.module_from_spec(spec)
     module.__name__ = "__main__"
     return module
 
@@ -281,8 +296,8 @@ def serve(fd: int) -> None:
 
 
 def _child(request: dict, fds: list[int], channel: socket.socket) -> None:
-    """In the forked child: become the worker process, run the command, exit as the interpreter
-    would."""
+    """In the forked child: become the worker process, run the command (its module's code as
+    `__main__`), exit as the interpreter would."""
     code = 1
     try:
         channel.close()
@@ -299,13 +314,13 @@ def _child(request: dict, fds: list[int], channel: socket.socket) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.modules["__main__"] = _main_module()
-        sys.argv = [sys.modules["__main__"].__file__, *request["argv"]]
         first = (request["cwd"], *request["env"].get("PYTHONPATH", "").split(os.pathsep))
         sys.path[:0] = [path for path in dict.fromkeys(first) if path and path not in sys.path]
-        from relpos_ablate.cli import main
-
-        code = main(request["argv"])
+        main = sys.modules["__main__"] = _main_module(request["module"])
+        sys.argv = [main.__file__, *request["argv"]]
+        # as runpy runs `python -m`: the module's code in `__main__`'s namespace
+        exec(main.__spec__.loader.get_code(main.__spec__.name), vars(main))
+        code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, (int, type(None))):

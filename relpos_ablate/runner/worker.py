@@ -98,7 +98,7 @@ def launch(
         if not fork:
             return start_worker(run_dir, threads, settings, gpu=gpu, output=log, lock=lock)
         return start_forked(
-            worker_arguments(run_dir, threads, settings),
+            [*WORKER_PREFIX, *worker_arguments(run_dir, threads, settings)],
             worker_env(gpu, threads),
             log.fileno(),
             lock.fd,

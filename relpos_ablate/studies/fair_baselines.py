@@ -9,135 +9,40 @@ best preset's, and how many presets that encode position end more than TOLERANCE
 for every preset, which is what an untuned comparison gets; the presets whose best rate is at an
 edge of their own sweep (their optimum may lie beyond it); and each preset against the best, one
 family of Welch's t-tests (different models), corrected together (analysis/stats.py). `report` gives
-the Markdown (the studies registry), `lr_figure` the figure (`plot --kind lr-sweep`).
+the Markdown (the studies registry), `lr_figure` the figure (`plot --kind lr-sweep`). The per-preset
+summary is fair_baselines_summary.py's, the figure fair_baselines_figure.py's.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from relpos_ablate.analysis.best_over import pick_values
-from relpos_ablate.analysis.settings import normalized, table_settings
+from relpos_ablate.analysis.settings import normalized
 from relpos_ablate.analysis.stats import Family
-from relpos_ablate.analysis.table_options import axis_orders, read_spec
-from relpos_ablate.analysis.tables import sort_key, variant_colors
-from relpos_ablate.config import ConfigError
-from relpos_ablate.config.run import TrainConfig
-
-TOLERANCE = 0.10
-"""A preset more than this above the best preset's test perplexity (ratio > 1.10) is not a fair
-baseline."""
-UNJUDGED = ("nope",)
-"""Presets that encode no position: reported, not held to the tolerance."""
-NEAR_TIE = 0.005
-"""A pick whose runner-up rate's mean valid ppl lies within this fraction of its own is marked: on
-validation the pick is not clearly better than that rate."""
-KEY, ROW, METRIC = "train.lr", "encoding", "ppl"
-SELECT, REPORT = "valid", "test"
-DEFAULT_LR = TrainConfig().lr
-"""The learning rate every preset gets untuned (TrainConfig's default)."""
-GROUP_COLORS = ("0.45", "tab:orange")
-"""lr-sweep figure: the bar colour of the presets of each left panel (baselines, bias types)."""
-
-
-def at_training_length(df: pd.DataFrame) -> pd.DataFrame:
-    """The finished rows evaluated at the training length, non_overlapping, without RECL's ladder (a
-    subset of the targets): what the study compares (one line naming what is missing otherwise)."""
-    missing = [
-        c for c in (ROW, KEY, "split", "segment_len", "train.segment_len", METRIC) if c not in df
-    ]
-    if missing:
-        raise ConfigError(
-            "report",
-            f"fair_baselines needs the columns {', '.join(missing)} (runs of "
-            "experiments/fair_baselines.yaml, collected)",
-        )
-    df = table_settings(df)
-    data = df[
-        np.isfinite(pd.to_numeric(df[METRIC], errors="coerce"))
-        & (df["segment_len"] == df["train.segment_len"])
-    ]
-    if "protocol" in data:
-        data = data[data["protocol"].fillna("non_overlapping") == "non_overlapping"]
-    if data.empty:
-        raise ConfigError("report", f"no {METRIC} at the training length in these runs")
-    return data
-
-
-STEPS = "train.max_steps"
-
-
-def by_budget(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, pd.DataFrame]]:
-    """The learning-rate sweep's runs (the training budget most runs have) and, per other budget,
-    its runs (experiments/fair_baselines_2000.yaml: some presets at their pick, trained longer)."""
-    if STEPS not in df or df[STEPS].isna().all():
-        return df, {}
-    steps = pd.to_numeric(df[STEPS], errors="coerce")
-    sweep = (
-        int(steps[df.drop_duplicates("run_dir").index].value_counts().idxmax())
-        if "run_dir" in df
-        else int(steps.value_counts().idxmax())
-    )
-    others = {int(n): df[steps == n] for n in sorted(set(steps.dropna().astype(int))) if n != sweep}
-    return df[steps == sweep], others
-
-
-def preset_summary(df: pd.DataFrame, orders: dict[str, list] | None = None) -> pd.DataFrame:
-    """One row per preset (in `orders`' order, else by name): best_lr (valid's pick), valid (its
-    mean valid ppl), test (its seeds' test ppl, {run dir: ppl}), mean, std, n, ratio (mean / the
-    best preset's mean), and the same at DEFAULT_LR: default_mean, default_ratio (NaN where the
-    sweep lacks it); runner_up: how far the second-best rate's mean valid ppl lies above the pick's
-    (a fraction; NaN with one rate)."""
-    orders = orders or {}
-    data = at_training_length(df)
-    split = data["split"].map(normalized)
-    select, report = data[split == SELECT], data[split == REPORT]
-    picks = pick_values(select, KEY, [ROW], [], METRIC, orders)
-    lines = []
-    for (preset,), lr in picks.items():
-        test = _values(report, preset, lr)
-        valid = _values(select, preset, lr)
-        default = _values(report, preset, DEFAULT_LR)
-        values = list(test.values())
-        rates = select[select[ROW] == preset].groupby(KEY)[METRIC].mean().sort_values()
-        runner_up = rates.iloc[1] / rates.iloc[0] - 1 if len(rates) > 1 else math.nan
-        lines.append(
-            {
-                "preset": preset,
-                "best_lr": lr,
-                "valid": np.mean(list(valid.values())),
-                "test": test,
-                "mean": np.mean(values) if values else math.nan,
-                "std": np.std(values, ddof=1) if len(values) > 1 else math.nan,
-                "n": len(values),
-                "default_mean": np.mean(list(default.values())) if default else math.nan,
-                "runner_up": runner_up,
-            }
-        )
-    table = pd.DataFrame(lines)
-    table["ratio"] = table["mean"] / table["mean"].min()
-    table["default_ratio"] = table["default_mean"] / table["default_mean"].min()
-    rank = table["preset"].map(lambda p: sort_key((p,), [ROW], orders))
-    return (
-        table.assign(_rank=rank).sort_values("_rank").drop(columns="_rank").reset_index(drop=True)
-    )
-
-
-def _values(frame: pd.DataFrame, preset: str, lr: float) -> dict[str, float]:
-    """{run dir: metric} of every seed of `preset` at learning rate `lr` in `frame`."""
-    rows = frame[(frame[ROW] == preset) & np.isclose(frame[KEY].astype(float), lr)]
-    return dict(zip(rows["run_dir"], rows[METRIC].astype(float)))
-
-
-def over_tolerance(summary: pd.DataFrame, column: str = "ratio") -> list[str]:
-    """The judged presets (UNJUDGED aside) whose `column` ratio is above 1 + TOLERANCE, worst
-    first."""
-    judged = summary[~summary["preset"].isin(UNJUDGED) & (summary[column] > 1 + TOLERANCE)]
-    return judged.sort_values(column, ascending=False)["preset"].tolist()
+from relpos_ablate.studies.fair_baselines_figure import (  # noqa: F401 (API)
+    lr_figure,
+    plot_lr_sweep,
+    save_lr_figure,
+)
+from relpos_ablate.studies.fair_baselines_summary import (
+    DEFAULT_LR,
+    KEY,
+    NEAR_TIE,
+    REPORT,
+    ROW,
+    SELECT,
+    STEPS,
+    TOLERANCE,
+    UNJUDGED,
+    at_training_length,
+    by_budget,
+    over_tolerance,
+    preset_summary,
+    values_at,
+)
 
 
 def report(df: pd.DataFrame, correction: str = "holm") -> str:
@@ -202,7 +107,7 @@ def longer_budget(
     for preset, part in report.groupby(ROW):
         rates = sorted({float(v) for v in part[KEY]})
         lr = rates[0]
-        values = _values(report, preset, lr)
+        values = values_at(report, preset, lr)
         rows.append(
             {
                 "preset": preset,
@@ -364,152 +269,6 @@ def _number(value: float, decimals: int = 2) -> str:
     return "—" if math.isnan(value) else f"{value:.{decimals}f}"
 
 
-def lr_figure(df: pd.DataFrame, orders: dict[str, list] | None = None):
-    """Left: each preset's mean valid ppl against the learning rate over the best preset's valid ppl
-    at its pick (one denominator for every line, so the lines show both level and shape; each pick
-    starred), a panel for the presets without a bias table (the baselines) and one for the bias
-    types (at most ~10 lines a panel, a colour each within the panel, the legend beside it). Right:
-    each preset's test ppl at its best rate over the best preset's, mean ± std, a bar colour per
-    panel, against the tolerance; each preset's test ppl at the default rate over the same
-    denominator as a cross (so a cross on its bar's end: tuning did not change it)."""
-    from matplotlib.figure import Figure  # figures only: `report` needs no matplotlib
-    from matplotlib.patches import Patch
-
-    df = by_budget(df)[0]  # the sweep: a longer budget's few runs have no curve over the rates
-    summary = preset_summary(df, orders)
-    data = at_training_length(df)
-    valid = data[data["split"].map(normalized) == SELECT]
-    groups = preset_groups(data, list(summary["preset"]))
-    fig = Figure(figsize=(13, 3.5 + 2.6 * len(groups)), layout="constrained")
-    grid = fig.add_gridspec(len(groups), 2, width_ratios=[1, 1.05])
-    lrs = sorted({float(v) for v in data[KEY]})
-    best_valid = summary["valid"].min()
-    lefts, bar_colors = [], {}
-    for k, (title, names) in enumerate(groups):
-        left = fig.add_subplot(grid[k, 0], sharex=lefts[0] if lefts else None)
-        lefts.append(left)
-        rows = list(summary[summary["preset"].isin(names)].itertuples())
-        for row, color in zip(rows, variant_colors(len(rows))):
-            means = valid[valid[ROW] == row.preset].groupby(KEY)[METRIC].mean()
-            left.plot(
-                means.index.astype(float),
-                means.values / best_valid,
-                marker="o",
-                markersize=4,
-                color=color,
-                label=row.preset,
-                linestyle=":" if row.preset in UNJUDGED else "-",
-            )
-            left.plot(
-                [row.best_lr],
-                [row.valid / best_valid],
-                marker="*",
-                markersize=11,
-                color=color,
-                markeredgecolor="black",
-                markeredgewidth=0.5,
-                linestyle="none",
-            )
-            bar_colors[row.preset] = GROUP_COLORS[k % 2]
-        left.set(
-            ylabel=f"mean {SELECT} ppl / the best preset's",
-            title=f"{SELECT} ppl against the learning rate "
-            f"(★ each preset's pick){': ' + title if title else ''}",
-        )
-        left.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    lefts[0].set_xscale("log", base=2)
-    lefts[0].set_xticks(lrs, [f"{lr:g}" for lr in lrs])
-    lefts[0].minorticks_off()
-    lefts[-1].set_xlabel("learning rate")
-    right = fig.add_subplot(grid[:, 1])
-    order = summary.sort_values("ratio").reset_index(drop=True)
-    ys = np.arange(len(order))
-    right.barh(
-        ys,
-        order["ratio"] - 1,
-        left=1,
-        xerr=order["std"] / order["mean"].min(),
-        color=[bar_colors[p] for p in order["preset"]],
-        alpha=0.85,
-        error_kw={"elinewidth": 0.8},
-    )
-    right.scatter(
-        order["default_mean"] / order["mean"].min(),
-        ys,
-        marker="x",
-        color="black",
-        zorder=3,
-        label=f"at lr {DEFAULT_LR:g} (untuned), over the same best",
-    )
-    # the best preset's bar is 1 - 1 = 0 wide: a mark at 1 shows its row is drawn, not missing
-    best = order["ratio"] == order["ratio"].min()
-    right.scatter(
-        np.ones(int(best.sum())),
-        ys[best.to_numpy()],
-        marker="D",
-        s=30,
-        color=[bar_colors[p] for p in order.loc[best, "preset"]],
-        edgecolors="black",
-        linewidths=0.5,
-        zorder=3,
-        label="the best (its bar has no length)",
-    )
-    right.axvline(
-        1 + TOLERANCE, color="grey", linestyle="--", linewidth=1, label=f"best + {TOLERANCE:.0%}"
-    )
-    right.set_yticks(
-        ys, [f"{p}  (lr {lr:g})" for p, lr in zip(order["preset"], order["best_lr"])], fontsize=8
-    )
-    right.invert_yaxis()
-    right.set(
-        xlabel=f"{REPORT} ppl / the best preset's", title=f"{REPORT} ppl at each preset's best rate"
-    )
-    where = ("upper left", "lower left") if len(groups) == 2 else ("left",)
-    handles = [
-        Patch(color=color, alpha=0.85, label=f"{title} ({place} panel)")
-        for (title, _), color, place in zip(groups, GROUP_COLORS, where)
-        if title
-    ]
-    right.legend(
-        handles=[*right.get_legend_handles_labels()[0], *handles], fontsize=8, loc="upper right"
-    )
-    return fig
-
-
-def preset_groups(data: pd.DataFrame, names: list[str]) -> list[tuple[str, list[str]]]:
-    """The presets without a bias table (the baselines) and those with one (the bias types), in
-    `names`' order, when the runs record model.attention.bias and both groups are there; else one
-    group of all."""
-    if "model.attention.bias" not in data:
-        return [("", names)]
-    bias = data.groupby(ROW)["model.attention.bias"].first().map(normalized)
-    baselines = [n for n in names if bias.get(n) in (None, "none")]
-    tables = [n for n in names if n not in baselines]
-    return (
-        [("baselines", baselines), ("bias types", tables)]
-        if baselines and tables
-        else [("", names)]
-    )
-
-
-def save_lr_figure(
-    df: pd.DataFrame,
-    out: Path,
-    formats: tuple[str, ...] = ("png", "pdf"),
-    orders: dict[str, list] | None = None,
-) -> tuple[list[Path], list[str]]:
-    """lr_sweep.<fmt> in `out`; returns (written files, notes)."""
-    from relpos_ablate.analysis.plots import save_figure  # plots pulls in the trained-model figures
-
-    return save_figure(lr_figure(df, orders), Path(out) / "lr_sweep", formats), []
-
-
-def _lr_sweep(
-    frame: pd.DataFrame, out: Path, formats: tuple[str, ...], args
-) -> tuple[list[Path], list[str]]:
-    return save_lr_figure(frame, out, formats, axis_orders(read_spec(frame)))
-
-
 # with the longer budget
 REPORTS = {"fair_baselines": report, ("fair_baselines", "fair_baselines_2000"): report}
-FIGURES = {"lr-sweep": _lr_sweep}
+FIGURES = {"lr-sweep": plot_lr_sweep}

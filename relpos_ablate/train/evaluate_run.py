@@ -42,6 +42,7 @@ from relpos_ablate.config import (
 from relpos_ablate.config.base import ConfigErrors
 from relpos_ablate.config.run import unsupported
 from relpos_ablate.io import atomic_write_json
+from relpos_ablate.train.checkpoints import load_weights
 from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.data.example_module import test_set_fields
 from relpos_ablate.train.evaluation import (
@@ -53,7 +54,7 @@ from relpos_ablate.train.evaluation import (
 )
 from relpos_ablate.train.module import LitLM
 from relpos_ablate.train.records import close_log, open_log
-from relpos_ablate.train.run import load_weights, quiet_known_warnings
+from relpos_ablate.train.trainer import quiet_known_warnings
 
 log = logging.getLogger("relpos_ablate.train")
 

@@ -39,7 +39,8 @@ from relpos_ablate.train.data.example_module import ExampleDataModule, TestSet
 from relpos_ablate.train.data.examples import PAD, Examples
 from relpos_ablate.train.data.protocols import unigram_loss
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
-from relpos_ablate.train.module import LitLM, main_metric, rope_scale, token_stats
+from relpos_ablate.train.metrics import main_metric, token_stats
+from relpos_ablate.train.module import LitLM, rope_scale
 
 log = logging.getLogger("relpos_ablate.train")
 

@@ -16,9 +16,9 @@
   positions the batch mask marks (synthetic tasks count only determined targets).
 - AdamW (decay on Linear weights outside bias schemes) or Adam, linear warm-up then cosine decay to
   0 or constant; after every optimizer step each bias scheme restores its parameters' range
-  (KERPLE).
+  (KERPLE): train/optimizer.py.
 - Metrics: loss and token accuracy everywhere; perplexity for text, plus bits per character for
-  char/byte tokenizers. Main metric: `acc` for synthetic tasks, `ppl` for text.
+  char/byte tokenizers. Main metric: `acc` for synthetic tasks, `ppl` for text (train/metrics.py).
 - Evaluation: each setting's protocol (train/data/protocols.py) decides memory and same_length; in
   the same pass the loss by position in the segment/window (log-spaced bins) and, when asked, every
   scored target's loss (RECL).
@@ -30,16 +30,21 @@ import math
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import Metric
 
-from relpos_ablate.config import EvalSetting, RunConfig, TrainConfig, to_plain
+from relpos_ablate.config import EvalSetting, RunConfig, to_plain
 from relpos_ablate.model import TransformerLM
-from relpos_ablate.model.position import RopeScaling, bias_schemes
-from relpos_ablate.train.data.protocols import log_bins
+from relpos_ablate.model.schemes import RopeScaling
 from relpos_ablate.train.data.streams import TrainBatch, loss_mask
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
+from relpos_ablate.train.metrics import MaskedMean, PositionLoss, main_metric, token_stats
+from relpos_ablate.train.optimizer import (  # noqa: F401 (API: the tests)
+    after_optimizer_step,
+    build_optimizer,
+    lr_factor,
+    parameter_groups,
+    without_unread_projections,
+)
 
 RESUME_STATES = "relpos_resume_states"
 """Checkpoint key: per process, in rank order, its random state and training memory."""
@@ -66,140 +71,6 @@ def _moved(mems: list[Tensor] | None, device) -> list[Tensor] | None:
 
 class NonFiniteLoss(RuntimeError):
     """Training produced a NaN or infinite loss; the run is recorded as failed."""
-
-
-def main_metric(config: RunConfig) -> str:
-    return "acc" if config.data.source == "synthetic" else "ppl"
-
-
-def token_stats(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-token negative log-likelihood (nats, float32) and correctness, each [B, L]."""
-    nll = F.cross_entropy(
-        logits.flatten(0, 1).float(), targets.flatten(), reduction="none"
-    ).view_as(targets)
-    return nll, (logits.argmax(-1) == targets).float()
-
-
-def lr_factor(step: int, train: TrainConfig) -> float:
-    """Multiplier of train.lr at optimizer step `step`: linear warm-up, then cosine to 0 or
-    constant."""
-    if step < train.warmup_steps:
-        return (step + 1) / train.warmup_steps
-    if train.schedule == "constant":
-        return 1.0
-    progress = (step - train.warmup_steps) / max(1, train.max_steps - train.warmup_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-def build_optimizer(model: nn.Module, train: TrainConfig, device: torch.device):
-    """(optimizer, LambdaLR scheduler). Weight decay applies to Linear weights (incl. a tied
-    embedding and W_R, a projection like W_k) outside bias schemes only: norms, biases, u/v,
-    position tables and every parameter of a bias scheme (FIRE's and the dynamic MLPs too) are not
-    pulled towards zero."""
-    decay, rest = parameter_groups(model)
-    decay_wd = train.weight_decay if train.optimizer == "adamw" else 0.0
-    groups = [{"params": decay, "weight_decay": decay_wd}, {"params": rest, "weight_decay": 0.0}]
-    optim_cls = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
-    optimizer = optim_cls(groups, lr=train.lr, fused=device.type == "cuda")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, train))
-    return optimizer, scheduler
-
-
-def parameter_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """(decayed, not decayed), each in the order the optimizer holds them (build_optimizer says
-    which)."""
-    in_schemes = {id(p) for scheme in bias_schemes(model) for p in scheme.parameters()}
-    decay = {
-        id(m.weight): m.weight
-        for m in model.modules()
-        if isinstance(m, nn.Linear) and id(m.weight) not in in_schemes
-    }
-    return list(decay.values()), [p for p in model.parameters() if id(p) not in decay]
-
-
-def without_unread_projections(model: TransformerLM, state: dict) -> dict:
-    """The optimizer state of a checkpoint for this model's optimizer, also when the checkpoint was
-    written while every attention built q_net and both halves of kv_net (attention.py loads such
-    weights): q_net's entries (decayed, each just before its layer's kv_net) left out where q_net is
-    not built, the keys' half of kv_net's moments where W_k is not. Those weights never changed the
-    output: the run resumes as it was."""
-    decay, rest = parameter_groups(model)
-    unbuilt_q = {id(a.kv_net.weight) for a in model.attention_layers() if a.q_net is None}
-    old = iter(i for group in state["param_groups"] for i in group["params"])
-    legacy = sum(len(group["params"]) for group in state["param_groups"]) > len(decay) + len(rest)
-    moments = {}
-    for index, p in enumerate(decay + rest):
-        if legacy and id(p) in unbuilt_q:
-            next(old)  # that layer's q_net
-        entry = state["state"].get(next(old))
-        if entry is not None:  # [W_k; W_v] moments -> W_v's where only the value rows are built
-            moments[index] = {
-                k: v[-p.shape[0] :] if torch.is_tensor(v) and v.dim() and v.shape != p.shape else v
-                for k, v in entry.items()
-            }
-    first = [0, len(decay), len(decay) + len(rest)]
-    groups = [
-        {**group, "params": list(range(a, b))}
-        for group, a, b in zip(state["param_groups"], first, first[1:])
-    ]
-    return {"state": moments, "param_groups": groups}
-
-
-def after_optimizer_step(model: nn.Module) -> None:
-    """Every bias scheme restores its parameters' range once they moved (KERPLE clamps a, p in
-    place)."""
-    for scheme in bias_schemes(model):
-        scheme.after_optimizer_step()
-
-
-class MaskedMean(Metric):
-    """Mean of a per-token value over the marked tokens, accumulated in float64 across batches.
-
-    (torchmetrics' MeanMetric ignores its weights when nan_strategy='disable', and its other
-    strategies sync with the host on every update.)"""
-
-    def __init__(self):
-        super().__init__()
-        self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, values: Tensor, mask: Tensor) -> None:
-        self.total += (values.double() * mask).sum()
-        self.count += mask.sum()
-
-    def compute(self) -> Tensor:
-        return self.total / self.count
-
-    def synced(self) -> tuple[Tensor, Tensor]:
-        """(mean, count) over the tokens of every process: their sums are added before dividing
-        (exact, not a mean of means); in one process, this one's."""
-        with self.sync_context():
-            return self.total / self.count, self.count.clone()
-
-
-class PositionLoss(Metric):
-    """Summed loss and token count per position (column) of the evaluated segment or window."""
-
-    def __init__(self, length: int):
-        super().__init__()
-        self.add_state("total", torch.zeros(length, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", torch.zeros(length, dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, values: Tensor, mask: Tensor) -> None:  # values, mask: [R, L]
-        weights = mask.double()
-        self.total += (values.double() * weights).sum(0)
-        self.count += weights.sum(0)
-
-    def compute(self) -> dict[str, list]:
-        """{"edges": log-spaced bin edges, "loss": mean loss per bin (None when empty), "tokens":
-        count}."""
-        edges = log_bins(len(self.total))
-        loss, tokens = [], []
-        for lo, hi in zip(edges, edges[1:]):
-            count = self.count[lo:hi].sum().item()
-            loss.append(self.total[lo:hi].sum().item() / count if count else None)
-            tokens.append(int(count))
-        return {"edges": edges, "loss": loss, "tokens": tokens}
 
 
 def rope_scale(config: RunConfig, setting: EvalSetting) -> float | None:

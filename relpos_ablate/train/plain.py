@@ -1,6 +1,6 @@
 """The same training as LitLM in a plain PyTorch loop: the baseline Lightning's overhead is measured
 against (benchmarks/train_step.py) and a parity check of the Lightning loop
-(tests/test_train_plain.py).
+(tests/train/test_train_plain.py).
 
 Same data order, memory carrying and reset, loss, optimizer (then each bias scheme's
 `after_optimizer_step`), schedule and gradient clipping; no checkpoints, logging or evaluation.
@@ -18,7 +18,9 @@ from relpos_ablate.config import RunConfig
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.model.lm import masked_mean
 from relpos_ablate.train.data import build_datamodule
-from relpos_ablate.train.module import after_optimizer_step, build_optimizer, loss_mask, token_stats
+from relpos_ablate.train.data.streams import loss_mask
+from relpos_ablate.train.metrics import token_stats
+from relpos_ablate.train.optimizer import after_optimizer_step, build_optimizer
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 

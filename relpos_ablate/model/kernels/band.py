@@ -2,8 +2,8 @@
 within D.
 
 Where every per-distance input (term b's keys s·W_R R_d, term d, the bias's curve) is the same at
-each distance d >= D (`AttentionCall.saturation`: a clamp of R such as Shaw's, the end of xl_table,
-T5's last bucket), a query's scores at those distances differ from s·q·kᵀ by one constant per query
+each distance d >= D (`AttentionCall.saturation`: a clamp of R, a table's end, a bias's last bucket:
+its `band` form), a query's scores at those distances differ from s·q·kᵀ by one constant per query
 (term b: (q + v)·s·W_R R_D; the curve: its value at D), which the softmax ignores. With the
 per-distance inputs shifted by their value at D (`banded`: by autograd, outside the kernel, so their
 gradients reach the unshifted ones) the map is 0 from D on, and the call splits into
@@ -16,11 +16,11 @@ BlockwiseBiasedAttention merges the far pairs into the band's output by their lo
 log-sum-exp (`far_backward`): the gradients of q, k and v are then those of the whole softmax, and
 the shifted map, 0 there, has none.
 
-CoPE (cope.py) has no per-distance input, but a count clamped at p_max - 1: once a query's count has
-passed it, every key further back scores s·q_i·e[p_max - 1], again one constant per query. How far
-back that happens is the data's: `with_contextual_band` finds the band D of a call from its queries
-and keys (cope.band_width) and sets it as the call's saturation; the block kernel then builds CoPE's
-scores minus that constant within D only.
+A score term may have no per-distance input but a band of its own (a count clamped at its largest
+value: once a query's count has passed it, every key further back scores one constant per query).
+How far back that happens is the data's: `with_term_band` asks each term of a call for its band
+width (ScoreTerm.band_width) and sets the widest as the call's saturation; the block kernel then
+builds the term's map minus that constant within D only.
 
 The far pairs cost what causal attention without positions costs; the band L·D map entries.
 """
@@ -33,50 +33,44 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from relpos_ablate.model.kernels.call import AttentionCall
-from relpos_ablate.model.kernels.geometry import Visibility
+from relpos_ablate import planner
+from relpos_ablate.model.core.call import AttentionCall
+from relpos_ablate.model.core.geometry import Visibility
 
 
 def takes(call: AttentionCall, q_content: Tensor, dropout_p: float) -> bool:
-    """Whether the band kernel can take the call: CPU (the flash kernel's own entry points), no
-    attention dropout, causal, consecutive positions, no window, key padding, sinks or query scale,
-    nothing but per-distance inputs (no query-dependent bias or FoX) or CoPE alone, a saturation
-    distance D, and at least 2·D keys."""
+    """Whether the band kernel can take a call whose forms allow it (planner.band): CPU (the flash
+    kernel's own entry points), no attention dropout, a saturation distance D (of the per-distance
+    inputs, or of the terms' band forms: `with_term_band`), and at least 2·D keys."""
     saturation = call.saturation
     return (
         saturation is not None
         and q_content.device.type == "cpu"
         and dropout_p == 0.0
-        and (call.plain_causal or _contextual_only(call))
-        and call.inputs.log_decay is None
         and call.far_from is None
         and call.n_keys >= 2 * saturation
     )
 
 
-def _contextual_only(call: AttentionCall) -> bool:
-    """CoPE with no other additive term, on a call that is otherwise plain causal."""
-    rest = dataclasses.replace(call, contextual=None)
-    return call.contextual is not None and rest.plain_causal and not rest.has_additive
-
-
 # its host syncs would break a compiled graph once per block: one break around it instead
 @torch.compiler.disable
-def with_contextual_band(
+def with_term_band(
     call: AttentionCall, q_content: Tensor, k: Tensor, dropout_p: float
 ) -> AttentionCall:
-    """A CoPE call with its band from the data (cope.band_width) as its saturation, where the band
-    kernel could take it: the call itself otherwise."""
+    """A call of terms alone with the band their data allow (each term's `band_width` form: the
+    widest) as its saturation, where the band kernel could take it: the call itself otherwise."""
     if (
-        call.contextual is None
+        not call.terms
         or q_content.device.type != "cpu"
         or dropout_p > 0.0
-        or not _contextual_only(call)
         or call.far_from is not None
+        or not planner.band(call.plan())
     ):
         return call
-    width = call.contextual.band_width(q_content, k, call.scale, call.n_mem)
-    return call if width is None else dataclasses.replace(call, saturation=width)
+    widths = [term.band_width(call, q_content, k) for term in call.terms]
+    if any(width is None for width in widths):
+        return call
+    return dataclasses.replace(call, band=(max(widths), None))
 
 
 def banded(call: AttentionCall) -> AttentionCall:
@@ -91,7 +85,7 @@ def banded(call: AttentionCall) -> AttentionCall:
     }
     window = Visibility(call.n_mem, causal=True, window=d)
     return dataclasses.replace(
-        call, visibility=window, inputs=call.inputs._replace(**shifted), far_from=d
+        call, visibility=window, inputs=call.inputs._replace(**shifted), band=(d, d)
     )
 
 

@@ -13,39 +13,23 @@ K_b] tensor:
   product itself (one more channel: 1 against the curve), laid out per key by rel_shift's view
   (strides m - 1, 1). Gradients are reduced by hand: along the map's anti-diagonals onto the curve,
   and through the per-distance layout onto (q + v) and W_R R (the strided maps' backward,
-  blockwise._strided_backward, computes dS in that layout).
-- `MaterialisedMaps`: everything else (key padding, explicit positions, FIRE past its threshold,
-  FoX's decay, the query scale, sink columns): `sum_terms` of `AttentionCall.additive_terms` per
-  block (the one sum of the terms), masked, and its gradient by autograd through a rebuild of the
-  block's map, but for the terms that give their gradient by hand (FoX's decay: fox.py; CoPE:
-  cope.py).
+  `strided_backward` below, computes dS in that layout).
+- `MaterialisedMaps` (materialised_maps.py): everything else (key padding, explicit positions,
+  the call's score terms, the query scale, sink columns): `sum_terms` of
+  `AttentionCall.additive_terms` per block (the one sum of the terms), masked, and its gradient by
+  autograd through a rebuild of the block's map, but for the terms that give their gradient by hand
+  (ScoreTerm.hand_gradient).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock, ScoreInputs, sum_terms
-from relpos_ablate.model.kernels.shift import antidiagonal_sums, rel_shift
-
-
-def block_maps(call: AttentionCall, inputs: ScoreInputs) -> StridedMaps | MaterialisedMaps:
-    """The layout of this call's maps: strided views when they depend on the distance alone."""
-    per_distance = inputs.distance_scores is not None or inputs.rel_keys is not None
-    strided = (
-        per_distance
-        and call.consecutive
-        and call.key_padding_mask is None
-        and not call.n_sinks
-        and call.pair_bias is None
-        and call.contextual is None
-        and inputs.log_decay is None
-        and inputs.query_scale is None
-    )
-    return StridedMaps(call, inputs) if strided else MaterialisedMaps(call, inputs)
-
+from relpos_ablate.model.core.call import AttentionCall, QueryBlock, ScoreInputs
+from relpos_ablate.model.core.shift import antidiagonal_sums, outside_keys, rel_shift
 
 # How the kernel walks a call (docs/performance.md). Each backward tile holds [B, H, L_b, K_t]
 # buffers (probabilities, dS, the map and its gradient) of `tile_scores` entries per head: half as
@@ -72,7 +56,23 @@ def tile_scores(call: AttentionCall, d_head: int) -> int:
     return max(MIN_TILE_SCORES, call.n_keys * d_head // 2)
 
 
-class _Layout:
+LOG2_E = 1 / math.log(2)
+
+
+def flip_rows(t: Tensor, flipped: bool) -> Tensor:
+    return t.flip(2) if flipped else t
+
+
+def accumulate(target: Tensor, cols: slice, a: Tensor, b: Tensor, alpha: float = 1.0) -> None:
+    """target[:, cols] += alpha·a @ b: in place in the product where cols are all of target's
+    rows."""
+    if cols.start == 0 and cols.stop == target.shape[1]:
+        target.baddbmm_(a, b, alpha=alpha)
+    else:
+        target[:, cols] += torch.bmm(a, b).mul_(alpha) if alpha != 1.0 else torch.bmm(a, b)
+
+
+class BlockLayout:
     # [B, H, L_b, K_b]-sized tensors a backward tile holds besides the probabilities and dS
     buffers = 1
     # queries per backward block, its keys in tiles (0: blocks shrink with their keys, one tile
@@ -128,15 +128,15 @@ class _Layout:
         ]
 
 
-def _columns(t: Tensor, cols: slice) -> Tensor:
+def columns(t: Tensor, cols: slice) -> Tensor:
     return t.narrow(-2 if t.dim() == 3 else -1, cols.start, cols.stop - cols.start)
 
 
-class StridedMaps(_Layout):
+class StridedMaps(BlockLayout):
     """Maps of distance-only scores and term b as views of per-distance tensors (module docstring).
 
     `reversed`: the block's queries are taken last to first (the Hankel layout, used without term
-    b). Backward is its own loop (blockwise._strided_backward), built on `per_distance` and
+    b). Backward is its own loop (`strided_backward`), built on `per_distance` and
     `add_term_b_gradients` with term b, on `mask` and `add_curve_gradient` without."""
 
     def __init__(self, call: AttentionCall, inputs: ScoreInputs):
@@ -184,7 +184,7 @@ class StridedMaps(_Layout):
                 self._scratch = self.inputs.q_position.new_empty(size)
         return blocks
 
-    def mask(
+    def additive_map(
         self, block: QueryBlock, q_content: Tensor | None = None, k: Tensor | None = None
     ) -> Tensor:
         """The block's map with -inf where a key is hidden: [1 or B, H, L_b, K_b], a view (with term
@@ -203,9 +203,7 @@ class StridedMaps(_Layout):
             )
         queries, keys = self._operands
         return rel_shift(
-            self.per_distance(
-                block, queries[:, :, block.rows], _columns(keys, block.distance_cols)
-            ),
+            self.per_distance(block, queries[:, :, block.rows], columns(keys, block.distance_cols)),
             width,
         )
 
@@ -222,8 +220,8 @@ class StridedMaps(_Layout):
         """[H, m, dh + 1 or 2]: s·W_R R at the distance columns, with channels [1,] curve: against
         term_b_queries, the product is term b plus the curve (its -inf included) [minus lse], with
         no pass of its own over the scores."""
-        rel_keys = _columns(self.inputs.rel_keys, cols)
-        curve = _columns(self.curve, cols).expand(rel_keys.shape[:-1])[..., None]
+        rel_keys = columns(self.inputs.rel_keys, cols)
+        curve = columns(self.curve, cols).expand(rel_keys.shape[:-1])[..., None]
         extra = [torch.ones_like(curve)] if lse else []
         return torch.cat([rel_keys, *extra, curve], dim=-1)
 
@@ -253,15 +251,15 @@ class StridedMaps(_Layout):
         (None: not wanted)."""
         cols = block.distance_cols
         if grads.distance_scores is not None:
-            _columns(grads.distance_scores, cols).add_(grad_per_distance.sum((0, 2)))
+            columns(grads.distance_scores, cols).add_(grad_per_distance.sum((0, 2)))
         q_position = self.inputs.q_position[:, :, block.rows]  # (B, H, L_b, dh)
         if grads.rel_keys is not None:  # Σ_b dSᵀ·q_position, one (H, m, dh) product per batch row
             total = grad_per_distance[0].transpose(1, 2) @ q_position[0]
             for b in range(1, q_position.shape[0]):
                 total.baddbmm_(grad_per_distance[b].transpose(1, 2), q_position[b])
-            _columns(grads.rel_keys, cols).add_(total)
+            columns(grads.rel_keys, cols).add_(total)
         if grads.q_position is not None:
-            keys = _columns(self.inputs.rel_keys, cols)
+            keys = columns(self.inputs.rel_keys, cols)
             for b in range(q_position.shape[0]):
                 grads.q_position[b, :, block.rows] += grad_per_distance[b] @ keys
 
@@ -271,240 +269,103 @@ class StridedMaps(_Layout):
         """Add the gradient of the Hankel view's map, grad_scores [B, H, L_b, K_b] (rows in the
         order of `mask`), onto the curve's (None: not wanted)."""
         if grads.distance_scores is not None:
-            _columns(grads.distance_scores, block.distance_cols).add_(
-                antidiagonal_sums(grad_scores)
-            )
+            columns(grads.distance_scores, block.distance_cols).add_(antidiagonal_sums(grad_scores))
 
 
-# backward blocks of 256 queries: FIRE 220 -> 197 ms at L = 1024 and 2.34 -> 2.22 s at 4096, FoX on
-# this kernel 1.84 -> 1.58 s at 4096, against 64 (one layer step; 512 and 1024 alike). Tiles are
-# then at least 256 keys wide, above tile_scores at L = 1024 (FIRE's peak memory 1.55x / 1.14x
-# attention without positions at 1024 / 4096); twice or four times wider tiles gained nothing
-MATERIALISED_ROWS = 256
-
-
-class MaterialisedMaps(_Layout):
-    """Each block's map as a tensor: the sum of `call.additive_terms`, the sink columns in front,
-    -inf where hidden.
-
-    Backward splits a block's keys into tiles, but for sinks (in front of the first tile only) and
-    CoPE (whose positions count over a query's whole row)."""
-
-    reversed = False
-    buffers = 3  # the map, the mask, and what autograd keeps to differentiate the map
-
-    def __init__(self, call: AttentionCall, inputs: ScoreInputs):
-        self.call, self.inputs = call, inputs
-        self.rows = 0 if call.n_sinks or call.contextual is not None else MATERIALISED_ROWS
-        # FIRE past its threshold: its pairs' bias and gradient by hand (fire_pairs.py), where it is
-        # the last term of the sum (no FoX decay after it, no query scale on it, no CoPE)
-        self.by_hand = (
-            call.pair_bias is not None
-            and inputs.query_scale is None
-            and inputs.log_decay is None
-            and call.contextual is None
+def strided_backward(
+    maps: StridedMaps,
+    call: AttentionCall,
+    grad_out: Tensor,
+    q_content: Tensor,
+    k: Tensor,
+    v_ones: Tensor,
+    lse: Tensor,
+    minus_delta: Tensor,
+    grad_q: Tensor,
+    grad_k: Tensor,
+    grad_v: Tensor,
+    grads: ScoreInputs,
+) -> None:
+    """The five products per tile for maps of the distance (block_maps.StridedMaps), in two
+    tile-sized buffers and with c·(map + s·q·kᵀ - lse) (c = log2 e) written in one pass: with term
+    b, the per-distance product with the curve and -lse as channels, the content product added
+    through the per-key view; on the Hankel view of a curve, map - lse written from the view, s·q·kᵀ
+    added in place by the product, times c. Then exp2 in place (P), dV = Pᵀ·dO, dP = dO·Vᵀ - delta
+    as one product ([dO, -delta]·[V, 1]) in the second buffer, dS = P ∘ dP in place: with term b
+    already in the per-distance layout its gradients read, once the columns outside each row's keys
+    are zeroed; on the Hankel view summed along its anti-diagonals. dK and dV are summed per range
+    of keys in one contiguous buffer (1.1 ms a tile against 1.5 ms for a product added to a slice of
+    grad_k: B = 2, H = 8, 128 x 1024)."""
+    d_head, scale, flip = q_content.shape[-1], call.scale, maps.reversed
+    batch, heads = q_content.shape[:2]
+    groups = maps.key_tiles(call, d_head)
+    size = max((t.i1 - t.i0) * t.width for _, tiles in groups for t in tiles) * batch * heads
+    scratch = q_content.new_empty((2 if flip else 1) * size)
+    for keys, tiles in groups:
+        grad_k_g, grad_v_g = (
+            q_content.new_zeros(batch * heads, keys.stop - keys.start, d_head) for _ in range(2)
         )
-        self._pairs = None
-
-    def pairs(self, grad: bool = False):
-        """The call's query-dependent bias with its gradient by hand (BiasScheme.by_hand), made at
-        first use; `grad`: its parameters get gradients (backward; made again if the first use had
-        none)."""
-        grad = grad and any(p.requires_grad for p in self.call.pair_bias.parameters())
-        if self._pairs is None or (grad and not self._pairs.trained):
-            self._pairs = self.call.pair_bias.by_hand(
-                self.call.query_positions, self.call.key_positions, grad
+        for tile in tiles:
+            rows, lq, width = tile.rows, tile.i1 - tile.i0, tile.width
+            q_b, go, minus_delta_b, lse_b = (
+                flip_rows(t[:, :, rows], flip) for t in (q_content, grad_out, minus_delta, lse)
             )
-        return self._pairs
-
-    def _pair_map(self, block: QueryBlock, grad: bool = False):
-        """(the block's query-dependent bias [1, H, L_b, K_b] times s_B, what its gradient reads
-        (`grad`: backward; forward: None)), where it is taken by hand (else None)."""
-        if not self.by_hand or self.call.pair_bias_on_curve(block) or self.pairs(grad) is None:
-            return None
-        keys = slice(block.k0, block.n_keys)
-        bias, tile = (
-            self.pairs(grad).block(block.rows, keys)
-            if grad
-            else (self.pairs().values(block.rows, keys), None)
-        )
-        return (bias if self.call.bias_scale == 1.0 else bias.mul_(self.call.bias_scale))[
-            None
-        ], tile
-
-    @staticmethod
-    def _plus(additive: Tensor | None, bias: Tensor) -> Tensor:
-        """additive + bias (bias last, as sum_terms adds it) in a new tensor or in bias."""
-        if additive is None:
-            return bias
-        return bias.add_(additive) if additive.shape == bias.shape else additive + bias
-
-    def mask(
-        self, block: QueryBlock, q_content: Tensor | None = None, k: Tensor | None = None
-    ) -> Tensor:
-        """[B or 1, H, L_b, S + K_b]; q_content [B, H, L_b, dh] and the block's keys k [B, H, K_b,
-        dh] (no sinks) for CoPE."""
-        pair = self._pair_map(block)
-        additive = sum_terms(
-            self.call.additive_terms(
-                block, self.call.block_inputs(block, self.inputs), pair_bias=pair is None
+            go_delta = torch.cat([go, minus_delta_b], dim=-1).flatten(0, 1)
+            k_t = k[:, :, tile.keys].flatten(0, 1)
+            n = batch * heads * lq * width
+            product = scratch[:n].view(-1, lq, width)
+            if flip:  # c·(map - lse) from the curve's view, the product added in place
+                probs = torch.sub(
+                    maps.additive_map(tile),
+                    lse_b,
+                    out=scratch[size : size + n].view(batch, heads, lq, width),
+                )
+                # (c applied last, as the generic loop does: folded into the product as beta and
+                # alpha it rounds once more, 1.09e-5 against 8.9e-6 for one gradient of test_band's
+                # xl_d_and_t5, whose limit is 1e-5)
+                probs = (
+                    probs.flatten(0, 1)
+                    .baddbmm_(q_b.flatten(0, 1), k_t.transpose(1, 2), alpha=scale)
+                    .mul_(LOG2_E)
+                )
+            else:
+                queries = maps.term_b_queries(rows, lse_b.neg())
+                per_distance = maps.per_distance(
+                    tile, queries, maps.term_b_keys(tile.distance_cols, lse=True), LOG2_E
+                )
+                # (B·H, L_b, K_t), a view of (B, H, L_b, m)
+                probs = rel_shift(per_distance, width).flatten(0, 1)
+                torch.baddbmm(
+                    product,
+                    q_b.flatten(0, 1),
+                    k_t.transpose(1, 2),
+                    beta=0,
+                    alpha=scale * LOG2_E,
+                    out=product,
+                )
+                probs.add_(product)
+            probs.exp2_()
+            cols = slice(tile.k0 - keys.start, tile.n_keys - keys.start)
+            accumulate(grad_v_g, cols, probs.transpose(1, 2), go.flatten(0, 1))  # dV += Pᵀ·dO
+            # dO·Vᵀ - delta
+            grad_probs = torch.baddbmm(
+                product,
+                go_delta,
+                v_ones[:, :, tile.keys].flatten(0, 1).transpose(1, 2),
+                beta=0,
+                out=product,
             )
-        )
-        if pair is not None:
-            additive = self._plus(additive, pair[0])
-        if self.call.contextual is not None:
-            cope, _ = self.call.contextual.block_scores(
-                q_content,
-                k,
-                self.call.scale,
-                self.call.visible(block),
-                shifted=self.call.far_from is not None,
-                diagonal=self.call.causal_diagonal(block),
+            grad_scores = probs.mul_(grad_probs)  # dS = P ∘ (dP - delta)
+            if flip:
+                maps.add_curve_gradient(tile, grad_scores.view(batch, heads, lq, width), grads)
+            else:
+                before, after = outside_keys(per_distance)
+                per_distance[..., : lq - 1].masked_fill_(before, 0.0)
+                per_distance[..., per_distance.shape[-1] - lq + 1 :].masked_fill_(after, 0.0)
+                maps.add_term_b_gradients(tile, per_distance, grads)
+            grad_q[:, :, rows] += flip_rows(
+                (grad_scores @ k_t).view(batch, heads, lq, d_head).mul_(scale), flip
             )
-            additive = cope if additive is None else cope.add_(additive)
-        return self._masked(block, additive, own=True)
-
-    def _masked(self, block: QueryBlock, additive: Tensor, own: bool) -> Tensor:
-        """`own`: the map is this call's to overwrite (no other tensor or autograd reads it)."""
-        visible = self.call.visible(block)
-        if not visible.all():  # causal: only tiles on the diagonal hide keys
-            hidden = ~visible
-            # in place, from the first key any row hides (causal: the diagonal's)
-            if own and visible.dim() == 2:
-                first = int(hidden.any(0).to(torch.uint8).argmax())
-                # as an added [L_b, K_b] map of 0 and -inf: ~3x faster than masked_fill_
-                # broadcasting the bool mask over batch and heads (B = 2, H = 8, 256 x 402: 0.36
-                # against 0.98 ms)
-                minus_inf = torch.zeros(
-                    hidden[:, first:].shape, dtype=additive.dtype, device=additive.device
-                )
-                additive[..., first:].add_(minus_inf.masked_fill_(hidden[:, first:], float("-inf")))
-            else:  # (key padding broadcasts a shared map over the batch)
-                additive = additive.masked_fill(hidden, float("-inf"))
-        # sinks carry no position: 0
-        return F.pad(additive, (block.n_sinks, 0)) if block.n_sinks else additive
-
-    def rebuilt(
-        self,
-        block: QueryBlock,
-        grads: ScoreInputs,
-        params: list[Tensor],
-        param_grads: list[Tensor | None],
-        content: tuple[Tensor, Tensor, Tensor] | None = None,
-    ):
-        """(the block's mask, a function adding the gradient of a map gradient [B, H, L_b, S + K_b]
-        onto `grads` and `param_grads`): the map rebuilt under autograd from leaves, FoX's decay and
-        CoPE's scores differentiated by hand. `content` for CoPE: (q_content rows, their gradient,
-        the block's keys without sinks); the gates' gradient is added to the map gradient itself
-        (the kernel's dS: it then reaches q and k through the products that carry s·q·kᵀ's)."""
-        call = self.call
-        block_grads = call.block_inputs(block, grads)
-        pair = self._pair_map(block, grad=True)
-        with torch.enable_grad():
-            leaves = ScoreInputs(
-                *(
-                    None
-                    if t is None
-                    else t.detach().requires_grad_(g is not None and name != "log_decay")
-                    for name, t, g in zip(
-                        ScoreInputs._fields, call.block_inputs(block, self.inputs), block_grads
-                    )
-                )
-            )
-            rest = sum_terms(call.additive_terms(block, leaves, pair_bias=pair is None))
-        wanted = [
-            (view, leaf)
-            for view, leaf in zip(block_grads, leaves)
-            if view is not None and leaf.requires_grad
-        ]
-        if pair is None:  # (by hand, the parameters get theirs from `finish`)
-            wanted += [
-                (g, p)
-                for g, p in zip(param_grads, params)
-                if g is not None and not _is_table(call, p)
-            ]
-        cope = state = None
-        if call.contextual is not None:
-            cope, state = call.contextual.block_scores(
-                content[0],
-                content[2],
-                call.scale,
-                call.visible(block),
-                shifted=call.far_from is not None,
-                diagonal=call.causal_diagonal(block),
-            )
-
-        def add_gradients(grad_scores: Tensor) -> None:
-            stream = grad_scores[..., block.n_sinks :]  # sinks have no map
-            if grads.log_decay is not None:
-                self._decay_gradient(block, stream, grads.log_decay)
-            if (
-                pair is not None
-                and self.pairs().trained
-                and any(g is not None for g in param_grads)
-            ):
-                grad_bias = torch.sum(stream, 0)  # (H, L_b, K_b), a new tensor: the batch's sum
-                self.pairs().add_gradient(
-                    pair[1],
-                    grad_bias if call.bias_scale == 1.0 else grad_bias.mul_(call.bias_scale),
-                )
-            if rest is not None and wanted:
-                # a map shared by the batch ([1, H, ...]) receives the batch's summed gradient
-                shared = (
-                    stream.sum(0, keepdim=True) if rest.shape[0] == 1 < stream.shape[0] else stream
-                )
-                for (target, _), g in zip(
-                    wanted,
-                    torch.autograd.grad(rest, [t for _, t in wanted], shared, allow_unused=True),
-                ):
-                    if g is not None:
-                        target.add_(g)
-            if state is not None:
-                grad_logits, grad_q, grad_table = call.contextual.block_backward(
-                    state, stream, content[0], call.scale, shifted=call.far_from is not None
-                )
-                content[1].add_(grad_q)
-                for target, p in zip(param_grads, params):
-                    if target is not None and _is_table(call, p):
-                        target.add_(grad_table)
-                stream.add_(grad_logits)  # last: the map's other gradients read dS without it
-
-        additive = rest.detach() if rest is not None else None
-        if pair is not None:
-            additive = self._plus(additive, pair[0])
-        if cope is not None:
-            additive = cope if additive is None else cope.add_(additive)
-        return self._masked(block, additive, own=not wanted or pair is not None), add_gradients
-
-    def finish(self, params: list[Tensor], param_grads: list[Tensor | None]) -> None:
-        """Add the parameters' gradients that the tiles summed by hand (FIRE's pairs) onto
-        param_grads."""
-        if self._pairs is None:
-            return
-        trained = [(g, p) for g, p in zip(param_grads, params) if g is not None and p.requires_grad]
-        if not trained:
-            return
-        for (target, _), g in zip(
-            trained, self._pairs.parameter_gradients([p for _, p in trained])
-        ):
-            if g is not None:
-                target.add_(g)
-
-    def _decay_gradient(
-        self, block: QueryBlock, grad_scores: Tensor, grad_log_decay: Tensor
-    ) -> None:
-        """FoX's term (times the query scale, if any) differentiated by its own hand (fox.py) from
-        the map's gradient [B, H, L_b, K_b]."""
-        scale = self.inputs.query_scale
-        grad_decay = grad_scores if scale is None else grad_scores * scale[:, :, block.rows]
-        self.call.decay.block_gradient(
-            grad_decay,
-            grad_log_decay,
-            slice(self.call.n_mem + block.i0, self.call.n_mem + block.i1),
-            slice(block.k0, block.n_keys),
-        )
-
-
-def _is_table(call: AttentionCall, parameter: Tensor) -> bool:
-    """Whether `parameter` is one CoPE's block_backward differentiates (its table)."""
-    return call.contextual is not None and any(parameter is p for p in call.contextual.parameters())
+            accumulate(grad_k_g, cols, grad_scores.transpose(1, 2), q_b.flatten(0, 1), alpha=scale)
+        grad_k[:, :, keys] += grad_k_g.view_as(grad_k[:, :, keys])
+        grad_v[:, :, keys] += grad_v_g.view_as(grad_v[:, :, keys])

@@ -12,8 +12,8 @@ flash kernel, which adds it to each tile of scores and never writes scores or pr
 FlashAttention-2's gradients in five products (P = exp(s·q·kᵀ + map - lse); dV = Pᵀ·dO; dS = P ∘
 (dO·Vᵀ - rowsum(dO ∘ O)); dQ = s·dS·K;
 dK = s·dSᵀ·Q), dS then reduced onto the map's inputs (block_maps.py); maps of the distance
-(block_maps.StridedMaps) have a loop of their own (`_strided_backward`: fewer passes over each tile,
-dK and dV summed per range of keys). A map whose inputs need no gradient (fixed ALiBi, Sandwich)
+(block_maps.StridedMaps) have a loop of their own (`block_maps.strided_backward`: fewer passes over
+each tile, dK and dV summed per range of keys). A map whose inputs need no gradient (a fixed curve)
 leaves dQ, dK, dV to the CPU flash kernel's own backward. A band call (`far_from` set: band.py)
 computes its band here and adds the pairs beyond it from the causal flash kernel, forward and
 backward.
@@ -21,15 +21,19 @@ backward.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
+from relpos_ablate.model.core.call import AttentionCall, QueryBlock, ScoreInputs
 from relpos_ablate.model.kernels import band
-from relpos_ablate.model.kernels.block_maps import StridedMaps, block_maps
-from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock, ScoreInputs
-from relpos_ablate.model.kernels.shift import outside_keys, rel_shift
+from relpos_ablate.model.kernels.block_maps import (
+    LOG2_E,
+    StridedMaps,
+    accumulate,
+    flip_rows,
+    strided_backward,
+)
+from relpos_ablate.model.kernels.materialised_maps import MaterialisedMaps
 
 
 def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:
@@ -40,9 +44,6 @@ def masked_softmax(scores: Tensor, visible: Tensor) -> Tensor:
     if not sees_none.any():  # (the usual case: two passes over the map fewer)
         return scores.softmax(dim=-1)
     return scores.masked_fill(sees_none, 0.0).softmax(dim=-1).masked_fill(sees_none, 0.0)
-
-
-LOG2_E = 1 / math.log(2)
 
 
 def _fused(q: Tensor) -> bool:
@@ -60,8 +61,8 @@ def _probabilities(q: Tensor, k: Tensor, mask: Tensor, lse: Tensor, scale: float
     scores.view(b * h, lq, -1).baddbmm_(
         q.reshape(b * h, lq, dh), k.transpose(-1, -2).reshape(b * h, dh, -1), alpha=scale
     )
-    # as 2^(x·log2 e): torch's exp takes a slow path below about -87 (4-10x slower there, and FoX's
-    # decay puts most of a row there), its exp2 does not
+    # as 2^(x·log2 e): torch's exp takes a slow path below about -87 (4-10x slower there, and a
+    # cumulative decay puts most of a row there), its exp2 does not
     return torch.exp2(scores.mul_(LOG2_E), out=scores)
 
 
@@ -81,10 +82,6 @@ def _attend_block(
     return scores.sub_(lse).exp_() @ v, lse
 
 
-def _flip(t: Tensor, flipped: bool) -> Tensor:
-    return t.flip(2) if flipped else t
-
-
 def _merged(parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
     """(out, lse) of a block from those of its key tiles: lse = log Σ e^lse_t, out = Σ e^(lse_t -
     lse)·out_t (every query sees a key of every tile: call.key_tiles)."""
@@ -99,8 +96,10 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
     """out = softmax(s·q_content·kᵀ + map, masked)·v, block by block (see module docstring).
 
     The map of each block is built from the score inputs (ScoreInputs: q_position, rel_keys,
-    distance_scores, log_decay, query_scale). `params` are module parameters it reads directly
-    (FIRE's MLP); they get gradients through a rebuild of each block's map under autograd. Autocast
+    distance_scores, query_scale) and the call's terms, whose tensors follow the inputs
+    (call.term_tensors), then the module parameters the terms read directly (call.term_parameters);
+    they get gradients through a rebuild of each block's map under autograd, or from the terms' hand
+    forms. Autocast
     is off inside, so that forward and the rebuild in backward compute the same thing in the inputs'
     dtype. k and v start with the call's sink slots.
     """
@@ -112,9 +111,13 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
         q_content: Tensor,
         k: Tensor,
         v: Tensor,
-        *inputs_and_params: Tensor | None,
+        *tensors: Tensor | None,
     ):
-        inputs, params = ScoreInputs(*inputs_and_params[:N_INPUTS]), inputs_and_params[N_INPUTS:]
+        inputs = ScoreInputs(*tensors[:N_INPUTS])
+        n_terms = len(call.term_tensors())
+        term_tensors = tensors[N_INPUTS : N_INPUTS + n_terms]
+        params = tensors[N_INPUTS + n_terms :]
+        call = call.with_term_tensors(list(term_tensors))
         b, h, lq, d_head = q_content.shape
         out = v.new_empty(b, h, lq, v.shape[-1])
         lse = q_content.new_empty(b, h, lq, 1)
@@ -122,28 +125,28 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
             maps = block_maps(call, inputs)
             for tiles in maps.forward_blocks(call, d_head):
                 rows = tiles[0].rows
-                q_b = _flip(q_content[:, :, rows], maps.reversed)
+                q_b = flip_rows(q_content[:, :, rows], maps.reversed)
                 out_b, lse_b = _merged(
                     [
                         _attend_block(
                             q_b,
                             k[:, :, t.keys],
                             v[:, :, t.keys],
-                            maps.mask(t, q_b, k[:, :, _stream(t)]),
+                            maps.additive_map(t, q_b, k[:, :, _stream(t)]),
                             call.scale,
                         )
                         for t in tiles
                     ]
                 )
                 out[:, :, rows], lse[:, :, rows] = (
-                    _flip(out_b, maps.reversed),
-                    _flip(lse_b, maps.reversed),
+                    flip_rows(out_b, maps.reversed),
+                    flip_rows(lse_b, maps.reversed),
                 )
             # the pairs the band leaves to the causal flash kernel (band.py)
             if call.far_from is not None:
                 band.add_far(call, q_content, k, v, out, lse)
         ctx.call, ctx.params = call, params
-        ctx.save_for_backward(q_content, k, v, *inputs, out, lse)
+        ctx.save_for_backward(q_content, k, v, *inputs, *term_tensors, out, lse)
         return out
 
     @staticmethod
@@ -153,6 +156,20 @@ class BlockwiseBiasedAttention(torch.autograd.Function):
 
 
 N_INPUTS = len(ScoreInputs._fields)
+
+
+def block_maps(call: AttentionCall, inputs: ScoreInputs) -> StridedMaps | MaterialisedMaps:
+    """The layout of this call's maps: strided views when they depend on the distance alone."""
+    per_distance = inputs.distance_scores is not None or inputs.rel_keys is not None
+    strided = (
+        per_distance
+        and call.consecutive
+        and call.key_padding_mask is None
+        and not call.n_sinks
+        and not call.terms
+        and inputs.query_scale is None
+    )
+    return StridedMaps(call, inputs) if strided else MaterialisedMaps(call, inputs)
 
 
 def _stream(block: QueryBlock) -> slice:
@@ -169,17 +186,23 @@ def _add_product(target: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> No
 def _backward(ctx, grad_out: Tensor):
     """Gradients of q_content, k, v, the score inputs and the params, block by block, tile by
     tile."""
-    # forward's inputs: call, q_content, k, v, score inputs, params
-    call, first_param = (ctx.call, 4 + N_INPUTS)
-    q_content, k, v, *score_inputs, out, lse = ctx.saved_tensors
-    inputs, d_head = ScoreInputs(*score_inputs), q_content.shape[-1]
+    # forward's inputs: call, q_content, k, v, score inputs, the terms' tensors, params
+    call = ctx.call
+    q_content, k, v, *saved, out, lse = ctx.saved_tensors
+    inputs, d_head = ScoreInputs(*saved[:N_INPUTS]), q_content.shape[-1]
+    term_tensors = saved[N_INPUTS:]  # (the call's terms hold them too)
+    first_term, first_param = 4 + N_INPUTS, 4 + N_INPUTS + len(term_tensors)
     grad_q, grad_k, grad_v = (t.new_zeros(t.shape) for t in (q_content, k, v))
     grads = ScoreInputs(
         *(
             None if t is None or not need else torch.zeros_like(t)
-            for t, need in zip(inputs, ctx.needs_input_grad[4:first_param])
+            for t, need in zip(inputs, ctx.needs_input_grad[4:first_term])
         )
     )
+    term_grads = [
+        torch.zeros_like(t) if need else None
+        for t, need in zip(term_tensors, ctx.needs_input_grad[first_term:first_param])
+    ]
     param_grads = [
         torch.zeros_like(p) if need else None
         for p, need in zip(ctx.params, ctx.needs_input_grad[first_param:])
@@ -188,32 +211,32 @@ def _backward(ctx, grad_out: Tensor):
         band.far_backward(call, grad_out, q_content, k, v, out, lse, grad_q, grad_k, grad_v)
     maps = block_maps(call, inputs)
     flip = maps.reversed
-    if _fused(q_content) and all(g is None for g in (*grads, *param_grads)):
+    if _fused(q_content) and all(g is None for g in (*grads, *term_grads, *param_grads)):
         # the fused backward does it all
         for blk in (t for tiles in maps.forward_blocks(call, d_head) for t in tiles):
             rows, keys = blk.rows, blk.keys
             grads_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                _flip(grad_out[:, :, rows], flip),
-                _flip(q_content[:, :, rows], flip),
+                flip_rows(grad_out[:, :, rows], flip),
+                flip_rows(q_content[:, :, rows], flip),
                 k[:, :, keys],
                 v[:, :, keys],
-                _flip(out[:, :, rows], flip),
-                _flip(lse[:, :, rows, 0], flip),
+                flip_rows(out[:, :, rows], flip),
+                flip_rows(lse[:, :, rows, 0], flip),
                 0.0,
                 False,
-                attn_mask=maps.mask(blk),
+                attn_mask=maps.additive_map(blk),
                 scale=call.scale,
             )
-            grad_q[:, :, rows] += _flip(grads_b[0], flip)
+            grad_q[:, :, rows] += flip_rows(grads_b[0], flip)
             grad_k[:, :, keys] += grads_b[1]
             grad_v[:, :, keys] += grads_b[2]
-        return (grad_q, grad_k, grad_v, *grads, *param_grads)
+        return (grad_q, grad_k, grad_v, *grads, *term_grads, *param_grads)
     # -rowsum(dP ∘ P) = -rowsum(dO ∘ O)
     minus_delta = (grad_out * out).sum(dim=-1, keepdim=True).neg_()
     # dP - delta as one product: [dO, -delta]·[V, 1]ᵀ
     v_ones = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
     if isinstance(maps, StridedMaps):
-        _strided_backward(
+        strided_backward(
             maps,
             call,
             grad_out,
@@ -227,15 +250,15 @@ def _backward(ctx, grad_out: Tensor):
             grad_v,
             grads,
         )
-        return (grad_q, grad_k, grad_v, *grads, *param_grads)
+        return (grad_q, grad_k, grad_v, *grads, *term_grads, *param_grads)
     # q and grad_out come in the projections' (B, L, H, dh) layout: copied once here, where each
-    # tile's products would copy their rows (FIRE at L = 4096: 448 copies, 29 ms); not in forward or
-    # above, where the copy of q would be kept beside its original (peak memory +0.1x for every
-    # scheme on this kernel, Shaw's 1.99x at 4096)
+    # tile's products would copy their rows (a query-position bias at L = 4096: 448 copies, 29 ms);
+    # not in forward or above, where the copy of q would be kept beside its original (peak memory
+    # +0.1x for every scheme on this kernel, a learned R table's 1.99x at 4096)
     q_content, grad_out = q_content.contiguous(), grad_out.contiguous()
     # materialised maps (rows in order): by ranges of keys, dK and dV summed in one contiguous
-    # buffer per range (as _strided_backward); sinks and CoPE (rows = 0) by query blocks, each its
-    # tiles
+    # buffer per range (as strided_backward); sinks and content terms (rows = 0) by query blocks,
+    # each its tiles
     groups = (
         maps.key_tiles(call, d_head)
         if maps.rows
@@ -254,19 +277,15 @@ def _backward(ctx, grad_out: Tensor):
                 t[:, :, rows] for t in (q_content, grad_out, lse, minus_delta)
             )
             grad_q_b = grad_q[:, :, rows]
-            content = (
-                None
-                if call.contextual is None
-                else (q_content[:, :, rows], grad_q_b, k[:, :, _stream(tile)])
-            )
-            mask, add_map_gradient = maps.rebuilt(tile, grads, ctx.params, param_grads, content)
+            content = (q_content[:, :, rows], grad_q_b, k[:, :, _stream(tile)])
+            mask, add_map_gradient = maps.rebuilt(tile, grads, term_grads, param_grads, content)
             with torch.no_grad():
                 k_t, v_t = k[:, :, keys], v[:, :, keys]
                 probs = _probabilities(q_b, k_t, mask, lse_b, call.scale)
                 if key_range is not None:
                     cols = slice(tile.k0 - key_range.start, tile.n_keys - key_range.start)
                     # dV += Pᵀ·dO
-                    _accumulate(
+                    accumulate(
                         grad_v_g, cols, probs.flatten(0, 1).transpose(1, 2), go.flatten(0, 1)
                     )
                 else:
@@ -278,10 +297,10 @@ def _backward(ctx, grad_out: Tensor):
                 # dO·Vᵀ - delta
                 grad_probs = torch.bmm(go_delta, v_ones[:, :, keys].flatten(0, 1).transpose(1, 2))
                 grad_scores = probs.mul_(grad_probs.view_as(probs))  # dS = P ∘ (dP - delta)
-                add_map_gradient(grad_scores)  # (CoPE adds its gates' gradient to dS)
+                add_map_gradient(grad_scores)  # (a term that reads s·q·kᵀ adds to dS)
                 _add_product(grad_q_b, grad_scores, k_t, alpha=call.scale)
                 if key_range is not None:
-                    _accumulate(
+                    accumulate(
                         grad_k_g,
                         cols,
                         grad_scores.flatten(0, 1).transpose(1, 2),
@@ -298,113 +317,5 @@ def _backward(ctx, grad_out: Tensor):
         if key_range is not None:
             grad_k[:, :, key_range] += grad_k_g.view_as(grad_k[:, :, key_range])
             grad_v[:, :, key_range] += grad_v_g.view_as(grad_v[:, :, key_range])
-    maps.finish(ctx.params, param_grads)
-    return (grad_q, grad_k, grad_v, *grads, *param_grads)
-
-
-def _strided_backward(
-    maps: StridedMaps,
-    call: AttentionCall,
-    grad_out: Tensor,
-    q_content: Tensor,
-    k: Tensor,
-    v_ones: Tensor,
-    lse: Tensor,
-    minus_delta: Tensor,
-    grad_q: Tensor,
-    grad_k: Tensor,
-    grad_v: Tensor,
-    grads: ScoreInputs,
-) -> None:
-    """The five products per tile for maps of the distance (block_maps.StridedMaps), in two
-    tile-sized buffers and with c·(map + s·q·kᵀ - lse) (c = log2 e) written in one pass: with term
-    b, the per-distance product with the curve and -lse as channels, the content product added
-    through the per-key view; on the Hankel view of a curve, map - lse written from the view, s·q·kᵀ
-    added in place by the product, times c. Then exp2 in place (P), dV = Pᵀ·dO, dP = dO·Vᵀ - delta
-    as one product ([dO, -delta]·[V, 1]) in the second buffer, dS = P ∘ dP in place: with term b
-    already in the per-distance layout its gradients read, once the columns outside each row's keys
-    are zeroed; on the Hankel view summed along its anti-diagonals. dK and dV are summed per range
-    of keys in one contiguous buffer (1.1 ms a tile against 1.5 ms for a product added to a slice of
-    grad_k: B = 2, H = 8, 128 x 1024)."""
-    d_head, scale, flip = q_content.shape[-1], call.scale, maps.reversed
-    batch, heads = q_content.shape[:2]
-    groups = maps.key_tiles(call, d_head)
-    size = max((t.i1 - t.i0) * t.width for _, tiles in groups for t in tiles) * batch * heads
-    scratch = q_content.new_empty((2 if flip else 1) * size)
-    for keys, tiles in groups:
-        grad_k_g, grad_v_g = (
-            q_content.new_zeros(batch * heads, keys.stop - keys.start, d_head) for _ in range(2)
-        )
-        for tile in tiles:
-            rows, lq, width = tile.rows, tile.i1 - tile.i0, tile.width
-            q_b, go, minus_delta_b, lse_b = (
-                _flip(t[:, :, rows], flip) for t in (q_content, grad_out, minus_delta, lse)
-            )
-            go_delta = torch.cat([go, minus_delta_b], dim=-1).flatten(0, 1)
-            k_t = k[:, :, tile.keys].flatten(0, 1)
-            n = batch * heads * lq * width
-            product = scratch[:n].view(-1, lq, width)
-            if flip:  # c·(map - lse) from the curve's view, the product added in place
-                probs = torch.sub(
-                    maps.mask(tile),
-                    lse_b,
-                    out=scratch[size : size + n].view(batch, heads, lq, width),
-                )
-                # (c applied last, as the generic loop does: folded into the product as beta and
-                # alpha it rounds once more, 1.09e-5 against 8.9e-6 for one gradient of test_band's
-                # xl_d_and_t5, whose limit is 1e-5)
-                probs = (
-                    probs.flatten(0, 1)
-                    .baddbmm_(q_b.flatten(0, 1), k_t.transpose(1, 2), alpha=scale)
-                    .mul_(LOG2_E)
-                )
-            else:
-                queries = maps.term_b_queries(rows, lse_b.neg())
-                per_distance = maps.per_distance(
-                    tile, queries, maps.term_b_keys(tile.distance_cols, lse=True), LOG2_E
-                )
-                # (B·H, L_b, K_t), a view of (B, H, L_b, m)
-                probs = rel_shift(per_distance, width).flatten(0, 1)
-                torch.baddbmm(
-                    product,
-                    q_b.flatten(0, 1),
-                    k_t.transpose(1, 2),
-                    beta=0,
-                    alpha=scale * LOG2_E,
-                    out=product,
-                )
-                probs.add_(product)
-            probs.exp2_()
-            cols = slice(tile.k0 - keys.start, tile.n_keys - keys.start)
-            _accumulate(grad_v_g, cols, probs.transpose(1, 2), go.flatten(0, 1))  # dV += Pᵀ·dO
-            # dO·Vᵀ - delta
-            grad_probs = torch.baddbmm(
-                product,
-                go_delta,
-                v_ones[:, :, tile.keys].flatten(0, 1).transpose(1, 2),
-                beta=0,
-                out=product,
-            )
-            grad_scores = probs.mul_(grad_probs)  # dS = P ∘ (dP - delta)
-            if flip:
-                maps.add_curve_gradient(tile, grad_scores.view(batch, heads, lq, width), grads)
-            else:
-                before, after = outside_keys(per_distance)
-                per_distance[..., : lq - 1].masked_fill_(before, 0.0)
-                per_distance[..., per_distance.shape[-1] - lq + 1 :].masked_fill_(after, 0.0)
-                maps.add_term_b_gradients(tile, per_distance, grads)
-            grad_q[:, :, rows] += _flip(
-                (grad_scores @ k_t).view(batch, heads, lq, d_head).mul_(scale), flip
-            )
-            _accumulate(grad_k_g, cols, grad_scores.transpose(1, 2), q_b.flatten(0, 1), alpha=scale)
-        grad_k[:, :, keys] += grad_k_g.view_as(grad_k[:, :, keys])
-        grad_v[:, :, keys] += grad_v_g.view_as(grad_v[:, :, keys])
-
-
-def _accumulate(target: Tensor, cols: slice, a: Tensor, b: Tensor, alpha: float = 1.0) -> None:
-    """target[:, cols] += alpha·a @ b: in place in the product where cols are all of target's
-    rows."""
-    if cols.start == 0 and cols.stop == target.shape[1]:
-        target.baddbmm_(a, b, alpha=alpha)
-    else:
-        target[:, cols] += torch.bmm(a, b).mul_(alpha) if alpha != 1.0 else torch.bmm(a, b)
+    maps.finish(param_grads)
+    return (grad_q, grad_k, grad_v, *grads, *term_grads, *param_grads)

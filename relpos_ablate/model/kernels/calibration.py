@@ -73,8 +73,8 @@ ROUNDS = 3
 def time_alternating(runs: dict[str, Callable[[], None]], rounds: int = ROUNDS) -> dict[str, float]:
     """Seconds of each run's fastest of `rounds`, after one warm-up run each, the runs taking turns
     round by round (timed one after the other, a drift of the machine's speed between them decided:
-    learned ALiBi at L = 1024 got the block kernel at 0.054 against 0.058 s for the low-rank one,
-    which takes 98 against 105 ms in seven alternating pairs)."""
+    a learned linear bias at L = 1024 got the block kernel at 0.054 against 0.058 s for the low-rank
+    one, which takes 98 against 105 ms in seven alternating pairs)."""
     for run in runs.values():
         run()
     best = dict.fromkeys(runs, float("inf"))

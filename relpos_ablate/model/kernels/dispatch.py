@@ -4,19 +4,19 @@
 q_content = q + u (terms a, c) and q_position = q + v (terms b, d; None without term b):
 - nothing beyond causal attention: one SDPA call (flash kernels);
 - FlexAttention (flex.py) for backend 'flex', and 'auto' on CUDA without attention dropout for heads
-  of at least 16 channels (its compiled kernel's least), unless FIRE's parameters need gradients
-  (flex.trains_pair_bias);
-- on CPU, a map that is a key offset (ALiBi, FoX) on the low-rank kernel (low_rank.py), and one that
-  is constant from a distance on (a clamp, T5's last bucket) on the band kernel (band.py), where
-  calibration finds them fastest;
+  of at least 16 channels (its compiled kernel's least), unless a term whose point form's gradient
+  is not trusted needs one (flex.untrusted_gradient);
+- on CPU, a map that is a key offset (every term's `key_offsets` form) on the low-rank kernel
+  (low_rank.py), and one that is constant from a distance on (a clamp, a bias's last bucket, every
+  term's `band_width` form) on the band kernel (band.py), where calibration finds them fastest;
 - the block kernel that rebuilds each block's map in backward (blockwise.py) for backend 'blocks',
   and 'auto' without attention dropout unless the maps fit in max_stored_scores_mb (default 0:
   never);
 - else SDPA per query block, each with its additive map (stored for backward);
 - with statistics to collect (evaluation diagnostics), explicit probabilities per query block, each
   block's handed to the statistics before it is multiplied by v (no fused kernel has them);
-- CoPE (call.contextual) never on FlexAttention: its positions need each block's whole score rows
-  before the softmax (the block kernel builds its blocks with whole rows of keys).
+- a term that reads content (its map needs each block's whole score rows before the softmax) never
+  on FlexAttention (the block kernel builds its blocks with whole rows of keys).
 k and v start with the call's learned sink slots (call.n_sinks; none: plain keys).
 A new kernel is one function of (call, q_content, k, v, q_position) and one branch in `attend`.
 """
@@ -24,17 +24,27 @@ A new kernel is one function of (call, q_content, k, v, q_position) and one bran
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
-from relpos_ablate.config.model import AttentionConfig
+from relpos_ablate import planner
+from relpos_ablate.model.core.call import AttentionCall, ScoreInputs, sum_terms
+from relpos_ablate.model.core.geometry import StatisticsSink
+from relpos_ablate.model.core.terms import needs_gradient
 from relpos_ablate.model.kernels import band, calibration, flex, low_rank
 from relpos_ablate.model.kernels.blockwise import BlockwiseBiasedAttention, masked_softmax
-from relpos_ablate.model.kernels.call import AttentionCall, ScoreInputs, sum_terms
-from relpos_ablate.model.kernels.geometry import StatisticsSink
+
+
+class KernelChoice(Protocol):
+    """What the attention's configuration says of the kernels (AttentionConfig has both)."""
+
+    backend: str  # auto, sdpa, blocks, flex, low_rank, band (explicit never reaches here)
+    max_stored_scores_mb: float  # training on SDPA per block stores at most this much of maps
+
 
 # Score entries per head in one query block whose map is stored for backward (the block kernel sizes
 # its own blocks: block_maps.py)
@@ -47,7 +57,7 @@ def attend(
     k: Tensor,
     v: Tensor,
     q_position: Tensor | None,
-    config: AttentionConfig,
+    config: KernelChoice,
     dropout_p: float,
     statistics: StatisticsSink | None = None,
     path: str | None = None,
@@ -55,7 +65,7 @@ def attend(
     """[B, H, L, dh] attention output by the kernel the config and the call select (module
     docstring); path: one of `candidates` (calibration times each so)."""
     # the call's tensors are in the kernels' dtype (call.dtype, autocast's under autocast); so are
-    # the queries, keys and values from here. FoX's Λ stays float64 (AttentionCall.decay)
+    # the queries, keys and values from here (a term may keep its own, e.g. float64)
     dtype = call.dtype
     q_content, k, v, q_position = (
         None if t is None else t.to(dtype) for t in (q_content, k, v, q_position)
@@ -63,32 +73,32 @@ def attend(
     if statistics is not None:
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
     # compiled FlexAttention (CUDA) needs heads of at least 16 channels, and is not trusted with
-    # FIRE's gradient: 'auto' leaves those calls to the others
+    # every term's gradient: 'auto' leaves those calls to the others
     on_flex = config.backend == "flex" or (
         config.backend == "auto"
         and q_content.is_cuda
         and dropout_p == 0.0
         and q_content.shape[-1] >= flex.min_head_dim("cuda")
-        and not flex.trains_pair_bias(call)
+        and not flex.untrusted_gradient(call)
     )
-    if on_flex and call.contextual is None:
+    if on_flex and planner.flex(call.plan()):
         return flex.flex_attend(call, q_content, k, v, q_position)
     if not call.has_additive:  # a mask, no map: plain SDPA, or SDPA per block with its mask
         if call.key_padding_mask is None and call.visibility.window is None and not call.n_sinks:
             return _plain(call, q_content, k, v, dropout_p)
         return _stored(call, q_content, k, v, q_position, dropout_p)
     if path is None and config.backend in ("auto", "band"):
-        # CoPE: the band its data allows
-        call = band.with_contextual_band(call, q_content, k, dropout_p)
-    plan = _low_rank_plan(call, q_content, dropout_p) if path in (None, "low_rank") else None
-    paths = [path] if path else _candidates(call, q_content, config, dropout_p, plan)
+        # the band the terms' data allow
+        call = band.with_term_band(call, q_content, k, dropout_p)
+    offsets = _low_rank_plan(call, q_content, dropout_p) if path in (None, "low_rank") else None
+    paths = [path] if path else _candidates(call, q_content, config, dropout_p, offsets)
     path = (
         paths[0]
         if len(paths) == 1 or not calibration.enabled()
         else _calibrated(call, q_content, k, v, q_position, config, dropout_p, paths)
     )
     if path == "low_rank":
-        return low_rank.attend_low_rank(call, q_content, k, v, *plan)
+        return low_rank.attend_low_rank(call, q_content, k, v, *offsets)
     if path in ("blocks", "band"):
         call = band.banded(call) if path == "band" else call
         return _blockwise(call, *_widened(call, q_content, k, v, q_position)).to(call.dtype)
@@ -96,10 +106,10 @@ def attend(
 
 
 def candidates(
-    call: AttentionCall, q_content: Tensor, config: AttentionConfig, dropout_p: float
+    call: AttentionCall, q_content: Tensor, config: KernelChoice, dropout_p: float
 ) -> list[str]:
     """The kernels that may compute this call, the fixed order's choice first: 'low_rank' (every
-    term a key offset: ALiBi, FoX; low_rank.py), 'band' (a map constant from a distance on: its band
+    term a key offset; low_rank.py), 'band' (a map constant from a distance on: its band
     on the block kernel, the rest on the causal flash kernel; band.py), 'blocks' (the block kernel:
     no attention dropout) and 'sdpa' (SDPA per query block with its map: stored for backward, so in
     training only while the maps fit max_stored_scores_mb). A pinned backend is the only candidate
@@ -113,16 +123,22 @@ def candidates(
 def _candidates(
     call: AttentionCall,
     q_content: Tensor,
-    config: AttentionConfig,
+    config: KernelChoice,
     dropout_p: float,
     plan: tuple[Tensor, int] | None,
 ) -> list[str]:
     """`candidates`, given the low-rank kernel's plan (`_low_rank_plan`: computed once a
-    forward)."""
-    if config.backend == "sdpa" or (config.backend == "blocks" and dropout_p > 0.0):
+    forward); the kernels the forms of the call allow (relpos_ablate/planner.py), where their own
+    data allow."""
+    forms = call.plan()
+    if (
+        config.backend == "sdpa"
+        or (config.backend == "blocks" and dropout_p > 0.0)
+        or not planner.blocks(forms)
+    ):
         return ["sdpa"]
     rebuild = "blocks" if dropout_p == 0.0 else "sdpa"
-    banded = band.takes(call, q_content, dropout_p)
+    banded = planner.band(forms) and band.takes(call, q_content, dropout_p)
     if config.backend in ("blocks", "low_rank", "band"):
         pinned = (config.backend == "low_rank" and plan is not None) or (
             config.backend == "band" and banded
@@ -143,14 +159,14 @@ def _low_rank_plan(
 ) -> tuple[Tensor, int] | None:
     """The low-rank kernel's key offsets and query block for this call, computed once a forward;
     None where it cannot take the call."""
-    if dropout_p > 0.0 or q_content.device.type != "cpu":
+    if dropout_p > 0.0 or q_content.device.type != "cpu" or not planner.low_rank(call.plan()):
         return None
     offsets = low_rank.key_offsets(call)
     block = None if offsets is None else low_rank.block_size(offsets, call.n_queries)
     return None if block is None else (offsets, block)
 
 
-def _stores_too_much(call: AttentionCall, q_content: Tensor, config: AttentionConfig) -> bool:
+def _stores_too_much(call: AttentionCall, q_content: Tensor, config: KernelChoice) -> bool:
     """Whether training on SDPA per block would store score maps beyond max_stored_scores_mb (never
     without autograd: nothing is stored)."""
     if not torch.is_grad_enabled():
@@ -166,27 +182,16 @@ def call_key(call: AttentionCall, q_content: Tensor, dropout_p: float) -> str:
     (calibration.py)."""
     inputs = call.inputs
     # a tensor autograd differentiates is its own class: the block kernel's backward is the fused
-    # one only where no map input needs a gradient (fixed ALiBi: yes; learned ALiBi: no)
+    # one only where no map input needs a gradient (a fixed slope: yes; a learned one: no)
     terms = [
         name + ("'" if t.requires_grad else "")
         for name, t in zip(inputs._fields, inputs)
         if t is not None and name != "q_position"
     ]
+    terms += [term.name + ("'" if needs_gradient(term) else "") for term in call.terms]
     terms += [
         name
         for name, on in (
-            ("pair_bias", call.pair_bias is not None),
-            ("cope", call.contextual is not None),
-            ("linear", call.linear_bias is not None),
-            (
-                "params",
-                any(
-                    p.requires_grad
-                    for scheme in (call.pair_bias, call.contextual)
-                    if scheme is not None
-                    for p in scheme.parameters()
-                ),
-            ),
             ("window", call.visibility.window),
             ("padding", call.key_padding_mask is not None),
             ("sinks", call.n_sinks),
@@ -213,7 +218,7 @@ def _calibrated(
     k: Tensor,
     v: Tensor,
     q_position: Tensor | None,
-    config: AttentionConfig,
+    config: KernelChoice,
     dropout_p: float,
     paths: list[str],
 ) -> str:
@@ -232,9 +237,9 @@ def _calibrated(
 
     copies = [leaf(t) for t in (q_content, k, v, q_position)]
     inputs = ScoreInputs(*map(leaf, call.inputs))
-    linear = leaf(call.linear_bias)
-    copy = dataclasses.replace(call, inputs=inputs, linear_bias=linear)
-    leaves = [t for t in (*copies, *inputs, linear) if t is not None and t.requires_grad]
+    tensors = [leaf(t) for t in call.term_tensors()]
+    copy = dataclasses.replace(call, inputs=inputs).with_term_tensors(tensors)
+    leaves = [t for t in (*copies, *inputs, *tensors) if t is not None and t.requires_grad]
 
     def run(path: str) -> None:
         out = attend(copy, *copies, config, dropout_p, path=path)
@@ -272,22 +277,16 @@ _blockwise = torch.compiler.disable(BlockwiseBiasedAttention.apply)
 def _widened(
     call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None
 ) -> list:
-    """The block kernel's arguments after the call: q_content, k, v, the score inputs and the
-    parameters the maps read. bf16/fp16 are widened to fp32, so that scores and softmax statistics
-    stay in fp32 as FlashAttention keeps them (FoX's float64 Λ is left as it is)."""
+    """The block kernel's arguments after the call: q_content, k, v, the score inputs, the terms'
+    tensors and the parameters the terms read. bf16/fp16 are widened to fp32, so that scores and
+    softmax statistics stay in fp32 as FlashAttention keeps them (float64 is left as it is)."""
     wide = torch.promote_types(q_content.dtype, torch.float32)
     widen = [t.to(wide) for t in (q_content, k, v)]
     inputs = [
         t if t is None or t.dtype == torch.float64 else t.to(wide)
-        for t in call.score_inputs(q_position)
+        for t in (*call.score_inputs(q_position), *call.term_tensors())
     ]
-    params = [
-        p
-        for scheme in (call.pair_bias, call.contextual)
-        if scheme is not None
-        for p in scheme.parameters()
-    ]
-    return [*widen, *inputs, *params]
+    return [*widen, *inputs, *call.term_parameters()]
 
 
 def _stored(

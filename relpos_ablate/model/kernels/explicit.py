@@ -1,10 +1,10 @@
-"""The materialised path of RelPosAttention (`backend: explicit`, `need_weights`, Shaw value
-embeddings, and per query block for the schemes that need the scores themselves: stick-breaking,
-PaTH, DAPE): every score of the equation summed into one [B, H, L_b, K_b] map, the normaliser over
-it (softmax, or stick-breaking), then the values.
+"""The materialised path of RelPosAttention (`backend: explicit`, `need_weights`, values per
+distance, and per query block for the schemes that need the scores themselves: a normaliser of its
+own, a logit product, a transform of the summed scores): every score of the equation summed into one
+[B, H, L_b, K_b] map, the normaliser over it (softmax, or a scheme's own), then the values.
 
 Slow and memory-hungry by design: the readable reference the fast kernels (dispatch.py) are tested
-against, and the only path that returns probabilities or adds Shaw et al.'s value term. A function
+against, and the only path that returns probabilities or adds values per distance. A function
 of tensors: the attention computes its equation (RelPosAttention.scores) and hands the summed map
 down with the values and the call; this module knows nothing of the module that computed them.
 """
@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from relpos_ablate.model.core.call import AttentionCall, QueryBlock
+from relpos_ablate.model.core.geometry import StatisticsSink
+from relpos_ablate.model.core.shift import rel_shift
 from relpos_ablate.model.kernels.blockwise import masked_softmax
-from relpos_ablate.model.kernels.call import AttentionCall, QueryBlock
-from relpos_ablate.model.kernels.geometry import StatisticsSink
-from relpos_ablate.model.kernels.shift import rel_shift
 
 #: (scores [B, H, L_b, K_b], visible, own [L_b, K_b]) -> weights: the normaliser seam (default:
 #: softmax)
@@ -45,9 +45,9 @@ def explicit_attention(
 
     scores: every score of the equation summed, broadcastable to [B, H, L_b, K_b]; v [B, H, K_b,
     dh], the block's keys' values; the learned sinks' logits [B, H, L_b, S] and values [H, S, dh];
-    value_rows [n, dh]: Shaw et al.'s a^V at each of the call's distances (whole call only).
+    value_rows [n, dh]: a value a^V at each of the call's distances (whole call only).
     normaliser: what turns the scores into weights, (scores, visible, own) -> weights, own True at
-    each query's own key (default: the softmax over the visible keys; stick_breaking.py replaces
+    each query's own key (default: the softmax over the visible keys; a scheme of its own replaces
     it)."""
     blk = block or call.all_queries
     b, h = v.shape[:2]
@@ -71,14 +71,15 @@ def explicit_attention(
     if sink_values is not None:
         out = out + dropped[..., :n_sinks] @ sink_values.to(out.dtype)
     if value_rows is not None:
-        out = out + shaw_values(dropped[..., n_sinks:], value_rows, call)
+        out = out + distance_values(dropped[..., n_sinks:], value_rows, call)
     return out, probs
 
 
-def shaw_values(probs: Tensor, values: Tensor, call: AttentionCall) -> Tensor:
-    """Shaw et al. value term Σ_j p_ij a^V_{clip(i'-j)}: values [n, dh] per distance of the call
-    (clipped as the keys are), probabilities regrouped by distance (the inverse of rel_shift), then
-    one product; at explicit positions, the row gathered per pair. [B, H, L, K] -> [B, H, L, dh]."""
+def distance_values(probs: Tensor, values: Tensor, call: AttentionCall) -> Tensor:
+    """The value term of each distance, Σ_j p_ij a^V_{d(i, j)}: values [n, dh] per distance of the
+    call (clipped as the keys are), probabilities regrouped by distance (the inverse of rel_shift),
+    then one product; at explicit positions, the row gathered per pair. [B, H, L, K] -> [B, H, L,
+    dh]."""
     if not call.consecutive:
         # (L, K, dh) per pair
         return torch.einsum("bhlk,lkd->bhld", probs, values[call.distance_index])

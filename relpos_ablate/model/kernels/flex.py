@@ -4,27 +4,25 @@ a `score_mod` + `block_mask`.
 score_mod reads per-distance tensors at the pair's column t in the descending-distance order
 (shift.py):
 t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at
-explicit ones. It reads distance_scores [H, n] (term d without b, distance-only biases and FIRE
-below its threshold; term d its own [H, n] next to FIRE past it),
-FoX's Λ [B, H, K] (D = Λ_i' - Λ_j, restarted at the first query, in fp32 like the authors' kernel),
-the query scale [B or 1, H or 1, L], and evaluates FIRE's MLP per pair
-(`BiasScheme.compiled_pair_score` compiled: its piecewise-linear tables; `eager_pair_score` in eager
-mode, under vmap): memory O(L·d) for all of them. Term b is the exception: (q + v)·s·W_R R is
+explicit ones. It reads distance_scores [H, n] (term d without b, a bias of distance alone; term d
+its own [H, n] next to a term), the query scale [B or 1, H or 1, L], and each score term's point
+form (ScoreTerm.point: a cumulative decay's two reads, a bias's MLP evaluated per pair): memory
+O(L·d) for all of them. Term b is the exception: (q + v)·s·W_R R is
 precomputed for every query and distance, a [B, H, L, M + 2L - 1] tensor (O(L²): 8.6 GB at B = 1,
 H = 8, L = 16384 in bf16, as much as the scores themselves; a product of d_head numbers per pair has
 no pointwise form, and its bilinear form through the sinusoid's angle sums costs d_model / d_head
-times the q·kᵀ work); backend 'blocks' keeps it O(L·d). A bias scheme of one's own that depends on
-the query position (no pointwise `pair_score`) is precomputed as [H, L, K]. The block mask is the
+times the q·kᵀ work); backend 'blocks' keeps it O(L·d). A term without a point form is precomputed
+as its [B or 1, H, L, K] map. The block mask is the
 call's Visibility (causal, window), with the learned sink slots (the first n_sinks keys) visible to
-every query and free of position; key padding is applied in score_mod. CoPE does not run here
-(dispatch.py). On CPU FlexAttention has no backward: forward only.
+every query and free of position; key padding is applied in score_mod. A term that reads
+content does not run here (dispatch.py). On CPU FlexAttention has no backward: forward only.
 
 Compilation: `dynamic=False` (torch 2.13's CPU code generation of FlexAttention fails with dynamic
 shapes), so every new shape of q, k (batch, L, M + L) compiles once more, as does every new
 score_mod structure, dtype and autocast state; dynamo runs a function eagerly past its recompile
 limit (8 by default), which for FlexAttention means the full score matrix: the first compiled call
 raises the limit to RECOMPILE_LIMIT. A repeated shape does not recompile, nor does a new call of the
-same scheme (tests/test_compiled_flex.py).
+same scheme (tests/model/test_compiled_flex.py).
 """
 
 from __future__ import annotations
@@ -35,7 +33,8 @@ import operator
 import torch
 from torch import Tensor
 
-from relpos_ablate.model.kernels.call import AttentionCall, Visibility
+from relpos_ablate.model.core.call import AttentionCall, Visibility
+from relpos_ablate.model.core.terms import needs_gradient
 
 #: The least recompile limit set for compiled FlexAttention: every score_mod structure, dtype,
 #: autocast state and shape is one more compilation of the same function, and past torch's limit (8
@@ -84,30 +83,25 @@ def min_head_dim(device_type: str) -> int:
     return 16 if device_type == "cuda" else 1
 
 
-def trains_pair_bias(call: AttentionCall) -> bool:
-    """Whether the call would differentiate a query-dependent bias's parameters (FIRE's MLP, c, L)
-    through compiled FlexAttention's score_mod, which is not trusted: on CUDA (torch 2.11) its
-    gradient of FIRE's first layer's bias differed from the block kernel's by up to
-    0.08 in 13 of 32 entries (the forward matched on CPU, compiled). 'auto' sends such calls to the
-    other kernels; a pinned 'flex' refuses them."""
-    return (
-        call.pair_bias is not None
-        and torch.is_grad_enabled()
-        and any(p.requires_grad for p in call.pair_bias.parameters())
-    )
+def untrusted_gradient(call: AttentionCall) -> bool:
+    """Whether the call would differentiate a term through compiled FlexAttention's score_mod where
+    the term says its point form's gradient is not trusted (ScoreTerm.point_gradient_trusted):
+    'auto' sends such calls to the other kernels; a pinned 'flex' refuses them."""
+    return any(not term.point_gradient_trusted and needs_gradient(term) for term in call.terms)
 
 
 def compiles(q: Tensor) -> bool:
     """Whether FlexAttention runs compiled: on CUDA; elsewhere eagerly (torch 2.13's CPU code
-    generation has no backward; tests/test_compiled_flex.py compiles it on CPU for the forward)."""
+    generation has no backward; tests/model/test_compiled_flex.py compiles it on CPU for the
+    forward)."""
     return q.is_cuda
 
 
 def flex_attend(
     call: AttentionCall, q_content: Tensor, k: Tensor, v: Tensor, q_position: Tensor | None
 ) -> Tensor:
-    """softmax(s·q_content·kᵀ + terms b, d, the bias and FoX's decay, masked)·v with FlexAttention:
-    [B, H, L, dh]."""
+    """softmax(s·q_content·kᵀ + terms b, d, the curve and the score terms, masked)·v with
+    FlexAttention: [B, H, L, dh]."""
     n_queries, padding, compiled = call.n_queries, call.key_padding_mask, compiles(q_content)
     least = min_head_dim(q_content.device.type)
     if compiled and min(q_content.shape[-1], v.shape[-1]) < least:
@@ -115,11 +109,12 @@ def flex_attend(
             f"model.attention.backend: 'flex' on {q_content.device.type} needs d_head >= {least} "
             f"(compiled FlexAttention); got {q_content.shape[-1]}; use 'auto' or 'blocks'"
         )
-    if compiled and trains_pair_bias(call):
+    if compiled and untrusted_gradient(call):
+        names = [t.name for t in call.terms if not t.point_gradient_trusted]
         raise ValueError(
-            f"model.attention.backend: 'flex' on {q_content.device.type} cannot train a "
-            f"query-dependent bias (fire: its compiled gradient is not trusted, "
-            f"flex.trains_pair_bias); use 'auto' or 'blocks'"
+            f"model.attention.backend: 'flex' on {q_content.device.type} cannot train the score "
+            f"term {names[0]!r} (its compiled gradient is not trusted, flex.untrusted_gradient); "
+            f"use 'auto' or 'blocks'"
         )
     score_mod = _per_distance_mod(call, q_position, compiled)
     if padding is not None:
@@ -156,44 +151,22 @@ def _after_sinks(score_mod, n_sinks: int):
 def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: bool):
     """score_mod reading per-distance tensors at column t of the pair's distance: t = (L - 1 -
     q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at explicit
-    ones."""
-    n_queries, n_mem, n_distances = call.n_queries, call.n_mem, call.distances.numel()
+    ones, and each term's point form (its dense map of the whole call where it has none)."""
+    n_queries, n_distances = call.n_queries, call.distances.numel()
     # the one O(L²) tensor of this path: (q + v)·s·W_R R for every query and distance, [B, H, L, M +
     # 2L - 1]
     term_b = None if q_position is None else q_position @ call.rel_keys.transpose(1, 2)
-    term_d, distance_scores, scheme, pair_map = (
-        call.inputs.term_d,
-        call.distance_scores,
-        call.pair_bias,
-        None,
-    )
-    # a scheme of one's own: its [H, L, K] map, precomputed
-    if scheme is not None and not scheme.pointwise:
-        pair_map = scheme.bias(call.query_positions, call.key_positions) * call.bias_scale
-    # Λ restarted at the first query, in at least fp32 (in bf16 a Λ of 100 would be off by 0.25)
-    wide = torch.promote_types(call.dtype, torch.float32)
-    # the queries' Λ [B, H, L] and the keys' [B, H, K] as two tensors: compiled FlexAttention cannot
-    # differentiate two reads of one tensor (fox.point)
-    decays = (
-        None
-        if call.log_decay is None
-        else [
-            (call.log_decay[..., start:] - call.log_decay[..., n_mem, None]).to(wide)
-            for start in (n_mem, 0)
-        ]
-    )
+    term_d, distance_scores = call.inputs.term_d, call.distance_scores
+    points = []  # (the term's point form, whether λ multiplies it)
+    for term in call.terms:
+        point = term.point(call, compiled)
+        if point is None:  # its [B or 1, H, L, K] map, precomputed
+            dense = term.block(call, call.all_queries)
+            point = functools.partial(_read, dense)
+        points.append((point, term.scaled))
     scale = None if call.query_scale is None else call.query_scale[..., 0]  # (B or 1, H or 1, L)
     largest = int(call.distances[0]) if not call.consecutive else 0
     query_positions, key_positions = call.query_positions, call.key_positions
-    pair_score = None  # FIRE: its MLP per pair, (head, q_idx, kv_idx, t) -> B
-    if scheme is not None and scheme.pointwise and compiled:
-        pair_score = scheme.compiled_pair_score(
-            query_positions, key_positions, None if call.drawn_distances else call.distances
-        )
-    elif scheme is not None and scheme.pointwise:
-
-        def pair_score(head, q_idx, kv_idx, t):
-            return scheme.eager_pair_score(query_positions[q_idx], key_positions[kv_idx], head)
 
     def column(q_idx, kv_idx):
         if call.consecutive:
@@ -207,23 +180,23 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
         t = column(q_idx, kv_idx)
         if term_b is not None:
             score = score + term_b[b, h, q_idx, t]
-        unscaled = []  # what does not come from the queries
-        # term d without b next to a query-dependent bias (else in distance_scores)
+        scaled, unscaled = [], []  # what λ multiplies (all that does not come from the queries)
         if term_d is not None:
-            unscaled.append(term_d[h, t])
+            scaled.append(term_d[h, t])
         if distance_scores is not None:
-            unscaled.append(distance_scores[h, t])
-        if pair_score is not None:  # FIRE evaluates its MLP here, per pair: no [H, L, K] map
-            unscaled.append(pair_score(h, q_idx, kv_idx, t) * call.bias_scale)
-        elif pair_map is not None:
-            unscaled.append(pair_map[h, q_idx, kv_idx])
-        if decays is not None:  # FoX's point-wise form (fox.py), Λ restarted at the first query
-            unscaled.append(call.decay.point(*decays, b, h, q_idx, kv_idx))
-        if unscaled and scale is not None:
+            scaled.append(distance_scores[h, t])
+        for point, by_query in points:
+            (scaled if by_query else unscaled).append(point(b, h, q_idx, kv_idx, t))
+        if scaled and scale is not None:
             per_query = scale[b if scale.shape[0] > 1 else 0, h if scale.shape[1] > 1 else 0, q_idx]
-            unscaled = [functools.reduce(operator.add, unscaled) * per_query]
-        for added in unscaled:
+            scaled = [functools.reduce(operator.add, scaled) * per_query]
+        for added in scaled + unscaled:
             score = score + added
         return score
 
     return score_mod
+
+
+def _read(dense: Tensor, b, h, q_idx, kv_idx, t) -> Tensor:
+    """A precomputed [B or 1, H, L, K] map at one pair."""
+    return dense[b if dense.shape[0] > 1 else 0, h, q_idx, kv_idx]

@@ -4,7 +4,8 @@ passkey."""
 
 from relpos_ablate.analysis.layouts import LayoutSpec
 from relpos_ablate.studies.length_generalization.curves import save_lengthgen
-from relpos_ablate.studies.length_generalization.figures import save_diagnostics, save_passkey
+from relpos_ablate.studies.length_generalization.figures import save_diagnostics
+from relpos_ablate.studies.length_generalization.passkey import save_passkey
 from relpos_ablate.studies.length_generalization.report import length_generalization_report
 from relpos_ablate.studies.length_generalization.table import (
     length_generalization_table,

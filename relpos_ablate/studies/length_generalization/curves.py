@@ -19,19 +19,19 @@ from matplotlib.patches import Patch
 
 from relpos_ablate.analysis.plots import save_figure
 from relpos_ablate.analysis.table_options import default_metric
-from relpos_ablate.studies.length_generalization.figures import (
-    POSITIONS,
-    TASK,
-    variant_styles,
-    variant_words,
-    with_variants,
-)
 from relpos_ablate.studies.length_generalization.table import (
     example_rows,
     per_run_bins,
     task_order,
     train_range,
     variant_order,
+)
+from relpos_ablate.studies.length_generalization.variants import (
+    POSITIONS,
+    TASK,
+    variant_styles,
+    variant_words,
+    with_variants,
 )
 
 SHADE = "0.9"

@@ -9,10 +9,10 @@
   against length, one line per variant (mean over seeds);
 - `plot --kind passkey`: the accuracy of passkey and the other depth tasks (niah_*,
   variable_tracking: data.DEPTH_TASKS) as a depth x length heatmap, one panel per variant (mean over
-  seeds), a row of panels per task.
+  seeds), a row of panels per task: passkey.py.
 Evaluation length is the test-length bin of n for example tasks (depths averaged), else segment_len.
-Variants are named in words (`variant_words`). The study's main figure, exact match against n:
-length_curves.py.
+Variants are named in words (`variant_words`, variants.py). The study's main figure, exact match
+against n: curves.py.
 """
 
 from __future__ import annotations
@@ -27,21 +27,21 @@ from matplotlib.figure import Figure
 from relpos_ablate import rundir
 from relpos_ablate.analysis.collect import RUN_COLUMNS
 from relpos_ablate.analysis.plots import save_figure
-from relpos_ablate.analysis.settings import label, layer_names
-from relpos_ablate.analysis.table_options import (
-    axis_orders,
-    default_metric,
-    default_rows,
-    finished,
-    read_spec,
-)
-from relpos_ablate.analysis.tables import row_key, sort_key, variant_colors
+from relpos_ablate.analysis.settings import layer_names
 from relpos_ablate.config import ConfigError
-from relpos_ablate.config.data import DEPTH_TASKS
-from relpos_ablate.studies.length_generalization.table import variant_name
+from relpos_ablate.studies.length_generalization.passkey import (  # noqa: F401 (API)
+    passkey_figure,
+    save_passkey,
+)
+from relpos_ablate.studies.length_generalization.variants import (
+    POSITIONS,
+    TASK,
+    finished_runs_frame,
+    variant_styles,
+    variant_words,
+    with_variants,
+)
 
-TASK = "data.task"
-POSITIONS = "model.attention.positions"
 STATISTIC_LABELS = {
     "entropy": "entropy (nats)",
     "sink": "mass on the first key",
@@ -103,75 +103,6 @@ def _order(setting: dict) -> float:
         if setting.get("length_min") is not None
         else setting.get("segment_len") or 0
     )
-
-
-def with_variants(
-    frame: pd.DataFrame, df: pd.DataFrame
-) -> tuple[pd.DataFrame, list[str], list[tuple]]:
-    """`frame` with a `variant` column (the values of the fields that tell runs apart, the task
-    excluded), those fields, and the variants in the spec's order."""
-    runs = finished_runs_frame(df).drop_duplicates("run_dir")
-    # one variant: named by its encoding
-    keys = (
-        [k for k in default_rows(runs) if k not in (TASK, "experiment")]
-        or [k for k in ("encoding", POSITIONS) if k in runs]
-        or ["experiment"]
-    )
-    # fields an encoding fixes (T5's buckets, zipped with it) name no variant of their own
-    if "encoding" in keys:
-        keys = [
-            k
-            for k in keys
-            if k in ("encoding", POSITIONS)
-            or k not in runs
-            or runs.groupby("encoding")[k].nunique(dropna=False).max() > 1
-        ]
-        keys = [k for k in ("encoding", POSITIONS) if k in keys] + [
-            k for k in keys if k not in ("encoding", POSITIONS)
-        ]
-    frame = frame.assign(
-        variant=[row_key(r, keys) for _, r in frame[[k for k in keys if k in frame]].iterrows()]
-    )
-    orders = axis_orders(read_spec(df))
-    return frame, keys, sorted(set(frame["variant"]), key=lambda v: sort_key(v, keys, orders))
-
-
-def finished_runs_frame(df: pd.DataFrame) -> pd.DataFrame:
-    runs = df[df["status"] == "done"] if "status" in df else df
-    if runs.empty:
-        raise ConfigError("kind", "no finished runs to draw")
-    return runs
-
-
-def _variant_label(keys: list[str], value: tuple) -> str:
-    return (
-        ", ".join(label(v) for v in value)
-        if len(keys) == 1
-        else ", ".join(f"{k.rsplit('.', 1)[-1]}={label(v)}" for k, v in zip(keys, value))
-    )
-
-
-def variant_words(keys: list[str], value: tuple) -> str:
-    """A variant as titles and legends name it: the study's (encoding, positions) in words ('RoPE
-    (randomized)'), other fields as field=value."""
-    fields = dict(zip(keys, value))
-    if "encoding" in fields and set(keys) <= {"encoding", POSITIONS}:
-        return variant_name(fields["encoding"], fields.get(POSITIONS))
-    return _variant_label(keys, value)
-
-
-def variant_styles(keys: list[str], variants: list[tuple]) -> dict[tuple, tuple]:
-    """(colour, line style) per variant: a colour per encoding and dashes for randomized positions
-    when the variants are (encoding, positions); else a colour each."""
-    if keys and keys[0] == "encoding":
-        encodings = list(dict.fromkeys(v[0] for v in variants))
-        colors = variant_colors(len(encodings))
-        randomized = [dict(zip(keys, v)).get(POSITIONS) == "randomized" for v in variants]
-        return {
-            v: (colors[encodings.index(v[0])], "--" if r else "-")
-            for v, r in zip(variants, randomized)
-        }
-    return dict(zip(variants, ((c, "-") for c in variant_colors(len(variants)))))
 
 
 def _row_names(mine: pd.DataFrame, rows_of: list, by_head: bool) -> list[str]:
@@ -326,76 +257,3 @@ def save_diagnostics(
             formats,
         )
     return written
-
-
-def passkey_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
-    """Accuracy of the depth tasks (data.DEPTH_TASKS: passkey, niah_*, variable_tracking), depth x
-    test length, one panel per variant (mean over seeds); a row of panels per task when there are
-    several."""
-    data = (
-        df[df[TASK].isin(list(DEPTH_TASKS)) & df["depth"].notna()]
-        if TASK in df and "depth" in df
-        else df.iloc[:0]
-    )
-    if data.empty:
-        raise ConfigError(
-            "kind",
-            f"no passkey runs with depths (nor of the other depth tasks: "
-            f"{', '.join(t for t in DEPTH_TASKS if t != 'passkey')}): train one and evaluate",
-        )
-    metric = metric or default_metric(data)
-    data, keys, variants = with_variants(finished(data, metric), df)
-    tasks = [t for t in DEPTH_TASKS if t in set(data[TASK])]
-    ncols = min(4, len(variants))
-    per_task = math.ceil(len(variants) / ncols)  # rows of panels
-    fig = Figure(figsize=(3.6 * ncols + 1, 3.0 * per_task * len(tasks)), layout="constrained")
-    grid_axes = fig.subplots(per_task * len(tasks), ncols, squeeze=False)
-    drawn = []
-    for k, task in enumerate(tasks):
-        axes = grid_axes[k * per_task : (k + 1) * per_task].ravel()
-        for ax, value in zip(axes, variants):
-            mine = data[(data["variant"] == value) & (data[TASK] == task)]
-            if mine.empty:
-                continue
-            image = _depth_map(ax, mine, metric)
-            words = variant_words(keys, value)
-            ax.set_title(words if len(tasks) == 1 else f"{task}: {words}", fontsize=8)
-            ax.set_ylabel(f"depth of {DEPTH_TASKS[task]}", fontsize=8)
-            drawn.append(ax)
-    for ax in grid_axes.ravel():
-        ax.set_visible(ax in drawn)
-    fig.colorbar(image, ax=drawn, shrink=0.6, label=metric)
-    fig.suptitle(
-        f"{'passkey' if tasks == ['passkey'] else 'needle'} retrieval: {metric}, mean over seeds"
-    )
-    return fig
-
-
-def _depth_map(ax, runs: pd.DataFrame, metric: str):
-    """One variant's depth x test-length map of `metric` (mean over its seeds), each cell written in
-    it."""
-    grid = runs.pivot_table(
-        index="depth", columns=["length_min", "length_max"], values=metric, aggfunc="mean"
-    )
-    image = ax.imshow(
-        grid.to_numpy(), aspect="auto", origin="lower", cmap="viridis", vmin=0.0, vmax=1.0
-    )
-    ax.set_xticks(
-        range(grid.shape[1]), [f"{lo}-{hi}" for lo, hi in grid.columns], rotation=45, fontsize=7
-    )
-    ax.set_yticks(range(grid.shape[0]), [f"{d:g}" for d in grid.index], fontsize=7)
-    for (i, j), v in np.ndenumerate(grid.to_numpy()):
-        ax.text(
-            j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.5 else "k"
-        )
-    ax.set_xlabel("filler length n", fontsize=8)
-    return image
-
-
-def save_passkey(
-    df: pd.DataFrame,
-    out: Path,
-    metric: str | None = None,
-    formats: tuple[str, ...] = ("png", "pdf"),
-) -> list[Path]:
-    return save_figure(passkey_figure(df, metric), Path(out) / "passkey", formats)

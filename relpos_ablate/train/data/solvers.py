@@ -1,7 +1,7 @@
 """Brute-force solvers of the long-context example tasks: the answer tokens computed from an
-example's prompt alone, by reading it token by token as its definition says (examples.py's module
-docstring), with none of the generator's bookkeeping (where the needles were put, which were asked).
-The tests check every generated answer against them.
+example's prompt alone, by reading it token by token as its definition says (example_tasks.py's
+module docstring), with none of the generator's bookkeeping (where the needles were put, which were
+asked). The tests check every generated answer against them.
 
 `solve(data, prompt)`: `prompt` is the example's tokens up to its <sep> (a leading <bos> and the
 <sep> itself may be there); `data` names the task and, for contextual_counting, the answer's format
@@ -14,7 +14,7 @@ import functools
 from collections.abc import Sequence
 
 from relpos_ablate.config import DataConfig
-from relpos_ablate.train.data.examples import BOS, CLOSE, COUNTED, DIGIT, KEY, OPEN, SEP
+from relpos_ablate.train.data.example_tasks import BOS, CLOSE, COUNTED, DIGIT, KEY, OPEN, SEP
 
 
 def solve(data: DataConfig, prompt: Sequence[int]) -> list[int]:

@@ -1,0 +1,203 @@
+"""FlexAttention path (backend='flex') against the float64 reference. FlexAttention has no backward
+on CPU, so here the forward runs eagerly under no_grad; with CUDA, compiled forward+backward run
+too. Run: pytest tests/model/test_attention_flex.py -q"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from fixtures.attention import randomize
+from fixtures.reference import reference_attention
+from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.model import AttentionOptions
+from relpos_ablate.model.kernels import flex
+
+pytest.importorskip("torch.nn.attention.flex_attention")
+CASES = [
+    dict(terms="abcd"),
+    dict(terms="bd", clamp_len=3),
+    dict(terms="a", bias="t5", num_buckets=8, max_distance=6),
+    dict(terms="ac", bias="alibi"),
+    dict(terms="d", bias="kerple_log"),
+    dict(terms="a", bias="fire"),
+    dict(terms="a", absolute="rope"),
+    dict(terms="abcd", bias="xl_table", max_distance=3),
+]
+
+
+def make(d_head=8, **fields):
+    attn = RelPosAttention(16, 2, d_head, AttentionConfig(backend="flex", **fields)).double()
+    randomize(attn, 5)
+    return attn
+
+
+# causal terms abcd, and term a with T5 (8 buckets, 6), FIRE or RoPE, with and without memory, are
+# cases of tests/model/test_parity_matrix.py: not repeated here
+MATRIX = [
+    dict(terms="abcd"),
+    dict(terms="a", bias="t5", num_buckets=8, max_distance=6),
+    dict(terms="a", bias="fire"),
+    dict(terms="a", absolute="rope"),
+]
+FORWARD_CASES = [
+    (fields, causal, n_mem)
+    for fields in CASES
+    for causal in (True, False)
+    for n_mem in (0, 3)
+    if not (causal and fields in MATRIX)
+]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize(
+    "fields, causal, n_mem",
+    FORWARD_CASES,
+    ids=[f"{n}-{c}-{f}" for f, c, n in FORWARD_CASES],
+)
+def test_flex_forward_matches_reference(fields, causal, n_mem):
+    attn = make(causal=causal, **fields)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 16, generator=gen, dtype=torch.float64)
+    mems = torch.randn(2, n_mem, 16, generator=gen, dtype=torch.float64) if n_mem else None
+    ref, _ = reference_attention(attn, x, mems)
+    with torch.no_grad():
+        out, _ = attn(x, mems)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_same_length_and_padding():
+    attn = make(terms="abcd", bias="alibi")
+    x, mems = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 3, 16, dtype=torch.float64)
+    padding = torch.zeros(2, 8, dtype=torch.bool)
+    padding[0, 1] = True
+    with torch.no_grad():
+        torch.testing.assert_close(
+            attn(x, mems, AttentionOptions(window=2))[0],
+            reference_attention(attn, x, mems, window=2)[0],
+        )
+        torch.testing.assert_close(
+            attn(x, mems, AttentionOptions(key_padding_mask=padding))[0],
+            reference_attention(attn, x, mems, padding=padding)[0],
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fields", CASES, ids=[str(c) for c in CASES])
+def test_flex_cuda_forward_and_backward_match_blocks(fields):
+    # compiled FlexAttention needs heads of >= 16 channels
+    attn = make(d_head=16, **fields).float().cuda()
+    x = torch.randn(2, 256, 16, device="cuda", requires_grad=True)
+    mems = torch.randn(2, 64, 16, device="cuda")
+    # its compiled gradient is not trusted (flex.untrusted_gradient): forward only
+    if fields.get("bias") == "fire":
+        with pytest.raises(ValueError, match="cannot train a query-dependent bias"):
+            attn(x, mems)
+        with torch.no_grad():
+            out_flex, _ = attn(x, mems)
+            attn.config = dataclasses.replace(attn.config, backend="blocks")
+            torch.testing.assert_close(out_flex, attn(x, mems)[0], rtol=2e-3, atol=2e-3)
+        return
+    out_flex, _ = attn(x, mems)
+    grads_flex = torch.autograd.grad(
+        out_flex.square().sum(), [x, *attn.parameters()], allow_unused=True
+    )
+    attn.config = dataclasses.replace(attn.config, backend="blocks")
+    out_ref, _ = attn(x, mems)
+    grads_ref = torch.autograd.grad(
+        out_ref.square().sum(), [x, *attn.parameters()], allow_unused=True
+    )
+    torch.testing.assert_close(out_flex, out_ref, rtol=2e-3, atol=2e-3)
+    for a, b in zip(grads_flex, grads_ref):
+        if b is not None:
+            torch.testing.assert_close(a, b, rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fire_pair_scores_unit_by_unit_and_as_one_product_are_its_mlp(causal):
+    """FIRE's two per-pair forms (pair_score: pointwise, for compiled FlexAttention;
+    eager_pair_score: one product over the hidden units, under vmap) against the MLP written out
+    here, in float64, for queries on both sides of the threshold and keys on both sides of the
+    query."""
+    attn = make(terms="a", bias="fire", causal=causal)
+    scheme = attn.bias_scheme
+    with torch.no_grad():
+        scheme.threshold.fill_(6.0)
+    first, _, second = scheme.mlp
+    q_pos = torch.arange(12, dtype=torch.float64)
+    k_pos = torch.arange(-3, 12, dtype=torch.float64)
+    c, threshold = scheme.c.abs(), scheme.threshold.abs()
+    psi = lambda x: torch.sign(x) * torch.log(1 + c * x.abs())  # noqa: E731
+    # [Lq, K]
+    x = psi(q_pos[:, None] - k_pos[None, :]) / psi(torch.maximum(q_pos, threshold))[:, None]
+    hidden = torch.relu(x[..., None] * first.weight[:, 0] + first.bias)  # [Lq, K, 32]
+    expected = (hidden @ second.weight.T + second.bias).permute(2, 0, 1)  # [H, Lq, K]
+
+    heads = torch.arange(scheme.n_heads)
+    for form in (scheme.pair_score, scheme.eager_pair_score):
+        per_key = torch.vmap(form, in_dims=(None, 0, None))
+        per_query = torch.vmap(per_key, in_dims=(0, None, None))
+        per_head = torch.vmap(per_query, in_dims=(None, None, 0))
+        with torch.no_grad():
+            got = per_head(q_pos, k_pos, heads)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_flex_with_heads_under_16_channels_says_so(monkeypatch):
+    """Compiled FlexAttention (CUDA) cannot lower heads narrower than 16 channels (inductor's
+    NotImplementedError, seen on an H200): a pinned 'flex' says so in one line; 'auto' never sends
+    such heads there (dispatch.py)."""
+    monkeypatch.setattr(flex, "compiles", lambda q: True)
+    monkeypatch.setattr(flex, "min_head_dim", lambda device_type: 16)  # CUDA's least, here on CPU
+    attn = make(terms="a", bias="alibi").float()
+    with pytest.raises(
+        ValueError, match=r"model.attention.backend: 'flex' on cpu needs d_head >= 16.*got 8"
+    ):
+        attn(torch.randn(1, 4, 16))
+
+
+def test_training_fire_through_compiled_flex_is_refused_and_auto_leaves_it_to_the_others(
+    monkeypatch,
+):
+    """FIRE's gradient through compiled FlexAttention differed from the block kernel's on an H200: a
+    pinned 'flex' refuses to train it in one line (its forward stays: test_compiled_flex.py), and
+    flex.untrusted_gradient, which keeps 'auto' off FlexAttention on CUDA, says so only where the
+    parameters of a term whose point form's gradient is not trusted need gradients."""
+    monkeypatch.setattr(flex, "compiles", lambda q: True)
+    fire, alibi = make(terms="a", bias="fire").float(), make(terms="a", bias="alibi").float()
+    x = torch.randn(1, 4, 16)
+    with pytest.raises(
+        ValueError,
+        match=r"model.attention.backend: 'flex' on cpu cannot train the score term 'bias'",
+    ):
+        fire(x)
+    call, _, _ = fire.kernel_call(x)
+    assert flex.untrusted_gradient(call) and not flex.untrusted_gradient(alibi.kernel_call(x)[0])
+    with torch.no_grad():
+        assert not flex.untrusted_gradient(fire.kernel_call(x)[0])
+    fire.bias_scheme.requires_grad_(False)
+    assert not flex.untrusted_gradient(fire.kernel_call(x)[0])
+
+
+def test_compiling_flex_raises_dynamos_recompile_limit_and_never_lowers_it():
+    """Each score_mod structure, dtype, autocast state and shape compiles flex_attention once more;
+    past dynamo's limit (8) it would run eagerly with the whole score matrix (20-85x slower on an
+    H200): the first compiled kernel raises the limit, and a user's larger one stays."""
+    config = torch._dynamo.config
+    # (dynamo's config module: no monkeypatch)
+    saved = (config.recompile_limit, config.accumulated_recompile_limit)
+    flex._kernel.cache_clear()
+    try:
+        config.recompile_limit, config.accumulated_recompile_limit = 8, 256
+        flex._kernel(True)
+        assert config.recompile_limit == flex.RECOMPILE_LIMIT
+        assert config.accumulated_recompile_limit == 4 * flex.RECOMPILE_LIMIT
+        config.recompile_limit = 10_000
+        flex._kernel.cache_clear()
+        flex._kernel(True)
+        assert config.recompile_limit == 10_000
+    finally:
+        config.recompile_limit, config.accumulated_recompile_limit = saved
+        flex._kernel.cache_clear()

@@ -1,0 +1,169 @@
+"""The compiled FlexAttention path on CPU: torch.compile(flex_attention) generates a C++ kernel
+(gcc), the kernel CUDA runs too, and finds what eager flex cannot (captured tensors, graph breaks,
+recompilation, dtype rules). CPU FlexAttention has no backward: forward only, in fp32, equal to the
+explicit path.
+
+Every score_mod ingredient of flex.py is compiled once, and every scheme that uses it runs through
+the same compiled kernel (a new scheme of the same structure must not recompile): term b with every
+bias type, FIRE's MLP per pair, FoX's decay, log-n and the learned temperature, sinks, windows, key
+padding, memory, explicit positions, bidirectional attention, RoPE and its variants (rotated before
+the kernel: on FoX's). 8 graphs (dynamo's count): ~60 s the first time alone on this project's
+2-core machine, ~90 s beside other tests, ~15 s once torch's compile cache holds them. Run: pytest
+tests/model/test_compiled_flex.py -q"""
+
+import functools
+
+import pytest
+import torch
+import torch._dynamo
+
+from fixtures.attention import drawn, randomize
+from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.config.attention import BIAS_TYPES
+from relpos_ablate.model import AttentionOptions
+from relpos_ablate.model.kernels import flex
+from relpos_ablate.model.schemes import RopeScaling
+
+pytest.importorskip("torch.nn.attention.flex_attention")
+LQ, MEM = 6, 3
+FOX = dict(
+    terms="a",
+    forget_gate=True,
+    score_scale="log_n",
+    log_n_length=4,
+    learned_temperature=True,
+    bias="alibi",
+)
+CASES = {  # name -> (attention fields, call options, explicit positions)
+    "xl_window_sinks_padded": (dict(terms="abcd", window=4, sinks=2), dict(padded=True), False),
+    "fox_log_n_tau_alibi": (FOX, dict(padded=True), False),
+    "explicit_xl_fire_fox": (
+        dict(terms="abcd", bias="fire", forget_gate=True, window=5),
+        dict(padded=True),
+        True,
+    ),
+    "bidirectional_kerple": (
+        dict(terms="abcd", bias="kerple_power", causal=False),
+        dict(padded=True),
+        False,
+    ),
+    "bidirectional_fire": (dict(terms="a", bias="fire", causal=False), dict(), False),
+    # RoPE rotates q and k before the kernel: its cases add it to FoX's, whose compiled kernel they
+    # reuse
+    "rope_xpos": (
+        dict(FOX, absolute="rope", rope_fraction=0.5, xpos_scale_base=6.0),
+        dict(padded=True),
+        False,
+    ),
+    "rope_yarn": (
+        dict(FOX, absolute="rope"),
+        dict(padded=True, rope_scaling=RopeScaling("yarn", 3.0, original_length=4)),
+        False,
+    ),
+}
+
+
+@functools.cache
+def compiled_kernel():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """backend 'flex' on CPU through the compiled kernel (dispatch.py compiles it on CUDA only);
+    yields a function returning the number of graphs compiled so far."""
+    monkeypatch.setattr(flex, "compiles", lambda q: True)  # and so FIRE's compiled_pair_score
+    monkeypatch.setattr(flex, "_kernel", lambda compiled: compiled_kernel())
+    return lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def make(fields, seed=0, **extra):
+    attn = RelPosAttention(16, 2, 8, AttentionConfig(**{"query_chunk": 2, **fields, **extra}))
+    # the kernel compares with each unit's breakpoint: 4 units compile faster than 32
+    if fields.get("bias") == "fire":
+        attn.bias_scheme.mlp = torch.nn.Sequential(
+            torch.nn.Linear(1, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)
+        )
+    randomize(attn, seed, scale=0.3)
+    if attn.config.bias == "fire":
+        with torch.no_grad():
+            attn.bias_scheme.threshold.fill_(4.0)  # queries on both sides of FIRE's threshold
+    return attn
+
+
+def run(fields, options, explicit_positions, seed=0, n_queries=LQ):
+    """(compiled flex output, explicit path output) in fp32."""
+    gen = torch.Generator().manual_seed(seed)
+    x, mems = torch.randn(2, n_queries, 16, generator=gen), torch.randn(2, MEM, 16, generator=gen)
+    padding = torch.zeros(2, MEM + n_queries, dtype=torch.bool)
+    if options.get("padded"):
+        padding[0, :2] = True
+        padding[1, MEM + 1] = True
+    call = AttentionOptions(
+        key_padding_mask=padding if options.get("padded") else None,
+        positions=drawn(MEM + n_queries, seed=seed) if explicit_positions else None,
+        rope_scaling=options.get("rope_scaling"),
+    )
+    outs = []
+    for backend in ("flex", "explicit"):
+        attn = make(fields, seed, backend=backend)
+        with torch.no_grad():
+            outs.append(attn(x, mems, call)[0])
+    return outs
+
+
+def assert_close(fast, slow):
+    torch.testing.assert_close(fast, slow, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", CASES)
+def test_compiled_flex_forward_equals_the_explicit_path(name, compiled):
+    fields, options, explicit_positions = CASES[name]
+    assert_close(*run(fields, options, explicit_positions))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_every_bias_type_shares_one_compiled_kernel(compiled):
+    """Term b with each distance-only bias type: the same score_mod structure, so the learned ones
+    share one compilation and the fixed ones (ALiBi, Sandwich: a curve that needs no gradient, which
+    dynamo's guards tell apart) another; their tensors differ in values, not in shape or kind."""
+    distance_only = [b for b in BIAS_TYPES if b not in ("none", "fire")]
+    before = compiled()
+    for seed, bias in enumerate(distance_only):
+        assert_close(
+            *run(
+                dict(terms="abcd", window=4, sinks=2, bias=bias),
+                dict(padded=True),
+                False,
+                seed=seed,
+            )
+        )
+    assert compiled() - before <= 2
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_new_length_compiles_once_and_a_repeated_one_not_at_all(compiled):
+    """dynamic=False (flex.py): each new (L, M + L) compiles once; a length seen before reuses its
+    kernel."""
+    fields, options, _ = CASES["xl_window_sinks_padded"]
+    assert_close(*run(fields, options, False))
+    before = compiled()
+    assert_close(*run(fields, options, False, seed=3, n_queries=LQ + 2))
+    assert compiled() == before + 1
+    assert_close(*run(fields, options, False, seed=4))
+    assert_close(*run(fields, options, False, seed=5, n_queries=LQ + 2))
+    assert compiled() == before + 1
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_rope_rotates_q_and_k_before_the_kernel_and_compiles_nothing_new(compiled):
+    """RoPE, xPos and YaRN change q and k, not the score_mod: on FoX's scores they reuse FoX's
+    kernel."""
+    assert_close(*run(*CASES["fox_log_n_tau_alibi"]))
+    before = compiled()
+    for name in ("rope_xpos", "rope_yarn"):
+        assert_close(*run(*CASES[name], seed=1))
+    assert compiled() == before
