@@ -139,4 +139,4 @@ def test_swap_timing_runs_a_function_at_another_revision_beside_the_current_one(
     with pytest.raises(SystemExit, match="not FILE:QUALNAME@REV"):
         bench.Swap("relpos_ablate/model/kernels/block_maps.py@HEAD")
     with pytest.raises(SystemExit, match="MaterialisedMaps._absent is not defined"):
-        bench.Swap("relpos_ablate/model/kernels/block_maps.py:MaterialisedMaps._absent@HEAD")
+        bench.Swap("relpos_ablate/model/kernels/materialised_maps.py:MaterialisedMaps._absent@HEAD")
