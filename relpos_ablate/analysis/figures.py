@@ -325,8 +325,14 @@ def attention_figure(
 
 def enabled_terms(terms: dict) -> list[str]:
     """The score terms (a-d, then the bias, decay, cope) present in one layer's `inspect` maps, in
-    that order."""
-    return [name for name in TERM_NAMES if name in terms]
+    that order, then any other score term (a scheme of your own, titled by its name)."""
+    known = [name for name in TERM_NAMES if name in terms]
+    return known + [name for name in terms if name not in TERM_NAMES and name != "visible"]
+
+
+def term_title(name: str) -> str:
+    """How a score term's map is titled: its description, or its name for a term of your own."""
+    return TERM_NAMES.get(name, name)
 
 
 def terms_figure(details: dict, layer: int, head: int, n_mem: int, title: str = "") -> Figure:
@@ -341,7 +347,7 @@ def terms_figure(details: dict, layer: int, head: int, n_mem: int, title: str = 
     fig = Figure(figsize=(3.3 * len(names) + 0.4, 3.4), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     for ax, name in zip(axes, names):
-        ax.set_title(TERM_NAMES[name], fontsize=9)
+        ax.set_title(term_title(name), fontsize=9)
         values = masked(terms[name][0, head], visible)
         image = draw_map(ax, values, n_mem, "RdBu_r", diverging(values))
         fig.colorbar(image, ax=ax, shrink=0.8)

@@ -241,14 +241,17 @@ def _terms_overview(items, layer: int, head: int, sampler) -> Figure:
         details["terms"][figures.resolve_index(layer, len(details["terms"]), "layer")]
         for _, details, _ in inspected
     ]
-    names = [name for name in figures.TERM_NAMES if any(name in terms for terms in maps)]
+    present = dict.fromkeys(name for terms in maps for name in figures.enabled_terms(terms))
+    names = [n for n in figures.TERM_NAMES if n in present] + [
+        n for n in present if n not in figures.TERM_NAMES
+    ]
     fig = Figure(figsize=(2.8 * len(names), 2.6 * len(items)), layout="constrained")
     axes = fig.subplots(len(items), len(names), squeeze=False)
     for r, ((title, _details, n_mem), terms) in enumerate(zip(inspected, maps)):
         for c, name in enumerate(names):
             ax = axes[r][c]
             ax.set_title(
-                f"{title}\n{figures.TERM_NAMES[name]}" if c == 0 else figures.TERM_NAMES[name],
+                f"{title}\n{figures.term_title(name)}" if c == 0 else figures.term_title(name),
                 fontsize=7,
             )
             if name in terms:

@@ -4,6 +4,8 @@ block's size and on the edge cases (units without a breakpoint, breakpoints outs
 exactly on it). Run:
 pytest tests/model/test_fire_piecewise.py -q"""
 
+import functools
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ def assert_close_to(got: dict, want: dict, dtype, spread: dict | None = None) ->
     for name, w in want.items():
         err = (got[name].double() - w).abs().max()
         limit = RTOL[dtype] * w.abs().max() + torch.finfo(dtype).eps * (spread or {}).get(name, 0.0)
-        assert err <= limit, (name, float(err / w.abs().max()), float(limit / w.abs().max()))
+        assert err <= limit, (dtype, name, float(err / w.abs().max()), float(limit / w.abs().max()))
 
 
 def spread_of_sum(f, leaves: dict, name: str, grad) -> float:
@@ -75,97 +77,119 @@ def fire(dtype, threshold: float, seed: int = 0):
     return scheme
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(
-    "queries, threshold",
-    [(range(4032, 4096), 4064), (range(2016, 2080), 2048)],
-    ids=["causal_block", "keys_both_sides"],
-)
-def test_fire_block_matches_the_mlp_in_float64(queries, threshold, dtype):
-    """A block of 64 queries × 4096 keys (the block kernel's), half the queries below L: the bias
-    and the gradient of each parameter under a random output gradient."""
-    scheme = fire(dtype, threshold)
-    q_pos, k_pos = torch.tensor(queries), torch.arange(4096)
-    grad = torch.randn(
-        8, len(queries), 4096, generator=torch.Generator().manual_seed(1), dtype=torch.float64
-    )
-    params = float64_leaves(scheme)
-    query = torch.maximum(q_pos.double(), params["threshold"].abs())[:, None]  # (Lq, 1)
-    want = values_and_gradients(
-        lambda: fire_float64(params, q_pos[:, None] - k_pos, query), params, grad
-    )
-    got = values_and_gradients(
-        lambda: scheme.bias(q_pos, k_pos), dict(scheme.named_parameters()), grad
-    )
-    assert_close_to(got, want, dtype)
+DTYPES = (torch.float32, torch.float64)
+BLOCKS = [(range(4032, 4096), 4064), (range(2016, 2080), 2048)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("keys", ["in_order", "shuffled"])
-@pytest.mark.parametrize(
-    "queries, threshold",
-    [(range(4032, 4096), 4064), (range(2016, 2080), 2048)],
-    ids=["causal_block", "keys_both_sides"],
-)
-def test_fire_pairs_by_hand_match_the_mlp_in_float64(queries, threshold, keys, dtype):
-    """The block kernel's FIRE (fire_pairs.FIREPairs) over tiles of 32 queries x 256 keys: the map,
-    and the parameters' gradients summed by hand (runs of keys in order, scatter_add shuffled) then
-    taken through the pieces once, against the MLP written out in float64. The threshold sits on a
-    query position (torch.maximum gives L half of that query's gradient); with keys in order, tiles
-    far from the diagonal lie inside one interval."""
-    scheme = fire(dtype, threshold)
-    q_pos = torch.tensor(queries)
-    k_pos = (
-        torch.arange(4096)
-        if keys == "in_order"
-        else torch.randperm(4096, generator=torch.Generator().manual_seed(2))
-    )
-    grad = torch.randn(
-        8, len(queries), 4096, generator=torch.Generator().manual_seed(1), dtype=torch.float64
-    )
-    params = float64_leaves(scheme)
+def _keys(keys: str):
+    if keys == "in_order":
+        return torch.arange(4096)
+    return torch.randperm(4096, generator=torch.Generator().manual_seed(2))
+
+
+def _on_pairs(queries: range, keys: str):
+    """The float64 map of a block of queries x 4096 keys as a function of the leaves."""
+    q_pos, k_pos = torch.tensor(queries), _keys(keys)
 
     def on_pairs(leaves):
         query = torch.maximum(q_pos.double(), leaves["threshold"].abs())[:, None]  # (Lq, 1)
         return fire_float64(leaves, q_pos[:, None] - k_pos, query)
 
-    want = values_and_gradients(lambda: on_pairs(params), params, grad)
-    pairs = scheme.hand_gradient(q_pos, k_pos, grad=True)
-    out, one_interval = (
-        torch.empty(8, len(queries), 4096, dtype=dtype),
-        torch.zeros(len(queries), 4096, dtype=torch.bool),
+    return on_pairs
+
+
+def _grad(n_queries: int):
+    return torch.randn(
+        8, n_queries, 4096, generator=torch.Generator().manual_seed(1), dtype=torch.float64
     )
-    for r in range(0, len(queries), 32):
-        for c in range(0, 4096, 256):
-            rows, cols = slice(r, r + 32), slice(c, c + 256)
-            out[:, rows, cols], tile = pairs.block(rows, cols)
-            # forward's values are backward's
-            assert torch.equal(out[:, rows, cols], pairs.values(rows, cols))
-            one_interval[rows, cols] = tile.interval is not None
-            # (add_gradient overwrites it)
-            pairs.add_gradient(tile, grad[:, rows, cols].to(dtype, copy=True))
-    names = [name for name, _ in scheme.named_parameters()]
-    got = {
-        "out": out,
-        **dict(zip(names, pairs.parameter_gradients([p for _, p in scheme.named_parameters()]))),
-    }
-    if keys == "in_order":  # both kinds of tile occur (shuffled keys span every distance)
-        assert 0 < int(one_interval.sum()) // (32 * 256) < 2 * 16
-    # c's sum cancels: shuffled, keys on both sides, it is Σ|term| / 4300 (the autograd of
-    # FIREBias.bias is off by 1.0e-5 of it in fp32, these sums by 5.3e-6, 1.2e-9 of Σ|term|)
-    assert_close_to(
-        got,
-        want,
-        dtype,
-        {name: spread_of_sum(on_pairs, params, name, grad) for name in ("c", "threshold")},
-    )
-    # inside one interval the same values as FIREBias.bias, to the bit; elsewhere the same function
-    # (hinges) rounded otherwise
-    mlp = scheme.bias(q_pos, k_pos).detach()
-    assert torch.equal(out[:, one_interval], mlp[:, one_interval])
-    torch.testing.assert_close(
-        out, mlp, rtol=0, atol=4 * torch.finfo(dtype).eps * float(mlp.abs().max())
-    )
+
+
+def _float64_params(threshold: float) -> dict:
+    """The parameters of `fire(dtype, threshold)` for either dtype (drawn in fp32, so equal in
+    float64): the float64 reference is computed once for both."""
+    params = float64_leaves(fire(torch.float32, threshold))
+    same = float64_leaves(fire(torch.float64, threshold))
+    assert all(torch.equal(params[name], same[name]) for name in params)
+    return params
+
+
+@functools.cache
+def _float64_block(queries: range, threshold: float, keys: str) -> dict:
+    """The float64 map of a block of queries x 4096 keys and its gradients under `_grad`."""
+    params = _float64_params(threshold)
+    on_pairs = _on_pairs(queries, keys)
+    return values_and_gradients(lambda: on_pairs(params), params, _grad(len(queries)))
+
+
+@functools.cache
+def _float64_spread(queries: range, threshold: float, keys: str) -> dict:
+    """The spread (spread_of_sum) of the sums of c's and L's gradients over the block."""
+    params, on_pairs = _float64_params(threshold), _on_pairs(queries, keys)
+    grad = _grad(len(queries))
+    return {name: spread_of_sum(on_pairs, params, name, grad) for name in ("c", "threshold")}
+
+
+@pytest.mark.parametrize("queries, threshold", BLOCKS, ids=["causal_block", "keys_both_sides"])
+def test_fire_block_matches_the_mlp_in_float64(queries, threshold):
+    """A block of 64 queries × 4096 keys (the block kernel's), half the queries below L: the bias
+    and the gradient of each parameter under a random output gradient, in fp32 and float64."""
+    grad, want = _grad(len(queries)), _float64_block(queries, threshold, "in_order")
+    for dtype in DTYPES:
+        scheme = fire(dtype, threshold)
+        got = values_and_gradients(
+            lambda scheme=scheme: scheme.bias(torch.tensor(queries), torch.arange(4096)),
+            dict(scheme.named_parameters()),
+            grad,
+        )
+        assert_close_to(got, want, dtype)
+
+
+@pytest.mark.parametrize("keys", ["in_order", "shuffled"])
+@pytest.mark.parametrize("queries, threshold", BLOCKS, ids=["causal_block", "keys_both_sides"])
+def test_fire_pairs_by_hand_match_the_mlp_in_float64(queries, threshold, keys):
+    """The block kernel's FIRE (fire_pairs.FIREPairs) over tiles of 32 queries x 256 keys, in fp32
+    and float64: the map, and the parameters' gradients summed by hand (runs of keys in order,
+    scatter_add shuffled) then taken through the pieces once, against the MLP written out in
+    float64. The threshold sits on a query position (torch.maximum gives L half of that query's
+    gradient); with keys in order, tiles far from the diagonal lie inside one interval."""
+    grad, want = _grad(len(queries)), _float64_block(queries, threshold, keys)
+    spread = _float64_spread(queries, threshold, keys)
+    q_pos, k_pos = torch.tensor(queries), _keys(keys)
+    for dtype in DTYPES:
+        scheme = fire(dtype, threshold)
+        pairs = scheme.hand_gradient(q_pos, k_pos, grad=True)
+        out, one_interval = (
+            torch.empty(8, len(queries), 4096, dtype=dtype),
+            torch.zeros(len(queries), 4096, dtype=torch.bool),
+        )
+        for r in range(0, len(queries), 32):
+            for c in range(0, 4096, 256):
+                rows, cols = slice(r, r + 32), slice(c, c + 256)
+                out[:, rows, cols], tile = pairs.block(rows, cols)
+                # forward's values are backward's
+                assert torch.equal(out[:, rows, cols], pairs.values(rows, cols))
+                one_interval[rows, cols] = tile.interval is not None
+                # (add_gradient overwrites it)
+                pairs.add_gradient(tile, grad[:, rows, cols].to(dtype, copy=True))
+        names = [name for name, _ in scheme.named_parameters()]
+        got = {
+            "out": out,
+            **dict(
+                zip(names, pairs.parameter_gradients([p for _, p in scheme.named_parameters()]))
+            ),
+        }
+        if keys == "in_order":  # both kinds of tile occur (shuffled keys span every distance)
+            assert 0 < int(one_interval.sum()) // (32 * 256) < 2 * 16
+        # c's sum cancels: shuffled, keys on both sides, it is Σ|term| / 4300 (the autograd of
+        # FIREBias.bias is off by 1.0e-5 of it in fp32, these sums by 5.3e-6, 1.2e-9 of Σ|term|)
+        assert_close_to(got, want, dtype, spread)
+        # inside one interval the same values as FIREBias.bias, to the bit; elsewhere the same
+        # function (hinges) rounded otherwise
+        mlp = scheme.bias(q_pos, k_pos).detach()
+        assert torch.equal(out[:, one_interval], mlp[:, one_interval])
+        torch.testing.assert_close(
+            out, mlp, rtol=0, atol=4 * torch.finfo(dtype).eps * float(mlp.abs().max())
+        )
 
 
 def test_fire_curve_matches_the_mlp_in_float64():
