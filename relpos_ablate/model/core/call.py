@@ -144,8 +144,9 @@ class AttentionCall:
         """Whether anything is added to s·q_content·kᵀ (otherwise plain SDPA can do it all)."""
         return self.per_distance or bool(self.terms)
 
+    @functools.cached_property
     def plan(self) -> planner.Plan:
-        """What the kernel planner (relpos_ablate/planner.py) reads of this call's forms."""
+        """What the kernel planner (relpos_ablate/planner.py) reads of this call's forms (once)."""
         inputs = self.inputs
         curve = None
         if inputs.distance_scores is not None or inputs.term_d is not None:
@@ -164,8 +165,7 @@ class AttentionCall:
         return dataclasses.replace(self, placement=self.placement._replace(**fields))
 
     def with_term_tensors(self, tensors: list[Tensor | None]) -> AttentionCall:
-        """The call with its terms rebuilt on `tensors` (each term's, in order: term_tensors); the
-        call itself where they are its own."""
+        """The call with its terms on `tensors` (term_tensors' order); itself if its own."""
         if all(a is b for a, b in zip(tensors, self.term_tensors(), strict=True)):
             return self
         terms, at = [], 0
@@ -343,27 +343,27 @@ class AttentionCall:
         k: Tensor | None = None,
         terms: tuple[ScoreTerm, ...] | None = None,
     ) -> dict[str, Tensor]:
-        """Each additive score term of the block as it enters the sum, [B or 1, H, L_b, K_b]: 'b'
-        (from the position query, which carries the query scale λ already), 'd' and 'bias' (per
-        distance), then each of `terms` (default: the call's) by its dense form, each times λ where
-        it is `scaled`. `inputs` are the block's slices (block_inputs), passed in so that backward
-        can rebuild them; q_content [B, H, L_b, dh] and k [B, H, K_b, dh] (no sinks) for the terms
-        that read content (without them, those are left out)."""
-        out = {}
+        """Each additive score term of the block as it enters the sum, [B or 1, H, L_b, K_b]: 'b',
+        'd' and 'bias' (per distance), then each of `terms` (default: the call's) by its dense form,
+        each but b times λ where it is `scaled`. `inputs`: the block's slices (block_inputs), passed
+        in so that backward can rebuild them; q_content [B, H, L_b, dh] and k [B, H, K_b, dh] (no
+        sinks) for the terms that read content (without them, those are left out)."""
+        scale, out = inputs.query_scale, {}
+
+        def scaled(t: Tensor) -> Tensor:  # times λ (term b's query carries it already)
+            return t if scale is None else t * scale
+
         if inputs.rel_keys is not None and inputs.q_position is not None:
             out["b"] = self.term_b(block, inputs.q_position, inputs.rel_keys)
         if inputs.term_d is not None:
-            out["d"] = self.per_key(block, inputs.term_d)[None]
+            out["d"] = scaled(self.per_key(block, inputs.term_d)[None])
         if inputs.distance_scores is not None:
-            out["bias"] = self.per_key(block, inputs.distance_scores)[None]
-        scale = inputs.query_scale
+            out["bias"] = scaled(self.per_key(block, inputs.distance_scores)[None])
         for term in self.terms if terms is None else terms:
             if term.reads_content and q_content is None:
                 continue
-            out[term.name] = term.block(self, block, q_content, k)
-        if scale is not None:
-            unscaled = {t.name for t in self.terms if not t.scaled} | {"b"}
-            out = {name: t if name in unscaled else t * scale for name, t in out.items()}
+            map_ = term.block(self, block, q_content, k)
+            out[term.name] = scaled(map_) if term.scaled else map_
         return out
 
     def per_key(self, block: QueryBlock, values: Tensor) -> Tensor:

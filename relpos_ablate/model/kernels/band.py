@@ -64,7 +64,7 @@ def with_term_band(
         or q_content.device.type != "cpu"
         or dropout_p > 0.0
         or call.far_from is not None
-        or not planner.band(call.plan())
+        or not planner.band(call.plan)
     ):
         return call
     widths = [term.band_width(call, q_content, k) for term in call.terms]

@@ -81,7 +81,7 @@ def attend(
         and q_content.shape[-1] >= flex.min_head_dim("cuda")
         and not flex.untrusted_gradient(call)
     )
-    if on_flex and planner.flex(call.plan()):
+    if on_flex and planner.flex(call.plan):
         return flex.flex_attend(call, q_content, k, v, q_position)
     if not call.has_additive:  # a mask, no map: plain SDPA, or SDPA per block with its mask
         if call.key_padding_mask is None and call.visibility.window is None and not call.n_sinks:
@@ -130,7 +130,7 @@ def _candidates(
     """`candidates`, given the low-rank kernel's plan (`_low_rank_plan`: computed once a
     forward); the kernels the forms of the call allow (relpos_ablate/planner.py), where their own
     data allow."""
-    forms = call.plan()
+    forms = call.plan
     if (
         config.backend == "sdpa"
         or (config.backend == "blocks" and dropout_p > 0.0)
@@ -159,7 +159,7 @@ def _low_rank_plan(
 ) -> tuple[Tensor, int] | None:
     """The low-rank kernel's key offsets and query block for this call, computed once a forward;
     None where it cannot take the call."""
-    if dropout_p > 0.0 or q_content.device.type != "cpu" or not planner.low_rank(call.plan()):
+    if dropout_p > 0.0 or q_content.device.type != "cpu" or not planner.low_rank(call.plan):
         return None
     offsets = low_rank.key_offsets(call)
     block = None if offsets is None else low_rank.block_size(offsets, call.n_queries)

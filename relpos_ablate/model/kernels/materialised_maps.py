@@ -5,12 +5,14 @@ the strided maps of distance alone)."""
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from relpos_ablate.model.core.call import AttentionCall, QueryBlock, ScoreInputs, sum_terms
-from relpos_ablate.model.core.terms import HandGradient
+from relpos_ablate.model.core.terms import HandGradient, ScoreTerm
 from relpos_ablate.model.kernels.block_maps import BlockLayout
 
 # backward blocks of 256 queries: a query-position bias 220 -> 197 ms at L = 1024 and 2.34 -> 2.22 s
@@ -52,16 +54,16 @@ class MaterialisedMaps(BlockLayout):
             ]
         return self._hands
 
-    def _hand_pieces(self, block, q, k, backward, scale=None):
-        """[(term, hand, its map times λ where scaled, state)] of the terms with a hand form."""
+    def _hand_pieces(self, block, q, k, backward, scale=None) -> list[HandPiece]:
+        """The block's maps of the terms with a hand form, each times λ where it is scaled."""
         pieces = []
-        for term, hand in zip(self.call.terms, self.hands()):
+        for index, (term, hand) in enumerate(zip(self.call.terms, self.hands())):
             if hand is None:
                 continue
             piece, state = hand.block(self.call, block, q, k, backward)
             if term.scaled and scale is not None:
                 piece = piece * scale
-            pieces.append((term, hand, piece, state))
+            pieces.append(HandPiece(index, term, hand, piece, state))
         return pieces
 
     def _auto_terms(self) -> tuple:
@@ -76,8 +78,8 @@ class MaterialisedMaps(BlockLayout):
         additive = sum_terms(
             self.call.additive_terms(block, inputs, q_content, k, terms=self._auto_terms())
         )
-        for _, _, piece, _ in self._hand_pieces(block, q_content, k, False, inputs.query_scale):
-            additive = piece if additive is None else _plus(piece, additive)
+        for piece in self._hand_pieces(block, q_content, k, False, inputs.query_scale):
+            additive = piece.map if additive is None else _plus(piece.map, additive)
         return self._masked(block, additive, own=True)
 
     def _masked(self, block: QueryBlock, additive: Tensor, own: bool) -> Tensor:
@@ -143,8 +145,8 @@ class MaterialisedMaps(BlockLayout):
             pieces = self._hand_pieces(block, q_rows, k_stream, True, leaves.query_scale)
             scaled_wanted = leaves.query_scale is not None and leaves.query_scale.requires_grad
             if scaled_wanted:  # λ's gradient reads the hand-built maps too
-                for _, _, piece, _ in pieces:
-                    rest = piece if rest is None else rest + piece
+                for piece in pieces:
+                    rest = piece.map if rest is None else rest + piece.map
         wanted = [
             (view, leaf)
             for view, leaf in zip(block_grads, leaves)
@@ -158,18 +160,17 @@ class MaterialisedMaps(BlockLayout):
         def add_gradients(grad_scores: Tensor) -> None:
             stream = grad_scores[..., block.n_sinks :]  # sinks have no map
             to_scores = []
-            for term, hand, _, state in pieces:
-                i = call.terms.index(term)
+            for piece in pieces:
                 grad = stream
-                if term.scaled and scale is not None:
+                if piece.term.scaled and scale is not None:
                     grad = stream * scale[:, :, block.rows]
-                extra = hand.backward(
+                extra = piece.hand.backward(
                     call,
                     block,
-                    state,
+                    piece.state,
                     grad,
-                    term_grads[self._tensor_slices[i]],
-                    param_grads[self._param_slices[i]],
+                    term_grads[self._tensor_slices[piece.index]],
+                    param_grads[self._param_slices[piece.index]],
                     q_rows,
                     grad_q_rows,
                 )
@@ -191,8 +192,8 @@ class MaterialisedMaps(BlockLayout):
 
         additive = rest.detach() if rest is not None else None
         if not scaled_wanted:
-            for _, _, piece, _ in pieces:
-                additive = piece if additive is None else _plus(piece, additive)
+            for piece in pieces:
+                additive = piece.map if additive is None else _plus(piece.map, additive)
         own = not wanted or bool(pieces) and not scaled_wanted
         return self._masked(block, additive, own=own), add_gradients
 
@@ -201,6 +202,17 @@ class MaterialisedMaps(BlockLayout):
         for hand, cols in zip(self._hands or [], self._param_slices):
             if hand is not None:
                 hand.finish(param_grads[cols])
+
+
+class HandPiece(NamedTuple):
+    """A block's map of a term with a hand form (times λ where scaled) and what its backward
+    reads."""
+
+    index: int  # the term's place in call.terms
+    term: ScoreTerm
+    hand: HandGradient
+    map: Tensor
+    state: Any
 
 
 def _plus(piece: Tensor, additive: Tensor) -> Tensor:
