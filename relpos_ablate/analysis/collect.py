@@ -108,6 +108,10 @@ def _run_fields(run_dir: Path, problems: list[str]) -> dict[str, Any]:
         "stopped": status.get("stopped"),
         "run_dir": str(run_dir),
         "spec": meta.get("spec"),
+        # the plan's record at the run's first launch, and when it ended (config/plan.py)
+        "launched_at": meta.get("launched_at"),
+        "finished_at": status.get("finished_at"),
+        "analysis": json.dumps(meta["analysis"], sort_keys=True) if "analysis" in meta else None,
     }
     config_columns = flatten(config)
     variant = meta.get("variant") or {}
@@ -251,7 +255,9 @@ def collect(results_dir: str | Path) -> pd.DataFrame:
     them), main_metric, eval_setting (the setting's index in eval.json), token_losses (its array in
     token_losses.npz, if saved), reference and reference_<metric> (the unigram or chance baseline),
     eval_error (why a setting was not evaluated, if so), run_dir, spec (the grid spec path from
-    run.json), then every flattened config field (`model.attention.terms`, ...). Runs without
+    run.json), launched_at (run.json: the run's first launch), finished_at (status.json), analysis
+    (run.json: the spec's analysis plan at the first launch, JSON; config/plan.py), then every
+    flattened config field (`model.attention.terms`, ...). Runs without
     eval.json (queued, running, failed, broken) get one row with NaN metrics. The loss by position:
     analysis.positions.position_frame(df); token losses: analysis.recl.token_loss_frame(df).
 
@@ -293,6 +299,9 @@ def _column_order(rows: list[dict], axes: list[str], metrics: list[str]) -> list
         "eval_error",
         "run_dir",
         "spec",
+        "launched_at",
+        "finished_at",
+        "analysis",
     ]
     rest = list(dict.fromkeys(k for row in rows for k in row if k not in head))
     return head + rest

@@ -126,7 +126,7 @@ class Comparison:
         )
         return (
             f"{what}difference {_num(t.difference, d)}, {self._interval()}, "
-            f"n = {t.n_a}{'' if t.n_a == t.n_b or t.kind != WELCH else ' and ' + str(t.n_b)}; "
+            f"n = {t.n_a}{'' if t.n_a == t.n_b or t.kind == PAIRED else ' and ' + str(t.n_b)}; "
             f"p = {fmt_p(t.p)}{adjusted}"
         )
 
@@ -192,6 +192,23 @@ class Family:
         """Add a TOST of |a - b| < margin (a claim that two things are equivalent needs one)."""
         return self._add(name_a, a, name_b, b, equivalence(a, b, margin), True, decimals)
 
+    def add(
+        self,
+        name_a: str,
+        a: Sample,
+        name_b: str,
+        b: Sample,
+        test: Test | None,
+        lower_is_better: bool = True,
+        decimals: int = 2,
+        reason: str = "",
+    ) -> Comparison:
+        """Add a test made elsewhere (e.g. analysis/proportions.py's on the examples) with the
+        values whose means the comparison states; `reason`: why there is none, when None."""
+        comparison = self._add(name_a, a, name_b, b, test, lower_is_better, decimals)
+        comparison.reason = reason or comparison.reason
+        return comparison
+
     def _add(self, name_a, a, name_b, b, test, lower_is_better, decimals) -> Comparison:
         if self.closed:
             raise RuntimeError(
@@ -255,9 +272,14 @@ class Family:
         """The smallest differences the family's t-tests could detect at 80% power (observed
         spread)."""
         self.close()
-        tests = [t for t in self.tests if t.kind != TOST]
+        tests = [t for t in self.tests if t.kind != TOST and not math.isnan(t.spread)]
         if not tests:
-            return "Power: no test was run."
+            return (
+                "Power: not stated (no t-test was run; a test on the examples has no single "
+                "spread to state it from)."
+                if any(t.kind != TOST for t in self.tests)
+                else "Power: no test was run."
+            )
         m = len(self.tests)
         plain = [t.detectable(self.alpha) for t in tests]
         strict = (

@@ -32,10 +32,12 @@ from typing import Any
 
 from relpos_ablate.config import ConfigError, RunConfig, from_dict, read_yaml, run_id
 from relpos_ablate.config.base import ConfigErrors, check_range
+from relpos_ablate.config.plan import Plan, parse_plan, record
 from relpos_ablate.config.presets import encoding_fields
 from relpos_ablate.config.registry import import_modules
 from relpos_ablate.config.schedule import shown_value
 from relpos_ablate.config.yaml_io import set_path
+from relpos_ablate.io import now_iso
 from relpos_ablate.runner.axes import (
     ENCODING,
     Axis,
@@ -60,6 +62,7 @@ SPEC_KEYS = (
     "launcher",
     "table",
     "plots",
+    "analysis",
 )
 RUN_CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig))
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -129,6 +132,13 @@ class GridSpec:
     axes: tuple[str, ...]
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     path: Path | None = None
+    analysis: Plan | None = None
+    """The `analysis:` block (config/plan.py): the tests declared before the runs."""
+    seeds: tuple[int, ...] = ()
+
+    def analysis_record(self) -> dict | None:
+        """What each run launched now records of the plan in its run.json (None: no plan)."""
+        return None if self.analysis is None else record(self.analysis, self.seeds, now_iso())
 
 
 class GridSpecError(ConfigErrors):
@@ -178,6 +188,7 @@ def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
     launcher = collect_error(
         errors, from_dict, LauncherConfig, data.get("launcher", {}), "launcher"
     )
+    analysis = collect_error(errors, parse_plan, data["analysis"]) if "analysis" in data else None
     structure_ok = not errors
     runs = _expand(base, axes, excludes, errors, check_duplicates=structure_ok)
     if not runs and not errors:
@@ -185,7 +196,8 @@ def parse_grid(data: dict, path: Path | None = None) -> GridSpec:
     if errors:
         raise GridSpecError(errors, where)
     keys = tuple(key for axis in axes for key in axis.keys)
-    return GridSpec(name=name, runs=tuple(runs), axes=keys, launcher=launcher, path=path)
+    seeds = tuple(data.get("seeds") or ())
+    return GridSpec(name, tuple(runs), keys, launcher, path, analysis, seeds)
 
 
 def _check_top_keys(data: dict, errors: list[ConfigError]) -> None:

@@ -180,7 +180,9 @@ class LocalRunner:
 
     def _prepare_one(self, plan: RunPlan) -> None:
         try:
-            action = prepare_run(plan, self.spec.name, self.spec.path, self.retry_failed)
+            action = prepare_run(
+                plan, self.spec.name, self.spec.path, self.retry_failed, self.spec.analysis_record()
+            )
         except OSError as err:
             self.errors[plan.run.run_id] = f"could not write the run directory: {err}"
             return
@@ -240,7 +242,7 @@ class LocalRunner:
         train = plan.run.config.train
         fork = self.fork and forkable(train.num_nodes, slot.gpu)
         try:
-            write_run_files(plan, self.spec.name, self.spec.path)
+            write_run_files(plan, self.spec.name, self.spec.path, self.spec.analysis_record())
             proc = launch(
                 plan.run_dir,
                 lock,

@@ -190,7 +190,8 @@ def submit_grid(
         plan
         for plan in plans
         if _recorded_job(plan) not in alive
-        and prepare_run(plan, spec.name, spec.path, retry_failed) in RUNNABLE
+        and prepare_run(plan, spec.name, spec.path, retry_failed, spec.analysis_record())
+        in RUNNABLE
     ]
     if not prepared:
         return []

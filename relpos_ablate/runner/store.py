@@ -171,11 +171,16 @@ def _holds(run_dir: Path, config: RunConfig) -> bool:
     return stored is not None and rundir.same_run(stored, config)
 
 
-def write_run_files(plan: RunPlan, experiment: str, spec_path: Path | None) -> None:
+def write_run_files(
+    plan: RunPlan, experiment: str, spec_path: Path | None, analysis: dict | None = None
+) -> None:
     """run.json, and config.yaml unless an equivalent one is there (call with the run's lock
-    held)."""
+    held). `analysis`: the spec's analysis plan as config/plan.py `record` gives it; run.json
+    keeps the record (and the launch time) of the run's first launch, never a later one, so a
+    plan changed after the run existed shows as such in `report`."""
     run_dir = plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    before = rundir.read_run_info(run_dir) or {}
     info = {
         "run_id": plan.run.run_id,
         "experiment": experiment,
@@ -185,20 +190,30 @@ def write_run_files(plan: RunPlan, experiment: str, spec_path: Path | None) -> N
         if spec_path is not None
         else None,
     }
-    if rundir.read_run_info(run_dir) != info:
+    # kept from the first launch: a run.json older than these records has neither
+    first = {"launched_at": now_iso(), **({"analysis": analysis} if analysis else {})}
+    info.update({key: before.get(key) if before else value for key, value in first.items()})
+    info = {key: value for key, value in info.items() if value is not None or key == "spec"}
+    if before != info:
         atomic_write_json(run_dir / rundir.RUN_INFO, info)
     if not _holds(run_dir, plan.run.config):
         atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(plan.run.config))
 
 
-def prepare_run(plan: RunPlan, experiment: str, spec_path: Path | None, retry_failed: bool) -> str:
+def prepare_run(
+    plan: RunPlan,
+    experiment: str,
+    spec_path: Path | None,
+    retry_failed: bool,
+    analysis: dict | None = None,
+) -> str:
     """Claim a run briefly to write its files and mark it `queued`; returns the action taken
     (start/resume/retry when it is ready to launch, busy or skip when it is not ours to run)."""
     lock, action, _note = claim(plan.run_dir, retry_failed)
     if lock is None:
         return action
     try:
-        write_run_files(plan, experiment, spec_path)
+        write_run_files(plan, experiment, spec_path, analysis)
         mark_queued(plan.run_dir)
     finally:
         lock.release()

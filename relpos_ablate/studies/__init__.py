@@ -88,7 +88,7 @@ def make_report(df, correction: str | None = "holm") -> str:
         from relpos_ablate.analysis.grid_report import grid_report, has_spec
 
         if has_spec(df):
-            return grid_report(df, correction, layouts())
+            return _planned(df, grid_report(df, correction, layouts()))
     if key not in reports:
         known = sorted(
             " + ".join(k) if isinstance(k, tuple) else k for s in STUDIES for k in s.load().REPORTS
@@ -107,7 +107,17 @@ def make_report(df, correction: str | None = "holm") -> str:
         raise ConfigError(
             "report", f"no report for {what}{own}; reports exist for: {', '.join(known)}"
         )
-    return reports[key](df, correction or "holm")
+    return _planned(df, reports[key](df, correction or "holm"))
+
+
+def _planned(df, body: str) -> str:
+    """The report under its grid spec's `analysis:` plan when the spec declares one
+    (analysis/planned.py), else as it is."""
+    from relpos_ablate.analysis.planned import with_plan
+    from relpos_ablate.analysis.table_options import read_spec
+
+    spec = read_spec(df)
+    return with_plan(df, spec, body) if "analysis" in spec else body
 
 
 def layouts() -> dict:

@@ -1,0 +1,301 @@
+"""A grid's declared analysis (config/plan.py) run on its collected frame: the confirmatory families
+in the plan's order, whether each was fixed before the first run, every deviation, the aggregates,
+and what lies outside the plan (exploratory: differences and raw p, no verdicts).
+
+- **Cells** are FIELD=VALUE conditions on the frame; a cell's sample is one value per run (a cell
+  that leaves a run two rows, e.g. two lengths, is ambiguous: one line says which fields differ).
+- **The test fits the scale**: a share of examples (exact_match, acc) with its examples counted is
+  tested on the examples (analysis/proportions.py: quasi-binomial over runs); loss, ppl and bpc by
+  the t-tests of analysis/ttests.py; a family with a margin by TOST.
+- **Only the designed seeds** enter a confirmatory test; runs of other seeds are a deviation, and
+  the families are shown again with them, as exploratory.
+- **The plan's history** (analysis/plan_history.py) comes from what each run recorded at launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from relpos_ablate.analysis import proportions
+from relpos_ablate.analysis.aggregate import aggregate_pair
+from relpos_ablate.analysis.plan_history import Records, deviations, family_status
+from relpos_ablate.analysis.settings import label
+from relpos_ablate.analysis.stats import CORRECTION_WORDS, Comparison, compare, equivalence, fmt_p
+from relpos_ablate.analysis.stats import Family as Tested
+from relpos_ablate.analysis.table_options import resolve_column
+from relpos_ablate.config import ConfigError
+from relpos_ablate.config.plan import (
+    LOWER_IS_BETTER,
+    PROPORTIONS,
+    AggregateSpec,
+    Family,
+    Plan,
+    parse_plan,
+)
+
+SCALE_WORDS = {
+    "loss": "loss (nats per token: log perplexity)",
+    "ppl": "perplexity",
+    "bpc": "bits per character",
+    "acc": "accuracy",
+    "exact_match": "exact match",
+}
+
+
+def default_scale(plan: Plan, df: pd.DataFrame) -> str:
+    """The plan's scale, else loss for text (main metric ppl or bpc), else the task's main
+    metric."""
+    if plan.scale:
+        return plan.scale
+    mains = df["main_metric"].dropna().unique() if "main_metric" in df else []
+    main = str(mains[0]) if len(mains) == 1 else "ppl"
+    return "loss" if main in ("ppl", "bpc", "loss") else main
+
+
+def select(df: pd.DataFrame, conditions: tuple[str, ...], what: str) -> pd.DataFrame:
+    """The rows meeting every FIELD=VALUE (FIELD!=VALUE) condition, values compared as a table
+    labels them; an unknown field is a one-line error."""
+    kept = df
+    for condition in conditions:
+        key, _, value = condition.partition("=")
+        negate = key.endswith("!")
+        column = resolve_column(df, key.removesuffix("!").strip(), what)
+        kept = kept[(kept[column].map(label) == value.strip()) != negate]
+    return kept
+
+
+def per_run(rows: pd.DataFrame, column: str, cell: str) -> pd.DataFrame:
+    """A cell's rows, one per run, with a finite value; a run with two rows makes the cell
+    ambiguous (one line naming the fields its rows differ in)."""
+    twice = rows[rows.duplicated("run_dir", keep=False)]
+    if len(twice):
+        first = twice[twice["run_dir"] == twice["run_dir"].iloc[0]]
+        differ = [
+            str(c)
+            for c in first.columns
+            if c not in ("eval_setting", "token_losses") and first[c].map(label).nunique() > 1
+        ]
+        raise ConfigError(
+            "analysis",
+            f"cell {cell}: {len(first)} rows for run {first['run_id'].iloc[0]} (they differ in "
+            f"{', '.join(differ[:4])}); add the field to the cell, the family's where or its by",
+        )
+    return rows[np.isfinite(rows[column].astype(float))]
+
+
+@dataclass
+class Outcome:
+    """A family as the report states it: its tests, corrected together, and its list items."""
+
+    family: Family
+    tested: Tested
+    items: list
+
+
+def comparisons(df: pd.DataFrame, fam: Family) -> list[tuple[str, tuple, tuple]]:
+    """(prefix, cell a, cell b) of every comparison the family declares: the rule's values and the
+    `by` values in data order."""
+    rows = select(df, fam.where, "where")
+    by = [resolve_column(df, b, "by") for b in fam.by]
+    combos = list(dict.fromkeys(zip(*(rows[c].map(label) for c in by)))) if by else [()]
+    pairs = []
+    if fam.each:
+        column = resolve_column(df, fam.each, "each")
+        values = list(fam.values) or list(dict.fromkeys(rows[column].map(label)))
+        pairs = [((f"{fam.each}={v}",), (f"{fam.each}={fam.vs}",)) for v in values if v != fam.vs]
+    pairs += [(p.a, p.b) for p in fam.pairs]
+    out = []
+    for combo in combos:
+        at = tuple(f"{name}={value}" for name, value in zip(fam.by, combo))
+        prefix = ", ".join(at) + ": " if at else ""
+        out += [(prefix, fam.where + a + at, fam.where + b + at) for a, b in pairs]
+    return out
+
+
+def _name(cell: tuple[str, ...], other: tuple[str, ...]) -> str:
+    """A side's name: the conditions it does not share with the other side."""
+    own = [c for c in cell if c not in other]
+    value = own[0].partition("=")[2] if len(own) == 1 else ""
+    return value if value and not value[0].isdigit() else " ".join(own) or "(all)"
+
+
+def not_learned(df: pd.DataFrame, plan: Plan, runs: pd.DataFrame) -> str:
+    """Empty when every run of a side learned the task in distribution (the plan's `learned`), else
+    why not."""
+    rule = plan.learned
+    if rule is None or runs.empty:
+        return ""
+    rows = select(df[df["run_dir"].isin(runs["run_dir"])], rule.where, "learned.where")
+    values = per_run(rows, rule.metric, "learned")[rule.metric].astype(float)
+    if len(values) < runs["run_dir"].nunique() or (values < rule.min).any():
+        shown = ", ".join(f"{v:.2f}" for v in values) or "none"
+        where = f" at {', '.join(rule.where)}" if rule.where else ""
+        return (
+            f"did not learn the task in distribution ({rule.metric}{where}: {shown}; the plan "
+            f"needs ≥ {rule.min} in every run)"
+        )
+    return ""
+
+
+def run_family(df: pd.DataFrame, plan: Plan, fam: Family, seeds) -> Outcome:
+    """The family's comparisons on the runs of `seeds` (None: every seed), corrected together."""
+    scale = fam.scale or default_scale(plan, df)
+    column = resolve_column(df, scale, "scale")
+    kept = df if seeds is None else df[df["seed"].isin(list(seeds))]
+    outcome = Outcome(fam, Tested(fam.name, plan.correction, plan.alpha), [])
+    for prefix, a_cell, b_cell in comparisons(kept, fam):
+        name_a, name_b = _name(a_cell, b_cell), _name(b_cell, a_cell)
+        a = per_run(select(kept, a_cell, "a"), column, " ".join(a_cell))
+        b = per_run(select(kept, b_cell, "b"), column, " ".join(b_cell))
+        why = next(
+            (f"{n} {w}" for n, s in ((name_a, a), (name_b, b)) if (w := not_learned(df, plan, s))),
+            "",
+        )
+        if why:
+            outcome.items.append(f"{prefix}{name_a} vs {name_b}: not compared: {why}")
+            continue
+        outcome.items.append(
+            (prefix, _test(outcome.tested, fam, scale, (name_a, a), (name_b, b), column))
+        )
+    outcome.tested.close()
+    return outcome
+
+
+def _test(tested: Tested, fam: Family, scale: str, side_a, side_b, column: str) -> Comparison:
+    """Add the comparison with the test its scale calls for (module docstring)."""
+    (name_a, a), (name_b, b) = side_a, side_b
+    values = [dict(zip(s["run_dir"], s[column].astype(float))) for s in (a, b)]
+    lower = LOWER_IS_BETTER[scale]
+    counted = "examples" in a and a["examples"].notna().all() and b["examples"].notna().all()
+    if scale in PROPORTIONS and counted:
+        counts = [
+            {
+                run: (proportions.counts_from(rate, n), _whole(n))
+                for run, rate, n in zip(s["run_dir"], s[column], s["examples"])
+            }
+            for s in (a, b)
+        ]
+        test = (
+            proportions.proportion_equivalence(*counts, fam.margin)
+            if fam.margin
+            else proportions.compare_proportions(*counts)
+        )
+        reason = proportions.why_not(*counts) if test is None else ""
+    else:
+        test = equivalence(*values, fam.margin) if fam.margin else compare(*values)
+        reason = ""
+    return tested.add(name_a, values[0], name_b, values[1], test, lower, 3, reason)
+
+
+def _whole(examples):
+    """A count of examples as an int where it is one (a CSV reads it as a float); anything else
+    is left for proportions.py to refuse in one line."""
+    return int(examples) if float(examples).is_integer() else examples
+
+
+def exploratory(comparison: Comparison) -> str:
+    """A comparison outside the plan: the means, difference, interval and raw p, no verdict."""
+    t = comparison.test
+    means = (
+        f"{comparison.name_a} {comparison.mean_a:.3f}, {comparison.name_b} {comparison.mean_b:.3f}"
+    )
+    if t is None:
+        return f"{means}: {comparison.reason}"
+    level = "90%" if t.kind == "TOST" else "95%"
+    return (
+        f"{means}: difference {t.difference:.4f}, {level} CI [{t.ci[0]:.4f}, {t.ci[1]:.4f}] "
+        f"({t.kind}, n = {t.n_a} and {t.n_b}; raw p = {fmt_p(t.p)}, exploratory)"
+    )
+
+
+def run_aggregate(df: pd.DataFrame, plan: Plan, spec: AggregateSpec, seeds) -> str:
+    scale = spec.scale or default_scale(plan, df)
+    column = resolve_column(df, scale, "scale")
+    kept = select(df if seeds is None else df[df["seed"].isin(list(seeds))], spec.where, "where")
+    over = [resolve_column(df, o, "over") for o in spec.over]
+    sides = [select(kept, cell, side) for cell, side in ((spec.a, "a"), (spec.b, "b"))]
+    result = aggregate_pair(
+        *sides,
+        cells=over,
+        value=column,
+        name_a=_name(spec.a, spec.b),
+        name_b=_name(spec.b, spec.a),
+        lower_is_better=LOWER_IS_BETTER[scale],
+        reps=spec.reps,
+        seed=0,
+    )
+    return f"- **{spec.name}** ({SCALE_WORDS[scale]}): {result}"
+
+
+def planned_report(df: pd.DataFrame, plan: Plan, spec_seeds: tuple[int, ...]) -> list[str]:
+    """The report's sections for the plan: what was declared and when, the deviations, the
+    confirmatory families (primary, then secondary), the aggregates, and the families again with
+    every seed where runs of other seeds exist (exploratory)."""
+    records = Records.of(df)
+    seeds = tuple(plan.seeds or spec_seeds) or None
+    scale = default_scale(plan, df)
+    lines = [
+        "## The declared analysis",
+        "",
+        f"From the grid spec's `analysis:` block: every test on {SCALE_WORDS[scale]} unless its "
+        f"family says otherwise; each family {CORRECTION_WORDS[plan.correction]} at α = "
+        f"{plan.alpha}; the designed seeds {', '.join(map(str, seeds)) if seeds else '(all)'}. "
+        "The families below are confirmatory; every other test in this report is exploratory.",
+        "",
+        *(f"- {family_status(plan, f, records)}" for f in (*plan.families, *plan.aggregate)),
+        "",
+        "Deviations from the plan:",
+        "",
+        *(f"- {d}" for d in deviations(plan, records, seeds) or ["none found"]),
+    ]
+    for role in ("primary", "secondary"):
+        for fam in (f for f in plan.families if f.role == role):
+            outcome = run_family(df, plan, fam, seeds)
+            lines += ["", f"## {role.capitalize()}: {fam.name}", ""]
+            lines += [f"- {i}" if isinstance(i, str) else f"- {i[0]}{i[1]}" for i in outcome.items]
+            lines += ["", outcome.tested.summary()]
+    if plan.aggregate:
+        lines += ["", "## Aggregates (stratified bootstrap over seeds within each cell)", ""]
+        lines += [run_aggregate(df, plan, spec, seeds) for spec in plan.aggregate]
+    extra = sorted(set(df["seed"].dropna().astype(int)) - set(seeds or ()))
+    if seeds and extra and plan.families:
+        lines += [
+            "",
+            f"## Exploratory: the families with seeds {', '.join(map(str, extra))} too",
+            "",
+            "Not in the plan's seeds: differences and raw p only, no verdict.",
+        ]
+        for fam in plan.families:
+            outcome = run_family(df, plan, fam, None)
+            lines += ["", f"{fam.name}:", ""]
+            lines += [
+                f"- {i}" if isinstance(i, str) else f"- {i[0]}{exploratory(i[1])}"
+                for i in outcome.items
+            ]
+    return lines
+
+
+def with_plan(df: pd.DataFrame, spec: dict, body: str) -> str:
+    """A report under its spec's plan: the body's title, the plan's sections, then the body's own
+    text as exploratory (its headings one level down)."""
+    plan = parse_plan(spec["analysis"])
+    title, _, rest = body.partition("\n") if body.startswith("# ") else ("", "", body)
+    demoted = "\n".join(
+        "#" + ln if ln.startswith("#") else ln for ln in rest.strip("\n").splitlines()
+    )
+    lines = [
+        *([title, ""] if title else []),
+        *planned_report(df, plan, tuple(spec.get("seeds") or ())),
+        "",
+        "## Exploratory: the report's own sections",
+        "",
+        "Not declared in the plan: each section's tests are corrected within it, but which tests, "
+        "on which scale and in which family was not fixed before the runs. Read their verdicts as "
+        "hypotheses.",
+        "",
+        demoted,
+    ]
+    return "\n".join(lines).rstrip("\n") + "\n"
