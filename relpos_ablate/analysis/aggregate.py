@@ -180,7 +180,8 @@ class Aggregate:
         (stratified bootstrap, 2000 resamples)`."""
 
         def num(x: float) -> str:
-            return f"{x:.{decimals}f}"
+            text = f"{x:.{decimals}f}"
+            return text.lstrip("-") if float(text) == 0 else text  # never "-0.00"
 
         def interval(ci: tuple[float, float]) -> str:
             return f"[{num(ci[0])}, {num(ci[1])}]"

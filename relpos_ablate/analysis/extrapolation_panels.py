@@ -225,9 +225,15 @@ def _format_axes(ax, layout: Layout, limits) -> None:
         ax.set_yscale("log")
         ticks: list[float] = []
         # at most ~8, evenly spread on the log scale
-        for tick in (t for t in TICKS if low <= t <= high):
-            if not ticks or math.log(tick / ticks[-1]) >= math.log(high / low) / 8:
+        step = math.log(high / low) / 8
+        inside = [t for t in TICKS if low <= t <= high]
+        for tick in inside:
+            if not ticks or math.log(tick / ticks[-1]) >= step:
                 ticks.append(tick)
+        # the highest tick the range holds is always labelled: the top lines are read off it
+        if inside and ticks[-1] != inside[-1]:
+            close = len(ticks) > 1 and math.log(inside[-1] / ticks[-1]) < step / 2
+            ticks[-1:] = [inside[-1]] if close else [ticks[-1], inside[-1]]
         ax.yaxis.set_major_locator(FixedLocator(ticks))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())

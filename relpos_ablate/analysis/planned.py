@@ -23,7 +23,14 @@ from relpos_ablate.analysis import proportions
 from relpos_ablate.analysis.aggregate import aggregate_pair
 from relpos_ablate.analysis.plan_history import Records, deviations, family_status
 from relpos_ablate.analysis.settings import label
-from relpos_ablate.analysis.stats import CORRECTION_WORDS, Comparison, compare, equivalence, fmt_p
+from relpos_ablate.analysis.stats import (
+    CORRECTION_WORDS,
+    PAIRED,
+    Comparison,
+    compare,
+    equivalence,
+    fmt_p,
+)
 from relpos_ablate.analysis.stats import Family as Tested
 from relpos_ablate.analysis.table_options import resolve_column
 from relpos_ablate.config import ConfigError
@@ -83,6 +90,18 @@ def per_run(rows: pd.DataFrame, column: str, cell: str) -> pd.DataFrame:
             f"cell {cell}: {len(first)} rows for run {first['run_id'].iloc[0]} (they differ in "
             f"{', '.join(differ[:4])}); add the field to the cell, the family's where or its by",
         )
+    pooled = [
+        str(axis)
+        for axis in rows.attrs.get("variant_axes", ())
+        if axis in rows and axis != "seed" and rows[axis].map(label).nunique() > 1
+    ]
+    if pooled:
+        values = ", ".join(sorted(rows[pooled[0]].map(label).unique()))
+        raise ConfigError(
+            "analysis",
+            f"cell {cell}: its runs differ in {', '.join(pooled)} ({pooled[0]}: {values}); name "
+            "the value in the cell, the family's where or its by, so that no runs are pooled",
+        )
     return rows[np.isfinite(rows[column].astype(float))]
 
 
@@ -123,19 +142,19 @@ def _name(cell: tuple[str, ...], other: tuple[str, ...]) -> str:
 
 
 def not_learned(df: pd.DataFrame, plan: Plan, runs: pd.DataFrame) -> str:
-    """Empty when every run of a side learned the task in distribution (the plan's `learned`), else
-    why not."""
+    """Empty when every run of a side learned the task in distribution (the plan's `learned`: its
+    metric ≥ min in every row of the run where `where` holds, e.g. at every depth), else why not."""
     rule = plan.learned
     if rule is None or runs.empty:
         return ""
     rows = select(df[df["run_dir"].isin(runs["run_dir"])], rule.where, "learned.where")
-    values = per_run(rows, rule.metric, "learned")[rule.metric].astype(float)
-    if len(values) < runs["run_dir"].nunique() or (values < rule.min).any():
-        shown = ", ".join(f"{v:.2f}" for v in values) or "none"
+    worst = rows.groupby("run_dir")[rule.metric].min().astype(float)
+    if len(worst) < runs["run_dir"].nunique() or not (worst >= rule.min).all():
+        shown = ", ".join(f"{v:.2f}" for v in worst) or "none"
         where = f" at {', '.join(rule.where)}" if rule.where else ""
         return (
-            f"did not learn the task in distribution ({rule.metric}{where}: {shown}; the plan "
-            f"needs ≥ {rule.min} in every run)"
+            f"did not learn the task in distribution ({rule.metric}{where}, lowest per run: "
+            f"{shown}; the plan needs ≥ {rule.min} in every run)"
         )
     return ""
 
@@ -207,38 +226,67 @@ def exploratory(comparison: Comparison) -> str:
     level = "90%" if t.kind == "TOST" else "95%"
     return (
         f"{means}: difference {t.difference:.4f}, {level} CI [{t.ci[0]:.4f}, {t.ci[1]:.4f}] "
-        f"({t.kind}, n = {t.n_a} and {t.n_b}; raw p = {fmt_p(t.p)}, exploratory)"
+        f"({t.kind}, n = {t.n if t.kind == PAIRED else f'{t.n_a} and {t.n_b}'}; raw p = "
+        f"{fmt_p(t.p)}, exploratory)"
     )
 
 
 def run_aggregate(df: pd.DataFrame, plan: Plan, spec: AggregateSpec, seeds) -> str:
+    """One aggregate as a list item: a run's rows within a cell averaged (e.g. over depths), the
+    cells where a side did not learn the task in distribution left out and named."""
     scale = spec.scale or default_scale(plan, df)
     column = resolve_column(df, scale, "scale")
     kept = select(df if seeds is None else df[df["seed"].isin(list(seeds))], spec.where, "where")
     over = [resolve_column(df, o, "over") for o in spec.over]
-    sides = [select(kept, cell, side) for cell, side in ((spec.a, "a"), (spec.b, "b"))]
-    result = aggregate_pair(
-        *sides,
-        cells=over,
-        value=column,
-        name_a=_name(spec.a, spec.b),
-        name_b=_name(spec.b, spec.a),
-        lower_is_better=LOWER_IS_BETTER[scale],
-        reps=spec.reps,
-        seed=0,
+    head = f"- **{spec.name}**, on {SCALE_WORDS[scale]}: "
+    sides, left_out = [], set()
+    for cell, side in ((spec.a, "a"), (spec.b, "b")):
+        rows = select(kept, cell, side)
+        for key, group in rows.groupby(over, dropna=False):
+            if not_learned(df, plan, group):
+                left_out.add(key)
+        sides.append(
+            rows.groupby([*over, "run_dir"], as_index=False, dropna=False).agg(
+                {column: "mean", "seed": "first"}
+            )
+        )
+    sides = [s[~s[over].apply(tuple, axis=1).isin(left_out)] for s in sides]
+    if left_out and any(side.empty for side in sides):
+        return head + "not computed: in every cell a side did not learn the task in distribution"
+    try:
+        result = aggregate_pair(
+            *sides,
+            cells=over,
+            value=column,
+            name_a=_name(spec.a, spec.b),
+            name_b=_name(spec.b, spec.a),
+            lower_is_better=LOWER_IS_BETTER[scale],
+            reps=spec.reps,
+            seed=0,
+        )
+    except ConfigError as err:
+        return head + f"not computed: {err}"
+    note = (
+        f" Left out: {len(left_out)} cell(s) where a side did not learn the task in distribution "
+        f"({'; '.join(', '.join(map(label, k)) for k in sorted(left_out, key=str))})."
+        if left_out
+        else ""
     )
-    return f"- **{spec.name}** ({SCALE_WORDS[scale]}): {result}"
+    return head + str(result) + note
 
 
-def planned_report(df: pd.DataFrame, plan: Plan, spec_seeds: tuple[int, ...]) -> list[str]:
+def planned_report(
+    df: pd.DataFrame, plan: Plan, spec_seeds: tuple[int, ...], experiment: str = ""
+) -> list[str]:
     """The report's sections for the plan: what was declared and when, the deviations, the
     confirmatory families (primary, then secondary), the aggregates, and the families again with
     every seed where runs of other seeds exist (exploratory)."""
     records = Records.of(df)
     seeds = tuple(plan.seeds or spec_seeds) or None
     scale = default_scale(plan, df)
+    of = f" of {experiment}" if experiment else ""
     lines = [
-        "## The declared analysis",
+        f"## The declared analysis{of}",
         "",
         f"From the grid spec's `analysis:` block: every test on {SCALE_WORDS[scale]} unless its "
         f"family says otherwise; each family {CORRECTION_WORDS[plan.correction]} at α = "
@@ -254,17 +302,17 @@ def planned_report(df: pd.DataFrame, plan: Plan, spec_seeds: tuple[int, ...]) ->
     for role in ("primary", "secondary"):
         for fam in (f for f in plan.families if f.role == role):
             outcome = run_family(df, plan, fam, seeds)
-            lines += ["", f"## {role.capitalize()}: {fam.name}", ""]
+            lines += ["", f"## {role.capitalize()}{of}: {fam.name}", ""]
             lines += [f"- {i}" if isinstance(i, str) else f"- {i[0]}{i[1]}" for i in outcome.items]
             lines += ["", outcome.tested.summary()]
     if plan.aggregate:
-        lines += ["", "## Aggregates (stratified bootstrap over seeds within each cell)", ""]
+        lines += ["", f"## Aggregates{of} (stratified bootstrap over seeds within each cell)", ""]
         lines += [run_aggregate(df, plan, spec, seeds) for spec in plan.aggregate]
     extra = sorted(set(df["seed"].dropna().astype(int)) - set(seeds or ()))
     if seeds and extra and plan.families:
         lines += [
             "",
-            f"## Exploratory: the families with seeds {', '.join(map(str, extra))} too",
+            f"## Exploratory{of}: the families with seeds {', '.join(map(str, extra))} too",
             "",
             "Not in the plan's seeds: differences and raw p only, no verdict.",
         ]
@@ -278,24 +326,51 @@ def planned_report(df: pd.DataFrame, plan: Plan, spec_seeds: tuple[int, ...]) ->
     return lines
 
 
-def with_plan(df: pd.DataFrame, spec: dict, body: str) -> str:
-    """A report under its spec's plan: the body's title, the plan's sections, then the body's own
-    text as exploratory (its headings one level down)."""
-    plan = parse_plan(spec["analysis"])
+def experiments_named(block: dict) -> set[str]:
+    """The experiments a plan's cells name (`experiment=NAME`): its families read their runs too
+    (e.g. a control trained as another experiment)."""
+    plan = parse_plan(block)
+    cells = [
+        c
+        for f in (*plan.families, *plan.aggregate)
+        for group in (f.where, *(getattr(f, side, ()) for side in ("a", "b")))
+        for c in group
+    ]
+    cells += [c for f in plan.families for p in f.pairs for c in (*p.a, *p.b)]
+    return {
+        c.partition("=")[2].strip() for c in cells if c.partition("=")[0].strip() == "experiment"
+    }
+
+
+KEPT_SECTIONS = ("Threats to validity",)
+"""Sections of a study's report that state no test and stay at their level, after the exploratory
+ones (every other section of the study's own report is exploratory under a plan)."""
+
+
+def with_plan(plans: list[tuple[str, pd.DataFrame, dict]], body: str) -> str:
+    """A report under its specs' plans, (experiment, its rows, its spec) each: the body's title,
+    each plan's sections, then the body's own sections as exploratory (one level down), then its
+    KEPT_SECTIONS."""
     title, _, rest = body.partition("\n") if body.startswith("# ") else ("", "", body)
+    opening, *sections = rest.split("\n## ")
+    kept = [s for s in sections if s.startswith(KEPT_SECTIONS)]
+    explored = [opening.strip("\n"), *("## " + s.strip("\n") for s in sections if s not in kept)]
     demoted = "\n".join(
-        "#" + ln if ln.startswith("#") else ln for ln in rest.strip("\n").splitlines()
+        "#" + ln if ln.startswith("#") else ln for ln in "\n\n".join(explored).splitlines()
     )
-    lines = [
-        *([title, ""] if title else []),
-        *planned_report(df, plan, tuple(spec.get("seeds") or ())),
-        "",
+    lines = [*([title, ""] if title else [])]
+    for name, rows, spec in plans:
+        plan = parse_plan(spec["analysis"])
+        seeds = tuple(spec.get("seeds") or ())
+        lines += [*planned_report(rows, plan, seeds, name if len(plans) > 1 else ""), ""]
+    lines += [
         "## Exploratory: the report's own sections",
         "",
         "Not declared in the plan: each section's tests are corrected within it, but which tests, "
         "on which scale and in which family was not fixed before the runs. Read their verdicts as "
         "hypotheses.",
         "",
-        demoted,
+        demoted.strip("\n"),
+        *("\n## " + s.rstrip("\n") for s in kept),
     ]
     return "\n".join(lines).rstrip("\n") + "\n"

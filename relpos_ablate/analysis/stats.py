@@ -260,8 +260,9 @@ class Family:
         return (
             f'Family "{self.name}": {len(self.tests)} test{"s" if len(self.tests) != 1 else ""} '
             f"({', '.join(kinds) or 'none run'}), {CORRECTION_WORDS[self.correction]} "
-            f"at α = {self.alpha}; an ordering is stated only where the "
-            f"{'' if self.correction == 'none' else 'adjusted '}p < {self.alpha}."
+            f"at α = {self.alpha}; {'equivalence' if kinds == [TOST] else 'an ordering'} is "
+            f"stated only where the {'' if self.correction == 'none' else 'adjusted '}p < "
+            f"{self.alpha}."
         )
 
     def summary(self) -> str:
@@ -274,11 +275,15 @@ class Family:
         self.close()
         tests = [t for t in self.tests if t.kind != TOST and not math.isnan(t.spread)]
         if not tests:
+            if not self.tests:
+                return "Power: no test was run."
+            if all(t.kind == TOST for t in self.tests):
+                return (
+                    "Power: not stated for equivalence tests (what they can show is set by "
+                    "their margin and interval, above)."
+                )
             return (
-                "Power: not stated (no t-test was run; a test on the examples has no single "
-                "spread to state it from)."
-                if any(t.kind != TOST for t in self.tests)
-                else "Power: no test was run."
+                "Power: not stated (a test on the examples has no single spread to state it from)."
             )
         m = len(self.tests)
         plain = [t.detectable(self.alpha) for t in tests]

@@ -111,13 +111,19 @@ def make_report(df, correction: str | None = "holm") -> str:
 
 
 def _planned(df, body: str) -> str:
-    """The report under its grid spec's `analysis:` plan when the spec declares one
-    (analysis/planned.py), else as it is."""
-    from relpos_ablate.analysis.planned import with_plan
+    """The report under the `analysis:` plan of each experiment's grid spec that declares one
+    (analysis/planned.py: each plan on its own experiment's runs and those of the experiments its
+    cells name, `experiment=NAME`), else as it is."""
+    from relpos_ablate.analysis.planned import experiments_named, with_plan
     from relpos_ablate.analysis.table_options import read_spec
 
-    spec = read_spec(df)
-    return with_plan(df, spec, body) if "analysis" in spec else body
+    plans = []
+    for name in sorted(str(n) for n in df["experiment"].dropna().unique()):
+        spec = read_spec(df[df["experiment"] == name])
+        if "analysis" in spec:
+            named = {name, *experiments_named(spec["analysis"])}
+            plans.append((name, df[df["experiment"].isin(named)], spec))
+    return with_plan(plans, body) if plans else body
 
 
 def layouts() -> dict:

@@ -207,6 +207,7 @@ def test_a_side_that_did_not_learn_is_not_compared(tmp_path, capsys):
     plan = {**PLAN, "learned": {"metric": "exact_match", "min": 0.99, "where": ["segment_len=16"]}}
     text = report(launch(spec_file(tmp_path, plan), tmp_path / "results"), capsys)
     assert "xl vs alibi: not compared: alibi did not learn the task in distribution" in text
+    assert "not computed: in every cell a side did not learn the task in distribution" in text
 
 
 def test_an_ambiguous_cell_says_which_fields_differ(tmp_path, capsys):
@@ -248,3 +249,24 @@ def test_the_runner_records_the_plan_at_launch_and_keeps_it(tmp_path, monkeypatc
     changed = {**PLAN, "families": [{**PLAN["families"][0], "vs": "xl"}]}
     assert main(["grid", str(spec_file(tmp_path, changed)), "--results", str(results)]) == 0
     assert {p: json.loads(p.read_text()) for p in infos} == infos
+
+
+def test_under_a_plan_the_studys_sections_are_exploratory_and_its_threats_come_last(tmp_path):
+    from relpos_ablate.analysis.planned import with_plan
+
+    frame = collect(launch(spec_file(tmp_path), tmp_path / "results"))
+    body = "# study\n\nopening\n\n## Threats to validity\n\nsmall\n\n## A test\n\nx better\n"
+    spec = {"analysis": PLAN, "seeds": [0, 1, 2]}
+    text = with_plan([("g", frame, spec), ("h", frame, spec)], body)
+    order = [
+        "# study",
+        "## The declared analysis of g",
+        "## Primary of g: xl vs alibi",
+        "## The declared analysis of h",
+        "## Exploratory: the report's own sections",
+        "opening",
+        "### A test",
+        "## Threats to validity",
+    ]
+    assert [text.index(part) for part in order] == sorted(text.index(part) for part in order)
+    assert "### Threats" not in text

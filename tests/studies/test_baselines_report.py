@@ -24,6 +24,7 @@ from relpos_ablate.cli import main
 from relpos_ablate.config.presets import preset_fields
 from relpos_ablate.studies import make_report
 from relpos_ablate.studies.fair_baselines import lr_figure, preset_summary, report
+from relpos_ablate.studies.fair_baselines_figure import FAR, line_styles, panels
 
 LRS = (0.0005, 0.001, 0.002)
 OFFSETS = (-0.1, 0.0, 0.1)
@@ -192,14 +193,16 @@ def test_the_figure_draws_each_ratio(results, frame, tmp_path):
     picks, tuned, default = expected()
     fig = lr_figure(frame)
     *lefts, right = fig.axes
-    # a panel for the presets without a bias table, one for the bias types: a line per preset, and
-    # its pick starred
+    # the presets without a bias table (split at FAR above the best: vaswani's and nope's picks are
+    # 1.45x and 1.42x xl's) and the bias types: a line per preset, its pick starred, the legend in
+    # the order of the stars, highest first
     named = [
         [line for line in left.lines if not line.get_label().startswith("_")] for left in lefts
     ]
-    assert [sorted(line.get_label() for line in lines) for lines in named] == [
-        ["nope", "vaswani", "xl"],
-        ["alibi", "t5"],
+    assert [[line.get_label() for line in lines] for lines in named] == [
+        ["xl"],
+        ["vaswani", "nope"],
+        ["t5", "alibi"],
     ]
     best_valid = min(min(valid) for valid, _ in MEANS.values())  # one denominator for every line
     for line in (line for lines in named for line in lines):
@@ -216,18 +219,23 @@ def test_the_figure_draws_each_ratio(results, frame, tmp_path):
     crosses = scatter.get_offsets()[:, 0]  # untuned test ppl over the same best as the bars
     order = [t.get_text().split()[0] for t in right.get_yticklabels()]
     assert list(crosses) == pytest.approx([default[p] / min(tuned.values()) for p in order])
-    assert [left.get_title().rsplit(": ", 1)[1] for left in lefts] == ["baselines", "bias types"]
+    assert [left.get_title().split(" (★")[0] for left in lefts] == [
+        "baselines, pick within 20% of the best",
+        "baselines, pick more than 20% above the best",
+        "bias types",
+    ]
     widths = sorted(bar.get_width() for bar in right.patches)
     assert widths == pytest.approx(sorted(t / min(tuned.values()) - 1 for t in tuned.values()))
-    for lines in named:  # a colour each within a panel (the legend beside it tells them apart)
-        assert len({to_rgba(line.get_color()) for line in lines}) == len(lines)
+    for lines in named:  # no two lines of a panel alike (the legend beside it tells them apart)
+        styles = {(to_rgba(ln.get_color()), ln.get_marker(), ln.get_linestyle()) for ln in lines}
+        assert len(styles) == len(lines)
     # a bar's colour says its panel: baselines (xl, vaswani, nope) alike, bias types (alibi, t5)
     # alike, not both
     colour = {name: to_rgba(bar.get_facecolor()) for name, bar in zip(order, right.patches)}
     assert colour["xl"] == colour["vaswani"] == colour["nope"] != colour["alibi"] == colour["t5"]
     assert [t.get_text() for t in right.get_legend().get_texts()][-2:] == [
-        "baselines (upper left panel)",
-        "bias types (lower left panel)",
+        "baselines (top and middle left panels)",
+        "bias types (bottom left panel)",
     ]
     assert (
         main(
@@ -352,6 +360,25 @@ def test_a_longer_budget_is_its_own_section_and_leaves_the_sweep_alone(budgets):
     assert "al_rfou, 2000 steps 6.00, nope, 2000 steps 7.00: al_rfou, 2000 steps better" in pair
     # the lr figure draws the sweep alone
     assert len(lr_figure(budgets).axes) == len(lr_figure(sweep_only).axes)
+
+
+def test_fourteen_lines_of_a_panel_are_told_apart():
+    """Issue 58: 14 lines in tab20's paired hues could not be read. Each line of a panel has its own
+    (colour, marker, line style): nine colours, none grey (the baselines' bars), then the colours
+    again dashed with another marker. A kind whose picks lie far apart is split in two panels."""
+    styles = line_styles(14)
+    assert len(set(styles)) == 14 and len({to_rgba(c) for c, _, _ in styles[:9]}) == 9
+    assert to_rgba("C7") not in {to_rgba(color) for color, _, _ in styles}
+    for (color, marker, style), first in zip(styles[9:], styles):
+        assert (color, style) == (first[0], "--") and marker != first[1]
+    groups = [("baselines", ["xl", "rope", "nope"]), ("bias types", ["alibi", "t5"])]
+    ratios = {"xl": 1.0, "rope": 1.0 + FAR, "nope": 1.0 + FAR + 0.01, "alibi": 1.1, "t5": 1.2}
+    assert panels(groups, ratios) == [
+        (0, "baselines, pick within 20% of the best", ["xl", "rope"]),
+        (0, "baselines, pick more than 20% above the best", ["nope"]),
+        (1, "bias types", ["alibi", "t5"]),
+    ]
+    assert panels([("", ["xl"])], {"xl": 1.0}) == [(0, "", ["xl"])]
 
 
 def test_the_best_rows_zero_width_bar_is_marked(frame):

@@ -2,8 +2,9 @@
 relpos_ablate/studies/length_generalization/curves.py) on the hand-made runs of
 tests/studies/test_length_report.py: a panel per task in the config's order, a line per variant at
 the bins' middle n with its mean over seeds, the seeds' min-max as its band, the training lengths
-shaded, a colour per encoding and dashes for randomized positions, the variants named in words, and
-the lines that lie on each other at zero past the training lengths named in their panel.
+shaded, a colour and marker per encoding (no two encodings alike) and dashes for randomized
+positions, the variants named in words, and the lines that lie on each other at zero or at one past
+the training lengths named in their panel.
 Run: pytest tests/studies/test_length_curves.py -q"""
 
 import statistics
@@ -67,9 +68,13 @@ def test_a_panel_per_task_a_line_per_variant_with_its_seed_band(results):
     assert panels[0].get_xlabel() == "task length n (test bin)"
 
 
-def test_lines_on_the_zero_line_past_training_are_named_in_their_panel(tmp_path):
-    """RoPE and T5 are 0 in every bin past n = 4 on copy (in every seed): their lines hide each
-    other, and the panel says which they are; NoPE (above zero) is not named."""
+@pytest.mark.parametrize(
+    "where, far",
+    [("below 0.01", lambda seed: [0.0, 0.004 * seed]), ("above 0.99", lambda seed: [1.0, 1.0])],
+)
+def test_lines_on_each_other_past_training_are_named_in_their_panel(tmp_path, where, far):
+    """RoPE and T5 are 0 (or 1) in every bin past n = 4 on copy (in every seed): their lines hide
+    each other, and the panel says which they are; NoPE (between) is not named."""
     from fixtures.length_study import BINS, VARIANTS
     from fixtures.report_runs import make_run
     from relpos_ablate.io import atomic_write_json
@@ -95,7 +100,7 @@ def test_lines_on_the_zero_line_past_training_are_named_in_their_panel(tmp_path)
                     "seed": seed,
                 },
             )
-            scores = [1.0, 0.3, 0.1] if encoding == "nope" else [1.0, 0.0, 0.004 * seed]
+            scores = [1.0, 0.3, 0.1] if encoding == "nope" else [1.0, *far(seed)]
             atomic_write_json(
                 run_dir / "status.json", {"state": "done", "step": 10, "max_steps": 10}
             )
@@ -126,9 +131,32 @@ def test_lines_on_the_zero_line_past_training_are_named_in_their_panel(tmp_path)
     ]
     first, *note = panel.get_xlabel().split("\n")
     assert first == "task length n (test bin)"
-    assert (
-        " ".join(note) == "below 0.01 past the training lengths, lines under each other: RoPE, T5"
-    )
+    assert " ".join(note) == f"{where} past the training lengths, lines on each other: RoPE, T5"
+
+
+def test_every_encoding_has_its_own_colour_and_marker():
+    """Thirteen variants as the study has them: the randomized ones share their twin's look but
+    their dashes, no two encodings share a colour (tab20's paired light and dark hues made NoPE and
+    the sinusoid, T5 and ALiBi look related: issue 58), and none shares a marker with its
+    neighbour in the legend."""
+    from relpos_ablate.studies.length_generalization.variants import variant_styles
+
+    encodings = [
+        "nope", "vaswani", "learned", "rope", "t5", "alibi", "kerple_log", "fire", "xl", "p_rope",
+        "ssmax",
+    ]  # fmt: skip
+    variants = [(e, "sequential") for e in encodings] + [
+        ("rope", "randomized"),
+        ("alibi", "randomized"),
+    ]
+    styles = variant_styles(["encoding", "model.attention.positions"], variants)
+    sequential = [styles[(e, "sequential")] for e in encodings]
+    assert len({to_rgba(color) for color, _, _ in sequential}) == len(encodings)
+    markers = [marker for _, _, marker in sequential]
+    assert all(a != b for a, b in zip(markers, markers[1:]))
+    for encoding in ("rope", "alibi"):
+        color, dashes, marker = styles[(encoding, "randomized")]
+        assert (color, marker) == styles[(encoding, "sequential")][::2] and dashes == "--"
 
 
 def test_plot_command_writes_the_figure(results, tmp_path, capsys):

@@ -28,7 +28,8 @@ from relpos_ablate.train.run import train_run
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 """Targets per ordinary setting (300 per stream: a 1024-token window is one padded window)."""
 KEPT = {  # the variants each tiny version trains
-    "alibi_extrapolation_cpu": lambda v: v["encoding"] in ("vaswani", "rope", "alibi", "xl"),
+    # the paper's four (its analysis plan's primary families and aggregates) and XL
+    "alibi_extrapolation_cpu": lambda v: v["encoding"] in ("vaswani", "rope", "t5", "alibi", "xl"),
     "xl_table6_cpu": lambda v: (
         v["seed"] == 0
         and (v["encoding"], v["model.mem_len"], v["train.loss_on"])
@@ -75,7 +76,7 @@ def test_extrapolation_report(root):
     # RoPE context extension: only the RoPE model evaluates it
     skipped = df[df["eval_error"].notna()]
     assert (
-        set(skipped["encoding"]) == {"vaswani", "alibi", "xl"}
+        set(skipped["encoding"]) == {"vaswani", "t5", "alibi", "xl"}
         and skipped["rope_scaling"].notna().all()
     )
     rope = scored[scored["encoding"] == "rope"].groupby("run_id")["rope_scaling"]
@@ -87,7 +88,7 @@ def test_extrapolation_report(root):
         and options.metric == "ppl"
     )
     # the spec's order
-    assert [labels[0] for labels, _ in table.rows] == ["vaswani", "rope", "alibi", "xl"]
+    assert [labels[0] for labels, _ in table.rows] == ["vaswani", "rope", "t5", "alibi", "xl"]
     assert len(table.columns) == 16 and table.columns[-1] == "sliding, eval len 1024, stride 64"
     assert table.columns[3:6] == [
         f"non_overlapping, eval len 256, rope_scaling {k}" for k in ("ntk", "pi", "yarn")
@@ -111,8 +112,15 @@ def test_extrapolation_report(root):
     extended = {f"rope, rope_scaling {kind}" for kind in ("ntk", "pi", "yarn")}
     # extensions: non-overlapping only
     assert all(name in named for name in extended) and not extended & drawn[1]
-    assert all(name in named for name in ("vaswani", "rope", "alibi", "xl"))
-    assert "alibi_extrapolation_cpu: derived numbers" in make_report(df)
+    assert all(name in named for name in ("vaswani", "rope", "t5", "alibi", "xl"))
+    report = make_report(df)
+    assert "alibi_extrapolation_cpu: derived numbers" in report
+    # the spec's plan: Press et al.'s families on loss, paired within an encoding, Welch across
+    planned = report.partition("## Exploratory: the report's own sections")[0]
+    assert "## Primary: Press et al.: the paper's four encodings at nL vs at L" in planned
+    assert "encoding=alibi: segment_len=1024 " in planned and "paired t-test" in planned
+    assert "segment_len=1024: t5 " in planned and "Welch's t-test" in planned
+    assert "- **ALiBi vs T5, 2L-16L**, on loss" in planned
     positions = position_loss_figure(df)
     panels = [ax for ax in positions.axes if ax.get_visible()]
     # the sliding panels past L keep the positions every window scores, one log bin: left out

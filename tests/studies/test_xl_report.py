@@ -18,6 +18,7 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
+from fixtures.xl_study import CONTROL, PPL, control_rows, ladder_frame
 from relpos_ablate.analysis.collect import read_summary
 from relpos_ablate.config import ConfigError
 from relpos_ablate.studies import make_report
@@ -27,73 +28,6 @@ from relpos_ablate.studies.xl.report import (
     ladder_samples,
     table6_report,
 )
-
-# (encoding, memory, loss) -> ppl per seed at c = 16, 64 (the training attention lengths: 16 and
-# 16 + 48)
-PPL = {
-    ("xl", 48, "full"): {16: [6.0, 6.1, 6.2], 64: [5.0, 5.1, 5.2]},
-    ("xl", 0, "full"): {16: [6.5, 6.6, 6.7], 64: [6.4, 6.6, 6.8]},
-    ("vaswani", 0, "half"): {16: [8.0, 8.1, 8.2], 64: [20.0, 21.0, 22.0]},
-}
-
-
-def ladder_frame(ppl: dict = PPL) -> pd.DataFrame:
-    rows = []
-    for (encoding, memory, loss), by_c in ppl.items():
-        for seed in range(3):
-            run = {
-                "run_dir": f"{encoding}-{memory}-{loss}-{seed}",
-                "status": "done",
-                "seed": seed,
-                "encoding": encoding,
-                "model.mem_len": memory,
-                "train.loss_on": loss,
-                "train.segment_len": 16,
-                "experiment": "xl_table6_cpu",
-            }
-            for k, (c, values) in enumerate(by_c.items()):
-                own = (
-                    {"protocol": "xl", "stride": np.nan, "segment_len": 16, "mem_len": c}
-                    if memory
-                    else {"protocol": "sliding", "stride": 1, "segment_len": c, "mem_len": 0}
-                )
-                rows.append(
-                    {
-                        **run,
-                        **own,
-                        "attn_len": c,
-                        "token_losses": f"setting_{k}",
-                        "ppl": values[seed],
-                        "tokens": 8192,
-                    }
-                )
-                other = (
-                    {"protocol": "sliding", "stride": 1, "segment_len": c, "mem_len": 0}
-                    if memory
-                    else {"protocol": "xl", "stride": np.nan, "segment_len": 16, "mem_len": c}
-                )
-                rows.append(
-                    {
-                        **run,
-                        **other,
-                        "attn_len": c,
-                        "token_losses": f"other_{k}",
-                        "ppl": 99.0,
-                        "tokens": 8192,
-                    }
-                )
-            rows.append(
-                {
-                    **run,
-                    "protocol": "non_overlapping",
-                    "segment_len": 16,
-                    "attn_len": 16 + memory,
-                    "token_losses": np.nan,
-                    "ppl": 42.0,
-                    "tokens": 9000,
-                }
-            )
-    return pd.DataFrame(rows)
 
 
 def test_each_model_is_read_the_way_it_was_trained():
@@ -197,34 +131,6 @@ def test_table6_report_by_hand():
         in longer
     )
     assert "Power: no test was run." in longer
-
-
-CONTROL = {8: [5.3, 5.5, 5.4], 16: [5.2, 5.35, 5.25], 64: [5.05, 5.3, 5.2]}
-"""The fair control's ppl per seed at sliding windows of c (no memory, trained on 64-character
-segments)."""
-
-
-def control_rows(ppl: dict = CONTROL) -> pd.DataFrame:
-    return pd.DataFrame(
-        [
-            {
-                "run_dir": f"ctx-{seed}",
-                "status": "done",
-                "seed": seed,
-                "experiment": "xl_context_cpu",
-                "model.mem_len": 0,
-                "train.segment_len": 64,
-                "protocol": "sliding",
-                "stride": 1,
-                "segment_len": c,
-                "attn_len": c,
-                "ppl": values[seed],
-                "tokens": 8192,
-            }
-            for c, values in ppl.items()
-            for seed in range(3)
-        ]
-    )
 
 
 def test_table6_report_with_the_fair_control_compares_memory_at_equal_training_context():
@@ -377,44 +283,3 @@ def test_no_ladder_no_numbers():
     frame = ladder_frame()
     with pytest.raises(ConfigError, match="no RECL ladder"):
         table6_report(frame[frame["token_losses"].isna()])
-
-
-def test_the_context_figure_draws_each_model_the_way_it_was_trained(tmp_path):
-    """plot --kind context: a line per model at its seeds' mean on its own ladder (never the other
-    kind's 99), the ring at the training attention length, a panel per kind of model (with memory;
-    without, relative; without, absolute), each on its own scale."""
-    from relpos_ablate.studies.xl.figures import context_figure, save_context_figure
-
-    fig = context_figure(ladder_frame(), train_segment=16)
-    # with memory; no memory, relative; no memory, absolute: each on its own linear scale
-    panels = fig.axes[:3]
-    where = {
-        line.get_label(): k
-        for k, panel in enumerate(panels)
-        for line in panel.get_lines()
-        if not line.get_label().startswith("_")
-    }
-    assert where == {
-        "xl, memory 48, full loss (n=3)": 0,
-        "xl, no memory, full loss (n=3)": 1,
-        "vaswani, no memory, half loss (n=3)": 2,
-    }
-    curves = {line.get_label(): line for panel in panels for line in panel.get_lines()}
-    for (encoding, memory, loss), by_c in PPL.items():
-        line = curves[f"{encoding}, {'memory 48' if memory else 'no memory'}, {loss} loss (n=3)"]
-        assert list(line.get_xdata()) == [16, 64]
-        np.testing.assert_allclose(line.get_ydata(), [np.mean(by_c[16]), np.mean(by_c[64])])
-        assert line.get_linestyle() == ("-" if memory else "--")
-    rings = [
-        (float(r.get_xdata()[0]), round(float(r.get_ydata()[0]), 9))
-        for panel in panels
-        for r in panel.get_lines()
-        if r.get_label().startswith("_") and len(r.get_xdata()) == 1
-    ]
-    assert sorted(rings) == sorted([(64.0, 5.1), (16.0, 6.6), (16.0, 8.1)])
-    assert all(panel.get_yscale() == "linear" for panel in panels)
-    assert [p.name for p in save_context_figure(ladder_frame(), tmp_path, ("png",))] == [
-        "context.png"
-    ]
-    with pytest.raises(ConfigError, match="kind"):
-        context_figure(ladder_frame().drop(columns="token_losses"), train_segment=16)

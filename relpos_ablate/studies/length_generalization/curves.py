@@ -1,9 +1,10 @@
 """The length-generalization study's main figure, `plot --kind lengthgen`: exact match against the
 task length n, one panel per task, a line per variant (its mean over seeds, the seeds' min-max as a
 band) and the training lengths shaded, so that in-distribution and out-of-distribution accuracy read
-at a glance (Kazemnejad et al.'s Fig. 3 draws their tasks so). A colour per encoding, solid for
-sequential and dashed for randomized positions; each test bin is drawn at its middle n (the depth
-tasks: averaged over their depths).
+at a glance (Kazemnejad et al.'s Fig. 3 draws their tasks so). A colour and a marker per
+encoding, solid for sequential and dashed for randomized positions; each test bin is drawn at its
+middle n (the depth tasks: averaged over their depths). Lines that lie on each other past the
+training lengths, at the floor or at the ceiling, are named under their panel.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from relpos_ablate.studies.length_generalization.variants import (
 SHADE = "0.9"
 """Grey of the training lengths."""
 FLAT = 0.01
-"""A variant whose mean stays below this in every bin past the training lengths draws a line on the
-zero line, under the others there: each panel names those variants, since their lines hide each
-other."""
+"""A variant whose mean stays below FLAT (or above 1 - FLAT) in every bin past the training lengths
+draws a line on the zero line (or on the 1.0 line), under the others there: each panel names those
+variants, since their lines hide each other."""
 
 
 def curves(df: pd.DataFrame, metric: str) -> tuple[pd.DataFrame, list[str], list[tuple]]:
@@ -88,8 +89,8 @@ def lengthgen_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
                 continue
             by_bin = runs.groupby("n")[metric]
             xs, mean, low, high = by_bin.mean().index, by_bin.mean(), by_bin.min(), by_bin.max()
-            color, dashes = styles[value]
-            ax.plot(xs, mean, color=color, ls=dashes, marker="o", ms=3, lw=1.3)
+            color, dashes, marker = styles[value]
+            ax.plot(xs, mean, color=color, ls=dashes, marker=marker, ms=3, lw=1.3)
             if runs["seed"].nunique() > 1:
                 ax.fill_between(xs, low, high, color=color, alpha=0.12, lw=0)
         edges = sorted(set(zip(part["length_min"], part["length_max"])))
@@ -99,18 +100,18 @@ def lengthgen_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
             fontsize=7,
             rotation=30,
         )
-        flat = _flat(part, metric, hi, variants)
-        hidden = (
-            "".join(
-                "\n" + line
-                for line in textwrap.wrap(
-                    f"below {FLAT:g} past the training lengths, lines under each other: "
-                    + ", ".join(variant_words(keys, v) for v in flat),
-                    width=62,
-                )
+        hidden = "".join(
+            "\n" + line
+            for where, flat in (
+                (f"below {FLAT:g}", _flat(part, metric, hi, variants, top=False)),
+                (f"above {1 - FLAT:g}", _flat(part, metric, hi, variants, top=True)),
             )
             if len(flat) > 1
-            else ""
+            for line in textwrap.wrap(
+                f"{where} past the training lengths, lines on each other: "
+                + ", ".join(variant_words(keys, v) for v in flat),
+                width=62,
+            )
         )
         ax.set_ylim(-0.03, 1.03)
         ax.set_title(task or "", fontsize=10)
@@ -126,7 +127,7 @@ def lengthgen_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
             [],
             color=styles[v][0],
             ls=styles[v][1],
-            marker="o",
+            marker=styles[v][2],
             ms=3,
             label=variant_words(keys, v),
         )
@@ -147,13 +148,18 @@ def lengthgen_figure(df: pd.DataFrame, metric: str | None = None) -> Figure:
     return fig
 
 
-def _flat(part: pd.DataFrame, metric: str, train_max: float, variants: list[tuple]) -> list[tuple]:
-    """The variants (in drawing order) whose mean over seeds is below FLAT in every bin past
-    train_max."""
+def _flat(
+    part: pd.DataFrame, metric: str, train_max: float, variants: list[tuple], top: bool
+) -> list[tuple]:
+    """The variants (in drawing order) whose mean over seeds is below FLAT (top: above 1 - FLAT) in
+    every bin past train_max."""
     beyond = part[part["length_min"] > train_max]
     means = beyond.groupby(["variant", "n"])[metric].mean()
     return [
-        v for v in variants if v in means.index.get_level_values(0) and (means.loc[v] < FLAT).all()
+        v
+        for v in variants
+        if v in means.index.get_level_values(0)
+        and ((means.loc[v] > 1 - FLAT) if top else (means.loc[v] < FLAT)).all()
     ]
 
 

@@ -183,7 +183,8 @@ def summary_figure(
     frame: pd.DataFrame, keys: list[str], variants: list[tuple], title: str
 ) -> Figure:
     """Each statistic's mean over layers, heads and seeds against evaluation length, one line per
-    variant (styled as the main figure: a colour per encoding, dashed for randomized positions)."""
+    variant (styled as the main figure: a colour and marker per encoding, dashed for randomized
+    positions)."""
     statistics = [s for s in STATISTIC_LABELS if s in frame]
     fig = Figure(figsize=(3.4 * len(statistics) + 2.5, 3.4), layout="constrained")
     axes = fig.subplots(1, len(statistics), squeeze=False)[0]
@@ -192,12 +193,12 @@ def summary_figure(
     for value in variants:
         mine = frame[frame["variant"] == value]
         means = mine.groupby("length")[statistics].mean()
-        color, dashes = styles[value]
+        color, dashes, marker = styles[value]
         for ax, statistic in zip(axes, statistics):
             ax.plot(
                 range(len(lengths)),
                 [means[statistic].get(x, math.nan) for x in lengths],
-                marker="o",
+                marker=marker,
                 ms=4,
                 color=color,
                 ls=dashes,

@@ -1,7 +1,7 @@
 """How the study's figures name and style its variants: the fields that tell the finished runs
 apart, the task excluded (`with_variants`, in the spec's order), a variant in words ('RoPE
-(randomized)', else field=value: `variant_words`), and a colour per encoding, dashed for randomized
-positions (`variant_styles`)."""
+(randomized)', else field=value: `variant_words`), and a colour and marker per encoding, dashed for
+randomized positions (`variant_styles`)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,19 @@ import pandas as pd
 
 from relpos_ablate.analysis.settings import label
 from relpos_ablate.analysis.table_options import axis_orders, default_rows, read_spec
-from relpos_ablate.analysis.tables import row_key, sort_key, variant_colors
+from relpos_ablate.analysis.tables import row_key, sort_key
 from relpos_ablate.config import ConfigError
 from relpos_ablate.studies.length_generalization.table import variant_name
 
 TASK = "data.task"
 POSITIONS = "model.attention.positions"
+COLORS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9", "k", "C7")
+"""A colour per encoding: matplotlib's ten distinct hues and black. Not tab20: its paired light and
+dark hues made unrelated encodings (NoPE and the sinusoid, T5 and ALiBi) look like variants of one
+(issue 58)."""
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+"""A marker per encoding as well, so that lines of one colour (the 12th encoding on) still differ
+and lines drawn on each other show every marker."""
 
 
 def with_variants(
@@ -73,14 +80,20 @@ def variant_words(keys: list[str], value: tuple) -> str:
 
 
 def variant_styles(keys: list[str], variants: list[tuple]) -> dict[tuple, tuple]:
-    """(colour, line style) per variant: a colour per encoding and dashes for randomized positions
-    when the variants are (encoding, positions); else a colour each."""
+    """(colour, line style, marker) per variant: a colour and a marker per encoding and dashes for
+    randomized positions when the variants are (encoding, positions), so a randomized variant shares
+    its sequential twin's colour and marker and no other variant does; else a look each."""
     if keys and keys[0] == "encoding":
         encodings = list(dict.fromkeys(v[0] for v in variants))
-        colors = variant_colors(len(encodings))
-        randomized = [dict(zip(keys, v)).get(POSITIONS) == "randomized" for v in variants]
-        return {
-            v: (colors[encodings.index(v[0])], "--" if r else "-")
-            for v, r in zip(variants, randomized)
-        }
-    return dict(zip(variants, ((c, "-") for c in variant_colors(len(variants)))))
+        styles = {}
+        for v in variants:
+            color, marker = _look(encodings.index(v[0]))
+            randomized = dict(zip(keys, v)).get(POSITIONS) == "randomized"
+            styles[v] = (color, "--" if randomized else "-", marker)
+        return styles
+    return {v: (_look(k)[0], "-", _look(k)[1]) for k, v in enumerate(variants)}
+
+
+def _look(k: int) -> tuple[str, str]:
+    """The k-th (colour, marker): no two alike for k < len(COLORS) * len(MARKERS)."""
+    return COLORS[k % len(COLORS)], MARKERS[k % len(MARKERS)]

@@ -3,7 +3,7 @@
 context figure."""
 
 from relpos_ablate.analysis.layouts import LayoutSpec
-from relpos_ablate.studies.xl.figures import save_context_figure
+from relpos_ablate.studies.xl.figures import save_context_figure, with_control
 from relpos_ablate.studies.xl.report import context_report, table6_report
 from relpos_ablate.studies.xl.tables import xl_table6, xl_table8
 
@@ -19,6 +19,12 @@ LAYOUTS = {
     "xl_table6": LayoutSpec(xl_table6, reads_token_losses=True),
     "xl_table8": LayoutSpec(xl_table8, reads_token_losses=True),
 }
-FIGURES = {
-    "context": lambda frame, out, formats, args: (save_context_figure(frame, out, formats), [])
-}
+
+
+def _context(frame, out, formats, args):
+    """plot --kind context: Table 6's runs with the fair control (figures.with_control)."""
+    frame, notes = with_control(frame)
+    return save_context_figure(frame, out, formats), notes
+
+
+FIGURES = {"context": _context}
