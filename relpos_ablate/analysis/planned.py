@@ -64,14 +64,49 @@ def default_scale(plan: Plan, df: pd.DataFrame) -> str:
 
 def select(df: pd.DataFrame, conditions: tuple[str, ...], what: str) -> pd.DataFrame:
     """The rows meeting every FIELD=VALUE (FIELD!=VALUE) condition, values compared as a table
-    labels them; an unknown field is a one-line error."""
-    kept = df
+    labels them (from `labelled`'s columns where it made them); an unknown field is a one-line
+    error."""
+    keep = np.ones(len(df), dtype=bool)
     for condition in conditions:
         key, _, value = condition.partition("=")
         negate = key.endswith("!")
         column = resolve_column(df, key.removesuffix("!").strip(), what)
-        kept = kept[(kept[column].map(label) == value.strip()) != negate]
-    return kept
+        labels = df[("label", column)] if ("label", column) in df else df[column].map(label)
+        keep &= (labels.to_numpy(dtype=object) == value.strip()) != negate
+    return df[keep] if conditions else df
+
+
+def labelled(df: pd.DataFrame, plan: Plan) -> pd.DataFrame:
+    """The frame a plan reads: the run, setting and metric columns and the fields the plan names
+    (no other config field), with each named field's labels computed once, as a column
+    ("label", FIELD) that no field name resolves to."""
+    named = [
+        c.partition("=")[0].removesuffix("!").strip()
+        for f in (*plan.families, *plan.aggregate)
+        for group in (f.where, *(getattr(f, side, ()) for side in ("a", "b")))
+        for c in group
+    ]
+    named += [
+        c.partition("=")[0].removesuffix("!").strip()
+        for f in plan.families
+        for p in f.pairs
+        for c in (*p.a, *p.b)
+    ]
+    named += [n for f in plan.families for n in (*f.by, *([f.each] if f.each else []))]
+    named += [n for a in plan.aggregate for n in a.over]
+    if plan.learned is not None:
+        named += [c.partition("=")[0].removesuffix("!").strip() for c in plan.learned.where]
+    fields = list(dict.fromkeys(resolve_column(df, n, "analysis") for n in named))
+    axes = [a for a in df.attrs.get("variant_axes", ()) if a in df and a != "seed"]
+    config = ("model.", "data.", "train.", "eval.")
+    kept = [c for c in df.columns if not str(c).startswith(config) or c in (*fields, *axes)]
+    # plain objects: a boolean selection of arrow-backed strings costs a take per column
+    frame = df[kept].astype(object)
+    for column in dict.fromkeys([*fields, *axes]):
+        frame[("label", column)] = frame[column].map(label)
+    # pandas copies attrs deeply into every selection: only what the plan reads
+    frame.attrs = {"variant_axes": axes}
+    return frame
 
 
 def per_run(rows: pd.DataFrame, column: str, cell: str) -> pd.DataFrame:
@@ -83,20 +118,23 @@ def per_run(rows: pd.DataFrame, column: str, cell: str) -> pd.DataFrame:
         differ = [
             str(c)
             for c in first.columns
-            if c not in ("eval_setting", "token_losses") and first[c].map(label).nunique() > 1
+            if isinstance(c, str)
+            and c not in ("eval_setting", "token_losses")
+            and first[c].map(label).nunique() > 1
         ]
         raise ConfigError(
             "analysis",
             f"cell {cell}: {len(first)} rows for run {first['run_id'].iloc[0]} (they differ in "
             f"{', '.join(differ[:4])}); add the field to the cell, the family's where or its by",
         )
-    pooled = [
-        str(axis)
+    labels = {
+        axis: rows[("label", axis)] if ("label", axis) in rows else rows[axis].map(label)
         for axis in rows.attrs.get("variant_axes", ())
-        if axis in rows and axis != "seed" and rows[axis].map(label).nunique() > 1
-    ]
+        if axis in rows and axis != "seed"
+    }
+    pooled = [str(axis) for axis, values in labels.items() if values.nunique() > 1]
     if pooled:
-        values = ", ".join(sorted(rows[pooled[0]].map(label).unique()))
+        values = ", ".join(sorted(labels[pooled[0]].unique()))
         raise ConfigError(
             "analysis",
             f"cell {cell}: its runs differ in {', '.join(pooled)} ({pooled[0]}: {values}); name "
@@ -141,16 +179,26 @@ def _name(cell: tuple[str, ...], other: tuple[str, ...]) -> str:
     return value if value and not value[0].isdigit() else " ".join(own) or "(all)"
 
 
-def not_learned(df: pd.DataFrame, plan: Plan, runs: pd.DataFrame) -> str:
+def lowest_in_distribution(df: pd.DataFrame, plan: Plan) -> pd.Series:
+    """run dir -> the lowest value of the plan's `learned` metric over the run's rows where its
+    `where` holds (e.g. over depths); empty without a `learned` entry."""
+    rule = plan.learned
+    if rule is None:
+        return pd.Series(dtype=float)
+    rows = select(df, rule.where, "learned.where")
+    return rows.groupby("run_dir")[rule.metric].min().astype(float)
+
+
+def not_learned(lowest: pd.Series, plan: Plan, runs: pd.DataFrame) -> str:
     """Empty when every run of a side learned the task in distribution (the plan's `learned`: its
-    metric ≥ min in every row of the run where `where` holds, e.g. at every depth), else why not."""
+    metric ≥ min in every row of the run where `where` holds; `lowest` from
+    lowest_in_distribution), else why not."""
     rule = plan.learned
     if rule is None or runs.empty:
         return ""
-    rows = select(df[df["run_dir"].isin(runs["run_dir"])], rule.where, "learned.where")
-    worst = rows.groupby("run_dir")[rule.metric].min().astype(float)
-    if len(worst) < runs["run_dir"].nunique() or not (worst >= rule.min).all():
-        shown = ", ".join(f"{v:.2f}" for v in worst) or "none"
+    worst = lowest.reindex(runs["run_dir"].unique())
+    if not (worst >= rule.min).all():
+        shown = ", ".join("none" if np.isnan(v) else f"{v:.2f}" for v in worst)
         where = f" at {', '.join(rule.where)}" if rule.where else ""
         return (
             f"did not learn the task in distribution ({rule.metric}{where}, lowest per run: "
@@ -159,7 +207,7 @@ def not_learned(df: pd.DataFrame, plan: Plan, runs: pd.DataFrame) -> str:
     return ""
 
 
-def run_family(df: pd.DataFrame, plan: Plan, fam: Family, seeds) -> Outcome:
+def run_family(df: pd.DataFrame, plan: Plan, fam: Family, seeds, lowest: pd.Series) -> Outcome:
     """The family's comparisons on the runs of `seeds` (None: every seed), corrected together."""
     scale = fam.scale or default_scale(plan, df)
     column = resolve_column(df, scale, "scale")
@@ -170,7 +218,11 @@ def run_family(df: pd.DataFrame, plan: Plan, fam: Family, seeds) -> Outcome:
         a = per_run(select(kept, a_cell, "a"), column, " ".join(a_cell))
         b = per_run(select(kept, b_cell, "b"), column, " ".join(b_cell))
         why = next(
-            (f"{n} {w}" for n, s in ((name_a, a), (name_b, b)) if (w := not_learned(df, plan, s))),
+            (
+                f"{n} {w}"
+                for n, s in ((name_a, a), (name_b, b))
+                if (w := not_learned(lowest, plan, s))
+            ),
             "",
         )
         if why:
@@ -231,7 +283,9 @@ def exploratory(comparison: Comparison) -> str:
     )
 
 
-def run_aggregate(df: pd.DataFrame, plan: Plan, spec: AggregateSpec, seeds) -> str:
+def run_aggregate(
+    df: pd.DataFrame, plan: Plan, spec: AggregateSpec, seeds, lowest: pd.Series
+) -> str:
     """One aggregate as a list item: a run's rows within a cell averaged (e.g. over depths), the
     cells where a side did not learn the task in distribution left out and named."""
     scale = spec.scale or default_scale(plan, df)
@@ -243,7 +297,7 @@ def run_aggregate(df: pd.DataFrame, plan: Plan, spec: AggregateSpec, seeds) -> s
     for cell, side in ((spec.a, "a"), (spec.b, "b")):
         rows = select(kept, cell, side)
         for key, group in rows.groupby(over, dropna=False):
-            if not_learned(df, plan, group):
+            if not_learned(lowest, plan, group):
                 left_out.add(key)
         sides.append(
             rows.groupby([*over, "run_dir"], as_index=False, dropna=False).agg(
@@ -282,6 +336,8 @@ def planned_report(
     confirmatory families (primary, then secondary), the aggregates, and the families again with
     every seed where runs of other seeds exist (exploratory)."""
     records = Records.of(df)
+    df = labelled(df, plan)
+    lowest = lowest_in_distribution(df, plan)
     seeds = tuple(plan.seeds or spec_seeds) or None
     scale = default_scale(plan, df)
     of = f" of {experiment}" if experiment else ""
@@ -301,13 +357,13 @@ def planned_report(
     ]
     for role in ("primary", "secondary"):
         for fam in (f for f in plan.families if f.role == role):
-            outcome = run_family(df, plan, fam, seeds)
+            outcome = run_family(df, plan, fam, seeds, lowest)
             lines += ["", f"## {role.capitalize()}{of}: {fam.name}", ""]
             lines += [f"- {i}" if isinstance(i, str) else f"- {i[0]}{i[1]}" for i in outcome.items]
             lines += ["", outcome.tested.summary()]
     if plan.aggregate:
         lines += ["", f"## Aggregates{of} (stratified bootstrap over seeds within each cell)", ""]
-        lines += [run_aggregate(df, plan, spec, seeds) for spec in plan.aggregate]
+        lines += [run_aggregate(df, plan, spec, seeds, lowest) for spec in plan.aggregate]
     extra = sorted(set(df["seed"].dropna().astype(int)) - set(seeds or ()))
     if seeds and extra and plan.families:
         lines += [
@@ -317,7 +373,7 @@ def planned_report(
             "Not in the plan's seeds: differences and raw p only, no verdict.",
         ]
         for fam in plan.families:
-            outcome = run_family(df, plan, fam, None)
+            outcome = run_family(df, plan, fam, None, lowest)
             lines += ["", f"{fam.name}:", ""]
             lines += [
                 f"- {i}" if isinstance(i, str) else f"- {i[0]}{exploratory(i[1])}"
