@@ -4,6 +4,7 @@ live table. Executions are counted from the fake worker's own log, not from the 
 Run: pytest tests/runner/test_runner_local.py -q   (about 20 s)
 """
 
+import datetime
 import io
 import json
 import os
@@ -89,7 +90,10 @@ def test_every_run_once_on_cpu_slots_with_threads_split(tmp_path, fake):
     assert max_overlap(intervals(log)) == 2
     for run in spec.runs:
         run_dir = tmp_path / "results" / spec.name / run.run_id
-        assert json.loads((run_dir / "run.json").read_text()) == {
+        info = json.loads((run_dir / "run.json").read_text())
+        # when the run was first launched (its analysis plan's record: analysis/plan_history.py)
+        assert datetime.datetime.fromisoformat(info.pop("launched_at")).tzinfo is not None
+        assert info == {
             "run_id": run.run_id,
             "experiment": spec.name,
             "variant": run.variant,
