@@ -247,13 +247,3 @@ def variant_styles(count: int) -> list[tuple]:
     paler shade of another."""
     styles = ("-", "--", ":", "-.")
     return [(f"C{k % 10}", styles[(k // 10) % len(styles)]) for k in range(count)]
-
-
-def variant_colors(count: int) -> list:
-    """A colour per variant of a figure: matplotlib's cycle up to 10, tab20 beyond (distinct to
-    20)."""
-    if count <= 10:
-        return [f"C{k}" for k in range(count)]
-    from matplotlib import colormaps  # figures only: tables themselves need no matplotlib
-
-    return [colormaps["tab20"](k % 20) for k in range(count)]
