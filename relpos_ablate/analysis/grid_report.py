@@ -11,12 +11,13 @@ study: a study's layouts reach it as `layouts`, as they reach layouts.make_table
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import pandas as pd
 
 from relpos_ablate.analysis.layouts import LayoutSpec, make_table
-from relpos_ablate.analysis.render import render
+from relpos_ablate.analysis.render import STAR_LEGEND, Cell, render
 from relpos_ablate.analysis.settings import short_name
 from relpos_ablate.analysis.stats import CORRECTION_WORDS
 from relpos_ablate.analysis.table_options import TableOptions, left_out_runs, read_spec
@@ -37,9 +38,11 @@ def grid_report(
     df: pd.DataFrame,
     correction: str | None = None,
     layouts: Mapping[str, LayoutSpec] | None = None,
+    planned: bool = False,
 ) -> str:
     """The Markdown report of one experiment's grid from its spec's `table:` block. `correction`:
-    the family's (None: the block's `correction`, else holm)."""
+    the family's (None: the block's `correction`, else holm). `planned`: the spec declares an
+    analysis plan, so this table's tests are exploratory: no stars in its cells."""
     names = sorted(str(n) for n in df["experiment"].dropna().unique()) if "experiment" in df else []
     if len(names) != 1:
         raise ConfigError("report", f"a grid's report reads one experiment; found {len(names)}")
@@ -47,6 +50,15 @@ def grid_report(
     if not spec:
         raise ConfigError("report", f"no grid spec found for the runs of {names[0]!r}")
     table, used = make_table(df, TableOptions(correction=correction, format="markdown"), layouts)
+    if planned:
+        for _, values in table.rows:
+            for value in values:
+                if isinstance(value, Cell):
+                    value.p = math.nan
+        table.caption = table.caption.replace(
+            f"Stars on the adjusted p: {STAR_LEGEND}.",
+            "Outside the spec's analysis plan: exploratory, no stars.",
+        )
     what = (
         f"{used.metric} by {', '.join(short_name(r) for r in used.rows)}"
         + (f" × {', '.join(short_name(c) for c in used.cols)}" if used.cols else "")

@@ -86,9 +86,11 @@ def make_report(df, correction: str | None = "holm") -> str:
     reports = study.load().REPORTS if study else {}
     if key not in reports and len(names) == 1:
         from relpos_ablate.analysis.grid_report import grid_report, has_spec
+        from relpos_ablate.analysis.table_options import read_spec
 
         if has_spec(df):
-            return _planned(df, grid_report(df, correction, layouts()))
+            planned = "analysis" in read_spec(df)
+            return _planned(df, grid_report(df, correction, layouts(), planned))
     if key not in reports:
         known = sorted(
             " + ".join(k) if isinstance(k, tuple) else k for s in STUDIES for k in s.load().REPORTS
