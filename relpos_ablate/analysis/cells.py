@@ -79,19 +79,7 @@ def per_run(rows: pd.DataFrame, column: str, cell: str) -> pd.DataFrame:
             f"cell {cell}: {len(first)} rows for run {first['run_id'].iloc[0]} (they differ in "
             f"{', '.join(differ[:4])}); add the field to the cell, the family's where or its by",
         )
-    labels = {
-        axis: rows[("label", axis)] if ("label", axis) in rows else rows[axis].map(label)
-        for axis in rows.attrs.get("variant_axes", ())
-        if axis in rows and axis != "seed"
-    }
-    pooled = [str(axis) for axis, values in labels.items() if values.nunique() > 1]
-    if pooled:
-        values = ", ".join(sorted(labels[pooled[0]].unique()))
-        raise ConfigError(
-            "analysis",
-            f"cell {cell}: its runs differ in {', '.join(pooled)} ({pooled[0]}: {values}); name "
-            "the value in the cell, the family's where or its by, so that no runs are pooled",
-        )
+    not_pooled(rows, cell)
     return rows[np.isfinite(rows[column].astype(float))]
 
 
@@ -121,3 +109,21 @@ def not_learned(lowest: pd.Series, plan: Plan, runs: pd.DataFrame) -> str:
             f"{shown}; the plan needs ≥ {rule.min} in every run)"
         )
     return ""
+
+
+def not_pooled(rows: pd.DataFrame, cell: str) -> None:
+    """One line naming the variant axis whose values a cell's runs differ in (its runs would be
+    pooled: e.g. `encoding=alibi` over two learning rates)."""
+    labels = {
+        axis: rows[("label", axis)] if ("label", axis) in rows else rows[axis].map(label)
+        for axis in rows.attrs.get("variant_axes", ())
+        if axis in rows and axis != "seed"
+    }
+    pooled = [str(axis) for axis, values in labels.items() if values.nunique() > 1]
+    if pooled:
+        values = ", ".join(sorted(labels[pooled[0]].unique()))
+        raise ConfigError(
+            "analysis",
+            f"cell {cell}: its runs differ in {', '.join(pooled)} ({pooled[0]}: {values}); name "
+            "the value in the cell, the family's where or its by, so that no runs are pooled",
+        )

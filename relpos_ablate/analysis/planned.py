@@ -15,7 +15,7 @@ and what lies outside the plan (exploratory: differences and raw p, no verdicts)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -25,6 +25,7 @@ from relpos_ablate.analysis.cells import (
     labelled,
     lowest_in_distribution,
     not_learned,
+    not_pooled,
     per_run,
     select,
 )
@@ -195,6 +196,7 @@ def run_aggregate(
     for cell, side in ((spec.a, "a"), (spec.b, "b")):
         rows = select(kept, cell, side)
         for key, group in rows.groupby(over, dropna=False):
+            not_pooled(group, f"{' '.join(cell)} at {', '.join(map(label, key))}")
             if not_learned(lowest, plan, group):
                 left_out.add(key)
         sides.append(
@@ -225,6 +227,25 @@ def run_aggregate(
         else ""
     )
     return head + str(result) + note
+
+
+def aggregate_line(
+    df: pd.DataFrame,
+    block: dict | None,
+    a: tuple[str, ...],
+    b: tuple[str, ...],
+    over: tuple[str, ...],
+    scale: str | None = None,
+) -> str:
+    """`report --aggregate A B --over ...`: one aggregate on every seed, under the spec's plan's
+    settings where it has one (its scale, its learned threshold), said to be exploratory unless
+    the plan declares the same comparison."""
+    plan = parse_plan(block) if block else Plan(aggregate=(AggregateSpec("-", a, b, over),))
+    spec = AggregateSpec(f"{' '.join(a)} vs {' '.join(b)}", a, b, over, scale=scale or "")
+    frame = labelled(df, replace(plan, aggregate=(*plan.aggregate, spec)))
+    line = run_aggregate(frame, plan, spec, None, lowest_in_distribution(frame, plan))
+    declared = any((d.a, d.b, d.over) == (a, b, over) for d in plan.aggregate) and block
+    return line + ("" if declared else " (exploratory: not in the spec's analysis plan)")
 
 
 def planned_report(

@@ -16,6 +16,8 @@ from relpos_ablate.studies import LAYOUT_NAMES
 SUFFIX_FORMATS = {".md": "markdown", ".tex": "latex", ".csv": "csv"}
 SUMMARY_COLUMNS = ("run_id", "status", "seed", "segment_len", "mem_len", "attn_len")
 CORRECTION_CHOICES = ("holm", "bh", "none")
+SCALE_CHOICES = ("loss", "ppl", "bpc", "acc", "exact_match")
+"""The scales of an analysis plan (config/plan.py SCALES; text here so --help needs no pandas)."""
 """Multiple-comparison corrections (analysis/stats.py CORRECTIONS; text here so --help needs no
 scipy)."""
 
@@ -180,6 +182,29 @@ def register(subparsers) -> None:
         "bias curves and attention heatmaps by variant, seed, layer and head; with --out, the "
         "Markdown report too",
     )
+    p.add_argument(
+        "--aggregate",
+        nargs=2,
+        metavar=("A", "B"),
+        help="instead of the report: one interval for A against B over many cells, each side "
+        "FIELD=VALUE[,FIELD=VALUE...] (e.g. encoding=alibi encoding=nope): the interquartile mean "
+        "of each, their difference and P(A better than B), with 95%% stratified-bootstrap "
+        "intervals (seeds resampled within each cell); exploratory unless the spec's analysis: "
+        "block declares it",
+    )
+    p.add_argument(
+        "--over",
+        nargs="+",
+        metavar="FIELD",
+        help="--aggregate's cells: every value combination of these fields (e.g. data.task "
+        "segment_len)",
+    )
+    p.add_argument(
+        "--scale",
+        choices=SCALE_CHOICES,
+        help="--aggregate's metric (default: the spec's analysis scale, else loss for text and "
+        "the task's main metric)",
+    )
     p.set_defaults(func=cmd_report)
 
 
@@ -231,6 +256,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.aggregate is not None or args.over is not None:
+        return _emit(_aggregate(args), args.out)
     if args.html is not None:
         _html_report(args.source, args.html)
         if args.out is None:
@@ -238,6 +265,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     from relpos_ablate.studies import make_report
 
     return _emit(make_report(frame_of(args.source), args.correction), args.out)
+
+
+def _aggregate(args: argparse.Namespace) -> str:
+    """`report SOURCE --aggregate A B --over FIELD...` (analysis/planned.py run_aggregate)."""
+    from relpos_ablate.analysis.planned import aggregate_line
+    from relpos_ablate.analysis.table_options import read_spec
+
+    if args.aggregate is None or not args.over:
+        raise UsageError(
+            "--aggregate A B needs --over FIELD... (the fields whose values are the cells)"
+        )
+    df = frame_of(args.source)
+    a, b = (tuple(c.strip() for c in side.split(",") if c.strip()) for side in args.aggregate)
+    return (
+        aggregate_line(df, read_spec(df).get("analysis"), a, b, tuple(args.over), args.scale) + "\n"
+    )
 
 
 def _html_report(sources: list[Path], out: Path) -> None:

@@ -40,6 +40,7 @@ from relpos_ablate.config.base import ConfigError, check_choice, from_dict, rais
 
 ROLES = ("primary", "secondary")
 SCALES = ("loss", "ppl", "bpc", "acc", "exact_match")
+"""The scales a plan tests on (cli/report.py SCALE_CHOICES repeats them for --help)."""
 LOWER_IS_BETTER = {"loss": True, "ppl": True, "bpc": True, "acc": False, "exact_match": False}
 PROPORTIONS = ("acc", "exact_match")
 """Scales that are shares of examples: tested with the examples (analysis/proportions.py)."""

@@ -273,3 +273,41 @@ def test_under_a_plan_the_studys_sections_are_exploratory_and_its_threats_come_l
     ]
     assert [text.index(part) for part in order] == sorted(text.index(part) for part in order)
     assert "### Threats" not in text
+
+
+def test_report_aggregate_on_the_command_line(tmp_path, capsys):
+    """`report DIR --aggregate A B --over FIELD`: the IQM of each side over every seed and both
+    lengths (an explicit trimmed mean here), P(A lower) from the pairs; exploratory unless the
+    plan declares the same aggregate."""
+    directory = launch(spec_file(tmp_path), tmp_path / "results")
+    argv = ["report", str(directory), "--over", "segment_len", "--scale", "loss", "--aggregate"]
+    assert main([*argv, "encoding=alibi", "encoding=xl"]) == 0
+    out = capsys.readouterr().out
+    alibi = sorted(LOSS["alibi", s][i] for s in range(3) for i in range(2))
+    assert f"IQM {np.mean(alibi[1:5]):.2f}" in out  # 6 values: the middle 4 (rliable's cut)
+    # P(alibi < xl) per length over all seed pairs, averaged over the two lengths
+    pairs = [
+        [LOSS["alibi", s][i] < LOSS["xl", t][i] for s in range(3) for t in range(3)] for i in (0, 1)
+    ]
+    assert f"P(alibi < xl) = {np.mean([np.mean(p) for p in pairs]):.2f}" in out
+    assert "exploratory: not in the spec's analysis plan" in out
+    assert main([*argv, "encoding=xl", "encoding=alibi"]) == 0
+    assert "exploratory" not in capsys.readouterr().out  # the plan's own aggregate
+    assert main(["report", str(directory), "--aggregate", "encoding=xl", "encoding=alibi"]) != 0
+    assert "--over" in capsys.readouterr().err
+
+
+def test_a_cell_that_pools_two_values_of_a_variant_is_refused(tmp_path, capsys):
+    plan = {
+        "families": [
+            {
+                "name": "f",
+                "where": ["segment_len=16"],
+                "pairs": [{"a": [], "b": ["encoding=alibi"]}],
+            }
+        ]
+    }
+    directory = launch(spec_file(tmp_path, plan), tmp_path / "results")
+    assert main(["report", str(directory)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "runs differ in encoding (encoding: alibi, xl)" in err and len(err.splitlines()) == 1
