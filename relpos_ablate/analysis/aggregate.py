@@ -181,7 +181,8 @@ class Aggregate:
 
         def num(x: float) -> str:
             text = f"{x:.{decimals}f}"
-            return text.lstrip("-") if float(text) == 0 else text  # never "-0.00"
+            # a value that rounds to 0 keeps its sign and first digit (-0.003, not -0.00 or 0.00)
+            return text if float(text) != 0 or x == 0 else f"{x:.1g}"
 
         def interval(ci: tuple[float, float]) -> str:
             return f"[{num(ci[0])}, {num(ci[1])}]"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from relpos_ablate.analysis.settings import label
 from relpos_ablate.analysis.table_options import resolve_column
@@ -24,7 +25,7 @@ def select(df: pd.DataFrame, conditions: tuple[str, ...], what: str) -> pd.DataF
         negate = key.endswith("!")
         column = resolve_column(df, key.removesuffix("!").strip(), what)
         labels = df[("label", column)] if ("label", column) in df else df[column].map(label)
-        keep &= (labels.to_numpy(dtype=object) == value.strip()) != negate
+        keep &= (labels.to_numpy(dtype=object) == canonical(value)) != negate
     return df[keep] if conditions else df
 
 
@@ -116,7 +117,7 @@ def not_pooled(rows: pd.DataFrame, cell: str) -> None:
     pooled: e.g. `encoding=alibi` over two learning rates)."""
     labels = {
         axis: rows[("label", axis)] if ("label", axis) in rows else rows[axis].map(label)
-        for axis in rows.attrs.get("variant_axes", ())
+        for axis in ("experiment", *rows.attrs.get("variant_axes", ()))
         if axis in rows and axis != "seed"
     }
     pooled = [str(axis) for axis, values in labels.items() if values.nunique() > 1]
@@ -127,3 +128,41 @@ def not_pooled(rows: pd.DataFrame, cell: str) -> None:
             f"cell {cell}: its runs differ in {', '.join(pooled)} ({pooled[0]}: {values}); name "
             "the value in the cell, the family's where or its by, so that no runs are pooled",
         )
+
+
+def canonical(value: str) -> str:
+    """A condition's value as a table labels it, whatever its spelling: 16.0 and 16, 1e-5 and
+    1e-05, True and true read alike."""
+    text = value.strip()
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(parsed, str):
+        try:
+            parsed = float(parsed)
+        except ValueError:
+            return text
+    return label(parsed) if isinstance(parsed, (bool, int, float)) else text
+
+
+def check_values(df: pd.DataFrame, plan: Plan) -> None:
+    """Every FIELD=VALUE the plan writes (its cells, `where`s, a rule's `vs` and `values`,
+    `learned.where`) names a value some run has: a misspelt value is one line naming what the
+    field has, not a family of untested comparisons."""
+    conditions = [
+        c
+        for f in (*plan.families, *plan.aggregate)
+        for group in (f.where, *(getattr(f, side, ()) for side in ("a", "b")))
+        for c in group
+    ]
+    conditions += [c for f in plan.families for p in f.pairs for c in (*p.a, *p.b)]
+    conditions += [f"{f.each}={v}" for f in plan.families if f.each for v in (f.vs, *f.values)]
+    conditions += list(plan.learned.where) if plan.learned is not None else []
+    for condition in dict.fromkeys(conditions):
+        key, _, value = condition.partition("=")
+        column = resolve_column(df, key.removesuffix("!").strip(), "analysis")
+        have = set(df[column].map(label))
+        if canonical(value) not in have:
+            shown = ", ".join(sorted(have)[:8]) + (", ..." if len(have) > 8 else "")
+            raise ConfigError("analysis", f"{condition}: no run has it; {column} has: {shown}")

@@ -106,7 +106,8 @@ def family_status(plan: Plan, fam: Family | AggregateSpec, records: Records) -> 
 
 def deviations(plan: Plan, records: Records, seeds: tuple[int, ...] | None) -> list[str]:
     """The plan-wide deviations: seeds outside the plan, designed seeds changed, seeds launched
-    after results of the designed ones existed."""
+    after results of the designed ones existed (or whose launch time no run.json records),
+    families recorded at launch that the plan no longer has."""
     out = []
     seen = sorted({r.seed for r in records.runs if r.seed is not None})
     extra = [s for s in seen if seeds and s not in seeds]
@@ -115,22 +116,36 @@ def deviations(plan: Plan, records: Records, seeds: tuple[int, ...] | None) -> l
             f"runs of seeds {_seeds(extra)} are not among the plan's designed seeds "
             f"{_seeds(seeds)}: left out of the confirmatory tests (shown with them as exploratory)"
         )
-    first = records.first
-    if first is not None and first.seeds is not None and seeds and tuple(first.seeds) != seeds:
+    # the earliest run that recorded a plan says what was designed at launch
+    first = next((r for r in records.runs if r.seeds is not None), None)
+    if first is not None and seeds and tuple(first.seeds) != seeds:
         out.append(
             f"the designed seeds were {_seeds(first.seeds)} when the first run was launched; the "
             f"plan now says {_seeds(seeds)}"
         )
-    designed = set(first.seeds) if first is not None and first.seeds else set(seeds or seen)
+    designed = set(first.seeds) if first is not None else set(seeds or seen)
     finished = sorted(r.finished_at for r in records.runs if r.seed in designed and r.finished_at)
     for seed in sorted({r.seed for r in records.runs} - designed - {None}):
         launched = sorted(r.launched_at for r in records.runs if r.seed == seed and r.launched_at)
-        after = [f for f in finished if launched and f < launched[0]]
+        if not launched:
+            out.append(
+                f"seed {seed}: no run.json records its launch time, so whether it was added after "
+                "results of the designed seeds existed cannot be told"
+            )
+            continue
+        after = [f for f in finished if f < launched[0]]
         if after:
             out.append(
                 f"seed {seed} was first launched {launched[0]}, after {len(after)} runs of the "
                 f"designed seeds had finished: their results could have been read"
             )
+    names = {f.name for f in (*plan.families, *plan.aggregate)}
+    dropped = sorted({n for r in records.runs if r.families for n in r.families} - names)
+    if dropped:
+        out.append(
+            f"families recorded when runs were launched that the plan no longer has (dropped or "
+            f"renamed): {', '.join(dropped)}"
+        )
     return out
 
 

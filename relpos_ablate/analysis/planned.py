@@ -22,6 +22,8 @@ import pandas as pd
 from relpos_ablate.analysis import proportions
 from relpos_ablate.analysis.aggregate import aggregate_pair
 from relpos_ablate.analysis.cells import (
+    canonical,
+    check_values,
     labelled,
     lowest_in_distribution,
     not_learned,
@@ -43,8 +45,8 @@ from relpos_ablate.analysis.stats import Family as Tested
 from relpos_ablate.analysis.table_options import resolve_column
 from relpos_ablate.config import ConfigError
 from relpos_ablate.config.plan import (
+    EXAMPLE_SHARES,
     LOWER_IS_BETTER,
-    PROPORTIONS,
     AggregateSpec,
     Family,
     Plan,
@@ -89,7 +91,11 @@ def comparisons(df: pd.DataFrame, fam: Family) -> list[tuple[str, tuple, tuple]]
     if fam.each:
         column = resolve_column(df, fam.each, "each")
         values = list(fam.values) or list(dict.fromkeys(rows[column].map(label)))
-        pairs = [((f"{fam.each}={v}",), (f"{fam.each}={fam.vs}",)) for v in values if v != fam.vs]
+        pairs = [
+            ((f"{fam.each}={v}",), (f"{fam.each}={fam.vs}",))
+            for v in values
+            if canonical(v) != canonical(fam.vs)
+        ]
     pairs += [(p.a, p.b) for p in fam.pairs]
     out = []
     for combo in combos:
@@ -140,7 +146,7 @@ def _test(tested: Tested, fam: Family, scale: str, side_a, side_b, column: str) 
     values = [dict(zip(s["run_dir"], s[column].astype(float))) for s in (a, b)]
     lower = LOWER_IS_BETTER[scale]
     counted = "examples" in a and a["examples"].notna().all() and b["examples"].notna().all()
-    if scale in PROPORTIONS and counted:
+    if scale in EXAMPLE_SHARES and counted:
         counts = [
             {
                 run: (proportions.counts_from(rate, n), _whole(n))
@@ -231,35 +237,56 @@ def run_aggregate(
 
 def aggregate_line(
     df: pd.DataFrame,
-    block: dict | None,
+    grid_spec: dict,
     a: tuple[str, ...],
     b: tuple[str, ...],
     over: tuple[str, ...],
     scale: str | None = None,
 ) -> str:
-    """`report --aggregate A B --over ...`: one aggregate on every seed, under the spec's plan's
-    settings where it has one (its scale, its learned threshold), said to be exploratory unless
-    the plan declares the same comparison."""
+    """`report --aggregate A B --over ...`: the plan's own aggregate where it declares this one (its
+    designed seeds, where, scale, resamples), else one on every seed under the plan's settings (its
+    scale, its learned threshold), said to be exploratory."""
+    block = grid_spec.get("analysis")
     plan = parse_plan(block) if block else Plan(aggregate=(AggregateSpec("-", a, b, over),))
+    wanted = scale or default_scale(plan, df)
+    declared = next(
+        (
+            d
+            for d in plan.aggregate
+            if (d.a, d.b, d.over) == (a, b, over) and (d.scale or default_scale(plan, df)) == wanted
+        ),
+        None,
+    )
+    if block and declared is not None:
+        seeds = tuple(plan.seeds or grid_spec.get("seeds") or ()) or None
+        frame = labelled(df, plan)
+        return run_aggregate(frame, plan, declared, seeds, lowest_in_distribution(frame, plan))
     spec = AggregateSpec(f"{' '.join(a)} vs {' '.join(b)}", a, b, over, scale=scale or "")
     frame = labelled(df, replace(plan, aggregate=(*plan.aggregate, spec)))
     line = run_aggregate(frame, plan, spec, None, lowest_in_distribution(frame, plan))
-    declared = any((d.a, d.b, d.over) == (a, b, over) for d in plan.aggregate) and block
-    return line + ("" if declared else " (exploratory: not in the spec's analysis plan)")
+    return line + " (exploratory: not in the spec's analysis plan)"
 
 
 def planned_report(
-    df: pd.DataFrame, plan: Plan, spec_seeds: tuple[int, ...], experiment: str = ""
+    df: pd.DataFrame,
+    plan: Plan,
+    spec_seeds: tuple[int, ...],
+    experiment: str = "",
+    label_heading: bool = False,
 ) -> list[str]:
     """The report's sections for the plan: what was declared and when, the deviations, the
     confirmatory families (primary, then secondary), the aggregates, and the families again with
-    every seed where runs of other seeds exist (exploratory)."""
-    records = Records.of(df)
+    every seed where runs of other seeds exist (exploratory). `experiment`: the plan's own (its
+    runs alone make the history; `df` may hold the runs of experiments its cells name too);
+    `label_heading`: name it in the headings (a report of several plans)."""
+    own = df[df["experiment"] == experiment] if experiment and "experiment" in df else df
+    records = Records.of(own)
+    check_values(df, plan)
     df = labelled(df, plan)
     lowest = lowest_in_distribution(df, plan)
     seeds = tuple(plan.seeds or spec_seeds) or None
     scale = default_scale(plan, df)
-    of = f" of {experiment}" if experiment else ""
+    of = f" of {experiment}" if label_heading else ""
     lines = [
         f"## The declared analysis{of}",
         "",
@@ -283,7 +310,7 @@ def planned_report(
     if plan.aggregate:
         lines += ["", f"## Aggregates{of} (stratified bootstrap over seeds within each cell)", ""]
         lines += [run_aggregate(df, plan, spec, seeds, lowest) for spec in plan.aggregate]
-    extra = sorted(set(df["seed"].dropna().astype(int)) - set(seeds or ()))
+    extra = sorted(set(own["seed"].dropna().astype(int)) - set(seeds or ()))
     if seeds and extra and plan.families:
         lines += [
             "",
@@ -337,7 +364,7 @@ def with_plan(plans: list[tuple[str, pd.DataFrame, dict]], body: str) -> str:
     for name, rows, spec in plans:
         plan = parse_plan(spec["analysis"])
         seeds = tuple(spec.get("seeds") or ())
-        lines += [*planned_report(rows, plan, seeds, name if len(plans) > 1 else ""), ""]
+        lines += [*planned_report(rows, plan, seeds, name, len(plans) > 1), ""]
     lines += [
         "## Exploratory: the report's own sections",
         "",

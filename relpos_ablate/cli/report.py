@@ -256,7 +256,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if args.aggregate is not None or args.over is not None:
+    if args.aggregate is not None or args.over is not None or args.scale is not None:
         return _emit(_aggregate(args), args.out)
     if args.html is not None:
         _html_report(args.source, args.html)
@@ -272,15 +272,15 @@ def _aggregate(args: argparse.Namespace) -> str:
     from relpos_ablate.analysis.planned import aggregate_line
     from relpos_ablate.analysis.table_options import read_spec
 
-    if args.aggregate is None or not args.over:
+    if args.aggregate is None:
+        raise UsageError("--over and --scale go with --aggregate A B")
+    if not args.over:
         raise UsageError(
             "--aggregate A B needs --over FIELD... (the fields whose values are the cells)"
         )
     df = frame_of(args.source)
     a, b = (tuple(c.strip() for c in side.split(",") if c.strip()) for side in args.aggregate)
-    return (
-        aggregate_line(df, read_spec(df).get("analysis"), a, b, tuple(args.over), args.scale) + "\n"
-    )
+    return aggregate_line(df, read_spec(df), a, b, tuple(args.over), args.scale) + "\n"
 
 
 def _html_report(sources: list[Path], out: Path) -> None:

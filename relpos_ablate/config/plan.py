@@ -32,18 +32,20 @@ This module reads and hashes plans (no torch, no pandas); analysis/planned.py ru
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
 
-from relpos_ablate.config.base import ConfigError, check_choice, from_dict, raise_all, to_plain
+from relpos_ablate.config.base import ConfigError, check_choice, from_dict, to_plain
 
 ROLES = ("primary", "secondary")
 SCALES = ("loss", "ppl", "bpc", "acc", "exact_match")
 """The scales a plan tests on (cli/report.py SCALE_CHOICES repeats them for --help)."""
 LOWER_IS_BETTER = {"loss": True, "ppl": True, "bpc": True, "acc": False, "exact_match": False}
-PROPORTIONS = ("acc", "exact_match")
-"""Scales that are shares of examples: tested with the examples (analysis/proportions.py)."""
+EXAMPLE_SHARES = ("exact_match",)
+"""Scales that are shares of examples: tested with the examples (analysis/proportions.py). Not acc,
+a share of answer tokens, which a t-test over runs tests."""
 CORRECTIONS = ("holm", "bh", "none")
 
 
@@ -121,6 +123,8 @@ class Learned:
     def __post_init__(self):
         check_choice("metric", self.metric, SCALES)
         _check_conditions("where", self.where)
+        if self.metric in ("acc", "exact_match") and not 0 <= self.min <= 1:
+            raise ConfigError("min", f"{self.min!r}: a share between 0 and 1, e.g. 0.9")
 
 
 @dataclass(frozen=True)
@@ -170,12 +174,12 @@ class Plan:
         check_choice("correction", self.correction, CORRECTIONS)
         if not 0 < self.alpha < 1:
             raise ConfigError("alpha", f"{self.alpha!r}: a level between 0 and 1, e.g. 0.05")
-        errors = [
-            ConfigError(f"families[{i}].name", f"{f.name!r} names two families; names are unique")
-            for i, f in enumerate(self.families)
-            if [g.name for g in self.families].count(f.name) > 1
-        ]
-        raise_all(errors[:1])
+        names = [f.name for f in (*self.families, *self.aggregate)]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice is not None:
+            raise ConfigError(
+                "families", f"{twice!r} names two families or aggregates; names are unique"
+            )
         if not self.families and not self.aggregate:
             raise ConfigError("families", "declare at least one family or one aggregate")
 
@@ -191,7 +195,12 @@ def family_hash(plan: Plan, family: Family | AggregateSpec) -> str:
     settings = {"scale": plan.scale, "alpha": plan.alpha, "correction": plan.correction}
     if isinstance(family, AggregateSpec):
         settings = {"scale": plan.scale, "aggregate": True}
-    text = json.dumps({**settings, **to_plain(family)}, sort_keys=True)
+    declared = {
+        f.name: to_plain(getattr(family, f.name))
+        for f in dataclasses.fields(family)
+        if getattr(family, f.name) != f.default
+    }
+    text = json.dumps({**settings, **declared}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

@@ -190,8 +190,9 @@ def write_run_files(
         if spec_path is not None
         else None,
     }
-    # kept from the first launch: a run.json older than these records has neither
-    first = {"launched_at": now_iso(), **({"analysis": analysis} if analysis else {})}
+    # kept from the first launch, whatever a later launch's spec says: a run.json older than these
+    # records has neither
+    first = {"launched_at": now_iso(), "analysis": analysis}
     info.update({key: before.get(key) if before else value for key, value in first.items()})
     info = {key: value for key, value in info.items() if value is not None or key == "spec"}
     if before != info:

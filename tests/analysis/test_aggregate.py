@@ -7,6 +7,7 @@ the Aggregate's intervals and sentence, the data-frame entry point, and the one-
 Run: .venv/bin/python -m pytest tests/analysis/test_aggregate.py -q
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -212,6 +213,10 @@ def test_sentence_states_the_numbers_it_holds():
         "difference 0.17, 95% CI [0.11, 0.23]; P(alibi > nope) = 0.83, 95% CI [0.74, 0.91] "
         "(stratified bootstrap, 2000 resamples)"
     )
+    # a bound that rounds to 0 keeps its sign: an interval [-0.0034, 0.13] does not read as
+    # excluding 0
+    near = dataclasses.replace(held, difference=0.004, difference_ci=(-0.0034, 0.13))
+    assert "difference 0.004, 95% CI [-0.003, 0.13]" in str(near)
     rng = np.random.default_rng(8)
     result = aggregate(
         "fire", _scores(rng, 2, 5), "rope", _scores(rng, 4, 5), lower_is_better=True, reps=REPS

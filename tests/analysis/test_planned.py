@@ -14,6 +14,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from scipy import stats
@@ -311,3 +312,85 @@ def test_a_cell_that_pools_two_values_of_a_variant_is_refused(tmp_path, capsys):
     assert main(["report", str(directory)]) != 0
     err = capsys.readouterr().err.strip()
     assert "runs differ in encoding (encoding: alibi, xl)" in err and len(err.splitlines()) == 1
+
+
+def test_a_rerun_without_the_block_keeps_the_first_launchs_record(tmp_path):
+    directory = launch(spec_file(tmp_path), tmp_path / "results")
+    before = {p: p.read_text() for p in directory.glob("*/run.json")}
+    spec = load_grid(write_spec(tmp_path, "g", encodings=("xl", "alibi"), seeds=(0, 1, 2)))
+    assert spec.analysis is None
+    for run in plan_grid(spec, tmp_path / "results"):
+        write_run_files(run, spec.name, spec.path, spec.analysis_record())
+    assert {p: p.read_text() for p in before} == before
+
+
+def test_a_misspelt_value_is_one_line_and_spellings_of_one_value_match(tmp_path, capsys):
+    typo = {"families": [{"name": "f", "each": "encoding", "vs": "alibj", "by": ["segment_len"]}]}
+    assert main(["report", str(launch(spec_file(tmp_path, typo), tmp_path / "results"))]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "encoding=alibj: no run has it; encoding has: alibi, xl" in err
+    assert len(err.splitlines()) == 1
+    spelt = {
+        "families": [
+            {"name": "f", "where": ["segment_len=16.0"], "each": "encoding", "vs": "alibi"},
+            {
+                "name": "g",
+                "where": ["segment_len=32"],
+                "each": "encoding",
+                "vs": "alibi",
+                "margin": 0.3,
+            },
+        ]
+    }
+    (tmp_path / "b").mkdir()
+    text = report(launch(spec_file(tmp_path / "b", spelt), tmp_path / "b" / "results"), capsys)
+    assert "- xl 1.017, alibi 1.223: xl better (Welch's t-test" in text
+    # a margin makes the family a TOST
+    assert "- xl 1.310, alibi 1.247: equivalent within ±0.3000 (TOST" in text
+
+
+def test_accuracy_a_share_of_tokens_is_tested_over_runs(tmp_path, capsys):
+    plan = {
+        "scale": "acc",
+        "families": [{"name": "f", "where": ["segment_len=16"], "each": "encoding", "vs": "alibi"}],
+    }
+    directory = launch(spec_file(tmp_path, plan), tmp_path / "results")
+    for eval_json in directory.glob("*/eval.json"):
+        info = json.loads(eval_json.read_text())
+        for i, setting in enumerate(info["settings"]):
+            setting["metrics"]["acc"] = (
+                0.5 + 0.01 * i + 0.001 * (int(eval_json.parent.name, 16) % 7)
+            )
+        atomic_write_json(eval_json, info)
+    text = report(directory, capsys)
+    assert "Welch's t-test" in text[text.index("## Primary") :] and "quasi-binomial" not in text
+
+
+def test_the_history_is_the_plans_own_experiments_and_a_dropped_family_is_named(tmp_path):
+    from relpos_ablate.analysis.planned import planned_report
+
+    own = collect(
+        launch(spec_file(tmp_path), tmp_path / "results", launched_at="2026-01-02T00:00:00+00:00")
+    )
+    control_spec = write_spec(tmp_path, "h", encodings=("xl", "alibi"), seeds=(0, 1, 2, 3))
+    control = collect(
+        launch(control_spec, tmp_path / "results", launched_at="2026-01-01T00:00:00+00:00")
+    )
+    frame = pd.concat([own, control], ignore_index=True)
+    frame.attrs = own.attrs
+    # the family's cells are g's runs (`experiment=g`), not the control's too
+    family = {**PLAN["families"][0], "where": ["experiment=g"]}
+    aggregate = {**PLAN["aggregate"][0], "where": ["experiment=g"]}
+    plan = parse_plan({**PLAN, "families": [family], "aggregate": [aggregate]})
+    text = "\n".join(planned_report(frame, plan, (0, 1, 2), "g"))
+    # its hash changed with the where: "changed after runs existed", over g's 6 runs only
+    assert "**xl vs alibi** (primary): changed after runs existed: 6 of the 6 runs" in text
+    assert "**over lengths** (aggregate): changed after runs existed: 6 of the 6 runs" in text
+    assert "seeds 3" not in text  # the control's seed 3 is the control's, not a deviation here
+    assert "dropped or renamed): exact match" in text
+
+
+def test_a_family_and_an_aggregate_may_not_share_a_name():
+    block = {**PLAN, "aggregate": [{**PLAN["aggregate"][0], "name": "xl vs alibi"}]}
+    with pytest.raises(ConfigError, match="'xl vs alibi' names two families or aggregates"):
+        parse_plan(block)
