@@ -146,10 +146,10 @@ def canonical(value: str) -> str:
     return label(parsed) if isinstance(parsed, (bool, int, float)) else text
 
 
-def check_values(df: pd.DataFrame, plan: Plan) -> None:
-    """Every FIELD=VALUE the plan writes (its cells, `where`s, a rule's `vs` and `values`,
-    `learned.where`) names a value some run has: a misspelt value is one line naming what the
-    field has, not a family of untested comparisons."""
+def missing_values(df: pd.DataFrame, plan: Plan) -> list[str]:
+    """The FIELD=VALUE conditions of the plan (its cells, `where`s, a rule's `vs` and `values`,
+    `learned.where`) whose value no run has, one line each naming what the field has: a
+    misspelling, or runs not done yet."""
     conditions = [
         c
         for f in (*plan.families, *plan.aggregate)
@@ -159,10 +159,14 @@ def check_values(df: pd.DataFrame, plan: Plan) -> None:
     conditions += [c for f in plan.families for p in f.pairs for c in (*p.a, *p.b)]
     conditions += [f"{f.each}={v}" for f in plan.families if f.each for v in (f.vs, *f.values)]
     conditions += list(plan.learned.where) if plan.learned is not None else []
+    lines = []
     for condition in dict.fromkeys(conditions):
         key, _, value = condition.partition("=")
-        column = resolve_column(df, key.removesuffix("!").strip(), "analysis")
+        if key.endswith("!"):  # a value no run has excludes nothing: not a mistake
+            continue
+        column = resolve_column(df, key.strip(), "analysis")
         have = set(df[column].map(label))
         if canonical(value) not in have:
             shown = ", ".join(sorted(have)[:8]) + (", ..." if len(have) > 8 else "")
-            raise ConfigError("analysis", f"{condition}: no run has it; {column} has: {shown}")
+            lines.append(f"{condition}: no run has it ({column} has: {shown})")
+    return lines

@@ -23,9 +23,9 @@ from relpos_ablate.analysis import proportions
 from relpos_ablate.analysis.aggregate import aggregate_pair
 from relpos_ablate.analysis.cells import (
     canonical,
-    check_values,
     labelled,
     lowest_in_distribution,
+    missing_values,
     not_learned,
     not_pooled,
     per_run,
@@ -130,6 +130,8 @@ def run_family(df: pd.DataFrame, plan: Plan, fam: Family, seeds, lowest: pd.Seri
             ),
             "",
         )
+        if a.empty or b.empty:
+            why = f"no run in the cell {' '.join(a_cell if a.empty else b_cell)}"
         if why:
             outcome.items.append(f"{prefix}{name_a} vs {name_b}: not compared: {why}")
             continue
@@ -281,7 +283,7 @@ def planned_report(
     `label_heading`: name it in the headings (a report of several plans)."""
     own = df[df["experiment"] == experiment] if experiment and "experiment" in df else df
     records = Records.of(own)
-    check_values(df, plan)
+    missing = missing_values(df, plan)
     df = labelled(df, plan)
     lowest = lowest_in_distribution(df, plan)
     seeds = tuple(plan.seeds or spec_seeds) or None
@@ -299,7 +301,11 @@ def planned_report(
         "",
         "Deviations from the plan:",
         "",
-        *(f"- {d}" for d in deviations(plan, records, seeds) or ["none found"]),
+        *(
+            f"- {d}"
+            for d in [*deviations(plan, records, seeds), *(f"the plan names {m}" for m in missing)]
+            or ["none found"]
+        ),
     ]
     for role in ("primary", "secondary"):
         for fam in (f for f in plan.families if f.role == role):

@@ -324,12 +324,11 @@ def test_a_rerun_without_the_block_keeps_the_first_launchs_record(tmp_path):
     assert {p: p.read_text() for p in before} == before
 
 
-def test_a_misspelt_value_is_one_line_and_spellings_of_one_value_match(tmp_path, capsys):
+def test_a_misspelt_value_is_named_and_spellings_of_one_value_match(tmp_path, capsys):
     typo = {"families": [{"name": "f", "each": "encoding", "vs": "alibj", "by": ["segment_len"]}]}
-    assert main(["report", str(launch(spec_file(tmp_path, typo), tmp_path / "results"))]) != 0
-    err = capsys.readouterr().err.strip()
-    assert "encoding=alibj: no run has it; encoding has: alibi, xl" in err
-    assert len(err.splitlines()) == 1
+    text = report(launch(spec_file(tmp_path, typo), tmp_path / "results"), capsys)
+    assert "- the plan names encoding=alibj: no run has it (encoding has: alibi, xl)" in text
+    assert "segment_len=16: xl vs alibj: not compared: no run in the cell encoding=alibj" in text
     spelt = {
         "families": [
             {"name": "f", "where": ["segment_len=16.0"], "each": "encoding", "vs": "alibi"},
