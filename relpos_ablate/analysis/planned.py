@@ -100,8 +100,11 @@ def comparisons(df: pd.DataFrame, fam: Family) -> list[tuple[str, tuple, tuple]]
     out = []
     for combo in combos:
         at = tuple(f"{name}={value}" for name, value in zip(fam.by, combo))
-        prefix = ", ".join(at) + ": " if at else ""
-        out += [(prefix, fam.where + a + at, fam.where + b + at) for a, b in pairs]
+        for a, b in pairs:
+            # what the two cells share beyond the family's where names the comparison
+            named = (*at, *(c for c in a if c in b))
+            prefix = ", ".join(named) + ": " if named else ""
+            out.append((prefix, fam.where + a + at, fam.where + b + at))
     return out
 
 

@@ -73,6 +73,6 @@ def test_the_committed_plan_tests_the_ten_percent_line_by_tost():
     )
     p = ttost_ind(xl.to_numpy(), best.to_numpy(), -0.0953, 0.0953, usevar="unequal")[0]
     primary = section(text, "Primary", "fair_baselines", "each preset that encodes position")
-    line = next(ln for ln in primary.splitlines() if ln.startswith("- xl "))
+    line = next(ln for ln in primary.splitlines() if ln.startswith("- train.lr=0.002: xl "))
     assert f"difference {xl.mean() - best.mean():.4f}" in line and f"p = {p:.2g}," in line
     assert "equivalent within ±0.0953" in line
