@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relpos_ablate.config.plan import AggregateSpec, Family, Plan, family_hash
+from relpos_ablate.rundir import RUN_INFO
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,8 @@ def deviations(plan: Plan, records: Records, seeds: tuple[int, ...] | None) -> l
         launched = sorted(r.launched_at for r in records.runs if r.seed == seed and r.launched_at)
         if not launched:
             out.append(
-                f"seed {seed}: no run.json records its launch time, so whether it was added after "
-                "results of the designed seeds existed cannot be told"
+                f"seed {seed}: no {RUN_INFO} records its launch time, so whether it was added "
+                "after results of the designed seeds existed cannot be told"
             )
             continue
         after = [f for f in finished if f < launched[0]]
