@@ -272,6 +272,22 @@ def aggregate_line(
     return line + " (exploratory: not in the spec's analysis plan)"
 
 
+def unfinished(df: pd.DataFrame) -> list[str]:
+    """One line naming the runs without results (failed, interrupted, not yet run): their tests
+    have fewer seeds than planned."""
+    if "status" not in df:
+        return []
+    runs = df.drop_duplicates("run_dir")
+    missing = runs[runs["status"] != "done"]
+    if missing.empty:
+        return []
+    named = ", ".join(
+        f"{r.run_id} (seed {int(r.seed) if r.seed == r.seed else '?'}, {r.status})"
+        for r in missing.itertuples(index=False)
+    )
+    return [f"{len(missing)} runs have no results, so their families test fewer seeds: {named}"]
+
+
 def planned_report(
     df: pd.DataFrame,
     plan: Plan,
@@ -306,7 +322,11 @@ def planned_report(
         "",
         *(
             f"- {d}"
-            for d in [*deviations(plan, records, seeds), *(f"the plan names {m}" for m in missing)]
+            for d in [
+                *deviations(plan, records, seeds),
+                *(f"the plan names {m}" for m in missing),
+                *unfinished(own),
+            ]
             or ["none found"]
         ),
     ]

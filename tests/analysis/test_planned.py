@@ -393,3 +393,14 @@ def test_a_family_and_an_aggregate_may_not_share_a_name():
     block = {**PLAN, "aggregate": [{**PLAN["aggregate"][0], "name": "xl vs alibi"}]}
     with pytest.raises(ConfigError, match="'xl vs alibi' names two families or aggregates"):
         parse_plan(block)
+
+
+def test_a_run_without_results_is_named_as_a_deviation(tmp_path, capsys):
+    directory = launch(spec_file(tmp_path), tmp_path / "results")
+    failed = next(directory.glob("*/status.json"))
+    atomic_write_json(failed, {"state": "failed", "reason": "loss is nan", "step": 3})
+    (failed.parent / "eval.json").unlink()
+    text = report(directory, capsys)
+    run_id = failed.parent.name
+    assert f"1 runs have no results, so their families test fewer seeds: {run_id} (seed" in text
+    assert "failed)" in text
