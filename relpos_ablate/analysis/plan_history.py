@@ -150,5 +150,21 @@ def deviations(plan: Plan, records: Records, seeds: tuple[int, ...] | None) -> l
     return out
 
 
+def unfinished(df: pd.DataFrame) -> list[str]:
+    """One line naming the runs without results (failed, interrupted, not yet run): their tests
+    have fewer seeds than planned."""
+    if "status" not in df:
+        return []
+    runs = df.drop_duplicates("run_dir")
+    missing = runs[runs["status"] != "done"]
+    if missing.empty:
+        return []
+    named = ", ".join(
+        f"{r.run_id} (seed {int(r.seed) if r.seed == r.seed else '?'}, {r.status})"
+        for r in missing.itertuples(index=False)
+    )
+    return [f"{len(missing)} runs have no results, so their families test fewer seeds: {named}"]
+
+
 def _seeds(seeds) -> str:
     return ", ".join(map(str, seeds))

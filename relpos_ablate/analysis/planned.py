@@ -31,7 +31,7 @@ from relpos_ablate.analysis.cells import (
     per_run,
     select,
 )
-from relpos_ablate.analysis.plan_history import Records, deviations, family_status
+from relpos_ablate.analysis.plan_history import Records, deviations, family_status, unfinished
 from relpos_ablate.analysis.settings import label
 from relpos_ablate.analysis.stats import (
     CORRECTION_WORDS,
@@ -270,22 +270,6 @@ def aggregate_line(
     frame = labelled(df, replace(plan, aggregate=(*plan.aggregate, spec)))
     line = run_aggregate(frame, plan, spec, None, lowest_in_distribution(frame, plan))
     return line + " (exploratory: not in the spec's analysis plan)"
-
-
-def unfinished(df: pd.DataFrame) -> list[str]:
-    """One line naming the runs without results (failed, interrupted, not yet run): their tests
-    have fewer seeds than planned."""
-    if "status" not in df:
-        return []
-    runs = df.drop_duplicates("run_dir")
-    missing = runs[runs["status"] != "done"]
-    if missing.empty:
-        return []
-    named = ", ".join(
-        f"{r.run_id} (seed {int(r.seed) if r.seed == r.seed else '?'}, {r.status})"
-        for r in missing.itertuples(index=False)
-    )
-    return [f"{len(missing)} runs have no results, so their families test fewer seeds: {named}"]
 
 
 def planned_report(
