@@ -12,7 +12,7 @@ import yaml
 from relpos_ablate.analysis.settings import label
 from relpos_ablate.analysis.table_options import resolve_column
 from relpos_ablate.config import ConfigError
-from relpos_ablate.config.plan import Plan
+from relpos_ablate.config.plan import Plan, split_condition
 
 
 def select(df: pd.DataFrame, conditions: tuple[str, ...], what: str) -> pd.DataFrame:
@@ -21,9 +21,8 @@ def select(df: pd.DataFrame, conditions: tuple[str, ...], what: str) -> pd.DataF
     error."""
     keep = np.ones(len(df), dtype=bool)
     for condition in conditions:
-        key, _, value = condition.partition("=")
-        negate = key.endswith("!")
-        column = resolve_column(df, key.removesuffix("!").strip(), what)
+        key, negate, value = split_condition(condition)
+        column = resolve_column(df, key, what)
         labels = df[("label", column)] if ("label", column) in df else df[column].map(label)
         keep &= (labels.to_numpy(dtype=object) == canonical(value)) != negate
     return df[keep] if conditions else df
@@ -33,23 +32,7 @@ def labelled(df: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     """The frame a plan reads: the run, setting and metric columns and the fields the plan names
     (no other config field), with each named field's labels computed once, as a column
     ("label", FIELD) that no field name resolves to."""
-    named = [
-        c.partition("=")[0].removesuffix("!").strip()
-        for f in (*plan.families, *plan.aggregate)
-        for group in (f.where, *(getattr(f, side, ()) for side in ("a", "b")))
-        for c in group
-    ]
-    named += [
-        c.partition("=")[0].removesuffix("!").strip()
-        for f in plan.families
-        for p in f.pairs
-        for c in (*p.a, *p.b)
-    ]
-    named += [n for f in plan.families for n in (*f.by, *([f.each] if f.each else []))]
-    named += [n for a in plan.aggregate for n in a.over]
-    if plan.learned is not None:
-        named += [c.partition("=")[0].removesuffix("!").strip() for c in plan.learned.where]
-    fields = list(dict.fromkeys(resolve_column(df, n, "analysis") for n in named))
+    fields = list(dict.fromkeys(resolve_column(df, n, "analysis") for n in plan.fields()))
     axes = [a for a in df.attrs.get("variant_axes", ()) if a in df and a != "seed"]
     config = ("model.", "data.", "train.", "eval.")
     kept = [c for c in df.columns if not str(c).startswith(config) or c in (*fields, *axes)]
@@ -150,21 +133,12 @@ def missing_values(df: pd.DataFrame, plan: Plan) -> list[str]:
     """The FIELD=VALUE conditions of the plan (its cells, `where`s, a rule's `vs` and `values`,
     `learned.where`) whose value no run has, one line each naming what the field has: a
     misspelling, or runs not done yet."""
-    conditions = [
-        c
-        for f in (*plan.families, *plan.aggregate)
-        for group in (f.where, *(getattr(f, side, ()) for side in ("a", "b")))
-        for c in group
-    ]
-    conditions += [c for f in plan.families for p in f.pairs for c in (*p.a, *p.b)]
-    conditions += [f"{f.each}={v}" for f in plan.families if f.each for v in (f.vs, *f.values)]
-    conditions += list(plan.learned.where) if plan.learned is not None else []
     lines = []
-    for condition in dict.fromkeys(conditions):
-        key, _, value = condition.partition("=")
-        if key.endswith("!"):  # a value no run has excludes nothing: not a mistake
+    for condition in plan.conditions():
+        key, negated, value = split_condition(condition)
+        if negated:  # a value no run has excludes nothing: not a mistake
             continue
-        column = resolve_column(df, key.strip(), "analysis")
+        column = resolve_column(df, key, "analysis")
         have = set(df[column].map(label))
         if canonical(value) not in have:
             shown = ", ".join(sorted(have)[:8]) + (", ..." if len(have) > 8 else "")

@@ -51,6 +51,7 @@ from relpos_ablate.config.plan import (
     Family,
     Plan,
     parse_plan,
+    split_condition,
 )
 
 SCALE_WORDS = {
@@ -344,17 +345,8 @@ def planned_report(
 def experiments_named(block: dict) -> set[str]:
     """The experiments a plan's cells name (`experiment=NAME`): its families read their runs too
     (e.g. a control trained as another experiment)."""
-    plan = parse_plan(block)
-    cells = [
-        c
-        for f in (*plan.families, *plan.aggregate)
-        for group in (f.where, *(getattr(f, side, ()) for side in ("a", "b")))
-        for c in group
-    ]
-    cells += [c for f in plan.families for p in f.pairs for c in (*p.a, *p.b)]
-    return {
-        c.partition("=")[2].strip() for c in cells if c.partition("=")[0].strip() == "experiment"
-    }
+    conditions = (split_condition(c) for c in parse_plan(block).conditions())
+    return {value for field, negated, value in conditions if field == "experiment" and not negated}
 
 
 KEPT_SECTIONS = ("Threats to validity",)

@@ -49,6 +49,12 @@ a share of answer tokens, which a t-test over runs tests."""
 CORRECTIONS = ("holm", "bh", "none")
 
 
+def split_condition(condition: str) -> tuple[str, bool, str]:
+    """FIELD=VALUE or FIELD!=VALUE -> (FIELD, negated, VALUE), each stripped."""
+    key, _, value = condition.partition("=")
+    return key.removesuffix("!").strip(), key.endswith("!"), value.strip()
+
+
 def _check_conditions(field: str, conditions: tuple[str, ...]) -> None:
     for condition in conditions:
         key, sep, value = condition.partition("=")
@@ -182,6 +188,26 @@ class Plan:
             )
         if not self.families and not self.aggregate:
             raise ConfigError("families", "declare at least one family or one aggregate")
+
+    def conditions(self) -> list[str]:
+        """Every FIELD=VALUE the plan writes, once each in order: its cells and `where`s, a
+        rule's `vs` and `values` (as EACH=VALUE), `learned.where`."""
+        found = [
+            c
+            for f in self.families
+            for c in (*f.where, *(c for p in f.pairs for c in (*p.a, *p.b)))
+        ]
+        found += [f"{f.each}={v}" for f in self.families if f.each for v in (f.vs, *f.values)]
+        found += [c for a in self.aggregate for c in (*a.where, *a.a, *a.b)]
+        found += list(self.learned.where) if self.learned is not None else []
+        return list(dict.fromkeys(found))
+
+    def fields(self) -> list[str]:
+        """Every field the plan names: in its conditions, `by`, `each` and `over`."""
+        named = [split_condition(c)[0] for c in self.conditions()]
+        named += [n for f in self.families for n in f.by]
+        named += [n for a in self.aggregate for n in a.over]
+        return list(dict.fromkeys(named))
 
 
 def parse_plan(block: object) -> Plan:
