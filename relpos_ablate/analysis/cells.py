@@ -15,6 +15,11 @@ from relpos_ablate.config import ConfigError
 from relpos_ablate.config.plan import Plan, split_condition
 
 
+def labels_of(df: pd.DataFrame, column: str) -> pd.Series:
+    """A field's values as a table labels them: `labelled`'s column where it made one."""
+    return df[("label", column)] if ("label", column) in df else df[column].map(label)
+
+
 def select(df: pd.DataFrame, conditions: tuple[str, ...], what: str) -> pd.DataFrame:
     """The rows meeting every FIELD=VALUE (FIELD!=VALUE) condition, values compared as a table
     labels them (from `labelled`'s columns where it made them); an unknown field is a one-line
@@ -23,7 +28,7 @@ def select(df: pd.DataFrame, conditions: tuple[str, ...], what: str) -> pd.DataF
     for condition in conditions:
         key, negate, value = split_condition(condition)
         column = resolve_column(df, key, what)
-        labels = df[("label", column)] if ("label", column) in df else df[column].map(label)
+        labels = labels_of(df, column)
         keep &= (labels.to_numpy(dtype=object) == canonical(value)) != negate
     return df[keep] if conditions else df
 
@@ -99,7 +104,7 @@ def not_pooled(rows: pd.DataFrame, cell: str) -> None:
     """One line naming the variant axis whose values a cell's runs differ in (its runs would be
     pooled: e.g. `encoding=alibi` over two learning rates)."""
     labels = {
-        axis: rows[("label", axis)] if ("label", axis) in rows else rows[axis].map(label)
+        axis: labels_of(rows, axis)
         for axis in ("experiment", *rows.attrs.get("variant_axes", ()))
         if axis in rows and axis != "seed"
     }
@@ -139,7 +144,7 @@ def missing_values(df: pd.DataFrame, plan: Plan) -> list[str]:
         if negated:  # a value no run has excludes nothing: not a mistake
             continue
         column = resolve_column(df, key, "analysis")
-        have = set(df[column].map(label))
+        have = set(labels_of(df, column))
         if canonical(value) not in have:
             shown = ", ".join(sorted(have)[:8]) + (", ..." if len(have) > 8 else "")
             lines.append(f"{condition}: no run has it ({column} has: {shown})")

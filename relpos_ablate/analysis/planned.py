@@ -287,8 +287,8 @@ def planned_report(
     `label_heading`: name it in the headings (a report of several plans)."""
     own = df[df["experiment"] == experiment] if experiment and "experiment" in df else df
     records = Records.of(own)
-    missing = missing_values(df, plan)
     df = labelled(df, plan)
+    missing = missing_values(df, plan)
     lowest = lowest_in_distribution(df, plan)
     seeds = tuple(plan.seeds or spec_seeds) or None
     scale = default_scale(plan, df)
