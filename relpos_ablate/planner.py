@@ -13,7 +13,8 @@ registry line):
   CoPE's clamped count);
 - `content`: the part reads the block's queries and keys over whole rows (CoPE), and `hand`: it
   gives its gradient by hand (required of a content term on the block kernel);
-- `query_position`: a bias that reads the query position besides the distance (FIRE).
+- `query_position`: a bias that reads the query position besides the distance (FIRE);
+- `sinks`: the scheme prepends sink slots to the keys (learned sinks, the sink logit).
 
 The kernels ask (their data-dependent conditions — a device, a slope's sign, a band's length —
 stay with them):
@@ -31,7 +32,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 #: the forms a part may declare
-FORMS = ("key_offsets", "band", "content", "hand", "query_position")
+FORMS = ("key_offsets", "band", "content", "hand", "query_position", "sinks")
 
 
 class Plan(NamedTuple):

@@ -234,12 +234,12 @@ def test_the_config_lists_no_scheme_names():
     """Which kernels take which schemes is the planner's answer from the schemes' forms
     (relpos_ablate/planner.py), so config/ holds no tuple or list of scheme names but the
     registry's own and the presets (named encodings)."""
-    from relpos_ablate.config.registry import BUILTIN_BIASES, BUILTIN_TERMS
+    from relpos_ablate.config.registry import BUILTIN_BIASES, BUILTIN_PARTS, BUILTIN_TERMS
 
-    names = {*BUILTIN_BIASES, *BUILTIN_TERMS}
+    names = {*BUILTIN_BIASES, *BUILTIN_TERMS, *BUILTIN_PARTS}
     found = []
-    for path in (PACKAGE / "config").glob("*.py"):
-        if path.name in ("registry.py", "presets.py"):
+    for path in (PACKAGE / "config").rglob("*.py"):
+        if path.parent.name == "registry" or path.name == "presets.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)):

@@ -9,6 +9,7 @@ from relpos_ablate.config.base import ConfigError, check_choice, check_range
 from relpos_ablate.config.registry import (
     BUILTIN_BIASES,
     BUILTIN_TERMS,
+    SchemeOptions,
     bias_types,
     check_bias,
     check_term,
@@ -20,8 +21,8 @@ from relpos_ablate.config.scheme_checks import (
     reads_query_position,
 )
 
-#: The built-in values of `bias`, from the registry (config/registry.py); `bias_types()` adds the
-#: schemes registered at run time with register_bias.
+#: The built-in values of `bias`, from the registry (config/registry/builtins.py);
+#: `bias_types()` adds the schemes registered at run time with register_bias.
 BIAS_TYPES = ("none", *BUILTIN_BIASES)
 ABSOLUTE_TYPES = ("none", "sinusoid", "learned", "learned_per_layer", "rope")
 REL_SOURCES = ("sinusoid", "learned")
@@ -37,8 +38,10 @@ SCALED_EMBEDDING_BY_DEFAULT = ("sinusoid", "learned_per_layer")
 
 
 @dataclass(frozen=True)
-class AttentionConfig:
-    """One attention layer: which Transformer-XL score terms, which bias, which baseline."""
+class AttentionConfig(SchemeOptions):
+    """One attention layer: which Transformer-XL score terms, which bias, which baseline (and the
+    options of the schemes kept whole in their own file: SchemeOptions in
+    config/registry/builtins.py)."""
 
     terms: str = "abcd"
     """Transformer-XL score terms, a subset of 'abcd' in that order: (a) q·k content, (b) q·W_R
@@ -265,6 +268,7 @@ class AttentionConfig:
         check_range("max_stored_scores_mb", self.max_stored_scores_mb, low=0)
         check_newer_schemes(self)
         check_materialised_schemes(self)
+        self.check_options()
 
     @property
     def active_terms(self) -> tuple[str, ...]:

@@ -102,7 +102,16 @@ def check_range(
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings of a dataclass: {field name: the string literal under it}."""
+    """Attribute docstrings of a dataclass and of the dataclasses it extends: {field name: the
+    string literal under it}."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            docs.update(field_docs(base))
+    return docs | _own_field_docs(cls)
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):

@@ -6,8 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-#: The built-in values of `bias`, from the registry (config/registry.py); `bias_types()` adds the
-#: schemes registered at run time with register_bias.
+#: The built-in values of `bias`, from the registry (config/registry/builtins.py);
+#: `bias_types()` adds the schemes registered at run time with register_bias.
 from relpos_ablate.config.attention import AttentionConfig
 from relpos_ablate.config.base import ConfigError, check_choice, check_range
 from relpos_ablate.config.schedule import INPUT_POSITIONS, LayerKind, check_pattern, layer_overrides

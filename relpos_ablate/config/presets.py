@@ -5,8 +5,8 @@ A preset overrides only the `model.attention` fields it lists; every other field
 grid's base config (so `max_position`, `num_buckets`, ... keep the base's values). Explicit key-path
 axes are applied after the preset, so `model.attention.clamp_len: [8, 32]` next to `encoding:
 [shaw]` varies Shaw's clamp. The baselines are written out below; every registered bias type (the
-registry in relpos_ablate/config/registry.py, your own schemes included) is a preset of its own
-name: term a plus that bias, nothing else.
+registry, relpos_ablate/config/registry/builtins.py, your own schemes included) is a preset of
+its own name: term a plus that bias, nothing else.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import difflib
 from typing import Any
 
 from relpos_ablate.config.base import ConfigError
-from relpos_ablate.config.registry import bias_types
+from relpos_ablate.config.registry import SCHEME_PRESETS, bias_types
 
 #: Encodings that are not one bias type: Transformer-XL, Shaw, absolute and rotary baselines,
 #: p-RoPE, xPos, FoX, CoPE, SSMax, stick-breaking, PaTH, DAPE.
@@ -71,14 +71,14 @@ def bias_preset(name: str) -> dict[str, Any]:
 def presets() -> dict[str, dict[str, Any]]:
     """Every encoding word: the baselines, then one per registered bias type."""
     biases = bias_types()[1:]  # without 'none'
-    clash = sorted((set(BASELINES) | set(SCHEDULES)) & set(biases))
+    clash = sorted((set(BASELINES) | set(SCHEME_PRESETS) | set(SCHEDULES)) & set(biases))
     if clash:
         raise ConfigError(
             "encoding",
             f"bias type {clash[0]!r} has the name of a baseline or schedule preset; register it "
             "under another name",
         )
-    return {**BASELINES, **{name: bias_preset(name) for name in biases}}
+    return {**BASELINES, **SCHEME_PRESETS, **{name: bias_preset(name) for name in biases}}
 
 
 def preset_fields(name: Any, field: str = "encoding") -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from relpos_ablate import planner
 from relpos_ablate.config.base import ConfigError, check_choice, check_range
-from relpos_ablate.config.registry import bias_forms, switched_terms, term_forms
+from relpos_ablate.config.registry import bias_forms, slot_forms, switched_terms, term_forms
 
 DAPE_VERSIONS = ("none", "v1", "v2")
 NORMALISERS = ("softmax", "stick_breaking")
@@ -162,7 +162,7 @@ def plan(config: Any) -> planner.Plan:
     registry: no torch)."""
     plain = (
         config.causal
-        and not config.sinks
+        and not slot_forms(config)
         and config.window is None
         and config.score_scale in ("sqrt_d", "none")
         and not config.learned_temperature
@@ -178,7 +178,9 @@ def plan(config: Any) -> planner.Plan:
         bias is None or pair_bias or "band" in bias
     )
     terms = [bias] if pair_bias else []
-    terms += [term_forms(name) for name in (*switched_terms(config), *config.term_schemes)]
+    terms += [
+        term_forms(name) - {"sinks"} for name in (*switched_terms(config), *config.term_schemes)
+    ]
     return planner.Plan(
         plain_causal=plain,
         product="b" in config.terms,
@@ -225,6 +227,7 @@ def check_widths(attention: Any, d_model: int, d_head: int) -> None:
         )
     if attention.uses_r and attention.rel == "sinusoid" and d_model % 2:
         raise ConfigError("d_model", f"sinusoid R needs an even d_model (got {d_model})")
+    attention.check_option_widths(d_model, d_head)
 
 
 def check_randomized_range(attention: Any, lengths: dict[str, tuple[int, int]]) -> None:

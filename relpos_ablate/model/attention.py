@@ -30,31 +30,22 @@ import torch
 from torch import Tensor, nn
 
 from relpos_ablate.config.attention import LENGTH_AWARE_SCALES, AttentionConfig
-from relpos_ablate.config.registry import term_class
-from relpos_ablate.config.scheme_checks import (
-    check_widths,
-    rope_scaling_conflict,
-    rotary_width,
-    rotating_pairs,
-)
+from relpos_ablate.config.registry import active_parts, part_class, term_class
+from relpos_ablate.config.scheme_checks import check_widths, rope_scaling_conflict
 from relpos_ablate.model.attention_call import CallBuilder, kernel_dtype
 from relpos_ablate.model.chunks import Chunks
 from relpos_ablate.model.core.call import AttentionCall, QueryBlock, sum_terms
 from relpos_ablate.model.core.options import AttentionOptions, SharedParameters
+from relpos_ablate.model.core.parts import Part, Slots, Where
 from relpos_ablate.model.core.placement import Placement
 from relpos_ablate.model.kernels.dispatch import STORED_BLOCK_SCORES, attend
 from relpos_ablate.model.kernels.explicit import explicit_attention
-from relpos_ablate.model.schemes import (
-    RopeScaling,
-    build_bias,
-    rotate_queries_keys,
-)
+from relpos_ablate.model.schemes import RopeScaling, build_bias
 from relpos_ablate.model.schemes.dape import DataAdaptive
 from relpos_ablate.model.schemes.path import PathTransforms
-from relpos_ablate.model.schemes.sinks import Sinks
 from relpos_ablate.model.schemes.stick_breaking import stick_breaking
 from relpos_ablate.model.schemes.tables import table_rows
-from relpos_ablate.model.schemes.temperature import Temperature, tuned_temperature
+from relpos_ablate.model.schemes.temperature import Temperature
 from relpos_ablate.model.schemes.xl import RelativePositions
 
 # the terms of Transformer-XL and the per-distance bias, as the module docstring sums them (the
@@ -120,13 +111,20 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
             if shared.bias_scheme is not None
             else build_bias(config, n_heads, d_head)
         )
-        # the score-term schemes (FoX, CoPE, your own), each under its attribute, in the sum's order
+        # the parts (core/parts.py: RoPE, QK-norm, sinks, gates) and the score-term schemes (FoX,
+        # CoPE, the sink logit, your own; parts too), each under its attribute, in the sum's order
+        self.parts: list[str] = []
         self.term_schemes: list[str] = []
-        for name in config.active_terms:
-            cls = term_class(name)
-            self.term_schemes.append(cls.attribute or name)
-            setattr(self, self.term_schemes[-1], cls.build(d_model, n_heads, d_head, config))
-        self.sinks = Sinks(n_heads, config.sinks, d_head) if config.sinks else None
+        for names, cls_of, kept in (
+            (active_parts(config), part_class, self.parts),
+            (config.active_terms, term_class, self.term_schemes),
+        ):
+            for name in names:
+                cls = cls_of(name)
+                kept.append(cls.attribute or name)
+                setattr(self, kept[-1], cls.build(d_model, n_heads, d_head, config))
+        slots = Slots.of(self._parts())
+        self.n_sinks = 0 if slots is None else slots.keys.shape[1]
         scaled = config.score_scale in LENGTH_AWARE_SCALES or config.learned_temperature
         self.temperature = Temperature(n_heads, config) if scaled else None
         self.path = PathTransforms(d_model, n_heads, d_head) if config.path else None
@@ -146,10 +144,11 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
         rope_scaling: RopeScaling | None,
         tuned_positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """q [B, H, L, dh] from x; k, v [B, H, K, dh] from keys_input = [mems; x]; RoPE rotates q
-        and k, then Llama 4's temperature tuning scales q (at tuned_positions [B, L], else the
-        queries' positions). A query or key that no enabled term reads is not projected: zeros stand
-        in (they add 0 to every score)."""
+        """q [B, H, L, dh] from x; k, v [B, H, K, dh] from keys_input = [mems; x]; then the parts'
+        q/k transforms in the order of their stage: QK-norm before RoPE (0), RoPE's rotation (1),
+        QK-norm after it (2), Llama 4's temperature tuning of q (3; at tuned_positions [B, L], else
+        the queries' positions). A query or key that no enabled term reads is not projected: zeros
+        stand in (they add 0 to every score)."""
         b, lq, _ = x.shape
         # (B, K, 2 or 1, H, dh)
         kv = self.kv_net(keys_input).view(b, keys_input.shape[1], -1, self.n_heads, self.d_head)
@@ -165,25 +164,9 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
         conflict = None if rope_scaling is None else rope_scaling_conflict(self.config)
         if conflict:
             raise ValueError(f"rope_scaling: {rope_scaling.kind} {conflict}")
-        if self.config.absolute == "rope":
-            cfg = self.config
-            d_rot = rotary_width(cfg, self.d_head)
-            q, k = rotate_queries_keys(
-                q,
-                k,
-                placement.query_positions,
-                placement.key_positions,
-                d_rot,
-                cfg.rope_base,
-                rope_scaling,
-                cfg.xpos_scale_base,
-                rotating_pairs(cfg, d_rot),
-            )
-        if self.config.temperature_tuning:
-            # (B or 1, L)
-            at = placement.query_positions[None] if tuned_positions is None else tuned_positions
-            # (B, H, L, dh) × (B, 1, L, 1)
-            q = q * tuned_temperature(at, self.config).to(q.dtype)[:, None, :, None]
+        at = Where(placement, rope_scaling, keys_input, tuned_positions)
+        for part in sorted(self._parts(), key=lambda p: p.stage):  # RoPE is stage 1
+            q, k = part.queries_keys(q, k, at)
         return q, k, v
 
     def scores(
@@ -285,6 +268,10 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
             )
             return chunks.merge(out), None if probs is None else chunks.scatter(probs)
         keys_input = x if mems is None else torch.cat([mems.to(x.dtype), x], dim=1)  # (B, M + L, D)
+        for part in self._parts():  # Canon's convolution over [memory; x]
+            changed = part.keys_input(keys_input, keys_input.shape[1] - x.shape[1])
+            if changed is not keys_input:
+                keys_input, x = changed, changed[:, changed.shape[1] - x.shape[1] :]
         visibility, placement, input_terms = self.locate(x, keys_input, options)
         q, k, v = self._project(x, keys_input, placement, options.rope_scaling, tuned_positions)
         dropout_p = self.dropout if self.training else 0.0
@@ -308,14 +295,17 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
                 kernel_dtype(q, k, v, self.out_net.weight),
             )
             q_content, q_position = self.folded_queries(q, call)
-            if self.sinks is not None:
-                k, v = self.sinks.prepend(k, v)
+            slots = Slots.of(self._parts())
+            if slots is not None:
+                k, v = slots.prepend(k, v)
             out, probs = (
                 attend(
                     call, q_content, k, v, q_position, self.config, dropout_p, options.statistics
                 ),
                 None,
             )
+        for part in self._parts():  # an output gate
+            out = part.output(out, x)
         b, _, lq, _ = out.shape
         # (B, H, L, dh) -> (B, L, H·dh)
         out = out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head)
@@ -336,7 +326,7 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
         rows: for the whole call at once (`whole`: probabilities returned), else per query block
         (the schemes that read the scores: probabilities None). DAPE v2 reads neighbouring keys: its
         blocks keep whole rows of keys."""
-        sinks, values = self.sinks, None
+        sinks, values = Slots.of(self._parts()), None
         if self.value_table is not None:
             clamp = options.clamp_len if options.clamp_len is not None else self.config.clamp_len
             values = self.value_table[self.table_row(call.distances, clamp)]  # (n, dh)
@@ -377,6 +367,10 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
             )
             outs.append(out)
         return torch.cat(outs, dim=2), probs if whole else None
+
+    def _parts(self) -> list[Part]:
+        """Every part of this layer, the term schemes last."""
+        return [getattr(self, name) for name in (*self.parts, *self.term_schemes)]
 
 
 def _without_unread_projections(

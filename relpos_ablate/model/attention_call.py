@@ -40,8 +40,9 @@ class CallBuilder:
         placement = place(visibility, lq, options.positions, x.device, options.distances)
         placement = placement._replace(key_padding_mask=options.key_padding_mask)
         terms = tuple(
-            getattr(self, name).term(keys_input, options.key_padding_mask)
+            term
             for name in self.term_schemes
+            if (term := getattr(self, name).term(keys_input, options.key_padding_mask)) is not None
         )
         return visibility, placement, terms
 
@@ -64,7 +65,7 @@ class CallBuilder:
         if self.temperature is not None:
             # n: the keys each query sees by index (padding excluded), learned sinks included
             seen = (
-                _visible_counts(visibility, lq, padding, x.device) + cfg.sinks
+                _visible_counts(visibility, lq, padding, x.device) + self.n_sinks
                 if self.temperature.counts_keys
                 else None
             )
@@ -86,7 +87,7 @@ class CallBuilder:
             placement,
             self.scale,
             dtype=dtype or x.dtype,
-            n_sinks=cfg.sinks,
+            n_sinks=self.n_sinks,
             query_chunk=cfg.query_chunk,
             inputs=ScoreInputs(**tensors, query_scale=query_scale),
             terms=terms,

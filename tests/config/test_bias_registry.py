@@ -1,12 +1,10 @@
-"""The bias registry (relpos_ablate/config/registry.py) is the one list of bias names: validation,
-`--help`, presets and the model read it; built-ins resolve lazily without torch; every built-in has
-its formula in docs/schemes/distance-biases.md and an independent one in
+"""The bias registry (relpos_ablate/config/registry/builtins.py) is the one list of bias names:
+validation, `--help`, presets and the model read it; built-ins resolve lazily without torch; every
+built-in has its formula in docs/schemes/distance-biases.md and an independent one in
 tests/fixtures/reference.py; a scheme registered from outside the package (the worked example's
 Gaussian, docs/extending/new-bias.md) is as good as a built-in. Structural properties that need no
 reference formula (kernels agree, causality, memory, translation invariance) run on every registered
-scheme.
-Run: pytest tests/config/test_bias_registry.py -q
-"""
+scheme. Run: pytest tests/config/test_bias_registry.py -q"""
 
 import re
 import subprocess

@@ -1,4 +1,4 @@
-"""The parity matrix, generated from the registry (relpos_ablate/config/registry.py): every
+"""The parity matrix, generated from the registry (relpos_ablate/config/registry/builtins.py): every
 registered bias (on term a), Transformer-XL without one (terms 'abcd'; 'ab' with clamp_len), RoPE,
 and every registered score-term scheme (on term a, NoPE) × every kernel the planner allows for that
 config on CPU (explicit, sdpa, blocks, low_rank, band, flex) × a condition (no memory, memory, key
@@ -22,6 +22,7 @@ import torch
 
 from fixtures.attention import randomize
 from fixtures.reference import BIAS_FORMULAS, TERM_FORMULAS, reference_attention
+from fixtures.reference_parts import PART_SETTINGS
 from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
 from relpos_ablate import planner as kernel_planner
 from relpos_ablate.config import registry, scheme_checks
@@ -48,6 +49,8 @@ def _term_fields(name: str) -> dict:
     entry = registry.BUILTIN_TERMS.get(name)
     if entry is None or entry.switch is None:
         return dict(term_schemes=(name,))
+    if name in PART_SETTINGS:
+        return PART_SETTINGS[name][0]
     default = {f.name: f.default for f in dataclasses.fields(AttentionConfig)}[entry.switch]
     return {entry.switch: True if isinstance(default, bool) else SWITCH_INT}
 
@@ -64,6 +67,10 @@ def _schemes() -> dict[str, dict]:
     for name in registry.term_schemes():
         assert name not in schemes, f"{name!r}: a term scheme and a bias share the name"
         schemes[name] = dict(terms="a", **_term_fields(name))
+    # the parts (and the term schemes switched by a word), each setting its reference runs
+    for name, settings in PART_SETTINGS.items():
+        for i, fields in enumerate(settings):
+            schemes[f"{name}_{i}" if i or name in schemes else name] = dict(terms="a", **fields)
     return schemes
 
 
@@ -175,6 +182,10 @@ def test_the_matrix_covers_every_registered_scheme_with_its_formula():
         "every registered term scheme needs one line in TERM_FORMULAS of "
         "tests/fixtures/reference.py"
     )
+    assert set(PART_SETTINGS) >= set(registry.BUILTIN_PARTS) - {
+        "sink_slots",
+        "temperature_tuning",
+    }, "every built-in part needs its settings in PART_SETTINGS (tests/fixtures/reference_parts.py)"
     covered = {(scheme, kernel) for scheme, kernel, _ in CASES}
     for name in [*BIAS_FORMULAS, *TERM_FORMULAS]:
         assert {(name, "explicit"), (name, "sdpa"), (name, "blocks")} <= covered, name

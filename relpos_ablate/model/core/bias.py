@@ -1,8 +1,9 @@
 """The one interface every bias-type encoding implements, and building one from its registered name.
 
-The names live in relpos_ablate/config/registry.py (torch-free, so configs validate without torch):
-a built-in is one "module:Class" line there, a scheme of your own one `@register_bias("name")` line.
-Formulas, sign conventions and defaults of every scheme: docs/schemes/distance-biases.md#bias-types.
+The names live in relpos_ablate/config/registry/builtins.py (torch-free, so configs validate without
+torch): a built-in is one "module:Class" line there, a scheme of your own one
+`@register_bias("name")` line. Formulas, sign conventions and defaults of every scheme:
+docs/schemes/distance-biases.md#bias-types.
 
 Distances are i - j everywhere (query minus key: "how far back the key is"; negative = a future key,
 seen only when attention is bidirectional). Schemes defined the other way (T5) convert at their

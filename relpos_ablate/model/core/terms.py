@@ -33,9 +33,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from relpos_ablate.model.core.geometry import QueryBlock
+from relpos_ablate.model.core.parts import Part
 
 #: the AttentionCall (core/call.py) a term is handed: that module imports this one, so the type is
 #: named here, not imported
@@ -143,10 +144,11 @@ class ScoreTerm:
         return None
 
 
-class TermScheme(nn.Module):
+class TermScheme(Part):
     """A scheme that adds a score term: built once per attention layer (`build`), it makes its
-    term each forward from the keys' layer inputs [memory; x] (`term`). Register it with
-    `@register_term("name")` (config/registry.py) and switch it on with
+    term each forward from the keys' layer inputs [memory; x] (`term`; None: none this forward).
+    A part (core/parts.py): it may use the parts' other hooks too. Register it with
+    `@register_term("name")` (config/registry/builtins.py) and switch it on with
     `model.attention.term_schemes: [name]`; its formula and forms live in its own file
     (docs/extending/content-term.md)."""
 

@@ -1,5 +1,5 @@
-"""Every scheme, one file each (names in relpos_ablate/config/registry.py): the bias types, the
-score terms (fox.py, cope.py), RoPE, the sinusoid, sinks, the temperature, the schemes that read
+"""Every scheme, one file each (names in relpos_ablate/config/registry/builtins.py): the bias types,
+the score terms (fox.py, cope.py), RoPE, the sinusoid, sinks, the temperature, the schemes that read
 the scores and Transformer-XL's R (xl.py). The interfaces they implement are in
 relpos_ablate/model/core/ (a bias: core/bias.py; a score term: core/terms.py), exported here with
 the decorators that register them."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from relpos_ablate.config.scheme_checks import rotary_width, rotating_pairs
+from relpos_ablate.model.core.parts import Part, Where
 from relpos_ablate.model.schemes.sinusoid import inverse_frequencies
 
 XPOS_GAMMA = 0.4  # ζ_p = (2p/d + γ)/(1 + γ) (Sun et al. 2022, the authors' code)
@@ -233,3 +235,41 @@ def rotate_queries_keys(
         rotating=rotating,
     )
     return q, k
+
+
+class Rotary(Part):
+    """RoPE as a layer applies it (`absolute: rope`): q and k of the first round(rope_heads·H)
+    heads rotated at the call's positions (rotate_queries_keys), the other heads left as they are
+    (NoPE heads). Stage 1: QK-norm and other q/k transforms are placed before or after it."""
+
+    attribute = "rotary"
+    stage = 1.0
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, config):
+        super().__init__()
+        self.d_rot = rotary_width(config, d_head)
+        self.base, self.xpos = config.rope_base, config.xpos_scale_base
+        self.rotating = rotating_pairs(config, self.d_rot)
+        self.heads = rotating_heads(config.rope_heads, n_heads)
+
+    def queries_keys(self, q: Tensor, k: Tensor, at: Where) -> tuple[Tensor, Tensor]:
+        h, place = self.heads, at.placement
+        turned = rotate_queries_keys(
+            q[:, :h],
+            k[:, :h],
+            place.query_positions,
+            place.key_positions,
+            self.d_rot,
+            self.base,
+            at.rope_scaling,
+            self.xpos,
+            self.rotating,
+        )
+        if h == q.shape[1]:
+            return turned
+        return torch.cat([turned[0], q[:, h:]], 1), torch.cat([turned[1], k[:, h:]], 1)
+
+
+def rotating_heads(fraction: float, n_heads: int) -> int:
+    """How many heads rotate: round(rope_heads·H), at least one."""
+    return max(1, round(fraction * n_heads))

@@ -15,23 +15,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from relpos_ablate.model.core.parts import Part
 
-class Sinks(nn.Module):
-    """Keys and values [H, S, dh] per layer, init N(0, 0.02)."""
 
-    def __init__(self, n_heads: int, n_sinks: int, d_head: int):
+class Sinks(Part):
+    """Keys and values [H, S, dh] per layer (S = `sinks`), init N(0, 0.02)."""
+
+    attribute = "sinks"
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, config):
         super().__init__()
-        self.keys = nn.Parameter(torch.randn(n_heads, n_sinks, d_head) * 0.02)
-        self.values = nn.Parameter(torch.randn(n_heads, n_sinks, d_head) * 0.02)
+        self.keys = nn.Parameter(torch.randn(n_heads, config.sinks, d_head) * 0.02)
+        self.values = nn.Parameter(torch.randn(n_heads, config.sinks, d_head) * 0.02)
 
-    def prepend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """[B, H, K, dh] keys and values -> [B, H, S + K, dh], the slots first."""
-        b = k.shape[0]
-        return (
-            torch.cat([self.keys.to(k.dtype).expand(b, -1, -1, -1), k], dim=2),
-            torch.cat([self.values.to(v.dtype).expand(b, -1, -1, -1), v], dim=2),
-        )
-
-    def logits(self, q_content: Tensor, scale: float) -> Tensor:
-        """s·q_content·k_sink: [B, H, L, dh] -> [B, H, L, S]."""
-        return (q_content @ self.keys.to(q_content.dtype).transpose(-1, -2)) * scale
+    def sink_slots(self) -> tuple[Tensor, Tensor]:
+        return self.keys, self.values

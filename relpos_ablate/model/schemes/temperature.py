@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from relpos_ablate.config import ConfigError
 from relpos_ablate.config.attention import LENGTH_AWARE_SCALES, AttentionConfig
+from relpos_ablate.model.core.parts import Part, Where
 
 
 class Temperature(nn.Module):
@@ -89,3 +90,23 @@ def tuned_temperature(positions: Tensor, config: AttentionConfig) -> Tensor:
         * config.temperature_scale
         + 1.0
     )
+
+
+class TemperatureTuning(Part):
+    """Llama 4's temperature tuning as a q transform after RoPE (stage 3): q times
+    `tuned_temperature` at the positions the encodings place the queries at (or a chunked layer's
+    own, Where.tuned_positions)."""
+
+    stage = 3.0
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, config: AttentionConfig):
+        super().__init__()
+        self.config = config
+
+    def queries_keys(self, q: Tensor, k: Tensor, at: Where) -> tuple[Tensor, Tensor]:
+        # (B or 1, L)
+        positions = (
+            at.placement.query_positions[None] if at.tuned_positions is None else at.tuned_positions
+        )
+        # (B, H, L, dh) × (B, 1, L, 1)
+        return q * tuned_temperature(positions, self.config).to(q.dtype)[:, None, :, None], k

@@ -1,5 +1,9 @@
 """The scheme registry: every allowed value of `model.attention.bias` and of
-`model.attention.term_schemes`, the class behind each, and the forms it supplies.
+`model.attention.term_schemes`, the class behind each, the forms it supplies, the built-in parts
+(core/parts.py: schemes acting on q and k, sink slots or the output) with the field that switches
+each on, and the options of the schemes that keep all of themselves in their own file
+(`SchemeOptions`, fields of `model.attention`). The built-ins' lines, presets and options are in
+config/registry/builtins.py; this module is the machinery that reads them and your own.
 
 This is the one list of scheme names: config validation, `--help`, the grid's `encoding:` presets,
 the kernel planner (relpos_ablate/planner.py) and the tests read it here, and the model builds a
@@ -8,9 +12,12 @@ must not import torch, so a built-in scheme is registered as "module:Class" text
 (planner.FORMS, as its class declares them: a test checks they agree) and its module is imported
 only when a model is built.
 
-- A built-in scheme: its module under relpos_ablate/model/ and one line in BUILTIN_BIASES or
-  BUILTIN_TERMS (its formula goes in docs/schemes/, an independent float64 formula in
-  tests/fixtures/reference.py).
+- A built-in scheme: its module under relpos_ablate/model/schemes/ and one line in builtins.py's
+  BUILTIN_BIASES or BUILTIN_TERMS (its formula goes in docs/schemes/, an independent float64
+  formula in tests/fixtures/reference.py).
+- A built-in part: its file under relpos_ablate/model/schemes/, one line in BUILTIN_PARTS (or in
+  BUILTIN_TERMS where it also adds a score term), its options in `SchemeOptions` with their checks
+  in `SchemeOptions.check_options`, a preset in SCHEME_PRESETS if it has one: all in builtins.py.
 - A scheme of your own: `@register_bias("name")` on a BiasScheme subclass, or
   `@register_term("name")` on a TermScheme subclass, in your module, and the module listed under
   `imports:` in the run config, so every process that reads the config (the grid runner, its
@@ -24,41 +31,28 @@ import importlib
 import os
 import re
 import sys
-from typing import Any, NamedTuple
+from typing import Any
 
 from relpos_ablate.config.base import ConfigError, reject
+from relpos_ablate.config.registry.builtins import (
+    BUILTIN_BIASES,
+    BUILTIN_PARTS,
+    BUILTIN_TERMS,
+    SCHEME_PRESETS,
+    Builtin,
+    SchemeOptions,
+)
+
+__all__ = [
+    "BUILTIN_BIASES",
+    "BUILTIN_PARTS",
+    "BUILTIN_TERMS",
+    "SCHEME_PRESETS",
+    "Builtin",
+    "SchemeOptions",
+]
 
 
-class Builtin(NamedTuple):
-    """A built-in scheme: "module:Class" (imported when a model is built), the forms it supplies
-    (space-separated planner.FORMS) and, for a score term, the config field that switches it on."""
-
-    target: str
-    forms: str = ""
-    switch: str | None = None
-
-
-#: Built-in bias types (model.attention.bias).
-BUILTIN_BIASES: dict[str, Builtin] = {
-    "xl_table": Builtin("relpos_ablate.model.schemes.tables:XLTableBias", "band"),
-    "t5": Builtin("relpos_ablate.model.schemes.tables:T5Bias", "band"),
-    "alibi": Builtin("relpos_ablate.model.schemes.alibi:ALiBiBias", "key_offsets"),
-    "alibi_learned": Builtin("relpos_ablate.model.schemes.alibi:LearnedALiBiBias", "key_offsets"),
-    "kerple_log": Builtin("relpos_ablate.model.schemes.kerple:KerpleLogBias"),
-    "kerple_power": Builtin("relpos_ablate.model.schemes.kerple:KerplePowerBias"),
-    "fire": Builtin("relpos_ablate.model.schemes.fire:FIREBias", "query_position"),
-    "dynamic": Builtin("relpos_ablate.model.schemes.fire:DynamicBias"),
-    "sandwich": Builtin("relpos_ablate.model.schemes.sandwich:SandwichBias"),
-}
-#: Built-in score-term schemes (model.attention.term_schemes, or their own switch).
-BUILTIN_TERMS: dict[str, Builtin] = {
-    "fox": Builtin("relpos_ablate.model.schemes.fox:ForgetGate", "key_offsets hand", "forget_gate"),
-    "cope": Builtin(
-        "relpos_ablate.model.schemes.cope:ContextualPositions",
-        "content band hand",
-        "cope_positions",
-    ),
-}
 HOW_TO_REGISTER = "your own: @register_bias in a module listed under `imports:`"
 HOW_TO_REGISTER_TERM = "your own: @register_term in a module listed under `imports:`"
 
@@ -179,8 +173,32 @@ def term_forms(name: str) -> frozenset[str]:
 
 def switched_terms(config: Any) -> tuple[str, ...]:
     """The built-in term schemes a config switches on by their own field (e.g. forget_gate)."""
-    return tuple(
-        name for name, entry in BUILTIN_TERMS.items() if getattr(config, entry.switch, None)
+    return tuple(name for name, entry in BUILTIN_TERMS.items() if switched_on(config, entry))
+
+
+def active_parts(config: Any) -> tuple[str, ...]:
+    """The built-in parts (BUILTIN_PARTS) a config switches on, in the registry's order."""
+    return tuple(name for name, entry in BUILTIN_PARTS.items() if switched_on(config, entry))
+
+
+def part_class(name: str) -> type:
+    """The class of built-in part `name`, importing its module."""
+    return _imported(BUILTIN_PARTS[name].target)
+
+
+def switched_on(config: Any, entry: Builtin) -> bool:
+    """Whether the config sets the entry's switch (Builtin.switch)."""
+    field, _, value = (entry.switch or "").partition("=")
+    got = getattr(config, field, None)
+    return got == value if value else got not in (None, False, 0, "none")
+
+
+def slot_forms(config: Any) -> bool:
+    """Whether a part or term the config switches on prepends sink slots (the form `sinks`)."""
+    entries = [BUILTIN_PARTS[n] for n in active_parts(config)]
+    entries += [BUILTIN_TERMS[n] for n in switched_terms(config)]
+    return any("sinks" in entry.forms.split() for entry in entries) or any(
+        "sinks" in term_forms(name) for name in getattr(config, "term_schemes", ())
     )
 
 
