@@ -134,3 +134,73 @@ def test_bad_settings_are_one_line_naming_the_field(fields, message):
     with pytest.raises(ConfigError, match=message) as err:
         AttentionConfig(terms="a", **fields)
     assert "\n" not in str(err.value)
+
+
+def test_pope_scores_are_softplus_magnitudes_times_the_cosine_of_position_alone():
+    """q̃_i·k̃_j = Σ_c softplus(q_ic)·softplus(k_jc)·cos((i - j)·θ_c - δ_c), θ_c = 10000^(-c/dh),
+    by hand; the content's sign changes no phase."""
+    attn = _layer(pope=True, pope_phase_bias=True)
+    with torch.no_grad():
+        attn.pope.phase_bias.uniform_(-2 * math.pi, 0)
+    q, k = torch.randn(1, 2, 4, 8).double(), torch.randn(1, 2, 5, 8).double()
+    place = type("P", (), {})()
+    place.query_positions, place.key_positions = torch.arange(1, 5), torch.arange(5)
+    from relpos_ablate.model.core.parts import Where
+
+    pq, pk = attn.pope.queries_keys(q, k, Where(place))
+    got = (pq @ pk.transpose(-1, -2)).detach()
+    delta = attn.pope.phase_bias.detach().double()
+    for h in range(2):
+        for i in range(4):
+            for j in range(5):
+                want = sum(
+                    math.log1p(math.exp(q[0, h, i, c]))
+                    * math.log1p(math.exp(k[0, h, j, c]))
+                    * math.cos((i + 1 - j) * 10000 ** (-c / 8) - float(delta[h, c]))
+                    for c in range(8)
+                )
+                assert abs(float(got[0, h, i, j]) - want) < 1e-9
+
+
+@pytest.mark.parametrize("fields", [dict(pope=True), dict(qk_rope_dim=4)], ids=["pope", "mla"])
+def test_pope_and_mla_depend_on_distances_only(fields):
+    """Both place q·k by relative position: shifting every position leaves the output unchanged."""
+    from relpos_ablate.model import AttentionOptions
+
+    attn, x = _layer(**fields), _x()
+    out, _ = attn(x, options=AttentionOptions(positions=torch.arange(7)))
+    shifted, _ = attn(x, options=AttentionOptions(positions=torch.arange(7) + 11))
+    torch.testing.assert_close(out, shifted)
+
+
+def test_mla_shares_one_rotary_key_across_heads_and_keeps_the_content_part():
+    """k's last r channels are the same rotated W_KR·x for every head; q's and k's first dh - r
+    channels are the projections themselves (no position)."""
+    from relpos_ablate.model.core.parts import Where
+
+    attn = _layer(qk_rope_dim=4)
+    q, k = torch.randn(2, 2, 5, 8).double(), torch.randn(2, 2, 5, 8).double()
+    place = type("P", (), {})()
+    place.query_positions = place.key_positions = torch.arange(5)
+    mq, mk = attn.mla.queries_keys(q, k, Where(place, None, _x(5)))
+    torch.testing.assert_close(mk[:, 0, :, 4:], mk[:, 1, :, 4:])
+    torch.testing.assert_close(mq[..., :4], q[..., :4])
+    torch.testing.assert_close(mk[..., :4], k[..., :4])
+    # at position 0 nothing turns: the shared key is W_KR·x itself
+    torch.testing.assert_close(mk[:, 0, 0, 4:], _x(5)[:, 0] @ attn.mla.key_proj.weight.T)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(qk_rope_dim=3), "qk_rope_dim"),
+        (dict(qk_rope_dim=8), "qk_rope_dim"),
+        (dict(pope=True, absolute="rope"), "pope"),
+        (dict(pope_phase_bias=True), "pope_phase_bias"),
+        (dict(pope=True, qk_rope_dim=4), "pope"),
+    ],
+)
+def test_bad_placements_are_one_line_naming_the_field(fields, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        RelPosAttention(16, 2, 8, AttentionConfig(terms="a", **fields))
+    assert "\n" not in str(err.value)

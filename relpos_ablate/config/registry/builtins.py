@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from relpos_ablate.config.base import check_choice, check_range, reject
+from relpos_ablate.config.base import ConfigError, check_choice, check_range, reject
 
 
 class Builtin(NamedTuple):
@@ -57,10 +57,17 @@ BUILTIN_PARTS: dict[str, Builtin] = {
     ),
     "sink_slots": Builtin("relpos_ablate.model.schemes.sinks:Sinks", "sinks", "sinks"),
     "output_gate": Builtin("relpos_ablate.model.schemes.output_gate:OutputGate", "", "output_gate"),
+    "mla": Builtin("relpos_ablate.model.schemes.mla:DecoupledRotary", "", "qk_rope_dim"),
+    "pope": Builtin("relpos_ablate.model.schemes.pope:PolarPositions", "", "pope"),
 }
 #: The `encoding:` presets of the schemes kept whole in their own file (config/presets.py adds
 #: them to its words): the model.attention fields each sets.
-SCHEME_PRESETS: dict[str, dict[str, Any]] = {}
+SCHEME_PRESETS: dict[str, dict[str, Any]] = {
+    # PoPE (Gopalakrishnan et al. 2025): magnitudes softplus(q_c), phases position·θ_c only, on NoPE
+    "pope": {"terms": "a", "absolute": "none", "bias": "none", "pope": True},
+    # MLA's decoupled RoPE (DeepSeek-V2): half of each head's q·k rotary, the rotary key shared
+    "mla_rope": {"terms": "a", "absolute": "none", "bias": "none", "qk_rope_dim": 16},
+}
 
 
 QK_NORMS = ("none", "rms", "l2")
@@ -96,6 +103,20 @@ class SchemeOptions:
     off_by_one (s_h = 0: softmax_1, Megatron's softmax_type off-by-one) | learned (s_h learned per
     layer and head, init 0, gpt-oss). Unlike `sinks` it has no key and no value: it only takes
     attention mass away. docs/schemes/attention-plumbing.md#sink-logit."""
+    qk_rope_dim: int = 0
+    """MLA's decoupled RoPE (DeepSeek-V2, arXiv 2405.04434): each head's q and k are [content part
+    ‖ rotary part], the last qk_rope_dim channels rotary: q's rotated per head, k's one key W_KR·x
+    shared by the heads, rotated (θ_p = rope_base^(-2p/qk_rope_dim)); the content part carries no
+    position. 0: off; even, below d_head; terms 'a', absolute none.
+    docs/schemes/attention-plumbing.md#mla-decoupled-rope."""
+    pope: bool = False
+    """PoPE (arXiv 2509.10534, polar coordinate position embeddings): channel c of q and k becomes
+    a magnitude softplus(x_c) at phase position·θ_c, θ_c = rope_base^(-c/d_head) (d_head
+    frequencies), so q·k = Σ_c softplus(q_c)·softplus(k_c)·cos((i - j)θ_c - δ_c); terms 'a',
+    absolute none. docs/schemes/attention-plumbing.md#pope."""
+    pope_phase_bias: bool = False
+    """pope: a learned phase bias δ_{h,c} on the keys' phases, clamped to [-2π, 0], init 0
+    (x-transformers' default); false: δ = 0."""
     canon_width: int = 0
     """Canon layer (Allen-Zhu 2025, Physics of Language Models 4.1), at point A: the attention's
     input x plus a causal depthwise convolution of it over the last canon_width tokens (memory
@@ -113,6 +134,20 @@ class SchemeOptions:
         check_range("canon_width", self.canon_width, low=0)
         if self.canon_width and getattr(self, "chunk", None) is not None:
             reject("canon_width", "a chunk would see its neighbour's tokens; use chunk: null")
+        check_range("qk_rope_dim", self.qk_rope_dim, low=0)
+        for name, on in (("qk_rope_dim", self.qk_rope_dim), ("pope", self.pope)):
+            if on and (
+                getattr(self, "terms", "a") != "a" or getattr(self, "absolute", "") != "none"
+            ):
+                reject(name, "places q·k of term a itself: use terms 'a', absolute none")
+        if self.pope_phase_bias and not self.pope:
+            reject("pope_phase_bias", "is PoPE's; set pope: true")
+        if self.pope and self.qk_rope_dim:
+            reject("pope", "and qk_rope_dim both place q·k; use one")
 
     def check_option_widths(self, d_model: int, d_head: int) -> None:
         """What the options need of the layer's widths (ModelConfig and the attention check it)."""
+        if self.qk_rope_dim and (self.qk_rope_dim % 2 or self.qk_rope_dim >= d_head):
+            raise ConfigError(
+                "qk_rope_dim", f"{self.qk_rope_dim}: an even width below d_head {d_head}"
+            )

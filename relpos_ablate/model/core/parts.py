@@ -89,13 +89,19 @@ class Slots(NamedTuple):
         return Slots(torch.cat([k for k, _ in slots], 1), torch.cat([v for _, v in slots], 1))
 
     def prepend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """[B, H, K, dh] keys and values -> [B, H, S + K, dh], the slots first."""
+        """[B, H, K, dk] keys and [B, H, K, dh] values -> [B, H, S + K, ...], the slots first (their
+        keys padded with zeros to the keys' width dk, where a part widened q and k: PoPE)."""
         b = k.shape[0]
         return (
-            torch.cat([self.keys.to(k.dtype).expand(b, -1, -1, -1), k], dim=2),
+            torch.cat([self.widened(k.shape[-1]).to(k.dtype).expand(b, -1, -1, -1), k], dim=2),
             torch.cat([self.values.to(v.dtype).expand(b, -1, -1, -1), v], dim=2),
         )
 
     def logits(self, q_content: Tensor, scale: float) -> Tensor:
-        """s·q_content·k_slot: [B, H, L, dh] -> [B, H, L, S]."""
-        return (q_content @ self.keys.to(q_content.dtype).transpose(-1, -2)) * scale
+        """s·q_content·k_slot: [B, H, L, dk] -> [B, H, L, S]."""
+        keys = self.widened(q_content.shape[-1]).to(q_content.dtype)
+        return (q_content @ keys.transpose(-1, -2)) * scale
+
+    def widened(self, width: int) -> Tensor:
+        """The slots' keys [H, S, width], zeros after their own channels."""
+        return torch.nn.functional.pad(self.keys, (0, width - self.keys.shape[-1]))
