@@ -88,6 +88,17 @@ SCHEMES: dict[str, dict | None] = {
     "dape": dict(terms="a", bias="kerple_log", dape="v1"),
     "dape_v2": dict(terms="a", bias="kerple_log", dape="v2"),
     "shaw": dict(terms="ab", rel="learned", clamp_len=20),
+    # the attention plumbing of 2025-26 (docs/schemes/attention-plumbing.md), each on RoPE or NoPE
+    "qk_norm_rms": dict(terms="a", absolute="rope", qk_norm="rms"),
+    "qk_norm_l2": dict(terms="a", absolute="rope", qk_norm="l2", qk_norm_order="after_rope"),
+    "output_gate": dict(terms="a", absolute="rope", output_gate="elementwise"),
+    "output_gate_headwise": dict(terms="a", absolute="rope", output_gate="headwise"),
+    "sink_logit": dict(terms="a", absolute="rope", sink_logit="learned"),
+    "sink_off_by_one": dict(terms="a", absolute="rope", sink_logit="off_by_one"),
+    "canon_4": dict(terms="a", absolute="rope", canon_width=4),
+    "rope_heads_half": dict(terms="a", absolute="rope", rope_heads=0.5),
+    "mla_rope": dict(terms="a", qk_rope_dim=32),
+    "pope": dict(terms="a", pope=True),
     "seed000_abcd": "seed000",  # materialises R for every (i, j): [L, K, d_model]
 }
 
