@@ -99,6 +99,8 @@ SCHEMES: dict[str, dict | None] = {
     "rope_heads_half": dict(terms="a", absolute="rope", rope_heads=0.5),
     "mla_rope": dict(terms="a", qk_rope_dim=32),
     "pope": dict(terms="a", pope=True),
+    "grape_a": dict(terms="a", grape="a", qk_norm="rms"),
+    "grape_ap": dict(terms="a", grape="ap", qk_norm="rms"),
     "seed000_abcd": "seed000",  # materialises R for every (i, j): [L, K, d_model]
 }
 

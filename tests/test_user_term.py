@@ -89,6 +89,7 @@ def test_a_misspelt_term_scheme_is_one_line_with_a_did_you_mean(in_work_dir, cap
     assert len(lines) == 1, lines
     assert lines[0].startswith(
         "error: model.attention.term_schemes[0]: 'gated_alib' is not registered; "
-        "did you mean 'gated_alibi'? registered: fox, cope, gated_alibi "
+        "did you mean 'gated_alibi'? registered: fox, cope, sink_logit, grape_a, grape_ap, "
+        "gated_alibi "
     ), lines[0]
     assert not (in_work_dir / "runs").exists()

@@ -46,6 +46,8 @@ BUILTIN_TERMS: dict[str, Builtin] = {
     "sink_logit": Builtin(
         "relpos_ablate.model.schemes.sink_logit:SinkLogit", "sinks", "sink_logit"
     ),
+    "grape_a": Builtin("relpos_ablate.model.schemes.grape:GrapeA", "content", "grape=a"),
+    "grape_ap": Builtin("relpos_ablate.model.schemes.grape:GrapeAP", "", "grape=ap"),
 }
 #: Built-in parts (core/parts.py) that add no score term, each switched on by its field.
 BUILTIN_PARTS: dict[str, Builtin] = {
@@ -65,6 +67,10 @@ BUILTIN_PARTS: dict[str, Builtin] = {
 SCHEME_PRESETS: dict[str, dict[str, Any]] = {
     # PoPE (Gopalakrishnan et al. 2025): magnitudes softplus(q_c), phases position·θ_c only, on NoPE
     "pope": {"terms": "a", "absolute": "none", "bias": "none", "pope": True},
+    # GRAPE-A (arXiv 2512.07805), query- and key-gated, on QK-RMSNorm as the authors' models
+    "grape_a": {"terms": "a", "absolute": "none", "bias": "none", "grape": "a", "qk_norm": "rms"},
+    # GRAPE-AP: the path-integral additive form, on QK-RMSNorm as the authors' models
+    "grape_ap": {"terms": "a", "absolute": "none", "bias": "none", "grape": "ap", "qk_norm": "rms"},
     # MLA's decoupled RoPE (DeepSeek-V2): half of each head's q·k rotary, the rotary key shared
     "mla_rope": {"terms": "a", "absolute": "none", "bias": "none", "qk_rope_dim": 16},
 }
@@ -74,6 +80,8 @@ QK_NORMS = ("none", "rms", "l2")
 QK_NORM_ORDERS = ("before_rope", "after_rope")
 OUTPUT_GATES = ("none", "elementwise", "headwise")
 SINK_LOGITS = ("none", "off_by_one", "learned")
+GRAPES = ("none", "a", "ap")
+GRAPE_GATES = ("qk", "q", "k", "none")
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,16 @@ class SchemeOptions:
     pope_phase_bias: bool = False
     """pope: a learned phase bias δ_{h,c} on the keys' phases, clamped to [-2π, 0], init 0
     (x-transformers' default); false: δ = 0."""
+    grape: str = "none"
+    """GRAPE (arXiv 2512.07805), additive forms: none | a (GRAPE-A: -(i - j)·ω_h·[λ_q(q_i) +
+    λ_k(k_j)], gates softplus(v̂_h·q/√dh), softplus(û_h·k/√dh); ALiBi at grape_gates none) | ap
+    (GRAPE-AP: Σ_{l=j+1..i} α_h·log σ(p_i·R_l p̂_l / grape_ap_dim), a path sum whose every edge
+    also reads the query; FoX when the edges read the key side alone). Causal, term 'a'.
+    docs/schemes/attention-plumbing.md#grape."""
+    grape_gates: str = "qk"
+    """grape a: which gates: qk (GRAPE-A-QK) | q | k | none (no gate: ALiBi's -(i - j)·ω_h)."""
+    grape_ap_dim: int = 8
+    """grape ap: width d_p of the per-head probes p = W_p·x (the authors' 8; even)."""
     canon_width: int = 0
     """Canon layer (Allen-Zhu 2025, Physics of Language Models 4.1), at point A: the attention's
     input x plus a causal depthwise convolution of it over the last canon_width tokens (memory
@@ -144,6 +162,14 @@ class SchemeOptions:
             reject("pope_phase_bias", "is PoPE's; set pope: true")
         if self.pope and self.qk_rope_dim:
             reject("pope", "and qk_rope_dim both place q·k; use one")
+        check_choice("grape", self.grape, GRAPES)
+        check_choice("grape_gates", self.grape_gates, GRAPE_GATES)
+        if self.grape != "none" and not getattr(self, "causal", True):
+            reject("grape", "is causal only; set causal: true")
+        if self.grape != "none" and getattr(self, "terms", "a") != "a":
+            reject("grape", "adds to term a's scores: use terms 'a'")
+        if self.grape_ap_dim < 2 or self.grape_ap_dim % 2:
+            reject("grape_ap_dim", f"{self.grape_ap_dim}: an even width of at least 2")
 
     def check_option_widths(self, d_model: int, d_head: int) -> None:
         """What the options need of the layer's widths (ModelConfig and the attention check it)."""
