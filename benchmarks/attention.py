@@ -72,6 +72,8 @@ SCHEMES: dict[str, dict | None] = {
     "p_rope": dict(terms="a", absolute="rope", rope_p=0.75),
     "rope_xpos": dict(terms="a", absolute="rope", xpos_scale_base=512.0),
     "rope_yarn": "yarn",  # RoPE evaluated with YaRN at s = 4 (an evaluation setting's rope_scaling)
+    "rope_dynamic": "dynamic",  # ... with dynamic NTK at s = 4
+    "rope_longrope": "longrope",  # ... with LongRoPE, factors 4 past L = 512
     "fox": dict(terms="a", forget_gate=True),
     "cope": dict(terms="a", cope_positions=64),
     "window_256": dict(terms="a", window=256),
@@ -144,26 +146,34 @@ class Seed000(RelPosAttention):
         return self.out_net(out.reshape(b, n, H * D_HEAD)), None
 
 
-class YaRNRoPE(RelPosAttention):
-    """RoPE called as an evaluation setting with rope_scaling yarn at s = 4 calls it (frequencies
-    and temperature)."""
+class ScaledRoPE(RelPosAttention):
+    """RoPE called as an evaluation setting with a context extension at s = 4 calls it (yarn:
+    frequencies and temperature; dynamic: the base grown by the call's length; longrope: per-pair
+    factors, the long ones past 512)."""
 
-    def __init__(self):
+    def __init__(self, kind: str = "yarn"):
         super().__init__(D_MODEL, H, D_HEAD, AttentionConfig(terms="a", absolute="rope"))
+        self.kind = kind
 
     def forward(self, x, mems=None, **_):
         from relpos_ablate.model import AttentionOptions
 
-        return super().forward(
-            x, mems, AttentionOptions(rope_scaling=RopeScaling("yarn", 4.0, 512))
+        factors = (
+            {"long_factor": (4.0,) * (D_HEAD // 2), "short_factor": (1.0,) * (D_HEAD // 2)}
+            if self.kind == "longrope"
+            else {}
         )
+        scaling = RopeScaling(self.kind, 4.0, 512, **factors)
+        return super().forward(x, mems, AttentionOptions(rope_scaling=scaling))
 
 
 def build(name: str, device, dtype) -> torch.nn.Module:
     spec = SCHEMES[name]
-    special = {None: PlainSDPA, "seed000": Seed000, "yarn": YaRNRoPE}
+    special = {None: PlainSDPA, "seed000": Seed000}
     module = (
-        special[spec]()
+        ScaledRoPE(spec)
+        if spec in ("yarn", "dynamic", "longrope")
+        else special[spec]()
         if not isinstance(spec, dict)
         else RelPosAttention(D_MODEL, H, D_HEAD, AttentionConfig(**spec))
     )

@@ -449,10 +449,11 @@ def test_fair_baselines_tunes_the_lr_of_every_preset_trained_as_a_new_user_would
     raw = _raw(EXPERIMENTS / "fair_baselines.yaml")
     runs = load_grid(EXPERIMENTS / "fair_baselines.yaml").runs
     configs = [run.config for run in runs]
-    assert {run.variant["encoding"] for run in runs} == set(presets())
+    # every preset but those added after the study (issue 59: not swept, said in its README)
+    swept = set(presets()) - {"pope", "grape_a", "grape_ap", "mla_rope"}
+    assert {run.variant["encoding"] for run in runs} == swept
     rates = {
-        p: sorted({r.config.train.lr for r in runs if r.variant["encoding"] == p})
-        for p in presets()
+        p: sorted({r.config.train.lr for r in runs if r.variant["encoding"] == p}) for p in swept
     }
     every = set.intersection(*(set(r) for r in rates.values()))
     # a sweep every preset runs, the default in it

@@ -156,10 +156,11 @@ def _setting_rows(run_dir: Path, status: str, problems: list[str]) -> tuple[list
         # written
         row.update(
             {
-                name: value
+                # a list (longrope's factors) as one word, so two settings stay two cells
+                name: " ".join(map(str, value)) if isinstance(value, list) else value
                 for name, value in setting.items()
                 if name not in (*row, *NOT_SETTING_FIELDS)
-                and (value is None or isinstance(value, (str, int, float, bool)))
+                and (value is None or isinstance(value, (str, int, float, bool, list)))
             }
         )
         row["eval_error"] = setting.get("error")  # a setting the run could not evaluate, and why

@@ -3,11 +3,21 @@ and RECL's context ladder (docs/guide/evaluation.md#evaluation-protocols)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from relpos_ablate.config.base import ConfigError, check_choice, check_range
+from relpos_ablate.config.base import ConfigError, check_choice, check_range, reject
 
-ROPE_SCALINGS = ("pi", "ntk", "yarn", "llama3")
+ROPE_SCALINGS = ("pi", "ntk", "yarn", "llama3", "dynamic", "longrope")
+#: the settings' fields of one RoPE extension kind (eval.json records them only where set)
+ROPE_EXTENSION_FIELDS = (
+    "rope_long_factor",
+    "rope_short_factor",
+    "rope_mscale",
+    "rope_mscale_all_dim",
+    "rope_truncate",
+)
+"""The RoPE context extensions (eval.settings[i].rope_scaling; RopeScaling's kinds)."""
 PROTOCOLS = ("non_overlapping", "sliding", "xl")
 RECL_PROTOCOLS = ("auto", "sliding", "xl")
 SPLITS = ("valid", "test")
@@ -50,14 +60,32 @@ class EvalSetting:
     """RoPE context extension at this evaluation: pi (position interpolation, Chen et al. 2023) |
     ntk (NTK-aware base) | yarn (Peng et al. 2023: per-frequency ramp and attention temperature) |
     llama3 (Llama 3.1's NTK-by-parts: θ/s for wavelengths above the training context, θ kept below a
-    quarter of it, a blend between; no temperature) | null: the
-    trained RoPE (docs/schemes/rope-scaling.md#rope-context-extension). A model without RoPE (or
-    with xPos) skips the setting, with the reason in eval.json."""
+    quarter of it, a blend between; no temperature) | dynamic (dynamic NTK: the ntk base grown with
+    each call's length) | longrope (Phi-3's LongRoPE: θ divided per pair by rope_long_factor or
+    rope_short_factor) | null: the trained RoPE
+    (docs/schemes/rope-scaling.md#rope-context-extension). A model without RoPE (or with xPos) skips
+    the setting, with the reason in eval.json."""
     rope_scale: float | str = "auto"
     """rope_scaling's factor s >= 1 (target / training context): a number, or auto = this setting's
     attention length (attn_len: the keys a query sees under its protocol) / the training one,
     train.segment_len + model.mem_len; at least 1.
-    Fixed per setting: the same (i, j) pair always gets the same score."""
+    Fixed per setting: the same (i, j) pair always gets the same score (dynamic and longrope also
+    read each call's length: docs/schemes/rope-scaling.md#dynamic)."""
+    rope_long_factor: tuple[float, ...] | None = None
+    """rope_scaling longrope: θ_p divided by the p-th of these, one per rotary pair (d_rot/2 values,
+    each > 0), when a call's keys reach beyond the training context (Phi-3's long_factor)."""
+    rope_short_factor: tuple[float, ...] | None = None
+    """rope_scaling longrope: as rope_long_factor, for calls within the training context (Phi-3's
+    short_factor)."""
+    rope_mscale: float | None = None
+    """rope_scaling yarn, with rope_mscale_all_dim (DeepSeek's yarn): the rotated dimensions of q
+    and of k are multiplied by m(s, rope_mscale)/m(s, rope_mscale_all_dim), m(s, c) = 0.1·c·ln s +
+    1, instead of 0.1 ln s + 1 (null: that default). > 0."""
+    rope_mscale_all_dim: float | None = None
+    """rope_scaling yarn: the divisor's c of rope_mscale; set both or neither. > 0."""
+    rope_truncate: bool = True
+    """rope_scaling yarn: round the ramp's end pairs outwards to whole pairs (YaRN's code, Hugging
+    Face's default) | false: keep them as real numbers (gpt-oss)."""
     split: str | None = None
     """The text split this setting scores: valid | test | null (eval.split). One run can so be
     scored on both (papers pick a learning rate on valid and report test: `table --best-over`);
@@ -107,8 +135,16 @@ class EvalSetting:
                 raise ConfigError(
                     "rope_scale",
                     f"{self.rope_scale} scales RoPE only with rope_scaling: "
-                    "pi | ntk | yarn | llama3",
+                    + " | ".join(ROPE_SCALINGS),
                 )
+        check_rope_extension(
+            self.rope_scaling,
+            self.rope_long_factor,
+            self.rope_short_factor,
+            self.rope_mscale,
+            self.rope_mscale_all_dim,
+            self.rope_truncate,
+        )
 
     @property
     def uses_memory(self) -> bool:
@@ -143,6 +179,50 @@ class EvalSetting:
             if self.rope_scale == "auto"
             else float(self.rope_scale)
         )
+
+
+def check_rope_extension(
+    kind: str | None,
+    long_factor: tuple[float, ...] | None,
+    short_factor: tuple[float, ...] | None,
+    mscale: float | None,
+    mscale_all_dim: float | None,
+    truncate: bool,
+) -> None:
+    """The fields only some RoPE context extensions read, against `kind` (rope_scaling), named as
+    eval.settings[i] names them: longrope needs both factor lists, each value > 0 (their length
+    needs the model's d_rot: the model checks it); yarn's mscale pair is set together, each > 0;
+    none is set for another kind. EvalSetting's and RopeScaling's one rule."""
+    for name, factors in (("rope_long_factor", long_factor), ("rope_short_factor", short_factor)):
+        if kind == "longrope" and factors is None:
+            reject(name, "rope_scaling longrope needs it: one rescale factor per rotary pair")
+        elif factors is not None and kind != "longrope":
+            reject(name, f"is read only by rope_scaling longrope (rope_scaling is {kind!r})")
+        for i, factor in enumerate(factors or ()):
+            _check_positive(f"{name}[{i}]", factor)
+    yarn_only = (
+        ("rope_mscale", mscale is not None),
+        ("rope_mscale_all_dim", mscale_all_dim is not None),
+        ("rope_truncate", not truncate),
+    )
+    for name, given in yarn_only:
+        if given and kind != "yarn":
+            reject(name, f"is read only by rope_scaling yarn (rope_scaling is {kind!r})")
+    if kind == "yarn" and (mscale is None) != (mscale_all_dim is None):
+        missing = "rope_mscale" if mscale is None else "rope_mscale_all_dim"
+        reject(
+            missing,
+            "yarn's factor m(s, rope_mscale)/m(s, rope_mscale_all_dim) needs both; "
+            "set both or neither",
+        )
+    for name, value in (("rope_mscale", mscale), ("rope_mscale_all_dim", mscale_all_dim)):
+        if value is not None:
+            _check_positive(name, value)
+
+
+def _check_positive(field: str, value: float) -> None:
+    if not 0 < value < math.inf:
+        reject(field, f"{value!r} is out of range; allowed (0, inf)")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,11 @@ from relpos_ablate.config.data import EXAMPLE_TASKS, DataConfig, check_example_r
 from relpos_ablate.config.evaluation import PROTOCOLS, EvalConfig, EvalSetting
 from relpos_ablate.config.model import ModelConfig
 from relpos_ablate.config.registry import import_modules
-from relpos_ablate.config.scheme_checks import check_randomized_range, rope_scaling_conflict
+from relpos_ablate.config.scheme_checks import (
+    check_randomized_range,
+    rope_scaling_conflict,
+    rotary_width,
+)
 from relpos_ablate.config.train import HOW_TO_RUN, TrainConfig, check_streams_split
 from relpos_ablate.config.yaml_io import apply_overrides, read_yaml
 
@@ -240,6 +244,19 @@ def unsupported(config: RunConfig, setting: EvalSetting) -> tuple[str, str] | No
         ]
         if xpos or all(conflicts):
             return "rope_scaling", f"rope_scaling {setting.rope_scaling!r} {(xpos or conflicts)[0]}"
+        # longrope: one factor per rotary pair of every RoPE layer
+        pairs = {
+            rotary_width(layer, config.model.d_head) // 2
+            for layer, conflict in zip(config.model.layer_attentions, conflicts)
+            if conflict is None
+        }
+        for name in ("rope_long_factor", "rope_short_factor"):
+            factors = getattr(setting, name)
+            if factors is not None and {len(factors)} != pairs:
+                return name, (
+                    f"{len(factors)} values given; this model's RoPE has d_rot/2 = "
+                    f"{', '.join(map(str, sorted(pairs)))} rotary pairs, one factor each"
+                )
     return None
 
 

@@ -55,6 +55,11 @@ class LayerKind:
     """Score scale of this kind's layers (attention.score_scale: sqrt_d, none, log_n, ssmax); null:
     the model's."""
 
+    @staticmethod
+    def field_choices(name: str) -> tuple[str, ...] | None:
+        """The encoding words (`--help` appends them)."""
+        return tuple(presets()) if name == "encoding" else None
+
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError("name", f"{self.name!r}: give each layer kind a non-empty name")

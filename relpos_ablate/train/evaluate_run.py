@@ -40,6 +40,7 @@ from relpos_ablate.config import (
     to_plain,
 )
 from relpos_ablate.config.base import ConfigErrors
+from relpos_ablate.config.evaluation import ROPE_EXTENSION_FIELDS
 from relpos_ablate.config.run import unsupported
 from relpos_ablate.io import atomic_write_json
 from relpos_ablate.train.checkpoints import load_weights
@@ -221,6 +222,11 @@ def _recorded(config: RunConfig, document: dict) -> list[tuple[str, Any, EvalSet
             rope_scaling=scaling,
             rope_scale=old.get("rope_scale") if scaling else "auto",
             split=None if split == config.eval.split else split,
+            **{
+                key: tuple(old[key]) if isinstance(old[key], list) else old[key]
+                for key in ROPE_EXTENSION_FIELDS
+                if key in old
+            },
         )
         candidates.append((name, setting, setting, setting_record(config, setting)))
     return candidates

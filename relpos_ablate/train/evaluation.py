@@ -32,6 +32,7 @@ import torch
 
 from relpos_ablate import rundir
 from relpos_ablate.config import EvalSetting, RunConfig, unsupported_reason
+from relpos_ablate.config.evaluation import ROPE_EXTENSION_FIELDS
 from relpos_ablate.io import atomic_write_bytes
 from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data.datamodule import SegmentDataModule
@@ -127,6 +128,12 @@ def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
     EvalSetting.attn_len; split: the setting's own, else eval.split, so a record says which split it
     scored)."""
     clamp_len = config.model.attention.clamp_len if setting.clamp_len is None else setting.clamp_len
+    # a RoPE extension's own fields only where set (records written before them stay as they were)
+    extension = {
+        name: list(value) if isinstance(value, tuple) else value
+        for name in ROPE_EXTENSION_FIELDS
+        if (value := getattr(setting, name)) != EvalSetting.__dataclass_fields__[name].default
+    }
     return {
         "protocol": setting.protocol,
         "segment_len": setting.segment_len,
@@ -140,6 +147,7 @@ def setting_record(config: RunConfig, setting: EvalSetting) -> dict:
         "rope_scaling": setting.rope_scaling,
         "rope_scale": rope_scale(config, setting),
         "split": setting.split_of(config.eval.split),
+        **extension,
     }
 
 

@@ -81,11 +81,20 @@ def rope_scale(config: RunConfig, setting: EvalSetting) -> float | None:
 
 
 def rope_scaling(config: RunConfig, setting: EvalSetting) -> RopeScaling | None:
-    """The setting's RoPE context extension as the model takes it: a pure function of the
-    setting."""
+    """The setting's RoPE context extension as the model takes it: a pure function of the setting
+    (L: the training attention length; dynamic and longrope also read each call's length)."""
     scale = rope_scale(config, setting)
-    return (
-        None if scale is None else RopeScaling(setting.rope_scaling, scale, config.train_attn_len)
+    if scale is None:
+        return None
+    return RopeScaling(
+        setting.rope_scaling,
+        scale,
+        config.train_attn_len,
+        long_factor=setting.rope_long_factor,
+        short_factor=setting.rope_short_factor,
+        mscale=setting.rope_mscale,
+        mscale_all_dim=setting.rope_mscale_all_dim,
+        truncate=setting.rope_truncate,
     )
 
 

@@ -201,7 +201,8 @@ def test_fast_backward_equals_autograd_of_explicit_scores(name, backend):
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize(
-    "kind, factor", [("pi", 2.0), ("ntk", 4.0), ("yarn", 3.0), ("yarn", 1.0), ("llama3", 3.0)]
+    "kind, factor",
+    [("pi", 2.0), ("ntk", 4.0), ("yarn", 3.0), ("yarn", 1.0), ("llama3", 3.0), ("dynamic", 3.0)],
 )
 @pytest.mark.parametrize("backend", KERNELS)
 def test_rope_context_extension_matches_the_reference(kind, factor, backend):

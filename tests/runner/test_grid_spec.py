@@ -42,6 +42,10 @@ CONTRACT = {
     "path": {"terms": "a", "absolute": "none", "bias": "none", "path": True},
     "dape": {"terms": "a", "absolute": "none", "bias": "kerple_log", "dape": "v1"},
     "dape_v2": {"terms": "a", "absolute": "none", "bias": "kerple_log", "dape": "v2"},
+    "pope": {"terms": "a", "absolute": "none", "bias": "none", "pope": True},
+    "grape_a": {"terms": "a", "absolute": "none", "bias": "none", "grape": "a", "qk_norm": "rms"},
+    "grape_ap": {"terms": "a", "absolute": "none", "bias": "none", "grape": "ap", "qk_norm": "rms"},
+    "mla_rope": {"terms": "a", "absolute": "none", "bias": "none", "qk_rope_dim": 8},
     **{name: {"terms": "a", "absolute": "none", "bias": name} for name in BUILTIN_BIASES},
 }
 

@@ -266,7 +266,10 @@ def test_the_fair_baselines_study_runs_every_preset_end_to_end(tmp_path, capsys)
     assert set(frame["split"]) == {"valid", "test"} and frame["ppl"].gt(1).all()
     table, options = make_table(frame)
     assert options.best_over == "train.lr" and table.index == ["encoding", "lr"]
-    assert [labels[0] for labels, _ in table.rows] == list(presets())  # the spec's order
+    # the spec's order: every preset but those added after the study (issue 59's pope, grape_a,
+    # grape_ap, mla_rope: not in experiments/fair_baselines.yaml, no learning rate picked)
+    later = ("pope", "grape_a", "grape_ap", "mla_rope")
+    assert [labels[0] for labels, _ in table.rows] == [p for p in presets() if p not in later]
     picks = {labels[0]: labels[1] for labels, _ in table.rows}
     xl = frame[(frame["encoding"] == "xl") & (frame["split"] == "valid")].set_index("train.lr")[
         "ppl"
@@ -274,6 +277,6 @@ def test_the_fair_baselines_study_runs_every_preset_end_to_end(tmp_path, capsys)
     assert picks["xl"] == f"{xl.idxmin():g}" and set(picks.values()) <= {"0.001", "0.002"}
     assert main(["report", str(results), "--out", str(tmp_path / "report.md")]) == 0
     text = (tmp_path / "report.md").read_text()
-    assert text.count("\n| ") == len(presets()) + 1  # header and a row per preset
+    assert text.count("\n| ") == len(presets()) - len(later) + 1  # header, a row per preset
     written, _ = save_lr_figure(frame, tmp_path / "figures", ("png",))
     assert [path.name for path in written] == ["lr_sweep.png"]

@@ -50,6 +50,14 @@ AXES = {
     },
     "cd_window_fire": {"terms": "cd", "window": 4, "bias": "fire"},
     "ac_cope_sinks": {"terms": "ac", "cope_positions": 6, "sinks": 1},
+    "a_plumbing": {
+        "terms": "a",
+        "absolute": "rope",
+        "qk_norm": "rms",
+        "output_gate": "headwise",
+        "sink_logit": "learned",
+        "canon_width": 2,
+    },
 }
 # a model built outside a run gives log-n scaling its training length itself (a run fills it in:
 # resolve_log_n_length)
@@ -57,6 +65,8 @@ RUNNABLE_PRESETS = {
     name: {
         **fields,
         **({"log_n_length": 8} if fields.get("score_scale") in ("log_n", "ssmax") else {}),
+        # MLA's rotary part below these models' d_head of 8
+        **({"qk_rope_dim": 4} if fields.get("qk_rope_dim") else {}),
     }
     for name, fields in presets().items()
 }

@@ -71,8 +71,8 @@ SCHEME_PRESETS: dict[str, dict[str, Any]] = {
     "grape_a": {"terms": "a", "absolute": "none", "bias": "none", "grape": "a", "qk_norm": "rms"},
     # GRAPE-AP: the path-integral additive form, on QK-RMSNorm as the authors' models
     "grape_ap": {"terms": "a", "absolute": "none", "bias": "none", "grape": "ap", "qk_norm": "rms"},
-    # MLA's decoupled RoPE (DeepSeek-V2): half of each head's q·k rotary, the rotary key shared
-    "mla_rope": {"terms": "a", "absolute": "none", "bias": "none", "qk_rope_dim": 16},
+    # MLA's decoupled RoPE (DeepSeek-V2): 8 rotary channels per head, the rotary key shared
+    "mla_rope": {"terms": "a", "absolute": "none", "bias": "none", "qk_rope_dim": 8},
 }
 
 

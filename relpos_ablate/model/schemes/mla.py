@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from relpos_ablate.model.core.parts import Part, Where
-from relpos_ablate.model.schemes.rope import rotate
+from relpos_ablate.model.schemes.rope import call_length, rotate
 
 
 class DecoupledRotary(Part):
@@ -36,12 +36,13 @@ class DecoupledRotary(Part):
         self.key_proj = nn.Linear(d_model, self.width, bias=False)
 
     def queries_keys(self, q: Tensor, k: Tensor, at: Where) -> tuple[Tensor, Tensor]:
-        r, place = self.width, at.placement
+        r, place, scaling = self.width, at.placement, at.rope_scaling
+        n = call_length(place.key_positions, scaling)  # one length for q and k (dynamic NTK)
         content_q, rotary_q = q[..., :-r], q[..., -r:]
-        rotary_q = rotate(rotary_q, place.query_positions, r, self.base, scaling=at.rope_scaling)
+        rotary_q = rotate(rotary_q, place.query_positions, r, self.base, scaling=scaling, length=n)
         # (B, K, r) -> (B, 1, K, r): one key for every head
         shared = self.key_proj(at.keys_input.to(self.key_proj.weight.dtype)).to(k.dtype)[:, None]
-        shared = rotate(shared, place.key_positions, r, self.base, scaling=at.rope_scaling)
+        shared = rotate(shared, place.key_positions, r, self.base, scaling=scaling, length=n)
         return (
             torch.cat([content_q, rotary_q], -1),
             torch.cat([k[..., :-r], shared.expand(-1, k.shape[1], -1, -1)], -1),

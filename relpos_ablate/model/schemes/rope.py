@@ -1,5 +1,6 @@
 """Rotary position embedding (RoPE, Su et al. 2021) and its variants: partial rotary, p-RoPE, xPos,
-and the evaluation-time context extensions (position interpolation, NTK-aware base, YaRN).
+and the evaluation-time context extensions (position interpolation, NTK-aware base, YaRN, Llama 3,
+dynamic NTK, LongRoPE).
 
 Formulas, defaults and papers: docs/schemes/baselines.md#rope and the sections after it. Pairs are
 (p, p + d_rot/2) of the first d_rot dimensions (rotate-half pairing); angles and scales are computed
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from relpos_ablate.config.evaluation import ROPE_SCALINGS, check_rope_extension
 from relpos_ablate.config.scheme_checks import rotary_width, rotating_pairs
 from relpos_ablate.model.core.parts import Part, Where
 from relpos_ablate.model.schemes.sinusoid import inverse_frequencies
@@ -25,48 +27,91 @@ YARN_ALPHA, YARN_BETA = (1.0, 32.0)
 # wavelength exceeds L/low get θ/s, below L/high keep θ, in between a blend linear in L/wavelength
 # (Hugging Face, rope_type llama3)
 LLAMA3_LOW, LLAMA3_HIGH = 1.0, 4.0
-SCALINGS = ("pi", "ntk", "yarn", "llama3")
+LENGTH_AWARE = ("dynamic", "longrope")  # their frequencies read the call's length n
 
 
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE extended to a context s times the training one, at evaluation: `kind` pi | ntk | yarn |
-    llama3, `factor` s >= 1, `original_length` L the training context (YaRN's and Llama 3's ramps
-    read it). A pure function of these three: nothing is carried from one call to the next."""
+    llama3 | dynamic | longrope, `factor` s >= 1, `original_length` L the training context (the
+    ramps, dynamic's growth, longrope's choice and factor read it), and the fields only some kinds
+    read (eval.settings[i].rope_*; checked as there, by config.evaluation.check_rope_extension). A
+    pure function of these and, for dynamic and longrope, of the call's length n (the largest key
+    position + 1, `rotate_queries_keys`): nothing is carried from one call to the next."""
 
     kind: str
     factor: float
     original_length: int
+    long_factor: tuple[float, ...] | None = None
+    """longrope: θ_p / long_factor[p] when n > L (Phi-3's long_factor; d_rot/2 values)."""
+    short_factor: tuple[float, ...] | None = None
+    """longrope: θ_p / short_factor[p] when n <= L."""
+    mscale: float | None = None
+    """yarn with mscale_all_dim (DeepSeek's): the factor m(s, mscale)/m(s, mscale_all_dim)."""
+    mscale_all_dim: float | None = None
+    """yarn: the divisor's c of `mscale`; both or neither."""
+    truncate: bool = True
+    """yarn: the ramp's end pairs rounded outwards (True, YaRN's code) or kept as real numbers."""
 
     def __post_init__(self):
-        if self.kind not in SCALINGS:
+        if self.kind not in ROPE_SCALINGS:
             raise ValueError(
-                f"rope_scaling: {self.kind!r} is not allowed; choose one of {', '.join(SCALINGS)}"
+                f"rope_scaling: {self.kind!r} is not allowed; choose one of "
+                + ", ".join(ROPE_SCALINGS)
             )
         if self.factor < 1.0:
             raise ValueError(f"rope_scale: {self.factor} is out of range; allowed [1, inf]")
+        check_rope_extension(
+            self.kind,
+            self.long_factor,
+            self.short_factor,
+            self.mscale,
+            self.mscale_all_dim,
+            self.truncate,
+        )
+        if self.kind == "longrope" and self.original_length < 2:
+            raise ValueError(
+                f"rope_scaling: longrope's factor √(1 + ln s/ln L) needs a training context L >= "
+                f"2, not {self.original_length}"
+            )
 
     @property
     def attention_factor(self) -> float:
-        """What the rotated dimensions of q and of k are multiplied by: YaRN's √(1/t) = 0.1 ln s + 1
-        (their product, by its square); 1 for pi and ntk."""
-        return 0.1 * math.log(self.factor) + 1.0 if self.kind == "yarn" else 1.0
+        """What the rotated dimensions of q and of k are multiplied by (their product, by its
+        square; Hugging Face multiplies cos and sin alike): YaRN's √(1/t) = m(s, 1) = 0.1 ln s + 1,
+        or m(s, mscale)/m(s, mscale_all_dim) with both given; LongRoPE's √(1 + ln s/ln L); 1 for
+        the others."""
+        s = self.factor
+        if self.kind == "yarn" and self.mscale is not None:
+            return yarn_mscale(s, self.mscale) / yarn_mscale(s, self.mscale_all_dim)
+        if self.kind == "yarn":
+            return yarn_mscale(s)
+        if self.kind == "longrope":
+            return math.sqrt(1 + math.log(s) / math.log(self.original_length))
+        return 1.0
 
 
-def yarn_ramp(d_rot: int, base: float, original_length: int, device=None) -> Tensor:
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's m(s, c) = 0.1·c·ln s + 1, 1 for s <= 1 (Hugging Face's `get_mscale`)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_ramp(
+    d_rot: int, base: float, original_length: int, device=None, truncate: bool = True
+) -> Tensor:
     """YaRN's γ_p per rotary pair, 1: θ_p kept, 0: θ_p/s, as the authors' code (jquesnelle/yarn) and
     Hugging Face compute it: linear in the pair index p from the pair that turns β times within L to
     the one that turns α times (pair p(r) = d_rot·ln(L/(2πr))/(2 ln base) turns r times; the ends
-    rounded outwards and clipped to [0, d_rot - 1]). The paper's Eq. 18 is linear in the turns
-    instead (docs/schemes/index.md). [d_rot/2]."""
+    rounded outwards unless not `truncate`, then clipped to [0, d_rot - 1]). The paper's Eq. 18 is
+    linear in the turns instead (docs/schemes/index.md). [d_rot/2]."""
 
     def turning(turns: float) -> float:
         return d_rot * math.log(original_length / (2 * math.pi * turns)) / (2 * math.log(base))
 
-    low, high = (
-        max(math.floor(turning(YARN_BETA)), 0),
-        min(math.ceil(turning(YARN_ALPHA)), d_rot - 1),
-    )
+    low, high = turning(YARN_BETA), turning(YARN_ALPHA)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d_rot - 1)
     width = high - low if high != low else 0.001  # their code's guard: one pair is a step, not 0/0
     pairs = torch.arange(d_rot // 2, dtype=torch.float64, device=device)
     return 1 - ((pairs - low) / width).clamp(0.0, 1.0)
@@ -84,43 +129,89 @@ def llama3_ramp(theta: Tensor, original_length: int) -> Tensor:
     return torch.where(wavelength < original_length / LLAMA3_HIGH, torch.ones_like(ramp), ramp)
 
 
+def ntk_base(d_rot: int, base: float, scaling: RopeScaling, length: int | None = None) -> float:
+    """The base ntk and dynamic rotate with: base·g^(d_rot/(d_rot - 2)), g = s (ntk) or, for
+    dynamic, g = s·n/L - (s - 1) with n = max(length, L) (g = 1 at n <= L: the trained base)."""
+    s, trained = scaling.factor, scaling.original_length
+    if d_rot <= 2:
+        raise ValueError(
+            f"rope_scaling: {scaling.kind} rescales the base by g^(d/(d-2)); it needs at least 2 "
+            "rotary pairs"
+        )
+    if scaling.kind == "ntk":
+        return base * s ** (d_rot / (d_rot - 2))
+    n = trained if length is None else max(length, trained)
+    return base * (s * n / trained - (s - 1)) ** (d_rot / (d_rot - 2))
+
+
+def longrope_factors(
+    d_rot: int, scaling: RopeScaling, length: int | None = None, device=None
+) -> Tensor:
+    """LongRoPE's λ_p, what θ_p is divided by: long_factor when n > L, else short_factor (n None:
+    short). Both lists are checked to hold one value per rotary pair. [d_rot/2] float64."""
+    for name, factors in (
+        ("rope_long_factor", scaling.long_factor),
+        ("rope_short_factor", scaling.short_factor),
+    ):
+        if len(factors) != d_rot // 2:
+            raise ValueError(
+                f"{name}: {len(factors)} values given; this RoPE has d_rot/2 = {d_rot // 2} "
+                "rotary pairs, one factor each"
+            )
+    long = length is not None and length > scaling.original_length
+    chosen = scaling.long_factor if long else scaling.short_factor
+    return torch.tensor(chosen, dtype=torch.float64, device=device)
+
+
 def rope_frequencies(
     d_rot: int,
     base: float,
     scaling: RopeScaling | None = None,
     device=None,
     rotating: int | None = None,
+    length: int | None = None,
 ) -> Tensor:
     """θ_p = base^(-2p/d_rot), p = 0 .. d_rot/2 - 1, as `scaling` changes them: [d_rot/2] float64.
 
-    pi: θ_p / s. ntk: the base becomes base·s^(d_rot/(d_rot - 2)). yarn: γ_p·θ_p + (1 - γ_p)·θ_p/s
-    with γ the ramp of `yarn_ramp`. llama3: the same blend with Llama 3's ramp (`llama3_ramp`).
-    rotating (p-RoPE): only the first `rotating` pairs, the highest frequencies, keep theirs; the
-    others get θ_p = 0 (not rotated; scaling leaves 0 at 0). None or d_rot/2: every pair turns."""
-    theta = _scaled_frequencies(d_rot, base, scaling, device)
+    pi: θ_p / s. ntk: the base becomes base·s^(d_rot/(d_rot - 2)); dynamic: base·(s·n/L - (s -
+    1))^(d_rot/(d_rot - 2)) (`ntk_base`). yarn: γ_p·θ_p + (1 - γ_p)·θ_p/s with γ the ramp of
+    `yarn_ramp`. llama3: the same blend with Llama 3's ramp (`llama3_ramp`). longrope: θ_p / λ_p
+    (`longrope_factors`). length: the call's length n that dynamic and longrope read (None: L, the
+    training context: dynamic's base unchanged, longrope's short factors). rotating (p-RoPE): only
+    the first `rotating` pairs, the highest frequencies, keep theirs; the others get θ_p = 0 (not
+    rotated; scaling leaves 0 at 0). None or d_rot/2: every pair turns."""
+    theta = _scaled_frequencies(d_rot, base, scaling, device, length)
     if rotating is not None:
         theta[rotating:] = 0.0
     return theta
 
 
-def _scaled_frequencies(d_rot: int, base: float, scaling: RopeScaling | None, device) -> Tensor:
-    if scaling is not None and scaling.kind == "ntk":
-        if d_rot <= 2:
-            raise ValueError(
-                "rope_scaling: ntk rescales the base by s^(d/(d-2)); it needs at least 2 "
-                "rotary pairs"
-            )
-        base = base * scaling.factor ** (d_rot / (d_rot - 2))
+def _scaled_frequencies(
+    d_rot: int, base: float, scaling: RopeScaling | None, device, length: int | None
+) -> Tensor:
+    if scaling is None:
+        return inverse_frequencies(d_rot, base, device)
+    if scaling.kind in ("ntk", "dynamic"):
+        return inverse_frequencies(d_rot, ntk_base(d_rot, base, scaling, length), device)
     theta = inverse_frequencies(d_rot, base, device)
-    if scaling is None or scaling.kind == "ntk":
-        return theta
     if scaling.kind == "pi":
         return theta / scaling.factor
+    if scaling.kind == "longrope":
+        return theta / longrope_factors(d_rot, scaling, length, device)
     if scaling.kind == "llama3":
         ramp = llama3_ramp(theta, scaling.original_length)
-        return ramp * theta + (1 - ramp) * theta / scaling.factor
-    ramp = yarn_ramp(d_rot, base, scaling.original_length, device)
+    else:
+        ramp = yarn_ramp(d_rot, base, scaling.original_length, device, scaling.truncate)
     return ramp * theta + (1 - ramp) * theta / scaling.factor
+
+
+def call_length(key_positions: Tensor, scaling: RopeScaling | None) -> int | None:
+    """n of one attention call, for the kinds that read it (dynamic, longrope): the largest key
+    position + 1, as Hugging Face's max(position_ids) + 1 (it waits for the device); None for the
+    others."""
+    if scaling is None or scaling.kind not in LENGTH_AWARE:
+        return None
+    return int(key_positions.amax()) + 1
 
 
 def xpos_decay(d_rot: int, device=None) -> Tensor:
@@ -141,14 +232,20 @@ def rotate(
     xpos_sign: float = 1.0,
     xpos_centre: Tensor | float = 0.0,
     rotating: int | None = None,
+    length: int | None = None,
 ) -> Tensor:
     """x [..., n, d] with its first d_rot dimensions rotated by angle position·θ_p per pair (p, p +
-    d_rot/2) and multiplied by the scaling's attention factor (YaRN's; as Hugging Face's partial
-    rotary, the others are left as they are). xPos also scales pair p by ζ_p^(sign·(position -
-    centre)/B): sign +1 for queries, -1 for keys, one centre for both (it cancels in their product
-    and keeps the scales in range). rotating: p-RoPE's rotating pairs (rope_frequencies)."""
+    d_rot/2) and multiplied by the scaling's attention factor (YaRN's, LongRoPE's; as Hugging Face's
+    partial rotary, the others are left as they are). xPos also scales pair p by ζ_p^(sign·(position
+    - centre)/B): sign +1 for queries, -1 for keys, one centre for both (it cancels in their product
+    and keeps the scales in range). rotating: p-RoPE's rotating pairs (rope_frequencies). length:
+    the call's length n of dynamic and longrope, the same for q and k (None: these positions'
+    `call_length`)."""
+    if length is None:
+        length = call_length(positions, scaling)
     pos = positions.to(torch.float64)[:, None]  # (n, 1)
-    angles = pos * rope_frequencies(d_rot, base, scaling, x.device, rotating)[None]  # (n, d_rot/2)
+    theta = rope_frequencies(d_rot, base, scaling, x.device, rotating, length)
+    angles = pos * theta[None]  # (n, d_rot/2)
     factor = 1.0 if scaling is None else scaling.attention_factor
     cos, sin = angles.cos() * factor, angles.sin() * factor
     if xpos_scale_base is not None:
@@ -209,9 +306,11 @@ def rotate_queries_keys(
     rotating: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """RoPE of one attention call: q [B, H, L, d] at query_positions [L], k [B, H, K, d] at
-    key_positions [K]; xPos centred once for both (the middle of the keys' positions); rotating:
-    p-RoPE's pairs."""
+    key_positions [K]; xPos centred once for both (the middle of the keys' positions); dynamic's and
+    longrope's length n read once, from the keys, for both (q·k stays a function of i - j);
+    rotating: p-RoPE's pairs."""
     centre = (key_positions.amin() + key_positions.amax()).double() / 2
+    length = call_length(key_positions, scaling)
     q = rotate(
         q,
         query_positions,
@@ -222,6 +321,7 @@ def rotate_queries_keys(
         xpos_sign=1.0,
         xpos_centre=centre,
         rotating=rotating,
+        length=length,
     )
     k = rotate(
         k,
@@ -233,6 +333,7 @@ def rotate_queries_keys(
         xpos_sign=-1.0,
         xpos_centre=centre,
         rotating=rotating,
+        length=length,
     )
     return q, k
 
