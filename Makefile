@@ -9,6 +9,7 @@
 #   costs on 2 CPU cores)
 # make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines")
 # make hybrid-schedules — per-layer schedules (RNoPE, Llama-4-like, Gemma-3-like) on text and a long-context task
+# make attention-plumbing — NoPE, RoPE, ALiBi, FoX with and without QK-norm, an output gate, a sink logit, Canon
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c  # a failed grid fails its target even when piped through tee
 PY ?= python3
@@ -18,7 +19,7 @@ TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test demo docs lint bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines hybrid-schedules
+.PHONY: install test demo docs lint bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines hybrid-schedules attention-plumbing
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -164,6 +165,15 @@ hybrid-schedules: install
 	$(BIN)/relpos-ablate table $(HYBRID)/summary.csv --out $(HYBRID)/table.md
 	$(BIN)/relpos-ablate report $(HYBRID)/summary.csv $(HYBRID)_retrieval/summary.csv --out $(HYBRID)/report.md
 	$(BIN)/relpos-ablate plot $(HYBRID)/summary.csv --kind extrapolation --y ratio --out $(HYBRID)/figures
+
+# attention-plumbing: does the ranking of NoPE, RoPE, ALiBi and FoX survive QK-norm, an output gate, a sink
+# logit and Canon? (issue 59; its analysis plan declared before the first run)
+PLUMBING := results/attention_plumbing
+attention-plumbing: install
+	$(call repro_grid,attention_plumbing)
+	$(BIN)/relpos-ablate plot $(PLUMBING) --kind plumbing --out $(PLUMBING)/figures
+	$(BIN)/relpos-ablate table $(PLUMBING)/summary.csv --out $(PLUMBING)/table.md
+	$(BIN)/relpos-ablate report $(PLUMBING)/summary.csv --out $(PLUMBING)/report.md
 
 # docs: the site into site/; --strict turns a broken link, a missing page or a docstring the API reference
 # cannot read into an error (the docs' runnable blocks and named paths are tests: tests/test_docs.py)

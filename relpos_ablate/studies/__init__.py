@@ -54,6 +54,12 @@ STUDIES = (
         "relpos_ablate.studies.hybrid_schedules", ("hybrid_schedules", "hybrid_schedules_retrieval")
     ),
     Study(
+        "relpos_ablate.studies.attention_plumbing",
+        ("attention_plumbing",),
+        figures=("plumbing",),
+        run_figures=("plumbing",),
+    ),
+    Study(
         "relpos_ablate.studies.length_generalization",
         ("length_generalization", "length_generalization_cap"),
         ("length_generalization",),
