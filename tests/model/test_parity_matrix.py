@@ -70,7 +70,9 @@ def _schemes() -> dict[str, dict]:
     # the parts (and the term schemes switched by a word), each setting its reference runs
     for name, settings in PART_SETTINGS.items():
         for i, fields in enumerate(settings):
-            schemes[f"{name}_{i}" if i or name in schemes else name] = dict(terms="a", **fields)
+            if i == 0 and name in schemes:  # a term scheme's first setting is its own case above
+                continue
+            schemes[f"{name}_{i}" if i else name] = dict(terms="a", **fields)
     return schemes
 
 
