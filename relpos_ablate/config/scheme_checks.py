@@ -178,9 +178,7 @@ def plan(config: Any) -> planner.Plan:
         bias is None or pair_bias or "band" in bias
     )
     terms = [bias] if pair_bias else []
-    terms += [
-        term_forms(name) - {"sinks"} for name in (*switched_terms(config), *config.term_schemes)
-    ]
+    terms += [term_forms(name) for name in (*switched_terms(config), *config.term_schemes)]
     return planner.Plan(
         plain_causal=plain,
         product="b" in config.terms,
