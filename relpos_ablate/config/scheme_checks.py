@@ -275,3 +275,24 @@ def rotating_pairs(attention: Any, d_rot: int) -> int:
     """How many of the d_rot/2 rotary pairs p-RoPE rotates: int(rope_p·d_rot/2) (all of them at
     rope_p 1)."""
     return int(attention.rope_p * d_rot // 2)
+
+
+def document_refusal(config) -> str | None:
+    """Why an attention config cannot honour packed documents (data.documents packed_reset:
+    model/documents.py), or None: what reads a query's place in the stream besides distances and
+    has no per-document form."""
+    if config.chunk is not None:
+        return "chunked attention cuts its chunks by index, not by the document's positions"
+    if config.bias != "none" and "query_position" in bias_forms(config.bias):
+        return (
+            f"bias {config.bias!r} reads the query's position in the stream besides the "
+            "distance, which packing moves"
+        )
+    if config.randomized:
+        return "randomized positions are drawn over the whole row, not per document"
+    if config.dape == "v2":
+        return (
+            "DAPE v2's convolutions along the keys carry their hidden layer's bias from the "
+            "other documents' (hidden) keys into the document's first ones"
+        )
+    return None

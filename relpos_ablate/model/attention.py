@@ -38,6 +38,7 @@ from relpos_ablate.model.core.call import AttentionCall, QueryBlock, sum_terms
 from relpos_ablate.model.core.options import AttentionOptions, SharedParameters
 from relpos_ablate.model.core.parts import Part, Slots, Where
 from relpos_ablate.model.core.placement import Placement
+from relpos_ablate.model.documents import document_positions, placed_per_row, with_documents
 from relpos_ablate.model.kernels.dispatch import STORED_BLOCK_SCORES, attend
 from relpos_ablate.model.kernels.explicit import explicit_attention
 from relpos_ablate.model.schemes import RopeScaling, build_bias
@@ -164,7 +165,7 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
         conflict = None if rope_scaling is None else rope_scaling_conflict(self.config)
         if conflict:
             raise ValueError(f"rope_scaling: {rope_scaling.kind} {conflict}")
-        at = Where(placement, rope_scaling, keys_input, tuned_positions)
+        at = Where(placed_per_row(placement), rope_scaling, keys_input, tuned_positions)
         for part in sorted(self._parts(), key=lambda p: p.stage):  # RoPE is stage 1
             q, k = part.queries_keys(q, k, at)
         return q, k, v
@@ -245,6 +246,7 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
         *,
         need_weights: bool = False,
         tuned_positions: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """x [B, L, d_model], mems [B, M, d_model] -> (out [B, L, d_model], probs [B, H, L, M + L]
         or None).
@@ -253,10 +255,15 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
         keeps it); no gradient flows into it. options: this call's clamp_len, window, key padding.
         A chunked layer runs its chunks as the rows of one call (chunks.py), with tuned_positions
         [B·n, C] the positions temperature tuning reads (None: where the encodings place the
-        queries).
+        queries). document_ids [B, L], or [B, M + L] with memory (its ids first), or
+        options.document_ids: packed documents, a query seeing its own one's keys (documents.py).
         """
         options = options or AttentionOptions()
         mems = None if mems is None or mems.shape[1] == 0 else mems.detach()
+        if document_ids is not None or options.document_ids is not None:
+            options = with_documents(self.config, options, document_ids, x, mems)
+            if tuned_positions is None:  # temperature tuning reads the place in the document
+                tuned_positions = document_positions(options.document_ids)[:, -x.shape[1] :]
         if self.config.chunk is not None and tuned_positions is None:  # memory is not seen
             chunks = Chunks(self.config.chunk, x.shape[1], 0 if mems is None else mems.shape[1])
             out, probs = self(
@@ -269,7 +276,9 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
             return chunks.merge(out), None if probs is None else chunks.scatter(probs)
         keys_input = x if mems is None else torch.cat([mems.to(x.dtype), x], dim=1)  # (B, M + L, D)
         for part in self._parts():  # Canon's convolution over [memory; x]
-            changed = part.keys_input(keys_input, keys_input.shape[1] - x.shape[1])
+            changed = part.keys_input(
+                keys_input, keys_input.shape[1] - x.shape[1], options.document_ids
+            )
             if changed is not keys_input:
                 keys_input, x = changed, changed[:, changed.shape[1] - x.shape[1] :]
         visibility, placement, input_terms = self.locate(x, keys_input, options)
@@ -282,7 +291,9 @@ class RelPosAttention(RelativePositions, CallBuilder, nn.Module):
             product = (
                 None
                 if self.path is None
-                else self.path.logits(q, k, keys_input, options.key_padding_mask)
+                else self.path.logits(
+                    q, k, keys_input, options.key_padding_mask, options.document_ids
+                )
             )
             out, probs = self._explicit(q, k, v, call, options, dropout_p, product, whole)
         else:

@@ -13,7 +13,7 @@ from torch import Tensor
 from relpos_ablate.model.chunks import Chunks
 from relpos_ablate.model.core.bias import BiasScheme, QueryPositionBias
 from relpos_ablate.model.core.call import AttentionCall, ScoreInputs
-from relpos_ablate.model.core.geometry import Visibility
+from relpos_ablate.model.core.geometry import Visibility, per_row
 from relpos_ablate.model.core.options import AttentionOptions
 from relpos_ablate.model.core.placement import Placement, place
 from relpos_ablate.model.core.terms import ScoreTerm
@@ -38,7 +38,9 @@ class CallBuilder:
         lq = x.shape[1]
         visibility = Visibility(keys_input.shape[1] - lq, cfg.causal, window)
         placement = place(visibility, lq, options.positions, x.device, options.distances)
-        placement = placement._replace(key_padding_mask=options.key_padding_mask)
+        placement = placement._replace(
+            key_padding_mask=options.key_padding_mask, document_ids=options.document_ids
+        )
         terms = tuple(
             term
             for name in self.term_schemes
@@ -65,7 +67,8 @@ class CallBuilder:
         if self.temperature is not None:
             # n: the keys each query sees by index (padding excluded), learned sinks included
             seen = (
-                _visible_counts(visibility, lq, padding, x.device) + self.n_sinks
+                _visible_counts(visibility, lq, padding, options.document_ids, x.device)
+                + self.n_sinks
                 if self.temperature.counts_keys
                 else None
             )
@@ -218,7 +221,9 @@ class CallBuilder:
             return {
                 # (B·n, 1, C, C) -> (B, 1, L, M + L)
                 **{name: chunks.scatter(t) for name, t in maps.items()},
-                "visible": visible if options.key_padding_mask is not None else visible[0, 0],
+                "visible": visible
+                if options.key_padding_mask is not None or options.document_ids is not None
+                else visible[0, 0],
             }
         return self._score_terms(x, mems, options)
 
@@ -239,7 +244,7 @@ class CallBuilder:
         product = (
             None
             if self.path is None
-            else self.path.logits(q, k, keys_input, options.key_padding_mask)
+            else self.path.logits(q, k, keys_input, options.key_padding_mask, options.document_ids)
         )
         maps = {
             name: t.expand(shape).contiguous()
@@ -259,14 +264,17 @@ def kernel_dtype(*tensors: Tensor) -> torch.dtype:
 
 
 def _visible_counts(
-    visibility: Visibility, n_queries: int, padding: Tensor | None, device
+    visibility: Visibility,
+    n_queries: int,
+    padding: Tensor | None,
+    documents: Tensor | None,
+    device,
 ) -> Tensor:
-    """The keys each query sees by index ([L], or [B, 1, L] with key padding: padded keys not
-    counted)."""
+    """The keys each query sees by index ([L], or [B, 1, L] with key padding or documents: padded
+    keys and other documents' keys not counted)."""
     rows = torch.arange(n_queries, device=device)
-    seen = visibility(
-        rows[:, None], torch.arange(visibility.n_mem + n_queries, device=rows.device)[None, :]
-    )
-    if padding is None:
-        return seen.sum(-1)
-    return (seen[None, None] & ~padding[:, None, None, :]).sum(-1)
+    keys = visibility.n_mem + n_queries
+    seen = visibility(rows[:, None], torch.arange(keys, device=rows.device)[None, :])
+    return per_row(
+        seen, padding, documents, visibility.n_mem, slice(0, n_queries), slice(0, keys)
+    ).sum(-1)

@@ -26,6 +26,7 @@ from relpos_ablate.config.schedule import bias_key
 from relpos_ablate.model.attention import RelPosAttention, init_vector
 from relpos_ablate.model.core.options import AttentionOptions, SharedParameters
 from relpos_ablate.model.diagnostics import AttentionStatistics
+from relpos_ablate.model.documents import document_positions
 from relpos_ablate.model.schemes import RopeScaling, bias_schemes, build_bias, sinusoid
 from relpos_ablate.model.schemes.absolute import (
     LearnedPositions,
@@ -201,10 +202,11 @@ class TransformerLM(nn.Module):
         same_length: bool,
         positions: Tensor | None,
         rope_scaling: RopeScaling | None = None,
+        document_ids: Tensor | None = None,
     ) -> tuple[int, Tensor | None, list[AttentionOptions]]:
         """This call's memory length M (the argument, else the config's), the positions of its
-        tokens as the input's absolute encodings read them (None: 0 .. L - 1 of the segment) and
-        each layer's options."""
+        tokens as the input's absolute encodings read them (None: 0 .. L - 1 of the segment; over
+        packed documents [B, L], each token's place in its document) and each layer's options."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
         if same_length and mem_len == 0:
             raise ValueError(
@@ -219,6 +221,10 @@ class TransformerLM(nn.Module):
             positions=positions,
             rope_scaling=rope_scaling,
         )
+        if document_ids is not None:
+            options = dataclasses.replace(
+                options, document_ids=self._documents(document_ids, tokens, mems)
+            )
         per_layer = [options] * len(self.layers)
         if rope_scaling is not None and any(a.absolute == "rope" for a in self.layer_configs):
             # a context extension rescales the RoPE layers' frequencies; the others of a layer
@@ -229,6 +235,9 @@ class TransformerLM(nn.Module):
             ]
         if positions is not None:
             return mem_len, positions[-tokens.shape[1] :], per_layer
+        if document_ids is not None:  # (randomized positions are refused by the layers)
+            at = document_positions(options.document_ids)[:, -tokens.shape[1] :]
+            return mem_len, at, per_layer
         at_input, draws = self._draws(
             tokens.shape[1], 0 if not mems else mems[0].shape[1], tokens.device
         )
@@ -237,6 +246,19 @@ class TransformerLM(nn.Module):
             at_input,
             [dataclasses.replace(o, **draw) for o, draw in zip(per_layer, draws)],
         )
+
+    @staticmethod
+    def _documents(ids: Tensor, tokens: Tensor, mems: list[Tensor] | None) -> Tensor:
+        """The call's document ids [B, M + L], checked: [B, L] without memory, [B, M + L] with."""
+        n_mem = mems[0].shape[1] if mems else 0
+        shape = (tokens.shape[0], n_mem + tokens.shape[1])
+        if tuple(ids.shape) != shape or ids.is_floating_point():
+            hint = "; with memory give the memory's ids first" if n_mem else ""
+            raise ValueError(
+                f"document_ids: expected integer ids [B, M + L] = {list(shape)}, got "
+                f"{ids.dtype} {list(ids.shape)}{hint}"
+            )
+        return ids
 
     def _draws(
         self, n_tokens: int, n_mem: int, device
@@ -319,6 +341,7 @@ class TransformerLM(nn.Module):
         positions: Tensor | None = None,
         statistics: AttentionStatistics | None = None,
         rope_scaling: RopeScaling | None = None,
+        document_ids: Tensor | None = None,
     ) -> tuple[Tensor, list[Tensor] | None]:
         """tokens [B, L] -> (logits [B, L, V], new_mems: per layer [B, <= mem_len, D] detached, or
         None).
@@ -328,10 +351,13 @@ class TransformerLM(nn.Module):
         positions [M + L]: the positions of the memory tokens, then of this segment's, shared by the
         batch (default: drawn when the config randomizes them, else 0 .. M + L - 1); statistics: add
         every layer's attention statistics there (diagnostics.py); rope_scaling: RoPE extended to a
-        longer context (an evaluation setting's PI / NTK / YaRN).
+        longer context (an evaluation setting's PI / NTK / YaRN); document_ids [B, L] (or [B, M + L]
+        with memory, its ids first; int, equal ids = one document): packed documents, each token
+        attending to its own document, its absolute position counted from the document's first
+        token (model/documents.py).
         """
         mem_len, at_input, options = self._options(
-            tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling
+            tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling, document_ids
         )
         logits, new_mems, _, _ = self._run(
             tokens, mems, mem_len, at_input, options, statistics=statistics
@@ -349,12 +375,13 @@ class TransformerLM(nn.Module):
         same_length: bool = False,
         positions: Tensor | None = None,
         rope_scaling: RopeScaling | None = None,
+        document_ids: Tensor | None = None,
     ) -> dict:
         """Everything the plots need: logits, new mems, per-layer probabilities [B, H, L, M+L] and
         per-layer score-term maps {'a', 'b', 'c', 'd', 'bias', each score term's name, 'visible'}
         (enabled ones only)."""
         mem_len, at_input, options = self._options(
-            tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling
+            tokens, mems, mem_len, clamp_len, same_length, positions, rope_scaling, document_ids
         )
         logits, new_mems, probs, terms = self._run(
             tokens, mems, mem_len, at_input, options, record_maps=True

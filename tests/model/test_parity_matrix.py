@@ -14,97 +14,38 @@ another (dispatch.candidates: low_rank and band take plain causal calls only).
 Run: pytest tests/model/test_parity_matrix.py -q -n 2
 """
 
-import dataclasses
-import zlib
-
 import pytest
 import torch
 
-from fixtures.attention import randomize
+from fixtures.matrix import (
+    D_HEAD,
+    D_MODEL,
+    HEADS,
+    KERNELS,
+    LQ,
+    MEM,
+    PINNED,
+    SCHEMES,
+    allowed,
+    layer,
+)
 from fixtures.reference import BIAS_FORMULAS, TERM_FORMULAS, reference_attention
 from fixtures.reference_parts import PART_SETTINGS
-from relpos_ablate import AttentionConfig, ConfigError, RelPosAttention
-from relpos_ablate import planner as kernel_planner
-from relpos_ablate.config import registry, scheme_checks
+from relpos_ablate import AttentionConfig, RelPosAttention
+from relpos_ablate.config import registry
 from relpos_ablate.model import AttentionOptions
 from relpos_ablate.model.kernels import dispatch
 
-D_MODEL, HEADS, D_HEAD, LQ, MEM = 16, 2, 8, 10, 4
-#: CoPE's p_max and the like: an int switch gets this (below the keys: the clamp is exercised)
-SWITCH_INT = 4
-#: fields that let these short lengths reach a bias's clamp (a registered bias needs none)
-SHORT = {
-    "t5": dict(num_buckets=8, max_distance=6),
-    "xl_table": dict(max_distance=3),
-}
-KERNELS = ("explicit", "sdpa", "blocks", "low_rank", "band", "flex")
-#: the kernels that take a call only where its plan allows and otherwise leave it to another
-PINNED = ("low_rank", "band")
 CONDITIONS = ("nomem", "mem", "padding", "window", "positions")
-
-
-def _term_fields(name: str) -> dict:
-    """A score-term scheme switched on: a built-in by its own field, one of your own by
-    term_schemes."""
-    entry = registry.BUILTIN_TERMS.get(name)
-    if entry is None or entry.switch is None:
-        return dict(term_schemes=(name,))
-    if name in PART_SETTINGS:
-        return PART_SETTINGS[name][0]
-    default = {f.name: f.default for f in dataclasses.fields(AttentionConfig)}[entry.switch]
-    return {entry.switch: True if isinstance(default, bool) else SWITCH_INT}
-
-
-def _schemes() -> dict[str, dict]:
-    schemes = {
-        "xl_abcd": dict(terms="abcd"),
-        "xl_ab_clamp": dict(terms="ab", clamp_len=3),
-        "rope": dict(terms="a", absolute="rope"),
-    }
-    for name in registry.bias_types():
-        if name != "none":
-            schemes[name] = dict(terms="a", bias=name, **SHORT.get(name, {}))
-    for name in registry.term_schemes():
-        assert name not in schemes, f"{name!r}: a term scheme and a bias share the name"
-        schemes[name] = dict(terms="a", **_term_fields(name))
-    # the parts (and the term schemes switched by a word), each setting its reference runs
-    for name, settings in PART_SETTINGS.items():
-        for i, fields in enumerate(settings):
-            if i == 0 and name in schemes:  # a term scheme's first setting is its own case above
-                continue
-            schemes[f"{name}_{i}" if i else name] = dict(terms="a", **fields)
-    return schemes
-
-
-SCHEMES = _schemes()
-
-
-def _allowed(fields: dict, kernel: str) -> bool:
-    """Whether the config takes this backend (its own checks), and the planner gives the block
-    kernel or FlexAttention its calls (else the dispatcher would run another: not this case)."""
-    try:
-        config = AttentionConfig(**fields, backend=kernel)
-    except ConfigError:
-        return False
-    if kernel in ("blocks", "flex"):
-        return getattr(kernel_planner, kernel)(scheme_checks.plan(config))
-    return True
 
 
 CASES = [
     (scheme, kernel, condition)
     for scheme, fields in SCHEMES.items()
     for kernel in KERNELS
-    if _allowed(fields, kernel)
+    if allowed(fields, kernel)
     for condition in CONDITIONS
 ]
-
-
-def _layer(scheme: str, kernel: str) -> RelPosAttention:
-    fields = {"query_chunk": 4, **SCHEMES[scheme], "backend": kernel}
-    attn = RelPosAttention(D_MODEL, HEADS, D_HEAD, AttentionConfig(**fields)).double()
-    randomize(attn, zlib.crc32(scheme.encode()) % 1000)
-    return attn
 
 
 def _inputs(condition: str):
@@ -145,7 +86,7 @@ def _gradients(attn, x, mems, options, explicit: bool):
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("scheme, kernel, condition", CASES, ids=["-".join(case) for case in CASES])
 def test_kernel_matches_the_float64_reference(scheme, kernel, condition):
-    attn = _layer(scheme, kernel)
+    attn = layer(scheme, kernel)
     x, mems, options, kw = _inputs(condition)
     if kernel in PINNED:
         call, q_content, _ = attn.kernel_call(x, mems, options)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import operator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -33,6 +32,8 @@ from relpos_ablate.model.core.geometry import (
     BlockView,
     QueryBlock,
     Visibility,
+    per_row,
+    rows_within,
 )
 from relpos_ablate.model.core.placement import Placement
 from relpos_ablate.model.core.shift import rel_shift, toeplitz
@@ -93,6 +94,7 @@ class AttentionCall:
     distance_index = property(lambda self: self.placement.distance_index)
     drawn_distances = property(lambda self: self.placement.drawn_distances)
     key_padding_mask = property(lambda self: self.placement.key_padding_mask)
+    document_ids = property(lambda self: self.placement.document_ids)
     rel_keys = property(lambda self: self.inputs.rel_keys)
     distance_scores = property(lambda self: self.inputs.distance_scores)
     query_scale = property(lambda self: self.inputs.query_scale)
@@ -117,17 +119,23 @@ class AttentionCall:
         return self.distance_index is None
 
     @property
+    def masked_per_row(self) -> bool:
+        """Whether visibility differs between the batch's rows (key padding, documents): the
+        visible maps are then [B, 1, L_b, K_b]."""
+        return self.key_padding_mask is not None or self.document_ids is not None
+
+    @property
     def plain_causal(self) -> bool:
         """Causal over the whole stream at consecutive positions, with no drawn distances, window,
-        key padding, sinks, query scale or term d of its own (what the low-rank and band kernels
-        need besides the forms of the call's terms)."""
+        key padding, documents, sinks, query scale or term d of its own (what the low-rank and band
+        kernels need besides the forms of the call's terms)."""
         inputs = self.inputs
         return (
             self.causal
             and self.consecutive
             and not self.drawn_distances
             and self.visibility.window is None
-            and self.key_padding_mask is None
+            and not self.masked_per_row
             and not self.n_sinks
             and inputs.query_scale is None
             and inputs.term_d is None
@@ -193,22 +201,21 @@ class AttentionCall:
         )
 
     def visible(self, block: QueryBlock) -> Tensor:
-        """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding: may query i see key j (sinks not
-        included)."""
+        """Bool [L_b, K_b], or [B, 1, L_b, K_b] with key padding or documents: may query i see key
+        j (sinks not included)."""
         device = self.query_positions.device
         rows = torch.arange(block.i0, block.i1, device=device)
         seen = self.visibility(
             rows[:, None], torch.arange(block.k0, block.n_keys, device=device)[None, :]
         )
-        if self.key_padding_mask is None:
-            return seen
-        return seen[None, None] & ~self.key_padding_mask[:, None, None, block.k0 : block.n_keys]
+        keys = slice(block.k0, block.n_keys)
+        return per_row(seen, self.key_padding_mask, self.document_ids, self.n_mem, block.rows, keys)
 
     def causal_diagonal(self, block: QueryBlock) -> int | None:
-        """d where the block's visibility is causal without key padding: row r sees no key past
-        column r + d, and every other key it does not see lies before its window (None
+        """d where the block's visibility is causal without key padding or documents: row r sees no
+        key past column r + d, and every other key it does not see lies before its window (None
         otherwise)."""
-        if not self.visibility.causal or self.key_padding_mask is not None:
+        if not self.visibility.causal or self.masked_per_row:
             return None
         return self.n_mem + block.i0 - block.k0
 
@@ -289,7 +296,7 @@ class AttentionCall:
                 keys = min(keys, window + self.query_chunk)
             size = rows or max(MIN_BLOCK, block_scores // keys)
             if window is not None and not rows:  # n rows read at most n + W - 1 keys
-                size = max(size, _rows_within(block_scores, window))
+                size = max(size, rows_within(block_scores, window))
             i1 = min(i0 + min(self.query_chunk, size), self.n_queries)
             blocks.append(self.block(i0, i1, windowed))
             i0 = i1
@@ -382,14 +389,6 @@ class AttentionCall:
         # (H, L_b, K_b, dh)
         pairs = rel_keys[:, self.distance_index[block.rows, block.k0 : block.n_keys]]
         return torch.einsum("bhld,hlkd->bhlk", q_position, pairs)
-
-
-def _rows_within(block_scores: int, window: int) -> int:
-    """The most rows n whose windowed block, n x (n + W - 1), holds at most block_scores entries."""
-    n = int((math.sqrt((window - 1) ** 2 + 4 * block_scores) - (window - 1)) / 2)
-    while n * (n + window - 1) > block_scores:  # (the square root's rounding)
-        n -= 1
-    return n
 
 
 def sum_terms(terms: dict[str, Tensor]) -> Tensor | None:

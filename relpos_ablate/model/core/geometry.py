@@ -1,6 +1,7 @@
 """The geometry of an attention call that the call (call.py), the score terms reading its blocks
 (core/terms.py) and the statistics gathered from them (diagnostics.py) share, so that none of those
-imports another: who sees whom (`Visibility`), a block of queries (`QueryBlock`), what a block shows
+imports another: who sees whom (`Visibility`, narrowed per row by key padding and documents:
+`per_row`), a block of queries (`QueryBlock`), what a block shows
 its observers (`BlockView`), and the protocol through which a call reaches the statistics without
 importing them.
 
@@ -10,6 +11,7 @@ i' = M + i; a query block covers queries i0 .. i1 - 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -36,6 +38,36 @@ class Visibility:
             return torch.ones_like(distance, dtype=torch.bool)
         seen = distance >= 0
         return seen if self.window is None else seen & (distance < self.window)
+
+
+def per_row(
+    seen: Tensor,
+    padding: Tensor | None,
+    documents: Tensor | None,
+    n_mem: int,
+    rows: slice,
+    keys: slice,
+) -> Tensor:
+    """The visibility by index `seen` [L_b, K_b] of queries `rows` and keys `keys`, narrowed per
+    row by key padding [B, K] (True: hidden) and documents [B, K] (a query sees its own document's
+    keys): [B, 1, L_b, K_b]; `seen` itself without either."""
+    if padding is None and documents is None:
+        return seen
+    seen = seen[None, None]
+    if padding is not None:
+        seen = seen & ~padding[:, None, None, keys]
+    if documents is not None:
+        query_docs = documents[:, n_mem + rows.start : n_mem + rows.stop]
+        seen = seen & (query_docs[:, None, :, None] == documents[:, None, None, keys])
+    return seen
+
+
+def rows_within(block_scores: int, window: int) -> int:
+    """The most rows n whose windowed block, n x (n + W - 1), holds at most block_scores entries."""
+    n = int((math.sqrt((window - 1) ** 2 + 4 * block_scores) - (window - 1)) / 2)
+    while n * (n + window - 1) > block_scores:  # (the square root's rounding)
+        n -= 1
+    return n
 
 
 @dataclass(frozen=True)

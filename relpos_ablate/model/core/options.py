@@ -28,6 +28,11 @@ class AttentionOptions:
     keys). Transformer-XL's same_length is window = mem_len."""
     key_padding_mask: Tensor | None = None
     """[B, M + L], True at keys no query may see."""
+    document_ids: Tensor | None = None
+    """[B, M + L] int, the document of every key (memory first, then this segment; the queries are
+    the last L): a query sees only the keys of its own document (packed documents, data.documents
+    packed_reset). Equal ids = one document, each document's tokens consecutive. None: one
+    stream."""
     positions: Tensor | None = None
     """[M + L] positions of the keys (memory first, then this segment; the queries are the last L),
     shared by the batch, as the encodings read them: RoPE's angles, every bias and terms b/d at the

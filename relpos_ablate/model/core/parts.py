@@ -3,8 +3,9 @@
 A score term (core/terms.py) adds to the scores; a part may instead, or also, act at the other
 points of one attention call, each an optional hook (the default leaves the call as it is):
 
-- `keys_input(keys_input)`: the layer's input [memory; x] before the projections (Canon's causal
-  convolution reads the memory's last tokens).
+- `keys_input(keys_input, n_mem, documents)`: the layer's input [memory; x] before the projections
+  (Canon's causal convolution reads the memory's last tokens, and stops at a packed document's
+  first).
 - `queries_keys(q, k, at)`: q [B, H, L, dh] and k [B, H, K, dh] after the projections, before the
   kernel (RoPE, QK-norm, PoPE, MLA's decoupled rotary key, temperature tuning), in the order of
   the parts' `stage` (RoPE's rotation is stage 1: a part at 0 acts before it, at 2 after it).
@@ -56,8 +57,10 @@ class Part(nn.Module):
         """The part of one attention layer (config: its AttentionConfig)."""
         return cls(d_model, n_heads, d_head, config)
 
-    def keys_input(self, keys_input: Tensor, n_mem: int) -> Tensor:
-        """[B, K, d_model] -> [B, K, d_model]; the first n_mem rows are the memory's."""
+    def keys_input(self, keys_input: Tensor, n_mem: int, documents: Tensor | None) -> Tensor:
+        """[B, K, d_model] -> [B, K, d_model]; the first n_mem rows are the memory's; documents [B,
+        K]: packed documents' ids (a token mixing its neighbours must stop at its document's
+        first), or None."""
         return keys_input
 
     def queries_keys(self, q: Tensor, k: Tensor, at: Where) -> tuple[Tensor, Tensor]:

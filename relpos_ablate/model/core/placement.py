@@ -3,7 +3,8 @@ the encodings read and the distances the per-distance tensors list.
 
 Two things are kept apart on purpose:
 - **Visibility is by index** (geometry.Visibility): query i (key index i' = M + i) sees key j by the
-  causal rule, the window and key padding, whatever positions they carry.
+  causal rule, the window, key padding and the documents (a query sees its own document's keys
+  only), whatever positions they carry.
 - **Encodings read positions**: RoPE rotates by them, every bias and terms b/d are evaluated at the
   distance q_pos - k_pos. By default positions are consecutive (query i at M + i, keys 0 .. K - 1),
   and the per-distance tensors are laid out per key by strided views (shift.py: `rel_shift`,
@@ -36,6 +37,7 @@ class Placement(NamedTuple):
     # distances are drawn per offset (AttentionOptions.distances), not the positions'
     drawn_distances: bool = False
     key_padding_mask: Tensor | None = None  # [B, K]
+    document_ids: Tensor | None = None  # [B, K]: a query sees the keys of its own document only
 
 
 def place(

@@ -164,7 +164,7 @@ def block_maps(call: AttentionCall, inputs: ScoreInputs) -> StridedMaps | Materi
     strided = (
         per_distance
         and call.consecutive
-        and call.key_padding_mask is None
+        and not call.masked_per_row
         and not call.n_sinks
         and not call.terms
         and inputs.query_scale is None

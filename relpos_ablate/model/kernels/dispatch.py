@@ -84,7 +84,7 @@ def attend(
     if on_flex and planner.flex(call.plan):
         return flex.flex_attend(call, q_content, k, v, q_position)
     if not call.has_additive:  # a mask, no map: plain SDPA, or SDPA per block with its mask
-        if call.key_padding_mask is None and call.visibility.window is None and not call.n_sinks:
+        if not call.masked_per_row and call.visibility.window is None and not call.n_sinks:
             return _plain(call, q_content, k, v, dropout_p)
         return _stored(call, q_content, k, v, q_position, dropout_p)
     if path is None and config.backend in ("auto", "band"):
@@ -194,6 +194,7 @@ def call_key(call: AttentionCall, q_content: Tensor, dropout_p: float) -> str:
         for name, on in (
             ("window", call.visibility.window),
             ("padding", call.key_padding_mask is not None),
+            ("documents", call.document_ids is not None),
             ("sinks", call.n_sinks),
             ("positions", not call.consecutive),
             ("causal", call.causal),

@@ -13,8 +13,9 @@ H = 8, L = 16384 in bf16, as much as the scores themselves; a product of d_head 
 no pointwise form, and its bilinear form through the sinusoid's angle sums costs d_model / d_head
 times the q·kᵀ work); backend 'blocks' keeps it O(L·d). A term without a point form is precomputed
 as its [B or 1, H, L, K] map. The block mask is the
-call's Visibility (causal, window), with the learned sink slots (the first n_sinks keys) visible to
-every query and free of position; key padding is applied in score_mod. A term that reads
+call's Visibility (causal, window) and, over packed documents, each query's own document (per row:
+blocks between two documents are skipped), with the learned sink slots (the first n_sinks keys)
+visible to every query and free of position; key padding is applied in score_mod. A term that reads
 content does not run here (dispatch.py). On CPU FlexAttention has no backward: forward only.
 
 Compilation: `dynamic=False` (torch 2.13's CPU code generation of FlexAttention fails with dynamic
@@ -76,6 +77,39 @@ def _block_mask(visibility: Visibility, n_queries: int, n_sinks: int, device: st
     )
 
 
+#: the last documents' block mask: (ids, visibility, queries, sinks, mask); the layers of one
+#: forward share their ids tensor, so its mask is built once per forward, not once per layer
+_last_documents: list = [None]
+
+
+def _document_mask(visibility: Visibility, n_queries: int, n_sinks: int, documents: Tensor):
+    """The block mask of a call over packed documents [B, K]: the Visibility and a query's own
+    document, per row, so that blocks no query of a document reaches are skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = (visibility, n_queries, n_sinks)
+    last = _last_documents[0]
+    if last is not None and last[0] is documents and last[1:4] == key:
+        return last[4]
+    n_mem = visibility.n_mem
+
+    def mask_mod(b, h, q_idx, kv_idx):  # kv_idx counts the sinks first
+        j = torch.clamp(kv_idx - n_sinks, min=0)
+        own = (documents[b, n_mem + q_idx] == documents[b, j]) & visibility(q_idx, j)
+        return (kv_idx < n_sinks) | (own & (kv_idx >= n_sinks))
+
+    mask = create_block_mask(
+        mask_mod,
+        documents.shape[0],
+        None,
+        n_queries,
+        n_sinks + n_mem + n_queries,
+        device=str(documents.device),
+    )
+    _last_documents[0] = (documents, *key, mask)
+    return mask
+
+
 def min_head_dim(device_type: str) -> int:
     """The compiled kernel's least head width on a device: 16 on CUDA (torch's lowering: "embedding
     dimension of the query, key, and value must be at least 16"; seen with torch 2.11), none on
@@ -121,7 +155,11 @@ def flex_attend(
         score_mod = _padded(score_mod, padding)
     if call.n_sinks:
         score_mod = _after_sinks(score_mod, call.n_sinks)
-    block_mask = _block_mask(call.visibility, n_queries, call.n_sinks, str(q_content.device))
+    block_mask = (
+        _block_mask(call.visibility, n_queries, call.n_sinks, str(q_content.device))
+        if call.document_ids is None
+        else _document_mask(call.visibility, n_queries, call.n_sinks, call.document_ids)
+    )
     return _kernel(compiled)(
         q_content, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale
     )

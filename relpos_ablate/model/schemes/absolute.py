@@ -17,7 +17,8 @@ class LearnedPositions(nn.Module):
         self.table = nn.Embedding(max_position, d_model)
 
     def forward(self, length: int, positions: Tensor | None = None) -> Tensor:
-        """Rows 0 .. length - 1, or the rows of explicit positions [length]: [length, d_model]."""
+        """Rows 0 .. length - 1, or the rows of explicit positions [length] (or [B, length]: per
+        row, packed documents): [(B,) length, d_model]."""
         if positions is not None:
             return self.table(
                 check_positions(positions, self.table.num_embeddings, "learned absolute positions")

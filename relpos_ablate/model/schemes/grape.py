@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from relpos_ablate.model.core.terms import ScoreTerm, TermScheme
+from relpos_ablate.model.documents import document_positions
 from relpos_ablate.model.schemes.alibi import alibi_slopes
 
 GATES = ("qk", "q", "k", "none")
@@ -175,11 +176,11 @@ class GrapeAP(TermScheme):
 
 
 def turn(x: Tensor, angles: Tensor) -> Tensor:
-    """R_ℓ x: every rotate-half pair (x_k, x_{k+d/2}) of x [..., K, d] turned by -angles [K] (the
-    authors' apply_rotary_emb with base 1)."""
+    """R_ℓ x: every rotate-half pair (x_k, x_{k+d/2}) of x [..., K, d] turned by -angles [K] (or
+    [B, 1, K]: per row) (the authors' apply_rotary_emb with base 1)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = angles.cos()[:, None], angles.sin()[:, None]  # (K, 1)
+    cos, sin = angles.cos()[..., None], angles.sin()[..., None]  # (..., K, 1)
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
 
 
@@ -205,7 +206,13 @@ class GrapeAPTerm(ScoreTerm):
         n_mem, d_probe = call.n_mem, probes.shape[-1]
         keys = slice(block.k0, max(block.n_keys, n_mem + block.i1))
         unit = F.rms_norm(probes[:, :, keys], (d_probe,))  # p̂_ℓ
-        turned = turn(unit, call.key_positions[keys].to(probes.dtype))  # R_ℓ p̂_ℓ
+        # R_ℓ p̂_ℓ at the key's position (in its document, packed: [B, 1, K_row])
+        at = (
+            call.key_positions[keys]
+            if call.document_ids is None
+            else document_positions(call.document_ids)[:, None, keys]
+        )
+        turned = turn(unit, at.to(probes.dtype))
         query = probes[:, :, n_mem + block.i0 : n_mem + block.i1]  # raw p_t, as the authors
         overlap = query @ turned.transpose(-1, -2) / d_probe  # (B, H, L_b, K_row)
         edges = F.logsigmoid(overlap) * self.scheme.slopes.to(probes.dtype)[:, None, None]

@@ -10,7 +10,8 @@ the query's own (j = i': no transform). As the reference code (fla-org/flash-lin
 rank-32 projection W_2 W_1 x_t), β_t = 2·σ(W_β x_t + b) in (0, 2) (negative eigenvalues allowed),
 the score s·logit with s = 1/sqrt(d_head). It replaces term a (terms 'a' only) and carries the
 positions itself (no RoPE). With memory the transforms are recomputed from the memory's layer
-inputs, as FoX's gates are; the conv starts afresh at the first memory token. A padded key gets β =
+inputs, as FoX's gates are; the conv starts afresh at the first memory token (and at a packed
+document's first token). A padded key gets β =
 0 (H = I). PaTH-FoX: `forget_gate: true`.
 
 Exact, O(K²·d + K·C²) work and O(K²) memory (the logits are materialised), in chunks of C = 64
@@ -27,6 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from relpos_ablate.model.documents import causal_conv
 
 W_RANK = 32  # the reference's low-rank w projection
 CONV = 3  # the reference's short convolution
@@ -46,13 +49,20 @@ class PathTransforms(nn.Module):
         self.beta = nn.Linear(d_model, n_heads, bias=True)
 
     def transforms(
-        self, keys_input: Tensor, key_padding_mask: Tensor | None = None
+        self,
+        keys_input: Tensor,
+        key_padding_mask: Tensor | None = None,
+        documents: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """(w [B, H, K, dh] unit vectors, β [B, H, K]) from the keys' layer inputs [B, K,
-        d_model]."""
+        d_model]; packed documents [B, K]: the convolution stops at a document's first token."""
         b, n_keys, _ = keys_input.shape
-        w = self.w_up(self.w_down(keys_input)).transpose(1, 2)  # (B, H·dh, K)
-        w = F.silu(self.w_conv(F.pad(w, (CONV - 1, 0))))  # causal: token t reads t-2 .. t
+        w = self.w_up(self.w_down(keys_input))  # (B, K, H·dh)
+        if documents is None:  # causal: token t reads t-2 .. t
+            w = self.w_conv(F.pad(w.transpose(1, 2), (CONV - 1, 0)))
+        else:
+            w = causal_conv(w, self.w_conv.weight, documents).transpose(1, 2)
+        w = F.silu(w)  # (B, H·dh, K)
         w = F.normalize(w.view(b, self.n_heads, self.d_head, n_keys).transpose(-1, -2), dim=-1)
         beta = 2 * torch.sigmoid(self.beta(keys_input)).transpose(1, 2)  # (B, H, K)
         if key_padding_mask is not None:
@@ -60,7 +70,12 @@ class PathTransforms(nn.Module):
         return w, beta
 
     def logits(
-        self, q: Tensor, k: Tensor, keys_input: Tensor, key_padding_mask: Tensor | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        keys_input: Tensor,
+        key_padding_mask: Tensor | None = None,
+        documents: Tensor | None = None,
     ) -> Tensor:
         """q_iᵀ H_i' ··· H_(j+1) k_j (unscaled): q [B, H, L, dh] (queries at key indices K - L ..),
         k [B, H, K, dh] -> [B, H, L, K]; entries with j > i' are left 0 (the causal mask hides
@@ -68,7 +83,7 @@ class PathTransforms(nn.Module):
         # bf16 products of many transforms would drift
         wide = torch.promote_types(k.dtype, torch.float32)
         with torch.autocast(k.device.type, enabled=False):
-            w, beta = self.transforms(keys_input.to(wide), key_padding_mask)
+            w, beta = self.transforms(keys_input.to(wide), key_padding_mask, documents)
             return path_logits(q.to(wide), k.to(wide), w.to(wide), beta.to(wide)).to(q.dtype)
 
 

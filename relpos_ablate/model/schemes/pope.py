@@ -47,8 +47,9 @@ class PolarPositions(Part):
     def queries_keys(self, q: Tensor, k: Tensor, at: Where) -> tuple[Tensor, Tensor]:
         """q [B, H, L, d_h], k [B, H, K, d_h] -> [B, H, L, 2·d_h], [B, H, K, 2·d_h]."""
         theta = self.frequencies(q.device)
-        query_phase = at.placement.query_positions.double()[:, None] * theta  # (L, dh)
-        key_phase = at.placement.key_positions.double()[:, None] * theta  # (K, dh)
+        # (L, dh), (K, dh); per row (B, 1, L or K, dh) over packed documents
+        query_phase = at.placement.query_positions.double()[..., None] * theta
+        key_phase = at.placement.key_positions.double()[..., None] * theta
         if self.phase_bias is not None:
             # (H, K, dh): δ on the keys' side, as the authors' reference code
             key_phase = key_phase + self.phase_bias.double().clamp(-2 * math.pi, 0.0)[:, None]
@@ -56,7 +57,8 @@ class PolarPositions(Part):
 
 
 def polar(x: Tensor, phase: Tensor) -> Tensor:
-    """[softplus(x)·cos φ ‖ softplus(x)·sin φ]: x [B, H, n, d], φ [n, d] or [H, n, d] float64."""
+    """[softplus(x)·cos φ ‖ softplus(x)·sin φ]: x [B, H, n, d], φ [n, d], [H, n, d] or [B, 1 or
+    H, n, d] float64."""
     magnitude = F.softplus(x.to(torch.promote_types(x.dtype, torch.float32)))
     cos, sin = phase.cos().to(magnitude.dtype), phase.sin().to(magnitude.dtype)
     return torch.cat([magnitude * cos, magnitude * sin], dim=-1).to(x.dtype)

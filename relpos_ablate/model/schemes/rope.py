@@ -235,17 +235,17 @@ def rotate(
     length: int | None = None,
 ) -> Tensor:
     """x [..., n, d] with its first d_rot dimensions rotated by angle position·θ_p per pair (p, p +
-    d_rot/2) and multiplied by the scaling's attention factor (YaRN's, LongRoPE's; as Hugging Face's
-    partial rotary, the others are left as they are). xPos also scales pair p by ζ_p^(sign·(position
-    - centre)/B): sign +1 for queries, -1 for keys, one centre for both (it cancels in their product
-    and keeps the scales in range). rotating: p-RoPE's rotating pairs (rope_frequencies). length:
-    the call's length n of dynamic and longrope, the same for q and k (None: these positions'
-    `call_length`)."""
+    d_rot/2) (positions [n], or [B, 1, n]: per row, packed documents) and multiplied by the
+    scaling's attention factor (YaRN's, LongRoPE's; as Hugging Face's partial rotary, the others are
+    left as they are). xPos also scales pair p by ζ_p^(sign·(position - centre)/B): sign +1 for
+    queries, -1 for keys, one centre for both (it cancels in their product and keeps the scales in
+    range). rotating: p-RoPE's rotating pairs (rope_frequencies). length: the call's length n of
+    dynamic and longrope, the same for q and k (None: these positions' `call_length`)."""
     if length is None:
         length = call_length(positions, scaling)
-    pos = positions.to(torch.float64)[:, None]  # (n, 1)
+    pos = positions.to(torch.float64)[..., None]  # (n, 1), or per row (B, 1, n, 1)
     theta = rope_frequencies(d_rot, base, scaling, x.device, rotating, length)
-    angles = pos * theta[None]  # (n, d_rot/2)
+    angles = pos * theta  # (n, d_rot/2) or (B, 1, n, d_rot/2)
     factor = 1.0 if scaling is None else scaling.attention_factor
     cos, sin = angles.cos() * factor, angles.sin() * factor
     if xpos_scale_base is not None:

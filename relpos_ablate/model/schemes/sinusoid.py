@@ -13,10 +13,9 @@ def inverse_frequencies(dim: int, base: float = 10000.0, device=None) -> Tensor:
 
 
 def sinusoid(positions: Tensor, dim: int) -> Tensor:
-    """[n] positions -> [n, dim] = cat(sin(pos·inv_freq), cos(pos·inv_freq)) (halves, not
-    interleaved)."""
-    angles = (
-        positions.to(torch.float64)[:, None]
-        * inverse_frequencies(dim, device=positions.device)[None]
+    """[..., n] positions -> [..., n, dim] = cat(sin(pos·inv_freq), cos(pos·inv_freq)) (halves,
+    not interleaved)."""
+    angles = positions.to(torch.float64)[..., None] * inverse_frequencies(
+        dim, device=positions.device
     )
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
