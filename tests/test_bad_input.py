@@ -95,8 +95,8 @@ BAD_INPUTS = [
         "data.task: 'foo' is not allowed; choose one of offset_copy, recall, repeat",
     ),
     (
-        sets("data.tokenizer=bpe"),
-        "data.tokenizer: 'bpe' is not allowed; choose one of char, byte, word",
+        sets("data.tokenizer=wordpiece"),
+        "data.tokenizer: 'wordpiece' is not allowed; choose one of char, byte, word, bpe, file",
     ),
     (
         sets("data.source=text", "data.corpus=wiki"),

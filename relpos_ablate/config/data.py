@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relpos_ablate.config.base import ConfigError, check_choice, check_range
+from relpos_ablate.config.base import ConfigError, check_choice, check_range, reject
 
 SOURCES = ("synthetic", "text")
 STREAM_TASKS = ("offset_copy", "recall", "repeat")
@@ -36,7 +36,11 @@ DEPTH_TASKS = {
     "variable_tracking": "the chain's first assignment",
 }
 TASKS = STREAM_TASKS + EXAMPLE_TASKS
-TOKENIZERS = ("char", "byte", "word")
+TOKENIZERS = ("char", "byte", "word", "bpe", "file")
+#: How a text corpus's documents meet the model (train/data/text.py writes the boundaries).
+DOCUMENTS = ("concatenate", "packed", "packed_reset")
+#: A byte-level BPE's smallest vocabulary: the 256 byte symbols and the end-of-text token.
+BPE_MIN_VOCAB = 257
 #: Named corpora: one shipped inside the package (offline), the others downloaded by `datasets` (hub
 #: ids and the shipped files in relpos_ablate/train/data/text.py).
 CORPORA = ("tinyshakespeare", "wikitext-2", "wikitext-103", "enwik8", "text8")
@@ -89,16 +93,42 @@ class DataConfig:
     train/valid/test split, works offline) or one downloaded by `datasets`: wikitext-2, wikitext-103
     (raw), enwik8, text8."""
     train_file: str = ""
-    """text: a local training file (instead of `corpus`)."""
+    """text: local training data (instead of `corpus`): a file, a folder or a glob
+    (`data/*.parquet`) of shards, all of one kind: plain text (.txt, also .xz/.gz compressed) or
+    records with a `text` column (.jsonl/.json JSON lines, .parquet, .arrow), a document each."""
     valid_file: str = ""
-    """text: a local validation file (default: the last 5% of train_file's lines)."""
+    """text: local validation data, as train_file (default: plain text: the last 5% of train_file's
+    characters; records: every 20th record of train_file)."""
     test_file: str = ""
-    """text: a local test file (needed for eval.split='test' with local files)."""
+    """text: local test data, as train_file (needed for eval.split='test' with local files)."""
     tokenizer: str = "char"
     """text: char (Unicode characters) | byte (UTF-8 bytes, 256 symbols) | word (whitespace split,
-    <eos> per line); vocabulary from the training split, <unk> for anything else."""
+    <eos> per line), their vocabulary from the training split, <unk> for anything else, tokenized in
+    memory (small corpora) | bpe (byte-level BPE of vocab_size tokens trained on the training split
+    with Hugging Face `tokenizers`: lossless) | file (tokenizer_file's). bpe and file stream the
+    corpus and write its tokens once to memory-mapped files: corpora larger than memory."""
     min_freq: int = 1
     """word: words seen fewer times in training become <unk>."""
+    vocab_size: int = 0
+    """bpe: tokens in the vocabulary, at least 257: 256 bytes and the end-of-text token."""
+    tokenizer_file: str = ""
+    """tokenizer 'file': a local Hugging Face tokenizer.json or SentencePiece .model; its
+    end-of-text token (<|endoftext|>, </s>, <eos>, <|end_of_text|> or SentencePiece's eos) opens
+    every document."""
+    tokenizer_train_bytes: int = 0
+    """bpe: train on at most this many bytes of the training split's first documents (0: all of it;
+    training holds every distinct word: on 2 GB it takes tens of minutes, cap it)."""
+    documents: str = "concatenate"
+    """text: concatenate (the corpus as one stream, documents joined by an end-of-text token, the
+    model not told where they start: Transformer-XL's stream, memory carries) | packed (the same
+    rows, each segment an independent row: memory not carried from one segment to the next,
+    attention may cross documents, positions run on) | packed_reset (attention masked at document
+    boundaries, positions restarting at each document's first token, memory dropped at a
+    boundary)."""
+    document_delimiter: str = "\n\n"
+    """text: plain-text sources: the string that ends one document and starts the next (default: a
+    blank line: paragraphs, Tiny Shakespeare's speeches); record sources (JSONL/Parquet/Arrow
+    shards): every record's `text` is one document."""
     cache_dir: str = ""
     """Where tokenized arrays and downloads are cached (default: ~/.cache/relpos_ablate)."""
     train_lengths: tuple[int, ...] = (1, 20)
@@ -156,6 +186,7 @@ class DataConfig:
         check_choice("task", self.task, TASKS)
         self._check_example_fields()
         check_choice("tokenizer", self.tokenizer, TOKENIZERS)
+        self._check_tokenizer_fields()
         for name in ("offset", "period", "num_keys", "train_tokens", "eval_tokens", "min_freq"):
             check_range(name, getattr(self, name), low=1)
         check_range("num_symbols", self.num_symbols, low=2)
@@ -176,6 +207,36 @@ class DataConfig:
         for name in ("valid_file", "test_file"):
             if getattr(self, name) and not self.train_file:
                 raise ConfigError(name, "local valid/test files go with a local train_file")
+
+    def _check_tokenizer_fields(self) -> None:
+        check_choice("documents", self.documents, DOCUMENTS)
+        check_range("vocab_size", self.vocab_size, low=0)
+        check_range("tokenizer_train_bytes", self.tokenizer_train_bytes, low=0)
+        if not self.document_delimiter:
+            reject("document_delimiter", "is empty; give the string between two documents")
+        if self.documents != "concatenate" and self.source != "text":
+            raise ConfigError(
+                "documents",
+                f"{self.documents!r} packs the documents of a text "
+                f"corpus: needs source='text' (source is {self.source!r})",
+            )
+        if self.tokenizer == "file" and not self.tokenizer_file:
+            raise ConfigError(
+                "tokenizer_file",
+                "tokenizer 'file' needs a local tokenizer.json or SentencePiece .model",
+            )
+        owners = {"tokenizer_file": "file", "vocab_size": "bpe", "tokenizer_train_bytes": "bpe"}
+        for name, owner in owners.items():
+            if getattr(self, name) and self.tokenizer != owner:
+                raise ConfigError(
+                    name, f"is read only with tokenizer={owner!r} (tokenizer is {self.tokenizer!r})"
+                )
+        if self.tokenizer == "bpe" and self.vocab_size < BPE_MIN_VOCAB:
+            raise ConfigError(
+                "vocab_size",
+                f"{self.vocab_size} is too small for the byte "
+                f"alphabet: 256 bytes + 1 end-of-text token; use >= {BPE_MIN_VOCAB}",
+            )
 
     def _check_example_fields(self) -> None:
         if len(self.train_lengths) != 2 or not 1 <= self.train_lengths[0] <= self.train_lengths[1]:
