@@ -37,7 +37,14 @@ SETTING_FIELDS = (
 """Evaluation-setting columns, in this order (attn_len: the keys a query sees under its protocol;
 rope_scale: the factor s of the setting's RoPE context extension, resolved; split: the text split
 scored, valid or test)."""
-NOT_SETTING_FIELDS = ("metrics", "error", "diagnostics", "position_loss", "token_losses")
+NOT_SETTING_FIELDS = (
+    "metrics",
+    "error",
+    "diagnostics",
+    "position_loss",
+    "token_losses",
+    "documents",
+)
 """Keys of a setting record that are not plain setting columns (diagnostics: analysis/diagnostics.py
 reads them)."""
 RUN_COLUMNS = (

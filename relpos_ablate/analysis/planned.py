@@ -58,6 +58,9 @@ SCALE_WORDS = {
     "loss": "loss (nats per token: log perplexity)",
     "ppl": "perplexity",
     "bpc": "bits per character",
+    "bpb": "bits per byte",
+    "doc_loss": "loss per document (nats per token, each document weighing one)",
+    "beyond_loss": "loss of document tokens at places >= the training length (nats per token)",
     "acc": "accuracy",
     "exact_match": "exact match",
 }

@@ -37,7 +37,7 @@ from relpos_ablate.analysis.table_options import (
 )
 from relpos_ablate.config import ConfigError
 
-DECIMALS = {"ppl": 2, "acc": 3, "loss": 3, "bpc": 3}
+DECIMALS = {"ppl": 2, "acc": 3, "loss": 3, "bpc": 3, "bpb": 3, "doc_loss": 3, "beyond_loss": 3}
 
 
 def row_key(record: pd.Series, keys: list[str]) -> tuple:

@@ -16,7 +16,7 @@ from relpos_ablate.studies import LAYOUT_NAMES
 SUFFIX_FORMATS = {".md": "markdown", ".tex": "latex", ".csv": "csv"}
 SUMMARY_COLUMNS = ("run_id", "status", "seed", "segment_len", "mem_len", "attn_len")
 CORRECTION_CHOICES = ("holm", "bh", "none")
-SCALE_CHOICES = ("loss", "ppl", "bpc", "acc", "exact_match")
+SCALE_CHOICES = ("loss", "ppl", "bpc", "bpb", "doc_loss", "beyond_loss", "acc", "exact_match")
 """The scales of an analysis plan (config/plan.py SCALES; text here so --help needs no pandas)."""
 """Multiple-comparison corrections (analysis/stats.py CORRECTIONS; text here so --help needs no
 scipy)."""

@@ -40,9 +40,18 @@ from dataclasses import dataclass
 from relpos_ablate.config.base import ConfigError, check_choice, from_dict, to_plain
 
 ROLES = ("primary", "secondary")
-SCALES = ("loss", "ppl", "bpc", "acc", "exact_match")
+SCALES = ("loss", "ppl", "bpc", "bpb", "doc_loss", "beyond_loss", "acc", "exact_match")
 """The scales a plan tests on (cli/report.py SCALE_CHOICES repeats them for --help)."""
-LOWER_IS_BETTER = {"loss": True, "ppl": True, "bpc": True, "acc": False, "exact_match": False}
+LOWER_IS_BETTER = {
+    "loss": True,
+    "ppl": True,
+    "bpc": True,
+    "bpb": True,
+    "doc_loss": True,
+    "beyond_loss": True,
+    "acc": False,
+    "exact_match": False,
+}
 EXAMPLE_SHARES = ("exact_match",)
 """Scales that are shares of examples: tested with the examples (analysis/proportions.py). Not acc,
 a share of answer tokens, which a t-test over runs tests."""

@@ -21,6 +21,7 @@ from relpos_ablate.config.model import ModelConfig
 from relpos_ablate.config.registry import import_modules
 from relpos_ablate.config.scheme_checks import (
     check_randomized_range,
+    document_refusal,
     rope_scaling_conflict,
     rotary_width,
 )
@@ -70,6 +71,12 @@ class RunConfig:
         import_modules(self.imports)
         data = self.data
         check_example_run(data, self.model, self.train.segment_len, self.eval.settings)
+        if data.documents == "packed_reset":
+            for k, layer in enumerate(self.model.layer_attentions):
+                reason = document_refusal(layer)
+                if reason:
+                    at = f" (layer {k})" if self.model.layer_pattern else ""
+                    raise ConfigError("data.documents", f"packed_reset{at}: {reason}")
         if self.train.stop_at_exact_match is not None and not data.example_task:
             raise ConfigError(
                 "train.stop_at_exact_match",

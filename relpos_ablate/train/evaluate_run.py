@@ -328,6 +328,7 @@ def _evaluate(plan: EvaluationPlan) -> tuple[list[dict], dict[str, np.ndarray]]:
     datamodule.prepare_data()
     trainer = evaluation_trainer(config)
     module = LitLM(config)
+    module.separator = datamodule.separator
     load_weights(plan.run_dir, module.model)
     if config.data.example_task:
         model = module.model.to(trainer.strategy.root_device)

@@ -40,6 +40,7 @@ from relpos_ablate.train.data.example_module import ExampleDataModule, TestSet
 from relpos_ablate.train.data.examples import PAD, Examples
 from relpos_ablate.train.data.protocols import unigram_loss
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
+from relpos_ablate.train.document_metrics import document_metrics, places
 from relpos_ablate.train.metrics import main_metric, token_stats
 from relpos_ablate.train.module import LitLM, rope_scale
 
@@ -77,6 +78,7 @@ def evaluate(
             "targets_per_stream": streams.inputs.shape[1],
         },
         "reference": reference(config, datamodule, streams),
+        "tokenizer": datamodule.tokenizer_record(),
         "settings": records,
     }, token_losses
 
@@ -90,6 +92,9 @@ def evaluate_settings(
     settings = config.eval_settings()
     usable = [i for i, s in enumerate(settings) if unsupported_reason(config, s) is None]
     module.eval_indices = usable
+    # a corpus of documents: every setting's per-target losses, for its document metrics
+    separator = datamodule.separator
+    module.every_token_loss = separator is not None
     loaders = {i: datamodule.eval_dataloader(settings[i]) for i in usable}
     if usable:
         # every setting draws its (randomized) positions from this seed
@@ -101,13 +106,28 @@ def evaluate_settings(
     for i, setting in enumerate(settings):
         result = module.eval_results.get(i, {})
         record = {**setting_record(config, setting), "metrics": result.get("metrics", {})}
+        bpb = datamodule.bits_per_byte(record["metrics"].get("loss"), record["split"])
+        if bpb is not None:
+            record["metrics"]["bpb"] = bpb
         if "position_loss" in result:
             record["position_loss"] = result["position_loss"]
         if "token_losses" in result:
-            record["token_losses"] = rundir.token_losses_key(i)
-            token_losses[record["token_losses"]] = layout_array(
-                loaders[i].dataset.layout, *result["token_losses"]
-            )
+            layout = loaders[i].dataset.layout
+            losses = layout_array(layout, *result["token_losses"])
+            if setting.token_losses:
+                record["token_losses"] = rundir.token_losses_key(i)
+                token_losses[record["token_losses"]] = losses
+            if separator is not None:
+                documents = document_metrics(
+                    *places(layout.inputs, separator), losses, config.train.segment_len
+                )
+                record["documents"] = documents
+                beyond = documents.get("beyond_train_length", {})
+                record["metrics"].update(
+                    doc_loss=documents["loss"],
+                    beyond_loss=beyond.get("loss"),
+                    beyond_tokens=beyond.get("tokens", 0),
+                )
         if i in module.diagnostics_results:
             record["diagnostics"] = module.diagnostics_results[i]
         reason = unsupported_reason(config, setting)

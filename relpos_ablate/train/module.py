@@ -131,6 +131,13 @@ class LitLM(L.LightningModule):
         # set from the datamodule at fit start: memory resets every this many steps
         self.train_segments = 0
         self._train_mems: dict[int, list[Tensor]] = {}  # row group -> its memory
+        # data.documents packed_reset: the token that opens every document (set from the data at
+        # fit and evaluation), the memory's document ids per row group, the evaluation's
+        self.separator: int | None = None
+        self._train_docs: dict[int, Tensor] = {}
+        self._eval_docs: Tensor | None = None
+        # every setting's per-target losses, not only those that ask (document metrics)
+        self.every_token_loss = False
         self._step_sums = torch.zeros(2)  # this process's share of the step's (loss, accuracy)
         self._eval_mems: list[Tensor] | None = None
         self.eval_seed: int | None = None
@@ -145,6 +152,19 @@ class LitLM(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.train_segments = self.trainer.datamodule.train_segments
+        self.separator = self.trainer.datamodule.separator
+
+    def documents(self, inputs: Tensor, memory_ids: Tensor | None) -> Tensor | None:
+        """data.documents packed_reset: the document ids [B, M + L] of a segment after memory whose
+        ids are `memory_ids` [B, M] (None: no memory), a new document at every separator (the
+        memory's last one going on until then); else None."""
+        if self.config.data.documents != "packed_reset":
+            return None
+        if self.separator is None:
+            raise ValueError("data.documents: packed_reset needs a corpus with document separators")
+        base = 0 if memory_ids is None else memory_ids[:, -1:]
+        ids = base + torch.cumsum(inputs == self.separator, dim=1)
+        return ids if memory_ids is None else torch.cat([memory_ids, ids], dim=1)
 
     def training_step(self, batch: TrainBatch, batch_idx: int) -> Tensor:
         if batch.group == 0:
@@ -193,10 +213,16 @@ class LitLM(L.LightningModule):
         memory of the previous segment unless `restart`: sums over the counted targets divided by
         `counted_in_step` (default: the targets counted here, i.e. this segment's own token
         means)."""
-        if restart:
+        # packed rows are independent: no memory from one segment to the next
+        if restart or self.config.data.documents == "packed":
             self._train_mems.pop(group, None)
+            self._train_docs.pop(group, None)
         forward = self._compiled_forward or self.model
-        logits, self._train_mems[group] = forward(inputs, self._train_mems.get(group))
+        ids = self.documents(inputs, self._train_docs.get(group))
+        logits, self._train_mems[group] = forward(
+            inputs, self._train_mems.get(group), document_ids=ids
+        )
+        self._train_docs[group] = remembered(ids, self._train_mems[group])
         nll, correct = token_stats(logits, targets)
         counted = loss_mask(mask, self.config.train.loss_on).to(nll.dtype)
         total = counted.sum().clamp(min=1) if counted_in_step is None else counted_in_step
@@ -230,12 +256,13 @@ class LitLM(L.LightningModule):
         inputs, targets, mask, layout_index = batch
         # a new setting starts with empty memory; windows have none
         if batch_idx == 0 or not setting.uses_memory:
-            self._eval_mems = None
+            self._eval_mems = self._eval_docs = None
         if batch_idx == 0 and self.eval_seed is not None:
             torch.manual_seed(self.eval_seed)
         statistics = (
             None if self.eval_diagnostics is None else self.eval_diagnostics[index].for_batch(mask)
         )
+        ids = self.documents(inputs, self._eval_docs)
         logits, self._eval_mems = self.model(
             inputs,
             self._eval_mems,
@@ -244,12 +271,14 @@ class LitLM(L.LightningModule):
             same_length=setting.protocol == "xl",
             statistics=statistics,
             rope_scaling=rope_scaling(self.config, setting),
+            document_ids=ids,
         )
+        self._eval_docs = remembered(ids, self._eval_mems)
         nll, correct = token_stats(logits, targets)
         self.eval_nll[index].update(nll, mask)
         self.eval_acc[index].update(correct, mask)
         self.eval_positions[index].update(nll, mask)
-        if setting.token_losses:
+        if setting.token_losses or self.every_token_loss:
             self._token_losses.setdefault(index, []).append((layout_index[mask], nll[mask]))
 
     def on_validation_epoch_end(self) -> None:
@@ -263,7 +292,7 @@ class LitLM(L.LightningModule):
             metrics = {name: value.item() for name, value in self._metrics(nll, acc).items()}
             metrics["tokens"] = int(tokens.item())
             self.eval_results[index] = {"metrics": metrics, "position_loss": positions.compute()}
-            if self.settings[index].token_losses:
+            if self.settings[index].token_losses or self.every_token_loss:
                 pairs = self._all_processes(self._token_losses.pop(index, []))
                 self.eval_results[index]["token_losses"] = tuple(
                     torch.cat(part).cpu() for part in zip(*pairs)
@@ -302,6 +331,9 @@ class LitLM(L.LightningModule):
             {
                 "random": random_state(self.device),
                 "memory": {group: _moved(mems, "cpu") for group, mems in self._train_mems.items()},
+                "documents": {
+                    group: ids.cpu() for group, ids in self._train_docs.items() if ids is not None
+                },
             }
         )
 
@@ -325,6 +357,8 @@ class LitLM(L.LightningModule):
             set_random_state(self._resumed_state["random"], self.device)
             memory = self._resumed_state["memory"]
             self._train_mems = {group: _moved(mems, self.device) for group, mems in memory.items()}
+            documents = self._resumed_state.get("documents", {})
+            self._train_docs = {group: ids.to(self.device) for group, ids in documents.items()}
             self._resumed_state = None
 
     def optimizer_step(self, *args, **kwargs) -> None:
@@ -337,3 +371,8 @@ class LitLM(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+
+def remembered(ids: Tensor | None, mems: list[Tensor] | None) -> Tensor | None:
+    """The document ids of the memory a model kept (its last M tokens'), or None."""
+    return None if ids is None or not mems else ids[:, ids.shape[1] - mems[0].shape[1] :]

@@ -177,6 +177,7 @@ def _train_and_evaluate(
         atomic_write_yaml(run_dir / rundir.CONFIG, to_plain(config))
     L.seed_everything(config.seed, workers=True, verbose=False)
     module = LitLM(config)
+    module.separator = datamodule.separator
     name, variant = logged_identity(run_dir)
     # TensorBoard / W&B show the run's id and variant next to its config (Lightning logs the
     # hyperparameters)

@@ -64,6 +64,37 @@ class SegmentDataModule(L.LightningDataModule):
         return len(self._corpus.vocab)
 
     @property
+    def separator(self) -> int | None:
+        """The token that opens every document of a text corpus (None: no document boundaries, or
+        a synthetic task)."""
+        return self._corpus.separator if self.config.data.source == "text" else None
+
+    def bits_per_byte(self, loss: float | None, split: str) -> float | None:
+        """A text split's loss (nats per token) in bits per UTF-8 byte of its text (comparable
+        across tokenizers: text.Corpus.bits_per_byte); None for synthetic data or no loss."""
+        corpus = self._corpus if self.config.data.source == "text" else None
+        if corpus is None or loss is None or not corpus.split_bytes.get(split):
+            return None
+        return corpus.bits_per_byte(loss, split)
+
+    def tokenizer_record(self) -> dict | None:
+        """What eval.json records of a text run's tokens: the tokenizer, its vocabulary size and
+        hash, how documents meet and the separator id (None for synthetic data)."""
+        if self.config.data.source != "text":
+            return None
+        data, corpus = self.config.data, self._corpus
+        return {
+            "tokenizer": data.tokenizer,
+            "file": data.tokenizer_file or None,
+            "vocab_size": len(corpus.vocab),
+            "hash": corpus.tokenizer_hash,
+            "documents": data.documents,
+            "separator": corpus.separator,
+            "tokens": {split: int(t.numel()) for split, t in corpus.splits.items()},
+            "bytes": dict(corpus.split_bytes),
+        }
+
+    @property
     def vocab(self) -> list[str] | None:
         """Token strings for text corpora (None for synthetic tasks, whose tokens are plain
         symbols)."""

@@ -180,7 +180,23 @@ def log_bins(length: int) -> list[int]:
 
 def unigram_loss(train_targets: Tensor, eval_targets: Tensor, vocab_size: int) -> float:
     """Mean negative log-likelihood (nats) of `eval_targets` under the training targets' unigram
-    distribution with add-one smoothing: the reference a language model has to beat."""
-    counts = torch.bincount(train_targets.flatten().long(), minlength=vocab_size).double() + 1.0
+    distribution with add-one smoothing: the reference a language model has to beat. Both [rows,
+    N] (views of a memory-mapped corpus too): read a chunk at a time, never whole."""
+    counts = _counts(train_targets, vocab_size) + 1.0
     log_p = counts.log() - counts.sum().log()
-    return float(-log_p[eval_targets.flatten().long()].mean())
+    eval_counts = _counts(eval_targets, vocab_size)
+    return float(-(eval_counts * log_p).sum() / eval_counts.sum())
+
+
+#: tokens a unigram count reads at a time (a memory-mapped corpus is never loaded whole)
+COUNT_CHUNK = 1 << 22
+
+
+def _counts(tokens: Tensor, vocab_size: int) -> Tensor:
+    """How often each id occurs in `tokens` [rows, N] (float64 [vocab_size])."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for row in tokens.reshape(-1, tokens.shape[-1]) if tokens.dim() > 1 else [tokens]:
+        for start in range(0, row.numel(), COUNT_CHUNK):
+            chunk = row[start : start + COUNT_CHUNK].long()
+            counts += torch.bincount(chunk, minlength=vocab_size).double()
+    return counts
