@@ -10,6 +10,7 @@
 # make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines")
 # make hybrid-schedules — per-layer schedules (RNoPE, Llama-4-like, Gemma-3-like) on text and a long-context task
 # make attention-plumbing — NoPE, RoPE, ALiBi, FoX with and without QK-norm, an output gate, a sink logit, Canon
+# make packed-documents — the fair-baselines core on BPE tokens, documents concatenated vs packed with resets
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c  # a failed grid fails its target even when piped through tee
 PY ?= python3
@@ -19,7 +20,7 @@ TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test demo docs lint bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines hybrid-schedules attention-plumbing
+.PHONY: install test demo docs lint bench gpu-check clean lengthgen repro-extrapolation repro-xl fair-baselines hybrid-schedules attention-plumbing packed-documents
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -174,6 +175,16 @@ attention-plumbing: install
 	$(BIN)/relpos-ablate plot $(PLUMBING) --kind plumbing --out $(PLUMBING)/figures
 	$(BIN)/relpos-ablate table $(PLUMBING)/summary.csv --out $(PLUMBING)/table.md
 	$(BIN)/relpos-ablate report $(PLUMBING)/summary.csv --out $(PLUMBING)/report.md
+
+# packed-documents: what changes when positions restart per document? NoPE, the sinusoid, RoPE, ALiBi, T5, FoX,
+# XL on BPE tokens of Tiny Shakespeare, documents concatenated or packed with resets (issue 60; its analysis
+# plan declared before the first run)
+DOCUMENTS := results/packed_documents
+packed-documents: install
+	$(call repro_grid,packed_documents)
+	$(BIN)/relpos-ablate plot $(DOCUMENTS) --kind documents --out $(DOCUMENTS)/figures
+	$(BIN)/relpos-ablate table $(DOCUMENTS)/summary.csv --out $(DOCUMENTS)/table.md
+	$(BIN)/relpos-ablate report $(DOCUMENTS)/summary.csv --out $(DOCUMENTS)/report.md
 
 # docs: the site into site/; --strict turns a broken link, a missing page or a docstring the API reference
 # cannot read into an error (the docs' runnable blocks and named paths are tests: tests/test_docs.py)
