@@ -78,3 +78,15 @@ def test_packed_reset_refuses_what_cannot_honour_it_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="chunked attention"):
         _config(tmp_path, attention={"terms": "a", "chunk": 8})
     _config(tmp_path, documents="packed", attention={"terms": "a", "bias": "fire"})  # fine
+
+
+def test_packed_rows_keep_no_memory_from_one_segment_to_the_next(tmp_path):
+    """data.documents packed: each training segment an independent row, so a segment repeated
+    gives the same loss; concatenate carries memory into the repeat, which changes it."""
+    for documents, same in (("packed", True), ("concatenate", False)):
+        module = LitLM(resolve_vocab(_config(tmp_path, documents=documents), 300)).eval()
+        inputs = torch.randint(1, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+        mask = torch.ones_like(inputs, dtype=torch.bool)
+        first, _ = module.segment_loss(inputs, inputs, mask, restart=False)
+        again, _ = module.segment_loss(inputs, inputs, mask, restart=False)
+        assert torch.equal(first, again) == same, documents
