@@ -60,6 +60,12 @@ STUDIES = (
         run_figures=("plumbing",),
     ),
     Study(
+        "relpos_ablate.studies.packed_documents",
+        ("packed_documents",),
+        figures=("documents",),
+        run_figures=("documents",),
+    ),
+    Study(
         "relpos_ablate.studies.length_generalization",
         ("length_generalization", "length_generalization_cap"),
         ("length_generalization",),
