@@ -201,3 +201,55 @@ def test_compiling_flex_raises_dynamos_recompile_limit_and_never_lowers_it():
     finally:
         config.recompile_limit, config.accumulated_recompile_limit = saved
         flex._kernel.cache_clear()
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("bias", ["alibi", "alibi_learned"])
+def test_a_linear_bias_is_read_in_closed_form_not_from_its_table(bias):
+    """ALiBi's score_mod reads its slope per head (-m_h·(i' - j)), not the [H, n] table: with the
+    table replaced by NaN the output still equals the reference (memory and a window included)."""
+    attn = make(terms="a", bias=bias)
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    mems = torch.randn(2, 4, 16, dtype=torch.float64)
+    options = AttentionOptions(window=5)
+    with torch.no_grad():
+        call, q_content, _ = attn.kernel_call(x, mems, options)
+        assert call.inputs.distance_slope is not None
+        table = torch.full_like(call.distance_scores, float("nan"))
+        poisoned = dataclasses.replace(call, inputs=call.inputs._replace(distance_scores=table))
+        _, k, v = attn._project(x, torch.cat([mems, x], 1), call.placement, None)
+        out = flex.flex_attend(poisoned, q_content, k, v, None)
+        want = flex.flex_attend(call, q_content, k, v, None)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, want, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_the_block_mask_is_built_once_per_shape_across_layers_and_steps():
+    flex._block_mask.cache_clear()
+    layers = [make(terms="a", bias="alibi") for _ in range(2)]
+    with torch.no_grad():
+        for _step in range(2):
+            for attn in layers:
+                attn(torch.randn(1, 8, 16, dtype=torch.float64))
+    assert flex._block_mask.cache_info().misses == 1
+    assert flex._block_mask.cache_info().hits == 3
+
+
+def test_auto_leaves_term_b_to_the_block_kernel_on_cuda():
+    """'auto' on CUDA never sends term b to FlexAttention (it would hold a [B, H, L, M + 2L - 1]
+    tensor); other calls it does, and a pinned 'flex' keeps term b."""
+    from relpos_ablate.model.kernels.dispatch import prefers_flex
+
+    for terms, expected in (("abcd", False), ("ac", True)):
+        attn = RelPosAttention(16, 2, 16, AttentionConfig(terms=terms, bias="alibi")).double()
+        with torch.no_grad():
+            call, q_content, q_position = attn.kernel_call(
+                torch.randn(1, 8, 16, dtype=torch.float64)
+            )
+        assert prefers_flex(call, q_content, q_position, attn.config, 0.0, cuda=True) is expected
+        assert not prefers_flex(call, q_content, q_position, attn.config, 0.0, cuda=False)
+    pinned = make(d_head=16, terms="abcd")
+    with torch.no_grad():
+        call, q_content, q_position = pinned.kernel_call(torch.randn(1, 8, 16, dtype=torch.float64))
+    assert prefers_flex(call, q_content, q_position, pinned.config, 0.0, cuda=True)

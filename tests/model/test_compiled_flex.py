@@ -128,8 +128,10 @@ def test_compiled_flex_forward_equals_the_explicit_path(name, compiled):
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_every_bias_type_shares_one_compiled_kernel(compiled):
     """Term b with each distance-only bias type: the same score_mod structure, so the learned ones
-    share one compilation and the fixed ones (ALiBi, Sandwich: a curve that needs no gradient, which
-    dynamo's guards tell apart) another; their tensors differ in values, not in shape or kind."""
+    share one compilation and the fixed ones (Sandwich: a curve that needs no gradient, which
+    dynamo's guards tell apart) another; their tensors differ in values, not in shape or kind. A
+    bias linear in the distance (ALiBi, learned ALiBi) is read in closed form from its slopes
+    (flex.py): one more structure."""
     distance_only = [b for b in BIAS_TYPES if b not in ("none", "fire")]
     before = compiled()
     for seed, bias in enumerate(distance_only):
@@ -141,7 +143,7 @@ def test_every_bias_type_shares_one_compiled_kernel(compiled):
                 seed=seed,
             )
         )
-    assert compiled() - before <= 2
+    assert compiled() - before <= 3
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

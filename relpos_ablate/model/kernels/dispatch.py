@@ -72,16 +72,7 @@ def attend(
     )
     if statistics is not None:
         return _observed(call, q_content, k, v, q_position, dropout_p, statistics)
-    # compiled FlexAttention (CUDA) needs heads of at least 16 channels, and is not trusted with
-    # every term's gradient: 'auto' leaves those calls to the others
-    on_flex = config.backend == "flex" or (
-        config.backend == "auto"
-        and q_content.is_cuda
-        and dropout_p == 0.0
-        and q_content.shape[-1] >= flex.min_head_dim("cuda")
-        and not flex.untrusted_gradient(call)
-    )
-    if on_flex and planner.flex(call.plan):
+    if prefers_flex(call, q_content, q_position, config, dropout_p, q_content.is_cuda):
         return flex.flex_attend(call, q_content, k, v, q_position)
     if not call.has_additive:  # a mask, no map: plain SDPA, or SDPA per block with its mask
         if not call.masked_per_row and call.visibility.window is None and not call.n_sinks:
@@ -103,6 +94,29 @@ def attend(
         call = band.banded(call) if path == "band" else call
         return _blockwise(call, *_widened(call, q_content, k, v, q_position)).to(call.dtype)
     return _stored(call, q_content, k, v, q_position, dropout_p)
+
+
+def prefers_flex(
+    call: AttentionCall,
+    q_content: Tensor,
+    q_position: Tensor | None,
+    config: KernelChoice,
+    dropout_p: float,
+    cuda: bool,
+) -> bool:
+    """Whether the call goes to FlexAttention: pinned, or under 'auto' on CUDA where compiled
+    FlexAttention takes it — heads of at least 16 channels, every term's gradient trusted, and no
+    term b, which it would hold as a [B, H, L, M + 2L - 1] tensor (flex.py) where the block kernel
+    keeps it O(L·d) — and the planner gives it the call's forms."""
+    on_flex = config.backend == "flex" or (
+        config.backend == "auto"
+        and cuda
+        and dropout_p == 0.0
+        and q_content.shape[-1] >= flex.min_head_dim("cuda")
+        and not flex.untrusted_gradient(call)
+        and q_position is None
+    )
+    return on_flex and planner.flex(call.plan)
 
 
 def candidates(

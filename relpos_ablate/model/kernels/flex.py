@@ -2,7 +2,8 @@
 a `score_mod` + `block_mask`.
 
 score_mod reads per-distance tensors at the pair's column t in the descending-distance order
-(shift.py):
+(shift.py), or a bias linear in the distance (ALiBi) in closed form, -m_h·(i' - j) from one slope
+per head:
 t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at
 explicit ones. It reads distance_scores [H, n] (term d without b, a bias of distance alone; term d
 its own [H, n] next to a term), the query scale [B or 1, H or 1, L], and each score term's point
@@ -195,6 +196,10 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
     # 2L - 1]
     term_b = None if q_position is None else q_position @ call.rel_keys.transpose(1, 2)
     term_d, distance_scores = call.inputs.term_d, call.distance_scores
+    # a bias linear in the distance (ALiBi's -m_h·(i' - j) on causal pairs): its closed form reads
+    # one slope per head, not a gathered [H, n] table
+    slope = call.inputs.distance_slope if call.consecutive and term_d is None else None
+    n_mem = call.n_mem
     points = []  # (the term's point form, whether λ multiplies it)
     for term in call.terms:
         point = term.point(call, compiled)
@@ -221,7 +226,9 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
         scaled, unscaled = [], []  # what λ multiplies (all that does not come from the queries)
         if term_d is not None:
             scaled.append(term_d[h, t])
-        if distance_scores is not None:
+        if slope is not None:  # pairs past the diagonal are masked: their value is never read
+            scaled.append(-slope[h] * (n_mem + q_idx - kv_idx))
+        elif distance_scores is not None:
             scaled.append(distance_scores[h, t])
         for point, by_query in points:
             (scaled if by_query else unscaled).append(point(b, h, q_idx, kv_idx, t))
