@@ -14,9 +14,9 @@ H = 8, L = 16384 in bf16, as much as the scores themselves; a product of d_head 
 no pointwise form, and its bilinear form through the sinusoid's angle sums costs d_model / d_head
 times the q·kᵀ work); backend 'blocks' keeps it O(L·d). A term without a point form is precomputed
 as its [B or 1, H, L, K] map. The block mask is the
-call's Visibility (causal, window) and, over packed documents, each query's own document (per row:
-blocks between two documents are skipped), with the learned sink slots (the first n_sinks keys)
-visible to every query and free of position; key padding is applied in score_mod. A term that reads
+call's Visibility (causal, window) and, per row, key padding and each query's own document over
+packed documents (blocks of padding or between two documents are skipped), with the learned sink
+slots (the first n_sinks keys) visible to every query and free of position. A term that reads
 content does not run here (dispatch.py). On CPU FlexAttention has no backward: forward only.
 
 Compilation: `dynamic=False` (torch 2.13's CPU code generation of FlexAttention fails with dynamic
@@ -78,36 +78,44 @@ def _block_mask(visibility: Visibility, n_queries: int, n_sinks: int, device: st
     )
 
 
-#: the last documents' block mask: (ids, visibility, queries, sinks, mask); the layers of one
-#: forward share their ids tensor, so its mask is built once per forward, not once per layer
-_last_documents: list = [None]
+#: the last per-row block mask: (documents, padding, visibility, queries, sinks, mask); the layers
+#: of one forward share their tensors, so its mask is built once per forward, not once per layer
+_last_rows: list = [None]
 
 
-def _document_mask(visibility: Visibility, n_queries: int, n_sinks: int, documents: Tensor):
-    """The block mask of a call over packed documents [B, K]: the Visibility and a query's own
-    document, per row, so that blocks no query of a document reaches are skipped."""
+def _row_mask(
+    visibility: Visibility,
+    n_queries: int,
+    n_sinks: int,
+    documents: Tensor | None,
+    padding: Tensor | None,
+):
+    """The block mask of a call whose visibility differs per row: the Visibility, a query's own
+    document (packed documents [B, K]) and no padded key (key padding [B, K], True = padded), so
+    that the blocks no query of a row reaches (another document, padding) are skipped."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     key = (visibility, n_queries, n_sinks)
-    last = _last_documents[0]
-    if last is not None and last[0] is documents and last[1:4] == key:
-        return last[4]
+    last = _last_rows[0]
+    if last is not None and last[0] is documents and last[1] is padding and last[2:5] == key:
+        return last[5]
     n_mem = visibility.n_mem
+    rows = (documents if documents is not None else padding).shape[0]
 
     def mask_mod(b, h, q_idx, kv_idx):  # kv_idx counts the sinks first
         j = torch.clamp(kv_idx - n_sinks, min=0)
-        own = (documents[b, n_mem + q_idx] == documents[b, j]) & visibility(q_idx, j)
-        return (kv_idx < n_sinks) | (own & (kv_idx >= n_sinks))
+        seen = visibility(q_idx, j) & (kv_idx >= n_sinks)
+        if documents is not None:
+            seen = seen & (documents[b, n_mem + q_idx] == documents[b, j])
+        if padding is not None:
+            seen = seen & ~padding[b, j]
+        return (kv_idx < n_sinks) | seen
 
+    any_row = documents if documents is not None else padding
     mask = create_block_mask(
-        mask_mod,
-        documents.shape[0],
-        None,
-        n_queries,
-        n_sinks + n_mem + n_queries,
-        device=str(documents.device),
+        mask_mod, rows, None, n_queries, n_sinks + n_mem + n_queries, device=str(any_row.device)
     )
-    _last_documents[0] = (documents, *key, mask)
+    _last_rows[0] = (documents, padding, *key, mask)
     return mask
 
 
@@ -152,27 +160,16 @@ def flex_attend(
             f"use 'auto' or 'blocks'"
         )
     score_mod = _per_distance_mod(call, q_position, compiled)
-    if padding is not None:
-        score_mod = _padded(score_mod, padding)
     if call.n_sinks:
         score_mod = _after_sinks(score_mod, call.n_sinks)
     block_mask = (
-        _block_mask(call.visibility, n_queries, call.n_sinks, str(q_content.device))
-        if call.document_ids is None
-        else _document_mask(call.visibility, n_queries, call.n_sinks, call.document_ids)
+        _row_mask(call.visibility, n_queries, call.n_sinks, call.document_ids, padding)
+        if call.masked_per_row
+        else _block_mask(call.visibility, n_queries, call.n_sinks, str(q_content.device))
     )
     return _kernel(compiled)(
         q_content, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale
     )
-
-
-def _padded(score_mod, padding: Tensor):
-    """score_mod that also hides padded keys ([B, K], True = padded)."""
-
-    def padded_mod(score, b, h, q_idx, kv_idx):
-        return torch.where(padding[b, kv_idx], float("-inf"), score_mod(score, b, h, q_idx, kv_idx))
-
-    return padded_mod
 
 
 def _after_sinks(score_mod, n_sinks: int):
