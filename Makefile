@@ -2,9 +2,9 @@
 #   workers, then the multi-process DDP tests alone; PYTEST_WORKERS, PYTEST_ARGS)
 # make demo  — run the demo ablation grid (experiments/demo.yaml) and write results/demo/
 # make docs  — build the documentation site into site/ (mkdocs build --strict); make lint — ruff check and format --check
-# make gpu-check — on a CUDA machine: every fast path against the explicit one, a DDP run, timing against
-#   FlashAttention (benchmarks/gpu_check.py; well over 10 min on one H200: its flags split it); without a GPU it
-#   says so in one line
+# make gpu-check — on a CUDA machine: parity, DDP, attention timing, train-step MFU, one process per phase; each
+#   call fits 10 min and resumes where the last one stopped (benchmarks/gpu_check.py; flags: GPU_CHECK_ARGS=...);
+#   without a GPU it says so in one line
 # make lengthgen, make repro-extrapolation, make repro-xl — the reproductions (README "Reproductions": their measured
 #   costs on 2 CPU cores)
 # make fair-baselines — every encoding preset at its own best learning rate (README "Fair baselines")
@@ -199,7 +199,7 @@ bench: install
 	$(BIN)/python benchmarks/attention.py
 
 gpu-check: install
-	$(BIN)/python benchmarks/gpu_check.py
+	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache site

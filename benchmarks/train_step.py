@@ -24,20 +24,34 @@ per second and the ratio to NoPE, written to results/<spec name>/train_step.json
 its flags, the cores, torch and the date. `relpos-ablate grid SPEC --dry-run` reads it to estimate
 the grid's wall time where no run of the spec has finished yet (training steps only: evaluation and
 start-up are not in it).
+
+With --presets, every encoding preset at a researcher's size (12 layers, d_model 768, L = 2048,
+batch 8 by default) against the same model without positions, compile off and on: step time,
+tokens/s, peak memory and MFU, and what the paper-scale specs would cost in device-hours
+(benchmarks/train_step_presets.py says how).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import platform
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
 
-from relpos_ablate.config import RunConfig, load_run_config
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_step_presets  # benchmarks/: the --presets mode
+from attention import machine  # the benchmark's record of the processor
+from relpos_ablate.config import AttentionConfig, RunConfig, load_run_config
+from relpos_ablate.config.run import resolve_log_n_length
+from relpos_ablate.runner.grid import format_variant, load_grid
 from relpos_ablate.train.data import build_datamodule
 from relpos_ablate.train.plain import train_plain
 from relpos_ablate.train.run import resolve_vocab, train_run
@@ -100,17 +114,6 @@ def time_spec(
 ) -> None:
     """Seconds per training step of every variant of a grid spec and of its NoPE twin (module
     docstring)."""
-    import json
-    import platform
-    import sys
-    from pathlib import Path
-
-    from relpos_ablate.config import AttentionConfig
-    from relpos_ablate.runner.grid import format_variant, load_grid
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from attention import machine  # the benchmark's record of the processor
-
     spec = load_grid(spec_path)
     variants: dict[str, object] = {}
     for run in spec.runs:  # the first seed's run of each variant
@@ -166,8 +169,6 @@ def time_spec(
 def _timed_config(config: RunConfig, steps: int, device: str) -> RunConfig:
     """The run's config for a timing: `steps` steps on `device`, what a run fills in filled in (the
     vocabulary, log-n's training length)."""
-    from relpos_ablate.config.run import resolve_log_n_length
-
     accelerator = "gpu" if device == "cuda" else "cpu"
     config = dataclasses.replace(
         config, train=dataclasses.replace(config.train, max_steps=steps, accelerator=accelerator)
@@ -175,17 +176,27 @@ def _timed_config(config: RunConfig, steps: int, device: str) -> RunConfig:
     return resolve_log_n_length(resolve_vocab(config, build_datamodule(config).vocab_size))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--steps", type=int, default=100, help="timed steps per run")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--steps", type=int, default=None, help="timed steps per run (default 100; --presets 10)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps first (default 10; --presets 3)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs (--presets: pairs) per cell")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument(
-        "--compile", action="store_true", help="also time Lightning with train.compile: true"
+        "--compile",
+        nargs="?",
+        const="both",
+        default=None,
+        choices=("off", "on", "both"),
+        help="train.compile: without --presets, `--compile` also times Lightning compiled; with "
+        "--presets off, on or both (default both)",
     )
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     parser.add_argument(
@@ -194,10 +205,19 @@ def main() -> None:
     parser.add_argument(
         "--out",
         default=None,
-        help="--spec: the JSON to write (default results/<spec>/train_step.json)",
+        help="--spec, --presets: the JSON to write (default results/<spec>/train_step.json; "
+        "benchmarks/results/train_step_presets.json, with its .md beside)",
     )
-    args = parser.parse_args()
+    train_step_presets.add_arguments(parser)
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    presets = args.presets is not None
+    args.steps = args.steps or (10 if presets else 100)
+    args.warmup = args.warmup if args.warmup is not None else (3 if presets else 10)
+    if presets:
+        args.compile = args.compile or "both"
+        train_step_presets.run(args)
+        return
     if args.spec:
         return time_spec(args.spec, args.steps, args.warmup, args.repeats, args.device, args.out)
     accelerator = "gpu" if args.device == "cuda" else "cpu"
@@ -220,7 +240,7 @@ def main() -> None:
     for _ in range(args.repeats):
         plain_s.append(time_plain(config, args.device, args.warmup, args.steps))
         lightning_s.append(time_lightning(config, args.warmup, args.steps))
-        if args.compile:
+        if args.compile in ("on", "both"):
             compiled_s.append(time_lightning(compiled_config, args.warmup, args.steps))
     plain, lightning = statistics.median(plain_s), statistics.median(lightning_s)
     print(

@@ -1,7 +1,8 @@
 """The speed benchmarks record what their numbers belong to: benchmarks/attention.py's JSON names
 the processor, its flags, the cores, torch, the date, the denormal setting and the kernels
 calibration chose; train_step.py --spec times every variant of a grid against its NoPE twin and
-writes what `grid --dry-run` reads; swap_timing.py times a function against its version at another
+writes what `grid --dry-run` reads (its --presets mode, with the FLOP and MFU arithmetic:
+tests/test_train_step_flops.py); swap_timing.py times a function against its version at another
 revision in one process."""
 
 import importlib.util

@@ -1,8 +1,10 @@
-"""benchmarks/gpu_check.py (`make gpu-check`) without a GPU: its one-line answer, and its parity
-logic on CPU (the CUDA parts, DDP and timing, skipped): every fast path against the explicit path in
-fp32 and bf16, and a wrong kernel fails the check. Its run on CPU found FlexAttention's FoX decay
-and CoPE's gate counts rounded to bf16 under autocast (both now in fp32). Run: pytest
-tests/test_gpu_check.py -q"""
+"""benchmarks/gpu_check.py (`make gpu-check`) without a GPU: its one-line answer; its plan of
+phases, each a process with its own timeout, run while they fit the call's budget, a written phase
+skipped (resume), a failed one recorded and skipped unless retried, never a half-written file; the
+parity phase on CPU (every fast path against the explicit path in fp32 and bf16, and a wrong kernel
+fails the check); the summary's TFLOP/s and MFU columns. Its run on CPU found FlexAttention's FoX
+decay and CoPE's gate counts rounded to bf16 under autocast (both now in fp32). Run: pytest
+tests/test_gpu_check.py -q -p no:cacheprovider"""
 
 import json
 import sys
@@ -11,11 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures.runner import alive, wait_for
+from relpos_ablate.config.presets import encoding_words
 from relpos_ablate.model.kernels import blockwise as kernels
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
-sys.path.insert(0, str(SCRIPT.parent))
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
 import gpu_check  # noqa: E402
+import gpu_check_phases  # noqa: E402
+import gpu_check_report  # noqa: E402
+import train_step  # noqa: E402
 
 
 def test_without_a_gpu_it_says_so_in_one_line(tmp_path, monkeypatch, capsys):
@@ -27,50 +34,141 @@ def test_without_a_gpu_it_says_so_in_one_line(tmp_path, monkeypatch, capsys):
     assert not list(tmp_path.iterdir())
 
 
+def test_the_plan_puts_correctness_first_and_each_phase_under_its_timeout():
+    args = gpu_check.parser().parse_args(["--lengths", "1024,4096", "--compiled-chunk", "16"])
+    phases = gpu_check.plan(args, torch.device("cuda"))  # (a plan only: nothing runs)
+    names = [p.name for p in phases]
+    parity = [f"parity-{b}-{d}" for b in ("flex", "sdpa", "blocks") for d in ("fp32", "bf16")]
+    n = len(encoding_words())
+    eager = [f"train_step-off-{k}of{-(-n // 8)}" for k in range(1, -(-n // 8) + 1)]
+    compiled = [f"train_step-on-{k}of{-(-n // 16)}" for k in range(1, -(-n // 16) + 1)]
+    assert names == [*parity, "ddp", "attention-L1024", "attention-L4096", *eager, *compiled]
+    timeout = {p.name: p.timeout for p in phases}
+    assert timeout["parity-flex-fp32"] == 300 and timeout["parity-blocks-bf16"] == 150
+    assert all(t <= args.budget for t in timeout.values())  # each fits one call
+    attention = phases[names.index("attention-L4096")].command
+    assert float(attention[attention.index("--deadline") + 1]) == 420 - gpu_check.ATTENTION_MARGIN
+    chunks = [p.command[p.command.index("--presets") + 1] for p in phases if "-on-" in p.name]
+    assert ",".join(chunks).split(",") == encoding_words()  # every preset, compiled
+    cpu = gpu_check.parser().parse_args(["--phases", "parity-blocks-*,ddp,attention-*"])
+    cpu.timeout = ["parity-blocks-fp32=30"]
+    on_cpu = gpu_check.plan(cpu, torch.device("cpu"))  # DDP and attention: CUDA only
+    assert [(p.name, p.timeout) for p in on_cpu] == [
+        ("parity-blocks-fp32", 30.0),
+        ("parity-blocks-bf16", 150.0),
+    ]
+
+
+def test_a_phase_that_could_never_fit_the_budget_is_refused_in_one_line(tmp_path):
+    argv = ["--device", "cpu", "--out", str(tmp_path), "--timeout", "parity-*=900"]
+    with pytest.raises(SystemExit, match="parity-flex-fp32's timeout \\(900 s\\) is over --budget"):
+        gpu_check.main(argv)
+    assert not list(tmp_path.iterdir())
+
+
+def phase(name: str, timeout: float = 100.0, *command: str) -> "gpu_check.Phase":
+    return gpu_check.Phase(name, command or ("true",), timeout)
+
+
+class FakeLaunch:
+    """Writes a phase's file (after a temporary file, as atomic_write_text) or fails it, leaving
+    the temporary file of a write cut short; advances the fake clock by `seconds`."""
+
+    def __init__(self, failing=(), seconds=10.0):
+        self.failing, self.seconds, self.now, self.ran = set(failing), seconds, 0.0, []
+
+    def __call__(self, phase, phases_dir):
+        self.ran.append(phase.name)
+        self.now += self.seconds
+        (phases_dir / f".{phase.name}.json.abc.tmp").write_text("{")
+        if phase.name in self.failing:
+            return False, "exit code 1: boom"
+        (phases_dir / f".{phase.name}.json.abc.tmp").replace(phases_dir / f"{phase.name}.json")
+        (phases_dir / f"{phase.name}.json").write_text(json.dumps({"rows": []}))
+        return True, ""
+
+
+def test_a_written_phase_is_skipped_and_a_failed_one_leaves_no_file(tmp_path):
+    phases = [phase("a"), phase("b"), phase("c")]
+    launch = FakeLaunch(failing={"b"})
+    what = gpu_check.run_phases(phases, tmp_path, 600, launch=launch, clock=lambda: launch.now)
+    assert what["done"] == ["a", "c"] and what["failed"] == ["b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "c.json", "state.json"]
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["b"] == {"state": "failed", "seconds": 10.0, "reason": "exit code 1: boom"}
+    again = FakeLaunch()
+    what = gpu_check.run_phases(phases, tmp_path, 600, launch=again, clock=lambda: again.now)
+    assert again.ran == [] and what["written"] == ["a", "c"] and what["failed_before"] == ["b"]
+    gpu_check.run_phases(phases, tmp_path, 600, retry_failed=True, launch=again)
+    assert again.ran == ["b"] and (tmp_path / "b.json").exists()
+    gpu_check.run_phases(phases, tmp_path, 600, force=True, launch=again)
+    assert again.ran == ["b", "a", "b", "c"]
+
+
+def test_a_call_starts_a_phase_only_while_its_timeout_fits_the_budget(tmp_path):
+    """At 0 s and 80 s a phase of 100 s fits 250 s; at 160 s it does not, and nothing after it runs
+    in this call, not even a short one: the phases keep their order."""
+    phases = [phase("a"), phase("b"), phase("c"), phase("d", 10.0)]
+    launch = FakeLaunch(seconds=80.0)
+    what = gpu_check.run_phases(phases, tmp_path, 250, launch=launch, clock=lambda: launch.now)
+    assert what["done"] == ["a", "b"] and what["left"] == ["c", "d"]
+    launch.now = 0.0
+    what = gpu_check.run_phases(phases, tmp_path, 250, launch=launch, clock=lambda: launch.now)
+    assert what["written"] == ["a", "b"] and what["done"] == ["c", "d"] and not what["left"]
+
+
+def test_a_phase_past_its_timeout_is_killed_with_its_children(tmp_path):
+    pid = tmp_path / "child.pid"
+    sleeper = (
+        "import pathlib, subprocess, time; child = subprocess.Popen(['sleep', '60']); "
+        f"pathlib.Path({str(pid)!r}).write_text(str(child.pid)); time.sleep(60)"
+    )
+    slow = phase("slow", 2.0, sys.executable, "-c", sleeper)
+    assert gpu_check.launch(slow, tmp_path) == (False, "timeout after 2 s")
+    wait_for(lambda: not alive(int(pid.read_text())), timeout=10)  # the child too
+    crash = "print('step 1', flush=True); raise SystemExit('cuda out of memory')"
+    ok, reason = gpu_check.launch(phase("crash", 30.0, sys.executable, "-c", crash), tmp_path)
+    assert not ok and reason == "exit code 1: cuda out of memory"
+    assert (tmp_path / "crash.log").read_text().startswith("step 1")
+
+
+def run_in_process(phase, phases_dir):
+    """The phase's command, run by its script's main in this process (no new interpreter)."""
+    script, argv = Path(phase.command[1]).name, list(phase.command[2:])
+    ({"gpu_check_phases.py": gpu_check_phases.main, "train_step.py": train_step.main}[script])(argv)
+    return True, ""
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-def test_the_parity_part_runs_on_cpu(tmp_path):
-    schemes = "xl_abcd,bias_fire,fox,cope,window_sinks_fox"
-    assert gpu_check.main(["--device", "cpu", "--schemes", schemes, "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "gpu_check.json").read_text())["parity"]
+def test_the_parity_and_train_step_phases_run_on_cpu_into_one_summary(tmp_path):
+    size = "--layers 1 --d-model 16 --heads 2 --d-head 16 --d-inner 32 --length 16 --batch 2"
+    args = gpu_check.parser().parse_args(
+        [
+            *("--device", "cpu", "--out", str(tmp_path), "--schemes", "xl_abcd,bias_fire,fox"),
+            *("--phases", "parity-*,train_step-*", "--presets", "nope,rope,alibi"),
+            *("--compile", "off", "--train-step-args"),
+            f"{size} --vocab 64 --steps 1 --warmup 1 --repeats 1",
+        ]
+    )
+    phases = gpu_check.plan(args, torch.device("cpu"))
+    gpu_check.run_phases(phases, tmp_path / "phases", 600, launch=run_in_process)
+    env = gpu_check.environment(torch.device("cpu"))
+    summary = gpu_check_report.summarise(tmp_path, env, [p.name for p in phases], "", 0)
+    rows = summary["parity"]
     assert {(r["scheme"], r["backend"], r["dtype"]) for r in rows} == {
         (s, b, d)
-        for s in schemes.split(",")
-        for b in gpu_check.BACKENDS
+        for s in ("xl_abcd", "bias_fire", "fox")
+        for b in gpu_check_phases.BACKENDS
         for d in ("fp32", "bf16")
-        if gpu_check.runs_on(gpu_check.PARITY[s], b)
     }
-    assert all(r["ok"] for r in rows)
+    assert all(r["ok"] for r in rows) and not summary["failures"]
     # (no CPU flex backward)
     assert all(r["grad_error"] is not None for r in rows if r["backend"] != "flex")
-    assert "| fox | flex | bf16 |" in (tmp_path / "gpu_check.md").read_text()
-
-
-def test_the_check_runs_in_parts(tmp_path):
-    """--backends and --dtypes take one part of the parity (a GPU's 10-minute calls hold no whole
-    check)."""
-    assert (
-        gpu_check.main(
-            [
-                "--device",
-                "cpu",
-                "--schemes",
-                "bias_t5,fox",
-                "--backends",
-                "blocks",
-                "--dtypes",
-                "fp32",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
-    rows = json.loads((tmp_path / "gpu_check.json").read_text())["parity"]
-    assert [(r["scheme"], r["backend"], r["dtype"], r["ok"]) for r in rows] == [
-        ("bias_t5", "blocks", "fp32", True),
-        ("fox", "blocks", "fp32", True),
-    ]
-    assert not list(tmp_path.glob(".*.tmp"))  # written to a temporary file and renamed
+    assert [r["scheme"] for r in summary["train_step"]["rows"]] == ["nope", "rope", "alibi"]
+    assert {p["state"] for p in summary["phases"]} == {"done"}
+    page = gpu_check_report.markdown(summary)
+    assert "| fox | flex | bf16 |" in page and "| rope | off |" in page
+    assert summary["device"] == "cpu" and summary["torch"] and "commit" in summary
 
 
 def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
@@ -78,9 +176,41 @@ def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
     monkeypatch.setattr(
         kernels, "_merged", lambda parts: (lambda out, lse: (out * 1.01, lse))(*merged(parts))
     )
-    assert gpu_check.main(["--device", "cpu", "--schemes", "bias_t5", "--out", str(tmp_path)]) == 1
-    rows = json.loads((tmp_path / "gpu_check.json").read_text())["parity"]
-    assert {r["backend"] for r in rows if not r["ok"]} == {"blocks"}
+    write = tmp_path / "phases" / "parity-all.json"
+    argv = ["parity", "--device", "cpu", "--schemes", "bias_t5", "--write", str(write)]
+    assert gpu_check_phases.main(argv) == 0  # failing rows are results, not a failed phase
+    summary = gpu_check_report.summarise(tmp_path, {}, [], "", 0)
+    assert {r["backend"] for r in summary["parity"] if not r["ok"]} == {"blocks"}
+    assert summary["failures"] == ["bias_t5 blocks fp32", "bias_t5 blocks bf16"]
+
+
+def test_the_attention_rows_carry_flashattentions_tflops_and_the_fraction_of_peak(tmp_path):
+    """B = 2, H = 8, d_head = 64 (benchmarks/attention.py), causal forward + backward at L = 1024:
+    3.5 × 4·B·H·L²·d / 2 FLOPs; the scheme in 2 ms, FlashAttention in 1 ms, peak 989 TFLOP/s."""
+    flops = 3.5 * 4 * 2 * 8 * 1024**2 * 64 / 2
+    rates = gpu_check_phases.attention_rates({"ms": 2.0, "baseline_ms": 1.0}, 1024, 989.0)
+    assert rates["tflops"] == pytest.approx(flops / 2e-3 / 1e12)
+    assert rates["baseline_tflops"] == pytest.approx(flops / 1e-3 / 1e12)
+    assert rates["peak_fraction"] == pytest.approx(flops / 2e-3 / 989e12)
+    assert (
+        gpu_check_phases.attention_rates({"ms": 2.0, "baseline_ms": 1.0}, 1024, None)[
+            "peak_fraction"
+        ]
+        is None
+    )
+    row = {"scheme": "alibi", "L": 1024, "ratio": 2.0, "ms": 2.0, "baseline_ms": 1.0, **rates}
+    row.update(peak_mb=30.0, baseline_peak_mb=29.0)
+    phases = tmp_path / "phases"
+    phases.mkdir()
+    attention = {"rows": [row, {"scheme": "t5", "L": 16384, "skipped": "time budget"}]}
+    attention.update(B=2, H=8, d_head=64, peak_tflops=989.0)
+    (phases / "attention-L1024.json").write_text(json.dumps(attention))
+    summary = gpu_check_report.summarise(tmp_path, {"device": "NVIDIA H200"}, [], "", 0)
+    page = gpu_check_report.attention_lines(summary["attention"])
+    tf = flops / 2e-3 / 1e12
+    assert f"| alibi | 1024 | 2.00× | {tf:.1f} ({2 * tf:.1f}) | " in "\n".join(page)
+    assert f"{tf / 989:.1%} ({2 * tf / 989:.1%})" in "\n".join(page)
+    assert "| t5 | 16384 | time budget |" in "\n".join(page)
 
 
 def test_the_profile_script_names_where_the_time_goes(capsys):

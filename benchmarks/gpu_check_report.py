@@ -1,0 +1,159 @@
+"""The GPU check's summary: every written phase of OUT/phases/ (benchmarks/gpu_check.py) merged into
+one JSON and one Markdown page, with what the numbers belong to (device, driver, torch, commit),
+the attention's TFLOP/s and fraction of peak, the train step's MFU, and the paper-scale specs'
+device-hours (benchmarks/grid_cost.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grid_cost import cost_lines, costs
+from mfu import environment_line
+from relpos_ablate.io import read_json
+from train_step_presets import rows_table
+
+
+def summarise(out: Path, env: dict, planned: list[str], cost_specs: str, vocab: int) -> dict:
+    """The summary of OUT/phases/: the phases' states (planned ones first), then their rows by
+    kind; `failures` names each parity row that failed and a failed DDP run."""
+    phases_dir = out / "phases"
+    state = read_json(phases_dir / "state.json") or {}
+    files = {p.stem: p for p in phases_dir.glob("*.json") if p.name != "state.json"}
+    names = list(dict.fromkeys([*planned, *sorted(files), *state]))
+    results = {n: read_json(files[n]) for n in names if n in files}
+    phases = [
+        {
+            "phase": n,
+            "state": "done" if n in results else state.get(n, {}).get("state", "pending"),
+            "seconds": state.get(n, {}).get("seconds"),
+            "reason": state.get(n, {}).get("reason"),
+        }
+        for n in names
+    ]
+
+    def rows(prefix: str) -> list[dict]:
+        return [row for n, r in results.items() if n.startswith(prefix) for row in r["rows"]]
+
+    parity, ddp = rows("parity-"), results.get("ddp")
+    attention = [r for n, r in results.items() if n.startswith("attention-")]
+    train = [r for n, r in results.items() if n.startswith("train_step-")]
+    train_rows = rows("train_step-")
+    specs = [path for path in cost_specs.split(",") if path]
+    failures = [f"{r['scheme']} {r['backend']} {r['dtype']}" for r in parity if not r["ok"]]
+    if ddp and not ddp["ok"]:
+        failures.append("ddp")
+    shape = ("B", "H", "d_head", "peak_tflops")
+    return {
+        **env,
+        "phases": phases,
+        "parity": parity,
+        "ddp": ddp,
+        "attention": {
+            **({k: attention[0][k] for k in shape} if attention else {}),
+            "rows": rows("attention-"),
+        },
+        "train_step": {
+            **({k: v for k, v in train[0].items() if k not in _PER_RUN} if train else {}),
+            "rows": train_rows,
+        },
+        "costs": costs(train_rows, specs, vocab, train[0]["flops_per_step"]) if train else [],
+        "failures": failures,
+    }
+
+
+# what a train-step phase's JSON says about its own process (the summary's env says it once)
+_PER_RUN = ("rows", "costs", "device", "cuda", "nvidia_driver", "torch", "processor", "date")
+
+
+def markdown(summary: dict) -> str:
+    lines = [
+        f"# GPU check: {summary['device']}, torch {summary['torch']}",
+        "",
+        environment_line(summary),
+        "",
+        "| phase | state | seconds | why |",
+        "|---|---|---|---|",
+    ]
+    for p in summary["phases"]:
+        seconds = "—" if p["seconds"] is None else f"{p['seconds']:.0f}"
+        lines.append(f"| {p['phase']} | {p['state']} | {seconds} | {p['reason'] or ''} |")
+    lines += parity_lines(summary["parity"])
+    if summary["ddp"]:
+        d = summary["ddp"]
+        lines += [
+            "",
+            f"DDP on {d['gpus']} GPU(s), {d['steps']} steps: {d['state']} in {d['seconds']:.0f} s",
+        ]
+    lines += attention_lines(summary["attention"])
+    train = summary["train_step"]
+    if train["rows"]:
+        size = train["size"]
+        lines += [
+            "",
+            f"## Train step against NoPE ({size['layers']} layers, d_model {size['d_model']}, "
+            f"{size['heads']} heads × {size['d_head']}, L = {size['length']}, batch "
+            f"{size['batch']}, vocabulary {size['vocab']}, {train['precision']})",
+            "",
+            f"FLOPs per step {train['flops_per_step']:.3e}: {train['flop_count']}. Peak "
+            f"{train['peak_tflops'] or '—'} TFLOP/s. Memory: {train['memory']}.",
+            "",
+            *rows_table(train["rows"]),
+            "",
+            *cost_lines(summary["costs"]),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def parity_lines(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = [
+        "",
+        f"## Parity: {sum(r['ok'] for r in rows)}/{len(rows)} ok",
+        "",
+        "| scheme | backend | dtype | output error | gradient error | ok |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        grad = "—" if r.get("grad_error") is None else f"{r['grad_error']:.1e}"
+        out = "—" if r.get("out_error") is None else f"{r['out_error']:.1e}"
+        lines.append(
+            f"| {r['scheme']} | {r['backend']} | {r['dtype']} | {out} | {grad} | "
+            f"{'ok' if r['ok'] else 'FAILED ' + r.get('error', '')} |"
+        )
+    return lines
+
+
+def attention_lines(attention: dict) -> list[str]:
+    if not attention["rows"]:
+        return []
+    peak = attention["peak_tflops"]
+    lines = [
+        "",
+        f"## Attention against FlashAttention (bf16, B = {attention['B']}, H = {attention['H']}, "
+        f"d_head = {attention['d_head']}, causal, forward + backward)",
+        "",
+        "TFLOP/s by FlashAttention's count: 4·B·H·L²·d forward, halved when causal, × 3.5 with the "
+        f"backward; of the dense bf16 peak, {peak or '—'} TFLOP/s. The projections' time is in "
+        "the measured time, not in the count.",
+        "",
+        "| scheme | L | time / FlashAttention | TFLOP/s (FlashAttention) | of peak "
+        "(FlashAttention) | peak MB (FlashAttention) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in attention["rows"]:
+        where = f"| {r['scheme']} | {r['L']} |"
+        if "skipped" in r or "error" in r:
+            lines.append(f"{where} {r.get('skipped') or r.get('error')} | | | |")
+            continue
+        fraction = (
+            "—"
+            if r["peak_fraction"] is None
+            else f"{r['peak_fraction']:.1%} ({r['baseline_peak_fraction']:.1%})"
+        )
+        memory = f"{r['peak_mb']:.0f} ({r['baseline_peak_mb']:.0f})"
+        lines.append(
+            f"{where} {r['ratio']:.2f}× | {r['tflops']:.1f} ({r['baseline_tflops']:.1f}) | "
+            f"{fraction} | {memory} |"
+        )
+    return lines
