@@ -38,7 +38,7 @@ from relpos_ablate.model import TransformerLM
 from relpos_ablate.train.data.datamodule import SegmentDataModule
 from relpos_ablate.train.data.example_module import ExampleDataModule, TestSet
 from relpos_ablate.train.data.examples import PAD, Examples
-from relpos_ablate.train.data.protocols import unigram_loss
+from relpos_ablate.train.data.protocols import unigram_loss_of_counts
 from relpos_ablate.train.diagnostics import AttentionDiagnostics, max_seen_distance
 from relpos_ablate.train.document_metrics import document_metrics, places
 from relpos_ablate.train.metrics import main_metric, token_stats
@@ -204,8 +204,9 @@ def reference(config: RunConfig, datamodule: SegmentDataModule, streams) -> dict
     num_symbols), the add-one-smoothed unigram of the training targets for text."""
     if config.data.source == "synthetic":
         return {"name": "chance", "metrics": {"acc": 1.0 / config.data.num_symbols}}
-    train = datamodule.streams("train", config.train.segment_len).targets
-    loss = unigram_loss(train, streams.targets, datamodule.vocab_size)
+    train = datamodule.target_counts("train", config.train.batch_size)
+    evaluated = datamodule.target_counts(config.eval.split, config.eval.batch_size)
+    loss = unigram_loss_of_counts(train, evaluated)
     metrics = {"loss": loss, "ppl": math.exp(loss)}
     if config.data.character_level:
         metrics["bpc"] = loss / math.log(2)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from relpos_ablate.config import DataConfig
-from relpos_ablate.train.data.protocols import unigram_loss
+from relpos_ablate.train.data.protocols import target_counts, unigram_loss, unigram_loss_of_counts
 from relpos_ablate.train.data.streams import SegmentStreams, TrainingSegments, batchify
 from relpos_ablate.train.data.text import load_corpus
 
@@ -49,15 +49,27 @@ def test_every_process_reads_views_of_the_mapped_file(tmp_path):
         assert torch.equal(batch.inputs[0], expected)
 
 
-def test_the_unigram_reference_counts_a_mapped_split_in_chunks(tmp_path, monkeypatch):
-    """The reference's counts are read a chunk at a time and equal numpy's over the whole array."""
-    from relpos_ablate.train.data import protocols
+def test_the_unigram_reference_of_a_mapped_split_comes_from_counts_read_off_its_file(
+    tmp_path, monkeypatch
+):
+    """The split's counts are read from its file a chunk at a time (not through the map) and kept
+    beside it; the targets' counts (the split less each stream's first token and the tail) give the
+    reference numpy gives over the targets themselves."""
+    from relpos_ablate.train.data import shards
 
-    tokens = _corpus(tmp_path).splits["train"]
-    monkeypatch.setattr(protocols, "COUNT_CHUNK", 97)
+    corpus = _corpus(tmp_path)
+    tokens = corpus.splits["train"]
+    monkeypatch.setattr(shards, "COUNT_CHUNK", 97)
+    whole = corpus.unigram_counts("train")
+    every = np.bincount(tokens.numpy().astype(np.int64), minlength=300)
+    assert np.array_equal(whole.numpy(), every)
+    assert (corpus.folder / "train.counts.npy").exists()
     _, targets = batchify(tokens, 3)
     held = tokens[-200:]
-    got = unigram_loss(targets, held[None], 300)
+    got = unigram_loss_of_counts(
+        target_counts(tokens, 3, whole), torch.bincount(held.long(), minlength=300)
+    )
     counts = np.bincount(targets.numpy().astype(np.int64).ravel(), minlength=300) + 1.0
     log_p = np.log(counts) - np.log(counts.sum())
     assert np.isclose(got, -log_p[held.numpy().astype(np.int64)].mean(), rtol=1e-12)
+    assert np.isclose(got, unigram_loss(targets, held[None], 300), rtol=1e-12)

@@ -2,8 +2,8 @@
 a `score_mod` + `block_mask`.
 
 score_mod reads per-distance tensors at the pair's column t in the descending-distance order
-(shift.py), or a bias linear in the distance (ALiBi) in closed form, -m_h·(i' - j) from one slope
-per head:
+(shift.py), or a bias linear in the distance in closed form, -m_h·(i' - j) from one slope per
+head:
 t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at
 explicit ones. It reads distance_scores [H, n] (term d without b, a bias of distance alone; term d
 its own [H, n] next to a term), the query scale [B or 1, H or 1, L], and each score term's point
@@ -193,8 +193,8 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
     # 2L - 1]
     term_b = None if q_position is None else q_position @ call.rel_keys.transpose(1, 2)
     term_d, distance_scores = call.inputs.term_d, call.distance_scores
-    # a bias linear in the distance (ALiBi's -m_h·(i' - j) on causal pairs): its closed form reads
-    # one slope per head, not a gathered [H, n] table
+    # a bias linear in the distance (-m_h·(i' - j) on causal pairs): its closed form reads one slope
+    # per head, not a gathered [H, n] table
     slope = call.inputs.distance_slope if call.consecutive and term_d is None else None
     n_mem = call.n_mem
     points = []  # (the term's point form, whether λ multiplies it)

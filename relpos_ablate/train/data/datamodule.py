@@ -7,12 +7,13 @@ import functools
 
 import lightning as L
 import torch
+from torch import Tensor
 from torch.utils.data import DataLoader
 
 from relpos_ablate.config import ConfigError, EvalSetting, RunConfig
 from relpos_ablate.config.base import raise_all
 from relpos_ablate.train.data import synthetic, text
-from relpos_ablate.train.data.protocols import eval_loader
+from relpos_ablate.train.data.protocols import eval_loader, target_counts
 from relpos_ablate.train.data.streams import (
     ResumeSampler,
     SegmentStreams,
@@ -76,6 +77,12 @@ class SegmentDataModule(L.LightningDataModule):
         if corpus is None or loss is None or not corpus.split_bytes.get(split):
             return None
         return corpus.bits_per_byte(loss, split)
+
+    def target_counts(self, split: str, rows: int) -> Tensor:
+        """How often each id occurs among the targets of a text split cut into `rows` streams, from
+        the corpus's counts (a memory-mapped split is not read through its map)."""
+        tokens = self._corpus.splits[split]
+        return target_counts(tokens, rows, self._corpus.unigram_counts(split))
 
     def tokenizer_record(self) -> dict | None:
         """What eval.json records of a text run's tokens: the tokenizer, its vocabulary size and

@@ -182,10 +182,27 @@ def unigram_loss(train_targets: Tensor, eval_targets: Tensor, vocab_size: int) -
     """Mean negative log-likelihood (nats) of `eval_targets` under the training targets' unigram
     distribution with add-one smoothing: the reference a language model has to beat. Both [rows,
     N] (views of a memory-mapped corpus too): read a chunk at a time, never whole."""
-    counts = _counts(train_targets, vocab_size) + 1.0
-    log_p = counts.log() - counts.sum().log()
-    eval_counts = _counts(eval_targets, vocab_size)
+    return unigram_loss_of_counts(
+        _counts(train_targets, vocab_size), _counts(eval_targets, vocab_size)
+    )
+
+
+def unigram_loss_of_counts(train_counts: Tensor, eval_counts: Tensor) -> float:
+    """`unigram_loss` from how often each id occurs among the training and the evaluation targets
+    ([vocab] each)."""
+    log_p = (train_counts.double() + 1.0).log()
+    log_p = log_p - (train_counts.double() + 1.0).sum().log()
+    eval_counts = eval_counts.double()
     return float(-(eval_counts * log_p).sum() / eval_counts.sum())
+
+
+def target_counts(tokens: Tensor, rows: int, whole: Tensor) -> Tensor:
+    """How often each id occurs among the targets `streams.batchify(tokens, rows)` makes, from the
+    split's counts `whole` [vocab]: those less each stream's first token (no target) and the tail
+    that fills no stream; a handful of reads, never the whole split."""
+    per_row = tokens.numel() // rows
+    dropped = torch.cat([tokens[: rows * per_row : per_row], tokens[rows * per_row :]]).long()
+    return whole.double() - torch.bincount(dropped, minlength=whole.numel()).double()
 
 
 #: tokens a unigram count reads at a time (a memory-mapped corpus is never loaded whole)

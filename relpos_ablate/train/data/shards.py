@@ -11,6 +11,7 @@ that nothing reads.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 from relpos_ablate.config import ConfigError
+from relpos_ablate.io import atomic_write_bytes
 
 META = "meta.json"
 #: Vocabularies of at most this many ids are stored as uint16, larger ones as uint32.
@@ -138,7 +140,7 @@ def read_meta(directory: Path) -> dict | None:
 def token_array(directory: Path, split: str, meta: dict) -> Tensor:
     """A split's tokens as a 1-D tensor over a copy-on-write memory map: nothing is read until a
     window of it is touched."""
-    dtype = np.dtype("<" + np.dtype(meta["dtype"]).str[1:])
+    dtype = np.dtype(meta["dtype"]).newbyteorder("<")
     if not meta["splits"][split]["tokens"]:  # an empty file cannot be mapped
         return torch.from_numpy(np.zeros(0, dtype))
     return torch.from_numpy(np.memmap(directory / f"{split}.bin", dtype, mode="c"))
@@ -151,3 +153,25 @@ def document_lengths(directory: Path, split: str) -> np.ndarray:
     if not path.stat().st_size:
         return np.zeros(0, np.uint32)
     return np.memmap(path, np.dtype("<u4"), mode="r")
+
+
+#: tokens one read of a split's file holds while its unigram counts are taken
+COUNT_CHUNK = 1 << 24
+
+
+def unigram_counts(directory: Path, split: str, meta: dict, vocab_size: int) -> np.ndarray:
+    """How often each id occurs in the split (int64 [vocab_size]), kept as `<split>.counts.npy`
+    after the first time. Counted from plain reads of the file a chunk at a time, not through the
+    memory map: the pages read stay out of the process's resident memory."""
+    path = directory / f"{split}.counts.npy"
+    if path.exists():
+        return np.load(path)
+    dtype = np.dtype(meta["dtype"]).newbyteorder("<")
+    counts = np.zeros(vocab_size, np.int64)
+    with open(directory / f"{split}.bin", "rb") as f:
+        while (chunk := np.fromfile(f, dtype, COUNT_CHUNK)).size:
+            counts += np.bincount(chunk, minlength=vocab_size)
+    buffer = io.BytesIO()
+    np.save(buffer, counts)
+    atomic_write_bytes(path, buffer.getvalue())
+    return counts

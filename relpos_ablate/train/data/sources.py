@@ -64,10 +64,10 @@ def resolve(field: str, name: str) -> Shards:
     if path.is_dir():
         # a folder keeps its shards only: a README beside them is not a document
         paths = sorted(p for p in path.iterdir() if p.is_file() and _kind(p, strict=True))
-    elif any(c in name for c in "*?["):  # a glob
-        paths = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
     elif path.is_file():
         paths = [path]
+    elif any(c in name for c in "*?["):  # a glob
+        paths = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
     else:
         raise ConfigError(f"data.{field}", f"file not found: {name}")
     if not paths:

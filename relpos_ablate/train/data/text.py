@@ -36,7 +36,7 @@ from torch import Tensor
 
 from relpos_ablate.config import ConfigError, DataConfig
 from relpos_ablate.io import atomic_write_bytes
-from relpos_ablate.train.data.shards import read_meta, token_array, write_tokens
+from relpos_ablate.train.data.shards import read_meta, token_array, unigram_counts, write_tokens
 from relpos_ablate.train.data.sources import (
     HOLDOUT_FRACTION,
     Documents,
@@ -103,6 +103,16 @@ class Corpus:
     tokenizer_hash: str = ""
     """sha256 (first 16 hex digits) of the tokenizer's file (bpe, file) or of the vocabulary (char,
     byte, word)."""
+    folder: Path | None = None
+    """The memory-mapped splits' cache folder (bpe, file), or None (in memory)."""
+
+    def unigram_counts(self, split: str) -> Tensor:
+        """How often each id occurs in the split (int64 [vocab]), without reading a memory-mapped
+        split through its map (shards.unigram_counts)."""
+        if self.folder is None:
+            return torch.bincount(self.splits[split].long(), minlength=len(self.vocab))
+        meta = read_meta(self.folder)
+        return torch.from_numpy(unigram_counts(self.folder, split, meta, len(self.vocab)))
 
     def bits_per_byte(self, loss_nats_per_token: float, split: str) -> float:
         """The loss in bits per UTF-8 byte of `split`'s text: loss / ln 2 x tokens / bytes, where
@@ -171,6 +181,7 @@ def _load_subword(data: DataConfig) -> Corpus:
         tokenizer.separator,
         {split: count["bytes"] for split, count in counts.items()},
         tokenizer.hash,
+        directory,
     )
 
 
