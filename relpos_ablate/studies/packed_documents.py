@@ -129,9 +129,9 @@ def document_curves(df: pd.DataFrame) -> pd.DataFrame:
     if not any(len(part) for part in parts):
         raise ConfigError(
             "documents",
-            "no run has a loss by place in the document (eval.json 'documents' of a corpus with "
-            f"documents) and no {CURVES} lies beside them; draw it with `plot --kind documents` "
-            "where the run dirs are",
+            f"no run has a loss by place in the document ({rundir.EVAL} 'documents' of a corpus "
+            f"with documents) and no {CURVES} lies beside them; draw it with `plot --kind "
+            "documents` where the run dirs are",
         )
     return pd.concat([part for part in parts if len(part)], ignore_index=True)
 
