@@ -156,7 +156,7 @@ def document_lengths(directory: Path, split: str) -> np.ndarray:
 
 
 #: tokens one read of a split's file holds while its unigram counts are taken
-COUNT_CHUNK = 1 << 24
+COUNT_CHUNK = 1 << 20
 
 
 def unigram_counts(directory: Path, split: str, meta: dict, vocab_size: int) -> np.ndarray:
