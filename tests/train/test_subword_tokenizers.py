@@ -131,14 +131,15 @@ def test_tokenizer_file_sentencepiece_gives_its_own_ids(corpus_dir):
     sentencepiece.SentencePieceTrainer.train(
         input=str(corpus_dir / "train.txt"),
         model_prefix=str(corpus_dir / "sp"),
-        vocab_size=80,
+        vocab_size=60,  # the most pieces this text gives differs between sentencepiece releases
+        hard_vocab_limit=False,
         minloglevel=2,
     )
     model = sentencepiece.SentencePieceProcessor(model_file=str(corpus_dir / "sp.model"))
     data = config(corpus_dir, "data.tokenizer=file", f"data.tokenizer_file={corpus_dir}/sp.model")
     corpus = text.load_corpus(data)
     eos = model.eos_id()
-    assert corpus.separator == eos and len(corpus.vocab) == 80
+    assert corpus.separator == eos and len(corpus.vocab) == model.get_piece_size()
     expected = [t for doc in VALID for t in [eos, *model.encode(doc)]]
     assert corpus.splits["valid"].tolist() == expected
 
@@ -161,7 +162,12 @@ def write_sentencepiece_without_eos(path):
     source.write_text("\n".join(DOCUMENTS))
     prefix = str(path).removesuffix(".model")
     sentencepiece.SentencePieceTrainer.train(
-        input=str(source), model_prefix=prefix, vocab_size=60, eos_id=-1, minloglevel=2
+        input=str(source),
+        model_prefix=prefix,
+        vocab_size=60,
+        hard_vocab_limit=False,
+        eos_id=-1,
+        minloglevel=2,
     )
 
 
