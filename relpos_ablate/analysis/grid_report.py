@@ -39,10 +39,13 @@ def grid_report(
     correction: str | None = None,
     layouts: Mapping[str, LayoutSpec] | None = None,
     planned: bool = False,
+    preamble: str | None = None,
 ) -> str:
     """The Markdown report of one experiment's grid from its spec's `table:` block. `correction`:
     the family's (None: the block's `correction`, else holm). `planned`: the spec declares an
-    analysis plan, so this table's tests are exploratory: no stars in its cells."""
+    analysis plan, so this table's tests are exploratory: no stars in its cells. `preamble`: the
+    sentence under the title (a study's: what its own sections are; default: that no study
+    reports on the experiment)."""
     names = sorted(str(n) for n in df["experiment"].dropna().unique()) if "experiment" in df else []
     if len(names) != 1:
         raise ConfigError("report", f"a grid's report reads one experiment; found {len(names)}")
@@ -67,7 +70,8 @@ def grid_report(
     lines = [
         f"# {names[0]}",
         "",
-        f"No study writes a report for experiment {names[0]!r}: this is the report of its grid "
+        preamble
+        or f"No study writes a report for experiment {names[0]!r}: this is the report of its grid "
         "spec's `table:` block, the table `relpos-ablate table` prints with its tests.",
         "",
         f"## The table: {what}",

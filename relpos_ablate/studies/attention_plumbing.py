@@ -155,11 +155,14 @@ def qk_norm_entropy(df: pd.DataFrame) -> str:
 def report(df: pd.DataFrame, correction: str = "holm") -> str:
     from relpos_ablate.studies import layouts
 
-    table = grid_report(df, correction, layouts(), planned=True).replace(
-        f"No study writes a report for experiment {EXPERIMENT!r}: this is the report of its grid "
-        "spec's `table:` block, the table `relpos-ablate table` prints with its tests.",
-        "The study's own sections (relpos_ablate/studies/attention_plumbing.py): the spec's "
-        "`table:` block, the order of the encodings per variant, QK-norm's attention entropy.",
+    table = grid_report(
+        df,
+        correction,
+        layouts(),
+        planned=True,
+        preamble="The study's own sections (relpos_ablate/studies/attention_plumbing.py): the "
+        "spec's `table:` block, the order of the encodings per variant, QK-norm's attention "
+        "entropy.",
     )
     return "\n".join([table, ranking(df), qk_norm_entropy(df)])
 

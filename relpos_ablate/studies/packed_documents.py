@@ -262,11 +262,13 @@ def place_section(df: pd.DataFrame) -> str:
 
 
 def report(df: pd.DataFrame, correction: str = "holm") -> str:
-    table = grid_report(df, correction, layouts(), planned=True).replace(
-        f"No study writes a report for experiment {EXPERIMENT!r}: this is the report of its grid "
-        "spec's `table:` block, the table `relpos-ablate table` prints with its tests.",
-        "The study's own sections (relpos_ablate/studies/packed_documents.py): the spec's "
-        "`table:` block, the document metrics per evaluation setting, what changes when "
+    table = grid_report(
+        df,
+        correction,
+        layouts(),
+        planned=True,
+        preamble="The study's own sections (relpos_ablate/studies/packed_documents.py): the "
+        "spec's `table:` block, the document metrics per evaluation setting, what changes when "
         "positions restart, the loss by place in the document.",
     )
     return "\n".join([table, setting_tables(df), restart_differences(df), place_section(df)])
