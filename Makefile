@@ -169,22 +169,21 @@ hybrid-schedules: install
 
 # attention-plumbing: does the ranking of NoPE, RoPE, ALiBi and FoX survive QK-norm, an output gate, a sink
 # logit and Canon? (issue 59; its analysis plan declared before the first run)
-PLUMBING := results/attention_plumbing
+# repro_study: a study whose figure reads its run dirs: the grid, then its figure (kind $(2)), table and report
+define repro_study
+	$(call repro_grid,$(1))
+	$(BIN)/relpos-ablate plot results/$(1) --kind $(2) --out results/$(1)/figures
+	$(BIN)/relpos-ablate table results/$(1)/summary.csv --out results/$(1)/table.md
+	$(BIN)/relpos-ablate report results/$(1)/summary.csv --out results/$(1)/report.md
+endef
 attention-plumbing: install
-	$(call repro_grid,attention_plumbing)
-	$(BIN)/relpos-ablate plot $(PLUMBING) --kind plumbing --out $(PLUMBING)/figures
-	$(BIN)/relpos-ablate table $(PLUMBING)/summary.csv --out $(PLUMBING)/table.md
-	$(BIN)/relpos-ablate report $(PLUMBING)/summary.csv --out $(PLUMBING)/report.md
+	$(call repro_study,attention_plumbing,plumbing)
 
 # packed-documents: what changes when positions restart per document? NoPE, the sinusoid, RoPE, ALiBi, T5, FoX,
 # XL on BPE tokens of Tiny Shakespeare, documents concatenated or packed with resets (issue 60; its analysis
 # plan declared before the first run)
-DOCUMENTS := results/packed_documents
 packed-documents: install
-	$(call repro_grid,packed_documents)
-	$(BIN)/relpos-ablate plot $(DOCUMENTS) --kind documents --out $(DOCUMENTS)/figures
-	$(BIN)/relpos-ablate table $(DOCUMENTS)/summary.csv --out $(DOCUMENTS)/table.md
-	$(BIN)/relpos-ablate report $(DOCUMENTS)/summary.csv --out $(DOCUMENTS)/report.md
+	$(call repro_study,packed_documents,documents)
 
 # docs: the site into site/; --strict turns a broken link, a missing page or a docstring the API reference
 # cannot read into an error (the docs' runnable blocks and named paths are tests: tests/test_docs.py)
