@@ -13,10 +13,11 @@ import shutil
 import pytest
 import sentencepiece
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 import relpos_ablate.train.data.text as text
 import relpos_ablate.train.data.tokenizers as subword
+from fixtures.tokenizers import write_reference_bpe
 from relpos_ablate.config import ConfigError, DataConfig, load_run_config
 
 WORDS = "the cat sat on a mat while seven quick foxes jumped over lazy dogs near rivers".split()
@@ -145,16 +146,7 @@ def test_tokenizer_file_sentencepiece_gives_its_own_ids(corpus_dir):
 
 
 def write_bpe_without_eos(path):
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=270,
-        special_tokens=["<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(DOCUMENTS, trainer)
-    bpe.save(str(path))
+    write_reference_bpe(path, DOCUMENTS, 270, "<pad>")
 
 
 def write_sentencepiece_without_eos(path):

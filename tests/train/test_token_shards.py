@@ -19,10 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 import relpos_ablate.train.data.shards as shards
 import relpos_ablate.train.data.text as text
+from fixtures.tokenizers import write_reference_bpe
 from relpos_ablate.config import ConfigError, load_run_config
 from relpos_ablate.train.data.streams import SegmentStreams, batchify
 
@@ -33,18 +34,7 @@ DOCS = [" ".join(WORDS[(3 * i + j) % len(WORDS)] for j in range(3 + i % 7)) for 
 @pytest.fixture
 def tokenizer_file(tmp_path):
     """A byte-level BPE trained here with the `tokenizers` library: the independent encoder."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=290,
-        special_tokens=["</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(DOCS, trainer)
-    path = tmp_path / "tokenizer.json"
-    bpe.save(str(path))
-    return path
+    return write_reference_bpe(tmp_path / "tokenizer.json", DOCS, 290, "</s>")
 
 
 def expected_ids(path, docs):
