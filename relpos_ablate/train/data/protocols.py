@@ -180,18 +180,20 @@ def log_bins(length: int) -> list[int]:
 
 def unigram_loss(train_targets: Tensor, eval_targets: Tensor, vocab_size: int) -> float:
     """Mean negative log-likelihood (nats) of `eval_targets` under the training targets' unigram
-    distribution with add-one smoothing: the reference a language model has to beat. Both [rows,
-    N] (views of a memory-mapped corpus too): read a chunk at a time, never whole."""
+    distribution with add-one smoothing: the reference a language model has to beat (a run's
+    reference comes from counts, `target_counts`, so that a memory-mapped split is never read
+    through its map)."""
     return unigram_loss_of_counts(
-        _counts(train_targets, vocab_size), _counts(eval_targets, vocab_size)
+        torch.bincount(train_targets.flatten().long(), minlength=vocab_size),
+        torch.bincount(eval_targets.flatten().long(), minlength=vocab_size),
     )
 
 
 def unigram_loss_of_counts(train_counts: Tensor, eval_counts: Tensor) -> float:
     """`unigram_loss` from how often each id occurs among the training and the evaluation targets
     ([vocab] each)."""
-    log_p = (train_counts.double() + 1.0).log()
-    log_p = log_p - (train_counts.double() + 1.0).sum().log()
+    smoothed = train_counts.double() + 1.0
+    log_p = smoothed.log() - smoothed.sum().log()
     eval_counts = eval_counts.double()
     return float(-(eval_counts * log_p).sum() / eval_counts.sum())
 
@@ -203,17 +205,3 @@ def target_counts(tokens: Tensor, rows: int, whole: Tensor) -> Tensor:
     per_row = tokens.numel() // rows
     dropped = torch.cat([tokens[: rows * per_row : per_row], tokens[rows * per_row :]]).long()
     return whole.double() - torch.bincount(dropped, minlength=whole.numel()).double()
-
-
-#: tokens a unigram count reads at a time (a memory-mapped corpus is never loaded whole)
-COUNT_CHUNK = 1 << 22
-
-
-def _counts(tokens: Tensor, vocab_size: int) -> Tensor:
-    """How often each id occurs in `tokens` [rows, N] (float64 [vocab_size])."""
-    counts = torch.zeros(vocab_size, dtype=torch.float64)
-    for row in tokens.reshape(-1, tokens.shape[-1]) if tokens.dim() > 1 else [tokens]:
-        for start in range(0, row.numel(), COUNT_CHUNK):
-            chunk = row[start : start + COUNT_CHUNK].long()
-            counts += torch.bincount(chunk, minlength=vocab_size).double()
-    return counts
