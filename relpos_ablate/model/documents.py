@@ -71,16 +71,25 @@ def with_documents(
     """The call's options with its document ids [B, M + L] (`documents`, else the options' own),
     checked: a ValueError naming what cannot run over packed documents (the module docstring)."""
     documents = options.document_ids if documents is None else documents
-    n_keys = x.shape[1] + (0 if mems is None else mems.shape[1])
-    if documents.dim() != 2 or documents.shape[1] != n_keys or documents.is_floating_point():
-        raise ValueError(
-            f"document_ids: expected integer ids [B, M + L] = [B, {n_keys}] (memory first), got "
-            f"{documents.dtype} {list(documents.shape)}"
-        )
+    checked(documents, x.shape[0], x.shape[1], 0 if mems is None else mems.shape[1])
     reason = refusal(config, options)
     if reason:
         raise ValueError(f"document_ids: {reason}")
     return dataclasses.replace(options, document_ids=documents)
+
+
+def checked(documents: Tensor, batch: int, n_queries: int, n_mem: int) -> Tensor:
+    """`documents` if they are integer ids [B, M + L] of a call of `batch` rows, `n_queries`
+    queries and `n_mem` memory keys, else a one-line ValueError (the LM's and the attention's
+    entry points alike)."""
+    shape = (batch, n_mem + n_queries)
+    if tuple(documents.shape) != shape or documents.is_floating_point():
+        hint = "; with memory give the memory's ids first" if n_mem else ""
+        raise ValueError(
+            f"document_ids: expected integer ids [B, M + L] = {list(shape)}, got "
+            f"{documents.dtype} {list(documents.shape)}{hint}"
+        )
+    return documents
 
 
 def refusal(config: AttentionConfig, options=None) -> str | None:

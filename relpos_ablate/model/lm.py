@@ -26,7 +26,7 @@ from relpos_ablate.config.schedule import bias_key
 from relpos_ablate.model.attention import RelPosAttention, init_vector
 from relpos_ablate.model.core.options import AttentionOptions, SharedParameters
 from relpos_ablate.model.diagnostics import AttentionStatistics
-from relpos_ablate.model.documents import document_positions
+from relpos_ablate.model.documents import checked, document_positions
 from relpos_ablate.model.schemes import RopeScaling, bias_schemes, build_bias, sinusoid
 from relpos_ablate.model.schemes.absolute import (
     LearnedPositions,
@@ -250,15 +250,7 @@ class TransformerLM(nn.Module):
     @staticmethod
     def _documents(ids: Tensor, tokens: Tensor, mems: list[Tensor] | None) -> Tensor:
         """The call's document ids [B, M + L], checked: [B, L] without memory, [B, M + L] with."""
-        n_mem = mems[0].shape[1] if mems else 0
-        shape = (tokens.shape[0], n_mem + tokens.shape[1])
-        if tuple(ids.shape) != shape or ids.is_floating_point():
-            hint = "; with memory give the memory's ids first" if n_mem else ""
-            raise ValueError(
-                f"document_ids: expected integer ids [B, M + L] = {list(shape)}, got "
-                f"{ids.dtype} {list(ids.shape)}{hint}"
-            )
-        return ids
+        return checked(ids, tokens.shape[0], tokens.shape[1], mems[0].shape[1] if mems else 0)
 
     def _draws(
         self, n_tokens: int, n_mem: int, device

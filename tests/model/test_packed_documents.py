@@ -160,6 +160,9 @@ def test_the_refused_schemes_are_named():
     with pytest.raises(ValueError, match=r"^document_ids: expected integer ids \[B, M \+ L\]"):
         x, mem = torch.randn(1, 6, D_MODEL), torch.randn(1, 2, D_MODEL)
         plain(x, mem, document_ids=torch.zeros(1, 6))
+    # one row's ids for a batch of two would be broadcast: refused
+    with pytest.raises(ValueError, match=r"= \[2, 6\], got torch.int64 \[1, 6\]$"):
+        plain(torch.randn(2, 6, D_MODEL), document_ids=torch.zeros(1, 6, dtype=torch.long))
 
 
 def test_the_plain_causal_kernels_leave_packed_calls_to_the_others():
