@@ -77,7 +77,7 @@ def evaluate(
             "streams": streams.rows,
             "targets_per_stream": streams.inputs.shape[1],
         },
-        "reference": reference(config, datamodule, streams),
+        "reference": reference(config, datamodule),
         "tokenizer": datamodule.tokenizer_record(),
         "settings": records,
     }, token_losses
@@ -199,7 +199,7 @@ def write_token_losses(path, arrays: dict[str, np.ndarray]) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def reference(config: RunConfig, datamodule: SegmentDataModule, streams) -> dict:
+def reference(config: RunConfig, datamodule: SegmentDataModule) -> dict:
     """What a model must beat: chance accuracy for synthetic tasks (every task's target is one of
     num_symbols), the add-one-smoothed unigram of the training targets for text."""
     if config.data.source == "synthetic":
