@@ -6,6 +6,7 @@ of every term for inspection (`score_terms`). A mixin of RelPosAttention (attent
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -73,7 +74,7 @@ class CallBuilder:
                 else None
             )
             query_scale = self.temperature.query_scale(seen, lq, dtype or x.dtype, x.device)
-        tensors, query_position_bias, saturation = self.per_distance_inputs(
+        tensors, query_position_bias, saturation, distance_point = self.per_distance_inputs(
             visibility, lq, placement, options.clamp_len, dtype
         )
         terms = (
@@ -94,6 +95,7 @@ class CallBuilder:
             query_chunk=cfg.query_chunk,
             inputs=ScoreInputs(**tensors, query_scale=query_scale),
             terms=terms,
+            distance_point=distance_point,
             band=(None if terms else saturation, None),
         )
 
@@ -104,12 +106,13 @@ class CallBuilder:
         placement: Placement,
         clamp_len: int | None,
         dtype: torch.dtype | None,
-    ) -> tuple[dict, BiasScheme | None, int | None]:
+    ) -> tuple[dict, BiasScheme | None, int | None, Callable | None]:
         """The tensors every query block reads — s·W_R R_d (term b's keys), term d, the scores of
         distance alone (a distance-only bias; on the kernels with term d without b) and their slope
         where they are linear in the distance —, a bias that reads the query position (FIRE) where
-        it is not a curve for this call, and the distance from which every per-distance input is
-        constant."""
+        it is not a curve for this call, the distance from which every per-distance input is
+        constant, and the scores of distance alone in closed form (FlexAttention's; None where
+        term d is folded into them or the scheme has none)."""
         # (n,) descending
         terms, scheme, distances = (self.config.terms, self.bias_scheme, placement.distances)
         drawn = placement.drawn_distances
@@ -139,13 +142,13 @@ class CallBuilder:
             distance_scores = scheme.curve(distances) * self.bias_scale  # (H, n)
         elif scheme is not None:
             query_position_bias = scheme
-        # a bias linear in the distance with nothing folded into its curve: the low-rank kernel's
-        # slope
-        slope = (
-            scheme.linear_slope()
-            if curve and dtype is not None and term_d is None and not drawn
-            else None
-        )
+        # a bias with nothing folded into its curve: the low-rank kernel's slope where it is linear
+        # in the distance, FlexAttention's closed form where it has one
+        alone = curve and dtype is not None and term_d is None and not drawn
+        slope = scheme.linear_slope() if alone else None
+        point = scheme.point_curve() if alone else None
+        if point is not None and self.bias_scale != 1.0:
+            point = functools.partial(_scaled, point, self.bias_scale)
         # the kernels: one curve per distance
         if dtype is not None and term_d is not None and query_position_bias is None:
             distance_scores, term_d = (
@@ -173,7 +176,7 @@ class CallBuilder:
             distance_scores=distance_scores,
             distance_slope=None if slope is None else slope * self.bias_scale,
         )
-        return tensors, query_position_bias, saturation
+        return tensors, query_position_bias, saturation, point
 
     def kernel_call(
         self, x: Tensor, mems: Tensor | None = None, options: AttentionOptions | None = None
@@ -278,3 +281,7 @@ def _visible_counts(
     return per_row(
         seen, padding, documents, visibility.n_mem, slice(0, n_queries), slice(0, keys)
     ).sum(-1)
+
+
+def _scaled(point: Callable, scale: float, head: Tensor, r: Tensor) -> Tensor:
+    return point(head, r) * scale

@@ -127,23 +127,27 @@ def test_compiled_flex_forward_equals_the_explicit_path(name, compiled):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_every_bias_type_shares_one_compiled_kernel(compiled):
-    """Term b with each distance-only bias type: the same score_mod structure, so the learned ones
-    share one compilation and the fixed ones (Sandwich: a curve that needs no gradient, which
-    dynamo's guards tell apart) another; their tensors differ in values, not in shape or kind. A
-    bias linear in the distance (ALiBi, learned ALiBi) is read in closed form from its slopes
-    (flex.py): one more structure."""
+    """Term b with each distance-only bias type read from its table: the same score_mod structure,
+    so the learned ones share one compilation and the fixed ones (Sandwich: a curve that needs no
+    gradient, which dynamo's guards tell apart) another; their tensors differ in values, not in
+    shape or kind. A bias in closed form (ALiBi, KERPLE: BiasScheme.point_curve) is a structure of
+    its own: at most one compilation each."""
     distance_only = [b for b in BIAS_TYPES if b not in ("none", "fire")]
-    before = compiled()
-    for seed, bias in enumerate(distance_only):
-        assert_close(
-            *run(
-                dict(terms="abcd", window=4, sinks=2, bias=bias),
-                dict(padded=True),
-                False,
-                seed=seed,
+    closed = {"alibi", "alibi_learned", "kerple_log", "kerple_power"}
+    assert closed <= set(distance_only)
+    for kind in (False, True):
+        before = compiled()
+        biases = [b for b in distance_only if (b in closed) == kind]
+        for seed, bias in enumerate(biases):
+            assert_close(
+                *run(
+                    dict(terms="abcd", window=4, sinks=2, bias=bias),
+                    dict(padded=True),
+                    False,
+                    seed=seed,
+                )
             )
-        )
-    assert compiled() - before <= 3
+        assert compiled() - before <= (len(biases) if kind else 2)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -107,6 +107,15 @@ class BiasScheme(nn.Module):
         (CUDA) takes pointwise ops only and calls `pair_score`. Default: `pair_score`."""
         return self.pair_score(q_pos, k_pos, head)
 
+    def point_curve(self):
+        """`curve` in closed form for compiled FlexAttention: a function (head, r) -> B_head(r) of
+        scalar tensors in pointwise ops, r = |i - j| (an integer tensor), its parameters read once
+        here; or None, and the kernel reads the [H, n] table, one gather per pair. Give one where a
+        few operations per pair are cheaper than that gather (ALiBi, KERPLE); a sum over many terms
+        per pair is not (Sandwich: d_head/2 cosines). It must equal `curve` at every distance:
+        tests/model/test_attention_flex.py checks it with the table replaced by NaN."""
+        return None
+
     def linear_slope(self) -> Tensor | None:
         """[H] m_h where B_h = -m_h·(i - j) on causal pairs (i >= j), else None: such a bias is
         m_h·j up to a per-query constant, which the low-rank kernel (kernels/low_rank.py) adds as

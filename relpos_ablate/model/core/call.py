@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -77,11 +78,12 @@ class AttentionCall:
     # learned sink slots at the front of the kernels' keys and values (no position)
     n_sinks: int = 0
     query_chunk: int = 0  # queries per block (0: one block)
-    # the per-call tensors of terms b, d and the distance curve (term b's query left out until a
-    # kernel adds it)
+    # the per-call tensors of terms b, d and the distance curve (term b's query: added by a kernel)
     inputs: ScoreInputs = ScoreInputs()
     # every other additive term, each in its scheme's file with all of its forms (core/terms.py)
     terms: tuple[ScoreTerm, ...] = ()
+    # (head, |i - j|) -> the distance scores in closed form (BiasScheme.point_curve), or None
+    distance_point: Callable[[Tensor, Tensor], Tensor] | None = None
     # every per-distance input is the same at each distance >= saturation (a clamp of R, the bias's
     # last bucket; a term's band width); None: no such distance. far_from: the band kernel's call
     # (band.py), the pairs at i' - j >= far_from left to the causal flash kernel on s·q·kᵀ alone
@@ -120,8 +122,7 @@ class AttentionCall:
 
     @property
     def masked_per_row(self) -> bool:
-        """Whether visibility differs between the batch's rows (key padding, documents): the
-        visible maps are then [B, 1, L_b, K_b]."""
+        """Whether visibility differs per row (padding, documents): masks [B, 1, L_b, K_b]."""
         return self.key_padding_mask is not None or self.document_ids is not None
 
     @property

@@ -2,13 +2,13 @@
 a `score_mod` + `block_mask`.
 
 score_mod reads per-distance tensors at the pair's column t in the descending-distance order
-(shift.py), or a bias linear in the distance in closed form, -m_h·(i' - j) from one slope per
-head:
-t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) - pos(kv_idx)) at
-explicit ones. It reads distance_scores [H, n] (term d without b, a bias of distance alone; term d
-its own [H, n] next to a term), the query scale [B or 1, H or 1, L], and each score term's point
-form (ScoreTerm.point: a cumulative decay's two reads, a bias's MLP evaluated per pair): memory
-O(L·d) for all of them. Term b is the exception: (q + v)·s·W_R R is
+(shift.py), t = (L - 1 - q_idx) + kv_idx for consecutive positions, d_max - (pos(q_idx) -
+pos(kv_idx)) at explicit ones: distance_scores [H, n] (term d without b, a bias of distance alone;
+term d its own [H, n] next to a term), the query scale [B or 1, H or 1, L], and each score term's
+point form (ScoreTerm.point: a cumulative decay's two reads, a bias's MLP evaluated per pair):
+memory O(L·d) for all of them. A bias of distance alone with a closed form
+(BiasScheme.point_curve) is computed from the pair's |i - j| and a few values per head instead of
+gathered from its table. Term b is the exception: (q + v)·s·W_R R is
 precomputed for every query and distance, a [B, H, L, M + 2L - 1] tensor (O(L²): 8.6 GB at B = 1,
 H = 8, L = 16384 in bf16, as much as the scores themselves; a product of d_head numbers per pair has
 no pointwise form, and its bilinear form through the sinusoid's angle sums costs d_model / d_head
@@ -193,10 +193,8 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
     # 2L - 1]
     term_b = None if q_position is None else q_position @ call.rel_keys.transpose(1, 2)
     term_d, distance_scores = call.inputs.term_d, call.distance_scores
-    # a bias linear in the distance (-m_h·(i' - j) on causal pairs): its closed form reads one slope
-    # per head, not a gathered [H, n] table
-    slope = call.inputs.distance_slope if call.consecutive and term_d is None else None
-    n_mem = call.n_mem
+    # the scores of distance alone in closed form at the pair's |i - j| (not a gathered table)
+    closed_form, n_mem = call.distance_point, call.n_mem
     points = []  # (the term's point form, whether λ multiplies it)
     for term in call.terms:
         point = term.point(call, compiled)
@@ -207,6 +205,11 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
     scale = None if call.query_scale is None else call.query_scale[..., 0]  # (B or 1, H or 1, L)
     largest = int(call.distances[0]) if not call.consecutive else 0
     query_positions, key_positions = call.query_positions, call.key_positions
+
+    def distance(q_idx, kv_idx):  # |i - j| at the pair's positions
+        if call.consecutive:
+            return torch.abs(n_mem + q_idx - kv_idx)
+        return torch.abs(query_positions[q_idx] - key_positions[kv_idx])
 
     def column(q_idx, kv_idx):
         if call.consecutive:
@@ -223,8 +226,8 @@ def _per_distance_mod(call: AttentionCall, q_position: Tensor | None, compiled: 
         scaled, unscaled = [], []  # what λ multiplies (all that does not come from the queries)
         if term_d is not None:
             scaled.append(term_d[h, t])
-        if slope is not None:  # pairs past the diagonal are masked: their value is never read
-            scaled.append(-slope[h] * (n_mem + q_idx - kv_idx))
+        if closed_form is not None:
+            scaled.append(closed_form(h, distance(q_idx, kv_idx)))
         elif distance_scores is not None:
             scaled.append(distance_scores[h, t])
         for point, by_query in points:

@@ -40,6 +40,10 @@ class ALiBiBias(BiasScheme):
     def curve(self, distances):
         return -self.slope()[:, None] * distances.abs().to(self.slopes.dtype)[None]
 
+    def point_curve(self):
+        slope = self.slope()
+        return lambda head, r: -slope[head] * r
+
 
 class LearnedALiBiBias(ALiBiBias):
     """Slopes learned through log m_h, initialised at the fixed slopes (stays positive)."""

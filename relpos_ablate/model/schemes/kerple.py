@@ -49,6 +49,10 @@ class KerpleLogBias(_Kerple):
         r = distances.abs().to(self.a.dtype)[None]
         return -p * torch.log1p(a * r)
 
+    def point_curve(self):
+        a, p = (x[:, 0] for x in self.params())
+        return lambda head, r: -p[head] * torch.log1p(a[head] * r)
+
 
 class KerplePowerBias(_Kerple):
     """B_h = -a_h · r^p_h with 0 < p_h <= 2."""
@@ -62,3 +66,8 @@ class KerplePowerBias(_Kerple):
         # nan
         power = torch.where(r > 0, r.clamp(min=1.0) ** p, torch.zeros_like(r))
         return -a * power
+
+    def point_curve(self):
+        a, p = (x[:, 0] for x in self.params())
+        # r >= 1 in the power (as in `curve`): no log 0 in the gradient at r = 0
+        return lambda head, r: -a[head] * torch.where(r > 0, r.clamp(min=1) ** p[head], 0.0)

@@ -17,6 +17,8 @@ class SandwichBias(BiasScheme):
     The sum is p_i·p_j of d-wide sinusoids, a function of r alone: 0 at r = 0, below 0 elsewhere,
     decaying about logarithmically (not monotonically) for 1 << r << 10^4; head h divides it by 8h/H
     (NeMo's `sandwich`; docs/schemes/distance-biases.md#sandwich). No parameters; not scaled by s.
+    No closed form for FlexAttention (`point_curve`): d/2 cosines per pair cost more than reading
+    the table.
     """
 
     def __init__(self, n_heads, config):
