@@ -332,6 +332,15 @@ def test_the_block_mask_is_built_once_per_shape_across_layers_and_steps():
     assert flex._block_mask.cache_info().hits == 3
 
 
+def test_a_compiled_call_that_takes_gradients_pins_the_triton_kernel():
+    """FlexAttention's FLASH backend has no backward for captured tensors that require grad: with
+    gradients the compiled call asks for the Triton kernel, without them it leaves AUTO's choice."""
+    assert flex.kernel_options(compiled=True) == {"BACKEND": "TRITON"}
+    with torch.no_grad():
+        assert flex.kernel_options(compiled=True) is None
+    assert flex.kernel_options(compiled=False) is None
+
+
 def test_auto_leaves_term_b_to_the_block_kernel_on_cuda():
     """'auto' on CUDA never sends term b to FlexAttention (it would hold a [B, H, L, M + 2L - 1]
     tensor); other calls it does, and a pinned 'flex' keeps term b."""

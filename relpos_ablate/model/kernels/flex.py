@@ -168,8 +168,21 @@ def flex_attend(
         else _block_mask(call.visibility, n_queries, call.n_sinks, str(q_content.device))
     )
     return _kernel(compiled)(
-        q_content, k, v, score_mod=score_mod, block_mask=block_mask, scale=call.scale
+        q_content,
+        k,
+        v,
+        score_mod=score_mod,
+        block_mask=block_mask,
+        scale=call.scale,
+        kernel_options=kernel_options(compiled),
     )
+
+
+def kernel_options(compiled: bool) -> dict | None:
+    """The Triton kernel wherever gradients are taken: FlexAttention's FLASH backend (FA4, CuTe-DSL)
+    has no backward for captured tensors that require grad (the tables, slopes and term tensors
+    score_mod reads), so a training call never leaves the choice to AUTO's heuristics."""
+    return {"BACKEND": "TRITON"} if compiled and torch.is_grad_enabled() else None
 
 
 def _after_sinks(score_mod, n_sinks: int):
