@@ -11,8 +11,9 @@ phases are benchmarks/train_step.py --presets), in this order: correctness first
     parity-BACKEND-DTYPE      every scheme's fast path against the explicit one in float64 (flex,
                               sdpa, blocks × fp32, bf16)
     ddp                       a short Lightning DDP training on every visible GPU
-    attention-L<L>            every scheme against FlashAttention at one length: time ratio,
-                              TFLOP/s and fraction of the dense bf16 peak, peak memory
+    attention-BxHxD-L<L>      every scheme against FlashAttention at one shape and length: time
+                              ratio, TFLOP/s and fraction of the dense bf16 peak, peak memory,
+                              the issue's goal for the scheme's family met or missed
     train_step-MODE-KofN      the encoding presets at a researcher's size against NoPE, compile off
                               then on, --eager-chunk / --compiled-chunk presets a phase: step time,
                               tokens/s, peak memory, MFU
@@ -110,9 +111,11 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[Phase]:
             add(f"parity-{backend}-{dtype}", phases_py, "parity", *where, *options)
     if device.type == "cuda":
         add("ddp", phases_py, "ddp", "--ddp-steps", str(args.ddp_steps))
+        timing = ("--timed", args.timed, "--pairs", str(args.pairs), *peak)
         for length in args.lengths.split(","):
-            timing = ("--timed", args.timed, "--pairs", str(args.pairs), *peak)
-            add(f"attention-L{length}", phases_py, "attention", "--lengths", length, *timing)
+            for shape in args.shapes.split(","):
+                cell = ("--lengths", length, "--shape", shape)
+                add(f"attention-{shape}-L{length}", phases_py, "attention", *cell, *timing)
     words = encoding_words() if args.presets == "all" else args.presets.split(",")
     for mode in {"off": ["off"], "on": ["on"], "both": ["off", "on"]}[args.compile]:
         size = args.eager_chunk if mode == "off" else args.compiled_chunk
@@ -212,7 +215,14 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtypes", default="fp32,bf16", help="parity dtypes: fp32, bf16")
     parser.add_argument("--ddp-steps", type=int, default=20)
     parser.add_argument("--timed", default=",".join(TIMED), help="attention schemes")
-    parser.add_argument("--lengths", default="1024,4096,16384", help="attention: one phase each")
+    parser.add_argument(
+        "--lengths", default="2048,8192,16384", help="attention: one phase per length and shape"
+    )
+    parser.add_argument(
+        "--shapes",
+        default="8x8x64,8x8x128",
+        help="attention: BxHxD shapes (compute-bound: B·H >= 64), comma-separated",
+    )
     parser.add_argument("--pairs", type=int, default=3, help="attention: timing pairs per cell")
     parser.add_argument("--presets", default="all", help="train step: encoding presets, commas")
     parser.add_argument("--compile", default="both", choices=("off", "on", "both"))

@@ -274,6 +274,19 @@ def timing(
     return rows
 
 
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """'8x8x64' -> (B, H, d_head)."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise SystemExit(f"--shape: {text!r} is not BxHxD (e.g. 8x8x64)")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def set_shape(batch: int, heads: int, d_head: int) -> None:
+    """benchmarks/attention.py's layer shape for this process (d_model = heads·d_head)."""
+    bench.B, bench.H, bench.D_HEAD, bench.D_MODEL = batch, heads, d_head, heads * d_head
+
+
 def attention_rates(row: dict, length: int, peak_tflops: float | None) -> dict:
     """TFLOP/s of the scheme and of the baseline from their milliseconds (FlashAttention's causal
     forward + backward count at benchmarks/attention.py's B, H, d_head), and each as a fraction of
@@ -321,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         "--timed", default=",".join(TIMED), help="attention: benchmarks/attention.py's schemes"
     )
     parser.add_argument("--lengths", default="4096", help="attention: lengths, comma-separated")
+    parser.add_argument(
+        "--shape", default=None, help="attention: BxHxD (batch, heads, d_head; d_model = H·D)"
+    )
     parser.add_argument("--pairs", type=int, default=3, help="attention: timing pairs per cell")
     parser.add_argument(
         "--deadline", type=float, default=330.0, help="attention: no cell starts after this (s)"
@@ -340,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         result = ddp(args.ddp_steps)
     else:
         lengths = [int(n) for n in args.lengths.split(",")]
+        if args.shape:
+            set_shape(*parse_shape(args.shape))
         peak = required_peak_tflops(device, args.peak_tflops)
         rows = timing(args.timed.split(","), lengths, args.pairs, args.deadline, device, peak)
         result = {"rows": rows, "peak_tflops": peak, "B": bench.B, "H": bench.H}

@@ -36,21 +36,27 @@ def summarise(out: Path, env: dict, planned: list[str], cost_specs: str, vocab: 
 
     parity, ddp = rows("parity-"), results.get("ddp")
     attention = [r for n, r in results.items() if n.startswith("attention-")]
+    shape = ("B", "H", "d_head")
+    attention_rows = [
+        {**{k: r[k] for k in shape}, **row, **goal_of(row)}
+        for n, r in results.items()
+        if n.startswith("attention-")
+        for row in r["rows"]
+    ]
     train = [r for n, r in results.items() if n.startswith("train_step-")]
     train_rows = rows("train_step-")
     specs = [path for path in cost_specs.split(",") if path]
     failures = [f"{r['scheme']} {r['backend']} {r['dtype']}" for r in parity if not r["ok"]]
     if ddp and not ddp["ok"]:
         failures.append("ddp")
-    shape = ("B", "H", "d_head", "peak_tflops")
     return {
         **env,
         "phases": phases,
         "parity": parity,
         "ddp": ddp,
         "attention": {
-            **({k: attention[0][k] for k in shape} if attention else {}),
-            "rows": rows("attention-"),
+            "peak_tflops": attention[0]["peak_tflops"] if attention else None,
+            "rows": attention_rows,
         },
         "train_step": {
             **({k: v for k, v in train[0].items() if k not in _PER_RUN} if train else {}),
@@ -124,27 +130,52 @@ def parity_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+#: issue 61's goals at compute-bound shapes, per scheme family: (time, peak memory) as multiples of
+#: FlashAttention's without positions (None: no goal)
+GOALS = {
+    **dict.fromkeys(
+        ("xl_table", "t5", "alibi", "alibi_learned", "kerple_log", "kerple_power", "fire"),
+        (1.25, None),
+    ),
+    **dict.fromkeys(("dynamic", "sandwich", "fox"), (1.25, None)),
+    **dict.fromkeys(("rope", "rope_partial", "p_rope", "rope_xpos", "rope_yarn"), (1.1, None)),
+    **dict.fromkeys(("xl_abcd", "terms_b"), (2.5, 2.0)),  # term b
+}
+
+
+def goal_of(row: dict) -> dict:
+    """The row's goal and whether it is met: {} for a scheme without one or a row without a time;
+    memory is judged only where the family has a memory goal."""
+    time_goal, memory_goal = GOALS.get(row["scheme"], (None, None))
+    if time_goal is None or "ratio" not in row:
+        return {}
+    met = row["ratio"] <= time_goal
+    if memory_goal is not None:
+        met = met and row["peak_mb"] <= memory_goal * row["baseline_peak_mb"]
+    return {"goal": (time_goal, memory_goal), "goal_met": met}
+
+
 def attention_lines(attention: dict) -> list[str]:
     if not attention["rows"]:
         return []
     peak = attention["peak_tflops"]
     lines = [
         "",
-        f"## Attention against FlashAttention (bf16, B = {attention['B']}, H = {attention['H']}, "
-        f"d_head = {attention['d_head']}, causal, forward + backward)",
+        "## Attention against FlashAttention (bf16, causal, forward + backward)",
         "",
         "TFLOP/s by FlashAttention's count: 4·B·H·L²·d forward, halved when causal, × 3.5 with the "
         f"backward; of the dense bf16 peak, {peak or '—'} TFLOP/s. The projections' time is in "
-        "the measured time, not in the count.",
+        "the measured time, not in the count. Goal (issue 61): time (and peak memory) as multiples "
+        "of FlashAttention's.",
         "",
-        "| scheme | L | time / FlashAttention | TFLOP/s (FlashAttention) | of peak "
-        "(FlashAttention) | peak MB (FlashAttention) |",
-        "|---|---|---|---|---|---|",
+        "| scheme | B×H×d_head | L | time / FlashAttention | TFLOP/s (FlashAttention) | of peak "
+        "(FlashAttention) | peak MB (FlashAttention) | goal |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in attention["rows"]:
-        where = f"| {r['scheme']} | {r['L']} |"
+        where = f"| {r['scheme']} | {r['B']}×{r['H']}×{r['d_head']} | {r['L']} |"
         if "skipped" in r or "error" in r:
-            lines.append(f"{where} {r.get('skipped') or r.get('error')} | | | |")
+            lines.append(f"{where} {r.get('skipped') or r.get('error')} | | | | |")
             continue
         fraction = (
             "—"
@@ -152,8 +183,13 @@ def attention_lines(attention: dict) -> list[str]:
             else f"{r['peak_fraction']:.1%} ({r['baseline_peak_fraction']:.1%})"
         )
         memory = f"{r['peak_mb']:.0f} ({r['baseline_peak_mb']:.0f})"
+        goal = ""
+        if "goal" in r:
+            time_goal, memory_goal = r["goal"]
+            limits = f"≤ {time_goal}×" + (f", memory ≤ {memory_goal}×" if memory_goal else "")
+            goal = f"{'met' if r['goal_met'] else 'missed'} ({limits})"
         lines.append(
             f"{where} {r['ratio']:.2f}× | {r['tflops']:.1f} ({r['baseline_tflops']:.1f}) | "
-            f"{fraction} | {memory} |"
+            f"{fraction} | {memory} | {goal} |"
         )
     return lines

@@ -35,19 +35,26 @@ def test_without_a_gpu_it_says_so_in_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_the_plan_puts_correctness_first_and_each_phase_under_its_timeout():
-    args = gpu_check.parser().parse_args(["--lengths", "1024,4096", "--compiled-chunk", "16"])
+    args = gpu_check.parser().parse_args(
+        ["--lengths", "1024,4096", "--shapes", "8x8x64,4x16x128", "--compiled-chunk", "16"]
+    )
     phases = gpu_check.plan(args, torch.device("cuda"))  # (a plan only: nothing runs)
     names = [p.name for p in phases]
     parity = [f"parity-{b}-{d}" for b in ("flex", "sdpa", "blocks") for d in ("fp32", "bf16")]
     n = len(encoding_words())
     eager = [f"train_step-off-{k}of{-(-n // 8)}" for k in range(1, -(-n // 8) + 1)]
     compiled = [f"train_step-on-{k}of{-(-n // 16)}" for k in range(1, -(-n // 16) + 1)]
-    assert names == [*parity, "ddp", "attention-L1024", "attention-L4096", *eager, *compiled]
+    attention = [
+        f"attention-{shape}-L{n}" for n in (1024, 4096) for shape in ("8x8x64", "4x16x128")
+    ]
+    assert names == [*parity, "ddp", *attention, *eager, *compiled]
     timeout = {p.name: p.timeout for p in phases}
     assert timeout["parity-flex-fp32"] == 300 and timeout["parity-blocks-bf16"] == 150
     assert all(t <= args.budget for t in timeout.values())  # each fits one call
-    attention = phases[names.index("attention-L4096")].command
+    attention = phases[names.index("attention-4x16x128-L4096")].command
     assert float(attention[attention.index("--deadline") + 1]) == 420 - gpu_check.ATTENTION_MARGIN
+    assert attention[attention.index("--shape") + 1] == "4x16x128"
+    assert attention[attention.index("--lengths") + 1] == "4096"
     chunks = [p.command[p.command.index("--presets") + 1] for p in phases if "-on-" in p.name]
     assert ",".join(chunks).split(",") == encoding_words()  # every preset, compiled
     cpu = gpu_check.parser().parse_args(["--phases", "parity-blocks-*,ddp,attention-*"])
@@ -185,8 +192,9 @@ def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
 
 
 def test_the_attention_rows_carry_flashattentions_tflops_and_the_fraction_of_peak(tmp_path):
-    """B = 2, H = 8, d_head = 64 (benchmarks/attention.py), causal forward + backward at L = 1024:
-    3.5 × 4·B·H·L²·d / 2 FLOPs; the scheme in 2 ms, FlashAttention in 1 ms, peak 989 TFLOP/s."""
+    """B = 2, H = 8, d_head = 64, causal forward + backward at L = 1024: 3.5 × 4·B·H·L²·d / 2 FLOPs;
+    the scheme in 2 ms, FlashAttention in 1 ms, peak 989 TFLOP/s."""
+    gpu_check_phases.set_shape(2, 8, 64)
     flops = 3.5 * 4 * 2 * 8 * 1024**2 * 64 / 2
     rates = gpu_check_phases.attention_rates({"ms": 2.0, "baseline_ms": 1.0}, 1024, 989.0)
     assert rates["tflops"] == pytest.approx(flops / 2e-3 / 1e12)
@@ -204,13 +212,48 @@ def test_the_attention_rows_carry_flashattentions_tflops_and_the_fraction_of_pea
     phases.mkdir()
     attention = {"rows": [row, {"scheme": "t5", "L": 16384, "skipped": "time budget"}]}
     attention.update(B=2, H=8, d_head=64, peak_tflops=989.0)
-    (phases / "attention-L1024.json").write_text(json.dumps(attention))
+    (phases / "attention-2x8x64-L1024.json").write_text(json.dumps(attention))
     summary = gpu_check_report.summarise(tmp_path, {"device": "NVIDIA H200"}, [], "", 0)
-    page = gpu_check_report.attention_lines(summary["attention"])
+    page = "\n".join(gpu_check_report.attention_lines(summary["attention"]))
     tf = flops / 2e-3 / 1e12
-    assert f"| alibi | 1024 | 2.00× | {tf:.1f} ({2 * tf:.1f}) | " in "\n".join(page)
-    assert f"{tf / 989:.1%} ({2 * tf / 989:.1%})" in "\n".join(page)
-    assert "| t5 | 16384 | time budget |" in "\n".join(page)
+    assert f"| alibi | 2×8×64 | 1024 | 2.00× | {tf:.1f} ({2 * tf:.1f}) | " in page
+    assert f"{tf / 989:.1%} ({2 * tf / 989:.1%})" in page
+    assert "| 30 (29) | missed (≤ 1.25×) |" in page  # 2.00× against ALiBi's 1.25×
+    assert "| t5 | 2×8×64 | 16384 | time budget |" in page
+
+
+def test_a_shape_sets_the_timed_layer_and_a_bad_one_is_refused():
+    saved = (gpu_check_phases.bench.B, gpu_check_phases.bench.H, gpu_check_phases.bench.D_HEAD)
+    try:
+        gpu_check_phases.set_shape(*gpu_check_phases.parse_shape("8x8x128"))
+        bench = gpu_check_phases.bench
+        assert (bench.B, bench.H, bench.D_HEAD, bench.D_MODEL) == (8, 8, 128, 1024)
+        flops = 3.5 * 4 * 8 * 8 * 2048**2 * 128 / 2
+        rates = gpu_check_phases.attention_rates({"ms": 1.0, "baseline_ms": 1.0}, 2048, None)
+        assert rates["tflops"] == pytest.approx(flops / 1e-3 / 1e12)
+    finally:
+        gpu_check_phases.set_shape(*saved)
+    for bad in ("8x8", "8x0x64", "ax8x64"):
+        with pytest.raises(SystemExit, match="is not BxHxD"):
+            gpu_check_phases.parse_shape(bad)
+
+
+@pytest.mark.parametrize(
+    "scheme, ratio, memory, met",
+    [
+        ("rope", 1.09, 1.0, True),
+        ("rope", 1.11, 1.0, False),
+        ("fox", 1.25, 5.0, True),  # no memory goal for FoX
+        ("xl_abcd", 2.4, 2.0, True),
+        ("xl_abcd", 2.4, 2.1, False),  # term b: memory over 2x
+        ("xl_abcd", 2.6, 1.0, False),
+    ],
+)
+def test_the_goal_of_each_family(scheme, ratio, memory, met):
+    row = {"scheme": scheme, "ratio": ratio, "peak_mb": memory * 100.0, "baseline_peak_mb": 100.0}
+    assert gpu_check_report.goal_of(row)["goal_met"] is met
+    assert gpu_check_report.goal_of({"scheme": "cope", "ratio": 9.0}) == {}
+    assert gpu_check_report.goal_of({"scheme": "rope", "skipped": "time budget"}) == {}
 
 
 def test_the_profile_script_names_where_the_time_goes(capsys):
