@@ -341,13 +341,20 @@ def test_a_compiled_call_that_takes_gradients_pins_the_triton_kernel():
     assert flex.kernel_options(compiled=False) is None
 
 
-def test_auto_leaves_term_b_to_the_block_kernel_on_cuda():
+def test_auto_leaves_term_b_to_the_block_kernel_and_a_plain_call_to_sdpa_on_cuda():
     """'auto' on CUDA never sends term b to FlexAttention (it would hold a [B, H, L, M + 2L - 1]
-    tensor); other calls it does, and a pinned 'flex' keeps term b."""
+    tensor), nor a call with nothing added or masked but causality (NoPE, RoPE: one SDPA call,
+    its flash kernel); other calls it does (a bias, a window), and a pinned 'flex' keeps term b."""
     from relpos_ablate.model.kernels.dispatch import prefers_flex
 
-    for terms, expected in (("abcd", False), ("ac", True)):
-        attn = RelPosAttention(16, 2, 16, AttentionConfig(terms=terms, bias="alibi")).double()
+    for fields, expected in (
+        (dict(terms="abcd", bias="alibi"), False),
+        (dict(terms="ac", bias="alibi"), True),
+        (dict(terms="a"), False),
+        (dict(terms="a", absolute="rope"), False),
+        (dict(terms="a", absolute="rope", window=4), True),
+    ):
+        attn = RelPosAttention(16, 2, 16, AttentionConfig(**fields)).double()
         with torch.no_grad():
             call, q_content, q_position = attn.kernel_call(
                 torch.randn(1, 8, 16, dtype=torch.float64)

@@ -75,7 +75,7 @@ def attend(
     if prefers_flex(call, q_content, q_position, config, dropout_p, q_content.is_cuda):
         return flex.flex_attend(call, q_content, k, v, q_position)
     if not call.has_additive:  # a mask, no map: plain SDPA, or SDPA per block with its mask
-        if not call.masked_per_row and call.visibility.window is None and not call.n_sinks:
+        if one_sdpa_call(call):
             return _plain(call, q_content, k, v, dropout_p)
         return _stored(call, q_content, k, v, q_position, dropout_p)
     if path is None and config.backend in ("auto", "band"):
@@ -107,16 +107,28 @@ def prefers_flex(
     """Whether the call goes to FlexAttention: pinned, or under 'auto' on CUDA where compiled
     FlexAttention takes it — heads of at least 16 channels, every term's gradient trusted, and no
     term b, which it would hold as a [B, H, L, M + 2L - 1] tensor (flex.py) where the block kernel
-    keeps it O(L·d) — and the planner gives it the call's forms."""
+    keeps it O(L·d) — and the call is not one SDPA call (NoPE, RoPE: SDPA's flash kernel), and the
+    planner gives it the call's forms."""
     on_flex = config.backend == "flex" or (
         config.backend == "auto"
         and cuda
         and dropout_p == 0.0
+        and not one_sdpa_call(call)
         and q_content.shape[-1] >= flex.min_head_dim("cuda")
         and not flex.untrusted_gradient(call)
         and q_position is None
     )
     return on_flex and planner.flex(call.plan)
+
+
+def one_sdpa_call(call: AttentionCall) -> bool:
+    """Nothing added to the scores and nothing masked but causality: one SDPA call takes it."""
+    return (
+        not call.has_additive
+        and not call.masked_per_row
+        and call.visibility.window is None
+        and not call.n_sinks
+    )
 
 
 def candidates(
