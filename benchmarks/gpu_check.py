@@ -10,6 +10,8 @@ phases are benchmarks/train_step.py --presets), in this order: correctness first
 
     parity-BACKEND-DTYPE      every scheme's fast path against the explicit one in float64 (flex,
                               sdpa, blocks × fp32, bf16)
+    diagnose                  FIRE's gradient on FlexAttention and terms abcd entry by entry, each
+                              against float64 (benchmarks/gpu_diagnose.py)
     ddp                       a short Lightning DDP training on every visible GPU
     attention-BxHxD-L<L>      every scheme against FlashAttention at one shape and length: time
                               ratio, TFLOP/s and fraction of the dense bf16 peak, peak memory,
@@ -17,6 +19,8 @@ phases are benchmarks/train_step.py --presets), in this order: correctness first
     train_step-MODE-KofN      the encoding presets at a researcher's size against NoPE, compile off
                               then on, --eager-chunk / --compiled-chunk presets a phase: step time,
                               tokens/s, peak memory, MFU
+    grid_packing              a small grid with 1, 2, 4 runs on one GPU: wall time, speedup, the
+                              GPU's utilization, the runner's estimate (benchmarks/grid_packing.py)
 
 A phase's result, OUT/phases/NAME.json, appears only when the phase completes (a temporary file
 renamed over it); a phase whose file exists is skipped unless --force, so calling the check again
@@ -65,7 +69,9 @@ HERE = Path(__file__).resolve().parent
 TIMEOUTS = (
     ("parity-flex-*", 300),
     ("parity-*", 150),
+    ("diagnose", 240),
     ("ddp", 180),
+    ("grid_packing", 480),
     ("attention-*", 420),
     ("train_step-off-*", 420),
     ("train_step-on-*", 540),
@@ -110,6 +116,7 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[Phase]:
             options = ("--schemes", args.schemes, "--backends", backend, "--dtypes", dtype)
             add(f"parity-{backend}-{dtype}", phases_py, "parity", *where, *options)
     if device.type == "cuda":
+        add("diagnose", str(HERE / "gpu_diagnose.py"), "--device", "cuda", "--deadline", "150")
         add("ddp", phases_py, "ddp", "--ddp-steps", str(args.ddp_steps))
         timing = ("--timed", args.timed, "--pairs", str(args.pairs), *peak)
         for length in args.lengths.split(","):
@@ -124,6 +131,8 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[Phase]:
             command = (str(HERE / "train_step.py"), "--presets", ",".join(part), "--compile", mode)
             extra = (*where, "--cost-specs", "", *peak, *shlex.split(args.train_step_args))
             add(f"train_step-{mode}-{k}of{len(parts)}", *command, *extra, write_flag="--out")
+    if device.type == "cuda":
+        add("grid_packing", str(HERE / "grid_packing.py"), "--packing", args.packing)
     return found
 
 
@@ -225,6 +234,7 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--pairs", type=int, default=3, help="attention: timing pairs per cell")
     parser.add_argument("--presets", default="all", help="train step: encoding presets, commas")
+    parser.add_argument("--packing", default="1,2,4", help="grid_packing: runs per GPU, commas")
     parser.add_argument("--compile", default="both", choices=("off", "on", "both"))
     parser.add_argument("--eager-chunk", type=int, default=8, help="presets a compile-off phase")
     parser.add_argument("--compiled-chunk", type=int, default=3, help="presets a compile-on phase")

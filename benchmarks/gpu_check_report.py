@@ -63,6 +63,8 @@ def summarise(out: Path, env: dict, planned: list[str], cost_specs: str, vocab: 
             "rows": train_rows,
         },
         "costs": costs(train_rows, specs, vocab, train[0]["flops_per_step"]) if train else [],
+        "diagnose": results.get("diagnose"),
+        "grid_packing": results.get("grid_packing"),
         "failures": failures,
     }
 
@@ -90,6 +92,7 @@ def markdown(summary: dict) -> str:
             "",
             f"DDP on {d['gpus']} GPU(s), {d['steps']} steps: {d['state']} in {d['seconds']:.0f} s",
         ]
+    lines += diagnose_lines(summary.get("diagnose"))
     lines += attention_lines(summary["attention"])
     train = summary["train_step"]
     if train["rows"]:
@@ -107,7 +110,76 @@ def markdown(summary: dict) -> str:
             "",
             *cost_lines(summary["costs"]),
         ]
+    lines += packing_lines(summary.get("grid_packing"))
     return "\n".join(lines) + "\n"
+
+
+def diagnose_lines(result: dict | None) -> list[str]:
+    """benchmarks/gpu_diagnose.py's rows, one line per case: its tensors matching float64 by the
+    rule, those that differ (with their error against the bound's terms), or why it did not run."""
+    if not result:
+        return []
+    lines = ["", "## Diagnoses (benchmarks/gpu_diagnose.py)", "", f"Rule: {result['rule']}.", ""]
+    lines += ["| case | hypothesis | tensors matching | differing (error; yardstick, scale) |"]
+    lines += ["|---|---|---|---|"]
+    for part in ("fire_gradient", "terms_abcd"):
+        cases: dict[str, list[dict]] = {}
+        for row in result[part]["rows"]:
+            key = f"{row['name']} {row.get('backend', '')} {row['dtype']}"
+            key += " TF32" if row.get("tf32") else ""
+            cases.setdefault(key, []).append(row)
+        for key, rows in cases.items():
+            hypothesis = rows[0].get("hypothesis", part)
+            why = next(
+                (r.get("skipped") or r.get("error") for r in rows if "verdict" not in r), None
+            )
+            judged = [r for r in rows if "verdict" in r]
+            if not judged:
+                lines.append(f"| {key} | {hypothesis} | {why or 'reference'} | |")
+                continue
+            differ = [
+                f"{r['tensor']} {r['error']:.2g}; {r['yardstick']:.2g}, {r['scale']:.2g}"
+                for r in judged
+                if r["verdict"] != "matches"
+            ]
+            matching = f"{len(judged) - len(differ)} of {len(judged)}"
+            lines.append(f"| {key} | {hypothesis} | {matching} | {'; '.join(differ)} |")
+    return lines
+
+
+def packing_lines(result: dict | None) -> list[str]:
+    """benchmarks/grid_packing.py: per packing, the wall time, runs per hour and speedup; the GPU's
+    share one run uses; the runner's estimate against the measured time."""
+    if not result:
+        return []
+    lines = [
+        "",
+        f"## A grid on one GPU ({result['runs']} runs of {result['steps']} steps, "
+        "benchmarks/grid_packing.py)",
+        "",
+        "| runs at once | wall (s) | runs / hour | speedup | all done | estimate (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    guesses = {r["runs_per_device"]: r for r in (result.get("estimate") or {}).get("rows", [])}
+    for r in result["rows"]:
+        n = r["runs_per_device"]
+        if "skipped" in r:
+            lines.append(f"| {n} | {r['skipped']} | | | | |")
+            continue
+        guess = guesses.get(n, {}).get("estimate_s")
+        lines.append(
+            f"| {n} | {r['wall_s']:.0f} | {r['runs_per_hour']:.0f} | {r['speedup']:.2f}× | "
+            f"{'yes' if r['all_done'] else 'no'} | {'—' if guess is None else guess} |"
+        )
+    use = result.get("utilization")
+    if use:
+        lines += [
+            "",
+            f"One run alone: GPU utilization {use.get('util_mean')}% on average "
+            f"({use.get('util_mean_active')}% while a kernel ran), peak memory "
+            f"{use.get('peak_memory_mib')} MiB of {use.get('total_memory_mib')} MiB.",
+        ]
+    return lines
 
 
 def parity_lines(rows: list[dict]) -> list[str]:

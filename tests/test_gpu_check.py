@@ -22,6 +22,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import gpu_check  # noqa: E402
 import gpu_check_phases  # noqa: E402
 import gpu_check_report  # noqa: E402
+import gpu_diagnose  # noqa: E402
 import train_step  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def test_the_plan_puts_correctness_first_and_each_phase_under_its_timeout():
     attention = [
         f"attention-{shape}-L{n}" for n in (1024, 4096) for shape in ("8x8x64", "4x16x128")
     ]
-    assert names == [*parity, "ddp", *attention, *eager, *compiled]
+    assert names == [*parity, "diagnose", "ddp", *attention, *eager, *compiled, "grid_packing"]
     timeout = {p.name: p.timeout for p in phases}
     assert timeout["parity-flex-fp32"] == 300 and timeout["parity-blocks-bf16"] == 150
     assert all(t <= args.budget for t in timeout.values())  # each fits one call
@@ -274,3 +275,47 @@ def test_the_profile_script_names_where_the_time_goes(capsys):
     with pytest.raises(SystemExit) as bad:
         profile_attention.main(["--scheme", "nope_x"])
     assert bad.value.code == 2 and "--scheme: unknown ['nope_x']" in capsys.readouterr().err
+
+
+def test_the_summary_carries_the_diagnoses_and_the_packing(tmp_path):
+    """Hand-made phase files of gpu_diagnose.py and grid_packing.py: one line per diagnosis (its
+    tensors matching, those differing with their numbers, or why it did not run) and one per
+    packing."""
+    phases = tmp_path / "phases"
+    phases.mkdir()
+    judged = dict(hypothesis="c", dtype="fp32", name="fire_flex_fp32", backend="flex")
+    rows = [
+        {**judged, "tensor": "out", "error": 1e-6, "yardstick": 1e-6, "scale": 10.0},
+        {**judged, "tensor": "mlp.0.bias", "error": 0.083, "yardstick": 5e-4, "scale": 535.0},
+        dict(judged, name="fire_flex_float64", dtype="float64", skipped="no float64"),
+    ]
+    for row in rows[:2]:
+        row["verdict"] = gpu_diagnose.verdict(row["error"], row["yardstick"], row["scale"])
+    diagnose = {"rule": gpu_diagnose.RULE, "fire_gradient": {"rows": rows}}
+    diagnose["terms_abcd"] = {"rows": []}
+    (phases / "diagnose.json").write_text(json.dumps(diagnose))
+    packing = {
+        "runs": 4,
+        "steps": 600,
+        "estimate": {"rows": [{"runs_per_device": 1, "estimate_s": 90}]},
+    }
+    packing["rows"] = [
+        dict(runs_per_device=1, wall_s=100.0, runs_per_hour=144.0, speedup=1.0, all_done=True),
+        dict(runs_per_device=2, wall_s=60.0, runs_per_hour=240.0, speedup=100 / 60, all_done=True),
+        dict(runs_per_device=4, skipped="--deadline, at 290 s"),
+    ]
+    packing["utilization"] = dict(
+        util_mean=31.0, util_mean_active=40.0, peak_memory_mib=2048.0, total_memory_mib=81559.0
+    )
+    (phases / "grid_packing.json").write_text(json.dumps(packing))
+    summary = gpu_check_report.summarise(tmp_path, {"device": "NVIDIA H100"}, [], "", 0)
+    page = "\n".join(
+        gpu_check_report.diagnose_lines(summary["diagnose"])
+        + gpu_check_report.packing_lines(summary["grid_packing"])
+    )
+    assert "| fire_flex_fp32 flex fp32 | c | 1 of 2 | mlp.0.bias 0.083; 0.0005, 5.4e+02 |" in page
+    assert "| fire_flex_float64 flex float64 | c | no float64 | |" in page
+    assert "| 1 | 100 | 144 | 1.00× | yes | 90 |" in page
+    assert "| 2 | 60 | 240 | 1.67× | yes | — |" in page
+    assert "| 4 | --deadline, at 290 s | | | | |" in page
+    assert "utilization 31.0% on average (40.0% while a kernel ran)" in page
