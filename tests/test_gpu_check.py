@@ -255,6 +255,8 @@ def test_the_goal_of_each_family(scheme, ratio, memory, met):
     assert gpu_check_report.goal_of(row)["goal_met"] is met
     assert gpu_check_report.goal_of({"scheme": "cope", "ratio": 9.0}) == {}
     assert gpu_check_report.goal_of({"scheme": "rope", "skipped": "time budget"}) == {}
+    # timed, then out of memory measuring its peak: no goal judged, and no KeyError
+    assert gpu_check_report.goal_of({"scheme": "terms_b", "ratio": 2.0, "error": "OOM"}) == {}
 
 
 def test_the_profile_script_names_where_the_time_goes(capsys):
@@ -288,6 +290,8 @@ def test_the_summary_carries_the_diagnoses_and_the_packing(tmp_path):
         {**judged, "tensor": "out", "error": 1e-6, "yardstick": 1e-6, "scale": 10.0},
         {**judged, "tensor": "mlp.0.bias", "error": 0.083, "yardstick": 5e-4, "scale": 535.0},
         dict(judged, name="fire_flex_float64", dtype="float64", skipped="no float64"),
+        dict(judged, name="fire_blocks_fp32", backend="blocks", tensor="c", error="no gradient"),
+        dict(judged, name="fire_explicit_fp32", backend="explicit", tensor="c", error=1e-6),
     ]
     for row in rows[:2]:
         row["verdict"] = gpu_diagnose.verdict(row["error"], row["yardstick"], row["scale"])
@@ -303,6 +307,7 @@ def test_the_summary_carries_the_diagnoses_and_the_packing(tmp_path):
         dict(runs_per_device=1, wall_s=100.0, runs_per_hour=144.0, speedup=1.0, all_done=True),
         dict(runs_per_device=2, wall_s=60.0, runs_per_hour=240.0, speedup=100 / 60, all_done=True),
         dict(runs_per_device=4, skipped="--deadline, at 290 s"),
+        dict(runs_per_device=8, wall_s=50.0, runs_per_hour=288.0, speedup=None, all_done=False),
     ]
     packing["utilization"] = dict(
         util_mean=31.0, util_mean_active=40.0, peak_memory_mib=2048.0, total_memory_mib=81559.0
@@ -315,7 +320,10 @@ def test_the_summary_carries_the_diagnoses_and_the_packing(tmp_path):
     )
     assert "| fire_flex_fp32 flex fp32 | c | 1 of 2 | mlp.0.bias 0.083; 0.0005, 5.4e+02 |" in page
     assert "| fire_flex_float64 flex float64 | c | no float64 | |" in page
+    assert "| fire_blocks_fp32 blocks fp32 | c | 0 of 1 | c: no gradient |" in page
+    assert "| fire_explicit_fp32 explicit fp32 | c | the yardstick | |" in page
     assert "| 1 | 100 | 144 | 1.00× | yes | 90 |" in page
     assert "| 2 | 60 | 240 | 1.67× | yes | — |" in page
     assert "| 4 | --deadline, at 290 s | | | | |" in page
+    assert "| 8 | 50 | 288 | — | no | — |" in page
     assert "utilization 31.0% on average (40.0% while a kernel ran)" in page

@@ -181,8 +181,18 @@ def flex_attend(
 def kernel_options(compiled: bool) -> dict | None:
     """The Triton kernel wherever gradients are taken: FlexAttention's FLASH backend (FA4, CuTe-DSL)
     has no backward for captured tensors that require grad (the tables, slopes and term tensors
-    score_mod reads), so a training call never leaves the choice to AUTO's heuristics."""
-    return {"BACKEND": "TRITON"} if compiled and torch.is_grad_enabled() else None
+    score_mod reads), so a training call never leaves the choice to AUTO's heuristics (torch 2.13's
+    AUTO never picks FLASH; a later one might). Only where torch knows the option (2.11 on)."""
+    wanted = compiled and torch.is_grad_enabled() and _knows_backend()
+    return {"BACKEND": "TRITON"} if wanted else None
+
+
+@functools.cache
+def _knows_backend() -> bool:
+    from torch.nn.attention import flex_attention
+
+    options = getattr(flex_attention, "FlexKernelOptions", None)
+    return options is not None and "BACKEND" in getattr(options, "__annotations__", {})
 
 
 def _after_sinks(score_mod, n_sinks: int):
