@@ -173,3 +173,23 @@ def test_rope_rotates_q_and_k_before_the_kernel_and_compiles_nothing_new(compile
     for name in ("rope_xpos", "rope_yarn"):
         assert_close(*run(*CASES[name], seed=1))
     assert compiled() == before
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_building_the_call_breaks_no_graph():
+    """Under torch.compile (train.compile) the call is built inside the compiled graph: a graph
+    break there (a data-dependent index, a .item()) would cut every layer's forward on the GPU,
+    where the call then goes to FlexAttention. FIRE is left out: whether its call is a curve
+    reads its learned threshold (one .item(); on CUDA it trains on the block kernel)."""
+    distance_only = [b for b in BIAS_TYPES if b not in ("none", "fire")]
+    cases = [dict(terms="a", bias=b) for b in distance_only]
+    cases += [dict(terms="abcd"), dict(terms="a", forget_gate=True), dict(terms="a", sinks=2)]
+    broken = {}
+    for fields in cases:
+        attn = RelPosAttention(16, 2, 8, AttentionConfig(**fields))
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(attn.kernel_call)(torch.randn(1, 12, 16))
+        if explained.graph_break_count:
+            broken[str(fields)] = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    torch._dynamo.reset()
+    assert not broken, broken

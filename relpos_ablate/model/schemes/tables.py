@@ -78,9 +78,13 @@ class T5Bias(BiasScheme):
         self.num_buckets = config.num_buckets
         self.max_distance = config.max_distance
         self.table = nn.Parameter(torch.randn(self.num_buckets, n_heads) * 0.02)  # (buckets, H)
+        # a number of the config, found once here: where every forward asks, torch.compile would
+        # break its graph at far_bucket_start's data-dependent indexing
+        far = far_bucket_start(self.num_buckets, self.max_distance)
+        self._saturation = far if self.causal else None
 
     def saturation(self):
-        return far_bucket_start(self.num_buckets, self.max_distance) if self.causal else None
+        return self._saturation
 
     def curve(self, distances):
         return self.table[t5_bucket(distances, self.causal, self.num_buckets, self.max_distance)].T
