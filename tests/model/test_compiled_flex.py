@@ -193,3 +193,35 @@ def test_building_the_call_breaks_no_graph():
             broken[str(fields)] = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
     torch._dynamo.reset()
     assert not broken, broken
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_forward_routed_as_on_cuda_is_one_graph(monkeypatch):
+    """The attention's forward as CUDA runs it under train.compile (dispatch's CUDA rule, compiled
+    FlexAttention) traces as one graph: no break from building the call, choosing the kernel or
+    the block mask (functools.cached_property's lock once broke it on Python 3.11), nor from the
+    compiled kernel first made inside the trace with Lightning imported (its wrapper of
+    torch.compile once broke it at every FlexAttention call)."""
+    import lightning.fabric  # noqa: F401  (replaces torch.compile, as in every training process)
+
+    from relpos_ablate.model.kernels import dispatch
+
+    on_cpu = dispatch.prefers_flex
+    monkeypatch.setattr(dispatch, "prefers_flex", lambda *args: on_cpu(*args[:-1], True))
+    monkeypatch.setattr(flex, "compiles", lambda q: True)
+    cases = [dict(terms="a", bias="t5", window=8), dict(terms="a", bias="kerple_power", sinks=2)]
+    cases += [dict(terms="a", forget_gate=True)]
+    broken = {}
+    for fields in cases:
+        attn = RelPosAttention(16, 2, 16, AttentionConfig(**fields))
+        torch._dynamo.reset()
+        flex._kernel.cache_clear()  # made inside the trace, as in a compiled training step
+        with torch.no_grad():  # (CPU FlexAttention: forward only)
+            explained = torch._dynamo.explain(attn)(torch.randn(1, 32, 16))
+        if explained.graph_break_count:
+            broken[str(fields)] = [
+                f"{str(b.reason).splitlines()[0]} at {b.user_stack[-1]}"
+                for b in explained.break_reasons
+            ]
+    torch._dynamo.reset()
+    assert not broken, broken

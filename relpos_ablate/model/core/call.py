@@ -85,8 +85,8 @@ class AttentionCall:
     # (head, |i - j|) -> the distance scores in closed form (BiasScheme.point_curve), or None
     distance_point: Callable[[Tensor, Tensor], Tensor] | None = None
     # every per-distance input is the same at each distance >= saturation (a clamp of R, the bias's
-    # last bucket; a term's band width); None: no such distance. far_from: the band kernel's call
-    # (band.py), the pairs at i' - j >= far_from left to the causal flash kernel on s·q·kᵀ alone
+    # last bucket; a term's band width), else None; far_from: the band kernel's call (band.py), the
+    # pairs at i' - j >= far_from left to the causal flash kernel on s·q·kᵀ alone
     band: tuple[int | None, int | None] = (None, None)
 
     # the placement's and the carrier's tensors by name (read-only)
@@ -103,17 +103,9 @@ class AttentionCall:
     saturation = property(lambda self: self.band[0])
     far_from = property(lambda self: self.band[1])
 
-    @property
-    def n_mem(self) -> int:
-        return self.visibility.n_mem
-
-    @property
-    def n_keys(self) -> int:
-        return self.n_mem + self.n_queries
-
-    @property
-    def causal(self) -> bool:
-        return self.visibility.causal
+    n_mem = property(lambda self: self.visibility.n_mem)
+    n_keys = property(lambda self: self.n_mem + self.n_queries)
+    causal = property(lambda self: self.visibility.causal)
 
     @property
     def consecutive(self) -> bool:
@@ -153,9 +145,10 @@ class AttentionCall:
         """Whether anything is added to s·q_content·kᵀ (otherwise plain SDPA can do it all)."""
         return self.per_distance or bool(self.terms)
 
-    @functools.cached_property
+    @property
     def plan(self) -> planner.Plan:
-        """What the kernel planner (relpos_ablate/planner.py) reads of this call's forms (once)."""
+        """What the kernel planner (planner.py) reads of the call's forms (not cached:
+        functools.cached_property's lock on Python 3.11 breaks torch.compile's graph)."""
         inputs = self.inputs
         curve = None
         if inputs.distance_scores is not None or inputs.term_d is not None:

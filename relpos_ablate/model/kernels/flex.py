@@ -167,7 +167,11 @@ def flex_attend(
         if call.masked_per_row
         else _block_mask(call.visibility, n_queries, call.n_sinks, str(q_content.device))
     )
-    return _kernel(compiled)(
+    # inside a compiled forward (train.compile) the enclosing compilation compiles FlexAttention;
+    # calling torch.compile there breaks the graph (Lightning replaces torch.compile with a
+    # wrapper that dynamo does not trace): tests/model/test_compiled_flex.py
+    kernel = _kernel(False) if torch.compiler.is_compiling() else _kernel(compiled)
+    return kernel(
         q_content,
         k,
         v,
