@@ -175,24 +175,30 @@ def test_rope_rotates_q_and_k_before_the_kernel_and_compiles_nothing_new(compile
     assert compiled() == before
 
 
+def graph_breaks(function, *args) -> list[str]:
+    """Why torch.compile's graph breaks in function(*args), traced afresh ([]: one graph)."""
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(function)(*args)
+    torch._dynamo.reset()
+    return [
+        f"{str(b.reason).splitlines()[0]} at {b.user_stack[-1]}" for b in explained.break_reasons
+    ]
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_building_the_call_breaks_no_graph():
     """Under torch.compile (train.compile) the call is built inside the compiled graph: a graph
     break there (a data-dependent index, a .item()) would cut every layer's forward on the GPU,
     where the call then goes to FlexAttention. FIRE is left out: whether its call is a curve
-    reads its learned threshold (one .item(); on CUDA it trains on the block kernel)."""
+    reads its learned threshold (one .item(); on CUDA it trains on the block kernel). One trace
+    builds every case's call."""
     distance_only = [b for b in BIAS_TYPES if b not in ("none", "fire")]
     cases = [dict(terms="a", bias=b) for b in distance_only]
     cases += [dict(terms="abcd"), dict(terms="a", forget_gate=True), dict(terms="a", sinks=2)]
-    broken = {}
-    for fields in cases:
-        attn = RelPosAttention(16, 2, 8, AttentionConfig(**fields))
-        torch._dynamo.reset()
-        explained = torch._dynamo.explain(attn.kernel_call)(torch.randn(1, 12, 16))
-        if explained.graph_break_count:
-            broken[str(fields)] = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
-    torch._dynamo.reset()
-    assert not broken, broken
+    layers = [RelPosAttention(16, 2, 8, AttentionConfig(**fields)) for fields in cases]
+    assert not graph_breaks(
+        lambda x: [attn.kernel_call(x) for attn in layers], torch.randn(1, 12, 16)
+    )
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -209,19 +215,9 @@ def test_a_forward_routed_as_on_cuda_is_one_graph(monkeypatch):
     on_cpu = dispatch.prefers_flex
     monkeypatch.setattr(dispatch, "prefers_flex", lambda *args: on_cpu(*args[:-1], True))
     monkeypatch.setattr(flex, "compiles", lambda q: True)
-    cases = [dict(terms="a", bias="t5", window=8), dict(terms="a", bias="kerple_power", sinks=2)]
-    cases += [dict(terms="a", forget_gate=True)]
-    broken = {}
-    for fields in cases:
-        attn = RelPosAttention(16, 2, 16, AttentionConfig(**fields))
-        torch._dynamo.reset()
-        flex._kernel.cache_clear()  # made inside the trace, as in a compiled training step
-        with torch.no_grad():  # (CPU FlexAttention: forward only)
-            explained = torch._dynamo.explain(attn)(torch.randn(1, 32, 16))
-        if explained.graph_break_count:
-            broken[str(fields)] = [
-                f"{str(b.reason).splitlines()[0]} at {b.user_stack[-1]}"
-                for b in explained.break_reasons
-            ]
-    torch._dynamo.reset()
-    assert not broken, broken
+    cases = [dict(terms="a", bias="t5", window=8, sinks=2), dict(terms="a", forget_gate=True)]
+    layers = [RelPosAttention(16, 2, 16, AttentionConfig(**fields)) for fields in cases]
+    flex._kernel.cache_clear()  # made inside the trace, as in a compiled training step
+    with torch.no_grad():  # (CPU FlexAttention: forward only)
+        broken = graph_breaks(lambda x: [attn(x)[0] for attn in layers], torch.randn(1, 32, 16))
+    assert not broken
