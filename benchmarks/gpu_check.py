@@ -10,6 +10,7 @@ phases are benchmarks/train_step.py --presets), in this order: correctness first
 
     parity-BACKEND-DTYPE      every scheme's fast path against the explicit one in float64 (flex,
                               sdpa, blocks × fp32, bf16)
+    gpu_tests                 the suite's CUDA tests (pytest -m gpu; benchmarks/gpu_tests.py)
     diagnose                  FIRE's gradient on FlexAttention and terms abcd entry by entry, each
                               against float64 (benchmarks/gpu_diagnose.py)
     ddp                       a short Lightning DDP training on every visible GPU
@@ -69,6 +70,7 @@ HERE = Path(__file__).resolve().parent
 TIMEOUTS = (
     ("parity-flex-*", 300),
     ("parity-*", 150),
+    ("gpu_tests", 180),
     ("diagnose", 240),
     ("ddp", 180),
     ("grid_packing", 480),
@@ -116,6 +118,7 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[Phase]:
             options = ("--schemes", args.schemes, "--backends", backend, "--dtypes", dtype)
             add(f"parity-{backend}-{dtype}", phases_py, "parity", *where, *options)
     if device.type == "cuda":
+        add("gpu_tests", str(HERE / "gpu_tests.py"))
         add("diagnose", str(HERE / "gpu_diagnose.py"), "--device", "cuda", "--deadline", "150")
         add("ddp", phases_py, "ddp", "--ddp-steps", str(args.ddp_steps))
         timing = ("--timed", args.timed, "--pairs", str(args.pairs), *peak)

@@ -49,6 +49,9 @@ def summarise(out: Path, env: dict, planned: list[str], cost_specs: str, vocab: 
     failures = [f"{r['scheme']} {r['backend']} {r['dtype']}" for r in parity if not r["ok"]]
     if ddp and not ddp["ok"]:
         failures.append("ddp")
+    tests = results.get("gpu_tests")
+    if tests:
+        failures += [r["test"] for r in tests["rows"] if r["outcome"] in ("failed", "error")]
     return {
         **env,
         "phases": phases,
@@ -63,6 +66,7 @@ def summarise(out: Path, env: dict, planned: list[str], cost_specs: str, vocab: 
             "rows": train_rows,
         },
         "costs": costs(train_rows, specs, vocab, train[0]["flops_per_step"]) if train else [],
+        "gpu_tests": tests,
         "diagnose": results.get("diagnose"),
         "grid_packing": results.get("grid_packing"),
         "failures": failures,
@@ -92,6 +96,7 @@ def markdown(summary: dict) -> str:
             "",
             f"DDP on {d['gpus']} GPU(s), {d['steps']} steps: {d['state']} in {d['seconds']:.0f} s",
         ]
+    lines += gpu_tests_lines(summary.get("gpu_tests"))
     lines += diagnose_lines(summary.get("diagnose"))
     lines += attention_lines(summary["attention"])
     train = summary["train_step"]
@@ -112,6 +117,27 @@ def markdown(summary: dict) -> str:
         ]
     lines += packing_lines(summary.get("grid_packing"))
     return "\n".join(lines) + "\n"
+
+
+def gpu_tests_lines(result: dict | None) -> list[str]:
+    """benchmarks/gpu_tests.py: the CUDA tests' counts, and each test that did not pass."""
+    if not result:
+        return []
+    rows = result["rows"]
+    counts = ", ".join(
+        f"{sum(r['outcome'] == kind for r in rows)} {kind}"
+        for kind in ("passed", "failed", "error", "skipped")
+    )
+    lines = ["", f"## The CUDA tests (pytest -m gpu): {counts}", ""]
+    if not rows:
+        return lines + [f"No test ran (pytest's exit code {result['exit_code']})."]
+    others = [r for r in rows if r["outcome"] != "passed"]
+    if others:
+        lines += ["| test | outcome | message |", "|---|---|---|"]
+        for r in others:
+            message = r["message"].splitlines()[0] if r["message"] else ""
+            lines.append(f"| {r['test']} | {r['outcome']} | {message.replace('|', '/')} |")
+    return lines
 
 
 def diagnose_lines(result: dict | None) -> list[str]:

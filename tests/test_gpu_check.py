@@ -23,6 +23,7 @@ import gpu_check  # noqa: E402
 import gpu_check_phases  # noqa: E402
 import gpu_check_report  # noqa: E402
 import gpu_diagnose  # noqa: E402
+import gpu_tests  # noqa: E402
 import train_step  # noqa: E402
 
 
@@ -48,7 +49,8 @@ def test_the_plan_puts_correctness_first_and_each_phase_under_its_timeout():
     attention = [
         f"attention-{shape}-L{n}" for n in (1024, 4096) for shape in ("8x8x64", "4x16x128")
     ]
-    assert names == [*parity, "diagnose", "ddp", *attention, *eager, *compiled, "grid_packing"]
+    tail = ["grid_packing"]
+    assert names == [*parity, "gpu_tests", "diagnose", "ddp", *attention, *eager, *compiled, *tail]
     timeout = {p.name: p.timeout for p in phases}
     assert timeout["parity-flex-fp32"] == 300 and timeout["parity-blocks-bf16"] == 150
     assert all(t <= args.budget for t in timeout.values())  # each fits one call
@@ -327,3 +329,30 @@ def test_the_summary_carries_the_diagnoses_and_the_packing(tmp_path):
     assert "| 4 | --deadline, at 290 s | | | | |" in page
     assert "| 8 | 50 | 288 | — | no | — |" in page
     assert "utilization 31.0% on average (40.0% while a kernel ran)" in page
+
+
+def test_the_cuda_tests_phase_reads_each_outcome_from_pytest(tmp_path):
+    """benchmarks/gpu_tests.py on a test file of its own: pytest really runs, and each test's
+    outcome comes back from its JUnit XML into the summary (failures named among the check's)."""
+    (tmp_path / "test_cuda_things.py").write_text(
+        "import pytest\n"
+        "pytestmark = pytest.mark.gpu\n"
+        "def test_fine():\n    assert True\n"
+        "def test_wrong():\n    assert 1 == 2, 'one is not two'\n"
+        "@pytest.mark.skip(reason='needs CUDA')\n"
+        "def test_elsewhere():\n    pass\n"
+    )
+    out = tmp_path / "phases"
+    out.mkdir()
+    argv = ["--write", str(out / "gpu_tests.json"), "--paths", str(tmp_path)]
+    assert gpu_tests.main(argv) == 0
+    result = json.loads((out / "gpu_tests.json").read_text())
+    outcome = {r["test"].split("::")[-1]: r["outcome"] for r in result["rows"]}
+    assert outcome == {"test_fine": "passed", "test_wrong": "failed", "test_elsewhere": "skipped"}
+    assert (result["passed"], result["failed"], result["exit_code"]) == (1, 1, 1)
+    summary = gpu_check_report.summarise(tmp_path, {"device": "NVIDIA H100"}, [], "", 0)
+    assert [f.split("::")[-1] for f in summary["failures"]] == ["test_wrong"]
+    page = "\n".join(gpu_check_report.gpu_tests_lines(summary["gpu_tests"]))
+    assert "1 passed, 1 failed, 0 error, 1 skipped" in page
+    assert "| failed | AssertionError: one is not two" in page
+    assert "| skipped | needs CUDA |" in page
