@@ -197,7 +197,7 @@ def packing_lines(result: dict | None) -> list[str]:
         speedup = "—" if r["speedup"] is None else f"{r['speedup']:.2f}×"
         lines.append(
             f"| {n} | {r['wall_s']:.0f} | {r['runs_per_hour']:.0f} | {speedup} | "
-            f"{'yes' if r['all_done'] else 'no'} | {'—' if guess is None else guess} |"
+            f"{'yes' if r['all_done'] else 'no'} | {'—' if guess is None else f'{guess:.0f}'} |"
         )
     use = result.get("utilization")
     if use:

@@ -25,7 +25,8 @@ How to read it:
   the samples where a kernel ran (util > 0: training and evaluation, not start-up), peak memory
   used against the total (memory_added_mib: above the idle memory sampled before the grid). None
   on CPU.
-- estimate: `relpos-ablate grid --dry-run` on the N = 1 results, of the spec with its seeds and as
+- estimate: what `relpos-ablate grid --dry-run` estimates (runner/estimate.py, called in process)
+  on the N = 1 results, of the spec with its seeds and as
   many more (seed + 1000): the first are done, the others are the same runs to go, and
   runner/estimate.py takes each variant's seconds per step from the spec's finished runs, seeds
   aside (here the N = 1 runs' wall_time_s / step). Its estimate for N slots is what the runner
@@ -57,7 +58,6 @@ from relpos_ablate.rundir import read_status
 
 REPO, NAME, SEED_SHIFT = Path(__file__).resolve().parent.parent, "grid_packing", 1000
 STOP_AFTER = 45  # a packing still running this many s past --deadline is stopped (SIGTERM)
-ESTIMATE = re.compile(r"estimated wall time .*: ((?:\d+:)?\d+:\d\d) \(from (.*)\)")
 NUMBER = re.compile(r"\d+(\.\d*)?")
 RUNNER = re.compile(r"ran \d+ in [\d.]+s on \d+ slot\(s\), slots busy \d+%")
 
@@ -109,14 +109,6 @@ def summarise(samples: list[tuple], total_mib: float | None, idle_mib: float | N
         "total_memory_mib": total_mib,
         "peak_memory_share": None if peak is None or not total_mib else peak / total_mib,
     }
-
-
-def parse_elapsed(text: str) -> int:
-    """runner/display.format_elapsed's "M:SS" or "H:MM:SS" -> seconds."""
-    seconds = 0
-    for part in text.split(":"):
-        seconds = seconds * 60 + int(part)
-    return seconds
 
 
 def _nvml(reader) -> float | None:
@@ -177,7 +169,7 @@ class Sampler:
         return result, summarise(samples, self.total_mib, idle)
 
 
-def grid(spec: Path, results: Path, device: str, n: int, *extra: str, timeout=None):
+def grid(spec: Path, results: Path, device: str, n: int, timeout=None):
     """`relpos-ablate grid SPEC` on GPU 0 with n runs at once (CPU: n slots); past `timeout` s
     SIGTERM (the runner stops its workers, which checkpoint) and `stopped` set."""
     if device == "cuda":
@@ -187,9 +179,7 @@ def grid(spec: Path, results: Path, device: str, n: int, *extra: str, timeout=No
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "relpos_ablate", "grid", str(spec), "--results", str(results)]
     env, pipe = dict(os.environ, PYTHONPATH=path), subprocess.PIPE
-    proc = subprocess.Popen(
-        command + flags + list(extra), stdout=pipe, stderr=pipe, text=True, env=env
-    )
+    proc = subprocess.Popen(command + flags, stdout=pipe, stderr=pipe, text=True, env=env)
     try:
         out, err, stopped = *proc.communicate(timeout=timeout), False
     except subprocess.TimeoutExpired:
@@ -217,17 +207,20 @@ def packing_row(n: int, wall: float, folder: Path, proc, runs: int) -> dict:
     return row
 
 
-def estimate(spec: dict, tmp: Path, device: str, walls: dict[int, float]) -> dict:
-    """grid --dry-run of the spec with more seeds on the N = 1 results, for each packing."""
+def estimate(spec: dict, tmp: Path, walls: dict[int, float]) -> dict:
+    """What `grid --dry-run` estimates (runner/estimate.py, called here as the CLI calls it) for
+    the spec with more seeds on the N = 1 results, on N slots for each packing."""
+    from relpos_ablate.runner.estimate import estimate as runner_estimate
+    from relpos_ablate.runner.grid import load_grid
+    from relpos_ablate.runner.store import plan_grid
+
     (tmp / "more.yaml").write_text(spec_text(spec))
+    plans = plan_grid(load_grid(tmp / "more.yaml"), tmp / "n1", False)
     rows, source = [], None
     for n, wall in walls.items():
-        proc = grid(tmp / "more.yaml", tmp / "n1", device, n, "--dry-run")
-        match = ESTIMATE.search(proc.stdout)
-        seconds = parse_elapsed(match.group(1)) if match else None
-        source = match.group(2) if match else source
-        line = match.group(0) if match else (proc.stdout + proc.stderr)[-500:]
-        row = {"runs_per_device": n, "estimate_s": seconds, "measured_s": wall, "line": line}
+        guess = runner_estimate(plans, tmp / "n1", NAME, n)
+        seconds, source = (None, source) if guess is None else (guess.seconds, guess.source)
+        row = {"runs_per_device": n, "slots": n, "estimate_s": seconds, "measured_s": wall}
         row["ratio"] = None if seconds is None else seconds / wall
         rows.append(row)
     return {"source": source, "seed_shift": SEED_SHIFT, "rows": rows}
@@ -293,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"grid_packing: {n} at once: {walls[n]:.1f} s", flush=True)
         add_speedups(rows, walls)
         more = spec_dict(args.runs, steps, args.small, more_seeds=True)
-        guess = estimate(more, tmp, args.device, walls) if 1 in walls else None
+        guess = estimate(more, tmp, walls) if 1 in walls else None
     device = {"kind": args.device, "cores": os.cpu_count(), "processor": platform.processor()}
     if args.device == "cuda":
         device.update(name=torch.cuda.get_device_name(0), memory_total_mib=sampler.total_mib)
